@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The test command (README): installs what the tests need, then runs them all.
+# - the Python `mcp` SDK, a real and independent MCP client, in .venv
+# - the unit images, when a Docker engine answers (scripts/images.sh skips what exists)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! .venv/bin/python -c 'import mcp' 2>/dev/null; then
+    echo "test.sh: installing the Python mcp SDK into .venv" >&2
+    python3 -m venv .venv
+    .venv/bin/pip install --quiet --disable-pip-version-check 'mcp>=2,<3'
+fi
+export BOX_TEST_PYTHON="$PWD/.venv/bin/python"
+
+if [ -x scripts/images.sh ]; then
+    scripts/images.sh
+fi
+
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --no-fail-fast "$@"
+else
+    cargo test --no-fail-fast "$@"
+fi

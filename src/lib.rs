@@ -1,0 +1,22 @@
+//! box: a box host for AI agents' tool execution.
+//!
+//! A session (an agent harness, or any MCP client) connects to `box serve`; box
+//! resolves a named profile, narrowed by the session's tightenings, into
+//! hardened units, starts its own executor (`box execute`) inside each, proxies
+//! MCP between the session and the units, and reports what it applied. The
+//! modules follow the pipeline, data flowing one way:
+//!
+//! `profile` → `plan` → `backend` → `executor` → `host`/`proxy` → `transport`,
+//! with `scrub` beside them. ARCHITECTURE.md is the map.
+
+pub mod backend;
+pub mod executor;
+pub mod host;
+pub mod plan;
+pub mod profile;
+pub mod proxy;
+pub mod scrub;
+pub mod transport;
+
+/// The version box reports in `serverInfo` and `--version`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

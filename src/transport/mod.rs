@@ -1,0 +1,1 @@
+//! Transports: stdio and streamable HTTP. The only module that knows HTTP.
