@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use boxhost::backend::cli as backend_cli;
 use clap::{Parser, Subcommand};
 
 /// box: hardened, isolated units for AI agents' tool execution, behind one MCP host.
@@ -14,21 +15,42 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve sessions: each gets its own hardened units, reached over MCP (stdio, or HTTP with --listen).
+    Serve(boxhost::host::ServeArgs),
+    /// Run one command in a fresh sandboxed unit, stream its output, exit with its status.
+    Run(boxhost::host::RunArgs),
     /// Serve the executor over MCP on stdin/stdout (inside a unit, or standalone for dax).
     Execute(boxhost::executor::ExecuteArgs),
+    /// List, show, check and resolve profiles.
+    Profile(boxhost::profile::ProfileArgs),
+    /// List units.
+    Units(backend_cli::UnitsArgs),
+    /// Remove units whose session is gone.
+    Gc(backend_cli::GcArgs),
+    /// Build the unit images, offline.
+    Image(backend_cli::ImageArgs),
+    /// Say which protections this machine can give, and which profiles can run here.
+    Doctor(backend_cli::DoctorArgs),
 }
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
+        Command::Serve(args) => boxhost::host::serve(args),
+        Command::Run(args) => boxhost::host::run(args),
         Command::Execute(args) => boxhost::executor::serve(args),
+        Command::Profile(args) => boxhost::profile::cli(args),
+        Command::Units(args) => backend_cli::units(args),
+        Command::Gc(args) => backend_cli::gc(args),
+        Command::Image(args) => backend_cli::image(args),
+        Command::Doctor(args) => backend_cli::doctor(args),
     };
     report(result)
 }
 
 /// Print the error chain on stderr and pick the exit code.
-fn report(result: anyhow::Result<()>) -> ExitCode {
+fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             eprintln!("box: {error:#}");
             ExitCode::FAILURE

@@ -1,2 +1,275 @@
-//! Backends: turn a unit spec into a running unit (docker, local) and report
-//! what was applied as an envelope. Decides nothing.
+//! Backends: turn a unit spec into a running unit with the executor inside it,
+//! and report what was actually applied as an envelope. A backend decides
+//! nothing: the plan says what, the backend applies it or fails naming the
+//! control it could not apply.
+//!
+//! Nothing here may assume a local Docker socket: a Kubernetes backend must fit
+//! the same trait.
+
+use std::pin::Pin;
+
+use futures::future::BoxFuture;
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::plan::UnitSpec;
+
+/// Label and name constants shared by the backends.
+pub mod labels {
+    /// This host's instance id.
+    pub const INSTANCE: &str = "box.instance";
+    /// The session a unit belongs to.
+    pub const SESSION: &str = "box.session";
+    /// The unit's name within its session.
+    pub const UNIT: &str = "box.unit";
+    /// The profile the session resolved.
+    pub const PROFILE: &str = "box.profile";
+    /// When the unit was created (RFC 3339).
+    pub const CREATED: &str = "box.created";
+}
+
+/// A backend's failure; every variant names the unit.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The image is not there; the message names the command that builds it.
+    #[error("unit {unit}: image {image} is missing; build it with `{build}`")]
+    MissingImage {
+        /// The unit.
+        unit: String,
+        /// The image asked for.
+        image: String,
+        /// The command that builds it.
+        build: String,
+    },
+    /// A protection the plan requires could not be applied here.
+    #[error("unit {unit}: {control} is required but cannot be applied here: {why}")]
+    Unenforceable {
+        /// The unit.
+        unit: String,
+        /// The control (landlock, seccomp, user namespace, ...).
+        control: String,
+        /// Why not.
+        why: String,
+    },
+    /// Anything else, with what was being done.
+    #[error("unit {unit}: {doing}: {message}")]
+    Other {
+        /// The unit.
+        unit: String,
+        /// What was being done.
+        doing: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Identifies one session for the backends (labels, names).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SessionLabel {
+    /// This host's instance id.
+    pub instance: String,
+    /// The session id.
+    pub session: String,
+    /// The profile name.
+    pub profile: String,
+}
+
+/// The executor's stdio inside a running unit: MCP flows over it.
+pub struct ExecutorIo {
+    /// The executor's stdin.
+    pub stdin: Pin<Box<dyn AsyncWrite + Send>>,
+    /// The executor's stdout (the protocol; stderr goes to the host's log).
+    pub stdout: Pin<Box<dyn AsyncRead + Send>>,
+}
+
+/// How a unit ended, as far as the backend can tell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UnitEnd {
+    /// The exit code, when there is one.
+    pub exit_code: Option<i64>,
+    /// Whether the kernel's OOM killer ended it.
+    pub oom_killed: bool,
+    /// A sentence for the session.
+    pub reason: String,
+}
+
+/// A started unit.
+pub struct StartedUnit {
+    /// What was applied.
+    pub envelope: Envelope,
+    /// The executor's stdio.
+    pub io: ExecutorIo,
+    /// Resolves once the unit (or its executor) has ended, with the cause.
+    pub ended: BoxFuture<'static, UnitEnd>,
+}
+
+/// The hardening actually achieved.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hardening {
+    /// Effective capabilities (names), after dropping.
+    pub capabilities: Vec<String>,
+    /// no_new_privs set.
+    pub no_new_privileges: bool,
+    /// Read-only root file system.
+    pub read_only_root: bool,
+    /// Seccomp: "default" (the engine's), "box", or "none".
+    pub seccomp: String,
+    /// The landlock ABI the kernel offers (0 = none).
+    pub landlock_abi: u32,
+    /// Whether landlock is enforced on the executor and its children.
+    pub landlock_enforced: bool,
+    /// Namespaces the unit has of its own (user, mount, pid, net, ...).
+    pub namespaces: Vec<String>,
+    /// Whether the unit's user is in a user namespace (remapped).
+    pub user_namespace: bool,
+}
+
+/// What was actually applied to a unit, never what was merely asked.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Envelope {
+    /// The unit's name in its session.
+    pub name: String,
+    /// "workspace" or "server".
+    pub role: String,
+    /// "docker" or "local".
+    pub backend: String,
+    /// The backend's id for it (container id, pid).
+    pub id: String,
+    /// The image asked for.
+    pub image: String,
+    /// The image's id (digest) as the engine resolved it.
+    pub image_id: String,
+    /// The workspace root inside the unit.
+    pub root: String,
+    /// "uid:gid" processes run as.
+    pub user: String,
+    /// The network: mode and allow list.
+    pub network: serde_json::Value,
+    /// Limits in plain numbers.
+    pub limits: serde_json::Value,
+    /// The hardening achieved.
+    pub hardening: Hardening,
+    /// Variable names passed into the unit.
+    pub env_passed: Vec<String>,
+    /// Variable names scrubbed on the way.
+    pub env_scrubbed: Vec<String>,
+    /// Whether git is neutralised for children.
+    pub git_neutralised: bool,
+    /// "running", "ended", ...
+    pub state: String,
+}
+
+/// A unit as listed by the backend (from its labels).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitInfo {
+    /// The backend's id.
+    pub id: String,
+    /// `box.instance`.
+    pub instance: String,
+    /// `box.session`.
+    pub session: String,
+    /// `box.unit`.
+    pub unit: String,
+    /// `box.profile`.
+    pub profile: String,
+    /// `box.created`.
+    pub created: String,
+    /// The backend's state word.
+    pub state: String,
+}
+
+/// The seam between the host and where units run.
+///
+/// Contract: `start` is create+start+executor attach of one unit, and undoes
+/// itself on failure (nothing left behind). `remove` stops and removes, and is
+/// idempotent: removing a missing unit is `Ok`. `list` sees only units carrying
+/// box's labels.
+pub trait Backend: Send + Sync {
+    /// "docker" or "local".
+    fn kind(&self) -> &'static str;
+
+    /// Create and start one unit of `session` from `spec`, with the executor attached.
+    fn start<'a>(
+        &'a self,
+        session: &'a SessionLabel,
+        spec: &'a UnitSpec,
+    ) -> BoxFuture<'a, Result<StartedUnit, BackendError>>;
+
+    /// Stop and remove the unit with backend id `id`; `Ok` if it is already gone.
+    fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>>;
+
+    /// Every unit carrying box's labels (all instances).
+    fn list(&self) -> BoxFuture<'_, Result<Vec<UnitInfo>, BackendError>>;
+}
+
+/// The command-line faces of the backends: `box units`, `box gc`, `box image`, `box doctor`.
+pub mod cli {
+    use std::process::ExitCode;
+
+    /// `box units`.
+    #[derive(Debug, Clone, clap::Args)]
+    pub struct UnitsArgs {
+        /// What to do (ls [--json]).
+        #[arg(
+            value_name = "ARGS",
+            trailing_var_arg = true,
+            allow_hyphen_values = true
+        )]
+        pub rest: Vec<String>,
+    }
+
+    /// `box gc`.
+    #[derive(Debug, Clone, clap::Args)]
+    pub struct GcArgs {
+        /// Also remove units whose instance is dead.
+        #[arg(long)]
+        pub all_instances: bool,
+    }
+
+    /// `box image`.
+    #[derive(Debug, Clone, clap::Args)]
+    pub struct ImageArgs {
+        /// What to do (build).
+        #[arg(
+            value_name = "ARGS",
+            trailing_var_arg = true,
+            allow_hyphen_values = true
+        )]
+        pub rest: Vec<String>,
+    }
+
+    /// `box doctor`.
+    #[derive(Debug, Clone, clap::Args)]
+    pub struct DoctorArgs {
+        /// Machine-readable output.
+        #[arg(long)]
+        pub json: bool,
+    }
+
+    /// Run `box units`.
+    pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
+        let _ = args;
+        anyhow::bail!("box units is not built yet")
+    }
+
+    /// Run `box gc`.
+    pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
+        let _ = args;
+        anyhow::bail!("box gc is not built yet")
+    }
+
+    /// Run `box image`.
+    pub fn image(args: ImageArgs) -> anyhow::Result<ExitCode> {
+        let _ = args;
+        anyhow::bail!("box image is not built yet")
+    }
+
+    /// Run `box doctor`.
+    pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+        let _ = args;
+        anyhow::bail!("box doctor is not built yet")
+    }
+}

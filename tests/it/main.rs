@@ -2,6 +2,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+/// Units on a real Docker engine: hardening probed from inside, faults, gc.
+mod docker;
+/// `box execute` driven over stdio, by hand-written JSON-RPC and by the Python `mcp` SDK.
+mod executor;
+/// Units on the local sandboxed-process backend: hardening probed from inside.
+mod local;
+/// `box profile` on the command line: exit codes, messages, `--json` golden output.
+mod profile;
+/// `box serve` and `box run` end to end, over stdio and HTTP, on both backends.
+mod serve;
 /// Helpers shared by every area: the built `box`, temp workspaces, the Python client.
 mod support;
 /// The repository itself: ARCHITECTURE.md names every module.
