@@ -6,6 +6,8 @@
 //! Nothing here may assume a local Docker socket: a Kubernetes backend must fit
 //! the same trait.
 
+pub mod sandbox;
+
 use std::pin::Pin;
 
 use futures::future::BoxFuture;

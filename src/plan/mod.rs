@@ -155,3 +155,85 @@ pub struct UnitSpec {
     /// One line about what the unit is for.
     pub description: String,
 }
+
+/// Facts about the host a plan is resolved against (passed in, so `resolve` stays pure).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFacts {
+    /// What a `cwd` workspace source means: the host's working directory (absolute).
+    pub cwd: PathBuf,
+    /// The caller's ids, for `user = "host"`.
+    pub caller: UserIds,
+}
+
+/// Why a plan could not be made; every variant names what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// A tightening asked for more than the profile allows.
+    #[error("tighten.{field}: asked for {asked}, but profile `{profile}` allows at most {bound}")]
+    Widening {
+        /// The profile.
+        profile: String,
+        /// The field path.
+        field: String,
+        /// What was asked.
+        asked: String,
+        /// The profile's bound.
+        bound: String,
+    },
+    /// The tightening document itself is malformed (unknown field, wrong type, ...).
+    #[error("tighten: {0}")]
+    Invalid(String),
+}
+
+/// Resolve `profile` narrowed by `tighten` (the JSON a session sends under
+/// `box.tighten`; `null` for none) into a plan.
+///
+/// Interface stub: the profiles work replaces this with the real resolution.
+pub fn resolve(
+    profile: &crate::profile::Profile,
+    tighten: &serde_json::Value,
+    host: &HostFacts,
+) -> Result<Plan, PlanError> {
+    if !tighten.is_null() {
+        return Err(PlanError::Invalid(
+            "tightenings are not built yet".to_owned(),
+        ));
+    }
+    Ok(Plan {
+        profile: profile.name.clone(),
+        units: vec![UnitSpec {
+            name: "workspace".to_owned(),
+            role: Role::Workspace,
+            image: "box-base:bookworm".to_owned(),
+            source: WorkspaceSource::Host(host.cwd.clone()),
+            root: PathBuf::from("/workspace"),
+            mode: MountMode::ReadWrite,
+            user: Some(host.caller),
+            network: Network {
+                mode: NetworkMode::None,
+                allow: Vec::new(),
+            },
+            limits: Limits {
+                memory_bytes: 2 << 30,
+                cpus: 2.0,
+                pids: 512,
+                tmp_bytes: 256 << 20,
+                nofile: 4096,
+                call_timeout: Duration::from_secs(600),
+                idle: Duration::from_secs(1800),
+                lifetime: Duration::from_secs(8 * 3600),
+            },
+            env_set: BTreeMap::new(),
+            env_pass: Vec::new(),
+            security: Security {
+                capabilities: Vec::new(),
+                read_only_root: true,
+                landlock: Requirement::BestEffort,
+                neutralise_git: true,
+                write_guard: true,
+            },
+            command: Vec::new(),
+            description: String::new(),
+        }],
+    })
+}
