@@ -19,8 +19,8 @@
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use serde::{Deserialize, Serialize};
 
@@ -99,6 +99,10 @@ pub struct LandlockRules {
     pub read: Vec<PathBuf>,
     /// Read, write, create and remove beneath these.
     pub write: Vec<PathBuf>,
+    /// Deny every TCP bind and connect (ABI 4; a hard requirement when set):
+    /// network none for a unit that could not get a network namespace.
+    #[serde(default)]
+    pub deny_tcp: bool,
 }
 
 /// The ruleset for a unit: the system and `extra_read` readable, the devices
@@ -111,11 +115,13 @@ pub fn landlock_rules(extra_read: &[PathBuf], write: &[PathBuf]) -> LandlockRule
     LandlockRules {
         read,
         write: writable,
+        deny_tcp: false,
     }
 }
 
 /// What landlock achieved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct LandlockOutcome {
     /// The ABI the kernel offers (0 = none).
     pub abi: u32,
@@ -194,6 +200,14 @@ pub fn apply_landlock(
             .set_compatibility(CompatLevel::BestEffort)
             .handle_access(AccessFs::from_all(abi))?
             .scope(Scope::from_all(abi))?;
+        let ruleset = if rules.deny_tcp {
+            // Handled with no rule allowing any port: every bind and connect is denied.
+            ruleset
+                .set_compatibility(CompatLevel::HardRequirement)
+                .handle_access(AccessNet::from_all(ABI::V4))?
+        } else {
+            ruleset
+        };
         let mut created = ruleset.create()?;
         let read = AccessFs::from_read(abi);
         let all = AccessFs::from_all(abi);
@@ -304,6 +318,20 @@ pub fn apply_rlimits(limits: &Rlimits) -> Result<(), ConfineError> {
         })?;
     }
     Ok(())
+}
+
+/// The calling process's rlimits as the kernel reports them (soft values).
+pub fn read_rlimits() -> Rlimits {
+    use nix::sys::resource::{Resource, getrlimit};
+    let soft = |resource| getrlimit(resource).map_or(u64::MAX, |(soft, _)| soft);
+    Rlimits {
+        nofile: soft(Resource::RLIMIT_NOFILE),
+        nproc: soft(Resource::RLIMIT_NPROC),
+        data_bytes: soft(Resource::RLIMIT_DATA),
+        address_space_bytes: soft(Resource::RLIMIT_AS),
+        fsize_bytes: soft(Resource::RLIMIT_FSIZE),
+        core_bytes: soft(Resource::RLIMIT_CORE),
+    }
 }
 
 /// The capability sets of the calling thread, as bit masks.
