@@ -135,7 +135,8 @@ pub struct SandboxSpec {
     pub landlock: SpecRequirement,
     /// The least landlock ABI `landlock: required` accepts.
     pub landlock_min_abi: u32,
-    /// User, mount and pid namespaces (the network's is governed by `network`).
+    /// User, mount, ipc, pid and (with network none) network namespaces.
+    /// `off` enters none: network none then rests on landlock's TCP rules.
     pub namespaces: SpecRequirement,
     /// CMD's whole environment (already scrubbed by the backend).
     pub env: Vec<(String, String)>,
@@ -248,21 +249,27 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
             anyhow::bail!("reading the sandbox spec: {message}");
         }
     };
-    let report = match sandbox(&spec, &args.command, &mut reporter) {
-        Ok(code) => return Ok(code),
-        Err(report) => report,
-    };
-    reporter.send(&report);
-    match report {
-        Report::Refused { control, why } => Err(anyhow::anyhow!(
-            "unit {}: {control} is required but cannot be applied here: {why}",
-            spec.unit
-        )),
-        Report::Failed { doing, message } => {
-            Err(anyhow::anyhow!("unit {}: {doing}: {message}", spec.unit))
-        }
-        Report::Confined(_) | Report::Ended { .. } => Ok(ExitCode::from(REFUSED_EXIT)),
+    match sandbox(&spec, &args.command, &mut reporter) {
+        Ok(code) => Ok(code),
+        Err(report) => Ok(refuse(&spec, &report, &mut reporter)),
     }
+}
+
+/// Send `report`, say it on stderr (the host's log), and give the exit code
+/// of a helper that did not run CMD.
+fn refuse(spec: &SandboxSpec, report: &Report, reporter: &mut Reporter) -> ExitCode {
+    reporter.send(report);
+    match report {
+        Report::Refused { control, why } => eprintln!(
+            "box sandbox: unit {}: {control} is required but cannot be applied here: {why}",
+            spec.unit
+        ),
+        Report::Failed { doing, message } => {
+            eprintln!("box sandbox: unit {}: {doing}: {message}", spec.unit);
+        }
+        Report::Confined(_) | Report::Ended { .. } => {}
+    }
+    ExitCode::from(REFUSED_EXIT)
 }
 
 trait StderrFd {
@@ -388,7 +395,11 @@ fn sandbox(
     try_enter("ipc", CloneFlags::CLONE_NEWIPC, wants_namespaces);
     let isolated = spec.network == SpecNetwork::None;
     let mut sys_mounted = false;
-    if try_enter("net", CloneFlags::CLONE_NEWNET, isolated) {
+    if try_enter(
+        "net",
+        CloneFlags::CLONE_NEWNET,
+        isolated && wants_namespaces,
+    ) {
         bring_up_loopback().map_err(|error| failed("bringing up loopback", error))?;
         loopback_up = true;
         // The host's /sys shows the host's interfaces; a sysfs mounted from
@@ -532,7 +543,7 @@ fn init(
     }
     if child == 0 {
         let report = confine_and_exec(spec, program, command, applied, deny_tcp, reporter);
-        reporter.send(&report);
+        refuse(spec, &report, reporter);
         std::process::exit(i32::from(REFUSED_EXIT));
     }
     let status = loop {
