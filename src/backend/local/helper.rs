@@ -7,10 +7,12 @@
 //!    propagation), ipc, network (only loopback, brought up) and pid
 //!    namespaces, each where the kernel allows;
 //! 3. with a pid namespace, fork a minimal init (pid 1: mounts a fresh `/proc`,
-//!    reaps orphans, ends the namespace when CMD ends), which forks CMD;
-//! 4. in CMD's process: rlimits, no_new_privs, landlock, capabilities dropped;
+//!    reaps orphans, ends the namespace when CMD ends);
+//! 4. in the init (else in the helper itself): rlimits, no_new_privs,
+//!    landlock, capabilities dropped, all inherited by CMD;
 //! 5. report what was applied, read back from the kernel, as one JSON line on
-//!    the report fd (close-on-exec, so CMD never holds it), then `execve`.
+//!    the report fd (close-on-exec, so CMD never holds it), then `execve` CMD
+//!    (the init forks it first).
 //!
 //! A control the spec requires that cannot be applied is reported as
 //! `refused` (naming it) and CMD never runs. When CMD ends, the init reports
@@ -504,9 +506,14 @@ fn wait_pid(pid: libc::pid_t) -> libc::c_int {
     }
 }
 
-/// Pid 1 of the unit: mount its own `/proc`, fork CMD, reap every orphan until
-/// CMD ends, report how it ended. When this process exits the kernel kills
-/// everything left in the namespace, so nothing outlives the unit.
+/// Pid 1 of the unit: mount its own `/proc`, confine itself (so the unit's
+/// init is as confined as CMD, which inherits all of it through fork and
+/// exec), report, fork CMD, reap every orphan until CMD ends, report how it
+/// ended. When this process exits the kernel kills everything left in the
+/// namespace, so nothing outlives the unit.
+///
+/// Confining before the fork also means the report does not wait for CMD's
+/// process to be scheduled: one process handoff fewer on the start path.
 fn init(
     spec: &SandboxSpec,
     program: &CString,
@@ -532,19 +539,24 @@ fn init(
         )
         .is_ok();
     }
+    if let Err(error) = confine(spec, program, applied, deny_tcp) {
+        refuse(spec, &error.into(), reporter);
+        return i32::from(REFUSED_EXIT);
+    }
+    reporter.send(&Report::Confined(Box::new(applied.clone())));
     // SAFETY: the init is single-threaded, so the child may run any code.
     let child = unsafe { libc::fork() };
     if child == -1 {
-        reporter.send(&failed(
-            "forking the unit's command",
-            std::io::Error::last_os_error(),
-        ));
+        let error = std::io::Error::last_os_error();
+        refuse(spec, &failed("forking the unit's command", error), reporter);
         return i32::from(REFUSED_EXIT);
     }
     if child == 0 {
-        let report = confine_and_exec(spec, program, command, applied, deny_tcp, reporter);
+        let error = exec(program, command, &spec.env);
+        let report = failed(format!("executing {}", program.to_string_lossy()), error);
         refuse(spec, &report, reporter);
-        std::process::exit(i32::from(REFUSED_EXIT));
+        // The shell's convention for a command that could not be executed.
+        std::process::exit(127);
     }
     let status = loop {
         let mut status = 0;
@@ -574,7 +586,8 @@ fn init(
     }
 }
 
-/// Steps 4 and 5: returns only on failure, with the report to send.
+/// Steps 4 and 5 without a pid namespace: returns only on failure, with the
+/// report to send.
 fn confine_and_exec(
     spec: &SandboxSpec,
     program: &CString,
