@@ -692,3 +692,63 @@ async fn required_namespaces_are_entered_here() {
         }
     }
 }
+
+#[tokio::test]
+async fn stdio_is_the_commands_alone_after_the_report() {
+    if !require_landlock() {
+        return;
+    }
+    use tokio::io::AsyncWriteExt;
+    let backend = backend();
+    let workspace = tempfile::tempdir().unwrap();
+    let spec = unit_spec(workspace.path());
+    let command = vec![OsString::from("/bin/cat")];
+    let started = backend
+        .start_command(&session("stdio"), &spec, command)
+        .await
+        .unwrap();
+    let mut io = started.io;
+    io.stdin
+        .write_all(b"{\"jsonrpc\":\"2.0\"}\n")
+        .await
+        .unwrap();
+    io.stdin.shutdown().await.unwrap();
+    drop(io.stdin);
+    let mut output = String::new();
+    io.stdout.read_to_string(&mut output).await.unwrap();
+    assert_eq!(output, "{\"jsonrpc\":\"2.0\"}\n");
+    let end = started.ended.await;
+    assert_eq!(end.exit_code, Some(0));
+    backend.remove(&started.envelope.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_unit_ends_with_its_command_even_when_children_linger() {
+    if !require_landlock() {
+        return;
+    }
+    let backend = backend();
+    let workspace = tempfile::tempdir().unwrap();
+    let spec = unit_spec(workspace.path());
+    let command = vec![
+        OsString::from("/bin/sh"),
+        "-c".into(),
+        "sleep 1000 & exit 3".into(),
+    ];
+    let started = backend
+        .start_command(&session("linger"), &spec, command)
+        .await
+        .unwrap();
+    let mut io = started.io;
+    let mut output = Vec::new();
+    // The lingering sleep holds stdout; it must die with the command.
+    tokio::time::timeout(Duration::from_secs(10), io.stdout.read_to_end(&mut output))
+        .await
+        .expect("stdout closed when the command ended")
+        .unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(10), started.ended)
+        .await
+        .unwrap();
+    assert_eq!(end.exit_code, Some(3));
+    backend.remove(&started.envelope.id).await.unwrap();
+}

@@ -1,22 +1,29 @@
-//! The sandbox helper: `box sandbox --spec-fd 3 --report-fd 4 -- CMD…`, run as
-//! the local backend's child. It confines itself, then `execve`s CMD (the
-//! executor, or a probe in tests), in this order:
+//! The sandbox helper: `box sandbox --spec-stdin --report-stdout --parent PID
+//! -- CMD…`, run as the local backend's child. It confines itself, then
+//! `execve`s CMD (the executor, or a probe in tests), in this order:
 //!
 //! 1. switch to the unit's user (only when started as root and asked to);
 //! 2. new user (uid and gid mapped to themselves), mount (private
-//!    propagation), ipc, network (only loopback, brought up) and pid
-//!    namespaces, each where the kernel allows;
+//!    propagation), ipc, network (only loopback, brought up; a fresh `/sys`)
+//!    and pid namespaces, each where the kernel allows;
 //! 3. with a pid namespace, fork a minimal init (pid 1: mounts a fresh `/proc`,
 //!    reaps orphans, ends the namespace when CMD ends);
 //! 4. in the init (else in the helper itself): rlimits, no_new_privs,
 //!    landlock, capabilities dropped, all inherited by CMD;
-//! 5. report what was applied, read back from the kernel, as one JSON line on
-//!    the report fd (close-on-exec, so CMD never holds it), then `execve` CMD
-//!    (the init forks it first).
+//! 5. report what was applied, read back from the kernel, as one JSON line,
+//!    then `execve` CMD (the init forks it first).
+//!
+//! The wire with the backend is CMD's own stdio, used before CMD runs: the
+//! spec arrives first on stdin (`LENGTH\n` then the JSON, read without
+//! buffering past it), the report leaves first on stdout (one line); after
+//! that both are CMD's. No extra fds are passed, so the host spawns the helper
+//! without `pre_exec`. The helper and the init let go of stdin and stdout once
+//! CMD has them, so the host sees CMD's end of them as soon as CMD ends; the
+//! helper then ends the way CMD did (same exit code, or killed by the same
+//! signal, which the init passes back through a pipe).
 //!
 //! A control the spec requires that cannot be applied is reported as
-//! `refused` (naming it) and CMD never runs. When CMD ends, the init reports
-//! `ended` with its exit code or signal.
+//! `refused` (naming it), CMD never runs, and the helper exits 125.
 //!
 //! The helper runs single-threaded, so forking and then running ordinary Rust
 //! in the child is sound.
@@ -43,14 +50,21 @@ pub const REFUSED_EXIT: u8 = 125;
 #[derive(Debug, Clone, clap::Args)]
 pub struct SandboxArgs {
     /// The sandbox spec as JSON (for people and tests).
-    #[arg(long, value_name = "JSON", conflicts_with = "spec_fd")]
+    #[arg(long, value_name = "JSON", conflicts_with = "spec_stdin")]
     pub spec: Option<String>,
-    /// Read the sandbox spec as JSON from this inherited fd, to its end.
-    #[arg(long, value_name = "FD")]
-    pub spec_fd: Option<i32>,
-    /// Write the reports (one JSON line each) to this inherited fd; default stderr.
-    #[arg(long, value_name = "FD")]
-    pub report_fd: Option<i32>,
+    /// Read the spec from stdin before anything else: its length in bytes on
+    /// one line, then exactly that much JSON (never a byte more: the rest of
+    /// stdin is CMD's).
+    #[arg(long)]
+    pub spec_stdin: bool,
+    /// Write the report (one JSON line) to stdout, before CMD writes anything
+    /// there; default stderr.
+    #[arg(long)]
+    pub report_stdout: bool,
+    /// Die with this process (the host): set the parent-death signal, and
+    /// exit at once if the parent is already another.
+    #[arg(long, value_name = "PID")]
+    pub parent: Option<u32>,
     /// The command to confine and run.
     #[arg(
         value_name = "CMD",
@@ -176,7 +190,7 @@ pub struct Applied {
     pub rlimits: Rlimits,
 }
 
-/// One line on the report fd.
+/// The one line the helper reports before CMD runs (or instead of running it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "camelCase")]
 pub enum Report {
@@ -196,13 +210,6 @@ pub enum Report {
         /// What went wrong.
         message: String,
     },
-    /// CMD ended (sent by the pid-namespace init).
-    Ended {
-        /// Its exit code.
-        code: Option<i32>,
-        /// The signal that killed it.
-        signal: Option<i32>,
-    },
 }
 
 impl From<ConfineError> for Report {
@@ -214,33 +221,47 @@ impl From<ConfineError> for Report {
     }
 }
 
-/// Where reports go.
+/// Where the report goes (a close-on-exec duplicate of stdout or stderr).
 struct Reporter {
-    out: File,
+    out: Option<File>,
 }
 
 impl Reporter {
     fn send(&mut self, report: &Report) {
-        if let Ok(mut line) = serde_json::to_vec(report) {
+        if let (Some(out), Ok(mut line)) = (self.out.as_mut(), serde_json::to_vec(report)) {
             line.push(b'\n');
-            // One write: a line below PIPE_BUF arrives whole. Nothing to do
-            // if the backend stopped listening.
-            let _ = self.out.write_all(&line);
+            // Nothing to do if the backend stopped listening.
+            let _ = out.write_all(&line);
         }
+    }
+
+    /// Let go of the duplicate, so it cannot hold CMD's stdout open.
+    fn close(&mut self) {
+        self.out = None;
     }
 }
 
 /// Run `box sandbox`: confine, then execute CMD. Returns only when CMD could
 /// not be started, or (with a pid namespace) when it has ended.
 pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
-    let out = match args.report_fd {
-        // SAFETY: the backend hands this fd over to us alone; nothing else in
-        // this process owns it.
-        Some(fd) => unsafe { File::from_raw_fd(fd) },
-        None => File::from(std::io::stderr().as_fd_owned()?),
+    use std::os::fd::AsFd;
+    if let Some(parent) = args.parent {
+        // SAFETY: PR_SET_PDEATHSIG takes integer arguments. The "parent" is
+        // the host thread that spawned us, which lives until we have ended.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+        if nix::unistd::getppid().as_raw() != i32::try_from(parent).unwrap_or(0) {
+            anyhow::bail!("the host (pid {parent}) is gone");
+        }
+    }
+    // A close-on-exec duplicate: CMD inherits stdout itself, never this.
+    let out = if args.report_stdout {
+        std::io::stdout().as_fd().try_clone_to_owned()?
+    } else {
+        std::io::stderr().as_fd().try_clone_to_owned()?
     };
-    set_cloexec(&out);
-    let mut reporter = Reporter { out };
+    let mut reporter = Reporter {
+        out: Some(File::from(out)),
+    };
     let spec = match read_spec(&args) {
         Ok(spec) => spec,
         Err(message) => {
@@ -269,42 +290,68 @@ fn refuse(spec: &SandboxSpec, report: &Report, reporter: &mut Reporter) -> ExitC
         Report::Failed { doing, message } => {
             eprintln!("box sandbox: unit {}: {doing}: {message}", spec.unit);
         }
-        Report::Confined(_) | Report::Ended { .. } => {}
+        Report::Confined(_) => {}
     }
     ExitCode::from(REFUSED_EXIT)
 }
 
-trait StderrFd {
-    fn as_fd_owned(&self) -> std::io::Result<OwnedFd>;
-}
-
-impl StderrFd for std::io::Stderr {
-    fn as_fd_owned(&self) -> std::io::Result<OwnedFd> {
-        use std::os::fd::AsFd;
-        self.as_fd().try_clone_to_owned()
-    }
-}
-
-fn set_cloexec(file: &File) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: F_SETFD on an fd we own, integer arguments only.
-    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
-}
+/// The largest spec read from stdin.
+const MAX_SPEC_BYTES: usize = 1 << 20;
 
 fn read_spec(args: &SandboxArgs) -> Result<SandboxSpec, String> {
-    let text = match (&args.spec, args.spec_fd) {
-        (Some(text), _) => text.clone(),
-        (None, Some(fd)) => {
-            // SAFETY: the backend hands this fd over to us alone.
-            let mut file = unsafe { File::from_raw_fd(fd) };
-            let mut text = String::new();
-            file.read_to_string(&mut text)
-                .map_err(|error| format!("fd {fd}: {error}"))?;
-            text
-        }
-        (None, None) => return Err("give --spec JSON or --spec-fd FD".to_owned()),
+    let text = match (&args.spec, args.spec_stdin) {
+        (Some(text), _) => text.clone().into_bytes(),
+        (None, true) => read_spec_from_stdin()?,
+        (None, false) => return Err("give --spec JSON or --spec-stdin".to_owned()),
     };
-    serde_json::from_str(&text).map_err(|error| error.to_string())
+    serde_json::from_slice(&text).map_err(|error| error.to_string())
+}
+
+/// Read `LENGTH\n` then exactly LENGTH bytes from fd 0, unbuffered: what
+/// follows belongs to CMD.
+fn read_spec_from_stdin() -> Result<Vec<u8>, String> {
+    // SAFETY: fd 0 stays open for CMD; ManuallyDrop never closes it.
+    let mut stdin = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
+    let mut header = Vec::new();
+    loop {
+        let mut byte = [0u8; 1];
+        stdin
+            .read_exact(&mut byte)
+            .map_err(|error| format!("stdin: {error}"))?;
+        if byte[0] == b'\n' {
+            break;
+        }
+        header.push(byte[0]);
+        if header.len() > 20 {
+            return Err("stdin: the length line is too long".to_owned());
+        }
+    }
+    let length: usize = std::str::from_utf8(&header)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .filter(|length| *length <= MAX_SPEC_BYTES)
+        .ok_or_else(|| {
+            format!(
+                "stdin: bad spec length {:?}",
+                String::from_utf8_lossy(&header)
+            )
+        })?;
+    let mut text = vec![0u8; length];
+    stdin
+        .read_exact(&mut text)
+        .map_err(|error| format!("stdin: {error}"))?;
+    Ok(text)
+}
+
+/// Let go of CMD's stdin and stdout, so the host sees CMD's end of them
+/// (EOF, EPIPE) as soon as CMD is gone, whatever this process still does.
+fn release_stdio() {
+    // SAFETY: closing fds 0 and 1, which this process no longer uses; nothing
+    // is opened afterwards that could take their numbers and be mistaken for them.
+    unsafe {
+        libc::close(0);
+        libc::close(1);
+    }
 }
 
 fn refused(control: &str, why: impl std::fmt::Display) -> Report {
@@ -321,7 +368,7 @@ fn failed(doing: impl Into<String>, message: impl std::fmt::Display) -> Report {
     }
 }
 
-/// Steps 1–3 (the process-wide parts); step 4 and 5 in [`confine_and_exec`].
+/// Steps 1–3 (the process-wide parts); steps 4 and 5 in [`init`] or [`confine_and_exec`].
 fn sandbox(
     spec: &SandboxSpec,
     command: &[OsString],
@@ -464,6 +511,10 @@ fn sandbox(
         return Err(error);
     }
     // 3. The pid namespace takes effect for our children: fork its init.
+    // The init tells us through this pipe which signal killed CMD, if one did
+    // (pid 1 cannot die of a signal it raises itself).
+    let (signal_read, signal_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|errno| failed("making the init's status pipe", errno))?;
     // SAFETY: the helper is single-threaded, so the child may run any code.
     match unsafe { libc::fork() } {
         -1 => Err(failed(
@@ -471,18 +522,42 @@ fn sandbox(
             std::io::Error::last_os_error(),
         )),
         0 => {
-            let code = init(spec, &program, command, &mut applied, deny_tcp, reporter);
+            drop(signal_read);
+            let code = init(
+                spec,
+                &program,
+                command,
+                &mut applied,
+                deny_tcp,
+                reporter,
+                signal_write,
+            );
             std::process::exit(code)
         }
-        child => Ok(wait_for_init(child)),
+        child => {
+            drop(signal_write);
+            reporter.close();
+            release_stdio();
+            Ok(wait_for_init(child, File::from(signal_read)))
+        }
     }
 }
 
-/// The helper outside the pid namespace: wait for the init and end the same way.
-fn wait_for_init(child: libc::pid_t) -> ExitCode {
+/// The helper outside the pid namespace: wait for the init and end the way
+/// CMD ended: its exit code, or killed by its signal.
+fn wait_for_init(child: libc::pid_t, mut signal_pipe: File) -> ExitCode {
     let status = wait_pid(child);
-    if libc::WIFSIGNALED(status) {
-        let signal = libc::WTERMSIG(status);
+    let mut byte = [0u8; 1];
+    let cmd_signal = match signal_pipe.read(&mut byte) {
+        Ok(1) => Some(i32::from(byte[0])),
+        _ => None,
+    };
+    let signal = if libc::WIFSIGNALED(status) {
+        Some(libc::WTERMSIG(status))
+    } else {
+        cmd_signal
+    };
+    if let Some(signal) = signal {
         // SAFETY: restoring a default disposition and signalling ourselves.
         unsafe {
             libc::signal(signal, libc::SIG_DFL);
@@ -521,6 +596,7 @@ fn init(
     applied: &mut Applied,
     deny_tcp: bool,
     reporter: &mut Reporter,
+    signal_pipe: OwnedFd,
 ) -> i32 {
     // SAFETY: PR_SET_PDEATHSIG takes integer arguments; the helper is
     // single-threaded, so "parent thread" is the helper itself.
@@ -558,6 +634,9 @@ fn init(
         // The shell's convention for a command that could not be executed.
         std::process::exit(127);
     }
+    let mut signal_pipe = File::from(signal_pipe);
+    reporter.close();
+    release_stdio();
     let status = loop {
         let mut status = 0;
         // SAFETY: waitpid writes the status into a local.
@@ -571,18 +650,10 @@ fn init(
     };
     if libc::WIFSIGNALED(status) {
         let signal = libc::WTERMSIG(status);
-        reporter.send(&Report::Ended {
-            code: None,
-            signal: Some(signal),
-        });
+        let _ = signal_pipe.write_all(&[u8::try_from(signal).unwrap_or(0)]);
         128 + signal
     } else {
-        let code = libc::WEXITSTATUS(status);
-        reporter.send(&Report::Ended {
-            code: Some(code),
-            signal: None,
-        });
-        code
+        libc::WEXITSTATUS(status)
     }
 }
 
@@ -602,7 +673,14 @@ fn confine_and_exec(
     }
     reporter.send(&Report::Confined(Box::new(applied.clone())));
     let error = exec(program, command, &spec.env);
-    failed(format!("executing {}", program.to_string_lossy()), error)
+    // The report is out; CMD's stdout is the protocol now, so the failure
+    // goes to stderr only, and the exit code says it.
+    eprintln!(
+        "box sandbox: unit {}: executing {}: {error}",
+        spec.unit,
+        program.to_string_lossy()
+    );
+    std::process::exit(127)
 }
 
 fn confine(

@@ -4,8 +4,10 @@
 //!
 //! What it owns: building the helper's spec from a unit spec (pure), the
 //! unit's private temp directory (created per unit, removed with it), the
-//! helper process and its report pipe, and the envelope, which is built from
-//! what the helper *reports it applied*, never from what was asked.
+//! helper process (spec in on its stdin, report out on its stdout, before the
+//! executor's protocol), and the envelope, which is built from what the
+//! helper *reports it applied*, read back from the kernel, never from what
+//! was asked.
 //!
 //! Process tree of one unit:
 //!
@@ -35,7 +37,7 @@ mod helper;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -69,10 +71,6 @@ const CONFINE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long removal waits for a killed unit to be reaped.
 const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The fds the helper finds its spec and report pipe on.
-const SPEC_FD: i32 = 3;
-const REPORT_FD: i32 = 4;
-
 /// Choices the plan does not (yet) carry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalOptions {
@@ -97,7 +95,8 @@ struct LocalUnit {
     /// The helper's pid, which is also its process group.
     group: i32,
     temp: PathBuf,
-    exited: watch::Receiver<Option<ExitStatus>>,
+    /// The helper's wait status once reaped (`Some(None)`: reaped, status unknown).
+    exited: watch::Receiver<Option<Option<ExitStatus>>>,
     removed: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -169,19 +168,18 @@ impl LocalBackend {
         let sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options)?;
         let spec_json = serde_json::to_vec(&sandbox_spec)
             .map_err(|error| other("encoding the sandbox spec", error.to_string()))?;
-        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC);
-        let (spec_read, spec_write) =
-            pipe().map_err(|errno| other("making the spec pipe", errno.to_string()))?;
-        let (report_read, report_write) =
-            pipe().map_err(|errno| other("making the report pipe", errno.to_string()))?;
 
+        // The helper reads its spec from stdin and reports on stdout, before
+        // either carries the executor's protocol: no extra fds, so no
+        // `pre_exec`, so the spawn stays a cheap vfork-style `posix_spawn`
+        // whatever the host's size.
         let mut helper = std::process::Command::new(&self.options.box_exe);
         helper
             .arg("sandbox")
-            .arg("--spec-fd")
-            .arg(SPEC_FD.to_string())
-            .arg("--report-fd")
-            .arg(REPORT_FD.to_string())
+            .arg("--spec-stdin")
+            .arg("--report-stdout")
+            .arg("--parent")
+            .arg(std::process::id().to_string())
             .arg("--")
             .args(&command)
             .env_clear()
@@ -190,50 +188,33 @@ impl LocalBackend {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .process_group(0);
-        let spec_fd = spec_read.as_raw_fd();
-        let report_fd = report_write.as_raw_fd();
-        // SAFETY: only async-signal-safe calls (dup2, fcntl, prctl) on fds that
-        // stay open in the parent until after spawn.
-        unsafe {
-            helper.pre_exec(move || {
-                move_fd(spec_fd, SPEC_FD)?;
-                move_fd(report_fd, REPORT_FD)?;
-                // The unit dies with the host. The parent "thread" is the
-                // spawning thread below, which lives until the unit has ended.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
         let (spawned_tx, spawned_rx) = tokio::sync::oneshot::channel();
         let (exited_tx, exited_rx) = watch::channel(None);
-        let thread_name = format!("box-local-{unit}");
+        // The thread that spawns the helper is its parent as far as the
+        // parent-death signal goes, so it lives exactly as long as the unit.
         std::thread::Builder::new()
-            .name(thread_name)
+            .name(format!("box-local-{unit}"))
             .spawn(move || {
-                let spawned = helper.spawn();
-                drop(spec_read);
-                drop(report_write);
-                let mut child = match spawned {
+                let mut child = match helper.spawn() {
                     Ok(child) => child,
                     Err(error) => {
                         let _ = spawned_tx.send(Err(error));
                         return;
                     }
                 };
-                let io = (child.stdin.take(), child.stdout.take(), child.id());
-                let _ = spawned_tx.send(Ok(io));
-                // The helper reads the spec to its end; a failed write shows
-                // up as its report.
-                let mut spec_file = std::fs::File::from(spec_write);
-                let _ = std::io::Write::write_all(&mut spec_file, &spec_json);
-                drop(spec_file);
+                let mut stdin = child.stdin.take();
+                if let Some(stdin) = stdin.as_mut() {
+                    // Far below a pipe's buffer: this never waits on the helper.
+                    let mut message = format!("{}\n", spec_json.len()).into_bytes();
+                    message.extend_from_slice(&spec_json);
+                    let _ = std::io::Write::write_all(stdin, &message);
+                }
+                let _ = spawned_tx.send(Ok((stdin, child.stdout.take(), child.id())));
                 let status = loop {
                     match child.wait() {
-                        Ok(status) => break status,
+                        Ok(status) => break Some(status),
                         Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(_) => break ExitStatus::from_raw(0),
+                        Err(_) => break None,
                     }
                 };
                 let _ = exited_tx.send(Some(status));
@@ -249,33 +230,40 @@ impl LocalBackend {
                 )
             })?;
         let group = i32::try_from(pid).unwrap_or(i32::MAX);
-        let kill = || kill_group(group);
-        let (Some(stdin), Some(stdout)) = (stdin, stdout) else {
-            kill();
-            return Err(other("spawning the sandbox helper", "no stdio".to_owned()));
-        };
-        let io_error =
-            |error: std::io::Error| other("attaching the executor's stdio", error.to_string());
-        let attached = (|| {
-            Ok::<_, BackendError>((
-                tokio::net::unix::pipe::Sender::from_owned_fd(OwnedFd::from(stdin))
-                    .map_err(io_error)?,
-                tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(stdout))
-                    .map_err(io_error)?,
-                tokio::net::unix::pipe::Receiver::from_owned_fd(report_read).map_err(io_error)?,
-            ))
-        })();
-        let (stdin, stdout, report) = match attached {
-            Ok(attached) => attached,
-            Err(error) => {
-                kill();
-                return Err(error);
+        let undo = |error: BackendError| {
+            let mut exited = exited_rx.clone();
+            async move {
+                kill_group(group);
+                let _ = tokio::time::timeout(REAP_TIMEOUT, exited.wait_for(Option::is_some)).await;
+                error
             }
         };
-        let mut reports = tokio::io::BufReader::new(report).lines();
-        let first = tokio::time::timeout(CONFINE_TIMEOUT, reports.next_line()).await;
+        let (Some(stdin), Some(stdout)) = (stdin, stdout) else {
+            return Err(undo(other("spawning the sandbox helper", "no stdio".to_owned())).await);
+        };
+        let attached = tokio::net::unix::pipe::Sender::from_owned_fd(OwnedFd::from(stdin))
+            .and_then(|stdin| {
+                let stdout =
+                    tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(stdout))?;
+                Ok((stdin, stdout))
+            });
+        let (stdin, stdout) = match attached {
+            Ok(attached) => attached,
+            Err(error) => {
+                return Err(undo(other("attaching the executor's stdio", error.to_string())).await);
+            }
+        };
+        // The first line on stdout is the helper's report; what follows (and
+        // anything this reader buffered past it) is the executor's.
+        let mut stdout = tokio::io::BufReader::new(stdout);
+        let mut line = String::new();
+        let first = tokio::time::timeout(CONFINE_TIMEOUT, stdout.read_line(&mut line)).await;
         let applied = match first {
-            Ok(Ok(Some(line))) => match serde_json::from_str::<Report>(&line) {
+            Ok(Ok(0)) => Err(other(
+                "confining the unit",
+                "the helper exited without reporting (see the host's stderr)".to_owned(),
+            )),
+            Ok(Ok(_)) => match serde_json::from_str::<Report>(&line) {
                 Ok(Report::Confined(applied)) => Ok(*applied),
                 Ok(Report::Refused { control, why }) => Err(BackendError::Unenforceable {
                     unit: unit.clone(),
@@ -287,19 +275,11 @@ impl LocalBackend {
                     doing,
                     message,
                 }),
-                Ok(Report::Ended { .. }) => Err(other(
-                    "confining the unit",
-                    "the helper reported an end before confinement".to_owned(),
-                )),
                 Err(error) => Err(other(
                     "reading the helper's report",
-                    format!("{error}: {line}"),
+                    format!("{error}: {}", line.trim_end()),
                 )),
             },
-            Ok(Ok(None)) => Err(other(
-                "confining the unit",
-                "the helper exited without reporting (see the host's stderr)".to_owned(),
-            )),
             Ok(Err(error)) => Err(other("reading the helper's report", error.to_string())),
             Err(_) => Err(other(
                 "confining the unit",
@@ -308,38 +288,18 @@ impl LocalBackend {
         };
         let applied = match applied {
             Ok(applied) => applied,
-            Err(error) => {
-                kill();
-                let mut exited = exited_rx.clone();
-                let _ = tokio::time::timeout(REAP_TIMEOUT, exited.wait_for(Option::is_some)).await;
-                return Err(error);
-            }
+            Err(error) => return Err(undo(error).await),
         };
-        // The rest of the report pipe: at most the init's `ended` line.
-        let last_report = tokio::spawn(async move {
-            let mut ended = None;
-            while let Ok(Some(line)) = reports.next_line().await {
-                if let Ok(Report::Ended { code, signal }) = serde_json::from_str(&line) {
-                    ended = Some((code, signal));
-                }
-            }
-            ended
-        });
         let removed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let ended = {
             let mut exited = exited_rx.clone();
             let removed = Arc::clone(&removed);
             async move {
-                let reported = last_report.await.ok().flatten();
                 let status = match exited.wait_for(Option::is_some).await {
-                    Ok(status) => *status,
+                    Ok(status) => status.flatten(),
                     Err(_) => None,
                 };
-                unit_end(
-                    reported,
-                    status,
-                    removed.load(std::sync::atomic::Ordering::SeqCst),
-                )
+                unit_end(status, removed.load(std::sync::atomic::Ordering::SeqCst))
             }
             .boxed()
         };
@@ -442,23 +402,6 @@ impl Backend for LocalBackend {
             })
             .collect();
         futures::future::ready(Ok(units)).boxed()
-    }
-}
-
-/// `dup2` that also works when the fd is already in place (clears close-on-exec).
-fn move_fd(from: i32, to: i32) -> std::io::Result<()> {
-    // SAFETY: dup2 and fcntl on fds owned by this (pre-exec) process.
-    let result = unsafe {
-        if from == to {
-            libc::fcntl(to, libc::F_SETFD, 0)
-        } else {
-            libc::dup2(from, to)
-        }
-    };
-    if result < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
     }
 }
 
@@ -789,17 +732,12 @@ pub fn envelope(
     }
 }
 
-/// How a unit ended: the init's report when there is one (it saw the
-/// executor's own status), else the helper's wait status.
-fn unit_end(
-    reported: Option<(Option<i32>, Option<i32>)>,
-    status: Option<ExitStatus>,
-    removed: bool,
-) -> UnitEnd {
-    let (code, signal) = match (reported, status) {
-        (Some((code, signal)), _) => (code, signal),
-        (None, Some(status)) => (status.code(), status.signal()),
-        (None, None) => (None, None),
+/// How a unit ended, from the helper's wait status (the helper ends the way
+/// the executor did: same exit code, or killed by the same signal).
+fn unit_end(status: Option<ExitStatus>, removed: bool) -> UnitEnd {
+    let (code, signal) = match status {
+        Some(status) => (status.code(), status.signal()),
+        None => (None, None),
     };
     let cause = match (code, signal) {
         (_, Some(signal)) => format!("the executor was killed by {}", signal_name(signal)),

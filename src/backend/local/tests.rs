@@ -249,10 +249,10 @@ fn pids_are_reported_unbound_for_host_root() {
 
 #[test]
 fn a_signal_ends_with_code_minus_one_and_its_name() {
-    let end = unit_end(Some((None, Some(9))), None, false);
+    let end = unit_end(Some(ExitStatus::from_raw(9)), false);
     assert_eq!(end.exit_code, Some(-1));
     assert_eq!(end.reason, "the executor was killed by SIGKILL (9)");
-    let end = unit_end(None, Some(ExitStatus::from_raw(3 << 8)), true);
+    let end = unit_end(Some(ExitStatus::from_raw(3 << 8)), true);
     assert_eq!(end.exit_code, Some(3));
     assert_eq!(
         end.reason,
