@@ -55,9 +55,14 @@ fn unit_spec(workspace: &Path) -> UnitSpec {
     }
 }
 
-fn median(mut samples: Vec<Duration>) -> Duration {
+fn median(samples: &[Duration]) -> Duration {
+    let mut samples = samples.to_vec();
     samples.sort();
     samples[samples.len() / 2]
+}
+
+fn fastest(samples: &[Duration]) -> Duration {
+    samples.iter().copied().min().unwrap()
 }
 
 fn ms(duration: Duration) -> f64 {
@@ -92,6 +97,8 @@ async fn unit_round(
 }
 
 /// Baseline: spawn the same command with no confinement, until it has exited.
+/// Also the reference: the same command under util-linux `unshare` with the
+/// same namespaces.
 async fn baseline_round(command: &[OsString]) -> Duration {
     let began = Instant::now();
     let status = tokio::process::Command::new(&command[0])
@@ -151,6 +158,27 @@ async fn main() {
             (backend, spec)
         })
         .collect();
+    let unshare: Vec<OsString> = [
+        "unshare",
+        "--user",
+        "--map-current-user",
+        "--mount",
+        "--ipc",
+        "--net",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+    ]
+    .into_iter()
+    .map(OsString::from)
+    .chain(command.iter().cloned())
+    .collect();
+    let has_unshare = std::process::Command::new("unshare")
+        .args(&unshare[1..])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    let mut reference = Vec::new();
     let mut baseline = Vec::new();
     let mut starts = vec![Vec::new(); units.len()];
     let mut cycles = vec![Vec::new(); units.len()];
@@ -162,6 +190,12 @@ async fn main() {
         if round >= 3 {
             baseline.push(unconfined);
         }
+        if has_unshare {
+            let time = baseline_round(&unshare).await;
+            if round >= 3 {
+                reference.push(time);
+            }
+        }
         for (index, (backend, spec)) in units.iter().enumerate() {
             let (start, cycle, envelope) = unit_round(backend, spec, &command).await;
             if round >= 3 {
@@ -172,26 +206,42 @@ async fn main() {
         }
     }
     std::fs::remove_dir_all(&workspace).unwrap();
-    let baseline = median(baseline);
-    println!("medians of {ROUNDS} interleaved rounds");
+    let base = median(&baseline);
+    let base_fastest = fastest(&baseline);
     println!(
-        "baseline: unconfined spawn+exit of `box --version`: {:.2} ms",
-        ms(baseline)
+        "{ROUNDS} interleaved rounds; median (fastest), ratio to the baseline's median (fastest)"
     );
+    println!(
+        "baseline: unconfined spawn+exit of `box --version`: {:.2} ms ({:.2} ms)",
+        ms(base),
+        ms(base_fastest)
+    );
+    if has_unshare {
+        println!(
+            "reference: `unshare -U --map-current-user -m -i -n -p -f --mount-proc box --version`: {:.2} ms ({:.2} ms), ratio {:.2} ({:.2})",
+            ms(median(&reference)),
+            ms(fastest(&reference)),
+            ms(median(&reference)) / ms(base),
+            ms(fastest(&reference)) / ms(base_fastest)
+        );
+    }
     println!(
         "| local unit | start until confined | ratio | start+exit+remove | ratio | namespaces | landlock |"
     );
     println!("|---|---|---|---|---|---|---|");
     for (index, (label, ..)) in configurations.iter().enumerate() {
-        let start = median(std::mem::take(&mut starts[index]));
-        let cycle = median(std::mem::take(&mut cycles[index]));
         let envelope = envelopes[index].take().unwrap();
+        let (start, cycle) = (&starts[index], &cycles[index]);
         println!(
-            "| {label} | {:.2} ms | {:.2} | {:.2} ms | {:.2} | {} | {} |",
-            ms(start),
-            ms(start) / ms(baseline),
-            ms(cycle),
-            ms(cycle) / ms(baseline),
+            "| {label} | {:.2} ({:.2}) ms | {:.2} ({:.2}) | {:.2} ({:.2}) ms | {:.2} ({:.2}) | {} | {} |",
+            ms(median(start)),
+            ms(fastest(start)),
+            ms(median(start)) / ms(base),
+            ms(fastest(start)) / ms(base_fastest),
+            ms(median(cycle)),
+            ms(fastest(cycle)),
+            ms(median(cycle)) / ms(base),
+            ms(fastest(cycle)) / ms(base_fastest),
             envelope.hardening.namespaces.join(","),
             envelope.hardening.landlock_enforced
         );
