@@ -647,6 +647,100 @@ mod tests {
         );
     }
 
+    /// Run `body` in a forked child (a fresh single-threaded process, so
+    /// confining it leaves the test process alone) and return its exit code.
+    fn in_child(body: impl FnOnce() -> i32) -> i32 {
+        // SAFETY: glibc's fork keeps malloc usable in the child; the child
+        // only runs `body` and then `_exit`s, never returning into the harness.
+        match unsafe { libc::fork() } {
+            0 => {
+                let code = body();
+                // SAFETY: ending the child without running the parent's atexit handlers.
+                unsafe { libc::_exit(code) }
+            }
+            -1 => panic!("fork failed"),
+            child => {
+                let mut status = 0;
+                // SAFETY: waiting for our own child, status into a local.
+                unsafe { libc::waitpid(child, &mut status, 0) };
+                assert!(libc::WIFEXITED(status), "child status {status}");
+                libc::WEXITSTATUS(status)
+            }
+        }
+    }
+
+    #[test]
+    fn confine_executor_writes_only_beneath_its_root_and_temp() {
+        if landlock_abi() == 0 {
+            eprintln!("LANDLOCK MISSING: confine_executor cannot be tested here");
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "landlock is missing under CI"
+            );
+            return;
+        }
+        // Outside /tmp, which confine_executor leaves writable as the temp directory.
+        let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target");
+        let root = tempfile::tempdir_in(&base).unwrap();
+        let outside = tempfile::tempdir_in(&base).unwrap();
+        let (root_path, outside_path) = (root.path().to_path_buf(), outside.path().to_path_buf());
+        let temp_file = std::env::temp_dir().join(format!(
+            "box-confine-{}",
+            root.path().file_name().unwrap().to_string_lossy()
+        ));
+        let temp_probe = temp_file.clone();
+        let code = in_child(move || {
+            let Ok(confinement) = confine_executor(&root_path, Requirement::Required) else {
+                return 10;
+            };
+            if !confinement.landlock_enforced || !confinement.no_new_privileges {
+                return 11;
+            }
+            if confinement.landlock_abi != landlock_abi() {
+                return 12;
+            }
+            if std::fs::write(root_path.join("inside"), "x").is_err() {
+                return 13;
+            }
+            if std::fs::write(&temp_probe, "x").is_err() {
+                return 14;
+            }
+            if std::fs::write(outside_path.join("outside"), "x").is_ok() {
+                return 15;
+            }
+            if std::fs::read_dir(&outside_path).is_ok() {
+                return 16;
+            }
+            0
+        });
+        assert_eq!(code, 0, "see the child's return codes above");
+        assert!(root.path().join("inside").exists());
+        assert!(!outside.path().join("outside").exists());
+        assert!(temp_file.exists());
+        std::fs::remove_file(temp_file).unwrap();
+    }
+
+    #[test]
+    fn confine_executor_refuses_required_landlock_with_threads_running() {
+        let root = tempfile::tempdir().unwrap();
+        let root_path = root.path().to_path_buf();
+        let code = in_child(move || {
+            let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+            let thread = std::thread::spawn(move || {
+                let _ = stop_rx.recv();
+            });
+            let result = confine_executor(&root_path, Requirement::Required);
+            drop(stop_tx);
+            let _ = thread.join();
+            match result {
+                Err(message) if message.contains("threads") => 0,
+                Err(_) => 20,
+                Ok(_) => 21,
+            }
+        });
+        assert_eq!(code, 0);
+    }
+
     #[test]
     fn landlock_off_applies_nothing() {
         let outcome = apply_landlock(&LandlockRules::default(), Requirement::Off, 1).unwrap();
