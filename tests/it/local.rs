@@ -752,3 +752,71 @@ async fn the_unit_ends_with_its_command_even_when_children_linger() {
     assert_eq!(end.exit_code, Some(3));
     backend.remove(&started.envelope.id).await.unwrap();
 }
+
+/// The catalogue's runtime-escape cases that apply to a process unit
+/// (C28–C30, C33, C38, C40): each must fail inside, nothing may change outside.
+#[tokio::test]
+async fn runtime_escape_attempts_fail_inside_the_unit() {
+    if !require_landlock() {
+        return;
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    let spec = unit_spec(workspace.path());
+    let probe = probe(
+        "escape",
+        &spec,
+        "unshare -U true && echo userns-created || echo userns-denied; \
+         unshare -r true && echo root-map-created || echo root-map-denied; \
+         unshare -m true && echo mountns-created || echo mountns-denied; \
+         mkdir -p m; mount -t proc proc m && echo proc-mounted || echo mount-denied; \
+         mount --bind /etc m && echo bind-mounted || echo bind-denied; \
+         echo 1 > /sys/fs/cgroup/release_agent && echo cgroup-written || echo cgroup-denied; \
+         echo h > /proc/sysrq-trigger && echo sysrq-written || echo sysrq-denied; \
+         echo '|/tmp/x' > /proc/sys/kernel/core_pattern && echo core-pattern-written || echo core-pattern-denied; \
+         head -c 1 /proc/kcore > /dev/null && echo kcore-read || echo kcore-denied; \
+         head -c 1 /dev/kmsg > /dev/null && echo kmsg-read || echo kmsg-denied; \
+         head -c 1 /dev/mem > /dev/null && echo mem-read || echo mem-denied; \
+         for disk in /dev/sda /dev/vda /dev/nvme0n1; do test -e $disk && { head -c 1 $disk > /dev/null && echo disk-read || echo disk-denied; }; done; \
+         echo x > /usr/bin/box-canary && echo usr-written || echo usr-denied; \
+         echo x >> /etc/passwd && echo passwd-written || echo passwd-denied; \
+         head -c 1 /dev/urandom > /dev/null && echo urandom-read",
+    )
+    .await;
+    for denied in [
+        "userns-denied",
+        "root-map-denied",
+        "mountns-denied",
+        "mount-denied",
+        "bind-denied",
+        "cgroup-denied",
+        "sysrq-denied",
+        "core-pattern-denied",
+        "kcore-denied",
+        "kmsg-denied",
+        "mem-denied",
+        "usr-denied",
+        "passwd-denied",
+        "urandom-read",
+    ] {
+        assert!(probe.output.contains(denied), "missing {denied}");
+    }
+    for escaped in [
+        "userns-created",
+        "root-map-created",
+        "mountns-created",
+        "proc-mounted",
+        "bind-mounted",
+        "cgroup-written",
+        "sysrq-written",
+        "core-pattern-written",
+        "kcore-read",
+        "kmsg-read",
+        "mem-read",
+        "disk-read",
+        "usr-written",
+        "passwd-written",
+    ] {
+        assert!(!probe.output.contains(escaped), "{escaped}");
+    }
+    assert!(!Path::new("/usr/bin/box-canary").exists());
+}

@@ -176,6 +176,8 @@ pub struct Applied {
     pub proc_mounted: bool,
     /// Whether `/sys` is the unit's own (showing its network namespace).
     pub sys_mounted: bool,
+    /// Whether the unit can create no user namespace of its own.
+    pub nested_user_namespaces_blocked: bool,
     /// Loopback was brought up in the unit's network namespace.
     pub loopback_up: bool,
     /// Landlock denies every TCP bind and connect (network none without a namespace).
@@ -425,9 +427,16 @@ fn sandbox(
             }
         }
     };
+    let mut nested_user_namespaces_blocked = false;
     if try_enter("user", CloneFlags::CLONE_NEWUSER, wants_namespaces) {
         map_ids(host_uid, host_gid)
             .map_err(|error| failed("mapping the unit's uid and gid", error))?;
+        // The limit is per user namespace: 0 in ours means nothing in the unit
+        // can create a user namespace of its own, and with it the capabilities
+        // to mount or unshare anything else (C28), as bubblewrap's
+        // --disable-userns does.
+        nested_user_namespaces_blocked =
+            std::fs::write("/proc/sys/user/max_user_namespaces", "0").is_ok();
     }
     let mount_namespace = try_enter("mount", CloneFlags::CLONE_NEWNS, wants_namespaces);
     if mount_namespace {
@@ -492,6 +501,7 @@ fn sandbox(
         gid: host_gid,
         proc_mounted: false,
         sys_mounted,
+        nested_user_namespaces_blocked,
         loopback_up,
         landlock_tcp_denied: false,
         landlock: LandlockOutcome {

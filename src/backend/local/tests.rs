@@ -68,6 +68,7 @@ fn applied() -> Applied {
         gid: 1000,
         proc_mounted: true,
         sys_mounted: false,
+        nested_user_namespaces_blocked: true,
         loopback_up: false,
         landlock_tcp_denied: true,
         landlock: LandlockOutcome {
