@@ -820,3 +820,46 @@ async fn runtime_escape_attempts_fail_inside_the_unit() {
     }
     assert!(!Path::new("/usr/bin/box-canary").exists());
 }
+
+/// Local units die with their host: the helper carries the parent-death
+/// signal, the init carries it from the helper, and the pid namespace takes
+/// every process with it.
+#[tokio::test]
+async fn units_die_with_their_host() {
+    if !require_landlock() {
+        return;
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    let marker = format!("97531{}", std::process::id() % 1000);
+    let spec = serde_json::json!({
+        "unit": "orphan", "write": [workspace.path()], "read": [], "cwd": workspace.path(),
+        "network": "none", "user": null,
+        "rlimits": {"nofile": 64, "nproc": 64, "dataBytes": 1u64 << 30,
+                    "addressSpaceBytes": 2u64 << 30, "fsizeBytes": 1u64 << 20, "coreBytes": 0},
+        "landlock": "required", "landlockMinAbi": 1, "namespaces": "best-effort",
+        "env": [["PATH", "/usr/bin:/bin"]]
+    });
+    // A stand-in host: a shell whose child is the helper.
+    let script = format!(
+        "{} sandbox --spec '{}' --parent $$ -- /bin/sh -c 'setsid sleep {marker} & sleep {marker}' 2>/dev/null & wait",
+        box_bin().display(),
+        spec
+    );
+    let mut host = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(script)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while processes_with(&marker).len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(processes_with(&marker).len(), 2, "the unit started");
+    host.kill().unwrap();
+    host.wait().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !processes_with(&marker).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(processes_with(&marker), Vec::<String>::new());
+}

@@ -274,7 +274,8 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
             anyhow::bail!("reading the sandbox spec: {message}");
         }
     };
-    match sandbox(&spec, &args.command, &mut reporter) {
+    let parent = args.parent.and_then(|pid| i32::try_from(pid).ok());
+    match sandbox(&spec, &args.command, parent, &mut reporter) {
         Ok(code) => Ok(code),
         Err(report) => Ok(refuse(&spec, &report, &mut reporter)),
     }
@@ -374,6 +375,7 @@ fn failed(doing: impl Into<String>, message: impl std::fmt::Display) -> Report {
 fn sandbox(
     spec: &SandboxSpec,
     command: &[OsString],
+    parent: Option<i32>,
     reporter: &mut Reporter,
 ) -> Result<ExitCode, Report> {
     use nix::unistd::{Gid, Uid, getegid, geteuid};
@@ -403,6 +405,15 @@ fn sandbox(
         // uid map below must be writable by us.
         // SAFETY: PR_SET_DUMPABLE takes integer arguments only.
         unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+        // The uid change also cleared the parent-death signal: set it again,
+        // and make sure the host did not go in between.
+        if let Some(parent) = parent {
+            // SAFETY: PR_SET_PDEATHSIG takes integer arguments only.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+            if nix::unistd::getppid().as_raw() != parent {
+                return Err(failed("switching user", "the host is gone"));
+            }
+        }
     }
     let host_uid = geteuid().as_raw();
     let host_gid = getegid().as_raw();
