@@ -118,39 +118,53 @@ async fn main() {
     std::fs::create_dir_all(&workspace).unwrap();
     // The command both sides run: the box binary itself, to completion.
     let command: Vec<OsString> = vec![box_exe.clone().into(), "--version".into()];
+    let default_temp = boxhost::backend::local::default_temp_root();
+    let tmpfs = PathBuf::from("/dev/shm");
     let configurations = [
         (
             "full, network none",
             Requirement::BestEffort,
             Requirement::Required,
             NetworkMode::None,
+            &default_temp,
+        ),
+        (
+            "full, network none, unit temp on tmpfs",
+            Requirement::BestEffort,
+            Requirement::Required,
+            NetworkMode::None,
+            &tmpfs,
         ),
         (
             "full, host network",
             Requirement::BestEffort,
             Requirement::Required,
             NetworkMode::Bridge,
+            &default_temp,
         ),
         (
             "no namespaces, landlock TCP for network none",
             Requirement::Off,
             Requirement::Required,
             NetworkMode::None,
+            &default_temp,
         ),
         (
             "helper only: rlimits, no_new_privs, capabilities",
             Requirement::Off,
             Requirement::Off,
             NetworkMode::Bridge,
+            &default_temp,
         ),
     ];
     let units: Vec<(LocalBackend, UnitSpec)> = configurations
         .iter()
-        .map(|(_, namespaces, landlock, network)| {
+        .map(|(_, namespaces, landlock, network, temp_root)| {
             let backend = LocalBackend::with_options(LocalOptions {
                 box_exe: box_exe.clone(),
                 namespaces: *namespaces,
                 landlock_min_abi: 1,
+                temp_root: (*temp_root).clone(),
             });
             let mut spec = unit_spec(&workspace);
             spec.security.landlock = *landlock;
@@ -212,9 +226,10 @@ async fn main() {
         "{ROUNDS} interleaved rounds; median (fastest), ratio to the baseline's median (fastest)"
     );
     println!(
-        "baseline: unconfined spawn+exit of `box --version`: {:.2} ms ({:.2} ms)",
+        "baseline: unconfined spawn+exit of `box --version`: {:.2} ms ({:.2} ms); unit temp in {}",
         ms(base),
-        ms(base_fastest)
+        ms(base_fastest),
+        default_temp.display()
     );
     if has_unshare {
         println!(

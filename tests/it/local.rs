@@ -422,6 +422,7 @@ async fn a_required_landlock_abi_the_kernel_lacks_refuses_to_start() {
         box_exe: box_bin(),
         namespaces: Requirement::BestEffort,
         landlock_min_abi: 99,
+        temp_root: boxhost::backend::local::default_temp_root(),
     });
     let session = session("refuse");
     let command = vec![OsString::from("/bin/sh"), "-c".into(), "touch ran".into()];
@@ -470,7 +471,7 @@ async fn the_helper_alone_refuses_a_missing_control_before_running_anything() {
 
 fn leftover_temp_dirs(session: &SessionLabel) -> Vec<PathBuf> {
     let prefix = format!("box-local-{}-", session.session);
-    std::fs::read_dir(std::env::temp_dir())
+    std::fs::read_dir(boxhost::backend::local::default_temp_root())
         .unwrap()
         .filter_map(Result::ok)
         .filter(|entry| entry.file_name().to_string_lossy().starts_with(&prefix))
@@ -598,6 +599,7 @@ async fn without_namespaces_landlock_alone_confines_the_unit() {
         box_exe: box_bin(),
         namespaces: Requirement::Off,
         landlock_min_abi: 1,
+        temp_root: boxhost::backend::local::default_temp_root(),
     });
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let workspace = tempfile::tempdir().unwrap();
@@ -668,6 +670,7 @@ async fn required_namespaces_are_entered_here() {
         box_exe: box_bin(),
         namespaces: Requirement::Required,
         landlock_min_abi: 1,
+        temp_root: boxhost::backend::local::default_temp_root(),
     });
     let workspace = tempfile::tempdir().unwrap();
     let spec = unit_spec(workspace.path());

@@ -81,6 +81,19 @@ pub struct LocalOptions {
     pub namespaces: Requirement,
     /// The least landlock ABI a `landlock = required` unit accepts.
     pub landlock_min_abi: u32,
+    /// Where units' private temp directories are made: see [`default_temp_root`].
+    pub temp_root: PathBuf,
+}
+
+/// `$XDG_RUNTIME_DIR` when set (a per-user tmpfs, size-capped by the login
+/// manager, gone at logout), else the system temp directory. Creating and
+/// removing a unit's directories is on every start and removal; on a busy
+/// ext4 `/tmp` that alone can cost a millisecond.
+pub fn default_temp_root() -> PathBuf {
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|dir| dir.is_absolute() && dir.is_dir())
+        .unwrap_or_else(std::env::temp_dir)
 }
 
 /// The local sandboxed-process backend.
@@ -107,6 +120,7 @@ impl LocalBackend {
             box_exe,
             namespaces: Requirement::BestEffort,
             landlock_min_abi: 1,
+            temp_root: default_temp_root(),
         })
     }
 
@@ -136,7 +150,7 @@ impl LocalBackend {
         spec: &UnitSpec,
         command: Vec<OsString>,
     ) -> Result<StartedUnit, BackendError> {
-        let layout = Layout::create(session, spec)?;
+        let layout = Layout::create(&self.options.temp_root, session, spec)?;
         let command = if command.is_empty() {
             executor_command(&self.options.box_exe, spec, &layout)
         } else {
@@ -448,7 +462,11 @@ impl Layout {
         }
     }
 
-    fn create(session: &SessionLabel, spec: &UnitSpec) -> Result<Self, BackendError> {
+    fn create(
+        temp_root: &Path,
+        session: &SessionLabel,
+        spec: &UnitSpec,
+    ) -> Result<Self, BackendError> {
         let failed = |doing: String, error: std::io::Error| BackendError::Other {
             unit: spec.name.clone(),
             doing,
@@ -465,8 +483,7 @@ impl Layout {
             })
             .take(48)
             .collect();
-        let temp =
-            std::env::temp_dir().join(format!("box-local-{tag}-{:016x}", rand::random::<u64>()));
+        let temp = temp_root.join(format!("box-local-{tag}-{:016x}", rand::random::<u64>()));
         let mut layout = Self::plan(temp, &spec.source);
         if let WorkspaceSource::Host(path) = &spec.source {
             let canonical = std::fs::canonicalize(path)

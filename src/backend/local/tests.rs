@@ -52,6 +52,7 @@ fn options() -> LocalOptions {
         box_exe: PathBuf::from("/opt/box/box"),
         namespaces: Requirement::BestEffort,
         landlock_min_abi: 1,
+        temp_root: PathBuf::from("/tmp"),
     }
 }
 
