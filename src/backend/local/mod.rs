@@ -590,8 +590,8 @@ where
     }
 }
 
-/// The helper's spec for a unit. Pure. Fails naming the control the local
-/// backend cannot apply (an egress allow list).
+/// The helper's spec for a unit. Pure. Fails naming what the local backend
+/// cannot apply (an egress allow list, capabilities granted back).
 pub fn sandbox_spec(
     spec: &UnitSpec,
     layout: &Layout,
@@ -610,6 +610,14 @@ pub fn sandbox_spec(
         }
         NetworkMode::Bridge => SpecNetwork::Host,
     };
+    if !spec.security.capabilities.is_empty() {
+        return Err(BackendError::Unenforceable {
+            unit: spec.name.clone(),
+            control: format!("capabilities {}", spec.security.capabilities.join(", ")),
+            why: "the local backend drops every capability and grants none back; use the docker backend"
+                .to_owned(),
+        });
+    }
     let mut write = Vec::new();
     let mut read = vec![options.box_exe.clone()];
     if let Some(workspace) = &layout.workspace {

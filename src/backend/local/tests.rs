@@ -261,3 +261,22 @@ fn a_signal_ends_with_code_minus_one_and_its_name() {
         "the unit was removed (the executor exited with code 3)"
     );
 }
+
+#[test]
+fn capabilities_granted_back_are_refused_naming_them() {
+    let mut spec = unit_spec(WorkspaceSource::Empty);
+    spec.security.capabilities = vec!["CAP_NET_BIND_SERVICE".to_owned()];
+    let error = sandbox_spec(
+        &spec,
+        &layout(&WorkspaceSource::Empty),
+        &UnitEnvironment::default(),
+        &options(),
+    )
+    .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("capabilities CAP_NET_BIND_SERVICE"),
+        "{error}"
+    );
+}
