@@ -508,6 +508,207 @@ pub fn drop_capabilities() -> Result<CapabilitySets, ConfineError> {
     Ok(sets)
 }
 
+/// Syscalls a unit never needs that the kernel still offers unprivileged
+/// processes (or that only a capability guards): refused with `EPERM` by the
+/// local backend's seccomp filter (C31, C34). Docker's default profile covers
+/// the same ground for docker units.
+pub const DENIED_SYSCALLS: &[(&str, libc::c_long)] = &[
+    ("keyctl", libc::SYS_keyctl),
+    ("add_key", libc::SYS_add_key),
+    ("request_key", libc::SYS_request_key),
+    ("bpf", libc::SYS_bpf),
+    ("perf_event_open", libc::SYS_perf_event_open),
+    ("userfaultfd", libc::SYS_userfaultfd),
+    ("io_uring_setup", libc::SYS_io_uring_setup),
+    ("io_uring_enter", libc::SYS_io_uring_enter),
+    ("io_uring_register", libc::SYS_io_uring_register),
+    ("open_by_handle_at", libc::SYS_open_by_handle_at),
+    ("name_to_handle_at", libc::SYS_name_to_handle_at),
+    ("init_module", libc::SYS_init_module),
+    ("finit_module", libc::SYS_finit_module),
+    ("delete_module", libc::SYS_delete_module),
+    ("kexec_load", libc::SYS_kexec_load),
+    ("kexec_file_load", libc::SYS_kexec_file_load),
+    ("ptrace", libc::SYS_ptrace),
+    ("process_vm_readv", libc::SYS_process_vm_readv),
+    ("process_vm_writev", libc::SYS_process_vm_writev),
+    ("mount", libc::SYS_mount),
+    ("umount2", libc::SYS_umount2),
+    ("pivot_root", libc::SYS_pivot_root),
+    ("fsopen", libc::SYS_fsopen),
+    ("fsconfig", libc::SYS_fsconfig),
+    ("fsmount", libc::SYS_fsmount),
+    ("fspick", libc::SYS_fspick),
+    ("move_mount", libc::SYS_move_mount),
+    ("open_tree", libc::SYS_open_tree),
+    ("mount_setattr", libc::SYS_mount_setattr),
+    ("unshare", libc::SYS_unshare),
+    ("setns", libc::SYS_setns),
+    ("swapon", libc::SYS_swapon),
+    ("swapoff", libc::SYS_swapoff),
+    ("reboot", libc::SYS_reboot),
+    ("acct", libc::SYS_acct),
+    ("quotactl", libc::SYS_quotactl),
+    ("syslog", libc::SYS_syslog),
+    ("lookup_dcookie", libc::SYS_lookup_dcookie),
+];
+
+/// Socket families refused with `EPERM`: the kernel crypto API (`AF_ALG`, the
+/// "Copy Fail" page-cache write, CVE-2026-31431) and host-guest sockets (C32).
+pub const DENIED_SOCKET_FAMILIES: &[(&str, libc::c_int)] =
+    &[("AF_ALG", libc::AF_ALG), ("AF_VSOCK", libc::AF_VSOCK)];
+
+/// `clone` flags that make namespaces; `clone` with any of them is refused.
+/// (`CLONE_NEWTIME` is left out: in `clone` that bit is part of the exit
+/// signal; `clone3`, whose flags a filter cannot read, is refused with
+/// `ENOSYS` so callers fall back to `clone`, as Docker's profile does.)
+const CLONE_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWCGROUP
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET) as u32;
+
+/// `AUDIT_ARCH_X86_64`: anything else (the i386 `int 0x80` entry, C32) is killed.
+const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+
+/// The x32 ABI marks its syscall numbers with this bit.
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+fn statement(code: u32, k: u32) -> libc::sock_filter {
+    libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+fn jump(code: u32, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+    libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    }
+}
+
+/// The seccomp program (classic BPF over `seccomp_data`): wrong architecture
+/// → kill; x32 numbers, [`DENIED_SYSCALLS`], `clone` with namespace flags and
+/// `socket` in [`DENIED_SOCKET_FAMILIES`] → `EPERM`; `clone3` → `ENOSYS`;
+/// everything else allowed. Pure. Every jump is short and forward, so the
+/// program is valid whatever the lists hold.
+pub fn seccomp_program() -> Vec<libc::sock_filter> {
+    use libc::{BPF_ABS, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_RET, BPF_W};
+    const NR: u32 = 0; // offsetof(struct seccomp_data, nr)
+    const ARCH: u32 = 4; // offsetof(struct seccomp_data, arch)
+    const ARG0: u32 = 16; // offsetof(struct seccomp_data, args[0]), low half on little-endian
+    let load = |offset| statement(BPF_LD | BPF_W | BPF_ABS, offset);
+    let ret = |value| statement(BPF_RET | BPF_K, value);
+    let errno = |code: libc::c_int| ret(libc::SECCOMP_RET_ERRNO | (code as u32 & 0xffff));
+    let allow = ret(libc::SECCOMP_RET_ALLOW);
+    let mut program = vec![
+        load(ARCH),
+        jump(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        ret(libc::SECCOMP_RET_KILL_PROCESS),
+        load(NR),
+        jump(BPF_JMP | BPF_JGE | BPF_K, X32_SYSCALL_BIT, 0, 1),
+        errno(libc::EPERM),
+    ];
+    for (_, number) in DENIED_SYSCALLS {
+        program.push(jump(BPF_JMP | BPF_JEQ | BPF_K, *number as u32, 0, 1));
+        program.push(errno(libc::EPERM));
+    }
+    program.push(jump(
+        BPF_JMP | BPF_JEQ | BPF_K,
+        libc::SYS_clone3 as u32,
+        0,
+        1,
+    ));
+    program.push(errno(libc::ENOSYS));
+    // clone: look at the flags; every path of the block returns.
+    program.push(jump(
+        BPF_JMP | BPF_JEQ | BPF_K,
+        libc::SYS_clone as u32,
+        0,
+        4,
+    ));
+    program.push(load(ARG0));
+    program.push(jump(
+        BPF_JMP | BPF_JSET | BPF_K,
+        CLONE_NAMESPACE_FLAGS,
+        1,
+        0,
+    ));
+    program.push(allow);
+    program.push(errno(libc::EPERM));
+    // socket: look at the family; every path of the block returns.
+    let families = DENIED_SOCKET_FAMILIES.len();
+    // Past the load, the family checks, the allow and the refusal.
+    let skip = u8::try_from(families + 3).unwrap_or(u8::MAX);
+    program.push(jump(
+        BPF_JMP | BPF_JEQ | BPF_K,
+        libc::SYS_socket as u32,
+        0,
+        skip,
+    ));
+    program.push(load(ARG0));
+    for (index, (_, family)) in DENIED_SOCKET_FAMILIES.iter().enumerate() {
+        // To the EPERM after the last check and the allow.
+        let to_refusal = u8::try_from(families - index).unwrap_or(u8::MAX);
+        program.push(jump(
+            BPF_JMP | BPF_JEQ | BPF_K,
+            *family as u32,
+            to_refusal,
+            0,
+        ));
+    }
+    program.push(allow);
+    program.push(errno(libc::EPERM));
+    program.push(allow);
+    program
+}
+
+/// Install [`seccomp_program`] on the calling thread (inherited by children
+/// and across `execve`). Needs no_new_privs (or `CAP_SYS_ADMIN`) first.
+pub fn apply_seccomp() -> Result<(), ConfineError> {
+    let program = seccomp_program();
+    let filter = libc::sock_fprog {
+        len: u16::try_from(program.len()).unwrap_or(u16::MAX),
+        filter: program.as_ptr().cast_mut(),
+    };
+    // SAFETY: PR_SET_SECCOMP reads the program through `filter`, which points
+    // into `program`, alive for the call; the kernel copies it.
+    let result = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &filter as *const libc::sock_fprog,
+            0,
+            0,
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(ConfineError::Unenforceable {
+            control: "seccomp".to_owned(),
+            why: std::io::Error::last_os_error().to_string(),
+        })
+    }
+}
+
+/// The seccomp mode of the calling thread (`Seccomp:` in `/proc/self/status`:
+/// 0 none, 1 strict, 2 filter).
+pub fn seccomp_mode() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/thread-self/status").ok()?;
+    status.lines().find_map(|line| {
+        line.strip_prefix("Seccomp:")
+            .and_then(|value| value.trim().parse().ok())
+    })
+}
+
 /// How many threads the calling process has (`Threads:` in `/proc/self/status`).
 pub fn thread_count() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -739,6 +940,171 @@ mod tests {
             }
         });
         assert_eq!(code, 0);
+    }
+
+    /// Run the classic-BPF subset `seccomp_program` uses over one call.
+    fn run_filter(program: &[libc::sock_filter], arch: u32, nr: u32, arg0: u32) -> u32 {
+        let mut accumulator = 0u32;
+        let mut pc = 0usize;
+        loop {
+            let instruction = program[pc];
+            let code = u32::from(instruction.code);
+            pc += 1;
+            match code {
+                0x20 => {
+                    accumulator = match instruction.k {
+                        0 => nr,
+                        4 => arch,
+                        16 => arg0,
+                        other => panic!("load from offset {other}"),
+                    }
+                }
+                0x15 | 0x35 | 0x45 => {
+                    let taken = match code {
+                        0x15 => accumulator == instruction.k,
+                        0x35 => accumulator >= instruction.k,
+                        _ => accumulator & instruction.k != 0,
+                    };
+                    pc += usize::from(if taken {
+                        instruction.jt
+                    } else {
+                        instruction.jf
+                    });
+                }
+                0x06 => return instruction.k,
+                other => panic!("unexpected instruction {other:#x}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_seccomp_program_decides_as_documented() {
+        let program = seccomp_program();
+        let x86_64 = AUDIT_ARCH_X86_64;
+        let allow = libc::SECCOMP_RET_ALLOW;
+        let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+        let enosys = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+        let nr = |number: libc::c_long| number as u32;
+        let check = |arch, number, arg0, expected, what: &str| {
+            assert_eq!(run_filter(&program, arch, number, arg0), expected, "{what}");
+        };
+        check(x86_64, nr(libc::SYS_read), 0, allow, "read");
+        check(x86_64, nr(libc::SYS_write), 0, allow, "write");
+        check(x86_64, nr(libc::SYS_exit_group), 0, allow, "exit_group");
+        check(x86_64, nr(libc::SYS_execve), 0, allow, "execve");
+        for (name, number) in DENIED_SYSCALLS {
+            check(x86_64, nr(*number), 0, eperm, name);
+        }
+        check(
+            x86_64,
+            nr(libc::SYS_socket),
+            libc::AF_INET as u32,
+            allow,
+            "inet socket",
+        );
+        check(
+            x86_64,
+            nr(libc::SYS_socket),
+            libc::AF_UNIX as u32,
+            allow,
+            "unix socket",
+        );
+        check(
+            x86_64,
+            nr(libc::SYS_socket),
+            libc::AF_NETLINK as u32,
+            allow,
+            "netlink socket",
+        );
+        for (name, family) in DENIED_SOCKET_FAMILIES {
+            check(x86_64, nr(libc::SYS_socket), *family as u32, eperm, name);
+        }
+        let fork_flags =
+            (libc::CLONE_CHILD_SETTID | libc::CLONE_CHILD_CLEARTID | libc::SIGCHLD) as u32;
+        check(x86_64, nr(libc::SYS_clone), fork_flags, allow, "fork");
+        let thread_flags = (libc::CLONE_VM | libc::CLONE_THREAD | libc::CLONE_SIGHAND) as u32;
+        check(x86_64, nr(libc::SYS_clone), thread_flags, allow, "thread");
+        check(
+            x86_64,
+            nr(libc::SYS_clone),
+            libc::CLONE_NEWUSER as u32,
+            eperm,
+            "clone newuser",
+        );
+        check(
+            x86_64,
+            nr(libc::SYS_clone),
+            libc::CLONE_NEWNET as u32 | fork_flags,
+            eperm,
+            "clone newnet",
+        );
+        check(x86_64, nr(libc::SYS_clone3), 0, enosys, "clone3");
+        check(x86_64, X32_SYSCALL_BIT | 1, 0, eperm, "x32");
+        check(
+            0x4000_0003,
+            102,
+            1,
+            libc::SECCOMP_RET_KILL_PROCESS,
+            "i386 socketcall",
+        );
+    }
+
+    #[test]
+    fn the_seccomp_program_jumps_only_forward_within_itself() {
+        let program = seccomp_program();
+        assert!(program.len() < usize::from(u16::MAX));
+        for (index, instruction) in program.iter().enumerate() {
+            if u32::from(instruction.code) & 0x07 == libc::BPF_JMP {
+                let furthest = index + 1 + usize::from(instruction.jt.max(instruction.jf));
+                assert!(
+                    furthest < program.len(),
+                    "jump at {index} leaves the program"
+                );
+            }
+        }
+        let last = program.last().unwrap();
+        assert_eq!(u32::from(last.code), libc::BPF_RET | libc::BPF_K);
+        assert_eq!(last.k, libc::SECCOMP_RET_ALLOW);
+    }
+
+    #[test]
+    fn seccomp_refuses_what_it_lists_in_a_child() {
+        let code = in_child(|| {
+            if set_no_new_privs().is_err() || apply_seccomp().is_err() {
+                return 30;
+            }
+            if seccomp_mode() != Some(2) {
+                return 31;
+            }
+            let errno = || std::io::Error::last_os_error().raw_os_error();
+            // SAFETY: keyctl(KEYCTL_GET_KEYRING_ID, ...) with integer arguments.
+            let keyctl = unsafe { libc::syscall(libc::SYS_keyctl, 0, -3, 0) };
+            if keyctl != -1 || errno() != Some(libc::EPERM) {
+                return 32;
+            }
+            // SAFETY: socket with integer arguments; a success is closed below.
+            let alg = unsafe { libc::socket(libc::AF_ALG, libc::SOCK_SEQPACKET, 0) };
+            if alg != -1 || errno() != Some(libc::EPERM) {
+                return 33;
+            }
+            // SAFETY: unshare with an integer argument.
+            if unsafe { libc::unshare(libc::CLONE_NEWUSER) } != -1 || errno() != Some(libc::EPERM) {
+                return 34;
+            }
+            // Ordinary work still works.
+            // SAFETY: socket with integer arguments; closed right after.
+            let inet = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+            if inet < 0 {
+                return 35;
+            }
+            // SAFETY: closing the fd just opened.
+            unsafe { libc::close(inet) };
+            if std::fs::read_to_string("/proc/self/status").is_err() {
+                return 36;
+            }
+            0
+        });
+        assert_eq!(code, 0, "see the child's return codes above");
     }
 
     #[test]

@@ -170,7 +170,8 @@ async fn posture_seen_from_inside_matches_the_envelope() {
         hardening.landlock_abi,
         boxhost::backend::sandbox::landlock_abi()
     );
-    assert_eq!(hardening.seccomp, "none");
+    assert_eq!(hardening.seccomp, "box");
+    assert_eq!(status_field(&probe.output, "Seccomp"), Some("2"));
     let (uid, gid) = probe.envelope.user.split_once(':').unwrap();
     assert!(
         probe.output.contains(&format!("uid={uid} gid={gid}")),
@@ -865,4 +866,72 @@ async fn units_die_with_their_host() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(processes_with(&marker), Vec::<String>::new());
+}
+
+/// C31, C32, C34: the syscalls and socket families a unit never needs are
+/// refused inside it, by box's seccomp filter.
+#[tokio::test]
+async fn kernel_attack_surface_is_refused_inside_the_unit() {
+    if !require_landlock() {
+        return;
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(
+        workspace.path().join("probe.py"),
+        r#"
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(number, *args):
+    ctypes.set_errno(0)
+    result = libc.syscall(number, *[ctypes.c_long(a) for a in args])
+    return "ok" if result != -1 else str(ctypes.get_errno())
+for name, number, args in [
+    ("keyctl", 250, (0, -3, 0)),
+    ("add_key", 248, (0, 0, 0, 0, 0)),
+    ("bpf", 321, (0, 0, 0)),
+    ("perf_event_open", 298, (0, 0, -1, -1, 0)),
+    ("userfaultfd", 323, (0,)),
+    ("io_uring_setup", 425, (1, 0)),
+    ("open_by_handle_at", 304, (0, 0, 0)),
+    ("init_module", 175, (0, 0, 0)),
+    ("kexec_load", 246, (0, 0, 0, 0)),
+    ("ptrace", 101, (16, os.getppid(), 0, 0)),
+    ("process_vm_readv", 310, (os.getppid(), 0, 0, 0, 0, 0)),
+]:
+    print(name, errno_of(number, *args))
+for name, family in [("AF_ALG", 38), ("AF_VSOCK", 40)]:
+    try:
+        socket.socket(family, socket.SOCK_SEQPACKET if family == 38 else socket.SOCK_STREAM, 0)
+        print(name, "ok")
+    except OSError as error:
+        print(name, error.errno)
+socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close()
+print("inet ok")
+"#,
+    )
+    .unwrap();
+    let spec = unit_spec(workspace.path());
+    let probe = probe("surface", &spec, "python3 probe.py").await;
+    for name in [
+        "keyctl",
+        "add_key",
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "io_uring_setup",
+        "open_by_handle_at",
+        "init_module",
+        "kexec_load",
+        "ptrace",
+        "process_vm_readv",
+        "AF_ALG",
+        "AF_VSOCK",
+    ] {
+        assert!(
+            probe.output.contains(&format!("{name} 1\n")),
+            "{name} was not refused with EPERM"
+        );
+    }
+    assert!(probe.output.contains("inet ok"));
+    assert_eq!(probe.envelope.hardening.seccomp, "box");
 }

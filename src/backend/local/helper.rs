@@ -9,7 +9,8 @@
 //! 3. with a pid namespace, fork a minimal init (pid 1: mounts a fresh `/proc`,
 //!    reaps orphans, ends the namespace when CMD ends);
 //! 4. in the init (else in the helper itself): rlimits, no_new_privs,
-//!    landlock, capabilities dropped, all inherited by CMD;
+//!    landlock, capabilities dropped, box's seccomp filter, all inherited by
+//!    CMD;
 //! 5. report what was applied, read back from the kernel, as one JSON line,
 //!    then `execve` CMD (the init forks it first).
 //!
@@ -156,6 +157,13 @@ pub struct SandboxSpec {
     pub namespaces: SpecRequirement,
     /// CMD's whole environment (already scrubbed by the backend).
     pub env: Vec<(String, String)>,
+    /// box's seccomp filter (`sandbox::seccomp_program`).
+    #[serde(default = "best_effort")]
+    pub seccomp: SpecRequirement,
+}
+
+fn best_effort() -> SpecRequirement {
+    SpecRequirement::BestEffort
 }
 
 /// What the helper applied, read back from the kernel where it can be.
@@ -188,6 +196,8 @@ pub struct Applied {
     pub no_new_privs: bool,
     /// The capability sets after dropping.
     pub capabilities: CapabilitySets,
+    /// box's seccomp filter is installed.
+    pub seccomp: bool,
     /// The rlimits as read back (soft values).
     pub rlimits: Rlimits,
 }
@@ -522,6 +532,7 @@ fn sandbox(
         },
         no_new_privs: false,
         capabilities: CapabilitySets::default(),
+        seccomp: false,
         rlimits: spec.rlimits,
     };
     // Nothing above can leak a core; nothing below should either.
@@ -736,6 +747,16 @@ fn confine(
         });
     }
     applied.capabilities = sandbox::drop_capabilities()?;
+    // Last: the filter refuses mount, unshare and ptrace, which nothing after
+    // this point needs.
+    applied.seccomp = match spec.seccomp {
+        SpecRequirement::Off => false,
+        SpecRequirement::BestEffort => sandbox::apply_seccomp().is_ok(),
+        SpecRequirement::Required => {
+            sandbox::apply_seccomp()?;
+            true
+        }
+    };
     applied.no_new_privs = sandbox::no_new_privs();
     if !applied.no_new_privs {
         return Err(ConfineError::Unenforceable {

@@ -645,6 +645,7 @@ pub fn sandbox_spec(
         landlock_min_abi: options.landlock_min_abi,
         namespaces: options.namespaces.into(),
         env: environment.vars.clone(),
+        seccomp: SpecRequirement::BestEffort,
     })
 }
 
@@ -743,7 +744,7 @@ pub fn envelope(
             no_new_privileges: applied.no_new_privs,
             // Landlock grants writes only to the workspace and the unit's temp.
             read_only_root: applied.landlock.enforced,
-            seccomp: "none".to_owned(),
+            seccomp: if applied.seccomp { "box" } else { "none" }.to_owned(),
             landlock_abi: applied.landlock.abi,
             landlock_enforced: applied.landlock.enforced,
             namespaces: applied.namespaces.clone(),

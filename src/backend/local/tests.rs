@@ -79,6 +79,7 @@ fn applied() -> Applied {
         },
         no_new_privs: true,
         capabilities: CapabilitySets::default(),
+        seccomp: true,
         rlimits: Rlimits::from_limits(&unit_spec(WorkspaceSource::Empty).limits),
     }
 }
@@ -222,6 +223,7 @@ fn the_envelope_is_what_was_applied() {
     assert!(envelope.hardening.landlock_enforced);
     assert_eq!(envelope.hardening.landlock_abi, 6);
     assert!(envelope.hardening.capabilities.is_empty());
+    assert_eq!(envelope.hardening.seccomp, "box");
     assert_eq!(envelope.network["namespace"], false);
     assert_eq!(envelope.network["landlockTcpDenied"], true);
     assert_eq!(envelope.limits["pids"], 128);
