@@ -8,7 +8,8 @@
 //!    and pid namespaces, each where the kernel allows;
 //! 3. with a pid namespace, fork a minimal init (pid 1: mounts a fresh `/proc`,
 //!    reaps orphans, ends the namespace when CMD ends);
-//! 4. in the init (else in the helper itself): rlimits, no_new_privs,
+//! 4. in the init (else in the helper itself, which then stays as the unit's
+//!    supervisor and subreaper): rlimits, no_new_privs,
 //!    landlock, capabilities dropped, box's seccomp filter, all inherited by
 //!    CMD;
 //! 5. report what was applied, read back from the kernel, as one JSON line,
@@ -260,7 +261,9 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     if let Some(parent) = args.parent {
         // SAFETY: PR_SET_PDEATHSIG takes integer arguments. The "parent" is
         // the host thread that spawned us, which lives until we have ended.
-        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+        // SIGTERM, not SIGKILL: without a pid namespace the helper stays as
+        // the unit's supervisor and must get to kill the unit first.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) };
         if nix::unistd::getppid().as_raw() != i32::try_from(parent).unwrap_or(0) {
             anyhow::bail!("the host (pid {parent}) is gone");
         }
@@ -381,7 +384,7 @@ fn failed(doing: impl Into<String>, message: impl std::fmt::Display) -> Report {
     }
 }
 
-/// Steps 1–3 (the process-wide parts); steps 4 and 5 in [`init`] or [`confine_and_exec`].
+/// Steps 1–3 (the process-wide parts); steps 4 and 5 in [`init`] or [`supervise`].
 fn sandbox(
     spec: &SandboxSpec,
     command: &[OsString],
@@ -419,7 +422,7 @@ fn sandbox(
         // and make sure the host did not go in between.
         if let Some(parent) = parent {
             // SAFETY: PR_SET_PDEATHSIG takes integer arguments only.
-            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) };
             if nix::unistd::getppid().as_raw() != parent {
                 return Err(failed("switching user", "the host is gone"));
             }
@@ -539,8 +542,7 @@ fn sandbox(
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
 
     if !pid_namespace {
-        let error = confine_and_exec(spec, &program, command, &mut applied, deny_tcp, reporter);
-        return Err(error);
+        return supervise(spec, &program, command, &mut applied, deny_tcp, reporter);
     }
     // 3. The pid namespace takes effect for our children: fork its init.
     // The init tells us through this pipe which signal killed CMD, if one did
@@ -689,30 +691,150 @@ fn init(
     }
 }
 
-/// Steps 4 and 5 without a pid namespace: returns only on failure, with the
-/// report to send.
-fn confine_and_exec(
+/// Steps 4 and 5 without a pid namespace. The helper confines itself,
+/// reports, forks CMD and stays as the unit's supervisor: a child subreaper,
+/// so every process of the unit that loses its parent becomes its child
+/// whatever process group or session it moved to. When CMD ends, or the
+/// helper gets SIGTERM (removal, or the host's death), it kills every such
+/// child until none is left, then ends the way CMD did. Only a SIGKILL to
+/// the helper itself skips that (CMD still dies with it: parent-death
+/// signal), which is why removal sends SIGTERM first.
+fn supervise(
     spec: &SandboxSpec,
     program: &CString,
     command: &[OsString],
     applied: &mut Applied,
     deny_tcp: bool,
     reporter: &mut Reporter,
-) -> Report {
-    match confine(spec, program, applied, deny_tcp) {
-        Ok(()) => {}
-        Err(error) => return error.into(),
+) -> Result<ExitCode, Report> {
+    use nix::sys::signal::{SigSet, Signal};
+    confine(spec, program, applied, deny_tcp)?;
+    // SAFETY: PR_SET_CHILD_SUBREAPER takes integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(failed(
+            "becoming the unit's subreaper",
+            std::io::Error::last_os_error(),
+        ));
     }
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGCHLD);
+    signals.add(Signal::SIGTERM);
+    signals
+        .thread_block()
+        .map_err(|errno| failed("blocking signals", errno))?;
     reporter.send(&Report::Confined(Box::new(applied.clone())));
-    let error = exec(program, command, &spec.env);
-    // The report is out; CMD's stdout is the protocol now, so the failure
-    // goes to stderr only, and the exit code says it.
-    eprintln!(
-        "box sandbox: unit {}: executing {}: {error}",
-        spec.unit,
-        program.to_string_lossy()
-    );
-    std::process::exit(127)
+    // SAFETY: the helper is single-threaded, so the child may run any code.
+    let child = unsafe { libc::fork() };
+    if child == -1 {
+        return Err(failed(
+            "forking the unit's command",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    if child == 0 {
+        // The command starts with no signal blocked, and dies with the helper.
+        let _ = signals.thread_unblock();
+        // SAFETY: PR_SET_PDEATHSIG takes integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+        let error = exec(program, command, &spec.env);
+        eprintln!(
+            "box sandbox: unit {}: executing {}: {error}",
+            spec.unit,
+            program.to_string_lossy()
+        );
+        std::process::exit(127);
+    }
+    reporter.close();
+    release_stdio();
+    let mut ended = None;
+    loop {
+        // Reap whatever has ended; note CMD's status.
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid writes the status into a local.
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            if pid <= 0 {
+                break;
+            }
+            if pid == child {
+                ended = Some(status);
+            }
+        }
+        if ended.is_some() {
+            break;
+        }
+        if let Ok(Signal::SIGTERM) = signals.wait() {
+            break;
+        }
+    }
+    kill_children();
+    let _ = signals.thread_unblock();
+    let Some(status) = ended else {
+        // Removed: end as the signal asked.
+        // SAFETY: restoring the default disposition and signalling ourselves.
+        unsafe {
+            libc::signal(libc::SIGTERM, libc::SIG_DFL);
+            libc::kill(libc::getpid(), libc::SIGTERM);
+        }
+        return Ok(ExitCode::from(REFUSED_EXIT));
+    };
+    if libc::WIFSIGNALED(status) {
+        let signal = libc::WTERMSIG(status);
+        // SAFETY: restoring a default disposition and signalling ourselves.
+        unsafe {
+            libc::signal(signal, libc::SIG_DFL);
+            libc::kill(libc::getpid(), signal);
+        }
+    }
+    Ok(ExitCode::from(
+        u8::try_from(libc::WEXITSTATUS(status)).unwrap_or(REFUSED_EXIT),
+    ))
+}
+
+/// SIGKILL every child of this process and reap it, until none is left: as a
+/// subreaper, every orphaned process of the unit is among them, and each
+/// round's kills orphan the next generation to us.
+fn kill_children() {
+    let me = std::process::id();
+    loop {
+        let children = children_of(me);
+        if children.is_empty() {
+            break;
+        }
+        for child in &children {
+            // SAFETY: signalling a child of ours, integer arguments only.
+            unsafe { libc::kill(*child, libc::SIGKILL) };
+        }
+        for child in &children {
+            let mut status = 0;
+            // SAFETY: waitpid writes the status into a local.
+            unsafe { libc::waitpid(*child, &mut status, 0) };
+        }
+    }
+}
+
+/// The pids whose parent is `parent`, from `/proc/<pid>/stat`.
+fn children_of(parent: u32) -> Vec<libc::pid_t> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| parent_pid(&stat))
+                == Some(parent)
+        })
+        .collect()
+}
+
+/// The parent pid in a `/proc/<pid>/stat` line: the fourth field, counted
+/// after the command name's closing parenthesis (the name may hold spaces).
+fn parent_pid(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn confine(
@@ -853,4 +975,16 @@ fn exec(program: &CString, command: &[OsString], env: &[(String, String)]) -> st
     // arrays end with a null pointer.
     unsafe { libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr()) };
     std::io::Error::last_os_error()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parent_pid;
+
+    #[test]
+    fn the_parent_pid_is_read_past_the_command_name() {
+        assert_eq!(parent_pid("42 (sh) S 7 42 42 0"), Some(7));
+        assert_eq!(parent_pid("42 (a b) c) R 9 1 1"), Some(9));
+        assert_eq!(parent_pid("garbage"), None);
+    }
 }

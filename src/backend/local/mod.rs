@@ -14,18 +14,22 @@
 //! ```text
 //! host ── box sandbox (own process group; dies with the host: PR_SET_PDEATHSIG)
 //!           └─ init, pid 1 of the unit's pid namespace (reaps; its exit ends the namespace)
-//!                └─ box execute (confined: rlimits, no_new_privs, landlock, no capabilities)
+//!                └─ box execute (confined: rlimits, no_new_privs, landlock, no
+//!                   capabilities, seccomp; the init is confined the same way)
 //! ```
 //!
-//! Without a pid namespace the helper `execve`s the executor itself.
+//! Without a pid namespace the helper confines itself and stays as the
+//! executor's parent and the unit's subreaper.
 //!
 //! `list` reads an in-memory registry: local units are children of this host
 //! and die with it (parent-death signal on the helper, namespace teardown), so
 //! there is nothing of another instance's to find and nothing to sweep after
-//! a crash. Removal kills the unit's process group with SIGKILL; with a pid
-//! namespace that ends every process of the unit, without one, a process the
-//! executor moved to another process group survives (document, not hidden:
-//! the envelope lists the namespaces entered).
+//! a crash. Removal sends the helper SIGTERM, then the unit's process group
+//! SIGKILL. With a pid namespace the helper's death ends the namespace and
+//! every process in it; without one the helper is the unit's subreaper and
+//! kills every process of the unit (whatever group or session it moved to)
+//! before it ends. A unit whose helper is SIGKILLed directly, without a pid
+//! namespace, can leave such processes behind.
 //!
 //! A workspace source `None` starts the executor with `--no-fs` (and its root
 //! at the unit's private temp directory): the executor then serves no file
@@ -67,6 +71,9 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<std::process::ExitCode> {
 
 /// How long a unit may take to confine itself and report.
 const CONFINE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long removal lets the helper end the unit after SIGTERM.
+const TERM_GRACE: Duration = Duration::from_secs(2);
 
 /// How long removal waits for a killed unit to be reaped.
 const REAP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -361,11 +368,21 @@ impl LocalBackend {
         record
             .removed
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        kill_group(record.group);
         let mut exited = record.exited.clone();
-        let reaped = tokio::time::timeout(REAP_TIMEOUT, exited.wait_for(Option::is_some))
+        // SIGTERM to the helper first: without a pid namespace it is the
+        // unit's supervisor and kills every process of the unit before it
+        // goes (with one, it simply dies and the namespace goes with it).
+        // SIGKILL to the whole group is the backstop.
+        // SAFETY: signalling the helper we spawned; ESRCH (gone) is fine.
+        unsafe { libc::kill(record.group, libc::SIGTERM) };
+        let terminated = tokio::time::timeout(TERM_GRACE, exited.wait_for(Option::is_some))
             .await
             .is_ok();
+        kill_group(record.group);
+        let reaped = terminated
+            || tokio::time::timeout(REAP_TIMEOUT, exited.wait_for(Option::is_some))
+                .await
+                .is_ok();
         let removed = remove_dir(&record.temp);
         if !reaped {
             return Err(BackendError::Other {
