@@ -242,6 +242,23 @@ pub fn apply_landlock(
     }
 }
 
+/// Add a landlock layer that only scopes signals and abstract unix sockets
+/// (ABI 6): the calling thread can no longer signal, or connect to abstract
+/// sockets of, processes in the domain it was in, its supervisor included.
+/// Returns whether the kernel enforced it.
+pub fn scope_away_from_parent() -> bool {
+    let abi = abi_for(landlock_abi());
+    let scoped = || -> Result<RulesetStatus, landlock::RulesetError> {
+        Ok(Ruleset::default()
+            .set_compatibility(CompatLevel::BestEffort)
+            .scope(Scope::from_all(abi))?
+            .create()?
+            .restrict_self()?
+            .ruleset)
+    };
+    matches!(scoped(), Ok(RulesetStatus::FullyEnforced))
+}
+
 /// Set no_new_privs on the calling thread: nothing it executes gains
 /// privileges (setuid bits and file capabilities are ignored).
 pub fn set_no_new_privs() -> Result<(), ConfineError> {

@@ -637,6 +637,7 @@ async fn without_namespaces_landlock_alone_confines_the_unit() {
          test -d /proc/$HOST_PID && echo host-pid-visible; \
          cat /proc/$HOST_PID/environ || echo environ-denied; \
          kill -0 $HOST_PID || echo signal-denied; \
+         kill -0 $PPID || echo supervisor-signal-denied; \
          cat \"$CANARY_DIR/secret\" || echo read-denied; \
          echo x > \"$CANARY_DIR/new\" || echo write-denied",
     )
@@ -668,6 +669,10 @@ async fn without_namespaces_landlock_alone_confines_the_unit() {
     ] {
         assert!(probe.output.contains(expected), "missing {expected}");
     }
+    if boxhost::backend::sandbox::landlock_abi() >= 6 {
+        assert!(probe.output.contains("supervisor-signal-denied"));
+    }
+
     assert!(!probe.output.contains("CANARY"));
     assert!(!outside.path().join("new").exists());
 }

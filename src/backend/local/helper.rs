@@ -734,6 +734,10 @@ fn supervise(
     if child == 0 {
         // The command starts with no signal blocked, and dies with the helper.
         let _ = signals.thread_unblock();
+        // One landlock layer more, so nothing in the unit can signal (kill)
+        // its supervisor and so escape removal. Kernels before landlock ABI 6
+        // cannot; there the unit could.
+        sandbox::scope_away_from_parent();
         // SAFETY: PR_SET_PDEATHSIG takes integer arguments only.
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
         let error = exec(program, command, &spec.env);
