@@ -817,8 +817,17 @@ fn kill_children() {
     }
 }
 
-/// The pids whose parent is `parent`, from `/proc/<pid>/stat`.
+/// The pids whose parent is `parent` (single-threaded): from
+/// `/proc/<pid>/task/<pid>/children` where the kernel has it, else by reading
+/// every `/proc/<pid>/stat`.
 fn children_of(parent: u32) -> Vec<libc::pid_t> {
+    if let Ok(children) = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+    {
+        return children
+            .split_whitespace()
+            .filter_map(|pid| pid.parse().ok())
+            .collect();
+    }
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
