@@ -964,3 +964,45 @@ print("inet ok")
     assert!(probe.output.contains("inet ok"));
     assert_eq!(probe.envelope.hardening.seccomp, "box");
 }
+
+/// A start whose future is dropped (a session hanging up mid-start) leaves
+/// neither a process nor a temp directory behind, wherever it was cut off.
+#[tokio::test]
+async fn a_cancelled_start_leaves_nothing_behind() {
+    if !require_landlock() {
+        return;
+    }
+    let backend = backend();
+    let workspace = tempfile::tempdir().unwrap();
+    let spec = unit_spec(workspace.path());
+    for (attempt, micros) in [0u64, 300, 700, 1200, 2000, 3000].into_iter().enumerate() {
+        let session = session(&format!("cancel{attempt}"));
+        let marker = format!("96{attempt}{}", std::process::id());
+        let command = vec![
+            OsString::from("/bin/sh"),
+            "-c".into(),
+            format!("setsid sleep {marker} & sleep {marker}").into(),
+        ];
+        let start = backend.start_command(&session, &spec, command);
+        if let Ok(Ok(started)) = tokio::time::timeout(Duration::from_micros(micros), start).await {
+            backend.remove(&started.envelope.id).await.unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while (!processes_with(&marker).is_empty() || !leftover_temp_dirs(&session).is_empty())
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            processes_with(&marker),
+            Vec::<String>::new(),
+            "attempt {attempt}"
+        );
+        assert_eq!(
+            leftover_temp_dirs(&session),
+            Vec::<PathBuf>::new(),
+            "attempt {attempt}"
+        );
+    }
+    assert!(backend.list().await.unwrap().is_empty());
+}

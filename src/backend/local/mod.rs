@@ -158,18 +158,22 @@ impl LocalBackend {
         command: Vec<OsString>,
     ) -> Result<StartedUnit, BackendError> {
         let layout = Layout::create(&self.options.temp_root, session, spec)?;
+        // From here on, a failure or a dropped future undoes the start.
+        let mut guard = StartGuard {
+            temp: layout.temp.clone(),
+            group: None,
+            finished: false,
+        };
         let command = if command.is_empty() {
             executor_command(&self.options.box_exe, spec, &layout)
         } else {
             command
         };
-        match self.launch(session, spec, &layout, command).await {
-            Ok(started) => Ok(started),
-            Err(error) => {
-                layout.remove();
-                Err(error)
-            }
-        }
+        let started = self
+            .launch(session, spec, &layout, command, &mut guard)
+            .await?;
+        guard.finished = true;
+        Ok(started)
     }
 
     async fn launch(
@@ -178,6 +182,7 @@ impl LocalBackend {
         spec: &UnitSpec,
         layout: &Layout,
         command: Vec<OsString>,
+        guard: &mut StartGuard,
     ) -> Result<StartedUnit, BackendError> {
         let unit = spec.name.clone();
         let other = |doing: &str, message: String| BackendError::Other {
@@ -230,7 +235,15 @@ impl LocalBackend {
                     message.extend_from_slice(&spec_json);
                     let _ = std::io::Write::write_all(stdin, &message);
                 }
-                let _ = spawned_tx.send(Ok((stdin, child.stdout.take(), child.id())));
+                let id = child.id();
+                if spawned_tx
+                    .send(Ok((stdin, child.stdout.take(), id)))
+                    .is_err()
+                {
+                    // The start was dropped before it learnt of the helper:
+                    // nobody else can end this unit.
+                    kill_group(i32::try_from(id).unwrap_or(i32::MAX));
+                }
                 let status = loop {
                     match child.wait() {
                         Ok(status) => break Some(status),
@@ -251,6 +264,7 @@ impl LocalBackend {
                 )
             })?;
         let group = i32::try_from(pid).unwrap_or(i32::MAX);
+        guard.group = Some(group);
         let undo = |error: BackendError| {
             let mut exited = exited_rx.clone();
             async move {
@@ -433,6 +447,29 @@ impl Backend for LocalBackend {
             })
             .collect();
         futures::future::ready(Ok(units)).boxed()
+    }
+}
+
+/// Undoes a start that did not finish, whether it failed or its future was
+/// dropped (a session hanging up mid-start): kills the helper's process group
+/// and removes the unit's temp directory.
+struct StartGuard {
+    temp: PathBuf,
+    group: Option<i32>,
+    finished: bool,
+}
+
+impl Drop for StartGuard {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        if let Some(group) = self.group {
+            kill_group(group);
+        }
+        if let Err(error) = remove_dir(&self.temp) {
+            tracing::warn!(path = %self.temp.display(), %error, "removing a unit's temp directory");
+        }
     }
 }
 
