@@ -151,7 +151,7 @@ async fn posture_seen_from_inside_matches_the_envelope() {
     let probe = probe(
         "posture",
         &spec,
-        "cat /proc/self/status; echo uid=$(id -u) gid=$(id -g); echo nets: $(ls /sys/class/net)",
+        "cat /proc/self/status /proc/self/limits; echo uid=$(id -u) gid=$(id -g); echo nets: $(ls /sys/class/net)",
     )
     .await;
     for field in ["CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"] {
@@ -188,6 +188,31 @@ async fn posture_seen_from_inside_matches_the_envelope() {
         hardening.user_namespace,
         hardening.namespaces.contains(&"user".to_owned())
     );
+    // /proc/self/limits: "Max open files            256                  256                  files".
+    let soft_limit = |name: &str| -> u64 {
+        let line = probe
+            .output
+            .lines()
+            .find(|line| line.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in /proc/self/limits"));
+        line[name.len()..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let limits = &probe.envelope.limits;
+    for (name, field) in [
+        ("Max open files", "nofile"),
+        ("Max processes", "pids"),
+        ("Max data size", "memoryBytes"),
+        ("Max address space", "addressSpaceBytes"),
+        ("Max file size", "fileSizeBytes"),
+        ("Max core file size", "coreBytes"),
+    ] {
+        assert_eq!(Some(soft_limit(name)), limits[field].as_u64(), "{name}");
+    }
     assert_eq!(probe.end.exit_code, Some(0));
 }
 

@@ -753,7 +753,11 @@ pub fn envelope(
         SpecNetwork::Host => serde_json::json!({"mode": "host", "allow": []}),
     };
     let nproc_binds = applied.host_uid != 0;
-    let mut not_applied = vec!["cpus: the local backend has no cgroup".to_owned()];
+    let mut not_applied = vec![
+        "cpus: the local backend has no cgroup".to_owned(),
+        "memory: per process (RLIMIT_DATA, RLIMIT_AS), not for the unit as a whole".to_owned(),
+        "tmp: per file (RLIMIT_FSIZE), not a quota".to_owned(),
+    ];
     if !nproc_binds {
         not_applied.push("pids: RLIMIT_NPROC does not bind the host's uid 0".to_owned());
     }
