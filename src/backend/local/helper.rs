@@ -392,7 +392,7 @@ fn sandbox(
     reporter: &mut Reporter,
 ) -> Result<ExitCode, Report> {
     use nix::unistd::{Gid, Uid, getegid, geteuid};
-    let program = resolve_program(command, &spec.env)?;
+    let program = resolve_program(command, &spec.env, &spec.cwd)?;
     // 1. The user. Only root can become someone else.
     if let Some(user) = spec.user
         && (user.uid != geteuid().as_raw() || user.gid != getegid().as_raw())
@@ -943,8 +943,13 @@ fn bring_up_loopback() -> std::io::Result<()> {
 }
 
 /// CMD's program as an absolute path (searched in the unit's `PATH` when it
-/// has no slash), so landlock can grant executing exactly it.
-fn resolve_program(command: &[OsString], env: &[(String, String)]) -> Result<CString, Report> {
+/// has no slash, relative to the unit's working directory when it is
+/// relative), so landlock can grant executing exactly it.
+fn resolve_program(
+    command: &[OsString],
+    env: &[(String, String)],
+    cwd: &Path,
+) -> Result<CString, Report> {
     let Some(first) = command.first() else {
         return Err(failed("reading the command", "no command given"));
     };
@@ -958,7 +963,7 @@ fn resolve_program(command: &[OsString], env: &[(String, String)]) -> Result<CSt
             .map_or("/usr/local/bin:/usr/bin:/bin", |(_, value)| value.as_str());
         search
             .split(':')
-            .map(|dir| Path::new(dir).join(first))
+            .map(|dir| cwd.join(dir).join(first))
             .find(|candidate| candidate.is_file())
             .ok_or_else(|| {
                 failed(
@@ -967,6 +972,8 @@ fn resolve_program(command: &[OsString], env: &[(String, String)]) -> Result<CSt
                 )
             })?
     };
+    // Relative to the unit's working directory, as CMD would see it.
+    let path = cwd.join(path);
     let path = std::fs::canonicalize(&path)
         .map_err(|error| failed(format!("finding {}", path.display()), error))?;
     CString::new(path.as_os_str().as_bytes())
@@ -992,7 +999,28 @@ fn exec(program: &CString, command: &[OsString], env: &[(String, String)]) -> st
 
 #[cfg(test)]
 mod tests {
-    use super::parent_pid;
+    use std::ffi::OsString;
+    use std::path::PathBuf;
+
+    use super::{parent_pid, resolve_program};
+
+    #[test]
+    fn programs_resolve_in_path_and_relative_to_the_unit() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tool"), "").unwrap();
+        let env = vec![("PATH".to_owned(), "/nonexistent:/bin".to_owned())];
+        let resolve = |program: &str| {
+            resolve_program(&[OsString::from(program)], &env, dir.path())
+                .ok()
+                .map(|path| PathBuf::from(path.to_string_lossy().into_owned()))
+        };
+        assert_eq!(resolve("sh"), std::fs::canonicalize("/bin/sh").ok());
+        assert_eq!(
+            resolve("./tool"),
+            std::fs::canonicalize(dir.path().join("tool")).ok()
+        );
+        assert_eq!(resolve("no-such-program-here"), None);
+    }
 
     #[test]
     fn the_parent_pid_is_read_past_the_command_name() {
