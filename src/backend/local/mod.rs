@@ -157,7 +157,7 @@ impl LocalBackend {
         spec: &UnitSpec,
         command: Vec<OsString>,
     ) -> Result<StartedUnit, BackendError> {
-        let layout = Layout::create(&self.options.temp_root, session, spec)?;
+        let layout = Layout::name(&self.options.temp_root, session, spec)?;
         // From here on, a failure or a dropped future undoes the start.
         let mut guard = StartGuard {
             temp: layout.temp.clone(),
@@ -228,13 +228,7 @@ impl LocalBackend {
                         return;
                     }
                 };
-                let mut stdin = child.stdin.take();
-                if let Some(stdin) = stdin.as_mut() {
-                    // Far below a pipe's buffer: this never waits on the helper.
-                    let mut message = format!("{}\n", spec_json.len()).into_bytes();
-                    message.extend_from_slice(&spec_json);
-                    let _ = std::io::Write::write_all(stdin, &message);
-                }
+                let stdin = child.stdin.take();
                 let id = child.id();
                 if spawned_tx
                     .send(Ok((stdin, child.stdout.take(), id)))
@@ -282,12 +276,23 @@ impl LocalBackend {
                     tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(stdout))?;
                 Ok((stdin, stdout))
             });
-        let (stdin, stdout) = match attached {
+        let (mut stdin, stdout) = match attached {
             Ok(attached) => attached,
             Err(error) => {
                 return Err(undo(other("attaching the executor's stdio", error.to_string())).await);
             }
         };
+        // The directories are made while the helper is being executed (the
+        // slowest part of a start, on another core), and the spec, which
+        // names them, is sent once they exist.
+        if let Err(error) = layout.make(spec) {
+            return Err(undo(error).await);
+        }
+        let mut message = format!("{}\n", spec_json.len()).into_bytes();
+        message.extend_from_slice(&spec_json);
+        if let Err(error) = tokio::io::AsyncWriteExt::write_all(&mut stdin, &message).await {
+            return Err(undo(other("sending the sandbox spec", error.to_string())).await);
+        }
         // The first line on stdout is the helper's report; what follows (and
         // anything this reader buffered past it) is the executor's.
         let mut stdout = tokio::io::BufReader::new(stdout);
@@ -516,7 +521,9 @@ impl Layout {
         }
     }
 
-    fn create(
+    /// Name the unit's directories (and resolve its host workspace); nothing
+    /// is created yet.
+    fn name(
         temp_root: &Path,
         session: &SessionLabel,
         spec: &UnitSpec,
@@ -544,6 +551,17 @@ impl Layout {
                 .map_err(|error| failed(format!("opening workspace {}", path.display()), error))?;
             layout.workspace = Some(canonical);
         }
+        Ok(layout)
+    }
+
+    /// Create the unit's directories (the caller removes them on failure).
+    fn make(&self, spec: &UnitSpec) -> Result<(), BackendError> {
+        let failed = |doing: String, error: std::io::Error| BackendError::Other {
+            unit: spec.name.clone(),
+            doing,
+            message: error.to_string(),
+        };
+        let layout = self;
         use std::os::unix::fs::DirBuilderExt;
         let mut builder = std::fs::DirBuilder::new();
         builder.mode(0o700);
@@ -557,10 +575,9 @@ impl Layout {
             made.push(workspace.clone());
         }
         for dir in &made[1..] {
-            if let Err(error) = builder.create(dir) {
-                layout.remove();
-                return Err(failed(format!("creating {}", dir.display()), error));
-            }
+            builder
+                .create(dir)
+                .map_err(|error| failed(format!("creating {}", dir.display()), error))?;
         }
         // A root host running the unit as another user hands it its own directories.
         if let Some(user) = spec.user
@@ -570,22 +587,15 @@ impl Layout {
             for dir in &made {
                 let owner = Some(nix::unistd::Uid::from_raw(user.uid));
                 let group = Some(nix::unistd::Gid::from_raw(user.gid));
-                if let Err(errno) = nix::unistd::chown(dir, owner, group) {
-                    layout.remove();
-                    return Err(failed(
+                nix::unistd::chown(dir, owner, group).map_err(|errno| {
+                    failed(
                         format!("handing {} to the unit's user", dir.display()),
                         errno.into(),
-                    ));
-                }
+                    )
+                })?;
             }
         }
-        Ok(layout)
-    }
-
-    fn remove(&self) {
-        if let Err(error) = remove_dir(&self.temp) {
-            tracing::warn!(path = %self.temp.display(), %error, "removing a unit's temp directory");
-        }
+        Ok(())
     }
 }
 
