@@ -13,7 +13,7 @@
 //!    landlock, capabilities dropped, box's seccomp filter, all inherited by
 //!    CMD;
 //! 5. report what was applied, read back from the kernel, as one JSON line,
-//!    then `execve` CMD (the init forks it first).
+//!    then fork CMD and `execve` it.
 //!
 //! The wire with the backend is CMD's own stdio, used before CMD runs: the
 //! spec arrives first on stdin (`LENGTH\n` then the JSON, read without
@@ -255,7 +255,8 @@ impl Reporter {
 }
 
 /// Run `box sandbox`: confine, then execute CMD. Returns only when CMD could
-/// not be started, or (with a pid namespace) when it has ended.
+/// not be started, or once it has ended (the helper stays as the unit's
+/// supervisor outside the pid namespace, or as its subreaper without one).
 pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     use std::os::fd::AsFd;
     if let Some(parent) = args.parent {
