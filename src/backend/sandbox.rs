@@ -154,11 +154,12 @@ fn abi_for(kernel_abi: u32) -> ABI {
 
 /// Apply `rules` to the calling thread.
 ///
-/// `Required`: the ABI-1 file-system rights (the write restriction) must be
-/// enforced and the kernel must offer at least `min_abi`, else an error naming
-/// landlock; newer rights (truncate, ioctl on devices, signal and abstract
-/// socket scoping) are added where the kernel has them. `BestEffort`: apply
-/// what the kernel has and report it. `Off`: nothing.
+/// The rights handled are every right of the kernel's ABI (capped at the
+/// newest the crate knows), so a kernel that has them all enforces them
+/// fully. `Required`: the kernel must offer at least `min_abi`, the ABI-1
+/// file-system rights (the write restriction) are a hard requirement, and
+/// anything short of fully enforced is an error naming landlock.
+/// `BestEffort`: apply what the kernel has and report it. `Off`: nothing.
 pub fn apply_landlock(
     rules: &LandlockRules,
     requirement: Requirement,
@@ -227,6 +228,14 @@ pub fn apply_landlock(
         Ok(created.restrict_self()?.ruleset)
     };
     match build() {
+        Ok(status)
+            if requirement == Requirement::Required && status != RulesetStatus::FullyEnforced =>
+        {
+            Err(ConfineError::Unenforceable {
+                control: "landlock".to_owned(),
+                why: format!("only {status:?} on this kernel (landlock ABI {kernel_abi})"),
+            })
+        }
         Ok(status) => Ok(LandlockOutcome {
             abi: kernel_abi,
             fully_enforced: status == RulesetStatus::FullyEnforced,
