@@ -238,6 +238,7 @@ async fn writes_land_only_inside_the_workspace() {
          mkdir \"$CANARY_DIR/dir\" || echo mkdir-denied; \
          rm -f \"$CANARY_DIR/existing\" || echo rm-denied; \
          echo tmp > \"$TMPDIR/t\" && echo tmp-ok; \
+         mkdir -p \"$HOME/.cache\" && echo x > \"$HOME/.cache/x\" && echo home-ok; \
          echo x > /etc/box-canary || echo etc-denied",
     )
     .await;
@@ -248,6 +249,7 @@ async fn writes_land_only_inside_the_workspace() {
         "mkdir-denied",
         "rm-denied",
         "tmp-ok",
+        "home-ok",
         "etc-denied",
     ] {
         assert!(probe.output.contains(expected), "missing {expected}");

@@ -495,9 +495,11 @@ fn remove_dir(path: &Path) -> std::io::Result<()> {
 /// The unit's private directories on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
-    /// The private temp directory, removed with the unit.
+    /// The private temp directory, removed with the unit; also `TMPDIR`, so
+    /// the executor's own confinement (writes beneath its root and `TMPDIR`)
+    /// keeps `HOME` writable.
     pub temp: PathBuf,
-    /// `TMPDIR` inside it.
+    /// The executor's root when the unit has no workspace (empty).
     pub tmp: PathBuf,
     /// `HOME` inside it.
     pub home: PathBuf,
@@ -633,7 +635,7 @@ where
     set(
         &mut vars,
         "TMPDIR".to_owned(),
-        layout.tmp.display().to_string(),
+        layout.temp.display().to_string(),
     );
     set(
         &mut vars,

@@ -192,7 +192,7 @@ fn the_environment_is_scrubbed_then_set() {
     };
     assert_eq!(get("PATH"), Some("/usr/bin"));
     assert_eq!(get("HOME"), Some("/tmp/box-local-s-u/home"));
-    assert_eq!(get("TMPDIR"), Some("/tmp/box-local-s-u/tmp"));
+    assert_eq!(get("TMPDIR"), Some("/tmp/box-local-s-u"));
     assert_eq!(get("GREETING"), Some("hi"));
     assert_eq!(
         environment
