@@ -16,7 +16,7 @@ use boxhost::plan::{
     Limits, MountMode, Network, NetworkMode, Requirement, Role, Security, UnitSpec, WorkspaceSource,
 };
 
-const ROUNDS: usize = 40;
+const ROUNDS: usize = 200;
 
 fn unit_spec(workspace: &Path) -> UnitSpec {
     UnitSpec {
