@@ -733,6 +733,17 @@ pub fn executor_command(box_exe: &Path, spec: &UnitSpec, layout: &Layout) -> Vec
     }
     command.push("--kind".into());
     command.push("local".into());
+    // The executor confines itself too (a second landlock layer, writes only
+    // beneath its root and TMPDIR), as the plan requires.
+    command.push("--landlock".into());
+    command.push(
+        match spec.security.landlock {
+            Requirement::Required => "required",
+            Requirement::BestEffort => "best-effort",
+            Requirement::Off => "off",
+        }
+        .into(),
+    );
     if !spec.env_pass.is_empty() {
         command.push("--pass-env".into());
         command.push(spec.env_pass.join(",").into());

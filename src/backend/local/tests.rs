@@ -159,7 +159,9 @@ fn no_workspace_means_no_file_tools() {
             "/tmp/box-local-s-u/tmp",
             "--no-fs",
             "--kind",
-            "local"
+            "local",
+            "--landlock",
+            "required"
         ]
     );
 }
