@@ -120,15 +120,21 @@ pub(crate) fn validate(
     let security = walk.security(top.get("security"));
     let servers = walk.servers(top.get("server"), &limits);
     let allowed = walk.allowed_dangers(top.get("operator"));
-    let (workspace, network, limits, env, security) =
-        match (workspace, network, limits, env, security) {
-            (Some(w), Some(n), Some(l), Some(e), Some(s)) => (w, n, l, e, s),
-            _ => return Err(walk.problems),
-        };
     let dangerous = walk.judge_dangers(allowed);
-    if !walk.problems.is_empty() {
-        return Err(walk.problems);
-    }
+    let (Some(workspace), Some(network), Some(limits), Some(env), Some(security), true) = (
+        workspace,
+        network,
+        limits,
+        env,
+        security,
+        walk.problems.is_empty(),
+    ) else {
+        let mut problems = walk.problems;
+        problems.sort_by(|a, b| {
+            (a.at.file.as_ref(), a.at.line, a.at.column).cmp(&(b.at.file.as_ref(), b.at.line, b.at.column))
+        });
+        return Err(problems);
+    };
     Ok(Profile {
         name: name.to_owned(),
         description,
@@ -294,26 +300,22 @@ impl Walk {
             return None;
         };
         let mut out: Vec<(String, &'n Node)> = Vec::new();
-        let mut ok = true;
         for item in items {
             let Value::String(text) = &item.value else {
                 self.wrong_type(item, field, "a string");
-                ok = false;
                 continue;
             };
             match check(text) {
                 Ok(value) if out.iter().any(|(seen, _)| *seen == value) => {
                     self.problem(item, field, format!("{text:?} is listed twice"));
-                    ok = false;
                 }
                 Ok(value) => out.push((value, item)),
-                Err(message) => {
-                    self.problem(item, field, message);
-                    ok = false;
-                }
+                Err(message) => self.problem(item, field, message),
             }
         }
-        ok.then_some(out)
+        // Invalid items are already problems, so the profile is refused; the
+        // valid ones still get their own checks (credentials, dangers).
+        Some(out)
     }
 
     fn workspace(&mut self, node: Option<&Node>) -> Option<Workspace> {
@@ -373,7 +375,7 @@ impl Walk {
     }
 
     fn source(&mut self, node: &Node) -> Option<Source> {
-        let accepted = "write \"cwd\", \"empty\", \"none\" or an absolute host path";
+        let accepted = "\"cwd\", \"empty\", \"none\" or an absolute host path";
         let Value::String(text) = &node.value else {
             self.wrong_type(node, "workspace.source", accepted);
             return None;
@@ -389,7 +391,7 @@ impl Walk {
             self.problem(
                 node,
                 "workspace.source",
-                format!("{text:?} is not accepted; {accepted} (with no . or .. parts)"),
+                format!("{text:?} is not accepted; write {accepted} (with no . or .. parts)"),
             );
             return None;
         }
@@ -419,7 +421,8 @@ impl Walk {
         let is_system = SYSTEM_PATHS.iter().any(|(system, beneath)| {
             path == Path::new(system) || (*beneath && path.starts_with(system))
         });
-        if is_system {
+        // A socket path is also under a system directory; one error says it better.
+        if is_system && !is_socket {
             self.dangers.push(Asked {
                 danger: Danger::HostRoot,
                 at: node.at.clone(),
@@ -433,7 +436,7 @@ impl Walk {
     }
 
     fn user(&mut self, node: &Node) -> Option<UserChoice> {
-        let accepted = "write \"host\" (the caller's ids), \"image\" (the image's user) or \"UID:GID\" like \"1000:1000\"";
+        let accepted = "\"host\" (the caller's ids), \"image\" (the image's user) or \"UID:GID\" like \"1000:1000\"";
         let Value::String(text) = &node.value else {
             self.wrong_type(node, "workspace.user", accepted);
             return None;
@@ -455,7 +458,7 @@ impl Walk {
                 self.problem(
                     node,
                     "workspace.user",
-                    format!("{text:?} is not accepted; {accepted}"),
+                    format!("{text:?} is not accepted; write {accepted}"),
                 );
                 None
             }

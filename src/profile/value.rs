@@ -143,6 +143,11 @@ impl AllowEntry {
     /// Parse `example.com`, `example.com:443`, `10.0.0.1:80`, `[::1]:8080`.
     pub fn parse(text: &str) -> Result<Self, String> {
         let accepted = "write host[:port], like \"example.com\" or \"example.com:443\"";
+        if text.contains(['/', '*', '@', '?', '#']) || text.chars().any(char::is_whitespace) {
+            return Err(format!(
+                "{text:?} is not host[:port]; {accepted} (no scheme, path, user or wildcard)"
+            ));
+        }
         let (host, port) = if let Some(rest) = text.strip_prefix('[') {
             let Some((host, after)) = rest.split_once(']') else {
                 return Err(format!("{text:?} is not host[:port]; {accepted}"));
