@@ -409,3 +409,6 @@ fn limits_of(limits: &LimitsPolicy) -> Limits {
         lifetime: limits.lifetime,
     }
 }
+
+#[cfg(test)]
+mod tests;

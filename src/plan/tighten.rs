@@ -102,9 +102,13 @@ fn object<'a>(
     accepted: &[&str],
 ) -> Result<&'a Map<String, Value>, PlanError> {
     let Value::Object(map) = value else {
-        let what = if field.is_empty() { "tighten" } else { field };
+        let prefix = if field.is_empty() {
+            String::new()
+        } else {
+            format!("{field}: ")
+        };
         return Err(PlanError::Invalid(format!(
-            "{what}: expected an object with fields {}, got {}",
+            "{prefix}expected an object with fields {}, got {}",
             accepted.join(", "),
             kind(value)
         )));

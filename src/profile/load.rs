@@ -204,10 +204,7 @@ impl Catalog {
         check_name(parent).map_err(at_extends)?;
         if chain.contains(parent) {
             chain.push(parent.clone());
-            return Err(at_extends(format!(
-                "extends makes a cycle: {}",
-                chain.join(" → ")
-            )));
+            return Err(at_extends(format!("makes a cycle: {}", chain.join(" → "))));
         }
         if chain.len() > MAX_EXTENDS {
             return Err(at_extends(format!(

@@ -24,3 +24,6 @@ pub use value::{
     AllowEntry, ByteSize, CpuQuota, REVIEWED_CAPABILITIES, check_env_name, parse_duration,
     show_duration,
 };
+
+#[cfg(test)]
+mod tests;

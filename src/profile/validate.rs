@@ -131,7 +131,11 @@ pub(crate) fn validate(
     ) else {
         let mut problems = walk.problems;
         problems.sort_by(|a, b| {
-            (a.at.file.as_ref(), a.at.line, a.at.column).cmp(&(b.at.file.as_ref(), b.at.line, b.at.column))
+            (a.at.file.as_ref(), a.at.line, a.at.column).cmp(&(
+                b.at.file.as_ref(),
+                b.at.line,
+                b.at.column,
+            ))
         });
         return Err(problems);
     };
@@ -486,6 +490,7 @@ impl Walk {
             None => Some(NetworkMode::None),
         };
         let allow_field = join(field, "allow");
+        let before = self.problems.len();
         let allow = match fields.get("allow") {
             Some(node) => self
                 .strings(node, &allow_field, |text| {
@@ -500,6 +505,10 @@ impl Walk {
             None => Some(Vec::new()),
         };
         let (mode, allow) = (mode?, allow?);
+        if self.problems.len() > before {
+            // Invalid entries are already reported; the list's shape is not yet known.
+            return None;
+        }
         match mode {
             NetworkMode::Egress if allow.is_empty() => {
                 self.problem(
