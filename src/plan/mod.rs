@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use tighten::{LimitsAsk, NetworkAsk, Tightening, tighten};
+pub use tighten::{LimitsAsk, NetworkAsk, Tightening, parse_tightening_text, tighten};
 
 use crate::profile::{LimitsPolicy, NetworkPolicy, Profile, Source, UserChoice};
 

@@ -149,8 +149,7 @@ fn read_tightening(text: &str) -> anyhow::Result<Value> {
         }
         None => ("--tighten".to_owned(), text.to_owned()),
     };
-    serde_json::from_str(&body)
-        .map_err(|error| anyhow::anyhow!("tighten: {source} is not valid JSON: {error}"))
+    plan::parse_tightening_text(&body).map_err(|error| anyhow::anyhow!("{error} (in {source})"))
 }
 
 fn host_facts(cwd: Option<PathBuf>, caller: Option<&str>) -> anyhow::Result<HostFacts> {
