@@ -552,3 +552,38 @@ fn unknown_names_and_path_like_names_are_refused() {
         "\"../../etc/passwd\" is not a profile name; use letters, digits, -, _ and ., starting with a letter or digit"
     );
 }
+
+#[test]
+fn the_readme_documents_every_field_and_danger() {
+    use super::validate::{ENV, LIMITS, NETWORK, OPERATOR, SECURITY, SERVER, TOP, WORKSPACE};
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/profiles/README.md"))
+            .unwrap();
+    let mut missing = Vec::new();
+    for fields in [
+        TOP, WORKSPACE, NETWORK, LIMITS, ENV, SECURITY, SERVER, OPERATOR,
+    ] {
+        for field in fields {
+            if !readme.contains(&format!("| `{field}` |"))
+                && !readme.contains(&format!("`[{field}]`"))
+                && !readme.contains(&format!("`[[{field}]]`"))
+            {
+                missing.push(*field);
+            }
+        }
+    }
+    for danger in Danger::ALL {
+        if !readme.contains(&format!("| `{}` |", danger.name())) {
+            missing.push(danger.name());
+        }
+    }
+    for (name, _) in SHIPPED {
+        if !readme.contains(&format!("| `{name}` |")) {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "profiles/README.md does not document: {missing:?}"
+    );
+}

@@ -20,7 +20,7 @@ use super::value::{
 };
 use crate::plan::{MountMode, NetworkMode, Requirement, UserIds};
 
-const TOP: &[&str] = &[
+pub(crate) const TOP: &[&str] = &[
     "description",
     "extends",
     "workspace",
@@ -31,9 +31,9 @@ const TOP: &[&str] = &[
     "server",
     "operator",
 ];
-const WORKSPACE: &[&str] = &["image", "root", "source", "mode", "user"];
-const NETWORK: &[&str] = &["mode", "allow"];
-const LIMITS: &[&str] = &[
+pub(crate) const WORKSPACE: &[&str] = &["image", "root", "source", "mode", "user"];
+pub(crate) const NETWORK: &[&str] = &["mode", "allow"];
+pub(crate) const LIMITS: &[&str] = &[
     "memory",
     "cpus",
     "pids",
@@ -43,9 +43,10 @@ const LIMITS: &[&str] = &[
     "idle",
     "lifetime",
 ];
-const SERVER_LIMITS: &[&str] = &["memory", "cpus", "pids", "tmp", "nofile", "call_timeout"];
-const ENV: &[&str] = &["set", "pass", "secrets"];
-const SECURITY: &[&str] = &[
+pub(crate) const SERVER_LIMITS: &[&str] =
+    &["memory", "cpus", "pids", "tmp", "nofile", "call_timeout"];
+pub(crate) const ENV: &[&str] = &["set", "pass", "secrets"];
+pub(crate) const SECURITY: &[&str] = &[
     "capabilities",
     "read_only_root",
     "landlock",
@@ -55,7 +56,7 @@ const SECURITY: &[&str] = &[
     "host_namespaces",
     "devices",
 ];
-const SERVER: &[&str] = &[
+pub(crate) const SERVER: &[&str] = &[
     "name",
     "image",
     "command",
@@ -63,7 +64,7 @@ const SERVER: &[&str] = &[
     "network",
     "limits",
 ];
-const OPERATOR: &[&str] = &["allow_dangerous"];
+pub(crate) const OPERATOR: &[&str] = &["allow_dangerous"];
 
 /// Paths that are the host's root or a system directory, refused as a workspace
 /// (with everything beneath the ones marked `true`).
