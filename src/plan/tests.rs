@@ -674,3 +674,87 @@ proptest! {
         prop_assert_eq!(one, two);
     }
 }
+
+/// Any JSON value at all.
+fn any_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|number| json!(number)),
+        any::<f64>().prop_map(|number| json!(number)),
+        "[a-z_ .:0-9]{0,12}".prop_map(Value::String),
+        prop_oneof![
+            Just("1GiB"),
+            Just("none"),
+            Just("egress"),
+            Just("ro"),
+            Just("5m"),
+            Just("one")
+        ]
+        .prop_map(|text| json!(text)),
+    ];
+    leaf.prop_recursive(6, 64, 6, |inner| {
+        let key = prop_oneof![
+            Just("workspace"),
+            Just("network"),
+            Just("limits"),
+            Just("servers"),
+            Just("env"),
+            Just("mode"),
+            Just("allow"),
+            Just("memory"),
+            Just("pids"),
+            Just("drop"),
+            Just("cpus"),
+            Just("image"),
+            Just("x"),
+        ];
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            proptest::collection::vec((key, inner), 0..6).prop_map(|entries| {
+                Value::Object(
+                    entries
+                        .into_iter()
+                        .map(|(key, value)| (key.to_owned(), value))
+                        .collect(),
+                )
+            }),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever a session sends, resolve answers (never panics), and what it
+    /// accepts is within the profile.
+    #[test]
+    fn any_json_is_answered_and_never_widens(ask in any_json()) {
+        let profile = profile(EGRESS);
+        let bound = resolve(&profile, &Value::Null, &HostFacts::fixed()).unwrap();
+        if let Ok(plan) = resolve(&profile, &ask, &HostFacts::fixed()) {
+            prop_assert!(plan.is_within(&bound), "{ask}");
+        }
+    }
+
+    /// A limit above the profile's is always refused, naming the field.
+    #[test]
+    fn a_wider_limit_is_always_refused(field in 0_usize..8, excess in 1_u64..1000) {
+        let ask = match field {
+            0 => json!({"memory": format!("{}MiB", 2048 + excess)}),
+            1 => json!({"cpus": 2.0 + excess as f64 / 1000.0}),
+            2 => json!({"pids": 512 + excess}),
+            3 => json!({"tmp": format!("{}MiB", 256 + excess)}),
+            4 => json!({"nofile": 4096 + excess}),
+            5 => json!({"call_timeout": format!("{}s", 600 + excess)}),
+            6 => json!({"idle": format!("{}s", 1800 + excess)}),
+            _ => json!({"lifetime": format!("{}s", 8 * 3600 + excess)}),
+        };
+        let name = ask.as_object().unwrap().keys().next().unwrap().clone();
+        let error = resolve(&profile(EGRESS), &json!({"limits": ask}), &HostFacts::fixed()).unwrap_err();
+        let PlanError::Widening { field, .. } = error else {
+            return Err(TestCaseError::fail(format!("not a widening error: {error}")));
+        };
+        prop_assert_eq!(field, format!("limits.{name}"));
+    }
+}

@@ -587,3 +587,18 @@ fn the_readme_documents_every_field_and_danger() {
         "profiles/README.md does not document: {missing:?}"
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Whatever a profile file holds, loading answers with a profile or located problems; it never panics.
+    #[test]
+    fn any_profile_text_is_answered(text in "(\\[[a-z]{0,9}\\]\n|[a-z_]{1,12} = (\"[a-z0-9 :/.]{0,12}\"|-?[0-9]{1,4}|true|\\[\\]|\\{\\})\n|#.*\n){0,12}") {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("p.toml"), &text).unwrap();
+        match Catalog::only(vec![dir.path().to_path_buf()]).load("p") {
+            Ok(profile) => proptest::prop_assert_eq!(profile.name, "p"),
+            Err(error) => proptest::prop_assert!(!error.problems.is_empty()),
+        }
+    }
+}
