@@ -542,20 +542,87 @@ fn show(profile: &Profile) -> String {
 }
 
 fn show_plan(plan: &plan::Plan) -> String {
+    use super::value::{ByteSize, CpuQuota};
+    use crate::plan::{Role, WorkspaceSource};
+
     let mut text = format!("plan of profile {}\n", plan.profile);
     if plan.workspace().is_none() {
         text.push_str("no workspace unit: no file tools, no shell, no processes\n");
     }
     for unit in &plan.units {
-        text.push_str(&format!("unit {}\n", unit.name));
-        let json = unit.to_json();
-        if let Value::Object(fields) = json {
-            for (key, value) in fields {
-                if key == "name" {
-                    continue;
-                }
-                text.push_str(&format!("  {key:12} {value}\n"));
+        let role = match unit.role {
+            Role::Workspace => "workspace unit",
+            Role::Server => "server unit",
+        };
+        let source = match &unit.source {
+            WorkspaceSource::Host(path) => format!(
+                "{} at {} {}",
+                path.display(),
+                unit.root.display(),
+                mode_text(unit.mode)
+            ),
+            WorkspaceSource::Empty => {
+                format!("empty at {} {}", unit.root.display(), mode_text(unit.mode))
             }
+            WorkspaceSource::None => "none".to_owned(),
+        };
+        let user = unit.user.map_or_else(
+            || "the image's".to_owned(),
+            |ids| format!("{}:{}", ids.uid, ids.gid),
+        );
+        let network = NetworkPolicy {
+            mode: unit.network.mode,
+            allow: Vec::new(),
+        };
+        let mut network = network_text(&network);
+        if !unit.network.allow.is_empty() {
+            network.push_str(&format!(" to {}", unit.network.allow.join(", ")));
+        }
+        let limits = &unit.limits;
+        let cpus = CpuQuota::from_cores(limits.cpus)
+            .map_or_else(|_| limits.cpus.to_string(), |cpus| cpus.to_string());
+        let security = &unit.security;
+        let set: Vec<&str> = unit.env_set.keys().map(String::as_str).collect();
+        let mut lines = vec![
+            format!("{}  ({role})", unit.name),
+            format!("  image     {}", unit.image),
+        ];
+        if !unit.command.is_empty() {
+            lines.push(format!("  command   {}", unit.command.join(" ")));
+        }
+        lines.extend([
+            format!("  source    {source}"),
+            format!("  user      {user}"),
+            format!("  network   {network}"),
+            format!(
+                "  limits    memory {}, cpus {cpus}, pids {}, tmp {}, nofile {}, call_timeout {}, idle {}, lifetime {}",
+                ByteSize(limits.memory_bytes),
+                limits.pids,
+                ByteSize(limits.tmp_bytes),
+                limits.nofile,
+                show_duration(limits.call_timeout),
+                show_duration(limits.idle),
+                show_duration(limits.lifetime)
+            ),
+            format!(
+                "  env       set [{}], pass [{}], secrets [{}]",
+                set.join(", "),
+                unit.env_pass.join(", "),
+                unit.env_secrets.join(", ")
+            ),
+            format!(
+                "  security  capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}{}",
+                security.capabilities.join(", "),
+                security.read_only_root,
+                requirement_text(security.landlock),
+                if security.neutralise_git { "neutralise" } else { "off" },
+                if security.write_guard { "read-first" } else { "off" },
+                if security.privileged { ", PRIVILEGED" } else { "" },
+            ),
+        ]);
+        for line in lines {
+            text.push_str(&line);
+            text.push('\n');
         }
     }
     text

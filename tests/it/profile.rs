@@ -246,3 +246,28 @@ fn profile_without_a_subcommand_is_a_usage_error() {
     let output = profile_run(home.path(), &[]);
     assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
 }
+
+#[test]
+fn profile_resolve_of_no_fs_says_there_is_no_workspace() {
+    let home = tempfile::tempdir().unwrap();
+    let output = profile_run(home.path(), &["resolve", "no-fs"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert_eq!(
+        stdout(&output),
+        "plan of profile no-fs\nno workspace unit: no file tools, no shell, no processes\n"
+    );
+    let output = profile_run(
+        home.path(),
+        &[
+            "resolve",
+            "no-fs",
+            "--tighten",
+            r#"{"workspace": {"mode": "ro"}}"#,
+        ],
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        stderr(&output),
+        "box: tighten: workspace.mode: profile `no-fs` has no workspace to narrow\n"
+    );
+}
