@@ -149,28 +149,55 @@ impl Catalog {
 
     /// The file that defines `name`, and its text.
     fn find(&self, name: &str) -> Result<Option<(String, String)>, ProfileError> {
-        for dir in &self.dirs {
-            let path = dir.join(format!("{name}.toml"));
-            match std::fs::read_to_string(&path) {
-                Ok(text) => return Ok(Some((path.display().to_string(), text))),
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => {
-                    return Err(ProfileError::one(Problem::new(
-                        Position::file(&Arc::from(path.display().to_string().as_str())),
-                        "",
-                        &format!("cannot read it: {error}"),
-                    )));
-                }
-            }
-        }
-        Ok(SHIPPED
+        self.find_after(name, None)
+    }
+
+    /// The first definition of `name` in search order, or, with `after`, the
+    /// first one after that file (so `default.toml` in a user directory can
+    /// extend the shipped `default`).
+    fn find_after(
+        &self,
+        name: &str,
+        after: Option<&str>,
+    ) -> Result<Option<(String, String)>, ProfileError> {
+        let mut candidates: Vec<String> = self
+            .dirs
             .iter()
-            .find(|(shipped, _)| *shipped == name)
-            .map(|(_, text)| (shipped_origin(name), (*text).to_owned())))
+            .map(|dir| dir.join(format!("{name}.toml")))
+            .filter(|path| path.exists())
+            .map(|path| path.display().to_string())
+            .collect();
+        if SHIPPED.iter().any(|(shipped, _)| *shipped == name) {
+            candidates.push(shipped_origin(name));
+        }
+        let chosen = match after {
+            None => candidates.into_iter().next(),
+            Some(after) => match candidates.iter().position(|origin| origin == after) {
+                Some(index) => candidates.into_iter().nth(index + 1),
+                None => candidates.into_iter().find(|origin| origin != after),
+            },
+        };
+        let Some(origin) = chosen else {
+            return Ok(None);
+        };
+        if let Some((_, text)) = SHIPPED
+            .iter()
+            .find(|(shipped, _)| shipped_origin(shipped) == origin)
+        {
+            return Ok(Some((origin, (*text).to_owned())));
+        }
+        match std::fs::read_to_string(&origin) {
+            Ok(text) => Ok(Some((origin, text))),
+            Err(error) => Err(ProfileError::one(Problem::new(
+                Position::file(&Arc::from(origin.as_str())),
+                "",
+                &format!("cannot read it: {error}"),
+            ))),
+        }
     }
 
     fn load_text(&self, name: &str, origin: &str, text: &str) -> Result<Profile, ProfileError> {
-        let mut chain = vec![name.to_owned()];
+        let mut chain = vec![(name.to_owned(), origin.to_owned())];
         let (tree, extends) = self.merged(origin, text, &mut chain)?;
         validate(name, origin, extends, &tree).map_err(|problems| ProfileError { problems })
     }
@@ -180,7 +207,7 @@ impl Catalog {
         &self,
         origin: &str,
         text: &str,
-        chain: &mut Vec<String>,
+        chain: &mut Vec<(String, String)>,
     ) -> Result<(Node, Vec<String>), ProfileError> {
         let file: Arc<str> = Arc::from(origin);
         let tree = tree::parse(&file, text).map_err(ProfileError::one)?;
@@ -202,22 +229,36 @@ impl Catalog {
             ProfileError::one(Problem::new(extends.at.clone(), "extends", &message))
         };
         check_name(parent).map_err(at_extends)?;
-        if chain.contains(parent) {
-            chain.push(parent.clone());
-            return Err(at_extends(format!("makes a cycle: {}", chain.join(" → "))));
-        }
         if chain.len() > MAX_EXTENDS {
             return Err(at_extends(format!(
                 "extends chain is longer than {MAX_EXTENDS}"
             )));
         }
-        let Some((parent_origin, parent_text)) = self.find(parent)? else {
-            return Err(at_extends(format!(
-                "no profile named {parent:?} to extend; known: {}",
-                self.known_names().join(", ")
-            )));
+        let own_name = chain.last().is_some_and(|(name, _)| name == parent);
+        let found = if own_name {
+            self.find_after(parent, Some(origin))?
+        } else {
+            self.find(parent)?
         };
-        chain.push(parent.clone());
+        let Some((parent_origin, parent_text)) = found else {
+            let message = if own_name {
+                format!(
+                    "no other profile named {parent:?} after this file in the search order to extend"
+                )
+            } else {
+                format!(
+                    "no profile named {parent:?} to extend; known: {}",
+                    self.known_names().join(", ")
+                )
+            };
+            return Err(at_extends(message));
+        };
+        let cycle = chain.iter().any(|(_, seen)| *seen == parent_origin);
+        chain.push((parent.clone(), parent_origin.clone()));
+        if cycle {
+            let names: Vec<&str> = chain.iter().map(|(name, _)| name.as_str()).collect();
+            return Err(at_extends(format!("makes a cycle: {}", names.join(" → "))));
+        }
         let (parent_tree, mut names) = self.merged(&parent_origin, &parent_text, chain)?;
         names.insert(0, parent.clone());
         Ok((merge(parent_tree, tree, true), names))

@@ -317,7 +317,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "extends = \"p\"\n",
-            "p.toml:1:11: extends: makes a cycle: p → p",
+            "p.toml:1:11: extends: no other profile named \"p\" after this file in the search order to extend",
         ),
         (
             "extends = \"../etc/passwd\"\n",
@@ -522,6 +522,48 @@ fn an_error_in_a_parent_names_the_parent_file() {
         error.problems[0].at.file.ends_with("parent.toml:2:10")
             || error.problems[0].to_string().contains("parent.toml:2:10"),
         "{error}"
+    );
+}
+
+#[test]
+fn a_profile_can_extend_the_one_it_hides() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("default.toml"),
+        "extends = \"default\"\n[limits]\nmemory = \"1GiB\"\n",
+    )
+    .unwrap();
+    let profile = Catalog::only(vec![dir.path().to_path_buf()])
+        .load("default")
+        .unwrap();
+    assert_eq!(profile.limits.memory, ByteSize(1 << 30));
+    assert_eq!(profile.env.pass, vec!["LANG".to_owned(), "TERM".to_owned()]);
+    assert_eq!(profile.extends, vec!["default".to_owned()]);
+    // Two directories: the first extends the second, which extends the shipped one.
+    let first = tempfile::tempdir().unwrap();
+    std::fs::write(
+        first.path().join("ci.toml"),
+        "extends = \"ci\"\n[limits]\npids = 100\n",
+    )
+    .unwrap();
+    let second = tempfile::tempdir().unwrap();
+    std::fs::write(
+        second.path().join("ci.toml"),
+        "extends = \"ci\"\n[limits]\nmemory = \"3GiB\"\n",
+    )
+    .unwrap();
+    let catalog = Catalog::only(vec![
+        first.path().to_path_buf(),
+        second.path().to_path_buf(),
+    ]);
+    let profile = catalog.load("ci").unwrap();
+    assert_eq!(
+        (profile.limits.pids, profile.limits.memory),
+        (100, ByteSize(3 << 30))
+    );
+    assert_eq!(
+        profile.extends,
+        vec!["ci".to_owned(), "ci".to_owned(), "default".to_owned()]
     );
 }
 
