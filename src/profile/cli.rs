@@ -72,6 +72,12 @@ pub enum ProfileCommand {
 
 /// Run a `box profile` subcommand.
 pub fn cli(args: ProfileArgs) -> anyhow::Result<ExitCode> {
+    // A mistyped directory would otherwise be skipped silently.
+    for dir in &args.profiles {
+        if !dir.is_dir() {
+            anyhow::bail!("--profiles {}: not a directory", dir.display());
+        }
+    }
     let catalog = Catalog::new(args.profiles);
     let mut out = std::io::stdout().lock();
     let text = match args.command {

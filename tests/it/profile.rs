@@ -271,3 +271,14 @@ fn profile_resolve_of_no_fs_says_there_is_no_workspace() {
         "box: tighten: workspace.mode: profile `no-fs` has no workspace to narrow\n"
     );
 }
+
+#[test]
+fn profile_with_a_missing_profiles_directory_fails() {
+    let home = tempfile::tempdir().unwrap();
+    let output = profile_run(home.path(), &["list", "--profiles", "nowhere"]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        stderr(&output),
+        "box: --profiles nowhere: not a directory\n"
+    );
+}
