@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use super::error::{Position, Problem};
+use super::error::Problem;
 use super::model::{
     Danger, EnvPolicy, LimitsPolicy, NetworkPolicy, Profile, SecurityPolicy, Server, Source,
     UserChoice, Workspace, defaults,
@@ -19,6 +19,9 @@ use super::value::{
     check_env_name, looks_like_credential, parse_count, parse_duration,
 };
 use crate::plan::{MountMode, NetworkMode, Requirement, UserIds};
+use danger::Asked;
+
+mod danger;
 
 pub(crate) const TOP: &[&str] = &[
     "description",
@@ -65,38 +68,6 @@ pub(crate) const SERVER: &[&str] = &[
     "limits",
 ];
 pub(crate) const OPERATOR: &[&str] = &["allow_dangerous"];
-
-/// Paths that are the host's root or a system directory, refused as a workspace
-/// (with everything beneath the ones marked `true`).
-const SYSTEM_PATHS: &[(&str, bool)] = &[
-    ("/", false),
-    ("/bin", false),
-    ("/boot", true),
-    ("/dev", true),
-    ("/etc", true),
-    ("/home", false),
-    ("/lib", false),
-    ("/lib64", false),
-    ("/proc", true),
-    ("/root", false),
-    ("/run", true),
-    ("/sbin", false),
-    ("/sys", true),
-    ("/usr", false),
-    ("/var", false),
-    ("/var/run", true),
-    ("/var/lib/docker", true),
-    ("/var/lib/containerd", true),
-];
-
-/// Container engine sockets: a workspace that is one, or holds one, is root on the host.
-const ENGINE_SOCKETS: &[&str] = &[
-    "/var/run/docker.sock",
-    "/run/docker.sock",
-    "/run/containerd/containerd.sock",
-    "/run/podman/podman.sock",
-    "/var/run/crio/crio.sock",
-];
 
 /// Validate the merged tree of profile `name` (loaded from `origin`, extending `extends`).
 pub(crate) fn validate(
@@ -164,14 +135,6 @@ impl<'a> Fields<'a> {
     fn get(&self, name: &str) -> Option<&'a Node> {
         self.entries.get(name).copied()
     }
-}
-
-/// A danger found, with where it was asked.
-struct Asked {
-    danger: Danger,
-    at: Position,
-    field: String,
-    what: String,
 }
 
 #[derive(Default)]
@@ -402,42 +365,6 @@ impl Walk {
         }
         self.judge_host_path(node, "workspace.source", &path);
         Some(Source::Host(path))
-    }
-
-    /// Record the dangers of binding host `path`.
-    fn judge_host_path(&mut self, node: &Node, field: &str, path: &Path) {
-        let is_socket = path
-            .file_name()
-            .is_some_and(|name| name.to_string_lossy().ends_with(".sock"))
-            || ENGINE_SOCKETS
-                .iter()
-                .any(|socket| Path::new(socket).starts_with(path) && path != Path::new("/"));
-        if is_socket {
-            self.dangers.push(Asked {
-                danger: Danger::DockerSocket,
-                at: node.at.clone(),
-                field: field.to_owned(),
-                what: format!(
-                    "{} is or holds a container engine's socket (root on the host)",
-                    path.display()
-                ),
-            });
-        }
-        let is_system = SYSTEM_PATHS.iter().any(|(system, beneath)| {
-            path == Path::new(system) || (*beneath && path.starts_with(system))
-        });
-        // A socket path is also under a system directory; one error says it better.
-        if is_system && !is_socket {
-            self.dangers.push(Asked {
-                danger: Danger::HostRoot,
-                at: node.at.clone(),
-                field: field.to_owned(),
-                what: format!(
-                    "{} is the host's root or a system directory",
-                    path.display()
-                ),
-            });
-        }
     }
 
     fn user(&mut self, node: &Node) -> Option<UserChoice> {
@@ -951,67 +878,6 @@ impl Walk {
             return None;
         }
         Some(name)
-    }
-
-    fn allowed_dangers(&mut self, node: Option<&Node>) -> Vec<(Danger, Node)> {
-        let Some(node) = node else {
-            return Vec::new();
-        };
-        let fields = self.table(node, "operator", OPERATOR);
-        let Some(list) = fields.get("allow_dangerous") else {
-            return Vec::new();
-        };
-        let names: Vec<&str> = Danger::ALL.iter().map(|danger| danger.name()).collect();
-        self.strings(
-            list,
-            "operator.allow_dangerous",
-            |text| match Danger::from_name(text) {
-                Some(danger) => Ok(danger.name().to_owned()),
-                None => Err(format!(
-                    "{text:?} is not a danger box knows; write {}",
-                    one_of(&names)
-                )),
-            },
-        )
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|(name, item)| Danger::from_name(&name).map(|danger| (danger, item.clone())))
-        .collect()
-    }
-
-    /// Refuse every danger asked but not allowed, and every allowance not used.
-    fn judge_dangers(&mut self, allowed: Vec<(Danger, Node)>) -> Vec<Danger> {
-        let asked = std::mem::take(&mut self.dangers);
-        for ask in &asked {
-            if !allowed.iter().any(|(danger, _)| *danger == ask.danger) {
-                self.problems.push(Problem::new(
-                    ask.at.clone(),
-                    &ask.field,
-                    &format!(
-                        "refused as dangerous: {}; an operator who means it writes [operator] allow_dangerous = [\"{}\"]",
-                        ask.what,
-                        ask.danger.name()
-                    ),
-                ));
-            }
-        }
-        let mut used = Vec::new();
-        for (danger, node) in allowed {
-            if asked.iter().any(|ask| ask.danger == danger) {
-                used.push(danger);
-            } else {
-                self.problem(
-                    &node,
-                    "operator.allow_dangerous",
-                    format!(
-                        "allows \"{}\" but the profile does not ask for it; remove it",
-                        danger.name()
-                    ),
-                );
-            }
-        }
-        used.sort();
-        used
     }
 }
 
