@@ -37,3 +37,11 @@ impl Processes {
     /// End every process (stdin closed, grace, TERM, KILL) and refuse new starts.
     pub async fn shutdown(&self) {}
 }
+
+/// Send `signal` to the process group led by `leader` (a child started with
+/// `process_group(0)`). A group already gone is not an error.
+pub(crate) fn kill_group(leader: u32, signal: nix::sys::signal::Signal) {
+    if let Ok(leader) = i32::try_from(leader) {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(leader), signal);
+    }
+}
