@@ -363,4 +363,4 @@ fn redact_userinfo(text: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -169,7 +169,7 @@ pub fn driver_overrides(drivers: &[String]) -> Vec<(String, String)> {
     config
 }
 
-/// How long the driver query may take: an `include.path` naming a FIFO would
+/// How long a git query may take: an `include.path` naming a FIFO would
 /// otherwise block it forever.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -177,55 +177,23 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// the repository at `dir` (every scope, includes followed), queried with git
 /// itself under [`git_neutralisation`] and `env`. Not a repository, no git,
 /// or a query that fails: no drivers (nothing is defined that git would run).
-/// A query that does not finish in 10 s is killed and reported as an error,
-/// because then the configuration cannot be known.
+/// A query that does not finish in 10 s is an error, because then the
+/// configuration cannot be known.
 pub fn configured_drivers(dir: &Path, env: &[(OsString, OsString)]) -> Result<Vec<String>, String> {
-    let mut command = Command::new("git");
-    command
-        .args([
+    let Some(bytes) = git_query(
+        dir,
+        env,
+        &[
             "config",
             "--name-only",
             "-z",
             "--get-regexp",
             r"^(filter|diff|merge)\..+\.(clean|smudge|process|textconv|command|driver)$",
-        ])
-        .current_dir(dir)
-        .env_clear()
-        .envs(env.iter().map(|(name, value)| (name, value)))
-        .envs(git_neutralisation())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let Ok(mut child) = command.spawn() else {
+        ],
+    )?
+    else {
         return Ok(Vec::new());
     };
-    let deadline = Instant::now() + QUERY_TIMEOUT;
-    let stdout = child.stdout.take();
-    // The output is small (names only); read it on a thread so a full pipe
-    // cannot stall the deadline loop.
-    let reader = std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        if let Some(mut stdout) = stdout {
-            let _ = std::io::Read::read_to_end(&mut stdout, &mut bytes);
-        }
-        bytes
-    });
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "git config in {} did not answer within {}s",
-                    dir.display(),
-                    QUERY_TIMEOUT.as_secs()
-                ));
-            }
-        }
-    }
-    let bytes = reader.join().unwrap_or_default();
     let mut drivers: Vec<String> = bytes
         .split(|byte| *byte == 0)
         .filter_map(|name| driver_name(&String::from_utf8_lossy(name)))
@@ -233,6 +201,59 @@ pub fn configured_drivers(dir: &Path, env: &[(OsString, OsString)]) -> Result<Ve
     drivers.sort();
     drivers.dedup();
     Ok(drivers)
+}
+
+/// Run `git args` in `dir` with `env` plus [`git_neutralisation`], no stdin,
+/// stderr discarded, killed after 10 s. `Ok(Some(stdout))` when git exited 0,
+/// `Ok(None)` when it could not start or exited non-zero (for `git config`:
+/// nothing matched, or not a repository), `Err` on the timeout.
+pub fn git_query(
+    dir: &Path,
+    env: &[(OsString, OsString)],
+    args: &[&str],
+) -> Result<Option<Vec<u8>>, String> {
+    let mut command = Command::new("git");
+    command
+        .args(args)
+        .current_dir(dir)
+        .env_clear()
+        .envs(env.iter().map(|(name, value)| (name, value)))
+        .envs(git_neutralisation())
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let Ok(mut child) = command.spawn() else {
+        return Ok(None);
+    };
+    let deadline = Instant::now() + QUERY_TIMEOUT;
+    let stdout = child.stdout.take();
+    // Read on a thread so a full pipe cannot stall the deadline loop.
+    let reader = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(mut stdout) = stdout {
+            let _ = std::io::Read::read_to_end(&mut stdout, &mut bytes);
+        }
+        bytes
+    });
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "git {} in {} did not answer within {}s",
+                    args.first().unwrap_or(&""),
+                    dir.display(),
+                    QUERY_TIMEOUT.as_secs()
+                ));
+            }
+        }
+    };
+    let bytes = reader.join().unwrap_or_default();
+    Ok(status.success().then_some(bytes))
 }
 
 /// `filter.a.b.clean` → `a.b`: the subsection between the section and the key.

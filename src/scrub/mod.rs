@@ -23,6 +23,7 @@ use std::ffi::OsString;
 
 pub use git::{
     configured_drivers, driver_overrides, git_neutralisation, git_neutralisation_with_drivers,
+    git_query,
 };
 
 /// An environment after scrubbing.
