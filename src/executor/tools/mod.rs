@@ -462,3 +462,65 @@ pub(crate) fn integer_arg(arguments: &Map<String, Value>, key: &str, default: i6
         .and_then(keys::integer)
         .unwrap_or(default)
 }
+
+/// Helpers for the tools' unit tests: a context over a temp directory.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::sync::Arc;
+
+    use serde_json::{Map, Value};
+
+    use crate::executor::workspace::Workspace;
+    use crate::executor::{Context, stamp::StampKey};
+
+    /// A context over `root` with the default read limit.
+    pub fn context(root: &std::path::Path) -> Arc<Context> {
+        context_with(root, true, 2 * 1024 * 1024)
+    }
+
+    /// A context over `root` with the write guard `on` and `max_read_bytes`.
+    pub fn context_with(root: &std::path::Path, on: bool, max_read_bytes: u64) -> Arc<Context> {
+        Arc::new(Context {
+            workspace: Arc::new(Workspace::open(root).unwrap().with_write_guard(on)),
+            child_env: Arc::new(Vec::new()),
+            stamp: StampKey::random(),
+            max_read_bytes,
+        })
+    }
+
+    /// Run `tool` with `arguments` (a JSON object) to completion.
+    pub fn call(context: &Arc<Context>, tool: &str, arguments: Value) -> Result<String, String> {
+        let Value::Object(arguments) = arguments else {
+            panic!("arguments must be an object")
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let outcome = runtime
+            .block_on(super::call(
+                context,
+                tool,
+                arguments,
+                None,
+                tokio_util::sync::CancellationToken::new(),
+            ))
+            .expect("a known tool");
+        if outcome.is_error {
+            Err(outcome.text)
+        } else {
+            Ok(outcome.text)
+        }
+    }
+
+    /// `arguments` as a map.
+    pub fn map(arguments: Value) -> Map<String, Value> {
+        match arguments {
+            Value::Object(map) => map,
+            _ => panic!("arguments must be an object"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
