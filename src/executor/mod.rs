@@ -17,6 +17,7 @@ pub(crate) mod process;
 mod server;
 pub(crate) mod stamp;
 mod tools;
+mod transport;
 pub(crate) mod workspace;
 
 use std::path::PathBuf;
@@ -127,8 +128,9 @@ async fn run(shared: Arc<server::Shared>) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
     let handler = server::Executor::new(Arc::clone(&shared));
+    let (reader, writer) = rmcp::transport::io::stdio_pipes();
     let service = tokio::select! {
-        service = handler.serve(rmcp::transport::io::stdio_pipes()) => service,
+        service = handler.serve(transport::LineTransport::new(reader, writer)) => service,
         _ = terminate.recv() => return Ok(()),
         _ = interrupt.recv() => return Ok(()),
     };

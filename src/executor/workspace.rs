@@ -254,8 +254,9 @@ impl Workspace {
     }
 
     /// Metadata of `name`, links followed beneath the root.
-    pub fn metadata(&self, name: &str) -> std::io::Result<Metadata> {
-        if name == "." {
+    pub fn metadata(&self, name: impl AsRef<Path>) -> std::io::Result<Metadata> {
+        let name = name.as_ref();
+        if name == Path::new(".") {
             self.dir.dir_metadata()
         } else {
             self.dir.metadata(name)
@@ -282,12 +283,15 @@ impl Workspace {
 
     /// Open `name` for reading without ever blocking on a FIFO or device:
     /// non-blocking open, then refuse anything but a regular file.
-    pub fn open_regular(&self, name: &str) -> Result<(File, Metadata), FileError> {
+    pub fn open_regular(&self, name: impl AsRef<Path>) -> Result<(File, Metadata), FileError> {
         let mut options = OpenOptions::new();
         options
             .read(true)
             .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
-        let file = self.dir.open_with(name, &options).map_err(FileError::Io)?;
+        let file = self
+            .dir
+            .open_with(name.as_ref(), &options)
+            .map_err(FileError::Io)?;
         let metadata = file.metadata().map_err(FileError::Io)?;
         if metadata.is_dir() {
             return Err(FileError::Directory);

@@ -74,14 +74,12 @@ pub(super) fn glob(
         let Some(relative) = relative_to(&entry, workspace.root()) else {
             continue;
         };
-        if !is_file_entry(workspace, &entry, &relative) {
+        if !is_file_entry(workspace, &entry, relative) {
             continue;
         }
-        let within_base = Path::new(&relative)
-            .strip_prefix(&base.resolved)
-            .unwrap_or(Path::new(&relative));
+        let within_base = relative.strip_prefix(&base.resolved).unwrap_or(relative);
         if matcher.is_match(within_base) {
-            found.push(relative);
+            found.push(relative.to_string_lossy().into_owned());
         }
     }
     found.sort();
@@ -127,9 +125,9 @@ pub(super) fn grep(
     };
     let workspace = &context.workspace;
     let (_, base) = search_base(workspace, path_arg(arguments, "."))?;
-    let search = |relative: &str| -> Vec<String> {
+    let search = |relative: &Path| -> Vec<String> {
         if let Some((include, with_slash)) = &include {
-            let path = Path::new(relative);
+            let path = relative;
             let subject = if *with_slash {
                 path.strip_prefix(&base.resolved).unwrap_or(path)
             } else {
@@ -156,14 +154,14 @@ pub(super) fn grep(
                 let Some(relative) = relative_to(&entry, workspace.root()) else {
                     return WalkState::Continue;
                 };
-                if !is_file_entry(workspace, &entry, &relative) {
+                if !is_file_entry(workspace, &entry, relative) {
                     return WalkState::Continue;
                 }
-                let lines = search(&relative);
+                let lines = search(relative);
                 if !lines.is_empty()
                     && let Ok(mut collected) = collected.lock()
                 {
-                    collected.push((relative, lines));
+                    collected.push((relative.to_string_lossy().into_owned(), lines));
                 }
                 WalkState::Continue
             })
@@ -173,7 +171,7 @@ pub(super) fn grep(
         }
         files = collected.into_inner().unwrap_or_default();
     } else {
-        let lines = search(&base.resolved);
+        let lines = search(Path::new(&base.resolved));
         if !lines.is_empty() {
             files.push((base.resolved.clone(), lines));
         }
@@ -207,7 +205,7 @@ pub(super) fn grep(
 /// nothing for a file grep skips (not regular, too large, binary, unreadable).
 fn search_file(
     workspace: &Workspace,
-    relative: &str,
+    relative: &Path,
     matcher: &grep_regex::RegexMatcher,
     max: usize,
 ) -> Vec<String> {
@@ -306,15 +304,14 @@ fn walker(workspace: &Workspace, base: &str) -> WalkBuilder {
     builder
 }
 
-/// The root-relative name of a walked entry.
-fn relative_to(entry: &ignore::DirEntry, root: &Path) -> Option<String> {
-    let relative = entry.path().strip_prefix(root).ok()?;
-    Some(relative.to_string_lossy().into_owned())
+/// The root-relative name of a walked entry (bytes kept: a name need not be UTF-8).
+fn relative_to<'a>(entry: &'a ignore::DirEntry, root: &Path) -> Option<&'a Path> {
+    entry.path().strip_prefix(root).ok()
 }
 
 /// Whether a walked entry is a file the tools visit: a regular file, or a link
 /// that leads (beneath the root) to one.
-fn is_file_entry(workspace: &Workspace, entry: &ignore::DirEntry, relative: &str) -> bool {
+fn is_file_entry(workspace: &Workspace, entry: &ignore::DirEntry, relative: &Path) -> bool {
     let Some(kind) = entry.file_type() else {
         return false;
     };
