@@ -31,6 +31,9 @@ enum Command {
     Image(backend_cli::ImageArgs),
     /// Say which protections this machine can give, and which profiles can run here.
     Doctor(backend_cli::DoctorArgs),
+    /// The local backend's sandbox helper: confine this process, then run CMD.
+    #[command(hide = true)]
+    Sandbox(boxhost::backend::local::SandboxArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         Command::Gc(args) => backend_cli::gc(args),
         Command::Image(args) => backend_cli::image(args),
         Command::Doctor(args) => backend_cli::doctor(args),
+        Command::Sandbox(args) => boxhost::backend::local::sandbox(args),
     };
     report(result)
 }

@@ -6,6 +6,7 @@
 //! Nothing here may assume a local Docker socket: a Kubernetes backend must fit
 //! the same trait.
 
+pub mod local;
 pub mod sandbox;
 
 use std::pin::Pin;

@@ -1,12 +1,30 @@
 //! Process-level confinement shared by the local backend and the executor:
 //! landlock (read the system, write only the workspace and temp), no_new_privs,
-//! rlimits. Linux-only.
+//! rlimits, capabilities dropped. Linux-only (the crate builds for
+//! x86_64-unknown-linux-gnu only; the raw syscall numbers below are Linux's).
 //!
-//! Interface stub: the local-backend work fills this in.
+//! Each control is one function that applies it to the calling thread (and so
+//! to everything it later `execve`s), and reports what the kernel actually
+//! did, read back where the kernel lets us (`/proc/self/status`,
+//! `PR_GET_NO_NEW_PRIVS`, landlock's own status), so the envelope is observed,
+//! not assumed. What to apply is plain data built by pure functions
+//! ([`landlock_rules`], [`Rlimits::from_limits`]) so it is testable without a
+//! kernel.
+//!
+//! Landlock restricts the calling *thread*: confine before any thread is
+//! started (the helper is single-threaded; the executor must call
+//! [`confine_executor`] before it builds its runtime, and it refuses under
+//! `Required` when it sees more than one thread).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use crate::plan::Requirement;
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::plan::{Limits, Requirement};
 
 /// What confinement was achieved on this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -19,11 +37,620 @@ pub struct Confinement {
     pub no_new_privileges: bool,
 }
 
+/// Why a control could not be applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfineError {
+    /// A control that is required cannot be applied on this kernel or here.
+    #[error("{control} is required but cannot be applied here: {why}")]
+    Unenforceable {
+        /// The control (landlock, no_new_privs, rlimit nofile, ...).
+        control: String,
+        /// Why not.
+        why: String,
+    },
+    /// A control failed while being applied.
+    #[error("{doing}: {message}")]
+    Failed {
+        /// What was being done.
+        doing: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl ConfineError {
+    fn failed(doing: impl Into<String>, error: impl std::fmt::Display) -> Self {
+        Self::Failed {
+            doing: doing.into(),
+            message: error.to_string(),
+        }
+    }
+}
+
+/// The directories every unit may read and execute: the system, never a home
+/// directory. `/proc` is needed for `/proc/self` (the runtime, `ps`, shells);
+/// other processes' `/proc/<pid>` entries stay out of reach because landlock
+/// denies ptrace-class access (environ, mem, fds) to processes outside the
+/// sandbox, and the local backend mounts a fresh `/proc` in its own pid
+/// namespace where it can. `/sys` is read-only and mostly world-readable; it
+/// is kept for tools that read `/sys/class/net` or CPU topology.
+pub const SYSTEM_READ_PATHS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc", "/sys",
+];
+
+/// The device files a unit may read and write. Everything else under `/dev`
+/// (disks, `/dev/kmsg`, `/dev/mem`, `/dev/fuse`) is denied even when file
+/// permissions would allow it (C38).
+pub const DEVICE_PATHS: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+    "/dev/pts",
+];
+
+/// The paths a landlock ruleset grants; everything else is denied.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct LandlockRules {
+    /// Read and execute beneath these.
+    pub read: Vec<PathBuf>,
+    /// Read, write, create and remove beneath these.
+    pub write: Vec<PathBuf>,
+    /// Deny every TCP bind and connect (ABI 4; a hard requirement when set):
+    /// network none for a unit that could not get a network namespace.
+    #[serde(default)]
+    pub deny_tcp: bool,
+}
+
+/// The ruleset for a unit: the system and `extra_read` readable, the devices
+/// and `write` writable. Pure.
+pub fn landlock_rules(extra_read: &[PathBuf], write: &[PathBuf]) -> LandlockRules {
+    let mut read: Vec<PathBuf> = SYSTEM_READ_PATHS.iter().map(PathBuf::from).collect();
+    read.extend(extra_read.iter().cloned());
+    let mut writable: Vec<PathBuf> = DEVICE_PATHS.iter().map(PathBuf::from).collect();
+    writable.extend(write.iter().cloned());
+    LandlockRules {
+        read,
+        write: writable,
+        deny_tcp: false,
+    }
+}
+
+/// What landlock achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LandlockOutcome {
+    /// The ABI the kernel offers (0 = none).
+    pub abi: u32,
+    /// Every handled right is enforced (`FullyEnforced`).
+    pub fully_enforced: bool,
+    /// At least the file-system write restriction is enforced.
+    pub enforced: bool,
+}
+
+/// The landlock ABI the running kernel offers (0 when it has none).
+pub fn landlock_abi() -> u32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: landlock_create_ruleset with a null attribute, size 0 and the
+    // VERSION flag only returns the ABI number (or -1); it touches no memory.
+    let version = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    u32::try_from(version).unwrap_or(0)
+}
+
+/// The crate's ABI for the kernel's number, capped at the newest the crate knows.
+fn abi_for(kernel_abi: u32) -> ABI {
+    ABI::from(i32::try_from(kernel_abi).unwrap_or(i32::MAX))
+}
+
+/// Apply `rules` to the calling thread.
+///
+/// `Required`: the ABI-1 file-system rights (the write restriction) must be
+/// enforced and the kernel must offer at least `min_abi`, else an error naming
+/// landlock; newer rights (truncate, ioctl on devices, signal and abstract
+/// socket scoping) are added where the kernel has them. `BestEffort`: apply
+/// what the kernel has and report it. `Off`: nothing.
+pub fn apply_landlock(
+    rules: &LandlockRules,
+    requirement: Requirement,
+    min_abi: u32,
+) -> Result<LandlockOutcome, ConfineError> {
+    let kernel_abi = landlock_abi();
+    let not_applied = LandlockOutcome {
+        abi: kernel_abi,
+        fully_enforced: false,
+        enforced: false,
+    };
+    match requirement {
+        Requirement::Off => return Ok(not_applied),
+        Requirement::Required if kernel_abi < min_abi.max(1) => {
+            return Err(ConfineError::Unenforceable {
+                control: format!("landlock (ABI {})", min_abi.max(1)),
+                why: if kernel_abi == 0 {
+                    "the kernel has no landlock (not built in, or not in the lsm= boot list)"
+                        .to_owned()
+                } else {
+                    format!("the kernel offers landlock ABI {kernel_abi}")
+                },
+            });
+        }
+        Requirement::Required | Requirement::BestEffort => {}
+    }
+    if kernel_abi == 0 {
+        return Ok(not_applied);
+    }
+    let abi = abi_for(kernel_abi);
+    let core_level = match requirement {
+        Requirement::Required => CompatLevel::HardRequirement,
+        Requirement::BestEffort | Requirement::Off => CompatLevel::BestEffort,
+    };
+    let build = || -> Result<RulesetStatus, landlock::RulesetError> {
+        let ruleset = Ruleset::default()
+            .set_compatibility(core_level)
+            .handle_access(AccessFs::from_all(ABI::V1))?
+            .set_compatibility(CompatLevel::BestEffort)
+            .handle_access(AccessFs::from_all(abi))?
+            .scope(Scope::from_all(abi))?;
+        let ruleset = if rules.deny_tcp {
+            // Handled with no rule allowing any port: every bind and connect is denied.
+            ruleset
+                .set_compatibility(CompatLevel::HardRequirement)
+                .handle_access(AccessNet::from_all(ABI::V4))?
+        } else {
+            ruleset
+        };
+        let mut created = ruleset.create()?;
+        let read = AccessFs::from_read(abi);
+        let all = AccessFs::from_all(abi);
+        for (paths, access) in [(&rules.read, read), (&rules.write, all)] {
+            for path in paths {
+                // A path this machine lacks (`/lib32`) cannot be reached
+                // either; skipping it loses nothing.
+                let Ok(fd) = PathFd::new(path) else { continue };
+                let access = if path.is_dir() {
+                    access
+                } else {
+                    access & AccessFs::from_file(abi)
+                };
+                created = created.add_rule(PathBeneath::new(fd, access))?;
+            }
+        }
+        Ok(created.restrict_self()?.ruleset)
+    };
+    match build() {
+        Ok(status) => Ok(LandlockOutcome {
+            abi: kernel_abi,
+            fully_enforced: status == RulesetStatus::FullyEnforced,
+            enforced: status != RulesetStatus::NotEnforced,
+        }),
+        Err(error) => match requirement {
+            Requirement::Required => Err(ConfineError::Unenforceable {
+                control: "landlock".to_owned(),
+                why: error.to_string(),
+            }),
+            Requirement::BestEffort | Requirement::Off => Ok(not_applied),
+        },
+    }
+}
+
+/// Set no_new_privs on the calling thread: nothing it executes gains
+/// privileges (setuid bits and file capabilities are ignored).
+pub fn set_no_new_privs() -> Result<(), ConfineError> {
+    // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only.
+    let result = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(ConfineError::Unenforceable {
+            control: "no_new_privs".to_owned(),
+            why: std::io::Error::last_os_error().to_string(),
+        })
+    }
+}
+
+/// Whether no_new_privs is set on the calling thread, as the kernel says.
+pub fn no_new_privs() -> bool {
+    // SAFETY: PR_GET_NO_NEW_PRIVS takes integer arguments only.
+    unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1 }
+}
+
+/// Resource limits applied with `setrlimit` (soft = hard, so the unit cannot
+/// raise them back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rlimits {
+    /// Most open files per process (`RLIMIT_NOFILE`).
+    pub nofile: u64,
+    /// Most processes of the unit's user (`RLIMIT_NPROC`); counted within the
+    /// unit's user namespace when it has one. The kernel does not apply it to
+    /// uid 0 of the host.
+    pub nproc: u64,
+    /// Heap and private writable mappings (`RLIMIT_DATA`): the memory limit.
+    pub data_bytes: u64,
+    /// Address space (`RLIMIT_AS`): a backstop at twice the memory limit, so
+    /// runtimes that reserve address space (thread stacks, JITs) still start.
+    pub address_space_bytes: u64,
+    /// The largest file the unit may write (`RLIMIT_FSIZE`); writes past it
+    /// fail with `EFBIG` (`SIGXFSZ` is ignored in the unit).
+    pub fsize_bytes: u64,
+    /// Core dumps (`RLIMIT_CORE`): always 0, a core could leak secrets.
+    pub core_bytes: u64,
+}
+
+impl Rlimits {
+    /// The rlimits for a unit's limits. The local backend has no tmpfs, so the
+    /// tmp budget becomes the per-file cap. Pure.
+    pub fn from_limits(limits: &Limits) -> Self {
+        Self {
+            nofile: limits.nofile,
+            nproc: limits.pids,
+            data_bytes: limits.memory_bytes,
+            address_space_bytes: limits.memory_bytes.saturating_mul(2),
+            fsize_bytes: limits.tmp_bytes,
+            core_bytes: 0,
+        }
+    }
+}
+
+/// Apply `limits` to the calling process (soft and hard).
+pub fn apply_rlimits(limits: &Rlimits) -> Result<(), ConfineError> {
+    use nix::sys::resource::{Resource, setrlimit};
+    for (name, resource, value) in [
+        ("nofile", Resource::RLIMIT_NOFILE, limits.nofile),
+        ("nproc", Resource::RLIMIT_NPROC, limits.nproc),
+        ("data", Resource::RLIMIT_DATA, limits.data_bytes),
+        ("as", Resource::RLIMIT_AS, limits.address_space_bytes),
+        ("fsize", Resource::RLIMIT_FSIZE, limits.fsize_bytes),
+        ("core", Resource::RLIMIT_CORE, limits.core_bytes),
+    ] {
+        setrlimit(resource, value, value).map_err(|errno| ConfineError::Unenforceable {
+            control: format!("rlimit {name}"),
+            why: format!("setrlimit to {value}: {errno}"),
+        })?;
+    }
+    Ok(())
+}
+
+/// The calling process's rlimits as the kernel reports them (soft values).
+pub fn read_rlimits() -> Rlimits {
+    use nix::sys::resource::{Resource, getrlimit};
+    let soft = |resource| getrlimit(resource).map_or(u64::MAX, |(soft, _)| soft);
+    Rlimits {
+        nofile: soft(Resource::RLIMIT_NOFILE),
+        nproc: soft(Resource::RLIMIT_NPROC),
+        data_bytes: soft(Resource::RLIMIT_DATA),
+        address_space_bytes: soft(Resource::RLIMIT_AS),
+        fsize_bytes: soft(Resource::RLIMIT_FSIZE),
+        core_bytes: soft(Resource::RLIMIT_CORE),
+    }
+}
+
+/// The capability sets of the calling thread, as bit masks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CapabilitySets {
+    /// `CapEff`.
+    pub effective: u64,
+    /// `CapPrm`.
+    pub permitted: u64,
+    /// `CapInh`.
+    pub inheritable: u64,
+    /// `CapBnd`.
+    pub bounding: u64,
+    /// `CapAmb`.
+    pub ambient: u64,
+}
+
+/// Read the capability sets from a `/proc/<pid>/status` text. Pure.
+pub fn parse_capabilities(status: &str) -> Option<CapabilitySets> {
+    let field = |name: &str| {
+        status.lines().find_map(|line| {
+            let value = line.strip_prefix(name)?.strip_prefix(':')?;
+            u64::from_str_radix(value.trim(), 16).ok()
+        })
+    };
+    Some(CapabilitySets {
+        effective: field("CapEff")?,
+        permitted: field("CapPrm")?,
+        inheritable: field("CapInh")?,
+        bounding: field("CapBnd")?,
+        ambient: field("CapAmb")?,
+    })
+}
+
+/// The calling thread's capability sets, as the kernel reports them.
+pub fn capability_sets() -> Result<CapabilitySets, ConfineError> {
+    let status = std::fs::read_to_string("/proc/thread-self/status")
+        .or_else(|_| std::fs::read_to_string("/proc/self/status"))
+        .map_err(|error| ConfineError::failed("reading /proc/self/status", error))?;
+    parse_capabilities(&status).ok_or_else(|| {
+        ConfineError::failed(
+            "reading /proc/self/status",
+            "no CapEff/CapPrm/CapInh/CapBnd/CapAmb lines",
+        )
+    })
+}
+
+/// Capability names by number (capability(7)), for envelopes.
+const CAPABILITY_NAMES: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST",
+    "CAP_NET_ADMIN",
+    "CAP_NET_RAW",
+    "CAP_IPC_LOCK",
+    "CAP_IPC_OWNER",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_PACCT",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_BOOT",
+    "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME",
+    "CAP_SYS_TTY_CONFIG",
+    "CAP_MKNOD",
+    "CAP_LEASE",
+    "CAP_AUDIT_WRITE",
+    "CAP_AUDIT_CONTROL",
+    "CAP_SETFCAP",
+    "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN",
+    "CAP_SYSLOG",
+    "CAP_WAKE_ALARM",
+    "CAP_BLOCK_SUSPEND",
+    "CAP_AUDIT_READ",
+    "CAP_PERFMON",
+    "CAP_BPF",
+    "CAP_CHECKPOINT_RESTORE",
+];
+
+/// The names of the capabilities in `mask`. Pure.
+pub fn capability_names(mask: u64) -> Vec<String> {
+    (0..64u32)
+        .filter(|bit| mask & (1u64 << bit) != 0)
+        .map(|bit| match CAPABILITY_NAMES.get(bit as usize) {
+            Some(name) => (*name).to_owned(),
+            None => format!("CAP_{bit}"),
+        })
+        .collect()
+}
+
+/// Drop every capability of the calling thread: the bounding set (so an
+/// `execve` as uid 0 cannot regain them), the ambient set, then effective,
+/// permitted and inheritable. Returns the sets read back afterwards; an
+/// error when anything effective or permitted survives.
+///
+/// The bounding set can only be dropped with `CAP_SETPCAP` (as root, or in a
+/// user namespace of our own); without it the sets are already empty and
+/// no_new_privs keeps an `execve` from filling them.
+pub fn drop_capabilities() -> Result<CapabilitySets, ConfineError> {
+    let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|text| text.trim().parse::<libc::c_ulong>().ok())
+        .unwrap_or(63);
+    for capability in 0..=last {
+        // SAFETY: PR_CAPBSET_DROP takes integer arguments only. Failure
+        // (EPERM without CAP_SETPCAP, EINVAL past the last) is read back below.
+        unsafe { libc::prctl(libc::PR_CAPBSET_DROP, capability, 0, 0, 0) };
+    }
+    // SAFETY: PR_CAP_AMBIENT_CLEAR_ALL takes integer arguments only.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    };
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capset reads one header and, for version 3, two data structs,
+    // both laid out as the kernel's `__user_cap_*_struct`s and alive for the call.
+    let result =
+        unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) };
+    if result != 0 {
+        return Err(ConfineError::Unenforceable {
+            control: "capabilities dropped".to_owned(),
+            why: format!("capset: {}", std::io::Error::last_os_error()),
+        });
+    }
+    let sets = capability_sets()?;
+    if sets.effective != 0 || sets.permitted != 0 || sets.ambient != 0 {
+        return Err(ConfineError::Unenforceable {
+            control: "capabilities dropped".to_owned(),
+            why: format!(
+                "still held after dropping: {}",
+                capability_names(sets.effective | sets.permitted | sets.ambient).join(", ")
+            ),
+        });
+    }
+    Ok(sets)
+}
+
+/// How many threads the calling process has (`Threads:` in `/proc/self/status`).
+pub fn thread_count() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|line| {
+        line.strip_prefix("Threads:")
+            .and_then(|value| value.trim().parse().ok())
+    })
+}
+
 /// Confine the executor process itself before it serves: writes only beneath
-/// `root` and the temp directories, no_new_privs. With `Required`, failing to
-/// enforce landlock is an error naming the control; with `BestEffort` the
-/// result says what was achieved.
+/// `root` and the temp directory (`TMPDIR`, else `/tmp`), reads the system and
+/// `root`, no_new_privs. With `Required`, failing to enforce landlock is an
+/// error naming the control; with `BestEffort` the result says what was
+/// achieved.
+///
+/// Call it before any thread is started (before the Tokio runtime): landlock
+/// binds the calling thread only, so with other threads already running the
+/// confinement would not cover the children they spawn; `Required` then
+/// refuses, `BestEffort` reports landlock as not enforced.
 pub fn confine_executor(root: &Path, landlock: Requirement) -> Result<Confinement, String> {
-    let _ = (root, landlock);
-    Ok(Confinement::default())
+    let threads = thread_count().unwrap_or(1);
+    if threads > 1 && landlock == Requirement::Required {
+        return Err(format!(
+            "landlock is required but the executor already runs {threads} threads; \
+             confine_executor must run before the runtime starts"
+        ));
+    }
+    set_no_new_privs().map_err(|error| error.to_string())?;
+    let temp = std::env::temp_dir();
+    let mut extra_read = vec![root.to_path_buf()];
+    // The executor may re-execute itself (process tools); keep its own binary reachable.
+    if let Ok(exe) = std::env::current_exe() {
+        extra_read.push(exe);
+    }
+    let rules = landlock_rules(&extra_read, &[root.to_path_buf(), temp]);
+    let outcome = apply_landlock(&rules, landlock, 1).map_err(|error| error.to_string())?;
+    Ok(Confinement {
+        landlock_abi: outcome.abi,
+        landlock_enforced: outcome.enforced && threads <= 1,
+        no_new_privileges: no_new_privs(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use pretty_assertions::assert_eq;
+
+    use super::*;
+
+    #[test]
+    fn rules_read_the_system_and_write_only_what_is_given() {
+        let rules = landlock_rules(
+            &[PathBuf::from("/opt/box")],
+            &[PathBuf::from("/work/ws"), PathBuf::from("/tmp/unit")],
+        );
+        assert!(rules.read.contains(&PathBuf::from("/usr")));
+        assert!(rules.read.contains(&PathBuf::from("/proc")));
+        assert!(rules.read.contains(&PathBuf::from("/opt/box")));
+        assert!(!rules.read.iter().any(|path| path.starts_with("/home")));
+        assert!(!rules.read.iter().any(|path| path.starts_with("/root")));
+        assert!(!rules.read.contains(&PathBuf::from("/dev")));
+        assert!(!rules.read.contains(&PathBuf::from("/tmp")));
+        let non_device: Vec<_> = rules
+            .write
+            .iter()
+            .filter(|path| !path.starts_with("/dev"))
+            .collect();
+        assert_eq!(
+            non_device,
+            vec![&PathBuf::from("/work/ws"), &PathBuf::from("/tmp/unit")]
+        );
+        assert!(rules.write.contains(&PathBuf::from("/dev/null")));
+        assert!(!rules.write.contains(&PathBuf::from("/dev")));
+    }
+
+    #[test]
+    fn rlimits_follow_the_limits() {
+        let limits = Limits {
+            memory_bytes: 1 << 30,
+            cpus: 1.0,
+            pids: 64,
+            tmp_bytes: 8 << 20,
+            nofile: 256,
+            call_timeout: Duration::from_secs(1),
+            idle: Duration::from_secs(1),
+            lifetime: Duration::from_secs(1),
+        };
+        assert_eq!(
+            Rlimits::from_limits(&limits),
+            Rlimits {
+                nofile: 256,
+                nproc: 64,
+                data_bytes: 1 << 30,
+                address_space_bytes: 2 << 30,
+                fsize_bytes: 8 << 20,
+                core_bytes: 0,
+            }
+        );
+    }
+
+    #[test]
+    fn capabilities_parse_from_status() {
+        let status = "Name:\tx\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000001\n\
+                      CapEff:\t0000000000200000\nCapBnd:\t000001ffffffffff\nCapAmb:\t0000000000000000\n";
+        assert_eq!(
+            parse_capabilities(status),
+            Some(CapabilitySets {
+                effective: 1 << 21,
+                permitted: 1,
+                inheritable: 0,
+                bounding: 0x1ff_ffff_ffff,
+                ambient: 0,
+            })
+        );
+        assert_eq!(parse_capabilities("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn capability_names_are_the_kernel_names() {
+        assert_eq!(
+            capability_names((1 << 21) | 1),
+            vec!["CAP_CHOWN", "CAP_SYS_ADMIN"]
+        );
+        assert_eq!(capability_names(1 << 60), vec!["CAP_60"]);
+        assert!(capability_names(0).is_empty());
+    }
+
+    #[test]
+    fn landlock_required_above_the_kernel_abi_names_the_control() {
+        let error = apply_landlock(&LandlockRules::default(), Requirement::Required, 1000)
+            .expect_err("no kernel offers landlock ABI 1000");
+        assert!(
+            matches!(&error, ConfineError::Unenforceable { control, .. } if control == "landlock (ABI 1000)"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn landlock_off_applies_nothing() {
+        let outcome = apply_landlock(&LandlockRules::default(), Requirement::Off, 1).unwrap();
+        assert!(!outcome.enforced);
+        assert_eq!(outcome.abi, landlock_abi());
+    }
 }

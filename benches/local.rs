@@ -1,0 +1,199 @@
+//! Benchmarks for the local backend: how much a confined unit start costs
+//! against spawning the same command unconfined, in the same run. See
+//! BENCHMARKS.md (Units, local lines) for what each figure means and how to
+//! reproduce it (`cargo bench --bench local`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use boxhost::backend::local::{LocalBackend, LocalOptions};
+use boxhost::backend::{Backend, Envelope, SessionLabel};
+use boxhost::plan::{
+    Limits, MountMode, Network, NetworkMode, Requirement, Role, Security, UnitSpec, WorkspaceSource,
+};
+
+const ROUNDS: usize = 40;
+
+fn unit_spec(workspace: &Path) -> UnitSpec {
+    UnitSpec {
+        name: "workspace".to_owned(),
+        role: Role::Workspace,
+        image: String::new(),
+        source: WorkspaceSource::Host(workspace.to_path_buf()),
+        root: workspace.to_path_buf(),
+        mode: MountMode::ReadWrite,
+        user: None,
+        network: Network {
+            mode: NetworkMode::None,
+            allow: Vec::new(),
+        },
+        limits: Limits {
+            memory_bytes: 2 << 30,
+            cpus: 2.0,
+            pids: 512,
+            tmp_bytes: 256 << 20,
+            nofile: 4096,
+            call_timeout: Duration::from_secs(600),
+            idle: Duration::from_secs(1800),
+            lifetime: Duration::from_secs(8 * 3600),
+        },
+        env_set: BTreeMap::new(),
+        env_pass: Vec::new(),
+        security: Security {
+            capabilities: Vec::new(),
+            read_only_root: true,
+            landlock: Requirement::BestEffort,
+            neutralise_git: true,
+            write_guard: true,
+        },
+        command: Vec::new(),
+        description: String::new(),
+    }
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+/// One round of one configuration: start until confined, and the whole cycle.
+async fn unit_round(
+    backend: &LocalBackend,
+    spec: &UnitSpec,
+    command: &[OsString],
+) -> (Duration, Duration, Envelope) {
+    let session = SessionLabel {
+        instance: "local-bench".to_owned(),
+        session: "bench".to_owned(),
+        profile: "bench".to_owned(),
+    };
+    // A local unit: helper, namespaces, init, rlimits, landlock, capabilities,
+    // until the confinement is reported (the command is being executed) ...
+    let began = Instant::now();
+    let started = backend
+        .start_command(&session, spec, command.to_vec())
+        .await
+        .unwrap();
+    let start = began.elapsed();
+    // ... and until it has ended and been removed (temp directory included).
+    let end = started.ended.await;
+    backend.remove(&started.envelope.id).await.unwrap();
+    let cycle = began.elapsed();
+    assert_eq!(end.exit_code, Some(0), "{}", end.reason);
+    (start, cycle, started.envelope)
+}
+
+/// Baseline: spawn the same command with no confinement, until it has exited.
+async fn baseline_round(command: &[OsString]) -> Duration {
+    let began = Instant::now();
+    let status = tokio::process::Command::new(&command[0])
+        .args(&command[1..])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+    began.elapsed()
+}
+
+#[tokio::main]
+async fn main() {
+    let box_exe = PathBuf::from(env!("CARGO_BIN_EXE_box"));
+    let workspace = std::env::temp_dir().join(format!("box-local-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&workspace).unwrap();
+    // The command both sides run: the box binary itself, to completion.
+    let command: Vec<OsString> = vec![box_exe.clone().into(), "--version".into()];
+    let configurations = [
+        (
+            "full, network none",
+            Requirement::BestEffort,
+            Requirement::Required,
+            NetworkMode::None,
+        ),
+        (
+            "full, host network",
+            Requirement::BestEffort,
+            Requirement::Required,
+            NetworkMode::Bridge,
+        ),
+        (
+            "no namespaces, landlock TCP for network none",
+            Requirement::Off,
+            Requirement::Required,
+            NetworkMode::None,
+        ),
+        (
+            "helper only: rlimits, no_new_privs, capabilities",
+            Requirement::Off,
+            Requirement::Off,
+            NetworkMode::Bridge,
+        ),
+    ];
+    let units: Vec<(LocalBackend, UnitSpec)> = configurations
+        .iter()
+        .map(|(_, namespaces, landlock, network)| {
+            let backend = LocalBackend::with_options(LocalOptions {
+                box_exe: box_exe.clone(),
+                namespaces: *namespaces,
+                landlock_min_abi: 1,
+            });
+            let mut spec = unit_spec(&workspace);
+            spec.security.landlock = *landlock;
+            spec.network.mode = *network;
+            (backend, spec)
+        })
+        .collect();
+    let mut baseline = Vec::new();
+    let mut starts = vec![Vec::new(); units.len()];
+    let mut cycles = vec![Vec::new(); units.len()];
+    let mut envelopes = vec![None; units.len()];
+    // Rounds interleave every configuration with the baseline, so a noisy
+    // neighbour slows them alike.
+    for round in 0..ROUNDS + 3 {
+        let unconfined = baseline_round(&command).await;
+        if round >= 3 {
+            baseline.push(unconfined);
+        }
+        for (index, (backend, spec)) in units.iter().enumerate() {
+            let (start, cycle, envelope) = unit_round(backend, spec, &command).await;
+            if round >= 3 {
+                starts[index].push(start);
+                cycles[index].push(cycle);
+            }
+            envelopes[index] = Some(envelope);
+        }
+    }
+    std::fs::remove_dir_all(&workspace).unwrap();
+    let baseline = median(baseline);
+    println!("medians of {ROUNDS} interleaved rounds");
+    println!(
+        "baseline: unconfined spawn+exit of `box --version`: {:.2} ms",
+        ms(baseline)
+    );
+    println!(
+        "| local unit | start until confined | ratio | start+exit+remove | ratio | namespaces | landlock |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (index, (label, ..)) in configurations.iter().enumerate() {
+        let start = median(std::mem::take(&mut starts[index]));
+        let cycle = median(std::mem::take(&mut cycles[index]));
+        let envelope = envelopes[index].take().unwrap();
+        println!(
+            "| {label} | {:.2} ms | {:.2} | {:.2} ms | {:.2} | {} | {} |",
+            ms(start),
+            ms(start) / ms(baseline),
+            ms(cycle),
+            ms(cycle) / ms(baseline),
+            envelope.hardening.namespaces.join(","),
+            envelope.hardening.landlock_enforced
+        );
+    }
+}

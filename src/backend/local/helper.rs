@@ -1,0 +1,736 @@
+//! The sandbox helper: `box sandbox --spec-fd 3 --report-fd 4 -- CMD…`, run as
+//! the local backend's child. It confines itself, then `execve`s CMD (the
+//! executor, or a probe in tests), in this order:
+//!
+//! 1. switch to the unit's user (only when started as root and asked to);
+//! 2. new user (uid and gid mapped to themselves), mount (private
+//!    propagation), ipc, network (only loopback, brought up) and pid
+//!    namespaces, each where the kernel allows;
+//! 3. with a pid namespace, fork a minimal init (pid 1: mounts a fresh `/proc`,
+//!    reaps orphans, ends the namespace when CMD ends);
+//! 4. in the init (else in the helper itself): rlimits, no_new_privs,
+//!    landlock, capabilities dropped, all inherited by CMD;
+//! 5. report what was applied, read back from the kernel, as one JSON line on
+//!    the report fd (close-on-exec, so CMD never holds it), then `execve` CMD
+//!    (the init forks it first).
+//!
+//! A control the spec requires that cannot be applied is reported as
+//! `refused` (naming it) and CMD never runs. When CMD ends, the init reports
+//! `ended` with its exit code or signal.
+//!
+//! The helper runs single-threaded, so forking and then running ordinary Rust
+//! in the child is sound.
+
+use std::ffi::{CString, OsString};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use nix::sched::CloneFlags;
+use serde::{Deserialize, Serialize};
+
+use crate::backend::sandbox::{self, CapabilitySets, ConfineError, LandlockOutcome, Rlimits};
+use crate::plan::Requirement;
+
+/// The helper's exit code when it refuses or fails before CMD runs (as `env`
+/// and `docker run` use 125 for their own failures).
+pub const REFUSED_EXIT: u8 = 125;
+
+/// `box sandbox` (hidden): confine this process, then run CMD.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SandboxArgs {
+    /// The sandbox spec as JSON (for people and tests).
+    #[arg(long, value_name = "JSON", conflicts_with = "spec_fd")]
+    pub spec: Option<String>,
+    /// Read the sandbox spec as JSON from this inherited fd, to its end.
+    #[arg(long, value_name = "FD")]
+    pub spec_fd: Option<i32>,
+    /// Write the reports (one JSON line each) to this inherited fd; default stderr.
+    #[arg(long, value_name = "FD")]
+    pub report_fd: Option<i32>,
+    /// The command to confine and run.
+    #[arg(
+        value_name = "CMD",
+        required = true,
+        last = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// A requirement as the spec spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpecRequirement {
+    /// Not started without it.
+    Required,
+    /// Applied where possible, reported.
+    BestEffort,
+    /// Not applied.
+    Off,
+}
+
+impl From<Requirement> for SpecRequirement {
+    fn from(requirement: Requirement) -> Self {
+        match requirement {
+            Requirement::Required => Self::Required,
+            Requirement::BestEffort => Self::BestEffort,
+            Requirement::Off => Self::Off,
+        }
+    }
+}
+
+impl From<SpecRequirement> for Requirement {
+    fn from(requirement: SpecRequirement) -> Self {
+        match requirement {
+            SpecRequirement::Required => Self::Required,
+            SpecRequirement::BestEffort => Self::BestEffort,
+            SpecRequirement::Off => Self::Off,
+        }
+    }
+}
+
+/// The unit's network on the local backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpecNetwork {
+    /// Only loopback: a network namespace of its own, or, where none can be
+    /// made, landlock denying every TCP bind and connect (ABI 4).
+    None,
+    /// The host's network, unfiltered.
+    Host,
+}
+
+/// A numeric user and group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecUser {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// Everything the helper applies: built by the local backend from a unit spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SandboxSpec {
+    /// The unit's name (for messages).
+    pub unit: String,
+    /// Written, created and removed beneath (the workspace when writable, the
+    /// unit's private temp directory).
+    pub write: Vec<PathBuf>,
+    /// Read and executed beneath, besides the system directories (a read-only
+    /// workspace, the executor binary).
+    pub read: Vec<PathBuf>,
+    /// CMD's working directory.
+    pub cwd: PathBuf,
+    /// The network.
+    pub network: SpecNetwork,
+    /// Run as this user; only a helper started as root can switch.
+    pub user: Option<SpecUser>,
+    /// The rlimits.
+    pub rlimits: Rlimits,
+    /// Landlock.
+    pub landlock: SpecRequirement,
+    /// The least landlock ABI `landlock: required` accepts.
+    pub landlock_min_abi: u32,
+    /// User, mount, ipc, pid and (with network none) network namespaces.
+    /// `off` enters none: network none then rests on landlock's TCP rules.
+    pub namespaces: SpecRequirement,
+    /// CMD's whole environment (already scrubbed by the backend).
+    pub env: Vec<(String, String)>,
+}
+
+/// What the helper applied, read back from the kernel where it can be.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Applied {
+    /// Namespaces entered (`user`, `mount`, `ipc`, `net`, `pid`).
+    pub namespaces: Vec<String>,
+    /// Why a namespace was not entered, per namespace.
+    pub namespace_failures: Vec<String>,
+    /// The host uid CMD runs as (0 means RLIMIT_NPROC does not bind).
+    pub host_uid: u32,
+    /// The uid CMD sees.
+    pub uid: u32,
+    /// The gid CMD sees.
+    pub gid: u32,
+    /// Whether `/proc` is the unit's own (pid namespace and mount namespace).
+    pub proc_mounted: bool,
+    /// Whether `/sys` is the unit's own (showing its network namespace).
+    pub sys_mounted: bool,
+    /// Loopback was brought up in the unit's network namespace.
+    pub loopback_up: bool,
+    /// Landlock denies every TCP bind and connect (network none without a namespace).
+    pub landlock_tcp_denied: bool,
+    /// Landlock.
+    pub landlock: LandlockOutcome,
+    /// no_new_privs as the kernel reports it.
+    pub no_new_privs: bool,
+    /// The capability sets after dropping.
+    pub capabilities: CapabilitySets,
+    /// The rlimits as read back (soft values).
+    pub rlimits: Rlimits,
+}
+
+/// One line on the report fd.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "camelCase")]
+pub enum Report {
+    /// Confined; CMD is being executed.
+    Confined(Box<Applied>),
+    /// A required control could not be applied; CMD did not run.
+    Refused {
+        /// The control.
+        control: String,
+        /// Why.
+        why: String,
+    },
+    /// Something failed; CMD did not run (or could not be executed).
+    Failed {
+        /// What was being done.
+        doing: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// CMD ended (sent by the pid-namespace init).
+    Ended {
+        /// Its exit code.
+        code: Option<i32>,
+        /// The signal that killed it.
+        signal: Option<i32>,
+    },
+}
+
+impl From<ConfineError> for Report {
+    fn from(error: ConfineError) -> Self {
+        match error {
+            ConfineError::Unenforceable { control, why } => Self::Refused { control, why },
+            ConfineError::Failed { doing, message } => Self::Failed { doing, message },
+        }
+    }
+}
+
+/// Where reports go.
+struct Reporter {
+    out: File,
+}
+
+impl Reporter {
+    fn send(&mut self, report: &Report) {
+        if let Ok(mut line) = serde_json::to_vec(report) {
+            line.push(b'\n');
+            // One write: a line below PIPE_BUF arrives whole. Nothing to do
+            // if the backend stopped listening.
+            let _ = self.out.write_all(&line);
+        }
+    }
+}
+
+/// Run `box sandbox`: confine, then execute CMD. Returns only when CMD could
+/// not be started, or (with a pid namespace) when it has ended.
+pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
+    let out = match args.report_fd {
+        // SAFETY: the backend hands this fd over to us alone; nothing else in
+        // this process owns it.
+        Some(fd) => unsafe { File::from_raw_fd(fd) },
+        None => File::from(std::io::stderr().as_fd_owned()?),
+    };
+    set_cloexec(&out);
+    let mut reporter = Reporter { out };
+    let spec = match read_spec(&args) {
+        Ok(spec) => spec,
+        Err(message) => {
+            reporter.send(&Report::Failed {
+                doing: "reading the sandbox spec".to_owned(),
+                message: message.clone(),
+            });
+            anyhow::bail!("reading the sandbox spec: {message}");
+        }
+    };
+    match sandbox(&spec, &args.command, &mut reporter) {
+        Ok(code) => Ok(code),
+        Err(report) => Ok(refuse(&spec, &report, &mut reporter)),
+    }
+}
+
+/// Send `report`, say it on stderr (the host's log), and give the exit code
+/// of a helper that did not run CMD.
+fn refuse(spec: &SandboxSpec, report: &Report, reporter: &mut Reporter) -> ExitCode {
+    reporter.send(report);
+    match report {
+        Report::Refused { control, why } => eprintln!(
+            "box sandbox: unit {}: {control} is required but cannot be applied here: {why}",
+            spec.unit
+        ),
+        Report::Failed { doing, message } => {
+            eprintln!("box sandbox: unit {}: {doing}: {message}", spec.unit);
+        }
+        Report::Confined(_) | Report::Ended { .. } => {}
+    }
+    ExitCode::from(REFUSED_EXIT)
+}
+
+trait StderrFd {
+    fn as_fd_owned(&self) -> std::io::Result<OwnedFd>;
+}
+
+impl StderrFd for std::io::Stderr {
+    fn as_fd_owned(&self) -> std::io::Result<OwnedFd> {
+        use std::os::fd::AsFd;
+        self.as_fd().try_clone_to_owned()
+    }
+}
+
+fn set_cloexec(file: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: F_SETFD on an fd we own, integer arguments only.
+    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+}
+
+fn read_spec(args: &SandboxArgs) -> Result<SandboxSpec, String> {
+    let text = match (&args.spec, args.spec_fd) {
+        (Some(text), _) => text.clone(),
+        (None, Some(fd)) => {
+            // SAFETY: the backend hands this fd over to us alone.
+            let mut file = unsafe { File::from_raw_fd(fd) };
+            let mut text = String::new();
+            file.read_to_string(&mut text)
+                .map_err(|error| format!("fd {fd}: {error}"))?;
+            text
+        }
+        (None, None) => return Err("give --spec JSON or --spec-fd FD".to_owned()),
+    };
+    serde_json::from_str(&text).map_err(|error| error.to_string())
+}
+
+fn refused(control: &str, why: impl std::fmt::Display) -> Report {
+    Report::Refused {
+        control: control.to_owned(),
+        why: why.to_string(),
+    }
+}
+
+fn failed(doing: impl Into<String>, message: impl std::fmt::Display) -> Report {
+    Report::Failed {
+        doing: doing.into(),
+        message: message.to_string(),
+    }
+}
+
+/// Steps 1–3 (the process-wide parts); step 4 and 5 in [`confine_and_exec`].
+fn sandbox(
+    spec: &SandboxSpec,
+    command: &[OsString],
+    reporter: &mut Reporter,
+) -> Result<ExitCode, Report> {
+    use nix::unistd::{Gid, Uid, getegid, geteuid};
+    let program = resolve_program(command, &spec.env)?;
+    // 1. The user. Only root can become someone else.
+    if let Some(user) = spec.user
+        && (user.uid != geteuid().as_raw() || user.gid != getegid().as_raw())
+    {
+        if !geteuid().is_root() {
+            return Err(refused(
+                "user",
+                format!(
+                    "asked for {}:{}, but the local backend runs units as its caller ({}:{}) unless started as root",
+                    user.uid,
+                    user.gid,
+                    geteuid(),
+                    getegid()
+                ),
+            ));
+        }
+        let gid = Gid::from_raw(user.gid);
+        let uid = Uid::from_raw(user.uid);
+        nix::unistd::setgroups(&[gid]).map_err(|errno| refused("user", errno))?;
+        nix::unistd::setresgid(gid, gid, gid).map_err(|errno| refused("user", errno))?;
+        nix::unistd::setresuid(uid, uid, uid).map_err(|errno| refused("user", errno))?;
+        // Changing uid clears "dumpable", which makes /proc/self root's; the
+        // uid map below must be writable by us.
+        // SAFETY: PR_SET_DUMPABLE takes integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+    }
+    let host_uid = geteuid().as_raw();
+    let host_gid = getegid().as_raw();
+
+    // 2. Namespaces.
+    let mut entered = Vec::new();
+    let mut failures = Vec::new();
+    let mut loopback_up = false;
+    let wants_namespaces = spec.namespaces != SpecRequirement::Off;
+    let mut try_enter = |name: &str, flags: CloneFlags, wanted: bool| -> bool {
+        if !wanted {
+            return false;
+        }
+        match nix::sched::unshare(flags) {
+            Ok(()) => {
+                entered.push(name.to_owned());
+                true
+            }
+            Err(errno) => {
+                failures.push(format!("{name}: unshare: {errno}"));
+                false
+            }
+        }
+    };
+    if try_enter("user", CloneFlags::CLONE_NEWUSER, wants_namespaces) {
+        map_ids(host_uid, host_gid)
+            .map_err(|error| failed("mapping the unit's uid and gid", error))?;
+    }
+    let mount_namespace = try_enter("mount", CloneFlags::CLONE_NEWNS, wants_namespaces);
+    if mount_namespace {
+        // Private propagation: no mount crosses between the unit and the host, either way (C39).
+        nix::mount::mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .map_err(|errno| failed("making / private in the unit's mount namespace", errno))?;
+    }
+    try_enter("ipc", CloneFlags::CLONE_NEWIPC, wants_namespaces);
+    let isolated = spec.network == SpecNetwork::None;
+    let mut sys_mounted = false;
+    if try_enter(
+        "net",
+        CloneFlags::CLONE_NEWNET,
+        isolated && wants_namespaces,
+    ) {
+        bring_up_loopback().map_err(|error| failed("bringing up loopback", error))?;
+        loopback_up = true;
+        // The host's /sys shows the host's interfaces; a sysfs mounted from
+        // the new namespace shows only loopback. Refused inside some
+        // containers; then /sys stays the host's (read-only under landlock).
+        if mount_namespace {
+            use nix::mount::MsFlags;
+            sys_mounted = nix::mount::mount(
+                Some("sysfs"),
+                "/sys",
+                Some("sysfs"),
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                None::<&str>,
+            )
+            .is_ok();
+        }
+    }
+    let pid_namespace = try_enter("pid", CloneFlags::CLONE_NEWPID, wants_namespaces);
+    if spec.namespaces == SpecRequirement::Required
+        && let Some(failure) = failures.first()
+    {
+        return Err(refused("namespaces", failure));
+    }
+    // Without a network namespace, network none falls back to landlock's TCP rules.
+    let deny_tcp = isolated && !entered.iter().any(|name| name == "net");
+    if deny_tcp && (spec.landlock == SpecRequirement::Off || sandbox::landlock_abi() < 4) {
+        return Err(refused(
+            "network none",
+            format!(
+                "no network namespace ({}) and no landlock TCP restriction (needs landlock ABI 4, the kernel offers {})",
+                failures.join("; "),
+                sandbox::landlock_abi()
+            ),
+        ));
+    }
+    let mut applied = Applied {
+        namespaces: entered,
+        namespace_failures: failures,
+        host_uid,
+        uid: host_uid,
+        gid: host_gid,
+        proc_mounted: false,
+        sys_mounted,
+        loopback_up,
+        landlock_tcp_denied: false,
+        landlock: LandlockOutcome {
+            abi: 0,
+            fully_enforced: false,
+            enforced: false,
+        },
+        no_new_privs: false,
+        capabilities: CapabilitySets::default(),
+        rlimits: spec.rlimits,
+    };
+    // Nothing above can leak a core; nothing below should either.
+    let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
+
+    if !pid_namespace {
+        let error = confine_and_exec(spec, &program, command, &mut applied, deny_tcp, reporter);
+        return Err(error);
+    }
+    // 3. The pid namespace takes effect for our children: fork its init.
+    // SAFETY: the helper is single-threaded, so the child may run any code.
+    match unsafe { libc::fork() } {
+        -1 => Err(failed(
+            "forking the unit's init",
+            std::io::Error::last_os_error(),
+        )),
+        0 => {
+            let code = init(spec, &program, command, &mut applied, deny_tcp, reporter);
+            std::process::exit(code)
+        }
+        child => Ok(wait_for_init(child)),
+    }
+}
+
+/// The helper outside the pid namespace: wait for the init and end the same way.
+fn wait_for_init(child: libc::pid_t) -> ExitCode {
+    let status = wait_pid(child);
+    if libc::WIFSIGNALED(status) {
+        let signal = libc::WTERMSIG(status);
+        // SAFETY: restoring a default disposition and signalling ourselves.
+        unsafe {
+            libc::signal(signal, libc::SIG_DFL);
+            libc::kill(libc::getpid(), signal);
+        }
+    }
+    ExitCode::from(u8::try_from(libc::WEXITSTATUS(status)).unwrap_or(REFUSED_EXIT))
+}
+
+fn wait_pid(pid: libc::pid_t) -> libc::c_int {
+    let mut status = 0;
+    loop {
+        // SAFETY: waitpid writes the status into a local.
+        let result = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if result == pid {
+            return status;
+        }
+        if result == -1 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return status;
+        }
+    }
+}
+
+/// Pid 1 of the unit: mount its own `/proc`, confine itself (so the unit's
+/// init is as confined as CMD, which inherits all of it through fork and
+/// exec), report, fork CMD, reap every orphan until CMD ends, report how it
+/// ended. When this process exits the kernel kills everything left in the
+/// namespace, so nothing outlives the unit.
+///
+/// Confining before the fork also means the report does not wait for CMD's
+/// process to be scheduled: one process handoff fewer on the start path.
+fn init(
+    spec: &SandboxSpec,
+    program: &CString,
+    command: &[OsString],
+    applied: &mut Applied,
+    deny_tcp: bool,
+    reporter: &mut Reporter,
+) -> i32 {
+    // SAFETY: PR_SET_PDEATHSIG takes integer arguments; the helper is
+    // single-threaded, so "parent thread" is the helper itself.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    if applied.namespaces.iter().any(|name| name == "mount") {
+        use nix::mount::MsFlags;
+        // A fresh /proc shows only the unit's processes. Refused inside some
+        // containers (masked /proc paths); then the host's /proc stays, and
+        // landlock still denies ptrace-class reads of processes outside.
+        applied.proc_mounted = nix::mount::mount(
+            Some("proc"),
+            "/proc",
+            Some("proc"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            None::<&str>,
+        )
+        .is_ok();
+    }
+    if let Err(error) = confine(spec, program, applied, deny_tcp) {
+        refuse(spec, &error.into(), reporter);
+        return i32::from(REFUSED_EXIT);
+    }
+    reporter.send(&Report::Confined(Box::new(applied.clone())));
+    // SAFETY: the init is single-threaded, so the child may run any code.
+    let child = unsafe { libc::fork() };
+    if child == -1 {
+        let error = std::io::Error::last_os_error();
+        refuse(spec, &failed("forking the unit's command", error), reporter);
+        return i32::from(REFUSED_EXIT);
+    }
+    if child == 0 {
+        let error = exec(program, command, &spec.env);
+        let report = failed(format!("executing {}", program.to_string_lossy()), error);
+        refuse(spec, &report, reporter);
+        // The shell's convention for a command that could not be executed.
+        std::process::exit(127);
+    }
+    let status = loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status into a local.
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid == child {
+            break status;
+        }
+        if pid == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+            break 0;
+        }
+    };
+    if libc::WIFSIGNALED(status) {
+        let signal = libc::WTERMSIG(status);
+        reporter.send(&Report::Ended {
+            code: None,
+            signal: Some(signal),
+        });
+        128 + signal
+    } else {
+        let code = libc::WEXITSTATUS(status);
+        reporter.send(&Report::Ended {
+            code: Some(code),
+            signal: None,
+        });
+        code
+    }
+}
+
+/// Steps 4 and 5 without a pid namespace: returns only on failure, with the
+/// report to send.
+fn confine_and_exec(
+    spec: &SandboxSpec,
+    program: &CString,
+    command: &[OsString],
+    applied: &mut Applied,
+    deny_tcp: bool,
+    reporter: &mut Reporter,
+) -> Report {
+    match confine(spec, program, applied, deny_tcp) {
+        Ok(()) => {}
+        Err(error) => return error.into(),
+    }
+    reporter.send(&Report::Confined(Box::new(applied.clone())));
+    let error = exec(program, command, &spec.env);
+    failed(format!("executing {}", program.to_string_lossy()), error)
+}
+
+fn confine(
+    spec: &SandboxSpec,
+    program: &CString,
+    applied: &mut Applied,
+    deny_tcp: bool,
+) -> Result<(), ConfineError> {
+    std::env::set_current_dir(&spec.cwd).map_err(|error| ConfineError::Failed {
+        doing: format!("entering {}", spec.cwd.display()),
+        message: error.to_string(),
+    })?;
+    sandbox::apply_rlimits(&spec.rlimits)?;
+    // A write past RLIMIT_FSIZE then fails with EFBIG instead of killing the
+    // writer, so a tool sees an error it can report (D46).
+    // SAFETY: setting a signal disposition to SIG_IGN; inherited across execve.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    sandbox::set_no_new_privs()?;
+    let mut read = spec.read.clone();
+    read.push(PathBuf::from(std::ffi::OsStr::from_bytes(
+        program.as_bytes(),
+    )));
+    let mut rules = sandbox::landlock_rules(&read, &spec.write);
+    rules.deny_tcp = deny_tcp;
+    applied.landlock =
+        sandbox::apply_landlock(&rules, spec.landlock.into(), spec.landlock_min_abi)?;
+    applied.landlock_tcp_denied = deny_tcp && applied.landlock.enforced;
+    if deny_tcp && !applied.landlock_tcp_denied {
+        return Err(ConfineError::Unenforceable {
+            control: "network none".to_owned(),
+            why: "no network namespace, and landlock's TCP restriction was not enforced".to_owned(),
+        });
+    }
+    applied.capabilities = sandbox::drop_capabilities()?;
+    applied.no_new_privs = sandbox::no_new_privs();
+    if !applied.no_new_privs {
+        return Err(ConfineError::Unenforceable {
+            control: "no_new_privs".to_owned(),
+            why: "the kernel reports it unset after setting it".to_owned(),
+        });
+    }
+    applied.rlimits = sandbox::read_rlimits();
+    applied.uid = nix::unistd::getuid().as_raw();
+    applied.gid = nix::unistd::getgid().as_raw();
+    Ok(())
+}
+
+/// Map our uid and gid to themselves in the new user namespace, so files keep
+/// their owners; `setgroups` must be denied before an unprivileged gid map.
+fn map_ids(uid: u32, gid: u32) -> std::io::Result<()> {
+    std::fs::write("/proc/self/setgroups", "deny")?;
+    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1\n"))?;
+    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
+}
+
+fn bring_up_loopback() -> std::io::Result<()> {
+    // SAFETY: a plain socket call; the fd is owned right below.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh fd nobody else owns.
+    let socket = unsafe { OwnedFd::from_raw_fd(raw) };
+    use std::os::fd::AsRawFd;
+    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
+        *slot = *byte as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the name and writes the flags of `request`.
+    if unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
+    unsafe {
+        request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: SIOCSIFFLAGS reads the name and flags of `request`.
+    if unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &request) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// CMD's program as an absolute path (searched in the unit's `PATH` when it
+/// has no slash), so landlock can grant executing exactly it.
+fn resolve_program(command: &[OsString], env: &[(String, String)]) -> Result<CString, Report> {
+    let Some(first) = command.first() else {
+        return Err(failed("reading the command", "no command given"));
+    };
+    let first = Path::new(first);
+    let path = if first.as_os_str().as_bytes().contains(&b'/') {
+        first.to_path_buf()
+    } else {
+        let search = env
+            .iter()
+            .find(|(name, _)| name == "PATH")
+            .map_or("/usr/local/bin:/usr/bin:/bin", |(_, value)| value.as_str());
+        search
+            .split(':')
+            .map(|dir| Path::new(dir).join(first))
+            .find(|candidate| candidate.is_file())
+            .ok_or_else(|| {
+                failed(
+                    format!("finding {}", first.display()),
+                    format!("not found in PATH {search}"),
+                )
+            })?
+    };
+    let path = std::fs::canonicalize(&path)
+        .map_err(|error| failed(format!("finding {}", path.display()), error))?;
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|error| failed(format!("finding {}", path.display()), error))
+}
+
+fn exec(program: &CString, command: &[OsString], env: &[(String, String)]) -> std::io::Error {
+    let to_c = |bytes: &[u8]| CString::new(bytes).unwrap_or_default();
+    let argv: Vec<CString> = command.iter().map(|arg| to_c(arg.as_bytes())).collect();
+    let envp: Vec<CString> = env
+        .iter()
+        .map(|(name, value)| to_c(format!("{name}={value}").as_bytes()))
+        .collect();
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|arg| arg.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|var| var.as_ptr()).collect();
+    envp_ptrs.push(std::ptr::null());
+    // SAFETY: every pointer is into a CString alive across the call, and both
+    // arrays end with a null pointer.
+    unsafe { libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr()) };
+    std::io::Error::last_os_error()
+}

@@ -1,0 +1,261 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use pretty_assertions::assert_eq;
+
+use super::*;
+use crate::backend::sandbox::{CapabilitySets, LandlockOutcome};
+use crate::plan::{Limits, Network, Role, Security, UserIds};
+
+fn unit_spec(source: WorkspaceSource) -> UnitSpec {
+    UnitSpec {
+        name: "workspace".to_owned(),
+        role: Role::Workspace,
+        image: "box-base:bookworm".to_owned(),
+        source,
+        root: PathBuf::from("/workspace"),
+        mode: MountMode::ReadWrite,
+        user: Some(UserIds {
+            uid: 1000,
+            gid: 1000,
+        }),
+        network: Network {
+            mode: NetworkMode::None,
+            allow: Vec::new(),
+        },
+        limits: Limits {
+            memory_bytes: 1 << 30,
+            cpus: 1.0,
+            pids: 128,
+            tmp_bytes: 64 << 20,
+            nofile: 512,
+            call_timeout: Duration::from_secs(60),
+            idle: Duration::from_secs(60),
+            lifetime: Duration::from_secs(60),
+        },
+        env_set: BTreeMap::from([("GREETING".to_owned(), "hi".to_owned())]),
+        env_pass: Vec::new(),
+        security: Security {
+            capabilities: Vec::new(),
+            read_only_root: true,
+            landlock: Requirement::Required,
+            neutralise_git: true,
+            write_guard: true,
+        },
+        command: Vec::new(),
+        description: String::new(),
+    }
+}
+
+fn options() -> LocalOptions {
+    LocalOptions {
+        box_exe: PathBuf::from("/opt/box/box"),
+        namespaces: Requirement::BestEffort,
+        landlock_min_abi: 1,
+    }
+}
+
+fn layout(source: &WorkspaceSource) -> Layout {
+    Layout::plan(PathBuf::from("/tmp/box-local-s-u"), source)
+}
+
+fn applied() -> Applied {
+    Applied {
+        namespaces: vec!["user".to_owned(), "mount".to_owned(), "pid".to_owned()],
+        namespace_failures: vec!["net: unshare: EPERM".to_owned()],
+        host_uid: 1000,
+        uid: 1000,
+        gid: 1000,
+        proc_mounted: true,
+        sys_mounted: false,
+        loopback_up: false,
+        landlock_tcp_denied: true,
+        landlock: LandlockOutcome {
+            abi: 6,
+            fully_enforced: true,
+            enforced: true,
+        },
+        no_new_privs: true,
+        capabilities: CapabilitySets::default(),
+        rlimits: Rlimits::from_limits(&unit_spec(WorkspaceSource::Empty).limits),
+    }
+}
+
+#[test]
+fn a_writable_workspace_and_the_temp_are_the_only_writes() {
+    let source = WorkspaceSource::Host(PathBuf::from("/src/project"));
+    let spec = unit_spec(source.clone());
+    let layout = layout(&source);
+    let sandbox = sandbox_spec(&spec, &layout, &UnitEnvironment::default(), &options()).unwrap();
+    assert_eq!(
+        sandbox.write,
+        vec![
+            PathBuf::from("/src/project"),
+            PathBuf::from("/tmp/box-local-s-u")
+        ]
+    );
+    assert_eq!(sandbox.read, vec![PathBuf::from("/opt/box/box")]);
+    assert_eq!(sandbox.cwd, PathBuf::from("/src/project"));
+    assert_eq!(sandbox.network, SpecNetwork::None);
+    assert_eq!(sandbox.landlock, SpecRequirement::Required);
+    assert_eq!(
+        sandbox.user,
+        Some(SpecUser {
+            uid: 1000,
+            gid: 1000
+        })
+    );
+}
+
+#[test]
+fn a_read_only_workspace_is_only_read() {
+    let source = WorkspaceSource::Host(PathBuf::from("/src/project"));
+    let mut spec = unit_spec(source.clone());
+    spec.mode = MountMode::ReadOnly;
+    let sandbox = sandbox_spec(
+        &spec,
+        &layout(&source),
+        &UnitEnvironment::default(),
+        &options(),
+    )
+    .unwrap();
+    assert_eq!(sandbox.write, vec![PathBuf::from("/tmp/box-local-s-u")]);
+    assert!(sandbox.read.contains(&PathBuf::from("/src/project")));
+}
+
+#[test]
+fn an_egress_allow_list_is_refused_naming_the_control() {
+    let mut spec = unit_spec(WorkspaceSource::Empty);
+    spec.network.mode = NetworkMode::Egress;
+    let error = sandbox_spec(
+        &spec,
+        &layout(&WorkspaceSource::Empty),
+        &UnitEnvironment::default(),
+        &options(),
+    )
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("network egress allow list"),
+        "{error}"
+    );
+}
+
+#[test]
+fn no_workspace_means_no_file_tools() {
+    let spec = unit_spec(WorkspaceSource::None);
+    let layout = layout(&WorkspaceSource::None);
+    assert_eq!(layout.workspace, None);
+    let command = executor_command(Path::new("/opt/box/box"), &spec, &layout);
+    let command: Vec<_> = command.iter().map(|arg| arg.to_string_lossy()).collect();
+    assert_eq!(
+        command,
+        vec![
+            "/opt/box/box",
+            "execute",
+            "--root",
+            "/tmp/box-local-s-u/tmp",
+            "--no-fs",
+            "--kind",
+            "local"
+        ]
+    );
+}
+
+#[test]
+fn an_empty_workspace_lives_in_the_unit_temp() {
+    let layout = layout(&WorkspaceSource::Empty);
+    assert_eq!(
+        layout.workspace,
+        Some(PathBuf::from("/tmp/box-local-s-u/workspace"))
+    );
+}
+
+#[test]
+fn the_environment_is_scrubbed_then_set() {
+    let spec = unit_spec(WorkspaceSource::Empty);
+    let layout = layout(&WorkspaceSource::Empty);
+    let host = vec![
+        (OsString::from("PATH"), OsString::from("/usr/bin")),
+        (OsString::from("HOME"), OsString::from("/home/host")),
+        (OsString::from("GREETING"), OsString::from("host")),
+    ];
+    let environment = unit_environment(host, &spec, &layout);
+    let get = |name: &str| {
+        environment
+            .vars
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    };
+    assert_eq!(get("PATH"), Some("/usr/bin"));
+    assert_eq!(get("HOME"), Some("/tmp/box-local-s-u/home"));
+    assert_eq!(get("TMPDIR"), Some("/tmp/box-local-s-u/tmp"));
+    assert_eq!(get("GREETING"), Some("hi"));
+    assert_eq!(
+        environment
+            .vars
+            .iter()
+            .filter(|(key, _)| key == "GREETING")
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn the_envelope_is_what_was_applied() {
+    let spec = unit_spec(WorkspaceSource::Empty);
+    let layout = layout(&WorkspaceSource::Empty);
+    let environment = UnitEnvironment {
+        vars: vec![("PATH".to_owned(), "/usr/bin".to_owned())],
+        scrubbed: vec!["GITHUB_TOKEN".to_owned()],
+    };
+    let sandbox = sandbox_spec(&spec, &layout, &environment, &options()).unwrap();
+    let envelope = envelope(&spec, &sandbox, &applied(), &environment, "42", &layout);
+    assert_eq!(envelope.backend, "local");
+    assert_eq!(envelope.id, "42");
+    assert_eq!(envelope.root, "/tmp/box-local-s-u/workspace");
+    assert_eq!(envelope.user, "1000:1000");
+    assert_eq!(envelope.hardening.namespaces, vec!["user", "mount", "pid"]);
+    assert!(envelope.hardening.user_namespace);
+    assert!(envelope.hardening.landlock_enforced);
+    assert_eq!(envelope.hardening.landlock_abi, 6);
+    assert!(envelope.hardening.capabilities.is_empty());
+    assert_eq!(envelope.network["namespace"], false);
+    assert_eq!(envelope.network["landlockTcpDenied"], true);
+    assert_eq!(envelope.limits["pids"], 128);
+    assert_eq!(envelope.limits["nofile"], 512);
+    assert_eq!(envelope.env_passed, vec!["PATH"]);
+    assert_eq!(envelope.env_scrubbed, vec!["GITHUB_TOKEN"]);
+}
+
+#[test]
+fn pids_are_reported_unbound_for_host_root() {
+    let spec = unit_spec(WorkspaceSource::Empty);
+    let layout = layout(&WorkspaceSource::Empty);
+    let sandbox = sandbox_spec(&spec, &layout, &UnitEnvironment::default(), &options()).unwrap();
+    let mut applied = applied();
+    applied.host_uid = 0;
+    let envelope = envelope(
+        &spec,
+        &sandbox,
+        &applied,
+        &UnitEnvironment::default(),
+        "1",
+        &layout,
+    );
+    let not_applied = envelope.limits["notApplied"].to_string();
+    assert!(not_applied.contains("RLIMIT_NPROC"), "{not_applied}");
+}
+
+#[test]
+fn a_signal_ends_with_code_minus_one_and_its_name() {
+    let end = unit_end(Some((None, Some(9))), None, false);
+    assert_eq!(end.exit_code, Some(-1));
+    assert_eq!(end.reason, "the executor was killed by SIGKILL (9)");
+    let end = unit_end(None, Some(ExitStatus::from_raw(3 << 8)), true);
+    assert_eq!(end.exit_code, Some(3));
+    assert_eq!(
+        end.reason,
+        "the unit was removed (the executor exited with code 3)"
+    );
+}
