@@ -459,6 +459,12 @@ fn ended(
         let (ending, container_code, oom) = match docker.inspect_container(&id, None).await {
             Ok(inspect) => {
                 let state = inspect.state.unwrap_or_default();
+                // The executor's stream also ends when the whole container
+                // dies; then the container's end is the cause to report.
+                let ending = match (ending, state.running) {
+                    (body::Ending::Executor, Some(false)) => body::Ending::Container,
+                    (ending, _) => ending,
+                };
                 (ending, state.exit_code, state.oom_killed == Some(true))
             }
             Err(_) => (body::Ending::Gone, None, false),
@@ -481,13 +487,16 @@ fn ended(
     })
 }
 
-/// OOM kills recorded in the container's cgroup (v2, systemd or cgroupfs
-/// driver), for an executor killed while the container lives on: the engine
-/// may only flag OOM on the container's own exit. 0 when unreadable.
+/// OOM kills recorded in the container's cgroup (v2 or v1, systemd or
+/// cgroupfs driver), for an executor killed while the container lives on: the
+/// engine may only flag OOM on the container's own exit. 0 when unreadable
+/// (a remote engine).
 fn cgroup_oom_kills(id: &str) -> u64 {
     let candidates = [
         format!("/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.events"),
         format!("/sys/fs/cgroup/docker/{id}/memory.events"),
+        format!("/sys/fs/cgroup/memory/docker/{id}/memory.oom_control"),
+        format!("/sys/fs/cgroup/memory/system.slice/docker-{id}.scope/memory.oom_control"),
     ];
     candidates
         .iter()
