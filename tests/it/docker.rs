@@ -252,6 +252,8 @@ async fn docker_posture_from_inside_matches_the_envelope() {
     let (ws_write, _) = sh(&backend, &id, "echo from-unit > /workspace/probe").await;
     let (exe, exe_out) = sh(&backend, &id, "/.box/box --version").await;
     let (exe_write, _) = sh(&backend, &id, "echo x > /.box/box").await;
+    let (_, nofile) = sh(&backend, &id, "ulimit -n").await;
+    let (tcp, _) = sh(&backend, &id, "exec 3<>/dev/tcp/127.0.0.1/80").await;
     let (_, limits) = sh(
         &backend,
         &id,
@@ -317,6 +319,10 @@ async fn docker_posture_from_inside_matches_the_envelope() {
     assert_eq!(exe, 0, "{exe_out}");
     assert!(exe_out.contains(boxhost::VERSION), "{exe_out}");
     assert_ne!(exe_write, 0);
+    // D50, F68, F72: nofile bounded; nothing listens or routes.
+    assert_eq!(envelope.limits["nofile"], 1024);
+    assert_eq!(nofile.trim(), "1024");
+    assert_ne!(tcp, 0);
     // Limits from the cgroup match the envelope; swap is off (memsw == memory).
     let limits: Vec<&str> = limits.split_whitespace().collect();
     assert_eq!(envelope.limits["pids"], 64);
@@ -733,4 +739,92 @@ fn docker_doctor_reports_engine_and_kernel() {
         eprintln!("\n*** DOCKER PART OF THE DOCTOR TEST NOT RUN ***\n");
     }
     assert_eq!(report["profiles"].as_array().map(Vec::len), Some(4));
+}
+
+/// C39: a mount the host makes under the workspace after the unit started
+/// does not propagate into it (rprivate), and the unit cannot mount at all.
+#[tokio::test]
+async fn docker_mount_propagation_does_not_cross() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    if !nix::unistd::geteuid().is_root() {
+        assert!(!under_ci(), "CI runs as root; this test needs to mount");
+        eprintln!("\n*** MOUNT PROPAGATION TEST NOT RUN: needs root ***\n");
+        return;
+    }
+    let instance = Instance::new("prop");
+    let ws = workspace();
+    let sub = ws.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let unit = backend
+        .start(&instance.label, &spec("workspace", ws.path()))
+        .await
+        .unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "dockertest-canary"])
+        .arg(&sub)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    std::fs::write(sub.join("host-canary"), "x").unwrap();
+    let (_, seen) = sh(
+        &backend,
+        &unit.envelope.id,
+        "ls -A /workspace/sub; grep -c dockertest-canary /proc/self/mountinfo",
+    )
+    .await;
+    let _ = std::process::Command::new("umount").arg(&sub).status();
+    assert!(
+        !seen.contains("host-canary"),
+        "a host mount reached the unit: {seen}"
+    );
+    assert_eq!(seen.trim(), "0", "{seen}");
+
+    backend.remove(&unit.envelope.id).await.unwrap();
+    instance.assert_clean(&backend).await;
+}
+
+/// Fault 18: an executor that exits on its own is reported with its exit code.
+#[tokio::test]
+async fn docker_executor_exit_is_reported_with_its_code() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let backend = backend.with_executor_command(
+        ["sh", "-c", "echo bye >&2; exit 3"]
+            .map(str::to_owned)
+            .to_vec(),
+    );
+    let instance = Instance::new("exit");
+    let ws = workspace();
+    let unit = backend
+        .start(&instance.label, &spec("workspace", ws.path()))
+        .await
+        .unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(20), unit.ended)
+        .await
+        .expect("the executor's end was not reported in time");
+    assert_eq!(end.exit_code, Some(3), "{end:?}");
+    assert!(!end.oom_killed);
+    assert_eq!(
+        end.reason,
+        "the executor of unit workspace exited with code 3"
+    );
+
+    backend.remove(&unit.envelope.id).await.unwrap();
+    instance.assert_clean(&backend).await;
+}
+
+/// Fault 3: no engine answering is a clear error, never a silent downgrade.
+#[test]
+fn docker_no_engine_is_a_clear_error() {
+    let out = std::process::Command::new(box_bin())
+        .args(["units", "ls"])
+        .env("DOCKER_HOST", "unix:///nonexistent/box-dockertest.sock")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no Docker engine answers"), "{stderr}");
 }
