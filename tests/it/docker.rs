@@ -717,6 +717,27 @@ async fn docker_unenforceable_controls_are_refused() {
         matches!(&error, BackendError::Unenforceable { control, .. } if control.contains("egress")),
         "{error}"
     );
+
+    // C35: a root under /proc is refused before anything is created.
+    let mut proc_root = spec("workspace", ws.path());
+    proc_root.root = "/proc/self/fd/7".into();
+    let error = backend
+        .start(&instance.label, &proc_root)
+        .await
+        .err()
+        .unwrap();
+    assert!(error.to_string().contains("/proc"), "{error}");
+
+    // A start that fails after the create (a directory bound onto a file)
+    // removes the container it made.
+    let mut onto_file = spec("workspace", ws.path());
+    onto_file.root = "/etc/passwd".into();
+    let error = backend
+        .start(&instance.label, &onto_file)
+        .await
+        .err()
+        .unwrap();
+    assert!(error.to_string().contains("unit workspace"), "{error}");
     instance.assert_clean(&backend).await;
 }
 

@@ -66,6 +66,35 @@ pub fn container_name(session: &SessionLabel, spec: &UnitSpec) -> String {
     name
 }
 
+/// Refuse a workspace root the engine or the kernel would give meaning to
+/// (C35: a working directory under /proc is an escape recipe).
+pub fn check_root(root: &Path) -> Result<(), String> {
+    if !root.is_absolute() {
+        return Err(format!("{} is not an absolute path", root.display()));
+    }
+    let normal: Vec<_> = root
+        .components()
+        .filter(|c| !matches!(c, std::path::Component::RootDir))
+        .collect();
+    if normal
+        .iter()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err(format!("{} must not contain . or ..", root.display()));
+    }
+    let first = normal
+        .first()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if first.is_empty() || matches!(first.as_str(), "proc" | "sys" | "dev" | ".box") {
+        return Err(format!(
+            "{} is the root or under /proc, /sys, /dev or /.box; pick a plain directory such as /workspace",
+            root.display()
+        ));
+    }
+    Ok(())
+}
+
 /// The executor's command line inside a unit.
 pub fn executor_argv(spec: &UnitSpec) -> Vec<String> {
     let mut argv: Vec<String> = [
@@ -836,6 +865,23 @@ pub(crate) mod tests {
             false,
             "unit ws is gone (removed, or the engine lost it)",
         );
+    }
+
+    #[test]
+    fn roots_under_kernel_trees_are_refused() {
+        for (root, ok) in [
+            ("/workspace", true),
+            ("/home/box/src", true),
+            ("/", false),
+            ("workspace", false),
+            ("/proc/self/fd/7", false),
+            ("/sys/x", false),
+            ("/dev", false),
+            ("/.box", false),
+            ("/workspace/../proc", false),
+        ] {
+            assert_eq!(check_root(Path::new(root)).is_ok(), ok, "{root}");
+        }
     }
 
     #[test]

@@ -96,6 +96,18 @@ impl DockerBackend {
             .to_owned(),
             landlock_abi: crate::backend::docker::landlock_abi(),
         };
+        // C35: the runtime's CVE floors; reported here and by `box doctor`,
+        // not refused, since distribution builds carry backported fixes.
+        if let Some(runc) = version
+            .components
+            .iter()
+            .flatten()
+            .find(|c| c.name.eq_ignore_ascii_case("runc"))
+            && let crate::backend::doctor::RuncFloor::Below(why) =
+                crate::backend::doctor::runc_floor(&runc.version)
+        {
+            tracing::warn!(runc = runc.version, "runc {why}; see `box doctor`");
+        }
         // The executor is this very binary: static, so it runs in any image.
         let executor = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
         Ok(Self {
@@ -170,6 +182,11 @@ impl DockerBackend {
             }
             Requirement::Required | Requirement::BestEffort | Requirement::Off => {}
         }
+        body::check_root(&spec.root).map_err(|why| BackendError::Other {
+            unit: unit.to_owned(),
+            doing: "checking the workspace root".to_owned(),
+            message: why,
+        })?;
         let image = match self.docker.inspect_image(&spec.image).await {
             Ok(image) => image,
             Err(e) if status_of(&e) == Some(404) => {
