@@ -286,21 +286,6 @@ impl Tightening {
     }
 }
 
-fn mode_name(mode: MountMode) -> &'static str {
-    match mode {
-        MountMode::ReadOnly => "ro",
-        MountMode::ReadWrite => "rw",
-    }
-}
-
-fn network_name(mode: NetworkMode) -> &'static str {
-    match mode {
-        NetworkMode::None => "none",
-        NetworkMode::Egress => "egress",
-        NetworkMode::Bridge => "bridge",
-    }
-}
-
 fn list<T: std::fmt::Display>(items: &[T]) -> String {
     let shown: Vec<String> = items.iter().map(ToString::to_string).collect();
     format!("[{}]", shown.join(", "))
@@ -341,7 +326,7 @@ pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, Pl
             "workspace.mode",
             Some(mode),
             profile.workspace.mode,
-            |mode| format!("\"{}\"", mode_name(*mode)),
+            |mode| format!("\"{}\"", mode.as_str()),
         )?;
     }
     narrowed.network = tighten_network(profile, &tightening.network)?;
@@ -405,7 +390,7 @@ fn tighten_network(
 ) -> Result<crate::profile::NetworkPolicy, PlanError> {
     let bound = &profile.network;
     let mode = narrower(profile, "network.mode", ask.mode, bound.mode, |mode| {
-        format!("\"{}\"", network_name(*mode))
+        format!("\"{}\"", mode.as_str())
     })?;
     let allow = match (mode, &ask.allow) {
         (NetworkMode::None | NetworkMode::Bridge, None) => Vec::new(),
@@ -415,7 +400,7 @@ fn tighten_network(
                 "network.allow",
                 format!(
                     "an allow list only applies to mode \"egress\", but the mode is \"{}\"",
-                    network_name(mode)
+                    mode.as_str()
                 ),
             ));
         }
