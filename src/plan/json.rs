@@ -4,10 +4,7 @@
 
 use serde_json::{Value, json};
 
-use super::{
-    Limits, MountMode, Network, NetworkMode, Plan, Requirement, Role, Security, UnitSpec,
-    WorkspaceSource,
-};
+use super::{Limits, Network, Plan, Role, Security, UnitSpec, WorkspaceSource};
 
 impl Plan {
     /// The plan as JSON: `{"profile", "units": [...]}`.
@@ -35,7 +32,7 @@ impl UnitSpec {
                 WorkspaceSource::None => json!({"kind": "none"}),
             },
             "root": self.root.display().to_string(),
-            "mode": mount_mode_name(self.mode),
+            "mode": self.mode.as_str(),
             "user": self.user.map(|ids| format!("{}:{}", ids.uid, ids.gid)),
             "network": network_json(&self.network),
             "limits": limits_json(&self.limits),
@@ -51,34 +48,8 @@ impl UnitSpec {
     }
 }
 
-/// `ro` or `rw`.
-pub(crate) fn mount_mode_name(mode: MountMode) -> &'static str {
-    match mode {
-        MountMode::ReadOnly => "ro",
-        MountMode::ReadWrite => "rw",
-    }
-}
-
-/// `none`, `egress` or `bridge`.
-pub(crate) fn network_mode_name(mode: NetworkMode) -> &'static str {
-    match mode {
-        NetworkMode::None => "none",
-        NetworkMode::Egress => "egress",
-        NetworkMode::Bridge => "bridge",
-    }
-}
-
-/// `required`, `best-effort` or `off`.
-pub(crate) fn requirement_name(requirement: Requirement) -> &'static str {
-    match requirement {
-        Requirement::Required => "required",
-        Requirement::BestEffort => "best-effort",
-        Requirement::Off => "off",
-    }
-}
-
 fn network_json(network: &Network) -> Value {
-    json!({"mode": network_mode_name(network.mode), "allow": network.allow})
+    json!({"mode": network.mode.as_str(), "allow": network.allow})
 }
 
 fn millis(duration: std::time::Duration) -> u64 {
@@ -102,7 +73,7 @@ fn security_json(security: &Security) -> Value {
     json!({
         "capabilities": security.capabilities,
         "readOnlyRoot": security.read_only_root,
-        "landlock": requirement_name(security.landlock),
+        "landlock": security.landlock.as_str(),
         "neutraliseGit": security.neutralise_git,
         "writeGuard": security.write_guard,
         "privileged": security.privileged,

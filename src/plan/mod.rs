@@ -2,7 +2,7 @@
 //! fully defaulted description of every unit of a session. Pure functions.
 //!
 //! A `Plan` is only built by [`resolve`]: the tightening is parsed
-//! ([`Tightening::parse`]), applied narrow-only to the profile ([`tighten`]),
+//! ([`Tightening::parse`]), applied narrow-only to the profile ([`tighten()`]),
 //! and the result resolved against the host's facts. Nothing here reads a
 //! clock, the environment, a file or a socket.
 
@@ -200,6 +200,38 @@ pub enum PlanError {
     /// The tightening document itself is malformed (unknown field, wrong type, ...).
     #[error("tighten: {0}")]
     Invalid(String),
+}
+
+impl NetworkMode {
+    /// Its name in profiles, tightenings and JSON: `none`, `egress`, `bridge`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::None => "none",
+            NetworkMode::Egress => "egress",
+            NetworkMode::Bridge => "bridge",
+        }
+    }
+}
+
+impl MountMode {
+    /// Its name in profiles, tightenings and JSON: `ro`, `rw`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MountMode::ReadOnly => "ro",
+            MountMode::ReadWrite => "rw",
+        }
+    }
+}
+
+impl Requirement {
+    /// Its name in profiles and JSON: `required`, `best-effort`, `off`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Requirement::Required => "required",
+            Requirement::BestEffort => "best-effort",
+            Requirement::Off => "off",
+        }
+    }
 }
 
 impl HostFacts {

@@ -471,6 +471,28 @@ fn no_fs_has_no_workspace_unit() {
     assert!(plan.workspace().is_none());
     assert_eq!(plan.units.len(), 1);
     assert_eq!(plan.units[0].source, WorkspaceSource::None);
+    assert_eq!(
+        resolve_json(&no_fs, json!({"limits": {"memory": "1GiB"}})).unwrap_err(),
+        "tighten: limits.memory: profile `no-fs` has no workspace unit to narrow (narrow its servers with \"servers\")"
+    );
+    assert_eq!(
+        resolve_json(&no_fs, json!({"network": {"mode": "none"}})).unwrap_err(),
+        "tighten: network: profile `no-fs` has no workspace unit to narrow (narrow its servers with \"servers\")"
+    );
+    // Idle and lifetime are the session's, so they narrow every unit.
+    let plan = resolve_json(
+        &servers,
+        json!({"limits": {"idle": "5m", "lifetime": "1h"}}),
+    )
+    .unwrap();
+    assert_eq!(
+        plan.units[0].limits.idle,
+        std::time::Duration::from_secs(300)
+    );
+    assert_eq!(
+        plan.units[0].limits.lifetime,
+        std::time::Duration::from_secs(3600)
+    );
 }
 
 #[test]

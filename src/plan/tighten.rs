@@ -286,21 +286,6 @@ impl Tightening {
     }
 }
 
-fn mode_name(mode: MountMode) -> &'static str {
-    match mode {
-        MountMode::ReadOnly => "ro",
-        MountMode::ReadWrite => "rw",
-    }
-}
-
-fn network_name(mode: NetworkMode) -> &'static str {
-    match mode {
-        NetworkMode::None => "none",
-        NetworkMode::Egress => "egress",
-        NetworkMode::Bridge => "bridge",
-    }
-}
-
 fn list<T: std::fmt::Display>(items: &[T]) -> String {
     let shown: Vec<String> = items.iter().map(ToString::to_string).collect();
     format!("[{}]", shown.join(", "))
@@ -341,11 +326,33 @@ pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, Pl
             "workspace.mode",
             Some(mode),
             profile.workspace.mode,
-            |mode| format!("\"{}\"", mode_name(*mode)),
+            |mode| format!("\"{}\"", mode.as_str()),
         )?;
     }
-    narrowed.network = tighten_network(profile, &tightening.network)?;
     let ask = &tightening.limits;
+    if profile.workspace.source == Source::None {
+        // These narrow the workspace unit; with none, honouring them silently
+        // would leave the session wider than it asked.
+        let unit_only = [
+            ("network", tightening.network != NetworkAsk::default()),
+            ("limits.memory", ask.memory.is_some()),
+            ("limits.cpus", ask.cpus.is_some()),
+            ("limits.pids", ask.pids.is_some()),
+            ("limits.tmp", ask.tmp.is_some()),
+            ("limits.nofile", ask.nofile.is_some()),
+            ("limits.call_timeout", ask.call_timeout.is_some()),
+        ];
+        if let Some((field, _)) = unit_only.iter().find(|(_, asked)| *asked) {
+            return Err(invalid(
+                field,
+                format!(
+                    "profile `{}` has no workspace unit to narrow (narrow its servers with \"servers\")",
+                    profile.name
+                ),
+            ));
+        }
+    }
+    narrowed.network = tighten_network(profile, &tightening.network)?;
     let bound = &profile.limits;
     let size = |size: &ByteSize| size.to_string();
     let number = |number: &u64| number.to_string();
@@ -373,6 +380,11 @@ pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, Pl
         bound.lifetime,
         duration,
     )?;
+    // Idle and lifetime are the session's: every unit shares them.
+    for server in &mut narrowed.servers {
+        server.limits.idle = narrowed.limits.idle;
+        server.limits.lifetime = narrowed.limits.lifetime;
+    }
     if let Some(names) = &tightening.servers {
         let known: Vec<&str> = profile
             .servers
@@ -405,7 +417,7 @@ fn tighten_network(
 ) -> Result<crate::profile::NetworkPolicy, PlanError> {
     let bound = &profile.network;
     let mode = narrower(profile, "network.mode", ask.mode, bound.mode, |mode| {
-        format!("\"{}\"", network_name(*mode))
+        format!("\"{}\"", mode.as_str())
     })?;
     let allow = match (mode, &ask.allow) {
         (NetworkMode::None | NetworkMode::Bridge, None) => Vec::new(),
@@ -415,7 +427,7 @@ fn tighten_network(
                 "network.allow",
                 format!(
                     "an allow list only applies to mode \"egress\", but the mode is \"{}\"",
-                    network_name(mode)
+                    mode.as_str()
                 ),
             ));
         }

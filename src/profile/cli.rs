@@ -13,7 +13,7 @@ use super::load::Catalog;
 use super::model::{Danger, LimitsPolicy, NetworkPolicy, Profile, Source, UserChoice};
 use super::value::show_duration;
 use super::{Problem, ProfileError};
-use crate::plan::{self, HostFacts, MountMode, NetworkMode, Requirement, UserIds};
+use crate::plan::{self, HostFacts, UserIds};
 
 /// `box profile`: list, show, check and resolve profiles.
 #[derive(Debug, Clone, clap::Args)]
@@ -344,32 +344,13 @@ fn source_text(source: &Source) -> String {
     }
 }
 
-fn mode_text(mode: MountMode) -> &'static str {
-    match mode {
-        MountMode::ReadOnly => "ro",
-        MountMode::ReadWrite => "rw",
-    }
-}
-
 fn network_text(network: &NetworkPolicy) -> String {
-    let mode = match network.mode {
-        NetworkMode::None => "none",
-        NetworkMode::Egress => "egress",
-        NetworkMode::Bridge => "bridge",
-    };
+    let mode = network.mode.as_str();
     if network.allow.is_empty() {
         mode.to_owned()
     } else {
         let allow: Vec<String> = network.allow.iter().map(ToString::to_string).collect();
         format!("{mode} to {}", allow.join(", "))
-    }
-}
-
-fn requirement_text(requirement: Requirement) -> &'static str {
-    match requirement {
-        Requirement::Required => "required",
-        Requirement::BestEffort => "best-effort",
-        Requirement::Off => "off",
     }
 }
 
@@ -406,7 +387,7 @@ fn profile_json(profile: &Profile) -> Value {
             "image": profile.workspace.image,
             "root": profile.workspace.root.display().to_string(),
             "source": source_text(&profile.workspace.source),
-            "mode": mode_text(profile.workspace.mode),
+            "mode": profile.workspace.mode.as_str(),
             "user": user_text(profile.workspace.user),
         },
         "network": network_json(&profile.network),
@@ -419,7 +400,7 @@ fn profile_json(profile: &Profile) -> Value {
         "security": {
             "capabilities": security.capabilities,
             "read_only_root": security.read_only_root,
-            "landlock": requirement_text(security.landlock),
+            "landlock": security.landlock.as_str(),
             "git": if security.neutralise_git { "neutralise" } else { "off" },
             "write_guard": if security.write_guard { "read-first" } else { "off" },
             "privileged": security.privileged,
@@ -476,7 +457,7 @@ fn show(profile: &Profile) -> String {
         line(format!(
             "workspace    {} {} at {} (image {}, user {})",
             source_text(&workspace.source),
-            mode_text(workspace.mode),
+            workspace.mode.as_str(),
             workspace.root.display(),
             workspace.image,
             user_text(workspace.user)
@@ -496,7 +477,7 @@ fn show(profile: &Profile) -> String {
         "security     capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}",
         security.capabilities.join(", "),
         security.read_only_root,
-        requirement_text(security.landlock),
+        security.landlock.as_str(),
         if security.neutralise_git {
             "neutralise"
         } else {
@@ -565,10 +546,10 @@ fn show_plan(plan: &plan::Plan) -> String {
                 "{} at {} {}",
                 path.display(),
                 unit.root.display(),
-                mode_text(unit.mode)
+                unit.mode.as_str()
             ),
             WorkspaceSource::Empty => {
-                format!("empty at {} {}", unit.root.display(), mode_text(unit.mode))
+                format!("empty at {} {}", unit.root.display(), unit.mode.as_str())
             }
             WorkspaceSource::None => "none".to_owned(),
         };
@@ -620,7 +601,7 @@ fn show_plan(plan: &plan::Plan) -> String {
                 "  security  capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}{}",
                 security.capabilities.join(", "),
                 security.read_only_root,
-                requirement_text(security.landlock),
+                security.landlock.as_str(),
                 if security.neutralise_git { "neutralise" } else { "off" },
                 if security.write_guard { "read-first" } else { "off" },
                 if security.privileged { ", PRIVILEGED" } else { "" },

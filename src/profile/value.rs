@@ -64,7 +64,7 @@ pub struct CpuQuota(pub u64);
 pub const MAX_CPUS: u64 = 1024;
 
 impl CpuQuota {
-    /// From a number of cores: more than zero, at most [`MAX_CPUS`], in steps of 0.001.
+    /// From a number of cores: more than zero, at most 1024, in steps of 0.001.
     pub fn from_cores(cores: f64) -> Result<Self, String> {
         if !cores.is_finite() || cores <= 0.0 {
             return Err(format!(

@@ -282,3 +282,25 @@ fn profile_with_a_missing_profiles_directory_fails() {
         "box: --profiles nowhere: not a directory\n"
     );
 }
+
+/// `show --json` of every shipped profile is committed under tests/golden/;
+/// `BOX_UPDATE_GOLDEN=1` rewrites them.
+#[test]
+fn profile_show_json_matches_the_golden_profiles() {
+    let home = tempfile::tempdir().unwrap();
+    for name in ["default", "ci", "offline", "no-fs", "browser"] {
+        let output = profile_run(home.path(), &["show", name, "--json"]);
+        assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+        let path = repo_root().join(format!("tests/golden/show-{name}.json"));
+        if std::env::var_os("BOX_UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, &output.stdout).unwrap();
+        }
+        let golden = std::fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(
+            stdout(&output),
+            golden,
+            "{} (BOX_UPDATE_GOLDEN=1 rewrites it)",
+            path.display()
+        );
+    }
+}
