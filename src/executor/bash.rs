@@ -260,6 +260,9 @@ async fn run(
     let mut child =
         spawned.map_err(|error| format!("bash: cannot start {}: {error}", bash_path()))?;
     let group = child.id();
+    // If this future is dropped mid-run (the caller gave up without the
+    // token), the group dies with it.
+    let mut guard = GroupGuard(group);
     let mut reader = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader))
         .map_err(|error| format!("bash: cannot read its output: {error}"))?;
 
@@ -308,7 +311,20 @@ async fn run(
     if matches!(end, End::TimedOut | End::Canceled) {
         drain_ready(&mut reader, &mut output, &mut chunk).await;
     }
+    // A finished run leaves what it put in the background running.
+    guard.0 = None;
     Ok(Run { output, end })
+}
+
+/// Kills a process group when dropped while armed.
+struct GroupGuard(Option<u32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(group) = self.0 {
+            kill_group(group, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
 }
 
 /// Kill the whole group, then reap bash so nothing is left a zombie.

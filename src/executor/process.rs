@@ -599,7 +599,10 @@ impl Process {
             ended.get_or_insert(why);
         }
         self.stdin_closed.cancel();
-        if let Ok(mut stdin) = self.stdin.try_lock() {
+        // A blocked write sees the cancel and lets go of stdin at once.
+        if let Ok(mut stdin) =
+            tokio::time::timeout(Duration::from_millis(100), self.stdin.lock()).await
+        {
             stdin.take();
         }
         if !self.exit_within(GRACE).await {
@@ -619,6 +622,22 @@ impl Process {
             }
         }
         Value::Object(result)
+    }
+}
+
+impl Drop for Processes {
+    /// A table dropped without `shutdown` (a session gone abruptly) still
+    /// leaves nothing running.
+    fn drop(&mut self) {
+        let table = self
+            .table
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for process in table.open.values() {
+            if process.exited().is_none() {
+                kill_group(process.group, Signal::SIGKILL);
+            }
+        }
     }
 }
 

@@ -1080,6 +1080,7 @@ fn dangerous_git_key(key: &str, value: &str) -> Option<&'static str> {
 /// The repository-config probe: `.git` must be a plain directory, and the
 /// repository's own configuration must name no program.
 fn git_probe(context: &Context, base: &Base) -> Result<(), String> {
+    let mut git_dir = None;
     let mut dir = Some(base.absolute.as_path());
     while let Some(current) = dir {
         let dot_git = current.join(".git");
@@ -1093,6 +1094,7 @@ fn git_probe(context: &Context, base: &Base) -> Result<(), String> {
                     current.display()
                 ));
             }
+            git_dir = Some(dot_git);
             break;
         }
         dir = current.parent();
@@ -1103,7 +1105,13 @@ fn git_probe(context: &Context, base: &Base) -> Result<(), String> {
         &["config", "--list", "-z", "--show-scope", "--show-origin"],
     )?;
     let Some(output) = output else {
-        return Ok(());
+        return match git_dir {
+            Some(git_dir) => Err(format!(
+                "the configuration of the repository at {} cannot be read",
+                git_dir.display()
+            )),
+            None => Ok(()),
+        };
     };
     // Entries: scope NUL origin NUL key NEWLINE value NUL.
     let text = String::from_utf8_lossy(&output);
@@ -1119,7 +1127,79 @@ fn git_probe(context: &Context, base: &Base) -> Result<(), String> {
             return Err(format!("{key} {why} (set in {origin})"));
         }
     }
+    if let Some(git_dir) = git_dir {
+        probe_submodules(context, &git_dir)?;
+    }
     Ok(())
+}
+
+/// The most submodule configurations the probe reads before it asks instead.
+const MAX_SUBMODULE_CONFIGS: usize = 200;
+
+/// Every `config` under `<gitdir>/modules`, checked strictly: git runs inside
+/// a submodule with that configuration, and the driver overrides only name
+/// the superproject's drivers. `core.bare`/`core.worktree` are allowed there
+/// because git writes them for submodules.
+fn probe_submodules(context: &Context, git_dir: &Path) -> Result<(), String> {
+    let mut pending = vec![git_dir.join("modules")];
+    let mut configs = Vec::new();
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(file_type) = entry.file_type() else {
+                continue;
+            };
+            if file_type.is_dir() {
+                pending.push(entry.path());
+            } else if entry.file_name() == "config" {
+                configs.push(entry.path());
+                if configs.len() > MAX_SUBMODULE_CONFIGS {
+                    return Err(format!(
+                        "more than {MAX_SUBMODULE_CONFIGS} submodule configurations under {}",
+                        git_dir.display()
+                    ));
+                }
+            }
+        }
+    }
+    for config in configs {
+        let file = config.to_string_lossy();
+        let output = crate::scrub::git_query(
+            git_dir,
+            &context.child_env,
+            &["config", "--file", &file, "--list", "-z"],
+        )?
+        .ok_or_else(|| format!("{file} cannot be read"))?;
+        let text = String::from_utf8_lossy(&output);
+        for entry in text.split('\0').filter(|entry| !entry.is_empty()) {
+            let (key, value) = entry.split_once('\n').unwrap_or((entry, ""));
+            let lower = key.to_ascii_lowercase();
+            if matches!(lower.as_str(), "core.bare" | "core.worktree") {
+                continue;
+            }
+            let why = dangerous_git_key(key, value).or_else(|| strict_git_key(&lower, value));
+            if let Some(why) = why {
+                return Err(format!("{key} {why} (set in {file})"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The keys strict mode adds: those the neutralisation covers, for
+/// configuration it may not reach.
+fn strict_git_key(key: &str, value: &str) -> Option<&'static str> {
+    let boolean = matches!(
+        value.to_ascii_lowercase().as_str(),
+        "" | "true" | "false" | "yes" | "no" | "on" | "off" | "1" | "0"
+    );
+    let program = (key == "core.fsmonitor" && !boolean)
+        || key == "gpg.program"
+        || (key.starts_with("gpg.") && key.ends_with(".program") && !boolean)
+        || matches!(key, "core.hookspath" | "core.sshcommand" | "core.pager");
+    program.then_some("names a program")
 }
 
 // ---------------------------------------------------------------------------

@@ -288,3 +288,24 @@ fn userinfo_is_redacted() {
         "remote https://***@host/x and ssh://***@h/y"
     );
 }
+
+#[tokio::test]
+async fn a_dropped_call_kills_the_group() {
+    let (temp, context) = context_with(&[]);
+    let arguments = json!({"command": "sleep 30 & echo $! > grandchild; sleep 30"})
+        .as_object()
+        .unwrap()
+        .clone();
+    let call = call(&context, &arguments, None, CancellationToken::new());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), call)
+            .await
+            .is_err()
+    );
+    let pid: i32 = std::fs::read_to_string(temp.path().join("grandchild"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_gone(pid).await;
+}

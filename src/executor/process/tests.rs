@@ -334,3 +334,16 @@ async fn a_process_starts_at_the_root() {
         temp.path().canonicalize().unwrap().display().to_string()
     );
 }
+
+#[tokio::test]
+async fn a_dropped_table_leaves_nothing_running() {
+    let (_temp, processes) = processes(&[]);
+    let id = start(
+        &processes,
+        json!({"args": ["sh", "-c", "sleep 30 & echo $!; wait"]}),
+    )
+    .await;
+    let grandchild = grandchild_pid(&processes, &id).await;
+    drop(processes);
+    assert_gone(grandchild).await;
+}

@@ -466,6 +466,40 @@ fn a_repository_naming_a_program_is_not_auto_allowable() {
 }
 
 #[test]
+fn included_and_submodule_configuration_counts() {
+    let (temp, context) = repository();
+    std::fs::write(
+        temp.path().join(".git/extra"),
+        "[filter \"x\"]\n\tclean = touch PROBE\n",
+    )
+    .unwrap();
+    git(temp.path(), &["config", "include.path", "extra"]);
+    let facts = claim(&context, "git status").unwrap();
+    assert!(!is_auto_allowable(&facts));
+    assert!(facts.calls.unwrap()[0].text.contains("filter.x.clean"));
+
+    let (temp, context) = repository();
+    let module = temp.path().join(".git/modules/deep/sub");
+    std::fs::create_dir_all(&module).unwrap();
+    std::fs::write(
+        module.join("config"),
+        "[core]\n\tbare = false\n\tworktree = ../../../../sub\n",
+    )
+    .unwrap();
+    assert!(is_auto_allowable(&claim(&context, "git status").unwrap()));
+    std::fs::write(
+        module.join("config"),
+        "[core]\n\tworktree = ../../../../sub\n[filter \"y\"]\n\tclean = touch PROBE\n",
+    )
+    .unwrap();
+    let facts = claim(&context, "git status").unwrap();
+    assert!(!is_auto_allowable(&facts));
+    assert!(facts.calls.unwrap()[0].text.contains("filter.y.clean"));
+    std::fs::write(module.join("config"), "[core]\n\tfsmonitor = touch PROBE\n").unwrap();
+    assert!(!is_auto_allowable(&claim(&context, "git status").unwrap()));
+}
+
+#[test]
 fn a_dot_git_that_is_not_a_directory_is_not_auto_allowable() {
     let (temp, context) = context_with(&[]);
     std::fs::write(temp.path().join(".git"), "gitdir: /elsewhere\n").unwrap();
