@@ -21,6 +21,11 @@
 //!   over the line and where its redirects lead; its stamped run executes the
 //!   line as typed only while they still lead there.
 //!
+//! Deliberately narrower than the dax reference: an unquoted `*`/`?` in a
+//! read-only stage's arguments is refused rather than expanded here and moved
+//! after a `--` (so `ls *.go` asks), and `cd` is only `cd DIR && …` first
+//! among its segment.
+//!
 //! Git stages are auto-allowable only when the repository's own configuration
 //! (the local, worktree and included scopes) names no program and moves
 //! nothing (the dax probe of section 5.2, without the submodule walk), and its
