@@ -129,7 +129,14 @@ fn timeout_from(arguments: &Map<String, Value>) -> Result<Duration, String> {
         Some(Value::Number(number)) => match (number.as_i64(), number.as_u64(), number.as_f64()) {
             (Some(seconds), _, _) if seconds <= 0 => DEFAULT_TIMEOUT_SECS,
             (_, Some(seconds), _) => seconds.min(MAX_TIMEOUT_SECS),
-            (_, _, Some(seconds)) if seconds.fract() == 0.0 && seconds > 0.0 => MAX_TIMEOUT_SECS,
+            // A whole number written as a float (`5.0`, `1e12`): bounded first, so the cast is exact.
+            (_, _, Some(seconds)) if seconds.fract() == 0.0 => {
+                if seconds <= 0.0 {
+                    DEFAULT_TIMEOUT_SECS
+                } else {
+                    seconds.min(MAX_TIMEOUT_SECS as f64) as u64
+                }
+            }
             _ => return Err(format!("timeout_seconds must be an integer, not {number}")),
         },
         Some(other) => return Err(format!("timeout_seconds must be an integer, not {other}")),

@@ -1299,7 +1299,7 @@ fn split(line: &str) -> Result<Split, String> {
     let mut index = 0;
     let mut word_start = true;
     let cut = |part: &mut String, split: &mut Split| {
-        let text = part.trim();
+        let text = strip_keywords(part.trim());
         if !text.is_empty() {
             split.parts.push(text.to_owned());
         }
@@ -1361,6 +1361,26 @@ fn split(line: &str) -> Result<Split, String> {
     }
     cut(&mut part, &mut split);
     Ok(split)
+}
+
+/// A part without the grouping and reserved words that lead it (`(`, `{`,
+/// `!`, `if`, `then`, `do`...), so a rule for the command it runs reaches it:
+/// `if true; then touch x; fi` has the part `touch x`, not `then touch x`.
+fn strip_keywords(mut part: &str) -> &str {
+    const LEADERS: &[&str] = &[
+        "if", "then", "else", "elif", "do", "while", "until", "time", "exec", "command", "builtin",
+        "nohup",
+    ];
+    loop {
+        let trimmed = part.trim_start_matches(['(', '{', '!', ' ', '\t']);
+        let word_end = trimmed.find([' ', '\t']).unwrap_or(trimmed.len());
+        let word = &trimmed[..word_end];
+        if word_end < trimmed.len() && LEADERS.contains(&word) {
+            part = &trimmed[word_end..];
+        } else {
+            return trimmed.trim();
+        }
+    }
 }
 
 /// A `>`/`<` operator at `at` and its target.

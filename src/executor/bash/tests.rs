@@ -264,6 +264,8 @@ fn timeouts_default_and_bound() {
     assert_eq!(check(json!(0)), Ok(120));
     assert_eq!(check(json!(-3)), Ok(120));
     assert_eq!(check(json!(1e12)), Ok(MAX_TIMEOUT_SECS));
+    assert_eq!(check(json!(5.0)), Ok(5));
+    assert_eq!(check(json!(-2.0)), Ok(120));
     assert!(check(json!(1.5)).is_err());
     assert!(check(json!("5")).is_err());
 }

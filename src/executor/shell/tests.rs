@@ -268,6 +268,15 @@ fn the_splitter_reaches_every_part() {
     check("cat .env > out/x", &["cat .env"]);
     check("echo a#b", &["echo a#b"]);
     check("# only a comment", &[]);
+    check("if true; then touch x; fi", &["true", "touch x", "fi"]);
+    check(
+        "(cd /; rm -rf x) && { ! exec touch y; }",
+        &["cd /", "rm -rf x)", "touch y", "}"],
+    );
+    check(
+        "while true; do nohup touch z; done",
+        &["true", "touch z", "done"],
+    );
     assert_eq!(split("echo 'abc").unwrap_err(), "unterminated quote");
     assert_eq!(split("echo \"abc").unwrap_err(), "unterminated quote");
     assert_eq!(split("echo $'abc").unwrap_err(), "unterminated quote");
