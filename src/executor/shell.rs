@@ -21,10 +21,9 @@
 //!   over the line and where its redirects lead; its stamped run executes the
 //!   line as typed only while they still lead there.
 //!
-//! Deliberately narrower than the dax reference: an unquoted `*`/`?` in a
-//! read-only stage's arguments is refused rather than expanded here and moved
-//! after a `--` (so `ls *.go` asks), and `cd` is only `cd DIR && …` first
-//! among its segment.
+//! `*`/`?` are allowed in `ls` arguments only: the analysis expands them as
+//! bash would (in the C and the UTF-8 locale both) and checks every name, and
+//! the plan lists the names after a `--`. `cd` is only `cd DIR && …`.
 //!
 //! Git stages are auto-allowable only when the repository's own configuration
 //! (the local, worktree and included scopes) names no program and moves
@@ -337,7 +336,7 @@ fn analyse_subset(context: &Context, line: &str, tokens: &[Token]) -> Analysis {
         let mut rendered_stages = Vec::new();
         for stage in segment {
             match check_stage(context, &base, stage) {
-                Checked::ReadOnly(reads) => {
+                Checked::ReadOnly { reads, rendered } => {
                     calls.push(stage_call(stage));
                     for (tool, raw) in reads {
                         for mut call in context.workspace.path_facts(&base.relative, &raw, tool) {
@@ -350,7 +349,7 @@ fn analyse_subset(context: &Context, line: &str, tokens: &[Token]) -> Analysis {
                             resolved(&base.absolute.join(&raw)).display()
                         ));
                     }
-                    rendered_stages.push(render_stage(stage));
+                    rendered_stages.push(rendered.unwrap_or_else(|| render_stage(stage)));
                 }
                 Checked::Other => {
                     allowable = false;
@@ -448,11 +447,19 @@ fn render_stage(stage: &Stage<'_>) -> String {
     words.join(" ")
 }
 
+/// The files a stage reads (`read`) or lists (`ls`), as written.
+type Reads = Vec<(&'static str, String)>;
+
 /// The verdict on one stage.
 #[derive(Debug, PartialEq, Eq)]
 enum Checked {
-    /// A read-only command whose arguments passed; the files it reads or lists.
-    ReadOnly(Vec<(&'static str, String)>),
+    /// A read-only command whose arguments passed: the files it reads or
+    /// lists, and its rendering when it is not the words as written (`ls`
+    /// with its globs expanded).
+    ReadOnly {
+        reads: Reads,
+        rendered: Option<String>,
+    },
     /// A command outside the read-only list: a call of its own for the policy.
     Other,
     /// A read-only command whose arguments failed the check, and why.
@@ -547,6 +554,15 @@ fn check_stage(context: &Context, base: &Base, stage: &Stage<'_>) -> Checked {
         return Checked::Other;
     }
     if stage.words.iter().skip(1).any(|(_, glob)| *glob) {
+        if name == "ls" && !stage.piped && !stage.words[0].1 {
+            return match check_ls_globs(context, base, stage) {
+                Ok((reads, rendered)) => Checked::ReadOnly {
+                    reads,
+                    rendered: Some(rendered),
+                },
+                Err(why) => Checked::Refused(why),
+            };
+        }
         // Globs would be expanded by bash, past what this analysis saw.
         return match name {
             "ls" | "cat" | "head" | "tail" | "wc" | "grep" | "git" => {
@@ -569,16 +585,132 @@ fn check_stage(context: &Context, base: &Base, stage: &Stage<'_>) -> Checked {
         _ => return Checked::Other,
     };
     match result {
-        Ok(reads) => Checked::ReadOnly(reads),
+        Ok(reads) => Checked::ReadOnly {
+            reads,
+            rendered: None,
+        },
         Err(why) => Checked::Refused(why),
     }
 }
 
-fn check_ls(
+/// The most names one `ls` glob may expand to before the stage asks instead.
+const MAX_GLOB_MATCHES: usize = 1000;
+
+/// `ls` with globs: the analysis expands them itself (as bash would, in the
+/// C and the UTF-8 locale both, hidden names only for a pattern starting with
+/// `.`), checks every name, and renders the plan with the names after a `--`
+/// so none can be read as an option. A glob matching nothing stays as
+/// written, as bash leaves it.
+fn check_ls_globs(
     context: &Context,
     base: &Base,
-    args: &[&str],
-) -> Result<Vec<(&'static str, String)>, String> {
+    stage: &Stage<'_>,
+) -> Result<(Reads, String), String> {
+    let mut flags = Vec::new();
+    let mut operands = Vec::new();
+    let mut options = true;
+    for (word, glob) in &stage.words[1..] {
+        if *glob {
+            let matches = expand_glob(&base.absolute, word)?;
+            if matches.is_empty() {
+                operands.push(word.clone());
+            } else {
+                operands.extend(matches);
+            }
+        } else if options && word == "--" {
+            options = false;
+        } else if options && word.starts_with('-') && word.len() > 1 {
+            flags.push(word.as_str());
+        } else {
+            operands.push(word.clone());
+        }
+    }
+    check_ls(context, base, &flags)?;
+    let mut reads = Vec::new();
+    for operand in &operands {
+        inside(context, base, operand)?;
+        reads.push(("ls", operand.clone()));
+    }
+    let mut words = vec![quote("ls")];
+    words.extend(flags.iter().map(|flag| quote(flag)));
+    words.push("--".to_owned());
+    words.extend(operands.iter().map(|operand| quote(operand)));
+    words.extend(stage.redirects.iter().map(|text| (*text).to_owned()));
+    Ok((reads, words.join(" ")))
+}
+
+/// The names `pattern` (relative, `*` and `?` only) matches beneath `dir`,
+/// relative to it, sorted.
+fn expand_glob(dir: &Path, pattern: &str) -> Result<Vec<String>, String> {
+    if pattern.starts_with('/') {
+        return Err(format!("the absolute glob {pattern}"));
+    }
+    let mut found = vec![String::new()];
+    for component in pattern.split('/') {
+        if component.is_empty() {
+            continue;
+        }
+        let mut next = Vec::new();
+        for prefix in &found {
+            let joined = |name: &str| {
+                if prefix.is_empty() {
+                    name.to_owned()
+                } else {
+                    format!("{prefix}/{name}")
+                }
+            };
+            if !component.contains(['*', '?']) {
+                next.push(joined(component));
+                continue;
+            }
+            let Ok(entries) = std::fs::read_dir(dir.join(prefix)) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let bytes = std::os::unix::ffi::OsStrExt::as_bytes(name.as_os_str());
+                if bytes.first() == Some(&b'.') && !component.starts_with('.') {
+                    continue;
+                }
+                let text = String::from_utf8_lossy(bytes);
+                let chars: Vec<char> = text.chars().collect();
+                if !glob_matches(component.as_bytes(), bytes)
+                    && !glob_matches(component.as_bytes(), &chars)
+                {
+                    continue;
+                }
+                let Some(name) = name.to_str() else {
+                    return Err(format!("{pattern} matches a name that is not UTF-8"));
+                };
+                next.push(joined(name));
+                if next.len() > MAX_GLOB_MATCHES {
+                    return Err(format!(
+                        "{pattern} matches more than {MAX_GLOB_MATCHES} names"
+                    ));
+                }
+            }
+        }
+        found = next;
+    }
+    // Every literal component must exist for bash to keep the match.
+    found.retain(|name| !name.is_empty() && dir.join(name).symlink_metadata().is_ok());
+    found.sort();
+    Ok(found)
+}
+
+/// A `*`/`?` pattern over bytes or characters (`?` is one unit of either).
+fn glob_matches<T: Copy + Into<u32>>(pattern: &[u8], name: &[T]) -> bool {
+    match pattern.split_first() {
+        None => name.is_empty(),
+        Some((b'*', rest)) => (0..=name.len()).any(|skip| glob_matches(rest, &name[skip..])),
+        Some((b'?', rest)) => !name.is_empty() && glob_matches(rest, &name[1..]),
+        Some((literal, rest)) => name.split_first().is_some_and(|(first, tail)| {
+            (*first).into() == u32::from(*literal) && glob_matches(rest, tail)
+        }),
+    }
+}
+
+fn check_ls(context: &Context, base: &Base, args: &[&str]) -> Result<Reads, String> {
     let mut paths = Vec::new();
     let mut options = true;
     for arg in args {
@@ -625,7 +757,7 @@ fn check_ls(
     Ok(paths)
 }
 
-fn check_go(args: &[&str]) -> Result<Vec<(&'static str, String)>, String> {
+fn check_go(args: &[&str]) -> Result<Reads, String> {
     match args {
         ["version"] => Ok(Vec::new()),
         ["env", names @ ..]
@@ -649,7 +781,7 @@ fn check_reader(
     base: &Base,
     name: &str,
     args: &[&str],
-) -> Result<Vec<(&'static str, String)>, String> {
+) -> Result<Reads, String> {
     // Letters that take no value, and letters whose value follows.
     let (plain, valued): (&[u8], &[u8]) = match name {
         "cat" => (b"AbeEnstTuv", b""),
@@ -918,11 +1050,7 @@ fn safe_config_key(key: &str) -> bool {
             || (parts[0] == "remote" && matches!(parts[parts.len() - 1], "url" | "fetch"))))
 }
 
-fn check_git(
-    context: &Context,
-    base: &Base,
-    args: &[&str],
-) -> Result<Vec<(&'static str, String)>, String> {
+fn check_git(context: &Context, base: &Base, args: &[&str]) -> Result<Reads, String> {
     let mut args = args;
     while let Some(("--no-pager", rest)) = args.split_first().map(|(first, rest)| (*first, rest)) {
         args = rest;

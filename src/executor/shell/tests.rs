@@ -210,7 +210,6 @@ fn exploit_strings_are_never_auto_allowable() {
         "echo $(touch x)",
         "echo `touch x`",
         "FOO=bar git status",
-        "ls *",
         "cat 'notes.txt' > out",
         "git status\ntouch /x",
         "git log -n1 | xargs touch",
@@ -381,6 +380,31 @@ fn subset_stages_are_calls_of_their_own() {
 
 fn facts_of(context: &Context, arguments: &Map<String, Value>) -> Facts {
     facts(context, arguments["command"].as_str().unwrap(), arguments).unwrap()
+}
+
+#[test]
+fn ls_globs_are_expanded_and_checked() {
+    let (temp, context) = repository();
+    std::fs::write(temp.path().join("-la"), "").unwrap();
+    std::fs::write(temp.path().join(".hidden"), "").unwrap();
+    let analysis = analyse(&context, "ls -l *.txt i*/* -*").unwrap();
+    assert_eq!(
+        analysis.run.as_deref(),
+        Some("'ls' '-l' -- 'notes.txt' 'internal/a.go' '-la'")
+    );
+    let analysis = analyse(&context, "ls *.none").unwrap();
+    assert_eq!(analysis.run.as_deref(), Some("'ls' -- '*.none'"));
+    // A link named with a two-byte character to /etc: `?` in UTF-8, `??` in C.
+    std::os::unix::fs::symlink("/etc", temp.path().join("é")).unwrap();
+    for line in ["ls ?", "ls ??", "ls *", "ls /etc/*", "ls ../*"] {
+        assert!(
+            !is_auto_allowable(&claim(&context, line).unwrap()),
+            "{line}"
+        );
+    }
+    assert!(glob_matches(b"?", &['é']));
+    assert!(glob_matches(b"??", "é".as_bytes()));
+    assert!(!glob_matches(b"?", "é".as_bytes()));
 }
 
 #[test]
