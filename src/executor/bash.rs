@@ -264,8 +264,13 @@ async fn run(
     // The command holds the parent's copies of the pipe's write end: drop it,
     // or the pipe never reaches end of file.
     drop(command);
-    let mut child =
-        spawned.map_err(|error| format!("bash: cannot start {}: {error}", bash_path()))?;
+    let mut child = spawned.map_err(|error| {
+        format!(
+            "bash: cannot start {} in {}: {error}",
+            bash_path(),
+            context.workspace.root().display()
+        )
+    })?;
     let group = child.id();
     // If this future is dropped mid-run (the caller gave up without the
     // token), the group dies with it.

@@ -328,7 +328,8 @@ impl Processes {
         }
         let mut env = Vec::with_capacity(params.env.len());
         for entry in &params.env {
-            let Some((name, value)) = entry.split_once('=') else {
+            let Some((name, value)) = entry.split_once('=').filter(|(name, _)| !name.is_empty())
+            else {
                 return Err(error(format!("env entry {entry:?} is not NAME=value")));
             };
             env.push((name.to_owned(), value.to_owned()));

@@ -94,6 +94,10 @@ async fn start_checks_its_params() {
             json!({"args": ["true"], "env": ["NOEQUALS"]}),
             "env entry \"NOEQUALS\" is not NAME=value",
         ),
+        (
+            json!({"args": ["true"], "env": ["=x"]}),
+            "env entry \"=x\" is not NAME=value",
+        ),
     ] {
         assert_eq!(
             call(&processes, "start", params).await,
