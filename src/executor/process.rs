@@ -118,6 +118,8 @@ struct Stream {
 struct StreamState {
     unread: Vec<u8>,
     eof: bool,
+    /// Nobody will read again (the process was closed): the pump stops.
+    abandoned: bool,
 }
 
 /// What a stream does when its buffer is full.
@@ -144,7 +146,16 @@ impl Stream {
                 let room_ready = self.writable.notified();
                 tokio::pin!(room_ready);
                 room_ready.as_mut().enable();
-                let room = MAX_READ_BYTES.saturating_sub(self.lock().unread.len());
+                let (abandoned, room) = {
+                    let state = self.lock();
+                    (
+                        state.abandoned,
+                        MAX_READ_BYTES.saturating_sub(state.unread.len()),
+                    )
+                };
+                if abandoned {
+                    return;
+                }
                 if room > 0 || full == Full::Drop {
                     break room;
                 }
@@ -189,6 +200,15 @@ impl Stream {
             }
             ready.await;
         }
+    }
+
+    /// Stop the pump and free the buffer: nobody will read again.
+    fn abandon(&self) {
+        let mut state = self.lock();
+        state.abandoned = true;
+        state.unread = Vec::new();
+        drop(state);
+        self.writable.notify_waiters();
     }
 
     /// Take everything unread without waiting.
@@ -621,7 +641,9 @@ impl Process {
             if !unread.is_empty() {
                 result.insert("stderr".to_owned(), json!(BASE64.encode(unread)));
             }
+            stderr.abandon();
         }
+        self.stdout.abandon();
         Value::Object(result)
     }
 }
@@ -637,6 +659,11 @@ impl Drop for Processes {
         for process in table.open.values() {
             if process.exited().is_none() {
                 kill_group(process.group, Signal::SIGKILL);
+            }
+            process.timer.cancel();
+            process.stdout.abandon();
+            if let Some(stderr) = &process.stderr {
+                stderr.abandon();
             }
         }
     }

@@ -351,3 +351,26 @@ async fn a_dropped_table_leaves_nothing_running() {
     drop(processes);
     assert_gone(grandchild).await;
 }
+
+#[tokio::test]
+async fn close_stops_a_pump_nobody_reads() {
+    let (_temp, processes) = processes(&[]);
+    let id = start(
+        &processes,
+        json!({"args": ["sh", "-c", "head -c 200000 /dev/zero"]}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let process = processes.get(&id).unwrap();
+    let stdout = Arc::downgrade(&process.stdout);
+    drop(process);
+    call(&processes, "close", json!({"id": id})).await.unwrap();
+    // The pump task let go of the stream: nothing is left holding it.
+    for _ in 0..100 {
+        if stdout.upgrade().is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the stdout pump is still running after close");
+}
