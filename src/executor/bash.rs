@@ -71,9 +71,16 @@ pub(crate) async fn call(
     };
     let (script, env, stamped) = match arguments.get("dax_stamp") {
         None => (command, scrub_git(), false),
-        Some(Value::String(stamp)) => match shell::verify(context, &command, stamp) {
-            Some(plan) => {
-                let mut env = scrub_git_for(context.workspace.root(), &context.child_env);
+        // The re-analysis reads files and runs git: blocking work.
+        Some(Value::String(stamp)) => match blocking(|| {
+            shell::verify(context, &command, stamp).map(|plan| {
+                (
+                    plan,
+                    scrub_git_for(context.workspace.root(), &context.child_env),
+                )
+            })
+        }) {
+            Some((plan, mut env)) => {
                 env.push(("GOTOOLCHAIN".to_owned(), "local".to_owned()));
                 (plan.rendered, env, true)
             }
@@ -97,6 +104,9 @@ pub(crate) async fn call(
 }
 
 /// The bash tool's facts claim (conservative: never less than the line can touch).
+///
+/// Blocking: it reads files and runs git (the repository probe, at most 10 s
+/// each); call it from `spawn_blocking` or [`blocking`].
 pub(crate) fn facts(context: &Context, arguments: &Map<String, Value>) -> Result<Facts, String> {
     let command = match arguments.get("command") {
         Some(Value::String(command)) => command.as_str(),
@@ -104,6 +114,18 @@ pub(crate) fn facts(context: &Context, arguments: &Map<String, Value>) -> Result
         None => "",
     };
     shell::facts(context, command, arguments)
+}
+
+/// Run blocking work (file reads, git probes) without stalling the other
+/// tasks of a multi-threaded runtime; on a current-thread runtime (tests)
+/// there are no other workers to keep free, so it runs in place.
+pub(crate) fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
 }
 
 /// The neutralising variables every run gets.

@@ -311,3 +311,16 @@ async fn a_dropped_call_kills_the_group() {
         .unwrap();
     assert_gone(pid).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stamped_run_works_on_a_multi_threaded_runtime() {
+    let (temp, context) = context_with(&[]);
+    std::fs::write(temp.path().join("notes.txt"), "hi\n").unwrap();
+    let arguments = json!({"command": "cat notes.txt"})
+        .as_object()
+        .unwrap()
+        .clone();
+    let rewrite = facts(&context, &arguments).unwrap().rewrite.unwrap();
+    let outcome = call(&context, &rewrite, None, CancellationToken::new()).await;
+    assert_eq!(outcome, ToolOutcome::ok("hi\n[exit 0]"));
+}
