@@ -82,6 +82,13 @@ pub(crate) async fn call(
         }) {
             Some((plan, mut env)) => {
                 env.push(("GOTOOLCHAIN".to_owned(), "local".to_owned()));
+                // `cd DIR` goes where the analysis looked, not along CDPATH.
+                env.push(("CDPATH".to_owned(), String::new()));
+                // The plan's commands come from where the analysis assumed,
+                // not from a directory the workspace can write.
+                if let Some(path) = stamped_path(&context.child_env, context.workspace.root()) {
+                    env.push(("PATH".to_owned(), path));
+                }
                 (plan.rendered, env, true)
             }
             None => return ToolOutcome::error(CHANGED),
@@ -142,6 +149,22 @@ fn scrub_git_for(
 ) -> Vec<(String, String)> {
     let drivers = crate::scrub::configured_drivers(dir, env).unwrap_or_default();
     crate::scrub::git_neutralisation_with_drivers(&drivers)
+}
+
+/// The child's `PATH` without the entries a workspace write could plant a
+/// `git` or `cat` in: empty (the current directory), relative, or inside the
+/// root. `None` when the child has no `PATH`.
+fn stamped_path(env: &[(std::ffi::OsString, std::ffi::OsString)], root: &Path) -> Option<String> {
+    let (_, value) = env.iter().find(|(name, _)| name == "PATH")?;
+    let kept: Vec<&str> = value
+        .to_str()?
+        .split(':')
+        .filter(|entry| {
+            let entry = Path::new(entry);
+            entry.is_absolute() && !entry.starts_with(root)
+        })
+        .collect();
+    Some(kept.join(":"))
 }
 
 /// `timeout_seconds`, default 120; zero or negative means the default.

@@ -324,3 +324,36 @@ async fn a_stamped_run_works_on_a_multi_threaded_runtime() {
     let outcome = call(&context, &rewrite, None, CancellationToken::new()).await;
     assert_eq!(outcome, ToolOutcome::ok("hi\n[exit 0]"));
 }
+
+#[test]
+fn a_stamped_path_skips_what_the_workspace_can_plant() {
+    let root = Path::new("/work/ws");
+    let env = vec![(
+        OsString::from("PATH"),
+        OsString::from("/usr/bin::bin:./x:/work/ws/node_modules/.bin:/bin"),
+    )];
+    assert_eq!(stamped_path(&env, root).as_deref(), Some("/usr/bin:/bin"));
+    assert_eq!(stamped_path(&[], root), None);
+}
+
+#[tokio::test]
+async fn a_stamped_run_does_not_find_commands_in_the_workspace() {
+    let (temp, mut context) = context_with(&[]);
+    let bin = temp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::write(bin.join("cat"), "#!/bin/sh\ntouch PLANTED\n").unwrap();
+    let mut permissions = std::fs::metadata(bin.join("cat")).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    std::fs::set_permissions(bin.join("cat"), permissions).unwrap();
+    std::fs::write(temp.path().join("notes.txt"), "hi\n").unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    context.child_env = Arc::new(vec![("PATH".into(), path.into())]);
+    let arguments = json!({"command": "cat notes.txt"})
+        .as_object()
+        .unwrap()
+        .clone();
+    let rewrite = facts(&context, &arguments).unwrap().rewrite.unwrap();
+    let outcome = call(&context, &rewrite, None, CancellationToken::new()).await;
+    assert_eq!(outcome, ToolOutcome::ok("hi\n[exit 0]"));
+    assert!(!temp.path().join("PLANTED").exists());
+}
