@@ -71,10 +71,24 @@ pub(crate) async fn call(
     };
     let (script, env, stamped) = match arguments.get("dax_stamp") {
         None => (command, scrub_git(), false),
-        Some(Value::String(stamp)) => match shell::verify(context, &command, stamp) {
-            Some(plan) => {
-                let mut env = scrub_git_for(context.workspace.root(), &context.child_env);
+        // The re-analysis reads files and runs git: blocking work.
+        Some(Value::String(stamp)) => match blocking(|| {
+            shell::verify(context, &command, stamp).map(|plan| {
+                (
+                    plan,
+                    scrub_git_for(context.workspace.root(), &context.child_env),
+                )
+            })
+        }) {
+            Some((plan, mut env)) => {
                 env.push(("GOTOOLCHAIN".to_owned(), "local".to_owned()));
+                // `cd DIR` goes where the analysis looked, not along CDPATH.
+                env.push(("CDPATH".to_owned(), String::new()));
+                // The plan's commands come from where the analysis assumed,
+                // not from a directory the workspace can write.
+                if let Some(path) = stamped_path(&context.child_env, context.workspace.root()) {
+                    env.push(("PATH".to_owned(), path));
+                }
                 (plan.rendered, env, true)
             }
             None => return ToolOutcome::error(CHANGED),
@@ -97,6 +111,9 @@ pub(crate) async fn call(
 }
 
 /// The bash tool's facts claim (conservative: never less than the line can touch).
+///
+/// Blocking: it reads files and runs git (the repository probe, at most 10 s
+/// each); call it from `spawn_blocking` or [`blocking`].
 pub(crate) fn facts(context: &Context, arguments: &Map<String, Value>) -> Result<Facts, String> {
     let command = match arguments.get("command") {
         Some(Value::String(command)) => command.as_str(),
@@ -104,6 +121,18 @@ pub(crate) fn facts(context: &Context, arguments: &Map<String, Value>) -> Result
         None => "",
     };
     shell::facts(context, command, arguments)
+}
+
+/// Run blocking work (file reads, git probes) without stalling the other
+/// tasks of a multi-threaded runtime; on a current-thread runtime (tests)
+/// there are no other workers to keep free, so it runs in place.
+pub(crate) fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
 }
 
 /// The neutralising variables every run gets.
@@ -122,6 +151,22 @@ fn scrub_git_for(
     crate::scrub::git_neutralisation_with_drivers(&drivers)
 }
 
+/// The child's `PATH` without the entries a workspace write could plant a
+/// `git` or `cat` in: empty (the current directory), relative, or inside the
+/// root. `None` when the child has no `PATH`.
+fn stamped_path(env: &[(std::ffi::OsString, std::ffi::OsString)], root: &Path) -> Option<String> {
+    let (_, value) = env.iter().find(|(name, _)| name == "PATH")?;
+    let kept: Vec<&str> = value
+        .to_str()?
+        .split(':')
+        .filter(|entry| {
+            let entry = Path::new(entry);
+            entry.is_absolute() && !entry.starts_with(root)
+        })
+        .collect();
+    Some(kept.join(":"))
+}
+
 /// `timeout_seconds`, default 120; zero or negative means the default.
 fn timeout_from(arguments: &Map<String, Value>) -> Result<Duration, String> {
     let seconds = match arguments.get("timeout_seconds") {
@@ -129,7 +174,14 @@ fn timeout_from(arguments: &Map<String, Value>) -> Result<Duration, String> {
         Some(Value::Number(number)) => match (number.as_i64(), number.as_u64(), number.as_f64()) {
             (Some(seconds), _, _) if seconds <= 0 => DEFAULT_TIMEOUT_SECS,
             (_, Some(seconds), _) => seconds.min(MAX_TIMEOUT_SECS),
-            (_, _, Some(seconds)) if seconds.fract() == 0.0 && seconds > 0.0 => MAX_TIMEOUT_SECS,
+            // A whole number written as a float (`5.0`, `1e12`): bounded first, so the cast is exact.
+            (_, _, Some(seconds)) if seconds.fract() == 0.0 => {
+                if seconds <= 0.0 {
+                    DEFAULT_TIMEOUT_SECS
+                } else {
+                    seconds.min(MAX_TIMEOUT_SECS as f64) as u64
+                }
+            }
             _ => return Err(format!("timeout_seconds must be an integer, not {number}")),
         },
         Some(other) => return Err(format!("timeout_seconds must be an integer, not {other}")),
@@ -257,9 +309,17 @@ async fn run(
     // The command holds the parent's copies of the pipe's write end: drop it,
     // or the pipe never reaches end of file.
     drop(command);
-    let mut child =
-        spawned.map_err(|error| format!("bash: cannot start {}: {error}", bash_path()))?;
+    let mut child = spawned.map_err(|error| {
+        format!(
+            "bash: cannot start {} in {}: {error}",
+            bash_path(),
+            context.workspace.root().display()
+        )
+    })?;
     let group = child.id();
+    // If this future is dropped mid-run (the caller gave up without the
+    // token), the group dies with it.
+    let mut guard = GroupGuard(group);
     let mut reader = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader))
         .map_err(|error| format!("bash: cannot read its output: {error}"))?;
 
@@ -308,7 +368,20 @@ async fn run(
     if matches!(end, End::TimedOut | End::Canceled) {
         drain_ready(&mut reader, &mut output, &mut chunk).await;
     }
+    // A finished run leaves what it put in the background running.
+    guard.0 = None;
     Ok(Run { output, end })
+}
+
+/// Kills a process group when dropped while armed.
+struct GroupGuard(Option<u32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(group) = self.0 {
+            kill_group(group, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
 }
 
 /// Kill the whole group, then reap bash so nothing is left a zombie.

@@ -118,6 +118,8 @@ struct Stream {
 struct StreamState {
     unread: Vec<u8>,
     eof: bool,
+    /// Nobody will read again (the process was closed): the pump stops.
+    abandoned: bool,
 }
 
 /// What a stream does when its buffer is full.
@@ -144,7 +146,16 @@ impl Stream {
                 let room_ready = self.writable.notified();
                 tokio::pin!(room_ready);
                 room_ready.as_mut().enable();
-                let room = MAX_READ_BYTES.saturating_sub(self.lock().unread.len());
+                let (abandoned, room) = {
+                    let state = self.lock();
+                    (
+                        state.abandoned,
+                        MAX_READ_BYTES.saturating_sub(state.unread.len()),
+                    )
+                };
+                if abandoned {
+                    return;
+                }
                 if room > 0 || full == Full::Drop {
                     break room;
                 }
@@ -189,6 +200,15 @@ impl Stream {
             }
             ready.await;
         }
+    }
+
+    /// Stop the pump and free the buffer: nobody will read again.
+    fn abandon(&self) {
+        let mut state = self.lock();
+        state.abandoned = true;
+        state.unread = Vec::new();
+        drop(state);
+        self.writable.notify_waiters();
     }
 
     /// Take everything unread without waiting.
@@ -328,7 +348,8 @@ impl Processes {
         }
         let mut env = Vec::with_capacity(params.env.len());
         for entry in &params.env {
-            let Some((name, value)) = entry.split_once('=') else {
+            let Some((name, value)) = entry.split_once('=').filter(|(name, _)| !name.is_empty())
+            else {
                 return Err(error(format!("env entry {entry:?} is not NAME=value")));
             };
             env.push((name.to_owned(), value.to_owned()));
@@ -599,7 +620,10 @@ impl Process {
             ended.get_or_insert(why);
         }
         self.stdin_closed.cancel();
-        if let Ok(mut stdin) = self.stdin.try_lock() {
+        // A blocked write sees the cancel and lets go of stdin at once.
+        if let Ok(mut stdin) =
+            tokio::time::timeout(Duration::from_millis(100), self.stdin.lock()).await
+        {
             stdin.take();
         }
         if !self.exit_within(GRACE).await {
@@ -617,8 +641,31 @@ impl Process {
             if !unread.is_empty() {
                 result.insert("stderr".to_owned(), json!(BASE64.encode(unread)));
             }
+            stderr.abandon();
         }
+        self.stdout.abandon();
         Value::Object(result)
+    }
+}
+
+impl Drop for Processes {
+    /// A table dropped without `shutdown` (a session gone abruptly) still
+    /// leaves nothing running.
+    fn drop(&mut self) {
+        let table = self
+            .table
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for process in table.open.values() {
+            if process.exited().is_none() {
+                kill_group(process.group, Signal::SIGKILL);
+            }
+            process.timer.cancel();
+            process.stdout.abandon();
+            if let Some(stderr) = &process.stderr {
+                stderr.abandon();
+            }
+        }
     }
 }
 

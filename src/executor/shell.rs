@@ -21,6 +21,10 @@
 //!   over the line and where its redirects lead; its stamped run executes the
 //!   line as typed only while they still lead there.
 //!
+//! `*`/`?` are allowed in `ls` arguments only: the analysis expands them as
+//! bash would (in the C and the UTF-8 locale both) and checks every name, and
+//! the plan lists the names after a `--`. `cd` is only `cd DIR && …`.
+//!
 //! Git stages are auto-allowable only when the repository's own configuration
 //! (the local, worktree and included scopes) names no program and moves
 //! nothing (the dax probe of section 5.2, without the submodule walk), and its
@@ -332,7 +336,7 @@ fn analyse_subset(context: &Context, line: &str, tokens: &[Token]) -> Analysis {
         let mut rendered_stages = Vec::new();
         for stage in segment {
             match check_stage(context, &base, stage) {
-                Checked::ReadOnly(reads) => {
+                Checked::ReadOnly { reads, rendered } => {
                     calls.push(stage_call(stage));
                     for (tool, raw) in reads {
                         for mut call in context.workspace.path_facts(&base.relative, &raw, tool) {
@@ -345,7 +349,7 @@ fn analyse_subset(context: &Context, line: &str, tokens: &[Token]) -> Analysis {
                             resolved(&base.absolute.join(&raw)).display()
                         ));
                     }
-                    rendered_stages.push(render_stage(stage));
+                    rendered_stages.push(rendered.unwrap_or_else(|| render_stage(stage)));
                 }
                 Checked::Other => {
                     allowable = false;
@@ -443,11 +447,19 @@ fn render_stage(stage: &Stage<'_>) -> String {
     words.join(" ")
 }
 
+/// The files a stage reads (`read`) or lists (`ls`), as written.
+type Reads = Vec<(&'static str, String)>;
+
 /// The verdict on one stage.
 #[derive(Debug, PartialEq, Eq)]
 enum Checked {
-    /// A read-only command whose arguments passed; the files it reads or lists.
-    ReadOnly(Vec<(&'static str, String)>),
+    /// A read-only command whose arguments passed: the files it reads or
+    /// lists, and its rendering when it is not the words as written (`ls`
+    /// with its globs expanded).
+    ReadOnly {
+        reads: Reads,
+        rendered: Option<String>,
+    },
     /// A command outside the read-only list: a call of its own for the policy.
     Other,
     /// A read-only command whose arguments failed the check, and why.
@@ -542,6 +554,15 @@ fn check_stage(context: &Context, base: &Base, stage: &Stage<'_>) -> Checked {
         return Checked::Other;
     }
     if stage.words.iter().skip(1).any(|(_, glob)| *glob) {
+        if name == "ls" && !stage.piped && !stage.words[0].1 {
+            return match check_ls_globs(context, base, stage) {
+                Ok((reads, rendered)) => Checked::ReadOnly {
+                    reads,
+                    rendered: Some(rendered),
+                },
+                Err(why) => Checked::Refused(why),
+            };
+        }
         // Globs would be expanded by bash, past what this analysis saw.
         return match name {
             "ls" | "cat" | "head" | "tail" | "wc" | "grep" | "git" => {
@@ -564,16 +585,132 @@ fn check_stage(context: &Context, base: &Base, stage: &Stage<'_>) -> Checked {
         _ => return Checked::Other,
     };
     match result {
-        Ok(reads) => Checked::ReadOnly(reads),
+        Ok(reads) => Checked::ReadOnly {
+            reads,
+            rendered: None,
+        },
         Err(why) => Checked::Refused(why),
     }
 }
 
-fn check_ls(
+/// The most names one `ls` glob may expand to before the stage asks instead.
+const MAX_GLOB_MATCHES: usize = 1000;
+
+/// `ls` with globs: the analysis expands them itself (as bash would, in the
+/// C and the UTF-8 locale both, hidden names only for a pattern starting with
+/// `.`), checks every name, and renders the plan with the names after a `--`
+/// so none can be read as an option. A glob matching nothing stays as
+/// written, as bash leaves it.
+fn check_ls_globs(
     context: &Context,
     base: &Base,
-    args: &[&str],
-) -> Result<Vec<(&'static str, String)>, String> {
+    stage: &Stage<'_>,
+) -> Result<(Reads, String), String> {
+    let mut flags = Vec::new();
+    let mut operands = Vec::new();
+    let mut options = true;
+    for (word, glob) in &stage.words[1..] {
+        if *glob {
+            let matches = expand_glob(&base.absolute, word)?;
+            if matches.is_empty() {
+                operands.push(word.clone());
+            } else {
+                operands.extend(matches);
+            }
+        } else if options && word == "--" {
+            options = false;
+        } else if options && word.starts_with('-') && word.len() > 1 {
+            flags.push(word.as_str());
+        } else {
+            operands.push(word.clone());
+        }
+    }
+    check_ls(context, base, &flags)?;
+    let mut reads = Vec::new();
+    for operand in &operands {
+        inside(context, base, operand)?;
+        reads.push(("ls", operand.clone()));
+    }
+    let mut words = vec![quote("ls")];
+    words.extend(flags.iter().map(|flag| quote(flag)));
+    words.push("--".to_owned());
+    words.extend(operands.iter().map(|operand| quote(operand)));
+    words.extend(stage.redirects.iter().map(|text| (*text).to_owned()));
+    Ok((reads, words.join(" ")))
+}
+
+/// The names `pattern` (relative, `*` and `?` only) matches beneath `dir`,
+/// relative to it, sorted.
+fn expand_glob(dir: &Path, pattern: &str) -> Result<Vec<String>, String> {
+    if pattern.starts_with('/') {
+        return Err(format!("the absolute glob {pattern}"));
+    }
+    let mut found = vec![String::new()];
+    for component in pattern.split('/') {
+        if component.is_empty() {
+            continue;
+        }
+        let mut next = Vec::new();
+        for prefix in &found {
+            let joined = |name: &str| {
+                if prefix.is_empty() {
+                    name.to_owned()
+                } else {
+                    format!("{prefix}/{name}")
+                }
+            };
+            if !component.contains(['*', '?']) {
+                next.push(joined(component));
+                continue;
+            }
+            let Ok(entries) = std::fs::read_dir(dir.join(prefix)) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let bytes = std::os::unix::ffi::OsStrExt::as_bytes(name.as_os_str());
+                if bytes.first() == Some(&b'.') && !component.starts_with('.') {
+                    continue;
+                }
+                let text = String::from_utf8_lossy(bytes);
+                let chars: Vec<char> = text.chars().collect();
+                if !glob_matches(component.as_bytes(), bytes)
+                    && !glob_matches(component.as_bytes(), &chars)
+                {
+                    continue;
+                }
+                let Some(name) = name.to_str() else {
+                    return Err(format!("{pattern} matches a name that is not UTF-8"));
+                };
+                next.push(joined(name));
+                if next.len() > MAX_GLOB_MATCHES {
+                    return Err(format!(
+                        "{pattern} matches more than {MAX_GLOB_MATCHES} names"
+                    ));
+                }
+            }
+        }
+        found = next;
+    }
+    // Every literal component must exist for bash to keep the match.
+    found.retain(|name| !name.is_empty() && dir.join(name).symlink_metadata().is_ok());
+    found.sort();
+    Ok(found)
+}
+
+/// A `*`/`?` pattern over bytes or characters (`?` is one unit of either).
+fn glob_matches<T: Copy + Into<u32>>(pattern: &[u8], name: &[T]) -> bool {
+    match pattern.split_first() {
+        None => name.is_empty(),
+        Some((b'*', rest)) => (0..=name.len()).any(|skip| glob_matches(rest, &name[skip..])),
+        Some((b'?', rest)) => !name.is_empty() && glob_matches(rest, &name[1..]),
+        Some((literal, rest)) => name.split_first().is_some_and(|(first, tail)| {
+            (*first).into() == u32::from(*literal) && glob_matches(rest, tail)
+        }),
+    }
+}
+
+fn check_ls(context: &Context, base: &Base, args: &[&str]) -> Result<Reads, String> {
     let mut paths = Vec::new();
     let mut options = true;
     for arg in args {
@@ -620,7 +757,7 @@ fn check_ls(
     Ok(paths)
 }
 
-fn check_go(args: &[&str]) -> Result<Vec<(&'static str, String)>, String> {
+fn check_go(args: &[&str]) -> Result<Reads, String> {
     match args {
         ["version"] => Ok(Vec::new()),
         ["env", names @ ..]
@@ -644,7 +781,7 @@ fn check_reader(
     base: &Base,
     name: &str,
     args: &[&str],
-) -> Result<Vec<(&'static str, String)>, String> {
+) -> Result<Reads, String> {
     // Letters that take no value, and letters whose value follows.
     let (plain, valued): (&[u8], &[u8]) = match name {
         "cat" => (b"AbeEnstTuv", b""),
@@ -913,11 +1050,7 @@ fn safe_config_key(key: &str) -> bool {
             || (parts[0] == "remote" && matches!(parts[parts.len() - 1], "url" | "fetch"))))
 }
 
-fn check_git(
-    context: &Context,
-    base: &Base,
-    args: &[&str],
-) -> Result<Vec<(&'static str, String)>, String> {
+fn check_git(context: &Context, base: &Base, args: &[&str]) -> Result<Reads, String> {
     let mut args = args;
     while let Some(("--no-pager", rest)) = args.split_first().map(|(first, rest)| (*first, rest)) {
         args = rest;
@@ -1080,6 +1213,7 @@ fn dangerous_git_key(key: &str, value: &str) -> Option<&'static str> {
 /// The repository-config probe: `.git` must be a plain directory, and the
 /// repository's own configuration must name no program.
 fn git_probe(context: &Context, base: &Base) -> Result<(), String> {
+    let mut git_dir = None;
     let mut dir = Some(base.absolute.as_path());
     while let Some(current) = dir {
         let dot_git = current.join(".git");
@@ -1093,6 +1227,7 @@ fn git_probe(context: &Context, base: &Base) -> Result<(), String> {
                     current.display()
                 ));
             }
+            git_dir = Some(dot_git);
             break;
         }
         dir = current.parent();
@@ -1103,7 +1238,13 @@ fn git_probe(context: &Context, base: &Base) -> Result<(), String> {
         &["config", "--list", "-z", "--show-scope", "--show-origin"],
     )?;
     let Some(output) = output else {
-        return Ok(());
+        return match git_dir {
+            Some(git_dir) => Err(format!(
+                "the configuration of the repository at {} cannot be read",
+                git_dir.display()
+            )),
+            None => Ok(()),
+        };
     };
     // Entries: scope NUL origin NUL key NEWLINE value NUL.
     let text = String::from_utf8_lossy(&output);
@@ -1119,7 +1260,79 @@ fn git_probe(context: &Context, base: &Base) -> Result<(), String> {
             return Err(format!("{key} {why} (set in {origin})"));
         }
     }
+    if let Some(git_dir) = git_dir {
+        probe_submodules(context, &git_dir)?;
+    }
     Ok(())
+}
+
+/// The most submodule configurations the probe reads before it asks instead.
+const MAX_SUBMODULE_CONFIGS: usize = 200;
+
+/// Every `config` under `<gitdir>/modules`, checked strictly: git runs inside
+/// a submodule with that configuration, and the driver overrides only name
+/// the superproject's drivers. `core.bare`/`core.worktree` are allowed there
+/// because git writes them for submodules.
+fn probe_submodules(context: &Context, git_dir: &Path) -> Result<(), String> {
+    let mut pending = vec![git_dir.join("modules")];
+    let mut configs = Vec::new();
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(file_type) = entry.file_type() else {
+                continue;
+            };
+            if file_type.is_dir() {
+                pending.push(entry.path());
+            } else if entry.file_name() == "config" {
+                configs.push(entry.path());
+                if configs.len() > MAX_SUBMODULE_CONFIGS {
+                    return Err(format!(
+                        "more than {MAX_SUBMODULE_CONFIGS} submodule configurations under {}",
+                        git_dir.display()
+                    ));
+                }
+            }
+        }
+    }
+    for config in configs {
+        let file = config.to_string_lossy();
+        let output = crate::scrub::git_query(
+            git_dir,
+            &context.child_env,
+            &["config", "--file", &file, "--list", "-z"],
+        )?
+        .ok_or_else(|| format!("{file} cannot be read"))?;
+        let text = String::from_utf8_lossy(&output);
+        for entry in text.split('\0').filter(|entry| !entry.is_empty()) {
+            let (key, value) = entry.split_once('\n').unwrap_or((entry, ""));
+            let lower = key.to_ascii_lowercase();
+            if matches!(lower.as_str(), "core.bare" | "core.worktree") {
+                continue;
+            }
+            let why = dangerous_git_key(key, value).or_else(|| strict_git_key(&lower, value));
+            if let Some(why) = why {
+                return Err(format!("{key} {why} (set in {file})"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The keys strict mode adds: those the neutralisation covers, for
+/// configuration it may not reach.
+fn strict_git_key(key: &str, value: &str) -> Option<&'static str> {
+    let boolean = matches!(
+        value.to_ascii_lowercase().as_str(),
+        "" | "true" | "false" | "yes" | "no" | "on" | "off" | "1" | "0"
+    );
+    let program = (key == "core.fsmonitor" && !boolean)
+        || key == "gpg.program"
+        || (key.starts_with("gpg.") && key.ends_with(".program") && !boolean)
+        || matches!(key, "core.hookspath" | "core.sshcommand" | "core.pager");
+    program.then_some("names a program")
 }
 
 // ---------------------------------------------------------------------------
@@ -1214,7 +1427,7 @@ fn split(line: &str) -> Result<Split, String> {
     let mut index = 0;
     let mut word_start = true;
     let cut = |part: &mut String, split: &mut Split| {
-        let text = part.trim();
+        let text = strip_keywords(part.trim());
         if !text.is_empty() {
             split.parts.push(text.to_owned());
         }
@@ -1276,6 +1489,26 @@ fn split(line: &str) -> Result<Split, String> {
     }
     cut(&mut part, &mut split);
     Ok(split)
+}
+
+/// A part without the grouping and reserved words that lead it (`(`, `{`,
+/// `!`, `if`, `then`, `do`...), so a rule for the command it runs reaches it:
+/// `if true; then touch x; fi` has the part `touch x`, not `then touch x`.
+fn strip_keywords(mut part: &str) -> &str {
+    const LEADERS: &[&str] = &[
+        "if", "then", "else", "elif", "do", "while", "until", "time", "exec", "command", "builtin",
+        "nohup",
+    ];
+    loop {
+        let trimmed = part.trim_start_matches(['(', '{', '!', ' ', '\t']);
+        let word_end = trimmed.find([' ', '\t']).unwrap_or(trimmed.len());
+        let word = &trimmed[..word_end];
+        if word_end < trimmed.len() && LEADERS.contains(&word) {
+            part = &trimmed[word_end..];
+        } else {
+            return trimmed.trim();
+        }
+    }
 }
 
 /// A `>`/`<` operator at `at` and its target.

@@ -264,6 +264,8 @@ fn timeouts_default_and_bound() {
     assert_eq!(check(json!(0)), Ok(120));
     assert_eq!(check(json!(-3)), Ok(120));
     assert_eq!(check(json!(1e12)), Ok(MAX_TIMEOUT_SECS));
+    assert_eq!(check(json!(5.0)), Ok(5));
+    assert_eq!(check(json!(-2.0)), Ok(120));
     assert!(check(json!(1.5)).is_err());
     assert!(check(json!("5")).is_err());
 }
@@ -287,4 +289,71 @@ fn userinfo_is_redacted() {
         redact_userinfo("remote https://me:tok@host/x and ssh://git@h/y"),
         "remote https://***@host/x and ssh://***@h/y"
     );
+}
+
+#[tokio::test]
+async fn a_dropped_call_kills_the_group() {
+    let (temp, context) = context_with(&[]);
+    let arguments = json!({"command": "sleep 30 & echo $! > grandchild; sleep 30"})
+        .as_object()
+        .unwrap()
+        .clone();
+    let call = call(&context, &arguments, None, CancellationToken::new());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), call)
+            .await
+            .is_err()
+    );
+    let pid: i32 = std::fs::read_to_string(temp.path().join("grandchild"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_gone(pid).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stamped_run_works_on_a_multi_threaded_runtime() {
+    let (temp, context) = context_with(&[]);
+    std::fs::write(temp.path().join("notes.txt"), "hi\n").unwrap();
+    let arguments = json!({"command": "cat notes.txt"})
+        .as_object()
+        .unwrap()
+        .clone();
+    let rewrite = facts(&context, &arguments).unwrap().rewrite.unwrap();
+    let outcome = call(&context, &rewrite, None, CancellationToken::new()).await;
+    assert_eq!(outcome, ToolOutcome::ok("hi\n[exit 0]"));
+}
+
+#[test]
+fn a_stamped_path_skips_what_the_workspace_can_plant() {
+    let root = Path::new("/work/ws");
+    let env = vec![(
+        OsString::from("PATH"),
+        OsString::from("/usr/bin::bin:./x:/work/ws/node_modules/.bin:/bin"),
+    )];
+    assert_eq!(stamped_path(&env, root).as_deref(), Some("/usr/bin:/bin"));
+    assert_eq!(stamped_path(&[], root), None);
+}
+
+#[tokio::test]
+async fn a_stamped_run_does_not_find_commands_in_the_workspace() {
+    let (temp, mut context) = context_with(&[]);
+    let bin = temp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::write(bin.join("cat"), "#!/bin/sh\ntouch PLANTED\n").unwrap();
+    let mut permissions = std::fs::metadata(bin.join("cat")).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    std::fs::set_permissions(bin.join("cat"), permissions).unwrap();
+    std::fs::write(temp.path().join("notes.txt"), "hi\n").unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    context.child_env = Arc::new(vec![("PATH".into(), path.into())]);
+    let arguments = json!({"command": "cat notes.txt"})
+        .as_object()
+        .unwrap()
+        .clone();
+    let rewrite = facts(&context, &arguments).unwrap().rewrite.unwrap();
+    let outcome = call(&context, &rewrite, None, CancellationToken::new()).await;
+    assert_eq!(outcome, ToolOutcome::ok("hi\n[exit 0]"));
+    assert!(!temp.path().join("PLANTED").exists());
 }

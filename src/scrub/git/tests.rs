@@ -290,6 +290,9 @@ fn signing_programs_do_not_run() {
     repo.config("commit.gpgSign", "true");
     repo.config("gpg.program", &repo.evil("gpg"));
     repo.check(&["commit", "--allow-empty", "-m", "x"], b"");
+    repo.config("tag.gpgSign", "true");
+    repo.check(&["tag", "-m", "x", "v1"], b"");
+    repo.config("log.showSignature", "true");
     repo.config("gpg.format", "ssh");
     repo.config("gpg.ssh.program", &repo.evil("gpg-ssh"));
     repo.config("user.signingKey", "key::ssh-ed25519 AAAA");
@@ -350,5 +353,28 @@ fn neutralisation_counts_its_keys() {
         "GIT_NO_LAZY_FETCH",
     ] {
         assert!(vars.iter().any(|(name, _)| name == plain), "{plain}");
+    }
+}
+
+#[test]
+fn neutralised_git_stays_usable() {
+    let repo = Repo::new();
+    let neutralised = || Some(git_neutralisation());
+    // Local clones (protocol.file back to `user`) and https/ssh transports work.
+    let clone = repo.run(&["clone", "-q", ".", "../copy"], b"", neutralised());
+    assert!(clone.status.success(), "{clone:?}");
+    let https = repo.run(&["ls-remote", "https://127.0.0.1:1/x"], b"", neutralised());
+    let stderr = String::from_utf8_lossy(&https.stderr);
+    assert!(!stderr.contains("not allowed"), "{stderr}");
+    // Ordinary commands behave: status, diff, log, commit.
+    repo.change();
+    for args in [
+        &["status", "-s"][..],
+        &["diff"],
+        &["log", "--oneline"],
+        &["commit", "-qam", "x"],
+    ] {
+        let output = repo.run(args, b"", neutralised());
+        assert!(output.status.success(), "git {args:?}: {output:?}");
     }
 }
