@@ -377,6 +377,11 @@ impl Processes {
                     .iter()
                     .map(|(name, value)| (name, value)),
             )
+            // Every child the executor starts runs git neutralised (an MCP
+            // server that shells out to git included); the caller's own
+            // entries come last, so a process asked for explicitly can still
+            // set what it needs.
+            .envs(crate::scrub::git_neutralisation())
             .envs(env)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
