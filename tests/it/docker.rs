@@ -383,6 +383,13 @@ async fn docker_executor_io_and_read_only_workspace() {
     assert_ne!(code, 0);
     assert!(out.contains("Read-only file system"), "{out}");
 
+    // Closing the executor's stdin ends it (how a host hangs up on a unit).
+    drop(unit.io.stdin);
+    let end = tokio::time::timeout(Duration::from_secs(10), unit.ended)
+        .await
+        .expect("closing stdin did not end the executor");
+    assert_eq!(end.exit_code, Some(0), "{end:?}");
+
     backend.remove(&unit.envelope.id).await.unwrap();
     instance.assert_clean(&backend).await;
 }

@@ -287,7 +287,9 @@ impl DockerBackend {
                 message: "the engine detached the exec instead of attaching it".to_owned(),
             });
         };
-        let (stdout, executor_done) = io::pump(output, format!("{}/{}", session.session, unit));
+        let name = format!("{}/{}", session.session, unit);
+        let stdin = io::stdin(input, name.clone());
+        let (stdout, executor_done) = io::pump(output, name);
 
         let inspect = self
             .docker
@@ -313,7 +315,7 @@ impl DockerBackend {
         Ok(StartedUnit {
             envelope,
             io: ExecutorIo {
-                stdin: input,
+                stdin: Box::pin(stdin),
                 stdout: Box::pin(stdout),
             },
             ended,
