@@ -455,6 +455,10 @@ async fn remove_container(docker: &Docker, id: &str) -> Result<(), DockerError> 
     }
 }
 
+/// How long to wait before watching a unit again after the engine's wait
+/// failed without the unit having ended.
+const WAIT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The future that resolves when the unit or its executor ends, with the cause.
 fn ended(
     docker: Docker,
@@ -465,14 +469,33 @@ fn ended(
     executor_done: tokio::sync::oneshot::Receiver<()>,
 ) -> BoxFuture<'static, UnitEnd> {
     Box::pin(async move {
-        let ending = {
+        let mut executor_done = executor_done;
+        let ending = loop {
             let mut wait = docker.wait_container(&id, None);
-            tokio::select! {
-                result = wait.next() => match result {
-                    Some(Err(e)) if status_of(&e) == Some(404) => body::Ending::Gone,
-                    _ => body::Ending::Container,
+            let result = tokio::select! {
+                result = wait.next() => result,
+                _ = &mut executor_done => break body::Ending::Executor,
+            };
+            match result {
+                Some(Err(e)) if status_of(&e) == Some(404) => break body::Ending::Gone,
+                // An exit, zero (Ok) or not (bollard makes a non-zero exit an error).
+                Some(Ok(_) | Err(DockerError::DockerContainerWaitError { .. })) => {
+                    break body::Ending::Container;
+                }
+                // The wait itself failed (a timeout, a dropped connection, an
+                // engine restart): only the container's state says whether it ended.
+                None | Some(Err(_)) => match docker.inspect_container(&id, None).await {
+                    Ok(inspect) if inspect.state.as_ref().and_then(|s| s.running) != Some(true) => {
+                        break body::Ending::Container;
+                    }
+                    Err(e) if status_of(&e) == Some(404) => break body::Ending::Gone,
+                    Ok(_) | Err(_) => {
+                        tokio::select! {
+                            () = tokio::time::sleep(WAIT_RETRY) => {}
+                            _ = &mut executor_done => break body::Ending::Executor,
+                        }
+                    }
                 },
-                _ = executor_done => body::Ending::Executor,
             }
         };
         let (ending, container_code, oom) = match docker.inspect_container(&id, None).await {
@@ -490,11 +513,7 @@ fn ended(
         };
         let oom = oom || cgroup_oom_kills(&id) > 0;
         let code = match ending {
-            body::Ending::Executor => docker
-                .inspect_exec(&exec_id)
-                .await
-                .ok()
-                .and_then(|e| e.exit_code),
+            body::Ending::Executor => exec_exit_code(&docker, &exec_id).await,
             body::Ending::Container | body::Ending::Gone => container_code,
         };
         let parts = body::unit_end(&unit, ending, code, oom, memory_bytes);
@@ -504,6 +523,19 @@ fn ended(
             reason: parts.reason,
         }
     })
+}
+
+/// The exit code of an exec whose output has ended; the engine records it a
+/// moment after the stream closes, so ask a few times.
+async fn exec_exit_code(docker: &Docker, exec_id: &str) -> Option<i64> {
+    for _ in 0..20 {
+        match docker.inspect_exec(exec_id).await {
+            Ok(exec) if exec.running != Some(true) => return exec.exit_code,
+            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 /// OOM kills recorded in the container's cgroup (v2 or v1, systemd or
