@@ -8,6 +8,12 @@
 //! copied from the request. Images are never pulled: a missing image is an
 //! error naming the command that builds it (`box image build`).
 //!
+//! How a host uses it: claim an instance (`instance::InstanceLock::acquire(
+//! &instance::default_dir(), &instance::new_id())`, held for the host's life),
+//! `DockerBackend::connect()`, `sweep_orphans(&backend, lock.id())` once at
+//! start, then `backend::start_all` per session and `Backend::remove` of each
+//! unit when the session ends; `StartedUnit::ended` tells it why a unit died.
+//!
 //! What this module does not do: decide anything (the plan did), or know about
 //! sessions beyond their labels (the host owns their lives; `sweep_orphans`
 //! and `box gc` only act on labels and instance liveness).
