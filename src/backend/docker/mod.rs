@@ -206,7 +206,13 @@ impl DockerBackend {
         };
         let image_user = image.config.and_then(|c| c.user).unwrap_or_default();
 
-        let (env, env_passed, env_scrubbed) = unit_env(spec, std::env::vars_os());
+        let (env, env_passed, missing) = unit_env(spec, std::env::vars_os());
+        if !missing.is_empty() {
+            tracing::info!(unit, ?missing, "variables to pass are not set on the host");
+        }
+        // Nothing is scrubbed here: a unit gets only the plan's set values and
+        // the names it passes, never the host's environment.
+        let env_scrubbed = Vec::new();
         let created = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         let body = container_body(session, spec, &self.executor, &created, &env);
         let name = body::container_name(session, spec);
@@ -566,9 +572,9 @@ fn cgroup_oom_kills(id: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The unit's environment: the plan's set values, then the passed host
-/// variables that exist. Returns the pairs, the names passed and the names
-/// asked for but absent on the host.
+/// The unit's environment: the plan's set values, the passed host variables
+/// that exist, and git's neutralisation. Returns the pairs, the names passed
+/// and the names asked for but absent on the host.
 pub fn unit_env<I>(spec: &UnitSpec, host: I) -> (Vec<(String, String)>, Vec<String>, Vec<String>)
 where
     I: IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
@@ -625,4 +631,37 @@ pub fn landlock_abi() -> u32 {
         )
     };
     u32::try_from(abi).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+
+    use pretty_assertions::assert_eq;
+
+    use super::*;
+
+    #[test]
+    fn unit_env_is_the_plan_not_the_host() {
+        let mut spec = body::tests::spec();
+        spec.env_set = [("LANG".to_owned(), "C.UTF-8".to_owned())].into();
+        spec.env_pass = vec!["TOKEN".to_owned(), "ABSENT".to_owned()];
+        let host = [
+            (OsString::from("TOKEN"), OsString::from("t")),
+            (OsString::from("SECRET"), OsString::from("s")),
+        ];
+        let (env, passed, missing) = unit_env(&spec, host);
+        let git = crate::scrub::git_neutralisation();
+        let mut want = vec![
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+            ("TOKEN".to_owned(), "t".to_owned()),
+        ];
+        want.extend(git);
+        assert_eq!(env, want);
+        assert_eq!(
+            passed,
+            want.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>()
+        );
+        assert_eq!(missing, vec!["ABSENT".to_owned()]);
+    }
 }
