@@ -13,7 +13,7 @@ use bollard::models::{
 };
 
 use crate::backend::{Envelope, Hardening, SessionLabel, labels};
-use crate::plan::{MountMode, NetworkMode, Role, UnitSpec, WorkspaceSource};
+use crate::plan::{MountMode, NetworkMode, Requirement, Role, UnitSpec, WorkspaceSource};
 
 /// Where the host's own `box` binary appears inside every unit (read-only).
 pub const EXECUTOR_PATH: &str = "/.box/box";
@@ -110,6 +110,17 @@ pub fn executor_argv(spec: &UnitSpec) -> Vec<String> {
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
+    // The executor confines itself (and so every child) with landlock; the
+    // plan's requirement travels with it, so `required` fails closed inside.
+    argv.push("--landlock".to_owned());
+    argv.push(
+        match spec.security.landlock {
+            Requirement::Required => "required",
+            Requirement::BestEffort => "best-effort",
+            Requirement::Off => "off",
+        }
+        .to_owned(),
+    );
     if !spec.env_pass.is_empty() {
         argv.push("--pass-env".to_owned());
         argv.push(spec.env_pass.join(","));
@@ -736,6 +747,8 @@ pub(crate) mod tests {
                 "container",
                 "--ref",
                 "box-base:bookworm",
+                "--landlock",
+                "best-effort",
                 "--pass-env",
                 "A,B",
                 "--write-guard",
