@@ -13,7 +13,7 @@ use bollard::models::{
 };
 
 use crate::backend::{Envelope, Hardening, SessionLabel, labels};
-use crate::plan::{MountMode, NetworkMode, Role, UnitSpec, WorkspaceSource};
+use crate::plan::{MountMode, NetworkMode, Requirement, Role, UnitSpec, WorkspaceSource};
 
 /// Where the host's own `box` binary appears inside every unit (read-only).
 pub const EXECUTOR_PATH: &str = "/.box/box";
@@ -110,6 +110,17 @@ pub fn executor_argv(spec: &UnitSpec) -> Vec<String> {
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
+    // The executor confines itself (and so every child) with landlock; the
+    // plan's requirement travels with it, so `required` fails closed inside.
+    argv.push("--landlock".to_owned());
+    argv.push(
+        match spec.security.landlock {
+            Requirement::Required => "required",
+            Requirement::BestEffort => "best-effort",
+            Requirement::Off => "off",
+        }
+        .to_owned(),
+    );
     if !spec.env_pass.is_empty() {
         argv.push("--pass-env".to_owned());
         argv.push(spec.env_pass.join(","));
@@ -251,6 +262,51 @@ pub fn container_body(
     }
 }
 
+/// Apply what a profile's operator explicitly allowed (privileged, shared
+/// host namespaces, host devices) to a built body's host config. Plans only
+/// carry these when the operator switch was on; an unknown namespace name is
+/// an error naming it, never ignored.
+pub fn operator_allowances(
+    host: &mut HostConfig,
+    privileged: bool,
+    host_namespaces: &[String],
+    devices: &[std::path::PathBuf],
+) -> Result<(), String> {
+    if privileged {
+        host.privileged = Some(true);
+    }
+    for namespace in host_namespaces {
+        match namespace.as_str() {
+            "pid" => host.pid_mode = Some("host".to_owned()),
+            "ipc" => host.ipc_mode = Some("host".to_owned()),
+            "uts" => host.uts_mode = Some("host".to_owned()),
+            "net" | "network" => host.network_mode = Some("host".to_owned()),
+            "cgroup" => {
+                host.cgroupns_mode = Some(bollard::models::HostConfigCgroupnsModeEnum::HOST);
+            }
+            "user" => host.userns_mode = Some("host".to_owned()),
+            other => {
+                return Err(format!(
+                    "host namespace `{other}` is not one of pid, ipc, uts, net, cgroup, user"
+                ));
+            }
+        }
+    }
+    if !devices.is_empty() {
+        host.devices = Some(
+            devices
+                .iter()
+                .map(|path| bollard::models::DeviceMapping {
+                    path_on_host: Some(path.to_string_lossy().into_owned()),
+                    path_in_container: Some(path.to_string_lossy().into_owned()),
+                    cgroup_permissions: Some("rwm".to_owned()),
+                })
+                .collect(),
+        );
+    }
+    Ok(())
+}
+
 fn private_bind() -> MountBindOptions {
     MountBindOptions {
         propagation: Some(MountBindOptionsPropagationEnum::RPRIVATE),
@@ -338,6 +394,8 @@ pub fn envelope_from_inspect(
     // was not dropped.
     let capabilities = if !uid_is_root {
         Vec::new()
+    } else if host.privileged == Some(true) {
+        vec!["<all: privileged>".to_owned()]
     } else if dropped_all {
         host.cap_add.clone().unwrap_or_default()
     } else {
@@ -740,6 +798,8 @@ pub(crate) mod tests {
                 "container",
                 "--ref",
                 "box-base:bookworm",
+                "--landlock",
+                "best-effort",
                 "--pass-env",
                 "A,B",
                 "--write-guard",
@@ -886,6 +946,44 @@ pub(crate) mod tests {
         ] {
             assert_eq!(check_root(Path::new(root)).is_ok(), ok, "{root}");
         }
+    }
+
+    #[test]
+    fn operator_allowances_apply_only_what_was_allowed() {
+        let mut host = body().host_config.unwrap_or_default();
+        let before = host.clone();
+        operator_allowances(&mut host, false, &[], &[]).unwrap();
+        assert_eq!(host, before);
+        operator_allowances(
+            &mut host,
+            true,
+            &["pid".to_owned(), "net".to_owned()],
+            &[PathBuf::from("/dev/fuse")],
+        )
+        .unwrap();
+        assert_eq!(host.privileged, Some(true));
+        assert_eq!(host.pid_mode.as_deref(), Some("host"));
+        assert_eq!(host.network_mode.as_deref(), Some("host"));
+        assert_eq!(host.devices.map(|d| d.len()), Some(1));
+        let error = operator_allowances(
+            &mut body().host_config.unwrap_or_default(),
+            false,
+            &["mnt".to_owned()],
+            &[],
+        );
+        assert!(error.unwrap_err().contains("`mnt`"));
+        // The envelope then tells the truth about it.
+        let inspect = ContainerInspectResponse {
+            host_config: Some(HostConfig {
+                privileged: Some(true),
+                pid_mode: Some("host".to_owned()),
+                ..body().host_config.unwrap_or_default()
+            }),
+            ..Default::default()
+        };
+        let envelope = envelope_from_inspect(&spec(), &inspect, "", &facts(), vec![], vec![]);
+        assert_eq!(envelope.hardening.seccomp, "none");
+        assert!(!envelope.hardening.namespaces.contains(&"pid".to_owned()));
     }
 
     #[test]

@@ -8,6 +8,12 @@
 //! copied from the request. Images are never pulled: a missing image is an
 //! error naming the command that builds it (`box image build`).
 //!
+//! How a host uses it: claim an instance (`instance::InstanceLock::acquire(
+//! &instance::default_dir(), &instance::new_id())`, held for the host's life),
+//! `DockerBackend::connect()`, `sweep_orphans(&backend, lock.id())` once at
+//! start, then `backend::start_all` per session and `Backend::remove` of each
+//! unit when the session ends; `StartedUnit::ended` tells it why a unit died.
+//!
 //! What this module does not do: decide anything (the plan did), or know about
 //! sessions beyond their labels (the host owns their lives; `sweep_orphans`
 //! and `box gc` only act on labels and instance liveness).
@@ -200,7 +206,13 @@ impl DockerBackend {
         };
         let image_user = image.config.and_then(|c| c.user).unwrap_or_default();
 
-        let (env, env_passed, env_scrubbed) = unit_env(spec, std::env::vars_os());
+        let (env, env_passed, missing) = unit_env(spec, std::env::vars_os());
+        if !missing.is_empty() {
+            tracing::info!(unit, ?missing, "variables to pass are not set on the host");
+        }
+        // Nothing is scrubbed here: a unit gets only the plan's set values and
+        // the names it passes, never the host's environment.
+        let env_scrubbed = Vec::new();
         let created = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         let body = container_body(session, spec, &self.executor, &created, &env);
         let name = body::container_name(session, spec);
@@ -287,7 +299,9 @@ impl DockerBackend {
                 message: "the engine detached the exec instead of attaching it".to_owned(),
             });
         };
-        let (stdout, executor_done) = io::pump(output, format!("{}/{}", session.session, unit));
+        let name = format!("{}/{}", session.session, unit);
+        let stdin = io::stdin(input, name.clone());
+        let (stdout, executor_done) = io::pump(output, name);
 
         let inspect = self
             .docker
@@ -313,7 +327,7 @@ impl DockerBackend {
         Ok(StartedUnit {
             envelope,
             io: ExecutorIo {
-                stdin: input,
+                stdin: Box::pin(stdin),
                 stdout: Box::pin(stdout),
             },
             ended,
@@ -453,6 +467,10 @@ async fn remove_container(docker: &Docker, id: &str) -> Result<(), DockerError> 
     }
 }
 
+/// How long to wait before watching a unit again after the engine's wait
+/// failed without the unit having ended.
+const WAIT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The future that resolves when the unit or its executor ends, with the cause.
 fn ended(
     docker: Docker,
@@ -463,14 +481,33 @@ fn ended(
     executor_done: tokio::sync::oneshot::Receiver<()>,
 ) -> BoxFuture<'static, UnitEnd> {
     Box::pin(async move {
-        let ending = {
+        let mut executor_done = executor_done;
+        let ending = loop {
             let mut wait = docker.wait_container(&id, None);
-            tokio::select! {
-                result = wait.next() => match result {
-                    Some(Err(e)) if status_of(&e) == Some(404) => body::Ending::Gone,
-                    _ => body::Ending::Container,
+            let result = tokio::select! {
+                result = wait.next() => result,
+                _ = &mut executor_done => break body::Ending::Executor,
+            };
+            match result {
+                Some(Err(e)) if status_of(&e) == Some(404) => break body::Ending::Gone,
+                // An exit, zero (Ok) or not (bollard makes a non-zero exit an error).
+                Some(Ok(_) | Err(DockerError::DockerContainerWaitError { .. })) => {
+                    break body::Ending::Container;
+                }
+                // The wait itself failed (a timeout, a dropped connection, an
+                // engine restart): only the container's state says whether it ended.
+                None | Some(Err(_)) => match docker.inspect_container(&id, None).await {
+                    Ok(inspect) if inspect.state.as_ref().and_then(|s| s.running) != Some(true) => {
+                        break body::Ending::Container;
+                    }
+                    Err(e) if status_of(&e) == Some(404) => break body::Ending::Gone,
+                    Ok(_) | Err(_) => {
+                        tokio::select! {
+                            () = tokio::time::sleep(WAIT_RETRY) => {}
+                            _ = &mut executor_done => break body::Ending::Executor,
+                        }
+                    }
                 },
-                _ = executor_done => body::Ending::Executor,
             }
         };
         let (ending, container_code, oom) = match docker.inspect_container(&id, None).await {
@@ -488,11 +525,7 @@ fn ended(
         };
         let oom = oom || cgroup_oom_kills(&id) > 0;
         let code = match ending {
-            body::Ending::Executor => docker
-                .inspect_exec(&exec_id)
-                .await
-                .ok()
-                .and_then(|e| e.exit_code),
+            body::Ending::Executor => exec_exit_code(&docker, &exec_id).await,
             body::Ending::Container | body::Ending::Gone => container_code,
         };
         let parts = body::unit_end(&unit, ending, code, oom, memory_bytes);
@@ -502,6 +535,19 @@ fn ended(
             reason: parts.reason,
         }
     })
+}
+
+/// The exit code of an exec whose output has ended; the engine records it a
+/// moment after the stream closes, so ask a few times.
+async fn exec_exit_code(docker: &Docker, exec_id: &str) -> Option<i64> {
+    for _ in 0..20 {
+        match docker.inspect_exec(exec_id).await {
+            Ok(exec) if exec.running != Some(true) => return exec.exit_code,
+            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 /// OOM kills recorded in the container's cgroup (v2 or v1, systemd or
@@ -526,9 +572,9 @@ fn cgroup_oom_kills(id: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The unit's environment: the plan's set values, then the passed host
-/// variables that exist. Returns the pairs, the names passed and the names
-/// asked for but absent on the host.
+/// The unit's environment: the plan's set values, the passed host variables
+/// that exist, and git's neutralisation. Returns the pairs, the names passed
+/// and the names asked for but absent on the host.
 pub fn unit_env<I>(spec: &UnitSpec, host: I) -> (Vec<(String, String)>, Vec<String>, Vec<String>)
 where
     I: IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
@@ -585,4 +631,37 @@ pub fn landlock_abi() -> u32 {
         )
     };
     u32::try_from(abi).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+
+    use pretty_assertions::assert_eq;
+
+    use super::*;
+
+    #[test]
+    fn unit_env_is_the_plan_not_the_host() {
+        let mut spec = body::tests::spec();
+        spec.env_set = [("LANG".to_owned(), "C.UTF-8".to_owned())].into();
+        spec.env_pass = vec!["TOKEN".to_owned(), "ABSENT".to_owned()];
+        let host = [
+            (OsString::from("TOKEN"), OsString::from("t")),
+            (OsString::from("SECRET"), OsString::from("s")),
+        ];
+        let (env, passed, missing) = unit_env(&spec, host);
+        let git = crate::scrub::git_neutralisation();
+        let mut want = vec![
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+            ("TOKEN".to_owned(), "t".to_owned()),
+        ];
+        want.extend(git);
+        assert_eq!(env, want);
+        assert_eq!(
+            passed,
+            want.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>()
+        );
+        assert_eq!(missing, vec!["ABSENT".to_owned()]);
+    }
 }
