@@ -121,9 +121,18 @@ pub fn executor_argv(spec: &UnitSpec) -> Vec<String> {
         }
         .to_owned(),
     );
-    if !spec.env_pass.is_empty() {
+    // The executor scrubs its children's environment again; the names the plan
+    // hands through (secrets included, which the profile named explicitly)
+    // are exempt there.
+    let pass: Vec<&str> = spec
+        .env_pass
+        .iter()
+        .chain(&spec.env_secrets)
+        .map(String::as_str)
+        .collect();
+    if !pass.is_empty() {
         argv.push("--pass-env".to_owned());
-        argv.push(spec.env_pass.join(","));
+        argv.push(pass.join(","));
     }
     if !spec.security.write_guard {
         argv.push("--write-guard".to_owned());

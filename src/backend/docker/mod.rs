@@ -214,7 +214,22 @@ impl DockerBackend {
         // the names it passes, never the host's environment.
         let env_scrubbed = Vec::new();
         let created = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
-        let body = container_body(session, spec, &self.executor, &created, &env);
+        let mut body = container_body(session, spec, &self.executor, &created, &env);
+        // What the profile's operator explicitly allowed (the plan carries these
+        // only when the operator switch was on).
+        if let Some(host_config) = body.host_config.as_mut() {
+            body::operator_allowances(
+                host_config,
+                spec.security.privileged,
+                &spec.security.host_namespaces,
+                &spec.security.devices,
+            )
+            .map_err(|message| BackendError::Other {
+                unit: spec.name.clone(),
+                doing: "applying the operator's allowances".to_owned(),
+                message,
+            })?;
+        }
         let name = body::container_name(session, spec);
         let options = CreateContainerOptionsBuilder::new().name(&name).build();
         let id = self
@@ -589,7 +604,7 @@ where
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     let mut missing = Vec::new();
-    for name in &spec.env_pass {
+    for name in spec.env_pass.iter().chain(&spec.env_secrets) {
         match host.get(name) {
             Some(value) => env.push((name.clone(), value.clone())),
             None => missing.push(name.clone()),
