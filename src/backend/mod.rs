@@ -6,8 +6,15 @@
 //! Nothing here may assume a local Docker socket: a Kubernetes backend must fit
 //! the same trait.
 
+pub mod cli;
+pub mod docker;
+pub mod doctor;
+pub mod instance;
 pub mod local;
 pub mod sandbox;
+pub mod start;
+
+pub use start::start_all;
 
 use std::pin::Pin;
 
@@ -206,73 +213,4 @@ pub trait Backend: Send + Sync {
 
     /// Every unit carrying box's labels (all instances).
     fn list(&self) -> BoxFuture<'_, Result<Vec<UnitInfo>, BackendError>>;
-}
-
-/// The command-line faces of the backends: `box units`, `box gc`, `box image`, `box doctor`.
-pub mod cli {
-    use std::process::ExitCode;
-
-    /// `box units`.
-    #[derive(Debug, Clone, clap::Args)]
-    pub struct UnitsArgs {
-        /// What to do (ls [--json]).
-        #[arg(
-            value_name = "ARGS",
-            trailing_var_arg = true,
-            allow_hyphen_values = true
-        )]
-        pub rest: Vec<String>,
-    }
-
-    /// `box gc`.
-    #[derive(Debug, Clone, clap::Args)]
-    pub struct GcArgs {
-        /// Also remove units whose instance is dead.
-        #[arg(long)]
-        pub all_instances: bool,
-    }
-
-    /// `box image`.
-    #[derive(Debug, Clone, clap::Args)]
-    pub struct ImageArgs {
-        /// What to do (build).
-        #[arg(
-            value_name = "ARGS",
-            trailing_var_arg = true,
-            allow_hyphen_values = true
-        )]
-        pub rest: Vec<String>,
-    }
-
-    /// `box doctor`.
-    #[derive(Debug, Clone, clap::Args)]
-    pub struct DoctorArgs {
-        /// Machine-readable output.
-        #[arg(long)]
-        pub json: bool,
-    }
-
-    /// Run `box units`.
-    pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
-        let _ = args;
-        anyhow::bail!("box units is not built yet")
-    }
-
-    /// Run `box gc`.
-    pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
-        let _ = args;
-        anyhow::bail!("box gc is not built yet")
-    }
-
-    /// Run `box image`.
-    pub fn image(args: ImageArgs) -> anyhow::Result<ExitCode> {
-        let _ = args;
-        anyhow::bail!("box image is not built yet")
-    }
-
-    /// Run `box doctor`.
-    pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
-        let _ = args;
-        anyhow::bail!("box doctor is not built yet")
-    }
 }

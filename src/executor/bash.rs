@@ -2,13 +2,56 @@
 //! group on timeout or cancel, the scrubbed environment, git neutralised), and
 //! its facts claim.
 //!
-//! Interface stub: the bash work fills this in.
+//! The child gets no stdin and one pipe for both stdout and stderr, so the
+//! output is interleaved exactly as written. The pipe is read continuously
+//! into bounded buffers (the first 50 KiB kept, the rest counted; a 4 KiB
+//! progress tail), so a flood neither blocks the child nor grows memory.
+//!
+//! Every run gets the git-neutralising environment (box is stricter than the
+//! dax reference, which adds it to stamped runs only). A stamped run
+//! (`dax_stamp`) re-analyses the line (`shell`), refuses it when the analysis
+//! or its stamp changed, and runs the rendered plan instead of the line, with
+//! the repository's attribute drivers neutralised too and `GOTOOLCHAIN=local`.
+//!
+//! Not here: landlock and no_new_privs for children (`sandbox`), and the
+//! process methods (`process`).
+
+#[path = "shell.rs"]
+pub(crate) mod shell;
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::LazyLock;
+use std::time::Duration;
 
 use serde_json::{Map, Value};
+use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
 use super::facts::Facts;
+use super::process::kill_group;
 use super::{Context, Progress, ToolOutcome};
+
+/// The timeout when the call names none (or a non-positive one).
+const DEFAULT_TIMEOUT_SECS: u64 = 120;
+/// The longest timeout a call may ask for (a day); more is taken as this.
+const MAX_TIMEOUT_SECS: u64 = 24 * 60 * 60;
+/// The output a result keeps; the rest is counted.
+const MAX_OUTPUT_BYTES: usize = 50 * 1024;
+/// The most output one progress report carries (its tail).
+const PROGRESS_BYTES: usize = 4096;
+/// At most one progress report per this interval.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
+/// How long output is still read after bash exited while a background
+/// process it left holds the pipe open (Go's `WaitDelay`): then the call
+/// returns and leaves that process running.
+const WAIT_DELAY: Duration = Duration::from_secs(1);
+/// One read from the output pipe.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// The refusal of a stamped line whose analysis or stamp no longer holds.
+pub(crate) const CHANGED: &str = "the command changed since it was allowed (a file, where a path leads or the repository's git configuration is different now); ask again";
 
 /// Run the bash tool with already key-checked arguments.
 pub(crate) async fn call(
@@ -17,12 +60,380 @@ pub(crate) async fn call(
     progress: Progress,
     cancel: CancellationToken,
 ) -> ToolOutcome {
-    let _ = (context, arguments, progress, cancel);
-    ToolOutcome::error("bash is not built yet")
+    let command = match arguments.get("command") {
+        Some(Value::String(command)) => command.clone(),
+        Some(_) => return ToolOutcome::error("command must be a string"),
+        None => return ToolOutcome::error("command is required"),
+    };
+    let timeout = match timeout_from(arguments) {
+        Ok(timeout) => timeout,
+        Err(message) => return ToolOutcome::error(message),
+    };
+    let (script, env, stamped) = match arguments.get("dax_stamp") {
+        None => (command, scrub_git(), false),
+        // The re-analysis reads files and runs git: blocking work.
+        Some(Value::String(stamp)) => match blocking(|| {
+            shell::verify(context, &command, stamp).map(|plan| {
+                (
+                    plan,
+                    scrub_git_for(context.workspace.root(), &context.child_env),
+                )
+            })
+        }) {
+            Some((plan, mut env)) => {
+                env.push(("GOTOOLCHAIN".to_owned(), "local".to_owned()));
+                // `cd DIR` goes where the analysis looked, not along CDPATH.
+                env.push(("CDPATH".to_owned(), String::new()));
+                // The plan's commands come from where the analysis assumed,
+                // not from a directory the workspace can write.
+                if let Some(path) = stamped_path(&context.child_env, context.workspace.root()) {
+                    env.push(("PATH".to_owned(), path));
+                }
+                (plan.rendered, env, true)
+            }
+            None => return ToolOutcome::error(CHANGED),
+        },
+        Some(_) => return ToolOutcome::error(CHANGED),
+    };
+    let run = match run(context, &script, &env, timeout, progress, cancel).await {
+        Ok(run) => run,
+        Err(message) => return ToolOutcome::error(message),
+    };
+    let mut text = run.render(timeout);
+    if stamped {
+        text = redact_userinfo(&text);
+    }
+    ToolOutcome {
+        failed: !matches!(run.end, End::Exited(0)),
+        text,
+        is_error: false,
+    }
 }
 
 /// The bash tool's facts claim (conservative: never less than the line can touch).
+///
+/// Blocking: it reads files and runs git (the repository probe, at most 10 s
+/// each); call it from `spawn_blocking` or [`blocking`].
 pub(crate) fn facts(context: &Context, arguments: &Map<String, Value>) -> Result<Facts, String> {
-    let _ = (context, arguments);
-    Err("bash facts are not built yet".to_owned())
+    let command = match arguments.get("command") {
+        Some(Value::String(command)) => command.as_str(),
+        Some(_) => return Err("command must be a string".to_owned()),
+        None => "",
+    };
+    shell::facts(context, command, arguments)
 }
+
+/// Run blocking work (file reads, git probes) without stalling the other
+/// tasks of a multi-threaded runtime; on a current-thread runtime (tests)
+/// there are no other workers to keep free, so it runs in place.
+pub(crate) fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
+}
+
+/// The neutralising variables every run gets.
+fn scrub_git() -> Vec<(String, String)> {
+    crate::scrub::git_neutralisation()
+}
+
+/// The neutralising variables plus overrides for the drivers the repository
+/// at `dir` defines. A query that cannot answer leaves the static set, which
+/// the stamped plan's `--no-ext-diff --no-textconv` backs up.
+fn scrub_git_for(
+    dir: &Path,
+    env: &[(std::ffi::OsString, std::ffi::OsString)],
+) -> Vec<(String, String)> {
+    let drivers = crate::scrub::configured_drivers(dir, env).unwrap_or_default();
+    crate::scrub::git_neutralisation_with_drivers(&drivers)
+}
+
+/// The child's `PATH` without the entries a workspace write could plant a
+/// `git` or `cat` in: empty (the current directory), relative, or inside the
+/// root. `None` when the child has no `PATH`.
+fn stamped_path(env: &[(std::ffi::OsString, std::ffi::OsString)], root: &Path) -> Option<String> {
+    let (_, value) = env.iter().find(|(name, _)| name == "PATH")?;
+    let kept: Vec<&str> = value
+        .to_str()?
+        .split(':')
+        .filter(|entry| {
+            let entry = Path::new(entry);
+            entry.is_absolute() && !entry.starts_with(root)
+        })
+        .collect();
+    Some(kept.join(":"))
+}
+
+/// `timeout_seconds`, default 120; zero or negative means the default.
+fn timeout_from(arguments: &Map<String, Value>) -> Result<Duration, String> {
+    let seconds = match arguments.get("timeout_seconds") {
+        None | Some(Value::Null) => DEFAULT_TIMEOUT_SECS,
+        Some(Value::Number(number)) => match (number.as_i64(), number.as_u64(), number.as_f64()) {
+            (Some(seconds), _, _) if seconds <= 0 => DEFAULT_TIMEOUT_SECS,
+            (_, Some(seconds), _) => seconds.min(MAX_TIMEOUT_SECS),
+            // A whole number written as a float (`5.0`, `1e12`): bounded first, so the cast is exact.
+            (_, _, Some(seconds)) if seconds.fract() == 0.0 => {
+                if seconds <= 0.0 {
+                    DEFAULT_TIMEOUT_SECS
+                } else {
+                    seconds.min(MAX_TIMEOUT_SECS as f64) as u64
+                }
+            }
+            _ => return Err(format!("timeout_seconds must be an integer, not {number}")),
+        },
+        Some(other) => return Err(format!("timeout_seconds must be an integer, not {other}")),
+    };
+    Ok(Duration::from_secs(seconds))
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// bash exited with this status (`-1` when a signal ended it).
+    Exited(i32),
+    /// The timeout fired and the group was killed.
+    TimedOut,
+    /// The call was cancelled and the group was killed.
+    Canceled,
+}
+
+/// What a run produced.
+#[derive(Debug)]
+struct Run {
+    output: Output,
+    end: End,
+}
+
+impl Run {
+    /// The result text: the kept output, the truncation note, a newline if
+    /// needed, then how it ended.
+    fn render(&self, timeout: Duration) -> String {
+        let mut text = String::from_utf8_lossy(&self.output.kept).into_owned();
+        if self.output.omitted > 0 {
+            text.push_str(&format!(
+                "\n... [truncated, {} bytes omitted]",
+                self.output.omitted
+            ));
+        }
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        match self.end {
+            End::Exited(code) => text.push_str(&format!("[exit {code}]")),
+            End::TimedOut => text.push_str(&format!("[killed after {}]", go_duration(timeout))),
+            End::Canceled => text.push_str("[canceled]"),
+        }
+        text
+    }
+}
+
+/// The output of a run, bounded: the head kept, the rest counted, and the
+/// progress tail since the last report.
+#[derive(Debug, Default)]
+struct Output {
+    kept: Vec<u8>,
+    omitted: u64,
+    pending: Vec<u8>,
+}
+
+impl Output {
+    fn push(&mut self, bytes: &[u8]) {
+        let room = MAX_OUTPUT_BYTES.saturating_sub(self.kept.len());
+        let (head, rest) = bytes.split_at(room.min(bytes.len()));
+        self.kept.extend_from_slice(head);
+        self.omitted += rest.len() as u64;
+        let tail = &bytes[bytes.len().saturating_sub(PROGRESS_BYTES)..];
+        self.pending.extend_from_slice(tail);
+        if self.pending.len() > PROGRESS_BYTES {
+            let excess = self.pending.len() - PROGRESS_BYTES;
+            self.pending.drain(..excess);
+        }
+    }
+
+    fn report(&mut self, progress: &Progress) {
+        if self.pending.is_empty() {
+            return;
+        }
+        if let Some(sender) = progress {
+            // Lossy on purpose: a full channel drops the update, never the call.
+            let _ = sender.try_send(String::from_utf8_lossy(&self.pending).into_owned());
+        }
+        self.pending.clear();
+    }
+}
+
+/// The bash binary: the usual places first, so a child environment without
+/// `PATH` still finds it.
+fn bash_path() -> &'static str {
+    static BASH: LazyLock<&'static str> = LazyLock::new(|| {
+        ["/bin/bash", "/usr/bin/bash", "/usr/local/bin/bash"]
+            .into_iter()
+            .find(|path| Path::new(path).exists())
+            .unwrap_or("bash")
+    });
+    &BASH
+}
+
+/// Run `bash -c script` at the workspace root with the child environment plus
+/// `extra`, until it exits, the timeout fires or `cancel` does.
+async fn run(
+    context: &Context,
+    script: &str,
+    extra: &[(String, String)],
+    timeout: Duration,
+    progress: Progress,
+    cancel: CancellationToken,
+) -> Result<Run, String> {
+    let (reader, writer) =
+        std::io::pipe().map_err(|error| format!("bash: cannot make a pipe: {error}"))?;
+    let writer_err = writer
+        .try_clone()
+        .map_err(|error| format!("bash: cannot make a pipe: {error}"))?;
+    let mut command = tokio::process::Command::new(bash_path());
+    command
+        .arg("-c")
+        .arg(script)
+        .current_dir(context.workspace.root())
+        .env_clear()
+        .envs(context.child_env.iter().map(|(name, value)| (name, value)))
+        .envs(extra.iter().map(|(name, value)| (name, value)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(writer))
+        .stderr(Stdio::from(writer_err))
+        .process_group(0)
+        .kill_on_drop(true);
+    let spawned = command.spawn();
+    // The command holds the parent's copies of the pipe's write end: drop it,
+    // or the pipe never reaches end of file.
+    drop(command);
+    let mut child = spawned.map_err(|error| {
+        format!(
+            "bash: cannot start {} in {}: {error}",
+            bash_path(),
+            context.workspace.root().display()
+        )
+    })?;
+    let group = child.id();
+    // If this future is dropped mid-run (the caller gave up without the
+    // token), the group dies with it.
+    let mut guard = GroupGuard(group);
+    let mut reader = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader))
+        .map_err(|error| format!("bash: cannot read its output: {error}"))?;
+
+    let mut output = Output::default();
+    let mut chunk = vec![0_u8; READ_CHUNK];
+    let mut ticker = tokio::time::interval(PROGRESS_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let drain = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(drain);
+    let mut eof = false;
+    let mut exited: Option<i32> = None;
+    let end = loop {
+        if eof && let Some(code) = exited {
+            break End::Exited(code);
+        }
+        tokio::select! {
+            read = reader.read(&mut chunk), if !eof => match read {
+                Ok(0) | Err(_) => eof = true,
+                Ok(count) => output.push(&chunk[..count]),
+            },
+            status = child.wait(), if exited.is_none() => {
+                exited = Some(status.ok().and_then(|status| status.code()).unwrap_or(-1));
+                drain.as_mut().reset(tokio::time::Instant::now() + WAIT_DELAY);
+            }
+            _ = ticker.tick() => output.report(&progress),
+            () = &mut drain, if exited.is_some() => {
+                // A background process holds the pipe: stop reading, leave it running.
+                break End::Exited(exited.unwrap_or(-1));
+            }
+            () = &mut deadline => {
+                end_group(&mut child, group).await;
+                break match exited {
+                    Some(code) => End::Exited(code),
+                    None => End::TimedOut,
+                };
+            }
+            () = cancel.cancelled() => {
+                end_group(&mut child, group).await;
+                break End::Canceled;
+            }
+        }
+    };
+    // What the killed group wrote before it died is still in the pipe.
+    if matches!(end, End::TimedOut | End::Canceled) {
+        drain_ready(&mut reader, &mut output, &mut chunk).await;
+    }
+    // A finished run leaves what it put in the background running.
+    guard.0 = None;
+    Ok(Run { output, end })
+}
+
+/// Kills a process group when dropped while armed.
+struct GroupGuard(Option<u32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(group) = self.0 {
+            kill_group(group, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// Kill the whole group, then reap bash so nothing is left a zombie.
+async fn end_group(child: &mut tokio::process::Child, group: Option<u32>) {
+    if let Some(group) = group {
+        kill_group(group, nix::sys::signal::Signal::SIGKILL);
+    }
+    let _ = child.kill().await;
+}
+
+/// Read what is already in the pipe, without waiting for writers that may
+/// have escaped the group.
+async fn drain_ready(
+    reader: &mut tokio::net::unix::pipe::Receiver,
+    output: &mut Output,
+    chunk: &mut [u8],
+) {
+    let window = tokio::time::sleep(Duration::from_millis(100));
+    tokio::pin!(window);
+    loop {
+        tokio::select! {
+            read = reader.read(chunk) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(count) => output.push(&chunk[..count]),
+            },
+            () = &mut window => return,
+        }
+    }
+}
+
+/// A whole number of seconds in Go's `time.Duration` format: `2m0s`, `1h0m0s`, `5s`.
+fn go_duration(duration: Duration) -> String {
+    let seconds = duration.as_secs();
+    let (hours, minutes, seconds) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
+    if hours > 0 {
+        format!("{hours}h{minutes}m{seconds}s")
+    } else if minutes > 0 {
+        format!("{minutes}m{seconds}s")
+    } else {
+        format!("{seconds}s")
+    }
+}
+
+/// `scheme://user:pass@` → `scheme://***@` (the dax reference's regex).
+fn redact_userinfo(text: &str) -> String {
+    static USERINFO: LazyLock<Option<regex::Regex>> =
+        LazyLock::new(|| regex::Regex::new(r"(://)[^/@\s]+@").ok());
+    match USERINFO.as_ref() {
+        Some(userinfo) => userinfo.replace_all(text, "${1}***@").into_owned(),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

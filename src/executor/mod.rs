@@ -8,17 +8,28 @@
 //! a bash line), `process` (the process methods), `sandbox` (landlock and
 //! no_new_privs for children).
 
-// Interfaces land before their callers; each piece of work removes this as it wires its part.
-#![allow(dead_code)]
-
 pub(crate) mod bash;
+mod batch;
 pub(crate) mod facts;
+mod files;
+mod keys;
 pub(crate) mod process;
+mod server;
 pub(crate) mod stamp;
+mod tools;
+mod transport;
 pub(crate) mod workspace;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::plan::Requirement;
+
+/// The read limit when the command line gives none (`--max-read-bytes 0`).
+const DEFAULT_MAX_READ_BYTES: u64 = 2 * 1024 * 1024;
 
 /// `box execute`: serve the executor over MCP on stdin/stdout.
 #[derive(Debug, Clone, clap::Args)]
@@ -41,14 +52,134 @@ pub struct ExecuteArgs {
     /// Whether overwriting or editing an existing file needs an earlier read of it.
     #[arg(long, value_name = "MODE", default_value = "read-first")]
     pub write_guard: String,
+    /// Confine this process with landlock (writes only beneath the root and temp): required, best-effort or off.
+    #[arg(long, value_name = "MODE", default_value = "best-effort")]
+    pub landlock: String,
 }
 
-/// Serve MCP on stdin/stdout until the client hangs up.
+/// Serve MCP on stdin/stdout until the client hangs up (or SIGTERM/SIGINT);
+/// exit status 0 either way.
 pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
-    anyhow::bail!(
-        "box execute is not built yet (root {})",
-        args.root.display()
-    )
+    init_logging();
+    let kind = match args.kind.as_str() {
+        "local" | "container" | "remote" => args.kind.clone(),
+        other => anyhow::bail!("--kind {other}: choose local, container or remote"),
+    };
+    let write_guard = match args.write_guard.as_str() {
+        "read-first" => true,
+        "off" => false,
+        other => anyhow::bail!("--write-guard {other}: choose read-first or off"),
+    };
+    let landlock = match args.landlock.as_str() {
+        "required" => Requirement::Required,
+        "best-effort" => Requirement::BestEffort,
+        "off" => Requirement::Off,
+        other => anyhow::bail!("--landlock {other}: choose required, best-effort or off"),
+    };
+    let max_read_bytes = if args.max_read_bytes == 0 {
+        DEFAULT_MAX_READ_BYTES
+    } else {
+        args.max_read_bytes
+    };
+    let workspace = workspace::Workspace::open(&args.root)
+        .with_context(|| format!("--root {}: cannot open the workspace", args.root.display()))?
+        .with_write_guard(write_guard);
+    if !workspace.dir().dir_metadata().is_ok_and(|m| m.is_dir()) {
+        anyhow::bail!("--root {}: not a directory", args.root.display());
+    }
+    let reference = args.reference.clone().unwrap_or_else(host_name);
+    let scrubbed = crate::scrub::scrub_environment(std::env::vars_os(), &args.pass_env);
+    if !scrubbed.removed.is_empty() {
+        tracing::info!(removed = ?scrubbed.removed, "variables scrubbed from children's environment");
+    }
+    match crate::backend::sandbox::confine_executor(workspace.root(), landlock) {
+        Ok(confinement) => tracing::info!(
+            landlock_abi = confinement.landlock_abi,
+            landlock_enforced = confinement.landlock_enforced,
+            no_new_privileges = confinement.no_new_privileges,
+            "executor confined"
+        ),
+        Err(error) => anyhow::bail!("--landlock {}: {error}", args.landlock),
+    }
+    let shared = Arc::new(server::Shared::new(
+        server::Settings {
+            kind,
+            reference,
+            max_read_bytes,
+        },
+        workspace,
+        scrubbed.kept,
+    ));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let result = runtime.block_on(run(shared));
+    // A pending read of stdin cannot be cancelled; do not wait for it.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    result.map(|()| std::process::ExitCode::SUCCESS)
+}
+
+/// Serve until the client hangs up or a signal ends it, then end every process.
+async fn run(shared: Arc<server::Shared>) -> anyhow::Result<()> {
+    use rmcp::ServiceExt as _;
+    use tokio::signal::unix::{SignalKind, signal};
+
+    let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let handler = server::Executor::new(Arc::clone(&shared));
+    let (reader, writer) = rmcp::transport::io::stdio_pipes();
+    let service = tokio::select! {
+        service = handler.serve(transport::LineTransport::new(reader, writer)) => service,
+        _ = terminate.recv() => return Ok(()),
+        _ = interrupt.recv() => return Ok(()),
+    };
+    let service = match service {
+        Ok(service) => service,
+        Err(error) => {
+            // A client that leaves before initializing ends nothing.
+            tracing::info!("no session: {error}");
+            return Ok(());
+        }
+    };
+    let cancel = service.cancellation_token();
+    let mut waiting = std::pin::pin!(service.waiting());
+    tokio::select! {
+        _ = &mut waiting => {
+            tracing::info!("client hung up");
+            shared.session().processes.shutdown().await;
+        }
+        _ = terminate.recv() => {
+            tracing::info!("SIGTERM: ending processes, then the session");
+            shared.session().processes.shutdown().await;
+            cancel.cancel();
+        }
+        _ = interrupt.recv() => {
+            tracing::info!("SIGINT: ending processes, then the session");
+            shared.session().processes.shutdown().await;
+            cancel.cancel();
+        }
+    }
+    Ok(())
+}
+
+/// Logs go to stderr only: stdout is the protocol.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BOX_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+/// This machine's name, for the descriptor's default ref.
+fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .unwrap_or_default()
 }
 
 /// Everything a tool call needs from its executor: shared by every call of one
@@ -57,6 +188,7 @@ pub(crate) struct Context {
     /// The confined workspace every path resolves beneath.
     pub workspace: Arc<workspace::Workspace>,
     /// The scrubbed environment every child (bash, processes, git probes) gets.
+    #[allow(dead_code, reason = "read by bash and process, whose stubs do not yet")]
     pub child_env: Arc<Vec<(std::ffi::OsString, std::ffi::OsString)>>,
     /// This process's stamp key.
     pub stamp: stamp::StampKey,

@@ -1,39 +1,688 @@
 //! The process methods (`agentworkspace/process.*`): start, write, read,
 //! closeStdin, signal, wait, close, with the wire's bounds.
 //!
-//! Interface stub: the process work fills this in.
+//! A session uses them to run its MCP stdio servers inside the unit. Each
+//! process runs in its own process group, with the scrubbed environment plus
+//! the entries the start names, at the workspace root or a directory inside
+//! it. Its stdout and stderr are read by tasks into buffers of at most 64 KiB
+//! unread each: stdout past that waits (back-pressure, like a full pipe),
+//! stderr past that is dropped. Ending a process (close, the timeout, the
+//! executor stopping) always ends its whole group, then reaps it.
+//!
+//! Not here: the per-session table split (one `Processes` per session is the
+//! server's choice), landlock for children (`sandbox`).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use serde_json::Value;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use nix::sys::signal::Signal;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
 
 use super::Context;
 
 /// The method prefix the process methods share.
 pub(crate) const METHOD_PREFIX: &str = "agentworkspace/process.";
 
+/// The most processes open at once (`MaxProcesses`).
+pub(crate) const MAX_PROCESSES: usize = 32;
+/// The most bytes one write may carry (`MaxWriteBytes`).
+pub(crate) const MAX_WRITE_BYTES: usize = 1024 * 1024;
+/// The most bytes one read returns, and the most unread bytes held per stream.
+pub(crate) const MAX_READ_BYTES: usize = 64 * 1024;
+/// How long close waits after closing stdin, and again after SIGTERM.
+const GRACE: Duration = Duration::from_secs(2);
+/// One read from a child's pipe.
+const PIPE_CHUNK: usize = 16 * 1024;
+
 /// A process method's failure, sent as a JSON-RPC error with this message.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub(crate) struct ProcessError(pub String);
 
+fn error(message: impl Into<String>) -> ProcessError {
+    ProcessError(message.into())
+}
+
 /// One executor's processes.
 pub(crate) struct Processes {
     context: Arc<Context>,
+    table: Mutex<Table>,
+}
+
+#[derive(Default)]
+struct Table {
+    next: u64,
+    open: HashMap<String, Arc<Process>>,
+    stopping: bool,
+}
+
+/// Why the executor ended a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Timeout,
+    Canceled,
+}
+
+impl Ended {
+    fn as_str(self) -> &'static str {
+        match self {
+            Ended::Timeout => "timeout",
+            Ended::Canceled => "canceled",
+        }
+    }
+}
+
+/// How a process exited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Exit {
+    /// The exit code; `-1` when a signal ended it.
+    status: i32,
+    /// A wait failure, if waiting failed.
+    error: Option<String>,
+}
+
+/// One running (or exited, not yet closed) process.
+struct Process {
+    /// The group leader's pid, which is the group id.
+    group: u32,
+    stdin: tokio::sync::Mutex<Option<tokio::process::ChildStdin>>,
+    stdin_closed: CancellationToken,
+    stdout: Arc<Stream>,
+    stderr: Option<Arc<Stream>>,
+    exit: watch::Receiver<Option<Exit>>,
+    ended: Mutex<Option<Ended>>,
+    /// Cancels the timeout task once the process is closed.
+    timer: CancellationToken,
+}
+
+/// One output stream's unread bytes.
+#[derive(Default)]
+struct Stream {
+    state: Mutex<StreamState>,
+    /// Readers wait on this for data or end of file.
+    readable: Notify,
+    /// The stdout pump waits on this for room.
+    writable: Notify,
+}
+
+#[derive(Default)]
+struct StreamState {
+    unread: Vec<u8>,
+    eof: bool,
+    /// Nobody will read again (the process was closed): the pump stops.
+    abandoned: bool,
+}
+
+/// What a stream does when its buffer is full.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Full {
+    /// Stop reading the pipe until a read makes room (stdout).
+    Wait,
+    /// Keep reading and drop what does not fit (stderr).
+    Drop,
+}
+
+impl Stream {
+    fn lock(&self) -> std::sync::MutexGuard<'_, StreamState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Copy a pipe into the buffer until end of file.
+    async fn pump(self: Arc<Self>, mut pipe: impl AsyncRead + Unpin, full: Full) {
+        let mut chunk = vec![0_u8; PIPE_CHUNK];
+        loop {
+            let room = loop {
+                let room_ready = self.writable.notified();
+                tokio::pin!(room_ready);
+                room_ready.as_mut().enable();
+                let (abandoned, room) = {
+                    let state = self.lock();
+                    (
+                        state.abandoned,
+                        MAX_READ_BYTES.saturating_sub(state.unread.len()),
+                    )
+                };
+                if abandoned {
+                    return;
+                }
+                if room > 0 || full == Full::Drop {
+                    break room;
+                }
+                room_ready.await;
+            };
+            let want = match full {
+                Full::Wait => room.min(PIPE_CHUNK),
+                Full::Drop => PIPE_CHUNK,
+            };
+            match pipe.read(&mut chunk[..want]).await {
+                Ok(0) | Err(_) => break,
+                Ok(count) => {
+                    let mut state = self.lock();
+                    let room = MAX_READ_BYTES.saturating_sub(state.unread.len());
+                    let keep = count.min(room);
+                    state.unread.extend_from_slice(&chunk[..keep]);
+                    drop(state);
+                    self.readable.notify_waiters();
+                }
+            }
+        }
+        self.lock().eof = true;
+        self.readable.notify_waiters();
+    }
+
+    /// Wait for data or end of file; take at most `max` bytes.
+    async fn read(&self, max: usize) -> (Vec<u8>, bool) {
+        loop {
+            let ready = self.readable.notified();
+            tokio::pin!(ready);
+            ready.as_mut().enable();
+            {
+                let mut state = self.lock();
+                if !state.unread.is_empty() || state.eof {
+                    let take = state.unread.len().min(max);
+                    let data: Vec<u8> = state.unread.drain(..take).collect();
+                    let eof = state.eof && state.unread.is_empty();
+                    drop(state);
+                    self.writable.notify_waiters();
+                    return (data, eof);
+                }
+            }
+            ready.await;
+        }
+    }
+
+    /// Stop the pump and free the buffer: nobody will read again.
+    fn abandon(&self) {
+        let mut state = self.lock();
+        state.abandoned = true;
+        state.unread = Vec::new();
+        drop(state);
+        self.writable.notify_waiters();
+    }
+
+    /// Take everything unread without waiting.
+    fn take(&self) -> Vec<u8> {
+        let data = std::mem::take(&mut self.lock().unread);
+        self.writable.notify_waiters();
+        data
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StartParams {
+    args: Vec<String>,
+    #[serde(default)]
+    dir: String,
+    #[serde(default)]
+    env: Vec<String>,
+    #[serde(default)]
+    timeout_ms: i64,
+    #[serde(default)]
+    stderr: bool,
+}
+
+#[derive(Deserialize)]
+struct IdParams {
+    id: String,
+}
+
+#[derive(Deserialize)]
+struct WriteParams {
+    id: String,
+    #[serde(default)]
+    data: String,
+}
+
+#[derive(Deserialize)]
+struct ReadParams {
+    id: String,
+    fd: i64,
+    #[serde(default)]
+    max: i64,
+}
+
+#[derive(Deserialize)]
+struct SignalParams {
+    id: String,
+    signal: String,
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(op: &str, params: Value) -> Result<T, ProcessError> {
+    let params = if params.is_null() { json!({}) } else { params };
+    serde_json::from_value(params)
+        .map_err(|problem| error(format!("process.{op}: invalid params: {problem}")))
 }
 
 impl Processes {
     /// An empty table.
     pub fn new(context: Arc<Context>) -> Self {
-        Self { context }
+        Self {
+            context,
+            table: Mutex::new(Table::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Answer `agentworkspace/process.<op>` with `params`.
     pub async fn handle(&self, op: &str, params: Value) -> Result<Value, ProcessError> {
-        let _ = (&self.context, params);
-        Err(ProcessError(format!("process.{op} is not built yet")))
+        match op {
+            "start" => self.start(parse(op, params)?),
+            "write" => self.write(parse(op, params)?).await,
+            "read" => self.read(parse(op, params)?).await,
+            "closeStdin" => {
+                let params: IdParams = parse(op, params)?;
+                let process = self.get(&params.id)?;
+                process.close_stdin().await;
+                Ok(json!({}))
+            }
+            "signal" => self.signal(parse(op, params)?),
+            "wait" => {
+                let params: IdParams = parse(op, params)?;
+                let process = self.get(&params.id)?;
+                Ok(process.wait().await)
+            }
+            "close" => {
+                let params: IdParams = parse(op, params)?;
+                let process = self
+                    .lock()
+                    .open
+                    .remove(&params.id)
+                    .ok_or_else(|| error("no such process in this session"))?;
+                Ok(process.close(None).await)
+            }
+            other => Err(error(format!(
+                "unknown process method {METHOD_PREFIX}{other}; use start, write, read, closeStdin, signal, wait or close"
+            ))),
+        }
     }
 
     /// End every process (stdin closed, grace, TERM, KILL) and refuse new starts.
-    pub async fn shutdown(&self) {}
+    pub async fn shutdown(&self) {
+        let processes: Vec<Arc<Process>> = {
+            let mut table = self.lock();
+            table.stopping = true;
+            table.open.drain().map(|(_, process)| process).collect()
+        };
+        futures::future::join_all(
+            processes
+                .iter()
+                .map(|process| process.close(Some(Ended::Canceled))),
+        )
+        .await;
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Process>, ProcessError> {
+        self.lock()
+            .open
+            .get(id)
+            .cloned()
+            .ok_or_else(|| error("no such process in this session"))
+    }
+
+    fn start(&self, params: StartParams) -> Result<Value, ProcessError> {
+        if self.lock().stopping {
+            return Err(error("the executor is stopping"));
+        }
+        let Some(program) = params.args.first().filter(|program| !program.is_empty()) else {
+            return Err(error("no command"));
+        };
+        if params.timeout_ms < 0 {
+            return Err(error("a negative timeout"));
+        }
+        let mut env = Vec::with_capacity(params.env.len());
+        for entry in &params.env {
+            let Some((name, value)) = entry.split_once('=').filter(|(name, _)| !name.is_empty())
+            else {
+                return Err(error(format!("env entry {entry:?} is not NAME=value")));
+            };
+            env.push((name.to_owned(), value.to_owned()));
+        }
+        let dir = self.directory(&params.dir)?;
+        // Hold the table across the count check and the insert so two starts
+        // cannot both take the 32nd place.
+        let mut table = self.lock();
+        if table.stopping {
+            return Err(error("the executor is stopping"));
+        }
+        if table.open.len() >= MAX_PROCESSES {
+            return Err(error(format!(
+                "{MAX_PROCESSES} processes are open in this session, the most there may be; close one first"
+            )));
+        }
+        let mut command = tokio::process::Command::new(program);
+        command
+            .args(&params.args[1..])
+            .current_dir(&dir)
+            .env_clear()
+            .envs(
+                self.context
+                    .child_env
+                    .iter()
+                    .map(|(name, value)| (name, value)),
+            )
+            // Every child the executor starts runs git neutralised (an MCP
+            // server that shells out to git included); the caller's own
+            // entries come last, so a process asked for explicitly can still
+            // set what it needs.
+            .envs(crate::scrub::git_neutralisation())
+            .envs(env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(if params.stderr {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = command
+            .spawn()
+            .map_err(|problem| error(format!("start {program}: {problem}")))?;
+        let Some(group) = child.id() else {
+            return Err(error(format!(
+                "start {program}: it exited before it could be tracked"
+            )));
+        };
+        let stdout = Arc::new(Stream::default());
+        if let Some(pipe) = child.stdout.take() {
+            tokio::spawn(Arc::clone(&stdout).pump(pipe, Full::Wait));
+        }
+        let stderr = child.stderr.take().map(|pipe| {
+            let stream = Arc::new(Stream::default());
+            tokio::spawn(Arc::clone(&stream).pump(pipe, Full::Drop));
+            stream
+        });
+        let (exit_sender, exit) = watch::channel(None);
+        let stdin = child.stdin.take();
+        tokio::spawn(async move {
+            let exit = match child.wait().await {
+                Ok(status) => Exit {
+                    status: status.code().unwrap_or(-1),
+                    error: None,
+                },
+                Err(problem) => Exit {
+                    status: -1,
+                    error: Some(problem.to_string()),
+                },
+            };
+            let _ = exit_sender.send(Some(exit));
+        });
+        let process = Arc::new(Process {
+            group,
+            stdin: tokio::sync::Mutex::new(stdin),
+            stdin_closed: CancellationToken::new(),
+            stdout,
+            stderr,
+            exit,
+            ended: Mutex::new(None),
+            timer: CancellationToken::new(),
+        });
+        if params.timeout_ms > 0 {
+            let timed = Arc::clone(&process);
+            let timeout = Duration::from_millis(params.timeout_ms.unsigned_abs());
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = tokio::time::sleep(timeout) => timed.end_group(Ended::Timeout),
+                    () = timed.timer.cancelled() => {}
+                }
+            });
+        }
+        table.next += 1;
+        let id = format!("p{}", table.next);
+        table.open.insert(id.clone(), process);
+        Ok(json!({ "id": id }))
+    }
+
+    /// The start directory: `""` is the root; anything else is checked
+    /// through the workspace (a link out is refused as outside).
+    fn directory(&self, raw: &str) -> Result<PathBuf, ProcessError> {
+        if raw.is_empty() || raw == "." {
+            return Ok(self.context.workspace.root().to_path_buf());
+        }
+        self.context
+            .workspace
+            .directory(raw)
+            .map_err(|problem| error(format!("dir: {problem}")))
+    }
+
+    async fn write(&self, params: WriteParams) -> Result<Value, ProcessError> {
+        let process = self.get(&params.id)?;
+        // Base64 is 4 bytes per 3: refuse an oversized write before decoding it.
+        if params.data.len() / 4 * 3 > MAX_WRITE_BYTES + 3 {
+            return Err(error(format!(
+                "a write of {} bytes; at most {MAX_WRITE_BYTES}",
+                params.data.len() / 4 * 3
+            )));
+        }
+        let data = BASE64
+            .decode(params.data.as_bytes())
+            .map_err(|problem| error(format!("data: not base64: {problem}")))?;
+        if data.len() > MAX_WRITE_BYTES {
+            return Err(error(format!(
+                "a write of {} bytes; at most {MAX_WRITE_BYTES}",
+                data.len()
+            )));
+        }
+        process.write(&data).await?;
+        Ok(json!({}))
+    }
+
+    async fn read(&self, params: ReadParams) -> Result<Value, ProcessError> {
+        let process = self.get(&params.id)?;
+        let stream = match params.fd {
+            1 => Arc::clone(&process.stdout),
+            2 => process
+                .stderr
+                .clone()
+                .ok_or_else(|| error("fd 2: the process was started without stderr: true"))?,
+            other => {
+                return Err(error(format!(
+                    "fd {other}: only 1 (stdout) or 2 (stderr) can be read"
+                )));
+            }
+        };
+        let max = match usize::try_from(params.max) {
+            Ok(max) if max > 0 && max <= MAX_READ_BYTES => max,
+            _ => MAX_READ_BYTES,
+        };
+        let (data, eof) = stream.read(max).await;
+        let mut result = Map::new();
+        if !data.is_empty() {
+            result.insert("data".to_owned(), Value::String(BASE64.encode(&data)));
+        }
+        if eof {
+            result.insert("eof".to_owned(), Value::Bool(true));
+        }
+        Ok(Value::Object(result))
+    }
+
+    fn signal(&self, params: SignalParams) -> Result<Value, ProcessError> {
+        let process = self.get(&params.id)?;
+        let signal = match params.signal.as_str() {
+            "INT" => Signal::SIGINT,
+            "TERM" => Signal::SIGTERM,
+            "KILL" => Signal::SIGKILL,
+            other => {
+                return Err(error(format!(
+                    "unknown signal {other:?}; use INT, TERM or KILL"
+                )));
+            }
+        };
+        if process.exit.borrow().is_some() {
+            return Ok(json!({ "done": true }));
+        }
+        kill_group(process.group, signal);
+        Ok(json!({}))
+    }
 }
+
+impl Process {
+    async fn write(&self, data: &[u8]) -> Result<(), ProcessError> {
+        // One write at a time per process; closeStdin cancels a blocked one.
+        let mut stdin = tokio::select! {
+            stdin = self.stdin.lock() => stdin,
+            () = self.stdin_closed.cancelled() => return Err(error("stdin is closed")),
+        };
+        let Some(pipe) = stdin.as_mut() else {
+            return Err(error("stdin is closed"));
+        };
+        tokio::select! {
+            written = pipe.write_all(data) => written
+                .map_err(|problem| error(format!("write to the process: {problem}"))),
+            () = self.stdin_closed.cancelled() => Err(error("stdin is closed")),
+        }
+    }
+
+    async fn close_stdin(&self) {
+        self.stdin_closed.cancel();
+        self.stdin.lock().await.take();
+    }
+
+    fn exited(&self) -> Option<Exit> {
+        self.exit.borrow().clone()
+    }
+
+    async fn wait_exit(&self) -> Exit {
+        let mut exit = self.exit.clone();
+        match exit.wait_for(Option::is_some).await {
+            Ok(value) => value.clone().unwrap_or(Exit {
+                status: -1,
+                error: None,
+            }),
+            Err(_) => Exit {
+                status: -1,
+                error: Some("the process's watcher is gone".to_owned()),
+            },
+        }
+    }
+
+    /// Wait for exit up to `limit`.
+    async fn exit_within(&self, limit: Duration) -> bool {
+        tokio::time::timeout(limit, self.wait_exit()).await.is_ok()
+    }
+
+    /// The timeout (or the executor) ends the whole group now.
+    fn end_group(&self, why: Ended) {
+        if self.exited().is_none() {
+            let mut ended = self
+                .ended
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            ended.get_or_insert(why);
+        }
+        kill_group(self.group, Signal::SIGKILL);
+    }
+
+    fn outcome(&self, exit: Exit) -> Map<String, Value> {
+        let mut result = Map::new();
+        result.insert("status".to_owned(), json!(exit.status));
+        let ended = *self
+            .ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(ended) = ended {
+            result.insert("ended".to_owned(), json!(ended.as_str()));
+        } else if let Some(problem) = exit.error {
+            result.insert("error".to_owned(), json!(problem));
+        }
+        result
+    }
+
+    async fn wait(&self) -> Value {
+        let exit = self.wait_exit().await;
+        Value::Object(self.outcome(exit))
+    }
+
+    /// End the process: stdin closed, a grace period, SIGTERM to the group,
+    /// another, SIGKILL; then anything left in the group is killed too. The
+    /// result says how it ended, with the stderr no read took.
+    async fn close(&self, why: Option<Ended>) -> Value {
+        self.timer.cancel();
+        if let Some(why) = why
+            && self.exited().is_none()
+        {
+            let mut ended = self
+                .ended
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            ended.get_or_insert(why);
+        }
+        self.stdin_closed.cancel();
+        // A blocked write sees the cancel and lets go of stdin at once.
+        if let Ok(mut stdin) =
+            tokio::time::timeout(Duration::from_millis(100), self.stdin.lock()).await
+        {
+            stdin.take();
+        }
+        if !self.exit_within(GRACE).await {
+            kill_group(self.group, Signal::SIGTERM);
+            if !self.exit_within(GRACE).await {
+                kill_group(self.group, Signal::SIGKILL);
+            }
+        }
+        let exit = self.wait_exit().await;
+        // Leave nothing behind: the leader's children share its group.
+        kill_group(self.group, Signal::SIGKILL);
+        let mut result = self.outcome(exit);
+        if let Some(stderr) = &self.stderr {
+            let unread = stderr.take();
+            if !unread.is_empty() {
+                result.insert("stderr".to_owned(), json!(BASE64.encode(unread)));
+            }
+            stderr.abandon();
+        }
+        self.stdout.abandon();
+        Value::Object(result)
+    }
+}
+
+impl Drop for Processes {
+    /// A table dropped without `shutdown` (a session gone abruptly) still
+    /// leaves nothing running.
+    fn drop(&mut self) {
+        let table = self
+            .table
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for process in table.open.values() {
+            if process.exited().is_none() {
+                kill_group(process.group, Signal::SIGKILL);
+            }
+            process.timer.cancel();
+            process.stdout.abandon();
+            if let Some(stderr) = &process.stderr {
+                stderr.abandon();
+            }
+        }
+    }
+}
+
+/// Send `signal` to the process group led by `leader` (a child started with
+/// `process_group(0)`). A group already gone is not an error.
+pub(crate) fn kill_group(leader: u32, signal: nix::sys::signal::Signal) {
+    if let Ok(leader) = i32::try_from(leader)
+        && leader > 1
+    {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(leader), signal);
+    }
+}
+
+#[cfg(test)]
+mod tests;

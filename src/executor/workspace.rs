@@ -1,15 +1,36 @@
 //! The confined workspace: every path a tool names resolves beneath the root,
 //! and a link never leads out (cap-std's `Dir`, openat2 RESOLVE_BENEATH).
 //!
-//! Interface stub: the executor's file-tools work fills this in; the signatures
-//! are what `bash`, `shell` and `process` code against.
+//! Names are cleaned lexically first (Go's `filepath.Clean`): a name that
+//! climbs out or is absolute outside the root is refused before any I/O. Every
+//! I/O then goes through one `Dir` opened on the root, so a link that leads out
+//! (or a `..` that a link would make climb out) fails in the kernel. FIFOs and
+//! devices are opened non-blocking and refused as "not a regular file".
+//!
+//! The workspace also owns the state the file tools share across calls: the
+//! write lock and the read ledger behind version-aware writes (seed 003).
 
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Mutex;
 
-use super::facts::FactCall;
+use cap_std::fs::{Dir, File, Metadata, OpenOptions, OpenOptionsExt};
+use sha2::{Digest, Sha256};
+
+use super::facts::{FactCall, LINKS_UNKNOWN, SENTINEL};
+
+/// The longest path the kernel takes (`PATH_MAX`), in bytes.
+const PATH_MAX: usize = 4096;
+/// The longest name of one path component (`NAME_MAX`), in bytes.
+const NAME_MAX: usize = 255;
 
 /// Why a path cannot be used.
 #[derive(Debug, thiserror::Error)]
+#[allow(
+    dead_code,
+    reason = "`Io` is built by `directory`, which the process work calls"
+)]
 pub(crate) enum PathError {
     /// Absolute outside the root, or climbing out of it.
     #[error("path is outside the workspace: {0}")]
@@ -27,23 +48,114 @@ pub(crate) enum PathError {
     },
 }
 
+impl PathError {
+    /// The I/O error for `path`, turned into `Outside` when cap-std refused
+    /// because a link (or `..` through one) leads out of the root.
+    #[allow(dead_code, reason = "used by `directory`")]
+    pub fn io(path: &str, source: std::io::Error) -> Self {
+        if is_escape(&source) {
+            Self::Outside(path.to_owned())
+        } else {
+            Self::Io {
+                path: path.to_owned(),
+                source,
+            }
+        }
+    }
+}
+
+/// Whether `error` is cap-std's refusal of a path that leads out of its `Dir`.
+pub(crate) fn is_escape(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::PermissionDenied
+        && error.to_string().contains("outside of the filesystem")
+}
+
+/// What a file was when this executor last read it (or wrote it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Version {
+    size: u64,
+    modified_nanos: i128,
+    hash: [u8; 32],
+}
+
 /// The workspace root, opened once.
 #[derive(Debug)]
 pub(crate) struct Workspace {
     root: PathBuf,
+    /// The root as the kernel names it (links in the root's own path resolved),
+    /// so an absolute path written either way is recognised as inside.
+    canonical_root: PathBuf,
+    dir: Dir,
+    /// One lock across every write and every edit's read-modify-write; a
+    /// std mutex because it is taken on blocking threads, never across `.await`.
+    writes: Mutex<()>,
+    /// Resolved name → its version at this executor's last read or write.
+    ledger: Mutex<HashMap<String, Version>>,
+    /// Whether overwriting or editing an existing file needs an earlier read.
+    write_guard: bool,
 }
 
 impl Workspace {
     /// Open the root (it must exist and be a directory).
     pub fn open(root: &Path) -> std::io::Result<Self> {
+        let root = std::path::absolute(root)?;
+        let canonical_root = std::fs::canonicalize(&root)?;
+        let dir = Dir::open_ambient_dir(&root, cap_std::ambient_authority())?;
         Ok(Self {
-            root: std::path::absolute(root)?,
+            root: clean_absolute(&root),
+            canonical_root,
+            dir,
+            writes: Mutex::new(()),
+            ledger: Mutex::new(HashMap::new()),
+            write_guard: true,
         })
+    }
+
+    /// Turn the read-before-write rule on or off (`--write-guard`).
+    pub fn with_write_guard(mut self, on: bool) -> Self {
+        self.write_guard = on;
+        self
     }
 
     /// The root, absolute, as processes in the unit see it.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The root directory handle every confined operation goes through.
+    pub fn dir(&self) -> &Dir {
+        &self.dir
+    }
+
+    /// The lock held across each write and each edit.
+    pub fn lock_writes(&self) -> std::sync::MutexGuard<'_, ()> {
+        // A panic under the lock leaves no state behind it to repair.
+        self.writes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The root-relative cleaned name of `raw` (`"."` for the root), resolved
+    /// against the root-relative directory `base`; refused when it is not a
+    /// usable name or lies outside. No I/O.
+    pub fn name(&self, base: &str, raw: &str) -> Result<String, PathError> {
+        check_raw(raw)?;
+        let path = Path::new(raw);
+        if path.is_absolute() {
+            let cleaned = clean_absolute(path);
+            for root in [&self.root, &self.canonical_root] {
+                if let Ok(rest) = cleaned.strip_prefix(root) {
+                    return relative_name(rest, raw);
+                }
+            }
+            return Err(PathError::Outside(raw.to_owned()));
+        }
+        let joined = if base.is_empty() || base == "." {
+            path.to_path_buf()
+        } else {
+            Path::new(base).join(path)
+        };
+        relative_name(&joined, raw)
     }
 
     /// The facts calls for `raw` (a path as the model wrote it, relative to
@@ -52,13 +164,314 @@ impl Workspace {
     /// inside; the sentinel form when it is outside or leads out; a
     /// `dax:links-unknown` call when where links lead cannot be read.
     pub fn path_facts(&self, base: &str, raw: &str, tool: &str) -> Vec<FactCall> {
-        let _ = (base, raw, tool);
-        Vec::new()
+        let call = |path: String, text: String, tool: &str| {
+            let mut args = serde_json::Map::new();
+            args.insert("path".to_owned(), serde_json::Value::String(path));
+            FactCall {
+                tool: tool.to_owned(),
+                args,
+                text,
+            }
+        };
+        let name = match self.name(base, raw) {
+            Ok(name) => name,
+            Err(_) => return vec![call(format!("{SENTINEL}{raw}"), raw.to_owned(), tool)],
+        };
+        let mut calls = vec![call(name.clone(), raw.to_owned(), tool)];
+        match self.resolve_links(&name) {
+            Ok(target) if target == name => {}
+            Ok(target) => calls.push(call(target.clone(), format!("{raw} -> {target}"), tool)),
+            Err(error) if is_escape(&error) => calls.push(call(
+                format!("{SENTINEL}{raw}"),
+                format!("{raw} -> outside the workspace"),
+                tool,
+            )),
+            Err(_) => calls.push(call(
+                name,
+                format!("{raw} (where its links lead cannot be read)"),
+                LINKS_UNKNOWN,
+            )),
+        }
+        calls
+    }
+
+    /// The name `name` leads to with every link followed beneath the root: the
+    /// longest existing prefix canonicalised, the rest appended. An error that
+    /// [`is_escape`] when a link leads out.
+    pub fn resolve_links(&self, name: &str) -> std::io::Result<String> {
+        let path = Path::new(name);
+        let mut existing = path;
+        let mut rest: Vec<&std::ffi::OsStr> = Vec::new();
+        loop {
+            if existing.as_os_str().is_empty() || existing == Path::new(".") {
+                break;
+            }
+            match self.dir.symlink_metadata(existing) {
+                Ok(_) => break,
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                    if let Some(file_name) = existing.file_name() {
+                        rest.push(file_name);
+                    }
+                    existing = existing.parent().unwrap_or(Path::new(""));
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        let mut resolved = if existing.as_os_str().is_empty() || existing == Path::new(".") {
+            PathBuf::new()
+        } else {
+            self.dir.canonicalize(existing)?
+        };
+        for part in rest.iter().rev() {
+            resolved.push(part);
+        }
+        Ok(display_name(&resolved))
     }
 
     /// The absolute path of a directory inside the workspace named by `raw`
     /// (relative to the root, or absolute inside it), checked through the root.
+    #[allow(
+        dead_code,
+        reason = "the bash and process work calls it (their stubs do not yet)"
+    )]
     pub fn directory(&self, raw: &str) -> Result<PathBuf, PathError> {
-        Err(PathError::Invalid(raw.to_owned()))
+        let name = self.name("", raw)?;
+        let metadata = self.metadata(&name).map_err(|e| PathError::io(raw, e))?;
+        if !metadata.is_dir() {
+            return Err(PathError::Io {
+                path: raw.to_owned(),
+                source: std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory"),
+            });
+        }
+        let resolved = self
+            .resolve_links(&name)
+            .map_err(|e| PathError::io(raw, e))?;
+        Ok(if resolved == "." {
+            self.root.clone()
+        } else {
+            self.root.join(resolved)
+        })
+    }
+
+    /// Metadata of `name`, links followed beneath the root.
+    pub fn metadata(&self, name: impl AsRef<Path>) -> std::io::Result<Metadata> {
+        let name = name.as_ref();
+        if name == Path::new(".") {
+            self.dir.dir_metadata()
+        } else {
+            self.dir.metadata(name)
+        }
+    }
+
+    /// Metadata of `name` itself (a link is described, not followed).
+    pub fn symlink_metadata(&self, name: &str) -> std::io::Result<Metadata> {
+        if name == "." {
+            self.dir.dir_metadata()
+        } else {
+            self.dir.symlink_metadata(name)
+        }
+    }
+
+    /// Open the directory `name` beneath the root.
+    pub fn open_dir(&self, name: &str) -> std::io::Result<Dir> {
+        if name == "." {
+            self.dir.try_clone()
+        } else {
+            self.dir.open_dir(name)
+        }
+    }
+
+    /// Open `name` for reading without ever blocking on a FIFO or device:
+    /// non-blocking open, then refuse anything but a regular file.
+    pub fn open_regular(&self, name: impl AsRef<Path>) -> Result<(File, Metadata), FileError> {
+        let mut options = OpenOptions::new();
+        options
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+        let file = self
+            .dir
+            .open_with(name.as_ref(), &options)
+            .map_err(FileError::Io)?;
+        let metadata = file.metadata().map_err(FileError::Io)?;
+        if metadata.is_dir() {
+            return Err(FileError::Directory);
+        }
+        if !metadata.is_file() {
+            return Err(FileError::NotRegular);
+        }
+        Ok((file, metadata))
+    }
+
+    /// The version of the file `name` now: its size, modification time and the
+    /// hash of its first `max_bytes` bytes (what a read scans).
+    pub fn version(&self, name: &str, max_bytes: u64) -> Result<Version, FileError> {
+        let (file, metadata) = self.open_regular(name)?;
+        let mut hasher = Sha256::new();
+        let mut reader = std::io::BufReader::new(file).take(max_bytes);
+        let mut buffer = [0u8; 64 * 1024];
+        loop {
+            let read = reader.read(&mut buffer).map_err(FileError::Io)?;
+            if read == 0 {
+                break;
+            }
+            hasher.update(&buffer[..read]);
+        }
+        Ok(version_of(&metadata, hasher.finalize().into()))
+    }
+
+    /// Remember that this executor has seen `name` (resolved) as `version`.
+    pub fn record(&self, name: &str, version: Version) {
+        let key = self.resolve_links(name).unwrap_or_else(|_| name.to_owned());
+        if let Ok(mut ledger) = self.ledger.lock() {
+            ledger.insert(key, version);
+        }
+    }
+
+    /// Whether overwriting the existing file `name` (shown as `shown`) is
+    /// allowed: it was read before and has not changed since. Call under the
+    /// write lock.
+    pub fn check_unchanged(&self, name: &str, shown: &str, max_bytes: u64) -> Result<(), String> {
+        if !self.write_guard {
+            return Ok(());
+        }
+        let key = self.resolve_links(name).unwrap_or_else(|_| name.to_owned());
+        let seen = self.ledger.lock().ok().and_then(|l| l.get(&key).cloned());
+        let Some(seen) = seen else {
+            return Err(format!(
+                "{shown} already exists and has not been read in this session; read it first, then write or edit it"
+            ));
+        };
+        let now = self
+            .version(name, max_bytes)
+            .map_err(|e| e.message(shown))?;
+        if now != seen {
+            return Err(format!(
+                "{shown} changed since it was last read (by something else); read it again before writing or editing it"
+            ));
+        }
+        Ok(())
     }
 }
+
+/// Why a file could not be opened as a regular file.
+#[derive(Debug)]
+pub(crate) enum FileError {
+    /// A directory.
+    Directory,
+    /// A FIFO, socket or device.
+    NotRegular,
+    /// The file system said no.
+    Io(std::io::Error),
+}
+
+impl FileError {
+    /// The message for the file shown as `shown`.
+    pub fn message(&self, shown: &str) -> String {
+        match self {
+            Self::Directory => format!("{shown} is a directory"),
+            Self::NotRegular => format!("{shown}: not a regular file"),
+            Self::Io(error) => io_message(shown, error),
+        }
+    }
+}
+
+/// The message for an I/O error on the path shown as `shown`.
+pub(crate) fn io_message(shown: &str, error: &std::io::Error) -> String {
+    if is_escape(error) {
+        return PathError::Outside(shown.to_owned()).to_string();
+    }
+    match error.kind() {
+        std::io::ErrorKind::NotFound => format!("{shown}: no such file or directory"),
+        std::io::ErrorKind::PermissionDenied => format!("{shown}: permission denied"),
+        _ => format!("{shown}: {error}"),
+    }
+}
+
+/// The version of a file with `metadata` whose scanned bytes hash to `hash`.
+pub(crate) fn version_of(metadata: &Metadata, hash: [u8; 32]) -> Version {
+    use cap_std::fs::MetadataExt;
+    let modified_nanos =
+        i128::from(metadata.mtime()) * 1_000_000_000 + i128::from(metadata.mtime_nsec());
+    Version {
+        size: metadata.len(),
+        modified_nanos,
+        hash,
+    }
+}
+
+/// The SHA-256 of `bytes`.
+pub(crate) fn hash(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// Refuse NUL bytes and names longer than the kernel takes.
+fn check_raw(raw: &str) -> Result<(), PathError> {
+    if raw.contains('\0') {
+        return Err(PathError::Invalid(raw.replace('\0', "\\0")));
+    }
+    if raw.len() > PATH_MAX {
+        return Err(PathError::Invalid(format!(
+            "{}... ({} bytes; at most {PATH_MAX})",
+            raw.chars().take(64).collect::<String>(),
+            raw.len()
+        )));
+    }
+    if let Some(long) = raw.split('/').find(|part| part.len() > NAME_MAX) {
+        return Err(PathError::Invalid(format!(
+            "a component of {} bytes (at most {NAME_MAX}): {}...",
+            long.len(),
+            long.chars().take(64).collect::<String>()
+        )));
+    }
+    Ok(())
+}
+
+/// The cleaned root-relative name of the relative path `path`, or `Outside`
+/// when its `..` climb above the root.
+fn relative_name(path: &Path, raw: &str) -> Result<String, PathError> {
+    let mut parts: Vec<&std::ffi::OsStr> = Vec::new();
+    for component in path.components() {
+        match component {
+            Component::Normal(part) => parts.push(part),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if parts.pop().is_none() {
+                    return Err(PathError::Outside(raw.to_owned()));
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(PathError::Outside(raw.to_owned()));
+            }
+        }
+    }
+    let cleaned: PathBuf = parts.iter().collect();
+    Ok(display_name(&cleaned))
+}
+
+/// `path` as a slash-separated name, `"."` when empty.
+fn display_name(path: &Path) -> String {
+    let text = path.to_string_lossy();
+    if text.is_empty() {
+        ".".to_owned()
+    } else {
+        text.into_owned()
+    }
+}
+
+/// An absolute path with `.` and `..` removed lexically (`..` at `/` stays `/`).
+fn clean_absolute(path: &Path) -> PathBuf {
+    let mut cleaned = PathBuf::from("/");
+    for component in path.components() {
+        match component {
+            Component::Normal(part) => cleaned.push(part),
+            Component::ParentDir => {
+                cleaned.pop();
+            }
+            Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+        }
+    }
+    cleaned
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,8 +1,33 @@
 //! The host: a session's life, from the box ask at initialize to the removal of
-//! its units.
+//! its units. `box serve` (sessions over stdio or streamable HTTP) and `box run`
+//! (one command through a session of its own) start here.
+//!
+//! Owns: the host's configuration ([`HostConfig`]), backend selection, the
+//! session task (`session`), starting and removing units (`units`), orphan
+//! sweeping, signals, metrics and the audit log. Does not own: message routing
+//! (the proxy), HTTP and stdio framing (the transports), what a unit is (the
+//! plan) or how one starts (the backends).
+
+pub mod audit;
+pub mod fake;
+pub mod metrics;
+mod run;
+pub mod session;
+pub mod units;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::Backend;
+use crate::plan::{HostFacts, Plan, PlanError, UserIds};
+use crate::profile::{Catalog, Profile};
+
+pub use session::{SessionGone, SessionHandle, spawn_session};
 
 /// `box serve`: the host, over stdio or streamable HTTP.
 #[derive(Debug, Clone, clap::Args)]
@@ -22,9 +47,30 @@ pub struct ServeArgs {
     /// Serve streamable HTTP at this address instead of stdio.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// A file holding the bearer token HTTP clients must send.
+    /// A file holding the bearer token HTTP clients must send (required off loopback).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// Host names (with or without port) HTTP clients may use besides loopback (repeatable).
+    #[arg(long = "allow-host", value_name = "HOST")]
+    pub allow_hosts: Vec<String>,
+    /// Origins (scheme://host[:port]) browsers may send besides loopback (repeatable).
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    pub allow_origins: Vec<String>,
+    /// The most sessions served at once over HTTP.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_sessions: usize,
+    /// The largest HTTP body accepted, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::proxy::lines::MAX_MESSAGE_BYTES)]
+    pub max_body_bytes: usize,
+    /// This host's instance id in unit labels; default one per listen address (HTTP) or per process (stdio).
+    #[arg(long, value_name = "ID")]
+    pub instance: Option<String>,
+    /// Append one JSON line per tool call here (no argument values, no outputs).
+    #[arg(long, value_name = "FILE")]
+    pub audit: Option<PathBuf>,
+    /// Log format on stderr: text or json.
+    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    pub log_format: String,
 }
 
 /// `box run`: one command in a fresh session's workspace unit.
@@ -45,19 +91,279 @@ pub struct RunArgs {
     /// The host directory a `cwd` workspace source means; default the current directory.
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
+    /// Log format on stderr: text or json.
+    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    pub log_format: String,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
+/// How a plan is resolved: `plan::resolve`, or a test's own.
+pub type ResolveFn = fn(&Profile, &serde_json::Value, &HostFacts) -> Result<Plan, PlanError>;
+
+/// Everything a session needs from its host; shared by every session.
+pub struct HostConfig {
+    /// Where units run.
+    pub backend: Arc<dyn Backend>,
+    /// The profiles.
+    pub catalog: Catalog,
+    /// The profile of a session that names none.
+    pub default_profile: String,
+    /// What `cwd` and `user = "host"` mean here.
+    pub facts: HostFacts,
+    /// This host's instance id (unit labels).
+    pub instance: String,
+    /// Profile + tightenings → plan.
+    pub resolve: ResolveFn,
+    /// How long an executor gets to answer initialize.
+    pub executor_init_timeout: Duration,
+    /// Counters for `/metrics`.
+    pub metrics: metrics::Metrics,
+    /// The audit log, when asked for.
+    pub audit: Option<audit::Audit>,
+}
+
+impl HostConfig {
+    /// A configuration with box's defaults around `backend`.
+    pub fn new(backend: Arc<dyn Backend>, catalog: Catalog, facts: HostFacts) -> Self {
+        Self {
+            backend,
+            catalog,
+            default_profile: "default".to_owned(),
+            facts,
+            instance: format!("box-{}", std::process::id()),
+            resolve: crate::plan::resolve,
+            executor_init_timeout: Duration::from_secs(60),
+            metrics: metrics::Metrics::default(),
+            audit: None,
+        }
+    }
+}
+
+/// Why no backend could be had.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BackendUnavailable(String);
+
+/// The docker backend, when its engine answers.
+///
+/// Wiring point for the merge: construct `backend::docker::DockerBackend` here
+/// (connect and ping the engine; an engine that does not answer is an `Err`).
+async fn docker_backend() -> Result<Arc<dyn Backend>, BackendUnavailable> {
+    Err(BackendUnavailable(
+        "the docker backend is not built into this binary yet".to_owned(),
+    ))
+}
+
+/// The local sandboxed-process backend.
+///
+/// Wiring point for the merge: construct `backend::local::LocalBackend` here.
+fn local_backend() -> Result<Arc<dyn Backend>, BackendUnavailable> {
+    Err(BackendUnavailable(
+        "the local backend is not built into this binary yet".to_owned(),
+    ))
+}
+
+/// The backend `--backend` names: docker, local, or auto (docker when its
+/// engine answers, else local), said in one log line. `fake` (in-process fake
+/// executors, no isolation at all) only when `BOX_ALLOW_FAKE_BACKEND=1`, for
+/// the integration tests.
+pub async fn select_backend(kind: &str) -> anyhow::Result<Arc<dyn Backend>> {
+    let backend = match kind {
+        "docker" => docker_backend().await.context("--backend docker")?,
+        "local" => local_backend().context("--backend local")?,
+        "auto" => match docker_backend().await {
+            Ok(backend) => backend,
+            Err(docker) => match local_backend() {
+                Ok(backend) => {
+                    tracing::info!(why = %docker, "docker is not available; using the local backend");
+                    backend
+                }
+                Err(local) => anyhow::bail!(
+                    "--backend auto: no backend is available: docker: {docker}; local: {local}"
+                ),
+            },
+        },
+        "fake" if std::env::var_os("BOX_ALLOW_FAKE_BACKEND").is_some_and(|value| value == "1") => {
+            tracing::warn!(
+                "using the FAKE backend: units are in-process fakes with no isolation (tests only)"
+            );
+            Arc::new(fake::FakeBackend::default())
+        }
+        other => anyhow::bail!("--backend {other}: choose auto, docker or local"),
+    };
+    tracing::info!(
+        backend = backend.kind(),
+        "units run on the {} backend",
+        backend.kind()
+    );
+    Ok(backend)
+}
+
+/// The host facts: the workspace directory (absolute) and the caller's ids.
+pub fn host_facts(workspace: Option<&PathBuf>) -> anyhow::Result<HostFacts> {
+    let cwd = match workspace {
+        Some(dir) => dir
+            .canonicalize()
+            .with_context(|| format!("--workspace {}", dir.display()))?,
+        None => std::env::current_dir().context("reading the current directory")?,
+    };
+    Ok(HostFacts {
+        cwd,
+        caller: UserIds {
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+        },
+    })
+}
+
+/// Remove every unit labelled with this host's instance: at start none of them
+/// can belong to a live session. Other instances' units are never touched.
+pub async fn sweep_orphans(config: &HostConfig) {
+    let units = match config.backend.list().await {
+        Ok(units) => units,
+        Err(error) => {
+            tracing::warn!(%error, "listing units to sweep orphans failed");
+            return;
+        }
+    };
+    let orphans: Vec<String> = units
+        .into_iter()
+        .filter(|unit| unit.instance == config.instance)
+        .map(|unit| unit.id)
+        .collect();
+    if !orphans.is_empty() {
+        tracing::info!(count = orphans.len(), instance = %config.instance, "removing orphaned units of this instance");
+        units::remove_units(config.backend.as_ref(), &orphans).await;
+    }
+}
+
+/// Start logging on stderr (stdout may be the protocol).
+fn init_logging(format: &str) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let result = match format {
+        "text" => builder.try_init(),
+        "json" => builder.json().try_init(),
+        other => anyhow::bail!("--log-format {other}: choose text or json"),
+    };
+    // A second init (tests) keeps the first subscriber.
+    let _ = result;
+    Ok(())
+}
+
+/// Cancel `shutdown` at the first SIGTERM or SIGINT; exit at once at the second.
+fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    tokio::spawn(async move {
+        let mut seen = 0;
+        loop {
+            let code = tokio::select! {
+                _ = term.recv() => 143,
+                _ = interrupt.recv() => 130,
+            };
+            seen += 1;
+            if seen == 1 {
+                tracing::info!(
+                    "signal received: ending sessions and removing their units (again to exit at once)"
+                );
+                shutdown.cancel();
+            } else {
+                tracing::warn!(
+                    "second signal: exiting now; units may be left for the next start's sweep or `box gc`"
+                );
+                std::process::exit(code);
+            }
+        }
+    });
+    Ok(())
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// The default instance id: one per listen address (only one process can hold
+/// it, so units labelled with it at start are a crashed predecessor's), or one
+/// per process on stdio (two CI jobs on one runner never sweep each other).
+fn default_instance(listen: Option<&str>) -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .unwrap_or_else(|| "host".to_owned());
+    let uid = nix::unistd::getuid().as_raw();
+    match listen {
+        Some(address) => format!("{uid}@{host}:http:{address}"),
+        None => {
+            let mut bytes = [0u8; 4];
+            rand::fill(&mut bytes);
+            format!(
+                "{uid}@{host}:stdio:{}-{}",
+                std::process::id(),
+                hex::encode(bytes)
+            )
+        }
+    }
+}
+
 /// Run the host until its transport ends.
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let _ = args;
-    anyhow::bail!("box serve is not built yet")
+    init_logging(&args.log_format)?;
+    let runtime = runtime()?;
+    let result = runtime.block_on(serve_async(args));
+    // The stdio reader may sit in a blocking read of stdin; do not wait for it.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    result
+}
+
+async fn serve_async(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let backend = select_backend(&args.backend).await?;
+    let facts = host_facts(args.workspace.as_ref())?;
+    let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
+    config.default_profile = args.profile.clone();
+    config.instance = args
+        .instance
+        .clone()
+        .unwrap_or_else(|| default_instance(args.listen.as_deref()));
+    if let Some(path) = &args.audit {
+        config.audit =
+            Some(audit::Audit::open(path).with_context(|| format!("--audit {}", path.display()))?);
+    }
+    let config = Arc::new(config);
+    sweep_orphans(&config).await;
+    let shutdown = CancellationToken::new();
+    watch_signals(shutdown.clone())?;
+    match &args.listen {
+        None => crate::transport::stdio::serve(config, shutdown).await?,
+        Some(address) => {
+            let options = crate::transport::http::HttpOptions::from_args(&args)?;
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("--listen {address}: binding"))?;
+            tracing::info!(address = %listener.local_addr()?, "serving streamable HTTP at /mcp");
+            crate::transport::http::serve(config, options, listener, shutdown).await?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Run one command through a session of its own; the exit code is the command's.
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let _ = args;
-    anyhow::bail!("box run is not built yet")
+    init_logging(&args.log_format)?;
+    let runtime = runtime()?;
+    let result = runtime.block_on(run::run(args));
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    result
 }
+
+#[cfg(test)]
+mod tests;

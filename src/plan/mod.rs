@@ -1,12 +1,21 @@
 //! Plans: a profile narrowed by a session's tightenings and resolved into the
 //! fully defaulted description of every unit of a session. Pure functions.
 //!
-//! First cut of the types the backends and the host consume; the profiles work
-//! owns this module and extends it (keeping these fields' meaning).
+//! A `Plan` is only built by [`resolve`]: the tightening is parsed
+//! ([`Tightening::parse`]), applied narrow-only to the profile ([`tighten()`]),
+//! and the result resolved against the host's facts. Nothing here reads a
+//! clock, the environment, a file or a socket.
+
+mod json;
+mod tighten;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
+
+pub use tighten::{LimitsAsk, NetworkAsk, Tightening, parse_tightening_text, tighten};
+
+use crate::profile::{LimitsPolicy, NetworkPolicy, Profile, Source, UserChoice};
 
 /// Everything one session's units are: the resolved, validated, fully defaulted plan.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,6 +130,12 @@ pub struct Security {
     pub neutralise_git: bool,
     /// Whether overwriting an existing file needs an earlier read of it.
     pub write_guard: bool,
+    /// A privileged unit (only when the profile's operator allowed it).
+    pub privileged: bool,
+    /// Host namespaces shared (only when the profile's operator allowed it).
+    pub host_namespaces: Vec<String>,
+    /// Host devices handed in (only when the profile's operator allowed it).
+    pub devices: Vec<PathBuf>,
 }
 
 /// Everything one unit is: what a backend consumes.
@@ -146,8 +161,10 @@ pub struct UnitSpec {
     pub limits: Limits,
     /// Variables set in the unit.
     pub env_set: BTreeMap<String, String>,
-    /// Host variables handed through by name.
+    /// Host variables handed through by name (never a credential).
     pub env_pass: Vec<String>,
+    /// Host variables that are credentials, handed through because the profile names them.
+    pub env_secrets: Vec<String>,
     /// The hardening.
     pub security: Security,
     /// A server unit's MCP server command (started through the process methods).
@@ -166,7 +183,7 @@ pub struct HostFacts {
 }
 
 /// Why a plan could not be made; every variant names what to change.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
     /// A tightening asked for more than the profile allows.
     #[error("tighten.{field}: asked for {asked}, but profile `{profile}` allows at most {bound}")]
@@ -185,55 +202,245 @@ pub enum PlanError {
     Invalid(String),
 }
 
+impl NetworkMode {
+    /// Its name in profiles, tightenings and JSON: `none`, `egress`, `bridge`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::None => "none",
+            NetworkMode::Egress => "egress",
+            NetworkMode::Bridge => "bridge",
+        }
+    }
+}
+
+impl MountMode {
+    /// Its name in profiles, tightenings and JSON: `ro`, `rw`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MountMode::ReadOnly => "ro",
+            MountMode::ReadWrite => "rw",
+        }
+    }
+}
+
+impl Requirement {
+    /// Its name in profiles and JSON: `required`, `best-effort`, `off`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Requirement::Required => "required",
+            Requirement::BestEffort => "best-effort",
+            Requirement::Off => "off",
+        }
+    }
+}
+
+impl HostFacts {
+    /// Fixed facts for tests and golden output: `/home/user/project`, 1000:1000.
+    pub fn fixed() -> Self {
+        Self {
+            cwd: PathBuf::from("/home/user/project"),
+            caller: UserIds {
+                uid: 1000,
+                gid: 1000,
+            },
+        }
+    }
+}
+
+impl Plan {
+    /// The workspace unit, absent for a no-filesystem profile (no file tools,
+    /// no shell, no process start: only server units).
+    pub fn workspace(&self) -> Option<&UnitSpec> {
+        self.units.iter().find(|unit| unit.role == Role::Workspace)
+    }
+
+    /// The server units, in the profile's order.
+    pub fn servers(&self) -> impl Iterator<Item = &UnitSpec> {
+        self.units.iter().filter(|unit| unit.role == Role::Server)
+    }
+
+    /// The unit called `name`.
+    pub fn unit(&self, name: &str) -> Option<&UnitSpec> {
+        self.units.iter().find(|unit| unit.name == name)
+    }
+
+    /// Whether no unit of `self` is wider than its namesake in `bound` in any
+    /// field (and every unit of `self` has one). `resolve` guarantees this for
+    /// a tightened plan against the untightened plan of the same profile.
+    pub fn is_within(&self, bound: &Plan) -> bool {
+        self.profile == bound.profile
+            && self.units.iter().all(|unit| {
+                bound
+                    .unit(&unit.name)
+                    .is_some_and(|outer| unit.is_within(outer))
+            })
+    }
+}
+
+impl UnitSpec {
+    /// Whether `self` is nowhere wider than `bound`.
+    pub fn is_within(&self, bound: &UnitSpec) -> bool {
+        let subset =
+            |inner: &[String], outer: &[String]| inner.iter().all(|item| outer.contains(item));
+        self.role == bound.role
+            && self.image == bound.image
+            && self.source == bound.source
+            && self.root == bound.root
+            && self.mode <= bound.mode
+            && self.user == bound.user
+            && self.network.is_within(&bound.network)
+            && self.limits.is_within(&bound.limits)
+            && self
+                .env_set
+                .iter()
+                .all(|(name, value)| bound.env_set.get(name) == Some(value))
+            && subset(&self.env_pass, &bound.env_pass)
+            && subset(&self.env_secrets, &bound.env_secrets)
+            && self.security == bound.security
+            && self.command == bound.command
+    }
+}
+
+impl Network {
+    /// Whether `self` reaches nothing `bound` does not.
+    pub fn is_within(&self, bound: &Network) -> bool {
+        match (self.mode, bound.mode) {
+            (NetworkMode::None, _) => true,
+            (NetworkMode::Egress, NetworkMode::Bridge) => true,
+            (NetworkMode::Egress, NetworkMode::Egress) => self.allow.iter().all(|entry| {
+                let Ok(entry) = crate::profile::AllowEntry::parse(entry) else {
+                    return false;
+                };
+                bound.allow.iter().any(|outer| {
+                    crate::profile::AllowEntry::parse(outer)
+                        .is_ok_and(|outer| entry.is_within(&outer))
+                })
+            }),
+            (NetworkMode::Bridge, NetworkMode::Bridge) => true,
+            (NetworkMode::Egress | NetworkMode::Bridge, NetworkMode::None)
+            | (NetworkMode::Bridge, NetworkMode::Egress) => false,
+        }
+    }
+}
+
+impl Limits {
+    /// Whether every limit of `self` is at most `bound`'s.
+    pub fn is_within(&self, bound: &Limits) -> bool {
+        self.memory_bytes <= bound.memory_bytes
+            && self.cpus <= bound.cpus
+            && self.pids <= bound.pids
+            && self.tmp_bytes <= bound.tmp_bytes
+            && self.nofile <= bound.nofile
+            && self.call_timeout <= bound.call_timeout
+            && self.idle <= bound.idle
+            && self.lifetime <= bound.lifetime
+    }
+}
+
 /// Resolve `profile` narrowed by `tighten` (the JSON a session sends under
 /// `box.tighten`; `null` for none) into a plan.
 ///
-/// Interface stub: the profiles work replaces this with the real resolution.
+/// Pure: the host's facts come in as `host`. A tightening that would widen
+/// anything is refused with the field, the value asked and the profile's
+/// bound; nothing is clamped.
 pub fn resolve(
-    profile: &crate::profile::Profile,
+    profile: &Profile,
     tighten: &serde_json::Value,
     host: &HostFacts,
 ) -> Result<Plan, PlanError> {
-    if !tighten.is_null() {
-        return Err(PlanError::Invalid(
-            "tightenings are not built yet".to_owned(),
-        ));
-    }
-    Ok(Plan {
-        profile: profile.name.clone(),
-        units: vec![UnitSpec {
+    let tightening = Tightening::parse(tighten)?;
+    let narrowed = tighten::tighten(profile, &tightening)?;
+    Ok(plan_of(&narrowed, host))
+}
+
+/// The plan of an already narrowed profile.
+fn plan_of(profile: &Profile, host: &HostFacts) -> Plan {
+    let security = Security {
+        capabilities: profile.security.capabilities.clone(),
+        read_only_root: profile.security.read_only_root,
+        landlock: profile.security.landlock,
+        neutralise_git: profile.security.neutralise_git,
+        write_guard: profile.security.write_guard,
+        privileged: profile.security.privileged,
+        host_namespaces: profile.security.host_namespaces.clone(),
+        devices: profile.security.devices.clone(),
+    };
+    let user = match profile.workspace.user {
+        UserChoice::Ids(ids) => Some(ids),
+        UserChoice::Host => Some(host.caller),
+        UserChoice::Image => None,
+    };
+    let root = profile.workspace.root.clone();
+    let mut units = Vec::new();
+    let source = match &profile.workspace.source {
+        Source::Cwd => Some(WorkspaceSource::Host(host.cwd.clone())),
+        Source::Host(path) => Some(WorkspaceSource::Host(path.clone())),
+        Source::Empty => Some(WorkspaceSource::Empty),
+        Source::None => None,
+    };
+    if let Some(source) = source {
+        units.push(UnitSpec {
             name: "workspace".to_owned(),
             role: Role::Workspace,
-            image: "box-base:bookworm".to_owned(),
-            source: WorkspaceSource::Host(host.cwd.clone()),
-            root: PathBuf::from("/workspace"),
-            mode: MountMode::ReadWrite,
-            user: Some(host.caller),
-            network: Network {
-                mode: NetworkMode::None,
-                allow: Vec::new(),
-            },
-            limits: Limits {
-                memory_bytes: 2 << 30,
-                cpus: 2.0,
-                pids: 512,
-                tmp_bytes: 256 << 20,
-                nofile: 4096,
-                call_timeout: Duration::from_secs(600),
-                idle: Duration::from_secs(1800),
-                lifetime: Duration::from_secs(8 * 3600),
-            },
+            image: profile.workspace.image.clone(),
+            source,
+            root: root.clone(),
+            mode: profile.workspace.mode,
+            user,
+            network: network_of(&profile.network),
+            limits: limits_of(&profile.limits),
+            env_set: profile.env.set.clone(),
+            env_pass: profile.env.pass.clone(),
+            env_secrets: profile.env.secrets.clone(),
+            security: security.clone(),
+            command: Vec::new(),
+            description: profile.description.clone(),
+        });
+    }
+    for server in &profile.servers {
+        units.push(UnitSpec {
+            name: server.name.clone(),
+            role: Role::Server,
+            image: server.image.clone(),
+            source: WorkspaceSource::None,
+            root: root.clone(),
+            mode: MountMode::ReadOnly,
+            user,
+            network: network_of(&server.network),
+            limits: limits_of(&server.limits),
             env_set: BTreeMap::new(),
             env_pass: Vec::new(),
-            security: Security {
-                capabilities: Vec::new(),
-                read_only_root: true,
-                landlock: Requirement::BestEffort,
-                neutralise_git: true,
-                write_guard: true,
-            },
-            command: Vec::new(),
-            description: String::new(),
-        }],
-    })
+            env_secrets: Vec::new(),
+            security: security.clone(),
+            command: server.command.clone(),
+            description: server.description.clone(),
+        });
+    }
+    Plan {
+        profile: profile.name.clone(),
+        units,
+    }
 }
+
+fn network_of(network: &NetworkPolicy) -> Network {
+    Network {
+        mode: network.mode,
+        allow: network.allow.iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn limits_of(limits: &LimitsPolicy) -> Limits {
+    Limits {
+        memory_bytes: limits.memory.0,
+        cpus: limits.cpus.cores(),
+        pids: limits.pids,
+        tmp_bytes: limits.tmp.0,
+        nofile: limits.nofile,
+        call_timeout: limits.call_timeout,
+        idle: limits.idle,
+        lifetime: limits.lifetime,
+    }
+}
+
+#[cfg(test)]
+mod tests;

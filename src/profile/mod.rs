@@ -1,59 +1,29 @@
-//! Profiles: what a unit may be and do, as written in TOML. Loading, `extends`,
-//! validation with precise errors. Pure: no I/O beyond reading profile files.
+//! Profiles: what a session's units may be and do, as written in TOML.
+//! Finding them (`--profiles` directories, `$XDG_CONFIG_HOME/box/profiles`,
+//! `/etc/box/profiles`, the shipped ones built into the binary), `extends`,
+//! and validation with errors that name the file, line, column and field.
+//! No I/O beyond reading profile files; narrowing and host facts belong to
+//! `plan`. `box profile` is here too (`cli`).
 
-use std::path::PathBuf;
-use std::process::ExitCode;
+mod cli;
+mod error;
+mod load;
+mod model;
+mod tree;
+mod validate;
+mod value;
 
-/// A profile as written, validated (first cut; the profiles work owns this type).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Profile {
-    /// Its name (the file stem).
-    pub name: String,
-}
+pub use cli::{ProfileArgs, ProfileCommand, cli};
+pub use error::{Position, Problem, ProfileError};
+pub use load::{Catalog, Listed, SHIPPED};
+pub use model::{
+    Danger, EnvPolicy, LimitsPolicy, NetworkPolicy, Profile, SecurityPolicy, Server, Source,
+    UserChoice, Workspace,
+};
+pub use value::{
+    AllowEntry, ByteSize, CpuQuota, REVIEWED_CAPABILITIES, check_env_name, parse_duration,
+    show_duration,
+};
 
-/// Why a profile could not be loaded; names the file, line, column and field.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ProfileError(pub String);
-
-/// The profiles a host can resolve: `--profiles` directories first, then
-/// `$XDG_CONFIG_HOME/box/profiles`, `/etc/box/profiles`, then the shipped ones.
-#[derive(Debug, Clone)]
-pub struct Catalog {
-    dirs: Vec<PathBuf>,
-}
-
-impl Catalog {
-    /// Search `dirs` first, then the standard places.
-    pub fn new(dirs: Vec<PathBuf>) -> Self {
-        Self { dirs }
-    }
-
-    /// Load and validate the profile called `name` (resolving `extends`).
-    ///
-    /// Interface stub: the profiles work replaces this.
-    pub fn load(&self, name: &str) -> Result<Profile, ProfileError> {
-        let _ = &self.dirs;
-        Ok(Profile {
-            name: name.to_owned(),
-        })
-    }
-}
-
-/// `box profile`: list, show, check and resolve profiles.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ProfileArgs {
-    /// What to do (list, show NAME, check [FILE...], resolve NAME).
-    #[arg(
-        value_name = "ARGS",
-        trailing_var_arg = true,
-        allow_hyphen_values = true
-    )]
-    pub rest: Vec<String>,
-}
-
-/// Run a `box profile` subcommand.
-pub fn cli(args: ProfileArgs) -> anyhow::Result<ExitCode> {
-    let _ = args;
-    anyhow::bail!("box profile is not built yet")
-}
+#[cfg(test)]
+mod tests;

@@ -1,2 +1,281 @@
-//! The proxy: raw JSON-RPC routing between a session and its units, with id
-//! remapping, cancellation, progress tokens and process-id namespacing.
+//! The proxy: raw JSON-RPC between a session and its units.
+//!
+//! Owns the message vocabulary (classifying a raw `serde_json::Value` as a
+//! request, notification or response, building error answers) and the
+//! [`Router`]: the tables that map a client's request ids and progress tokens
+//! to a unit's, a unit's server→client request ids to the client's, and process
+//! ids across units. It never round-trips a message through typed structs:
+//! everything it does not route on is forwarded byte-for-byte as it came
+//! (unknown members, `_meta`, `experimental` capabilities), because typed MCP
+//! messages drop fields.
+//!
+//! It does no I/O: the host's session task feeds it messages and carries out
+//! what it answers.
+
+pub mod lines;
+mod router;
+
+pub use router::{Forward, Router, UnitMessage, UnitRequestId};
+
+use serde_json::{Map, Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+/// JSON-RPC's and MCP's error codes box answers with.
+pub mod code {
+    /// Bad JSON.
+    pub const PARSE_ERROR: i64 = -32700;
+    /// Not a JSON-RPC request object (a batch array, a missing member, a second initialize).
+    pub const INVALID_REQUEST: i64 = -32600;
+    /// No such method (including `server/discover`, which box does not serve yet).
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    /// Bad params: a refused tightening, an unknown profile, a wrong type.
+    pub const INVALID_PARAMS: i64 = -32602;
+    /// Something failed on box's side: a unit that ended, a deadline.
+    pub const INTERNAL_ERROR: i64 = -32603;
+    /// A call ran past its deadline (implementation-defined range, as the SDKs use it).
+    pub const REQUEST_TIMEOUT: i64 = -32001;
+}
+
+/// The three kinds of JSON-RPC message, told apart by their members.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Kind {
+    /// `method` and `id`: answered exactly once.
+    Request {
+        /// The id, a string or an integer, exactly as sent.
+        id: Value,
+        /// The method.
+        method: String,
+    },
+    /// `method` and no `id`: never answered.
+    Notification {
+        /// The method.
+        method: String,
+    },
+    /// `result` or `error`, with the id of the request it answers.
+    Response {
+        /// The id (may be `null` for an error about an unreadable request).
+        id: Value,
+    },
+}
+
+/// Why a value is not a JSON-RPC message box accepts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MessageError {
+    /// A JSON array: batches were removed in MCP 2025-06-18.
+    #[error("JSON-RPC batches (arrays) are not accepted; send one message per line or POST")]
+    Batch,
+    /// Not an object, or no `jsonrpc: "2.0"`, or neither method nor result/error.
+    #[error("not a JSON-RPC 2.0 message: {0}")]
+    Invalid(String),
+}
+
+/// Classify `message`; the error says what is wrong with it.
+pub fn classify(message: &Value) -> Result<Kind, MessageError> {
+    let object = match message {
+        Value::Object(object) => object,
+        Value::Array(_) => return Err(MessageError::Batch),
+        _ => return Err(MessageError::Invalid("not a JSON object".to_owned())),
+    };
+    if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(MessageError::Invalid(
+            "`jsonrpc` must be \"2.0\"".to_owned(),
+        ));
+    }
+    let id = object.get("id");
+    if let Some(method) = object.get("method") {
+        let Some(method) = method.as_str() else {
+            return Err(MessageError::Invalid(
+                "`method` must be a string".to_owned(),
+            ));
+        };
+        return match id {
+            None => Ok(Kind::Notification {
+                method: method.to_owned(),
+            }),
+            Some(id) if is_valid_id(id) => Ok(Kind::Request {
+                id: id.clone(),
+                method: method.to_owned(),
+            }),
+            Some(_) => Err(MessageError::Invalid(
+                "a request id must be a string or an integer, never null".to_owned(),
+            )),
+        };
+    }
+    if object.contains_key("result") || object.contains_key("error") {
+        return Ok(Kind::Response {
+            id: id.cloned().unwrap_or(Value::Null),
+        });
+    }
+    Err(MessageError::Invalid(
+        "neither `method` nor `result`/`error`".to_owned(),
+    ))
+}
+
+/// Whether `id` is a JSON-RPC request id: a string or an integer.
+pub fn is_valid_id(id: &Value) -> bool {
+    match id {
+        Value::String(_) => true,
+        Value::Number(number) => number.is_i64() || number.is_u64(),
+        _ => false,
+    }
+}
+
+/// A key that tells `1` from `"1"`: the id's compact JSON text.
+pub fn id_key(id: &Value) -> String {
+    id.to_string()
+}
+
+/// An error response to the request `id`.
+pub fn error_response(id: Value, code: i64, message: impl Into<String>) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}})
+}
+
+/// An error response carrying `data`.
+pub fn error_response_with_data(
+    id: Value,
+    code: i64,
+    message: impl Into<String>,
+    data: Value,
+) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into(), "data": data}})
+}
+
+/// A result response to the request `id`.
+pub fn result_response(id: Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+/// A request.
+pub fn request(id: Value, method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+/// A notification.
+pub fn notification(method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "method": method, "params": params})
+}
+
+/// The `params` object of a message, when it has one.
+pub fn params(message: &Value) -> Option<&Map<String, Value>> {
+    message.get("params").and_then(Value::as_object)
+}
+
+/// The `params` object of a message, created when missing.
+pub fn params_mut(message: &mut Value) -> Option<&mut Map<String, Value>> {
+    let object = message.as_object_mut()?;
+    let params = object
+        .entry("params")
+        .or_insert_with(|| Value::Object(Map::new()));
+    params.as_object_mut()
+}
+
+/// Where the answer to one client request goes, and what streams before it.
+///
+/// `events` carries the messages related to the request that precede its
+/// answer (progress, a server→client request made during it); it is bounded
+/// and lossy (a full queue drops the event, never the call). `response` takes
+/// the one answer.
+#[derive(Debug)]
+pub struct ReplyTo {
+    /// Messages before the answer.
+    pub events: mpsc::Sender<Value>,
+    /// The answer, exactly once.
+    pub response: oneshot::Sender<Value>,
+}
+
+/// The transport's end of a [`ReplyTo`].
+#[derive(Debug)]
+pub struct ReplyStream {
+    /// Messages before the answer.
+    pub events: mpsc::Receiver<Value>,
+    /// The answer; an error when the session dropped the request unanswered
+    /// (the client cancelled it, or the session is gone).
+    pub response: oneshot::Receiver<Value>,
+}
+
+/// How many related messages may wait for a slow client before new ones are dropped.
+pub const REPLY_EVENTS: usize = 64;
+
+/// A reply channel pair.
+pub fn reply_channel() -> (ReplyTo, ReplyStream) {
+    let (events_tx, events_rx) = mpsc::channel(REPLY_EVENTS);
+    let (response_tx, response_rx) = oneshot::channel();
+    (
+        ReplyTo {
+            events: events_tx,
+            response: response_tx,
+        },
+        ReplyStream {
+            events: events_rx,
+            response: response_rx,
+        },
+    )
+}
+
+impl ReplyTo {
+    /// Send the answer; a client that went away is not an error.
+    pub fn answer(self, response: Value) {
+        let _ = self.response.send(response);
+    }
+
+    /// Send a related message before the answer; dropped when the client lags.
+    pub fn event(&self, message: Value) -> bool {
+        self.events.try_send(message).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn classify_tells_kinds_apart() {
+        let cases = [
+            (
+                json!({"jsonrpc":"2.0","id":0,"method":"initialize"}),
+                Ok(Kind::Request {
+                    id: json!(0),
+                    method: "initialize".into(),
+                }),
+            ),
+            (
+                json!({"jsonrpc":"2.0","id":"a","method":"x"}),
+                Ok(Kind::Request {
+                    id: json!("a"),
+                    method: "x".into(),
+                }),
+            ),
+            (
+                json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+                Ok(Kind::Notification {
+                    method: "notifications/initialized".into(),
+                }),
+            ),
+            (
+                json!({"jsonrpc":"2.0","id":3,"result":{}}),
+                Ok(Kind::Response { id: json!(3) }),
+            ),
+            (
+                json!({"jsonrpc":"2.0","error":{"code":1,"message":"m"}}),
+                Ok(Kind::Response { id: Value::Null }),
+            ),
+            (
+                json!([{"jsonrpc":"2.0","id":1,"method":"x"}]),
+                Err(MessageError::Batch),
+            ),
+        ];
+        for (message, expected) in cases {
+            assert_eq!(classify(&message), expected, "{message}");
+        }
+        assert!(classify(&json!({"jsonrpc":"2.0","id":null,"method":"x"})).is_err());
+        assert!(classify(&json!({"jsonrpc":"2.0","id":1.5,"method":"x"})).is_err());
+        assert!(classify(&json!({"id":1,"method":"x"})).is_err());
+        assert!(classify(&json!("x")).is_err());
+    }
+
+    #[test]
+    fn id_keys_keep_the_type() {
+        assert_ne!(id_key(&json!(1)), id_key(&json!("1")));
+    }
+}

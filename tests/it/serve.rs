@@ -1,1 +1,685 @@
-//! See main.rs for what belongs here.
+//! `box serve` and `box run`: streamable HTTP against the real axum server on
+//! 127.0.0.1:0 with the recording fake backend (raw HTTP/1.1 over tokio TCP,
+//! no client library), and the built binary over stdio and `box run` with the
+//! fake backend (`--backend fake`, allowed by BOX_ALLOW_FAKE_BACKEND=1).
+//!
+//! The real end-to-end runs (the Python `mcp` SDK against `box serve` on the
+//! docker and local backends: tests/e2e/serve_stdio.py, serve_http.py) are
+//! wired once the backends and the executor are merged.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use boxhost::host::HostConfig;
+use boxhost::host::fake::FakeBackend;
+use boxhost::plan::{HostFacts, Plan, PlanError, UserIds};
+use boxhost::profile::{Catalog, Profile};
+use boxhost::transport::http::{HttpOptions, serve};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::box_bin;
+
+const EXECUTOR_KEY: &str = "io.github.christopherdavenport.dax/executor";
+
+fn facts() -> HostFacts {
+    HostFacts {
+        cwd: std::env::temp_dir(),
+        caller: UserIds {
+            uid: 1000,
+            gid: 1000,
+        },
+    }
+}
+
+fn short_idle(profile: &Profile, tighten: &Value, host: &HostFacts) -> Result<Plan, PlanError> {
+    let mut plan = boxhost::plan::resolve(profile, tighten, host)?;
+    for unit in &mut plan.units {
+        unit.limits.idle = Duration::from_millis(300);
+    }
+    Ok(plan)
+}
+
+/// A running HTTP host over a fake backend.
+struct Server {
+    address: SocketAddr,
+    fake: FakeBackend,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn start_server(options: HttpOptions, resolve: boxhost::host::ResolveFn) -> Server {
+    let fake = FakeBackend::default();
+    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    config.resolve = resolve;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(serve(Arc::new(config), options, listener, shutdown.clone()));
+    Server {
+        address,
+        fake,
+        shutdown,
+    }
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|error| {
+            panic!(
+                "not JSON ({error}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    /// The `data:` lines of an SSE body, parsed.
+    fn events(&self) -> Vec<Value> {
+        String::from_utf8_lossy(&self.body)
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .map(|data| serde_json::from_str(data.trim()).unwrap())
+            .collect()
+    }
+}
+
+fn dechunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(end) = body.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size = usize::from_str_radix(std::str::from_utf8(&body[..end]).unwrap().trim(), 16)
+            .unwrap_or(0);
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&body[end + 2..end + 2 + size]);
+        body = &body[end + 2 + size + 2..];
+    }
+}
+
+fn parse_reply(raw: &[u8]) -> Reply {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP head in {:?}", String::from_utf8_lossy(raw)));
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(key, value)| (key.trim().to_owned(), value.trim().to_owned()))
+        .collect();
+    let body = &raw[split + 4..];
+    let chunked = headers.iter().any(|(key, value)| {
+        key.eq_ignore_ascii_case("transfer-encoding") && value.contains("chunked")
+    });
+    Reply {
+        status,
+        headers,
+        body: if chunked {
+            dechunk(body)
+        } else {
+            body.to_vec()
+        },
+    }
+}
+
+/// One HTTP/1.1 exchange; `headers` are added to Host, Connection and Content-Length.
+async fn http(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !headers
+        .iter()
+        .any(|(key, _)| key.eq_ignore_ascii_case("host"))
+    {
+        request.push_str(&format!("Host: {address}\r\n"));
+    }
+    for (key, value) in headers {
+        request.push_str(&format!("{key}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    stream.write_all(body).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut raw))
+        .await
+        .expect("the server answered in time")
+        .unwrap();
+    parse_reply(&raw)
+}
+
+const JSON_HEADERS: [(&str, &str); 2] = [
+    ("Content-Type", "application/json"),
+    ("Accept", "application/json, text/event-stream"),
+];
+
+async fn post(
+    address: SocketAddr,
+    session: Option<&str>,
+    extra: &[(&str, &str)],
+    message: &Value,
+) -> Reply {
+    let mut headers: Vec<(&str, &str)> = JSON_HEADERS.to_vec();
+    if let Some(session) = session {
+        headers.push(("Mcp-Session-Id", session));
+        headers.push(("MCP-Protocol-Version", "2025-06-18"));
+    }
+    headers.extend_from_slice(extra);
+    http(
+        address,
+        "POST",
+        "/mcp",
+        &headers,
+        message.to_string().as_bytes(),
+    )
+    .await
+}
+
+fn initialize_message() -> Value {
+    json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+}
+
+async fn initialize(server: &Server) -> String {
+    let reply = post(server.address, None, &[], &initialize_message()).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{:?}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(reply.json()["result"]["serverInfo"]["name"], json!("box"));
+    let id = reply
+        .header("mcp-session-id")
+        .expect("a session id")
+        .to_owned();
+    assert!(
+        id.len() >= 32 && id.bytes().all(|b| (0x21..=0x7e).contains(&b)),
+        "{id}"
+    );
+    id
+}
+
+fn call(id: Value, name: &str, arguments: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": arguments}})
+}
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn http_session_answers_json_streams_progress_and_delete_removes_its_units() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let session = initialize(&server).await;
+    assert_eq!(server.fake.live_units().len(), 1);
+
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let reply = post(server.address, Some(&session), &[], &initialized).await;
+    assert_eq!(reply.status, 202);
+    assert!(reply.body.is_empty());
+
+    let reply = post(
+        server.address,
+        Some(&session),
+        &[],
+        &call(json!("e"), "echo", json!({"a": 1})),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("application/json")
+    );
+    assert_eq!(reply.json()["id"], json!("e"));
+    assert_eq!(
+        reply.json()["result"]["content"][0]["text"],
+        json!("{\"a\":1}")
+    );
+
+    let slow = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "slow", "arguments": {"steps": 2, "ms": 40}, "_meta": {"progressToken": 7}}});
+    let reply = post(server.address, Some(&session), &[], &slow).await;
+    assert_eq!(reply.status, 200);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let events = reply.events();
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(events[0]["method"], json!("notifications/progress"));
+    assert_eq!(events[0]["params"]["progressToken"], json!(7));
+    assert_eq!(events[2]["id"], json!(7));
+    assert_eq!(
+        events[2]["result"]["content"][0]["text"],
+        json!("slow done")
+    );
+
+    let reply = http(
+        server.address,
+        "DELETE",
+        "/mcp",
+        &[("Mcp-Session-Id", &session)],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(server.fake.live_units(), Vec::<String>::new());
+    let reply = post(
+        server.address,
+        Some(&session),
+        &[],
+        &call(json!(1), "echo", json!({})),
+    )
+    .await;
+    assert_eq!(reply.status, 404);
+}
+
+#[tokio::test]
+async fn http_refuses_evil_origins_and_hosts() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let reply = post(
+        server.address,
+        None,
+        &[("Origin", "https://evil.example")],
+        &initialize_message(),
+    )
+    .await;
+    assert_eq!(reply.status, 403);
+    assert_eq!(reply.json()["error"]["code"], json!(-32600));
+    let reply = post(
+        server.address,
+        None,
+        &[("Host", "evil.example:80")],
+        &initialize_message(),
+    )
+    .await;
+    assert_eq!(reply.status, 421);
+    let reply = post(
+        server.address,
+        None,
+        &[("Origin", "http://localhost:3000")],
+        &initialize_message(),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    // No permissive CORS: a preflight gets nothing that would let a page in.
+    let reply = http(
+        server.address,
+        "OPTIONS",
+        "/mcp",
+        &[
+            ("Origin", "http://localhost:3000"),
+            ("Access-Control-Request-Method", "POST"),
+        ],
+        b"",
+    )
+    .await;
+    assert!(
+        reply.header("access-control-allow-origin").is_none(),
+        "{reply:?}"
+    );
+    assert_eq!(server.fake.record(|record| record.starts.len()), 1);
+}
+
+#[tokio::test]
+async fn http_requires_the_bearer_token_and_never_reads_it_from_the_url() {
+    let token = "0123456789abcdef0123456789abcdef";
+    let options = HttpOptions {
+        token: Some(token.to_owned()),
+        ..HttpOptions::loopback()
+    };
+    let server = start_server(options, boxhost::plan::resolve).await;
+    let message = initialize_message();
+    let reply = post(server.address, None, &[], &message).await;
+    assert_eq!(reply.status, 401);
+    assert!(
+        reply
+            .header("www-authenticate")
+            .unwrap()
+            .starts_with("Bearer")
+    );
+    let reply = post(
+        server.address,
+        None,
+        &[("Authorization", "Bearer wrong-token-wrong-token")],
+        &message,
+    )
+    .await;
+    assert_eq!(reply.status, 401);
+    assert!(
+        reply
+            .header("www-authenticate")
+            .unwrap()
+            .contains("invalid_token")
+    );
+    let reply = http(
+        server.address,
+        "POST",
+        &format!("/mcp?access_token={token}"),
+        &JSON_HEADERS,
+        message.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(reply.status, 401);
+    let reply = http(server.address, "GET", "/metrics", &[], b"").await;
+    assert_eq!(reply.status, 401);
+    assert_eq!(server.fake.record(|record| record.starts.len()), 0);
+    let bearer = format!("Bearer {token}");
+    let reply = post(
+        server.address,
+        None,
+        &[("Authorization", &bearer)],
+        &message,
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+}
+
+#[tokio::test]
+async fn http_refuses_batches_big_bodies_unknown_sessions_and_bad_versions() {
+    let options = HttpOptions {
+        max_body_bytes: 1 << 20,
+        ..HttpOptions::loopback()
+    };
+    let server = start_server(options, boxhost::plan::resolve).await;
+    let batch = json!([{"jsonrpc": "2.0", "id": 1, "method": "ping"}]);
+    let reply = post(server.address, None, &[], &batch).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.json()["error"]["code"], json!(-32600));
+
+    // A declared 100 MB body is refused before a byte of it is read.
+    let mut stream = TcpStream::connect(server.address).await.unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        server.address,
+        100u64 << 20
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(parse_reply(&raw).status, 413);
+
+    // A chunked body is cut at the bound.
+    let mut stream = TcpStream::connect(server.address).await.unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        server.address
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let (mut read, mut write) = stream.into_split();
+    let writer = tokio::spawn(async move {
+        let chunk = vec![b' '; 64 << 10];
+        for _ in 0..(100 << 4) {
+            let framed = [format!("{:x}\r\n", chunk.len()).as_bytes(), &chunk, b"\r\n"].concat();
+            if write.write_all(&framed).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), read.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(parse_reply(&raw).status, 413);
+    writer.abort();
+
+    let reply = post(
+        server.address,
+        Some("f00d"),
+        &[],
+        &call(json!(1), "echo", json!({})),
+    )
+    .await;
+    assert_eq!(reply.status, 404);
+    let reply = post(
+        server.address,
+        None,
+        &[],
+        &call(json!(1), "echo", json!({})),
+    )
+    .await;
+    assert_eq!(reply.status, 400);
+
+    let session = initialize(&server).await;
+    let mut headers: Vec<(&str, &str)> = JSON_HEADERS.to_vec();
+    headers.push(("Mcp-Session-Id", &session));
+    headers.push(("MCP-Protocol-Version", "1999-01-01"));
+    let body = call(json!(1), "echo", json!({})).to_string();
+    let reply = http(server.address, "POST", "/mcp", &headers, body.as_bytes()).await;
+    assert_eq!(reply.status, 400);
+    let message = reply.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("2025-06-18") && message.contains("2025-11-25"),
+        "{message}"
+    );
+    assert_eq!(server.fake.record(|record| record.starts.len()), 1);
+}
+
+#[tokio::test]
+async fn http_discover_probe_starts_nothing() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let probe = json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {}});
+    let reply = post(
+        server.address,
+        None,
+        &[
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "server/discover"),
+        ],
+        &probe,
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.json()["error"]["code"], json!(-32601));
+    assert!(reply.header("mcp-session-id").is_none());
+    assert_eq!(server.fake.record(|record| record.starts.len()), 0);
+    // A refused tightening also issues no session and starts nothing.
+    let refused = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "clientInfo": {"name": "raw", "version": "1"},
+        "capabilities": {"experimental": {EXECUTOR_KEY: {"box": {"tighten": {"network": {"mode": "bridge"}}}}}}}});
+    let reply = post(server.address, None, &[], &refused).await;
+    assert_eq!(reply.json()["error"]["code"], json!(-32602));
+    assert!(reply.header("mcp-session-id").is_none());
+    assert_eq!(server.fake.record(|record| record.starts.len()), 0);
+}
+
+#[tokio::test]
+async fn http_sessions_are_isolated_and_idle_ones_are_closed_with_their_units() {
+    let server = start_server(HttpOptions::loopback(), short_idle).await;
+    let first = initialize(&server).await;
+    let second = initialize(&server).await;
+    assert_ne!(first, second);
+    assert_eq!(server.fake.live_units().len(), 2);
+    // The same client id on both sessions, each answered on its own.
+    let call_a = call(json!(1), "echo", json!({"who": "first"}));
+    let call_b = call(json!(1), "echo", json!({"who": "second"}));
+    let a = post(server.address, Some(&first), &[], &call_a);
+    let b = post(server.address, Some(&second), &[], &call_b);
+    let (a, b) = tokio::join!(a, b);
+    assert_eq!(
+        a.json()["result"]["content"][0]["text"],
+        json!("{\"who\":\"first\"}")
+    );
+    assert_eq!(
+        b.json()["result"]["content"][0]["text"],
+        json!("{\"who\":\"second\"}")
+    );
+    let metrics = http(server.address, "GET", "/metrics", &[], b"").await;
+    assert!(String::from_utf8_lossy(&metrics.body).contains("box_sessions_active 2"));
+    // Both go idle: closed, units removed, ids dead.
+    let fake = server.fake.clone();
+    wait_until("idle sessions' units are removed", || {
+        fake.live_units().is_empty()
+    })
+    .await;
+    let reply = post(
+        server.address,
+        Some(&first),
+        &[],
+        &call(json!(2), "echo", json!({})),
+    )
+    .await;
+    assert_eq!(reply.status, 404);
+}
+
+// The built binary.
+
+fn box_command() -> Command {
+    let mut command = Command::new(box_bin());
+    command
+        .env("BOX_ALLOW_FAKE_BACKEND", "1")
+        .env("RUST_LOG", "warn");
+    command
+}
+
+#[test]
+fn serve_over_stdio_answers_and_exits_at_end_of_input() {
+    let mut child = box_command()
+        .args(["serve", "--backend", "fake"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{}", initialize_message()).unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    )
+    .unwrap();
+    writeln!(stdin, "{}", call(json!("x"), "echo", json!({"k": "v"}))).unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert_eq!(lines[0]["result"]["serverInfo"]["name"], json!("box"));
+    assert_eq!(lines[1]["id"], json!("x"));
+    assert_eq!(
+        lines[1]["result"]["content"][0]["text"],
+        json!("{\"k\":\"v\"}")
+    );
+}
+
+#[test]
+fn run_streams_output_and_exits_with_the_commands_status() {
+    let output = box_command()
+        .args(["run", "--backend", "fake", "--", "exit", "3"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "ran: exit 3\n");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("stderr of exit"));
+    let output = box_command()
+        .args(["run", "--backend", "fake", "--", "uname", "-a"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "ran: uname -a\n");
+}
+
+#[test]
+fn run_with_a_refused_tightening_fails_as_box_and_names_it() {
+    let output = box_command()
+        .args([
+            "run",
+            "--backend",
+            "fake",
+            "--tighten",
+            r#"{"network":{"mode":"bridge"}}"#,
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("tighten"), "{stderr}");
+}
+
+#[test]
+fn serve_off_loopback_without_a_token_refuses_to_start() {
+    let output = box_command()
+        .args(["serve", "--backend", "fake", "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--token-file"), "{stderr}");
+}

@@ -1,0 +1,1004 @@
+//! Pure translations between plan vocabulary and the engine's: a unit spec
+//! becomes a container create body, an inspect reply becomes an envelope, an
+//! ended container becomes a `UnitEnd`. No daemon, no clock, no environment:
+//! everything they need comes in as arguments, so they are tested in
+//! microseconds.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use bollard::models::{
+    ContainerCreateBody, ContainerInspectResponse, HostConfig, Mount, MountBindOptions,
+    MountBindOptionsPropagationEnum, MountType, ResourcesUlimits,
+};
+
+use crate::backend::{Envelope, Hardening, SessionLabel, labels};
+use crate::plan::{MountMode, NetworkMode, Requirement, Role, UnitSpec, WorkspaceSource};
+
+/// Where the host's own `box` binary appears inside every unit (read-only).
+pub const EXECUTOR_PATH: &str = "/.box/box";
+
+/// What keeps a unit alive under Docker's init until it is removed: the
+/// executor is started separately with `docker exec`. `sleep infinity` is in
+/// every Debian-like image (coreutils); the init forwards SIGTERM to it.
+pub const KEEP_ALIVE: [&str; 2] = ["sleep", "infinity"];
+
+/// Seconds the engine waits after SIGTERM before SIGKILL when a unit stops.
+/// Short: nothing in a unit needs a graceful shutdown once its session is gone.
+pub const STOP_TIMEOUT_SECS: i64 = 2;
+
+/// The command that builds the images a missing image error points at.
+pub const BUILD_COMMAND: &str = "box image build";
+
+/// Facts about the engine and kernel an envelope needs, gathered once per backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineFacts {
+    /// The engine's version string.
+    pub version: String,
+    /// The API version negotiated.
+    pub api_version: String,
+    /// Whether the engine applies seccomp profiles (`docker info` SecurityOptions).
+    pub seccomp: bool,
+    /// Whether the engine remaps users into a user namespace (userns-remap).
+    pub userns_remap: bool,
+    /// "1" or "2".
+    pub cgroup_version: String,
+    /// The landlock ABI the host kernel offers (0 = none).
+    pub landlock_abi: u32,
+}
+
+/// The container name of a unit: deterministic, so a duplicate start of the
+/// same session's unit is refused by the engine (409) instead of making two.
+pub fn container_name(session: &SessionLabel, spec: &UnitSpec) -> String {
+    let raw = format!("box-{}-{}-{}", session.instance, session.session, spec.name);
+    let mut name: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    // Docker names are bounded only loosely; keep them readable in `docker ps`.
+    name.truncate(200);
+    name
+}
+
+/// Refuse a workspace root the engine or the kernel would give meaning to
+/// (C35: a working directory under /proc is an escape recipe).
+pub fn check_root(root: &Path) -> Result<(), String> {
+    if !root.is_absolute() {
+        return Err(format!("{} is not an absolute path", root.display()));
+    }
+    let normal: Vec<_> = root
+        .components()
+        .filter(|c| !matches!(c, std::path::Component::RootDir))
+        .collect();
+    if normal
+        .iter()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err(format!("{} must not contain . or ..", root.display()));
+    }
+    let first = normal
+        .first()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if first.is_empty() || matches!(first.as_str(), "proc" | "sys" | "dev" | ".box") {
+        return Err(format!(
+            "{} is the root or under /proc, /sys, /dev or /.box; pick a plain directory such as /workspace",
+            root.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The executor's command line inside a unit.
+pub fn executor_argv(spec: &UnitSpec) -> Vec<String> {
+    let mut argv: Vec<String> = [
+        EXECUTOR_PATH,
+        "execute",
+        "--root",
+        &spec.root.to_string_lossy(),
+        "--kind",
+        "container",
+        "--ref",
+        &spec.image,
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    // The executor confines itself (and so every child) with landlock; the
+    // plan's requirement travels with it, so `required` fails closed inside.
+    argv.push("--landlock".to_owned());
+    argv.push(
+        match spec.security.landlock {
+            Requirement::Required => "required",
+            Requirement::BestEffort => "best-effort",
+            Requirement::Off => "off",
+        }
+        .to_owned(),
+    );
+    // The executor scrubs its children's environment again; the names the plan
+    // hands through (secrets included, which the profile named explicitly)
+    // are exempt there.
+    let pass: Vec<&str> = spec
+        .env_pass
+        .iter()
+        .chain(&spec.env_secrets)
+        .map(String::as_str)
+        .collect();
+    if !pass.is_empty() {
+        argv.push("--pass-env".to_owned());
+        argv.push(pass.join(","));
+    }
+    if !spec.security.write_guard {
+        argv.push("--write-guard".to_owned());
+        argv.push("off".to_owned());
+    }
+    argv
+}
+
+/// The user string Docker takes (`uid:gid`), or `None` to keep the image's.
+pub fn user_string(spec: &UnitSpec) -> Option<String> {
+    spec.user.map(|ids| format!("{}:{}", ids.uid, ids.gid))
+}
+
+/// The engine's network mode for a plan's network. `Egress` has no filter on
+/// this backend yet, so it never reaches here (`start` refuses it first).
+pub fn network_mode(mode: NetworkMode) -> &'static str {
+    match mode {
+        NetworkMode::None => "none",
+        // An allow list needs a filtering proxy the docker backend does not have;
+        // fail closed to no network if this is ever reached.
+        NetworkMode::Egress => "none",
+        NetworkMode::Bridge => "bridge",
+    }
+}
+
+/// The create body for one unit: every hardening setting, with the reason.
+///
+/// `exe` is the host path of the static `box` binary mounted as the executor;
+/// `created` is the RFC 3339 creation time for the label; `env` is the unit's
+/// environment, already resolved (set values and passed host values).
+pub fn container_body(
+    session: &SessionLabel,
+    spec: &UnitSpec,
+    exe: &Path,
+    created: &str,
+    env: &[(String, String)],
+) -> ContainerCreateBody {
+    let labels = HashMap::from([
+        (labels::INSTANCE.to_owned(), session.instance.clone()),
+        (labels::SESSION.to_owned(), session.session.clone()),
+        (labels::UNIT.to_owned(), spec.name.clone()),
+        (labels::PROFILE.to_owned(), session.profile.clone()),
+        (labels::CREATED.to_owned(), created.to_owned()),
+    ]);
+
+    let mut mounts = vec![Mount {
+        // The executor: the host's own static binary, read-only, so any image
+        // works without a rebuild and the unit cannot alter it.
+        target: Some(EXECUTOR_PATH.to_owned()),
+        source: Some(exe.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(true),
+        bind_options: Some(private_bind()),
+        ..Default::default()
+    }];
+    // Size-limited, nosuid, nodev. Not noexec: the workspace is writable and
+    // executable anyway, so noexec here would only break compilers and test
+    // runners that build into /tmp.
+    let mut tmpfs = HashMap::from([(
+        "/tmp".to_owned(),
+        format!("rw,nosuid,nodev,size={},mode=1777", spec.limits.tmp_bytes),
+    )]);
+    match &spec.source {
+        WorkspaceSource::Host(path) => mounts.push(Mount {
+            target: Some(spec.root.to_string_lossy().into_owned()),
+            source: Some(path.to_string_lossy().into_owned()),
+            typ: Some(MountType::BIND),
+            read_only: Some(spec.mode == MountMode::ReadOnly),
+            // CIS 5.20 / C39: no mount propagation in either direction.
+            bind_options: Some(private_bind()),
+            ..Default::default()
+        }),
+        WorkspaceSource::Empty => {
+            // A fresh directory that lives and dies with the unit; bounded like /tmp.
+            let ro = match spec.mode {
+                MountMode::ReadOnly => "ro",
+                MountMode::ReadWrite => "rw",
+            };
+            tmpfs.insert(
+                spec.root.to_string_lossy().into_owned(),
+                format!("{ro},nosuid,nodev,size={},mode=1777", spec.limits.tmp_bytes),
+            );
+        }
+        WorkspaceSource::None => {}
+    }
+
+    let memory = clamp_i64(spec.limits.memory_bytes);
+    let nofile = clamp_i64(spec.limits.nofile);
+    let host_config = HostConfig {
+        // Docker's init as PID 1: reaps zombies and forwards signals.
+        init: Some(true),
+        // Drop everything, add back only the plan's reviewed list.
+        cap_drop: Some(vec!["ALL".to_owned()]),
+        cap_add: (!spec.security.capabilities.is_empty())
+            .then(|| spec.security.capabilities.clone()),
+        // The engine's default seccomp profile stays on: asking for nothing
+        // about seccomp keeps it; only no-new-privileges is added.
+        security_opt: Some(vec!["no-new-privileges:true".to_owned()]),
+        readonly_rootfs: Some(spec.security.read_only_root),
+        privileged: Some(false),
+        tmpfs: Some(tmpfs),
+        mounts: Some(mounts),
+        memory: Some(memory),
+        // Equal to memory: no swap, so a memory bomb is OOM-killed, not a swap storm.
+        memory_swap: Some(memory),
+        nano_cpus: Some(nano_cpus(spec.limits.cpus)),
+        pids_limit: Some(clamp_i64(spec.limits.pids)),
+        ulimits: Some(vec![ResourcesUlimits {
+            name: Some("nofile".to_owned()),
+            soft: Some(nofile),
+            hard: Some(nofile),
+        }]),
+        network_mode: Some(network_mode(spec.network.mode).to_owned()),
+        // Never restarted behind the host's back: the session decides.
+        auto_remove: Some(false),
+        ..Default::default()
+    };
+
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        cmd: Some(KEEP_ALIVE.iter().map(|s| (*s).to_owned()).collect()),
+        // The image's entrypoint would run before our keep-alive; units do not
+        // run it (an image may still shape the executor's environment via ENV).
+        entrypoint: Some(Vec::new()),
+        user: user_string(spec),
+        working_dir: Some(spec.root.to_string_lossy().into_owned()),
+        env: Some(env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        labels: Some(labels),
+        // Hostname names the unit, not the host.
+        hostname: Some(truncate_hostname(&spec.name)),
+        stop_timeout: Some(STOP_TIMEOUT_SECS),
+        tty: Some(false),
+        open_stdin: Some(false),
+        host_config: Some(host_config),
+        ..Default::default()
+    }
+}
+
+/// Apply what a profile's operator explicitly allowed (privileged, shared
+/// host namespaces, host devices) to a built body's host config. Plans only
+/// carry these when the operator switch was on; an unknown namespace name is
+/// an error naming it, never ignored.
+pub fn operator_allowances(
+    host: &mut HostConfig,
+    privileged: bool,
+    host_namespaces: &[String],
+    devices: &[std::path::PathBuf],
+) -> Result<(), String> {
+    if privileged {
+        host.privileged = Some(true);
+    }
+    for namespace in host_namespaces {
+        match namespace.as_str() {
+            "pid" => host.pid_mode = Some("host".to_owned()),
+            "ipc" => host.ipc_mode = Some("host".to_owned()),
+            "uts" => host.uts_mode = Some("host".to_owned()),
+            "net" | "network" => host.network_mode = Some("host".to_owned()),
+            "cgroup" => {
+                host.cgroupns_mode = Some(bollard::models::HostConfigCgroupnsModeEnum::HOST);
+            }
+            "user" => host.userns_mode = Some("host".to_owned()),
+            other => {
+                return Err(format!(
+                    "host namespace `{other}` is not one of pid, ipc, uts, net, cgroup, user"
+                ));
+            }
+        }
+    }
+    if !devices.is_empty() {
+        host.devices = Some(
+            devices
+                .iter()
+                .map(|path| bollard::models::DeviceMapping {
+                    path_on_host: Some(path.to_string_lossy().into_owned()),
+                    path_in_container: Some(path.to_string_lossy().into_owned()),
+                    cgroup_permissions: Some("rwm".to_owned()),
+                })
+                .collect(),
+        );
+    }
+    Ok(())
+}
+
+fn private_bind() -> MountBindOptions {
+    MountBindOptions {
+        propagation: Some(MountBindOptionsPropagationEnum::RPRIVATE),
+        ..Default::default()
+    }
+}
+
+fn clamp_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// CPUs as the engine's nano-CPUs (1e9 per core); at least one nano-CPU.
+pub fn nano_cpus(cpus: f64) -> i64 {
+    let nanos = (cpus * 1e9).round();
+    if nanos.is_finite() && nanos >= 1.0 {
+        // Truncation is fine: the value is finite and positive, and far below i64::MAX
+        // for any real machine; absurd values saturate.
+        nanos.min(i64::MAX as f64) as i64
+    } else {
+        1
+    }
+}
+
+fn truncate_hostname(name: &str) -> String {
+    let mut host: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    host.truncate(63);
+    if host.is_empty() {
+        "unit".to_owned()
+    } else {
+        host
+    }
+}
+
+/// The envelope of a started unit, from what the engine reports it applied
+/// (`inspect`), never from what was asked.
+///
+/// `image_user` is the image's configured user (used when the container's is
+/// empty); `env_passed` and `env_scrubbed` are the variable names the start
+/// resolved.
+pub fn envelope_from_inspect(
+    spec: &UnitSpec,
+    inspect: &ContainerInspectResponse,
+    image_user: &str,
+    facts: &EngineFacts,
+    env_passed: Vec<String>,
+    env_scrubbed: Vec<String>,
+) -> Envelope {
+    let host = inspect.host_config.clone().unwrap_or_default();
+    let config = inspect.config.clone().unwrap_or_default();
+    let user = config
+        .user
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| image_user.to_owned());
+    let user = normalise_user(&user);
+    let uid_is_root = user.split(':').next().is_some_and(|uid| uid == "0");
+
+    let security_opt = host.security_opt.clone().unwrap_or_default();
+    let no_new_privileges = security_opt.iter().any(|o| {
+        o == "no-new-privileges" || o == "no-new-privileges:true" || o == "no-new-privileges=true"
+    });
+    let seccomp_unconfined = security_opt
+        .iter()
+        .any(|o| o == "seccomp=unconfined" || o == "seccomp:unconfined");
+    let seccomp = if !facts.seccomp || seccomp_unconfined || host.privileged == Some(true) {
+        "none"
+    } else if security_opt.iter().any(|o| o.starts_with("seccomp")) {
+        "box"
+    } else {
+        "default"
+    };
+
+    let cap_drop = host.cap_drop.clone().unwrap_or_default();
+    let dropped_all = cap_drop.iter().any(|c| c.eq_ignore_ascii_case("ALL"));
+    // A non-root process under runc gets an empty effective set whatever the
+    // bounding set is (no ambient capabilities are granted); root keeps what
+    // was not dropped.
+    let capabilities = if !uid_is_root {
+        Vec::new()
+    } else if host.privileged == Some(true) {
+        vec!["<all: privileged>".to_owned()]
+    } else if dropped_all {
+        host.cap_add.clone().unwrap_or_default()
+    } else {
+        vec!["<engine default set>".to_owned()]
+    };
+
+    let network_mode = host.network_mode.clone().unwrap_or_default();
+    let mut namespaces = vec!["mount".to_owned()];
+    for (name, mode) in [
+        ("pid", host.pid_mode.as_deref()),
+        ("net", Some(network_mode.as_str())),
+        ("ipc", host.ipc_mode.as_deref()),
+        ("uts", host.uts_mode.as_deref()),
+    ] {
+        if mode != Some("host") {
+            namespaces.push(name.to_owned());
+        }
+    }
+    let cgroupns_private = match host.cgroupns_mode {
+        Some(bollard::models::HostConfigCgroupnsModeEnum::PRIVATE) => true,
+        Some(bollard::models::HostConfigCgroupnsModeEnum::HOST) => false,
+        // The engine's default: private on cgroup v2, host on v1.
+        _ => facts.cgroup_version == "2",
+    };
+    if cgroupns_private {
+        namespaces.push("cgroup".to_owned());
+    }
+    let user_namespace = facts.userns_remap && host.userns_mode.as_deref() != Some("host");
+    if user_namespace {
+        namespaces.push("user".to_owned());
+    }
+
+    let tmp_bytes = host
+        .tmpfs
+        .as_ref()
+        .and_then(|t| t.get("/tmp"))
+        .and_then(|opts| tmpfs_size(opts));
+    let nofile = host.ulimits.as_ref().and_then(|u| {
+        u.iter()
+            .find(|l| l.name.as_deref() == Some("nofile"))
+            .and_then(|l| l.hard)
+    });
+    let limits = serde_json::json!({
+        "memoryBytes": host.memory,
+        "memorySwapBytes": host.memory_swap,
+        "cpus": host.nano_cpus.map(|n| n as f64 / 1e9),
+        "pids": host.pids_limit,
+        "tmpBytes": tmp_bytes,
+        "nofile": nofile,
+    });
+    let network = serde_json::json!({
+        "mode": network_mode,
+        "allow": spec.network.allow,
+    });
+
+    let state = inspect
+        .state
+        .as_ref()
+        .and_then(|s| s.status)
+        .map_or_else(|| "unknown".to_owned(), |s| s.to_string());
+
+    Envelope {
+        name: spec.name.clone(),
+        role: match spec.role {
+            Role::Workspace => "workspace",
+            Role::Server => "server",
+        }
+        .to_owned(),
+        backend: "docker".to_owned(),
+        id: inspect.id.clone().unwrap_or_default(),
+        image: spec.image.clone(),
+        image_id: inspect.image.clone().unwrap_or_default(),
+        root: spec.root.to_string_lossy().into_owned(),
+        user,
+        network,
+        limits,
+        hardening: Hardening {
+            capabilities,
+            no_new_privileges,
+            read_only_root: host.readonly_rootfs == Some(true),
+            seccomp: seccomp.to_owned(),
+            landlock_abi: facts.landlock_abi,
+            // Landlock is the executor's to enforce inside the unit; until it
+            // reports, nothing claims it.
+            landlock_enforced: false,
+            namespaces,
+            user_namespace,
+        },
+        env_passed,
+        env_scrubbed,
+        git_neutralised: spec.security.neutralise_git,
+        state,
+    }
+}
+
+/// `uid:gid` from Docker's user forms (`1000`, `1000:1000`, `box`); a name
+/// stays as given, since resolving it needs the image's /etc/passwd.
+fn normalise_user(user: &str) -> String {
+    if user.is_empty() {
+        // No user anywhere: the engine runs the process as root.
+        return "0:0".to_owned();
+    }
+    if user.contains(':') {
+        return user.to_owned();
+    }
+    if user.chars().all(|c| c.is_ascii_digit()) {
+        // Docker gives a bare uid the primary gid from the image's passwd, or 0.
+        return format!("{user}:?");
+    }
+    user.to_owned()
+}
+
+fn tmpfs_size(options: &str) -> Option<u64> {
+    options
+        .split(',')
+        .find_map(|o| o.strip_prefix("size="))
+        .and_then(|s| s.parse().ok())
+}
+
+/// What ended, as the backend saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// The container stopped.
+    Container,
+    /// The executor's `docker exec` ended while the container may still run.
+    Executor,
+    /// The container is gone (removed) or the engine could not say.
+    Gone,
+}
+
+/// A `UnitEnd` naming the cause, from the container's final state.
+///
+/// `exit_code` is the container's (for `Container`) or the executor's (for
+/// `Executor`); `oom_killed` is the engine's OOM flag for the container.
+pub fn unit_end(
+    unit: &str,
+    ending: Ending,
+    exit_code: Option<i64>,
+    oom_killed: bool,
+    memory_bytes: u64,
+) -> UnitEndParts {
+    let who = match ending {
+        Ending::Container | Ending::Gone => format!("unit {unit}"),
+        Ending::Executor => format!("the executor of unit {unit}"),
+    };
+    let reason = if oom_killed {
+        format!(
+            "{who} was killed by the kernel's OOM killer at its memory limit of {memory_bytes} bytes"
+        )
+    } else if ending == Ending::Gone {
+        format!("{who} is gone (removed, or the engine lost it)")
+    } else {
+        match exit_code {
+            Some(0) => format!("{who} exited normally (code 0)"),
+            Some(code) if code > 128 && code <= 128 + 64 => {
+                let signal = code - 128;
+                format!(
+                    "{who} was killed by signal {signal} ({}; exit code {code})",
+                    signal_name(signal)
+                )
+            }
+            Some(code) => format!("{who} exited with code {code}"),
+            None => format!("{who} ended without an exit code"),
+        }
+    };
+    UnitEndParts {
+        exit_code,
+        oom_killed,
+        reason,
+    }
+}
+
+/// The fields of a `UnitEnd` (kept separate so this module has no dependency
+/// on how the trait's type grows).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitEndParts {
+    /// The exit code.
+    pub exit_code: Option<i64>,
+    /// OOM-killed.
+    pub oom_killed: bool,
+    /// The sentence.
+    pub reason: String,
+}
+
+fn signal_name(signal: i64) -> &'static str {
+    match signal {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        15 => "SIGTERM",
+        _ => "a signal",
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use pretty_assertions::assert_eq;
+
+    use super::*;
+    use crate::plan::{Limits, Network, Requirement, Security, UserIds};
+
+    fn session() -> SessionLabel {
+        SessionLabel {
+            instance: "inst1".to_owned(),
+            session: "s1".to_owned(),
+            profile: "default".to_owned(),
+        }
+    }
+
+    /// A fully hardened workspace unit spec for tests.
+    pub(crate) fn spec() -> UnitSpec {
+        UnitSpec {
+            name: "workspace".to_owned(),
+            role: Role::Workspace,
+            image: "box-base:bookworm".to_owned(),
+            source: WorkspaceSource::Host(PathBuf::from("/srv/ws")),
+            root: PathBuf::from("/workspace"),
+            mode: MountMode::ReadWrite,
+            user: Some(UserIds {
+                uid: 1000,
+                gid: 1000,
+            }),
+            network: Network {
+                mode: NetworkMode::None,
+                allow: Vec::new(),
+            },
+            limits: Limits {
+                memory_bytes: 512 << 20,
+                cpus: 1.5,
+                pids: 128,
+                tmp_bytes: 64 << 20,
+                nofile: 1024,
+                call_timeout: Duration::from_secs(60),
+                idle: Duration::from_secs(60),
+                lifetime: Duration::from_secs(600),
+            },
+            env_set: BTreeMap::new(),
+            env_pass: Vec::new(),
+            env_secrets: Vec::new(),
+            security: Security {
+                capabilities: Vec::new(),
+                read_only_root: true,
+                landlock: Requirement::BestEffort,
+                neutralise_git: true,
+                write_guard: true,
+                privileged: false,
+                host_namespaces: Vec::new(),
+                devices: Vec::new(),
+            },
+            command: Vec::new(),
+            description: String::new(),
+        }
+    }
+
+    fn body() -> ContainerCreateBody {
+        container_body(
+            &session(),
+            &spec(),
+            Path::new("/usr/local/bin/box"),
+            "2026-01-01T00:00:00Z",
+            &[("LANG".to_owned(), "C.UTF-8".to_owned())],
+        )
+    }
+
+    #[test]
+    fn hardening_is_all_in_the_body() {
+        let body = body();
+        let host = body.host_config.clone().unwrap_or_default();
+        assert_eq!(host.init, Some(true));
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
+        assert_eq!(host.cap_add, None);
+        assert_eq!(
+            host.security_opt,
+            Some(vec!["no-new-privileges:true".to_owned()])
+        );
+        assert_eq!(host.readonly_rootfs, Some(true));
+        assert_eq!(host.privileged, Some(false));
+        assert_eq!(host.memory, Some(512 << 20));
+        assert_eq!(host.memory_swap, Some(512 << 20));
+        assert_eq!(host.nano_cpus, Some(1_500_000_000));
+        assert_eq!(host.pids_limit, Some(128));
+        assert_eq!(host.network_mode.as_deref(), Some("none"));
+        assert_eq!(
+            host.tmpfs.unwrap_or_default().get("/tmp").cloned(),
+            Some(format!("rw,nosuid,nodev,size={},mode=1777", 64 << 20))
+        );
+        assert_eq!(body.user.as_deref(), Some("1000:1000"));
+        assert_eq!(
+            body.cmd,
+            Some(vec!["sleep".to_owned(), "infinity".to_owned()])
+        );
+        assert_eq!(body.env, Some(vec!["LANG=C.UTF-8".to_owned()]));
+    }
+
+    #[test]
+    fn only_the_workspace_and_the_executor_are_mounted() {
+        let mounts = body()
+            .host_config
+            .and_then(|h| h.mounts)
+            .unwrap_or_default();
+        let seen: Vec<_> = mounts
+            .iter()
+            .map(|m| {
+                (
+                    m.source.clone().unwrap_or_default(),
+                    m.target.clone().unwrap_or_default(),
+                    m.read_only,
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (
+                    "/usr/local/bin/box".to_owned(),
+                    EXECUTOR_PATH.to_owned(),
+                    Some(true)
+                ),
+                ("/srv/ws".to_owned(), "/workspace".to_owned(), Some(false)),
+            ]
+        );
+    }
+
+    #[test]
+    fn read_only_mode_and_empty_and_no_workspace() {
+        let mut ro = spec();
+        ro.mode = MountMode::ReadOnly;
+        let body = container_body(&session(), &ro, Path::new("/b"), "t", &[]);
+        let mounts = body.host_config.and_then(|h| h.mounts).unwrap_or_default();
+        assert_eq!(mounts.get(1).and_then(|m| m.read_only), Some(true));
+
+        let mut empty = spec();
+        empty.source = WorkspaceSource::Empty;
+        let body = container_body(&session(), &empty, Path::new("/b"), "t", &[]);
+        let host = body.host_config.unwrap_or_default();
+        assert_eq!(host.mounts.map(|m| m.len()), Some(1));
+        assert!(host.tmpfs.unwrap_or_default().contains_key("/workspace"));
+
+        let mut none = spec();
+        none.source = WorkspaceSource::None;
+        let body = container_body(&session(), &none, Path::new("/b"), "t", &[]);
+        let host = body.host_config.unwrap_or_default();
+        assert_eq!(host.mounts.map(|m| m.len()), Some(1));
+        assert_eq!(host.tmpfs.map(|t| t.len()), Some(1));
+    }
+
+    #[test]
+    fn labels_and_name_identify_the_unit() {
+        let labels = body().labels.unwrap_or_default();
+        let mut pairs: Vec<_> = labels.into_iter().collect();
+        pairs.sort();
+        assert_eq!(
+            pairs,
+            vec![
+                ("box.created".to_owned(), "2026-01-01T00:00:00Z".to_owned()),
+                ("box.instance".to_owned(), "inst1".to_owned()),
+                ("box.profile".to_owned(), "default".to_owned()),
+                ("box.session".to_owned(), "s1".to_owned()),
+                ("box.unit".to_owned(), "workspace".to_owned()),
+            ]
+        );
+        let mut odd = spec();
+        odd.name = "my server/1".to_owned();
+        assert_eq!(container_name(&session(), &odd), "box-inst1-s1-my_server_1");
+    }
+
+    #[test]
+    fn capabilities_and_bridge_follow_the_plan() {
+        let mut s = spec();
+        s.security.capabilities = vec!["NET_BIND_SERVICE".to_owned()];
+        s.network.mode = NetworkMode::Bridge;
+        s.security.read_only_root = false;
+        let host = container_body(&session(), &s, Path::new("/b"), "t", &[])
+            .host_config
+            .unwrap_or_default();
+        assert_eq!(host.cap_add, Some(vec!["NET_BIND_SERVICE".to_owned()]));
+        assert_eq!(host.network_mode.as_deref(), Some("bridge"));
+        assert_eq!(host.readonly_rootfs, Some(false));
+    }
+
+    #[test]
+    fn executor_argv_carries_root_kind_ref_and_passes() {
+        let mut s = spec();
+        s.env_pass = vec!["A".to_owned(), "B".to_owned()];
+        s.security.write_guard = false;
+        assert_eq!(
+            executor_argv(&s),
+            [
+                "/.box/box",
+                "execute",
+                "--root",
+                "/workspace",
+                "--kind",
+                "container",
+                "--ref",
+                "box-base:bookworm",
+                "--landlock",
+                "best-effort",
+                "--pass-env",
+                "A,B",
+                "--write-guard",
+                "off"
+            ]
+            .map(str::to_owned)
+            .to_vec()
+        );
+    }
+
+    fn facts() -> EngineFacts {
+        EngineFacts {
+            version: "20.10".to_owned(),
+            api_version: "1.41".to_owned(),
+            seccomp: true,
+            userns_remap: false,
+            cgroup_version: "2".to_owned(),
+            landlock_abi: 3,
+        }
+    }
+
+    #[test]
+    fn envelope_reads_back_what_the_engine_applied() {
+        let body = body();
+        let inspect = ContainerInspectResponse {
+            id: Some("abc".to_owned()),
+            image: Some("sha256:1".to_owned()),
+            config: Some(bollard::models::ContainerConfig {
+                user: body.user.clone(),
+                ..Default::default()
+            }),
+            host_config: body.host_config.clone(),
+            ..Default::default()
+        };
+        let envelope = envelope_from_inspect(
+            &spec(),
+            &inspect,
+            "1000:1000",
+            &facts(),
+            vec!["LANG".to_owned()],
+            Vec::new(),
+        );
+        assert_eq!(envelope.id, "abc");
+        assert_eq!(envelope.image_id, "sha256:1");
+        assert_eq!(envelope.user, "1000:1000");
+        assert_eq!(
+            envelope.hardening,
+            Hardening {
+                capabilities: Vec::new(),
+                no_new_privileges: true,
+                read_only_root: true,
+                seccomp: "default".to_owned(),
+                landlock_abi: 3,
+                landlock_enforced: false,
+                namespaces: ["mount", "pid", "net", "ipc", "uts", "cgroup"]
+                    .map(str::to_owned)
+                    .to_vec(),
+                user_namespace: false,
+            }
+        );
+        assert_eq!(
+            envelope.limits,
+            serde_json::json!({
+                "memoryBytes": 512 << 20, "memorySwapBytes": 512 << 20, "cpus": 1.5,
+                "pids": 128, "tmpBytes": 64 << 20, "nofile": 1024,
+            })
+        );
+        assert_eq!(
+            envelope.network,
+            serde_json::json!({"mode": "none", "allow": []})
+        );
+    }
+
+    #[test]
+    fn envelope_does_not_claim_what_was_not_applied() {
+        let inspect = ContainerInspectResponse {
+            host_config: Some(HostConfig {
+                security_opt: Some(vec!["seccomp=unconfined".to_owned()]),
+                readonly_rootfs: Some(false),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let envelope = envelope_from_inspect(&spec(), &inspect, "", &facts(), vec![], vec![]);
+        assert_eq!(envelope.user, "0:0");
+        assert_eq!(envelope.hardening.seccomp, "none");
+        assert!(!envelope.hardening.no_new_privileges);
+        assert!(!envelope.hardening.read_only_root);
+        assert_eq!(
+            envelope.hardening.capabilities,
+            vec!["<engine default set>".to_owned()]
+        );
+    }
+
+    #[test]
+    fn unit_end_names_the_cause() {
+        let check = |ending, code, oom, want: &str| {
+            assert_eq!(unit_end("ws", ending, code, oom, 1024).reason, want);
+        };
+        check(
+            Ending::Container,
+            Some(137),
+            true,
+            "unit ws was killed by the kernel's OOM killer at its memory limit of 1024 bytes",
+        );
+        check(
+            Ending::Container,
+            Some(137),
+            false,
+            "unit ws was killed by signal 9 (SIGKILL; exit code 137)",
+        );
+        check(
+            Ending::Container,
+            Some(3),
+            false,
+            "unit ws exited with code 3",
+        );
+        check(
+            Ending::Executor,
+            Some(0),
+            false,
+            "the executor of unit ws exited normally (code 0)",
+        );
+        check(
+            Ending::Gone,
+            None,
+            false,
+            "unit ws is gone (removed, or the engine lost it)",
+        );
+    }
+
+    #[test]
+    fn roots_under_kernel_trees_are_refused() {
+        for (root, ok) in [
+            ("/workspace", true),
+            ("/home/box/src", true),
+            ("/", false),
+            ("workspace", false),
+            ("/proc/self/fd/7", false),
+            ("/sys/x", false),
+            ("/dev", false),
+            ("/.box", false),
+            ("/workspace/../proc", false),
+        ] {
+            assert_eq!(check_root(Path::new(root)).is_ok(), ok, "{root}");
+        }
+    }
+
+    #[test]
+    fn operator_allowances_apply_only_what_was_allowed() {
+        let mut host = body().host_config.unwrap_or_default();
+        let before = host.clone();
+        operator_allowances(&mut host, false, &[], &[]).unwrap();
+        assert_eq!(host, before);
+        operator_allowances(
+            &mut host,
+            true,
+            &["pid".to_owned(), "net".to_owned()],
+            &[PathBuf::from("/dev/fuse")],
+        )
+        .unwrap();
+        assert_eq!(host.privileged, Some(true));
+        assert_eq!(host.pid_mode.as_deref(), Some("host"));
+        assert_eq!(host.network_mode.as_deref(), Some("host"));
+        assert_eq!(host.devices.map(|d| d.len()), Some(1));
+        let error = operator_allowances(
+            &mut body().host_config.unwrap_or_default(),
+            false,
+            &["mnt".to_owned()],
+            &[],
+        );
+        assert!(error.unwrap_err().contains("`mnt`"));
+        // The envelope then tells the truth about it.
+        let inspect = ContainerInspectResponse {
+            host_config: Some(HostConfig {
+                privileged: Some(true),
+                pid_mode: Some("host".to_owned()),
+                ..body().host_config.unwrap_or_default()
+            }),
+            ..Default::default()
+        };
+        let envelope = envelope_from_inspect(&spec(), &inspect, "", &facts(), vec![], vec![]);
+        assert_eq!(envelope.hardening.seccomp, "none");
+        assert!(!envelope.hardening.namespaces.contains(&"pid".to_owned()));
+    }
+
+    #[test]
+    fn nano_cpus_saturate_and_floor() {
+        assert_eq!(nano_cpus(2.0), 2_000_000_000);
+        assert_eq!(nano_cpus(0.0), 1);
+        assert_eq!(nano_cpus(f64::NAN), 1);
+    }
+}

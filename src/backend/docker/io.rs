@@ -1,0 +1,129 @@
+//! The executor's output, re-buffered: bollard yields the exec's multiplexed
+//! stream as `LogOutput` frames; stdout bytes go to an `AsyncRead` the host
+//! reads the protocol from, stderr lines go to the log under the unit's name.
+//! The executor's stdin is a pipe too, so that the host dropping its end is
+//! an EOF the executor sees (dropping bollard's write half does not close it).
+
+use std::pin::Pin;
+
+use bollard::container::LogOutput;
+use bollard::errors::Error as DockerError;
+use futures::{Stream, StreamExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::sync::oneshot;
+
+/// Bytes of executor stdout buffered before the pump waits for the host to
+/// read: enough for several protocol messages, small enough that a flooding
+/// executor is held back by the host, not by the host's memory.
+const STDOUT_BUFFER: usize = 256 * 1024;
+
+/// Bytes of executor stdin buffered between the host and the exec.
+const STDIN_BUFFER: usize = 64 * 1024;
+
+/// The longest stderr line logged whole; longer ones are cut.
+const STDERR_LINE_MAX: usize = 4096;
+
+/// Start pumping `output`; returns the stdout reader and a signal that fires
+/// when the exec's output has ended (the executor exited or was killed).
+pub(super) fn pump(
+    output: Pin<Box<dyn Stream<Item = Result<LogOutput, DockerError>> + Send>>,
+    unit: String,
+) -> (DuplexStream, oneshot::Receiver<()>) {
+    let (reader, writer) = tokio::io::duplex(STDOUT_BUFFER);
+    let (done_tx, done_rx) = oneshot::channel();
+    tokio::spawn(run(output, writer, unit, done_tx));
+    (reader, done_rx)
+}
+
+/// A writer for the executor's stdin: what the host writes is copied into the
+/// exec; when the host drops it (or shuts it down), the exec's stdin is shut
+/// down, so the executor reads EOF.
+pub(super) fn stdin(mut input: Pin<Box<dyn AsyncWrite + Send>>, unit: String) -> DuplexStream {
+    let (writer, mut reader) = tokio::io::duplex(STDIN_BUFFER);
+    tokio::spawn(async move {
+        if let Err(error) = tokio::io::copy(&mut reader, &mut input).await {
+            tracing::debug!(unit, %error, "writing to the executor's stdin");
+        }
+        let _ = input.shutdown().await;
+    });
+    writer
+}
+
+async fn run(
+    mut output: Pin<Box<dyn Stream<Item = Result<LogOutput, DockerError>> + Send>>,
+    writer: DuplexStream,
+    unit: String,
+    done: oneshot::Sender<()>,
+) {
+    let mut writer = Some(writer);
+    let mut stderr = Vec::new();
+    while let Some(frame) = output.next().await {
+        match frame {
+            Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => {
+                if let Some(w) = writer.as_mut()
+                    && w.write_all(&message).await.is_err()
+                {
+                    // The host stopped reading; keep draining for stderr and the end.
+                    writer = None;
+                }
+            }
+            Ok(LogOutput::StdErr { message }) => {
+                stderr.extend_from_slice(&message);
+                log_lines(&unit, &mut stderr, false);
+            }
+            Ok(LogOutput::StdIn { .. }) => {}
+            Err(error) => {
+                tracing::warn!(unit, %error, "reading the executor's output");
+                break;
+            }
+        }
+    }
+    log_lines(&unit, &mut stderr, true);
+    drop(writer);
+    let _ = done.send(());
+}
+
+/// Log every complete line in `buffer` (all of it when `flush`), keeping the rest.
+fn log_lines(unit: &str, buffer: &mut Vec<u8>, flush: bool) {
+    while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
+        let line: Vec<u8> = buffer.drain(..=end).collect();
+        log_line(unit, &line[..line.len() - 1]);
+    }
+    if buffer.len() > STDERR_LINE_MAX || (flush && !buffer.is_empty()) {
+        let line: Vec<u8> = std::mem::take(buffer);
+        log_line(unit, &line);
+    }
+}
+
+fn log_line(unit: &str, line: &[u8]) {
+    let cut = &line[..line.len().min(STDERR_LINE_MAX)];
+    let text = String::from_utf8_lossy(cut);
+    tracing::info!(unit, "executor: {}", text.trim_end());
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn stdout_frames_become_one_byte_stream() {
+        let frames = vec![
+            Ok(LogOutput::StdOut {
+                message: (&b"{\"a\":"[..]).into(),
+            }),
+            Ok(LogOutput::StdErr {
+                message: (&b"log line\n"[..]).into(),
+            }),
+            Ok(LogOutput::StdOut {
+                message: (&b"1}\n"[..]).into(),
+            }),
+        ];
+        let (mut reader, done) = pump(Box::pin(futures::stream::iter(frames)), "u".to_owned());
+        let mut text = String::new();
+        reader.read_to_string(&mut text).await.unwrap();
+        assert_eq!(text, "{\"a\":1}\n");
+        done.await.unwrap();
+    }
+}

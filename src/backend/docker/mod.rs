@@ -1,0 +1,682 @@
+//! The docker backend: one hardened container per unit, through bollard.
+//!
+//! A unit is a container running a keep-alive under Docker's init, with the
+//! host's own static `box` bind-mounted read-only at [`body::EXECUTOR_PATH`]
+//! and started once with `docker exec` (stdin/stdout attached, no tty) as the
+//! unit's executor. Every hardening setting lives in the pure
+//! [`body::container_body`]; the envelope is read back from `inspect`, never
+//! copied from the request. Images are never pulled: a missing image is an
+//! error naming the command that builds it (`box image build`).
+//!
+//! How a host uses it: claim an instance (`instance::InstanceLock::acquire(
+//! &instance::default_dir(), &instance::new_id())`, held for the host's life),
+//! `DockerBackend::connect()`, `sweep_orphans(&backend, lock.id())` once at
+//! start, then `backend::start_all` per session and `Backend::remove` of each
+//! unit when the session ends; `StartedUnit::ended` tells it why a unit died.
+//!
+//! What this module does not do: decide anything (the plan did), or know about
+//! sessions beyond their labels (the host owns their lives; `sweep_orphans`
+//! and `box gc` only act on labels and instance liveness).
+
+pub mod body;
+mod io;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use bollard::Docker;
+use bollard::errors::Error as DockerError;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::models::ContainerSummary;
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+    StopContainerOptionsBuilder,
+};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+
+pub use body::{EngineFacts, container_body};
+
+use crate::backend::{
+    Backend, BackendError, ExecutorIo, SessionLabel, StartedUnit, UnitEnd, UnitInfo, labels,
+};
+use crate::plan::{NetworkMode, Requirement, UnitSpec};
+
+/// The docker engine could not be reached or understood.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// Nothing answers on the socket.
+    #[error(
+        "no Docker engine answers ({cause}); start it, set DOCKER_HOST, or use the local backend"
+    )]
+    NoEngine {
+        /// What the client said.
+        cause: String,
+    },
+}
+
+/// The docker backend.
+#[derive(Clone)]
+pub struct DockerBackend {
+    docker: Docker,
+    executor: PathBuf,
+    executor_command: Option<Vec<String>>,
+    facts: EngineFacts,
+}
+
+impl std::fmt::Debug for DockerBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerBackend")
+            .field("executor", &self.executor)
+            .field("facts", &self.facts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DockerBackend {
+    /// Connect to the local engine (DOCKER_HOST or the default socket),
+    /// negotiate the API version and gather the engine's facts.
+    pub async fn connect() -> Result<Self, ConnectError> {
+        let no_engine = |e: DockerError| ConnectError::NoEngine {
+            cause: e.to_string(),
+        };
+        let docker = Docker::connect_with_defaults()
+            .map_err(no_engine)?
+            .negotiate_version()
+            .await
+            .map_err(no_engine)?;
+        let info = docker.info().await.map_err(no_engine)?;
+        let version = docker.version().await.map_err(no_engine)?;
+        let security = info.security_options.unwrap_or_default();
+        let facts = EngineFacts {
+            version: version.version.unwrap_or_default(),
+            api_version: docker.client_version().to_string(),
+            seccomp: security.iter().any(|o| o.contains("name=seccomp")),
+            userns_remap: security.iter().any(|o| o.contains("name=userns")),
+            cgroup_version: match info.cgroup_version {
+                Some(bollard::models::SystemInfoCgroupVersionEnum::_2) => "2",
+                Some(bollard::models::SystemInfoCgroupVersionEnum::_1) => "1",
+                Some(bollard::models::SystemInfoCgroupVersionEnum::EMPTY) | None => "",
+            }
+            .to_owned(),
+            landlock_abi: crate::backend::docker::landlock_abi(),
+        };
+        // C35: the runtime's CVE floors; reported here and by `box doctor`,
+        // not refused, since distribution builds carry backported fixes.
+        if let Some(runc) = version
+            .components
+            .iter()
+            .flatten()
+            .find(|c| c.name.eq_ignore_ascii_case("runc"))
+            && let crate::backend::doctor::RuncFloor::Below(why) =
+                crate::backend::doctor::runc_floor(&runc.version)
+        {
+            tracing::warn!(runc = runc.version, "runc {why}; see `box doctor`");
+        }
+        // The executor is this very binary: static, so it runs in any image.
+        let executor = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
+        Ok(Self {
+            docker,
+            executor,
+            executor_command: None,
+            facts,
+        })
+    }
+
+    /// Use `path` (a static `box`) as the executor mounted into units, instead
+    /// of the running binary (tests and benches run from another binary).
+    #[must_use]
+    pub fn with_executor_binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.executor = path.into();
+        self
+    }
+
+    /// Run `argv` as the unit's executor process instead of `box execute`.
+    /// For tests and benchmarks that need a long-lived stand-in process.
+    #[must_use]
+    pub fn with_executor_command(mut self, argv: Vec<String>) -> Self {
+        self.executor_command = Some(argv);
+        self
+    }
+
+    /// The engine client (tests and `box doctor` probe with it).
+    pub fn client(&self) -> &Docker {
+        &self.docker
+    }
+
+    /// What the engine and kernel offer.
+    pub fn facts(&self) -> &EngineFacts {
+        &self.facts
+    }
+
+    /// Every box-labelled container of `instance`.
+    pub async fn list_instance(&self, instance: &str) -> Result<Vec<UnitInfo>, DockerError> {
+        let filter = format!("{}={instance}", labels::INSTANCE);
+        list_filtered(&self.docker, &filter).await
+    }
+
+    async fn start_unit(
+        &self,
+        session: &SessionLabel,
+        spec: &UnitSpec,
+    ) -> Result<StartedUnit, BackendError> {
+        let unit = spec.name.as_str();
+        let other = |doing: &str, e: DockerError| BackendError::Other {
+            unit: unit.to_owned(),
+            doing: doing.to_owned(),
+            message: engine_message(&e),
+        };
+        // Refuse what this backend cannot enforce before anything is created.
+        match spec.network.mode {
+            NetworkMode::None | NetworkMode::Bridge => {}
+            NetworkMode::Egress => {
+                return Err(BackendError::Unenforceable {
+                    unit: unit.to_owned(),
+                    control: "network egress allow list".to_owned(),
+                    why: "the docker backend has no egress filter yet; use network mode none or bridge".to_owned(),
+                });
+            }
+        }
+        match spec.security.landlock {
+            Requirement::Required if self.facts.landlock_abi == 0 => {
+                return Err(BackendError::Unenforceable {
+                    unit: unit.to_owned(),
+                    control: "landlock".to_owned(),
+                    why: "the host kernel offers no landlock ABI".to_owned(),
+                });
+            }
+            Requirement::Required | Requirement::BestEffort | Requirement::Off => {}
+        }
+        body::check_root(&spec.root).map_err(|why| BackendError::Other {
+            unit: unit.to_owned(),
+            doing: "checking the workspace root".to_owned(),
+            message: why,
+        })?;
+        let image = match self.docker.inspect_image(&spec.image).await {
+            Ok(image) => image,
+            Err(e) if status_of(&e) == Some(404) => {
+                return Err(BackendError::MissingImage {
+                    unit: unit.to_owned(),
+                    image: spec.image.clone(),
+                    build: body::BUILD_COMMAND.to_owned(),
+                });
+            }
+            Err(e) => return Err(other("inspecting the image", e)),
+        };
+        let image_user = image.config.and_then(|c| c.user).unwrap_or_default();
+
+        let (env, env_passed, missing) = unit_env(spec, std::env::vars_os());
+        if !missing.is_empty() {
+            tracing::info!(unit, ?missing, "variables to pass are not set on the host");
+        }
+        // Nothing is scrubbed here: a unit gets only the plan's set values and
+        // the names it passes, never the host's environment.
+        let env_scrubbed = Vec::new();
+        let created = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+        let mut body = container_body(session, spec, &self.executor, &created, &env);
+        // What the profile's operator explicitly allowed (the plan carries these
+        // only when the operator switch was on).
+        if let Some(host_config) = body.host_config.as_mut() {
+            body::operator_allowances(
+                host_config,
+                spec.security.privileged,
+                &spec.security.host_namespaces,
+                &spec.security.devices,
+            )
+            .map_err(|message| BackendError::Other {
+                unit: spec.name.clone(),
+                doing: "applying the operator's allowances".to_owned(),
+                message,
+            })?;
+        }
+        let name = body::container_name(session, spec);
+        let options = CreateContainerOptionsBuilder::new().name(&name).build();
+        let id = self
+            .docker
+            .create_container(Some(options), body)
+            .await
+            .map_err(|e| other("creating the container", e))?
+            .id;
+
+        // From here on, a failure removes what was created.
+        match self
+            .attach(session, spec, &id, &image_user, env_passed, env_scrubbed)
+            .await
+        {
+            Ok(started) => Ok(started),
+            Err(error) => {
+                if let Err(cleanup) = remove_container(&self.docker, &id).await {
+                    tracing::warn!(unit, id, error = %cleanup, "removing a unit whose start failed");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    async fn attach(
+        &self,
+        session: &SessionLabel,
+        spec: &UnitSpec,
+        id: &str,
+        image_user: &str,
+        env_passed: Vec<String>,
+        env_scrubbed: Vec<String>,
+    ) -> Result<StartedUnit, BackendError> {
+        let unit = spec.name.as_str();
+        let other = |doing: &str, e: DockerError| BackendError::Other {
+            unit: unit.to_owned(),
+            doing: doing.to_owned(),
+            message: engine_message(&e),
+        };
+        self.docker
+            .start_container(id, None)
+            .await
+            .map_err(|e| other("starting the container", e))?;
+
+        let argv = self
+            .executor_command
+            .clone()
+            .unwrap_or_else(|| body::executor_argv(spec));
+        let exec = self
+            .docker
+            .create_exec(
+                id,
+                CreateExecOptions {
+                    attach_stdin: Some(true),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    tty: Some(false),
+                    cmd: Some(argv),
+                    user: body::user_string(spec),
+                    working_dir: Some(spec.root.to_string_lossy().into_owned()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| other("creating the executor exec", e))?;
+        let started = self
+            .docker
+            .start_exec(
+                &exec.id,
+                Some(StartExecOptions {
+                    detach: false,
+                    tty: false,
+                    output_capacity: None,
+                }),
+            )
+            .await
+            .map_err(|e| other("starting the executor", e))?;
+        let StartExecResults::Attached { output, input } = started else {
+            return Err(BackendError::Other {
+                unit: unit.to_owned(),
+                doing: "starting the executor".to_owned(),
+                message: "the engine detached the exec instead of attaching it".to_owned(),
+            });
+        };
+        let name = format!("{}/{}", session.session, unit);
+        let stdin = io::stdin(input, name.clone());
+        let (stdout, executor_done) = io::pump(output, name);
+
+        let inspect = self
+            .docker
+            .inspect_container(id, None)
+            .await
+            .map_err(|e| other("inspecting the container", e))?;
+        let envelope = body::envelope_from_inspect(
+            spec,
+            &inspect,
+            image_user,
+            &self.facts,
+            env_passed,
+            env_scrubbed,
+        );
+        let ended = ended(
+            self.docker.clone(),
+            id.to_owned(),
+            exec.id,
+            unit.to_owned(),
+            spec.limits.memory_bytes,
+            executor_done,
+        );
+        Ok(StartedUnit {
+            envelope,
+            io: ExecutorIo {
+                stdin: Box::pin(stdin),
+                stdout: Box::pin(stdout),
+            },
+            ended,
+        })
+    }
+}
+
+impl Backend for DockerBackend {
+    fn kind(&self) -> &'static str {
+        "docker"
+    }
+
+    fn start<'a>(
+        &'a self,
+        session: &'a SessionLabel,
+        spec: &'a UnitSpec,
+    ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
+        Box::pin(self.start_unit(session, spec))
+    }
+
+    fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            remove_container(&self.docker, id)
+                .await
+                .map_err(|e| BackendError::Other {
+                    unit: id.to_owned(),
+                    doing: "removing the container".to_owned(),
+                    message: engine_message(&e),
+                })
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<UnitInfo>, BackendError>> {
+        Box::pin(async move {
+            list_filtered(&self.docker, labels::INSTANCE)
+                .await
+                .map_err(|e| BackendError::Other {
+                    unit: "*".to_owned(),
+                    doing: "listing units".to_owned(),
+                    message: engine_message(&e),
+                })
+        })
+    }
+}
+
+/// What a sweep removed and what it could not.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Units removed (container ids).
+    pub removed: Vec<UnitInfo>,
+    /// Units that could not be removed, with why.
+    pub failed: Vec<(UnitInfo, String)>,
+}
+
+/// Remove every unit labelled with `instance`. The host calls this at start,
+/// before it has any session: whatever carries its instance id then was left
+/// by an earlier run of the same instance (a crash, a SIGKILL) and is an orphan.
+/// Units of other instances are never touched.
+pub async fn sweep_orphans(
+    backend: &DockerBackend,
+    instance: &str,
+) -> Result<SweepReport, DockerError> {
+    let units = backend.list_instance(instance).await?;
+    Ok(remove_units(&backend.docker, units).await)
+}
+
+/// Remove `units`, concurrently, reporting every failure.
+pub async fn remove_units(docker: &Docker, units: Vec<UnitInfo>) -> SweepReport {
+    let results = futures::future::join_all(units.into_iter().map(|unit| async move {
+        let result = remove_container(docker, &unit.id).await;
+        (unit, result)
+    }))
+    .await;
+    let mut report = SweepReport::default();
+    for (unit, result) in results {
+        match result {
+            Ok(()) => report.removed.push(unit),
+            Err(e) => report.failed.push((unit, engine_message(&e))),
+        }
+    }
+    report
+}
+
+async fn list_filtered(docker: &Docker, label_filter: &str) -> Result<Vec<UnitInfo>, DockerError> {
+    let filters = HashMap::from([("label".to_owned(), vec![label_filter.to_owned()])]);
+    let options = ListContainersOptionsBuilder::new()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let containers = docker.list_containers(Some(options)).await?;
+    let mut units: Vec<UnitInfo> = containers.into_iter().map(unit_info).collect();
+    units.sort_by(|a, b| {
+        (&a.instance, &a.session, &a.unit).cmp(&(&b.instance, &b.session, &b.unit))
+    });
+    Ok(units)
+}
+
+fn unit_info(container: ContainerSummary) -> UnitInfo {
+    let labels = container.labels.unwrap_or_default();
+    let label = |key: &str| labels.get(key).cloned().unwrap_or_default();
+    UnitInfo {
+        id: container.id.unwrap_or_default(),
+        instance: label(labels::INSTANCE),
+        session: label(labels::SESSION),
+        unit: label(labels::UNIT),
+        profile: label(labels::PROFILE),
+        created: label(labels::CREATED),
+        state: container
+            .state
+            .map_or_else(|| "unknown".to_owned(), |s| s.to_string()),
+    }
+}
+
+/// Stop (short grace) and remove; a missing container is success (CRI rule),
+/// and so is a removal already in progress.
+async fn remove_container(docker: &Docker, id: &str) -> Result<(), DockerError> {
+    let stop = StopContainerOptionsBuilder::new()
+        .t(i32::try_from(body::STOP_TIMEOUT_SECS).unwrap_or(2))
+        .build();
+    match docker.stop_container(id, Some(stop)).await {
+        // 304: already stopped; 404: already gone; 409: being removed.
+        Ok(()) => {}
+        Err(e) if matches!(status_of(&e), Some(304 | 404 | 409)) => {}
+        Err(e) => tracing::debug!(id, error = %e, "stopping before removal; removing by force"),
+    }
+    let remove = RemoveContainerOptionsBuilder::new()
+        .force(true)
+        .v(true)
+        .build();
+    match docker.remove_container(id, Some(remove)).await {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(status_of(&e), Some(404)) => Ok(()),
+        Err(e) if status_of(&e) == Some(409) && engine_message(&e).contains("in progress") => {
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// How long to wait before watching a unit again after the engine's wait
+/// failed without the unit having ended.
+const WAIT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The future that resolves when the unit or its executor ends, with the cause.
+fn ended(
+    docker: Docker,
+    id: String,
+    exec_id: String,
+    unit: String,
+    memory_bytes: u64,
+    executor_done: tokio::sync::oneshot::Receiver<()>,
+) -> BoxFuture<'static, UnitEnd> {
+    Box::pin(async move {
+        let mut executor_done = executor_done;
+        let ending = loop {
+            let mut wait = docker.wait_container(&id, None);
+            let result = tokio::select! {
+                result = wait.next() => result,
+                _ = &mut executor_done => break body::Ending::Executor,
+            };
+            match result {
+                Some(Err(e)) if status_of(&e) == Some(404) => break body::Ending::Gone,
+                // An exit, zero (Ok) or not (bollard makes a non-zero exit an error).
+                Some(Ok(_) | Err(DockerError::DockerContainerWaitError { .. })) => {
+                    break body::Ending::Container;
+                }
+                // The wait itself failed (a timeout, a dropped connection, an
+                // engine restart): only the container's state says whether it ended.
+                None | Some(Err(_)) => match docker.inspect_container(&id, None).await {
+                    Ok(inspect) if inspect.state.as_ref().and_then(|s| s.running) != Some(true) => {
+                        break body::Ending::Container;
+                    }
+                    Err(e) if status_of(&e) == Some(404) => break body::Ending::Gone,
+                    Ok(_) | Err(_) => {
+                        tokio::select! {
+                            () = tokio::time::sleep(WAIT_RETRY) => {}
+                            _ = &mut executor_done => break body::Ending::Executor,
+                        }
+                    }
+                },
+            }
+        };
+        let (ending, container_code, oom) = match docker.inspect_container(&id, None).await {
+            Ok(inspect) => {
+                let state = inspect.state.unwrap_or_default();
+                // The executor's stream also ends when the whole container
+                // dies; then the container's end is the cause to report.
+                let ending = match (ending, state.running) {
+                    (body::Ending::Executor, Some(false)) => body::Ending::Container,
+                    (ending, _) => ending,
+                };
+                (ending, state.exit_code, state.oom_killed == Some(true))
+            }
+            Err(_) => (body::Ending::Gone, None, false),
+        };
+        let oom = oom || cgroup_oom_kills(&id) > 0;
+        let code = match ending {
+            body::Ending::Executor => exec_exit_code(&docker, &exec_id).await,
+            body::Ending::Container | body::Ending::Gone => container_code,
+        };
+        let parts = body::unit_end(&unit, ending, code, oom, memory_bytes);
+        UnitEnd {
+            exit_code: parts.exit_code,
+            oom_killed: parts.oom_killed,
+            reason: parts.reason,
+        }
+    })
+}
+
+/// The exit code of an exec whose output has ended; the engine records it a
+/// moment after the stream closes, so ask a few times.
+async fn exec_exit_code(docker: &Docker, exec_id: &str) -> Option<i64> {
+    for _ in 0..20 {
+        match docker.inspect_exec(exec_id).await {
+            Ok(exec) if exec.running != Some(true) => return exec.exit_code,
+            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// OOM kills recorded in the container's cgroup (v2 or v1, systemd or
+/// cgroupfs driver), for an executor killed while the container lives on: the
+/// engine may only flag OOM on the container's own exit. 0 when unreadable
+/// (a remote engine).
+fn cgroup_oom_kills(id: &str) -> u64 {
+    let candidates = [
+        format!("/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.events"),
+        format!("/sys/fs/cgroup/docker/{id}/memory.events"),
+        format!("/sys/fs/cgroup/memory/docker/{id}/memory.oom_control"),
+        format!("/sys/fs/cgroup/memory/system.slice/docker-{id}.scope/memory.oom_control"),
+    ];
+    candidates
+        .iter()
+        .find_map(|path| std::fs::read_to_string(path).ok())
+        .and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("oom_kill "))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The unit's environment: the plan's set values, the passed host variables
+/// that exist, and git's neutralisation. Returns the pairs, the names passed
+/// and the names asked for but absent on the host.
+pub fn unit_env<I>(spec: &UnitSpec, host: I) -> (Vec<(String, String)>, Vec<String>, Vec<String>)
+where
+    I: IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+{
+    let host: HashMap<String, String> = host
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    let mut env: Vec<(String, String)> = spec
+        .env_set
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut missing = Vec::new();
+    for name in spec.env_pass.iter().chain(&spec.env_secrets) {
+        match host.get(name) {
+            Some(value) => env.push((name.clone(), value.clone())),
+            None => missing.push(name.clone()),
+        }
+    }
+    if spec.security.neutralise_git {
+        env.extend(crate::scrub::git_neutralisation());
+    }
+    let passed = env.iter().map(|(k, _)| k.clone()).collect();
+    (env, passed, missing)
+}
+
+/// The HTTP status of an engine error, if it was one.
+pub fn status_of(error: &DockerError) -> Option<u16> {
+    match error {
+        DockerError::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+fn engine_message(error: &DockerError) -> String {
+    match error {
+        DockerError::DockerResponseServerError { message, .. } => message.trim().to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// The landlock ABI the running kernel offers (0 = none).
+pub fn landlock_abi() -> u32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: landlock_create_ruleset with a null attribute pointer, size 0 and
+    // the VERSION flag only queries the ABI version; it touches no memory of ours.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    u32::try_from(abi).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+
+    use pretty_assertions::assert_eq;
+
+    use super::*;
+
+    #[test]
+    fn unit_env_is_the_plan_not_the_host() {
+        let mut spec = body::tests::spec();
+        spec.env_set = [("LANG".to_owned(), "C.UTF-8".to_owned())].into();
+        spec.env_pass = vec!["TOKEN".to_owned(), "ABSENT".to_owned()];
+        let host = [
+            (OsString::from("TOKEN"), OsString::from("t")),
+            (OsString::from("SECRET"), OsString::from("s")),
+        ];
+        let (env, passed, missing) = unit_env(&spec, host);
+        let git = crate::scrub::git_neutralisation();
+        let mut want = vec![
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+            ("TOKEN".to_owned(), "t".to_owned()),
+        ];
+        want.extend(git);
+        assert_eq!(env, want);
+        assert_eq!(
+            passed,
+            want.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>()
+        );
+        assert_eq!(missing, vec!["ABSENT".to_owned()]);
+    }
+}

@@ -1,0 +1,71 @@
+//! The ls tool: one directory's entries, sorted by name; directories end in
+//! `/`, files show their size, links say where they lead (beneath the root).
+
+use serde_json::{Map, Value};
+
+use super::path_arg;
+use crate::executor::Context;
+use crate::executor::workspace::io_message;
+
+/// The most entries one listing shows.
+const MAX_ENTRIES: usize = 10_000;
+
+pub(super) fn run(context: &Context, arguments: &Map<String, Value>) -> Result<String, String> {
+    let workspace = &context.workspace;
+    let name = workspace
+        .name("", path_arg(arguments, "."))
+        .map_err(|e| e.to_string())?;
+    let metadata = workspace
+        .metadata(&name)
+        .map_err(|e| io_message(&name, &e))?;
+    if !metadata.is_dir() {
+        return Err(format!("{name} is not a directory"));
+    }
+    let dir = workspace
+        .open_dir(&name)
+        .map_err(|e| io_message(&name, &e))?;
+    let entries = dir.entries().map_err(|e| io_message(&name, &e))?;
+    let mut names: Vec<(String, std::ffi::OsString)> = entries
+        .filter_map(Result::ok)
+        .map(|entry| {
+            let file_name = entry.file_name();
+            (file_name.to_string_lossy().into_owned(), file_name)
+        })
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        return Ok("(empty)".to_owned());
+    }
+    let total = names.len();
+    let mut out = String::new();
+    for (shown, file_name) in names.iter().take(MAX_ENTRIES) {
+        // An entry removed during the listing is skipped.
+        let Ok(own) = dir.symlink_metadata(file_name) else {
+            continue;
+        };
+        if own.is_symlink() {
+            // Followed from the root, not from this directory: a link may climb
+            // out of the directory and still stay inside the workspace.
+            let relative = if name == "." {
+                std::path::PathBuf::from(file_name)
+            } else {
+                std::path::Path::new(&name).join(file_name)
+            };
+            match workspace.dir().metadata(relative) {
+                Ok(target) if target.is_dir() => out.push_str(&format!("{shown}@/\n")),
+                Ok(target) => out.push_str(&format!("{shown}@  {}\n", target.len())),
+                Err(_) => out.push_str(&format!(
+                    "{shown}@ (link outside the workspace or broken)\n"
+                )),
+            }
+        } else if own.is_dir() {
+            out.push_str(&format!("{shown}/\n"));
+        } else {
+            out.push_str(&format!("{shown}  {}\n", own.len()));
+        }
+    }
+    if total > MAX_ENTRIES {
+        out.push_str(&format!("... ({} more entries)\n", total - MAX_ENTRIES));
+    }
+    Ok(out)
+}

@@ -1,0 +1,319 @@
+//! The executor's stdio framing: one JSON-RPC message per line, as rmcp's own
+//! transport frames it, except that bad input is answered instead of dropped.
+//! A line that is not JSON, nests too deep, is not UTF-8, is a JSON-RPC batch
+//! or another shape no request has, or is longer than the limit, gets an error
+//! response (with the line's `id` when one can be found without parsing it),
+//! so the client's request ends; the executor keeps serving.
+
+use std::sync::Arc;
+
+use rmcp::RoleServer;
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::Mutex;
+
+/// The longest line taken (rmcp's own default); longer lines are answered
+/// with an error and discarded as they stream in, never buffered whole.
+pub(crate) const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+/// How much of an over-long line is kept to find its `id`.
+const ID_SCAN_BYTES: usize = 4096;
+
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+
+/// Newline-delimited JSON-RPC over a reader and a writer.
+pub(crate) struct LineTransport<R, W> {
+    reader: BufReader<R>,
+    writer: Arc<Mutex<W>>,
+    /// The line being read (kept across cancelled receives).
+    line: Vec<u8>,
+    /// Bytes of the current line past the limit (being discarded).
+    overflow: usize,
+    /// An error answer not yet written.
+    pending: Option<Value>,
+}
+
+impl<R, W> LineTransport<R, W>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    /// Frame messages over `reader` and `writer`.
+    pub fn new(reader: R, writer: W) -> Self {
+        Self {
+            reader: BufReader::with_capacity(64 * 1024, reader),
+            writer: Arc::new(Mutex::new(writer)),
+            line: Vec::new(),
+            overflow: 0,
+            pending: None,
+        }
+    }
+
+    /// Read up to the next newline, keeping at most the limit; `false` at EOF
+    /// or on a read error.
+    async fn read_line(&mut self) -> bool {
+        loop {
+            let available = match self.reader.fill_buf().await {
+                Ok(available) => available,
+                Err(error) => {
+                    tracing::warn!("reading stdin: {error}");
+                    return false;
+                }
+            };
+            if available.is_empty() {
+                return false;
+            }
+            let (chunk, done) = match available.iter().position(|byte| *byte == b'\n') {
+                Some(end) => (&available[..end], end + 1),
+                None => (available, available.len()),
+            };
+            let room = MAX_LINE_BYTES.saturating_sub(self.line.len());
+            let kept = if self.overflow > 0 {
+                chunk
+                    .len()
+                    .min(ID_SCAN_BYTES.saturating_sub(self.line.len()))
+            } else {
+                chunk.len().min(room)
+            };
+            self.line.extend_from_slice(&chunk[..kept]);
+            if chunk.len() > kept {
+                if self.overflow == 0 {
+                    self.line.truncate(ID_SCAN_BYTES);
+                }
+                self.overflow += chunk.len() - kept;
+            }
+            let found_newline = done > chunk.len();
+            self.reader.consume(done);
+            if found_newline {
+                return true;
+            }
+        }
+    }
+
+    /// The message on the completed line, or the error answer it earns.
+    fn parse_line(&mut self) -> Result<Option<RxJsonRpcMessage<RoleServer>>, Option<Value>> {
+        let line = std::mem::take(&mut self.line);
+        let overflow = std::mem::replace(&mut self.overflow, 0);
+        let text = line.strip_suffix(b"\r").unwrap_or(&line);
+        let text = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(text);
+        if overflow > 0 {
+            let size = text.len() + overflow;
+            return Err(answer(
+                text,
+                INVALID_REQUEST,
+                format!("a message of {size} bytes or more; at most {MAX_LINE_BYTES} on one line"),
+            ));
+        }
+        if text.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        if std::str::from_utf8(text).is_err() {
+            return Err(answer(
+                text,
+                PARSE_ERROR,
+                "parse error: the message is not UTF-8".to_owned(),
+            ));
+        }
+        match serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(text) {
+            Ok(message) => Ok(Some(message)),
+            Err(error) => {
+                let (code, what) = match error.classify() {
+                    serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                        (PARSE_ERROR, "parse error")
+                    }
+                    serde_json::error::Category::Data | serde_json::error::Category::Io => {
+                        (INVALID_REQUEST, "invalid request")
+                    }
+                };
+                if text.first() == Some(&b'[') {
+                    return Err(answer(
+                        text,
+                        INVALID_REQUEST,
+                        "invalid request: JSON-RPC batches are not accepted; send one message per line".to_owned(),
+                    ));
+                }
+                Err(answer(text, code, format!("{what}: {error}")))
+            }
+        }
+    }
+
+    async fn write(writer: &Mutex<W>, mut bytes: Vec<u8>) -> std::io::Result<()> {
+        bytes.push(b'\n');
+        let mut writer = writer.lock().await;
+        writer.write_all(&bytes).await?;
+        writer.flush().await
+    }
+}
+
+/// The error answer for a bad line: with its `id` if one is found; none for a
+/// notification (it has a method and no id), which gets no answer.
+fn answer(line: &[u8], code: i64, message: String) -> Option<Value> {
+    let (id, has_method) = scan_top_level(line);
+    if id.is_none() && has_method {
+        tracing::debug!("dropping a bad notification: {message}");
+        return None;
+    }
+    Some(json!({
+        "jsonrpc": "2.0",
+        "id": id.unwrap_or(Value::Null),
+        "error": {"code": code, "message": message},
+    }))
+}
+
+/// The top-level `id` (a string or number) of a JSON object's text, and
+/// whether it has a top-level `method`, found by scanning, not parsing: the
+/// text may be too deep or too broken to parse.
+fn scan_top_level(text: &[u8]) -> (Option<Value>, bool) {
+    let mut depth = 0usize;
+    let mut index = 0;
+    let mut id = None;
+    let mut has_method = false;
+    while index < text.len() {
+        match text[index] {
+            b'"' => {
+                let end = string_end(text, index);
+                if depth == 1 {
+                    let key = &text[index..end];
+                    let mut after = end;
+                    while after < text.len() && text[after].is_ascii_whitespace() {
+                        after += 1;
+                    }
+                    if text.get(after) == Some(&b':') {
+                        if key == b"\"method\"" {
+                            has_method = true;
+                        } else if key == b"\"id\"" {
+                            id = scalar_at(text, after + 1);
+                        }
+                    }
+                }
+                index = end;
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        index += 1;
+    }
+    (id, has_method)
+}
+
+/// The index just past the string starting at `start` (a quote).
+fn string_end(text: &[u8], start: usize) -> usize {
+    let mut index = start + 1;
+    while index < text.len() {
+        match text[index] {
+            b'\\' => index += 2,
+            b'"' => return index + 1,
+            _ => index += 1,
+        }
+    }
+    text.len()
+}
+
+/// A JSON string or number value starting at or after `start`.
+fn scalar_at(text: &[u8], start: usize) -> Option<Value> {
+    let mut index = start;
+    while index < text.len() && text[index].is_ascii_whitespace() {
+        index += 1;
+    }
+    let end = match text.get(index)? {
+        b'"' => string_end(text, index),
+        b'-' | b'0'..=b'9' => {
+            let mut end = index;
+            while end < text.len()
+                && matches!(text[end], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+            {
+                end += 1;
+            }
+            end
+        }
+        _ => return None,
+    };
+    serde_json::from_slice(&text[index..end])
+        .ok()
+        .filter(|value: &Value| value.is_string() || value.is_number())
+}
+
+impl<R, W> rmcp::transport::Transport<RoleServer> for LineTransport<R, W>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let writer = Arc::clone(&self.writer);
+        async move {
+            let bytes = serde_json::to_vec(&item).map_err(std::io::Error::other)?;
+            Self::write(&writer, bytes).await
+        }
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        loop {
+            if let Some(answer) = self.pending.take() {
+                let bytes = answer.to_string().into_bytes();
+                if Self::write(&self.writer, bytes).await.is_err() {
+                    return None;
+                }
+            }
+            if !self.read_line().await {
+                return None;
+            }
+            match self.parse_line() {
+                Ok(Some(message)) => return Some(message),
+                Ok(None) => {}
+                Err(answer) => self.pending = answer,
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.writer.lock().await.flush().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_found_without_parsing() {
+        assert_eq!(
+            scan_top_level(br#"{"jsonrpc":"2.0","id":7,"method":"x","params":[[[["#),
+            (Some(json!(7)), true)
+        );
+        assert_eq!(
+            scan_top_level(br#"{"params":{"id":1},"id":"a\"b"}"#),
+            (Some(json!("a\"b")), false)
+        );
+        assert_eq!(
+            scan_top_level(br#"{"method":"notifications/x","params":"#),
+            (None, true)
+        );
+        assert_eq!(scan_top_level(b"garbage"), (None, false));
+    }
+
+    #[test]
+    fn bad_notifications_get_no_answer() {
+        assert_eq!(
+            answer(br#"{"method":"x","params":["#, PARSE_ERROR, "e".to_owned()),
+            None
+        );
+        assert_eq!(
+            answer(
+                br#"{"id":3,"method":"x","params":["#,
+                PARSE_ERROR,
+                "e".to_owned()
+            ),
+            Some(
+                json!({"jsonrpc": "2.0", "id": 3, "error": {"code": PARSE_ERROR, "message": "e"}})
+            )
+        );
+    }
+}

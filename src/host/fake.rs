@@ -1,0 +1,565 @@
+//! A recording fake [`Backend`] for tests and benchmarks of the host: its units
+//! are in-process fake executors over tokio duplex pipes. It records starts and
+//! removals, fails a named unit's start on cue, and its executors answer
+//! `initialize` with an executor capability, a few tools (`echo`, `slow` with
+//! progress, `hang`, `die`, `ask` with an elicitation, `cancelled` listing the
+//! cancellations seen), `execution/facts` and the process methods minimally.
+//!
+//! It is compiled into the library (not only under `cfg(test)`) because the
+//! integration tests and the benchmarks drive the host with it. Its envelopes
+//! say `"backend": "fake"`, so it can never pass for an isolating backend.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, oneshot};
+
+use super::session::EXECUTOR_KEY;
+use crate::backend::{
+    Backend, BackendError, Envelope, ExecutorIo, Hardening, SessionLabel, StartedUnit, UnitEnd,
+    UnitInfo,
+};
+use crate::plan::{Role, UnitSpec};
+use crate::proxy::lines::{Line, LineReader, write_line};
+use crate::proxy::{self, Kind, classify, id_key};
+
+/// How the fake misbehaves.
+#[derive(Debug, Clone, Default)]
+pub struct FakeOptions {
+    /// Fail the start of the unit with this name.
+    pub fail_unit: Option<String>,
+    /// Wait this long in every start.
+    pub start_delay: Duration,
+}
+
+/// What the fake saw.
+#[derive(Debug, Default)]
+pub struct FakeRecord {
+    /// Unit names, in the order their starts were asked.
+    pub starts: Vec<String>,
+    /// Backend ids removed, in order (repeats included).
+    pub removed: Vec<String>,
+    /// The `initialize` params each executor got.
+    pub initialize_params: Vec<Value>,
+    /// The `requestId`s of the cancellations executors got.
+    pub cancelled: Vec<Value>,
+    /// Process starts: the `args` each got.
+    pub process_args: Vec<Value>,
+}
+
+struct LiveUnit {
+    info: UnitInfo,
+    kill: Option<oneshot::Sender<()>>,
+}
+
+#[derive(Default)]
+struct State {
+    record: FakeRecord,
+    live: BTreeMap<String, LiveUnit>,
+    next_id: u64,
+}
+
+/// The fake backend.
+#[derive(Clone, Default)]
+pub struct FakeBackend {
+    options: FakeOptions,
+    state: Arc<Mutex<State>>,
+}
+
+impl FakeBackend {
+    /// A fake that behaves as `options` say.
+    pub fn new(options: FakeOptions) -> Self {
+        Self {
+            options,
+            state: Arc::default(),
+        }
+    }
+
+    fn with<R>(&self, read: impl FnOnce(&mut State) -> R) -> R {
+        let mut state = match self.state.lock() {
+            Ok(state) => state,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        read(&mut state)
+    }
+
+    /// The ids of units started and not removed.
+    pub fn live_units(&self) -> Vec<String> {
+        self.with(|state| state.live.keys().cloned().collect())
+    }
+
+    /// Unit names of the live units.
+    pub fn live_unit_names(&self) -> Vec<String> {
+        self.with(|state| {
+            state
+                .live
+                .values()
+                .map(|unit| unit.info.unit.clone())
+                .collect()
+        })
+    }
+
+    /// Read what was recorded.
+    pub fn record<R>(&self, read: impl FnOnce(&FakeRecord) -> R) -> R {
+        self.with(|state| read(&state.record))
+    }
+
+    /// Kill the live unit with backend id `id`, as an OOM kill would.
+    pub fn kill(&self, id: &str) {
+        let kill = self.with(|state| state.live.get_mut(id).and_then(|unit| unit.kill.take()));
+        if let Some(kill) = kill {
+            let _ = kill.send(());
+        }
+    }
+}
+
+impl Backend for FakeBackend {
+    fn kind(&self) -> &'static str {
+        "fake"
+    }
+
+    fn start<'a>(
+        &'a self,
+        session: &'a SessionLabel,
+        spec: &'a UnitSpec,
+    ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
+        async move {
+            self.with(|state| state.record.starts.push(spec.name.clone()));
+            if !self.options.start_delay.is_zero() {
+                tokio::time::sleep(self.options.start_delay).await;
+            }
+            if self.options.fail_unit.as_deref() == Some(spec.name.as_str()) {
+                return Err(BackendError::Other {
+                    unit: spec.name.clone(),
+                    doing: "starting the unit".to_owned(),
+                    message: "the fake backend fails this unit on cue".to_owned(),
+                });
+            }
+            let id = self.with(|state| {
+                state.next_id += 1;
+                format!("fake-{}-{}", spec.name, state.next_id)
+            });
+            let (host_stdin, executor_stdin) = tokio::io::duplex(64 << 10);
+            let (executor_stdout, host_stdout) = tokio::io::duplex(64 << 10);
+            let (kill_tx, kill_rx) = oneshot::channel();
+            let (end_tx, end_rx) = oneshot::channel();
+            self.with(|state| {
+                state.live.insert(
+                    id.clone(),
+                    LiveUnit {
+                        info: UnitInfo {
+                            id: id.clone(),
+                            instance: session.instance.clone(),
+                            session: session.session.clone(),
+                            unit: spec.name.clone(),
+                            profile: session.profile.clone(),
+                            created: String::new(),
+                            state: "running".to_owned(),
+                        },
+                        kill: Some(kill_tx),
+                    },
+                )
+            });
+            tokio::spawn(run_executor(
+                executor_stdin,
+                executor_stdout,
+                self.state.clone(),
+                kill_rx,
+                end_tx,
+            ));
+            let ended = async move {
+                end_rx.await.unwrap_or_else(|_| UnitEnd {
+                    exit_code: None,
+                    oom_killed: false,
+                    reason: "the fake executor vanished".to_owned(),
+                })
+            }
+            .boxed();
+            Ok(StartedUnit {
+                envelope: envelope(&id, spec),
+                io: ExecutorIo {
+                    stdin: Box::pin(host_stdin),
+                    stdout: Box::pin(host_stdout),
+                },
+                ended,
+            })
+        }
+        .boxed()
+    }
+
+    fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+        async move {
+            let kill = self.with(|state| {
+                state.record.removed.push(id.to_owned());
+                state.live.remove(id).and_then(|mut unit| unit.kill.take())
+            });
+            if let Some(kill) = kill {
+                let _ = kill.send(());
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<UnitInfo>, BackendError>> {
+        let units = self.with(|state| state.live.values().map(|unit| unit.info.clone()).collect());
+        async move { Ok(units) }.boxed()
+    }
+}
+
+fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
+    Envelope {
+        name: spec.name.clone(),
+        role: match spec.role {
+            Role::Workspace => "workspace",
+            Role::Server => "server",
+        }
+        .to_owned(),
+        backend: "fake".to_owned(),
+        id: id.to_owned(),
+        image: spec.image.clone(),
+        image_id: String::new(),
+        root: spec.root.display().to_string(),
+        user: String::new(),
+        network: json!({"mode": "none", "allow": []}),
+        limits: json!({}),
+        hardening: Hardening {
+            capabilities: Vec::new(),
+            no_new_privileges: false,
+            read_only_root: false,
+            seccomp: "none".to_owned(),
+            landlock_abi: 0,
+            landlock_enforced: false,
+            namespaces: Vec::new(),
+            user_namespace: false,
+        },
+        env_passed: Vec::new(),
+        env_scrubbed: Vec::new(),
+        git_neutralised: false,
+        state: "running".to_owned(),
+    }
+}
+
+struct Process {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    status: i64,
+}
+
+/// The shared state of one fake executor's request handlers.
+struct Executor {
+    state: Arc<Mutex<State>>,
+    out: mpsc::Sender<Value>,
+    die: mpsc::Sender<UnitEnd>,
+    waiting: Mutex<HashMap<String, oneshot::Sender<Value>>>,
+    processes: Mutex<HashMap<String, Process>>,
+    next: Mutex<u64>,
+}
+
+impl Executor {
+    fn record(&self, change: impl FnOnce(&mut FakeRecord)) {
+        let mut state = match self.state.lock() {
+            Ok(state) => state,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        change(&mut state.record);
+    }
+
+    fn next(&self) -> u64 {
+        let mut next = self
+            .next
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *next += 1;
+        *next
+    }
+
+    async fn send(&self, message: Value) {
+        let _ = self.out.send(message).await;
+    }
+
+    async fn handle(self: Arc<Self>, id: Value, method: String, params: Value) {
+        let answer = match method.as_str() {
+            "initialize" => {
+                self.record(|record| record.initialize_params.push(params.clone()));
+                let max_read = params
+                    .pointer(&format!(
+                        "/capabilities/experimental/{}/maxReadBytes",
+                        EXECUTOR_KEY.replace('/', "~1")
+                    ))
+                    .cloned()
+                    .unwrap_or(json!(2 << 20));
+                Ok(json!({
+                    "protocolVersion": params.get("protocolVersion").cloned().unwrap_or(json!("2025-06-18")),
+                    "capabilities": {
+                        "tools": {"listChanged": false},
+                        "resources": {"listChanged": false},
+                        "experimental": {
+                            "io.github.christopherdavenport.agenttool/facts": {},
+                            EXECUTOR_KEY: {
+                                "version": 1,
+                                "descriptor": {"kind": "container", "ref": "fake", "root": "/workspace"},
+                                "extensions": ["fake"],
+                                "tools": [{"name": "echo", "extension": "fake", "readOnly": true, "facts": true}],
+                                "files": {"uriTemplate": "agentworkspace:///{op}{?path}"},
+                                "start": {"maxProcesses": 32, "maxWriteBytes": 1048576, "maxReadBytes": 65536},
+                                "maxReadBytes": max_read,
+                            }
+                        }
+                    },
+                    "serverInfo": {"name": "fake-executor", "version": "0"}
+                }))
+            }
+            "ping" => Ok(json!({})),
+            "tools/list" => {
+                let tools: Vec<Value> = ["echo", "slow", "hang", "die", "ask", "cancelled"]
+                    .iter()
+                    .map(|name| json!({"name": name, "inputSchema": {"type": "object"}}))
+                    .collect();
+                Ok(json!({"tools": tools}))
+            }
+            "tools/call" => self.clone().call(&params).await,
+            "execution/facts" => {
+                let calls = params
+                    .get("calls")
+                    .and_then(Value::as_array)
+                    .map_or(0, Vec::len);
+                let results: Vec<Value> = (0..calls)
+                    .map(|_| json!({"facts": {"calls": null}, "replay": "unknown"}))
+                    .collect();
+                Ok(json!({"results": results}))
+            }
+            "agentworkspace/process.start" => {
+                let args = params.get("args").cloned().unwrap_or(json!([]));
+                self.record(|record| record.process_args.push(args.clone()));
+                let words: Vec<String> = args
+                    .as_array()
+                    .map(|args| {
+                        args.iter()
+                            .filter_map(|a| a.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let status = match words.first().map(String::as_str) {
+                    Some("false") => 1,
+                    Some("exit") => words.get(1).and_then(|code| code.parse().ok()).unwrap_or(0),
+                    _ => 0,
+                };
+                let id = format!("p{}", self.next());
+                let stderr = params.get("stderr").and_then(Value::as_bool) == Some(true);
+                let process = Process {
+                    stdout: format!("ran: {}\n", words.join(" ")).into_bytes(),
+                    stderr: if stderr {
+                        format!("stderr of {}\n", words.first().cloned().unwrap_or_default())
+                            .into_bytes()
+                    } else {
+                        Vec::new()
+                    },
+                    status,
+                };
+                self.processes
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .insert(id.clone(), process);
+                Ok(json!({"id": id}))
+            }
+            "agentworkspace/process.read" => {
+                let process_id = params.get("id").and_then(Value::as_str).unwrap_or("");
+                let fd = params.get("fd").and_then(Value::as_u64).unwrap_or(1);
+                let mut processes = self
+                    .processes
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                match processes.get_mut(process_id) {
+                    None => Err(format!("no such process in this session: {process_id}")),
+                    Some(process) => {
+                        let buffer = if fd == 2 {
+                            &mut process.stderr
+                        } else {
+                            &mut process.stdout
+                        };
+                        if buffer.is_empty() {
+                            Ok(json!({"eof": true}))
+                        } else {
+                            let data = std::mem::take(buffer);
+                            Ok(
+                                json!({"data": base64::engine::general_purpose::STANDARD.encode(data)}),
+                            )
+                        }
+                    }
+                }
+            }
+            "agentworkspace/process.wait" | "agentworkspace/process.close" => {
+                let process_id = params.get("id").and_then(Value::as_str).unwrap_or("");
+                let processes = self
+                    .processes
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                match processes.get(process_id) {
+                    None => Err(format!("no such process in this session: {process_id}")),
+                    Some(process) => Ok(json!({"status": process.status})),
+                }
+            }
+            "agentworkspace/process.closeStdin"
+            | "agentworkspace/process.signal"
+            | "agentworkspace/process.write" => Ok(json!({})),
+            other => {
+                self.send(proxy::error_response(
+                    id,
+                    proxy::code::METHOD_NOT_FOUND,
+                    format!("{other}: no such method"),
+                ))
+                .await;
+                return;
+            }
+        };
+        let response = match answer {
+            Ok(result) => proxy::result_response(id, result),
+            Err(message) => proxy::error_response(id, -32000, message),
+        };
+        self.send(response).await;
+    }
+
+    async fn call(self: Arc<Self>, params: &Value) -> Result<Value, String> {
+        let name = params.get("name").and_then(Value::as_str).unwrap_or("");
+        let arguments = params.get("arguments").cloned().unwrap_or(json!({}));
+        let text = |text: String| json!({"content": [{"type": "text", "text": text}], "isError": false, "extra": {"kept": true}});
+        match name {
+            "echo" => Ok(text(arguments.to_string())),
+            "slow" => {
+                let steps = arguments.get("steps").and_then(Value::as_u64).unwrap_or(2);
+                let ms = arguments.get("ms").and_then(Value::as_u64).unwrap_or(20);
+                let token = params.pointer("/_meta/progressToken").cloned();
+                for step in 1..=steps {
+                    tokio::time::sleep(Duration::from_millis(ms / steps.max(1))).await;
+                    if let Some(token) = &token {
+                        self.send(proxy::notification(
+                            "notifications/progress",
+                            json!({"progressToken": token, "progress": step, "total": steps, "message": format!("step {step}")}),
+                        ))
+                        .await;
+                    }
+                }
+                Ok(text("slow done".to_owned()))
+            }
+            "hang" => std::future::pending().await,
+            "die" => {
+                let _ = self
+                    .die
+                    .send(UnitEnd {
+                        exit_code: Some(137),
+                        oom_killed: true,
+                        reason: "the unit was killed".to_owned(),
+                    })
+                    .await;
+                std::future::pending().await
+            }
+            "ask" => {
+                // The executor's own id space starts at 0, like the host's: the
+                // proxy must keep the two apart.
+                let ask_id = json!(self.next() - 1);
+                let (answer_tx, answer_rx) = oneshot::channel();
+                self.waiting
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .insert(id_key(&ask_id), answer_tx);
+                self.send(proxy::request(
+                    ask_id,
+                    "elicitation/create",
+                    json!({"message": "proceed?", "requestedSchema": {"type": "object", "properties": {}}}),
+                ))
+                .await;
+                let answer = answer_rx
+                    .await
+                    .map_err(|_| "no answer to the elicitation".to_owned())?;
+                Ok(text(
+                    answer
+                        .get("result")
+                        .cloned()
+                        .unwrap_or(Value::Null)
+                        .to_string(),
+                ))
+            }
+            "cancelled" => {
+                let seen = self
+                    .state
+                    .lock()
+                    .map(|state| json!(state.record.cancelled))
+                    .unwrap_or(Value::Null);
+                Ok(text(seen.to_string()))
+            }
+            other => Ok(
+                json!({"content": [{"type": "text", "text": format!("unknown tool {other}")}], "isError": true}),
+            ),
+        }
+    }
+}
+
+async fn run_executor(
+    stdin: impl AsyncRead + Unpin + Send + 'static,
+    mut stdout: impl AsyncWrite + Unpin + Send + 'static,
+    state: Arc<Mutex<State>>,
+    mut kill: oneshot::Receiver<()>,
+    end: oneshot::Sender<UnitEnd>,
+) {
+    let (out_tx, mut out_rx) = mpsc::channel::<Value>(64);
+    let (die_tx, mut die_rx) = mpsc::channel::<UnitEnd>(1);
+    let writer = tokio::spawn(async move {
+        while let Some(message) = out_rx.recv().await {
+            if write_line(&mut stdout, &message).await.is_err() {
+                break;
+            }
+        }
+    });
+    let executor = Arc::new(Executor {
+        state,
+        out: out_tx,
+        die: die_tx,
+        waiting: Mutex::default(),
+        processes: Mutex::default(),
+        next: Mutex::new(0),
+    });
+    let mut handlers = tokio::task::JoinSet::new();
+    let mut reader = LineReader::new(stdin, 16 << 20);
+    let outcome = loop {
+        tokio::select! {
+            _ = &mut kill => break UnitEnd { exit_code: Some(137), oom_killed: false, reason: "the unit was removed".to_owned() },
+            Some(end) = die_rx.recv() => break end,
+            line = reader.next() => {
+                let Ok(Some(Line::Message(bytes))) = line else {
+                    break UnitEnd { exit_code: Some(0), oom_killed: false, reason: "its input closed".to_owned() };
+                };
+                let Ok(message) = serde_json::from_slice::<Value>(&bytes) else { continue };
+                match classify(&message) {
+                    Ok(Kind::Request { id, method }) => {
+                        let params = message.get("params").cloned().unwrap_or(json!({}));
+                        handlers.spawn(executor.clone().handle(id, method, params));
+                    }
+                    Ok(Kind::Notification { method }) if method == "notifications/cancelled" => {
+                        let request_id = message.pointer("/params/requestId").cloned().unwrap_or(Value::Null);
+                        if let Ok(mut state) = executor.state.lock() {
+                            state.record.cancelled.push(request_id);
+                        }
+                    }
+                    Ok(Kind::Response { id }) => {
+                        let waiting = executor.waiting.lock().ok().and_then(|mut waiting| waiting.remove(&id_key(&id)));
+                        if let Some(waiting) = waiting {
+                            let _ = waiting.send(message);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    };
+    handlers.abort_all();
+    drop(executor);
+    writer.abort();
+    let _ = end.send(outcome);
+}

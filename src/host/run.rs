@@ -1,0 +1,200 @@
+//! `box run`: the host as its own client. One session through the same
+//! pipeline as any other (profile → tightenings → units → executor), the
+//! command run in the workspace unit through the executor's process methods,
+//! its stdout and stderr streamed as they come, its status passed on, the
+//! units removed.
+//!
+//! Exit codes: the command's status; 125 when box itself failed (like
+//! `docker run`), so a failing command and a failing box are told apart.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use base64::Engine as _;
+use serde_json::{Value, json};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::session::EXECUTOR_KEY;
+use super::{
+    HostConfig, RunArgs, SessionHandle, default_instance, host_facts, select_backend,
+    spawn_session, watch_signals,
+};
+use crate::profile::Catalog;
+use crate::proxy;
+
+/// box's own failure, as `docker run` reports it.
+const BOX_FAILED: u8 = 125;
+/// The most bytes one process read asks for (the executor's bound).
+const READ_CHUNK: u64 = 64 << 10;
+
+/// A client of an in-process session.
+struct Client {
+    session: SessionHandle,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl Client {
+    async fn call(&self, method: &str, params: Value) -> Result<Value, String> {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stream = self
+            .session
+            .request(proxy::request(json!(id), method, params))
+            .await
+            .map_err(|gone| gone.to_string())?;
+        let response = stream
+            .response
+            .await
+            .map_err(|_| format!("{method}: the session dropped the request"))?;
+        if let Some(error) = response.get("error") {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("an error without a message");
+            return Err(format!("{method}: {message}"));
+        }
+        Ok(response.get("result").cloned().unwrap_or(Value::Null))
+    }
+}
+
+/// Parse `--tighten`: JSON, or `@FILE` holding JSON.
+fn parse_tighten(tighten: Option<&str>) -> anyhow::Result<Value> {
+    let Some(text) = tighten else {
+        return Ok(Value::Null);
+    };
+    let (text, source) = match text.strip_prefix('@') {
+        Some(path) => (
+            std::fs::read_to_string(path).with_context(|| format!("--tighten @{path}: reading"))?,
+            format!("--tighten @{path}"),
+        ),
+        None => (text.to_owned(), "--tighten".to_owned()),
+    };
+    serde_json::from_str(&text).with_context(|| format!("{source}: not JSON"))
+}
+
+pub(super) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    match run_inner(args).await {
+        Ok(code) => Ok(code),
+        Err(error) => {
+            eprintln!("box run: {error:#}");
+            Ok(ExitCode::from(BOX_FAILED))
+        }
+    }
+}
+
+async fn run_inner(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let tighten = parse_tighten(args.tighten.as_deref())?;
+    let backend = select_backend(&args.backend).await?;
+    let facts = host_facts(args.workspace.as_ref())?;
+    let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
+    config.default_profile = args.profile.clone();
+    config.instance = default_instance(None);
+    let config = Arc::new(config);
+    let shutdown = CancellationToken::new();
+    watch_signals(shutdown.clone())?;
+    let (general_tx, mut general_rx) = mpsc::channel(16);
+    // Nothing general matters to a one-shot run; drain it so nothing waits.
+    tokio::spawn(async move { while general_rx.recv().await.is_some() {} });
+    let mut session_id = [0u8; 16];
+    rand::fill(&mut session_id);
+    let session = spawn_session(config, hex::encode(session_id), general_tx, &shutdown);
+    let client = Client {
+        session: session.clone(),
+        next_id: std::sync::atomic::AtomicU64::new(0),
+    };
+    let outcome = run_command(&client, &args, tighten).await;
+    session.end();
+    session.ended().await;
+    match outcome {
+        Ok(status) => Ok(status),
+        Err(error) if shutdown.is_cancelled() => {
+            eprintln!("box run: interrupted ({error}); the units were removed");
+            Ok(ExitCode::from(130))
+        }
+        Err(error) => Err(anyhow::anyhow!(error)),
+    }
+}
+
+async fn run_command(client: &Client, args: &RunArgs, tighten: Value) -> Result<ExitCode, String> {
+    client
+        .call(
+            "initialize",
+            json!({
+                "protocolVersion": "2025-06-18",
+                "capabilities": {"experimental": {EXECUTOR_KEY: {"box": {"profile": args.profile, "tighten": tighten}}}},
+                "clientInfo": {"name": "box run", "version": crate::VERSION},
+            }),
+        )
+        .await?;
+    let started = client
+        .call(
+            "agentworkspace/process.start",
+            json!({"args": args.command, "stderr": true}),
+        )
+        .await?;
+    let id = started
+        .get("id")
+        .and_then(Value::as_str)
+        .ok_or("agentworkspace/process.start: the answer has no process id")?
+        .to_owned();
+    // The command gets no input from box run.
+    client
+        .call("agentworkspace/process.closeStdin", json!({"id": id}))
+        .await?;
+    let (stdout, stderr) = tokio::join!(
+        pump(client, &id, 1, tokio::io::stdout()),
+        pump(client, &id, 2, tokio::io::stderr())
+    );
+    stdout?;
+    stderr?;
+    let waited = client
+        .call("agentworkspace/process.wait", json!({"id": id}))
+        .await?;
+    let _ = client
+        .call("agentworkspace/process.close", json!({"id": id}))
+        .await;
+    let status = waited.get("status").and_then(Value::as_i64).unwrap_or(-1);
+    if let Some(ended) = waited.get("ended").and_then(Value::as_str) {
+        eprintln!("box run: the command ended: {ended}");
+    }
+    match u8::try_from(status) {
+        Ok(code) => Ok(ExitCode::from(code)),
+        Err(_) => {
+            eprintln!("box run: the command was killed by a signal (status {status})");
+            Ok(ExitCode::from(255))
+        }
+    }
+}
+
+/// Copy the process's `fd` to `out` as it comes, until end of file.
+async fn pump(
+    client: &Client,
+    id: &str,
+    fd: u8,
+    mut out: impl AsyncWrite + Unpin,
+) -> Result<(), String> {
+    loop {
+        let read = client
+            .call(
+                "agentworkspace/process.read",
+                json!({"id": id, "fd": fd, "max": READ_CHUNK}),
+            )
+            .await?;
+        if let Some(data) = read.get("data").and_then(Value::as_str) {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(data)
+                .map_err(|error| format!("agentworkspace/process.read: bad base64: {error}"))?;
+            // A closed stdout (`box run … | head`) ends the copy, not the run.
+            if out.write_all(&bytes).await.is_err() || out.flush().await.is_err() {
+                return Ok(());
+            }
+        }
+        if read.get("eof").and_then(Value::as_bool) == Some(true) {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,1120 @@
+//! One session: a task that owns everything about it. Before `initialize` it
+//! answers only `ping`, `server/discover` (method not found: a probe never
+//! starts units) and `initialize`; at `initialize` it reads the box ask,
+//! resolves and tightens the profile, starts every unit (all or nothing),
+//! initializes their executors and answers with the workspace unit's
+//! capability plus the envelopes. Then it routes every message through the
+//! proxy's [`Router`] until the session ends (the client leaves, the transport
+//! ends it, idle, lifetime, host shutdown), when it ends the units' executors
+//! (their processes end with them) and removes the units.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+use tokio::task::{AbortHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
+
+use super::HostConfig;
+use super::units::{
+    ExecutorLink, UnitEvent, describe_end, initialize_executor, link_unit, remove_units,
+    start_units,
+};
+use crate::backend::{Envelope, SessionLabel, UnitEnd};
+use crate::plan::{Plan, PlanError, Role, UnitSpec};
+use crate::proxy::{
+    self, Kind, ReplyStream, ReplyTo, Router, UnitMessage, classify, code, error_response,
+    error_response_with_data, params, params_mut, reply_channel, result_response,
+};
+
+/// The capability key of the executor wire, where the client asks and the host answers.
+pub const EXECUTOR_KEY: &str = "io.github.christopherdavenport.dax/executor";
+
+/// How many client messages may wait for the session task.
+const INBOUND_QUEUE: usize = 64;
+/// How many unit events may wait for the session task; a unit's reader waits
+/// when it is full (back-pressure onto that executor, not loss).
+const EVENT_QUEUE: usize = 256;
+/// After a unit's output closes, how long to wait for the backend to say why
+/// before answering its calls with what is known.
+const UNIT_END_GRACE: Duration = Duration::from_secs(2);
+/// At session end, how long executors get to end their processes and exit
+/// after their input closes, before their units are removed anyway.
+const SESSION_END_GRACE: Duration = Duration::from_secs(5);
+
+/// A message from the client to a session.
+#[derive(Debug)]
+enum Inbound {
+    /// A request and where its answer goes.
+    Request(Value, ReplyTo),
+    /// A notification, or a response to a server→client request.
+    Other(Value),
+}
+
+/// The session is gone: it ended, or never started.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the session has ended")]
+pub struct SessionGone;
+
+/// A handle on a running session; cloning shares it.
+#[derive(Debug, Clone)]
+pub struct SessionHandle {
+    id: String,
+    inbound: mpsc::Sender<Inbound>,
+    cancel: CancellationToken,
+    done: CancellationToken,
+}
+
+impl SessionHandle {
+    /// The session's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Send a request; its answer (and what streams before it) come on the returned stream.
+    pub async fn request(&self, message: Value) -> Result<ReplyStream, SessionGone> {
+        let (reply, stream) = reply_channel();
+        self.inbound
+            .send(Inbound::Request(message, reply))
+            .await
+            .map_err(|_| SessionGone)?;
+        Ok(stream)
+    }
+
+    /// Send a notification or a response.
+    pub async fn notify(&self, message: Value) -> Result<(), SessionGone> {
+        self.inbound
+            .send(Inbound::Other(message))
+            .await
+            .map_err(|_| SessionGone)
+    }
+
+    /// Ask the session to end (its units are then removed).
+    pub fn end(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Resolves once the session has ended and its units are removed.
+    pub async fn ended(&self) {
+        self.done.cancelled().await;
+    }
+
+    /// Whether the session has ended.
+    pub fn has_ended(&self) -> bool {
+        self.done.is_cancelled()
+    }
+}
+
+/// Start a session task. Messages for the client that belong to no request go
+/// to `general`. The session ends when every handle is dropped, when `end` is
+/// called, or when `parent` is cancelled.
+pub fn spawn_session(
+    config: Arc<HostConfig>,
+    id: String,
+    general: mpsc::Sender<Value>,
+    parent: &CancellationToken,
+) -> SessionHandle {
+    let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
+    let cancel = parent.child_token();
+    let done = CancellationToken::new();
+    let handle = SessionHandle {
+        id: id.clone(),
+        inbound: inbound_tx,
+        cancel: cancel.clone(),
+        done: done.clone(),
+    };
+    tokio::spawn(async move {
+        let session = Session {
+            config,
+            id,
+            general,
+            cancel,
+        };
+        session.run(inbound_rx).await;
+        done.cancel();
+    });
+    handle
+}
+
+struct Session {
+    config: Arc<HostConfig>,
+    id: String,
+    general: mpsc::Sender<Value>,
+    cancel: CancellationToken,
+}
+
+/// What the client asked under the executor key.
+#[derive(Debug, Default, PartialEq)]
+struct Ask {
+    max_read_bytes: Option<u64>,
+    profile: Option<String>,
+    tighten: Value,
+}
+
+/// Read the client's ask from initialize's params; the error names the field.
+fn read_ask(params: Option<&Map<String, Value>>) -> Result<Ask, String> {
+    let Some(ask) = params
+        .and_then(|params| params.get("capabilities"))
+        .and_then(|capabilities| capabilities.get("experimental"))
+        .and_then(|experimental| experimental.get(EXECUTOR_KEY))
+    else {
+        return Ok(Ask::default());
+    };
+    let field = format!("capabilities.experimental[\"{EXECUTOR_KEY}\"]");
+    let Some(ask) = ask.as_object() else {
+        return Err(format!("{field}: must be an object"));
+    };
+    let max_read_bytes = match ask.get("maxReadBytes") {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(value.as_u64().ok_or_else(|| {
+            format!("{field}.maxReadBytes: must be a non-negative integer, got {value}")
+        })?),
+    };
+    let (profile, tighten) = match ask.get("box") {
+        None | Some(Value::Null) => (None, Value::Null),
+        Some(Value::Object(ask_box)) => {
+            let profile = match ask_box.get("profile") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(name)) => Some(name.clone()),
+                Some(other) => {
+                    return Err(format!(
+                        "{field}.box.profile: must be a string, got {other}"
+                    ));
+                }
+            };
+            (
+                profile,
+                ask_box.get("tighten").cloned().unwrap_or(Value::Null),
+            )
+        }
+        Some(other) => return Err(format!("{field}.box: must be an object, got {other}")),
+    };
+    Ok(Ask {
+        max_read_bytes,
+        profile,
+        tighten,
+    })
+}
+
+/// The params a unit's executor is initialized with: the client's own, its
+/// executor ask reduced to `maxReadBytes` (the box ask is the host's business).
+fn executor_initialize_params(client: Option<&Map<String, Value>>, ask: &Ask) -> Value {
+    let mut params = client.cloned().unwrap_or_default();
+    params
+        .entry("protocolVersion")
+        .or_insert_with(|| json!("2025-06-18"));
+    params
+        .entry("clientInfo")
+        .or_insert_with(|| json!({"name": "box", "version": crate::VERSION}));
+    let capabilities = params.entry("capabilities").or_insert_with(|| json!({}));
+    if let Some(capabilities) = capabilities.as_object_mut() {
+        let experimental = capabilities
+            .entry("experimental")
+            .or_insert_with(|| json!({}));
+        if let Some(experimental) = experimental.as_object_mut() {
+            experimental.remove(EXECUTOR_KEY);
+            if let Some(bytes) = ask.max_read_bytes {
+                experimental.insert(EXECUTOR_KEY.to_owned(), json!({"maxReadBytes": bytes}));
+            }
+        }
+    }
+    Value::Object(params)
+}
+
+/// Why a session could not start: the JSON-RPC error it answers initialize with.
+struct StartError {
+    code: i64,
+    message: String,
+    data: Option<Value>,
+}
+
+impl StartError {
+    fn params(message: String) -> Self {
+        Self {
+            code: code::INVALID_PARAMS,
+            message,
+            data: None,
+        }
+    }
+
+    fn internal(message: String) -> Self {
+        Self {
+            code: code::INTERNAL_ERROR,
+            message,
+            data: None,
+        }
+    }
+
+    fn into_response(self, id: Value) -> Value {
+        match self.data {
+            Some(data) => error_response_with_data(id, self.code, self.message, data),
+            None => error_response(id, self.code, self.message),
+        }
+    }
+}
+
+/// What the proxy keeps with a forwarded request.
+#[derive(Debug)]
+struct Tag {
+    method: String,
+    tool: Option<String>,
+    arguments_digest: Option<String>,
+    started: Instant,
+    deadline: Option<AbortHandle>,
+    rewrite: Rewrite,
+}
+
+/// How an answer is changed on its way back.
+#[derive(Debug, Clone, PartialEq)]
+enum Rewrite {
+    None,
+    /// A server unit's process id is namespaced `<unit>:<id>`.
+    ProcessId {
+        unit: String,
+    },
+}
+
+struct Unit {
+    spec: UnitSpec,
+    envelope: Envelope,
+    writer: Option<mpsc::Sender<Value>>,
+    /// Why it ended, once it has.
+    ended: Option<String>,
+    /// Its output closed (waiting for the backend's cause).
+    closed: bool,
+    /// Why its output closed.
+    close_reason: Option<String>,
+}
+
+/// A session after initialize: its units and its routing.
+struct Live {
+    plan: Plan,
+    units: Vec<Unit>,
+    workspace: Option<usize>,
+    router: Router<Tag>,
+    events_tx: mpsc::Sender<UnitEvent>,
+    events_rx: mpsc::Receiver<UnitEvent>,
+    tasks: JoinSet<()>,
+    last_activity: Instant,
+    started: Instant,
+}
+
+enum Route {
+    Unit(usize, Value, Rewrite),
+    Answer(Value),
+}
+
+impl Session {
+    async fn run(self, mut inbound: mpsc::Receiver<Inbound>) {
+        let cancel = self.cancel.clone();
+        let mut live = loop {
+            let message = tokio::select! {
+                () = cancel.cancelled() => {
+                    drain(&mut inbound, "the session was ended");
+                    return;
+                }
+                message = inbound.recv() => message,
+            };
+            match message {
+                None => return,
+                Some(Inbound::Other(_)) => {}
+                Some(Inbound::Request(message, reply)) => {
+                    let Ok(Kind::Request { id, method }) = classify(&message) else {
+                        reply.answer(error_response(
+                            Value::Null,
+                            code::INVALID_REQUEST,
+                            "not a JSON-RPC request",
+                        ));
+                        continue;
+                    };
+                    match method.as_str() {
+                        "initialize" => match self.start(&message).await {
+                            Ok((live, result)) => {
+                                reply.answer(result_response(id, result));
+                                if self.cancel.is_cancelled() {
+                                    // Shutdown came during the start: end at once.
+                                    let mut live = live;
+                                    self.finish(&mut live, "the host is shutting down").await;
+                                    return;
+                                }
+                                break live;
+                            }
+                            Err(error) => reply.answer(error.into_response(id)),
+                        },
+                        "ping" => reply.answer(result_response(id, json!({}))),
+                        "server/discover" => reply.answer(discover_refusal(id)),
+                        _ => reply.answer(error_response(
+                            id,
+                            code::INVALID_REQUEST,
+                            format!(
+                                "{method}: the session is not initialized; send initialize first"
+                            ),
+                        )),
+                    }
+                }
+            }
+        };
+        let why = self.serve(&mut live, &mut inbound).await;
+        tracing::info!(session = %self.id, why = %why, "session ending");
+        drain(&mut inbound, &why);
+        self.finish(&mut live, &why).await;
+    }
+
+    /// Resolve, start and initialize; the initialize result for the client.
+    async fn start(&self, message: &Value) -> Result<(Live, Value), StartError> {
+        let client_params = params(message);
+        let ask = read_ask(client_params).map_err(StartError::params)?;
+        let profile_name = ask
+            .profile
+            .clone()
+            .unwrap_or_else(|| self.config.default_profile.clone());
+        let profile = self.config.catalog.load(&profile_name).map_err(|error| {
+            StartError::params(format!("box.profile: profile `{profile_name}`: {error}"))
+        })?;
+        let plan =
+            (self.config.resolve)(&profile, &ask.tighten, &self.config.facts).map_err(|error| {
+                let data = match &error {
+                    PlanError::Widening { field, .. } => {
+                        json!({"field": format!("tighten.{field}")})
+                    }
+                    PlanError::Invalid(_) => json!({"field": "tighten"}),
+                };
+                StartError {
+                    code: code::INVALID_PARAMS,
+                    message: error.to_string(),
+                    data: Some(data),
+                }
+            })?;
+        let label = SessionLabel {
+            instance: self.config.instance.clone(),
+            session: self.id.clone(),
+            profile: plan.profile.clone(),
+        };
+        let backend = self.config.backend.as_ref();
+        let start_clock = Instant::now();
+        let started = start_units(backend, &label, &plan.units)
+            .await
+            .map_err(|error| {
+                StartError::internal(format!("starting the session's units: {error}"))
+            })?;
+        self.config
+            .metrics
+            .unit_start(start_clock.elapsed(), started.len());
+        let ids: Vec<String> = started
+            .iter()
+            .map(|unit| unit.envelope.id.clone())
+            .collect();
+
+        let executor_params = executor_initialize_params(client_params, &ask);
+        let timeout = self.config.executor_init_timeout;
+        let mut links = Vec::new();
+        let mut ends = Vec::new();
+        let mut envelopes = Vec::new();
+        for unit in started {
+            envelopes.push(unit.envelope);
+            links.push(ExecutorLink::new(unit.io.stdin, unit.io.stdout));
+            ends.push(unit.ended);
+        }
+        let results = futures::future::join_all(
+            links
+                .iter_mut()
+                .map(|link| initialize_executor(link, executor_params.clone(), timeout)),
+        )
+        .await;
+        let mut initialized = Vec::new();
+        for (spec, result) in plan.units.iter().zip(results) {
+            match result {
+                Ok(result) => initialized.push(result),
+                Err(why) => {
+                    drop(links);
+                    remove_units(backend, &ids).await;
+                    return Err(StartError::internal(format!(
+                        "starting the session's units: unit {}: {why}",
+                        spec.name
+                    )));
+                }
+            }
+        }
+
+        let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
+        let mut tasks = JoinSet::new();
+        let mut units = Vec::new();
+        for (index, ((link, ended), (spec, envelope))) in links
+            .into_iter()
+            .zip(ends)
+            .zip(plan.units.iter().cloned().zip(envelopes))
+            .enumerate()
+        {
+            let writer = link_unit(index, link, ended, &events_tx, &mut tasks);
+            units.push(Unit {
+                spec,
+                envelope,
+                writer: Some(writer),
+                ended: None,
+                closed: false,
+                close_reason: None,
+            });
+        }
+        let workspace = units
+            .iter()
+            .position(|unit| unit.spec.role == Role::Workspace);
+        let result = initialize_result(&plan, &units, workspace, &initialized);
+        tracing::info!(
+            session = %self.id,
+            profile = %plan.profile,
+            units = units.len(),
+            backend = self.config.backend.kind(),
+            "session started"
+        );
+        let count = units.len();
+        Ok((
+            Live {
+                plan,
+                units,
+                workspace,
+                // Id 0 was initialize.
+                router: Router::new(count, 1),
+                events_tx,
+                events_rx,
+                tasks,
+                last_activity: Instant::now(),
+                started: Instant::now(),
+            },
+            result,
+        ))
+    }
+
+    /// Route messages until the session ends; why it ended.
+    async fn serve(&self, live: &mut Live, inbound: &mut mpsc::Receiver<Inbound>) -> String {
+        let limits = live
+            .workspace
+            .or(if live.units.is_empty() { None } else { Some(0) })
+            .map(|index| live.units[index].spec.limits.clone());
+        let idle = limits.as_ref().map(|limits| limits.idle);
+        let lifetime_end = limits
+            .as_ref()
+            .map(|limits| tokio::time::Instant::from_std(live.started + limits.lifetime));
+        loop {
+            let idle_end = match idle {
+                Some(idle) if live.router.in_flight() == 0 => {
+                    Some(tokio::time::Instant::from_std(live.last_activity + idle))
+                }
+                _ => None,
+            };
+            tokio::select! {
+                () = self.cancel.cancelled() => return "the session was ended".to_owned(),
+                message = inbound.recv() => {
+                    let Some(message) = message else {
+                        return "the client left".to_owned();
+                    };
+                    live.last_activity = Instant::now();
+                    self.on_client(live, message);
+                }
+                Some(event) = live.events_rx.recv() => self.on_unit(live, event),
+                () = sleep_until(idle_end) => {
+                    return format!("idle for {}", humantime::format_duration(idle.unwrap_or_default()));
+                }
+                () = sleep_until(lifetime_end) => return "its lifetime ended".to_owned(),
+            }
+        }
+    }
+
+    fn on_client(&self, live: &mut Live, message: Inbound) {
+        match message {
+            Inbound::Request(message, reply) => self.client_request(live, message, reply),
+            Inbound::Other(message) => self.client_other(live, message),
+        }
+    }
+
+    fn client_request(&self, live: &mut Live, message: Value, reply: ReplyTo) {
+        let (id, method) = match classify(&message) {
+            Ok(Kind::Request { id, method }) => (id, method),
+            Ok(_) | Err(_) => {
+                reply.answer(error_response(
+                    Value::Null,
+                    code::INVALID_REQUEST,
+                    "not a JSON-RPC request",
+                ));
+                return;
+            }
+        };
+        if live.router.is_in_flight(&id) {
+            reply.answer(error_response(
+                id.clone(),
+                code::INVALID_REQUEST,
+                format!(
+                    "request id {id} is already in flight in this session; ids must not be reused"
+                ),
+            ));
+            return;
+        }
+        let (unit, upstream, rewrite) = match self.route(live, &method, message) {
+            Ok(Route::Answer(result)) => {
+                reply.answer(result_response(id, result));
+                return;
+            }
+            Ok(Route::Unit(unit, upstream, rewrite)) => (unit, upstream, rewrite),
+            Err((code, text)) => {
+                reply.answer(error_response(id, code, text));
+                return;
+            }
+        };
+        if let Some(why) = &live.units[unit].ended {
+            let text = format!("unit {} ended: {why}", live.units[unit].spec.name);
+            self.config
+                .metrics
+                .call(&method, None, "unit_ended", Duration::ZERO);
+            reply.answer(error_response(id, code::INTERNAL_ERROR, text));
+            return;
+        }
+        let tool = (method == "tools/call")
+            .then(|| {
+                params(&upstream)
+                    .and_then(|p| p.get("name"))
+                    .and_then(Value::as_str)
+            })
+            .flatten()
+            .map(str::to_owned);
+        let arguments_digest = tool.as_ref().map(|_| {
+            super::audit::digest(
+                params(&upstream)
+                    .and_then(|p| p.get("arguments"))
+                    .unwrap_or(&Value::Null),
+            )
+        });
+        let tag = Tag {
+            method: method.clone(),
+            tool,
+            arguments_digest,
+            started: Instant::now(),
+            deadline: None,
+            rewrite,
+        };
+        let (unit_id, upstream) = live.router.forward(unit, upstream, reply, tag);
+        if let Err(why) = send_to_unit(&live.units[unit], upstream) {
+            if let Some(forward) = live.router.take(unit, unit_id) {
+                self.finish_call(live, unit, &forward.tag, "unit_unavailable");
+                forward
+                    .reply
+                    .answer(error_response(forward.client_id, code::INTERNAL_ERROR, why));
+            }
+            return;
+        }
+        if has_deadline(&method) {
+            let timeout = live.units[unit].spec.limits.call_timeout;
+            let events = live.events_tx.clone();
+            let handle = tokio::spawn(async move {
+                tokio::time::sleep(timeout).await;
+                let _ = events.send(UnitEvent::Deadline(unit, unit_id)).await;
+            });
+            if let Some(tag) = live.router.tag_mut(unit, unit_id) {
+                tag.deadline = Some(handle.abort_handle());
+            }
+        }
+    }
+
+    /// Which unit a request goes to, or the answer box gives itself.
+    fn route(&self, live: &Live, method: &str, mut message: Value) -> Result<Route, (i64, String)> {
+        match method {
+            "ping" => return Ok(Route::Answer(json!({}))),
+            "initialize" => {
+                return Err((
+                    code::INVALID_REQUEST,
+                    "initialize: the session is already initialized".to_owned(),
+                ));
+            }
+            "agentworkspace/servers.list" => {
+                let servers: Vec<Value> = live
+                    .units
+                    .iter()
+                    .filter(|unit| unit.spec.role == Role::Server)
+                    .map(|unit| {
+                        json!({
+                            "name": unit.spec.name,
+                            "unit": unit.envelope.name,
+                            "description": unit.spec.description,
+                        })
+                    })
+                    .collect();
+                return Ok(Route::Answer(json!({"servers": servers})));
+            }
+            "agentworkspace/servers.start" => {
+                let name = params(&message)
+                    .and_then(|p| p.get("name"))
+                    .and_then(Value::as_str)
+                    .ok_or((
+                        code::INVALID_PARAMS,
+                        "agentworkspace/servers.start: `name` (a string) is required".to_owned(),
+                    ))?
+                    .to_owned();
+                let stderr = params(&message)
+                    .and_then(|p| p.get("stderr"))
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+                let Some(index) = live
+                    .units
+                    .iter()
+                    .position(|unit| unit.spec.role == Role::Server && unit.spec.name == name)
+                else {
+                    let known: Vec<&str> = live
+                        .units
+                        .iter()
+                        .filter(|unit| unit.spec.role == Role::Server)
+                        .map(|unit| unit.spec.name.as_str())
+                        .collect();
+                    return Err((
+                        code::INVALID_PARAMS,
+                        format!(
+                            "agentworkspace/servers.start: no server `{name}` in profile `{}`; servers: {known:?}",
+                            live.plan.profile
+                        ),
+                    ));
+                };
+                let command = live.units[index].spec.command.clone();
+                if let Some(object) = message.as_object_mut() {
+                    object.insert("method".to_owned(), json!("agentworkspace/process.start"));
+                    object.insert(
+                        "params".to_owned(),
+                        json!({"args": command, "stderr": stderr}),
+                    );
+                }
+                return Ok(Route::Unit(
+                    index,
+                    message,
+                    Rewrite::ProcessId { unit: name },
+                ));
+            }
+            _ => {}
+        }
+        if method.starts_with("agentworkspace/process.") && method != "agentworkspace/process.start"
+        {
+            let target = params(&message)
+                .and_then(|p| p.get("id"))
+                .and_then(Value::as_str)
+                .and_then(|id| id.split_once(':'))
+                .and_then(|(unit, process)| {
+                    live.units
+                        .iter()
+                        .position(|candidate| {
+                            candidate.spec.role == Role::Server && candidate.spec.name == unit
+                        })
+                        .map(|index| (index, process.to_owned()))
+                });
+            if let Some((index, process)) = target {
+                if let Some(params) = params_mut(&mut message) {
+                    params.insert("id".to_owned(), json!(process));
+                }
+                return Ok(Route::Unit(index, message, Rewrite::None));
+            }
+        }
+        match live.workspace {
+            Some(index) => Ok(Route::Unit(index, message, Rewrite::None)),
+            None => match method {
+                "tools/list" => Ok(Route::Answer(json!({"tools": []}))),
+                "resources/list" => Ok(Route::Answer(json!({"resources": []}))),
+                "resources/templates/list" => Ok(Route::Answer(json!({"resourceTemplates": []}))),
+                "prompts/list" => Ok(Route::Answer(json!({"prompts": []}))),
+                _ => Err((
+                    code::METHOD_NOT_FOUND,
+                    format!(
+                        "{method}: profile `{}` has no workspace unit (no file system), so nothing answers it",
+                        live.plan.profile
+                    ),
+                )),
+            },
+        }
+    }
+
+    fn client_other(&self, live: &mut Live, message: Value) {
+        match classify(&message) {
+            Ok(Kind::Response { .. }) => {
+                if let Some((unit, answer)) = live.router.client_response(message)
+                    && let Err(why) = send_to_unit(&live.units[unit], answer)
+                {
+                    tracing::warn!(session = %self.id, %why, "an answer to a unit's request was lost");
+                }
+            }
+            Ok(Kind::Notification { method }) => match method.as_str() {
+                "notifications/initialized" => {}
+                "notifications/cancelled" => {
+                    if let Some((unit, cancel, forward)) = live.router.client_cancel(message) {
+                        self.finish_call(live, unit, &forward.tag, "cancelled");
+                        // The client expects no answer: dropping the reply ends its stream.
+                        drop(forward);
+                        let _ = send_to_unit(&live.units[unit], cancel);
+                    }
+                }
+                _ => {
+                    for unit in &live.units {
+                        if unit.ended.is_none() {
+                            let _ = send_to_unit(unit, message.clone());
+                        }
+                    }
+                }
+            },
+            Ok(Kind::Request { .. }) | Err(_) => {}
+        }
+    }
+
+    fn on_unit(&self, live: &mut Live, event: UnitEvent) {
+        match event {
+            UnitEvent::Message(unit, message) => match live.router.from_unit(unit, message) {
+                UnitMessage::Answer {
+                    forward,
+                    mut response,
+                } => {
+                    let outcome = outcome_of(&response);
+                    self.finish_call(live, unit, &forward.tag, outcome);
+                    if let Rewrite::ProcessId { unit: name } = &forward.tag.rewrite
+                        && let Some(id) = response.pointer_mut("/result/id")
+                        && let Some(text) = id.as_str()
+                    {
+                        *id = json!(format!("{name}:{text}"));
+                    }
+                    forward.reply.answer(response);
+                }
+                UnitMessage::General(message) => {
+                    let _ = self.general.try_send(message);
+                }
+                UnitMessage::Done => {}
+                UnitMessage::Invalid(why) => {
+                    tracing::warn!(session = %self.id, unit = %live.units[unit].spec.name, %why, "a unit sent an invalid message");
+                }
+            },
+            UnitEvent::Closed(unit, why) => {
+                let Some(state) = live.units.get_mut(unit) else {
+                    return;
+                };
+                if state.ended.is_some() || state.closed {
+                    return;
+                }
+                state.closed = true;
+                tracing::warn!(session = %self.id, unit = %state.spec.name, %why, "a unit's executor output ended");
+                let events = live.events_tx.clone();
+                live.tasks.spawn(async move {
+                    tokio::time::sleep(UNIT_END_GRACE).await;
+                    let _ = events.send(UnitEvent::Grace(unit)).await;
+                });
+                // Kept in case the backend never says more.
+                state.close_reason = Some(why);
+            }
+            UnitEvent::Ended(unit, end) => {
+                self.unit_died(live, unit, describe_end(&end), Some(&end))
+            }
+            UnitEvent::Grace(unit) => {
+                let cause = live
+                    .units
+                    .get_mut(unit)
+                    .and_then(|state| state.close_reason.take())
+                    .unwrap_or_else(|| "its executor closed its output".to_owned());
+                self.unit_died(live, unit, cause, None)
+            }
+            UnitEvent::Deadline(unit, unit_id) => {
+                let Some(forward) = live.router.take(unit, unit_id) else {
+                    return;
+                };
+                let timeout = live.units[unit].spec.limits.call_timeout;
+                let name = live.units[unit].spec.name.clone();
+                let cancel = proxy::notification(
+                    "notifications/cancelled",
+                    json!({"requestId": unit_id, "reason": "the call ran past its deadline"}),
+                );
+                let _ = send_to_unit(&live.units[unit], cancel);
+                self.finish_call(live, unit, &forward.tag, "timeout");
+                forward.reply.answer(error_response_with_data(
+                    forward.client_id,
+                    code::REQUEST_TIMEOUT,
+                    format!(
+                        "unit {name}: {} did not finish within {} (the profile's call_timeout); it was cancelled",
+                        forward.tag.method,
+                        humantime::format_duration(timeout)
+                    ),
+                    json!({"unit": name, "timeoutMs": timeout.as_millis() as u64}),
+                ));
+            }
+        }
+    }
+
+    /// A unit is gone: every request in flight to it is answered once with the
+    /// cause; later requests get "unit ended".
+    fn unit_died(&self, live: &mut Live, unit: usize, cause: String, end: Option<&UnitEnd>) {
+        let Some(state) = live.units.get_mut(unit) else {
+            return;
+        };
+        if state.ended.is_some() {
+            return;
+        }
+        tracing::warn!(session = %self.id, unit = %state.spec.name, %cause, "a unit ended");
+        state.ended = Some(cause.clone());
+        state.writer = None;
+        state.envelope.state = "ended".to_owned();
+        let name = state.spec.name.clone();
+        let data = json!({
+            "unit": name,
+            "exitCode": end.and_then(|end| end.exit_code),
+            "oomKilled": end.is_some_and(|end| end.oom_killed),
+        });
+        for forward in live.router.take_all(unit) {
+            self.finish_call(live, unit, &forward.tag, "unit_ended");
+            forward.reply.answer(error_response_with_data(
+                forward.client_id,
+                code::INTERNAL_ERROR,
+                format!("unit {name} ended: {cause}"),
+                data.clone(),
+            ));
+        }
+    }
+
+    /// Stop a call's timer and record it (metrics, audit).
+    fn finish_call(&self, live: &Live, unit: usize, tag: &Tag, outcome: &str) {
+        if let Some(deadline) = &tag.deadline {
+            deadline.abort();
+        }
+        let duration = tag.started.elapsed();
+        self.config
+            .metrics
+            .call(&tag.method, tag.tool.as_deref(), outcome, duration);
+        if let (Some(audit), Some(tool)) = (&self.config.audit, &tag.tool) {
+            audit.record(&super::audit::Record {
+                session: &self.id,
+                unit: &live.units[unit].spec.name,
+                tool,
+                arguments_sha256: tag.arguments_digest.as_deref().unwrap_or(""),
+                duration,
+                outcome,
+            });
+        }
+    }
+
+    /// End the session: answer what is in flight, close every executor's input
+    /// (their processes end), wait a little for them, then remove every unit.
+    async fn finish(&self, live: &mut Live, why: &str) {
+        for unit in 0..live.units.len() {
+            for forward in live.router.take_all(unit) {
+                self.finish_call(live, unit, &forward.tag, "session_ended");
+                forward.reply.answer(error_response(
+                    forward.client_id,
+                    code::INTERNAL_ERROR,
+                    format!("the session ended: {why}"),
+                ));
+            }
+        }
+        for unit in &mut live.units {
+            unit.writer = None;
+        }
+        let deadline = tokio::time::Instant::now() + SESSION_END_GRACE;
+        while live.units.iter().any(|unit| unit.ended.is_none()) {
+            let event = tokio::select! {
+                () = tokio::time::sleep_until(deadline) => break,
+                event = live.events_rx.recv() => event,
+            };
+            match event {
+                Some(UnitEvent::Ended(unit, end)) => {
+                    if let Some(state) = live.units.get_mut(unit) {
+                        state.ended = Some(describe_end(&end));
+                    }
+                }
+                Some(UnitEvent::Grace(unit)) => {
+                    if let Some(state) = live.units.get_mut(unit) {
+                        state
+                            .ended
+                            .get_or_insert_with(|| "its executor closed its output".to_owned());
+                    }
+                }
+                Some(UnitEvent::Closed(unit, _)) => {
+                    // The session is ending anyway: the output closing is enough.
+                    if let Some(state) = live.units.get_mut(unit) {
+                        state
+                            .ended
+                            .get_or_insert_with(|| "its executor exited".to_owned());
+                    }
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+        let ids: Vec<String> = live
+            .units
+            .iter()
+            .map(|unit| unit.envelope.id.clone())
+            .collect();
+        remove_units(self.config.backend.as_ref(), &ids).await;
+        live.tasks.abort_all();
+        self.config.metrics.session_ended(ids.len());
+        tracing::info!(session = %self.id, units = ids.len(), "session ended, units removed");
+    }
+}
+
+/// Answer the requests still queued when a session ends: each gets its one answer.
+fn drain(inbound: &mut mpsc::Receiver<Inbound>, why: &str) {
+    inbound.close();
+    while let Ok(message) = inbound.try_recv() {
+        if let Inbound::Request(message, reply) = message {
+            let id = message.get("id").cloned().unwrap_or(Value::Null);
+            reply.answer(error_response(
+                id,
+                code::INTERNAL_ERROR,
+                format!("the session ended: {why}"),
+            ));
+        }
+    }
+}
+
+/// Sleep until `when`, or for ever.
+async fn sleep_until(when: Option<tokio::time::Instant>) {
+    match when {
+        Some(when) => tokio::time::sleep_until(when).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether a forwarded request gets the profile's per-call deadline. The
+/// process methods that wait on the process (read, write, wait) are long polls
+/// by design and are bounded by the process, not by a call deadline.
+fn has_deadline(method: &str) -> bool {
+    !matches!(
+        method,
+        "agentworkspace/process.read"
+            | "agentworkspace/process.write"
+            | "agentworkspace/process.wait"
+    )
+}
+
+/// Send a message to a unit's executor without waiting; the error names the unit.
+fn send_to_unit(unit: &Unit, message: Value) -> Result<(), String> {
+    if let Some(why) = &unit.ended {
+        return Err(format!("unit {} ended: {why}", unit.spec.name));
+    }
+    let Some(writer) = &unit.writer else {
+        return Err(format!("unit {} ended", unit.spec.name));
+    };
+    writer.try_send(message).map_err(|error| match error {
+        mpsc::error::TrySendError::Full(_) => format!(
+            "unit {} is not reading its input ({} messages are waiting); try again later",
+            unit.spec.name,
+            super::units::UNIT_QUEUE
+        ),
+        mpsc::error::TrySendError::Closed(_) => format!("unit {} ended", unit.spec.name),
+    })
+}
+
+/// The outcome word of an answer, for metrics and the audit log.
+fn outcome_of(response: &Value) -> &'static str {
+    if response.get("error").is_some() {
+        "error"
+    } else if response.pointer("/result/isError") == Some(&Value::Bool(true)) {
+        "tool_error"
+    } else {
+        "ok"
+    }
+}
+
+/// The answer to a `server/discover` probe: method not found, so a dual-era
+/// client falls back to initialize; nothing is started.
+pub fn discover_refusal(id: Value) -> Value {
+    error_response(
+        id,
+        code::METHOD_NOT_FOUND,
+        "server/discover: box speaks the initialize handshake (MCP 2025-06-18 and 2025-11-25); send initialize",
+    )
+}
+
+/// The client's initialize result: the workspace unit's executor's, with box's
+/// serverInfo and the envelopes under the executor capability's `box`.
+fn initialize_result(
+    plan: &Plan,
+    units: &[Unit],
+    workspace: Option<usize>,
+    initialized: &[Value],
+) -> Value {
+    let mut result = match workspace {
+        Some(index) => initialized[index].clone(),
+        None => json!({
+            "protocolVersion": initialized
+                .first()
+                .and_then(|first| first.get("protocolVersion").cloned())
+                .unwrap_or_else(|| json!("2025-06-18")),
+            "capabilities": {"experimental": {EXECUTOR_KEY: {"version": 1}}},
+        }),
+    };
+    let envelopes: Vec<Value> = units
+        .iter()
+        .map(|unit| serde_json::to_value(&unit.envelope).unwrap_or(Value::Null))
+        .collect();
+    if let Some(object) = result.as_object_mut() {
+        object.insert(
+            "serverInfo".to_owned(),
+            json!({"name": "box", "version": crate::VERSION}),
+        );
+        let capabilities = object.entry("capabilities").or_insert_with(|| json!({}));
+        if let Some(capabilities) = capabilities.as_object_mut() {
+            let experimental = capabilities
+                .entry("experimental")
+                .or_insert_with(|| json!({}));
+            if let Some(experimental) = experimental.as_object_mut() {
+                let executor = experimental
+                    .entry(EXECUTOR_KEY)
+                    .or_insert_with(|| json!({"version": 1}));
+                if let Some(executor) = executor.as_object_mut() {
+                    executor.insert(
+                        "box".to_owned(),
+                        json!({"profile": plan.profile, "units": envelopes}),
+                    );
+                }
+            }
+        }
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn the_ask_is_read_and_its_errors_name_the_field() {
+        let params = json!({"capabilities": {"experimental": {EXECUTOR_KEY: {
+            "maxReadBytes": 5, "box": {"profile": "ci", "tighten": {"network": {"mode": "none"}}}
+        }}}});
+        assert_eq!(
+            read_ask(params.as_object()),
+            Ok(Ask {
+                max_read_bytes: Some(5),
+                profile: Some("ci".to_owned()),
+                tighten: json!({"network": {"mode": "none"}}),
+            })
+        );
+        assert_eq!(read_ask(json!({}).as_object()), Ok(Ask::default()));
+        let bad =
+            json!({"capabilities": {"experimental": {EXECUTOR_KEY: {"box": {"profile": 3}}}}});
+        let error = read_ask(bad.as_object()).unwrap_err();
+        assert!(error.contains(".box.profile"), "{error}");
+        let bad = json!({"capabilities": {"experimental": {EXECUTOR_KEY: {"maxReadBytes": -1}}}});
+        assert!(
+            read_ask(bad.as_object())
+                .unwrap_err()
+                .contains("maxReadBytes")
+        );
+    }
+
+    #[test]
+    fn executors_get_the_clients_params_without_the_box_ask() {
+        let params = json!({
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"elicitation": {}, "experimental": {EXECUTOR_KEY: {"maxReadBytes": 9, "box": {"profile": "ci"}}, "x/y": {}}},
+            "clientInfo": {"name": "c", "version": "1"}
+        });
+        let ask = read_ask(params.as_object()).unwrap();
+        let sent = executor_initialize_params(params.as_object(), &ask);
+        assert_eq!(
+            sent,
+            json!({
+                "protocolVersion": "2025-11-25",
+                "capabilities": {"elicitation": {}, "experimental": {"x/y": {}, EXECUTOR_KEY: {"maxReadBytes": 9}}},
+                "clientInfo": {"name": "c", "version": "1"}
+            })
+        );
+    }
+}

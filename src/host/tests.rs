@@ -1,0 +1,644 @@
+//! Host tests over the recording fake backend: the session's life and the
+//! proxy's routing, end to end through a session task.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::fake::{FakeBackend, FakeOptions};
+use super::session::EXECUTOR_KEY;
+use super::{HostConfig, ResolveFn, SessionHandle, spawn_session};
+use crate::plan::{HostFacts, Plan, PlanError, Role, UserIds};
+use crate::profile::{Catalog, Profile};
+use crate::proxy::{self, ReplyStream};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+pub(crate) fn facts() -> HostFacts {
+    HostFacts {
+        cwd: std::env::temp_dir(),
+        caller: UserIds {
+            uid: 1000,
+            gid: 1000,
+        },
+    }
+}
+
+pub(crate) fn config_with(fake: &FakeBackend, resolve: ResolveFn) -> Arc<HostConfig> {
+    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    config.resolve = resolve;
+    config.instance = "test-instance".to_owned();
+    Arc::new(config)
+}
+
+fn config(fake: &FakeBackend) -> Arc<HostConfig> {
+    config_with(fake, crate::plan::resolve)
+}
+
+/// The plan's workspace unit, changed by `change`.
+fn one_unit(
+    profile: &Profile,
+    tighten: &Value,
+    host: &HostFacts,
+    change: fn(&mut crate::plan::UnitSpec),
+) -> Result<Plan, PlanError> {
+    let mut plan = crate::plan::resolve(profile, tighten, host)?;
+    plan.units.truncate(1);
+    change(&mut plan.units[0]);
+    Ok(plan)
+}
+
+fn short_deadline(profile: &Profile, tighten: &Value, host: &HostFacts) -> Result<Plan, PlanError> {
+    one_unit(profile, tighten, host, |unit| {
+        unit.limits.call_timeout = Duration::from_millis(200)
+    })
+}
+
+fn short_idle(profile: &Profile, tighten: &Value, host: &HostFacts) -> Result<Plan, PlanError> {
+    one_unit(profile, tighten, host, |unit| {
+        unit.limits.idle = Duration::from_millis(200)
+    })
+}
+
+/// A workspace unit and two server units, `u2` and `u3`.
+pub(crate) fn three_units(
+    profile: &Profile,
+    tighten: &Value,
+    host: &HostFacts,
+) -> Result<Plan, PlanError> {
+    let mut plan = crate::plan::resolve(profile, tighten, host)?;
+    plan.units.truncate(1);
+    for name in ["u2", "u3"] {
+        let mut server = plan.units[0].clone();
+        server.name = name.to_owned();
+        server.role = Role::Server;
+        server.command = vec![format!("{name}-server"), "--stdio".to_owned()];
+        server.description = format!("the {name} server");
+        plan.units.push(server);
+    }
+    Ok(plan)
+}
+
+struct Client {
+    session: SessionHandle,
+    general: mpsc::Receiver<Value>,
+    _shutdown: CancellationToken,
+}
+
+fn connect(config: Arc<HostConfig>) -> Client {
+    let shutdown = CancellationToken::new();
+    let (general_tx, general) = mpsc::channel(64);
+    let session = spawn_session(config, "s-test".to_owned(), general_tx, &shutdown);
+    Client {
+        session,
+        general,
+        _shutdown: shutdown,
+    }
+}
+
+fn initialize_params(ask: Value) -> Value {
+    json!({
+        "protocolVersion": "2025-06-18",
+        "capabilities": {"elicitation": {}, "experimental": {EXECUTOR_KEY: ask}},
+        "clientInfo": {"name": "test", "version": "1"}
+    })
+}
+
+/// Wait for a request's events and answer.
+async fn collect(mut stream: ReplyStream) -> (Vec<Value>, Value) {
+    let response = tokio::time::timeout(WAIT, &mut stream.response)
+        .await
+        .expect("an answer in time")
+        .expect("an answer, not a dropped request");
+    let mut events = Vec::new();
+    while let Ok(event) = stream.events.try_recv() {
+        events.push(event);
+    }
+    (events, response)
+}
+
+impl Client {
+    async fn send(&self, id: Value, method: &str, params: Value) -> ReplyStream {
+        self.session
+            .request(proxy::request(id, method, params))
+            .await
+            .unwrap()
+    }
+
+    async fn call(&self, id: Value, method: &str, params: Value) -> (Vec<Value>, Value) {
+        collect(self.send(id, method, params).await).await
+    }
+
+    async fn initialize(&self, ask: Value) -> Value {
+        let (_, response) = self
+            .call(json!(0), "initialize", initialize_params(ask))
+            .await;
+        response
+    }
+
+    async fn tool(&self, id: Value, name: &str, arguments: Value) -> ReplyStream {
+        self.send(
+            id,
+            "tools/call",
+            json!({"name": name, "arguments": arguments}),
+        )
+        .await
+    }
+}
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn initialize_answers_with_the_envelopes_and_passes_max_read_bytes() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    let response = client.initialize(json!({"maxReadBytes": 1234})).await;
+    let result = &response["result"];
+    assert_eq!(
+        result["serverInfo"],
+        json!({"name": "box", "version": crate::VERSION})
+    );
+    let executor = &result["capabilities"]["experimental"][EXECUTOR_KEY];
+    assert_eq!(executor["maxReadBytes"], json!(1234));
+    assert_eq!(executor["version"], json!(1));
+    assert_eq!(executor["box"]["profile"], json!("default"));
+    let units = executor["box"]["units"].as_array().unwrap();
+    assert_eq!(units.len(), 1);
+    assert_eq!(units[0]["backend"], json!("fake"));
+    assert_eq!(units[0]["role"], json!("workspace"));
+    assert!(
+        result["capabilities"]["experimental"]["io.github.christopherdavenport.agenttool/facts"]
+            .is_object()
+    );
+    let sent = fake.record(|record| record.initialize_params.clone());
+    assert_eq!(
+        sent[0]["capabilities"]["experimental"][EXECUTOR_KEY],
+        json!({"maxReadBytes": 1234})
+    );
+    assert_eq!(sent[0]["capabilities"]["elicitation"], json!({}));
+    // A second initialize is refused, the session goes on.
+    let again = client.initialize(json!({})).await;
+    assert_eq!(again["error"]["code"], json!(proxy::code::INVALID_REQUEST));
+    let (_, ping) = client.call(json!("p"), "ping", json!({})).await;
+    assert_eq!(ping, json!({"jsonrpc": "2.0", "id": "p", "result": {}}));
+}
+
+#[tokio::test]
+async fn a_discover_probe_is_method_not_found_and_starts_nothing() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    let (_, response) = client.call(json!(1), "server/discover", json!({})).await;
+    assert_eq!(response["id"], json!(1));
+    assert_eq!(
+        response["error"]["code"],
+        json!(proxy::code::METHOD_NOT_FOUND)
+    );
+    let (_, early) = client.call(json!(2), "tools/list", json!({})).await;
+    assert_eq!(early["error"]["code"], json!(proxy::code::INVALID_REQUEST));
+    assert_eq!(fake.record(|record| record.starts.len()), 0);
+    // It then falls back to initialize, which works.
+    let response = client.initialize(json!({})).await;
+    assert!(response.get("result").is_some(), "{response}");
+}
+
+#[tokio::test]
+async fn a_refused_tightening_is_an_error_naming_the_field_and_starts_nothing() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    let response = client
+        .initialize(json!({"box": {"tighten": {"network": {"mode": "bridge"}}}}))
+        .await;
+    assert_eq!(
+        response["error"]["code"],
+        json!(proxy::code::INVALID_PARAMS),
+        "{response}"
+    );
+    let message = response["error"]["message"].as_str().unwrap();
+    assert!(message.contains("tighten"), "{message}");
+    assert_eq!(fake.record(|record| record.starts.len()), 0);
+    let wrong_type = client.initialize(json!({"box": {"profile": 7}})).await;
+    assert!(
+        wrong_type["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("box.profile"),
+        "{wrong_type}"
+    );
+    assert_eq!(fake.record(|record| record.starts.len()), 0);
+}
+
+#[tokio::test]
+async fn a_failed_unit_removes_the_others_and_the_error_names_it() {
+    let fake = FakeBackend::new(FakeOptions {
+        fail_unit: Some("u2".to_owned()),
+        ..FakeOptions::default()
+    });
+    let client = connect(config_with(&fake, three_units));
+    let response = client.initialize(json!({})).await;
+    let message = response["error"]["message"].as_str().unwrap();
+    assert!(message.contains("u2"), "{message}");
+    assert_eq!(fake.record(|record| record.starts.len()), 3);
+    assert_eq!(fake.live_units(), Vec::<String>::new());
+    let removed = fake.record(|record| record.removed.clone());
+    assert_eq!(removed.len(), 2, "{removed:?}");
+    assert!(removed.iter().any(|id| id.contains("workspace")));
+    assert!(removed.iter().any(|id| id.contains("u3")));
+}
+
+#[tokio::test]
+async fn ids_keep_their_type_and_sessions_are_isolated() {
+    let fake = FakeBackend::default();
+    let config = config(&fake);
+    let first = connect(config.clone());
+    let second = connect(config);
+    first.initialize(json!({})).await;
+    second.initialize(json!({})).await;
+    // The same ids in flight at once, on both sessions, as number and as string.
+    let a = first
+        .tool(json!(1), "slow", json!({"ms": 50, "who": "first-number"}))
+        .await;
+    let b = first
+        .tool(json!("1"), "slow", json!({"ms": 50, "who": "first-string"}))
+        .await;
+    let c = second
+        .tool(json!(1), "slow", json!({"ms": 50, "who": "second-number"}))
+        .await;
+    let (_, a) = collect(a).await;
+    let (_, b) = collect(b).await;
+    let (_, c) = collect(c).await;
+    assert_eq!(a["id"], json!(1));
+    assert_eq!(b["id"], json!("1"));
+    assert_eq!(c["id"], json!(1));
+    // Fields the proxy does not know survive.
+    assert_eq!(a["result"]["extra"], json!({"kept": true}));
+    let (_, echo) = first
+        .call(
+            json!(9),
+            "tools/call",
+            json!({"name": "echo", "arguments": {"x": [1, "y"]}}),
+        )
+        .await;
+    assert_eq!(
+        echo["result"]["content"][0]["text"],
+        json!("{\"x\":[1,\"y\"]}")
+    );
+    // A reused id in flight is refused.
+    let hang = first.tool(json!(5), "hang", json!({})).await;
+    let (_, dup) = first
+        .call(json!(5), "tools/call", json!({"name": "echo"}))
+        .await;
+    assert_eq!(dup["error"]["code"], json!(proxy::code::INVALID_REQUEST));
+    drop(hang);
+    assert_eq!(fake.live_units().len(), 2);
+}
+
+#[tokio::test]
+async fn progress_tokens_round_trip_before_the_answer() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    client.initialize(json!({})).await;
+    let (events, response) = client
+        .call(
+            json!(3),
+            "tools/call",
+            json!({"name": "slow", "arguments": {"steps": 3, "ms": 30}, "_meta": {"progressToken": "tok"}}),
+        )
+        .await;
+    assert_eq!(events.len(), 3, "{events:?}");
+    for (index, event) in events.iter().enumerate() {
+        assert_eq!(event["method"], json!("notifications/progress"));
+        assert_eq!(event["params"]["progressToken"], json!("tok"));
+        assert_eq!(event["params"]["progress"], json!(index + 1));
+    }
+    assert_eq!(response["id"], json!(3));
+    assert_eq!(response["result"]["content"][0]["text"], json!("slow done"));
+}
+
+#[tokio::test]
+async fn a_cancellation_is_translated_into_the_units_id() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    client.initialize(json!({})).await;
+    let stream = client.tool(json!("c1"), "hang", json!({})).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    client
+        .session
+        .notify(proxy::notification(
+            "notifications/cancelled",
+            json!({"requestId": "c1", "reason": "user"}),
+        ))
+        .await
+        .unwrap();
+    wait_until("the unit sees the cancel", || {
+        fake.record(|record| !record.cancelled.is_empty())
+    })
+    .await;
+    let cancelled = fake.record(|record| record.cancelled.clone());
+    assert_eq!(cancelled.len(), 1);
+    assert!(
+        cancelled[0].is_u64(),
+        "the unit's own id, not the client's: {cancelled:?}"
+    );
+    // The client expects no answer: the request is dropped, not answered.
+    assert!(
+        tokio::time::timeout(WAIT, stream.response)
+            .await
+            .unwrap()
+            .is_err()
+    );
+    // A cancel of an unknown id goes nowhere.
+    client
+        .session
+        .notify(proxy::notification(
+            "notifications/cancelled",
+            json!({"requestId": "zz"}),
+        ))
+        .await
+        .unwrap();
+    let (_, after) = client.call(json!("c1"), "ping", json!({})).await;
+    assert_eq!(after["result"], json!({}));
+    assert_eq!(fake.record(|record| record.cancelled.len()), 1);
+}
+
+#[tokio::test]
+async fn a_units_request_reaches_the_client_and_its_answer_goes_back() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    client.initialize(json!({})).await;
+    let mut stream = client.tool(json!(0), "ask", json!({})).await;
+    let ask = tokio::time::timeout(WAIT, stream.events.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ask["method"], json!("elicitation/create"));
+    let proxy_id = ask["id"].clone();
+    assert_ne!(
+        proxy_id,
+        json!(0),
+        "the unit's id 0 must not reach the client as is"
+    );
+    client
+        .session
+        .notify(json!({"jsonrpc": "2.0", "id": proxy_id, "result": {"action": "accept", "content": {}}}))
+        .await
+        .unwrap();
+    let (_, response) = collect(stream).await;
+    assert_eq!(response["id"], json!(0));
+    let text = response["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("accept"), "{text}");
+}
+
+#[tokio::test]
+async fn a_dying_unit_answers_every_request_in_flight_once_with_the_cause() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    client.initialize(json!({})).await;
+    let first = client.tool(json!(1), "hang", json!({})).await;
+    let second = client.tool(json!(2), "hang", json!({})).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let third = client.tool(json!(3), "die", json!({})).await;
+    let started = std::time::Instant::now();
+    for (id, stream) in [(1, first), (2, second), (3, third)] {
+        let (events, response) = collect(stream).await;
+        assert!(events.is_empty());
+        assert_eq!(response["id"], json!(id));
+        let message = response["error"]["message"].as_str().unwrap();
+        assert!(message.contains("unit workspace ended"), "{message}");
+        assert!(message.contains("137"), "{message}");
+        assert!(message.contains("out-of-memory"), "{message}");
+        assert_eq!(response["error"]["data"]["oomKilled"], json!(true));
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let (_, later) = client
+        .call(json!(4), "tools/call", json!({"name": "echo"}))
+        .await;
+    let message = later["error"]["message"].as_str().unwrap();
+    assert!(message.contains("unit workspace ended"), "{message}");
+}
+
+#[tokio::test]
+async fn a_call_past_its_deadline_is_answered_once_and_cancelled_in_the_unit() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, short_deadline));
+    client.initialize(json!({})).await;
+    let started = std::time::Instant::now();
+    let (_, response) = collect(client.tool(json!("d"), "hang", json!({})).await).await;
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert_eq!(response["id"], json!("d"));
+    assert_eq!(
+        response["error"]["code"],
+        json!(proxy::code::REQUEST_TIMEOUT)
+    );
+    let message = response["error"]["message"].as_str().unwrap();
+    assert!(message.contains("call_timeout"), "{message}");
+    wait_until("the unit sees the cancel", || {
+        fake.record(|record| record.cancelled.len() == 1)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_end_of_a_session_removes_its_units() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, three_units));
+    client.initialize(json!({})).await;
+    assert_eq!(fake.live_units().len(), 3);
+    let hang = client.tool(json!(1), "hang", json!({})).await;
+    let session = client.session.clone();
+    drop(client);
+    session.end();
+    tokio::time::timeout(WAIT, session.ended()).await.unwrap();
+    assert_eq!(fake.live_units(), Vec::<String>::new());
+    assert_eq!(fake.record(|record| record.removed.len()), 3);
+    let (_, response) = collect(hang).await;
+    assert!(
+        response["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("session ended")
+    );
+}
+
+#[tokio::test]
+async fn an_idle_session_ends_and_its_units_go() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, short_idle));
+    client.initialize(json!({})).await;
+    assert_eq!(fake.live_units().len(), 1);
+    tokio::time::timeout(WAIT, client.session.ended())
+        .await
+        .unwrap();
+    assert_eq!(fake.live_units(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn server_units_are_listed_started_and_their_process_ids_namespaced() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, three_units));
+    client.initialize(json!({})).await;
+    let (_, listed) = client
+        .call(json!(1), "agentworkspace/servers.list", json!({}))
+        .await;
+    assert_eq!(
+        listed["result"],
+        json!({"servers": [
+            {"name": "u2", "unit": "u2", "description": "the u2 server"},
+            {"name": "u3", "unit": "u3", "description": "the u3 server"},
+        ]})
+    );
+    let (_, started) = client
+        .call(
+            json!(2),
+            "agentworkspace/servers.start",
+            json!({"name": "u3"}),
+        )
+        .await;
+    assert_eq!(started["result"]["id"], json!("u3:p1"));
+    let (_, workspace) = client
+        .call(
+            json!(3),
+            "agentworkspace/process.start",
+            json!({"args": ["ls"]}),
+        )
+        .await;
+    assert_eq!(workspace["result"]["id"], json!("p1"));
+    let (_, read) = client
+        .call(
+            json!(4),
+            "agentworkspace/process.read",
+            json!({"id": "u3:p1", "fd": 1}),
+        )
+        .await;
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(read["result"]["data"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(String::from_utf8(data).unwrap(), "ran: u3-server --stdio\n");
+    let (_, read) = client
+        .call(
+            json!(5),
+            "agentworkspace/process.read",
+            json!({"id": "p1", "fd": 1}),
+        )
+        .await;
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(read["result"]["data"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(String::from_utf8(data).unwrap(), "ran: ls\n");
+    let (_, unknown) = client
+        .call(
+            json!(6),
+            "agentworkspace/servers.start",
+            json!({"name": "nope"}),
+        )
+        .await;
+    assert!(
+        unknown["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("nope")
+    );
+    let args = fake.record(|record| record.process_args.clone());
+    assert!(args.contains(&json!(["u3-server", "--stdio"])), "{args:?}");
+    let _ = client.general;
+}
+
+#[tokio::test]
+async fn stdio_frames_lines_and_ends_the_session_at_end_of_file() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let fake = FakeBackend::default();
+    let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
+    let (server_out, client_out) = tokio::io::duplex(1 << 20);
+    let served = tokio::spawn(crate::transport::stdio::serve_on(
+        config(&fake),
+        server_in,
+        server_out,
+        CancellationToken::new(),
+    ));
+    let mut lines = BufReader::new(client_out).lines();
+    let mut next = async || -> Value {
+        let line = tokio::time::timeout(WAIT, lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    client_in
+        .write_all(
+            format!(
+                "{}\n",
+                proxy::request(json!(0), "initialize", initialize_params(json!({})))
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(next().await["result"]["serverInfo"]["name"], json!("box"));
+    client_in.write_all(b"{not json\n").await.unwrap();
+    assert_eq!(
+        next().await["error"]["code"],
+        json!(proxy::code::PARSE_ERROR)
+    );
+    client_in
+        .write_all(b"[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}]\n")
+        .await
+        .unwrap();
+    assert_eq!(
+        next().await["error"]["code"],
+        json!(proxy::code::INVALID_REQUEST)
+    );
+    client_in
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":\"e\",\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{}}}\r\n")
+        .await
+        .unwrap();
+    let echo = next().await;
+    assert_eq!(echo["id"], json!("e"));
+    assert_eq!(fake.live_units().len(), 1);
+    drop(client_in);
+    tokio::time::timeout(WAIT, served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(fake.live_units(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn orphans_of_this_instance_are_swept_and_others_kept() {
+    let fake = FakeBackend::default();
+    let config = config(&fake);
+    let label = |instance: &str| crate::backend::SessionLabel {
+        instance: instance.to_owned(),
+        session: "old".to_owned(),
+        profile: "default".to_owned(),
+    };
+    let plan = crate::plan::resolve(
+        &Catalog::new(Vec::new()).load("default").unwrap(),
+        &Value::Null,
+        &facts(),
+    )
+    .unwrap();
+    use crate::backend::Backend as _;
+    let mine = fake
+        .start(&label("test-instance"), &plan.units[0])
+        .await
+        .unwrap();
+    let theirs = fake.start(&label("other"), &plan.units[0]).await.unwrap();
+    super::sweep_orphans(&config).await;
+    assert_eq!(fake.live_units(), vec![theirs.envelope.id.clone()]);
+    assert!(fake.record(|record| record.removed.contains(&mine.envelope.id)));
+}

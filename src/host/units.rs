@@ -1,0 +1,240 @@
+//! A session's units: started all or nothing, their executors initialized,
+//! linked to the session task by one reader and one writer task each, and
+//! removed.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::future::join_all;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitEnd};
+use crate::plan::UnitSpec;
+use crate::proxy::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
+use crate::proxy::{self, Kind, classify};
+
+/// How many messages may wait for a unit's executor to read them; a unit that
+/// stops reading fills it, and its next request is refused naming the unit.
+pub const UNIT_QUEUE: usize = 256;
+
+/// What a unit's link tasks tell the session task.
+#[derive(Debug)]
+pub enum UnitEvent {
+    /// A message from the unit's executor.
+    Message(usize, Value),
+    /// The executor's output ended (or broke); why.
+    Closed(usize, String),
+    /// The unit ended, with the backend's cause.
+    Ended(usize, UnitEnd),
+    /// The grace after `Closed` passed without `Ended`.
+    Grace(usize),
+    /// A forwarded request's deadline passed.
+    Deadline(usize, u64),
+}
+
+/// An executor's stdio, framed.
+pub struct ExecutorLink {
+    reader: LineReader<Pin<Box<dyn AsyncRead + Send>>>,
+    writer: Pin<Box<dyn AsyncWrite + Send>>,
+}
+
+impl ExecutorLink {
+    /// Frame a started unit's executor stdio.
+    pub fn new(
+        stdin: Pin<Box<dyn AsyncWrite + Send>>,
+        stdout: Pin<Box<dyn AsyncRead + Send>>,
+    ) -> Self {
+        Self {
+            reader: LineReader::new(stdout, MAX_MESSAGE_BYTES),
+            writer: stdin,
+        }
+    }
+}
+
+/// Start every unit of `specs` concurrently; if any fails, remove the ones that
+/// started and return the first failure in plan order (it names its unit).
+pub async fn start_units(
+    backend: &dyn Backend,
+    label: &SessionLabel,
+    specs: &[UnitSpec],
+) -> Result<Vec<StartedUnit>, BackendError> {
+    let results = join_all(specs.iter().map(|spec| backend.start(label, spec))).await;
+    let mut started = Vec::new();
+    let mut failure = None;
+    for result in results {
+        match result {
+            Ok(unit) => started.push(unit),
+            Err(error) => {
+                if failure.is_none() {
+                    failure = Some(error);
+                }
+            }
+        }
+    }
+    match failure {
+        None => Ok(started),
+        Some(error) => {
+            let ids: Vec<String> = started
+                .iter()
+                .map(|unit| unit.envelope.id.clone())
+                .collect();
+            drop(started);
+            remove_units(backend, &ids).await;
+            Err(error)
+        }
+    }
+}
+
+/// Remove units by backend id, concurrently; failures are logged, every one.
+pub async fn remove_units(backend: &dyn Backend, ids: &[String]) {
+    let results = join_all(ids.iter().map(|id| backend.remove(id))).await;
+    for (id, result) in ids.iter().zip(results) {
+        if let Err(error) = result {
+            tracing::error!(unit = %id, %error, "removing a unit failed");
+        }
+    }
+}
+
+/// Send `initialize` to an executor and wait for its result (then send
+/// `notifications/initialized`). A ping from the executor meanwhile is answered.
+pub async fn initialize_executor(
+    link: &mut ExecutorLink,
+    params: Value,
+    timeout: Duration,
+) -> Result<Value, String> {
+    let exchange = async {
+        write_line(
+            &mut link.writer,
+            &proxy::request(json!(0), "initialize", params),
+        )
+        .await
+        .map_err(|error| format!("writing initialize to the executor: {error}"))?;
+        loop {
+            let line =
+                link.reader.next().await.map_err(|error| {
+                    format!("reading the executor's answer to initialize: {error}")
+                })?;
+            let bytes = match line {
+                None => {
+                    return Err(
+                        "the executor closed its output before answering initialize".to_owned()
+                    );
+                }
+                Some(Line::TooLong(length)) => {
+                    return Err(format!(
+                        "the executor sent a line of {length} bytes; at most {MAX_MESSAGE_BYTES}"
+                    ));
+                }
+                Some(Line::Message(bytes)) => bytes,
+            };
+            let Ok(message) = serde_json::from_slice::<Value>(&bytes) else {
+                return Err("the executor wrote something that is not JSON".to_owned());
+            };
+            match classify(&message) {
+                Ok(Kind::Response { id }) if id == json!(0) => {
+                    if let Some(error) = message.get("error") {
+                        return Err(format!("the executor refused initialize: {error}"));
+                    }
+                    let result = message.get("result").cloned().unwrap_or(Value::Null);
+                    if !result.is_object() {
+                        return Err("the executor's initialize result is not an object".to_owned());
+                    }
+                    write_line(
+                        &mut link.writer,
+                        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+                    )
+                    .await
+                    .map_err(|error| format!("writing notifications/initialized: {error}"))?;
+                    return Ok(result);
+                }
+                Ok(Kind::Request { id, method }) if method == "ping" => {
+                    write_line(&mut link.writer, &proxy::result_response(id, json!({})))
+                        .await
+                        .map_err(|error| format!("answering the executor's ping: {error}"))?;
+                }
+                _ => {}
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(result) => result,
+        Err(_) => Err(format!(
+            "the executor did not answer initialize within {}",
+            humantime::format_duration(timeout)
+        )),
+    }
+}
+
+/// Start the reader, writer and watcher tasks of unit `index`; returns the
+/// sender of its writer. Events go to `events`; the tasks live in `tasks`.
+pub fn link_unit(
+    index: usize,
+    link: ExecutorLink,
+    ended: futures::future::BoxFuture<'static, UnitEnd>,
+    events: &mpsc::Sender<UnitEvent>,
+    tasks: &mut JoinSet<()>,
+) -> mpsc::Sender<Value> {
+    let ExecutorLink {
+        mut reader,
+        mut writer,
+    } = link;
+    let (writer_tx, mut writer_rx) = mpsc::channel::<Value>(UNIT_QUEUE);
+    tasks.spawn(async move {
+        while let Some(message) = writer_rx.recv().await {
+            if let Err(error) = write_line(&mut writer, &message).await {
+                tracing::warn!(unit = index, %error, "writing to a unit's executor failed");
+                break;
+            }
+        }
+        // Dropping the writer closes the executor's stdin: it ends its processes and exits.
+        drop(writer);
+    });
+    let reader_events = events.clone();
+    tasks.spawn(async move {
+        let why = loop {
+            match reader.next().await {
+                Ok(None) => break "its executor closed its output".to_owned(),
+                Err(error) => break format!("reading its executor's output failed: {error}"),
+                Ok(Some(Line::TooLong(length))) => {
+                    break format!(
+                        "its executor sent a message of {length} bytes; at most {MAX_MESSAGE_BYTES}"
+                    );
+                }
+                Ok(Some(Line::Message(bytes))) => match serde_json::from_slice::<Value>(&bytes) {
+                    Ok(message) => {
+                        if reader_events
+                            .send(UnitEvent::Message(index, message))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Err(_) => break "its executor wrote something that is not JSON".to_owned(),
+                },
+            }
+        };
+        let _ = reader_events.send(UnitEvent::Closed(index, why)).await;
+    });
+    let ended_events = events.clone();
+    tasks.spawn(async move {
+        let end = ended.await;
+        let _ = ended_events.send(UnitEvent::Ended(index, end)).await;
+    });
+    writer_tx
+}
+
+/// A sentence for a unit's end: the reason, the exit code, the OOM kill.
+pub fn describe_end(end: &UnitEnd) -> String {
+    let mut text = end.reason.clone();
+    if let Some(code) = end.exit_code {
+        text.push_str(&format!(" (exit code {code})"));
+    }
+    if end.oom_killed {
+        text.push_str(" (killed by the out-of-memory killer)");
+    }
+    text
+}

@@ -1,0 +1,83 @@
+//! A plan as JSON, for `box profile resolve --json` and anything else that
+//! reports a plan: camelCase keys, limits in plain numbers (bytes,
+//! milliseconds), keys in a fixed order.
+
+use serde_json::{Value, json};
+
+use super::{Limits, Network, Plan, Role, Security, UnitSpec, WorkspaceSource};
+
+impl Plan {
+    /// The plan as JSON: `{"profile", "units": [...]}`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "profile": self.profile,
+            "units": self.units.iter().map(UnitSpec::to_json).collect::<Vec<_>>(),
+        })
+    }
+}
+
+impl UnitSpec {
+    /// One unit as JSON.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "name": self.name,
+            "role": match self.role {
+                Role::Workspace => "workspace",
+                Role::Server => "server",
+            },
+            "image": self.image,
+            "source": match &self.source {
+                WorkspaceSource::Host(path) => json!({"kind": "host", "path": path.display().to_string()}),
+                WorkspaceSource::Empty => json!({"kind": "empty"}),
+                WorkspaceSource::None => json!({"kind": "none"}),
+            },
+            "root": self.root.display().to_string(),
+            "mode": self.mode.as_str(),
+            "user": self.user.map(|ids| format!("{}:{}", ids.uid, ids.gid)),
+            "network": network_json(&self.network),
+            "limits": limits_json(&self.limits),
+            "env": {
+                "set": self.env_set,
+                "pass": self.env_pass,
+                "secrets": self.env_secrets,
+            },
+            "security": security_json(&self.security),
+            "command": self.command,
+            "description": self.description,
+        })
+    }
+}
+
+fn network_json(network: &Network) -> Value {
+    json!({"mode": network.mode.as_str(), "allow": network.allow})
+}
+
+fn millis(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn limits_json(limits: &Limits) -> Value {
+    json!({
+        "memoryBytes": limits.memory_bytes,
+        "cpus": limits.cpus,
+        "pids": limits.pids,
+        "tmpBytes": limits.tmp_bytes,
+        "nofile": limits.nofile,
+        "callTimeoutMs": millis(limits.call_timeout),
+        "idleMs": millis(limits.idle),
+        "lifetimeMs": millis(limits.lifetime),
+    })
+}
+
+fn security_json(security: &Security) -> Value {
+    json!({
+        "capabilities": security.capabilities,
+        "readOnlyRoot": security.read_only_root,
+        "landlock": security.landlock.as_str(),
+        "neutraliseGit": security.neutralise_git,
+        "writeGuard": security.write_guard,
+        "privileged": security.privileged,
+        "hostNamespaces": security.host_namespaces,
+        "devices": security.devices.iter().map(|path| path.display().to_string()).collect::<Vec<_>>(),
+    })
+}

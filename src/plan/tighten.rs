@@ -1,0 +1,560 @@
+//! Tightenings: what a session sends under `box.tighten` to narrow its profile.
+//! Parsed strictly (unknown fields and wrong types are errors), then applied
+//! narrow-only: every field is compared in narrowing order and a wider ask is
+//! refused with the field, the value asked and the profile's bound. Nothing is
+//! clamped.
+//!
+//! The shape mirrors the profile:
+//! `{"workspace": {"mode"}, "network": {"mode", "allow"}, "limits": {...},
+//!   "servers": [NAME...], "env": {"drop": [NAME...]}}`.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::{MountMode, NetworkMode, PlanError};
+use crate::profile::{
+    AllowEntry, ByteSize, CpuQuota, Profile, Source, check_env_name, parse_duration, show_duration,
+};
+
+/// A parsed tightening: every field absent means "as the profile says".
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Tightening {
+    /// The workspace's mount mode.
+    pub workspace_mode: Option<MountMode>,
+    /// The workspace unit's network.
+    pub network: NetworkAsk,
+    /// The workspace unit's limits.
+    pub limits: LimitsAsk,
+    /// The server units to keep (all when absent).
+    pub servers: Option<Vec<String>>,
+    /// Variables removed from the workspace unit (set, passed or secret).
+    pub env_drop: Vec<String>,
+}
+
+/// The network a session asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NetworkAsk {
+    /// How much network.
+    pub mode: Option<NetworkMode>,
+    /// For `egress`: a subset of the profile's allow list.
+    pub allow: Option<Vec<AllowEntry>>,
+}
+
+/// The limits a session asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LimitsAsk {
+    /// Memory.
+    pub memory: Option<ByteSize>,
+    /// CPUs.
+    pub cpus: Option<CpuQuota>,
+    /// Processes and threads.
+    pub pids: Option<u64>,
+    /// The /tmp tmpfs.
+    pub tmp: Option<ByteSize>,
+    /// Open files per process.
+    pub nofile: Option<u64>,
+    /// Deadline of one call.
+    pub call_timeout: Option<Duration>,
+    /// Idle time that ends the session.
+    pub idle: Option<Duration>,
+    /// Lifetime of the session.
+    pub lifetime: Option<Duration>,
+}
+
+const TOP: &[&str] = &["workspace", "network", "limits", "servers", "env"];
+const WORKSPACE: &[&str] = &["mode"];
+const NETWORK: &[&str] = &["mode", "allow"];
+const LIMITS: &[&str] = &[
+    "memory",
+    "cpus",
+    "pids",
+    "tmp",
+    "nofile",
+    "call_timeout",
+    "idle",
+    "lifetime",
+];
+const ENV: &[&str] = &["drop"];
+
+/// The most entries a list in a tightening may have; more is an attack, not a session.
+const MAX_LIST: usize = 1024;
+
+fn invalid(field: &str, message: impl std::fmt::Display) -> PlanError {
+    PlanError::Invalid(format!("{field}: {message}"))
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// An object's fields; refuses a non-object and every unknown key.
+fn object<'a>(
+    value: &'a Value,
+    field: &str,
+    accepted: &[&str],
+) -> Result<&'a Map<String, Value>, PlanError> {
+    let Value::Object(map) = value else {
+        let prefix = if field.is_empty() {
+            String::new()
+        } else {
+            format!("{field}: ")
+        };
+        return Err(PlanError::Invalid(format!(
+            "{prefix}expected an object with fields {}, got {}",
+            accepted.join(", "),
+            kind(value)
+        )));
+    };
+    for key in map.keys() {
+        if !accepted.contains(&key.as_str()) {
+            let path = if field.is_empty() {
+                key.clone()
+            } else {
+                format!("{field}.{key}")
+            };
+            let hint = match (field, key.as_str()) {
+                ("workspace", "image") | ("", "image") => {
+                    "; the image is the profile's and a session cannot change it".to_owned()
+                }
+                _ => format!("; accepted here: {}", accepted.join(", ")),
+            };
+            return Err(invalid(&path, format!("unknown field{hint}")));
+        }
+    }
+    Ok(map)
+}
+
+fn string<'a>(value: &'a Value, field: &str) -> Result<&'a str, PlanError> {
+    value
+        .as_str()
+        .ok_or_else(|| invalid(field, format!("expected a string, got {}", kind(value))))
+}
+
+fn strings<'a>(value: &'a Value, field: &str) -> Result<Vec<&'a str>, PlanError> {
+    let Value::Array(items) = value else {
+        return Err(invalid(
+            field,
+            format!("expected an array of strings, got {}", kind(value)),
+        ));
+    };
+    if items.len() > MAX_LIST {
+        return Err(invalid(
+            field,
+            format!("{} entries is more than {MAX_LIST}", items.len()),
+        ));
+    }
+    items.iter().map(|item| string(item, field)).collect()
+}
+
+fn count(value: &Value, field: &str) -> Result<u64, PlanError> {
+    match value.as_u64() {
+        Some(0) => Err(invalid(field, "0 is not more than zero")),
+        Some(number) => Ok(number),
+        None => Err(invalid(
+            field,
+            format!("expected a whole number from 1, got {}", shown(value)),
+        )),
+    }
+}
+
+fn shown(value: &Value) -> String {
+    match value {
+        Value::Array(_) | Value::Object(_) => kind(value).to_owned(),
+        _ => value.to_string(),
+    }
+}
+
+impl Tightening {
+    /// Parse the JSON a session sends under `box.tighten` (`null` for none).
+    pub fn parse(value: &Value) -> Result<Self, PlanError> {
+        let mut tightening = Tightening::default();
+        if value.is_null() {
+            return Ok(tightening);
+        }
+        let top = object(value, "", TOP)?;
+        if let Some(workspace) = top.get("workspace") {
+            let fields = object(workspace, "workspace", WORKSPACE)?;
+            if let Some(mode) = fields.get("mode") {
+                tightening.workspace_mode = Some(match string(mode, "workspace.mode")? {
+                    "ro" => MountMode::ReadOnly,
+                    "rw" => MountMode::ReadWrite,
+                    other => {
+                        return Err(invalid(
+                            "workspace.mode",
+                            format!("{other:?} is not accepted; write \"ro\" or \"rw\""),
+                        ));
+                    }
+                });
+            }
+        }
+        if let Some(network) = top.get("network") {
+            let fields = object(network, "network", NETWORK)?;
+            if let Some(mode) = fields.get("mode") {
+                tightening.network.mode = Some(match string(mode, "network.mode")? {
+                    "none" => NetworkMode::None,
+                    "egress" => NetworkMode::Egress,
+                    "bridge" => NetworkMode::Bridge,
+                    other => {
+                        return Err(invalid(
+                            "network.mode",
+                            format!(
+                                "{other:?} is not accepted; write \"none\", \"egress\" or \"bridge\""
+                            ),
+                        ));
+                    }
+                });
+            }
+            if let Some(allow) = fields.get("allow") {
+                let entries = strings(allow, "network.allow")?
+                    .into_iter()
+                    .map(|text| {
+                        AllowEntry::parse(text).map_err(|message| invalid("network.allow", message))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                tightening.network.allow = Some(entries);
+            }
+        }
+        if let Some(limits) = top.get("limits") {
+            let fields = object(limits, "limits", LIMITS)?;
+            let ask = &mut tightening.limits;
+            for (name, value) in fields {
+                let field = format!("limits.{name}");
+                let size = || {
+                    ByteSize::parse(string(value, &field)?)
+                        .map_err(|message| invalid(&field, message))
+                };
+                let duration = || {
+                    parse_duration(string(value, &field)?)
+                        .map_err(|message| invalid(&field, message))
+                };
+                match name.as_str() {
+                    "memory" => ask.memory = Some(size()?),
+                    "tmp" => ask.tmp = Some(size()?),
+                    "cpus" => {
+                        let cores = value.as_f64().ok_or_else(|| {
+                            invalid(
+                                &field,
+                                format!(
+                                    "expected a number of cores like 1.5, got {}",
+                                    shown(value)
+                                ),
+                            )
+                        })?;
+                        ask.cpus = Some(
+                            CpuQuota::from_cores(cores)
+                                .map_err(|message| invalid(&field, message))?,
+                        );
+                    }
+                    "pids" => ask.pids = Some(count(value, &field)?),
+                    "nofile" => ask.nofile = Some(count(value, &field)?),
+                    "call_timeout" => ask.call_timeout = Some(duration()?),
+                    "idle" => ask.idle = Some(duration()?),
+                    "lifetime" => ask.lifetime = Some(duration()?),
+                    _ => return Err(invalid(&field, "unknown field")),
+                }
+            }
+        }
+        if let Some(servers) = top.get("servers") {
+            let mut names: Vec<String> = Vec::new();
+            for name in strings(servers, "servers")? {
+                if !names.iter().any(|seen| seen == name) {
+                    names.push(name.to_owned());
+                }
+            }
+            tightening.servers = Some(names);
+        }
+        if let Some(env) = top.get("env") {
+            let fields = object(env, "env", ENV)?;
+            if let Some(drop) = fields.get("drop") {
+                for name in strings(drop, "env.drop")? {
+                    check_env_name(name).map_err(|message| invalid("env.drop", message))?;
+                    if !tightening.env_drop.iter().any(|seen| seen == name) {
+                        tightening.env_drop.push(name.to_owned());
+                    }
+                }
+            }
+        }
+        Ok(tightening)
+    }
+}
+
+fn list<T: std::fmt::Display>(items: &[T]) -> String {
+    let shown: Vec<String> = items.iter().map(ToString::to_string).collect();
+    format!("[{}]", shown.join(", "))
+}
+
+/// Check that `asked` is at most `bound` (narrowing order), naming both when not.
+fn narrower<T: Ord>(
+    profile: &Profile,
+    field: &str,
+    asked: Option<T>,
+    bound: T,
+    show: impl Fn(&T) -> String,
+) -> Result<T, PlanError> {
+    match asked {
+        None => Ok(bound),
+        Some(asked) if asked <= bound => Ok(asked),
+        Some(asked) => Err(PlanError::Widening {
+            profile: profile.name.clone(),
+            field: field.to_owned(),
+            asked: show(&asked),
+            bound: show(&bound),
+        }),
+    }
+}
+
+/// `profile` narrowed by `tightening`: a profile again, never wider in any field.
+pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, PlanError> {
+    let mut narrowed = profile.clone();
+    if let Some(mode) = tightening.workspace_mode {
+        if profile.workspace.source == Source::None {
+            return Err(invalid(
+                "workspace.mode",
+                format!("profile `{}` has no workspace to narrow", profile.name),
+            ));
+        }
+        narrowed.workspace.mode = narrower(
+            profile,
+            "workspace.mode",
+            Some(mode),
+            profile.workspace.mode,
+            |mode| format!("\"{}\"", mode.as_str()),
+        )?;
+    }
+    let ask = &tightening.limits;
+    if profile.workspace.source == Source::None {
+        // These narrow the workspace unit; with none, honouring them silently
+        // would leave the session wider than it asked.
+        let unit_only = [
+            ("network", tightening.network != NetworkAsk::default()),
+            ("limits.memory", ask.memory.is_some()),
+            ("limits.cpus", ask.cpus.is_some()),
+            ("limits.pids", ask.pids.is_some()),
+            ("limits.tmp", ask.tmp.is_some()),
+            ("limits.nofile", ask.nofile.is_some()),
+            ("limits.call_timeout", ask.call_timeout.is_some()),
+        ];
+        if let Some((field, _)) = unit_only.iter().find(|(_, asked)| *asked) {
+            return Err(invalid(
+                field,
+                format!(
+                    "profile `{}` has no workspace unit to narrow (narrow its servers with \"servers\")",
+                    profile.name
+                ),
+            ));
+        }
+    }
+    narrowed.network = tighten_network(profile, &tightening.network)?;
+    let bound = &profile.limits;
+    let size = |size: &ByteSize| size.to_string();
+    let number = |number: &u64| number.to_string();
+    let duration = |duration: &Duration| show_duration(*duration);
+    let limits = &mut narrowed.limits;
+    limits.memory = narrower(profile, "limits.memory", ask.memory, bound.memory, size)?;
+    limits.cpus = narrower(profile, "limits.cpus", ask.cpus, bound.cpus, |cpus| {
+        cpus.to_string()
+    })?;
+    limits.pids = narrower(profile, "limits.pids", ask.pids, bound.pids, number)?;
+    limits.tmp = narrower(profile, "limits.tmp", ask.tmp, bound.tmp, size)?;
+    limits.nofile = narrower(profile, "limits.nofile", ask.nofile, bound.nofile, number)?;
+    limits.call_timeout = narrower(
+        profile,
+        "limits.call_timeout",
+        ask.call_timeout,
+        bound.call_timeout,
+        duration,
+    )?;
+    limits.idle = narrower(profile, "limits.idle", ask.idle, bound.idle, duration)?;
+    limits.lifetime = narrower(
+        profile,
+        "limits.lifetime",
+        ask.lifetime,
+        bound.lifetime,
+        duration,
+    )?;
+    // Idle and lifetime are the session's: every unit shares them.
+    for server in &mut narrowed.servers {
+        server.limits.idle = narrowed.limits.idle;
+        server.limits.lifetime = narrowed.limits.lifetime;
+    }
+    if let Some(names) = &tightening.servers {
+        let known: Vec<&str> = profile
+            .servers
+            .iter()
+            .map(|server| server.name.as_str())
+            .collect();
+        if let Some(unknown) = names.iter().find(|name| !known.contains(&name.as_str())) {
+            return Err(PlanError::Widening {
+                profile: profile.name.clone(),
+                field: "servers".to_owned(),
+                asked: format!("{unknown:?}"),
+                bound: list(&known),
+            });
+        }
+        narrowed
+            .servers
+            .retain(|server| names.contains(&server.name));
+    }
+    for name in &tightening.env_drop {
+        narrowed.env.set.remove(name);
+        narrowed.env.pass.retain(|pass| pass != name);
+        narrowed.env.secrets.retain(|secret| secret != name);
+    }
+    Ok(narrowed)
+}
+
+fn tighten_network(
+    profile: &Profile,
+    ask: &NetworkAsk,
+) -> Result<crate::profile::NetworkPolicy, PlanError> {
+    let bound = &profile.network;
+    let mode = narrower(profile, "network.mode", ask.mode, bound.mode, |mode| {
+        format!("\"{}\"", mode.as_str())
+    })?;
+    let allow = match (mode, &ask.allow) {
+        (NetworkMode::None | NetworkMode::Bridge, None) => Vec::new(),
+        (NetworkMode::None | NetworkMode::Bridge, Some(allow)) if allow.is_empty() => Vec::new(),
+        (NetworkMode::None | NetworkMode::Bridge, Some(_)) => {
+            return Err(invalid(
+                "network.allow",
+                format!(
+                    "an allow list only applies to mode \"egress\", but the mode is \"{}\"",
+                    mode.as_str()
+                ),
+            ));
+        }
+        (NetworkMode::Egress, None) => match bound.mode {
+            NetworkMode::Egress => bound.allow.clone(),
+            NetworkMode::None | NetworkMode::Bridge => {
+                return Err(invalid(
+                    "network.allow",
+                    "mode \"egress\" needs an allow list of host[:port] entries",
+                ));
+            }
+        },
+        (NetworkMode::Egress, Some(allow)) => {
+            if allow.is_empty() {
+                return Err(invalid(
+                    "network.allow",
+                    "an empty allow list reaches nothing; ask mode \"none\" instead",
+                ));
+            }
+            if bound.mode == NetworkMode::Egress
+                && let Some(wider) = allow
+                    .iter()
+                    .find(|entry| !bound.allow.iter().any(|outer| entry.is_within(outer)))
+            {
+                return Err(PlanError::Widening {
+                    profile: profile.name.clone(),
+                    field: "network.allow".to_owned(),
+                    asked: format!("\"{wider}\""),
+                    bound: list(&bound.allow),
+                });
+            }
+            let mut unique: Vec<AllowEntry> = Vec::new();
+            for entry in allow {
+                if !unique.contains(entry) {
+                    unique.push(entry.clone());
+                }
+            }
+            unique
+        }
+    };
+    Ok(crate::profile::NetworkPolicy { mode, allow })
+}
+
+/// Parse a tightening's JSON text strictly: duplicate keys are an error (a
+/// plain JSON parse keeps the last one silently), and nesting deeper than
+/// serde_json's recursion limit (128) is refused by the parser.
+pub fn parse_tightening_text(text: &str) -> Result<Value, PlanError> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let value = serde::Deserialize::deserialize(&mut deserializer)
+        .map(|strict: Strict| strict.0)
+        .and_then(|value| deserializer.end().map(|()| value))
+        .map_err(|error| PlanError::Invalid(format!("not valid JSON: {error}")))?;
+    Ok(value)
+}
+
+/// A JSON value that refuses duplicate keys.
+struct Strict(Value);
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
+        Ok(Value::Bool(value))
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<Value, E> {
+        Ok(Value::String(value.to_owned()))
+    }
+
+    fn visit_string<E>(self, value: String) -> Result<Value, E> {
+        Ok(Value::String(value))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Strict(item)) = seq.next_element()? {
+            if items.len() >= MAX_LIST {
+                return Err(serde::de::Error::custom(format!(
+                    "an array longer than {MAX_LIST}"
+                )));
+            }
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!("duplicate key `{key}`")));
+            }
+            let Strict(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
+}

@@ -1,0 +1,616 @@
+//! `box profile list | show NAME | check [FILE...] | resolve NAME`: the policy
+//! made visible. Human output by default, `--json` for scripts; `check` prints
+//! every problem and exits non-zero when there is one.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use serde_json::{Value, json};
+
+use super::load::Catalog;
+use super::model::{Danger, LimitsPolicy, NetworkPolicy, Profile, Source, UserChoice};
+use super::value::show_duration;
+use super::{Problem, ProfileError};
+use crate::plan::{self, HostFacts, UserIds};
+
+/// `box profile`: list, show, check and resolve profiles.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProfileArgs {
+    /// Search this directory for NAME.toml before the standard places (repeatable).
+    #[arg(long = "profiles", value_name = "DIR", global = true)]
+    pub profiles: Vec<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: ProfileCommand,
+}
+
+/// The `box profile` subcommands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum ProfileCommand {
+    /// List every profile box can find, in search order.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a profile as resolved through `extends`, dangerous asks first.
+    Show {
+        /// The profile's name.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check profile files (or every profile box can find); exit 1 on any problem.
+    Check {
+        /// The files to check (default: every profile box can find).
+        files: Vec<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resolve a profile, narrowed by a tightening, into the plan a session would get.
+    Resolve {
+        /// The profile's name.
+        name: String,
+        /// The tightening, as JSON or @FILE.
+        #[arg(long, value_name = "JSON|@FILE")]
+        tighten: Option<String>,
+        /// Resolve `source = "cwd"` as this directory (default: the working directory).
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<PathBuf>,
+        /// Resolve `user = "host"` as these ids (default: the caller's).
+        #[arg(long, value_name = "UID:GID")]
+        caller: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Run a `box profile` subcommand.
+pub fn cli(args: ProfileArgs) -> anyhow::Result<ExitCode> {
+    // A mistyped directory would otherwise be skipped silently.
+    for dir in &args.profiles {
+        if !dir.is_dir() {
+            anyhow::bail!("--profiles {}: not a directory", dir.display());
+        }
+    }
+    let catalog = Catalog::new(args.profiles);
+    let mut out = std::io::stdout().lock();
+    let text = match args.command {
+        ProfileCommand::List { json } => list(&catalog, json),
+        ProfileCommand::Show { name, json } => {
+            let profile = catalog.load(&name)?;
+            if json {
+                pretty(&profile_json(&profile))
+            } else {
+                show(&profile)
+            }
+        }
+        ProfileCommand::Check { files, json } => {
+            let (text, ok) = check(&catalog, &files, json);
+            write_out(&mut out, &text)?;
+            return Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
+        }
+        ProfileCommand::Resolve {
+            name,
+            tighten,
+            cwd,
+            caller,
+            json,
+        } => {
+            let profile = catalog.load(&name)?;
+            let tighten = match tighten {
+                None => Value::Null,
+                Some(text) => read_tightening(&text)?,
+            };
+            let host = host_facts(cwd, caller.as_deref())?;
+            let plan = plan::resolve(&profile, &tighten, &host)?;
+            if json {
+                pretty(&plan.to_json())
+            } else {
+                show_plan(&plan)
+            }
+        }
+    };
+    write_out(&mut out, &text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_out(out: &mut impl Write, text: &str) -> anyhow::Result<()> {
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("cannot write to stdout"),
+    }
+}
+
+fn pretty(value: &Value) -> String {
+    let mut text = serde_json::to_string_pretty(value).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// The most bytes read from a `--tighten @FILE`; a tightening is small.
+const MAX_TIGHTENING_BYTES: u64 = 1 << 20;
+
+fn read_tightening(text: &str) -> anyhow::Result<Value> {
+    let (source, body) = match text.strip_prefix('@') {
+        Some(path) => {
+            let file = std::fs::File::open(path)
+                .with_context(|| format!("--tighten: cannot read {path}"))?;
+            let mut body = String::new();
+            std::io::Read::read_to_string(
+                &mut std::io::Read::take(file, MAX_TIGHTENING_BYTES),
+                &mut body,
+            )
+            .with_context(|| format!("--tighten: cannot read {path}"))?;
+            (path.to_owned(), body)
+        }
+        None => ("--tighten".to_owned(), text.to_owned()),
+    };
+    plan::parse_tightening_text(&body).map_err(|error| anyhow::anyhow!("{error} (in {source})"))
+}
+
+fn host_facts(cwd: Option<PathBuf>, caller: Option<&str>) -> anyhow::Result<HostFacts> {
+    let cwd = match cwd {
+        Some(cwd) if cwd.is_absolute() => cwd,
+        Some(cwd) => std::env::current_dir()
+            .context("cannot read the working directory")?
+            .join(cwd),
+        None => std::env::current_dir().context("cannot read the working directory")?,
+    };
+    let caller = match caller {
+        None => UserIds {
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+        },
+        Some(text) => {
+            let parsed = text.split_once(':').and_then(|(uid, gid)| {
+                Some(UserIds {
+                    uid: uid.parse().ok()?,
+                    gid: gid.parse().ok()?,
+                })
+            });
+            parsed.with_context(|| format!("--caller: {text:?} is not UID:GID, like 1000:1000"))?
+        }
+    };
+    Ok(HostFacts { cwd, caller })
+}
+
+fn list(catalog: &Catalog, json: bool) -> String {
+    let listed = catalog.list();
+    let described: Vec<(super::Listed, Result<Profile, ProfileError>)> = listed
+        .into_iter()
+        .map(|entry| {
+            let profile = if entry.hidden {
+                Err(ProfileError::plain("hidden"))
+            } else if entry.origin.starts_with("shipped:") {
+                catalog.load(&entry.name)
+            } else {
+                catalog.load_file(std::path::Path::new(&entry.origin))
+            };
+            (entry, profile)
+        })
+        .collect();
+    if json {
+        let items: Vec<Value> = described
+            .iter()
+            .map(|(entry, profile)| {
+                json!({
+                    "name": entry.name,
+                    "origin": entry.origin,
+                    "hidden": entry.hidden,
+                    "description": profile.as_ref().ok().map(|profile| profile.description.clone()),
+                    "ok": entry.hidden || profile.is_ok(),
+                })
+            })
+            .collect();
+        return pretty(&json!({ "profiles": items }));
+    }
+    let width = described
+        .iter()
+        .map(|(entry, _)| entry.name.len())
+        .max()
+        .unwrap_or(0);
+    let mut text = String::new();
+    for (entry, profile) in &described {
+        let about = if entry.hidden {
+            "(hidden by an earlier file of the same name)".to_owned()
+        } else {
+            match profile {
+                Ok(profile) => profile.description.clone(),
+                Err(error) => format!(
+                    "INVALID: {} problem(s); run `box profile check`",
+                    error.problems.len()
+                ),
+            }
+        };
+        text.push_str(&format!(
+            "{:width$}  {about}  [{}]\n",
+            entry.name, entry.origin
+        ));
+    }
+    text
+}
+
+fn check(catalog: &Catalog, files: &[PathBuf], json: bool) -> (String, bool) {
+    let results: Vec<(String, Result<Profile, ProfileError>)> = if files.is_empty() {
+        catalog
+            .list()
+            .into_iter()
+            .filter(|entry| !entry.hidden)
+            .map(|entry| {
+                let result = if entry.origin.starts_with("shipped:") {
+                    catalog.load(&entry.name)
+                } else {
+                    catalog.load_file(std::path::Path::new(&entry.origin))
+                };
+                (entry.origin, result)
+            })
+            .collect()
+    } else {
+        files
+            .iter()
+            .map(|file| (file.display().to_string(), catalog.load_file(file)))
+            .collect()
+    };
+    let ok = results.iter().all(|(_, result)| result.is_ok());
+    if json {
+        let items: Vec<Value> = results
+            .iter()
+            .map(|(origin, result)| {
+                let problems: &[Problem] = match result {
+                    Ok(_) => &[],
+                    Err(error) => &error.problems,
+                };
+                json!({
+                    "file": origin,
+                    "name": result.as_ref().ok().map(|profile| profile.name.clone()),
+                    "ok": result.is_ok(),
+                    "problems": problems.iter().map(problem_json).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        return (pretty(&json!({"ok": ok, "profiles": items})), ok);
+    }
+    let mut text = String::new();
+    let mut count = 0;
+    for (origin, result) in &results {
+        match result {
+            Ok(profile) => {
+                let loud = if profile.dangerous.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (DANGEROUS, allowed by [operator]: {})",
+                        danger_names(&profile.dangerous)
+                    )
+                };
+                text.push_str(&format!("ok     {origin}{loud}\n"));
+            }
+            Err(error) => {
+                for problem in &error.problems {
+                    count += 1;
+                    text.push_str(&format!("error  {problem}\n"));
+                }
+            }
+        }
+    }
+    if !ok {
+        text.push_str(&format!("{count} problem(s) found\n"));
+    }
+    (text, ok)
+}
+
+fn problem_json(problem: &Problem) -> Value {
+    json!({
+        "file": problem.at.file.as_ref(),
+        "line": problem.at.line,
+        "column": problem.at.column,
+        "field": problem.field,
+        "message": problem.message,
+    })
+}
+
+fn danger_names(dangers: &[Danger]) -> String {
+    dangers
+        .iter()
+        .map(|danger| danger.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn user_text(user: UserChoice) -> String {
+    match user {
+        UserChoice::Ids(ids) => format!("{}:{}", ids.uid, ids.gid),
+        UserChoice::Host => "host".to_owned(),
+        UserChoice::Image => "image".to_owned(),
+    }
+}
+
+fn source_text(source: &Source) -> String {
+    match source {
+        Source::Cwd => "cwd".to_owned(),
+        Source::Host(path) => path.display().to_string(),
+        Source::Empty => "empty".to_owned(),
+        Source::None => "none".to_owned(),
+    }
+}
+
+fn network_text(network: &NetworkPolicy) -> String {
+    let mode = network.mode.as_str();
+    if network.allow.is_empty() {
+        mode.to_owned()
+    } else {
+        let allow: Vec<String> = network.allow.iter().map(ToString::to_string).collect();
+        format!("{mode} to {}", allow.join(", "))
+    }
+}
+
+fn limits_json(limits: &LimitsPolicy) -> Value {
+    json!({
+        "memory": limits.memory.to_string(),
+        "cpus": limits.cpus.cores(),
+        "pids": limits.pids,
+        "tmp": limits.tmp.to_string(),
+        "nofile": limits.nofile,
+        "call_timeout": show_duration(limits.call_timeout),
+        "idle": show_duration(limits.idle),
+        "lifetime": show_duration(limits.lifetime),
+    })
+}
+
+fn network_json(network: &NetworkPolicy) -> Value {
+    json!({
+        "mode": network_text(&NetworkPolicy { mode: network.mode, allow: Vec::new() }),
+        "allow": network.allow.iter().map(ToString::to_string).collect::<Vec<_>>(),
+    })
+}
+
+/// A profile as JSON, in the profile's own words (snake_case, as the TOML).
+fn profile_json(profile: &Profile) -> Value {
+    let security = &profile.security;
+    json!({
+        "name": profile.name,
+        "description": profile.description,
+        "origin": profile.origin,
+        "extends": profile.extends,
+        "dangerous": profile.dangerous.iter().map(|danger| danger.name()).collect::<Vec<_>>(),
+        "workspace": {
+            "image": profile.workspace.image,
+            "root": profile.workspace.root.display().to_string(),
+            "source": source_text(&profile.workspace.source),
+            "mode": profile.workspace.mode.as_str(),
+            "user": user_text(profile.workspace.user),
+        },
+        "network": network_json(&profile.network),
+        "limits": limits_json(&profile.limits),
+        "env": {
+            "set": profile.env.set,
+            "pass": profile.env.pass,
+            "secrets": profile.env.secrets,
+        },
+        "security": {
+            "capabilities": security.capabilities,
+            "read_only_root": security.read_only_root,
+            "landlock": security.landlock.as_str(),
+            "git": if security.neutralise_git { "neutralise" } else { "off" },
+            "write_guard": if security.write_guard { "read-first" } else { "off" },
+            "privileged": security.privileged,
+            "host_namespaces": security.host_namespaces,
+            "devices": security.devices.iter().map(|path| path.display().to_string()).collect::<Vec<_>>(),
+        },
+        "servers": profile.servers.iter().map(|server| json!({
+            "name": server.name,
+            "image": server.image,
+            "command": server.command,
+            "description": server.description,
+            "network": network_json(&server.network),
+            "limits": limits_json(&server.limits),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn limits_text(limits: &LimitsPolicy) -> String {
+    format!(
+        "memory {}, cpus {}, pids {}, tmp {}, nofile {}, call_timeout {}, idle {}, lifetime {}",
+        limits.memory,
+        limits.cpus,
+        limits.pids,
+        limits.tmp,
+        limits.nofile,
+        show_duration(limits.call_timeout),
+        show_duration(limits.idle),
+        show_duration(limits.lifetime)
+    )
+}
+
+fn show(profile: &Profile) -> String {
+    let mut text = String::new();
+    let mut line = |line: String| {
+        text.push_str(&line);
+        text.push('\n');
+    };
+    if !profile.dangerous.is_empty() {
+        line(format!(
+            "!!! DANGEROUS: this profile asks for {} (allowed by [operator] allow_dangerous) !!!",
+            danger_names(&profile.dangerous)
+        ));
+    }
+    line(format!("profile      {}", profile.name));
+    line(format!("description  {}", profile.description));
+    line(format!("from         {}", profile.origin));
+    if !profile.extends.is_empty() {
+        line(format!("extends      {}", profile.extends.join(" → ")));
+    }
+    let workspace = &profile.workspace;
+    if workspace.source == Source::None {
+        line("workspace    none (no file tools, no shell, no processes)".to_owned());
+    } else {
+        line(format!(
+            "workspace    {} {} at {} (image {}, user {})",
+            source_text(&workspace.source),
+            workspace.mode.as_str(),
+            workspace.root.display(),
+            workspace.image,
+            user_text(workspace.user)
+        ));
+        line(format!("network      {}", network_text(&profile.network)));
+        line(format!("limits       {}", limits_text(&profile.limits)));
+        let set: Vec<String> = profile.env.set.keys().cloned().collect();
+        line(format!(
+            "env          set [{}], pass [{}], secrets [{}]",
+            set.join(", "),
+            profile.env.pass.join(", "),
+            profile.env.secrets.join(", ")
+        ));
+    }
+    let security = &profile.security;
+    line(format!(
+        "security     capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}",
+        security.capabilities.join(", "),
+        security.read_only_root,
+        security.landlock.as_str(),
+        if security.neutralise_git {
+            "neutralise"
+        } else {
+            "off"
+        },
+        if security.write_guard {
+            "read-first"
+        } else {
+            "off"
+        },
+    ));
+    if security.privileged {
+        line("DANGEROUS    privileged = true".to_owned());
+    }
+    if !security.host_namespaces.is_empty() {
+        line(format!(
+            "DANGEROUS    host namespaces: {}",
+            security.host_namespaces.join(", ")
+        ));
+    }
+    if !security.devices.is_empty() {
+        let devices: Vec<String> = security
+            .devices
+            .iter()
+            .map(|path| path.display().to_string())
+            .collect();
+        line(format!("DANGEROUS    devices: {}", devices.join(", ")));
+    }
+    for server in &profile.servers {
+        line(format!(
+            "server       {}: {} ({})",
+            server.name,
+            server.command.join(" "),
+            server.image
+        ));
+        if !server.description.is_empty() {
+            line(format!("               {}", server.description));
+        }
+        line(format!(
+            "               network {}",
+            network_text(&server.network)
+        ));
+        line(format!(
+            "               limits {}",
+            limits_text(&server.limits)
+        ));
+    }
+    text
+}
+
+fn show_plan(plan: &plan::Plan) -> String {
+    use super::value::{ByteSize, CpuQuota};
+    use crate::plan::{Role, WorkspaceSource};
+
+    let mut text = format!("plan of profile {}\n", plan.profile);
+    if plan.workspace().is_none() {
+        text.push_str("no workspace unit: no file tools, no shell, no processes\n");
+    }
+    for unit in &plan.units {
+        let role = match unit.role {
+            Role::Workspace => "workspace unit",
+            Role::Server => "server unit",
+        };
+        let source = match &unit.source {
+            WorkspaceSource::Host(path) => format!(
+                "{} at {} {}",
+                path.display(),
+                unit.root.display(),
+                unit.mode.as_str()
+            ),
+            WorkspaceSource::Empty => {
+                format!("empty at {} {}", unit.root.display(), unit.mode.as_str())
+            }
+            WorkspaceSource::None => "none".to_owned(),
+        };
+        let user = unit.user.map_or_else(
+            || "the image's".to_owned(),
+            |ids| format!("{}:{}", ids.uid, ids.gid),
+        );
+        let network = NetworkPolicy {
+            mode: unit.network.mode,
+            allow: Vec::new(),
+        };
+        let mut network = network_text(&network);
+        if !unit.network.allow.is_empty() {
+            network.push_str(&format!(" to {}", unit.network.allow.join(", ")));
+        }
+        let limits = &unit.limits;
+        let cpus = CpuQuota::from_cores(limits.cpus)
+            .map_or_else(|_| limits.cpus.to_string(), |cpus| cpus.to_string());
+        let security = &unit.security;
+        let set: Vec<&str> = unit.env_set.keys().map(String::as_str).collect();
+        let mut lines = vec![
+            format!("{}  ({role})", unit.name),
+            format!("  image     {}", unit.image),
+        ];
+        if !unit.command.is_empty() {
+            lines.push(format!("  command   {}", unit.command.join(" ")));
+        }
+        lines.extend([
+            format!("  source    {source}"),
+            format!("  user      {user}"),
+            format!("  network   {network}"),
+            format!(
+                "  limits    memory {}, cpus {cpus}, pids {}, tmp {}, nofile {}, call_timeout {}, idle {}, lifetime {}",
+                ByteSize(limits.memory_bytes),
+                limits.pids,
+                ByteSize(limits.tmp_bytes),
+                limits.nofile,
+                show_duration(limits.call_timeout),
+                show_duration(limits.idle),
+                show_duration(limits.lifetime)
+            ),
+            format!(
+                "  env       set [{}], pass [{}], secrets [{}]",
+                set.join(", "),
+                unit.env_pass.join(", "),
+                unit.env_secrets.join(", ")
+            ),
+            format!(
+                "  security  capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}{}",
+                security.capabilities.join(", "),
+                security.read_only_root,
+                security.landlock.as_str(),
+                if security.neutralise_git { "neutralise" } else { "off" },
+                if security.write_guard { "read-first" } else { "off" },
+                if security.privileged { ", PRIVILEGED" } else { "" },
+            ),
+        ]);
+        for line in lines {
+            text.push_str(&line);
+            text.push('\n');
+        }
+    }
+    text
+}

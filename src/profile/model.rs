@@ -1,0 +1,224 @@
+//! The profile as validated: plain data, fully defaulted, with no host facts
+//! resolved yet (`cwd` and `host` stay symbolic until `plan::resolve`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::value::{AllowEntry, ByteSize, CpuQuota};
+use crate::plan::{MountMode, NetworkMode, Requirement, UserIds};
+
+/// A profile: everything a session's units may be and do. A session can only narrow it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    /// Its name (the file stem).
+    pub name: String,
+    /// One line about what it is for.
+    pub description: String,
+    /// The file it was loaded from (`shipped:NAME.toml` for one built into box).
+    pub origin: String,
+    /// The profiles it extends, nearest first.
+    pub extends: Vec<String>,
+    /// The workspace unit.
+    pub workspace: Workspace,
+    /// The workspace unit's network.
+    pub network: NetworkPolicy,
+    /// The workspace unit's limits (servers default to them).
+    pub limits: LimitsPolicy,
+    /// The workspace unit's environment.
+    pub env: EnvPolicy,
+    /// The hardening of every unit.
+    pub security: SecurityPolicy,
+    /// Server units, in the order written.
+    pub servers: Vec<Server>,
+    /// Dangerous asks this profile makes, each allowed by name under `[operator]`.
+    pub dangerous: Vec<Danger>,
+}
+
+/// The workspace unit as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    /// The image it runs.
+    pub image: String,
+    /// Where the workspace appears inside the unit.
+    pub root: PathBuf,
+    /// Where the workspace comes from.
+    pub source: Source,
+    /// Read-only or read-write.
+    pub mode: MountMode,
+    /// Who processes run as.
+    pub user: UserChoice,
+}
+
+/// Where the workspace comes from, before host facts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The host's working directory when the session starts.
+    Cwd,
+    /// A fixed absolute host path.
+    Host(PathBuf),
+    /// A fresh empty directory per session.
+    Empty,
+    /// No file system: no workspace unit, no file tools, no shell, no processes.
+    None,
+}
+
+/// Who a unit's processes run as, before host facts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UserChoice {
+    /// Fixed ids.
+    Ids(UserIds),
+    /// The caller's uid:gid.
+    Host,
+    /// Whatever the image says.
+    Image,
+}
+
+/// A unit's network as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkPolicy {
+    /// How much network.
+    pub mode: NetworkMode,
+    /// For `egress`: what may be reached (empty otherwise).
+    pub allow: Vec<AllowEntry>,
+}
+
+/// A unit's limits as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitsPolicy {
+    /// Memory (swap off).
+    pub memory: ByteSize,
+    /// CPUs.
+    pub cpus: CpuQuota,
+    /// Most processes and threads.
+    pub pids: u64,
+    /// Size of the /tmp tmpfs.
+    pub tmp: ByteSize,
+    /// Most open files per process.
+    pub nofile: u64,
+    /// Deadline of one call.
+    pub call_timeout: Duration,
+    /// No request for this long ends the session.
+    pub idle: Duration,
+    /// The session ends after this long whatever happens.
+    pub lifetime: Duration,
+}
+
+/// The environment as written.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EnvPolicy {
+    /// Variables set in the unit.
+    pub set: BTreeMap<String, String>,
+    /// Host variables handed through by name (never a credential).
+    pub pass: Vec<String>,
+    /// Host variables that are credentials, handed through because named here.
+    pub secrets: Vec<String>,
+}
+
+/// The hardening as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecurityPolicy {
+    /// Capabilities added back after dropping all (names without `CAP_`).
+    pub capabilities: Vec<String>,
+    /// Read-only root file system.
+    pub read_only_root: bool,
+    /// Landlock for the executor and its children.
+    pub landlock: Requirement,
+    /// Git configuration neutralised for children.
+    pub neutralise_git: bool,
+    /// Overwriting an existing file needs an earlier read of it.
+    pub write_guard: bool,
+    /// A privileged unit (dangerous).
+    pub privileged: bool,
+    /// Host namespaces shared with the unit (dangerous).
+    pub host_namespaces: Vec<String>,
+    /// Host devices handed to the unit (dangerous).
+    pub devices: Vec<PathBuf>,
+}
+
+/// A server unit as written: runs one MCP server offered to the session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server {
+    /// Its name within the session.
+    pub name: String,
+    /// The image.
+    pub image: String,
+    /// The MCP server command (stdio).
+    pub command: Vec<String>,
+    /// One line about what it offers.
+    pub description: String,
+    /// Its network (default: none).
+    pub network: NetworkPolicy,
+    /// Its limits (default: the profile's).
+    pub limits: LimitsPolicy,
+}
+
+/// A dangerous ask a profile may make only when `[operator] allow_dangerous` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Danger {
+    /// A container engine's socket in the workspace (root on the host).
+    DockerSocket,
+    /// The host's root or a system directory as the workspace.
+    HostRoot,
+    /// A privileged unit.
+    Privileged,
+    /// Host namespaces shared.
+    HostNamespaces,
+    /// Capabilities beyond the reviewed list.
+    Capabilities,
+    /// Host devices.
+    Devices,
+}
+
+impl Danger {
+    /// Every danger, in order.
+    pub const ALL: [Danger; 6] = [
+        Danger::DockerSocket,
+        Danger::HostRoot,
+        Danger::Privileged,
+        Danger::HostNamespaces,
+        Danger::Capabilities,
+        Danger::Devices,
+    ];
+
+    /// Its name in `allow_dangerous`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Danger::DockerSocket => "docker-socket",
+            Danger::HostRoot => "host-root",
+            Danger::Privileged => "privileged",
+            Danger::HostNamespaces => "host-namespaces",
+            Danger::Capabilities => "capabilities",
+            Danger::Devices => "devices",
+        }
+    }
+
+    /// The danger called `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|danger| danger.name() == name)
+    }
+}
+
+/// Every field's default: the strict ones.
+pub(crate) mod defaults {
+    use std::time::Duration;
+
+    use super::super::value::{ByteSize, CpuQuota};
+    use super::LimitsPolicy;
+
+    pub(crate) const IMAGE: &str = "box-base:bookworm";
+    pub(crate) const ROOT: &str = "/workspace";
+
+    pub(crate) fn limits() -> LimitsPolicy {
+        LimitsPolicy {
+            memory: ByteSize(2 << 30),
+            cpus: CpuQuota(2000),
+            pids: 512,
+            tmp: ByteSize(256 << 20),
+            nofile: 4096,
+            call_timeout: Duration::from_secs(600),
+            idle: Duration::from_secs(1800),
+            lifetime: Duration::from_secs(8 * 3600),
+        }
+    }
+}

@@ -1,0 +1,646 @@
+//! Loading and validation: every bad input gets one precise, located error.
+
+use std::path::PathBuf;
+
+use pretty_assertions::assert_eq;
+
+use super::*;
+use crate::plan::{MountMode, NetworkMode, Requirement, UserIds};
+
+/// Write `files` (name, TOML) into a fresh directory and load `name` from it.
+fn load(files: &[(&str, &str)], name: &str) -> Result<Profile, ProfileError> {
+    let dir = tempfile::tempdir().unwrap();
+    for (file, text) in files {
+        std::fs::write(dir.path().join(format!("{file}.toml")), text).unwrap();
+    }
+    Catalog::only(vec![dir.path().to_path_buf()]).load(name)
+}
+
+/// The problems of loading `text` as profile `p`, with the temp path replaced by `p.toml`.
+fn problems(text: &str) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.toml"), text).unwrap();
+    let error = Catalog::only(vec![dir.path().to_path_buf()])
+        .load("p")
+        .unwrap_err();
+    let prefix = format!("{}/", dir.path().display());
+    error
+        .problems
+        .iter()
+        .map(|problem| problem.to_string().replace(&prefix, ""))
+        .collect()
+}
+
+#[test]
+fn shipped_profiles_all_load() {
+    let catalog = Catalog::only(Vec::new());
+    for (name, _) in SHIPPED {
+        let profile = catalog.load(name).unwrap();
+        assert_eq!(profile.name, *name);
+        assert!(!profile.description.is_empty(), "{name} has no description");
+        assert!(profile.dangerous.is_empty(), "{name} is dangerous");
+    }
+}
+
+#[test]
+fn shipped_default_is_strict() {
+    let profile = Catalog::only(Vec::new()).load("default").unwrap();
+    assert_eq!(profile.workspace.source, Source::Cwd);
+    assert_eq!(profile.workspace.mode, MountMode::ReadWrite);
+    assert_eq!(profile.network.mode, NetworkMode::None);
+    assert!(profile.security.capabilities.is_empty());
+    assert!(profile.security.read_only_root);
+    assert!(profile.security.neutralise_git);
+    assert!(profile.security.write_guard);
+    assert!(!profile.security.privileged);
+    assert_eq!(profile.security.landlock, Requirement::BestEffort);
+}
+
+#[test]
+fn shipped_offline_and_no_fs() {
+    let catalog = Catalog::only(Vec::new());
+    let offline = catalog.load("offline").unwrap();
+    assert_eq!(offline.workspace.mode, MountMode::ReadOnly);
+    assert_eq!(offline.network.mode, NetworkMode::None);
+    assert_eq!(offline.extends, vec!["default".to_owned()]);
+    let no_fs = catalog.load("no-fs").unwrap();
+    assert_eq!(no_fs.workspace.source, Source::None);
+    assert!(no_fs.servers.is_empty());
+    let browser = catalog.load("browser").unwrap();
+    assert_eq!(browser.servers.len(), 1);
+    assert_eq!(browser.servers[0].network.mode, NetworkMode::Egress);
+    assert_eq!(browser.servers[0].limits.memory, ByteSize(1 << 30));
+    assert_eq!(browser.servers[0].limits.idle, browser.limits.idle);
+}
+
+#[test]
+fn a_minimal_profile_gets_the_strict_defaults() {
+    let profile = load(&[("p", "description = \"x\"\n")], "p").unwrap();
+    assert_eq!(profile.workspace.image, "box-base:bookworm");
+    assert_eq!(profile.workspace.root, PathBuf::from("/workspace"));
+    assert_eq!(profile.workspace.user, UserChoice::Host);
+    assert_eq!(profile.network.mode, NetworkMode::None);
+    assert_eq!(profile.limits.memory, ByteSize(2 << 30));
+    assert!(profile.env.pass.is_empty());
+}
+
+#[test]
+fn every_field_is_read() {
+    let text = r#"
+description = "all"
+[workspace]
+image = "img:1"
+root = "/src"
+source = "/srv/repo"
+mode = "ro"
+user = "1001:1002"
+[network]
+mode = "egress"
+allow = ["example.com:443", "10.0.0.1"]
+[limits]
+memory = "512MiB"
+cpus = 0.5
+pids = 64
+tmp = "16MiB"
+nofile = 256
+call_timeout = "1m"
+idle = "5m"
+lifetime = "1h 30m"
+[env]
+set = { A = "1" }
+pass = ["LANG"]
+secrets = ["GITHUB_TOKEN"]
+[security]
+capabilities = ["CAP_CHOWN", "KILL"]
+read_only_root = false
+landlock = "required"
+git = "off"
+write_guard = "off"
+"#;
+    let profile = load(&[("p", text)], "p").unwrap();
+    assert_eq!(
+        profile.workspace,
+        Workspace {
+            image: "img:1".to_owned(),
+            root: PathBuf::from("/src"),
+            source: Source::Host(PathBuf::from("/srv/repo")),
+            mode: MountMode::ReadOnly,
+            user: UserChoice::Ids(UserIds {
+                uid: 1001,
+                gid: 1002
+            }),
+        }
+    );
+    assert_eq!(profile.network.allow.len(), 2);
+    assert_eq!(
+        profile.limits,
+        LimitsPolicy {
+            memory: ByteSize(512 << 20),
+            cpus: CpuQuota(500),
+            pids: 64,
+            tmp: ByteSize(16 << 20),
+            nofile: 256,
+            call_timeout: std::time::Duration::from_secs(60),
+            idle: std::time::Duration::from_secs(300),
+            lifetime: std::time::Duration::from_secs(5400),
+        }
+    );
+    assert_eq!(profile.env.secrets, vec!["GITHUB_TOKEN".to_owned()]);
+    assert_eq!(
+        profile.security.capabilities,
+        vec!["CHOWN".to_owned(), "KILL".to_owned()]
+    );
+    assert_eq!(profile.security.landlock, Requirement::Required);
+    assert!(!profile.security.neutralise_git);
+    assert!(!profile.security.write_guard);
+    assert!(!profile.security.read_only_root);
+}
+
+#[test]
+fn bad_input_gets_one_precise_error() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "",
+            "p.toml:1:1: the file is empty; a profile needs at least `description = \"...\"`",
+        ),
+        (
+            "\u{feff}description = \"x\"\n",
+            "p.toml:1:1: the file starts with a byte-order mark (BOM); save it as UTF-8 without one",
+        ),
+        (
+            "description = \"a\"\ndescription = \"b\"\n",
+            "p.toml:2:1: not valid TOML: duplicate key",
+        ),
+        (
+            "description = \n",
+            "p.toml:1:15: not valid TOML: string values must be quoted, expected literal string",
+        ),
+        (
+            "colour = \"red\"\n",
+            "p.toml:1:1: colour: unknown field; accepted here: description, extends, workspace, network, limits, env, security, server, operator",
+        ),
+        (
+            "[workspace]\nimgae = \"x\"\n",
+            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, root, source, mode, user",
+        ),
+        (
+            "description = 5\n",
+            "p.toml:1:15: description: expected a string, got 5 (an integer)",
+        ),
+        (
+            "workspace = 5\n",
+            "p.toml:1:13: workspace: expected a table, got 5 (an integer)",
+        ),
+        (
+            "[workspace]\nmode = \"rwx\"\n",
+            "p.toml:2:8: workspace.mode: \"rwx\" is not accepted; write \"rw\" or \"ro\"",
+        ),
+        (
+            "[workspace]\nmode = true\n",
+            "p.toml:2:8: workspace.mode: expected \"rw\" or \"ro\", got true (a boolean)",
+        ),
+        (
+            "[workspace]\nsource = \"relative/dir\"\n",
+            "p.toml:2:10: workspace.source: \"relative/dir\" is not accepted; write \"cwd\", \"empty\", \"none\" or an absolute host path (with no . or .. parts)",
+        ),
+        (
+            "[workspace]\nsource = \"/srv/../etc\"\n",
+            "p.toml:2:10: workspace.source: \"/srv/../etc\" is not accepted; write \"cwd\", \"empty\", \"none\" or an absolute host path (with no . or .. parts)",
+        ),
+        (
+            "[workspace]\nroot = \"/\"\n",
+            "p.toml:2:8: workspace.root: \"/\" is not usable; write an absolute path inside the unit other than /, with no . or .. parts, like \"/workspace\"",
+        ),
+        (
+            "[workspace]\nuser = \"root\"\n",
+            "p.toml:2:8: workspace.user: \"root\" is not accepted; write \"host\" (the caller's ids), \"image\" (the image's user) or \"UID:GID\" like \"1000:1000\"",
+        ),
+        (
+            "[workspace]\nimage = \"\"\n",
+            "p.toml:2:9: workspace.image: \"\" is not usable here; write one word with no spaces, like \"box-base:bookworm\"",
+        ),
+        (
+            "[limits]\nmemory = \"2 gigs\"\n",
+            "p.toml:2:10: limits.memory: \"2 gigs\" is not a size; write a whole number and a unit (B, KiB, MiB, GiB or TiB), like \"2GiB\"",
+        ),
+        (
+            "[limits]\nmemory = 2048\n",
+            "p.toml:2:10: limits.memory: expected a size like \"2GiB\", got 2048 (an integer)",
+        ),
+        (
+            "[limits]\ntmp = \"0MiB\"\n",
+            "p.toml:2:7: limits.tmp: \"0MiB\" is zero; a size must be more than zero",
+        ),
+        (
+            "[limits]\npids = -1\n",
+            "p.toml:2:8: limits.pids: -1 is not more than zero; write a whole number from 1",
+        ),
+        (
+            "[limits]\npids = 0\n",
+            "p.toml:2:8: limits.pids: 0 is not more than zero; write a whole number from 1",
+        ),
+        (
+            "[limits]\nnofile = 1.5\n",
+            "p.toml:2:10: limits.nofile: expected a whole number like 512, got 1.5 (a float)",
+        ),
+        (
+            "[limits]\ncpus = -2\n",
+            "p.toml:2:8: limits.cpus: -2 is not a CPU quota; write a number of cores more than zero, like 2 or 0.5",
+        ),
+        (
+            "[limits]\ncpus = \"2\"\n",
+            "p.toml:2:8: limits.cpus: expected a number of cores like 2 or 0.5, got \"2\" (a string)",
+        ),
+        (
+            "[limits]\nidle = \"forever\"\n",
+            "p.toml:2:8: limits.idle: \"forever\" is not a duration; write a number and a unit (s, m, h, d), like \"10m\" or \"1h 30m\"",
+        ),
+        (
+            "[limits]\nlifetime = \"0s\"\n",
+            "p.toml:2:12: limits.lifetime: \"0s\" is zero; a duration must be more than zero",
+        ),
+        (
+            "[network]\nmode = \"egress\"\nallow = [\"https://example.com\"]\n",
+            "p.toml:3:10: network.allow: \"https://example.com\" is not host[:port]; write host[:port], like \"example.com\" or \"example.com:443\" (no scheme, path, user or wildcard)",
+        ),
+        (
+            "[network]\nmode = \"egress\"\nallow = [\"example.com:99999\"]\n",
+            "p.toml:3:10: network.allow: \"example.com:99999\": \"99999\" is not a port (1 to 65535)",
+        ),
+        (
+            "[network]\nmode = \"egress\"\n",
+            "p.toml:2:8: network.mode: \"egress\" needs a non-empty allow list of host[:port] entries; for no network write \"none\"",
+        ),
+        (
+            "[network]\nallow = [\"example.com\"]\n",
+            "p.toml:2:9: network.allow: an allow list only applies to mode \"egress\", but the mode is \"none\"; write allow = [] or mode = \"egress\"",
+        ),
+        (
+            "[network]\nmode = \"host\"\n",
+            "p.toml:2:8: network.mode: \"host\" is not accepted; write \"none\", \"egress\" or \"bridge\"",
+        ),
+        (
+            "[env]\npass = [\"AWS_SECRET_ACCESS_KEY\"]\n",
+            "p.toml:2:9: env.pass: \"AWS_SECRET_ACCESS_KEY\" looks like a credential; hand it through under env.secrets if you mean to",
+        ),
+        (
+            "[env]\npass = [\"LANG\", \"LANG\"]\n",
+            "p.toml:2:17: env.pass: \"LANG\" is listed twice",
+        ),
+        (
+            "[env]\nset = { \"A B\" = \"x\" }\n",
+            "p.toml:2:9: env.set.A B: \"A B\" is not a variable name; use letters, digits and _, not starting with a digit",
+        ),
+        (
+            "[env]\npass = \"LANG\"\n",
+            "p.toml:2:8: env.pass: expected an array of strings, got \"LANG\" (a string)",
+        ),
+        (
+            "[security]\nlandlock = \"maybe\"\n",
+            "p.toml:2:12: security.landlock: \"maybe\" is not accepted; write \"required\", \"best-effort\" or \"off\"",
+        ),
+        (
+            "[security]\nread_only_root = \"yes\"\n",
+            "p.toml:2:18: security.read_only_root: expected true or false, got \"yes\" (a string)",
+        ),
+        (
+            "[security]\ncapabilities = [\"sys_admin\"]\n",
+            "p.toml:2:17: security.capabilities: \"sys_admin\" is not a capability; write an upper-case name like \"NET_BIND_SERVICE\" (reviewed: CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, NET_BIND_SERVICE, SETGID, SETUID)",
+        ),
+        (
+            "[security]\nseccomp = \"unconfined\"\n",
+            "p.toml:2:1: security.seccomp: unknown field; accepted here: capabilities, read_only_root, landlock, git, write_guard, privileged, host_namespaces, devices",
+        ),
+        (
+            "extends = \"nothere\"\n",
+            "p.toml:1:11: extends: no profile named \"nothere\" to extend; known: browser, ci, default, no-fs, offline, p",
+        ),
+        (
+            "extends = \"p\"\n",
+            "p.toml:1:11: extends: no other profile named \"p\" after this file in the search order to extend",
+        ),
+        (
+            "extends = \"../etc/passwd\"\n",
+            "p.toml:1:11: extends: \"../etc/passwd\" is not a profile name; use letters, digits, -, _ and ., starting with a letter or digit",
+        ),
+        (
+            "extends = 3\n",
+            "p.toml:1:11: extends: expected the name of a profile (a string), got 3 (an integer)",
+        ),
+        (
+            "[[server]]\nname = \"b\"\nimage = \"i\"\n",
+            "p.toml:1:1: server[b]: a server needs a command, like command = [\"mcp-server\", \"--stdio\"]",
+        ),
+        (
+            "[[server]]\nname = \"workspace\"\nimage = \"i\"\ncommand = [\"x\"]\n",
+            "p.toml:2:8: server[workspace].name: \"workspace\" is the workspace unit's name; choose another",
+        ),
+        (
+            "[[server]]\nname = \"b\"\nimage = \"i\"\ncommand = [\"x\"]\nlimits = { idle = \"1h\" }\n",
+            "p.toml:5:12: server[b].limits.idle: unknown field; accepted here: memory, cpus, pids, tmp, nofile, call_timeout",
+        ),
+        (
+            "[[server]]\nname = \"b\"\nimage = \"i\"\ncommand = [\"x\"]\n[[server]]\nname = \"b\"\nimage = \"i\"\ncommand = [\"x\"]\n",
+            "p.toml:6:8: server[b].name: a server named \"b\" is declared twice",
+        ),
+        (
+            "[operator]\nallow_dangerous = [\"everything\"]\n",
+            "p.toml:2:20: operator.allow_dangerous: \"everything\" is not a danger box knows; write \"docker-socket\", \"host-root\", \"privileged\", \"host-namespaces\", \"capabilities\" or \"devices\"",
+        ),
+    ];
+    for (text, expected) in cases {
+        assert_eq!(
+            problems(text),
+            vec![(*expected).to_owned()],
+            "input: {text:?}"
+        );
+    }
+}
+
+#[test]
+fn dangerous_asks_are_refused_without_the_operator_switch() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "[workspace]\nsource = \"/var/run/docker.sock\"\n",
+            "docker-socket",
+            "p.toml:2:10: workspace.source: refused as dangerous: /var/run/docker.sock is or holds a container engine's socket (root on the host); an operator who means it writes [operator] allow_dangerous = [\"docker-socket\"]",
+        ),
+        (
+            "[workspace]\nsource = \"/run\"\n",
+            "docker-socket",
+            "p.toml:2:10: workspace.source: refused as dangerous: /run is or holds a container engine's socket (root on the host); an operator who means it writes [operator] allow_dangerous = [\"docker-socket\"]",
+        ),
+        (
+            "[workspace]\nsource = \"/\"\n",
+            "host-root",
+            "p.toml:2:10: workspace.source: refused as dangerous: / is the host's root or a system directory; an operator who means it writes [operator] allow_dangerous = [\"host-root\"]",
+        ),
+        (
+            "[workspace]\nsource = \"/etc/ssh\"\n",
+            "host-root",
+            "p.toml:2:10: workspace.source: refused as dangerous: /etc/ssh is the host's root or a system directory; an operator who means it writes [operator] allow_dangerous = [\"host-root\"]",
+        ),
+        (
+            "[workspace]\nsource = \"/home\"\n",
+            "host-root",
+            "p.toml:2:10: workspace.source: refused as dangerous: /home is the host's root or a system directory; an operator who means it writes [operator] allow_dangerous = [\"host-root\"]",
+        ),
+        (
+            "[security]\nprivileged = true\n",
+            "privileged",
+            "p.toml:2:14: security.privileged: refused as dangerous: a privileged unit has every capability and every device; an operator who means it writes [operator] allow_dangerous = [\"privileged\"]",
+        ),
+        (
+            "[security]\nhost_namespaces = [\"pid\"]\n",
+            "host-namespaces",
+            "p.toml:2:19: security.host_namespaces: refused as dangerous: sharing the host's pid namespace(s); an operator who means it writes [operator] allow_dangerous = [\"host-namespaces\"]",
+        ),
+        (
+            "[security]\ncapabilities = [\"SYS_ADMIN\"]\n",
+            "capabilities",
+            "p.toml:2:17: security.capabilities: refused as dangerous: SYS_ADMIN is not on the reviewed list (CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, NET_BIND_SERVICE, SETGID, SETUID); an operator who means it writes [operator] allow_dangerous = [\"capabilities\"]",
+        ),
+        (
+            "[security]\ndevices = [\"/dev/kvm\"]\n",
+            "devices",
+            "p.toml:2:11: security.devices: refused as dangerous: host devices are reachable from the unit; an operator who means it writes [operator] allow_dangerous = [\"devices\"]",
+        ),
+    ];
+    for (text, danger, expected) in cases {
+        assert_eq!(
+            problems(text),
+            vec![(*expected).to_owned()],
+            "input: {text:?}"
+        );
+        let allowed = format!("{text}[operator]\nallow_dangerous = [\"{danger}\"]\n");
+        let profile = load(&[("p", &allowed)], "p").unwrap();
+        assert_eq!(
+            profile.dangerous,
+            vec![Danger::from_name(danger).unwrap()],
+            "{text}"
+        );
+    }
+    // A harmless host path and the reviewed capabilities need no switch.
+    let profile = load(
+        &[(
+            "p",
+            "[workspace]\nsource = \"/home/me/repo\"\n[security]\ncapabilities = [\"CHOWN\"]\n",
+        )],
+        "p",
+    )
+    .unwrap();
+    assert!(profile.dangerous.is_empty());
+}
+
+#[test]
+fn an_unused_allowance_is_refused() {
+    assert_eq!(
+        problems("[operator]\nallow_dangerous = [\"privileged\"]\n"),
+        vec!["p.toml:2:20: operator.allow_dangerous: allows \"privileged\" but the profile does not ask for it; remove it".to_owned()]
+    );
+}
+
+#[test]
+fn every_problem_is_reported_not_only_the_first() {
+    let found = problems(
+        "colour = 1\n[limits]\nmemory = \"2 gigs\"\npids = 0\n[security]\nprivileged = true\n",
+    );
+    assert_eq!(found.len(), 4, "{found:#?}");
+    assert!(found[0].starts_with("p.toml:1:1: colour"));
+    assert!(found[3].starts_with("p.toml:6:14: security.privileged"));
+}
+
+#[test]
+fn extends_merges_field_by_field_and_servers_by_name() {
+    let base = r#"
+description = "base"
+[limits]
+memory = "1GiB"
+pids = 10
+[env]
+set = { A = "1", B = "2" }
+[[server]]
+name = "one"
+image = "one:1"
+command = ["one"]
+[[server]]
+name = "two"
+image = "two:1"
+command = ["two"]
+"#;
+    let mid = "extends = \"base\"\n[limits]\npids = 20\n[env]\nset = { B = \"3\" }\n";
+    let top = "extends = \"mid\"\ndescription = \"top\"\n[[server]]\nname = \"two\"\nimage = \"two:2\"\ncommand = [\"two\"]\n[[server]]\nname = \"three\"\nimage = \"three:1\"\ncommand = [\"three\"]\n";
+    let profile = load(&[("base", base), ("mid", mid), ("top", top)], "top").unwrap();
+    assert_eq!(profile.extends, vec!["mid".to_owned(), "base".to_owned()]);
+    assert_eq!(profile.description, "top");
+    assert_eq!(profile.limits.memory, ByteSize(1 << 30));
+    assert_eq!(profile.limits.pids, 20);
+    assert_eq!(profile.env.set.get("A").map(String::as_str), Some("1"));
+    assert_eq!(profile.env.set.get("B").map(String::as_str), Some("3"));
+    let servers: Vec<(&str, &str)> = profile
+        .servers
+        .iter()
+        .map(|server| (server.name.as_str(), server.image.as_str()))
+        .collect();
+    assert_eq!(
+        servers,
+        vec![("one", "one:1"), ("two", "two:2"), ("three", "three:1")]
+    );
+}
+
+#[test]
+fn cycles_through_several_files_are_refused() {
+    let error = load(
+        &[
+            ("a", "extends = \"b\"\n"),
+            ("b", "extends = \"c\"\n"),
+            ("c", "extends = \"a\"\n"),
+        ],
+        "a",
+    )
+    .unwrap_err();
+    assert_eq!(error.problems.len(), 1);
+    assert!(
+        error.problems[0]
+            .message
+            .ends_with("makes a cycle: a → b → c → a"),
+        "{error}"
+    );
+}
+
+#[test]
+fn an_error_in_a_parent_names_the_parent_file() {
+    let error = load(
+        &[
+            ("parent", "[limits]\nmemory = \"lots\"\n"),
+            ("child", "extends = \"parent\"\n"),
+        ],
+        "child",
+    )
+    .unwrap_err();
+    assert!(
+        error.problems[0].at.file.ends_with("parent.toml:2:10")
+            || error.problems[0].to_string().contains("parent.toml:2:10"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_profile_can_extend_the_one_it_hides() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("default.toml"),
+        "extends = \"default\"\n[limits]\nmemory = \"1GiB\"\n",
+    )
+    .unwrap();
+    let profile = Catalog::only(vec![dir.path().to_path_buf()])
+        .load("default")
+        .unwrap();
+    assert_eq!(profile.limits.memory, ByteSize(1 << 30));
+    assert_eq!(profile.env.pass, vec!["LANG".to_owned(), "TERM".to_owned()]);
+    assert_eq!(profile.extends, vec!["default".to_owned()]);
+    // Two directories: the first extends the second, which extends the shipped one.
+    let first = tempfile::tempdir().unwrap();
+    std::fs::write(
+        first.path().join("ci.toml"),
+        "extends = \"ci\"\n[limits]\npids = 100\n",
+    )
+    .unwrap();
+    let second = tempfile::tempdir().unwrap();
+    std::fs::write(
+        second.path().join("ci.toml"),
+        "extends = \"ci\"\n[limits]\nmemory = \"3GiB\"\n",
+    )
+    .unwrap();
+    let catalog = Catalog::only(vec![
+        first.path().to_path_buf(),
+        second.path().to_path_buf(),
+    ]);
+    let profile = catalog.load("ci").unwrap();
+    assert_eq!(
+        (profile.limits.pids, profile.limits.memory),
+        (100, ByteSize(3 << 30))
+    );
+    assert_eq!(
+        profile.extends,
+        vec!["ci".to_owned(), "ci".to_owned(), "default".to_owned()]
+    );
+}
+
+#[test]
+fn a_directory_profile_hides_a_shipped_one() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("default.toml"), "description = \"mine\"\n").unwrap();
+    let catalog = Catalog::only(vec![dir.path().to_path_buf()]);
+    assert_eq!(catalog.load("default").unwrap().description, "mine");
+    let listed = catalog.list();
+    let defaults: Vec<bool> = listed
+        .iter()
+        .filter(|entry| entry.name == "default")
+        .map(|entry| entry.hidden)
+        .collect();
+    assert_eq!(defaults, vec![false, true]);
+}
+
+#[test]
+fn unknown_names_and_path_like_names_are_refused() {
+    let catalog = Catalog::only(Vec::new());
+    assert_eq!(
+        catalog.load("nope").unwrap_err().to_string(),
+        "no profile named \"nope\"; known: browser, ci, default, no-fs, offline"
+    );
+    assert_eq!(
+        catalog.load("../../etc/passwd").unwrap_err().to_string(),
+        "\"../../etc/passwd\" is not a profile name; use letters, digits, -, _ and ., starting with a letter or digit"
+    );
+}
+
+#[test]
+fn the_readme_documents_every_field_and_danger() {
+    use super::validate::{ENV, LIMITS, NETWORK, OPERATOR, SECURITY, SERVER, TOP, WORKSPACE};
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/profiles/README.md"))
+            .unwrap();
+    let mut missing = Vec::new();
+    for fields in [
+        TOP, WORKSPACE, NETWORK, LIMITS, ENV, SECURITY, SERVER, OPERATOR,
+    ] {
+        for field in fields {
+            if !readme.contains(&format!("| `{field}` |"))
+                && !readme.contains(&format!("`[{field}]`"))
+                && !readme.contains(&format!("`[[{field}]]`"))
+            {
+                missing.push(*field);
+            }
+        }
+    }
+    for danger in Danger::ALL {
+        if !readme.contains(&format!("| `{}` |", danger.name())) {
+            missing.push(danger.name());
+        }
+    }
+    for (name, _) in SHIPPED {
+        if !readme.contains(&format!("| `{name}` |")) {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "profiles/README.md does not document: {missing:?}"
+    );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Whatever a profile file holds, loading answers with a profile or located problems; it never panics.
+    #[test]
+    fn any_profile_text_is_answered(text in "(\\[[a-z]{0,9}\\]\n|[a-z_]{1,12} = (\"[a-z0-9 :/.]{0,12}\"|-?[0-9]{1,4}|true|\\[\\]|\\{\\})\n|#.*\n){0,12}") {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("p.toml"), &text).unwrap();
+        match Catalog::only(vec![dir.path().to_path_buf()]).load("p") {
+            Ok(profile) => proptest::prop_assert_eq!(profile.name, "p"),
+            Err(error) => proptest::prop_assert!(!error.problems.is_empty()),
+        }
+    }
+}

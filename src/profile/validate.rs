@@ -1,0 +1,892 @@
+//! From a merged, located tree to a [`Profile`]: unknown fields, wrong types
+//! and impossible values are problems naming the file, line, column and field,
+//! what was given and what would be accepted. Every problem is collected, so
+//! `box profile check` can print them all. Dangerous asks are refused here
+//! unless `[operator] allow_dangerous` names them.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use super::error::Problem;
+use super::model::{
+    Danger, EnvPolicy, LimitsPolicy, NetworkPolicy, Profile, SecurityPolicy, Server, Source,
+    UserChoice, Workspace, defaults,
+};
+use super::tree::{Node, Value};
+use super::value::{
+    AllowEntry, ByteSize, CpuQuota, KNOWN_CAPABILITIES, NAMESPACES, REVIEWED_CAPABILITIES,
+    check_env_name, looks_like_credential, parse_count, parse_duration,
+};
+use crate::plan::{MountMode, NetworkMode, Requirement, UserIds};
+use danger::Asked;
+
+mod danger;
+
+pub(crate) const TOP: &[&str] = &[
+    "description",
+    "extends",
+    "workspace",
+    "network",
+    "limits",
+    "env",
+    "security",
+    "server",
+    "operator",
+];
+pub(crate) const WORKSPACE: &[&str] = &["image", "root", "source", "mode", "user"];
+pub(crate) const NETWORK: &[&str] = &["mode", "allow"];
+pub(crate) const LIMITS: &[&str] = &[
+    "memory",
+    "cpus",
+    "pids",
+    "tmp",
+    "nofile",
+    "call_timeout",
+    "idle",
+    "lifetime",
+];
+pub(crate) const SERVER_LIMITS: &[&str] =
+    &["memory", "cpus", "pids", "tmp", "nofile", "call_timeout"];
+pub(crate) const ENV: &[&str] = &["set", "pass", "secrets"];
+pub(crate) const SECURITY: &[&str] = &[
+    "capabilities",
+    "read_only_root",
+    "landlock",
+    "git",
+    "write_guard",
+    "privileged",
+    "host_namespaces",
+    "devices",
+];
+pub(crate) const SERVER: &[&str] = &[
+    "name",
+    "image",
+    "command",
+    "description",
+    "network",
+    "limits",
+];
+pub(crate) const OPERATOR: &[&str] = &["allow_dangerous"];
+
+/// Validate the merged tree of profile `name` (loaded from `origin`, extending `extends`).
+pub(crate) fn validate(
+    name: &str,
+    origin: &str,
+    extends: Vec<String>,
+    root: &Node,
+) -> Result<Profile, Vec<Problem>> {
+    let mut walk = Walk::default();
+    let top = walk.table(root, "", TOP);
+    let description = top
+        .get("description")
+        .and_then(|node| walk.string(node, "description"))
+        .unwrap_or_default();
+    if let Some(node) = top.get("extends") {
+        walk.string(node, "extends");
+    }
+    let workspace = walk.workspace(top.get("workspace"));
+    let network = walk.network(top.get("network"), "network");
+    let limits = walk.limits(top.get("limits"), "limits", LIMITS, &defaults::limits());
+    let env = walk.env(top.get("env"));
+    let security = walk.security(top.get("security"));
+    let servers = walk.servers(top.get("server"), &limits);
+    let allowed = walk.allowed_dangers(top.get("operator"));
+    let dangerous = walk.judge_dangers(allowed);
+    let (Some(workspace), Some(network), Some(limits), Some(env), Some(security), true) = (
+        workspace,
+        network,
+        limits,
+        env,
+        security,
+        walk.problems.is_empty(),
+    ) else {
+        let mut problems = walk.problems;
+        problems.sort_by(|a, b| {
+            (a.at.file.as_ref(), a.at.line, a.at.column).cmp(&(
+                b.at.file.as_ref(),
+                b.at.line,
+                b.at.column,
+            ))
+        });
+        return Err(problems);
+    };
+    Ok(Profile {
+        name: name.to_owned(),
+        description,
+        origin: origin.to_owned(),
+        extends,
+        workspace,
+        network,
+        limits,
+        env,
+        security,
+        servers,
+        dangerous,
+    })
+}
+
+/// The entries of a table node, by name (unknown ones already reported).
+struct Fields<'a> {
+    entries: BTreeMap<&'a str, &'a Node>,
+}
+
+impl<'a> Fields<'a> {
+    fn get(&self, name: &str) -> Option<&'a Node> {
+        self.entries.get(name).copied()
+    }
+}
+
+#[derive(Default)]
+struct Walk {
+    problems: Vec<Problem>,
+    dangers: Vec<Asked>,
+}
+
+fn join(parent: &str, name: &str) -> String {
+    if parent.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{parent}.{name}")
+    }
+}
+
+fn one_of(choices: &[&str]) -> String {
+    let quoted: Vec<String> = choices
+        .iter()
+        .map(|choice| format!("\"{choice}\""))
+        .collect();
+    match quoted.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+impl Walk {
+    fn problem(&mut self, node: &Node, field: &str, message: String) {
+        self.problems
+            .push(Problem::new(node.at.clone(), field, &message));
+    }
+
+    fn wrong_type(&mut self, node: &Node, field: &str, expected: &str) {
+        self.problem(
+            node,
+            field,
+            format!(
+                "expected {expected}, got {} ({})",
+                node.value.shown(),
+                node.value.kind()
+            ),
+        );
+    }
+
+    /// A table's entries; reports a non-table and every unknown key.
+    fn table<'a>(&mut self, node: &'a Node, field: &str, accepted: &[&str]) -> Fields<'a> {
+        let mut entries = BTreeMap::new();
+        let Value::Table(items) = &node.value else {
+            self.wrong_type(node, field, "a table");
+            return Fields { entries };
+        };
+        for (key, value) in items {
+            if accepted.contains(&key.name.as_str()) {
+                entries.insert(key.name.as_str(), value);
+            } else {
+                self.problems.push(Problem::new(
+                    key.at.clone(),
+                    &join(field, &key.name),
+                    &format!("unknown field; accepted here: {}", accepted.join(", ")),
+                ));
+            }
+        }
+        Fields { entries }
+    }
+
+    fn string(&mut self, node: &Node, field: &str) -> Option<String> {
+        match &node.value {
+            Value::String(text) => Some(text.clone()),
+            _ => {
+                self.wrong_type(node, field, "a string");
+                None
+            }
+        }
+    }
+
+    fn non_empty_string(&mut self, node: &Node, field: &str, example: &str) -> Option<String> {
+        let text = self.string(node, field)?;
+        if text.trim().is_empty() || text.chars().any(char::is_whitespace) {
+            self.problem(
+                node,
+                field,
+                format!(
+                    "{text:?} is not usable here; write one word with no spaces, like {example:?}"
+                ),
+            );
+            return None;
+        }
+        Some(text)
+    }
+
+    fn boolean(&mut self, node: &Node, field: &str) -> Option<bool> {
+        match node.value {
+            Value::Boolean(flag) => Some(flag),
+            _ => {
+                self.wrong_type(node, field, "true or false");
+                None
+            }
+        }
+    }
+
+    fn choice<T: Copy>(&mut self, node: &Node, field: &str, choices: &[(&str, T)]) -> Option<T> {
+        let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+        let Value::String(text) = &node.value else {
+            self.wrong_type(node, field, &one_of(&names));
+            return None;
+        };
+        match choices.iter().find(|(name, _)| name == text) {
+            Some((_, value)) => Some(*value),
+            None => {
+                self.problem(
+                    node,
+                    field,
+                    format!("{text:?} is not accepted; write {}", one_of(&names)),
+                );
+                None
+            }
+        }
+    }
+
+    /// An array of strings, each checked by `check`; duplicates are problems.
+    fn strings<'n>(
+        &mut self,
+        node: &'n Node,
+        field: &str,
+        check: impl Fn(&str) -> Result<String, String>,
+    ) -> Option<Vec<(String, &'n Node)>> {
+        let Value::Array(items) = &node.value else {
+            self.wrong_type(node, field, "an array of strings");
+            return None;
+        };
+        let mut out: Vec<(String, &'n Node)> = Vec::new();
+        for item in items {
+            let Value::String(text) = &item.value else {
+                self.wrong_type(item, field, "a string");
+                continue;
+            };
+            match check(text) {
+                Ok(value) if out.iter().any(|(seen, _)| *seen == value) => {
+                    self.problem(item, field, format!("{text:?} is listed twice"));
+                }
+                Ok(value) => out.push((value, item)),
+                Err(message) => self.problem(item, field, message),
+            }
+        }
+        // Invalid items are already problems, so the profile is refused; the
+        // valid ones still get their own checks (credentials, dangers).
+        Some(out)
+    }
+
+    fn workspace(&mut self, node: Option<&Node>) -> Option<Workspace> {
+        let fields = match node {
+            Some(node) => self.table(node, "workspace", WORKSPACE),
+            None => Fields {
+                entries: BTreeMap::new(),
+            },
+        };
+        let image = match fields.get("image") {
+            Some(node) => self.non_empty_string(node, "workspace.image", defaults::IMAGE),
+            None => Some(defaults::IMAGE.to_owned()),
+        };
+        let root = match fields.get("root") {
+            Some(node) => self.unit_root(node),
+            None => Some(PathBuf::from(defaults::ROOT)),
+        };
+        let source = match fields.get("source") {
+            Some(node) => self.source(node),
+            None => Some(Source::Cwd),
+        };
+        let mode = match fields.get("mode") {
+            Some(node) => self.choice(
+                node,
+                "workspace.mode",
+                &[("rw", MountMode::ReadWrite), ("ro", MountMode::ReadOnly)],
+            ),
+            None => Some(MountMode::ReadWrite),
+        };
+        let user = match fields.get("user") {
+            Some(node) => self.user(node),
+            None => Some(UserChoice::Host),
+        };
+        Some(Workspace {
+            image: image?,
+            root: root?,
+            source: source?,
+            mode: mode?,
+            user: user?,
+        })
+    }
+
+    fn unit_root(&mut self, node: &Node) -> Option<PathBuf> {
+        let text = self.string(node, "workspace.root")?;
+        let path = PathBuf::from(&text);
+        if !is_clean_absolute(&path) || path == Path::new("/") {
+            self.problem(
+                node,
+                "workspace.root",
+                format!(
+                    "{text:?} is not usable; write an absolute path inside the unit other than /, with no . or .. parts, like \"/workspace\""
+                ),
+            );
+            return None;
+        }
+        Some(path)
+    }
+
+    fn source(&mut self, node: &Node) -> Option<Source> {
+        let accepted = "\"cwd\", \"empty\", \"none\" or an absolute host path";
+        let Value::String(text) = &node.value else {
+            self.wrong_type(node, "workspace.source", accepted);
+            return None;
+        };
+        match text.as_str() {
+            "cwd" => return Some(Source::Cwd),
+            "empty" => return Some(Source::Empty),
+            "none" => return Some(Source::None),
+            _ => {}
+        }
+        let path = PathBuf::from(text);
+        if !is_clean_absolute(&path) {
+            self.problem(
+                node,
+                "workspace.source",
+                format!("{text:?} is not accepted; write {accepted} (with no . or .. parts)"),
+            );
+            return None;
+        }
+        self.judge_host_path(node, "workspace.source", &path);
+        Some(Source::Host(path))
+    }
+
+    fn user(&mut self, node: &Node) -> Option<UserChoice> {
+        let accepted = "\"host\" (the caller's ids), \"image\" (the image's user) or \"UID:GID\" like \"1000:1000\"";
+        let Value::String(text) = &node.value else {
+            self.wrong_type(node, "workspace.user", accepted);
+            return None;
+        };
+        match text.as_str() {
+            "host" => return Some(UserChoice::Host),
+            "image" => return Some(UserChoice::Image),
+            _ => {}
+        }
+        let ids = text.split_once(':').and_then(|(uid, gid)| {
+            let all_digits = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
+            (all_digits(uid) && all_digits(gid))
+                .then(|| Some((uid.parse::<u32>().ok()?, gid.parse::<u32>().ok()?)))
+                .flatten()
+        });
+        match ids {
+            Some((uid, gid)) => Some(UserChoice::Ids(UserIds { uid, gid })),
+            None => {
+                self.problem(
+                    node,
+                    "workspace.user",
+                    format!("{text:?} is not accepted; write {accepted}"),
+                );
+                None
+            }
+        }
+    }
+
+    fn network(&mut self, node: Option<&Node>, field: &str) -> Option<NetworkPolicy> {
+        let Some(node) = node else {
+            return Some(NetworkPolicy {
+                mode: NetworkMode::None,
+                allow: Vec::new(),
+            });
+        };
+        let fields = self.table(node, field, NETWORK);
+        let mode = match fields.get("mode") {
+            Some(node) => self.choice(
+                node,
+                &join(field, "mode"),
+                &[
+                    ("none", NetworkMode::None),
+                    ("egress", NetworkMode::Egress),
+                    ("bridge", NetworkMode::Bridge),
+                ],
+            ),
+            None => Some(NetworkMode::None),
+        };
+        let allow_field = join(field, "allow");
+        let before = self.problems.len();
+        let allow = match fields.get("allow") {
+            Some(node) => self
+                .strings(node, &allow_field, |text| {
+                    AllowEntry::parse(text).map(|entry| entry.to_string())
+                })
+                .map(|entries| {
+                    entries
+                        .into_iter()
+                        .filter_map(|(text, _)| AllowEntry::parse(&text).ok())
+                        .collect::<Vec<_>>()
+                }),
+            None => Some(Vec::new()),
+        };
+        let (mode, allow) = (mode?, allow?);
+        if self.problems.len() > before {
+            // Invalid entries are already reported; the list's shape is not yet known.
+            return None;
+        }
+        match mode {
+            NetworkMode::Egress if allow.is_empty() => {
+                self.problem(
+                    fields.get("mode").unwrap_or(node),
+                    &join(field, "mode"),
+                    "\"egress\" needs a non-empty allow list of host[:port] entries; for no network write \"none\"".to_owned(),
+                );
+                return None;
+            }
+            NetworkMode::None | NetworkMode::Bridge if !allow.is_empty() => {
+                let mode_name = if mode == NetworkMode::None {
+                    "none"
+                } else {
+                    "bridge"
+                };
+                self.problem(
+                    fields.get("allow").unwrap_or(node),
+                    &allow_field,
+                    format!(
+                        "an allow list only applies to mode \"egress\", but the mode is \"{mode_name}\"; write allow = [] or mode = \"egress\""
+                    ),
+                );
+                return None;
+            }
+            NetworkMode::None | NetworkMode::Egress | NetworkMode::Bridge => {}
+        }
+        Some(NetworkPolicy { mode, allow })
+    }
+
+    fn limits(
+        &mut self,
+        node: Option<&Node>,
+        field: &str,
+        accepted: &[&str],
+        base: &LimitsPolicy,
+    ) -> Option<LimitsPolicy> {
+        let Some(node) = node else {
+            return Some(base.clone());
+        };
+        let fields = self.table(node, field, accepted);
+        let mut limits = base.clone();
+        let mut ok = true;
+        for (name, node) in &fields.entries {
+            let path = join(field, name);
+            let done = match *name {
+                "memory" => self.size(node, &path).map(|size| limits.memory = size),
+                "tmp" => self.size(node, &path).map(|size| limits.tmp = size),
+                "cpus" => self.cpus(node, &path).map(|cpus| limits.cpus = cpus),
+                "pids" => self.count(node, &path).map(|count| limits.pids = count),
+                "nofile" => self.count(node, &path).map(|count| limits.nofile = count),
+                "call_timeout" => self
+                    .duration(node, &path)
+                    .map(|duration| limits.call_timeout = duration),
+                "idle" => self
+                    .duration(node, &path)
+                    .map(|duration| limits.idle = duration),
+                "lifetime" => self
+                    .duration(node, &path)
+                    .map(|duration| limits.lifetime = duration),
+                _ => None,
+            };
+            ok &= done.is_some();
+        }
+        ok.then_some(limits)
+    }
+
+    fn size(&mut self, node: &Node, field: &str) -> Option<ByteSize> {
+        let Value::String(text) = &node.value else {
+            self.wrong_type(node, field, "a size like \"2GiB\"");
+            return None;
+        };
+        ByteSize::parse(text)
+            .map_err(|message| self.problem(node, field, message))
+            .ok()
+    }
+
+    fn cpus(&mut self, node: &Node, field: &str) -> Option<CpuQuota> {
+        let cores = match &node.value {
+            Value::Float(number) => *number,
+            Value::Integer(text) => text.parse::<f64>().unwrap_or(f64::NAN),
+            _ => {
+                self.wrong_type(node, field, "a number of cores like 2 or 0.5");
+                return None;
+            }
+        };
+        CpuQuota::from_cores(cores)
+            .map_err(|message| self.problem(node, field, message))
+            .ok()
+    }
+
+    fn count(&mut self, node: &Node, field: &str) -> Option<u64> {
+        let Value::Integer(text) = &node.value else {
+            self.wrong_type(node, field, "a whole number like 512");
+            return None;
+        };
+        parse_count(text)
+            .map_err(|message| self.problem(node, field, message))
+            .ok()
+    }
+
+    fn duration(&mut self, node: &Node, field: &str) -> Option<Duration> {
+        let Value::String(text) = &node.value else {
+            self.wrong_type(node, field, "a duration like \"10m\"");
+            return None;
+        };
+        parse_duration(text)
+            .map_err(|message| self.problem(node, field, message))
+            .ok()
+    }
+
+    fn env(&mut self, node: Option<&Node>) -> Option<EnvPolicy> {
+        let Some(node) = node else {
+            return Some(EnvPolicy::default());
+        };
+        let fields = self.table(node, "env", ENV);
+        let mut ok = true;
+        let mut set = BTreeMap::new();
+        if let Some(node) = fields.get("set") {
+            match &node.value {
+                Value::Table(items) => {
+                    for (key, value) in items {
+                        let field = format!("env.set.{}", key.name);
+                        if let Err(message) = check_env_name(&key.name) {
+                            self.problems
+                                .push(Problem::new(key.at.clone(), &field, &message));
+                            ok = false;
+                        }
+                        match self.string(value, &field) {
+                            Some(text) => {
+                                set.insert(key.name.clone(), text);
+                            }
+                            None => ok = false,
+                        }
+                    }
+                }
+                _ => {
+                    self.wrong_type(node, "env.set", "a table of NAME = \"value\"");
+                    ok = false;
+                }
+            }
+        }
+        let names = |text: &str| check_env_name(text).map(|()| text.to_owned());
+        let mut pass = Vec::new();
+        if let Some(node) = fields.get("pass") {
+            match self.strings(node, "env.pass", names) {
+                Some(entries) => {
+                    for (name, item) in entries {
+                        if looks_like_credential(&name) {
+                            self.problem(
+                                item,
+                                "env.pass",
+                                format!(
+                                    "{name:?} looks like a credential; hand it through under env.secrets if you mean to"
+                                ),
+                            );
+                            ok = false;
+                        }
+                        pass.push(name);
+                    }
+                }
+                None => ok = false,
+            }
+        }
+        let mut secrets = Vec::new();
+        if let Some(node) = fields.get("secrets") {
+            match self.strings(node, "env.secrets", names) {
+                Some(entries) => {
+                    for (name, item) in entries {
+                        if pass.contains(&name) {
+                            self.problem(
+                                item,
+                                "env.secrets",
+                                format!("{name:?} is also in env.pass; name it in one list"),
+                            );
+                            ok = false;
+                        }
+                        secrets.push(name);
+                    }
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(EnvPolicy { set, pass, secrets })
+    }
+
+    fn security(&mut self, node: Option<&Node>) -> Option<SecurityPolicy> {
+        let mut security = SecurityPolicy {
+            capabilities: Vec::new(),
+            read_only_root: true,
+            landlock: Requirement::BestEffort,
+            neutralise_git: true,
+            write_guard: true,
+            privileged: false,
+            host_namespaces: Vec::new(),
+            devices: Vec::new(),
+        };
+        let Some(node) = node else {
+            return Some(security);
+        };
+        let fields = self.table(node, "security", SECURITY);
+        let mut ok = true;
+        for (name, node) in &fields.entries {
+            let field = format!("security.{name}");
+            let done = match *name {
+                "capabilities" => self.capabilities(node).map(|caps| security.capabilities = caps),
+                "read_only_root" => self
+                    .boolean(node, &field)
+                    .map(|flag| security.read_only_root = flag),
+                "landlock" => self
+                    .choice(
+                        node,
+                        &field,
+                        &[
+                            ("required", Requirement::Required),
+                            ("best-effort", Requirement::BestEffort),
+                            ("off", Requirement::Off),
+                        ],
+                    )
+                    .map(|requirement| security.landlock = requirement),
+                "git" => self
+                    .choice(node, &field, &[("neutralise", true), ("off", false)])
+                    .map(|flag| security.neutralise_git = flag),
+                "write_guard" => self
+                    .choice(node, &field, &[("read-first", true), ("off", false)])
+                    .map(|flag| security.write_guard = flag),
+                "privileged" => self.boolean(node, &field).map(|flag| {
+                    if flag {
+                        self.dangers.push(Asked {
+                            danger: Danger::Privileged,
+                            at: node.at.clone(),
+                            field: field.clone(),
+                            what: "a privileged unit has every capability and every device".to_owned(),
+                        });
+                    }
+                    security.privileged = flag;
+                }),
+                "host_namespaces" => self
+                    .strings(node, &field, |text| {
+                        if NAMESPACES.contains(&text) {
+                            Ok(text.to_owned())
+                        } else {
+                            Err(format!("{text:?} is not a namespace; write {}", one_of(&NAMESPACES)))
+                        }
+                    })
+                    .map(|entries| {
+                        if !entries.is_empty() {
+                            let names: Vec<&str> = entries.iter().map(|(name, _)| name.as_str()).collect();
+                            self.dangers.push(Asked {
+                                danger: Danger::HostNamespaces,
+                                at: node.at.clone(),
+                                field: field.clone(),
+                                what: format!("sharing the host's {} namespace(s)", names.join(", ")),
+                            });
+                        }
+                        security.host_namespaces = entries.into_iter().map(|(name, _)| name).collect();
+                    }),
+                "devices" => self
+                    .strings(node, &field, |text| {
+                        let path = Path::new(text);
+                        if is_clean_absolute(path) && path.starts_with("/dev") && path != Path::new("/dev") {
+                            Ok(text.to_owned())
+                        } else {
+                            Err(format!("{text:?} is not a device; write a path under /dev like \"/dev/fuse\""))
+                        }
+                    })
+                    .map(|entries| {
+                        if !entries.is_empty() {
+                            self.dangers.push(Asked {
+                                danger: Danger::Devices,
+                                at: node.at.clone(),
+                                field: field.clone(),
+                                what: "host devices are reachable from the unit".to_owned(),
+                            });
+                        }
+                        security.devices = entries.into_iter().map(|(name, _)| PathBuf::from(name)).collect();
+                    }),
+                _ => None,
+            };
+            ok &= done.is_some();
+        }
+        ok.then_some(security)
+    }
+
+    fn capabilities(&mut self, node: &Node) -> Option<Vec<String>> {
+        let entries = self.strings(node, "security.capabilities", |text| {
+            let name = text.strip_prefix("CAP_").unwrap_or(text);
+            if KNOWN_CAPABILITIES.contains(&name) {
+                Ok(name.to_owned())
+            } else {
+                Err(format!(
+                    "{text:?} is not a capability; write an upper-case name like \"NET_BIND_SERVICE\" (reviewed: {})",
+                    REVIEWED_CAPABILITIES.join(", ")
+                ))
+            }
+        })?;
+        for (name, item) in &entries {
+            if !REVIEWED_CAPABILITIES.contains(&name.as_str()) {
+                self.dangers.push(Asked {
+                    danger: Danger::Capabilities,
+                    at: item.at.clone(),
+                    field: "security.capabilities".to_owned(),
+                    what: format!(
+                        "{name} is not on the reviewed list ({})",
+                        REVIEWED_CAPABILITIES.join(", ")
+                    ),
+                });
+            }
+        }
+        Some(entries.into_iter().map(|(name, _)| name).collect())
+    }
+
+    fn servers(&mut self, node: Option<&Node>, limits: &Option<LimitsPolicy>) -> Vec<Server> {
+        let Some(node) = node else {
+            return Vec::new();
+        };
+        let Value::Array(items) = &node.value else {
+            self.wrong_type(node, "server", "an array of tables, written [[server]]");
+            return Vec::new();
+        };
+        let base = limits.clone().unwrap_or_else(defaults::limits);
+        let mut servers: Vec<Server> = Vec::new();
+        for (index, item) in items.iter().enumerate() {
+            let label = match item.get("name").map(|name| &name.value) {
+                Some(Value::String(name)) => format!("server[{name}]"),
+                _ => format!("server[{index}]"),
+            };
+            let fields = self.table(item, &label, SERVER);
+            let name = match fields.get("name") {
+                Some(node) => self.server_name(node, &label, &servers),
+                None => {
+                    self.problem(
+                        item,
+                        &label,
+                        "a server needs a name, like name = \"browser\"".to_owned(),
+                    );
+                    None
+                }
+            };
+            let image = match fields.get("image") {
+                Some(node) => {
+                    self.non_empty_string(node, &join(&label, "image"), "box-browser:latest")
+                }
+                None => {
+                    self.problem(
+                        item,
+                        &label,
+                        "a server needs an image, like image = \"box-browser:latest\"".to_owned(),
+                    );
+                    None
+                }
+            };
+            let command = match fields.get("command") {
+                Some(node) => {
+                    let field = join(&label, "command");
+                    self.strings(node, &field, |text| Ok(text.to_owned()))
+                        .and_then(|words| {
+                            if words.is_empty() || words[0].0.is_empty() {
+                                self.problem(node, &field, "the command is empty; write the program and its arguments, like [\"mcp-server\", \"--stdio\"]".to_owned());
+                                None
+                            } else {
+                                Some(words.into_iter().map(|(word, _)| word).collect::<Vec<_>>())
+                            }
+                        })
+                }
+                None => {
+                    self.problem(
+                        item,
+                        &label,
+                        "a server needs a command, like command = [\"mcp-server\", \"--stdio\"]"
+                            .to_owned(),
+                    );
+                    None
+                }
+            };
+            let description = match fields.get("description") {
+                Some(node) => self.string(node, &join(&label, "description")),
+                None => Some(String::new()),
+            };
+            let network = self.network(fields.get("network"), &join(&label, "network"));
+            let limits = self.limits(
+                fields.get("limits"),
+                &join(&label, "limits"),
+                SERVER_LIMITS,
+                &base,
+            );
+            if let (
+                Some(name),
+                Some(image),
+                Some(command),
+                Some(description),
+                Some(network),
+                Some(limits),
+            ) = (name, image, command, description, network, limits)
+            {
+                servers.push(Server {
+                    name,
+                    image,
+                    command,
+                    description,
+                    network,
+                    limits,
+                });
+            }
+        }
+        servers
+    }
+
+    fn server_name(&mut self, node: &Node, label: &str, servers: &[Server]) -> Option<String> {
+        let field = join(label, "name");
+        let name = self.string(node, &field)?;
+        let valid = !name.is_empty()
+            && name.len() <= 40
+            && name.starts_with(|c: char| c.is_ascii_lowercase())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        if !valid {
+            self.problem(
+                node,
+                &field,
+                format!("{name:?} is not a server name; write lower-case letters, digits and -, starting with a letter, like \"browser\""),
+            );
+            return None;
+        }
+        if name == "workspace" {
+            self.problem(
+                node,
+                &field,
+                "\"workspace\" is the workspace unit's name; choose another".to_owned(),
+            );
+            return None;
+        }
+        if servers.iter().any(|server| server.name == name) {
+            self.problem(
+                node,
+                &field,
+                format!("a server named {name:?} is declared twice"),
+            );
+            return None;
+        }
+        Some(name)
+    }
+}
+
+/// Absolute, with no `.` or `..` parts (compared component-wise, never as a string prefix).
+fn is_clean_absolute(path: &Path) -> bool {
+    path.is_absolute()
+        && path
+            .components()
+            .all(|component| matches!(component, Component::RootDir | Component::Normal(_)))
+        && !path.to_string_lossy().contains("/./")
+        && !path.to_string_lossy().ends_with("/.")
+}

@@ -1,0 +1,150 @@
+//! Dangerous asks: what makes a profile dangerous (an engine socket or a
+//! system directory as the workspace, privileged, host namespaces,
+//! capabilities beyond the reviewed list, devices), and the operator switch
+//! that must name each one. A danger asked but not allowed, and an allowance
+//! not used, are both problems.
+
+use std::path::Path;
+
+use super::super::error::{Position, Problem};
+use super::super::model::Danger;
+use super::super::tree::Node;
+use super::{OPERATOR, Walk, one_of};
+
+/// Paths that are the host's root or a system directory, refused as a workspace
+/// (with everything beneath the ones marked `true`).
+const SYSTEM_PATHS: &[(&str, bool)] = &[
+    ("/", false),
+    ("/bin", false),
+    ("/boot", true),
+    ("/dev", true),
+    ("/etc", true),
+    ("/home", false),
+    ("/lib", false),
+    ("/lib64", false),
+    ("/proc", true),
+    ("/root", false),
+    ("/run", true),
+    ("/sbin", false),
+    ("/sys", true),
+    ("/usr", false),
+    ("/var", false),
+    ("/var/run", true),
+    ("/var/lib/docker", true),
+    ("/var/lib/containerd", true),
+];
+
+/// Container engine sockets: a workspace that is one, or holds one, is root on the host.
+const ENGINE_SOCKETS: &[&str] = &[
+    "/var/run/docker.sock",
+    "/run/docker.sock",
+    "/run/containerd/containerd.sock",
+    "/run/podman/podman.sock",
+    "/var/run/crio/crio.sock",
+];
+
+/// A danger found, with where it was asked.
+pub(super) struct Asked {
+    pub(super) danger: Danger,
+    pub(super) at: Position,
+    pub(super) field: String,
+    pub(super) what: String,
+}
+
+impl Walk {
+    /// Record the dangers of binding host `path`.
+    pub(super) fn judge_host_path(&mut self, node: &Node, field: &str, path: &Path) {
+        let is_socket = path
+            .file_name()
+            .is_some_and(|name| name.to_string_lossy().ends_with(".sock"))
+            || ENGINE_SOCKETS
+                .iter()
+                .any(|socket| Path::new(socket).starts_with(path) && path != Path::new("/"));
+        if is_socket {
+            self.dangers.push(Asked {
+                danger: Danger::DockerSocket,
+                at: node.at.clone(),
+                field: field.to_owned(),
+                what: format!(
+                    "{} is or holds a container engine's socket (root on the host)",
+                    path.display()
+                ),
+            });
+        }
+        let is_system = SYSTEM_PATHS.iter().any(|(system, beneath)| {
+            path == Path::new(system) || (*beneath && path.starts_with(system))
+        });
+        // A socket path is also under a system directory; one error says it better.
+        if is_system && !is_socket {
+            self.dangers.push(Asked {
+                danger: Danger::HostRoot,
+                at: node.at.clone(),
+                field: field.to_owned(),
+                what: format!(
+                    "{} is the host's root or a system directory",
+                    path.display()
+                ),
+            });
+        }
+    }
+
+    pub(super) fn allowed_dangers(&mut self, node: Option<&Node>) -> Vec<(Danger, Node)> {
+        let Some(node) = node else {
+            return Vec::new();
+        };
+        let fields = self.table(node, "operator", OPERATOR);
+        let Some(list) = fields.get("allow_dangerous") else {
+            return Vec::new();
+        };
+        let names: Vec<&str> = Danger::ALL.iter().map(|danger| danger.name()).collect();
+        self.strings(
+            list,
+            "operator.allow_dangerous",
+            |text| match Danger::from_name(text) {
+                Some(danger) => Ok(danger.name().to_owned()),
+                None => Err(format!(
+                    "{text:?} is not a danger box knows; write {}",
+                    one_of(&names)
+                )),
+            },
+        )
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(name, item)| Danger::from_name(&name).map(|danger| (danger, item.clone())))
+        .collect()
+    }
+
+    pub(super) fn judge_dangers(&mut self, allowed: Vec<(Danger, Node)>) -> Vec<Danger> {
+        let asked = std::mem::take(&mut self.dangers);
+        for ask in &asked {
+            if !allowed.iter().any(|(danger, _)| *danger == ask.danger) {
+                self.problems.push(Problem::new(
+                    ask.at.clone(),
+                    &ask.field,
+                    &format!(
+                        "refused as dangerous: {}; an operator who means it writes [operator] allow_dangerous = [\"{}\"]",
+                        ask.what,
+                        ask.danger.name()
+                    ),
+                ));
+            }
+        }
+        let mut used = Vec::new();
+        for (danger, node) in allowed {
+            if asked.iter().any(|ask| ask.danger == danger) {
+                used.push(danger);
+            } else {
+                self.problem(
+                    &node,
+                    "operator.allow_dangerous",
+                    format!(
+                        "allows \"{}\" but the profile does not ask for it; remove it",
+                        danger.name()
+                    ),
+                );
+            }
+        }
+        used.sort();
+        used
+    }
+}

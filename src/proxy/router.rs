@@ -1,0 +1,367 @@
+//! The routing tables of one session: which unit request answers which client
+//! request, which client token a unit's progress belongs to, which unit a
+//! server→client request came from.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::{Value, json};
+
+use super::{Kind, ReplyTo, classify, id_key, params, params_mut};
+
+/// A unit's request id: the router numbers each unit's requests itself, so two
+/// clients (or two sessions' worth of ids) never collide upstream.
+pub type UnitRequestId = u64;
+
+/// One forwarded client request waiting for its unit's answer.
+#[derive(Debug)]
+pub struct Forward<T> {
+    /// The client's id, exactly as sent (type included).
+    pub client_id: Value,
+    /// Where the answer goes.
+    pub reply: ReplyTo,
+    /// The client's progress token, exactly as sent, when it gave one.
+    pub progress_token: Option<Value>,
+    /// What the caller keeps with the request (method, timers, rewrites).
+    pub tag: T,
+}
+
+/// What a message from a unit amounts to, once routed.
+#[derive(Debug)]
+pub enum UnitMessage<T> {
+    /// The answer to a forwarded request, its id already the client's.
+    Answer {
+        /// The request it answers.
+        forward: Forward<T>,
+        /// The response, ready for the client.
+        response: Value,
+    },
+    /// A message for the client that belongs to no request (or whose request
+    /// is gone): logs, list changes, a server→client request made between calls.
+    General(Value),
+    /// Nothing more to do: an event was queued on its request's stream, or the
+    /// message was stale (an answer to a cancelled request, progress for a
+    /// finished one) and was dropped.
+    Done,
+    /// Not a JSON-RPC message; the unit is misbehaving.
+    Invalid(String),
+}
+
+#[derive(Debug, Default)]
+struct UnitTable<T> {
+    next_id: UnitRequestId,
+    pending: BTreeMap<UnitRequestId, Forward<T>>,
+}
+
+/// The routing state of one session.
+#[derive(Debug)]
+pub struct Router<T> {
+    units: Vec<UnitTable<T>>,
+    /// Client id key → (unit, unit request id), for the client's cancellations.
+    by_client_id: HashMap<String, (usize, UnitRequestId)>,
+    /// Proxy-assigned id key → (unit, the unit's own id), for server→client requests.
+    server_requests: HashMap<String, (usize, Value)>,
+    next_server_request: u64,
+}
+
+impl<T> Router<T> {
+    /// A router for `units` units; each unit's request ids start at `first_id`.
+    pub fn new(units: usize, first_id: UnitRequestId) -> Self {
+        Self {
+            units: (0..units)
+                .map(|_| UnitTable {
+                    next_id: first_id,
+                    pending: BTreeMap::new(),
+                })
+                .collect(),
+            by_client_id: HashMap::new(),
+            server_requests: HashMap::new(),
+            next_server_request: 1,
+        }
+    }
+
+    /// Whether a request with this client id is in flight (ids must not be reused while they are).
+    pub fn is_in_flight(&self, client_id: &Value) -> bool {
+        self.by_client_id.contains_key(&id_key(client_id))
+    }
+
+    /// How many client requests are in flight, across units.
+    pub fn in_flight(&self) -> usize {
+        self.units.iter().map(|unit| unit.pending.len()).sum()
+    }
+
+    /// Rewrite the client request `message` for `unit`: a fresh id, a fresh
+    /// progress token; record where its answer goes. Returns the unit's id and
+    /// the message to send it.
+    pub fn forward(
+        &mut self,
+        unit: usize,
+        mut message: Value,
+        reply: ReplyTo,
+        tag: T,
+    ) -> (UnitRequestId, Value) {
+        let table = &mut self.units[unit];
+        let unit_id = table.next_id;
+        table.next_id += 1;
+        let client_id = message.get("id").cloned().unwrap_or(Value::Null);
+        if let Some(object) = message.as_object_mut() {
+            object.insert("id".to_owned(), json!(unit_id));
+        }
+        // The unit's token is its request id: unique among the unit's active
+        // requests, which is all the protocol asks of a token.
+        let progress_token = params_mut(&mut message)
+            .and_then(|params| params.get_mut("_meta"))
+            .and_then(Value::as_object_mut)
+            .and_then(|meta| meta.insert("progressToken".to_owned(), json!(unit_id)));
+        self.by_client_id
+            .insert(id_key(&client_id), (unit, unit_id));
+        table.pending.insert(
+            unit_id,
+            Forward {
+                client_id,
+                reply,
+                progress_token,
+                tag,
+            },
+        );
+        (unit_id, message)
+    }
+
+    /// Take a forwarded request back unanswered (deadline, cancellation, unit gone).
+    pub fn take(&mut self, unit: usize, unit_id: UnitRequestId) -> Option<Forward<T>> {
+        let forward = self.units.get_mut(unit)?.pending.remove(&unit_id)?;
+        self.by_client_id.remove(&id_key(&forward.client_id));
+        Some(forward)
+    }
+
+    /// Take every request in flight to `unit` (it ended).
+    pub fn take_all(&mut self, unit: usize) -> Vec<Forward<T>> {
+        let Some(table) = self.units.get_mut(unit) else {
+            return Vec::new();
+        };
+        let taken: Vec<_> = std::mem::take(&mut table.pending).into_values().collect();
+        for forward in &taken {
+            self.by_client_id.remove(&id_key(&forward.client_id));
+        }
+        self.server_requests.retain(|_, (owner, _)| *owner != unit);
+        taken
+    }
+
+    /// The tag of a request in flight.
+    pub fn tag(&self, unit: usize, unit_id: UnitRequestId) -> Option<&T> {
+        Some(&self.units.get(unit)?.pending.get(&unit_id)?.tag)
+    }
+
+    /// The tag of a request in flight, to change.
+    pub fn tag_mut(&mut self, unit: usize, unit_id: UnitRequestId) -> Option<&mut T> {
+        Some(&mut self.units.get_mut(unit)?.pending.get_mut(&unit_id)?.tag)
+    }
+
+    /// Translate the client's `notifications/cancelled`: the unit to tell and
+    /// the notification in its id space, and the request it cancels (taken:
+    /// the client expects no answer). `None` for an unknown or finished id.
+    pub fn client_cancel(&mut self, mut message: Value) -> Option<(usize, Value, Forward<T>)> {
+        let request_id = params(&message)?.get("requestId")?.clone();
+        let (unit, unit_id) = *self.by_client_id.get(&id_key(&request_id))?;
+        let forward = self.take(unit, unit_id)?;
+        params_mut(&mut message)?.insert("requestId".to_owned(), json!(unit_id));
+        Some((unit, message, forward))
+    }
+
+    /// Translate the client's answer to a server→client request: the unit it
+    /// goes to and the answer with the unit's own id. `None` for an unknown id.
+    pub fn client_response(&mut self, mut message: Value) -> Option<(usize, Value)> {
+        let id = message.get("id")?;
+        let (unit, unit_id) = self.server_requests.remove(&id_key(id))?;
+        message.as_object_mut()?.insert("id".to_owned(), unit_id);
+        Some((unit, message))
+    }
+
+    /// Route a message the unit `unit` sent.
+    pub fn from_unit(&mut self, unit: usize, mut message: Value) -> UnitMessage<T> {
+        let kind = match classify(&message) {
+            Ok(kind) => kind,
+            Err(error) => return UnitMessage::Invalid(error.to_string()),
+        };
+        match kind {
+            Kind::Response { id } => {
+                let Some(unit_id) = id.as_u64() else {
+                    return UnitMessage::Done;
+                };
+                let Some(forward) = self.take(unit, unit_id) else {
+                    // An answer that crossed a cancel or a deadline: the client
+                    // already had its one answer.
+                    return UnitMessage::Done;
+                };
+                if let Some(object) = message.as_object_mut() {
+                    object.insert("id".to_owned(), forward.client_id.clone());
+                }
+                UnitMessage::Answer {
+                    forward,
+                    response: message,
+                }
+            }
+            Kind::Request { id, .. } => {
+                let proxy_id = json!(format!("box-{}", self.next_server_request));
+                self.next_server_request += 1;
+                self.server_requests.insert(id_key(&proxy_id), (unit, id));
+                if let Some(object) = message.as_object_mut() {
+                    object.insert("id".to_owned(), proxy_id);
+                }
+                // It belongs to the unit's newest request in flight, if any (an
+                // elicitation during a call); over HTTP it then travels on that
+                // call's stream.
+                match self.units[unit].pending.values().next_back() {
+                    Some(forward) => {
+                        if forward.reply.event(message.clone()) {
+                            UnitMessage::Done
+                        } else {
+                            UnitMessage::General(message)
+                        }
+                    }
+                    None => UnitMessage::General(message),
+                }
+            }
+            Kind::Notification { method } => match method.as_str() {
+                "notifications/progress" => self.progress(unit, message),
+                "notifications/cancelled" => {
+                    let Some(request_id) = params(&message).and_then(|p| p.get("requestId")) else {
+                        return UnitMessage::Done;
+                    };
+                    let found = self
+                        .server_requests
+                        .iter()
+                        .find(|(_, (owner, id))| *owner == unit && id == request_id)
+                        .map(|(key, _)| key.clone());
+                    let Some(key) = found else {
+                        return UnitMessage::Done;
+                    };
+                    self.server_requests.remove(&key);
+                    let proxy_id: Value = serde_json::from_str(&key).unwrap_or(Value::String(key));
+                    if let Some(params) = params_mut(&mut message) {
+                        params.insert("requestId".to_owned(), proxy_id);
+                    }
+                    UnitMessage::General(message)
+                }
+                _ => UnitMessage::General(message),
+            },
+        }
+    }
+
+    fn progress(&mut self, unit: usize, mut message: Value) -> UnitMessage<T> {
+        let Some(unit_id) = params(&message)
+            .and_then(|params| params.get("progressToken"))
+            .and_then(Value::as_u64)
+        else {
+            return UnitMessage::Done;
+        };
+        let Some(forward) = self.units[unit].pending.get(&unit_id) else {
+            return UnitMessage::Done;
+        };
+        let Some(token) = forward.progress_token.clone() else {
+            return UnitMessage::Done;
+        };
+        if let Some(params) = params_mut(&mut message) {
+            params.insert("progressToken".to_owned(), token);
+        }
+        // Progress is lossy by design: a client that does not read loses updates, not calls.
+        forward.reply.event(message);
+        UnitMessage::Done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::reply_channel;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn ids_and_tokens_round_trip_with_their_types() {
+        let mut router: Router<()> = Router::new(2, 1);
+        let (reply_a, mut stream_a) = reply_channel();
+        let (reply_b, mut stream_b) = reply_channel();
+        let (id_a, sent_a) = router.forward(
+            0,
+            json!({"jsonrpc":"2.0","id":"7","method":"tools/call","params":{"_meta":{"progressToken":"t"},"x":1}}),
+            reply_a,
+            (),
+        );
+        let (id_b, _sent_b) = router.forward(
+            0,
+            json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"_meta":{"progressToken":7}}}),
+            reply_b,
+            (),
+        );
+        assert_ne!(id_a, id_b);
+        assert_eq!(sent_a["id"], json!(id_a));
+        assert_eq!(sent_a["params"]["_meta"]["progressToken"], json!(id_a));
+        assert_eq!(sent_a["params"]["x"], json!(1));
+        assert!(router.is_in_flight(&json!("7")));
+        assert!(router.is_in_flight(&json!(7)));
+
+        let progress = json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":id_b,"progress":1}});
+        assert!(matches!(router.from_unit(0, progress), UnitMessage::Done));
+        assert_eq!(
+            stream_b.events.try_recv().unwrap()["params"]["progressToken"],
+            json!(7)
+        );
+        assert!(stream_a.events.try_recv().is_err());
+
+        let answer = json!({"jsonrpc":"2.0","id":id_a,"result":{"extra":true}});
+        let UnitMessage::Answer { forward, response } = router.from_unit(0, answer) else {
+            panic!("not an answer");
+        };
+        assert_eq!(
+            response,
+            json!({"jsonrpc":"2.0","id":"7","result":{"extra":true}})
+        );
+        forward.reply.answer(response);
+        assert_eq!(stream_a.response.try_recv().unwrap()["id"], json!("7"));
+        assert!(!router.is_in_flight(&json!("7")));
+        // A late duplicate is dropped, never answered twice.
+        let again = json!({"jsonrpc":"2.0","id":id_a,"result":{}});
+        assert!(matches!(router.from_unit(0, again), UnitMessage::Done));
+    }
+
+    #[test]
+    fn cancellation_is_translated_and_unknown_ids_are_dropped() {
+        let mut router: Router<()> = Router::new(1, 1);
+        let (reply, _stream) = reply_channel();
+        let (unit_id, _) = router.forward(
+            0,
+            json!({"jsonrpc":"2.0","id":42,"method":"tools/call"}),
+            reply,
+            (),
+        );
+        let cancel = json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":42,"reason":"r"}});
+        let (unit, sent, _forward) = router.client_cancel(cancel.clone()).unwrap();
+        assert_eq!(unit, 0);
+        assert_eq!(sent["params"], json!({"requestId": unit_id, "reason": "r"}));
+        assert!(router.client_cancel(cancel).is_none());
+    }
+
+    #[test]
+    fn server_requests_get_proxy_ids_and_answers_go_back() {
+        let mut router: Router<()> = Router::new(2, 1);
+        let (reply, mut stream) = reply_channel();
+        router.forward(
+            1,
+            json!({"jsonrpc":"2.0","id":1,"method":"tools/call"}),
+            reply,
+            (),
+        );
+        let ask = json!({"jsonrpc":"2.0","id":0,"method":"elicitation/create","params":{}});
+        assert!(matches!(router.from_unit(1, ask), UnitMessage::Done));
+        let sent = stream.events.try_recv().unwrap();
+        let proxy_id = sent["id"].clone();
+        assert_ne!(proxy_id, json!(0));
+        let (unit, back) = router
+            .client_response(json!({"jsonrpc":"2.0","id":proxy_id,"result":{"action":"accept"}}))
+            .unwrap();
+        assert_eq!(unit, 1);
+        assert_eq!(back["id"], json!(0));
+        // Between calls, a server request is general.
+        let ping = json!({"jsonrpc":"2.0","id":"p","method":"ping"});
+        assert!(matches!(router.from_unit(0, ping), UnitMessage::General(_)));
+    }
+}

@@ -1,0 +1,268 @@
+//! Git neutralisation: environment variables that stop a repository's own
+//! configuration from making git run a program (hooks, fsmonitor, pagers,
+//! editors, credential helpers, signing programs, filter and diff drivers) or
+//! use a transport that runs one.
+//!
+//! `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n` are "command"
+//! scope: they beat the repository's `.git/config` and anything it includes.
+//! The user's system and global configuration are trusted and left alone
+//! (`GIT_CONFIG_NOSYSTEM`/`GIT_CONFIG_GLOBAL` are not set), as in the dax
+//! reference.
+//!
+//! What config cannot do, and what covers it instead:
+//! - `diff.external` is run even when empty (`error: cannot run :`), so an
+//!   empty override would break every `git diff`; it is left out here and the
+//!   stamped plan adds `--no-ext-diff --no-textconv` to `git diff|log|show`.
+//!   The same holds for `diff.<driver>.command`, which [`driver_overrides`]
+//!   empties: git then fails loudly instead of running the driver.
+//! - Filter, diff and merge drivers are named by attributes and defined by
+//!   config with names of the repository's choosing, so they cannot be listed
+//!   in advance: [`configured_drivers`] asks git which are defined and
+//!   [`driver_overrides`] neutralises them.
+//! - Transports: `protocol.allow=never` with `https`, `http`, `ssh` and `git`
+//!   kept usable, `ext` never and `file` back to git's own default (`user`:
+//!   allowed when the agent types it, refused for submodules). A repository
+//!   can still allow a remote helper by its own name (`protocol.<name>.allow`);
+//!   that helper must be installed, which is the agent's own code anyway.
+//! - `core.sshCommand=ssh` keeps ssh remotes usable with the real ssh
+//!   (the dax reference's choice) rather than a failing program.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Hook events (githooks(5)): each gets `hook.<event>.enabled=false`, for the
+/// config-based hooks of newer git; `core.hooksPath=/dev/null` covers the
+/// hooks directory.
+const HOOK_EVENTS: &[&str] = &[
+    "applypatch-msg",
+    "pre-applypatch",
+    "post-applypatch",
+    "pre-commit",
+    "pre-merge-commit",
+    "prepare-commit-msg",
+    "commit-msg",
+    "post-commit",
+    "pre-rebase",
+    "post-checkout",
+    "post-merge",
+    "pre-push",
+    "pre-receive",
+    "update",
+    "proc-receive",
+    "post-receive",
+    "post-update",
+    "reference-transaction",
+    "push-to-checkout",
+    "pre-auto-gc",
+    "post-rewrite",
+    "sendemail-validate",
+    "fsmonitor-watchman",
+    "post-index-change",
+    "p4-changelist",
+    "p4-prepare-changelist",
+    "p4-post-changelist",
+    "p4-pre-submit",
+];
+
+/// The configuration overrides, in order. The first eight are the dax
+/// reference's, so a dax client sees the same keys first.
+const CONFIG: &[(&str, &str)] = &[
+    ("core.fsmonitor", "false"),
+    ("core.pager", "cat"),
+    ("core.sshCommand", "ssh"),
+    ("core.hooksPath", "/dev/null"),
+    ("gpg.program", "/bin/false"),
+    ("gpg.openpgp.program", "/bin/false"),
+    ("gpg.x509.program", "/bin/false"),
+    ("gpg.ssh.program", "/bin/false"),
+    ("core.editor", "true"),
+    ("sequence.editor", "true"),
+    // Empty: git asks no program (and, with GIT_TERMINAL_PROMPT=0, no terminal).
+    ("core.askPass", ""),
+    // Empty resets the helper list, including `credential.<url>.helper` read before it.
+    ("credential.helper", ""),
+    ("core.alternateRefsCommand", ""),
+    ("commit.gpgSign", "false"),
+    ("tag.gpgSign", "false"),
+    ("log.showSignature", "false"),
+    ("protocol.allow", "never"),
+    ("protocol.https.allow", "always"),
+    ("protocol.http.allow", "always"),
+    ("protocol.ssh.allow", "always"),
+    ("protocol.git.allow", "always"),
+    ("protocol.file.allow", "user"),
+    ("protocol.ext.allow", "never"),
+    ("submodule.recurse", "false"),
+    ("fetch.recurseSubmodules", "false"),
+    ("gc.auto", "0"),
+    ("maintenance.auto", "false"),
+    ("safe.bareRepository", "explicit"),
+    ("http.sslVerify", "true"),
+];
+
+/// The plain variables added beside the configuration.
+const PLAIN: &[(&str, &str)] = &[
+    ("GIT_TERMINAL_PROMPT", "0"),
+    ("GIT_PAGER", "cat"),
+    ("PAGER", "cat"),
+    ("GIT_OPTIONAL_LOCKS", "0"),
+    ("GIT_NO_LAZY_FETCH", "1"),
+    ("GIT_EDITOR", "true"),
+    ("GIT_SEQUENCE_EDITOR", "true"),
+];
+
+/// The variables that neutralise git's dangerous configuration for a child:
+/// `GIT_CONFIG_COUNT`/`KEY_n`/`VALUE_n` and the prompt, pager and lock settings.
+pub fn git_neutralisation() -> Vec<(String, String)> {
+    git_neutralisation_with_drivers(&[])
+}
+
+/// [`git_neutralisation`] plus [`driver_overrides`] for `drivers`.
+pub fn git_neutralisation_with_drivers(drivers: &[String]) -> Vec<(String, String)> {
+    let mut config: Vec<(String, String)> = CONFIG
+        .iter()
+        .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+        .collect();
+    config.extend(
+        HOOK_EVENTS
+            .iter()
+            .map(|event| (format!("hook.{event}.enabled"), "false".to_owned())),
+    );
+    config.extend(driver_overrides(drivers));
+    let mut vars = Vec::with_capacity(2 * config.len() + 1 + PLAIN.len());
+    vars.push(("GIT_CONFIG_COUNT".to_owned(), config.len().to_string()));
+    for (index, (key, value)) in config.into_iter().enumerate() {
+        vars.push((format!("GIT_CONFIG_KEY_{index}"), key));
+        vars.push((format!("GIT_CONFIG_VALUE_{index}"), value));
+    }
+    vars.extend(
+        PLAIN
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned())),
+    );
+    vars
+}
+
+/// Overrides for filter, diff and merge drivers named `drivers` (as found in
+/// attributes or config): filters become `cat` and not required, with no
+/// long-running process; diff drivers lose their textconv and command; merge
+/// drivers fail closed.
+pub fn driver_overrides(drivers: &[String]) -> Vec<(String, String)> {
+    let mut config = Vec::new();
+    for driver in drivers {
+        for (key, value) in [
+            ("filter", "process", ""),
+            ("filter", "clean", "cat"),
+            ("filter", "smudge", "cat"),
+            ("filter", "required", "false"),
+            ("diff", "textconv", ""),
+            ("diff", "command", ""),
+            ("merge", "driver", "false"),
+        ]
+        .map(|(section, key, value)| (format!("{section}.{driver}.{key}"), value.to_owned()))
+        {
+            config.push((key, value));
+        }
+    }
+    config
+}
+
+/// How long a git query may take: an `include.path` naming a FIFO would
+/// otherwise block it forever.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The filter, diff and merge drivers that git's configuration defines for
+/// the repository at `dir` (every scope, includes followed), queried with git
+/// itself under [`git_neutralisation`] and `env`. Not a repository, no git,
+/// or a query that fails: no drivers (nothing is defined that git would run).
+/// A query that does not finish in 10 s is an error, because then the
+/// configuration cannot be known.
+pub fn configured_drivers(dir: &Path, env: &[(OsString, OsString)]) -> Result<Vec<String>, String> {
+    let Some(bytes) = git_query(
+        dir,
+        env,
+        &[
+            "config",
+            "--name-only",
+            "-z",
+            "--get-regexp",
+            r"^(filter|diff|merge)\..+\.(clean|smudge|process|textconv|command|driver)$",
+        ],
+    )?
+    else {
+        return Ok(Vec::new());
+    };
+    let mut drivers: Vec<String> = bytes
+        .split(|byte| *byte == 0)
+        .filter_map(|name| driver_name(&String::from_utf8_lossy(name)))
+        .collect();
+    drivers.sort();
+    drivers.dedup();
+    Ok(drivers)
+}
+
+/// Run `git args` in `dir` with `env` plus [`git_neutralisation`], no stdin,
+/// stderr discarded, killed after 10 s. `Ok(Some(stdout))` when git exited 0,
+/// `Ok(None)` when it could not start or exited non-zero (for `git config`:
+/// nothing matched, or not a repository), `Err` on the timeout.
+pub fn git_query(
+    dir: &Path,
+    env: &[(OsString, OsString)],
+    args: &[&str],
+) -> Result<Option<Vec<u8>>, String> {
+    let mut command = Command::new("git");
+    command
+        .args(args)
+        .current_dir(dir)
+        .env_clear()
+        .envs(env.iter().map(|(name, value)| (name, value)))
+        .envs(git_neutralisation())
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let Ok(mut child) = command.spawn() else {
+        return Ok(None);
+    };
+    let deadline = Instant::now() + QUERY_TIMEOUT;
+    let stdout = child.stdout.take();
+    // Read on a thread so a full pipe cannot stall the deadline loop.
+    let reader = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(mut stdout) = stdout {
+            let _ = std::io::Read::read_to_end(&mut stdout, &mut bytes);
+        }
+        bytes
+    });
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "git {} in {} did not answer within {}s",
+                    args.first().unwrap_or(&""),
+                    dir.display(),
+                    QUERY_TIMEOUT.as_secs()
+                ));
+            }
+        }
+    };
+    let bytes = reader.join().unwrap_or_default();
+    Ok(status.success().then_some(bytes))
+}
+
+/// `filter.a.b.clean` → `a.b`: the subsection between the section and the key.
+fn driver_name(key: &str) -> Option<String> {
+    let key = key.trim();
+    let (_, rest) = key.split_once('.')?;
+    let (name, _) = rest.rsplit_once('.')?;
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
+#[cfg(test)]
+mod tests;

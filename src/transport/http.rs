@@ -1,0 +1,732 @@
+//! Streamable HTTP (MCP 2025-06-18 and 2025-11-25) with axum: POST, GET and
+//! DELETE on one endpoint, `/mcp`, and `/metrics`. Many sessions, each with its
+//! own units; `Mcp-Session-Id` minted at a successful initialize (256 random
+//! bits, hex).
+//!
+//! Every request passes, in order: the Host check (421: DNS rebinding), the
+//! Origin check (403), the bearer token when one is configured (401 with
+//! `WWW-Authenticate`; compared in constant time; never read from the URL).
+//! Bodies are bounded (413, before reading when the length is declared),
+//! batches are refused (-32600), an unsupported `MCP-Protocol-Version` gets 400
+//! listing the supported ones, unknown or ended sessions get 404. No CORS
+//! headers are ever sent. A `server/discover` probe is answered "method not
+//! found" without a session, so nothing starts.
+//!
+//! A POSTed request is answered `application/json` when nothing streams before
+//! its answer, else `text/event-stream`: the events (progress, a server→client
+//! request) and then the answer, without event ids (there is no replay, so
+//! clients must not try to resume).
+
+// A refusal is an axum `Response`, built once per request; boxing it buys nothing.
+#![allow(clippy::result_large_err)]
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::host::session::discover_refusal;
+use crate::host::{HostConfig, ServeArgs, SessionHandle, spawn_session};
+use crate::proxy::{Kind, MessageError, ReplyStream, classify, code, error_response};
+
+/// The protocol versions whose `MCP-Protocol-Version` header is accepted.
+pub const SUPPORTED_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+/// The session header.
+const SESSION_HEADER: &str = "mcp-session-id";
+/// The version header.
+const VERSION_HEADER: &str = "mcp-protocol-version";
+/// How many unrelated server→client messages wait for a session's GET stream.
+const GENERAL_QUEUE: usize = 64;
+/// How long a DELETE waits for its session's units to be removed.
+const DELETE_WAIT: Duration = Duration::from_secs(60);
+/// How long shutdown waits for sessions to remove their units.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(60);
+
+/// What the HTTP transport enforces.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// The bearer token every request must carry; `None` only on loopback.
+    pub token: Option<String>,
+    /// Host names (or host:port) accepted besides loopback's.
+    pub allowed_hosts: Vec<String>,
+    /// Origins accepted besides loopback's.
+    pub allowed_origins: Vec<String>,
+    /// The most sessions at once.
+    pub max_sessions: usize,
+    /// The largest body.
+    pub max_body_bytes: usize,
+}
+
+impl HttpOptions {
+    /// Options from `box serve`'s flags: a non-loopback `--listen` requires `--token-file`.
+    pub fn from_args(args: &ServeArgs) -> anyhow::Result<Self> {
+        let listen = args.listen.as_deref().unwrap_or("127.0.0.1:0");
+        let token = match &args.token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("--token-file {}: reading", path.display()))?;
+                let token = text.trim().to_owned();
+                if token.len() < 16 {
+                    anyhow::bail!(
+                        "--token-file {}: the token is {} characters; use at least 16 (e.g. `openssl rand -hex 32`)",
+                        path.display(),
+                        token.len()
+                    );
+                }
+                Some(token)
+            }
+            None => None,
+        };
+        let loopback = is_loopback_listen(listen);
+        if !loopback && token.is_none() {
+            anyhow::bail!(
+                "--listen {listen} is not a loopback address: anyone who reaches it could run tools; give --token-file FILE (a bearer token clients must send)"
+            );
+        }
+        let mut allowed_hosts = args.allow_hosts.clone();
+        if let Ok(address) = listen.parse::<SocketAddr>()
+            && !address.ip().is_unspecified()
+        {
+            allowed_hosts.push(address.ip().to_string());
+        }
+        Ok(Self {
+            token,
+            allowed_hosts,
+            allowed_origins: args.allow_origins.clone(),
+            max_sessions: args.max_sessions.max(1),
+            max_body_bytes: args.max_body_bytes,
+        })
+    }
+
+    /// Loopback-only defaults (tests).
+    pub fn loopback() -> Self {
+        Self {
+            token: None,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            max_sessions: 64,
+            max_body_bytes: crate::proxy::lines::MAX_MESSAGE_BYTES,
+        }
+    }
+}
+
+/// Whether a `--listen` address is loopback (`localhost:port` counts).
+fn is_loopback_listen(listen: &str) -> bool {
+    match listen.parse::<SocketAddr>() {
+        Ok(address) => address.ip().is_loopback(),
+        Err(_) => listen
+            .rsplit_once(':')
+            .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost")),
+    }
+}
+
+/// Where a session's GET stream takes its messages from (empty while one is open).
+type GeneralSlot = Arc<Mutex<Option<mpsc::Receiver<Value>>>>;
+
+struct Entry {
+    handle: SessionHandle,
+    general: GeneralSlot,
+    _permit: OwnedSemaphorePermit,
+}
+
+struct AppState {
+    config: Arc<HostConfig>,
+    options: HttpOptions,
+    sessions: Mutex<HashMap<String, Entry>>,
+    permits: Arc<Semaphore>,
+    shutdown: CancellationToken,
+}
+
+impl AppState {
+    fn lookup(&self, id: &str) -> Option<(SessionHandle, GeneralSlot)> {
+        let sessions = self.sessions.lock().ok()?;
+        let entry = sessions.get(id)?;
+        if entry.handle.has_ended() {
+            return None;
+        }
+        Some((entry.handle.clone(), entry.general.clone()))
+    }
+}
+
+/// The axum router, for tests and for [`serve`].
+pub fn router(
+    config: Arc<HostConfig>,
+    options: HttpOptions,
+    shutdown: CancellationToken,
+) -> Router {
+    let state = Arc::new(AppState {
+        config,
+        permits: Arc::new(Semaphore::new(options.max_sessions)),
+        options,
+        sessions: Mutex::new(HashMap::new()),
+        shutdown,
+    });
+    Router::new()
+        .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// Serve on `listener` until `shutdown`, then end every session and remove its units.
+pub async fn serve(
+    config: Arc<HostConfig>,
+    options: HttpOptions,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let app = router(config.clone(), options, shutdown.clone());
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await
+        .context("serving HTTP")?;
+    // Sessions are children of `shutdown`: they are ending; wait for their units to go.
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
+    while config.metrics.sessions_active() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// A response with a JSON body.
+fn json_response(status: StatusCode, body: Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// An HTTP-level refusal with an id-less JSON-RPC error body.
+fn refuse(status: StatusCode, code: i64, message: impl Into<String>) -> Response {
+    json_response(
+        status,
+        json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message.into()}}),
+    )
+}
+
+const LOOPBACK_NAMES: [&str; 4] = ["localhost", "127.0.0.1", "::1", "[::1]"];
+
+/// Split `host[:port]` (brackets kept off IPv6).
+fn host_part(authority: &str) -> &str {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match authority.rsplit_once(':') {
+        Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => host,
+        _ => authority,
+    }
+}
+
+fn host_is_allowed(options: &HttpOptions, authority: &str) -> bool {
+    let host = host_part(authority).to_ascii_lowercase();
+    if LOOPBACK_NAMES.contains(&host.as_str()) {
+        return true;
+    }
+    if let Ok(ip) = host.parse::<IpAddr>()
+        && ip.is_loopback()
+    {
+        return true;
+    }
+    options.allowed_hosts.iter().any(|allowed| {
+        allowed.eq_ignore_ascii_case(authority) || allowed.eq_ignore_ascii_case(&host)
+    })
+}
+
+fn origin_is_allowed(options: &HttpOptions, origin: &str) -> bool {
+    if options
+        .allowed_origins
+        .iter()
+        .any(|allowed| allowed.eq_ignore_ascii_case(origin))
+    {
+        return true;
+    }
+    let Some((scheme, authority)) = origin.split_once("://") else {
+        return false;
+    };
+    (scheme == "http" || scheme == "https")
+        && !authority.contains('/')
+        && !authority.contains('@')
+        && host_is_allowed(
+            &HttpOptions {
+                allowed_hosts: Vec::new(),
+                ..options.clone()
+            },
+            authority,
+        )
+}
+
+/// Equal in constant time: both sides are hashed first, so neither the
+/// position of the first difference nor the token's length leaks.
+fn token_matches(given: &str, expected: &str) -> bool {
+    let given = Sha256::digest(given.as_bytes());
+    let expected = Sha256::digest(expected.as_bytes());
+    given
+        .iter()
+        .zip(expected.iter())
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+        == 0
+}
+
+/// Host, Origin and bearer checks, in that order.
+fn check_request(options: &HttpOptions, headers: &HeaderMap) -> Result<(), Response> {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|value| value.to_str().ok());
+    match host {
+        Some(host) if host_is_allowed(options, host) => {}
+        _ => {
+            return Err(refuse(
+                StatusCode::MISDIRECTED_REQUEST,
+                code::INVALID_REQUEST,
+                "the Host header names a host this server does not serve (DNS rebinding guard); see --allow-host",
+            ));
+        }
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let allowed = origin
+            .to_str()
+            .is_ok_and(|origin| origin_is_allowed(options, origin));
+        if !allowed {
+            return Err(refuse(
+                StatusCode::FORBIDDEN,
+                code::INVALID_REQUEST,
+                "the Origin is not allowed; see --allow-origin",
+            ));
+        }
+    }
+    if let Some(expected) = &options.token {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| {
+                value
+                    .strip_prefix("Bearer ")
+                    .or_else(|| value.strip_prefix("bearer "))
+            });
+        let ok = given.is_some_and(|given| token_matches(given.trim(), expected));
+        if !ok {
+            let challenge = if given.is_some() {
+                "Bearer realm=\"box\", error=\"invalid_token\""
+            } else {
+                "Bearer realm=\"box\""
+            };
+            let mut response = refuse(
+                StatusCode::UNAUTHORIZED,
+                code::INVALID_REQUEST,
+                "a bearer token is required in the Authorization header (never in the URL)",
+            );
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
+            return Err(response);
+        }
+    }
+    Ok(())
+}
+
+fn session_header(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(SESSION_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// 400 for an unsupported `MCP-Protocol-Version`; a missing one is accepted
+/// (the spec says to assume 2025-03-26).
+fn check_version(headers: &HeaderMap) -> Result<(), Response> {
+    let Some(value) = headers.get(VERSION_HEADER) else {
+        return Ok(());
+    };
+    let version = value.to_str().unwrap_or("");
+    if SUPPORTED_VERSIONS.contains(&version) {
+        return Ok(());
+    }
+    Err(json_response(
+        StatusCode::BAD_REQUEST,
+        json!({"jsonrpc": "2.0", "id": null, "error": {
+            "code": code::INVALID_REQUEST,
+            "message": format!("unsupported MCP-Protocol-Version {version:?}; supported: {}", SUPPORTED_VERSIONS.join(", ")),
+            "data": {"supported": SUPPORTED_VERSIONS, "requested": version},
+        }}),
+    ))
+}
+
+fn mint_session_id() -> String {
+    let mut bytes = [0u8; 32];
+    rand::fill(&mut bytes);
+    hex::encode(bytes)
+}
+
+async fn read_body(
+    options: &HttpOptions,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Value, Response> {
+    let too_large = || {
+        refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            code::INVALID_REQUEST,
+            format!("the body is larger than {} bytes", options.max_body_bytes),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > options.max_body_bytes as u64) {
+        return Err(too_large());
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("");
+    if !content_type
+        .split(';')
+        .next()
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
+    {
+        return Err(refuse(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            code::INVALID_REQUEST,
+            "Content-Type must be application/json",
+        ));
+    }
+    let bytes = axum::body::to_bytes(body, options.max_body_bytes)
+        .await
+        .map_err(|_| too_large())?;
+    serde_json::from_slice(&bytes).map_err(|error| {
+        refuse(
+            StatusCode::BAD_REQUEST,
+            code::PARSE_ERROR,
+            format!("the body is not JSON: {error}"),
+        )
+    })
+}
+
+async fn post_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    if let Err(response) = check_request(&state.options, &headers) {
+        return response;
+    }
+    let message = match read_body(&state.options, &headers, body).await {
+        Ok(message) => message,
+        Err(response) => return response,
+    };
+    let kind = match classify(&message) {
+        Ok(kind) => kind,
+        Err(error @ MessageError::Batch) | Err(error @ MessageError::Invalid(_)) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                code::INVALID_REQUEST,
+                error.to_string(),
+            );
+        }
+    };
+    let Some(session_id) = session_header(&headers) else {
+        return match kind {
+            Kind::Request { id, method } if method == "initialize" => {
+                initialize(&state, id, message).await
+            }
+            // A dual-era client's probe: a clean "method not found", nothing started.
+            Kind::Request { id, method } if method == "server/discover" => {
+                json_response(StatusCode::OK, discover_refusal(id))
+            }
+            _ => refuse(
+                StatusCode::BAD_REQUEST,
+                code::INVALID_REQUEST,
+                "Mcp-Session-Id is missing: send initialize first",
+            ),
+        };
+    };
+    let Some((session, _)) = state.lookup(&session_id) else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            code::INVALID_REQUEST,
+            "no such session (it ended, or never was); initialize again",
+        );
+    };
+    if let Err(response) = check_version(&headers) {
+        return response;
+    }
+    match kind {
+        Kind::Request { id, .. } => match session.request(message).await {
+            Ok(stream) => answer(id, stream).await,
+            Err(_) => refuse(
+                StatusCode::NOT_FOUND,
+                code::INVALID_REQUEST,
+                "the session has ended",
+            ),
+        },
+        Kind::Notification { .. } | Kind::Response { .. } => match session.notify(message).await {
+            Ok(()) => StatusCode::ACCEPTED.into_response(),
+            Err(_) => refuse(
+                StatusCode::NOT_FOUND,
+                code::INVALID_REQUEST,
+                "the session has ended",
+            ),
+        },
+    }
+}
+
+async fn initialize(state: &Arc<AppState>, id: Value, message: Value) -> Response {
+    let Ok(permit) = state.permits.clone().try_acquire_owned() else {
+        return json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            error_response(
+                id,
+                code::INTERNAL_ERROR,
+                format!(
+                    "this host serves at most {} sessions at once; try again later",
+                    state.options.max_sessions
+                ),
+            ),
+        );
+    };
+    let session_id = mint_session_id();
+    let (general_tx, general_rx) = mpsc::channel(GENERAL_QUEUE);
+    let handle = spawn_session(
+        state.config.clone(),
+        session_id.clone(),
+        general_tx,
+        &state.shutdown,
+    );
+    let response = match handle.request(message).await {
+        Ok(stream) => stream.response.await.ok(),
+        Err(_) => None,
+    };
+    let Some(response) = response else {
+        handle.end();
+        return json_response(
+            StatusCode::OK,
+            error_response(id, code::INTERNAL_ERROR, "the session ended while starting"),
+        );
+    };
+    if response.get("result").is_none() {
+        // A refused tightening, a unit that failed: nothing was kept.
+        handle.end();
+        return json_response(StatusCode::OK, response);
+    }
+    if let Ok(mut sessions) = state.sessions.lock() {
+        sessions.insert(
+            session_id.clone(),
+            Entry {
+                handle: handle.clone(),
+                general: Arc::new(Mutex::new(Some(general_rx))),
+                _permit: permit,
+            },
+        );
+    }
+    // The entry goes when the session ends, however it ends (DELETE, idle, lifetime).
+    let watcher_state = state.clone();
+    let watcher_id = session_id.clone();
+    let watched = handle.clone();
+    tokio::spawn(async move {
+        watched.ended().await;
+        if let Ok(mut sessions) = watcher_state.sessions.lock() {
+            sessions.remove(&watcher_id);
+        }
+    });
+    let mut response = json_response(StatusCode::OK, response);
+    if let Ok(value) = HeaderValue::from_str(&session_id) {
+        response.headers_mut().insert(SESSION_HEADER, value);
+    }
+    response
+}
+
+/// Answer a request: JSON when nothing streams before the answer, else SSE.
+async fn answer(id: Value, mut stream: ReplyStream) -> Response {
+    let first = tokio::select! {
+        biased;
+        Some(event) = stream.events.recv() => Ok(event),
+        response = &mut stream.response => Err(response),
+    };
+    match first {
+        Err(Ok(response)) => json_response(StatusCode::OK, response),
+        Err(Err(_)) => json_response(
+            StatusCode::OK,
+            error_response(
+                id,
+                code::INTERNAL_ERROR,
+                "the request was cancelled or its session ended",
+            ),
+        ),
+        Ok(event) => {
+            let (out_tx, out_rx) = mpsc::channel(crate::proxy::REPLY_EVENTS);
+            let _ = out_tx.send(event).await;
+            tokio::spawn(super::forward_reply(stream, out_tx));
+            sse(out_rx)
+        }
+    }
+}
+
+/// An SSE response of `messages`, one `message` event each, ending when they do.
+fn sse(messages: mpsc::Receiver<Value>) -> Response {
+    let events = futures::stream::unfold(messages, |mut messages| async move {
+        let message = messages.recv().await?;
+        let event = Event::default().event("message").data(message.to_string());
+        Some((Ok::<_, Infallible>(event), messages))
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// The GET stream's receiver, put back when the stream goes so the client may open another.
+struct GeneralStream {
+    receiver: Option<mpsc::Receiver<Value>>,
+    slot: GeneralSlot,
+}
+
+impl Drop for GeneralStream {
+    fn drop(&mut self) {
+        if let (Some(receiver), Ok(mut slot)) = (self.receiver.take(), self.slot.lock()) {
+            *slot = Some(receiver);
+        }
+    }
+}
+
+async fn get_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(response) = check_request(&state.options, &headers) {
+        return response;
+    }
+    let Some(session_id) = session_header(&headers) else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_REQUEST,
+            "Mcp-Session-Id is missing",
+        );
+    };
+    let Some((_, slot)) = state.lookup(&session_id) else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            code::INVALID_REQUEST,
+            "no such session",
+        );
+    };
+    if let Err(response) = check_version(&headers) {
+        return response;
+    }
+    let receiver = slot.lock().ok().and_then(|mut slot| slot.take());
+    let Some(receiver) = receiver else {
+        return refuse(
+            StatusCode::CONFLICT,
+            code::INVALID_REQUEST,
+            "this session already has a GET stream open",
+        );
+    };
+    let general = GeneralStream {
+        receiver: Some(receiver),
+        slot,
+    };
+    let events = futures::stream::unfold(general, |mut general| async move {
+        let message = general.receiver.as_mut()?.recv().await?;
+        let event = Event::default().event("message").data(message.to_string());
+        Some((Ok::<_, Infallible>(event), general))
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+async fn delete_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(response) = check_request(&state.options, &headers) {
+        return response;
+    }
+    let Some(session_id) = session_header(&headers) else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_REQUEST,
+            "Mcp-Session-Id is missing",
+        );
+    };
+    let Some((session, _)) = state.lookup(&session_id) else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            code::INVALID_REQUEST,
+            "no such session",
+        );
+    };
+    session.end();
+    // Answer once the units are gone, so "deleted" means deleted.
+    let _ = tokio::time::timeout(DELETE_WAIT, session.ended()).await;
+    if let Ok(mut sessions) = state.sessions.lock() {
+        sessions.remove(&session_id);
+    }
+    StatusCode::OK.into_response()
+}
+
+async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(response) = check_request(&state.options, &headers) {
+        return response;
+    }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.config.metrics.render(),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_and_origins() {
+        let options = HttpOptions::loopback();
+        for host in [
+            "localhost",
+            "localhost:8080",
+            "127.0.0.1:1",
+            "[::1]:9",
+            "127.0.0.2",
+        ] {
+            assert!(host_is_allowed(&options, host), "{host}");
+        }
+        for host in ["evil.example", "evil.example:80", "localhost.evil.example"] {
+            assert!(!host_is_allowed(&options, host), "{host}");
+        }
+        for origin in ["http://localhost:3000", "https://127.0.0.1"] {
+            assert!(origin_is_allowed(&options, origin), "{origin}");
+        }
+        for origin in [
+            "https://evil.example",
+            "null",
+            "http://localhost@evil.example",
+            "file://",
+        ] {
+            assert!(!origin_is_allowed(&options, origin), "{origin}");
+        }
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(token_matches("secret-token-123456", "secret-token-123456"));
+        assert!(!token_matches("secret-token-12345", "secret-token-123456"));
+        assert!(!token_matches("", "secret-token-123456"));
+    }
+
+    #[test]
+    fn loopback_listen_addresses() {
+        assert!(is_loopback_listen("127.0.0.1:8080"));
+        assert!(is_loopback_listen("[::1]:8080"));
+        assert!(is_loopback_listen("localhost:8080"));
+        assert!(!is_loopback_listen("0.0.0.0:8080"));
+        assert!(!is_loopback_listen("192.168.1.2:8080"));
+    }
+}
