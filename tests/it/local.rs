@@ -612,9 +612,15 @@ async fn start_runs_the_executor_confined() {
     if !require_landlock() {
         return;
     }
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     let backend = backend();
     let workspace = tempfile::tempdir().unwrap();
-    let spec = unit_spec(workspace.path());
+    let outside = tempfile::tempdir().unwrap();
+    let mut spec = unit_spec(workspace.path());
+    spec.env_set.insert(
+        "CANARY_DIR".to_owned(),
+        outside.path().display().to_string(),
+    );
     let started = backend.start(&session("start"), &spec).await.unwrap();
     let envelope = started.envelope.clone();
     assert_eq!(envelope.backend, "local");
@@ -627,6 +633,68 @@ async fn start_runs_the_executor_confined() {
     );
     assert!(envelope.hardening.landlock_enforced);
     assert!(envelope.hardening.no_new_privileges);
+
+    // Speak MCP to the real executor over the unit's stdio.
+    let mut stdin = started.io.stdin;
+    let mut lines = tokio::io::BufReader::new(started.io.stdout).lines();
+    let mut request = async |message: serde_json::Value| {
+        let mut line = message.to_string();
+        line.push('\n');
+        stdin.write_all(line.as_bytes()).await.unwrap();
+        stdin.flush().await.unwrap();
+        if message.get("id").is_none() {
+            return serde_json::Value::Null;
+        }
+        loop {
+            let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+                .await
+                .expect("the executor answers")
+                .unwrap()
+                .expect("the executor keeps stdout open");
+            let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if answer.get("id") == message.get("id") {
+                return answer;
+            }
+        }
+    };
+    let initialized = request(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "local-test", "version": "1"}}}),
+    )
+    .await;
+    assert!(
+        initialized["result"]["capabilities"].is_object(),
+        "{initialized}"
+    );
+    request(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    let called = request(
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command":
+            "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; \
+             echo x > \"$CANARY_DIR/escaped\" || echo outside-denied; \
+             echo ok > inside.txt && echo inside-ok"}}}),
+    )
+    .await;
+    let text = called["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    eprintln!("bash in the local unit said:\n{text}");
+    assert!(text.contains("NoNewPrivs:\t1"), "{called}");
+    assert!(text.contains("CapEff:\t0000000000000000"), "{called}");
+    assert!(text.contains("Seccomp:\t2"), "{called}");
+    assert!(text.contains("outside-denied"), "{called}");
+    assert!(text.contains("inside-ok"), "{called}");
+    assert!(!outside.path().join("escaped").exists());
+    assert!(workspace.path().join("inside.txt").exists());
+
+    // Hanging up ends the executor, and with it the unit.
+    drop(stdin);
+    let end = tokio::time::timeout(Duration::from_secs(30), started.ended)
+        .await
+        .expect("the unit ended after its executor's stdin closed");
+    assert_eq!(end.exit_code, Some(0), "{}", end.reason);
     backend.remove(&envelope.id).await.unwrap();
 }
 
