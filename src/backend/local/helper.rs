@@ -161,6 +161,10 @@ pub struct SandboxSpec {
     /// box's seccomp filter (`sandbox::seccomp_program`).
     #[serde(default = "best_effort")]
     pub seccomp: SpecRequirement,
+    /// Namespaces the unit shares with the host (`user`, `mount`, `ipc`,
+    /// `net`, `pid`): the operator allowed it, so none of its own is made.
+    #[serde(default)]
+    pub share: Vec<String>,
 }
 
 fn best_effort() -> SpecRequirement {
@@ -437,8 +441,9 @@ fn sandbox(
     let mut failures = Vec::new();
     let mut loopback_up = false;
     let wants_namespaces = spec.namespaces != SpecRequirement::Off;
+    let shared = |name: &str| spec.share.iter().any(|entry| entry == name);
     let mut try_enter = |name: &str, flags: CloneFlags, wanted: bool| -> bool {
-        if !wanted {
+        if !wanted || shared(name) {
             return false;
         }
         match nix::sched::unshare(flags) {
@@ -507,7 +512,7 @@ fn sandbox(
         return Err(refused("namespaces", failure));
     }
     // Without a network namespace, network none falls back to landlock's TCP rules.
-    let deny_tcp = isolated && !entered.iter().any(|name| name == "net");
+    let deny_tcp = isolated && !shared("net") && !entered.iter().any(|name| name == "net");
     if deny_tcp && (spec.landlock == SpecRequirement::Off || sandbox::landlock_abi() < 4) {
         return Err(refused(
             "network none",

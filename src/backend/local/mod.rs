@@ -618,7 +618,14 @@ pub fn unit_environment<I>(host_vars: I, spec: &UnitSpec, layout: &Layout) -> Un
 where
     I: IntoIterator<Item = (OsString, OsString)>,
 {
-    let scrubbed = crate::scrub::scrub_environment(host_vars, &spec.env_pass);
+    // Secrets the profile names are handed through like passed variables.
+    let pass: Vec<String> = spec
+        .env_pass
+        .iter()
+        .chain(&spec.env_secrets)
+        .cloned()
+        .collect();
+    let scrubbed = crate::scrub::scrub_environment(host_vars, &pass);
     let mut removed = scrubbed.removed;
     let mut vars: Vec<(String, String)> = Vec::new();
     let set = |vars: &mut Vec<(String, String)>, name: String, value: String| {
@@ -657,14 +664,43 @@ where
 }
 
 /// The helper's spec for a unit. Pure. Fails naming what the local backend
-/// cannot apply (an egress allow list, capabilities granted back).
+/// cannot apply (an egress allow list, capabilities granted back, a
+/// privileged unit).
 pub fn sandbox_spec(
     spec: &UnitSpec,
     layout: &Layout,
     environment: &UnitEnvironment,
     options: &LocalOptions,
 ) -> Result<SandboxSpec, BackendError> {
+    let refuse = |control: String, why: &str| BackendError::Unenforceable {
+        unit: spec.name.clone(),
+        control,
+        why: why.to_owned(),
+    };
+    if spec.security.privileged {
+        return Err(refuse(
+            "privileged".to_owned(),
+            "the local backend cannot run a privileged unit; use the docker backend",
+        ));
+    }
+    // Host namespaces the operator allowed: the unit simply does not get its
+    // own. The local backend never makes uts or cgroup namespaces.
+    let mut share = Vec::new();
+    for namespace in &spec.security.host_namespaces {
+        match namespace.as_str() {
+            "user" | "mount" | "ipc" | "pid" => share.push(namespace.clone()),
+            "net" | "network" => share.push("net".to_owned()),
+            "uts" | "cgroup" => {}
+            other => {
+                return Err(refuse(
+                    format!("host namespace {other}"),
+                    "not one of user, mount, ipc, net, pid, uts, cgroup",
+                ));
+            }
+        }
+    }
     let network = match spec.network.mode {
+        NetworkMode::None if share.iter().any(|name| name == "net") => SpecNetwork::Host,
         NetworkMode::None => SpecNetwork::None,
         NetworkMode::Egress => {
             return Err(BackendError::Unenforceable {
@@ -693,6 +729,8 @@ pub fn sandbox_spec(
         }
     }
     write.push(layout.temp.clone());
+    // Host devices the operator allowed, beside the minimal set.
+    write.extend(spec.security.devices.iter().cloned());
     Ok(SandboxSpec {
         unit: spec.name.clone(),
         write,
@@ -712,6 +750,7 @@ pub fn sandbox_spec(
         namespaces: options.namespaces.into(),
         env: environment.vars.clone(),
         seccomp: SpecRequirement::BestEffort,
+        share,
     })
 }
 
@@ -744,9 +783,17 @@ pub fn executor_command(box_exe: &Path, spec: &UnitSpec, layout: &Layout) -> Vec
         }
         .into(),
     );
-    if !spec.env_pass.is_empty() {
+    // The executor scrubs its children's environment again; what the plan
+    // hands through (the profile's secrets included) is exempt there.
+    let pass: Vec<&str> = spec
+        .env_pass
+        .iter()
+        .chain(&spec.env_secrets)
+        .map(String::as_str)
+        .collect();
+    if !pass.is_empty() {
         command.push("--pass-env".into());
-        command.push(spec.env_pass.join(",").into());
+        command.push(pass.join(",").into());
     }
     if !spec.security.write_guard {
         command.push("--write-guard".into());

@@ -288,3 +288,33 @@ fn capabilities_granted_back_are_refused_naming_them() {
         "{error}"
     );
 }
+
+#[test]
+fn secrets_the_profile_names_are_handed_through() {
+    let mut spec = unit_spec(WorkspaceSource::Empty);
+    spec.env_secrets = vec!["DEPLOY_TOKEN".to_owned()];
+    let layout = layout(&WorkspaceSource::Empty);
+    let command = executor_command(Path::new("/opt/box/box"), &spec, &layout);
+    let command: Vec<_> = command.iter().map(|arg| arg.to_string_lossy()).collect();
+    let at = command.iter().position(|arg| arg == "--pass-env").unwrap();
+    assert_eq!(command[at + 1], "DEPLOY_TOKEN");
+}
+
+#[test]
+fn a_privileged_unit_is_refused_and_host_namespaces_are_shared() {
+    let mut spec = unit_spec(WorkspaceSource::Empty);
+    let layout = layout(&WorkspaceSource::Empty);
+    spec.security.privileged = true;
+    let error = sandbox_spec(&spec, &layout, &UnitEnvironment::default(), &options()).unwrap_err();
+    assert!(error.to_string().contains("privileged"), "{error}");
+    spec.security.privileged = false;
+    spec.security.host_namespaces = vec!["network".to_owned(), "uts".to_owned()];
+    spec.security.devices = vec![PathBuf::from("/dev/kvm")];
+    let sandbox = sandbox_spec(&spec, &layout, &UnitEnvironment::default(), &options()).unwrap();
+    assert_eq!(sandbox.share, vec!["net"]);
+    assert_eq!(sandbox.network, SpecNetwork::Host);
+    assert!(sandbox.write.contains(&PathBuf::from("/dev/kvm")));
+    spec.security.host_namespaces = vec!["time".to_owned()];
+    let error = sandbox_spec(&spec, &layout, &UnitEnvironment::default(), &options()).unwrap_err();
+    assert!(error.to_string().contains("host namespace time"), "{error}");
+}
