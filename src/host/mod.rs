@@ -156,13 +156,12 @@ async fn docker_backend() -> Result<Arc<dyn Backend>, BackendUnavailable> {
     ))
 }
 
-/// The local sandboxed-process backend.
-///
-/// Wiring point for the merge: construct `backend::local::LocalBackend` here.
+/// The local sandboxed-process backend, running this binary as its helper
+/// and executor.
 fn local_backend() -> Result<Arc<dyn Backend>, BackendUnavailable> {
-    Err(BackendUnavailable(
-        "the local backend is not built into this binary yet".to_owned(),
-    ))
+    let backend = crate::backend::local::LocalBackend::current()
+        .map_err(|error| BackendUnavailable(error.to_string()))?;
+    Ok(Arc::new(backend))
 }
 
 /// The backend `--backend` names: docker, local, or auto (docker when its

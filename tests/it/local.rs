@@ -1105,3 +1105,41 @@ async fn a_cancelled_start_leaves_nothing_behind() {
     }
     assert!(backend.list().await.unwrap().is_empty());
 }
+
+/// `box run --backend local`: the front door, end to end on this backend.
+#[test]
+fn box_run_on_the_local_backend_streams_output_and_passes_the_status() {
+    if !require_landlock() {
+        return;
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let script = format!(
+        "echo hello > greeting && cat greeting; \
+         grep -E '^NoNewPrivs:' /proc/self/status; \
+         echo x > {}/escaped || echo outside-denied; exit 3",
+        outside.path().display()
+    );
+    let output = std::process::Command::new(box_bin())
+        .args(["run", "--backend", "local", "--workspace"])
+        .arg(workspace.path())
+        .args(["--", "/bin/sh", "-c", &script])
+        .current_dir(workspace.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(stdout.contains("hello\n"), "{stdout}");
+    assert!(stdout.contains("NoNewPrivs:\t1"), "{stdout}");
+    assert!(stdout.contains("outside-denied"), "{stdout}");
+    assert_eq!(
+        std::fs::read_to_string(workspace.path().join("greeting")).unwrap(),
+        "hello\n"
+    );
+    assert!(!outside.path().join("escaped").exists());
+}
