@@ -53,9 +53,8 @@ use futures::future::BoxFuture;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 
-pub use helper::{
-    Applied, REFUSED_EXIT, Report, SandboxArgs, SandboxSpec, SpecNetwork, SpecRequirement, SpecUser,
-};
+use helper::{Applied, Report, SandboxSpec, SpecNetwork, SpecRequirement, SpecUser};
+pub use helper::{REFUSED_EXIT, SandboxArgs};
 
 use super::sandbox::Rlimits;
 use super::{
@@ -494,7 +493,7 @@ fn remove_dir(path: &Path) -> std::io::Result<()> {
 
 /// The unit's private directories on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Layout {
+pub(crate) struct Layout {
     /// The private temp directory, removed with the unit; also `TMPDIR`, so
     /// the executor's own confinement (writes beneath its root and `TMPDIR`)
     /// keeps `HOME` writable.
@@ -509,7 +508,7 @@ pub struct Layout {
 
 impl Layout {
     /// The layout beneath `temp` for `source` (no I/O). Pure.
-    pub fn plan(temp: PathBuf, source: &WorkspaceSource) -> Self {
+    pub(crate) fn plan(temp: PathBuf, source: &WorkspaceSource) -> Self {
         let workspace = match source {
             WorkspaceSource::Host(path) => Some(path.clone()),
             WorkspaceSource::Empty => Some(temp.join("workspace")),
@@ -603,7 +602,7 @@ impl Layout {
 
 /// The unit's environment, and the names passed and scrubbed.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct UnitEnvironment {
+pub(crate) struct UnitEnvironment {
     /// Every variable the unit gets.
     pub vars: Vec<(String, String)>,
     /// Scrubbed names (including variables that are not UTF-8).
@@ -614,7 +613,7 @@ pub struct UnitEnvironment {
 /// the profile's `env_set`, git neutralisation, and the unit's own `TMPDIR`
 /// and `HOME` (inside its private temp, since the host's home is not
 /// readable there). Pure given `host_vars`.
-pub fn unit_environment<I>(host_vars: I, spec: &UnitSpec, layout: &Layout) -> UnitEnvironment
+pub(crate) fn unit_environment<I>(host_vars: I, spec: &UnitSpec, layout: &Layout) -> UnitEnvironment
 where
     I: IntoIterator<Item = (OsString, OsString)>,
 {
@@ -666,7 +665,7 @@ where
 /// The helper's spec for a unit. Pure. Fails naming what the local backend
 /// cannot apply (an egress allow list, capabilities granted back, a
 /// privileged unit).
-pub fn sandbox_spec(
+pub(crate) fn sandbox_spec(
     spec: &UnitSpec,
     layout: &Layout,
     environment: &UnitEnvironment,
@@ -755,7 +754,7 @@ pub fn sandbox_spec(
 }
 
 /// The executor's command line for a unit. Pure.
-pub fn executor_command(box_exe: &Path, spec: &UnitSpec, layout: &Layout) -> Vec<OsString> {
+pub(crate) fn executor_command(box_exe: &Path, spec: &UnitSpec, layout: &Layout) -> Vec<OsString> {
     let mut command: Vec<OsString> = vec![box_exe.into(), "execute".into()];
     match &layout.workspace {
         Some(workspace) => {
@@ -803,7 +802,7 @@ pub fn executor_command(box_exe: &Path, spec: &UnitSpec, layout: &Layout) -> Vec
 }
 
 /// The envelope: what the helper reported it applied. Pure.
-pub fn envelope(
+pub(crate) fn envelope(
     spec: &UnitSpec,
     sandbox_spec: &SandboxSpec,
     applied: &Applied,
