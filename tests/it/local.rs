@@ -240,7 +240,7 @@ async fn writes_land_only_inside_the_workspace() {
          echo x > \"$CANARY_DIR/created\" || echo create-denied; \
          echo y >> \"$CANARY_DIR/existing\" || echo append-denied; \
          mkdir \"$CANARY_DIR/dir\" || echo mkdir-denied; \
-         rm -f \"$CANARY_DIR/existing\" || echo rm-denied; \
+         rm \"$CANARY_DIR/existing\" || echo rm-denied; \
          echo tmp > \"$TMPDIR/t\" && echo tmp-ok; \
          mkdir -p \"$HOME/.cache\" && echo x > \"$HOME/.cache/x\" && echo home-ok; \
          echo x > /etc/box-canary || echo etc-denied",
@@ -743,6 +743,12 @@ async fn without_namespaces_landlock_alone_confines_the_unit() {
     .await;
     let hardening = &probe.envelope.hardening;
     assert!(hardening.namespaces.is_empty());
+    // Honest about what landlock alone cannot do.
+    assert!(
+        probe.envelope.limits["notApplied"]
+            .to_string()
+            .contains("host directories")
+    );
     assert!(!hardening.user_namespace);
     assert_eq!(probe.envelope.network["namespace"], false);
     assert_eq!(probe.envelope.network["landlockTcpDenied"], true);
@@ -1142,4 +1148,65 @@ fn box_run_on_the_local_backend_streams_output_and_passes_the_status() {
         "hello\n"
     );
     assert!(!outside.path().join("escaped").exists());
+}
+
+/// C37, F69, G80: Unix sockets of the host (the Docker API, an SSH agent)
+/// are not there to connect to. Landlock before ABI 9 cannot refuse a
+/// `connect` by path, so the unit's mount namespace hides every host
+/// directory it has no business in.
+#[tokio::test]
+async fn host_unix_sockets_are_out_of_reach() {
+    if !require_landlock() {
+        return;
+    }
+    let sockets = tempfile::tempdir().unwrap();
+    let agent = sockets.path().join("agent.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&agent).unwrap();
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(
+        workspace.path().join("connect.py"),
+        r#"
+import socket, sys
+for path in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        print("CONNECTED", path)
+    except OSError as error:
+        print("refused", path, error.errno)
+"#,
+    )
+    .unwrap();
+    let mut spec = unit_spec(workspace.path());
+    spec.env_set
+        .insert("AGENT".to_owned(), agent.display().to_string());
+    let probe = probe(
+        "sockets",
+        &spec,
+        "python3 connect.py \"$AGENT\" /var/run/docker.sock /run/docker.sock",
+    )
+    .await;
+    assert!(
+        !probe.output.contains("CONNECTED"),
+        "a host socket was reached"
+    );
+    assert!(
+        probe
+            .output
+            .contains(&format!("refused {}", agent.display()))
+    );
+    if probe
+        .envelope
+        .hardening
+        .namespaces
+        .contains(&"mount".to_owned())
+    {
+        assert!(
+            !probe.envelope.limits["notApplied"]
+                .to_string()
+                .contains("host directories")
+        );
+    }
+    // The host still reaches its own socket: nothing was changed outside.
+    std::os::unix::net::UnixStream::connect(&agent).unwrap();
 }

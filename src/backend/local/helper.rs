@@ -189,6 +189,9 @@ pub struct Applied {
     pub proc_mounted: bool,
     /// Whether `/sys` is the unit's own (showing its network namespace).
     pub sys_mounted: bool,
+    /// Top-level host directories replaced by an empty tmpfs in the unit
+    /// (the unit's own paths beneath them bound back in).
+    pub hidden: Vec<String>,
     /// Whether the unit can create no user namespace of its own.
     pub nested_user_namespaces_blocked: bool,
     /// Loopback was brought up in the unit's network namespace.
@@ -480,6 +483,16 @@ fn sandbox(
         )
         .map_err(|errno| failed("making / private in the unit's mount namespace", errno))?;
     }
+    let mut hidden = Vec::new();
+    if mount_namespace {
+        let mut keep: Vec<PathBuf> = spec.write.iter().chain(&spec.read).cloned().collect();
+        keep.push(spec.cwd.clone());
+        keep.push(PathBuf::from(std::ffi::OsStr::from_bytes(
+            program.as_bytes(),
+        )));
+        hidden =
+            hide_host(&keep).map_err(|error| failed("hiding the host's directories", error))?;
+    }
     try_enter("ipc", CloneFlags::CLONE_NEWIPC, wants_namespaces);
     let isolated = spec.network == SpecNetwork::None;
     let mut sys_mounted = false;
@@ -531,6 +544,7 @@ fn sandbox(
         gid: host_gid,
         proc_mounted: false,
         sys_mounted,
+        hidden,
         nested_user_namespaces_blocked,
         loopback_up,
         landlock_tcp_denied: false,
@@ -909,6 +923,99 @@ fn confine(
     applied.uid = nix::unistd::getuid().as_raw();
     applied.gid = nix::unistd::getgid().as_raw();
     Ok(())
+}
+
+/// Top-level directories a unit sees as they are: the system it reads (see
+/// `sandbox::SYSTEM_READ_PATHS`), and the kernel's own file systems.
+const SHOWN_TOP_LEVEL: &[&str] = &[
+    "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt", "proc", "sys", "dev",
+];
+
+/// In the unit's mount namespace, put an empty tmpfs over every other
+/// top-level directory of the host (`/home`, `/root`, `/run`, `/tmp`, `/var`,
+/// `/work`, ...), then bind the unit's own paths (`keep`: workspace, temp
+/// directory, executables) back at the same place. Landlock already denies
+/// reading and writing there, but before landlock ABI 9 it cannot stop a
+/// `connect` to a Unix socket by path: the Docker socket, an SSH agent, D-Bus
+/// (C37, F69, G80). What is not there cannot be reached. Returns the hidden
+/// directories.
+fn hide_host(keep: &[PathBuf]) -> std::io::Result<Vec<String>> {
+    use nix::mount::MsFlags;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut keep: Vec<PathBuf> = keep
+        .iter()
+        .filter_map(|path| std::fs::canonicalize(path).ok())
+        .collect();
+    if keep.iter().any(|path| path.parent().is_none()) {
+        // The unit keeps `/` itself: there is nothing to hide.
+        return Ok(Vec::new());
+    }
+    keep.sort();
+    keep.dedup();
+    // A path beneath another kept path comes back with it.
+    let keep: Vec<PathBuf> = keep
+        .iter()
+        .filter(|path| {
+            !keep
+                .iter()
+                .any(|other| other != *path && path.starts_with(other))
+        })
+        .cloned()
+        .collect();
+    let mut hidden = Vec::new();
+    for entry in std::fs::read_dir("/")? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        // Symbolic links (`/bin -> usr/bin`) lead to shown or hidden places alike.
+        if !entry.file_type()?.is_dir() || SHOWN_TOP_LEVEL.contains(&name) {
+            continue;
+        }
+        hidden.push(PathBuf::from("/").join(name));
+    }
+    // Handles on what comes back, taken before it is hidden.
+    let mut restore = Vec::new();
+    for path in &keep {
+        if hidden.iter().any(|top| path.starts_with(top)) {
+            let handle = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+                .open(path)?;
+            restore.push((path.clone(), handle, path.is_dir()));
+        }
+    }
+    for top in &hidden {
+        nix::mount::mount(
+            Some("tmpfs"),
+            top,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0755,size=1m"),
+        )?;
+    }
+    for (path, handle, is_dir) in &restore {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        if *is_dir {
+            std::fs::create_dir(path)?;
+        } else {
+            File::create(path)?;
+        }
+        use std::os::fd::AsRawFd;
+        let source = format!("/proc/self/fd/{}", handle.as_raw_fd());
+        nix::mount::mount(
+            Some(source.as_str()),
+            path,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )?;
+    }
+    Ok(hidden
+        .iter()
+        .map(|path| path.display().to_string())
+        .collect())
 }
 
 /// Map our uid and gid to themselves in the new user namespace, so files keep

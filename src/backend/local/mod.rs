@@ -827,6 +827,12 @@ pub(crate) fn envelope(
         "memory: per process (RLIMIT_DATA, RLIMIT_AS), not for the unit as a whole".to_owned(),
         "tmp: per file (RLIMIT_FSIZE), not a quota".to_owned(),
     ];
+    if applied.hidden.is_empty() {
+        not_applied.push(
+            "host directories: no mount namespace, so Unix sockets outside the unit (Docker, SSH agent) stay reachable where file permissions allow"
+                .to_owned(),
+        );
+    }
     if !nproc_binds {
         not_applied.push("pids: RLIMIT_NPROC does not bind the host's uid 0".to_owned());
     }

@@ -73,6 +73,7 @@ fn applied() -> Applied {
         gid: 1000,
         proc_mounted: true,
         sys_mounted: false,
+        hidden: vec!["/home".to_owned(), "/run".to_owned()],
         nested_user_namespaces_blocked: true,
         loopback_up: false,
         landlock_tcp_denied: true,
