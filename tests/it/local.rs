@@ -1210,3 +1210,30 @@ for path in sys.argv[1:]:
     // The host still reaches its own socket: nothing was changed outside.
     std::os::unix::net::UnixStream::connect(&agent).unwrap();
 }
+
+/// A unit on the host's network (a profile's bridge network, on this
+/// backend) still reads the resolver configuration, wherever it links to.
+#[tokio::test]
+async fn host_network_units_keep_the_resolver_configuration() {
+    if !require_landlock() {
+        return;
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    let mut spec = unit_spec(workspace.path());
+    spec.network.mode = NetworkMode::Bridge;
+    let probe = probe(
+        "resolver",
+        &spec,
+        "cat /etc/resolv.conf > /dev/null && echo resolver-readable",
+    )
+    .await;
+    assert!(probe.output.contains("resolver-readable"));
+    assert_eq!(probe.envelope.network["mode"], "host");
+    assert!(
+        !probe
+            .envelope
+            .hardening
+            .namespaces
+            .contains(&"net".to_owned())
+    );
+}

@@ -401,6 +401,18 @@ fn sandbox(
 ) -> Result<ExitCode, Report> {
     use nix::unistd::{Gid, Uid, getegid, geteuid};
     let program = resolve_program(command, &spec.env, &spec.cwd)?;
+    // With the host's network, name resolution must keep working where
+    // /etc/resolv.conf is a link into /run (systemd-resolved): keep its target
+    // readable and in sight.
+    let mut with_resolver;
+    let spec = match resolver_target(spec.network) {
+        Some(target) => {
+            with_resolver = spec.clone();
+            with_resolver.read.push(target);
+            &with_resolver
+        }
+        None => spec,
+    };
     // 1. The user. Only root can become someone else.
     if let Some(user) = spec.user
         && (user.uid != geteuid().as_raw() || user.gid != getegid().as_raw())
@@ -923,6 +935,17 @@ fn confine(
     applied.uid = nix::unistd::getuid().as_raw();
     applied.gid = nix::unistd::getgid().as_raw();
     Ok(())
+}
+
+/// Where `/etc/resolv.conf` really is, when a unit on the host's network
+/// needs it and it lies outside the system directories.
+fn resolver_target(network: SpecNetwork) -> Option<PathBuf> {
+    match network {
+        SpecNetwork::None => None,
+        SpecNetwork::Host => std::fs::canonicalize("/etc/resolv.conf")
+            .ok()
+            .filter(|target| !target.starts_with("/etc")),
+    }
 }
 
 /// Top-level directories a unit sees as they are: the system it reads (see
