@@ -1237,3 +1237,44 @@ async fn host_network_units_keep_the_resolver_configuration() {
             .contains(&"net".to_owned())
     );
 }
+
+/// C41: started from a terminal, a unit has no controlling terminal of its
+/// own, so nothing in it can open `/dev/tty` and push keystrokes into the
+/// terminal `box` runs in.
+#[test]
+fn a_unit_started_from_a_terminal_cannot_reach_it() {
+    if !require_landlock() {
+        return;
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    let driver = r#"
+import os, pty, sys
+box, workspace = sys.argv[1], sys.argv[2]
+script = "(echo injected > /dev/tty) 2>/dev/null && echo TTY-REACHED || echo no-controlling-tty"
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(box, [box, "run", "--backend", "local", "--workspace", workspace, "--", "/bin/sh", "-c", script])
+out = b""
+while True:
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        break
+    if not data:
+        break
+    out += data
+os.waitpid(pid, 0)
+sys.stdout.write(out.decode(errors="replace"))
+"#;
+    let output = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(driver)
+        .arg(box_bin())
+        .arg(workspace.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("no-controlling-tty"), "{stdout}");
+    assert!(!stdout.contains("TTY-REACHED"), "{stdout}");
+    assert!(!stdout.contains("injected"), "{stdout}");
+}

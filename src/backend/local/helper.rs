@@ -667,6 +667,7 @@ fn init(
     // SAFETY: PR_SET_PDEATHSIG takes integer arguments; the helper is
     // single-threaded, so "parent thread" is the helper itself.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    new_session();
     if applied.namespaces.iter().any(|name| name == "mount") {
         use nix::mount::MsFlags;
         // A fresh /proc shows only the unit's processes. Refused inside some
@@ -772,6 +773,7 @@ fn supervise(
         sandbox::scope_away_from_parent();
         // SAFETY: PR_SET_PDEATHSIG takes integer arguments only.
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+        new_session();
         let error = exec(program, command, &spec.env);
         eprintln!(
             "box sandbox: unit {}: executing {}: {error}",
@@ -935,6 +937,16 @@ fn confine(
     applied.uid = nix::unistd::getuid().as_raw();
     applied.gid = nix::unistd::getgid().as_raw();
     Ok(())
+}
+
+/// Leave the host's session, and with it the host's controlling terminal:
+/// nothing in the unit can then open `/dev/tty` to push keystrokes into the
+/// terminal `box` was started from (`TIOCSTI`, C41; bubblewrap's
+/// CVE-2017-5226). Never called by the helper itself, a process group leader
+/// whose group removal signals.
+fn new_session() {
+    // SAFETY: setsid takes no arguments; it fails only for a group leader.
+    unsafe { libc::setsid() };
 }
 
 /// Where `/etc/resolv.conf` really is, when a unit on the host's network
