@@ -1278,3 +1278,35 @@ sys.stdout.write(out.decode(errors="replace"))
     assert!(!stdout.contains("TTY-REACHED"), "{stdout}");
     assert!(!stdout.contains("injected"), "{stdout}");
 }
+
+/// A unit that is the host's uid 0 (a root host, the plan's default user)
+/// cannot read what only root may: `/etc/shadow`, private keys.
+#[tokio::test]
+async fn root_only_host_files_stay_unread() {
+    if !require_landlock() {
+        return;
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    let spec = unit_spec(workspace.path());
+    let probe = probe(
+        "root-only",
+        &spec,
+        "echo shadow:; cat /etc/shadow; echo gshadow:; cat /etc/gshadow; echo private:; ls /etc/ssl/private; echo end",
+    )
+    .await;
+    assert!(!probe.output.contains("root:"), "/etc/shadow was read");
+    assert!(!probe.output.contains(".key"), "a private key was listed");
+    if nix::unistd::geteuid().is_root()
+        && probe
+            .envelope
+            .hardening
+            .namespaces
+            .contains(&"mount".to_owned())
+    {
+        assert!(
+            !probe.envelope.limits["notApplied"]
+                .to_string()
+                .contains("root-only host files")
+        );
+    }
+}

@@ -161,6 +161,11 @@ pub struct SandboxSpec {
     /// box's seccomp filter (`sandbox::seccomp_program`).
     #[serde(default = "best_effort")]
     pub seccomp: SpecRequirement,
+    /// Host files and directories only root may read (`/etc/shadow`, private
+    /// keys): covered, for a unit that is the host's uid 0, by `/dev/null` or
+    /// an empty read-only tmpfs.
+    #[serde(default)]
+    pub conceal: Vec<PathBuf>,
     /// Namespaces the unit shares with the host (`user`, `mount`, `ipc`,
     /// `net`, `pid`): the operator allowed it, so none of its own is made.
     #[serde(default)]
@@ -192,6 +197,9 @@ pub struct Applied {
     /// Top-level host directories replaced by an empty tmpfs in the unit
     /// (the unit's own paths beneath them bound back in).
     pub hidden: Vec<String>,
+    /// Root-only host files and directories covered (only for a unit that is
+    /// the host's uid 0, which file permissions would let read them).
+    pub concealed: usize,
     /// Whether the unit can create no user namespace of its own.
     pub nested_user_namespaces_blocked: bool,
     /// Loopback was brought up in the unit's network namespace.
@@ -496,6 +504,7 @@ fn sandbox(
         .map_err(|errno| failed("making / private in the unit's mount namespace", errno))?;
     }
     let mut hidden = Vec::new();
+    let mut concealed = 0;
     if mount_namespace {
         let mut keep: Vec<PathBuf> = spec.write.iter().chain(&spec.read).cloned().collect();
         keep.push(spec.cwd.clone());
@@ -504,6 +513,10 @@ fn sandbox(
         )));
         hidden =
             hide_host(&keep).map_err(|error| failed("hiding the host's directories", error))?;
+        if host_uid == 0 {
+            concealed = conceal(&spec.conceal)
+                .map_err(|error| failed("hiding the host's root-only files", error))?;
+        }
     }
     try_enter("ipc", CloneFlags::CLONE_NEWIPC, wants_namespaces);
     let isolated = spec.network == SpecNetwork::None;
@@ -557,6 +570,7 @@ fn sandbox(
         proc_mounted: false,
         sys_mounted,
         hidden,
+        concealed,
         nested_user_namespaces_blocked,
         loopback_up,
         landlock_tcp_denied: false,
@@ -1051,6 +1065,40 @@ fn hide_host(keep: &[PathBuf]) -> std::io::Result<Vec<String>> {
         .iter()
         .map(|path| path.display().to_string())
         .collect())
+}
+
+/// Cover each of `paths`: a directory with an empty read-only tmpfs, anything
+/// else with `/dev/null`. Returns how many were covered.
+fn conceal(paths: &[PathBuf]) -> std::io::Result<usize> {
+    use nix::mount::MsFlags;
+    let mut covered = 0;
+    for path in paths {
+        let Ok(metadata) = std::fs::symlink_metadata(path) else {
+            continue;
+        };
+        if metadata.file_type().is_symlink() {
+            continue;
+        }
+        if metadata.is_dir() {
+            nix::mount::mount(
+                Some("tmpfs"),
+                path,
+                Some("tmpfs"),
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some("mode=0000,size=4k"),
+            )?;
+        } else {
+            nix::mount::mount(
+                Some("/dev/null"),
+                path,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )?;
+        }
+        covered += 1;
+    }
+    Ok(covered)
 }
 
 /// Map our uid and gid to themselves in the new user namespace, so files keep

@@ -106,7 +106,17 @@ pub fn default_temp_root() -> PathBuf {
 pub struct LocalBackend {
     options: LocalOptions,
     units: Mutex<HashMap<String, LocalUnit>>,
+    /// The host's root-only system files, found at most once a minute.
+    private_files: Mutex<Option<(std::time::Instant, Arc<Vec<PathBuf>>)>>,
 }
+
+/// How long a list of the host's root-only system files is used.
+const PRIVATE_FILES_TTL: Duration = Duration::from_secs(60);
+
+/// The system directories searched for root-only entries: those a unit reads
+/// that hold configuration (`/usr` and the libraries are left out: large,
+/// and not where secrets are kept).
+const PRIVATE_FILE_ROOTS: &[&str] = &["/etc", "/opt"];
 
 /// A started unit, as the registry keeps it.
 struct LocalUnit {
@@ -135,6 +145,7 @@ impl LocalBackend {
         Self {
             options,
             units: Mutex::new(HashMap::new()),
+            private_files: Mutex::new(None),
         }
     }
 
@@ -190,7 +201,10 @@ impl LocalBackend {
             message,
         };
         let environment = unit_environment(std::env::vars_os(), spec, layout);
-        let sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options)?;
+        let mut sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options)?;
+        if nix::unistd::geteuid().is_root() {
+            sandbox_spec.conceal = self.private_files().as_ref().clone();
+        }
         let spec_json = serde_json::to_vec(&sandbox_spec)
             .map_err(|error| other("encoding the sandbox spec", error.to_string()))?;
 
@@ -379,6 +393,29 @@ impl LocalBackend {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The host's root-only entries under [`PRIVATE_FILE_ROOTS`], cached for
+    /// [`PRIVATE_FILES_TTL`]: a unit running as the host's uid 0 must not read
+    /// them (`/etc/shadow`, `/etc/ssl/private`, `/etc/docker/key.json`).
+    fn private_files(&self) -> Arc<Vec<PathBuf>> {
+        let mut cached = self
+            .private_files
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((when, files)) = cached.as_ref()
+            && when.elapsed() < PRIVATE_FILES_TTL
+        {
+            return Arc::clone(files);
+        }
+        let files = Arc::new(
+            PRIVATE_FILE_ROOTS
+                .iter()
+                .flat_map(|root| root_only_entries(Path::new(root)))
+                .collect::<Vec<_>>(),
+        );
+        *cached = Some((std::time::Instant::now(), Arc::clone(&files)));
+        files
+    }
+
     async fn remove_unit(&self, id: &str) -> Result<(), BackendError> {
         let Some(record) = self.registry().remove(id) else {
             return Ok(());
@@ -475,6 +512,40 @@ impl Drop for StartGuard {
             tracing::warn!(path = %self.temp.display(), %error, "removing a unit's temp directory");
         }
     }
+}
+
+/// Entries beneath `root` that others may not read (a directory: not read
+/// or search): a directory is listed whole, not its contents. Symbolic links
+/// are not followed. Errors end the walk of that directory only.
+fn root_only_entries(root: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut found = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let Ok(metadata) = entry.path().symlink_metadata() else {
+                continue;
+            };
+            if metadata.file_type().is_symlink() {
+                continue;
+            }
+            let mode = metadata.permissions().mode();
+            if metadata.is_dir() {
+                if mode & 0o005 != 0o005 {
+                    found.push(entry.path());
+                } else {
+                    pending.push(entry.path());
+                }
+            } else if mode & 0o004 == 0 {
+                found.push(entry.path());
+            }
+        }
+    }
+    found.sort();
+    found
 }
 
 fn kill_group(group: i32) {
@@ -749,6 +820,7 @@ pub(crate) fn sandbox_spec(
         namespaces: options.namespaces.into(),
         env: environment.vars.clone(),
         seccomp: SpecRequirement::BestEffort,
+        conceal: Vec::new(),
         share,
     })
 }
@@ -830,6 +902,12 @@ pub(crate) fn envelope(
     if applied.hidden.is_empty() {
         not_applied.push(
             "host directories: no mount namespace, so Unix sockets outside the unit (Docker, SSH agent) stay reachable where file permissions allow"
+                .to_owned(),
+        );
+    }
+    if applied.host_uid == 0 && applied.concealed == 0 && !sandbox_spec.conceal.is_empty() {
+        not_applied.push(
+            "root-only host files: the unit is the host's uid 0 and no mount namespace hides /etc/shadow and the like"
                 .to_owned(),
         );
     }

@@ -74,6 +74,7 @@ fn applied() -> Applied {
         proc_mounted: true,
         sys_mounted: false,
         hidden: vec!["/home".to_owned(), "/run".to_owned()],
+        concealed: 0,
         nested_user_namespaces_blocked: true,
         loopback_up: false,
         landlock_tcp_denied: true,
@@ -318,4 +319,26 @@ fn a_privileged_unit_is_refused_and_host_namespaces_are_shared() {
     spec.security.host_namespaces = vec!["time".to_owned()];
     let error = sandbox_spec(&spec, &layout, &UnitEnvironment::default(), &options()).unwrap_err();
     assert!(error.to_string().contains("host namespace time"), "{error}");
+}
+
+#[test]
+fn root_only_entries_are_found_and_open_ones_left() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let set_mode = |path: &Path, mode| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    std::fs::write(root.path().join("open"), "").unwrap();
+    std::fs::write(root.path().join("shadow"), "").unwrap();
+    set_mode(&root.path().join("shadow"), 0o640);
+    std::fs::create_dir_all(root.path().join("ssl/private")).unwrap();
+    std::fs::write(root.path().join("ssl/private/key.pem"), "").unwrap();
+    set_mode(&root.path().join("ssl/private"), 0o700);
+    std::fs::write(root.path().join("ssl/cert.pem"), "").unwrap();
+    set_mode(&root.path().join("ssl/cert.pem"), 0o644);
+    std::os::unix::fs::symlink("/etc/shadow", root.path().join("link")).unwrap();
+    assert_eq!(
+        root_only_entries(root.path()),
+        vec![root.path().join("shadow"), root.path().join("ssl/private")]
+    );
 }
