@@ -878,7 +878,8 @@ async fn the_unit_ends_with_its_command_even_when_children_linger() {
 }
 
 /// The catalogue's runtime-escape cases that apply to a process unit
-/// (C28–C30, C33, C38, C40): each must fail inside, nothing may change outside.
+/// (C28–C30, C33, C38, C40): each must fail inside, nothing may change
+/// outside. Docker's masked kernel files are masked here too.
 #[tokio::test]
 async fn runtime_escape_attempts_fail_inside_the_unit() {
     if !require_landlock() {
@@ -898,6 +899,8 @@ async fn runtime_escape_attempts_fail_inside_the_unit() {
          echo h > /proc/sysrq-trigger && echo sysrq-written || echo sysrq-denied; \
          echo '|/tmp/x' > /proc/sys/kernel/core_pattern && echo core-pattern-written || echo core-pattern-denied; \
          head -c 1 /proc/kcore > /dev/null && echo kcore-read || echo kcore-denied; \
+         head -c 1 /proc/timer_list 2>/dev/null | grep -q . && echo timer-list-read || echo timer-list-denied; \
+         ls /sys/firmware 2>/dev/null | grep -q . && echo firmware-listed || echo firmware-denied; \
          head -c 1 /dev/kmsg > /dev/null && echo kmsg-read || echo kmsg-denied; \
          head -c 1 /dev/mem > /dev/null && echo mem-read || echo mem-denied; \
          for disk in /dev/sda /dev/vda /dev/nvme0n1; do test -e $disk && { head -c 1 $disk > /dev/null && echo disk-read || echo disk-denied; }; done; \
@@ -916,6 +919,8 @@ async fn runtime_escape_attempts_fail_inside_the_unit() {
         "sysrq-denied",
         "core-pattern-denied",
         "kcore-denied",
+        "timer-list-denied",
+        "firmware-denied",
         "kmsg-denied",
         "mem-denied",
         "usr-denied",
@@ -934,6 +939,8 @@ async fn runtime_escape_attempts_fail_inside_the_unit() {
         "sysrq-written",
         "core-pattern-written",
         "kcore-read",
+        "timer-list-read",
+        "firmware-listed",
         "kmsg-read",
         "mem-read",
         "disk-read",

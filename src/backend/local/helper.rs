@@ -544,6 +544,10 @@ fn sandbox(
         }
     }
     let pid_namespace = try_enter("pid", CloneFlags::CLONE_NEWPID, wants_namespaces);
+    if mount_namespace && !pid_namespace {
+        // With a pid namespace the init masks them over its own /proc.
+        conceal(&kernel_paths()).map_err(|error| failed("masking kernel files", error))?;
+    }
     if spec.namespaces == SpecRequirement::Required
         && let Some(failure) = failures.first()
     {
@@ -695,6 +699,10 @@ fn init(
             None::<&str>,
         )
         .is_ok();
+        if let Err(error) = conceal(&kernel_paths()) {
+            refuse(spec, &failed("masking kernel files", error), reporter);
+            return i32::from(REFUSED_EXIT);
+        }
     }
     if let Err(error) = confine(spec, program, applied, deny_tcp) {
         refuse(spec, &error.into(), reporter);
@@ -1099,6 +1107,28 @@ fn conceal(paths: &[PathBuf]) -> std::io::Result<usize> {
         covered += 1;
     }
     Ok(covered)
+}
+
+/// The kernel files Docker masks in every container (its `MaskedPaths`),
+/// those this machine has: kernel memory, keys, timers and firmware tables
+/// that a unit has no business reading (C33).
+fn kernel_paths() -> Vec<PathBuf> {
+    [
+        "/proc/acpi",
+        "/proc/kcore",
+        "/proc/keys",
+        "/proc/latency_stats",
+        "/proc/timer_list",
+        "/proc/timer_stats",
+        "/proc/sched_debug",
+        "/proc/scsi",
+        "/sys/firmware",
+        "/sys/kernel/debug",
+    ]
+    .into_iter()
+    .map(PathBuf::from)
+    .filter(|path| path.symlink_metadata().is_ok())
+    .collect()
 }
 
 /// Map our uid and gid to themselves in the new user namespace, so files keep
