@@ -1317,3 +1317,44 @@ async fn root_only_host_files_stay_unread() {
         );
     }
 }
+
+/// The host's terminals are not a unit's to write to: it gets a
+/// pseudo-terminal file system of its own (or none), so a terminal the host
+/// has open is not there, while the unit can still open terminals of its own.
+#[tokio::test]
+async fn host_terminals_are_out_of_reach() {
+    if !require_landlock() {
+        return;
+    }
+    let terminal = nix::pty::openpty(None, None).unwrap();
+    let host_pts = nix::unistd::ttyname(&terminal.slave).unwrap();
+    let workspace = tempfile::tempdir().unwrap();
+    let mut spec = unit_spec(workspace.path());
+    spec.env_set
+        .insert("HOST_PTS".to_owned(), host_pts.display().to_string());
+    let probe = probe(
+        "terminals",
+        &spec,
+        "echo injected > \"$HOST_PTS\" && echo HOST-TERMINAL-WRITTEN || echo host-terminal-denied; \
+         python3 -c 'import os; os.openpty(); print(\"own-pty-ok\")' 2>&1 | tail -1",
+    )
+    .await;
+    assert!(probe.output.contains("host-terminal-denied"));
+    assert!(!probe.output.contains("HOST-TERMINAL-WRITTEN"));
+    if probe
+        .envelope
+        .hardening
+        .namespaces
+        .contains(&"mount".to_owned())
+    {
+        assert!(probe.output.contains("own-pty-ok"));
+    }
+    // Nothing arrived on the host's terminal.
+    nix::fcntl::fcntl(
+        &terminal.master,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .unwrap();
+    let mut buffer = [0u8; 64];
+    assert!(nix::unistd::read(&terminal.master, &mut buffer).is_err());
+}

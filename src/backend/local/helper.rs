@@ -200,6 +200,9 @@ pub struct Applied {
     /// Root-only host files and directories covered (only for a unit that is
     /// the host's uid 0, which file permissions would let read them).
     pub concealed: usize,
+    /// The unit has a pseudo-terminal file system of its own; without one it
+    /// gets no pseudo-terminals at all (the host's would be its terminals).
+    pub own_ptys: bool,
     /// Whether the unit can create no user namespace of its own.
     pub nested_user_namespaces_blocked: bool,
     /// Loopback was brought up in the unit's network namespace.
@@ -505,6 +508,7 @@ fn sandbox(
     }
     let mut hidden = Vec::new();
     let mut concealed = 0;
+    let mut own_ptys = false;
     if mount_namespace {
         let mut keep: Vec<PathBuf> = spec.write.iter().chain(&spec.read).cloned().collect();
         keep.push(spec.cwd.clone());
@@ -517,6 +521,7 @@ fn sandbox(
             concealed = conceal(&spec.conceal)
                 .map_err(|error| failed("hiding the host's root-only files", error))?;
         }
+        own_ptys = mount_own_ptys();
     }
     try_enter("ipc", CloneFlags::CLONE_NEWIPC, wants_namespaces);
     let isolated = spec.network == SpecNetwork::None;
@@ -575,6 +580,7 @@ fn sandbox(
         sys_mounted,
         hidden,
         concealed,
+        own_ptys,
         nested_user_namespaces_blocked,
         loopback_up,
         landlock_tcp_denied: false,
@@ -928,6 +934,13 @@ fn confine(
     )));
     let mut rules = sandbox::landlock_rules(&read, &spec.write);
     rules.deny_tcp = deny_tcp;
+    if !applied.own_ptys {
+        // The host's /dev/pts holds the host's terminals, where a unit could
+        // write, or push keystrokes with TIOCSTI.
+        rules
+            .write
+            .retain(|path| path != Path::new("/dev/pts") && path != Path::new("/dev/ptmx"));
+    }
     applied.landlock =
         sandbox::apply_landlock(&rules, spec.landlock.into(), spec.landlock_min_abi)?;
     applied.landlock_tcp_denied = deny_tcp && applied.landlock.enforced;
@@ -1129,6 +1142,29 @@ fn kernel_paths() -> Vec<PathBuf> {
     .map(PathBuf::from)
     .filter(|path| path.symlink_metadata().is_ok())
     .collect()
+}
+
+/// Give the unit a devpts instance of its own, so `/dev/pts` shows only its
+/// own pseudo-terminals and never the host's terminals. Returns whether it
+/// could.
+fn mount_own_ptys() -> bool {
+    use nix::mount::MsFlags;
+    let devpts = nix::mount::mount(
+        Some("devpts"),
+        "/dev/pts",
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    );
+    devpts.is_ok()
+        && nix::mount::mount(
+            Some("/dev/pts/ptmx"),
+            "/dev/ptmx",
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .is_ok()
 }
 
 /// Map our uid and gid to themselves in the new user namespace, so files keep

@@ -75,6 +75,7 @@ fn applied() -> Applied {
         sys_mounted: false,
         hidden: vec!["/home".to_owned(), "/run".to_owned()],
         concealed: 0,
+        own_ptys: true,
         nested_user_namespaces_blocked: true,
         loopback_up: false,
         landlock_tcp_denied: true,
