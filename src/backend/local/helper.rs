@@ -3,17 +3,23 @@
 //! `execve`s CMD (the executor, or a probe in tests), in this order:
 //!
 //! 1. switch to the unit's user (only when started as root and asked to);
-//! 2. new user (uid and gid mapped to themselves), mount (private
-//!    propagation), ipc, network (only loopback, brought up; a fresh `/sys`)
-//!    and pid namespaces, each where the kernel allows;
-//! 3. with a pid namespace, fork a minimal init (pid 1: mounts a fresh `/proc`,
-//!    reaps orphans, ends the namespace when CMD ends);
+//! 2. new user (uid and gid mapped to themselves; no user namespaces below
+//!    it), mount, ipc, network and pid namespaces, each where the kernel
+//!    allows. In the mount namespace (private propagation): an empty tmpfs
+//!    over every host directory the unit has no business in, its own paths
+//!    bound back ([`hide_host`]); for a unit that is the host's uid 0, the
+//!    host's root-only system files covered ([`conceal`]); a devpts of its
+//!    own. In the network namespace: only loopback, brought up, and a `/sys`
+//!    that shows it;
+//! 3. with a pid namespace, fork a minimal init (pid 1: a new session, a
+//!    fresh `/proc` with Docker's masked kernel files masked, reaps orphans,
+//!    ends the namespace when CMD ends);
 //! 4. in the init (else in the helper itself, which then stays as the unit's
-//!    supervisor and subreaper): rlimits, no_new_privs,
-//!    landlock, capabilities dropped, box's seccomp filter, all inherited by
-//!    CMD;
+//!    supervisor and subreaper): rlimits, no_new_privs, landlock, capabilities
+//!    dropped, box's seccomp filter, all inherited by CMD;
 //! 5. report what was applied, read back from the kernel, as one JSON line,
-//!    then fork CMD and `execve` it.
+//!    then fork CMD (in a new session, no controlling terminal) and `execve`
+//!    it.
 //!
 //! The wire with the backend is CMD's own stdio, used before CMD runs: the
 //! spec arrives first on stdin (`LENGTH\n` then the JSON, read without

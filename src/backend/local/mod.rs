@@ -18,6 +18,11 @@
 //!                   capabilities, seccomp; the init is confined the same way)
 //! ```
 //!
+//! What a unit sees of the host: the system directories (read-only), its
+//! workspace and its private temp directory; every other host directory is
+//! an empty tmpfs, which is what keeps host Unix sockets (Docker, SSH agent)
+//! out of reach on kernels whose landlock cannot refuse a `connect`.
+//!
 //! Without a pid namespace the helper confines itself and stays as the
 //! executor's parent and the unit's subreaper.
 //!
