@@ -620,12 +620,22 @@ fn jump(code: u32, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
     }
 }
 
+/// What box's seccomp filter refuses beyond its fixed lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SeccompOptions {
+    /// Refuse IP sockets (`AF_INET`, `AF_INET6`) altogether: network none
+    /// for a unit that shares the host's network namespace, where landlock
+    /// covers TCP only and UDP would still leave.
+    pub deny_ip: bool,
+}
+
 /// The seccomp program (classic BPF over `seccomp_data`): wrong architecture
 /// → kill; x32 numbers, [`DENIED_SYSCALLS`], `clone` with namespace flags and
-/// `socket` in [`DENIED_SOCKET_FAMILIES`] → `EPERM`; `clone3` → `ENOSYS`;
-/// everything else allowed. Pure. Every jump is short and forward, so the
-/// program is valid whatever the lists hold.
-pub fn seccomp_program() -> Vec<libc::sock_filter> {
+/// `socket` in [`DENIED_SOCKET_FAMILIES`] (and the IP families with
+/// `deny_ip`) → `EPERM`; `clone3` → `ENOSYS`; everything else allowed. Pure.
+/// Every jump is short and forward, so the program is valid whatever the
+/// lists hold.
+pub fn seccomp_program(options: SeccompOptions) -> Vec<libc::sock_filter> {
     use libc::{BPF_ABS, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_RET, BPF_W};
     const NR: u32 = 0; // offsetof(struct seccomp_data, nr)
     const ARCH: u32 = 4; // offsetof(struct seccomp_data, arch)
@@ -670,7 +680,14 @@ pub fn seccomp_program() -> Vec<libc::sock_filter> {
     program.push(allow);
     program.push(errno(libc::EPERM));
     // socket: look at the family; every path of the block returns.
-    let families = DENIED_SOCKET_FAMILIES.len();
+    let mut denied: Vec<libc::c_int> = DENIED_SOCKET_FAMILIES
+        .iter()
+        .map(|(_, family)| *family)
+        .collect();
+    if options.deny_ip {
+        denied.extend([libc::AF_INET, libc::AF_INET6]);
+    }
+    let families = denied.len();
     // Past the load, the family checks, the allow and the refusal.
     let skip = u8::try_from(families + 3).unwrap_or(u8::MAX);
     program.push(jump(
@@ -680,7 +697,7 @@ pub fn seccomp_program() -> Vec<libc::sock_filter> {
         skip,
     ));
     program.push(load(ARG0));
-    for (index, (_, family)) in DENIED_SOCKET_FAMILIES.iter().enumerate() {
+    for (index, family) in denied.iter().enumerate() {
         // To the EPERM after the last check and the allow.
         let to_refusal = u8::try_from(families - index).unwrap_or(u8::MAX);
         program.push(jump(
@@ -698,8 +715,8 @@ pub fn seccomp_program() -> Vec<libc::sock_filter> {
 
 /// Install [`seccomp_program`] on the calling thread (inherited by children
 /// and across `execve`). Needs no_new_privs (or `CAP_SYS_ADMIN`) first.
-pub fn apply_seccomp() -> Result<(), ConfineError> {
-    let program = seccomp_program();
+pub fn apply_seccomp(options: SeccompOptions) -> Result<(), ConfineError> {
+    let program = seccomp_program(options);
     let filter = libc::sock_fprog {
         len: u16::try_from(program.len()).unwrap_or(u16::MAX),
         filter: program.as_ptr().cast_mut(),
@@ -1005,7 +1022,7 @@ mod tests {
 
     #[test]
     fn the_seccomp_program_decides_as_documented() {
-        let program = seccomp_program();
+        let program = seccomp_program(SeccompOptions::default());
         let x86_64 = AUDIT_ARCH_X86_64;
         let allow = libc::SECCOMP_RET_ALLOW;
         let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
@@ -1077,7 +1094,7 @@ mod tests {
 
     #[test]
     fn the_seccomp_program_jumps_only_forward_within_itself() {
-        let program = seccomp_program();
+        let program = seccomp_program(SeccompOptions { deny_ip: true });
         assert!(program.len() < usize::from(u16::MAX));
         for (index, instruction) in program.iter().enumerate() {
             if u32::from(instruction.code) & 0x07 == libc::BPF_JMP {
@@ -1096,7 +1113,7 @@ mod tests {
     #[test]
     fn seccomp_refuses_what_it_lists_in_a_child() {
         let code = in_child(|| {
-            if set_no_new_privs().is_err() || apply_seccomp().is_err() {
+            if set_no_new_privs().is_err() || apply_seccomp(SeccompOptions::default()).is_err() {
                 return 30;
             }
             if seccomp_mode() != Some(2) {

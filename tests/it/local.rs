@@ -733,6 +733,8 @@ async fn without_namespaces_landlock_alone_confines_the_unit() {
         "grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; \
          python3 -c 'import os, socket; socket.create_connection((\"127.0.0.1\", int(os.environ[\"PORT\"])), 2)' \
          && echo connected || echo connect-failed; \
+         python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)' 2>/dev/null \
+         && echo udp-socket-made || echo udp-denied; \
          test -d /proc/$HOST_PID && echo host-pid-visible; \
          cat /proc/$HOST_PID/environ || echo environ-denied; \
          kill -0 $HOST_PID || echo signal-denied; \
@@ -752,6 +754,7 @@ async fn without_namespaces_landlock_alone_confines_the_unit() {
     assert!(!hardening.user_namespace);
     assert_eq!(probe.envelope.network["namespace"], false);
     assert_eq!(probe.envelope.network["landlockTcpDenied"], true);
+    assert_eq!(probe.envelope.network["ipSocketsDenied"], true);
     assert_eq!(
         status_field(&probe.output, "CapEff"),
         Some("0000000000000000")
@@ -767,6 +770,7 @@ async fn without_namespaces_landlock_alone_confines_the_unit() {
     assert!(probe.output.contains("host-pid-visible"));
     for expected in [
         "connect-failed",
+        "udp-denied",
         "environ-denied",
         "signal-denied",
         "read-denied",

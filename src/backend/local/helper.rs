@@ -223,6 +223,8 @@ pub struct Applied {
     pub capabilities: CapabilitySets,
     /// box's seccomp filter is installed.
     pub seccomp: bool,
+    /// The filter refuses every IP socket (network none without a namespace).
+    pub ip_sockets_denied: bool,
     /// The rlimits as read back (soft values).
     pub rlimits: Rlimits,
 }
@@ -598,6 +600,7 @@ fn sandbox(
         no_new_privs: false,
         capabilities: CapabilitySets::default(),
         seccomp: false,
+        ip_sockets_denied: false,
         rlimits: spec.rlimits,
     };
     // Nothing above can leak a core; nothing below should either.
@@ -959,14 +962,18 @@ fn confine(
     applied.capabilities = sandbox::drop_capabilities()?;
     // Last: the filter refuses mount, unshare and ptrace, which nothing after
     // this point needs.
+    // Network none without a namespace of its own: no IP sockets at all,
+    // since landlock refuses TCP only.
+    let seccomp = sandbox::SeccompOptions { deny_ip: deny_tcp };
     applied.seccomp = match spec.seccomp {
         SpecRequirement::Off => false,
-        SpecRequirement::BestEffort => sandbox::apply_seccomp().is_ok(),
+        SpecRequirement::BestEffort => sandbox::apply_seccomp(seccomp).is_ok(),
         SpecRequirement::Required => {
-            sandbox::apply_seccomp()?;
+            sandbox::apply_seccomp(seccomp)?;
             true
         }
     };
+    applied.ip_sockets_denied = deny_tcp && applied.seccomp;
     applied.no_new_privs = sandbox::no_new_privs();
     if !applied.no_new_privs {
         return Err(ConfineError::Unenforceable {

@@ -895,6 +895,7 @@ pub(crate) fn envelope(
             "namespace": has("net"),
             "loopbackUp": applied.loopback_up,
             "landlockTcpDenied": applied.landlock_tcp_denied,
+            "ipSocketsDenied": applied.ip_sockets_denied,
         }),
         SpecNetwork::Host => serde_json::json!({"mode": "host", "allow": []}),
     };

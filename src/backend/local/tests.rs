@@ -87,6 +87,7 @@ fn applied() -> Applied {
         no_new_privs: true,
         capabilities: CapabilitySets::default(),
         seccomp: true,
+        ip_sockets_denied: false,
         rlimits: Rlimits::from_limits(&unit_spec(WorkspaceSource::Empty).limits),
     }
 }
