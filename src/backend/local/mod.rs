@@ -230,7 +230,7 @@ impl LocalBackend {
             .current_dir("/")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .process_group(0);
         let (spawned_tx, spawned_rx) = tokio::sync::oneshot::channel();
         let (exited_tx, exited_rx) = watch::channel(None);
@@ -249,7 +249,7 @@ impl LocalBackend {
                 let stdin = child.stdin.take();
                 let id = child.id();
                 if spawned_tx
-                    .send(Ok((stdin, child.stdout.take(), id)))
+                    .send(Ok((stdin, child.stdout.take(), child.stderr.take(), id)))
                     .is_err()
                 {
                     // The start was dropped before it learnt of the helper:
@@ -266,7 +266,7 @@ impl LocalBackend {
                 let _ = exited_tx.send(Some(status));
             })
             .map_err(|error| other("starting the unit's thread", error.to_string()))?;
-        let (stdin, stdout, pid) = spawned_rx
+        let (stdin, stdout, stderr, pid) = spawned_rx
             .await
             .map_err(|_| other("spawning the sandbox helper", "thread ended".to_owned()))?
             .map_err(|error| {
@@ -285,9 +285,22 @@ impl LocalBackend {
                 error
             }
         };
-        let (Some(stdin), Some(stdout)) = (stdin, stdout) else {
+        let (Some(stdin), Some(stdout), Some(stderr)) = (stdin, stdout, stderr) else {
             return Err(undo(other("spawning the sandbox helper", "no stdio".to_owned())).await);
         };
+        // The unit's stderr (the helper's refusals, the executor's logs) goes
+        // to the host's log under the unit's name, never raw to the host's
+        // terminal: its bytes are the unit's to choose.
+        match tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(stderr)) {
+            Ok(stderr) => {
+                tokio::spawn(log_stderr(stderr, session.session.clone(), unit.clone()));
+            }
+            Err(error) => {
+                return Err(
+                    undo(other("attaching the executor's stderr", error.to_string())).await,
+                );
+            }
+        }
         let attached = tokio::net::unix::pipe::Sender::from_owned_fd(OwnedFd::from(stdin))
             .and_then(|stdin| {
                 let stdout =
@@ -494,6 +507,46 @@ impl Backend for LocalBackend {
             .collect();
         futures::future::ready(Ok(units)).boxed()
     }
+}
+
+/// The longest stderr line logged whole; longer ones are cut.
+const STDERR_LINE_MAX: usize = 4096;
+
+/// Log the unit's stderr line by line, control characters escaped, until it
+/// closes.
+async fn log_stderr(stderr: tokio::net::unix::pipe::Receiver, session: String, unit: String) {
+    use tokio::io::AsyncReadExt;
+    let mut reader = tokio::io::BufReader::new(stderr);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let read = (&mut reader)
+            .take(STDERR_LINE_MAX as u64)
+            .read_until(b'\n', &mut line)
+            .await;
+        match read {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let text = printable(&String::from_utf8_lossy(&line));
+                tracing::info!(session = %session, unit = %unit, "executor: {}", text.trim_end());
+            }
+        }
+    }
+}
+
+/// `text` with control characters (terminal escapes included) escaped.
+fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let keep = !c.is_control() || c == '\t' || c == '\n';
+            let shown: Vec<char> = if keep {
+                vec![c]
+            } else {
+                c.escape_default().collect()
+            };
+            shown
+        })
+        .collect()
 }
 
 /// Undoes a start that did not finish, whether it failed or its future was

@@ -344,3 +344,12 @@ fn root_only_entries_are_found_and_open_ones_left() {
         vec![root.path().join("shadow"), root.path().join("ssl/private")]
     );
 }
+
+#[test]
+fn unit_stderr_is_logged_with_its_control_characters_escaped() {
+    assert_eq!(printable("plain\ttext\n"), "plain\ttext\n");
+    assert_eq!(
+        printable("\u{1b}]52;c;AAAA\u{7}"),
+        "\\u{1b}]52;c;AAAA\\u{7}"
+    );
+}
