@@ -1362,3 +1362,36 @@ async fn host_terminals_are_out_of_reach() {
     let mut buffer = [0u8; 64];
     assert!(nix::unistd::read(&terminal.master, &mut buffer).is_err());
 }
+
+/// An fd the host holds without close-on-exec (inherited from a CI runner, a
+/// shell) never reaches the unit.
+#[tokio::test]
+async fn fds_the_host_leaks_do_not_reach_the_unit() {
+    if !require_landlock() {
+        return;
+    }
+    // A pipe without close-on-exec, as a careless parent would hand down.
+    let (read, write) = nix::unistd::pipe().unwrap();
+    use std::os::fd::AsRawFd;
+    let leaked = [read.as_raw_fd(), write.as_raw_fd()];
+    let workspace = tempfile::tempdir().unwrap();
+    let spec = unit_spec(workspace.path());
+    let probe = probe("fds", &spec, "echo fds: $(ls /proc/self/fd | tr '\\n' ' ')").await;
+    let line = probe
+        .output
+        .lines()
+        .find(|line| line.starts_with("fds:"))
+        .unwrap();
+    let fds: Vec<i32> = line[4..]
+        .split_whitespace()
+        .map(|fd| fd.parse().unwrap())
+        .collect();
+    // 0, 1, 2 and the directory `ls` reads, nothing more.
+    assert!(fds.len() <= 4, "{line}");
+    for fd in leaked {
+        if fd > 3 {
+            assert!(!fds.contains(&fd), "fd {fd} leaked into the unit: {line}");
+        }
+    }
+    drop((read, write));
+}

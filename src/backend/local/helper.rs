@@ -285,6 +285,7 @@ impl Reporter {
 /// supervisor outside the pid namespace, or as its subreaper without one).
 pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     use std::os::fd::AsFd;
+    close_inherited_fds();
     if let Some(parent) = args.parent {
         // SAFETY: PR_SET_PDEATHSIG takes integer arguments. The "parent" is
         // the host thread that spawned us, which lives until we have ended.
@@ -384,6 +385,39 @@ fn read_spec_from_stdin() -> Result<Vec<u8>, String> {
         .read_exact(&mut text)
         .map_err(|error| format!("stdin: {error}"))?;
     Ok(text)
+}
+
+/// Mark every fd above stderr close-on-exec: whatever the host inherited
+/// without the flag (from a CI runner, a shell) must not reach the unit.
+fn close_inherited_fds() {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range with integer arguments; with CLOSE_RANGE_CLOEXEC it
+    // only sets a flag on fds of this process.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if result == 0 {
+        return;
+    }
+    // Kernels before 5.11: one by one.
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: F_SETFD on an fd number of this process; a stale number
+        // (the directory's own) fails harmlessly.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
 }
 
 /// Let go of CMD's stdin and stdout, so the host sees CMD's end of them
