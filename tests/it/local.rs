@@ -1395,3 +1395,43 @@ async fn fds_the_host_leaks_do_not_reach_the_unit() {
     }
     drop((read, write));
 }
+
+/// A server unit has no workspace; its executor still starts and answers,
+/// with its root in the unit's private temp, nothing of the host's.
+#[tokio::test]
+async fn a_server_unit_without_a_workspace_serves() {
+    if !require_landlock() {
+        return;
+    }
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let backend = backend();
+    let mut spec = unit_spec(Path::new("/nonexistent"));
+    spec.name = "server".to_owned();
+    spec.role = Role::Server;
+    spec.source = WorkspaceSource::None;
+    let started = backend.start(&session("server"), &spec).await.unwrap();
+    assert_eq!(started.envelope.role, "server");
+    assert_eq!(started.envelope.root, "");
+    let mut stdin = started.io.stdin;
+    let mut lines = tokio::io::BufReader::new(started.io.stdout).lines();
+    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "local-test", "version": "1"}}});
+    stdin
+        .write_all(format!("{initialize}\n").as_bytes())
+        .await
+        .unwrap();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the executor answers")
+        .unwrap()
+        .expect("the executor keeps stdout open");
+    let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert!(answer["result"]["capabilities"].is_object(), "{answer}");
+    drop(stdin);
+    let end = tokio::time::timeout(Duration::from_secs(30), started.ended)
+        .await
+        .unwrap();
+    assert_eq!(end.exit_code, Some(0), "{}", end.reason);
+    backend.remove(&started.envelope.id).await.unwrap();
+}

@@ -36,9 +36,10 @@
 //! before it ends. A unit whose helper is SIGKILLed directly, without a pid
 //! namespace, can leave such processes behind.
 //!
-//! A workspace source `None` starts the executor with `--no-fs` (and its root
-//! at the unit's private temp directory): the executor then serves no file
-//! tools. `Empty` is a fresh directory inside the unit's temp directory.
+//! A workspace source `None` starts the executor with its root at an empty
+//! directory in the unit's private temp (and, for a workspace unit, `--no-fs`
+//! once the executor declares it: no file tools at all). `Empty` is a fresh
+//! directory inside the unit's temp directory.
 //! The workspace appears at its host path (the local backend has no bind
 //! mounts); the envelope's `root` says which.
 
@@ -892,11 +893,16 @@ pub(crate) fn executor_command(box_exe: &Path, spec: &UnitSpec, layout: &Layout)
             command.push(workspace.into());
         }
         None => {
-            // No workspace: the executor serves no file tools (`--no-fs`); its
-            // root is the unit's private temp so nothing else is reachable.
+            // No workspace: the executor's root is an empty directory in the
+            // unit's private temp, so its file tools reach nothing of the
+            // host. A workspace unit without one also gets `--no-fs` (no file
+            // tools at all) once the executor declares that flag; a server
+            // unit never does, it needs the process methods to run its server.
             command.push("--root".into());
             command.push(layout.tmp.clone().into());
-            command.push("--no-fs".into());
+            if spec.role == crate::plan::Role::Workspace && executor_declares("no-fs") {
+                command.push("--no-fs".into());
+            }
         }
     }
     command.push("--kind".into());
@@ -929,6 +935,15 @@ pub(crate) fn executor_command(box_exe: &Path, spec: &UnitSpec, layout: &Layout)
         command.push("off".into());
     }
     command
+}
+
+/// Whether `box execute` declares the long flag `--{flag}` (this binary is
+/// the executor too, so its own command-line definition says).
+fn executor_declares(flag: &str) -> bool {
+    use clap::Args;
+    crate::executor::ExecuteArgs::augment_args(clap::Command::new("execute"))
+        .get_arguments()
+        .any(|argument| argument.get_long() == Some(flag))
 }
 
 /// The envelope: what the helper reported it applied. Pure.
