@@ -683,3 +683,65 @@ fn serve_off_loopback_without_a_token_refuses_to_start() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--token-file"), "{stderr}");
 }
+
+/// The Python with the `mcp` SDK, or `None` (said loudly; a failure under CI).
+fn python_with_mcp() -> Option<std::path::PathBuf> {
+    let python = crate::support::python();
+    let works = Command::new(&python)
+        .args(["-c", "import mcp"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if works {
+        return Some(python);
+    }
+    let message = format!(
+        "the Python `mcp` SDK is not installed at {} (run scripts/test.sh, or set BOX_TEST_PYTHON)",
+        python.display()
+    );
+    assert!(!crate::support::under_ci(), "{message}");
+    eprintln!("SKIPPING (not under CI): {message}");
+    None
+}
+
+/// Run one of tests/e2e/serve_*.py against the built box with the fake backend.
+fn run_e2e_script(script: &str) {
+    let Some(python) = python_with_mcp() else {
+        return;
+    };
+    let e2e = crate::support::repo_root().join("tests/e2e");
+    let output = Command::new(python)
+        .current_dir(&e2e)
+        .arg(e2e.join(script))
+        .arg(box_bin())
+        .args([
+            "--backend",
+            "fake",
+            "--tool",
+            "echo",
+            "--args",
+            r#"{"a":1}"#,
+            "--expect",
+            r#"{"a":1}"#,
+        ])
+        .args(["--progress-tool", "slow", "--max-read-bytes", "4096"])
+        .env("BOX_ALLOW_FAKE_BACKEND", "1")
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{script} failed\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn python_sdk_over_stdio_with_the_fake_backend() {
+    run_e2e_script("serve_stdio.py");
+}
+
+#[test]
+fn python_sdk_over_http_with_the_fake_backend() {
+    run_e2e_script("serve_http.py");
+}
