@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::HostConfig;
 use super::units::{
-    ExecutorLink, UnitEvent, describe_end, initialize_executor, link_unit, remove_units,
-    start_units,
+    ExecutorLink, ExecutorStart, FIRST_REQUEST_ID, UnitEvent, describe_end, initialize_executor,
+    link_unit, remove_units, start_units,
 };
 use crate::backend::{Envelope, SessionLabel, UnitEnd};
 use crate::plan::{Plan, PlanError, Role, UnitSpec};
@@ -285,6 +285,8 @@ struct Unit {
     closed: bool,
     /// Why its output closed.
     close_reason: Option<String>,
+    /// Its tool list, read before anything ran in it.
+    tools: Option<Value>,
 }
 
 /// A session after initialize: its units and its routing.
@@ -454,6 +456,7 @@ impl Session {
                 ended: None,
                 closed: false,
                 close_reason: None,
+                tools: initialized[index].tools.clone(),
             });
         }
         let workspace = units
@@ -473,8 +476,7 @@ impl Session {
                 plan,
                 units,
                 workspace,
-                // Id 0 was initialize.
-                router: Router::new(count, 1),
+                router: Router::new(count, FIRST_REQUEST_ID),
                 events_tx,
                 events_rx,
                 tasks,
@@ -709,7 +711,18 @@ impl Session {
             }
         }
         match live.workspace {
-            Some(index) => Ok(Route::Unit(index, message, Rewrite::None)),
+            Some(index) => {
+                // The tool list read at start is the session's for its whole life
+                // (security case E67): a tampered executor cannot change it.
+                let paged = params(&message).is_some_and(|p| p.contains_key("cursor"));
+                if method == "tools/list"
+                    && !paged
+                    && let Some(tools) = &live.units[index].tools
+                {
+                    return Ok(Route::Answer(tools.clone()));
+                }
+                Ok(Route::Unit(index, message, Rewrite::None))
+            }
             None => match method {
                 "tools/list" => Ok(Route::Answer(json!({"tools": []}))),
                 "resources/list" => Ok(Route::Answer(json!({"resources": []}))),
@@ -775,6 +788,12 @@ impl Session {
                     forward.reply.answer(response);
                 }
                 UnitMessage::General(message) => {
+                    let method = message.get("method").and_then(Value::as_str).unwrap_or("");
+                    if method.ends_with("/list_changed") {
+                        // Executors promise fixed lists; a change is an anomaly, never news for the client.
+                        tracing::warn!(session = %self.id, unit = %live.units[unit].spec.name, %method, "anomaly: a unit announced a changed list; ignored");
+                        return;
+                    }
                     let _ = self.general.try_send(message);
                 }
                 UnitMessage::Done => {}
@@ -1026,14 +1045,14 @@ fn initialize_result(
     plan: &Plan,
     units: &[Unit],
     workspace: Option<usize>,
-    initialized: &[Value],
+    initialized: &[ExecutorStart],
 ) -> Value {
     let mut result = match workspace {
-        Some(index) => initialized[index].clone(),
+        Some(index) => initialized[index].initialize.clone(),
         None => json!({
             "protocolVersion": initialized
                 .first()
-                .and_then(|first| first.get("protocolVersion").cloned())
+                .and_then(|first| first.initialize.get("protocolVersion").cloned())
                 .unwrap_or_else(|| json!("2025-06-18")),
             "capabilities": {"experimental": {EXECUTOR_KEY: {"version": 1}}},
         }),

@@ -642,3 +642,31 @@ async fn orphans_of_this_instance_are_swept_and_others_kept() {
     assert_eq!(fake.live_units(), vec![theirs.envelope.id.clone()]);
     assert!(fake.record(|record| record.removed.contains(&mine.envelope.id)));
 }
+
+#[tokio::test]
+async fn the_tool_list_read_at_start_is_the_only_one_the_client_sees() {
+    let fake = FakeBackend::default();
+    let mut client = connect(config(&fake));
+    client.initialize(json!({})).await;
+    let (_, before) = client.call(json!(1), "tools/list", json!({})).await;
+    let (_, mutated) = client
+        .call(
+            json!(2),
+            "tools/call",
+            json!({"name": "mutate", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(mutated["result"]["content"][0]["text"], json!("mutated"));
+    let (_, after) = client.call(json!(3), "tools/list", json!({})).await;
+    assert_eq!(before["result"], after["result"]);
+    let names: Vec<&str> = after["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap())
+        .collect();
+    assert!(!names.contains(&"evil"), "{names:?}");
+    // The unit's list_changed never reaches the client.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(client.general.try_recv().is_err());
+}
