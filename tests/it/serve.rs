@@ -745,3 +745,112 @@ fn python_sdk_over_stdio_with_the_fake_backend() {
 fn python_sdk_over_http_with_the_fake_backend() {
     run_e2e_script("serve_http.py");
 }
+
+#[tokio::test]
+async fn http_carries_a_units_request_on_the_calls_stream_and_routes_the_answer_back() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let session = initialize(&server).await;
+    let mut stream = TcpStream::connect(server.address).await.unwrap();
+    let body = call(json!(11), "ask", json!({})).to_string();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\n\r\n{body}",
+        server.address,
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !String::from_utf8_lossy(&raw).contains("elicitation/create") {
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
+            .await
+            .expect("the elicitation streams in time")
+            .unwrap();
+        assert_ne!(
+            read,
+            0,
+            "the stream ended early: {}",
+            String::from_utf8_lossy(&raw)
+        );
+        raw.extend_from_slice(&buffer[..read]);
+    }
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let ask: Value = text
+        .lines()
+        .find_map(|line| line.strip_prefix("data:"))
+        .map(|data| serde_json::from_str(data.trim()).unwrap())
+        .unwrap();
+    assert_eq!(ask["method"], json!("elicitation/create"));
+    let answer =
+        json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"action": "accept", "content": {}}});
+    let reply = post(server.address, Some(&session), &[], &answer).await;
+    assert_eq!(reply.status, 202);
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    let reply = parse_reply(&raw);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let events = reply.events();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[1]["id"], json!(11));
+    let text = events[1]["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("accept"), "{text}");
+}
+
+#[test]
+fn serve_drains_and_exits_zero_at_sigterm() {
+    use std::io::{BufRead as _, BufReader};
+    let mut child = box_command()
+        .env("RUST_LOG", "info")
+        .args(["serve", "--backend", "fake"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{}", initialize_message()).unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.contains("\"box\""), "{line}");
+    writeln!(stdin, "{}", call(json!(1), "hang", json!({}))).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    // The call in flight gets its one answer before box exits.
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    let answer: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(answer["id"], json!(1));
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("session ended")
+    );
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "box did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("units removed"), "{stderr}");
+    drop(stdin);
+}
