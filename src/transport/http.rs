@@ -55,6 +55,12 @@ const GENERAL_QUEUE: usize = 64;
 const DELETE_WAIT: Duration = Duration::from_secs(60);
 /// How long shutdown waits for sessions to remove their units.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(60);
+/// The most HTTP connections served at once.
+const MAX_CONNECTIONS: usize = 1024;
+/// How long a client may take to send a request's headers, by default.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send a request's body, by default.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the HTTP transport enforces.
 #[derive(Debug, Clone)]
@@ -69,6 +75,10 @@ pub struct HttpOptions {
     pub max_sessions: usize,
     /// The largest body.
     pub max_body_bytes: usize,
+    /// How long a client may take to send a request's headers (slowloris).
+    pub header_read_timeout: Duration,
+    /// How long a client may take to send a request's body.
+    pub body_read_timeout: Duration,
 }
 
 impl HttpOptions {
@@ -109,6 +119,8 @@ impl HttpOptions {
             allowed_origins: args.allow_origins.clone(),
             max_sessions: args.max_sessions.max(1),
             max_body_bytes: args.max_body_bytes,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            body_read_timeout: BODY_READ_TIMEOUT,
         })
     }
 
@@ -120,6 +132,8 @@ impl HttpOptions {
             allowed_origins: Vec::new(),
             max_sessions: 64,
             max_body_bytes: crate::proxy::lines::MAX_MESSAGE_BYTES,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            body_read_timeout: BODY_READ_TIMEOUT,
         }
     }
 }
@@ -182,22 +196,68 @@ pub fn router(
 }
 
 /// Serve on `listener` until `shutdown`, then end every session and remove its units.
+///
+/// One task per connection (at most `MAX_CONNECTIONS`, the permit moves into
+/// the task), HTTP/1.1 with a header read timeout so a slow client cannot hold
+/// a connection open by trickling its headers (security case E65).
 pub async fn serve(
     config: Arc<HostConfig>,
     options: HttpOptions,
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let header_read_timeout = options.header_read_timeout;
     let app = router(config.clone(), options, shutdown.clone());
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await
-        .context("serving HTTP")?;
+    let connections = tokio_util::task::TaskTracker::new();
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            () = shutdown.cancelled() => break,
+            permit = permits.clone().acquire_owned() => permit.context("the connection limit closed")?,
+        };
+        let (stream, _peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors and the like: back off, never exit.
+                    tracing::warn!(%error, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let shutdown = shutdown.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_read_timeout);
+            let connection =
+                builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        tracing::debug!(%error, "an HTTP connection ended with an error");
+                    }
+                }
+                () = shutdown.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(SHUTDOWN_WAIT, connection).await;
+                }
+            }
+        });
+    }
+    connections.close();
     // Sessions are children of `shutdown`: they are ending; wait for their units to go.
     let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
     while config.metrics.sessions_active() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let _ = tokio::time::timeout_at(deadline, connections.wait()).await;
     Ok(())
 }
 
@@ -407,9 +467,25 @@ async fn read_body(
             "Content-Type must be application/json",
         ));
     }
-    let bytes = axum::body::to_bytes(body, options.max_body_bytes)
-        .await
-        .map_err(|_| too_large())?;
+    let bytes = match tokio::time::timeout(
+        options.body_read_timeout,
+        axum::body::to_bytes(body, options.max_body_bytes),
+    )
+    .await
+    {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => return Err(too_large()),
+        Err(_) => {
+            return Err(refuse(
+                StatusCode::REQUEST_TIMEOUT,
+                code::INVALID_REQUEST,
+                format!(
+                    "the body did not arrive within {}",
+                    humantime::format_duration(options.body_read_timeout)
+                ),
+            ));
+        }
+    };
     serde_json::from_slice(&bytes).map_err(|error| {
         refuse(
             StatusCode::BAD_REQUEST,

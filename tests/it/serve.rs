@@ -623,11 +623,15 @@ fn serve_over_stdio_answers_and_exits_at_end_of_input() {
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect();
+    // Answers may come in any order; each request gets one.
     assert_eq!(lines.len(), 2, "{stdout}");
-    assert_eq!(lines[0]["result"]["serverInfo"]["name"], json!("box"));
-    assert_eq!(lines[1]["id"], json!("x"));
+    let by_id = |id: Value| lines.iter().find(|line| line["id"] == id).unwrap();
     assert_eq!(
-        lines[1]["result"]["content"][0]["text"],
+        by_id(json!(0))["result"]["serverInfo"]["name"],
+        json!("box")
+    );
+    assert_eq!(
+        by_id(json!("x"))["result"]["content"][0]["text"],
         json!("{\"k\":\"v\"}")
     );
 }
@@ -853,4 +857,40 @@ fn serve_drains_and_exits_zero_at_sigterm() {
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(stderr.contains("units removed"), "{stderr}");
     drop(stdin);
+}
+
+#[tokio::test]
+async fn http_closes_slow_headers_and_times_out_slow_bodies() {
+    let options = HttpOptions {
+        header_read_timeout: Duration::from_millis(300),
+        body_read_timeout: Duration::from_millis(300),
+        ..HttpOptions::loopback()
+    };
+    let server = start_server(options, boxhost::plan::resolve).await;
+    // Headers trickled and never finished: the connection is closed.
+    let mut stream = TcpStream::connect(server.address).await.unwrap();
+    stream
+        .write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
+        .await
+        .expect("the server closes a connection whose headers never end")
+        .unwrap();
+    // A body promised and never sent: 408.
+    let mut stream = TcpStream::connect(server.address).await.unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{{",
+        server.address
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(parse_reply(&raw).status, 408);
+    // Others are served meanwhile and after.
+    initialize(&server).await;
 }
