@@ -670,3 +670,71 @@ async fn the_tool_list_read_at_start_is_the_only_one_the_client_sees() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(client.general.try_recv().is_err());
 }
+
+fn short_lifetime(profile: &Profile, tighten: &Value, host: &HostFacts) -> Result<Plan, PlanError> {
+    one_unit(profile, tighten, host, |unit| {
+        unit.limits.lifetime = Duration::from_millis(300)
+    })
+}
+
+#[tokio::test]
+async fn a_session_ends_at_its_lifetime_however_busy() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, short_lifetime));
+    client.initialize(json!({})).await;
+    let started = std::time::Instant::now();
+    let mut id = 0;
+    while !client.session.has_ended() {
+        assert!(
+            started.elapsed() < WAIT,
+            "the lifetime did not end the session"
+        );
+        id += 1;
+        if let Ok(stream) = client
+            .session
+            .request(proxy::request(json!(id), "ping", json!({})))
+            .await
+        {
+            let _ = stream.response.await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    assert_eq!(fake.live_units(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn the_audit_log_records_tool_calls_without_their_values() {
+    let fake = FakeBackend::default();
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("audit.jsonl");
+    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    config.audit = Some(super::audit::Audit::open(&path).unwrap());
+    let client = connect(Arc::new(config));
+    client.initialize(json!({})).await;
+    let arguments = json!({"secret": "hunter2"});
+    client
+        .call(
+            json!(1),
+            "tools/call",
+            json!({"name": "echo", "arguments": arguments}),
+        )
+        .await;
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(!text.contains("hunter2"), "{text}");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    let record = &lines[0];
+    assert_eq!(record["tool"], json!("echo"));
+    assert_eq!(record["unit"], json!("workspace"));
+    assert_eq!(record["session"], json!("s-test"));
+    assert_eq!(record["outcome"], json!("ok"));
+    assert_eq!(
+        record["argumentsSha256"],
+        json!(super::audit::digest(&arguments))
+    );
+    assert!(record["time"].is_string() && record["durationMs"].is_u64());
+}

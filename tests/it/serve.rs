@@ -894,3 +894,55 @@ async fn http_closes_slow_headers_and_times_out_slow_bodies() {
     // Others are served meanwhile and after.
     initialize(&server).await;
 }
+
+#[tokio::test]
+async fn http_get_opens_one_stream_per_session_which_ends_with_it() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let session = initialize(&server).await;
+    let mut stream = TcpStream::connect(server.address).await.unwrap();
+    let head = format!(
+        "GET /mcp HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\nConnection: close\r\n\r\n",
+        server.address
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let mut buffer = [0u8; 1024];
+    while !raw.windows(4).any(|w| w == b"\r\n\r\n") {
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(read, 0);
+        raw.extend_from_slice(&buffer[..read]);
+    }
+    let reply = parse_reply(&raw);
+    assert_eq!(reply.status, 200);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let second = http(
+        server.address,
+        "GET",
+        "/mcp",
+        &[("Mcp-Session-Id", &session)],
+        b"",
+    )
+    .await;
+    assert_eq!(second.status, 409);
+    let reply = http(
+        server.address,
+        "DELETE",
+        "/mcp",
+        &[("Mcp-Session-Id", &session)],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
+        .await
+        .expect("the GET stream ends with its session")
+        .unwrap();
+}
