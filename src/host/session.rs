@@ -31,6 +31,8 @@ use crate::proxy::{
 /// The capability key of the executor wire, where the client asks and the host answers.
 pub const EXECUTOR_KEY: &str = "io.github.christopherdavenport.dax/executor";
 
+/// The most client requests one session may have in flight at once.
+const MAX_IN_FLIGHT: usize = 256;
 /// How many client messages may wait for the session task.
 const INBOUND_QUEUE: usize = 64;
 /// How many unit events may wait for the session task; a unit's reader waits
@@ -541,6 +543,14 @@ impl Session {
                 return;
             }
         };
+        if live.router.in_flight() >= MAX_IN_FLIGHT {
+            reply.answer(error_response(
+                id,
+                code::INTERNAL_ERROR,
+                format!("{MAX_IN_FLIGHT} requests are already in flight in this session; wait for some answers"),
+            ));
+            return;
+        }
         if live.router.is_in_flight(&id) {
             reply.answer(error_response(
                 id.clone(),
@@ -797,6 +807,9 @@ impl Session {
                     let _ = self.general.try_send(message);
                 }
                 UnitMessage::Done => {}
+                UnitMessage::Refuse(answer) => {
+                    let _ = send_to_unit(&live.units[unit], answer);
+                }
                 UnitMessage::Invalid(why) => {
                     tracing::warn!(session = %self.id, unit = %live.units[unit].spec.name, %why, "a unit sent an invalid message");
                 }

@@ -738,3 +738,25 @@ async fn the_audit_log_records_tool_calls_without_their_values() {
     );
     assert!(record["time"].is_string() && record["durationMs"].is_u64());
 }
+
+#[tokio::test]
+async fn a_session_bounds_its_requests_in_flight() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    client.initialize(json!({})).await;
+    let mut streams = Vec::new();
+    for id in 0..256 {
+        streams.push(client.tool(json!(id), "hang", json!({})).await);
+    }
+    let (_, refused) = client
+        .call(json!("over"), "tools/call", json!({"name": "echo"}))
+        .await;
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("in flight"),
+        "{refused}"
+    );
+    drop(streams);
+}

@@ -44,7 +44,12 @@ pub enum UnitMessage<T> {
     Done,
     /// Not a JSON-RPC message; the unit is misbehaving.
     Invalid(String),
+    /// An answer to send back to the unit (its request was refused).
+    Refuse(Value),
 }
+
+/// The most server→client requests of one session waiting for the client's answers.
+pub const MAX_SERVER_REQUESTS: usize = 64;
 
 #[derive(Debug, Default)]
 struct UnitTable<T> {
@@ -200,7 +205,17 @@ impl<T> Router<T> {
                     response: message,
                 }
             }
-            Kind::Request { id, .. } => {
+            Kind::Request { id, method } => {
+                if self.server_requests.len() >= MAX_SERVER_REQUESTS {
+                    // The executor is untrusted: it may not flood the client or grow this table.
+                    return UnitMessage::Refuse(super::error_response(
+                        id,
+                        super::code::INTERNAL_ERROR,
+                        format!(
+                            "{method}: {MAX_SERVER_REQUESTS} requests to the client are already waiting for answers"
+                        ),
+                    ));
+                }
                 let proxy_id = json!(format!("box-{}", self.next_server_request));
                 self.next_server_request += 1;
                 self.server_requests.insert(id_key(&proxy_id), (unit, id));
@@ -363,5 +378,25 @@ mod tests {
         // Between calls, a server request is general.
         let ping = json!({"jsonrpc":"2.0","id":"p","method":"ping"});
         assert!(matches!(router.from_unit(0, ping), UnitMessage::General(_)));
+    }
+
+    #[test]
+    fn a_unit_cannot_flood_the_client_with_requests() {
+        let mut router: Router<()> = Router::new(1, 1);
+        for n in 0..MAX_SERVER_REQUESTS {
+            let ask = json!({"jsonrpc":"2.0","id":n,"method":"ping"});
+            assert!(matches!(router.from_unit(0, ask), UnitMessage::General(_)));
+        }
+        let ask = json!({"jsonrpc":"2.0","id":"over","method":"ping"});
+        let UnitMessage::Refuse(answer) = router.from_unit(0, ask) else {
+            panic!("not refused");
+        };
+        assert_eq!(answer["id"], json!("over"));
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("waiting")
+        );
     }
 }
