@@ -71,6 +71,9 @@ pub struct ServeArgs {
     /// Log format on stderr: text or json.
     #[arg(long, value_name = "FORMAT", default_value = "text")]
     pub log_format: String,
+    /// At SIGTERM, how long calls in flight get to finish before units are removed (e.g. 10s).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain: Duration,
 }
 
 /// `box run`: one command in a fresh session's workspace unit.
@@ -122,6 +125,8 @@ pub struct HostConfig {
     pub metrics: metrics::Metrics,
     /// The audit log, when asked for.
     pub audit: Option<audit::Audit>,
+    /// At shutdown, how long calls in flight get to finish before their units are removed.
+    pub drain: Duration,
 }
 
 impl HostConfig {
@@ -137,6 +142,7 @@ impl HostConfig {
             executor_init_timeout: Duration::from_secs(60),
             metrics: metrics::Metrics::default(),
             audit: None,
+            drain: Duration::from_secs(10),
         }
     }
 }
@@ -331,6 +337,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let facts = host_facts(args.workspace.as_ref())?;
     let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
     config.default_profile = args.profile.clone();
+    config.drain = args.drain;
     config.instance = args
         .instance
         .clone()

@@ -119,6 +119,7 @@ pub fn spawn_session(
 ) -> SessionHandle {
     let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
     let cancel = parent.child_token();
+    let host = parent.clone();
     let done = CancellationToken::new();
     let handle = SessionHandle {
         id: id.clone(),
@@ -132,6 +133,7 @@ pub fn spawn_session(
             id,
             general,
             cancel,
+            host,
         };
         session.run(inbound_rx).await;
         done.cancel();
@@ -144,6 +146,9 @@ struct Session {
     id: String,
     general: mpsc::Sender<Value>,
     cancel: CancellationToken,
+    /// The host's shutdown: when it (not the session alone) ends the session,
+    /// calls in flight get `HostConfig::drain` to finish.
+    host: CancellationToken,
 }
 
 /// What the client asked under the executor key.
@@ -507,7 +512,13 @@ impl Session {
                 _ => None,
             };
             tokio::select! {
-                () = self.cancel.cancelled() => return "the session was ended".to_owned(),
+                () = self.cancel.cancelled() => {
+                    if self.host.is_cancelled() {
+                        self.drain_calls(live, inbound).await;
+                        return "the host is shutting down".to_owned();
+                    }
+                    return "the session was ended".to_owned();
+                }
                 message = inbound.recv() => {
                     let Some(message) = message else {
                         return "the client left".to_owned();
@@ -520,6 +531,26 @@ impl Session {
                     return format!("idle for {}", humantime::format_duration(idle.unwrap_or_default()));
                 }
                 () = sleep_until(lifetime_end) => return "its lifetime ended".to_owned(),
+            }
+        }
+    }
+
+    /// Let the calls in flight finish, up to the host's drain time; new
+    /// requests are refused meanwhile.
+    async fn drain_calls(&self, live: &mut Live, inbound: &mut mpsc::Receiver<Inbound>) {
+        let deadline = tokio::time::Instant::now() + self.config.drain;
+        while live.router.in_flight() > 0 {
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => return,
+                Some(event) = live.events_rx.recv() => self.on_unit(live, event),
+                message = inbound.recv() => match message {
+                    Some(Inbound::Request(message, reply)) => {
+                        let id = message.get("id").cloned().unwrap_or(Value::Null);
+                        reply.answer(error_response(id, code::INTERNAL_ERROR, "the host is shutting down"));
+                    }
+                    Some(Inbound::Other(message)) => self.client_other(live, message),
+                    None => return,
+                },
             }
         }
     }

@@ -760,3 +760,38 @@ async fn a_session_bounds_its_requests_in_flight() {
     );
     drop(streams);
 }
+
+#[tokio::test]
+async fn host_shutdown_lets_calls_in_flight_finish_then_removes_units() {
+    let fake = FakeBackend::default();
+    let shutdown = CancellationToken::new();
+    let (general, _general_rx) = mpsc::channel(8);
+    let session = spawn_session(config(&fake), "drain".to_owned(), general, &shutdown);
+    let init = session
+        .request(proxy::request(
+            json!(0),
+            "initialize",
+            initialize_params(json!({})),
+        ))
+        .await
+        .unwrap();
+    collect(init).await;
+    let slow = session
+        .request(proxy::request(
+            json!(1),
+            "tools/call",
+            json!({"name": "slow", "arguments": {"ms": 300}}),
+        ))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    shutdown.cancel();
+    let (_, answer) = collect(slow).await;
+    assert_eq!(
+        answer["result"]["content"][0]["text"],
+        json!("slow done"),
+        "{answer}"
+    );
+    tokio::time::timeout(WAIT, session.ended()).await.unwrap();
+    assert_eq!(fake.live_units(), Vec::<String>::new());
+}

@@ -811,7 +811,7 @@ fn serve_drains_and_exits_zero_at_sigterm() {
     use std::io::{BufRead as _, BufReader};
     let mut child = box_command()
         .env("RUST_LOG", "info")
-        .args(["serve", "--backend", "fake"])
+        .args(["serve", "--backend", "fake", "--drain", "300ms"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -830,7 +830,7 @@ fn serve_drains_and_exits_zero_at_sigterm() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    // The call in flight gets its one answer before box exits.
+    // The call in flight gets the drain time, then its one answer before box exits.
     line.clear();
     stdout.read_line(&mut line).unwrap();
     let answer: Value = serde_json::from_str(&line).unwrap();
