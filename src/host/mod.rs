@@ -53,7 +53,7 @@ pub struct ServeArgs {
     /// Host names (with or without port) HTTP clients may use besides loopback (repeatable).
     #[arg(long = "allow-host", value_name = "HOST")]
     pub allow_hosts: Vec<String>,
-    /// Origins (scheme://host[:port]) browsers may send besides loopback (repeatable).
+    /// Origins (`scheme://host[:port]`) browsers may send besides loopback (repeatable).
     #[arg(long = "allow-origin", value_name = "ORIGIN")]
     pub allow_origins: Vec<String>,
     /// The most sessions served at once over HTTP.

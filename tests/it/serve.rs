@@ -946,3 +946,62 @@ async fn http_get_opens_one_stream_per_session_which_ends_with_it() {
         .expect("the GET stream ends with its session")
         .unwrap();
 }
+
+#[tokio::test]
+async fn http_caps_sessions_and_frees_a_place_when_one_ends() {
+    let options = HttpOptions {
+        max_sessions: 1,
+        ..HttpOptions::loopback()
+    };
+    let server = start_server(options, boxhost::plan::resolve).await;
+    let first = initialize(&server).await;
+    let reply = post(server.address, None, &[], &initialize_message()).await;
+    assert_eq!(reply.status, 503);
+    assert!(
+        reply.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 1")
+    );
+    assert_eq!(server.fake.live_units().len(), 1);
+    let reply = http(
+        server.address,
+        "DELETE",
+        "/mcp",
+        &[("Mcp-Session-Id", &first)],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    let fake = server.fake.clone();
+    wait_until("the place is free", || fake.live_units().is_empty()).await;
+    initialize(&server).await;
+}
+
+#[test]
+fn serve_logs_json_lines_on_stderr_when_asked() {
+    let mut child = box_command()
+        .env("RUST_LOG", "info")
+        .args(["serve", "--backend", "fake", "--log-format", "json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{}", initialize_message()).unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<Value> = stderr
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["fields"]["message"] == json!("session started")),
+        "{stderr}"
+    );
+}
