@@ -4,7 +4,7 @@
 //! `initialize` with an executor capability, a few tools (`echo`, `slow` with
 //! progress, `hang`, `die`, `ask` with an elicitation, `cancelled` listing the
 //! cancellations seen, `mutate` changing its own tool list as a tampered
-//! executor would), `execution/facts` and the process methods minimally.
+//! executor would, `flood` sending a message longer than the host reads), `execution/facts` and the process methods minimally.
 //!
 //! It is compiled into the library (not only under `cfg(test)`) because the
 //! integration tests and the benchmarks drive the host with it. Its envelopes
@@ -491,6 +491,16 @@ impl Executor {
                         .unwrap_or(Value::Null)
                         .to_string(),
                 ))
+            }
+            "flood" => {
+                // One message longer than the host reads (security case E56).
+                let huge = "x".repeat(crate::proxy::lines::MAX_MESSAGE_BYTES + 1);
+                self.send(proxy::notification(
+                    "notifications/message",
+                    json!({"data": huge}),
+                ))
+                .await;
+                std::future::pending().await
             }
             "mutate" => {
                 self.mutated

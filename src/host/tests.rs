@@ -795,3 +795,56 @@ async fn host_shutdown_lets_calls_in_flight_finish_then_removes_units() {
     tokio::time::timeout(WAIT, session.ended()).await.unwrap();
     assert_eq!(fake.live_units(), Vec::<String>::new());
 }
+
+#[tokio::test]
+async fn a_unit_sending_an_over_long_message_is_ended_and_its_calls_answered() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    client.initialize(json!({})).await;
+    let (_, answer) = collect(client.tool(json!(1), "flood", json!({})).await).await;
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("unit workspace ended"), "{message}");
+    assert!(message.contains("at most"), "{message}");
+    let (_, ping) = client.call(json!(2), "ping", json!({})).await;
+    assert_eq!(ping["result"], json!({}));
+}
+
+#[tokio::test]
+async fn stdio_refuses_an_over_long_line_and_reads_on() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let fake = FakeBackend::default();
+    let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
+    let (server_out, client_out) = tokio::io::duplex(1 << 20);
+    let served = tokio::spawn(crate::transport::stdio::serve_on(
+        config(&fake),
+        server_in,
+        server_out,
+        CancellationToken::new(),
+    ));
+    let writer = tokio::spawn(async move {
+        let huge = vec![b'x'; crate::proxy::lines::MAX_MESSAGE_BYTES + 10];
+        client_in.write_all(&huge).await.unwrap();
+        client_in
+            .write_all(b"\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n")
+            .await
+            .unwrap();
+        client_in
+    });
+    let mut lines = BufReader::new(client_out).lines();
+    let first: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+    assert_eq!(first["error"]["code"], json!(proxy::code::INVALID_REQUEST));
+    assert!(
+        first["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most")
+    );
+    let second: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+    assert_eq!(second["id"], json!(1));
+    drop(writer.await.unwrap());
+    tokio::time::timeout(WAIT, served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
