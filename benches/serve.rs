@@ -169,7 +169,9 @@ async fn http(
         body.len()
     );
     if let Some(session) = session {
-        request.push_str(&format!("Mcp-Session-Id: {session}\r\n"));
+        request.push_str(&format!(
+            "Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-06-18\r\n"
+        ));
     }
     request.push_str("\r\n");
     request.push_str(body);

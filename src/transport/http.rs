@@ -407,13 +407,25 @@ fn session_header(headers: &HeaderMap) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// 400 for an unsupported `MCP-Protocol-Version`; a missing one is accepted
-/// (the spec says to assume 2025-03-26).
-fn check_version(headers: &HeaderMap) -> Result<(), Response> {
-    let Some(value) = headers.get(VERSION_HEADER) else {
-        return Ok(());
+/// Whether a request must carry `MCP-Protocol-Version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Version {
+    /// POSTs after initialize: every SDK sends it there, and security case E63
+    /// asks for 400 when it is missing.
+    Required,
+    /// GET: some clients (TypeScript) send only `Accept` there; a missing
+    /// header means 2025-03-26, which box serves.
+    Optional,
+}
+
+/// 400 listing the supported versions for an unsupported (or, where required,
+/// missing) `MCP-Protocol-Version`.
+fn check_version(headers: &HeaderMap, need: Version) -> Result<(), Response> {
+    let version = match headers.get(VERSION_HEADER) {
+        Some(value) => value.to_str().unwrap_or(""),
+        None if need == Version::Optional => return Ok(()),
+        None => "",
     };
-    let version = value.to_str().unwrap_or("");
     if SUPPORTED_VERSIONS.contains(&version) {
         return Ok(());
     }
@@ -421,7 +433,11 @@ fn check_version(headers: &HeaderMap) -> Result<(), Response> {
         StatusCode::BAD_REQUEST,
         json!({"jsonrpc": "2.0", "id": null, "error": {
             "code": code::INVALID_REQUEST,
-            "message": format!("unsupported MCP-Protocol-Version {version:?}; supported: {}", SUPPORTED_VERSIONS.join(", ")),
+            "message": if version.is_empty() {
+                format!("MCP-Protocol-Version is missing; send the negotiated one of: {}", SUPPORTED_VERSIONS.join(", "))
+            } else {
+                format!("unsupported MCP-Protocol-Version {version:?}; supported: {}", SUPPORTED_VERSIONS.join(", "))
+            },
             "data": {"supported": SUPPORTED_VERSIONS, "requested": version},
         }}),
     ))
@@ -536,7 +552,7 @@ async fn post_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
             "no such session (it ended, or never was); initialize again",
         );
     };
-    if let Err(response) = check_version(&headers) {
+    if let Err(response) = check_version(&headers, Version::Required) {
         return response;
     }
     match kind {
@@ -694,7 +710,7 @@ async fn get_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
             "no such session",
         );
     };
-    if let Err(response) = check_version(&headers) {
+    if let Err(response) = check_version(&headers, Version::Optional) {
         return response;
     }
     let receiver = slot.lock().ok().and_then(|mut slot| slot.take());

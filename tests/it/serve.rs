@@ -513,6 +513,18 @@ async fn http_refuses_batches_big_bodies_unknown_sessions_and_bad_versions() {
         message.contains("2025-06-18") && message.contains("2025-11-25"),
         "{message}"
     );
+    headers.pop();
+    let reply = http(server.address, "POST", "/mcp", &headers, body.as_bytes()).await;
+    assert_eq!(
+        reply.status, 400,
+        "a missing version after initialize (E63)"
+    );
+    assert!(
+        reply.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing")
+    );
     assert_eq!(server.fake.record(|record| record.starts.len()), 1);
 }
 
