@@ -8,6 +8,7 @@
 //! (the proxy), HTTP and stdio framing (the transports), what a unit is (the
 //! plan) or how one starts (the backends).
 
+mod ask;
 pub mod audit;
 pub mod fake;
 pub mod metrics;
