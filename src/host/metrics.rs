@@ -46,6 +46,7 @@ struct State {
     sessions_started: u64,
     sessions_active: i64,
     units_running: i64,
+    units_ended: i64,
     units_removed: u64,
     calls: BTreeMap<(String, String), u64>,
     call_latency: Histogram,
@@ -75,11 +76,20 @@ impl Metrics {
         });
     }
 
-    /// A started session ended and its `units` were removed.
-    pub fn session_ended(&self, units: usize) {
+    /// A unit of a live session ended on its own (died, was killed).
+    pub fn unit_ended(&self) {
+        self.with(|state| {
+            state.units_running -= 1;
+            state.units_ended += 1;
+        });
+    }
+
+    /// A started session ended and its `units` were removed, `ended` of which had ended before.
+    pub fn session_ended(&self, units: usize, ended: usize) {
         self.with(|state| {
             state.sessions_active -= 1;
-            state.units_running -= units as i64;
+            state.units_running -= (units - ended.min(units)) as i64;
+            state.units_ended -= ended as i64;
             state.units_removed += units as u64;
         });
     }
@@ -120,6 +130,7 @@ impl Metrics {
             "box_units{{state=\"running\"}} {}",
             state.units_running
         );
+        let _ = writeln!(out, "box_units{{state=\"ended\"}} {}", state.units_ended);
         let _ = writeln!(out, "# TYPE box_units_removed_total counter");
         let _ = writeln!(out, "box_units_removed_total {}", state.units_removed);
         let _ = writeln!(out, "# TYPE box_calls_total counter");

@@ -184,7 +184,8 @@ pub async fn select_backend(kind: &str) -> anyhow::Result<Arc<dyn Backend>> {
             Ok(backend) => backend,
             Err(docker) => match local_backend() {
                 Ok(backend) => {
-                    tracing::info!(why = %docker, "docker is not available; using the local backend");
+                    // Said once, loudly; every envelope then says "local" too.
+                    tracing::warn!(why = %docker, "docker is not available: units run on the local backend");
                     backend
                 }
                 Err(local) => anyhow::bail!(

@@ -831,6 +831,7 @@ impl Session {
             return;
         }
         tracing::warn!(session = %self.id, unit = %state.spec.name, %cause, "a unit ended");
+        self.config.metrics.unit_ended();
         state.ended = Some(cause.clone());
         state.writer = None;
         state.envelope.state = "ended".to_owned();
@@ -919,6 +920,12 @@ impl Session {
                 None => break,
             }
         }
+        // Units that died during the session were counted then; the rest end here.
+        let died = live
+            .units
+            .iter()
+            .filter(|unit| unit.envelope.state == "ended")
+            .count();
         let ids: Vec<String> = live
             .units
             .iter()
@@ -926,7 +933,7 @@ impl Session {
             .collect();
         remove_units(self.config.backend.as_ref(), &ids).await;
         live.tasks.abort_all();
-        self.config.metrics.session_ended(ids.len());
+        self.config.metrics.session_ended(ids.len(), died);
         tracing::info!(session = %self.id, units = ids.len(), "session ended, units removed");
     }
 }

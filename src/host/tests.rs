@@ -740,6 +740,43 @@ async fn the_audit_log_records_tool_calls_without_their_values() {
 }
 
 #[tokio::test]
+async fn metrics_count_sessions_units_and_calls() {
+    let fake = FakeBackend::default();
+    let config = config(&fake);
+    let client = connect(config.clone());
+    client.initialize(json!({})).await;
+    client
+        .call(
+            json!(1),
+            "tools/call",
+            json!({"name": "echo", "arguments": {}}),
+        )
+        .await;
+    let text = config.metrics.render();
+    assert!(text.contains("box_sessions_active 1"), "{text}");
+    assert!(text.contains("box_units{state=\"running\"} 1"), "{text}");
+    assert!(
+        text.contains("box_calls_total{method=\"tools/call:echo\",outcome=\"ok\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("box_call_duration_seconds_count 1"), "{text}");
+    assert!(
+        text.contains("box_unit_start_duration_seconds_count 1"),
+        "{text}"
+    );
+    collect(client.tool(json!(2), "die", json!({})).await).await;
+    let text = config.metrics.render();
+    assert!(text.contains("box_units{state=\"ended\"} 1"), "{text}");
+    assert!(text.contains("box_units{state=\"running\"} 0"), "{text}");
+    client.session.end();
+    client.session.ended().await;
+    let text = config.metrics.render();
+    assert!(text.contains("box_sessions_active 0"), "{text}");
+    assert!(text.contains("box_units{state=\"ended\"} 0"), "{text}");
+    assert!(text.contains("box_units_removed_total 1"), "{text}");
+}
+
+#[tokio::test]
 async fn a_session_bounds_its_requests_in_flight() {
     let fake = FakeBackend::default();
     let client = connect(config(&fake));
