@@ -45,7 +45,7 @@ pub struct ServeArgs {
     /// The host directory a `cwd` workspace source means; default the current directory.
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
-    /// Serve streamable HTTP at this address instead of stdio.
+    /// Serve streamable HTTP at this address instead of stdio (a bare port binds 127.0.0.1).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// A file holding the bearer token HTTP clients must send (required off loopback).
@@ -334,7 +334,16 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     result
 }
 
-async fn serve_async(args: ServeArgs) -> anyhow::Result<ExitCode> {
+/// `--listen` as a socket address: a bare port (`8080`, `:8080`) binds loopback.
+fn listen_address(value: &str) -> String {
+    match value.strip_prefix(':').unwrap_or(value).parse::<u16>() {
+        Ok(port) => format!("127.0.0.1:{port}"),
+        Err(_) => value.to_owned(),
+    }
+}
+
+async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
+    args.listen = args.listen.as_deref().map(listen_address);
     let backend = select_backend(&args.backend).await?;
     let facts = host_facts(args.workspace.as_ref())?;
     let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
@@ -377,3 +386,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod listen_tests {
+    #[test]
+    fn a_bare_port_binds_loopback() {
+        assert_eq!(super::listen_address("8080"), "127.0.0.1:8080");
+        assert_eq!(super::listen_address(":8080"), "127.0.0.1:8080");
+        assert_eq!(super::listen_address("0.0.0.0:8080"), "0.0.0.0:8080");
+        assert_eq!(super::listen_address("[::1]:8080"), "[::1]:8080");
+    }
+}
