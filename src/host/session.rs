@@ -328,9 +328,6 @@ impl Session {
             .map_err(|error| {
                 StartError::internal(format!("starting the session's units: {error}"))
             })?;
-        self.config
-            .metrics
-            .unit_start(start_clock.elapsed(), started.len());
         let ids: Vec<String> = started
             .iter()
             .map(|unit| unit.envelope.id.clone())
@@ -367,6 +364,10 @@ impl Session {
             }
         }
 
+        // Counted once the session is up: a failed start leaves no session behind.
+        self.config
+            .metrics
+            .unit_start(start_clock.elapsed(), ids.len());
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
         let mut tasks = JoinSet::new();
         let mut units = Vec::new();
@@ -448,7 +449,14 @@ impl Session {
                     live.last_activity = Instant::now();
                     self.on_client(live, message);
                 }
-                Some(event) = live.events_rx.recv() => self.on_unit(live, event),
+                Some(event) = live.events_rx.recv() => {
+                    let busy = live.router.in_flight() > 0;
+                    self.on_unit(live, event);
+                    if busy && live.router.in_flight() == 0 {
+                        // Idle counts from the last answer too: a long call is not idleness.
+                        live.last_activity = Instant::now();
+                    }
+                }
                 () = sleep_until(idle_end) => {
                     return format!("idle for {}", humantime::format_duration(idle.unwrap_or_default()));
                 }

@@ -885,3 +885,23 @@ async fn stdio_refuses_an_over_long_line_and_reads_on() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test]
+async fn idle_counts_from_the_last_answer_not_from_a_long_calls_start() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, short_idle));
+    client.initialize(json!({})).await;
+    // The call outlasts the idle time (200 ms); the session must survive its answer.
+    let (_, answer) = client
+        .call(
+            json!(1),
+            "tools/call",
+            json!({"name": "slow", "arguments": {"ms": 400}}),
+        )
+        .await;
+    assert_eq!(answer["result"]["content"][0]["text"], json!("slow done"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!client.session.has_ended());
+    let (_, ping) = client.call(json!(2), "ping", json!({})).await;
+    assert_eq!(ping["result"], json!({}));
+}
