@@ -4,7 +4,8 @@
 //! `initialize` with an executor capability, a few tools (`echo`, `slow` with
 //! progress, `hang`, `die`, `ask` with an elicitation, `cancelled` listing the
 //! cancellations seen, `mutate` changing its own tool list as a tampered
-//! executor would, `flood` sending a message longer than the host reads), `execution/facts` and the process methods minimally.
+//! executor would, `flood` sending a message longer than the host reads,
+//! `log` sending a log notification), `execution/facts` and the process methods minimally.
 //!
 //! It is compiled into the library (not only under `cfg(test)`) because the
 //! integration tests and the benchmarks drive the host with it. Its envelopes
@@ -491,6 +492,14 @@ impl Executor {
                         .unwrap_or(Value::Null)
                         .to_string(),
                 ))
+            }
+            "log" => {
+                self.send(proxy::notification(
+                    "notifications/message",
+                    json!({"level": "info", "data": "a log line"}),
+                ))
+                .await;
+                Ok(text("logged".to_owned()))
             }
             "flood" => {
                 // One message longer than the host reads (security case E56).

@@ -905,3 +905,25 @@ async fn idle_counts_from_the_last_answer_not_from_a_long_calls_start() {
     let (_, ping) = client.call(json!(2), "ping", json!({})).await;
     assert_eq!(ping["result"], json!({}));
 }
+
+#[tokio::test]
+async fn a_units_notifications_reach_the_client_on_the_general_channel() {
+    let fake = FakeBackend::default();
+    let mut client = connect(config(&fake));
+    client.initialize(json!({})).await;
+    let (events, answer) = client
+        .call(
+            json!(1),
+            "tools/call",
+            json!({"name": "log", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(answer["result"]["content"][0]["text"], json!("logged"));
+    assert!(events.is_empty(), "{events:?}");
+    let log = tokio::time::timeout(WAIT, client.general.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(log["method"], json!("notifications/message"));
+    assert_eq!(log["params"]["data"], json!("a log line"));
+}

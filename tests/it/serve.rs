@@ -1017,3 +1017,33 @@ fn serve_logs_json_lines_on_stderr_when_asked() {
         "{stderr}"
     );
 }
+
+#[test]
+fn run_reads_tightenings_from_a_file_and_refuses_bad_json() {
+    let directory = tempfile::tempdir().unwrap();
+    let file = directory.path().join("tighten.json");
+    std::fs::write(&file, r#"{"network":{"mode":"bridge"}}"#).unwrap();
+    let output = box_command()
+        .args(["run", "--backend", "fake", "--tighten"])
+        .arg(format!("@{}", file.display()))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("tighten"));
+    let output = box_command()
+        .args([
+            "run",
+            "--backend",
+            "fake",
+            "--tighten",
+            "{nope",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--tighten: not JSON"), "{stderr}");
+}
