@@ -591,6 +591,15 @@ impl Session {
     fn route(&self, live: &Live, method: &str, mut message: Value) -> Result<Route, (i64, String)> {
         match method {
             "ping" => return Ok(Route::Answer(json!({}))),
+            "server/discover" => {
+                let refusal = discover_refusal(Value::Null);
+                let text = refusal
+                    .pointer("/error/message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("server/discover is not served")
+                    .to_owned();
+                return Err((code::METHOD_NOT_FOUND, text));
+            }
             "initialize" => {
                 return Err((
                     code::INVALID_REQUEST,
