@@ -61,6 +61,10 @@ const MAX_CONNECTIONS: usize = 1024;
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client may take to send a request's body, by default.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a write may wait for a client that reads nothing, by default. A
+/// write waits only while the client's receive window is full, so a live but
+/// quiet stream never trips it.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the HTTP transport enforces.
 #[derive(Debug, Clone)]
@@ -79,6 +83,8 @@ pub struct HttpOptions {
     pub header_read_timeout: Duration,
     /// How long a client may take to send a request's body.
     pub body_read_timeout: Duration,
+    /// How long a write to a client that reads nothing may wait before its connection is dropped.
+    pub write_timeout: Duration,
 }
 
 impl HttpOptions {
@@ -121,6 +127,7 @@ impl HttpOptions {
             max_body_bytes: args.max_body_bytes,
             header_read_timeout: HEADER_READ_TIMEOUT,
             body_read_timeout: BODY_READ_TIMEOUT,
+            write_timeout: WRITE_TIMEOUT,
         })
     }
 
@@ -134,6 +141,7 @@ impl HttpOptions {
             max_body_bytes: crate::proxy::lines::MAX_MESSAGE_BYTES,
             header_read_timeout: HEADER_READ_TIMEOUT,
             body_read_timeout: BODY_READ_TIMEOUT,
+            write_timeout: WRITE_TIMEOUT,
         }
     }
 }
@@ -207,6 +215,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let header_read_timeout = options.header_read_timeout;
+    let write_timeout = options.write_timeout;
     let app = router(config.clone(), options, shutdown.clone());
     let connections = tokio_util::task::TaskTracker::new();
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -235,6 +244,7 @@ pub async fn serve(
             builder
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(header_read_timeout);
+            let stream = super::write_timeout::WriteTimeout::new(stream, write_timeout);
             let connection =
                 builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
             let mut connection = std::pin::pin!(connection);
