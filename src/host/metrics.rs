@@ -57,6 +57,8 @@ struct State {
 #[derive(Debug, Default)]
 pub struct Metrics {
     state: Mutex<State>,
+    /// Session tasks running, started or not (what shutdown waits for).
+    tasks: std::sync::atomic::AtomicUsize,
 }
 
 impl Metrics {
@@ -104,6 +106,21 @@ impl Metrics {
             *state.calls.entry((what, outcome.to_owned())).or_default() += 1;
             state.call_latency.observe(duration);
         });
+    }
+
+    /// A session task began.
+    pub fn task_started(&self) {
+        self.tasks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// A session task ended (its units, if any, removed).
+    pub fn task_ended(&self) {
+        self.tasks.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Session tasks running, including those still starting their units.
+    pub fn session_tasks(&self) -> usize {
+        self.tasks.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Sessions currently started.

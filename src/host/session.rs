@@ -126,7 +126,9 @@ pub fn spawn_session(
         cancel: cancel.clone(),
         done: done.clone(),
     };
+    config.metrics.task_started();
     tokio::spawn(async move {
+        let metrics_config = config.clone();
         let session = Session {
             config,
             id,
@@ -135,6 +137,7 @@ pub fn spawn_session(
             host,
         };
         session.run(inbound_rx).await;
+        metrics_config.metrics.task_ended();
         done.cancel();
     });
     handle

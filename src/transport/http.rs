@@ -262,9 +262,10 @@ pub async fn serve(
         });
     }
     connections.close();
-    // Sessions are children of `shutdown`: they are ending; wait for their units to go.
+    // Sessions are children of `shutdown`: they are ending (those still starting
+    // their units too); wait for their units to go.
     let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
-    while config.metrics.sessions_active() > 0 && tokio::time::Instant::now() < deadline {
+    while config.metrics.session_tasks() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let _ = tokio::time::timeout_at(deadline, connections.wait()).await;

@@ -1047,3 +1047,37 @@ fn run_reads_tightenings_from_a_file_and_refuses_bad_json() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--tighten: not JSON"), "{stderr}");
 }
+
+#[tokio::test]
+async fn http_shutdown_waits_for_sessions_still_starting_their_units() {
+    let fake = FakeBackend::new(boxhost::host::fake::FakeOptions {
+        start_delay: Duration::from_millis(400),
+        ..Default::default()
+    });
+    let config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let served = tokio::spawn(serve(
+        Arc::new(config),
+        HttpOptions::loopback(),
+        listener,
+        shutdown.clone(),
+    ));
+    let initializing =
+        tokio::spawn(async move { post(address, None, &[], &initialize_message()).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(20), served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(fake.record(|record| record.starts.len()), 1);
+    assert_eq!(
+        fake.live_units(),
+        Vec::<String>::new(),
+        "a unit outlived the host"
+    );
+    let _ = initializing.await;
+}
