@@ -1081,3 +1081,41 @@ async fn http_shutdown_waits_for_sessions_still_starting_their_units() {
     );
     let _ = initializing.await;
 }
+
+#[test]
+fn a_second_signal_exits_at_once() {
+    use std::io::{BufRead as _, BufReader};
+    let mut child = box_command()
+        .args(["serve", "--backend", "fake", "--drain", "60s"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{}", initialize_message()).unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    writeln!(stdin, "{}", call(json!(1), "hang", json!({}))).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // Still draining (the hanging call has 60 s); the second signal ends it now.
+    assert!(child.try_wait().unwrap().is_none());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "box ignored the second signal"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(143));
+    drop(stdin);
+}
