@@ -113,10 +113,12 @@ impl<T> Router<T> {
         }
         // The unit's token is its request id: unique among the unit's active
         // requests, which is all the protocol asks of a token.
-        let progress_token = params_mut(&mut message)
+        // Only a token the client gave is replaced; nothing is added to a message.
+        let progress_token = message
+            .get_mut("params")
             .and_then(|params| params.get_mut("_meta"))
-            .and_then(Value::as_object_mut)
-            .and_then(|meta| meta.insert("progressToken".to_owned(), json!(unit_id)));
+            .and_then(|meta| meta.get_mut("progressToken"))
+            .map(|token| std::mem::replace(token, json!(unit_id)));
         self.by_client_id
             .insert(id_key(&client_id), (unit, unit_id));
         table.pending.insert(
@@ -336,6 +338,21 @@ mod tests {
         // A late duplicate is dropped, never answered twice.
         let again = json!({"jsonrpc":"2.0","id":id_a,"result":{}});
         assert!(matches!(router.from_unit(0, again), UnitMessage::Done));
+    }
+
+    #[test]
+    fn a_request_is_forwarded_as_it_came_but_for_its_id() {
+        let mut router: Router<()> = Router::new(1, 1);
+        for original in [
+            json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}),
+            json!({"jsonrpc":"2.0","id":2,"method":"x","params":{"_meta":{"k":"v"},"a":null}}),
+        ] {
+            let (reply, _stream) = reply_channel();
+            let (unit_id, mut sent) = router.forward(0, original.clone(), reply, ());
+            assert_eq!(sent["id"], json!(unit_id));
+            sent["id"] = original["id"].clone();
+            assert_eq!(sent, original);
+        }
     }
 
     #[test]
