@@ -741,11 +741,19 @@ impl Session {
                         let _ = send_to_unit(&live.units[unit], cancel);
                     }
                 }
-                _ => {
+                // Every executor may care that the client's roots changed.
+                "notifications/roots/list_changed" => {
                     for unit in &live.units {
                         if unit.ended.is_none() {
                             let _ = send_to_unit(unit, message.clone());
                         }
+                    }
+                }
+                // Anything else is the workspace unit's, like the requests: one
+                // unit's traffic never reaches another.
+                _ => {
+                    if let Some(index) = live.workspace {
+                        let _ = send_to_unit(&live.units[index], message);
                     }
                 }
             },
