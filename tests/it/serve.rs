@@ -1119,3 +1119,25 @@ fn a_second_signal_exits_at_once() {
     assert_eq!(status.code(), Some(143));
     drop(stdin);
 }
+
+#[test]
+fn serve_refuses_a_short_token() {
+    let directory = tempfile::tempdir().unwrap();
+    let file = directory.path().join("token");
+    std::fs::write(&file, "short\n").unwrap();
+    let output = box_command()
+        .args([
+            "serve",
+            "--backend",
+            "fake",
+            "--listen",
+            "127.0.0.1:0",
+            "--token-file",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("at least 16"), "{stderr}");
+}
