@@ -112,13 +112,19 @@ pub(super) fn initialize_result(
     envelopes: &[&Envelope],
     workspace: Option<usize>,
     initialized: &[ExecutorStart],
+    requested: Option<&str>,
 ) -> Value {
     let mut result = match workspace {
         Some(index) => initialized[index].initialize.clone(),
+        // No workspace unit: the first unit's negotiated version, else the
+        // client's when box speaks it, else the version every SDK knows.
         None => json!({
             "protocolVersion": initialized
                 .first()
                 .and_then(|first| first.initialize.get("protocolVersion").cloned())
+                .or_else(|| requested
+                    .filter(|version| crate::proxy::PROTOCOL_VERSIONS.contains(version))
+                    .map(|version| json!(version)))
                 .unwrap_or_else(|| json!("2025-06-18")),
             "capabilities": {"experimental": {EXECUTOR_KEY: {"version": 1}}},
         }),

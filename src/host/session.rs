@@ -395,7 +395,10 @@ impl Session {
             .iter()
             .position(|unit| unit.spec.role == Role::Workspace);
         let envelopes: Vec<&Envelope> = units.iter().map(|unit| &unit.envelope).collect();
-        let result = initialize_result(&plan, &envelopes, workspace, &initialized);
+        let requested = client_params
+            .and_then(|params| params.get("protocolVersion"))
+            .and_then(Value::as_str);
+        let result = initialize_result(&plan, &envelopes, workspace, &initialized, requested);
         tracing::info!(
             session = %self.id,
             profile = %plan.profile,

@@ -927,3 +927,59 @@ async fn a_units_notifications_reach_the_client_on_the_general_channel() {
     assert_eq!(log["method"], json!("notifications/message"));
     assert_eq!(log["params"]["data"], json!("a log line"));
 }
+
+fn servers_only(profile: &Profile, tighten: &Value, host: &HostFacts) -> Result<Plan, PlanError> {
+    one_unit(profile, tighten, host, |unit| {
+        unit.name = "browser".to_owned();
+        unit.role = Role::Server;
+        unit.command = vec!["browser-server".to_owned()];
+    })
+}
+
+fn no_units(profile: &Profile, tighten: &Value, host: &HostFacts) -> Result<Plan, PlanError> {
+    let mut plan = crate::plan::resolve(profile, tighten, host)?;
+    plan.units.clear();
+    Ok(plan)
+}
+
+#[tokio::test]
+async fn a_session_without_a_workspace_unit_offers_no_tools_but_its_servers() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, servers_only));
+    let response = client.initialize(json!({})).await;
+    let executor = &response["result"]["capabilities"]["experimental"][EXECUTOR_KEY];
+    assert_eq!(executor["box"]["units"][0]["role"], json!("server"));
+    assert_eq!(response["result"]["protocolVersion"], json!("2025-06-18"));
+    let (_, tools) = client.call(json!(1), "tools/list", json!({})).await;
+    assert_eq!(tools["result"], json!({"tools": []}));
+    let (_, call) = client
+        .call(json!(2), "tools/call", json!({"name": "echo"}))
+        .await;
+    assert_eq!(call["error"]["code"], json!(proxy::code::METHOD_NOT_FOUND));
+    assert!(
+        call["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no workspace unit")
+    );
+    let (_, started) = client
+        .call(
+            json!(3),
+            "agentworkspace/servers.start",
+            json!({"name": "browser"}),
+        )
+        .await;
+    assert_eq!(started["result"]["id"], json!("browser:p1"));
+}
+
+#[tokio::test]
+async fn a_session_without_units_answers_the_clients_version() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, no_units));
+    let mut params = initialize_params(json!({}));
+    params["protocolVersion"] = json!("2025-11-25");
+    let (_, response) = client.call(json!(0), "initialize", params).await;
+    assert_eq!(response["result"]["protocolVersion"], json!("2025-11-25"));
+    assert_eq!(response["result"]["serverInfo"]["name"], json!("box"));
+    assert_eq!(fake.record(|record| record.starts.len()), 0);
+}

@@ -44,7 +44,7 @@ use crate::host::{HostConfig, ServeArgs, SessionHandle, spawn_session};
 use crate::proxy::{Kind, MessageError, ReplyStream, classify, code, error_response};
 
 /// The protocol versions whose `MCP-Protocol-Version` header is accepted.
-pub const SUPPORTED_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+pub const SUPPORTED_VERSIONS: [&str; 4] = crate::proxy::PROTOCOL_VERSIONS;
 /// The session header.
 const SESSION_HEADER: &str = "mcp-session-id";
 /// The version header.
