@@ -684,9 +684,19 @@ fn sse(messages: mpsc::Receiver<Value>) -> Response {
         let event = Event::default().event("message").data(message.to_string());
         Some((Ok::<_, Infallible>(event), messages))
     });
-    Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    sse_response(
+        Sse::new(events)
+            .keep_alive(KeepAlive::default())
+            .into_response(),
+    )
+}
+
+/// An SSE response that proxies must not buffer (events are meant to arrive as they happen).
+fn sse_response(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
 }
 
 /// The GET stream's receiver, put back when the stream goes so the client may open another.
@@ -741,9 +751,11 @@ async fn get_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
         let event = Event::default().event("message").data(message.to_string());
         Some((Ok::<_, Infallible>(event), general))
     });
-    Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    sse_response(
+        Sse::new(events)
+            .keep_alive(KeepAlive::default())
+            .into_response(),
+    )
 }
 
 async fn delete_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
