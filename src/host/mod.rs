@@ -8,6 +8,7 @@
 //! (the proxy), HTTP and stdio framing (the transports), what a unit is (the
 //! plan) or how one starts (the backends).
 
+mod ask;
 pub mod audit;
 pub mod fake;
 pub mod metrics;
@@ -44,7 +45,7 @@ pub struct ServeArgs {
     /// The host directory a `cwd` workspace source means; default the current directory.
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
-    /// Serve streamable HTTP at this address instead of stdio.
+    /// Serve streamable HTTP at this address instead of stdio (a bare port binds 127.0.0.1).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// A file holding the bearer token HTTP clients must send (required off loopback).
@@ -53,7 +54,7 @@ pub struct ServeArgs {
     /// Host names (with or without port) HTTP clients may use besides loopback (repeatable).
     #[arg(long = "allow-host", value_name = "HOST")]
     pub allow_hosts: Vec<String>,
-    /// Origins (scheme://host[:port]) browsers may send besides loopback (repeatable).
+    /// Origins (`scheme://host[:port]`) browsers may send besides loopback (repeatable).
     #[arg(long = "allow-origin", value_name = "ORIGIN")]
     pub allow_origins: Vec<String>,
     /// The most sessions served at once over HTTP.
@@ -71,6 +72,9 @@ pub struct ServeArgs {
     /// Log format on stderr: text or json.
     #[arg(long, value_name = "FORMAT", default_value = "text")]
     pub log_format: String,
+    /// At SIGTERM, how long calls in flight get to finish before units are removed (e.g. 10s).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain: Duration,
 }
 
 /// `box run`: one command in a fresh session's workspace unit.
@@ -122,6 +126,8 @@ pub struct HostConfig {
     pub metrics: metrics::Metrics,
     /// The audit log, when asked for.
     pub audit: Option<audit::Audit>,
+    /// At shutdown, how long calls in flight get to finish before their units are removed.
+    pub drain: Duration,
 }
 
 impl HostConfig {
@@ -137,6 +143,7 @@ impl HostConfig {
             executor_init_timeout: Duration::from_secs(60),
             metrics: metrics::Metrics::default(),
             audit: None,
+            drain: Duration::from_secs(10),
         }
     }
 }
@@ -177,7 +184,8 @@ pub async fn select_backend(kind: &str) -> anyhow::Result<Arc<dyn Backend>> {
             Ok(backend) => backend,
             Err(docker) => match local_backend() {
                 Ok(backend) => {
-                    tracing::info!(why = %docker, "docker is not available; using the local backend");
+                    // Said once, loudly; every envelope then says "local" too.
+                    tracing::warn!(why = %docker, "docker is not available: units run on the local backend");
                     backend
                 }
                 Err(local) => anyhow::bail!(
@@ -245,6 +253,7 @@ fn init_logging(format: &str) -> anyhow::Result<()> {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let result = match format {
         "text" => builder.try_init(),
@@ -325,11 +334,21 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     result
 }
 
-async fn serve_async(args: ServeArgs) -> anyhow::Result<ExitCode> {
+/// `--listen` as a socket address: a bare port (`8080`, `:8080`) binds loopback.
+fn listen_address(value: &str) -> String {
+    match value.strip_prefix(':').unwrap_or(value).parse::<u16>() {
+        Ok(port) => format!("127.0.0.1:{port}"),
+        Err(_) => value.to_owned(),
+    }
+}
+
+async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
+    args.listen = args.listen.as_deref().map(listen_address);
     let backend = select_backend(&args.backend).await?;
     let facts = host_facts(args.workspace.as_ref())?;
     let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
     config.default_profile = args.profile.clone();
+    config.drain = args.drain;
     config.instance = args
         .instance
         .clone()
@@ -367,3 +386,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod listen_tests {
+    #[test]
+    fn a_bare_port_binds_loopback() {
+        assert_eq!(super::listen_address("8080"), "127.0.0.1:8080");
+        assert_eq!(super::listen_address(":8080"), "127.0.0.1:8080");
+        assert_eq!(super::listen_address("0.0.0.0:8080"), "0.0.0.0:8080");
+        assert_eq!(super::listen_address("[::1]:8080"), "[::1]:8080");
+    }
+}

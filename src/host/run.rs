@@ -177,6 +177,9 @@ async fn pump(
     fd: u8,
     mut out: impl AsyncWrite + Unpin,
 ) -> Result<(), String> {
+    // Once `out` is closed (`box run … | head`), output is read and dropped so
+    // the command is never blocked on a full pipe.
+    let mut open = true;
     loop {
         let read = client
             .call(
@@ -188,9 +191,8 @@ async fn pump(
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(data)
                 .map_err(|error| format!("agentworkspace/process.read: bad base64: {error}"))?;
-            // A closed stdout (`box run … | head`) ends the copy, not the run.
-            if out.write_all(&bytes).await.is_err() || out.flush().await.is_err() {
-                return Ok(());
+            if open && (out.write_all(&bytes).await.is_err() || out.flush().await.is_err()) {
+                open = false;
             }
         }
         if read.get("eof").and_then(Value::as_bool) == Some(true) {
