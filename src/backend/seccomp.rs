@@ -120,144 +120,52 @@ const KERNEL: &str = "C31: kernel attack surface";
 const SOCKETS: &str = "C32: socket family";
 const PTRACE: &str = "C34: access to another process of the unit";
 const TERMINAL: &str = "C41: terminal injection";
+const PERSONA: &str = "personality: ADDR_NO_RANDOMIZE and READ_IMPLIES_EXEC weaken mitigations";
+const ALWAYS: When = When::Always;
 
 /// The deny table (the module doc renders it with reasons).
+#[rustfmt::skip] // A table: one row a line.
 const RULES: &[Rule] = &[
-    rule(
-        "clone",
-        libc::SYS_clone,
-        When::ArgHasAnyBit(0, CLONE_NAMESPACES),
-        NAMESPACES,
-    ),
-    rule(
-        "unshare",
-        libc::SYS_unshare,
-        When::ArgHasAnyBit(0, UNSHARE_NAMESPACES),
-        NAMESPACES,
-    ),
-    rule("setns", libc::SYS_setns, When::Always, NAMESPACES),
-    rule("mount", libc::SYS_mount, When::Always, MOUNTS),
-    rule("umount2", libc::SYS_umount2, When::Always, MOUNTS),
-    rule("pivot_root", libc::SYS_pivot_root, When::Always, MOUNTS),
-    rule("fsopen", libc::SYS_fsopen, When::Always, MOUNTS),
-    rule("fsconfig", libc::SYS_fsconfig, When::Always, MOUNTS),
-    rule("fsmount", libc::SYS_fsmount, When::Always, MOUNTS),
-    rule("fspick", libc::SYS_fspick, When::Always, MOUNTS),
-    rule("move_mount", libc::SYS_move_mount, When::Always, MOUNTS),
-    rule("open_tree", libc::SYS_open_tree, When::Always, MOUNTS),
-    rule(
-        "mount_setattr",
-        libc::SYS_mount_setattr,
-        When::Always,
-        MOUNTS,
-    ),
-    rule(
-        "io_uring_setup",
-        libc::SYS_io_uring_setup,
-        When::Always,
-        KERNEL,
-    ),
-    rule(
-        "io_uring_enter",
-        libc::SYS_io_uring_enter,
-        When::Always,
-        KERNEL,
-    ),
-    rule(
-        "io_uring_register",
-        libc::SYS_io_uring_register,
-        When::Always,
-        KERNEL,
-    ),
-    rule("keyctl", libc::SYS_keyctl, When::Always, KERNEL),
-    rule("add_key", libc::SYS_add_key, When::Always, KERNEL),
-    rule("request_key", libc::SYS_request_key, When::Always, KERNEL),
-    rule("bpf", libc::SYS_bpf, When::Always, KERNEL),
-    rule(
-        "perf_event_open",
-        libc::SYS_perf_event_open,
-        When::Always,
-        KERNEL,
-    ),
-    rule("userfaultfd", libc::SYS_userfaultfd, When::Always, KERNEL),
-    rule("kexec_load", libc::SYS_kexec_load, When::Always, KERNEL),
-    rule(
-        "kexec_file_load",
-        libc::SYS_kexec_file_load,
-        When::Always,
-        KERNEL,
-    ),
-    rule("init_module", libc::SYS_init_module, When::Always, KERNEL),
-    rule("finit_module", libc::SYS_finit_module, When::Always, KERNEL),
-    rule(
-        "delete_module",
-        libc::SYS_delete_module,
-        When::Always,
-        KERNEL,
-    ),
-    rule(
-        "open_by_handle_at",
-        libc::SYS_open_by_handle_at,
-        When::Always,
-        KERNEL,
-    ),
-    rule(
-        "name_to_handle_at",
-        libc::SYS_name_to_handle_at,
-        When::Always,
-        KERNEL,
-    ),
-    rule(
-        "socket",
-        libc::SYS_socket,
-        When::ArgIs(0, libc::AF_ALG as u64),
-        SOCKETS,
-    ),
-    rule(
-        "socket",
-        libc::SYS_socket,
-        When::ArgIs(0, libc::AF_VSOCK as u64),
-        SOCKETS,
-    ),
-    rule(
-        "socket",
-        libc::SYS_socket,
-        When::ArgIs(0, libc::AF_PACKET as u64),
-        SOCKETS,
-    ),
-    rule("ptrace", libc::SYS_ptrace, When::Always, PTRACE),
-    rule(
-        "process_vm_readv",
-        libc::SYS_process_vm_readv,
-        When::Always,
-        PTRACE,
-    ),
-    rule(
-        "process_vm_writev",
-        libc::SYS_process_vm_writev,
-        When::Always,
-        PTRACE,
-    ),
-    rule("pidfd_getfd", libc::SYS_pidfd_getfd, When::Always, PTRACE),
-    rule("kcmp", libc::SYS_kcmp, When::Always, PTRACE),
-    rule(
-        "ioctl",
-        libc::SYS_ioctl,
-        When::ArgIs(1, libc::TIOCSTI),
-        TERMINAL,
-    ),
-    rule(
-        "ioctl",
-        libc::SYS_ioctl,
-        When::ArgIs(1, libc::TIOCLINUX),
-        TERMINAL,
-    ),
-    rule(
-        "personality",
-        libc::SYS_personality,
-        When::ArgIsNone(0, PERSONALITIES),
-        "personality: ADDR_NO_RANDOMIZE and READ_IMPLIES_EXEC weaken mitigations",
-    ),
+    rule("clone", libc::SYS_clone, When::ArgHasAnyBit(0, CLONE_NAMESPACES), NAMESPACES),
+    rule("unshare", libc::SYS_unshare, When::ArgHasAnyBit(0, UNSHARE_NAMESPACES), NAMESPACES),
+    rule("setns", libc::SYS_setns, ALWAYS, NAMESPACES),
+    rule("mount", libc::SYS_mount, ALWAYS, MOUNTS),
+    rule("umount2", libc::SYS_umount2, ALWAYS, MOUNTS),
+    rule("pivot_root", libc::SYS_pivot_root, ALWAYS, MOUNTS),
+    rule("fsopen", libc::SYS_fsopen, ALWAYS, MOUNTS),
+    rule("fsconfig", libc::SYS_fsconfig, ALWAYS, MOUNTS),
+    rule("fsmount", libc::SYS_fsmount, ALWAYS, MOUNTS),
+    rule("fspick", libc::SYS_fspick, ALWAYS, MOUNTS),
+    rule("move_mount", libc::SYS_move_mount, ALWAYS, MOUNTS),
+    rule("open_tree", libc::SYS_open_tree, ALWAYS, MOUNTS),
+    rule("mount_setattr", libc::SYS_mount_setattr, ALWAYS, MOUNTS),
+    rule("io_uring_setup", libc::SYS_io_uring_setup, ALWAYS, KERNEL),
+    rule("io_uring_enter", libc::SYS_io_uring_enter, ALWAYS, KERNEL),
+    rule("io_uring_register", libc::SYS_io_uring_register, ALWAYS, KERNEL),
+    rule("keyctl", libc::SYS_keyctl, ALWAYS, KERNEL),
+    rule("add_key", libc::SYS_add_key, ALWAYS, KERNEL),
+    rule("request_key", libc::SYS_request_key, ALWAYS, KERNEL),
+    rule("bpf", libc::SYS_bpf, ALWAYS, KERNEL),
+    rule("perf_event_open", libc::SYS_perf_event_open, ALWAYS, KERNEL),
+    rule("userfaultfd", libc::SYS_userfaultfd, ALWAYS, KERNEL),
+    rule("kexec_load", libc::SYS_kexec_load, ALWAYS, KERNEL),
+    rule("kexec_file_load", libc::SYS_kexec_file_load, ALWAYS, KERNEL),
+    rule("init_module", libc::SYS_init_module, ALWAYS, KERNEL),
+    rule("finit_module", libc::SYS_finit_module, ALWAYS, KERNEL),
+    rule("delete_module", libc::SYS_delete_module, ALWAYS, KERNEL),
+    rule("open_by_handle_at", libc::SYS_open_by_handle_at, ALWAYS, KERNEL),
+    rule("name_to_handle_at", libc::SYS_name_to_handle_at, ALWAYS, KERNEL),
+    rule("socket", libc::SYS_socket, When::ArgIs(0, libc::AF_ALG as u64), SOCKETS),
+    rule("socket", libc::SYS_socket, When::ArgIs(0, libc::AF_VSOCK as u64), SOCKETS),
+    rule("socket", libc::SYS_socket, When::ArgIs(0, libc::AF_PACKET as u64), SOCKETS),
+    rule("ptrace", libc::SYS_ptrace, ALWAYS, PTRACE),
+    rule("process_vm_readv", libc::SYS_process_vm_readv, ALWAYS, PTRACE),
+    rule("process_vm_writev", libc::SYS_process_vm_writev, ALWAYS, PTRACE),
+    rule("pidfd_getfd", libc::SYS_pidfd_getfd, ALWAYS, PTRACE),
+    rule("kcmp", libc::SYS_kcmp, ALWAYS, PTRACE),
+    rule("ioctl", libc::SYS_ioctl, When::ArgIs(1, libc::TIOCSTI), TERMINAL),
+    rule("ioctl", libc::SYS_ioctl, When::ArgIs(1, libc::TIOCLINUX), TERMINAL),
+    rule("personality", libc::SYS_personality, When::ArgIsNone(0, PERSONALITIES), PERSONA),
 ];
 
 /// What [`install_box_filter`] applied, read back from the kernel where it can.
@@ -357,9 +265,14 @@ fn prologue() -> Vec<sock_filter> {
 /// Box's seccomp program for x86_64 (see the module doc for every rule).
 /// Pure: builds, installs nothing.
 pub fn box_filter() -> Result<BpfProgram, String> {
+    compile(RULES)
+}
+
+/// The prologue, then `rules` compiled by seccompiler (match: `EPERM`).
+fn compile(rules: &[Rule]) -> Result<BpfProgram, String> {
     let mut by_syscall: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     let mut always: BTreeMap<i64, &'static str> = BTreeMap::new();
-    for rule in RULES {
+    for rule in rules {
         let rules = rules_of(rule)?;
         // An empty list means "every call" to seccompiler: it cannot be mixed
         // with conditional rows of the same syscall.
