@@ -12,6 +12,7 @@ pub mod doctor;
 pub mod instance;
 pub mod local;
 pub mod sandbox;
+pub mod seccomp;
 pub mod start;
 
 pub use start::start_all;
