@@ -153,23 +153,21 @@ impl HostConfig {
 #[error("{0}")]
 pub struct BackendUnavailable(String);
 
-/// The docker backend, when its engine answers.
-///
-/// Wiring point for the merge: construct `backend::docker::DockerBackend` here
-/// (connect and ping the engine; an engine that does not answer is an `Err`).
+/// The docker backend, when its engine answers (connected and pinged).
 async fn docker_backend() -> Result<Arc<dyn Backend>, BackendUnavailable> {
-    Err(BackendUnavailable(
-        "the docker backend is not built into this binary yet".to_owned(),
-    ))
+    match crate::backend::docker::DockerBackend::connect().await {
+        Ok(backend) => Ok(Arc::new(backend)),
+        Err(error) => Err(BackendUnavailable(error.to_string())),
+    }
 }
 
-/// The local sandboxed-process backend.
-///
-/// Wiring point for the merge: construct `backend::local::LocalBackend` here.
+/// The local sandboxed-process backend, running this very binary as helper
+/// and executor.
 fn local_backend() -> Result<Arc<dyn Backend>, BackendUnavailable> {
-    Err(BackendUnavailable(
-        "the local backend is not built into this binary yet".to_owned(),
-    ))
+    match crate::backend::local::LocalBackend::current() {
+        Ok(backend) => Ok(Arc::new(backend)),
+        Err(error) => Err(BackendUnavailable(error.to_string())),
+    }
 }
 
 /// The backend `--backend` names: docker, local, or auto (docker when its
@@ -236,21 +234,34 @@ pub async fn sweep_orphans(config: &HostConfig) {
             return;
         }
     };
-    let orphans: Vec<String> = units
-        .into_iter()
-        .filter(|unit| unit.instance == config.instance)
-        .map(|unit| unit.id)
-        .collect();
+    // Ours (a predecessor that held this id crashed) and those of hosts whose
+    // instance lock is left with nobody holding it (they died): none of these
+    // can belong to a live session. Live and unknown instances are left alone.
+    use crate::backend::instance::{Liveness, default_dir, liveness};
+    let dir = default_dir();
+    let mut dead = std::collections::BTreeSet::new();
+    let mut orphans = Vec::new();
+    for unit in units {
+        if unit.instance == config.instance {
+            orphans.push(unit.id);
+        } else if liveness(&dir, &unit.instance) == Liveness::Dead {
+            dead.insert(unit.instance);
+            orphans.push(unit.id);
+        }
+    }
     if !orphans.is_empty() {
-        tracing::info!(count = orphans.len(), instance = %config.instance, "removing orphaned units of this instance");
+        tracing::info!(count = orphans.len(), instance = %config.instance, "removing orphaned units of this instance and of dead hosts");
         units::remove_units(config.backend.as_ref(), &orphans).await;
+    }
+    for instance in dead {
+        crate::backend::instance::forget(&dir, &instance);
     }
 }
 
 /// Start logging on stderr (stdout may be the protocol).
-fn init_logging(format: &str) -> anyhow::Result<()> {
+fn init_logging(format: &str, default_level: &str) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -301,32 +312,41 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-/// The default instance id: one per listen address (only one process can hold
-/// it, so units labelled with it at start are a crashed predecessor's), or one
-/// per process on stdio (two CI jobs on one runner never sweep each other).
-fn default_instance(listen: Option<&str>) -> String {
-    let host = nix::unistd::gethostname()
-        .ok()
-        .and_then(|name| name.into_string().ok())
-        .unwrap_or_else(|| "host".to_owned());
-    let uid = nix::unistd::getuid().as_raw();
-    match listen {
-        Some(address) => format!("{uid}@{host}:http:{address}"),
-        None => {
-            let mut bytes = [0u8; 4];
-            rand::fill(&mut bytes);
-            format!(
-                "{uid}@{host}:stdio:{}-{}",
-                std::process::id(),
-                hex::encode(bytes)
-            )
+/// Claim this host's instance id for its whole life (a lock the kernel
+/// releases however the process dies), so `box gc` and the next host can tell
+/// a live host's units from orphans. The default is one id per listen address
+/// on HTTP (only one process can hold it, so units labelled with it at start
+/// are a crashed predecessor's), or a fresh one per process on stdio (two CI
+/// jobs on one runner never sweep each other).
+pub(crate) fn claim_instance(
+    requested: Option<&str>,
+    listen: Option<&str>,
+) -> anyhow::Result<crate::backend::instance::InstanceLock> {
+    use crate::backend::instance;
+    let id = match (requested, listen) {
+        (Some(id), _) => id.to_owned(),
+        (None, Some(address)) => {
+            let address: String = address
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '.' {
+                        c
+                    } else {
+                        '-'
+                    }
+                })
+                .collect();
+            format!("http-{address}")
         }
-    }
+        (None, None) => instance::new_id(),
+    };
+    instance::InstanceLock::acquire(&instance::default_dir(), &id)
+        .with_context(|| format!("claiming instance `{id}`"))
 }
 
 /// Run the host until its transport ends.
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    init_logging(&args.log_format)?;
+    init_logging(&args.log_format, "info")?;
     let runtime = runtime()?;
     let result = runtime.block_on(serve_async(args));
     // The stdio reader may sit in a blocking read of stdin; do not wait for it.
@@ -349,10 +369,9 @@ async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
     config.default_profile = args.profile.clone();
     config.drain = args.drain;
-    config.instance = args
-        .instance
-        .clone()
-        .unwrap_or_else(|| default_instance(args.listen.as_deref()));
+    // Held until the host exits: while it is, this instance is alive.
+    let instance = claim_instance(args.instance.as_deref(), args.listen.as_deref())?;
+    config.instance = instance.id().to_owned();
     if let Some(path) = &args.audit {
         config.audit =
             Some(audit::Audit::open(path).with_context(|| format!("--audit {}", path.display()))?);
@@ -377,7 +396,9 @@ async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
 
 /// Run one command through a session of its own; the exit code is the command's.
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    init_logging(&args.log_format)?;
+    // The command's own output is what a `box run` user reads: box speaks up
+    // only for warnings and errors unless RUST_LOG asks for more.
+    init_logging(&args.log_format, "warn")?;
     let runtime = runtime()?;
     let result = runtime.block_on(run::run(args));
     runtime.shutdown_timeout(Duration::from_millis(200));

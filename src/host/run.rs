@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::session::EXECUTOR_KEY;
 use super::{
-    HostConfig, RunArgs, SessionHandle, default_instance, host_facts, select_backend,
-    spawn_session, watch_signals,
+    HostConfig, RunArgs, SessionHandle, claim_instance, host_facts, select_backend, spawn_session,
+    watch_signals,
 };
 use crate::profile::Catalog;
 use crate::proxy;
@@ -92,7 +92,8 @@ async fn run_inner(args: RunArgs) -> anyhow::Result<ExitCode> {
     let facts = host_facts(args.workspace.as_ref())?;
     let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
     config.default_profile = args.profile.clone();
-    config.instance = default_instance(None);
+    let instance = claim_instance(None, None)?;
+    config.instance = instance.id().to_owned();
     let config = Arc::new(config);
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
