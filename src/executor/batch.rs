@@ -15,6 +15,15 @@ use super::{Context, ToolOutcome};
 
 /// The most calls one batch takes.
 pub(crate) const MAX_CALLS: usize = 256;
+/// Below this many cheap calls per thread, a thread hand-off costs more than
+/// running them one after another.
+const CHEAP_CALLS_PER_THREAD: usize = 3;
+
+/// The cores this process may use, asked once (the answer reads cgroup files).
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get))
+}
 
 /// One call of a batch (or of a facts request).
 #[derive(Debug, Clone)]
@@ -79,11 +88,8 @@ pub(crate) async fn run(
             .find(|&at| !is_pure_read(&calls[at].name))
             .unwrap_or(calls.len());
         if end > index {
-            let run = calls[index..end]
-                .iter()
-                .map(|call| one(context, call, cancel.child_token()));
-            for (offset, outcome) in join_all(run).await.into_iter().enumerate() {
-                results[index + offset] = Some(outcome);
+            for (at, outcome) in read_run(context, &calls[index..end], index, &cancel).await {
+                results[at] = Some(outcome);
             }
             index = end;
             continue;
@@ -99,6 +105,59 @@ pub(crate) async fn run(
     results
         .into_iter()
         .map(|outcome| result_json(&outcome.unwrap_or_else(|| ToolOutcome::error("not run"))))
+        .collect()
+}
+
+/// Run a run of pure reads concurrently: the cheap ones one after another on
+/// one blocking thread (a thread hand-off costs more than such a call), each
+/// tree walk on a thread of its own. Returns (call index, outcome) pairs.
+async fn read_run(
+    context: &Arc<Context>,
+    calls: &[Call],
+    first: usize,
+    cancel: &CancellationToken,
+) -> Vec<(usize, ToolOutcome)> {
+    let mut cheap = Vec::new();
+    let mut tasks = Vec::new();
+    for (offset, call) in calls.iter().enumerate() {
+        let Some(tool) = spec(&call.name) else {
+            continue;
+        };
+        let job = (first + offset, tool, call.arguments.clone());
+        if tool.cheap {
+            cheap.push(job);
+        } else {
+            tasks.push(vec![job]);
+        }
+    }
+    // The cheap calls split over the cores: one thread each for a few calls.
+    let groups = cores()
+        .min(cheap.len().div_ceil(CHEAP_CALLS_PER_THREAD))
+        .max(1);
+    let per_group = cheap.len().div_ceil(groups).max(1);
+    let mut cheap = cheap.into_iter().peekable();
+    while cheap.peek().is_some() {
+        tasks.push(cheap.by_ref().take(per_group).collect());
+    }
+    let runs = tasks.into_iter().map(|jobs| {
+        let context = Arc::clone(context);
+        let cancel = cancel.child_token();
+        tokio::task::spawn_blocking(move || {
+            jobs.into_iter()
+                .map(|(at, tool, arguments)| {
+                    let outcome = match arguments {
+                        Ok(arguments) => tools::call_file_tool(&context, tool, &arguments, &cancel),
+                        Err(message) => ToolOutcome::error(message),
+                    };
+                    (at, outcome)
+                })
+                .collect::<Vec<_>>()
+        })
+    });
+    join_all(runs)
+        .await
+        .into_iter()
+        .flat_map(|run| run.unwrap_or_default())
         .collect()
 }
 

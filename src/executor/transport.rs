@@ -30,8 +30,6 @@ pub(crate) struct LineTransport<R, W> {
     line: Vec<u8>,
     /// Bytes of the current line past the limit (being discarded).
     overflow: usize,
-    /// An error answer not yet written.
-    pending: Option<Value>,
 }
 
 impl<R, W> LineTransport<R, W>
@@ -46,7 +44,6 @@ where
             writer: Arc::new(Mutex::new(writer)),
             line: Vec::new(),
             overflow: 0,
-            pending: None,
         }
     }
 
@@ -249,26 +246,33 @@ where
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let writer = Arc::clone(&self.writer);
         async move {
-            let bytes = serde_json::to_vec(&item).map_err(std::io::Error::other)?;
+            let mut bytes = Vec::with_capacity(4096);
+            serde_json::to_writer(&mut bytes, &item).map_err(std::io::Error::other)?;
             Self::write(&writer, bytes).await
         }
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
-            if let Some(answer) = self.pending.take() {
-                let bytes = answer.to_string().into_bytes();
-                if Self::write(&self.writer, bytes).await.is_err() {
-                    return None;
-                }
-            }
             if !self.read_line().await {
                 return None;
             }
             match self.parse_line() {
                 Ok(Some(message)) => return Some(message),
                 Ok(None) => {}
-                Err(answer) => self.pending = answer,
+                Err(None) => {}
+                Err(Some(answer)) => {
+                    // Written from its own task: rmcp may drop this future
+                    // mid-await, which must never cut a line in half.
+                    let writer = Arc::clone(&self.writer);
+                    tokio::spawn(async move {
+                        if let Err(error) =
+                            Self::write(&writer, answer.to_string().into_bytes()).await
+                        {
+                            tracing::warn!("answering a bad line: {error}");
+                        }
+                    });
+                }
             }
         }
     }
