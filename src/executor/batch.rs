@@ -190,3 +190,96 @@ pub(crate) fn result_json(outcome: &ToolOutcome) -> Value {
         "isError": outcome.is_error,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use pretty_assertions::assert_eq;
+    use serde_json::json;
+
+    use super::*;
+    use crate::executor::tools::testing::context;
+
+    fn run_batch(context: &Arc<Context>, calls: Value) -> Vec<(String, bool)> {
+        let calls = parse_calls(Some(&json!({ "calls": calls }))).unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime
+            .block_on(run(context, calls, CancellationToken::new()))
+            .into_iter()
+            .map(|result| {
+                (
+                    result["content"][0]["text"].as_str().unwrap().to_owned(),
+                    result["isError"] == json!(true),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn results_come_back_in_call_order_and_writes_are_barriers() {
+        let dir = tempfile::tempdir().unwrap();
+        let context = context(dir.path());
+        let results = run_batch(
+            &context,
+            json!([
+                {"name": "ls"},
+                {"name": "write", "arguments": {"path": "a", "content": "1"}},
+                {"name": "read", "arguments": {"path": "a"}},
+                {"name": "glob", "arguments": {"pattern": "*"}},
+                {"name": "nope"},
+                {"name": "write", "arguments": {"path": "b", "content": "2"}},
+                {"name": "grep", "arguments": {"pattern": "2"}}
+            ]),
+        );
+        let expected = [
+            ("(empty)", false),
+            ("wrote 1 bytes to a", false),
+            ("     1\t1\n", false),
+            ("a\n", false),
+            ("unknown tool \"nope\"", true),
+            ("wrote 1 bytes to b", false),
+            ("b:1:2\n", false),
+        ];
+        let expected: Vec<(String, bool)> = expected
+            .iter()
+            .map(|(t, e)| ((*t).to_owned(), *e))
+            .collect();
+        assert_eq!(results, expected);
+    }
+
+    #[test]
+    fn a_failed_write_cancels_the_rest_and_a_failed_read_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let context = context(dir.path());
+        let results = run_batch(
+            &context,
+            json!([
+                {"name": "read", "arguments": {"path": "missing"}},
+                {"name": "write", "arguments": {"path": "sub", "content": "x"}},
+                {"name": "read", "arguments": {"path": "missing"}},
+                {"name": "write", "arguments": {"path": "c", "content": "x"}}
+            ]),
+        );
+        let skipped = "skipped: write failed earlier in this batch, so this call was cancelled";
+        assert!(results[0].1);
+        assert_eq!(results[1], ("sub is a directory".to_owned(), true));
+        assert_eq!(results[2], (skipped.to_owned(), true));
+        assert_eq!(results[3], (skipped.to_owned(), true));
+        assert!(!dir.path().join("c").exists());
+    }
+
+    #[test]
+    fn malformed_calls_are_refused_whole_or_per_call() {
+        assert!(parse_calls(Some(&json!({"calls": {}}))).is_err());
+        assert!(parse_calls(Some(&json!({"calls": [{"arguments": {}}]}))).is_err());
+        let too_many: Vec<Value> = (0..=MAX_CALLS).map(|_| json!({"name": "ls"})).collect();
+        assert!(parse_calls(Some(&json!({ "calls": too_many }))).is_err());
+        let calls =
+            parse_calls(Some(&json!({"calls": [{"name": "ls", "arguments": [1]}]}))).unwrap();
+        assert!(calls[0].arguments.is_err());
+    }
+}
