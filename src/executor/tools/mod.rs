@@ -362,7 +362,9 @@ pub(crate) fn call_file_tool(
     if let Err(message) = keys::check(tool.name, tool.params, arguments) {
         return ToolOutcome::error(message);
     }
+    // An empty stamp is no stamp (Go's zero value): no check, as unstamped.
     if let Some(Value::String(stamp)) = arguments.get(STAMP_KEY)
+        && !stamp.is_empty()
         && !verify_stamp(context, tool, arguments, stamp)
     {
         return ToolOutcome::error(STAMP_MISMATCH);
