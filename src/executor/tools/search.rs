@@ -142,7 +142,7 @@ pub(super) fn grep(
 
     let mut files: Vec<(String, Vec<String>)> = Vec::new();
     if base.is_dir {
-        let collected = Mutex::new(Vec::new());
+        let collected = Mutex::new(Found::default());
         walker(workspace, &base.resolved).build_parallel().run(|| {
             Box::new(|entry| {
                 if cancel.is_cancelled() {
@@ -161,7 +161,7 @@ pub(super) fn grep(
                 if !lines.is_empty()
                     && let Ok(mut collected) = collected.lock()
                 {
-                    collected.push((relative.to_string_lossy().into_owned(), lines));
+                    collected.add(relative.to_string_lossy().into_owned(), lines, max);
                 }
                 WalkState::Continue
             })
@@ -169,7 +169,12 @@ pub(super) fn grep(
         if cancel.is_cancelled() {
             return Err("grep was cancelled".to_owned());
         }
-        files = collected.into_inner().unwrap_or_default();
+        files = collected
+            .into_inner()
+            .unwrap_or_default()
+            .files
+            .into_iter()
+            .collect();
     } else {
         let lines = search(Path::new(&base.resolved));
         if !lines.is_empty() {
@@ -199,6 +204,30 @@ pub(super) fn grep(
         return Ok("(no matches)".to_owned());
     }
     Ok(out)
+}
+
+/// Matches gathered from a parallel walk, kept bounded: only the files that
+/// sort first and hold the first `max` + 1 lines (the one past `max` decides
+/// the trailer), whatever order the walk finds them in.
+#[derive(Default)]
+struct Found {
+    files: std::collections::BTreeMap<String, Vec<String>>,
+    total: usize,
+}
+
+impl Found {
+    fn add(&mut self, path: String, lines: Vec<String>, max: usize) {
+        self.total += lines.len();
+        self.files.insert(path, lines);
+        while let Some(last) = self.files.last_key_value() {
+            let without_last = self.total - last.1.len();
+            if without_last <= max {
+                break;
+            }
+            self.total = without_last;
+            self.files.pop_last();
+        }
+    }
 }
 
 /// The `line:text` of each match in the file `relative`, at most `max`;
