@@ -65,7 +65,8 @@ pub(super) fn glob(
     if !base.is_dir {
         return Err(format!("{base_name} is not a directory"));
     }
-    let mut found = Vec::new();
+    // The first max + 1 paths in sorted order (one past max decides the trailer).
+    let mut found = std::collections::BTreeSet::new();
     for entry in walker(workspace, &base.resolved).build() {
         if cancel.is_cancelled() {
             return Err("glob was cancelled".to_owned());
@@ -79,15 +80,17 @@ pub(super) fn glob(
         }
         let within_base = relative.strip_prefix(&base.resolved).unwrap_or(relative);
         if matcher.is_match(within_base) {
-            found.push(relative.to_string_lossy().into_owned());
+            found.insert(relative.to_string_lossy().into_owned());
+            if found.len() > max.saturating_add(1) {
+                found.pop_last();
+            }
         }
     }
-    found.sort();
     if found.is_empty() {
         return Ok("(no files match)".to_owned());
     }
     let truncated = found.len() > max;
-    found.truncate(max);
+    let found: Vec<String> = found.into_iter().take(max).collect();
     let mut out = found.join("\n");
     out.push('\n');
     if truncated {
