@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use futures::future::join_all;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -139,27 +138,48 @@ async fn read_run(
     while cheap.peek().is_some() {
         tasks.push(cheap.by_ref().take(per_group).collect());
     }
-    let runs = tasks.into_iter().map(|jobs| {
+    let run_jobs = |jobs: Vec<Job>, context: &Context, cancel: &CancellationToken| {
+        jobs.into_iter()
+            .map(|(at, tool, arguments)| {
+                let outcome = match arguments {
+                    Ok(arguments) => tools::call_file_tool(context, tool, &arguments, cancel),
+                    Err(message) => ToolOutcome::error(message),
+                };
+                (at, outcome)
+            })
+            .collect::<Vec<_>>()
+    };
+    // The last group (the cheap calls, when there are any) runs in place on
+    // this worker while the others run on the blocking pool: one hand-off less.
+    let in_place = tasks.pop().unwrap_or_default();
+    let others = tasks.into_iter().map(|jobs| {
         let context = Arc::clone(context);
         let cancel = cancel.child_token();
-        tokio::task::spawn_blocking(move || {
-            jobs.into_iter()
-                .map(|(at, tool, arguments)| {
-                    let outcome = match arguments {
-                        Ok(arguments) => tools::call_file_tool(&context, tool, &arguments, &cancel),
-                        Err(message) => ToolOutcome::error(message),
-                    };
-                    (at, outcome)
-                })
-                .collect::<Vec<_>>()
-        })
+        tokio::task::spawn_blocking(move || run_jobs(jobs, &context, &cancel))
     });
-    join_all(runs)
+    let others = futures::future::join_all(others);
+    let mine = if tokio::runtime::Handle::current().runtime_flavor()
+        == tokio::runtime::RuntimeFlavor::MultiThread
+    {
+        tokio::task::block_in_place(|| run_jobs(in_place, context, cancel))
+    } else {
+        run_jobs(in_place, context, cancel)
+    };
+    let mut outcomes: Vec<(usize, ToolOutcome)> = others
         .await
         .into_iter()
         .flat_map(|run| run.unwrap_or_default())
-        .collect()
+        .collect();
+    outcomes.extend(mine);
+    outcomes
 }
+
+/// One call of a read run: its index in the batch, its tool, its arguments.
+type Job = (
+    usize,
+    &'static tools::Spec,
+    Result<Map<String, Value>, String>,
+);
 
 async fn one(context: &Arc<Context>, call: &Call, cancel: CancellationToken) -> ToolOutcome {
     let arguments = match &call.arguments {
