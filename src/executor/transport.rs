@@ -21,6 +21,7 @@ const ID_SCAN_BYTES: usize = 4096;
 
 const PARSE_ERROR: i64 = -32700;
 const INVALID_REQUEST: i64 = -32600;
+const INVALID_PARAMS: i64 = -32602;
 
 /// Newline-delimited JSON-RPC over a reader and a writer.
 pub(crate) struct LineTransport<R, W> {
@@ -120,7 +121,11 @@ where
                         (PARSE_ERROR, "parse error")
                     }
                     serde_json::error::Category::Data | serde_json::error::Category::Io => {
-                        (INVALID_REQUEST, "invalid request")
+                        if is_request_shaped(text) {
+                            (INVALID_PARAMS, "invalid params")
+                        } else {
+                            (INVALID_REQUEST, "invalid request")
+                        }
                     }
                 };
                 if text.first() == Some(&b'[') {
@@ -141,6 +146,19 @@ where
         writer.write_all(&bytes).await?;
         writer.flush().await
     }
+}
+
+/// Whether well-formed JSON that no message type took is still a request
+/// (`jsonrpc` 2.0, an id, a method name), so its params must be what failed.
+fn is_request_shaped(text: &[u8]) -> bool {
+    let Ok(Value::Object(message)) = serde_json::from_slice::<Value>(text) else {
+        return false;
+    };
+    message.get("jsonrpc") == Some(&json!("2.0"))
+        && message.get("method").is_some_and(Value::is_string)
+        && message
+            .get("id")
+            .is_some_and(|id| id.is_string() || id.is_number())
 }
 
 /// The error answer for a bad line: with its `id` if one is found; none for a
@@ -301,6 +319,19 @@ mod tests {
             (None, true)
         );
         assert_eq!(scan_top_level(b"garbage"), (None, false));
+    }
+
+    #[test]
+    fn wrong_param_types_are_invalid_params() {
+        assert!(is_request_shaped(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#
+        ));
+        assert!(!is_request_shaped(
+            br#"{"jsonrpc":"2.0","id":1,"params":{}}"#
+        ));
+        assert!(!is_request_shaped(
+            br#"[{"jsonrpc":"2.0","id":1,"method":"x"}]"#
+        ));
     }
 
     #[test]

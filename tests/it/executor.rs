@@ -631,9 +631,13 @@ fn bad_input_is_answered_and_the_executor_keeps_serving() {
     let answer = executor.response();
     assert_eq!(answer["id"], json!(900), "{answer}");
     assert!(answer.get("error").is_some(), "{answer}");
+    executor.send_line(br#"{"jsonrpc":"2.0","id":899,"method":"tools/call","params":{"name":5}}"#);
+    let answer = executor.response();
+    assert_eq!(answer["id"], json!(899), "{answer}");
+    assert_eq!(answer["error"]["code"], json!(-32602), "{answer}");
     executor.send_line(br#"[{"jsonrpc":"2.0","id":901,"method":"tools/list"}]"#);
     let answer = executor.response();
-    assert!(answer.get("error").is_some(), "{answer}");
+    assert_eq!(answer["error"]["code"], json!(-32600), "{answer}");
     executor.send_line(b"{\"jsonrpc\":\"2.0\",\"id\":902,\"method\":\"tools/call\",\"params\":{\"name\":\"read\",\"arguments\":{\"path\":\"\xff\"}}}");
     let answer = executor.response();
     assert!(answer.get("error").is_some(), "{answer}");
