@@ -141,7 +141,12 @@ impl Shared {
             "tools": tools,
             "files": {"uriTemplate": files::URI_TEMPLATE},
             "start": {"maxProcesses": 32, "maxWriteBytes": 1_048_576, "maxReadBytes": 65_536},
-            "maxReadBytes": self.session().context.max_read_bytes,
+            // Not `session()`: describing the executor must not fix the read
+            // limit before the client's `initialize` has asked for one.
+            "maxReadBytes": self
+                .session
+                .get()
+                .map_or(self.settings.max_read_bytes, |session| session.context.max_read_bytes),
         })
     }
 }
