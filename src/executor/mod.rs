@@ -2,11 +2,17 @@
 //! seven tools, facts and stamps, the files resources, the process methods and
 //! batches, all confined beneath one workspace root.
 //!
-//! Ownership inside this module: `server` (rmcp handler, capability, dispatch,
-//! exact keys, resources, batch), `workspace` (confinement), the file tools,
-//! `facts` and `stamp` (shared types); `bash` and `shell` (running and analysing
-//! a bash line), `process` (the process methods), `sandbox` (landlock and
-//! no_new_privs for children).
+//! Ownership inside this module: `server` (rmcp handler: capability, listing,
+//! dispatch, resources, custom methods), `transport` (stdio framing that
+//! answers bad lines), `keys` (exact keys and schema types), `tools` (the tool
+//! table, stamps, the file tools), `batch` (the barrier model), `files` (the
+//! files resource), `workspace` (confinement, the write lock, the read ledger),
+//! `facts` and `stamp` (shared types); `bash` and `shell` (running and
+//! analysing a bash line), `process` (the process methods).
+//!
+//! One idea first: nothing a tool does names a path the kernel resolves from
+//! anywhere but the root's directory handle, so `..` and links cannot lead out
+//! whatever the model writes.
 
 pub(crate) mod bash;
 mod batch;
@@ -166,7 +172,7 @@ async fn run(shared: Arc<server::Shared>) -> anyhow::Result<()> {
 /// Logs go to stderr only: stdout is the protocol.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BOX_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,boxhost=info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
