@@ -61,6 +61,10 @@ pub struct ExecuteArgs {
     /// Confine this process with landlock (writes only beneath the root and temp): required, best-effort or off.
     #[arg(long, value_name = "MODE", default_value = "best-effort")]
     pub landlock: String,
+    /// box's own seccomp layer on this process and every child (io_uring, AF_ALG/VSOCK, keyrings,
+    /// bpf, ptrace, mounts, namespaces, TIOCSTI...): on, or off (for debugging with strace/gdb).
+    #[arg(long, value_name = "MODE", default_value = "on")]
+    pub seccomp: String,
 }
 
 /// Serve MCP on stdin/stdout until the client hangs up (or SIGTERM/SIGINT);
@@ -106,6 +110,22 @@ pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
             "executor confined"
         ),
         Err(error) => anyhow::bail!("--landlock {}: {error}", args.landlock),
+    }
+    // After landlock (which wants the process single-threaded) and before the
+    // runtime starts threads; the filter is synchronised to every thread anyway.
+    // A unit's envelope claims this layer, so failing to install it fails the start.
+    match args.seccomp.as_str() {
+        "on" => match crate::backend::seccomp::install_box_filter() {
+            Ok(report) => tracing::info!(
+                rules = report.rules,
+                instructions = report.instructions,
+                filters = ?report.filters,
+                "box seccomp filter installed; executor not dumpable"
+            ),
+            Err(error) => anyhow::bail!("--seccomp on: {error}"),
+        },
+        "off" => tracing::warn!("--seccomp off: box's own seccomp layer is not applied"),
+        other => anyhow::bail!("--seccomp {other}: choose on or off"),
     }
     let shared = Arc::new(server::Shared::new(
         server::Settings {
