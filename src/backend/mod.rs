@@ -12,6 +12,7 @@ pub mod doctor;
 pub mod instance;
 pub mod local;
 pub mod sandbox;
+pub mod seccomp;
 pub mod start;
 
 pub use start::start_all;
@@ -123,7 +124,9 @@ pub struct Hardening {
     pub no_new_privileges: bool,
     /// Read-only root file system.
     pub read_only_root: bool,
-    /// Seccomp: "default" (the engine's), "box", or "none".
+    /// Seccomp layers: the engine's ("default", "custom") joined by "+" with box's own
+    /// ("box", which the executor installs on itself and its children); "box" alone where
+    /// the engine applies none; "none" where no layer is applied.
     pub seccomp: String,
     /// The landlock ABI the kernel offers (0 = none).
     pub landlock_abi: u32,

@@ -33,3 +33,33 @@ pub(crate) struct Facts {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rewrite: Option<Map<String, Value>>,
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn null_and_empty_calls_stay_distinct_on_the_wire() {
+        let itself = Facts {
+            calls: None,
+            rewrite: None,
+        };
+        let nothing = Facts {
+            calls: Some(Vec::new()),
+            rewrite: None,
+        };
+        assert_eq!(
+            serde_json::to_value(itself).unwrap(),
+            json!({"calls": null})
+        );
+        assert_eq!(serde_json::to_value(nothing).unwrap(), json!({"calls": []}));
+        let call = FactCall {
+            tool: String::new(),
+            args: Map::new(),
+            text: String::new(),
+        };
+        assert_eq!(serde_json::to_value(call).unwrap(), json!({"tool": ""}));
+    }
+}

@@ -2,11 +2,17 @@
 //! seven tools, facts and stamps, the files resources, the process methods and
 //! batches, all confined beneath one workspace root.
 //!
-//! Ownership inside this module: `server` (rmcp handler, capability, dispatch,
-//! exact keys, resources, batch), `workspace` (confinement), the file tools,
-//! `facts` and `stamp` (shared types); `bash` and `shell` (running and analysing
-//! a bash line), `process` (the process methods), `sandbox` (landlock and
-//! no_new_privs for children).
+//! Ownership inside this module: `server` (rmcp handler: capability, listing,
+//! dispatch, resources, custom methods), `transport` (stdio framing that
+//! answers bad lines), `keys` (exact keys and schema types), `tools` (the tool
+//! table, stamps, the file tools), `batch` (the barrier model), `files` (the
+//! files resource), `workspace` (confinement, the write lock, the read ledger),
+//! `facts` and `stamp` (shared types); `bash` and `shell` (running and
+//! analysing a bash line), `process` (the process methods).
+//!
+//! One idea first: nothing a tool does names a path the kernel resolves from
+//! anywhere but the root's directory handle, so `..` and links cannot lead out
+//! whatever the model writes.
 
 pub(crate) mod bash;
 mod batch;
@@ -55,6 +61,10 @@ pub struct ExecuteArgs {
     /// Confine this process with landlock (writes only beneath the root and temp): required, best-effort or off.
     #[arg(long, value_name = "MODE", default_value = "best-effort")]
     pub landlock: String,
+    /// box's own seccomp layer on this process and every child (io_uring, AF_ALG/VSOCK, keyrings,
+    /// bpf, ptrace, mounts, namespaces, TIOCSTI...): on, or off (for debugging with strace/gdb).
+    #[arg(long, value_name = "MODE", default_value = "on")]
+    pub seccomp: String,
 }
 
 /// Serve MCP on stdin/stdout until the client hangs up (or SIGTERM/SIGINT);
@@ -100,6 +110,22 @@ pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
             "executor confined"
         ),
         Err(error) => anyhow::bail!("--landlock {}: {error}", args.landlock),
+    }
+    // After landlock (which wants the process single-threaded) and before the
+    // runtime starts threads; the filter is synchronised to every thread anyway.
+    // A unit's envelope claims this layer, so failing to install it fails the start.
+    match args.seccomp.as_str() {
+        "on" => match crate::backend::seccomp::install_box_filter() {
+            Ok(report) => tracing::info!(
+                rules = report.rules,
+                instructions = report.instructions,
+                filters = ?report.filters,
+                "box seccomp filter installed; executor not dumpable"
+            ),
+            Err(error) => anyhow::bail!("--seccomp on: {error}"),
+        },
+        "off" => tracing::warn!("--seccomp off: box's own seccomp layer is not applied"),
+        other => anyhow::bail!("--seccomp {other}: choose on or off"),
     }
     let shared = Arc::new(server::Shared::new(
         server::Settings {
@@ -166,7 +192,7 @@ async fn run(shared: Arc<server::Shared>) -> anyhow::Result<()> {
 /// Logs go to stderr only: stdout is the protocol.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BOX_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,boxhost=info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -28,6 +28,22 @@ pub(crate) const FACTS_KEY: &str = "io.github.christopherdavenport.agenttool/fac
 /// The listing `_meta` key for a tool's flags.
 pub(crate) const TOOL_META_KEY: &str = "io.github.christopherdavenport.agenttool/tool";
 
+/// The MCP methods rmcp parses itself (their params too).
+const STANDARD_METHODS: [&str; 12] = [
+    "initialize",
+    "ping",
+    "tools/call",
+    "tools/list",
+    "resources/read",
+    "resources/list",
+    "resources/templates/list",
+    "prompts/get",
+    "prompts/list",
+    "completion/complete",
+    "logging/setLevel",
+    "server/discover",
+];
+
 /// Progress updates buffered between a running bash and the client; a full
 /// buffer drops the update (progress is lossy on purpose).
 const PROGRESS_BUFFER: usize = 16;
@@ -125,7 +141,12 @@ impl Shared {
             "tools": tools,
             "files": {"uriTemplate": files::URI_TEMPLATE},
             "start": {"maxProcesses": 32, "maxWriteBytes": 1_048_576, "maxReadBytes": 65_536},
-            "maxReadBytes": self.session().context.max_read_bytes,
+            // Not `session()`: describing the executor must not fix the read
+            // limit before the client's `initialize` has asked for one.
+            "maxReadBytes": self
+                .session
+                .get()
+                .map_or(self.settings.max_read_bytes, |session| session.context.max_read_bytes),
         })
     }
 }
@@ -347,6 +368,14 @@ impl ServerHandler for Executor {
                 let results = batch::run(&self.context(), calls, context.ct.clone()).await;
                 Ok(CustomResult::new(json!({"results": results})))
             }
+            // rmcp hands a standard method whose params did not parse to the
+            // custom handler: that is a params error, not an unknown method.
+            standard if STANDARD_METHODS.contains(&standard) => Err(McpError::invalid_params(
+                format!(
+                    "{method}: the params do not fit the method (wrong field types or missing fields)"
+                ),
+                None,
+            )),
             _ => Err(McpError::new(ErrorCode::METHOD_NOT_FOUND, method, None)),
         }
     }

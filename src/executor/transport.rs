@@ -21,6 +21,7 @@ const ID_SCAN_BYTES: usize = 4096;
 
 const PARSE_ERROR: i64 = -32700;
 const INVALID_REQUEST: i64 = -32600;
+const INVALID_PARAMS: i64 = -32602;
 
 /// Newline-delimited JSON-RPC over a reader and a writer.
 pub(crate) struct LineTransport<R, W> {
@@ -30,8 +31,6 @@ pub(crate) struct LineTransport<R, W> {
     line: Vec<u8>,
     /// Bytes of the current line past the limit (being discarded).
     overflow: usize,
-    /// An error answer not yet written.
-    pending: Option<Value>,
 }
 
 impl<R, W> LineTransport<R, W>
@@ -46,7 +45,6 @@ where
             writer: Arc::new(Mutex::new(writer)),
             line: Vec::new(),
             overflow: 0,
-            pending: None,
         }
     }
 
@@ -123,7 +121,11 @@ where
                         (PARSE_ERROR, "parse error")
                     }
                     serde_json::error::Category::Data | serde_json::error::Category::Io => {
-                        (INVALID_REQUEST, "invalid request")
+                        if is_request_shaped(text) {
+                            (INVALID_PARAMS, "invalid params")
+                        } else {
+                            (INVALID_REQUEST, "invalid request")
+                        }
                     }
                 };
                 if text.first() == Some(&b'[') {
@@ -144,6 +146,19 @@ where
         writer.write_all(&bytes).await?;
         writer.flush().await
     }
+}
+
+/// Whether well-formed JSON that no message type took is still a request
+/// (`jsonrpc` 2.0, an id, a method name), so its params must be what failed.
+fn is_request_shaped(text: &[u8]) -> bool {
+    let Ok(Value::Object(message)) = serde_json::from_slice::<Value>(text) else {
+        return false;
+    };
+    message.get("jsonrpc") == Some(&json!("2.0"))
+        && message.get("method").is_some_and(Value::is_string)
+        && message
+            .get("id")
+            .is_some_and(|id| id.is_string() || id.is_number())
 }
 
 /// The error answer for a bad line: with its `id` if one is found; none for a
@@ -249,26 +264,33 @@ where
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let writer = Arc::clone(&self.writer);
         async move {
-            let bytes = serde_json::to_vec(&item).map_err(std::io::Error::other)?;
+            let mut bytes = Vec::with_capacity(4096);
+            serde_json::to_writer(&mut bytes, &item).map_err(std::io::Error::other)?;
             Self::write(&writer, bytes).await
         }
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
-            if let Some(answer) = self.pending.take() {
-                let bytes = answer.to_string().into_bytes();
-                if Self::write(&self.writer, bytes).await.is_err() {
-                    return None;
-                }
-            }
             if !self.read_line().await {
                 return None;
             }
             match self.parse_line() {
                 Ok(Some(message)) => return Some(message),
                 Ok(None) => {}
-                Err(answer) => self.pending = answer,
+                Err(None) => {}
+                Err(Some(answer)) => {
+                    // Written from its own task: rmcp may drop this future
+                    // mid-await, which must never cut a line in half.
+                    let writer = Arc::clone(&self.writer);
+                    tokio::spawn(async move {
+                        if let Err(error) =
+                            Self::write(&writer, answer.to_string().into_bytes()).await
+                        {
+                            tracing::warn!("answering a bad line: {error}");
+                        }
+                    });
+                }
             }
         }
     }
@@ -297,6 +319,19 @@ mod tests {
             (None, true)
         );
         assert_eq!(scan_top_level(b"garbage"), (None, false));
+    }
+
+    #[test]
+    fn wrong_param_types_are_invalid_params() {
+        assert!(is_request_shaped(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#
+        ));
+        assert!(!is_request_shaped(
+            br#"{"jsonrpc":"2.0","id":1,"params":{}}"#
+        ));
+        assert!(!is_request_shaped(
+            br#"[{"jsonrpc":"2.0","id":1,"method":"x"}]"#
+        ));
     }
 
     #[test]

@@ -73,6 +73,8 @@ pub(crate) fn is_escape(error: &std::io::Error) -> bool {
 /// What a file was when this executor last read it (or wrote it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Version {
+    /// The file's identity (device, inode): whichever name reached it.
+    file: (u64, u64),
     size: u64,
     modified_nanos: i128,
     hash: [u8; 32],
@@ -89,8 +91,10 @@ pub(crate) struct Workspace {
     /// One lock across every write and every edit's read-modify-write; a
     /// std mutex because it is taken on blocking threads, never across `.await`.
     writes: Mutex<()>,
-    /// Resolved name → its version at this executor's last read or write.
-    ledger: Mutex<HashMap<String, Version>>,
+    /// File identity → its version at this executor's last read or write.
+    /// Keyed by inode, not name, so every link to a file is the same file and
+    /// recording a read costs no path resolution.
+    ledger: Mutex<HashMap<(u64, u64), Version>>,
     /// Whether overwriting or editing an existing file needs an earlier read.
     write_guard: bool,
 }
@@ -319,11 +323,10 @@ impl Workspace {
         Ok(version_of(&metadata, hasher.finalize().into()))
     }
 
-    /// Remember that this executor has seen `name` (resolved) as `version`.
-    pub fn record(&self, name: &str, version: Version) {
-        let key = self.resolve_links(name).unwrap_or_else(|_| name.to_owned());
+    /// Remember that this executor has seen a file as `version`.
+    pub fn record(&self, version: Version) {
         if let Ok(mut ledger) = self.ledger.lock() {
-            ledger.insert(key, version);
+            ledger.insert(version.file, version);
         }
     }
 
@@ -334,16 +337,19 @@ impl Workspace {
         if !self.write_guard {
             return Ok(());
         }
-        let key = self.resolve_links(name).unwrap_or_else(|_| name.to_owned());
-        let seen = self.ledger.lock().ok().and_then(|l| l.get(&key).cloned());
-        let Some(seen) = seen else {
-            return Err(format!(
-                "{shown} already exists and has not been read in this session; read it first, then write or edit it"
-            ));
-        };
         let now = self
             .version(name, max_bytes)
             .map_err(|e| e.message(shown))?;
+        let seen = self
+            .ledger
+            .lock()
+            .ok()
+            .and_then(|l| l.get(&now.file).cloned());
+        let Some(seen) = seen else {
+            return Err(format!(
+                "{shown} already exists and has not been read in this session (or was replaced since it was read); read it first, then write or edit it"
+            ));
+        };
         if now != seen {
             return Err(format!(
                 "{shown} changed since it was last read (by something else); read it again before writing or editing it"
@@ -393,6 +399,7 @@ pub(crate) fn version_of(metadata: &Metadata, hash: [u8; 32]) -> Version {
     let modified_nanos =
         i128::from(metadata.mtime()) * 1_000_000_000 + i128::from(metadata.mtime_nsec());
     Version {
+        file: (metadata.dev(), metadata.ino()),
         size: metadata.len(),
         modified_nanos,
         hash,

@@ -46,6 +46,7 @@ struct State {
     sessions_started: u64,
     sessions_active: i64,
     units_running: i64,
+    units_ended: i64,
     units_removed: u64,
     calls: BTreeMap<(String, String), u64>,
     call_latency: Histogram,
@@ -56,6 +57,8 @@ struct State {
 #[derive(Debug, Default)]
 pub struct Metrics {
     state: Mutex<State>,
+    /// Session tasks running, started or not (what shutdown waits for).
+    tasks: std::sync::atomic::AtomicUsize,
 }
 
 impl Metrics {
@@ -75,11 +78,20 @@ impl Metrics {
         });
     }
 
-    /// A started session ended and its `units` were removed.
-    pub fn session_ended(&self, units: usize) {
+    /// A unit of a live session ended on its own (died, was killed).
+    pub fn unit_ended(&self) {
+        self.with(|state| {
+            state.units_running -= 1;
+            state.units_ended += 1;
+        });
+    }
+
+    /// A started session ended and its `units` were removed, `ended` of which had ended before.
+    pub fn session_ended(&self, units: usize, ended: usize) {
         self.with(|state| {
             state.sessions_active -= 1;
-            state.units_running -= units as i64;
+            state.units_running -= (units - ended.min(units)) as i64;
+            state.units_ended -= ended as i64;
             state.units_removed += units as u64;
         });
     }
@@ -94,6 +106,21 @@ impl Metrics {
             *state.calls.entry((what, outcome.to_owned())).or_default() += 1;
             state.call_latency.observe(duration);
         });
+    }
+
+    /// A session task began.
+    pub fn task_started(&self) {
+        self.tasks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// A session task ended (its units, if any, removed).
+    pub fn task_ended(&self) {
+        self.tasks.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Session tasks running, including those still starting their units.
+    pub fn session_tasks(&self) -> usize {
+        self.tasks.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Sessions currently started.
@@ -120,6 +147,7 @@ impl Metrics {
             "box_units{{state=\"running\"}} {}",
             state.units_running
         );
+        let _ = writeln!(out, "box_units{{state=\"ended\"}} {}", state.units_ended);
         let _ = writeln!(out, "# TYPE box_units_removed_total counter");
         let _ = writeln!(out, "box_units_removed_total {}", state.units_removed);
         let _ = writeln!(out, "# TYPE box_calls_total counter");

@@ -8,6 +8,7 @@
 //! (the proxy), HTTP and stdio framing (the transports), what a unit is (the
 //! plan) or how one starts (the backends).
 
+mod ask;
 pub mod audit;
 pub mod fake;
 pub mod metrics;
@@ -44,7 +45,7 @@ pub struct ServeArgs {
     /// The host directory a `cwd` workspace source means; default the current directory.
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
-    /// Serve streamable HTTP at this address instead of stdio.
+    /// Serve streamable HTTP at this address instead of stdio (a bare port binds 127.0.0.1).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// A file holding the bearer token HTTP clients must send (required off loopback).
@@ -53,7 +54,7 @@ pub struct ServeArgs {
     /// Host names (with or without port) HTTP clients may use besides loopback (repeatable).
     #[arg(long = "allow-host", value_name = "HOST")]
     pub allow_hosts: Vec<String>,
-    /// Origins (scheme://host[:port]) browsers may send besides loopback (repeatable).
+    /// Origins (`scheme://host[:port]`) browsers may send besides loopback (repeatable).
     #[arg(long = "allow-origin", value_name = "ORIGIN")]
     pub allow_origins: Vec<String>,
     /// The most sessions served at once over HTTP.
@@ -71,6 +72,9 @@ pub struct ServeArgs {
     /// Log format on stderr: text or json.
     #[arg(long, value_name = "FORMAT", default_value = "text")]
     pub log_format: String,
+    /// At SIGTERM, how long calls in flight get to finish before units are removed (e.g. 10s).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain: Duration,
 }
 
 /// `box run`: one command in a fresh session's workspace unit.
@@ -122,6 +126,8 @@ pub struct HostConfig {
     pub metrics: metrics::Metrics,
     /// The audit log, when asked for.
     pub audit: Option<audit::Audit>,
+    /// At shutdown, how long calls in flight get to finish before their units are removed.
+    pub drain: Duration,
 }
 
 impl HostConfig {
@@ -137,6 +143,7 @@ impl HostConfig {
             executor_init_timeout: Duration::from_secs(60),
             metrics: metrics::Metrics::default(),
             audit: None,
+            drain: Duration::from_secs(10),
         }
     }
 }
@@ -146,22 +153,21 @@ impl HostConfig {
 #[error("{0}")]
 pub struct BackendUnavailable(String);
 
-/// The docker backend, when its engine answers.
-///
-/// Wiring point for the merge: construct `backend::docker::DockerBackend` here
-/// (connect and ping the engine; an engine that does not answer is an `Err`).
+/// The docker backend, when its engine answers (connected and pinged).
 async fn docker_backend() -> Result<Arc<dyn Backend>, BackendUnavailable> {
-    Err(BackendUnavailable(
-        "the docker backend is not built into this binary yet".to_owned(),
-    ))
+    match crate::backend::docker::DockerBackend::connect().await {
+        Ok(backend) => Ok(Arc::new(backend)),
+        Err(error) => Err(BackendUnavailable(error.to_string())),
+    }
 }
 
-/// The local sandboxed-process backend, running this binary as its helper
+/// The local sandboxed-process backend, running this very binary as helper
 /// and executor.
 fn local_backend() -> Result<Arc<dyn Backend>, BackendUnavailable> {
-    let backend = crate::backend::local::LocalBackend::current()
-        .map_err(|error| BackendUnavailable(error.to_string()))?;
-    Ok(Arc::new(backend))
+    match crate::backend::local::LocalBackend::current() {
+        Ok(backend) => Ok(Arc::new(backend)),
+        Err(error) => Err(BackendUnavailable(error.to_string())),
+    }
 }
 
 /// The backend `--backend` names: docker, local, or auto (docker when its
@@ -176,7 +182,8 @@ pub async fn select_backend(kind: &str) -> anyhow::Result<Arc<dyn Backend>> {
             Ok(backend) => backend,
             Err(docker) => match local_backend() {
                 Ok(backend) => {
-                    tracing::info!(why = %docker, "docker is not available; using the local backend");
+                    // Said once, loudly; every envelope then says "local" too.
+                    tracing::warn!(why = %docker, "docker is not available: units run on the local backend");
                     backend
                 }
                 Err(local) => anyhow::bail!(
@@ -227,23 +234,37 @@ pub async fn sweep_orphans(config: &HostConfig) {
             return;
         }
     };
-    let orphans: Vec<String> = units
-        .into_iter()
-        .filter(|unit| unit.instance == config.instance)
-        .map(|unit| unit.id)
-        .collect();
+    // Ours (a predecessor that held this id crashed) and those of hosts whose
+    // instance lock is left with nobody holding it (they died): none of these
+    // can belong to a live session. Live and unknown instances are left alone.
+    use crate::backend::instance::{Liveness, default_dir, liveness};
+    let dir = default_dir();
+    let mut dead = std::collections::BTreeSet::new();
+    let mut orphans = Vec::new();
+    for unit in units {
+        if unit.instance == config.instance {
+            orphans.push(unit.id);
+        } else if liveness(&dir, &unit.instance) == Liveness::Dead {
+            dead.insert(unit.instance);
+            orphans.push(unit.id);
+        }
+    }
     if !orphans.is_empty() {
-        tracing::info!(count = orphans.len(), instance = %config.instance, "removing orphaned units of this instance");
+        tracing::info!(count = orphans.len(), instance = %config.instance, "removing orphaned units of this instance and of dead hosts");
         units::remove_units(config.backend.as_ref(), &orphans).await;
+    }
+    for instance in dead {
+        crate::backend::instance::forget(&dir, &instance);
     }
 }
 
 /// Start logging on stderr (stdout may be the protocol).
-fn init_logging(format: &str) -> anyhow::Result<()> {
+fn init_logging(format: &str, default_level: &str) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let result = match format {
         "text" => builder.try_init(),
@@ -291,32 +312,41 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-/// The default instance id: one per listen address (only one process can hold
-/// it, so units labelled with it at start are a crashed predecessor's), or one
-/// per process on stdio (two CI jobs on one runner never sweep each other).
-fn default_instance(listen: Option<&str>) -> String {
-    let host = nix::unistd::gethostname()
-        .ok()
-        .and_then(|name| name.into_string().ok())
-        .unwrap_or_else(|| "host".to_owned());
-    let uid = nix::unistd::getuid().as_raw();
-    match listen {
-        Some(address) => format!("{uid}@{host}:http:{address}"),
-        None => {
-            let mut bytes = [0u8; 4];
-            rand::fill(&mut bytes);
-            format!(
-                "{uid}@{host}:stdio:{}-{}",
-                std::process::id(),
-                hex::encode(bytes)
-            )
+/// Claim this host's instance id for its whole life (a lock the kernel
+/// releases however the process dies), so `box gc` and the next host can tell
+/// a live host's units from orphans. The default is one id per listen address
+/// on HTTP (only one process can hold it, so units labelled with it at start
+/// are a crashed predecessor's), or a fresh one per process on stdio (two CI
+/// jobs on one runner never sweep each other).
+pub(crate) fn claim_instance(
+    requested: Option<&str>,
+    listen: Option<&str>,
+) -> anyhow::Result<crate::backend::instance::InstanceLock> {
+    use crate::backend::instance;
+    let id = match (requested, listen) {
+        (Some(id), _) => id.to_owned(),
+        (None, Some(address)) => {
+            let address: String = address
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '.' {
+                        c
+                    } else {
+                        '-'
+                    }
+                })
+                .collect();
+            format!("http-{address}")
         }
-    }
+        (None, None) => instance::new_id(),
+    };
+    instance::InstanceLock::acquire(&instance::default_dir(), &id)
+        .with_context(|| format!("claiming instance `{id}`"))
 }
 
 /// Run the host until its transport ends.
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    init_logging(&args.log_format)?;
+    init_logging(&args.log_format, "info")?;
     let runtime = runtime()?;
     let result = runtime.block_on(serve_async(args));
     // The stdio reader may sit in a blocking read of stdin; do not wait for it.
@@ -324,15 +354,24 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     result
 }
 
-async fn serve_async(args: ServeArgs) -> anyhow::Result<ExitCode> {
+/// `--listen` as a socket address: a bare port (`8080`, `:8080`) binds loopback.
+fn listen_address(value: &str) -> String {
+    match value.strip_prefix(':').unwrap_or(value).parse::<u16>() {
+        Ok(port) => format!("127.0.0.1:{port}"),
+        Err(_) => value.to_owned(),
+    }
+}
+
+async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
+    args.listen = args.listen.as_deref().map(listen_address);
     let backend = select_backend(&args.backend).await?;
     let facts = host_facts(args.workspace.as_ref())?;
     let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
     config.default_profile = args.profile.clone();
-    config.instance = args
-        .instance
-        .clone()
-        .unwrap_or_else(|| default_instance(args.listen.as_deref()));
+    config.drain = args.drain;
+    // Held until the host exits: while it is, this instance is alive.
+    let instance = claim_instance(args.instance.as_deref(), args.listen.as_deref())?;
+    config.instance = instance.id().to_owned();
     if let Some(path) = &args.audit {
         config.audit =
             Some(audit::Audit::open(path).with_context(|| format!("--audit {}", path.display()))?);
@@ -357,7 +396,9 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
 /// Run one command through a session of its own; the exit code is the command's.
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    init_logging(&args.log_format)?;
+    // The command's own output is what a `box run` user reads: box speaks up
+    // only for warnings and errors unless RUST_LOG asks for more.
+    init_logging(&args.log_format, "warn")?;
     let runtime = runtime()?;
     let result = runtime.block_on(run::run(args));
     runtime.shutdown_timeout(Duration::from_millis(200));
@@ -366,3 +407,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod listen_tests {
+    #[test]
+    fn a_bare_port_binds_loopback() {
+        assert_eq!(super::listen_address("8080"), "127.0.0.1:8080");
+        assert_eq!(super::listen_address(":8080"), "127.0.0.1:8080");
+        assert_eq!(super::listen_address("0.0.0.0:8080"), "0.0.0.0:8080");
+        assert_eq!(super::listen_address("[::1]:8080"), "[::1]:8080");
+    }
+}

@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::session::EXECUTOR_KEY;
 use super::{
-    HostConfig, RunArgs, SessionHandle, default_instance, host_facts, select_backend,
-    spawn_session, watch_signals,
+    HostConfig, RunArgs, SessionHandle, claim_instance, host_facts, select_backend, spawn_session,
+    watch_signals,
 };
 use crate::profile::Catalog;
 use crate::proxy;
@@ -92,7 +92,8 @@ async fn run_inner(args: RunArgs) -> anyhow::Result<ExitCode> {
     let facts = host_facts(args.workspace.as_ref())?;
     let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
     config.default_profile = args.profile.clone();
-    config.instance = default_instance(None);
+    let instance = claim_instance(None, None)?;
+    config.instance = instance.id().to_owned();
     let config = Arc::new(config);
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
@@ -177,6 +178,9 @@ async fn pump(
     fd: u8,
     mut out: impl AsyncWrite + Unpin,
 ) -> Result<(), String> {
+    // Once `out` is closed (`box run … | head`), output is read and dropped so
+    // the command is never blocked on a full pipe.
+    let mut open = true;
     loop {
         let read = client
             .call(
@@ -188,9 +192,8 @@ async fn pump(
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(data)
                 .map_err(|error| format!("agentworkspace/process.read: bad base64: {error}"))?;
-            // A closed stdout (`box run … | head`) ends the copy, not the run.
-            if out.write_all(&bytes).await.is_err() || out.flush().await.is_err() {
-                return Ok(());
+            if open && (out.write_all(&bytes).await.is_err() || out.flush().await.is_err()) {
+                open = false;
             }
         }
         if read.get("eof").and_then(Value::as_bool) == Some(true) {

@@ -11,15 +11,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use super::HostConfig;
+pub use super::ask::{EXECUTOR_KEY, discover_refusal};
+use super::ask::{executor_initialize_params, initialize_result, read_ask};
 use super::units::{
-    ExecutorLink, UnitEvent, describe_end, initialize_executor, link_unit, remove_units,
-    start_units,
+    ExecutorLink, FIRST_REQUEST_ID, UnitEvent, describe_end, initialize_executor, link_unit,
+    remove_units, start_units,
 };
 use crate::backend::{Envelope, SessionLabel, UnitEnd};
 use crate::plan::{Plan, PlanError, Role, UnitSpec};
@@ -28,9 +30,8 @@ use crate::proxy::{
     error_response_with_data, params, params_mut, reply_channel, result_response,
 };
 
-/// The capability key of the executor wire, where the client asks and the host answers.
-pub const EXECUTOR_KEY: &str = "io.github.christopherdavenport.dax/executor";
-
+/// The most client requests one session may have in flight at once.
+const MAX_IN_FLIGHT: usize = 256;
 /// How many client messages may wait for the session task.
 const INBOUND_QUEUE: usize = 64;
 /// How many unit events may wait for the session task; a unit's reader waits
@@ -117,6 +118,7 @@ pub fn spawn_session(
 ) -> SessionHandle {
     let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
     let cancel = parent.child_token();
+    let host = parent.clone();
     let done = CancellationToken::new();
     let handle = SessionHandle {
         id: id.clone(),
@@ -124,14 +126,18 @@ pub fn spawn_session(
         cancel: cancel.clone(),
         done: done.clone(),
     };
+    config.metrics.task_started();
     tokio::spawn(async move {
+        let metrics_config = config.clone();
         let session = Session {
             config,
             id,
             general,
             cancel,
+            host,
         };
         session.run(inbound_rx).await;
+        metrics_config.metrics.task_ended();
         done.cancel();
     });
     handle
@@ -142,84 +148,9 @@ struct Session {
     id: String,
     general: mpsc::Sender<Value>,
     cancel: CancellationToken,
-}
-
-/// What the client asked under the executor key.
-#[derive(Debug, Default, PartialEq)]
-struct Ask {
-    max_read_bytes: Option<u64>,
-    profile: Option<String>,
-    tighten: Value,
-}
-
-/// Read the client's ask from initialize's params; the error names the field.
-fn read_ask(params: Option<&Map<String, Value>>) -> Result<Ask, String> {
-    let Some(ask) = params
-        .and_then(|params| params.get("capabilities"))
-        .and_then(|capabilities| capabilities.get("experimental"))
-        .and_then(|experimental| experimental.get(EXECUTOR_KEY))
-    else {
-        return Ok(Ask::default());
-    };
-    let field = format!("capabilities.experimental[\"{EXECUTOR_KEY}\"]");
-    let Some(ask) = ask.as_object() else {
-        return Err(format!("{field}: must be an object"));
-    };
-    let max_read_bytes = match ask.get("maxReadBytes") {
-        None | Some(Value::Null) => None,
-        Some(value) => Some(value.as_u64().ok_or_else(|| {
-            format!("{field}.maxReadBytes: must be a non-negative integer, got {value}")
-        })?),
-    };
-    let (profile, tighten) = match ask.get("box") {
-        None | Some(Value::Null) => (None, Value::Null),
-        Some(Value::Object(ask_box)) => {
-            let profile = match ask_box.get("profile") {
-                None | Some(Value::Null) => None,
-                Some(Value::String(name)) => Some(name.clone()),
-                Some(other) => {
-                    return Err(format!(
-                        "{field}.box.profile: must be a string, got {other}"
-                    ));
-                }
-            };
-            (
-                profile,
-                ask_box.get("tighten").cloned().unwrap_or(Value::Null),
-            )
-        }
-        Some(other) => return Err(format!("{field}.box: must be an object, got {other}")),
-    };
-    Ok(Ask {
-        max_read_bytes,
-        profile,
-        tighten,
-    })
-}
-
-/// The params a unit's executor is initialized with: the client's own, its
-/// executor ask reduced to `maxReadBytes` (the box ask is the host's business).
-fn executor_initialize_params(client: Option<&Map<String, Value>>, ask: &Ask) -> Value {
-    let mut params = client.cloned().unwrap_or_default();
-    params
-        .entry("protocolVersion")
-        .or_insert_with(|| json!("2025-06-18"));
-    params
-        .entry("clientInfo")
-        .or_insert_with(|| json!({"name": "box", "version": crate::VERSION}));
-    let capabilities = params.entry("capabilities").or_insert_with(|| json!({}));
-    if let Some(capabilities) = capabilities.as_object_mut() {
-        let experimental = capabilities
-            .entry("experimental")
-            .or_insert_with(|| json!({}));
-        if let Some(experimental) = experimental.as_object_mut() {
-            experimental.remove(EXECUTOR_KEY);
-            if let Some(bytes) = ask.max_read_bytes {
-                experimental.insert(EXECUTOR_KEY.to_owned(), json!({"maxReadBytes": bytes}));
-            }
-        }
-    }
-    Value::Object(params)
+    /// The host's shutdown: when it (not the session alone) ends the session,
+    /// calls in flight get `HostConfig::drain` to finish.
+    host: CancellationToken,
 }
 
 /// Why a session could not start: the JSON-RPC error it answers initialize with.
@@ -285,6 +216,8 @@ struct Unit {
     closed: bool,
     /// Why its output closed.
     close_reason: Option<String>,
+    /// Its tool list, read before anything ran in it.
+    tools: Option<Value>,
 }
 
 /// A session after initialize: its units and its routing.
@@ -398,9 +331,6 @@ impl Session {
             .map_err(|error| {
                 StartError::internal(format!("starting the session's units: {error}"))
             })?;
-        self.config
-            .metrics
-            .unit_start(start_clock.elapsed(), started.len());
         let ids: Vec<String> = started
             .iter()
             .map(|unit| unit.envelope.id.clone())
@@ -437,6 +367,10 @@ impl Session {
             }
         }
 
+        // Counted once the session is up: a failed start leaves no session behind.
+        self.config
+            .metrics
+            .unit_start(start_clock.elapsed(), ids.len());
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
         let mut tasks = JoinSet::new();
         let mut units = Vec::new();
@@ -454,12 +388,17 @@ impl Session {
                 ended: None,
                 closed: false,
                 close_reason: None,
+                tools: initialized[index].tools.clone(),
             });
         }
         let workspace = units
             .iter()
             .position(|unit| unit.spec.role == Role::Workspace);
-        let result = initialize_result(&plan, &units, workspace, &initialized);
+        let envelopes: Vec<&Envelope> = units.iter().map(|unit| &unit.envelope).collect();
+        let requested = client_params
+            .and_then(|params| params.get("protocolVersion"))
+            .and_then(Value::as_str);
+        let result = initialize_result(&plan, &envelopes, workspace, &initialized, requested);
         tracing::info!(
             session = %self.id,
             profile = %plan.profile,
@@ -473,8 +412,7 @@ impl Session {
                 plan,
                 units,
                 workspace,
-                // Id 0 was initialize.
-                router: Router::new(count, 1),
+                router: Router::new(count, FIRST_REQUEST_ID),
                 events_tx,
                 events_rx,
                 tasks,
@@ -503,7 +441,13 @@ impl Session {
                 _ => None,
             };
             tokio::select! {
-                () = self.cancel.cancelled() => return "the session was ended".to_owned(),
+                () = self.cancel.cancelled() => {
+                    if self.host.is_cancelled() {
+                        self.drain_calls(live, inbound).await;
+                        return "the host is shutting down".to_owned();
+                    }
+                    return "the session was ended".to_owned();
+                }
                 message = inbound.recv() => {
                     let Some(message) = message else {
                         return "the client left".to_owned();
@@ -511,11 +455,38 @@ impl Session {
                     live.last_activity = Instant::now();
                     self.on_client(live, message);
                 }
-                Some(event) = live.events_rx.recv() => self.on_unit(live, event),
+                Some(event) = live.events_rx.recv() => {
+                    let busy = live.router.in_flight() > 0;
+                    self.on_unit(live, event);
+                    if busy && live.router.in_flight() == 0 {
+                        // Idle counts from the last answer too: a long call is not idleness.
+                        live.last_activity = Instant::now();
+                    }
+                }
                 () = sleep_until(idle_end) => {
                     return format!("idle for {}", humantime::format_duration(idle.unwrap_or_default()));
                 }
                 () = sleep_until(lifetime_end) => return "its lifetime ended".to_owned(),
+            }
+        }
+    }
+
+    /// Let the calls in flight finish, up to the host's drain time; new
+    /// requests are refused meanwhile.
+    async fn drain_calls(&self, live: &mut Live, inbound: &mut mpsc::Receiver<Inbound>) {
+        let deadline = tokio::time::Instant::now() + self.config.drain;
+        while live.router.in_flight() > 0 {
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => return,
+                Some(event) = live.events_rx.recv() => self.on_unit(live, event),
+                message = inbound.recv() => match message {
+                    Some(Inbound::Request(message, reply)) => {
+                        let id = message.get("id").cloned().unwrap_or(Value::Null);
+                        reply.answer(error_response(id, code::INTERNAL_ERROR, "the host is shutting down"));
+                    }
+                    Some(Inbound::Other(message)) => self.client_other(live, message),
+                    None => return,
+                },
             }
         }
     }
@@ -539,6 +510,14 @@ impl Session {
                 return;
             }
         };
+        if live.router.in_flight() >= MAX_IN_FLIGHT {
+            reply.answer(error_response(
+                id,
+                code::INTERNAL_ERROR,
+                format!("{MAX_IN_FLIGHT} requests are already in flight in this session; wait for some answers"),
+            ));
+            return;
+        }
         if live.router.is_in_flight(&id) {
             reply.answer(error_response(
                 id.clone(),
@@ -618,6 +597,15 @@ impl Session {
     fn route(&self, live: &Live, method: &str, mut message: Value) -> Result<Route, (i64, String)> {
         match method {
             "ping" => return Ok(Route::Answer(json!({}))),
+            "server/discover" => {
+                let refusal = discover_refusal(Value::Null);
+                let text = refusal
+                    .pointer("/error/message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("server/discover is not served")
+                    .to_owned();
+                return Err((code::METHOD_NOT_FOUND, text));
+            }
             "initialize" => {
                 return Err((
                     code::INVALID_REQUEST,
@@ -709,7 +697,18 @@ impl Session {
             }
         }
         match live.workspace {
-            Some(index) => Ok(Route::Unit(index, message, Rewrite::None)),
+            Some(index) => {
+                // The tool list read at start is the session's for its whole life
+                // (security case E67): a tampered executor cannot change it.
+                let paged = params(&message).is_some_and(|p| p.contains_key("cursor"));
+                if method == "tools/list"
+                    && !paged
+                    && let Some(tools) = &live.units[index].tools
+                {
+                    return Ok(Route::Answer(tools.clone()));
+                }
+                Ok(Route::Unit(index, message, Rewrite::None))
+            }
             None => match method {
                 "tools/list" => Ok(Route::Answer(json!({"tools": []}))),
                 "resources/list" => Ok(Route::Answer(json!({"resources": []}))),
@@ -745,11 +744,19 @@ impl Session {
                         let _ = send_to_unit(&live.units[unit], cancel);
                     }
                 }
-                _ => {
+                // Every executor may care that the client's roots changed.
+                "notifications/roots/list_changed" => {
                     for unit in &live.units {
                         if unit.ended.is_none() {
                             let _ = send_to_unit(unit, message.clone());
                         }
+                    }
+                }
+                // Anything else is the workspace unit's, like the requests: one
+                // unit's traffic never reaches another.
+                _ => {
+                    if let Some(index) = live.workspace {
+                        let _ = send_to_unit(&live.units[index], message);
                     }
                 }
             },
@@ -775,9 +782,18 @@ impl Session {
                     forward.reply.answer(response);
                 }
                 UnitMessage::General(message) => {
+                    let method = message.get("method").and_then(Value::as_str).unwrap_or("");
+                    if method.ends_with("/list_changed") {
+                        // Executors promise fixed lists; a change is an anomaly, never news for the client.
+                        tracing::warn!(session = %self.id, unit = %live.units[unit].spec.name, %method, "anomaly: a unit announced a changed list; ignored");
+                        return;
+                    }
                     let _ = self.general.try_send(message);
                 }
                 UnitMessage::Done => {}
+                UnitMessage::Refuse(answer) => {
+                    let _ = send_to_unit(&live.units[unit], answer);
+                }
                 UnitMessage::Invalid(why) => {
                     tracing::warn!(session = %self.id, unit = %live.units[unit].spec.name, %why, "a unit sent an invalid message");
                 }
@@ -846,6 +862,7 @@ impl Session {
             return;
         }
         tracing::warn!(session = %self.id, unit = %state.spec.name, %cause, "a unit ended");
+        self.config.metrics.unit_ended();
         state.ended = Some(cause.clone());
         state.writer = None;
         state.envelope.state = "ended".to_owned();
@@ -934,6 +951,12 @@ impl Session {
                 None => break,
             }
         }
+        // Units that died during the session were counted then; the rest end here.
+        let died = live
+            .units
+            .iter()
+            .filter(|unit| unit.envelope.state == "ended")
+            .count();
         let ids: Vec<String> = live
             .units
             .iter()
@@ -941,7 +964,7 @@ impl Session {
             .collect();
         remove_units(self.config.backend.as_ref(), &ids).await;
         live.tasks.abort_all();
-        self.config.metrics.session_ended(ids.len());
+        self.config.metrics.session_ended(ids.len(), died);
         tracing::info!(session = %self.id, units = ids.len(), "session ended, units removed");
     }
 }
@@ -1007,114 +1030,5 @@ fn outcome_of(response: &Value) -> &'static str {
         "tool_error"
     } else {
         "ok"
-    }
-}
-
-/// The answer to a `server/discover` probe: method not found, so a dual-era
-/// client falls back to initialize; nothing is started.
-pub fn discover_refusal(id: Value) -> Value {
-    error_response(
-        id,
-        code::METHOD_NOT_FOUND,
-        "server/discover: box speaks the initialize handshake (MCP 2025-06-18 and 2025-11-25); send initialize",
-    )
-}
-
-/// The client's initialize result: the workspace unit's executor's, with box's
-/// serverInfo and the envelopes under the executor capability's `box`.
-fn initialize_result(
-    plan: &Plan,
-    units: &[Unit],
-    workspace: Option<usize>,
-    initialized: &[Value],
-) -> Value {
-    let mut result = match workspace {
-        Some(index) => initialized[index].clone(),
-        None => json!({
-            "protocolVersion": initialized
-                .first()
-                .and_then(|first| first.get("protocolVersion").cloned())
-                .unwrap_or_else(|| json!("2025-06-18")),
-            "capabilities": {"experimental": {EXECUTOR_KEY: {"version": 1}}},
-        }),
-    };
-    let envelopes: Vec<Value> = units
-        .iter()
-        .map(|unit| serde_json::to_value(&unit.envelope).unwrap_or(Value::Null))
-        .collect();
-    if let Some(object) = result.as_object_mut() {
-        object.insert(
-            "serverInfo".to_owned(),
-            json!({"name": "box", "version": crate::VERSION}),
-        );
-        let capabilities = object.entry("capabilities").or_insert_with(|| json!({}));
-        if let Some(capabilities) = capabilities.as_object_mut() {
-            let experimental = capabilities
-                .entry("experimental")
-                .or_insert_with(|| json!({}));
-            if let Some(experimental) = experimental.as_object_mut() {
-                let executor = experimental
-                    .entry(EXECUTOR_KEY)
-                    .or_insert_with(|| json!({"version": 1}));
-                if let Some(executor) = executor.as_object_mut() {
-                    executor.insert(
-                        "box".to_owned(),
-                        json!({"profile": plan.profile, "units": envelopes}),
-                    );
-                }
-            }
-        }
-    }
-    result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use pretty_assertions::assert_eq;
-
-    #[test]
-    fn the_ask_is_read_and_its_errors_name_the_field() {
-        let params = json!({"capabilities": {"experimental": {EXECUTOR_KEY: {
-            "maxReadBytes": 5, "box": {"profile": "ci", "tighten": {"network": {"mode": "none"}}}
-        }}}});
-        assert_eq!(
-            read_ask(params.as_object()),
-            Ok(Ask {
-                max_read_bytes: Some(5),
-                profile: Some("ci".to_owned()),
-                tighten: json!({"network": {"mode": "none"}}),
-            })
-        );
-        assert_eq!(read_ask(json!({}).as_object()), Ok(Ask::default()));
-        let bad =
-            json!({"capabilities": {"experimental": {EXECUTOR_KEY: {"box": {"profile": 3}}}}});
-        let error = read_ask(bad.as_object()).unwrap_err();
-        assert!(error.contains(".box.profile"), "{error}");
-        let bad = json!({"capabilities": {"experimental": {EXECUTOR_KEY: {"maxReadBytes": -1}}}});
-        assert!(
-            read_ask(bad.as_object())
-                .unwrap_err()
-                .contains("maxReadBytes")
-        );
-    }
-
-    #[test]
-    fn executors_get_the_clients_params_without_the_box_ask() {
-        let params = json!({
-            "protocolVersion": "2025-11-25",
-            "capabilities": {"elicitation": {}, "experimental": {EXECUTOR_KEY: {"maxReadBytes": 9, "box": {"profile": "ci"}}, "x/y": {}}},
-            "clientInfo": {"name": "c", "version": "1"}
-        });
-        let ask = read_ask(params.as_object()).unwrap();
-        let sent = executor_initialize_params(params.as_object(), &ask);
-        assert_eq!(
-            sent,
-            json!({
-                "protocolVersion": "2025-11-25",
-                "capabilities": {"elicitation": {}, "experimental": {"x/y": {}, EXECUTOR_KEY: {"maxReadBytes": 9}}},
-                "clientInfo": {"name": "c", "version": "1"}
-            })
-        );
     }
 }

@@ -642,3 +642,344 @@ async fn orphans_of_this_instance_are_swept_and_others_kept() {
     assert_eq!(fake.live_units(), vec![theirs.envelope.id.clone()]);
     assert!(fake.record(|record| record.removed.contains(&mine.envelope.id)));
 }
+
+#[tokio::test]
+async fn the_tool_list_read_at_start_is_the_only_one_the_client_sees() {
+    let fake = FakeBackend::default();
+    let mut client = connect(config(&fake));
+    client.initialize(json!({})).await;
+    let (_, before) = client.call(json!(1), "tools/list", json!({})).await;
+    let (_, mutated) = client
+        .call(
+            json!(2),
+            "tools/call",
+            json!({"name": "mutate", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(mutated["result"]["content"][0]["text"], json!("mutated"));
+    let (_, after) = client.call(json!(3), "tools/list", json!({})).await;
+    assert_eq!(before["result"], after["result"]);
+    let names: Vec<&str> = after["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap())
+        .collect();
+    assert!(!names.contains(&"evil"), "{names:?}");
+    // The unit's list_changed never reaches the client.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(client.general.try_recv().is_err());
+}
+
+fn short_lifetime(profile: &Profile, tighten: &Value, host: &HostFacts) -> Result<Plan, PlanError> {
+    one_unit(profile, tighten, host, |unit| {
+        unit.limits.lifetime = Duration::from_millis(300)
+    })
+}
+
+#[tokio::test]
+async fn a_session_ends_at_its_lifetime_however_busy() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, short_lifetime));
+    client.initialize(json!({})).await;
+    let started = std::time::Instant::now();
+    let mut id = 0;
+    while !client.session.has_ended() {
+        assert!(
+            started.elapsed() < WAIT,
+            "the lifetime did not end the session"
+        );
+        id += 1;
+        if let Ok(stream) = client
+            .session
+            .request(proxy::request(json!(id), "ping", json!({})))
+            .await
+        {
+            let _ = stream.response.await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    assert_eq!(fake.live_units(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn the_audit_log_records_tool_calls_without_their_values() {
+    let fake = FakeBackend::default();
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("audit.jsonl");
+    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    config.audit = Some(super::audit::Audit::open(&path).unwrap());
+    let client = connect(Arc::new(config));
+    client.initialize(json!({})).await;
+    let arguments = json!({"secret": "hunter2"});
+    client
+        .call(
+            json!(1),
+            "tools/call",
+            json!({"name": "echo", "arguments": arguments}),
+        )
+        .await;
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(!text.contains("hunter2"), "{text}");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    let record = &lines[0];
+    assert_eq!(record["tool"], json!("echo"));
+    assert_eq!(record["unit"], json!("workspace"));
+    assert_eq!(record["session"], json!("s-test"));
+    assert_eq!(record["outcome"], json!("ok"));
+    assert_eq!(
+        record["argumentsSha256"],
+        json!(super::audit::digest(&arguments))
+    );
+    assert!(record["time"].is_string() && record["durationMs"].is_u64());
+}
+
+#[tokio::test]
+async fn metrics_count_sessions_units_and_calls() {
+    let fake = FakeBackend::default();
+    let config = config(&fake);
+    let client = connect(config.clone());
+    client.initialize(json!({})).await;
+    client
+        .call(
+            json!(1),
+            "tools/call",
+            json!({"name": "echo", "arguments": {}}),
+        )
+        .await;
+    let text = config.metrics.render();
+    assert!(text.contains("box_sessions_active 1"), "{text}");
+    assert!(text.contains("box_units{state=\"running\"} 1"), "{text}");
+    assert!(
+        text.contains("box_calls_total{method=\"tools/call:echo\",outcome=\"ok\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("box_call_duration_seconds_count 1"), "{text}");
+    assert!(
+        text.contains("box_unit_start_duration_seconds_count 1"),
+        "{text}"
+    );
+    collect(client.tool(json!(2), "die", json!({})).await).await;
+    let text = config.metrics.render();
+    assert!(text.contains("box_units{state=\"ended\"} 1"), "{text}");
+    assert!(text.contains("box_units{state=\"running\"} 0"), "{text}");
+    client.session.end();
+    client.session.ended().await;
+    let text = config.metrics.render();
+    assert!(text.contains("box_sessions_active 0"), "{text}");
+    assert!(text.contains("box_units{state=\"ended\"} 0"), "{text}");
+    assert!(text.contains("box_units_removed_total 1"), "{text}");
+}
+
+#[tokio::test]
+async fn a_session_bounds_its_requests_in_flight() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    client.initialize(json!({})).await;
+    let mut streams = Vec::new();
+    for id in 0..256 {
+        streams.push(client.tool(json!(id), "hang", json!({})).await);
+    }
+    let (_, refused) = client
+        .call(json!("over"), "tools/call", json!({"name": "echo"}))
+        .await;
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("in flight"),
+        "{refused}"
+    );
+    drop(streams);
+}
+
+#[tokio::test]
+async fn host_shutdown_lets_calls_in_flight_finish_then_removes_units() {
+    let fake = FakeBackend::default();
+    let shutdown = CancellationToken::new();
+    let (general, _general_rx) = mpsc::channel(8);
+    let session = spawn_session(config(&fake), "drain".to_owned(), general, &shutdown);
+    let init = session
+        .request(proxy::request(
+            json!(0),
+            "initialize",
+            initialize_params(json!({})),
+        ))
+        .await
+        .unwrap();
+    collect(init).await;
+    let slow = session
+        .request(proxy::request(
+            json!(1),
+            "tools/call",
+            json!({"name": "slow", "arguments": {"ms": 300}}),
+        ))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    shutdown.cancel();
+    let (_, answer) = collect(slow).await;
+    assert_eq!(
+        answer["result"]["content"][0]["text"],
+        json!("slow done"),
+        "{answer}"
+    );
+    tokio::time::timeout(WAIT, session.ended()).await.unwrap();
+    assert_eq!(fake.live_units(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_unit_sending_an_over_long_message_is_ended_and_its_calls_answered() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    client.initialize(json!({})).await;
+    let (_, answer) = collect(client.tool(json!(1), "flood", json!({})).await).await;
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("unit workspace ended"), "{message}");
+    assert!(message.contains("at most"), "{message}");
+    let (_, ping) = client.call(json!(2), "ping", json!({})).await;
+    assert_eq!(ping["result"], json!({}));
+}
+
+#[tokio::test]
+async fn stdio_refuses_an_over_long_line_and_reads_on() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let fake = FakeBackend::default();
+    let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
+    let (server_out, client_out) = tokio::io::duplex(1 << 20);
+    let served = tokio::spawn(crate::transport::stdio::serve_on(
+        config(&fake),
+        server_in,
+        server_out,
+        CancellationToken::new(),
+    ));
+    let writer = tokio::spawn(async move {
+        let huge = vec![b'x'; crate::proxy::lines::MAX_MESSAGE_BYTES + 10];
+        client_in.write_all(&huge).await.unwrap();
+        client_in
+            .write_all(b"\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n")
+            .await
+            .unwrap();
+        client_in
+    });
+    let mut lines = BufReader::new(client_out).lines();
+    let first: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+    assert_eq!(first["error"]["code"], json!(proxy::code::INVALID_REQUEST));
+    assert!(
+        first["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most")
+    );
+    let second: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+    assert_eq!(second["id"], json!(1));
+    drop(writer.await.unwrap());
+    tokio::time::timeout(WAIT, served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn idle_counts_from_the_last_answer_not_from_a_long_calls_start() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, short_idle));
+    client.initialize(json!({})).await;
+    // The call outlasts the idle time (200 ms); the session must survive its answer.
+    let (_, answer) = client
+        .call(
+            json!(1),
+            "tools/call",
+            json!({"name": "slow", "arguments": {"ms": 400}}),
+        )
+        .await;
+    assert_eq!(answer["result"]["content"][0]["text"], json!("slow done"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!client.session.has_ended());
+    let (_, ping) = client.call(json!(2), "ping", json!({})).await;
+    assert_eq!(ping["result"], json!({}));
+}
+
+#[tokio::test]
+async fn a_units_notifications_reach_the_client_on_the_general_channel() {
+    let fake = FakeBackend::default();
+    let mut client = connect(config(&fake));
+    client.initialize(json!({})).await;
+    let (events, answer) = client
+        .call(
+            json!(1),
+            "tools/call",
+            json!({"name": "log", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(answer["result"]["content"][0]["text"], json!("logged"));
+    assert!(events.is_empty(), "{events:?}");
+    let log = tokio::time::timeout(WAIT, client.general.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(log["method"], json!("notifications/message"));
+    assert_eq!(log["params"]["data"], json!("a log line"));
+}
+
+fn servers_only(profile: &Profile, tighten: &Value, host: &HostFacts) -> Result<Plan, PlanError> {
+    one_unit(profile, tighten, host, |unit| {
+        unit.name = "browser".to_owned();
+        unit.role = Role::Server;
+        unit.command = vec!["browser-server".to_owned()];
+    })
+}
+
+fn no_units(profile: &Profile, tighten: &Value, host: &HostFacts) -> Result<Plan, PlanError> {
+    let mut plan = crate::plan::resolve(profile, tighten, host)?;
+    plan.units.clear();
+    Ok(plan)
+}
+
+#[tokio::test]
+async fn a_session_without_a_workspace_unit_offers_no_tools_but_its_servers() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, servers_only));
+    let response = client.initialize(json!({})).await;
+    let executor = &response["result"]["capabilities"]["experimental"][EXECUTOR_KEY];
+    assert_eq!(executor["box"]["units"][0]["role"], json!("server"));
+    assert_eq!(response["result"]["protocolVersion"], json!("2025-06-18"));
+    let (_, tools) = client.call(json!(1), "tools/list", json!({})).await;
+    assert_eq!(tools["result"], json!({"tools": []}));
+    let (_, call) = client
+        .call(json!(2), "tools/call", json!({"name": "echo"}))
+        .await;
+    assert_eq!(call["error"]["code"], json!(proxy::code::METHOD_NOT_FOUND));
+    assert!(
+        call["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no workspace unit")
+    );
+    let (_, started) = client
+        .call(
+            json!(3),
+            "agentworkspace/servers.start",
+            json!({"name": "browser"}),
+        )
+        .await;
+    assert_eq!(started["result"]["id"], json!("browser:p1"));
+}
+
+#[tokio::test]
+async fn a_session_without_units_answers_the_clients_version() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, no_units));
+    let mut params = initialize_params(json!({}));
+    params["protocolVersion"] = json!("2025-11-25");
+    let (_, response) = client.call(json!(0), "initialize", params).await;
+    assert_eq!(response["result"]["protocolVersion"], json!("2025-11-25"));
+    assert_eq!(response["result"]["serverInfo"]["name"], json!("box"));
+    assert_eq!(fake.record(|record| record.starts.len()), 0);
+}

@@ -98,71 +98,105 @@ pub async fn remove_units(backend: &dyn Backend, ids: &[String]) {
     }
 }
 
-/// Send `initialize` to an executor and wait for its result (then send
-/// `notifications/initialized`). A ping from the executor meanwhile is answered.
+/// What an executor said when it was started, before anything in its unit
+/// could run code: its initialize result and its tool list.
+#[derive(Debug, Clone)]
+pub struct ExecutorStart {
+    /// The `initialize` result.
+    pub initialize: Value,
+    /// The `tools/list` result, when it answered one. The host answers every
+    /// later `tools/list` from it, so a unit whose executor was tampered with
+    /// afterwards cannot show the client other tools (security case E67).
+    pub tools: Option<Value>,
+}
+
+/// The first request id the session's router gives a unit (0 and 1 are the
+/// host's own `initialize` and `tools/list`).
+pub const FIRST_REQUEST_ID: u64 = 2;
+
+/// Send one request to an executor and read until its answer (a ping from the
+/// executor meanwhile is answered, anything else is ignored).
+async fn exchange(
+    link: &mut ExecutorLink,
+    id: u64,
+    method: &str,
+    params: Value,
+) -> Result<Value, String> {
+    write_line(&mut link.writer, &proxy::request(json!(id), method, params))
+        .await
+        .map_err(|error| format!("writing {method} to the executor: {error}"))?;
+    loop {
+        let line = link
+            .reader
+            .next()
+            .await
+            .map_err(|error| format!("reading the executor's answer to {method}: {error}"))?;
+        let bytes = match line {
+            None => {
+                return Err(format!(
+                    "the executor closed its output before answering {method}"
+                ));
+            }
+            Some(Line::TooLong(length)) => {
+                return Err(format!(
+                    "the executor sent a line of {length} bytes; at most {MAX_MESSAGE_BYTES}"
+                ));
+            }
+            Some(Line::Message(bytes)) => bytes,
+        };
+        let Ok(message) = serde_json::from_slice::<Value>(&bytes) else {
+            return Err("the executor wrote something that is not JSON".to_owned());
+        };
+        match classify(&message) {
+            Ok(Kind::Response { id: answered }) if answered == json!(id) => {
+                if let Some(error) = message.get("error") {
+                    return Err(format!("the executor refused {method}: {error}"));
+                }
+                let result = message.get("result").cloned().unwrap_or(Value::Null);
+                if !result.is_object() {
+                    return Err(format!("the executor's {method} result is not an object"));
+                }
+                return Ok(result);
+            }
+            Ok(Kind::Request { id, method }) if method == "ping" => {
+                write_line(&mut link.writer, &proxy::result_response(id, json!({})))
+                    .await
+                    .map_err(|error| format!("answering the executor's ping: {error}"))?;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Initialize an executor (`initialize`, `notifications/initialized`) and
+/// read its tool list, within `timeout`.
 pub async fn initialize_executor(
     link: &mut ExecutorLink,
     params: Value,
     timeout: Duration,
-) -> Result<Value, String> {
-    let exchange = async {
+) -> Result<ExecutorStart, String> {
+    let start = async {
+        let initialize = exchange(link, 0, "initialize", params).await?;
         write_line(
             &mut link.writer,
-            &proxy::request(json!(0), "initialize", params),
+            &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
         )
         .await
-        .map_err(|error| format!("writing initialize to the executor: {error}"))?;
-        loop {
-            let line =
-                link.reader.next().await.map_err(|error| {
-                    format!("reading the executor's answer to initialize: {error}")
-                })?;
-            let bytes = match line {
-                None => {
-                    return Err(
-                        "the executor closed its output before answering initialize".to_owned()
-                    );
-                }
-                Some(Line::TooLong(length)) => {
-                    return Err(format!(
-                        "the executor sent a line of {length} bytes; at most {MAX_MESSAGE_BYTES}"
-                    ));
-                }
-                Some(Line::Message(bytes)) => bytes,
-            };
-            let Ok(message) = serde_json::from_slice::<Value>(&bytes) else {
-                return Err("the executor wrote something that is not JSON".to_owned());
-            };
-            match classify(&message) {
-                Ok(Kind::Response { id }) if id == json!(0) => {
-                    if let Some(error) = message.get("error") {
-                        return Err(format!("the executor refused initialize: {error}"));
-                    }
-                    let result = message.get("result").cloned().unwrap_or(Value::Null);
-                    if !result.is_object() {
-                        return Err("the executor's initialize result is not an object".to_owned());
-                    }
-                    write_line(
-                        &mut link.writer,
-                        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-                    )
-                    .await
-                    .map_err(|error| format!("writing notifications/initialized: {error}"))?;
-                    return Ok(result);
-                }
-                Ok(Kind::Request { id, method }) if method == "ping" => {
-                    write_line(&mut link.writer, &proxy::result_response(id, json!({})))
-                        .await
-                        .map_err(|error| format!("answering the executor's ping: {error}"))?;
-                }
-                _ => {}
-            }
-        }
+        .map_err(|error| format!("writing notifications/initialized: {error}"))?;
+        let offers_tools = initialize
+            .pointer("/capabilities/tools")
+            .is_some_and(Value::is_object);
+        let tools = if offers_tools {
+            Some(exchange(link, 1, "tools/list", json!({})).await?)
+        } else {
+            None
+        };
+        Ok(ExecutorStart { initialize, tools })
     };
-    match tokio::time::timeout(timeout, exchange).await {
+    match tokio::time::timeout(timeout, start).await {
         Ok(result) => result,
         Err(_) => Err(format!(
-            "the executor did not answer initialize within {}",
+            "the executor did not answer initialize and tools/list within {}",
             humantime::format_duration(timeout)
         )),
     }

@@ -53,7 +53,7 @@ fn shipped_default_is_strict() {
     assert!(profile.security.neutralise_git);
     assert!(profile.security.write_guard);
     assert!(!profile.security.privileged);
-    assert_eq!(profile.security.landlock, Requirement::BestEffort);
+    assert_eq!(profile.security.landlock, Requirement::Required);
 }
 
 #[test]

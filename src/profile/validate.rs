@@ -626,7 +626,7 @@ impl Walk {
         let mut security = SecurityPolicy {
             capabilities: Vec::new(),
             read_only_root: true,
-            landlock: Requirement::BestEffort,
+            landlock: Requirement::Required,
             neutralise_git: true,
             write_guard: true,
             privileged: false,

@@ -20,6 +20,9 @@ pub use router::{Forward, Router, UnitMessage, UnitRequestId};
 use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};
 
+/// The MCP protocol versions box speaks (the initialize handshake era).
+pub const PROTOCOL_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
 /// JSON-RPC's and MCP's error codes box answers with.
 pub mod code {
     /// Bad JSON.

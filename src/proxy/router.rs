@@ -44,7 +44,12 @@ pub enum UnitMessage<T> {
     Done,
     /// Not a JSON-RPC message; the unit is misbehaving.
     Invalid(String),
+    /// An answer to send back to the unit (its request was refused).
+    Refuse(Value),
 }
+
+/// The most server→client requests of one session waiting for the client's answers.
+pub const MAX_SERVER_REQUESTS: usize = 64;
 
 #[derive(Debug, Default)]
 struct UnitTable<T> {
@@ -108,10 +113,12 @@ impl<T> Router<T> {
         }
         // The unit's token is its request id: unique among the unit's active
         // requests, which is all the protocol asks of a token.
-        let progress_token = params_mut(&mut message)
+        // Only a token the client gave is replaced; nothing is added to a message.
+        let progress_token = message
+            .get_mut("params")
             .and_then(|params| params.get_mut("_meta"))
-            .and_then(Value::as_object_mut)
-            .and_then(|meta| meta.insert("progressToken".to_owned(), json!(unit_id)));
+            .and_then(|meta| meta.get_mut("progressToken"))
+            .map(|token| std::mem::replace(token, json!(unit_id)));
         self.by_client_id
             .insert(id_key(&client_id), (unit, unit_id));
         table.pending.insert(
@@ -200,7 +207,17 @@ impl<T> Router<T> {
                     response: message,
                 }
             }
-            Kind::Request { id, .. } => {
+            Kind::Request { id, method } => {
+                if self.server_requests.len() >= MAX_SERVER_REQUESTS {
+                    // The executor is untrusted: it may not flood the client or grow this table.
+                    return UnitMessage::Refuse(super::error_response(
+                        id,
+                        super::code::INTERNAL_ERROR,
+                        format!(
+                            "{method}: {MAX_SERVER_REQUESTS} requests to the client are already waiting for answers"
+                        ),
+                    ));
+                }
                 let proxy_id = json!(format!("box-{}", self.next_server_request));
                 self.next_server_request += 1;
                 self.server_requests.insert(id_key(&proxy_id), (unit, id));
@@ -324,6 +341,21 @@ mod tests {
     }
 
     #[test]
+    fn a_request_is_forwarded_as_it_came_but_for_its_id() {
+        let mut router: Router<()> = Router::new(1, 1);
+        for original in [
+            json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}),
+            json!({"jsonrpc":"2.0","id":2,"method":"x","params":{"_meta":{"k":"v"},"a":null}}),
+        ] {
+            let (reply, _stream) = reply_channel();
+            let (unit_id, mut sent) = router.forward(0, original.clone(), reply, ());
+            assert_eq!(sent["id"], json!(unit_id));
+            sent["id"] = original["id"].clone();
+            assert_eq!(sent, original);
+        }
+    }
+
+    #[test]
     fn cancellation_is_translated_and_unknown_ids_are_dropped() {
         let mut router: Router<()> = Router::new(1, 1);
         let (reply, _stream) = reply_channel();
@@ -363,5 +395,25 @@ mod tests {
         // Between calls, a server request is general.
         let ping = json!({"jsonrpc":"2.0","id":"p","method":"ping"});
         assert!(matches!(router.from_unit(0, ping), UnitMessage::General(_)));
+    }
+
+    #[test]
+    fn a_unit_cannot_flood_the_client_with_requests() {
+        let mut router: Router<()> = Router::new(1, 1);
+        for n in 0..MAX_SERVER_REQUESTS {
+            let ask = json!({"jsonrpc":"2.0","id":n,"method":"ping"});
+            assert!(matches!(router.from_unit(0, ask), UnitMessage::General(_)));
+        }
+        let ask = json!({"jsonrpc":"2.0","id":"over","method":"ping"});
+        let UnitMessage::Refuse(answer) = router.from_unit(0, ask) else {
+            panic!("not refused");
+        };
+        assert_eq!(answer["id"], json!("over"));
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("waiting")
+        );
     }
 }

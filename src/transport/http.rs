@@ -44,7 +44,7 @@ use crate::host::{HostConfig, ServeArgs, SessionHandle, spawn_session};
 use crate::proxy::{Kind, MessageError, ReplyStream, classify, code, error_response};
 
 /// The protocol versions whose `MCP-Protocol-Version` header is accepted.
-pub const SUPPORTED_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+pub const SUPPORTED_VERSIONS: [&str; 4] = crate::proxy::PROTOCOL_VERSIONS;
 /// The session header.
 const SESSION_HEADER: &str = "mcp-session-id";
 /// The version header.
@@ -55,6 +55,16 @@ const GENERAL_QUEUE: usize = 64;
 const DELETE_WAIT: Duration = Duration::from_secs(60);
 /// How long shutdown waits for sessions to remove their units.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(60);
+/// The most HTTP connections served at once.
+const MAX_CONNECTIONS: usize = 1024;
+/// How long a client may take to send a request's headers, by default.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send a request's body, by default.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a write may wait for a client that reads nothing, by default. A
+/// write waits only while the client's receive window is full, so a live but
+/// quiet stream never trips it.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the HTTP transport enforces.
 #[derive(Debug, Clone)]
@@ -69,6 +79,12 @@ pub struct HttpOptions {
     pub max_sessions: usize,
     /// The largest body.
     pub max_body_bytes: usize,
+    /// How long a client may take to send a request's headers (slowloris).
+    pub header_read_timeout: Duration,
+    /// How long a client may take to send a request's body.
+    pub body_read_timeout: Duration,
+    /// How long a write to a client that reads nothing may wait before its connection is dropped.
+    pub write_timeout: Duration,
 }
 
 impl HttpOptions {
@@ -109,6 +125,9 @@ impl HttpOptions {
             allowed_origins: args.allow_origins.clone(),
             max_sessions: args.max_sessions.max(1),
             max_body_bytes: args.max_body_bytes,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            body_read_timeout: BODY_READ_TIMEOUT,
+            write_timeout: WRITE_TIMEOUT,
         })
     }
 
@@ -120,6 +139,9 @@ impl HttpOptions {
             allowed_origins: Vec::new(),
             max_sessions: 64,
             max_body_bytes: crate::proxy::lines::MAX_MESSAGE_BYTES,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            body_read_timeout: BODY_READ_TIMEOUT,
+            write_timeout: WRITE_TIMEOUT,
         }
     }
 }
@@ -182,22 +204,71 @@ pub fn router(
 }
 
 /// Serve on `listener` until `shutdown`, then end every session and remove its units.
+///
+/// One task per connection (at most `MAX_CONNECTIONS`, the permit moves into
+/// the task), HTTP/1.1 with a header read timeout so a slow client cannot hold
+/// a connection open by trickling its headers (security case E65).
 pub async fn serve(
     config: Arc<HostConfig>,
     options: HttpOptions,
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let header_read_timeout = options.header_read_timeout;
+    let write_timeout = options.write_timeout;
     let app = router(config.clone(), options, shutdown.clone());
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await
-        .context("serving HTTP")?;
-    // Sessions are children of `shutdown`: they are ending; wait for their units to go.
+    let connections = tokio_util::task::TaskTracker::new();
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            () = shutdown.cancelled() => break,
+            permit = permits.clone().acquire_owned() => permit.context("the connection limit closed")?,
+        };
+        let (stream, _peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors and the like: back off, never exit.
+                    tracing::warn!(%error, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let shutdown = shutdown.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_read_timeout);
+            let stream = super::write_timeout::WriteTimeout::new(stream, write_timeout);
+            let connection =
+                builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        tracing::debug!(%error, "an HTTP connection ended with an error");
+                    }
+                }
+                () = shutdown.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(SHUTDOWN_WAIT, connection).await;
+                }
+            }
+        });
+    }
+    connections.close();
+    // Sessions are children of `shutdown`: they are ending (those still starting
+    // their units too); wait for their units to go.
     let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
-    while config.metrics.sessions_active() > 0 && tokio::time::Instant::now() < deadline {
+    while config.metrics.session_tasks() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let _ = tokio::time::timeout_at(deadline, connections.wait()).await;
     Ok(())
 }
 
@@ -347,13 +418,25 @@ fn session_header(headers: &HeaderMap) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// 400 for an unsupported `MCP-Protocol-Version`; a missing one is accepted
-/// (the spec says to assume 2025-03-26).
-fn check_version(headers: &HeaderMap) -> Result<(), Response> {
-    let Some(value) = headers.get(VERSION_HEADER) else {
-        return Ok(());
+/// Whether a request must carry `MCP-Protocol-Version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Version {
+    /// POSTs after initialize: every SDK sends it there, and security case E63
+    /// asks for 400 when it is missing.
+    Required,
+    /// GET: some clients (TypeScript) send only `Accept` there; a missing
+    /// header means 2025-03-26, which box serves.
+    Optional,
+}
+
+/// 400 listing the supported versions for an unsupported (or, where required,
+/// missing) `MCP-Protocol-Version`.
+fn check_version(headers: &HeaderMap, need: Version) -> Result<(), Response> {
+    let version = match headers.get(VERSION_HEADER) {
+        Some(value) => value.to_str().unwrap_or(""),
+        None if need == Version::Optional => return Ok(()),
+        None => "",
     };
-    let version = value.to_str().unwrap_or("");
     if SUPPORTED_VERSIONS.contains(&version) {
         return Ok(());
     }
@@ -361,7 +444,11 @@ fn check_version(headers: &HeaderMap) -> Result<(), Response> {
         StatusCode::BAD_REQUEST,
         json!({"jsonrpc": "2.0", "id": null, "error": {
             "code": code::INVALID_REQUEST,
-            "message": format!("unsupported MCP-Protocol-Version {version:?}; supported: {}", SUPPORTED_VERSIONS.join(", ")),
+            "message": if version.is_empty() {
+                format!("MCP-Protocol-Version is missing; send the negotiated one of: {}", SUPPORTED_VERSIONS.join(", "))
+            } else {
+                format!("unsupported MCP-Protocol-Version {version:?}; supported: {}", SUPPORTED_VERSIONS.join(", "))
+            },
             "data": {"supported": SUPPORTED_VERSIONS, "requested": version},
         }}),
     ))
@@ -407,9 +494,25 @@ async fn read_body(
             "Content-Type must be application/json",
         ));
     }
-    let bytes = axum::body::to_bytes(body, options.max_body_bytes)
-        .await
-        .map_err(|_| too_large())?;
+    let bytes = match tokio::time::timeout(
+        options.body_read_timeout,
+        axum::body::to_bytes(body, options.max_body_bytes),
+    )
+    .await
+    {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => return Err(too_large()),
+        Err(_) => {
+            return Err(refuse(
+                StatusCode::REQUEST_TIMEOUT,
+                code::INVALID_REQUEST,
+                format!(
+                    "the body did not arrive within {}",
+                    humantime::format_duration(options.body_read_timeout)
+                ),
+            ));
+        }
+    };
     serde_json::from_slice(&bytes).map_err(|error| {
         refuse(
             StatusCode::BAD_REQUEST,
@@ -460,7 +563,7 @@ async fn post_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
             "no such session (it ended, or never was); initialize again",
         );
     };
-    if let Err(response) = check_version(&headers) {
+    if let Err(response) = check_version(&headers, Version::Required) {
         return response;
     }
     match kind {
@@ -581,9 +684,19 @@ fn sse(messages: mpsc::Receiver<Value>) -> Response {
         let event = Event::default().event("message").data(message.to_string());
         Some((Ok::<_, Infallible>(event), messages))
     });
-    Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    sse_response(
+        Sse::new(events)
+            .keep_alive(KeepAlive::default())
+            .into_response(),
+    )
+}
+
+/// An SSE response that proxies must not buffer (events are meant to arrive as they happen).
+fn sse_response(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
 }
 
 /// The GET stream's receiver, put back when the stream goes so the client may open another.
@@ -618,7 +731,7 @@ async fn get_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
             "no such session",
         );
     };
-    if let Err(response) = check_version(&headers) {
+    if let Err(response) = check_version(&headers, Version::Optional) {
         return response;
     }
     let receiver = slot.lock().ok().and_then(|mut slot| slot.take());
@@ -638,9 +751,11 @@ async fn get_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
         let event = Event::default().event("message").data(message.to_string());
         Some((Ok::<_, Infallible>(event), general))
     });
-    Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    sse_response(
+        Sse::new(events)
+            .keep_alive(KeepAlive::default())
+            .into_response(),
+    )
 }
 
 async fn delete_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {

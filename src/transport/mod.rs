@@ -8,6 +8,7 @@
 
 pub mod http;
 pub mod stdio;
+mod write_timeout;
 
 use serde_json::Value;
 use tokio::sync::mpsc;

@@ -19,6 +19,10 @@ use crate::proxy::{Kind, MessageError, classify, code, error_response};
 const OUT_QUEUE: usize = 256;
 /// How long answers still queued for stdout get to be written at the end.
 const FLUSH_GRACE: Duration = Duration::from_secs(2);
+/// After stdin's end of file, how long requests in flight get to be answered
+/// before the session ends (`box serve < requests.jsonl` gets its answers;
+/// a call that hangs does not keep the units alive).
+const EOF_GRACE: Duration = Duration::from_secs(2);
 
 /// Serve one session on this process's stdin and stdout.
 pub async fn serve(config: Arc<HostConfig>, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -45,6 +49,8 @@ pub async fn serve_on(
     rand::fill(&mut session_id);
     let session = spawn_session(config, hex::encode(session_id), out_tx.clone(), &shutdown);
     let mut reader = LineReader::new(input, MAX_MESSAGE_BYTES);
+    let in_flight = tokio_util::task::TaskTracker::new();
+    let mut at_eof = false;
     loop {
         let line = tokio::select! {
             () = session.ended() => break,
@@ -62,7 +68,10 @@ pub async fn serve_on(
                     .await;
                 continue;
             }
-            Ok(None) => break,
+            Ok(None) => {
+                at_eof = true;
+                break;
+            }
             Err(error) => {
                 tracing::warn!(%error, "reading stdin failed");
                 break;
@@ -86,7 +95,7 @@ pub async fn serve_on(
                 let Ok(stream) = session.request(message).await else {
                     break;
                 };
-                tokio::spawn(super::forward_reply(stream, out_tx.clone()));
+                in_flight.spawn(super::forward_reply(stream, out_tx.clone()));
             }
             Ok(Kind::Notification { .. } | Kind::Response { .. }) => {
                 if session.notify(message).await.is_err() {
@@ -105,6 +114,10 @@ pub async fn serve_on(
                     .await;
             }
         }
+    }
+    in_flight.close();
+    if at_eof {
+        let _ = tokio::time::timeout(EOF_GRACE, in_flight.wait()).await;
     }
     session.end();
     session.ended().await;

@@ -409,6 +409,69 @@ fn a_failed_edit_cancels_the_rest_of_a_batch() {
 }
 
 #[test]
+fn a_failing_bash_cancels_the_rest_of_a_batch() {
+    let dir = workspace();
+    let (mut executor, _) = Executor::ready(dir.path(), &[], json!({}));
+    let answer = executor
+        .request(
+            "execution/batch",
+            json!({"calls": [
+                {"name": "read", "arguments": {"path": "notes.txt"}},
+                {"name": "bash", "arguments": {"command": "exit 3"}},
+                {"name": "write", "arguments": {"path": "after.txt", "content": "x"}}
+            ]}),
+        )
+        .unwrap();
+    let results = answer["results"].as_array().unwrap();
+    assert_eq!(results[0]["isError"], json!(false));
+    assert_eq!(
+        results[2]["content"][0]["text"],
+        json!("skipped: bash failed earlier in this batch, so this call was cancelled")
+    );
+    assert!(!dir.path().join("after.txt").exists());
+}
+
+#[test]
+fn bash_progress_reaches_the_client_before_the_result() {
+    let dir = workspace();
+    let (mut executor, _) = Executor::ready(dir.path(), &[], json!({}));
+    executor.send(
+        &json!({"jsonrpc": "2.0", "id": 77, "method": "tools/call", "params": {
+        "name": "bash",
+        "arguments": {"command": "for i in 1 2 3; do echo $i; sleep 0.3; done"},
+        "_meta": {"progressToken": "p77"}}}),
+    );
+    let mut progress = Vec::new();
+    let result = loop {
+        let mut line = String::new();
+        assert!(executor.stdout.read_line(&mut line).unwrap() > 0);
+        let message: Value = serde_json::from_str(&line).unwrap();
+        if message["method"] == json!("notifications/progress") {
+            assert_eq!(
+                message["params"]["progressToken"],
+                json!("p77"),
+                "{message}"
+            );
+            progress.push(message["params"]["progress"].as_f64().unwrap());
+        } else if message["id"] == json!(77) {
+            break message["result"].clone();
+        }
+    };
+    assert!(
+        progress.windows(2).all(|pair| pair[0] < pair[1]),
+        "{progress:?}"
+    );
+    let text = result["content"][0]["text"].as_str().unwrap();
+    if result["isError"] == json!(true) {
+        // FIXME(merge): bash arrives with the bash work; until then it refuses.
+        assert!(text.contains("not built yet"), "{text}");
+    } else {
+        assert_eq!(text, "1\n2\n3\n[exit 0]");
+        assert!(!progress.is_empty(), "no progress before the result");
+    }
+}
+
+#[test]
 fn files_resources_are_served() {
     let dir = workspace();
     let (mut executor, _) = Executor::ready(dir.path(), &[], json!({}));
@@ -545,8 +608,11 @@ fn bad_input_is_answered_and_the_executor_keeps_serving() {
         executor.call("write", json!({"path": "x"})),
         Err("argument \"content\" is required".to_owned())
     );
-    let error = executor.request("agentworkspace/process.start", json!({"args": ["true"]}));
-    assert!(error.is_err() || error.is_ok());
+    // The process methods are routed (whatever the process work answers), not unknown.
+    match executor.request("agentworkspace/process.start", json!({"args": ["true"]})) {
+        Ok(started) => assert!(started["id"].is_string(), "{started}"),
+        Err(error) => assert_ne!(error["code"], json!(-32601), "{error}"),
+    }
     let error = executor.request("no/such/method", json!({})).unwrap_err();
     assert_eq!(error["code"], json!(-32601));
     let error = executor
@@ -565,9 +631,13 @@ fn bad_input_is_answered_and_the_executor_keeps_serving() {
     let answer = executor.response();
     assert_eq!(answer["id"], json!(900), "{answer}");
     assert!(answer.get("error").is_some(), "{answer}");
+    executor.send_line(br#"{"jsonrpc":"2.0","id":899,"method":"tools/call","params":{"name":5}}"#);
+    let answer = executor.response();
+    assert_eq!(answer["id"], json!(899), "{answer}");
+    assert_eq!(answer["error"]["code"], json!(-32602), "{answer}");
     executor.send_line(br#"[{"jsonrpc":"2.0","id":901,"method":"tools/list"}]"#);
     let answer = executor.response();
-    assert!(answer.get("error").is_some(), "{answer}");
+    assert_eq!(answer["error"]["code"], json!(-32600), "{answer}");
     executor.send_line(b"{\"jsonrpc\":\"2.0\",\"id\":902,\"method\":\"tools/call\",\"params\":{\"name\":\"read\",\"arguments\":{\"path\":\"\xff\"}}}");
     let answer = executor.response();
     assert!(answer.get("error").is_some(), "{answer}");

@@ -4,6 +4,8 @@
 
 /// Units on a real Docker engine: hardening probed from inside, faults, gc.
 mod docker;
+/// `box serve` and `box run` on the real backends with the real executor: Python SDK clients, isolation, faults.
+mod end_to_end;
 /// `box execute` driven over stdio, by hand-written JSON-RPC and by the Python `mcp` SDK.
 mod executor;
 /// Units on the local sandboxed-process backend: hardening probed from inside.

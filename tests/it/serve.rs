@@ -513,6 +513,18 @@ async fn http_refuses_batches_big_bodies_unknown_sessions_and_bad_versions() {
         message.contains("2025-06-18") && message.contains("2025-11-25"),
         "{message}"
     );
+    headers.pop();
+    let reply = http(server.address, "POST", "/mcp", &headers, body.as_bytes()).await;
+    assert_eq!(
+        reply.status, 400,
+        "a missing version after initialize (E63)"
+    );
+    assert!(
+        reply.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing")
+    );
     assert_eq!(server.fake.record(|record| record.starts.len()), 1);
 }
 
@@ -623,11 +635,15 @@ fn serve_over_stdio_answers_and_exits_at_end_of_input() {
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect();
+    // Answers may come in any order; each request gets one.
     assert_eq!(lines.len(), 2, "{stdout}");
-    assert_eq!(lines[0]["result"]["serverInfo"]["name"], json!("box"));
-    assert_eq!(lines[1]["id"], json!("x"));
+    let by_id = |id: Value| lines.iter().find(|line| line["id"] == id).unwrap();
     assert_eq!(
-        lines[1]["result"]["content"][0]["text"],
+        by_id(json!(0))["result"]["serverInfo"]["name"],
+        json!("box")
+    );
+    assert_eq!(
+        by_id(json!("x"))["result"]["content"][0]["text"],
         json!("{\"k\":\"v\"}")
     );
 }
@@ -682,4 +698,446 @@ fn serve_off_loopback_without_a_token_refuses_to_start() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--token-file"), "{stderr}");
+}
+
+/// The Python with the `mcp` SDK, or `None` (said loudly; a failure under CI).
+fn python_with_mcp() -> Option<std::path::PathBuf> {
+    let python = crate::support::python();
+    let works = Command::new(&python)
+        .args(["-c", "import mcp"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if works {
+        return Some(python);
+    }
+    let message = format!(
+        "the Python `mcp` SDK is not installed at {} (run scripts/test.sh, or set BOX_TEST_PYTHON)",
+        python.display()
+    );
+    assert!(!crate::support::under_ci(), "{message}");
+    eprintln!("SKIPPING (not under CI): {message}");
+    None
+}
+
+/// Run one of tests/e2e/serve_*.py against the built box with the fake backend.
+fn run_e2e_script(script: &str) {
+    let Some(python) = python_with_mcp() else {
+        return;
+    };
+    let e2e = crate::support::repo_root().join("tests/e2e");
+    let output = Command::new(python)
+        .current_dir(&e2e)
+        .arg(e2e.join(script))
+        .arg(box_bin())
+        .args([
+            "--backend",
+            "fake",
+            "--tool",
+            "echo",
+            "--args",
+            r#"{"a":1}"#,
+            "--expect",
+            r#"{"a":1}"#,
+        ])
+        .args(["--progress-tool", "slow", "--max-read-bytes", "4096"])
+        .env("BOX_ALLOW_FAKE_BACKEND", "1")
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{script} failed\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn python_sdk_over_stdio_with_the_fake_backend() {
+    run_e2e_script("serve_stdio.py");
+}
+
+#[test]
+fn python_sdk_over_http_with_the_fake_backend() {
+    run_e2e_script("serve_http.py");
+}
+
+#[tokio::test]
+async fn http_carries_a_units_request_on_the_calls_stream_and_routes_the_answer_back() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let session = initialize(&server).await;
+    let mut stream = TcpStream::connect(server.address).await.unwrap();
+    let body = call(json!(11), "ask", json!({})).to_string();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\n\r\n{body}",
+        server.address,
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !String::from_utf8_lossy(&raw).contains("elicitation/create") {
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
+            .await
+            .expect("the elicitation streams in time")
+            .unwrap();
+        assert_ne!(
+            read,
+            0,
+            "the stream ended early: {}",
+            String::from_utf8_lossy(&raw)
+        );
+        raw.extend_from_slice(&buffer[..read]);
+    }
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let ask: Value = text
+        .lines()
+        .find_map(|line| line.strip_prefix("data:"))
+        .map(|data| serde_json::from_str(data.trim()).unwrap())
+        .unwrap();
+    assert_eq!(ask["method"], json!("elicitation/create"));
+    let answer =
+        json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"action": "accept", "content": {}}});
+    let reply = post(server.address, Some(&session), &[], &answer).await;
+    assert_eq!(reply.status, 202);
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    let reply = parse_reply(&raw);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let events = reply.events();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[1]["id"], json!(11));
+    let text = events[1]["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("accept"), "{text}");
+}
+
+#[test]
+fn serve_drains_and_exits_zero_at_sigterm() {
+    use std::io::{BufRead as _, BufReader};
+    let mut child = box_command()
+        .env("RUST_LOG", "info")
+        .args(["serve", "--backend", "fake", "--drain", "300ms"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{}", initialize_message()).unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.contains("\"box\""), "{line}");
+    writeln!(stdin, "{}", call(json!(1), "hang", json!({}))).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    // The call in flight gets the drain time, then its one answer before box exits.
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    let answer: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(answer["id"], json!(1));
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("session ended")
+    );
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "box did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("units removed"), "{stderr}");
+    drop(stdin);
+}
+
+#[tokio::test]
+async fn http_closes_slow_headers_and_times_out_slow_bodies() {
+    let options = HttpOptions {
+        header_read_timeout: Duration::from_millis(300),
+        body_read_timeout: Duration::from_millis(300),
+        ..HttpOptions::loopback()
+    };
+    let server = start_server(options, boxhost::plan::resolve).await;
+    // Headers trickled and never finished: the connection is closed.
+    let mut stream = TcpStream::connect(server.address).await.unwrap();
+    stream
+        .write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
+        .await
+        .expect("the server closes a connection whose headers never end")
+        .unwrap();
+    // A body promised and never sent: 408.
+    let mut stream = TcpStream::connect(server.address).await.unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{{",
+        server.address
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(parse_reply(&raw).status, 408);
+    // Others are served meanwhile and after.
+    initialize(&server).await;
+}
+
+#[tokio::test]
+async fn http_get_opens_one_stream_per_session_which_ends_with_it() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let session = initialize(&server).await;
+    let mut stream = TcpStream::connect(server.address).await.unwrap();
+    let head = format!(
+        "GET /mcp HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\nConnection: close\r\n\r\n",
+        server.address
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let mut buffer = [0u8; 1024];
+    while !raw.windows(4).any(|w| w == b"\r\n\r\n") {
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(read, 0);
+        raw.extend_from_slice(&buffer[..read]);
+    }
+    let reply = parse_reply(&raw);
+    assert_eq!(reply.status, 200);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let second = http(
+        server.address,
+        "GET",
+        "/mcp",
+        &[("Mcp-Session-Id", &session)],
+        b"",
+    )
+    .await;
+    assert_eq!(second.status, 409);
+    let reply = http(
+        server.address,
+        "DELETE",
+        "/mcp",
+        &[("Mcp-Session-Id", &session)],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
+        .await
+        .expect("the GET stream ends with its session")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn http_caps_sessions_and_frees_a_place_when_one_ends() {
+    let options = HttpOptions {
+        max_sessions: 1,
+        ..HttpOptions::loopback()
+    };
+    let server = start_server(options, boxhost::plan::resolve).await;
+    let first = initialize(&server).await;
+    let reply = post(server.address, None, &[], &initialize_message()).await;
+    assert_eq!(reply.status, 503);
+    assert!(
+        reply.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 1")
+    );
+    assert_eq!(server.fake.live_units().len(), 1);
+    let reply = http(
+        server.address,
+        "DELETE",
+        "/mcp",
+        &[("Mcp-Session-Id", &first)],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    let fake = server.fake.clone();
+    wait_until("the place is free", || fake.live_units().is_empty()).await;
+    initialize(&server).await;
+}
+
+#[test]
+fn serve_logs_json_lines_on_stderr_when_asked() {
+    let mut child = box_command()
+        .env("RUST_LOG", "info")
+        .args(["serve", "--backend", "fake", "--log-format", "json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{}", initialize_message()).unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<Value> = stderr
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["fields"]["message"] == json!("session started")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn run_reads_tightenings_from_a_file_and_refuses_bad_json() {
+    let directory = tempfile::tempdir().unwrap();
+    let file = directory.path().join("tighten.json");
+    std::fs::write(&file, r#"{"network":{"mode":"bridge"}}"#).unwrap();
+    let output = box_command()
+        .args(["run", "--backend", "fake", "--tighten"])
+        .arg(format!("@{}", file.display()))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("tighten"));
+    let output = box_command()
+        .args([
+            "run",
+            "--backend",
+            "fake",
+            "--tighten",
+            "{nope",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--tighten: not JSON"), "{stderr}");
+}
+
+#[tokio::test]
+async fn http_shutdown_waits_for_sessions_still_starting_their_units() {
+    let fake = FakeBackend::new(boxhost::host::fake::FakeOptions {
+        start_delay: Duration::from_millis(400),
+        ..Default::default()
+    });
+    let config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let served = tokio::spawn(serve(
+        Arc::new(config),
+        HttpOptions::loopback(),
+        listener,
+        shutdown.clone(),
+    ));
+    let initializing =
+        tokio::spawn(async move { post(address, None, &[], &initialize_message()).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(20), served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(fake.record(|record| record.starts.len()), 1);
+    assert_eq!(
+        fake.live_units(),
+        Vec::<String>::new(),
+        "a unit outlived the host"
+    );
+    let _ = initializing.await;
+}
+
+#[test]
+fn a_second_signal_exits_at_once() {
+    use std::io::{BufRead as _, BufReader};
+    let mut child = box_command()
+        .args(["serve", "--backend", "fake", "--drain", "60s"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{}", initialize_message()).unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    writeln!(stdin, "{}", call(json!(1), "hang", json!({}))).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // Still draining (the hanging call has 60 s); the second signal ends it now.
+    assert!(child.try_wait().unwrap().is_none());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "box ignored the second signal"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(143));
+    drop(stdin);
+}
+
+#[test]
+fn serve_refuses_a_short_token() {
+    let directory = tempfile::tempdir().unwrap();
+    let file = directory.path().join("token");
+    std::fs::write(&file, "short\n").unwrap();
+    let output = box_command()
+        .args([
+            "serve",
+            "--backend",
+            "fake",
+            "--listen",
+            "127.0.0.1:0",
+            "--token-file",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("at least 16"), "{stderr}");
 }

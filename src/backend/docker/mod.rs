@@ -323,7 +323,7 @@ impl DockerBackend {
             .inspect_container(id, None)
             .await
             .map_err(|e| other("inspecting the container", e))?;
-        let envelope = body::envelope_from_inspect(
+        let mut envelope = body::envelope_from_inspect(
             spec,
             &inspect,
             image_user,
@@ -331,6 +331,15 @@ impl DockerBackend {
             env_passed,
             env_scrubbed,
         );
+        // The real executor installs box's seccomp layer on itself (and so on
+        // every child) before it serves, and refuses to start without it; a
+        // stand-in command (tests) gets only the engine's.
+        if self.executor_command.is_none() {
+            envelope.hardening.seccomp = match envelope.hardening.seccomp.as_str() {
+                "none" => "box".to_owned(),
+                engine => format!("{engine}+box"),
+            };
+        }
         let ended = ended(
             self.docker.clone(),
             id.to_owned(),

@@ -162,7 +162,7 @@ fn replace(workspace: &Workspace, name: &str, content: &[u8], mode: u32) -> std:
 /// same file needs no fresh read.
 fn record_written(workspace: &Workspace, name: &str, max_bytes: u64) {
     if let Ok(version) = workspace.version(name, max_bytes) {
-        workspace.record(name, version);
+        workspace.record(version);
     }
 }
 

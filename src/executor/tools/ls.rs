@@ -25,18 +25,21 @@ pub(super) fn run(context: &Context, arguments: &Map<String, Value>) -> Result<S
         .open_dir(&name)
         .map_err(|e| io_message(&name, &e))?;
     let entries = dir.entries().map_err(|e| io_message(&name, &e))?;
-    let mut names: Vec<(String, std::ffi::OsString)> = entries
-        .filter_map(Result::ok)
-        .map(|entry| {
-            let file_name = entry.file_name();
-            (file_name.to_string_lossy().into_owned(), file_name)
-        })
-        .collect();
-    names.sort();
+    // Only the first MAX_ENTRIES names in sorted order are kept, however
+    // large the directory.
+    let mut names = std::collections::BTreeSet::new();
+    let mut total = 0usize;
+    for entry in entries.filter_map(Result::ok) {
+        total += 1;
+        let file_name = entry.file_name();
+        names.insert((file_name.to_string_lossy().into_owned(), file_name));
+        if names.len() > MAX_ENTRIES {
+            names.pop_last();
+        }
+    }
     if names.is_empty() {
         return Ok("(empty)".to_owned());
     }
-    let total = names.len();
     let mut out = String::new();
     for (shown, file_name) in names.iter().take(MAX_ENTRIES) {
         // An entry removed during the listing is skipped.

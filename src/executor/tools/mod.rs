@@ -61,6 +61,9 @@ pub(crate) struct Spec {
     pub sequential: bool,
     /// Runs concurrently with its neighbours in a batch (pure reads; not bash).
     pub parallel_safe: bool,
+    /// Quick enough that a batch runs several on one thread rather than
+    /// paying a thread hand-off each (read, ls; not the tree walks).
+    pub cheap: bool,
     /// Where a facts claim's default path is when `path` is absent or empty.
     pub default_path: Option<&'static str>,
 }
@@ -100,6 +103,7 @@ pub(crate) static TOOLS: [Spec; 7] = [
         read_only: true,
         sequential: false,
         parallel_safe: true,
+        cheap: true,
         default_path: Some(""),
     },
     Spec {
@@ -117,6 +121,7 @@ pub(crate) static TOOLS: [Spec; 7] = [
         read_only: false,
         sequential: false,
         parallel_safe: false,
+        cheap: false,
         default_path: Some(""),
     },
     Spec {
@@ -140,6 +145,7 @@ pub(crate) static TOOLS: [Spec; 7] = [
         read_only: false,
         sequential: false,
         parallel_safe: false,
+        cheap: false,
         default_path: Some(""),
     },
     Spec {
@@ -168,6 +174,7 @@ pub(crate) static TOOLS: [Spec; 7] = [
         read_only: true,
         sequential: false,
         parallel_safe: true,
+        cheap: false,
         default_path: Some("."),
     },
     Spec {
@@ -208,6 +215,7 @@ pub(crate) static TOOLS: [Spec; 7] = [
         read_only: true,
         sequential: false,
         parallel_safe: true,
+        cheap: false,
         default_path: Some("."),
     },
     Spec {
@@ -224,6 +232,7 @@ pub(crate) static TOOLS: [Spec; 7] = [
         read_only: true,
         sequential: false,
         parallel_safe: true,
+        cheap: true,
         default_path: Some("."),
     },
     Spec {
@@ -246,6 +255,7 @@ pub(crate) static TOOLS: [Spec; 7] = [
         read_only: true,
         sequential: true,
         parallel_safe: false,
+        cheap: false,
         default_path: None,
     },
 ];
@@ -316,25 +326,50 @@ pub(crate) async fn call(
     cancel: CancellationToken,
 ) -> Option<ToolOutcome> {
     let tool = spec(name)?;
-    if let Err(message) = keys::check(tool.name, tool.params, &arguments) {
-        return Some(ToolOutcome::error(message));
-    }
     if tool.name == "bash" {
+        if let Err(message) = keys::check(tool.name, tool.params, &arguments) {
+            return Some(ToolOutcome::error(message));
+        }
         return Some(bash::call(context, &arguments, progress, cancel).await);
     }
-    if let Some(Value::String(stamp)) = arguments.get(STAMP_KEY)
-        && !verify_stamp(context, tool, &arguments, stamp)
+    if tool.cheap
+        && tokio::runtime::Handle::current().runtime_flavor()
+            == tokio::runtime::RuntimeFlavor::MultiThread
     {
-        return Some(ToolOutcome::error(STAMP_MISMATCH));
+        // A read or ls is a handful of syscalls: blocking this worker in
+        // place costs less than a hand-off to the blocking pool.
+        return Some(tokio::task::block_in_place(|| {
+            call_file_tool(context, tool, &arguments, &cancel)
+        }));
     }
     let context = Arc::clone(context);
-    let run = tokio::task::spawn_blocking(move || {
-        run_file_tool(&context, tool.name, &arguments, &cancel)
-    });
+    let run =
+        tokio::task::spawn_blocking(move || call_file_tool(&context, tool, &arguments, &cancel));
     Some(match run.await {
         Ok(outcome) => outcome,
         Err(error) => ToolOutcome::error(format!("{name} stopped unexpectedly: {error}")),
     })
+}
+
+/// One file-tool call on this (blocking) thread: the argument checks, the
+/// stamp's verification when the call carries one, then the tool.
+pub(crate) fn call_file_tool(
+    context: &Context,
+    tool: &Spec,
+    arguments: &Map<String, Value>,
+    cancel: &CancellationToken,
+) -> ToolOutcome {
+    if let Err(message) = keys::check(tool.name, tool.params, arguments) {
+        return ToolOutcome::error(message);
+    }
+    // An empty stamp is no stamp (Go's zero value): no check, as unstamped.
+    if let Some(Value::String(stamp)) = arguments.get(STAMP_KEY)
+        && !stamp.is_empty()
+        && !verify_stamp(context, tool, arguments, stamp)
+    {
+        return ToolOutcome::error(STAMP_MISMATCH);
+    }
+    run_file_tool(context, tool.name, arguments, cancel)
 }
 
 /// Run one file tool on this thread (a blocking one).

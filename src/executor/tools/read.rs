@@ -31,7 +31,7 @@ pub(super) fn run(context: &Context, arguments: &Map<String, Value>) -> Result<S
     file.take(cap)
         .read_to_end(&mut data)
         .map_err(|e| crate::executor::workspace::io_message(&name, &e))?;
-    workspace.record(&name, version_of(&metadata, hash(&data)));
+    workspace.record(version_of(&metadata, hash(&data)));
 
     let offset = integer_arg(arguments, "offset", 1).max(1);
     let limit = match integer_arg(arguments, "limit", DEFAULT_LIMIT) {
@@ -63,23 +63,28 @@ fn render(data: &[u8], size: u64, cap: u64, offset: i64, limit: i64) -> String {
     let end = start
         .saturating_add(usize::try_from(limit).unwrap_or(usize::MAX))
         .min(total);
-    let mut out = String::new();
+    let mut out = String::with_capacity(data.len().min(MAX_OUTPUT_BYTES) + (end - start) * 8 + 128);
     let mut shown = start;
     for (index, line) in lines.iter().enumerate().take(end).skip(start) {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let mut text = String::new();
-        if line.len() > MAX_LINE_BYTES {
-            text.push_str(&String::from_utf8_lossy(&line[..MAX_LINE_BYTES]));
-            text.push_str("... [line truncated]");
+        let (kept, truncated) = if line.len() > MAX_LINE_BYTES {
+            (&line[..MAX_LINE_BYTES], "... [line truncated]")
         } else {
-            text.push_str(&String::from_utf8_lossy(line));
-        }
-        let entry = format!("{:6}\t{text}\n", index + 1);
-        if out.len() + entry.len() > MAX_OUTPUT_BYTES && shown > start {
+            (line, "")
+        };
+        let text = String::from_utf8_lossy(kept);
+        let number = index + 1;
+        // Measured before writing: a line that would pass the cap is not shown.
+        let size = digits(number).max(6) + 1 + text.len() + truncated.len() + 1;
+        if out.len() + size > MAX_OUTPUT_BYTES && shown > start {
             break;
         }
-        out.push_str(&entry);
-        shown = index + 1;
+        push_number(&mut out, number);
+        out.push('\t');
+        out.push_str(&text);
+        out.push_str(truncated);
+        out.push('\n');
+        shown = number;
     }
     if shown < total {
         let _ = writeln!(
@@ -98,9 +103,50 @@ fn render(data: &[u8], size: u64, cap: u64, offset: i64, limit: i64) -> String {
     out
 }
 
+/// How many decimal digits `number` has.
+fn digits(mut number: usize) -> usize {
+    let mut count = 1;
+    while number >= 10 {
+        number /= 10;
+        count += 1;
+    }
+    count
+}
+
+/// `number` right-aligned six wide (`%6d`), without the formatting machinery:
+/// a read formats one per line.
+fn push_number(out: &mut String, number: usize) {
+    for _ in digits(number)..6 {
+        out.push(' ');
+    }
+    let mut buffer = [0u8; 20];
+    let mut at = buffer.len();
+    let mut rest = number;
+    loop {
+        at -= 1;
+        buffer[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    for byte in &buffer[at..] {
+        out.push(char::from(*byte));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_are_padded_like_printf() {
+        for number in [1, 9, 10, 99_999, 123_456, 1_234_567] {
+            let mut out = String::new();
+            push_number(&mut out, number);
+            assert_eq!(out, format!("{number:6}"));
+        }
+    }
 
     #[test]
     fn lines_are_numbered_six_wide_with_cr_stripped() {

@@ -65,7 +65,8 @@ pub(super) fn glob(
     if !base.is_dir {
         return Err(format!("{base_name} is not a directory"));
     }
-    let mut found = Vec::new();
+    // The first max + 1 paths in sorted order (one past max decides the trailer).
+    let mut found = std::collections::BTreeSet::new();
     for entry in walker(workspace, &base.resolved).build() {
         if cancel.is_cancelled() {
             return Err("glob was cancelled".to_owned());
@@ -79,15 +80,17 @@ pub(super) fn glob(
         }
         let within_base = relative.strip_prefix(&base.resolved).unwrap_or(relative);
         if matcher.is_match(within_base) {
-            found.push(relative.to_string_lossy().into_owned());
+            found.insert(relative.to_string_lossy().into_owned());
+            if found.len() > max.saturating_add(1) {
+                found.pop_last();
+            }
         }
     }
-    found.sort();
     if found.is_empty() {
         return Ok("(no files match)".to_owned());
     }
     let truncated = found.len() > max;
-    found.truncate(max);
+    let found: Vec<String> = found.into_iter().take(max).collect();
     let mut out = found.join("\n");
     out.push('\n');
     if truncated {
@@ -142,7 +145,7 @@ pub(super) fn grep(
 
     let mut files: Vec<(String, Vec<String>)> = Vec::new();
     if base.is_dir {
-        let collected = Mutex::new(Vec::new());
+        let collected = Mutex::new(Found::default());
         walker(workspace, &base.resolved).build_parallel().run(|| {
             Box::new(|entry| {
                 if cancel.is_cancelled() {
@@ -161,7 +164,7 @@ pub(super) fn grep(
                 if !lines.is_empty()
                     && let Ok(mut collected) = collected.lock()
                 {
-                    collected.push((relative.to_string_lossy().into_owned(), lines));
+                    collected.add(relative.to_string_lossy().into_owned(), lines, max);
                 }
                 WalkState::Continue
             })
@@ -169,7 +172,12 @@ pub(super) fn grep(
         if cancel.is_cancelled() {
             return Err("grep was cancelled".to_owned());
         }
-        files = collected.into_inner().unwrap_or_default();
+        files = collected
+            .into_inner()
+            .unwrap_or_default()
+            .files
+            .into_iter()
+            .collect();
     } else {
         let lines = search(Path::new(&base.resolved));
         if !lines.is_empty() {
@@ -199,6 +207,30 @@ pub(super) fn grep(
         return Ok("(no matches)".to_owned());
     }
     Ok(out)
+}
+
+/// Matches gathered from a parallel walk, kept bounded: only the files that
+/// sort first and hold the first `max` + 1 lines (the one past `max` decides
+/// the trailer), whatever order the walk finds them in.
+#[derive(Default)]
+struct Found {
+    files: std::collections::BTreeMap<String, Vec<String>>,
+    total: usize,
+}
+
+impl Found {
+    fn add(&mut self, path: String, lines: Vec<String>, max: usize) {
+        self.total += lines.len();
+        self.files.insert(path, lines);
+        while let Some(last) = self.files.last_key_value() {
+            let without_last = self.total - last.1.len();
+            if without_last <= max {
+                break;
+            }
+            self.total = without_last;
+            self.files.pop_last();
+        }
+    }
 }
 
 /// The `line:text` of each match in the file `relative`, at most `max`;

@@ -42,6 +42,9 @@ fn file_facts_rewrite_with_a_stamp_that_the_call_verifies() {
         call(&context, "read", forged),
         Err(STAMP_MISMATCH.to_owned())
     );
+    let mut empty = rewrite.clone();
+    empty["dax_stamp"] = json!("");
+    assert_eq!(call(&context, "read", empty), Ok("     1\thi\n".to_owned()));
     let mut as_ls = rewrite;
     as_ls.as_object_mut().unwrap().remove("path");
     assert_eq!(call(&context, "ls", as_ls), Err(STAMP_MISMATCH.to_owned()));

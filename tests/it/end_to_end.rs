@@ -1,0 +1,366 @@
+//! `box serve` and `box run` on the real backends (docker and local), with the
+//! real executor inside real units: the Python `mcp` SDK as client over stdio
+//! and HTTP, `box run`'s streams and status, session isolation, a unit killed
+//! mid-call, and a client hang-up removing its units.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use boxhost::backend::docker::DockerBackend;
+use serde_json::{Value, json};
+
+use crate::support::{box_bin, python, repo_root, under_ci};
+
+/// The backends this machine runs: local always, docker when its engine answers
+/// (under CI a missing engine is a failure, never a skip).
+fn backends() -> Vec<&'static str> {
+    // Its own runtime on its own thread, so async tests can ask too.
+    let connected = std::thread::spawn(|| {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(DockerBackend::connect()).map(drop)
+    })
+    .join()
+    .unwrap();
+    match connected {
+        Ok(_) => vec!["local", "docker"],
+        Err(error) => {
+            assert!(!under_ci(), "CI needs a Docker engine: {error}");
+            eprintln!("\n*** DOCKER PART NOT RUN: {error} ***\n");
+            vec!["local"]
+        }
+    }
+}
+
+/// The Python with the `mcp` SDK; under CI its absence is a failure.
+fn python_with_mcp() -> Option<std::path::PathBuf> {
+    let python = python();
+    let works = Command::new(&python)
+        .args(["-c", "import mcp"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if works {
+        return Some(python);
+    }
+    let message = format!(
+        "the Python `mcp` SDK is not installed at {} (run scripts/test.sh, or set BOX_TEST_PYTHON)",
+        python.display()
+    );
+    assert!(!under_ci(), "{message}");
+    eprintln!("\n*** PYTHON CLIENT TEST NOT RUN: {message} ***\n");
+    None
+}
+
+fn run_script(python: &Path, script: &str, args: &[&str]) {
+    let e2e = repo_root().join("tests/e2e");
+    let output = Command::new(python)
+        .current_dir(&e2e)
+        .arg(e2e.join(script))
+        .arg(box_bin())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{script} {args:?} failed\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// What a bash call inside a hardened unit must show.
+const PROBE: &str = r#"{"command": "grep -E '^(NoNewPrivs|CapEff)' /proc/self/status"}"#;
+const PROGRESS: &str = r#"{"command": "for i in 1 2 3; do echo $i; sleep 0.3; done"}"#;
+
+fn sdk_over(script: &str) {
+    let Some(python) = python_with_mcp() else {
+        return;
+    };
+    for backend in backends() {
+        let workspace = tempfile::tempdir().unwrap();
+        let workspace = workspace.path().to_str().unwrap();
+        run_script(
+            &python,
+            script,
+            &[
+                "--backend",
+                backend,
+                "--workspace",
+                workspace,
+                "--tool",
+                "bash",
+                "--args",
+                PROBE,
+                "--expect",
+                "NoNewPrivs:\t1",
+                "--progress-tool",
+                "bash",
+                "--progress-args",
+                PROGRESS,
+                "--max-read-bytes",
+                "65536",
+            ],
+        );
+    }
+}
+
+#[test]
+fn python_sdk_drives_serve_over_stdio_on_every_backend() {
+    sdk_over("serve_stdio.py");
+}
+
+#[test]
+fn python_sdk_drives_serve_over_http_on_every_backend() {
+    sdk_over("serve_http.py");
+}
+
+#[test]
+fn http_sessions_cannot_see_each_others_files_on_every_backend() {
+    let Some(python) = python_with_mcp() else {
+        return;
+    };
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("isolated.toml"),
+        "description = \"a fresh empty workspace per session\"\nextends = \"default\"\n\n[workspace]\nsource = \"empty\"\n",
+    )
+    .unwrap();
+    for backend in backends() {
+        run_script(
+            &python,
+            "isolation_http.py",
+            &[
+                "--backend",
+                backend,
+                "--profiles",
+                profiles.path().to_str().unwrap(),
+                "--profile",
+                "isolated",
+            ],
+        );
+    }
+}
+
+#[test]
+fn box_run_streams_output_and_passes_the_status_on_every_backend() {
+    for backend in backends() {
+        let workspace = tempfile::tempdir().unwrap();
+        std::fs::write(workspace.path().join("input.txt"), "from the workspace\n").unwrap();
+        let output = Command::new(box_bin())
+            .args(["run", "--backend", backend, "--workspace"])
+            .arg(workspace.path())
+            .args([
+                "--",
+                "sh",
+                "-c",
+                "cat input.txt; echo to-stderr >&2; grep NoNewPrivs /proc/self/status; exit 7",
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(7),
+            "{backend}: {stdout}\n{stderr}"
+        );
+        assert!(stdout.contains("from the workspace"), "{backend}: {stdout}");
+        assert!(stdout.contains("NoNewPrivs:\t1"), "{backend}: {stdout}");
+        assert!(stderr.contains("to-stderr"), "{backend}: {stderr}");
+        assert!(
+            !stdout.contains("to-stderr"),
+            "{backend}: stderr leaked into stdout"
+        );
+    }
+}
+
+/// A `box serve` over stdio, driven by hand-written JSON-RPC lines.
+struct Served {
+    child: Child,
+    lines: mpsc::Receiver<Value>,
+}
+
+impl Served {
+    fn start(backend: &str, instance: &str, workspace: &Path) -> Self {
+        let mut child = Command::new(box_bin())
+            .args([
+                "serve",
+                "--backend",
+                backend,
+                "--instance",
+                instance,
+                "--workspace",
+            ])
+            .arg(workspace)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (send, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(value) = serde_json::from_str(&line)
+                    && send.send(value).is_err()
+                {
+                    break;
+                }
+            }
+        });
+        let mut served = Self { child, lines };
+        served.send(
+            &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "end_to_end", "version": "1"}}}),
+        );
+        let answer = served.answer(0, Duration::from_secs(60));
+        assert!(answer.get("result").is_some(), "initialize: {answer}");
+        served.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        served
+    }
+
+    fn send(&mut self, message: &Value) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{message}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn answer(&self, id: i64, within: Duration) -> Value {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let message = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no answer to request {id} within {within:?}"));
+            if message["id"] == json!(id) {
+                return message;
+            }
+        }
+    }
+
+    /// Hang up (stdin EOF) and wait for the host to exit.
+    fn hang_up(mut self) -> std::process::ExitStatus {
+        drop(self.child.stdin.take());
+        for _ in 0..600 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        panic!("box serve did not exit within 60 s of its client hanging up");
+    }
+}
+
+/// The containers labelled with `instance`.
+async fn containers_of(instance: &str) -> Vec<String> {
+    let docker = bollard::Docker::connect_with_defaults().unwrap();
+    let filters = std::collections::HashMap::from([(
+        "label".to_owned(),
+        vec![format!("box.instance={instance}")],
+    )]);
+    let options = bollard::query_parameters::ListContainersOptionsBuilder::new()
+        .all(true)
+        .filters(&filters)
+        .build();
+    docker
+        .list_containers(Some(options))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|container| container.id)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_unit_killed_mid_call_answers_with_its_cause_and_nothing_is_left() {
+    if !backends().contains(&"docker") {
+        return;
+    }
+    let instance = format!("e2e-kill-{}", std::process::id());
+    let workspace = tempfile::tempdir().unwrap();
+    let mut served = Served::start("docker", &instance, workspace.path());
+    let units = containers_of(&instance).await;
+    assert_eq!(units.len(), 1, "one workspace unit: {units:?}");
+    served.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "sleep 60"}}}));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let docker = bollard::Docker::connect_with_defaults().unwrap();
+    docker
+        .kill_container(
+            &units[0],
+            None::<bollard::query_parameters::KillContainerOptions>,
+        )
+        .await
+        .unwrap();
+    let answer = tokio::task::block_in_place(|| served.answer(1, Duration::from_secs(20)));
+    let message = answer["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("workspace"),
+        "the error names the unit: {answer}"
+    );
+    served.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "ls", "arguments": {}}}));
+    let later = tokio::task::block_in_place(|| served.answer(2, Duration::from_secs(20)));
+    assert!(
+        later.get("error").is_some(),
+        "a later call after the unit ended: {later}"
+    );
+    let status = tokio::task::block_in_place(|| served.hang_up());
+    assert!(
+        status.success(),
+        "box serve exits 0 when its client hangs up: {status}"
+    );
+    assert_eq!(
+        containers_of(&instance).await,
+        Vec::<String>::new(),
+        "no unit outlives its session"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_hang_up_removes_the_units() {
+    for backend in backends() {
+        let instance = format!("e2e-hangup-{backend}-{}", std::process::id());
+        let workspace = tempfile::tempdir().unwrap();
+        let mut served = Served::start(backend, &instance, workspace.path());
+        served.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "bash", "arguments": {"command": "echo alive"}}}));
+        let answer = tokio::task::block_in_place(|| served.answer(1, Duration::from_secs(30)));
+        assert!(answer.to_string().contains("alive"), "{backend}: {answer}");
+        if backend == "docker" {
+            assert_eq!(containers_of(&instance).await.len(), 1);
+        }
+        let status = tokio::task::block_in_place(|| served.hang_up());
+        assert!(
+            status.success(),
+            "{backend}: box serve exits 0 at hang-up: {status}"
+        );
+        if backend == "docker" {
+            assert_eq!(containers_of(&instance).await, Vec::<String>::new());
+        }
+        // Local units are processes of the host's own: none may survive it.
+        let root = workspace.path().to_string_lossy().into_owned();
+        let survivors: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|entry| {
+                let cmdline = std::fs::read(entry.ok()?.path().join("cmdline")).ok()?;
+                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                cmdline.contains(&root).then_some(cmdline)
+            })
+            .collect();
+        assert!(
+            survivors.is_empty(),
+            "{backend}: processes outlived the session: {survivors:?}"
+        );
+    }
+}
