@@ -203,6 +203,8 @@ pub struct Applied {
     /// Top-level host directories replaced by an empty tmpfs in the unit
     /// (the unit's own paths beneath them bound back in).
     pub hidden: Vec<String>,
+    /// Top-level host directories that refused the tmpfs, with why.
+    pub unhidden: Vec<String>,
     /// Root-only host files and directories covered (only for a unit that is
     /// the host's uid 0, which file permissions would let read them).
     pub concealed: usize,
@@ -549,6 +551,7 @@ fn sandbox(
         .map_err(|errno| failed("making / private in the unit's mount namespace", errno))?;
     }
     let mut hidden = Vec::new();
+    let mut unhidden = Vec::new();
     let mut concealed = 0;
     let mut own_ptys = false;
     if mount_namespace {
@@ -557,7 +560,7 @@ fn sandbox(
         keep.push(PathBuf::from(std::ffi::OsStr::from_bytes(
             program.as_bytes(),
         )));
-        hidden =
+        (hidden, unhidden) =
             hide_host(&keep).map_err(|error| failed("hiding the host's directories", error))?;
         if host_uid == 0 {
             concealed = conceal(&spec.conceal)
@@ -621,6 +624,7 @@ fn sandbox(
         proc_mounted: false,
         sys_mounted,
         hidden,
+        unhidden,
         concealed,
         own_ptys,
         nested_user_namespaces_blocked,
@@ -1055,8 +1059,8 @@ const SHOWN_TOP_LEVEL: &[&str] = &[
 /// reading and writing there, but before landlock ABI 9 it cannot stop a
 /// `connect` to a Unix socket by path: the Docker socket, an SSH agent, D-Bus
 /// (C37, F69, G80). What is not there cannot be reached. Returns the hidden
-/// directories.
-fn hide_host(keep: &[PathBuf]) -> std::io::Result<Vec<String>> {
+/// directories, and those that could not be hidden with why.
+fn hide_host(keep: &[PathBuf]) -> std::io::Result<(Vec<String>, Vec<String>)> {
     use nix::mount::MsFlags;
     use std::os::unix::fs::OpenOptionsExt;
     let mut keep: Vec<PathBuf> = keep
@@ -1065,7 +1069,7 @@ fn hide_host(keep: &[PathBuf]) -> std::io::Result<Vec<String>> {
         .collect();
     if keep.iter().any(|path| path.parent().is_none()) {
         // The unit keeps `/` itself: there is nothing to hide.
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     keep.sort();
     keep.dedup();
@@ -1101,15 +1105,26 @@ fn hide_host(keep: &[PathBuf]) -> std::io::Result<Vec<String>> {
             restore.push((path.clone(), handle, path.is_dir()));
         }
     }
-    for top in &hidden {
-        nix::mount::mount(
+    // A directory that refuses the tmpfs (an automount, say) stays in sight,
+    // and the envelope says so.
+    let mut unhidden = Vec::new();
+    hidden.retain(|top| {
+        let mounted = nix::mount::mount(
             Some("tmpfs"),
             top,
             Some("tmpfs"),
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
             Some("mode=0755,size=1m"),
-        )?;
-    }
+        );
+        match mounted {
+            Ok(()) => true,
+            Err(errno) => {
+                unhidden.push(format!("{}: {errno}", top.display()));
+                false
+            }
+        }
+    });
+    restore.retain(|(path, _, _)| hidden.iter().any(|top| path.starts_with(top)));
     for (path, handle, is_dir) in &restore {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
@@ -1129,10 +1144,11 @@ fn hide_host(keep: &[PathBuf]) -> std::io::Result<Vec<String>> {
             None::<&str>,
         )?;
     }
-    Ok(hidden
+    let hidden = hidden
         .iter()
         .map(|path| path.display().to_string())
-        .collect())
+        .collect();
+    Ok((hidden, unhidden))
 }
 
 /// Cover each of `paths`: a directory with an empty read-only tmpfs, anything

@@ -973,6 +973,11 @@ pub(crate) fn envelope(
         "memory: per process (RLIMIT_DATA, RLIMIT_AS), not for the unit as a whole".to_owned(),
         "tmp: per file (RLIMIT_FSIZE), not a quota".to_owned(),
     ];
+    for directory in &applied.unhidden {
+        not_applied.push(format!(
+            "host directory not hidden ({directory}): Unix sockets beneath it stay reachable where file permissions allow"
+        ));
+    }
     if applied.hidden.is_empty() {
         not_applied.push(
             "host directories: no mount namespace, so Unix sockets outside the unit (Docker, SSH agent) stay reachable where file permissions allow"

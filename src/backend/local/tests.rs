@@ -74,6 +74,7 @@ fn applied() -> Applied {
         proc_mounted: true,
         sys_mounted: false,
         hidden: vec!["/home".to_owned(), "/run".to_owned()],
+        unhidden: Vec::new(),
         concealed: 0,
         own_ptys: true,
         nested_user_namespaces_blocked: true,
