@@ -239,6 +239,9 @@ impl LocalBackend {
         // parent-death signal goes, so it lives exactly as long as the unit.
         std::thread::Builder::new()
             .name(format!("box-local-{unit}"))
+            // It only spawns and waits: a small stack keeps a host with many
+            // units lean.
+            .stack_size(256 * 1024)
             .spawn(move || {
                 let mut child = match helper.spawn() {
                     Ok(child) => child,
