@@ -1435,3 +1435,55 @@ async fn a_server_unit_without_a_workspace_serves() {
     assert_eq!(end.exit_code, Some(0), "{}", end.reason);
     backend.remove(&started.envelope.id).await.unwrap();
 }
+
+/// Units started together each get their own confinement, and removing them
+/// together leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_start_and_go_together() {
+    if !require_landlock() {
+        return;
+    }
+    let backend = std::sync::Arc::new(backend());
+    let workspace = tempfile::tempdir().unwrap();
+    let spec = unit_spec(workspace.path());
+    let session = session("together");
+    let starts = (0..8).map(|index| {
+        let backend = std::sync::Arc::clone(&backend);
+        let spec = spec.clone();
+        let session = session.clone();
+        async move {
+            let command = vec![
+                OsString::from("/bin/sh"),
+                "-c".into(),
+                format!("echo {index} > unit-{index}; exec sleep 600").into(),
+            ];
+            backend.start_command(&session, &spec, command).await
+        }
+    });
+    let started: Vec<_> = futures::future::join_all(starts)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let ids: std::collections::BTreeSet<_> = started
+        .iter()
+        .map(|unit| unit.envelope.id.clone())
+        .collect();
+    assert_eq!(ids.len(), 8);
+    assert_eq!(backend.list().await.unwrap().len(), 8);
+    for unit in &started {
+        assert!(unit.envelope.hardening.landlock_enforced);
+    }
+    let removals = ids.iter().map(|id| backend.remove(id));
+    for removed in futures::future::join_all(removals).await {
+        removed.unwrap();
+    }
+    assert!(backend.list().await.unwrap().is_empty());
+    assert_eq!(leftover_temp_dirs(&session), Vec::<PathBuf>::new());
+    for id in &ids {
+        assert!(
+            !Path::new(&format!("/proc/{id}")).exists(),
+            "helper {id} left"
+        );
+    }
+}
