@@ -7,9 +7,6 @@ use serde_json::{Value, json};
 use crate::backend::docker::DockerBackend;
 use crate::plan::{HostFacts, NetworkMode, Requirement, UserIds};
 
-/// The profiles DESIGN.md says are shipped.
-const SHIPPED_PROFILES: [&str; 4] = ["default", "ci", "offline", "no-fs"];
-
 /// A runc version against the CVE floors in security.md: ≥ 1.1.12
 /// (CVE-2024-21626, leaked fd / working directory escape) and the 2025 fixes
 /// (CVE-2025-31133, -52565, -52881: 1.2.8, 1.3.3, 1.4.0).
@@ -75,8 +72,11 @@ pub async fn report() -> Value {
         ),
     };
     let mut profiles = Vec::new();
-    for name in SHIPPED_PROFILES {
-        profiles.push(profile_fit(name, backend.as_ref(), landlock_abi, &kernel).await);
+    // Every profile this host would resolve (the shipped ones and the
+    // operator's), each once: the one a session would get by that name.
+    let catalog = crate::profile::Catalog::new(Vec::new());
+    for listed in catalog.list().into_iter().filter(|listed| !listed.hidden) {
+        profiles.push(profile_fit(&listed.name, backend.as_ref(), landlock_abi, &kernel).await);
     }
     json!({
         "docker": docker,
@@ -211,11 +211,23 @@ async fn profile_fit(
             }
         }
         match unit.network.mode {
-            NetworkMode::Egress => on_docker.push(format!(
-                "unit {}: no egress filter on the docker backend",
-                unit.name
-            )),
+            NetworkMode::Egress => {
+                on_docker.push(format!(
+                    "unit {}: no egress filter on the docker backend",
+                    unit.name
+                ));
+                on_local.push(format!(
+                    "unit {}: no egress filter on the local backend",
+                    unit.name
+                ));
+            }
             NetworkMode::None | NetworkMode::Bridge => {}
+        }
+        if !unit.security.capabilities.is_empty() {
+            on_local.push(format!(
+                "unit {}: the local backend grants no capabilities back",
+                unit.name
+            ));
         }
         if unit.security.landlock == Requirement::Required && landlock_abi == 0 {
             on_docker.push(format!(

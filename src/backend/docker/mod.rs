@@ -339,6 +339,11 @@ impl DockerBackend {
                 "none" => "box".to_owned(),
                 engine => format!("{engine}+box"),
             };
+            // Likewise the executor is told `--landlock required` and exits
+            // rather than serve unconfined, so a unit that answers is under it.
+            // Under best-effort nothing here observes the outcome: claim none.
+            envelope.hardening.landlock_enforced =
+                spec.security.landlock == crate::plan::Requirement::Required;
         }
         let ended = ended(
             self.docker.clone(),
