@@ -5,57 +5,24 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use boxhost::backend::local::{LocalBackend, LocalOptions};
 use boxhost::backend::{Backend, Envelope, SessionLabel};
-use boxhost::plan::{
-    Limits, MountMode, Network, NetworkMode, Requirement, Role, Security, UnitSpec, WorkspaceSource,
-};
+use boxhost::plan::{NetworkMode, Requirement, Security, UnitSpec, WorkspaceSource};
 
 const ROUNDS: usize = 200;
 
 fn unit_spec(workspace: &Path) -> UnitSpec {
     UnitSpec {
-        name: "workspace".to_owned(),
-        role: Role::Workspace,
-        image: String::new(),
-        source: WorkspaceSource::Host(workspace.to_path_buf()),
         root: workspace.to_path_buf(),
-        mode: MountMode::ReadWrite,
-        user: None,
-        network: Network {
-            mode: NetworkMode::None,
-            allow: Vec::new(),
-        },
-        limits: Limits {
-            memory_bytes: 2 << 30,
-            cpus: 2.0,
-            pids: 512,
-            tmp_bytes: 256 << 20,
-            nofile: 4096,
-            call_timeout: Duration::from_secs(600),
-            idle: Duration::from_secs(1800),
-            lifetime: Duration::from_secs(8 * 3600),
-        },
-        env_set: BTreeMap::new(),
-        env_pass: Vec::new(),
-        env_secrets: Vec::new(),
         security: Security {
-            capabilities: Vec::new(),
-            read_only_root: true,
             landlock: Requirement::BestEffort,
-            neutralise_git: true,
-            write_guard: true,
-            privileged: false,
-            host_namespaces: Vec::new(),
-            devices: Vec::new(),
+            ..Security::strict()
         },
-        command: Vec::new(),
-        description: String::new(),
+        ..UnitSpec::workspace("", WorkspaceSource::Host(workspace.to_path_buf()))
     }
 }
 

@@ -15,10 +15,7 @@ use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use boxhost::backend::docker::DockerBackend;
 use boxhost::backend::{Backend, SessionLabel};
-use boxhost::plan::{
-    Limits, MountMode, Network, NetworkMode, Requirement, Role, Security, UnitSpec, UserIds,
-    WorkspaceSource,
-};
+use boxhost::plan::{Limits, Requirement, Security, UnitSpec, UserIds, WorkspaceSource};
 use futures::StreamExt;
 use tokio::io::AsyncReadExt;
 
@@ -27,20 +24,10 @@ const ROUNDS: usize = 9;
 
 fn spec(workspace: &std::path::Path) -> UnitSpec {
     UnitSpec {
-        name: "workspace".to_owned(),
-        role: Role::Workspace,
-        image: IMAGE.to_owned(),
-        source: WorkspaceSource::Host(workspace.to_path_buf()),
-        root: "/workspace".into(),
-        mode: MountMode::ReadWrite,
         user: Some(UserIds {
             uid: 1000,
             gid: 1000,
         }),
-        network: Network {
-            mode: NetworkMode::None,
-            allow: Vec::new(),
-        },
         limits: Limits {
             memory_bytes: 512 << 20,
             cpus: 1.0,
@@ -51,21 +38,11 @@ fn spec(workspace: &std::path::Path) -> UnitSpec {
             idle: Duration::from_secs(600),
             lifetime: Duration::from_secs(3600),
         },
-        env_set: Default::default(),
-        env_pass: Vec::new(),
-        env_secrets: Vec::new(),
         security: Security {
-            capabilities: Vec::new(),
-            read_only_root: true,
             landlock: Requirement::BestEffort,
-            neutralise_git: true,
-            write_guard: true,
-            privileged: false,
-            host_namespaces: Vec::new(),
-            devices: Vec::new(),
+            ..Security::strict()
         },
-        command: Vec::new(),
-        description: String::new(),
+        ..UnitSpec::workspace(IMAGE, WorkspaceSource::Host(workspace.to_path_buf()))
     }
 }
 

@@ -277,7 +277,61 @@ impl Plan {
     }
 }
 
+impl Security {
+    /// The strictest hardening: nothing added back, read-only root, landlock
+    /// required, git neutralised, writes guarded, nothing of the host shared.
+    pub fn strict() -> Self {
+        Self {
+            capabilities: Vec::new(),
+            read_only_root: true,
+            landlock: Requirement::Required,
+            neutralise_git: true,
+            write_guard: true,
+            privileged: false,
+            host_namespaces: Vec::new(),
+            devices: Vec::new(),
+        }
+    }
+}
+
 impl UnitSpec {
+    /// A workspace unit of `image` over `source` with the shipped `default`
+    /// profile's values: root `/workspace` read-write, the image's user, no
+    /// network, its limits, strict hardening (landlock required). The base a
+    /// test, benchmark or tool adjusts with struct update syntax, so a field
+    /// added to the plan is written out in one place.
+    pub fn workspace(image: &str, source: WorkspaceSource) -> Self {
+        Self {
+            name: "workspace".to_owned(),
+            role: Role::Workspace,
+            image: image.to_owned(),
+            source,
+            root: PathBuf::from("/workspace"),
+            mode: MountMode::ReadWrite,
+            user: None,
+            network: Network {
+                mode: NetworkMode::None,
+                allow: Vec::new(),
+            },
+            limits: Limits {
+                memory_bytes: 2 << 30,
+                cpus: 2.0,
+                pids: 512,
+                tmp_bytes: 256 << 20,
+                nofile: 4096,
+                call_timeout: Duration::from_secs(600),
+                idle: Duration::from_secs(1800),
+                lifetime: Duration::from_secs(8 * 3600),
+            },
+            env_set: BTreeMap::new(),
+            env_pass: Vec::new(),
+            env_secrets: Vec::new(),
+            security: Security::strict(),
+            command: Vec::new(),
+            description: String::new(),
+        }
+    }
+
     /// Whether `self` is nowhere wider than `bound`.
     pub fn is_within(&self, bound: &UnitSpec) -> bool {
         let subset =

@@ -15,8 +15,7 @@ use boxhost::backend::docker::{self, DockerBackend};
 use boxhost::backend::instance::InstanceLock;
 use boxhost::backend::{Backend, BackendError, SessionLabel, StartedUnit, start_all};
 use boxhost::plan::{
-    Limits, MountMode, Network, NetworkMode, Requirement, Role, Security, UnitSpec, UserIds,
-    WorkspaceSource,
+    Limits, MountMode, NetworkMode, Requirement, Security, UnitSpec, UserIds, WorkspaceSource,
 };
 use futures::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -108,19 +107,10 @@ fn rand_suffix() -> u32 {
 fn spec(name: &str, workspace: &Path) -> UnitSpec {
     UnitSpec {
         name: name.to_owned(),
-        role: Role::Workspace,
-        image: IMAGE.to_owned(),
-        source: WorkspaceSource::Host(workspace.to_path_buf()),
-        root: "/workspace".into(),
-        mode: MountMode::ReadWrite,
         user: Some(UserIds {
             uid: 1000,
             gid: 1000,
         }),
-        network: Network {
-            mode: NetworkMode::None,
-            allow: Vec::new(),
-        },
         limits: Limits {
             memory_bytes: 256 << 20,
             cpus: 1.0,
@@ -132,20 +122,12 @@ fn spec(name: &str, workspace: &Path) -> UnitSpec {
             lifetime: Duration::from_secs(3600),
         },
         env_set: [("BOX_TEST".to_owned(), "1".to_owned())].into(),
-        env_pass: Vec::new(),
-        env_secrets: Vec::new(),
         security: Security {
-            capabilities: Vec::new(),
-            read_only_root: true,
             landlock: Requirement::BestEffort,
-            neutralise_git: true,
-            write_guard: true,
-            privileged: false,
-            host_namespaces: Vec::new(),
-            devices: Vec::new(),
+            ..Security::strict()
         },
-        command: Vec::new(),
         description: "docker test unit".to_owned(),
+        ..UnitSpec::workspace(IMAGE, WorkspaceSource::Host(workspace.to_path_buf()))
     }
 }
 

@@ -4,7 +4,6 @@
 //! what the probe saw with the envelope. Canaries are planted outside the
 //! workspace and asserted unreached.
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -12,10 +11,7 @@ use std::time::Duration;
 
 use boxhost::backend::local::{LocalBackend, LocalOptions};
 use boxhost::backend::{Backend, BackendError, Envelope, SessionLabel, UnitEnd};
-use boxhost::plan::{
-    Limits, MountMode, Network, NetworkMode, Requirement, Role, Security, UnitSpec, UserIds,
-    WorkspaceSource,
-};
+use boxhost::plan::{Limits, NetworkMode, Requirement, Role, UnitSpec, UserIds, WorkspaceSource};
 use tokio::io::AsyncReadExt;
 
 use crate::support::{box_bin, under_ci};
@@ -44,33 +40,9 @@ fn limits() -> Limits {
 /// A unit spec on `workspace`, landlock required, network none, as the caller.
 fn unit_spec(workspace: &Path) -> UnitSpec {
     UnitSpec {
-        name: "workspace".to_owned(),
-        role: Role::Workspace,
-        image: String::new(),
-        source: WorkspaceSource::Host(workspace.to_path_buf()),
         root: workspace.to_path_buf(),
-        mode: MountMode::ReadWrite,
-        user: None,
-        network: Network {
-            mode: NetworkMode::None,
-            allow: Vec::new(),
-        },
         limits: limits(),
-        env_set: BTreeMap::new(),
-        env_pass: Vec::new(),
-        env_secrets: Vec::new(),
-        security: Security {
-            capabilities: Vec::new(),
-            read_only_root: true,
-            landlock: Requirement::Required,
-            neutralise_git: true,
-            write_guard: true,
-            privileged: false,
-            host_namespaces: Vec::new(),
-            devices: Vec::new(),
-        },
-        command: Vec::new(),
-        description: String::new(),
+        ..UnitSpec::workspace("", WorkspaceSource::Host(workspace.to_path_buf()))
     }
 }
 

@@ -603,14 +603,14 @@ fn signal_name(signal: i64) -> &'static str {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::collections::BTreeMap;
+
     use std::path::PathBuf;
     use std::time::Duration;
 
     use pretty_assertions::assert_eq;
 
     use super::*;
-    use crate::plan::{Limits, Network, Requirement, Security, UserIds};
+    use crate::plan::{Limits, Requirement, Security, UserIds};
 
     fn session() -> SessionLabel {
         SessionLabel {
@@ -623,20 +623,10 @@ pub(crate) mod tests {
     /// A fully hardened workspace unit spec for tests.
     pub(crate) fn spec() -> UnitSpec {
         UnitSpec {
-            name: "workspace".to_owned(),
-            role: Role::Workspace,
-            image: "box-base:bookworm".to_owned(),
-            source: WorkspaceSource::Host(PathBuf::from("/srv/ws")),
-            root: PathBuf::from("/workspace"),
-            mode: MountMode::ReadWrite,
             user: Some(UserIds {
                 uid: 1000,
                 gid: 1000,
             }),
-            network: Network {
-                mode: NetworkMode::None,
-                allow: Vec::new(),
-            },
             limits: Limits {
                 memory_bytes: 512 << 20,
                 cpus: 1.5,
@@ -647,21 +637,14 @@ pub(crate) mod tests {
                 idle: Duration::from_secs(60),
                 lifetime: Duration::from_secs(600),
             },
-            env_set: BTreeMap::new(),
-            env_pass: Vec::new(),
-            env_secrets: Vec::new(),
             security: Security {
-                capabilities: Vec::new(),
-                read_only_root: true,
                 landlock: Requirement::BestEffort,
-                neutralise_git: true,
-                write_guard: true,
-                privileged: false,
-                host_namespaces: Vec::new(),
-                devices: Vec::new(),
+                ..Security::strict()
             },
-            command: Vec::new(),
-            description: String::new(),
+            ..UnitSpec::workspace(
+                "box-base:bookworm",
+                WorkspaceSource::Host(PathBuf::from("/srv/ws")),
+            )
         }
     }
 
