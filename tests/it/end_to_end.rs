@@ -185,6 +185,10 @@ struct Served {
 
 impl Served {
     fn start(backend: &str, instance: &str, workspace: &Path) -> Self {
+        Self::start_with(backend, instance, workspace, &[])
+    }
+
+    fn start_with(backend: &str, instance: &str, workspace: &Path, extra: &[&str]) -> Self {
         let mut child = Command::new(box_bin())
             .args([
                 "serve",
@@ -195,6 +199,7 @@ impl Served {
                 "--workspace",
             ])
             .arg(workspace)
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -362,5 +367,87 @@ async fn a_client_hang_up_removes_the_units() {
             survivors.is_empty(),
             "{backend}: processes outlived the session: {survivors:?}"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_unit_is_listed_started_and_driven_with_namespaced_ids() {
+    let profiles = tempfile::tempdir().unwrap();
+    // `cat` stands in for an MCP server: the round trip through the server
+    // unit's process methods is what is under test, not MCP inside it.
+    std::fs::write(
+        profiles.path().join("with-echo.toml"),
+        "description = \"the default workspace plus an echo server\"\nextends = \"default\"\n\n[[server]]\nname = \"echo\"\nimage = \"box-base:bookworm\"\ncommand = [\"cat\"]\ndescription = \"echoes what it is sent\"\n",
+    )
+    .unwrap();
+    for backend in backends() {
+        let instance = format!("e2e-server-{backend}-{}", std::process::id());
+        let workspace = tempfile::tempdir().unwrap();
+        let mut served = Served::start_with(
+            backend,
+            &instance,
+            workspace.path(),
+            &[
+                "--profiles",
+                profiles.path().to_str().unwrap(),
+                "--profile",
+                "with-echo",
+            ],
+        );
+        if backend == "docker" {
+            assert_eq!(
+                containers_of(&instance).await.len(),
+                2,
+                "workspace and server units"
+            );
+        }
+        served.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "agentworkspace/servers.list", "params": {}}));
+        let listed = tokio::task::block_in_place(|| served.answer(1, Duration::from_secs(30)));
+        assert_eq!(
+            listed["result"]["servers"][0]["name"],
+            json!("echo"),
+            "{backend}: {listed}"
+        );
+        served.send(
+            &json!({"jsonrpc": "2.0", "id": 2, "method": "agentworkspace/servers.start",
+            "params": {"name": "echo"}}),
+        );
+        let started = tokio::task::block_in_place(|| served.answer(2, Duration::from_secs(30)));
+        let id = started["result"]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            id.contains(':'),
+            "{backend}: a server process id is namespaced by its unit: {started}"
+        );
+        // A process of the workspace unit gets a plain id of its own: the two never collide.
+        served.send(
+            &json!({"jsonrpc": "2.0", "id": 3, "method": "agentworkspace/process.start",
+            "params": {"args": ["cat"]}}),
+        );
+        let local = tokio::task::block_in_place(|| served.answer(3, Duration::from_secs(30)));
+        assert_ne!(local["result"]["id"], json!(id), "{backend}: {local}");
+        served.send(
+            &json!({"jsonrpc": "2.0", "id": 4, "method": "agentworkspace/process.write",
+            "params": {"id": id, "data": "aGVsbG8gc2VydmVyCg=="}}),
+        );
+        let wrote = tokio::task::block_in_place(|| served.answer(4, Duration::from_secs(30)));
+        assert!(wrote.get("result").is_some(), "{backend}: {wrote}");
+        served.send(
+            &json!({"jsonrpc": "2.0", "id": 5, "method": "agentworkspace/process.read",
+            "params": {"id": id, "fd": 1}}),
+        );
+        let read = tokio::task::block_in_place(|| served.answer(5, Duration::from_secs(30)));
+        assert_eq!(
+            read["result"]["data"],
+            json!("aGVsbG8gc2VydmVyCg=="),
+            "{backend}: {read}"
+        );
+        let status = tokio::task::block_in_place(|| served.hang_up());
+        assert!(status.success(), "{backend}: {status}");
+        if backend == "docker" {
+            assert_eq!(containers_of(&instance).await, Vec::<String>::new());
+        }
     }
 }
