@@ -15,8 +15,11 @@
 //!   at `.venv-mcp-proxy`, skipped loudly when absent) in front of the same
 //!   `docker exec` command.
 //! - `http`: N concurrent streamable-HTTP sessions against
-//!   `box serve --listen 127.0.0.1:PORT` (docker and local), box serve's
-//!   VmRSS/VmHWM, call p50/p99, units left after every session's DELETE.
+//!   `box serve --listen 127.0.0.1:PORT` (docker and local): box serve's
+//!   VmRSS/VmHWM, call p50/p99 (every session at once) against the same reads
+//!   at the same concurrency straight to each session's unit (`docker exec -i`
+//!   into it; a `box execute` child per session on local), and the units left
+//!   after every session's DELETE (must be 0).
 //! - `batch`: one `execution/batch` of 8 reads vs 8 sequential `tools/call`
 //!   reads, through `box serve` and through `docker exec -i`.
 //!
