@@ -400,9 +400,7 @@ async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
         None => crate::transport::stdio::serve(config, shutdown).await?,
         Some(address) => {
             let options = crate::transport::http::HttpOptions::from_args(&args)?;
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .with_context(|| format!("--listen {address}: binding"))?;
+            let listener = crate::transport::http::bind(address).await?;
             tracing::info!(address = %listener.local_addr()?, "serving streamable HTTP at /mcp");
             crate::transport::http::serve(config, options, listener, shutdown).await?;
         }
