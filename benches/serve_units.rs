@@ -917,104 +917,110 @@ async fn concurrent_sessions(backend: &str, sessions: usize, workspace: &Path) {
     wait_listening(address).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (idle_rss, _) = memory_of(pid);
-    let step = Arc::new(tokio::sync::Barrier::new(sessions + 1));
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..sessions)
-        .map(|_| {
-            let step = step.clone();
-            let backend = backend.to_owned();
-            let workspace = workspace.to_path_buf();
-            tokio::spawn(async move {
-                let begun = Instant::now();
-                let session = http_initialize(address).await;
-                let start = begun.elapsed();
-                // 1: every session is open (the peak: the host's RSS, units live).
-                step.wait().await;
-                let argv = if backend == "docker" {
-                    let unit = tokio::task::spawn_blocking({
-                        let session = session.clone();
-                        move || containers(&format!("label=box.session={session}"))
-                    })
-                    .await
-                    .unwrap();
-                    assert_eq!(unit.len(), 1, "one unit for session {session}");
-                    docker_exec_argv(&unit[0])
-                } else {
-                    let mut argv = vec![BOX.to_owned(), "execute".to_owned(), "--root".to_owned()];
-                    argv.push(workspace.to_string_lossy().into_owned());
-                    argv
-                };
-                let mut direct = AsyncPeer::spawn(&argv).await;
-                // 2: every direct executor is up; calls through box serve, all at once.
-                step.wait().await;
-                let mut ours = Vec::with_capacity(CALLS);
-                for id in 1..=CALLS as u64 {
-                    let started = Instant::now();
-                    http_read(address, &session, id).await;
-                    ours.push(started.elapsed());
-                }
-                // 3: the same calls straight to the executors, all at once.
-                step.wait().await;
-                let mut theirs = Vec::with_capacity(CALLS);
-                for id in 1..=CALLS as u64 {
-                    let started = Instant::now();
-                    direct.ask(read_call(id, "small.txt")).await;
-                    theirs.push(started.elapsed());
-                }
-                direct.end().await;
-                http_delete(address, &session).await;
-                (start, ours, theirs)
+    // More rounds on the same host (BOX_BENCH_ROUNDS) tell memory the
+    // allocator keeps from memory that grows with every round.
+    let rounds = env_number("BOX_BENCH_ROUNDS", 1);
+    for round in 1..=rounds {
+        let step = Arc::new(tokio::sync::Barrier::new(sessions + 1));
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..sessions)
+            .map(|_| {
+                let step = step.clone();
+                let backend = backend.to_owned();
+                let workspace = workspace.to_path_buf();
+                tokio::spawn(async move {
+                    let begun = Instant::now();
+                    let session = http_initialize(address).await;
+                    let start = begun.elapsed();
+                    // 1: every session is open (the peak: the host's RSS, units live).
+                    step.wait().await;
+                    let argv = if backend == "docker" {
+                        let unit = tokio::task::spawn_blocking({
+                            let session = session.clone();
+                            move || containers(&format!("label=box.session={session}"))
+                        })
+                        .await
+                        .unwrap();
+                        assert_eq!(unit.len(), 1, "one unit for session {session}");
+                        docker_exec_argv(&unit[0])
+                    } else {
+                        let mut argv =
+                            vec![BOX.to_owned(), "execute".to_owned(), "--root".to_owned()];
+                        argv.push(workspace.to_string_lossy().into_owned());
+                        argv
+                    };
+                    let mut direct = AsyncPeer::spawn(&argv).await;
+                    // 2: every direct executor is up; calls through box serve, all at once.
+                    step.wait().await;
+                    let mut ours = Vec::with_capacity(CALLS);
+                    for id in 1..=CALLS as u64 {
+                        let started = Instant::now();
+                        http_read(address, &session, id).await;
+                        ours.push(started.elapsed());
+                    }
+                    // 3: the same calls straight to the executors, all at once.
+                    step.wait().await;
+                    let mut theirs = Vec::with_capacity(CALLS);
+                    for id in 1..=CALLS as u64 {
+                        let started = Instant::now();
+                        direct.ask(read_call(id, "small.txt")).await;
+                        theirs.push(started.elapsed());
+                    }
+                    direct.end().await;
+                    http_delete(address, &session).await;
+                    (start, ours, theirs)
+                })
             })
-        })
-        .collect();
-    step.wait().await;
-    let (peak_rss, _) = memory_of(pid);
-    let live_at_peak = units_of(backend, &instance, pid);
-    step.wait().await;
-    step.wait().await;
-    let (mut starts, mut ours, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
-    for task in tasks {
-        let (start, calls, direct) = task.await.unwrap();
-        starts.push(start);
-        ours.extend(calls);
-        theirs.extend(direct);
+            .collect();
+        step.wait().await;
+        let (peak_rss, _) = memory_of(pid);
+        let live_at_peak = units_of(backend, &instance, pid);
+        step.wait().await;
+        step.wait().await;
+        let (mut starts, mut ours, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
+        for task in tasks {
+            let (start, calls, direct) = task.await.unwrap();
+            starts.push(start);
+            ours.extend(calls);
+            theirs.extend(direct);
+        }
+        let wall = started.elapsed();
+        // A DELETE answers once the session is ended; removal may trail it.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut leaked = units_of(backend, &instance, pid);
+        while leaked > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            leaked = units_of(backend, &instance, pid);
+        }
+        let (end_rss, hwm) = memory_of(pid);
+        let (o50, o99) = (percentile(&ours, 0.5), percentile(&ours, 0.99));
+        let (t50, t99) = (percentile(&theirs, 0.5), percentile(&theirs, 0.99));
+        let direct = if backend == "docker" {
+            "`docker exec -i` into each session's unit"
+        } else {
+            "a `box execute` child per session"
+        };
+        println!(
+            "http, {backend}, round {round}/{rounds}, {sessions} concurrent sessions x {CALLS} reads: wall {:.1}s, units live at peak {live_at_peak}, session start (initialize) p50 {:.0} ms p99 {:.0} ms | call p50={:.2}ms p99={:.2}ms | baseline, the same reads at the same concurrency straight to {direct}: p50={:.2}ms p99={:.2}ms | ratio p50={:.2} p99={:.2} | box serve VmRSS idle {} KiB, all sessions open {} KiB (+{:.0} KiB/session), after {} KiB, VmHWM {} KiB | units leaked {leaked}",
+            wall.as_secs_f64(),
+            ms(percentile(&starts, 0.5)),
+            ms(percentile(&starts, 0.99)),
+            ms(o50),
+            ms(o99),
+            ms(t50),
+            ms(t99),
+            micros(o50) / micros(t50),
+            micros(o99) / micros(t99),
+            idle_rss,
+            peak_rss,
+            peak_rss.saturating_sub(idle_rss) as f64 / sessions as f64,
+            end_rss,
+            hwm,
+        );
+        assert_eq!(live_at_peak, sessions, "one unit per session at the peak");
+        assert_eq!(leaked, 0, "units leaked");
     }
-    let wall = started.elapsed();
-    // A DELETE answers once the session is ended; removal may trail it.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut leaked = units_of(backend, &instance, pid);
-    while leaked > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        leaked = units_of(backend, &instance, pid);
-    }
-    let (end_rss, hwm) = memory_of(pid);
     drop(server);
-    let (o50, o99) = (percentile(&ours, 0.5), percentile(&ours, 0.99));
-    let (t50, t99) = (percentile(&theirs, 0.5), percentile(&theirs, 0.99));
-    let direct = if backend == "docker" {
-        "`docker exec -i` into each session's unit"
-    } else {
-        "a `box execute` child per session"
-    };
-    println!(
-        "http, {backend}, {sessions} concurrent sessions x {CALLS} reads: wall {:.1}s, units live at peak {live_at_peak}, session start (initialize) p50 {:.0} ms p99 {:.0} ms | call p50={:.2}ms p99={:.2}ms | baseline, the same reads at the same concurrency straight to {direct}: p50={:.2}ms p99={:.2}ms | ratio p50={:.2} p99={:.2} | box serve VmRSS idle {} KiB, all sessions open {} KiB (+{:.0} KiB/session), after {} KiB, VmHWM {} KiB | units leaked {leaked}",
-        wall.as_secs_f64(),
-        ms(percentile(&starts, 0.5)),
-        ms(percentile(&starts, 0.99)),
-        ms(o50),
-        ms(o99),
-        ms(t50),
-        ms(t99),
-        micros(o50) / micros(t50),
-        micros(o99) / micros(t99),
-        idle_rss,
-        peak_rss,
-        peak_rss.saturating_sub(idle_rss) as f64 / sessions as f64,
-        end_rss,
-        hwm,
-    );
-    assert_eq!(live_at_peak, sessions, "one unit per session at the peak");
-    assert_eq!(leaked, 0, "units leaked");
 }
 
 // ---------------------------------------------------------------- main
