@@ -27,7 +27,34 @@ const EOF_GRACE: Duration = Duration::from_secs(2);
 
 /// Serve one session on this process's stdin and stdout.
 pub async fn serve(config: Arc<HostConfig>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // Non-blocking mode belongs to the open pipe, which whoever comes after
+    // us in a shell pipeline may share: it is put back as found.
+    let _stdin_mode = FileMode::save(std::io::stdin());
+    let _stdout_mode = FileMode::save(std::io::stdout());
     serve_on(config, stdin(), stdout(), shutdown).await
+}
+
+/// A file's status flags (`O_NONBLOCK`), restored on drop.
+struct FileMode<F: AsFd> {
+    file: F,
+    flags: Option<nix::fcntl::OFlag>,
+}
+
+impl<F: AsFd> FileMode<F> {
+    fn save(file: F) -> Self {
+        let flags = nix::fcntl::fcntl(file.as_fd(), nix::fcntl::FcntlArg::F_GETFL)
+            .ok()
+            .map(nix::fcntl::OFlag::from_bits_truncate);
+        Self { file, flags }
+    }
+}
+
+impl<F: AsFd> Drop for FileMode<F> {
+    fn drop(&mut self) {
+        if let Some(flags) = self.flags {
+            let _ = nix::fcntl::fcntl(self.file.as_fd(), nix::fcntl::FcntlArg::F_SETFL(flags));
+        }
+    }
 }
 
 /// This process's stdin. A pipe or a socket (what an MCP client spawns us
