@@ -312,6 +312,18 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// One thread for one session (stdio): every hop of a call (client line,
+/// session, unit writer, the engine's stream, the answer) is a task switch on
+/// this thread, not a wake of another worker through a futex, which is most
+/// of a proxied call's added latency on the multi-threaded runtime (measured
+/// in BENCHMARKS.md, Serve).
+fn single_session_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
 /// Claim this host's instance id for its whole life (a lock the kernel
 /// releases however the process dies), so `box gc` and the next host can tell
 /// a live host's units from orphans. The default is one id per listen address
@@ -347,7 +359,11 @@ pub(crate) fn claim_instance(
 /// Run the host until its transport ends.
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(&args.log_format, "info")?;
-    let runtime = runtime()?;
+    let runtime = if args.listen.is_some() {
+        runtime()?
+    } else {
+        single_session_runtime()?
+    };
     let result = runtime.block_on(serve_async(args));
     // The stdio reader may sit in a blocking read of stdin; do not wait for it.
     runtime.shutdown_timeout(Duration::from_millis(200));
@@ -384,9 +400,7 @@ async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
         None => crate::transport::stdio::serve(config, shutdown).await?,
         Some(address) => {
             let options = crate::transport::http::HttpOptions::from_args(&args)?;
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .with_context(|| format!("--listen {address}: binding"))?;
+            let listener = crate::transport::http::bind(address).await?;
             tracing::info!(address = %listener.local_addr()?, "serving streamable HTTP at /mcp");
             crate::transport::http::serve(config, options, listener, shutdown).await?;
         }

@@ -555,7 +555,10 @@ impl Session {
             })
             .flatten()
             .map(str::to_owned);
-        let arguments_digest = tool.as_ref().map(|_| {
+        // Only an audit log reads the digest; a SHA-256 of the arguments'
+        // JSON is not free on every call.
+        let audited = self.config.audit.is_some();
+        let arguments_digest = tool.as_ref().filter(|_| audited).map(|_| {
             super::audit::digest(
                 params(&upstream)
                     .and_then(|p| p.get("arguments"))

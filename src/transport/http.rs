@@ -203,6 +203,41 @@ pub fn router(
         .with_state(state)
 }
 
+/// Bind `address` (`host:port`; the first of its addresses that binds) for
+/// [`serve`], with a listen backlog of [`MAX_CONNECTIONS`]: the standard
+/// bind's 128 overflowed when 200 clients connected at once, and each
+/// dropped SYN cost its client a one-second retransmit (measured in
+/// BENCHMARKS.md, Serve).
+pub async fn bind(address: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    let mut last = None;
+    for candidate in tokio::net::lookup_host(address)
+        .await
+        .with_context(|| format!("--listen {address}: resolving"))?
+    {
+        let socket = if candidate.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()
+        } else {
+            tokio::net::TcpSocket::new_v6()
+        };
+        let bound = socket.and_then(|socket| {
+            // As the standard bind: a restarted host rebinds at once.
+            socket.set_reuseaddr(true)?;
+            socket.bind(candidate)?;
+            socket.listen(MAX_CONNECTIONS as u32)
+        });
+        match bound {
+            Ok(listener) => return Ok(listener),
+            Err(error) => last = Some((candidate, error)),
+        }
+    }
+    match last {
+        Some((candidate, error)) => {
+            Err(error).with_context(|| format!("--listen {address}: binding {candidate}"))
+        }
+        None => anyhow::bail!("--listen {address}: the name resolves to no address"),
+    }
+}
+
 /// Serve on `listener` until `shutdown`, then end every session and remove its units.
 ///
 /// One task per connection (at most `MAX_CONNECTIONS`, the permit moves into
@@ -834,6 +869,31 @@ mod tests {
         assert!(token_matches("secret-token-123456", "secret-token-123456"));
         assert!(!token_matches("secret-token-12345", "secret-token-123456"));
         assert!(!token_matches("", "secret-token-123456"));
+    }
+
+    #[tokio::test]
+    async fn two_hundred_clients_connecting_at_once_are_all_queued() {
+        // Nothing accepts: every connection waits in the listen queue. With
+        // the standard backlog (128) the later SYNs are dropped and those
+        // clients wait a second for the retransmit.
+        let listener = bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let clients: Vec<_> = (0..200)
+            .map(|n| {
+                std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500))
+                    .unwrap_or_else(|error| panic!("client {n} was not queued: {error}"))
+            })
+            .collect();
+        assert_eq!(clients.len(), 200);
+    }
+
+    #[tokio::test]
+    async fn a_name_that_resolves_to_nothing_is_refused_with_the_flag() {
+        let error = bind("nonexistent.invalid:80").await.unwrap_err();
+        assert!(
+            format!("{error:#}").contains("--listen nonexistent.invalid:80"),
+            "{error:#}"
+        );
     }
 
     #[test]

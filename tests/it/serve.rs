@@ -605,6 +605,90 @@ fn box_command() -> Command {
     command
 }
 
+/// Writes initialize and an echo call, then ends the input.
+fn serve_requests() -> String {
+    format!(
+        "{}\n{}\n{}\n",
+        initialize_message(),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        call(json!("x"), "echo", json!({"k": "v"}))
+    )
+}
+
+#[test]
+fn serve_over_stdio_leaves_its_pipes_in_the_mode_it_found_them() {
+    use std::io::BufRead as _;
+    // box reads and writes its pipes non-blocking; the open pipe is shared
+    // with whoever holds it too (a shell's next command), so box must put the
+    // mode back. Here the test holds a copy of both ends box was given.
+    // Close-on-exec, so box inherits only the ends it is given.
+    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+    let (stdin_read, stdin_write) = pipe();
+    let (stdout_read, stdout_write) = pipe();
+    let shared_in = stdin_read.try_clone().unwrap();
+    let shared_out = stdout_write.try_clone().unwrap();
+    let mut command = box_command();
+    command
+        .args(["serve", "--backend", "fake"])
+        .stdin(Stdio::from(stdin_read))
+        .stdout(Stdio::from(stdout_write))
+        .stderr(Stdio::null());
+    let mut child = command.spawn().unwrap();
+    drop(command);
+    let mut input = std::fs::File::from(stdin_write);
+    input.write_all(serve_requests().as_bytes()).unwrap();
+    drop(input);
+    let mut output = std::io::BufReader::new(std::fs::File::from(stdout_read));
+    let mut answers = 0;
+    let mut line = String::new();
+    while answers < 2 {
+        line.clear();
+        assert!(output.read_line(&mut line).unwrap() > 0, "box hung up");
+        let answer: Value = serde_json::from_str(&line).unwrap();
+        assert!(answer.get("result").is_some(), "{answer}");
+        answers += 1;
+    }
+    assert!(child.wait().unwrap().success());
+    for (name, fd) in [("stdin", &shared_in), ("stdout", &shared_out)] {
+        let flags = nix::fcntl::OFlag::from_bits_truncate(
+            nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL).unwrap(),
+        );
+        assert!(
+            !flags.contains(nix::fcntl::OFlag::O_NONBLOCK),
+            "box left its {name} pipe non-blocking"
+        );
+    }
+}
+
+#[test]
+fn serve_over_a_unix_socket_as_stdio_answers_and_exits_at_end_of_input() {
+    use std::io::Read as _;
+    // What libuv-based clients (Node) spawn a server with: one socket pair
+    // end as both stdin and stdout.
+    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let theirs_out = theirs.try_clone().unwrap();
+    let mut command = box_command();
+    command
+        .args(["serve", "--backend", "fake"])
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+        .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs_out)))
+        .stderr(Stdio::null());
+    let mut child = command.spawn().unwrap();
+    drop(command);
+    ours.write_all(serve_requests().as_bytes()).unwrap();
+    ours.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut text = String::new();
+    ours.read_to_string(&mut text).unwrap();
+    assert!(child.wait().unwrap().success());
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines.iter().any(|line| line["id"] == json!("x")
+        && line["result"]["content"][0]["text"] == json!("{\"k\":\"v\"}")));
+}
+
 #[test]
 fn serve_over_stdio_answers_and_exits_at_end_of_input() {
     let mut child = box_command()

@@ -1,0 +1,1073 @@
+//! Serve benchmarks with REAL units (issue 5): `box serve` is run as its own
+//! process (this build's `box`), on the docker backend (`box-base:bookworm`)
+//! or the local backend, and every figure is a ratio against a baseline
+//! measured in the same run:
+//!
+//! - `start`: session start (initialize → first tool result) through
+//!   `box serve` vs raw bollard create + start + exec of the executor on the
+//!   same image, the exec'd executor answering initialize and the same `read`;
+//!   and on the local backend vs spawning an unsandboxed `box execute` +
+//!   initialize + the same first call.
+//! - `call`: per-call round trip (`tools/call read` of a 20-line file) through
+//!   `box serve` over stdio vs the same executor reached directly with
+//!   `docker exec -i UNIT /.box/box execute …` (dax's recipe) in the same
+//!   unit; over HTTP, `box serve --listen` vs `mcp-proxy` (PyPI, its own venv
+//!   at `.venv-mcp-proxy`, skipped loudly when absent) in front of the same
+//!   `docker exec` command.
+//! - `http`: N concurrent streamable-HTTP sessions against
+//!   `box serve --listen 127.0.0.1:PORT` (docker and local): box serve's
+//!   VmRSS/VmHWM, call p50/p99 (every session at once) against the same reads
+//!   at the same concurrency straight to each session's unit (`docker exec -i`
+//!   into it; a `box execute` child per session on local), and the units left
+//!   after every session's DELETE (must be 0).
+//! - `batch`: one `execution/batch` of 8 reads vs 8 sequential `tools/call`
+//!   reads, through `box serve` and through `docker exec -i`.
+//!
+//! `cargo bench --profile dev --bench serve_units [-- start|call|http|batch]`;
+//! BOX_BENCH_HTTP (default `docker:50,local:50,local:200`) picks the
+//! concurrency runs. Everything started here (containers labelled
+//! `box.bench=<label>` or `box.instance=bench-…`, processes) is removed on the
+//! way out, failures included.
+
+// A benchmark stops on the first failure, loudly.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bollard::Docker;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
+use bollard::query_parameters::RemoveContainerOptionsBuilder;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const IMAGE: &str = "box-base:bookworm";
+const BOX: &str = env!("CARGO_BIN_EXE_box");
+
+fn label() -> String {
+    format!("bench-{}", std::process::id())
+}
+
+fn micros(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e6
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+fn percentile(samples: &[Duration], fraction: f64) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * fraction).round() as usize]
+}
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(samples: &[Duration]) -> Duration {
+    percentile(samples, 0.5)
+}
+
+/// Removes every container this run labelled, on the way out (panics included).
+struct DockerSweep;
+
+impl Drop for DockerSweep {
+    fn drop(&mut self) {
+        for filter in [
+            format!("label=box.bench={}", label()),
+            format!("label=box.instance={}", label()),
+        ] {
+            sweep_filter(&filter);
+        }
+        // Instances named per figure: `bench-PID-…`.
+        let out = Command::new("docker")
+            .args(["ps", "-aq", "--filter", "label=box.instance"])
+            .args(["--format", "{{.ID}} {{.Label \"box.instance\"}}"])
+            .output();
+        if let Ok(out) = out {
+            let prefix = format!("{}-", label());
+            let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|line| line.split_once(' '))
+                .filter(|(_, instance)| instance.starts_with(&prefix))
+                .map(|(id, _)| id.to_owned())
+                .collect();
+            if !ids.is_empty() {
+                let _ = Command::new("docker")
+                    .args(["rm", "-f"])
+                    .args(&ids)
+                    .stdout(Stdio::null())
+                    .status();
+            }
+        }
+    }
+}
+
+fn sweep_filter(filter: &str) {
+    let ids = containers(filter);
+    if !ids.is_empty() {
+        let _ = Command::new("docker")
+            .args(["rm", "-f"])
+            .args(&ids)
+            .stdout(Stdio::null())
+            .status();
+    }
+}
+
+fn containers(filter: &str) -> Vec<String> {
+    Command::new("docker")
+        .args(["ps", "-aq", "--filter", filter])
+        .output()
+        .map(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A workspace with a 20-line `small.txt` and eight 20-line `f0..f7.txt`.
+fn workspace() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("box-bench-ws")
+        .tempdir()
+        .unwrap();
+    let text = |n: &str| -> String { (1..=20).map(|l| format!("{n} line {l}\n")).collect() };
+    std::fs::write(dir.path().join("small.txt"), text("small")).unwrap();
+    for n in 0..8 {
+        std::fs::write(dir.path().join(format!("f{n}.txt")), text(&format!("f{n}"))).unwrap();
+    }
+    dir
+}
+
+fn initialize_message(id: u64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "bench", "version": "0"}}})
+}
+
+fn initialized() -> Value {
+    json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+}
+
+fn read_call(id: u64, path: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "read", "arguments": {"path": path}}})
+}
+
+fn batch_call(id: u64) -> Value {
+    let calls: Vec<Value> = (0..8)
+        .map(|n| json!({"name": "read", "arguments": {"path": format!("f{n}.txt")}}))
+        .collect();
+    json!({"jsonrpc": "2.0", "id": id, "method": "execution/batch", "params": {"calls": calls}})
+}
+
+/// A child speaking MCP as JSON lines on its stdio; closing stdin ends it
+/// (box serve then removes its units), and drop waits for that, then kills.
+struct Peer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    next: u64,
+}
+
+impl Peer {
+    fn spawn(command: &mut Command) -> Peer {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {command:?}: {e}"));
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Peer {
+            child,
+            stdin,
+            stdout,
+            next: 1,
+        }
+    }
+
+    fn send(&mut self, message: &Value) {
+        let mut line = serde_json::to_vec(message).unwrap();
+        line.push(b'\n');
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(&line).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Sends `message` (a request) and reads until its answer.
+    fn ask(&mut self, mut message: Value) -> Value {
+        let id = self.next;
+        self.next += 1;
+        message["id"] = json!(id);
+        self.send(&message);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let read = self.stdout.read_line(&mut line).unwrap();
+            assert!(read > 0, "the peer hung up while answering {message}");
+            let answer: Value = serde_json::from_str(&line).unwrap();
+            if answer.get("id") == Some(&json!(id)) {
+                assert!(
+                    answer.get("result").is_some(),
+                    "{message} was refused: {answer}"
+                );
+                return answer;
+            }
+        }
+    }
+
+    fn initialize(&mut self) {
+        self.ask(initialize_message(0));
+        self.send(&initialized());
+    }
+
+    fn read(&mut self, path: &str) {
+        let answer = self.ask(read_call(0, path));
+        assert_ne!(
+            answer.pointer("/result/isError"),
+            Some(&json!(true)),
+            "read {path}: {answer}"
+        );
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn box_serve(backend: &str, workspace: &Path, instance: &str) -> Command {
+    let mut command = Command::new(BOX);
+    command
+        .args(["serve", "--backend", backend, "--instance", instance])
+        .arg("--workspace")
+        .arg(workspace)
+        .env("RUST_LOG", "warn");
+    command
+}
+
+/// The recipe dax documents: one long-lived `docker exec -i` into a unit, MCP
+/// over its stdio, with the same argv and user the backend uses.
+fn docker_exec_argv(container: &str) -> Vec<String> {
+    [
+        "docker",
+        "exec",
+        "-i",
+        "-u",
+        "0:0",
+        "-w",
+        "/workspace",
+        container,
+        "/.box/box",
+        "execute",
+        "--root",
+        "/workspace",
+        "--kind",
+        "container",
+        "--ref",
+        IMAGE,
+        "--landlock",
+        "required",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+fn the_unit_of(instance: &str) -> String {
+    let ids = containers(&format!("label=box.instance={instance}"));
+    assert_eq!(ids.len(), 1, "one unit for instance {instance}: {ids:?}");
+    ids[0].clone()
+}
+
+// ---------------------------------------------------------------- start
+
+/// Raw bollard: create + start a container of the image with the executor
+/// bind-mounted, exec it, initialize, and the same first `read`.
+async fn raw_docker_start(docker: &Docker, workspace: &Path) -> Duration {
+    let started = Instant::now();
+    let mount = |source: &Path, target: &str, read_only: bool| Mount {
+        target: Some(target.to_owned()),
+        source: Some(source.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(read_only),
+        ..Default::default()
+    };
+    let id = docker
+        .create_container(
+            None,
+            ContainerCreateBody {
+                image: Some(IMAGE.to_owned()),
+                cmd: Some(vec!["sleep".to_owned(), "infinity".to_owned()]),
+                entrypoint: Some(Vec::new()),
+                labels: Some([("box.bench".to_owned(), label())].into()),
+                host_config: Some(HostConfig {
+                    init: Some(true),
+                    network_mode: Some("none".to_owned()),
+                    mounts: Some(vec![
+                        mount(Path::new(BOX), "/.box/box", true),
+                        mount(workspace, "/workspace", false),
+                    ]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("raw create")
+        .id;
+    docker.start_container(&id, None).await.expect("raw start");
+    let argv: Vec<String> = docker_exec_argv("x")[8..].to_vec();
+    let exec = docker
+        .create_exec(
+            &id,
+            CreateExecOptions {
+                attach_stdin: Some(true),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                tty: Some(false),
+                cmd: Some(argv),
+                working_dir: Some("/workspace".to_owned()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("raw create exec");
+    let StartExecResults::Attached {
+        mut output,
+        mut input,
+    } = docker
+        .start_exec(&exec.id, Some(StartExecOptions::default()))
+        .await
+        .expect("raw start exec")
+    else {
+        panic!("the engine detached the exec")
+    };
+    let mut pending = Vec::new();
+    let mut lines = Vec::new();
+    for message in [
+        initialize_message(1),
+        initialized(),
+        read_call(2, "small.txt"),
+    ] {
+        let wants = message.get("id").cloned();
+        let mut line = serde_json::to_vec(&message).unwrap();
+        line.push(b'\n');
+        input.write_all(&line).await.unwrap();
+        input.flush().await.unwrap();
+        let Some(wants) = wants else { continue };
+        'answer: loop {
+            while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=end).collect();
+                let answer: Value = serde_json::from_slice(&line).unwrap();
+                if answer.get("id") == Some(&wants) {
+                    assert!(answer.get("result").is_some(), "raw: {answer}");
+                    lines.push(answer);
+                    break 'answer;
+                }
+            }
+            match output.next().await {
+                Some(Ok(bollard::container::LogOutput::StdOut { message })) => {
+                    pending.extend_from_slice(&message)
+                }
+                Some(Ok(_)) => {}
+                other => panic!("raw executor ended: {other:?}"),
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    drop(input);
+    let _ = docker
+        .remove_container(
+            &id,
+            Some(RemoveContainerOptionsBuilder::new().force(true).build()),
+        )
+        .await;
+    elapsed
+}
+
+/// `box serve` already running and idle; initialize → first tool result.
+fn box_start(backend: &str, workspace: &Path, instance: &str) -> Duration {
+    let mut peer = Peer::spawn(&mut box_serve(backend, workspace, instance));
+    // Let the process finish its own start (engine ping, sweep) first: the
+    // figure is the session's start, from the client's initialize.
+    std::thread::sleep(Duration::from_millis(400));
+    let started = Instant::now();
+    peer.initialize();
+    peer.read("small.txt");
+    let elapsed = started.elapsed();
+    drop(peer);
+    if backend == "docker" {
+        let left = containers(&format!("label=box.instance={instance}"));
+        assert!(left.is_empty(), "units left by {instance}: {left:?}");
+    }
+    elapsed
+}
+
+fn unsandboxed_start(workspace: &Path) -> Duration {
+    let started = Instant::now();
+    let mut peer = Peer::spawn(
+        Command::new(BOX)
+            .args(["execute", "--landlock", "off", "--seccomp", "off", "--root"])
+            .arg(workspace),
+    );
+    peer.initialize();
+    peer.read("small.txt");
+    started.elapsed()
+}
+
+fn start_figures(runtime: &tokio::runtime::Runtime, workspace: &Path, docker: Option<&Docker>) {
+    const ROUNDS: usize = 7;
+    if let Some(docker) = docker {
+        let (mut ours, mut raw) = (Vec::new(), Vec::new());
+        for round in 0..=ROUNDS {
+            let instance = format!("{}-start-{round}", label());
+            let a = box_start("docker", workspace, &instance);
+            let b = runtime.block_on(raw_docker_start(docker, workspace));
+            // Round 0 warms the engine's caches for both.
+            if round > 0 {
+                ours.push(a);
+                raw.push(b);
+            }
+        }
+        println!(
+            "start, docker: box serve initialize → first read result median {:.0} ms (min {:.0}) | raw bollard create+start+exec of the executor, initialize, same read: median {:.0} ms (min {:.0}) | ratio {:.2} (goal <= 1.3), {ROUNDS} rounds",
+            ms(median(&ours)),
+            ms(percentile(&ours, 0.0)),
+            ms(median(&raw)),
+            ms(percentile(&raw, 0.0)),
+            ms(median(&ours)) / ms(median(&raw)),
+        );
+    }
+    let (mut ours, mut raw) = (Vec::new(), Vec::new());
+    for round in 0..=ROUNDS {
+        let a = box_start("local", workspace, &format!("{}-lstart-{round}", label()));
+        let b = unsandboxed_start(workspace);
+        if round > 0 {
+            ours.push(a);
+            raw.push(b);
+        }
+    }
+    println!(
+        "start, local: box serve initialize → first read result median {:.1} ms | spawn unsandboxed `box execute` + initialize + same read: median {:.1} ms | ratio {:.2}, {ROUNDS} rounds",
+        ms(median(&ours)),
+        ms(median(&raw)),
+        ms(median(&ours)) / ms(median(&raw)),
+    );
+}
+
+// ---------------------------------------------------------------- call, batch
+
+/// `box serve` over stdio on the docker backend, and a second executor in
+/// the same unit reached with `docker exec -i`.
+struct Pair {
+    serve: Peer,
+    direct: Peer,
+    container: String,
+}
+
+fn docker_pair(workspace: &Path, instance: &str) -> Pair {
+    let mut serve = Peer::spawn(&mut box_serve("docker", workspace, instance));
+    serve.initialize();
+    let container = the_unit_of(instance);
+    let argv = docker_exec_argv(&container);
+    let mut direct = Peer::spawn(Command::new(&argv[0]).args(&argv[1..]));
+    direct.initialize();
+    Pair {
+        serve,
+        direct,
+        container,
+    }
+}
+
+fn call_figures(runtime: &tokio::runtime::Runtime, workspace: &Path) {
+    let calls = env_number("BOX_BENCH_CALLS", 1000);
+    let instance = format!("{}-call", label());
+    let mut pair = docker_pair(workspace, &instance);
+    for _ in 0..50 {
+        pair.serve.read("small.txt");
+        pair.direct.read("small.txt");
+    }
+    let (mut ours, mut direct) = (Vec::new(), Vec::new());
+    // Interleaved blocks, so drift on the shared machine hits both alike.
+    for _ in 0..calls / 50 {
+        for _ in 0..50 {
+            let started = Instant::now();
+            pair.serve.read("small.txt");
+            ours.push(started.elapsed());
+        }
+        for _ in 0..50 {
+            let started = Instant::now();
+            pair.direct.read("small.txt");
+            direct.push(started.elapsed());
+        }
+    }
+    let (o50, o99) = (percentile(&ours, 0.5), percentile(&ours, 0.99));
+    let (d50, d99) = (percentile(&direct, 0.5), percentile(&direct, 0.99));
+    println!(
+        "call, stdio, docker: {calls} tools/call read of a 20-line file through box serve p50={:.0}us p99={:.0}us | `docker exec -i UNIT box execute` direct p50={:.0}us p99={:.0}us | ratio p50={:.2} p99={:.2} (goal <= 1.15) | added p50={:.0}us",
+        micros(o50),
+        micros(o99),
+        micros(d50),
+        micros(d99),
+        micros(o50) / micros(d50),
+        micros(o99) / micros(d99),
+        micros(o50) - micros(d50),
+    );
+    http_call_figures(runtime, workspace, &pair.container);
+    drop(pair);
+    let left = containers(&format!("label=box.instance={instance}"));
+    assert!(left.is_empty(), "units left by {instance}: {left:?}");
+}
+
+fn mcp_proxy() -> Option<PathBuf> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-mcp-proxy/bin/mcp-proxy");
+    path.exists().then_some(path)
+}
+
+/// Per-call over HTTP: box serve --listen (docker) vs mcp-proxy in front of
+/// `docker exec -i` into the same unit as the stdio figure.
+fn http_call_figures(runtime: &tokio::runtime::Runtime, workspace: &Path, container: &str) {
+    const CALLS: usize = 300;
+    let Some(proxy) = mcp_proxy() else {
+        eprintln!(
+            "call, http: SKIPPED the mcp-proxy comparison: no .venv-mcp-proxy (python3 -m venv .venv-mcp-proxy && .venv-mcp-proxy/bin/pip install mcp-proxy==0.13.0)"
+        );
+        return;
+    };
+    let instance = format!("{}-hcall", label());
+    let ours_address = free_address();
+    let _serve = Server::spawn(
+        box_serve("docker", workspace, &instance)
+            .arg("--listen")
+            .arg(ours_address.to_string()),
+    );
+    let proxy_address = free_address();
+    let argv = docker_exec_argv(container);
+    let _proxy = Server::spawn(
+        Command::new(proxy)
+            .args(["--host", "127.0.0.1", "--port"])
+            .arg(proxy_address.port().to_string())
+            .args(["--log-level", "WARNING", "--"])
+            .args(&argv),
+    );
+    runtime.block_on(async {
+        wait_listening(ours_address).await;
+        wait_listening(proxy_address).await;
+        let ours_session = http_initialize(ours_address).await;
+        let proxy_session = http_initialize(proxy_address).await;
+        for _ in 0..20 {
+            http_read(ours_address, &ours_session, 1).await;
+            http_read(proxy_address, &proxy_session, 1).await;
+        }
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for round in 0..CALLS / 25 {
+            for n in 0..25 {
+                let id = (round * 25 + n) as u64 + 10;
+                let started = Instant::now();
+                http_read(ours_address, &ours_session, id).await;
+                ours.push(started.elapsed());
+                let started = Instant::now();
+                http_read(proxy_address, &proxy_session, id).await;
+                theirs.push(started.elapsed());
+            }
+        }
+        let (o50, o99) = (percentile(&ours, 0.5), percentile(&ours, 0.99));
+        let (t50, t99) = (percentile(&theirs, 0.5), percentile(&theirs, 0.99));
+        println!(
+            "call, http, docker: {CALLS} tools/call read through box serve --listen p50={:.0}us p99={:.0}us | mcp-proxy 0.13.0 (Python) in front of `docker exec -i UNIT box execute` p50={:.0}us p99={:.0}us | ratio p50={:.2} p99={:.2}",
+            micros(o50),
+            micros(o99),
+            micros(t50),
+            micros(t99),
+            micros(o50) / micros(t50),
+            micros(o99) / micros(t99),
+        );
+        http_delete(ours_address, &ours_session).await;
+    });
+}
+
+fn batch_figures(workspace: &Path) {
+    const ROUNDS: usize = 200;
+    let instance = format!("{}-batch", label());
+    let mut pair = docker_pair(workspace, &instance);
+    let run = |peer: &mut Peer| -> (Duration, Duration) {
+        let (mut batch, mut sequential) = (Vec::new(), Vec::new());
+        for round in 0..ROUNDS + ROUNDS / 10 {
+            let started = Instant::now();
+            let answer = peer.ask(batch_call(0));
+            let b = started.elapsed();
+            assert_eq!(
+                answer
+                    .pointer("/result/results")
+                    .and_then(Value::as_array)
+                    .map(Vec::len),
+                Some(8),
+                "{answer}"
+            );
+            let started = Instant::now();
+            for n in 0..8 {
+                peer.read(&format!("f{n}.txt"));
+            }
+            let s = started.elapsed();
+            if round >= ROUNDS / 10 {
+                batch.push(b);
+                sequential.push(s);
+            }
+        }
+        (median(&batch), median(&sequential))
+    };
+    let (sb, ss) = run(&mut pair.serve);
+    let (db, ds) = run(&mut pair.direct);
+    println!(
+        "batch, docker, through box serve (stdio): one execution/batch of 8 reads median {:.0}us | 8 sequential tools/call reads {:.0}us | ratio {:.2} (goal <= 0.4)",
+        micros(sb),
+        micros(ss),
+        micros(sb) / micros(ss),
+    );
+    println!(
+        "batch, docker, through `docker exec -i` direct: one execution/batch of 8 reads median {:.0}us | 8 sequential tools/call reads {:.0}us | ratio {:.2} (goal <= 0.4)",
+        micros(db),
+        micros(ds),
+        micros(db) / micros(ds),
+    );
+    drop(pair);
+}
+
+// ---------------------------------------------------------------- http
+
+/// A server process killed (SIGTERM, then SIGKILL) on drop.
+struct Server {
+    child: Child,
+}
+
+impl Server {
+    fn spawn(command: &mut Command) -> Server {
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {command:?}: {e}"));
+        Server { child }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid, which it still is (not reaped).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_address() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
+
+async fn wait_listening(address: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(address).await.is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {address}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One raw HTTP/1.1 exchange (a connection each); the status, session id, body.
+async fn http(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    session: Option<&str>,
+    body: &str,
+) -> (u16, Option<String>, String) {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if let Some(session) = session {
+        request.push_str(&format!(
+            "Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-06-18\r\n"
+        ));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let session = head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("mcp-session-id")
+            .then(|| value.trim().to_owned())
+    });
+    (status, session, body.to_owned())
+}
+
+async fn http_initialize(address: SocketAddr) -> String {
+    let (status, session, body) = http(
+        address,
+        "POST",
+        "/mcp",
+        None,
+        &initialize_message(0).to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "initialize at {address}: {body}");
+    let session = session.expect("a session id");
+    let (status, _, body) = http(
+        address,
+        "POST",
+        "/mcp",
+        Some(&session),
+        &initialized().to_string(),
+    )
+    .await;
+    assert!(
+        status == 202 || status == 200,
+        "initialized at {address}: {status} {body}"
+    );
+    session
+}
+
+async fn http_read(address: SocketAddr, session: &str, id: u64) {
+    let (status, _, body) = http(
+        address,
+        "POST",
+        "/mcp",
+        Some(session),
+        &read_call(id, "small.txt").to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "read at {address}: {body}");
+    assert!(
+        body.contains("\"result\"") && !body.contains("\"isError\":true"),
+        "read at {address}: {body}"
+    );
+}
+
+async fn http_delete(address: SocketAddr, session: &str) {
+    let (status, _, body) = http(address, "DELETE", "/mcp", Some(session), "").await;
+    assert!(status == 200 || status == 204, "DELETE: {status} {body}");
+}
+
+/// VmRSS and VmHWM of `pid`, KiB.
+fn memory_of(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|line| line.starts_with(name))
+            .and_then(|line| line.split_whitespace().nth(1))
+            .and_then(|kib| kib.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The direct children of `pid` (a local unit is one `box sandbox` child).
+fn children_of(pid: u32) -> usize {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|entry| std::fs::read_to_string(entry.path().join("stat")).ok())
+                .filter(|stat| {
+                    // ppid is the 2nd field after the parenthesised comm.
+                    stat.rsplit_once(')')
+                        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                        .and_then(|ppid| ppid.parse::<u32>().ok())
+                        == Some(pid)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn units_of(backend: &str, instance: &str, serve: u32) -> usize {
+    match backend {
+        "docker" => containers(&format!("label=box.instance={instance}")).len(),
+        _ => children_of(serve),
+    }
+}
+
+/// An executor reached directly, for the concurrency baseline: `docker exec -i`
+/// into a session's own unit, or a `box execute` child (local).
+struct AsyncPeer {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl AsyncPeer {
+    async fn spawn(argv: &[String]) -> AsyncPeer {
+        let mut child = tokio::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {argv:?}: {e}"));
+        let stdin = child.stdin.take().unwrap();
+        let lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+            child.stdout.take().unwrap(),
+        ));
+        let mut peer = AsyncPeer {
+            child,
+            stdin,
+            lines,
+        };
+        peer.ask(initialize_message(0)).await;
+        peer.send(&initialized()).await;
+        peer
+    }
+
+    async fn send(&mut self, message: &Value) {
+        let mut line = serde_json::to_vec(message).unwrap();
+        line.push(b'\n');
+        self.stdin.write_all(&line).await.unwrap();
+        self.stdin.flush().await.unwrap();
+    }
+
+    async fn ask(&mut self, message: Value) -> Value {
+        let id = message["id"].clone();
+        self.send(&message).await;
+        loop {
+            let line = self
+                .lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("the peer hung up");
+            let answer: Value = serde_json::from_str(&line).unwrap();
+            if answer.get("id") == Some(&id) {
+                assert!(answer.get("result").is_some(), "{message}: {answer}");
+                return answer;
+            }
+        }
+    }
+
+    async fn end(mut self) {
+        drop(self.stdin);
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+        let _ = self.child.kill().await;
+    }
+}
+
+async fn concurrent_sessions(backend: &str, sessions: usize, workspace: &Path) {
+    const CALLS: usize = 10;
+    let instance = format!("{}-http-{backend}-{sessions}", label());
+    let address = free_address();
+    let server = Server::spawn(
+        box_serve(backend, workspace, &instance)
+            .arg("--listen")
+            .arg(address.to_string())
+            .args(["--max-sessions", &(sessions + 8).to_string()]),
+    );
+    let pid = server.pid();
+    wait_listening(address).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (idle_rss, _) = memory_of(pid);
+    // More rounds on the same host (BOX_BENCH_ROUNDS) tell memory the
+    // allocator keeps from memory that grows with every round.
+    let rounds = env_number("BOX_BENCH_ROUNDS", 1);
+    for round in 1..=rounds {
+        let step = Arc::new(tokio::sync::Barrier::new(sessions + 1));
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..sessions)
+            .map(|_| {
+                let step = step.clone();
+                let backend = backend.to_owned();
+                let workspace = workspace.to_path_buf();
+                tokio::spawn(async move {
+                    let begun = Instant::now();
+                    let session = http_initialize(address).await;
+                    let start = begun.elapsed();
+                    // 1: every session is open (the peak: the host's RSS, units live).
+                    step.wait().await;
+                    let argv = if backend == "docker" {
+                        let unit = tokio::task::spawn_blocking({
+                            let session = session.clone();
+                            move || containers(&format!("label=box.session={session}"))
+                        })
+                        .await
+                        .unwrap();
+                        assert_eq!(unit.len(), 1, "one unit for session {session}");
+                        docker_exec_argv(&unit[0])
+                    } else {
+                        let mut argv =
+                            vec![BOX.to_owned(), "execute".to_owned(), "--root".to_owned()];
+                        argv.push(workspace.to_string_lossy().into_owned());
+                        argv
+                    };
+                    let mut direct = AsyncPeer::spawn(&argv).await;
+                    // 2: every direct executor is up; calls through box serve, all at once.
+                    step.wait().await;
+                    let mut ours = Vec::with_capacity(CALLS);
+                    for id in 1..=CALLS as u64 {
+                        let started = Instant::now();
+                        http_read(address, &session, id).await;
+                        ours.push(started.elapsed());
+                    }
+                    // 3: the same calls straight to the executors, all at once.
+                    step.wait().await;
+                    let mut theirs = Vec::with_capacity(CALLS);
+                    for id in 1..=CALLS as u64 {
+                        let started = Instant::now();
+                        direct.ask(read_call(id, "small.txt")).await;
+                        theirs.push(started.elapsed());
+                    }
+                    direct.end().await;
+                    http_delete(address, &session).await;
+                    (start, ours, theirs)
+                })
+            })
+            .collect();
+        step.wait().await;
+        let (peak_rss, _) = memory_of(pid);
+        let live_at_peak = units_of(backend, &instance, pid);
+        step.wait().await;
+        step.wait().await;
+        let (mut starts, mut ours, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
+        for task in tasks {
+            let (start, calls, direct) = task.await.unwrap();
+            starts.push(start);
+            ours.extend(calls);
+            theirs.extend(direct);
+        }
+        let wall = started.elapsed();
+        // A DELETE answers once the session is ended; removal may trail it.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut leaked = units_of(backend, &instance, pid);
+        while leaked > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            leaked = units_of(backend, &instance, pid);
+        }
+        let (end_rss, hwm) = memory_of(pid);
+        let (o50, o99) = (percentile(&ours, 0.5), percentile(&ours, 0.99));
+        let (t50, t99) = (percentile(&theirs, 0.5), percentile(&theirs, 0.99));
+        let direct = if backend == "docker" {
+            "`docker exec -i` into each session's unit"
+        } else {
+            "a `box execute` child per session"
+        };
+        println!(
+            "http, {backend}, round {round}/{rounds}, {sessions} concurrent sessions x {CALLS} reads: wall {:.1}s, units live at peak {live_at_peak}, session start (initialize) p50 {:.0} ms p99 {:.0} ms | call p50={:.2}ms p99={:.2}ms | baseline, the same reads at the same concurrency straight to {direct}: p50={:.2}ms p99={:.2}ms | ratio p50={:.2} p99={:.2} | box serve VmRSS idle {} KiB, all sessions open {} KiB (+{:.0} KiB/session), after {} KiB, VmHWM {} KiB | units leaked {leaked}",
+            wall.as_secs_f64(),
+            ms(percentile(&starts, 0.5)),
+            ms(percentile(&starts, 0.99)),
+            ms(o50),
+            ms(o99),
+            ms(t50),
+            ms(t99),
+            micros(o50) / micros(t50),
+            micros(o99) / micros(t99),
+            idle_rss,
+            peak_rss,
+            peak_rss.saturating_sub(idle_rss) as f64 / sessions as f64,
+            end_rss,
+            hwm,
+        );
+        assert_eq!(live_at_peak, sessions, "one unit per session at the peak");
+        assert_eq!(leaked, 0, "units leaked");
+    }
+    drop(server);
+}
+
+// ---------------------------------------------------------------- main
+
+fn main() {
+    let wanted: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wants = |figure: &str| wanted.is_empty() || wanted.iter().any(|w| w == figure);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _sweep = DockerSweep;
+    let docker = runtime.block_on(async {
+        let docker = Docker::connect_with_local_defaults().ok()?;
+        docker.inspect_image(IMAGE).await.ok()?;
+        Some(docker)
+    });
+    if docker.is_none() {
+        eprintln!(
+            "serve_units: NO DOCKER ENGINE or no {IMAGE} (scripts/images.sh): the docker figures are SKIPPED"
+        );
+    }
+    let workspace = workspace();
+    if wants("start") {
+        start_figures(&runtime, workspace.path(), docker.as_ref());
+    }
+    if docker.is_some() && wants("call") {
+        call_figures(&runtime, workspace.path());
+    }
+    if docker.is_some() && wants("batch") {
+        batch_figures(workspace.path());
+    }
+    if wants("http") {
+        let plan = std::env::var("BOX_BENCH_HTTP")
+            .unwrap_or_else(|_| "docker:50,local:50,local:200".to_owned());
+        for run in plan.split(',') {
+            let Some((backend, count)) = run.trim().split_once(':') else {
+                continue;
+            };
+            if backend == "docker" && docker.is_none() {
+                continue;
+            }
+            let count: usize = count.parse().expect("BOX_BENCH_HTTP: backend:count,…");
+            runtime.block_on(concurrent_sessions(backend, count, workspace.path()));
+        }
+    }
+}
