@@ -826,17 +826,22 @@ mod tests {
             );
             return;
         }
-        // Outside /tmp, which confine_executor leaves writable as the temp directory.
-        let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target");
-        let root = tempfile::tempdir_in(&base).unwrap();
-        let outside = tempfile::tempdir_in(&base).unwrap();
+        // The child's temp directory (which confine_executor leaves writable)
+        // is one of three siblings, so "outside" is outside it wherever the
+        // checkout lives (a clone under /tmp included).
+        let base =
+            tempfile::tempdir_in(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target")).unwrap();
+        let root = tempfile::tempdir_in(base.path()).unwrap();
+        let outside = tempfile::tempdir_in(base.path()).unwrap();
+        let temp = tempfile::tempdir_in(base.path()).unwrap();
         let (root_path, outside_path) = (root.path().to_path_buf(), outside.path().to_path_buf());
-        let temp_file = std::env::temp_dir().join(format!(
-            "box-confine-{}",
-            root.path().file_name().unwrap().to_string_lossy()
-        ));
+        let temp_path = temp.path().to_path_buf();
+        let temp_file = temp.path().join("box-confine-probe");
         let temp_probe = temp_file.clone();
         let code = in_child(move || {
+            // SAFETY: a forked child of one thread; nothing else reads the
+            // environment while it is changed.
+            unsafe { std::env::set_var("TMPDIR", &temp_path) };
             let Ok(confinement) = confine_executor(&root_path, Requirement::Required) else {
                 return 10;
             };
