@@ -946,13 +946,22 @@ async fn docker_dangerous_syscalls_are_blocked() {
 
 /// Initialize the unit's executor and run one bash line through it; the tool's text.
 async fn executor_bash(io: &mut boxhost::backend::ExecutorIo, command: &str) -> String {
+    executor_bash_with(io, serde_json::json!({"command": command})).await
+}
+
+/// Initialize the unit's executor and make one `bash` call with these
+/// arguments; the tool's text.
+async fn executor_bash_with(
+    io: &mut boxhost::backend::ExecutorIo,
+    arguments: serde_json::Value,
+) -> String {
     let lines = [
         serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {},
             "clientInfo": {"name": "docker-test", "version": "1"}}}),
         serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
         serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": {"name": "bash", "arguments": {"command": command}}}),
+            "params": {"name": "bash", "arguments": arguments}}),
     ];
     for line in lines {
         io.stdin
@@ -980,4 +989,86 @@ async fn executor_bash(io: &mut boxhost::backend::ExecutorIo, command: &str) -> 
                 .to_owned();
         }
     }
+}
+
+/// A bash line that starts `su` (setuid root in box-base) waiting for a
+/// password, and prints the uids the kernel gave it: `Uid: real effective
+/// saved fs`. Without no_new_privs the effective uid would be 0.
+const SETUID_PROBE: &str = "stat -c 'su=%u:%a' /usr/bin/su; \
+    sleep 3 | su root -c id >/dev/null 2>&1 & sleep 1; \
+    for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = su ] && grep -E '^Uid:' $p/status; done; \
+    wait; id -u";
+
+/// C27: a setuid-root binary the image ships runs from the executor's bash
+/// with the caller's uids: no_new_privs leaves the effective uid unchanged.
+#[tokio::test]
+async fn docker_setuid_binaries_do_not_raise_the_effective_uid() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("suid");
+    let ws = workspace();
+    let mut unit = backend
+        .start(&instance.label, &spec("workspace", ws.path()))
+        .await
+        .unwrap();
+    let id = unit.envelope.id.clone();
+    assert!(unit.envelope.hardening.no_new_privileges);
+    let out = executor_bash(&mut unit.io, SETUID_PROBE).await;
+    // The fixture is live: su is owned by root with the setuid bit.
+    assert!(out.contains("su=0:4755"), "{out}");
+    assert!(out.contains("Uid:\t1000\t1000\t1000\t1000"), "{out}");
+    backend.remove(&id).await.unwrap();
+    instance.assert_clean(&backend).await;
+}
+
+/// D45: spinning processes in a unit with half a CPU are throttled to the
+/// quota, and the bash tool's deadline kills them.
+#[tokio::test]
+async fn docker_spinning_processes_are_throttled_and_killed_at_the_deadline() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("cpu");
+    let ws = workspace();
+    let mut half = spec("workspace", ws.path());
+    half.limits.cpus = 0.5;
+    let mut unit = backend.start(&instance.label, &half).await.unwrap();
+    let id = unit.envelope.id.clone();
+    // CPU time the unit's cgroup used over `seconds`, in thousandths of a CPU.
+    let usage = |seconds: u32| {
+        format!(
+            "u() {{ cat /sys/fs/cgroup/cpuacct/cpuacct.usage 2>/dev/null \
+               || awk '/usage_usec/ {{ print $2 * 1000 }}' /sys/fs/cgroup/cpu.stat; }}; \
+             a=$(u); t0=$(date +%s%N); sleep {seconds}; b=$(u); t1=$(date +%s%N); \
+             echo permille=$(( (b - a) * 1000 / (t1 - t0) ))"
+        )
+    };
+    let spin = executor_bash_with(
+        &mut unit.io,
+        serde_json::json!({
+            "command": "for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) & done; wait",
+            "timeout_seconds": 5,
+        }),
+    );
+    let measure = async {
+        // Let the spinners start, then measure while they run.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        sh(&backend, &id, &usage(2)).await
+    };
+    let (out, (_, during)) = tokio::join!(spin, measure);
+    eprintln!("8 spinners under a 0.5 CPU quota: {during}");
+    let permille: i64 = field(&during, "permille=").parse().unwrap();
+    // The quota is 500; a period's rounding may add a little.
+    assert!(permille <= 650, "8 spinners used {permille}/1000 of a CPU");
+    assert!(out.contains("[killed after 5s]"), "{out}");
+    // Killed: the unit is idle again.
+    let (_, after) = sh(&backend, &id, &usage(1)).await;
+    let permille: i64 = field(&after, "permille=").parse().unwrap();
+    assert!(
+        permille < 200,
+        "after the deadline: {permille}/1000: {after}"
+    );
+    backend.remove(&id).await.unwrap();
+    instance.assert_clean(&backend).await;
 }
