@@ -1072,3 +1072,104 @@ async fn docker_spinning_processes_are_throttled_and_killed_at_the_deadline() {
     backend.remove(&id).await.unwrap();
     instance.assert_clean(&backend).await;
 }
+
+/// G78: a workspace from a CI checkout whose `.git/config` persists an
+/// `extraheader` token (as actions/checkout does). The token is not in the
+/// unit's environment, and `git fetch` cannot send it anywhere (network none).
+/// FIXME(G78): box neither strips nor hides the header nor refuses the
+/// session: the file is the workspace's own, so the agent reads the token with
+/// `cat .git/config` or `git config --list`. security.md G78 expects it
+/// stripped/hidden per profile, or the session refused with a clear message;
+/// this test asserts today's behaviour so the fix flips it.
+#[tokio::test]
+async fn docker_a_persisted_git_extraheader_stays_readable_in_the_workspace() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    const TOKEN: &str = "Z2hzX2NhbmFyeXRva2VuMTIzNDU2";
+    let ws = workspace();
+    std::fs::create_dir(ws.path().join(".git")).unwrap();
+    std::fs::write(
+        ws.path().join(".git/config"),
+        format!(
+            "[core]\n\trepositoryformatversion = 0\n\tbare = false\n\
+             [remote \"origin\"]\n\turl = https://github.com/example/repo\n\
+             \tfetch = +refs/heads/*:refs/remotes/origin/*\n\
+             [http \"https://github.com/\"]\n\textraheader = AUTHORIZATION: basic {TOKEN}\n"
+        ),
+    )
+    .unwrap();
+    for dir in ["refs", "objects"] {
+        std::fs::create_dir(ws.path().join(".git").join(dir)).unwrap();
+    }
+    std::fs::write(ws.path().join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+    // Owned by the unit's user, as a checkout the agent works in is (git
+    // refuses a repository of another owner).
+    let _ = std::process::Command::new("chown")
+        .args(["-R", "1000:1000"])
+        .arg(ws.path())
+        .status();
+    let instance = Instance::new("xhdr");
+    let mut unit = backend
+        .start(&instance.label, &spec("workspace", ws.path()))
+        .await
+        .unwrap();
+    let id = unit.envelope.id.clone();
+    let out = executor_bash(
+        &mut unit.io,
+        "cd /workspace; env | grep -c Z2hzX2NhbmFyeXRva2VuMTIzNDU2; \
+         grep -c Z2hzX2NhbmFyeXRva2VuMTIzNDU2 /proc/self/environ; \
+         git config --list; \
+         timeout 20 git fetch origin; echo fetch=$?; \
+         cat .git/config",
+    )
+    .await;
+    eprintln!("git in a workspace with a persisted extraheader:\n{out}");
+    // Not in the environment of the unit or of the agent's processes.
+    assert!(out.starts_with("0\n0\n"), "{out}");
+    // The fetch fails (no network): nothing leaves with the header.
+    assert!(!out.contains("fetch=0"), "{out}");
+    // FIXME(G78): today the token is readable from the workspace.
+    assert!(
+        out.contains(&format!("extraheader = AUTHORIZATION: basic {TOKEN}")),
+        "{out}"
+    );
+    // Nor does docker inspect carry it.
+    let inspect = backend.client().inspect_container(&id, None).await.unwrap();
+    let env = inspect.config.and_then(|c| c.env).unwrap_or_default();
+    assert!(!env.iter().any(|e| e.contains(TOKEN)), "{env:?}");
+    backend.remove(&id).await.unwrap();
+    instance.assert_clean(&backend).await;
+}
+
+/// G77: a secret the profile hands through arrives as container
+/// environment, so `docker inspect` shows its value in `Config.Env`.
+/// FIXME(G77): security.md 4.1 asks for secrets delivered as files on a tmpfs
+/// (absent from `Config.Env`); `unit_env` in `backend/docker/mod.rs` passes
+/// them as variables. This test asserts today's behaviour so the fix flips it.
+#[tokio::test]
+async fn docker_inspect_shows_handed_through_secrets_in_config_env() {
+    const NAME: &str = "BOX_G77_DEPLOY_TOKEN";
+    const VALUE: &str = "g77-canary-value-5f3a";
+    // SAFETY: set before any other thread of this test exists or reads the
+    // environment (nextest runs each test in its own process, and the
+    // current-thread runtime spawns no worker before the first await).
+    unsafe { std::env::set_var(NAME, VALUE) };
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("g77");
+    let ws = workspace();
+    let mut secret = spec("workspace", ws.path());
+    secret.env_secrets = vec![NAME.to_owned()];
+    let mut unit = backend.start(&instance.label, &secret).await.unwrap();
+    let id = unit.envelope.id.clone();
+    let out = executor_bash(&mut unit.io, &format!("printenv {NAME}")).await;
+    assert!(out.contains(VALUE), "the secret reaches the unit: {out}");
+    let inspect = backend.client().inspect_container(&id, None).await.unwrap();
+    let env = inspect.config.and_then(|c| c.env).unwrap_or_default();
+    // FIXME(G77): the value is visible to anyone who may inspect the container.
+    assert!(env.contains(&format!("{NAME}={VALUE}")), "{env:?}");
+    backend.remove(&id).await.unwrap();
+    instance.assert_clean(&backend).await;
+}
