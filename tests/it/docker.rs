@@ -1,5 +1,6 @@
 //! Units on a real Docker engine: hardening probed from inside and compared
-//! with the envelope (C26–C40, D43–D46, F68–F69), faults (2–4, 16–18, 20),
+//! with the envelope (C26–C42, D43–D46, F68–F69), secrets handed to a unit
+//! (G77, G78: today's gaps, marked FIXME), faults (2–4, 16–18, 20),
 //! gc and instance isolation. Every test uses its own instance id and checks
 //! that none of its containers survive it.
 //!
@@ -1169,5 +1170,114 @@ async fn docker_inspect_shows_handed_through_secrets_in_config_env() {
     // FIXME(G77): the value is visible to anyone who may inspect the container.
     assert!(env.contains(&format!("{NAME}={VALUE}")), "{env:?}");
     backend.remove(&id).await.unwrap();
+    instance.assert_clean(&backend).await;
+}
+
+/// Build `tag` FROM box-base with the image's `/dev/null` a symlink to
+/// `target` (ADD of a tar writes the layer itself, which a RUN under the
+/// build's own /dev mount could not).
+fn build_fake_dev_null_image(tag: &str, target: &str) {
+    let context = tempfile::tempdir().unwrap();
+    let tree = context.path().join("tree");
+    std::fs::create_dir_all(tree.join("dev")).unwrap();
+    std::os::unix::fs::symlink(target, tree.join("dev/null")).unwrap();
+    let tar = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(&tree)
+        .args(["-cf"])
+        .arg(context.path().join("fake.tar"))
+        .arg("dev")
+        .status()
+        .unwrap();
+    assert!(tar.success());
+    std::fs::write(
+        context.path().join("Dockerfile"),
+        format!("FROM {IMAGE}\nADD fake.tar /\n"),
+    )
+    .unwrap();
+    let built = std::process::Command::new("docker")
+        .args(["build", "-q", "-t", tag])
+        .arg(context.path())
+        .env("DOCKER_BUILDKIT", "0")
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "docker build: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    // The fixture is live: the image's own /dev/null is the link (read from
+    // a created, never started container, so no runtime /dev is mounted).
+    let created = std::process::Command::new("docker")
+        .args(["create", tag, "true"])
+        .output()
+        .unwrap();
+    let container = String::from_utf8_lossy(&created.stdout).trim().to_owned();
+    let copied = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "docker cp \"$1:/dev/null\" - | tar -tvf -",
+            "sh",
+            &container,
+        ])
+        .output()
+        .unwrap();
+    let _ = std::process::Command::new("docker")
+        .args(["rm", "-f", &container])
+        .output();
+    let listing = String::from_utf8_lossy(&copied.stdout);
+    assert!(listing.contains(&format!("null -> {target}")), "{listing}");
+}
+
+/// Removes the test image on drop (also on panic).
+struct ImageGuard(String);
+
+impl Drop for ImageGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["rmi", "-f", &self.0])
+            .output();
+    }
+}
+
+/// C42: an image whose `/dev/null` is a symlink (CVE-2025-31133 class). The
+/// runtime mounts its own /dev over the image's, so in the unit /dev/null is
+/// the character device and writing to it touches no file; the host's
+/// core_pattern is unchanged.
+#[tokio::test]
+async fn docker_an_image_with_a_fake_dev_null_gets_the_real_device() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let tag = format!("dockertest-c42-{}:{:x}", std::process::id(), rand_suffix());
+    let _image = ImageGuard(tag.clone());
+    build_fake_dev_null_image(&tag, "/workspace/canary");
+    let core_pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").ok();
+    let instance = Instance::new("c42");
+    let ws = workspace();
+    let mut fake = spec("workspace", ws.path());
+    fake.image = tag.clone();
+    match backend.start(&instance.label, &fake).await {
+        Ok(mut unit) => {
+            let id = unit.envelope.id.clone();
+            let out = executor_bash(
+                &mut unit.io,
+                "stat -c 'null=%F %t:%T' /dev/null; echo x > /dev/null; echo written=$?; \
+                 ls /workspace",
+            )
+            .await;
+            eprintln!("in a unit of the fake /dev/null image:\n{out}");
+            assert!(out.contains("null=character special file 1:3"), "{out}");
+            assert!(out.contains("written=0"), "{out}");
+            backend.remove(&id).await.unwrap();
+        }
+        // Refusing the image is the other acceptable outcome.
+        Err(error) => eprintln!("the fake /dev/null image was refused: {error}"),
+    }
+    assert!(!ws.path().join("canary").exists());
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/core_pattern").ok(),
+        core_pattern
+    );
     instance.assert_clean(&backend).await;
 }
