@@ -1,5 +1,6 @@
 //! Units on a real Docker engine: hardening probed from inside and compared
-//! with the envelope (C26–C40, D43–D46, F68–F69), faults (2–4, 16–18, 20),
+//! with the envelope (C26–C42, D43–D46, F68–F69), secrets handed to a unit
+//! (G77, G78: today's gaps, marked FIXME), faults (2–4, 16–18, 20),
 //! gc and instance isolation. Every test uses its own instance id and checks
 //! that none of its containers survive it.
 //!
@@ -946,13 +947,22 @@ async fn docker_dangerous_syscalls_are_blocked() {
 
 /// Initialize the unit's executor and run one bash line through it; the tool's text.
 async fn executor_bash(io: &mut boxhost::backend::ExecutorIo, command: &str) -> String {
+    executor_bash_with(io, serde_json::json!({"command": command})).await
+}
+
+/// Initialize the unit's executor and make one `bash` call with these
+/// arguments; the tool's text.
+async fn executor_bash_with(
+    io: &mut boxhost::backend::ExecutorIo,
+    arguments: serde_json::Value,
+) -> String {
     let lines = [
         serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {},
             "clientInfo": {"name": "docker-test", "version": "1"}}}),
         serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
         serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": {"name": "bash", "arguments": {"command": command}}}),
+            "params": {"name": "bash", "arguments": arguments}}),
     ];
     for line in lines {
         io.stdin
@@ -980,4 +990,294 @@ async fn executor_bash(io: &mut boxhost::backend::ExecutorIo, command: &str) -> 
                 .to_owned();
         }
     }
+}
+
+/// A bash line that starts `su` (setuid root in box-base) waiting for a
+/// password, and prints the uids the kernel gave it: `Uid: real effective
+/// saved fs`. Without no_new_privs the effective uid would be 0.
+const SETUID_PROBE: &str = "stat -c 'su=%u:%a' /usr/bin/su; \
+    sleep 3 | su root -c id >/dev/null 2>&1 & sleep 1; grep -E '^Uid:' /proc/$!/status; wait";
+
+/// C27: a setuid-root binary the image ships runs from the executor's bash
+/// with the caller's uids: no_new_privs leaves the effective uid unchanged.
+#[tokio::test]
+async fn docker_setuid_binaries_do_not_raise_the_effective_uid() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("suid");
+    let ws = workspace();
+    let mut unit = backend
+        .start(&instance.label, &spec("workspace", ws.path()))
+        .await
+        .unwrap();
+    let id = unit.envelope.id.clone();
+    assert!(unit.envelope.hardening.no_new_privileges);
+    let out = executor_bash(&mut unit.io, SETUID_PROBE).await;
+    // The fixture is live: su is owned by root with the setuid bit.
+    assert!(out.contains("su=0:4755"), "{out}");
+    assert!(out.contains("Uid:\t1000\t1000\t1000\t1000"), "{out}");
+    backend.remove(&id).await.unwrap();
+    instance.assert_clean(&backend).await;
+}
+
+/// D45: spinning processes in a unit with half a CPU are throttled to the
+/// quota, and the bash tool's deadline kills them.
+#[tokio::test]
+async fn docker_spinning_processes_are_throttled_and_killed_at_the_deadline() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("cpu");
+    let ws = workspace();
+    let mut half = spec("workspace", ws.path());
+    half.limits.cpus = 0.5;
+    let mut unit = backend.start(&instance.label, &half).await.unwrap();
+    let id = unit.envelope.id.clone();
+    // CPU time the unit's cgroup used over `seconds`, in thousandths of a CPU.
+    let usage = |seconds: u32| {
+        format!(
+            "u() {{ cat /sys/fs/cgroup/cpuacct/cpuacct.usage 2>/dev/null \
+               || awk '/usage_usec/ {{ print $2 * 1000 }}' /sys/fs/cgroup/cpu.stat; }}; \
+             a=$(u); t0=$(date +%s%N); sleep {seconds}; b=$(u); t1=$(date +%s%N); \
+             echo permille=$(( (b - a) * 1000 / (t1 - t0) ))"
+        )
+    };
+    let spin = executor_bash_with(
+        &mut unit.io,
+        serde_json::json!({
+            "command": "for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) & done; wait",
+            "timeout_seconds": 5,
+        }),
+    );
+    let measure = async {
+        // Let the spinners start, then measure while they run.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        sh(&backend, &id, &usage(2)).await
+    };
+    let (out, (_, during)) = tokio::join!(spin, measure);
+    eprintln!("8 spinners under a 0.5 CPU quota: {during}");
+    let permille: i64 = field(&during, "permille=").parse().unwrap();
+    // The quota is 500; a period's rounding may add a little.
+    assert!(permille <= 650, "8 spinners used {permille}/1000 of a CPU");
+    assert!(out.contains("[killed after 5s]"), "{out}");
+    // Killed: the unit is idle again.
+    let (_, after) = sh(&backend, &id, &usage(1)).await;
+    let permille: i64 = field(&after, "permille=").parse().unwrap();
+    assert!(
+        permille < 200,
+        "after the deadline: {permille}/1000: {after}"
+    );
+    backend.remove(&id).await.unwrap();
+    instance.assert_clean(&backend).await;
+}
+
+/// G78: a workspace from a CI checkout whose `.git/config` persists an
+/// `extraheader` token (as actions/checkout does). The token is not in the
+/// unit's environment, and `git fetch` cannot send it anywhere (network none).
+/// FIXME(G78): box neither strips nor hides the header nor refuses the
+/// session: the file is the workspace's own, so the agent reads the token with
+/// `cat .git/config` or `git config --list`. security.md G78 expects it
+/// stripped/hidden per profile, or the session refused with a clear message;
+/// this test asserts today's behaviour so the fix flips it.
+#[tokio::test]
+async fn docker_a_persisted_git_extraheader_stays_readable_in_the_workspace() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    const TOKEN: &str = "Z2hzX2NhbmFyeXRva2VuMTIzNDU2";
+    let ws = workspace();
+    std::fs::create_dir(ws.path().join(".git")).unwrap();
+    std::fs::write(
+        ws.path().join(".git/config"),
+        format!(
+            "[core]\n\trepositoryformatversion = 0\n\tbare = false\n\
+             [remote \"origin\"]\n\turl = https://github.com/example/repo\n\
+             \tfetch = +refs/heads/*:refs/remotes/origin/*\n\
+             [http \"https://github.com/\"]\n\textraheader = AUTHORIZATION: basic {TOKEN}\n"
+        ),
+    )
+    .unwrap();
+    for dir in ["refs", "objects"] {
+        std::fs::create_dir(ws.path().join(".git").join(dir)).unwrap();
+    }
+    std::fs::write(ws.path().join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+    // Owned by the unit's user, as a checkout the agent works in is (git
+    // refuses a repository of another owner).
+    let _ = std::process::Command::new("chown")
+        .args(["-R", "1000:1000"])
+        .arg(ws.path())
+        .status();
+    let instance = Instance::new("xhdr");
+    let mut unit = backend
+        .start(&instance.label, &spec("workspace", ws.path()))
+        .await
+        .unwrap();
+    let id = unit.envelope.id.clone();
+    let out = executor_bash(
+        &mut unit.io,
+        "cd /workspace; env | grep -c Z2hzX2NhbmFyeXRva2VuMTIzNDU2; \
+         grep -c Z2hzX2NhbmFyeXRva2VuMTIzNDU2 /proc/self/environ; \
+         git config --list; \
+         timeout 20 git fetch origin; echo fetch=$?; \
+         cat .git/config",
+    )
+    .await;
+    eprintln!("git in a workspace with a persisted extraheader:\n{out}");
+    // Not in the environment of the unit or of the agent's processes.
+    assert!(out.starts_with("0\n0\n"), "{out}");
+    // The fetch fails (no network): nothing leaves with the header.
+    assert!(!out.contains("fetch=0"), "{out}");
+    // FIXME(G78): today the token is readable from the workspace.
+    assert!(
+        out.contains(&format!("extraheader = AUTHORIZATION: basic {TOKEN}")),
+        "{out}"
+    );
+    // Nor does docker inspect carry it.
+    let inspect = backend.client().inspect_container(&id, None).await.unwrap();
+    let env = inspect.config.and_then(|c| c.env).unwrap_or_default();
+    assert!(!env.iter().any(|e| e.contains(TOKEN)), "{env:?}");
+    backend.remove(&id).await.unwrap();
+    instance.assert_clean(&backend).await;
+}
+
+/// G77: a secret the profile hands through arrives as container
+/// environment, so `docker inspect` shows its value in `Config.Env`.
+/// FIXME(G77): security.md 4.1 asks for secrets delivered as files on a tmpfs
+/// (absent from `Config.Env`); `unit_env` in `backend/docker/mod.rs` passes
+/// them as variables. This test asserts today's behaviour so the fix flips it.
+#[tokio::test]
+async fn docker_inspect_shows_handed_through_secrets_in_config_env() {
+    const NAME: &str = "BOX_G77_DEPLOY_TOKEN";
+    const VALUE: &str = "g77-canary-value-5f3a";
+    // SAFETY: set before any other thread of this test exists or reads the
+    // environment (nextest runs each test in its own process, and the
+    // current-thread runtime spawns no worker before the first await).
+    unsafe { std::env::set_var(NAME, VALUE) };
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("g77");
+    let ws = workspace();
+    let mut secret = spec("workspace", ws.path());
+    secret.env_secrets = vec![NAME.to_owned()];
+    let mut unit = backend.start(&instance.label, &secret).await.unwrap();
+    let id = unit.envelope.id.clone();
+    let out = executor_bash(&mut unit.io, &format!("printenv {NAME}")).await;
+    assert!(out.contains(VALUE), "the secret reaches the unit: {out}");
+    let inspect = backend.client().inspect_container(&id, None).await.unwrap();
+    let env = inspect.config.and_then(|c| c.env).unwrap_or_default();
+    // FIXME(G77): the value is visible to anyone who may inspect the container.
+    assert!(env.contains(&format!("{NAME}={VALUE}")), "{env:?}");
+    backend.remove(&id).await.unwrap();
+    instance.assert_clean(&backend).await;
+}
+
+/// Build `tag` FROM box-base with the image's `/dev/null` a symlink to
+/// `target` (ADD of a tar writes the layer itself, which a RUN under the
+/// build's own /dev mount could not).
+fn build_fake_dev_null_image(tag: &str, target: &str) {
+    let context = tempfile::tempdir().unwrap();
+    let tree = context.path().join("tree");
+    std::fs::create_dir_all(tree.join("dev")).unwrap();
+    std::os::unix::fs::symlink(target, tree.join("dev/null")).unwrap();
+    let tar = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(&tree)
+        .args(["-cf"])
+        .arg(context.path().join("fake.tar"))
+        .arg("dev")
+        .status()
+        .unwrap();
+    assert!(tar.success());
+    std::fs::write(
+        context.path().join("Dockerfile"),
+        format!("FROM {IMAGE}\nADD fake.tar /\n"),
+    )
+    .unwrap();
+    let built = std::process::Command::new("docker")
+        .args(["build", "-q", "-t", tag])
+        .arg(context.path())
+        .env("DOCKER_BUILDKIT", "0")
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "docker build: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    // The fixture is live: the image's own /dev/null is the link (read from
+    // a created, never started container, so no runtime /dev is mounted).
+    let created = std::process::Command::new("docker")
+        .args(["create", tag, "true"])
+        .output()
+        .unwrap();
+    let container = String::from_utf8_lossy(&created.stdout).trim().to_owned();
+    let copied = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "docker cp \"$1:/dev/null\" - | tar -tvf -",
+            "sh",
+            &container,
+        ])
+        .output()
+        .unwrap();
+    let _ = std::process::Command::new("docker")
+        .args(["rm", "-f", &container])
+        .output();
+    let listing = String::from_utf8_lossy(&copied.stdout);
+    assert!(listing.contains(&format!("null -> {target}")), "{listing}");
+}
+
+/// Removes the test image on drop (also on panic).
+struct ImageGuard(String);
+
+impl Drop for ImageGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["rmi", "-f", &self.0])
+            .output();
+    }
+}
+
+/// C42: an image whose `/dev/null` is a symlink (CVE-2025-31133 class). The
+/// runtime mounts its own /dev over the image's, so in the unit /dev/null is
+/// the character device and writing to it touches no file; the host's
+/// core_pattern is unchanged.
+#[tokio::test]
+async fn docker_an_image_with_a_fake_dev_null_gets_the_real_device() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let tag = format!("dockertest-c42-{}:{:x}", std::process::id(), rand_suffix());
+    let _image = ImageGuard(tag.clone());
+    build_fake_dev_null_image(&tag, "/workspace/canary");
+    let core_pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").ok();
+    let instance = Instance::new("c42");
+    let ws = workspace();
+    let mut fake = spec("workspace", ws.path());
+    fake.image = tag.clone();
+    match backend.start(&instance.label, &fake).await {
+        Ok(mut unit) => {
+            let id = unit.envelope.id.clone();
+            let out = executor_bash(
+                &mut unit.io,
+                "stat -c 'null=%F %t:%T' /dev/null; echo x > /dev/null; echo written=$?; \
+                 ls /workspace",
+            )
+            .await;
+            eprintln!("in a unit of the fake /dev/null image:\n{out}");
+            assert!(out.contains("null=character special file 1:3"), "{out}");
+            assert!(out.contains("written=0"), "{out}");
+            backend.remove(&id).await.unwrap();
+        }
+        // Refusing the image is the other acceptable outcome.
+        Err(error) => eprintln!("the fake /dev/null image was refused: {error}"),
+    }
+    assert!(!ws.path().join("canary").exists());
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/core_pattern").ok(),
+        core_pattern
+    );
+    instance.assert_clean(&backend).await;
 }

@@ -1459,3 +1459,43 @@ async fn units_start_and_go_together() {
         );
     }
 }
+
+/// C27: a setuid-root binary on the host (`su`) runs in a unit with the
+/// unit's uids: no_new_privs leaves the effective uid unchanged. The probe
+/// starts `su` waiting for a password and reads the uids the kernel gave it
+/// (`Uid: real effective saved fs`).
+#[tokio::test]
+async fn setuid_binaries_do_not_raise_the_effective_uid() {
+    if !require_landlock() {
+        return;
+    }
+    let workspace = open_dir();
+    let mut spec = unit_spec(workspace.path());
+    unprivileged(&mut spec);
+    let probe = probe(
+        "setuid",
+        &spec,
+        "stat -c 'su=%u:%a' /usr/bin/su; \
+         sleep 3 | su root -c id >/dev/null 2>&1 & sleep 1; grep -E '^Uid:' /proc/$!/status; wait; \
+         echo uid=$(id -u)",
+    )
+    .await;
+    assert!(probe.envelope.hardening.no_new_privileges);
+    // The fixture is live: su carries the setuid bit. Its owner reads as
+    // root, or as the overflow uid inside a user namespace where the host's
+    // root is unmapped (then the kernel ignores the bit as well).
+    assert!(probe.output.contains(":4755"), "{}", probe.output);
+    let uid = probe
+        .output
+        .lines()
+        .find_map(|line| line.strip_prefix("uid="))
+        .unwrap_or_default();
+    assert_ne!(uid, "0", "the unit runs unprivileged: {}", probe.output);
+    let uids = status_field(&probe.output, "Uid").unwrap_or_default();
+    assert_eq!(
+        uids.split_whitespace().collect::<Vec<_>>(),
+        vec![uid; 4],
+        "{}",
+        probe.output
+    );
+}
