@@ -287,6 +287,7 @@ async fn docker_posture_from_inside_matches_the_envelope() {
     assert_ne!(tmp_big, 0, "{tmp_big_out}");
     assert!(tmp_big_out.contains("No space left"), "{tmp_big_out}");
     assert_eq!(envelope.limits["tmpBytes"], 16 << 20);
+    assert_eq!(envelope.limits["tmpInodes"], (16 << 20) / 4096);
     // F68: only loopback.
     assert_eq!(envelope.network["mode"], "none");
     assert_eq!(
@@ -1017,6 +1018,42 @@ async fn docker_setuid_binaries_do_not_raise_the_effective_uid() {
     // The fixture is live: su is owned by root with the setuid bit.
     assert!(out.contains("su=0:4755"), "{out}");
     assert!(out.contains("Uid:\t1000\t1000\t1000\t1000"), "{out}");
+    backend.remove(&id).await.unwrap();
+    instance.assert_clean(&backend).await;
+}
+
+/// D47: an inode flood in /tmp stops at the tmpfs's inode bound (one per 4 KiB
+/// of its size) within the call, and the unit keeps answering.
+#[tokio::test]
+async fn docker_an_inode_flood_stops_at_the_tmpfs_bound() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("inodes");
+    let ws = workspace();
+    let mut unit = backend
+        .start(&instance.label, &spec("workspace", ws.path()))
+        .await
+        .unwrap();
+    let id = unit.envelope.id.clone();
+    assert_eq!(unit.envelope.limits["tmpInodes"], (16 << 20) / 4096);
+    let out = executor_bash(
+        &mut unit.io,
+        "i=0; while : > /tmp/f$i; do i=$((i+1)); [ $i -ge 20000 ] && break; done; echo files=$i",
+    )
+    .await;
+    let files: u64 = out
+        .lines()
+        .find_map(|line| line.strip_prefix("files="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        files < 4096,
+        "the flood stopped at the bound, not at 20000: {out}"
+    );
+    assert!(out.contains("No space left on device"), "{out}");
+    let (code, alive) = sh(&backend, &id, "echo alive").await;
+    assert_eq!((code, alive.trim()), (0, "alive"));
     backend.remove(&id).await.unwrap();
     instance.assert_clean(&backend).await;
 }

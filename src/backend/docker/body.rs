@@ -158,6 +158,20 @@ pub fn network_mode(mode: NetworkMode) -> &'static str {
     }
 }
 
+/// One inode per 4 KiB of the size bound (at least 1024): as many small files
+/// as the space could hold, and no more.
+pub fn tmpfs_inodes(size_bytes: u64) -> u64 {
+    (size_bytes / 4096).max(1024)
+}
+
+/// The options of a unit's tmpfs of `size_bytes`, mounted `mode` (rw or ro).
+fn tmpfs_options(mode: &str, size_bytes: u64) -> String {
+    format!(
+        "{mode},nosuid,nodev,size={size_bytes},nr_inodes={},mode=1777",
+        tmpfs_inodes(size_bytes)
+    )
+}
+
 /// The create body for one unit: every hardening setting, with the reason.
 ///
 /// `exe` is the host path of the static `box` binary mounted as the executor;
@@ -188,12 +202,14 @@ pub fn container_body(
         bind_options: Some(private_bind()),
         ..Default::default()
     }];
-    // Size-limited, nosuid, nodev. Not noexec: the workspace is writable and
-    // executable anyway, so noexec here would only break compilers and test
-    // runners that build into /tmp.
+    // Size- and inode-limited, nosuid, nodev. Not noexec: the workspace is
+    // writable and executable anyway, so noexec here would only break
+    // compilers and test runners that build into /tmp. Empty files cost no
+    // size, so without an inode bound only the memory limit (minutes of slow
+    // reclaim, then the OOM killer's choice) would stop a D47 inode flood.
     let mut tmpfs = HashMap::from([(
         "/tmp".to_owned(),
-        format!("rw,nosuid,nodev,size={},mode=1777", spec.limits.tmp_bytes),
+        tmpfs_options("rw", spec.limits.tmp_bytes),
     )]);
     match &spec.source {
         WorkspaceSource::Host(path) => mounts.push(Mount {
@@ -213,7 +229,7 @@ pub fn container_body(
             };
             tmpfs.insert(
                 spec.root.to_string_lossy().into_owned(),
-                format!("{ro},nosuid,nodev,size={},mode=1777", spec.limits.tmp_bytes),
+                tmpfs_options(ro, spec.limits.tmp_bytes),
             );
         }
         WorkspaceSource::None => {}
@@ -437,11 +453,9 @@ pub fn envelope_from_inspect(
         namespaces.push("user".to_owned());
     }
 
-    let tmp_bytes = host
-        .tmpfs
-        .as_ref()
-        .and_then(|t| t.get("/tmp"))
-        .and_then(|opts| tmpfs_size(opts));
+    let tmp_options = host.tmpfs.as_ref().and_then(|t| t.get("/tmp"));
+    let tmp_bytes = tmp_options.and_then(|opts| tmpfs_option(opts, "size"));
+    let tmp_inodes = tmp_options.and_then(|opts| tmpfs_option(opts, "nr_inodes"));
     let nofile = host.ulimits.as_ref().and_then(|u| {
         u.iter()
             .find(|l| l.name.as_deref() == Some("nofile"))
@@ -453,6 +467,7 @@ pub fn envelope_from_inspect(
         "cpus": host.nano_cpus.map(|n| n as f64 / 1e9),
         "pids": host.pids_limit,
         "tmpBytes": tmp_bytes,
+        "tmpInodes": tmp_inodes,
         "nofile": nofile,
     });
     let network = serde_json::json!({
@@ -517,10 +532,11 @@ fn normalise_user(user: &str) -> String {
     user.to_owned()
 }
 
-fn tmpfs_size(options: &str) -> Option<u64> {
+/// A numeric tmpfs option (`size=`, `nr_inodes=`) as the engine holds it.
+fn tmpfs_option(options: &str, name: &str) -> Option<u64> {
     options
         .split(',')
-        .find_map(|o| o.strip_prefix("size="))
+        .find_map(|o| o.strip_prefix(name)?.strip_prefix('='))
         .and_then(|s| s.parse().ok())
 }
 
@@ -678,7 +694,11 @@ pub(crate) mod tests {
         assert_eq!(host.network_mode.as_deref(), Some("none"));
         assert_eq!(
             host.tmpfs.unwrap_or_default().get("/tmp").cloned(),
-            Some(format!("rw,nosuid,nodev,size={},mode=1777", 64 << 20))
+            Some(format!(
+                "rw,nosuid,nodev,size={},nr_inodes={},mode=1777",
+                64 << 20,
+                (64 << 20) / 4096
+            ))
         );
         assert_eq!(body.user.as_deref(), Some("1000:1000"));
         assert_eq!(
@@ -856,7 +876,8 @@ pub(crate) mod tests {
             envelope.limits,
             serde_json::json!({
                 "memoryBytes": 512 << 20, "memorySwapBytes": 512 << 20, "cpus": 1.5,
-                "pids": 128, "tmpBytes": 64 << 20, "nofile": 1024,
+                "pids": 128, "tmpBytes": 64 << 20, "tmpInodes": (64 << 20) / 4096,
+                "nofile": 1024,
             })
         );
         assert_eq!(
