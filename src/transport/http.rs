@@ -748,23 +748,34 @@ impl Drop for GeneralStream {
     }
 }
 
-async fn get_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(response) = check_request(&state.options, &headers) {
-        return response;
-    }
-    let Some(session_id) = session_header(&headers) else {
-        return refuse(
+/// The session a GET or DELETE names, after the request checks: 400 when
+/// `Mcp-Session-Id` is missing, 404 when it names no live session.
+fn named_session(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<(String, SessionHandle, GeneralSlot), Response> {
+    check_request(&state.options, headers)?;
+    let Some(session_id) = session_header(headers) else {
+        return Err(refuse(
             StatusCode::BAD_REQUEST,
             code::INVALID_REQUEST,
             "Mcp-Session-Id is missing",
-        );
+        ));
     };
-    let Some((_, slot)) = state.lookup(&session_id) else {
-        return refuse(
+    let Some((session, slot)) = state.lookup(&session_id) else {
+        return Err(refuse(
             StatusCode::NOT_FOUND,
             code::INVALID_REQUEST,
             "no such session",
-        );
+        ));
+    };
+    Ok((session_id, session, slot))
+}
+
+async fn get_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let (_, _, slot) = match named_session(&state, &headers) {
+        Ok(named) => named,
+        Err(response) => return response,
     };
     if let Err(response) = check_version(&headers, Version::Optional) {
         return response;
@@ -794,22 +805,9 @@ async fn get_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
 }
 
 async fn delete_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(response) = check_request(&state.options, &headers) {
-        return response;
-    }
-    let Some(session_id) = session_header(&headers) else {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            code::INVALID_REQUEST,
-            "Mcp-Session-Id is missing",
-        );
-    };
-    let Some((session, _)) = state.lookup(&session_id) else {
-        return refuse(
-            StatusCode::NOT_FOUND,
-            code::INVALID_REQUEST,
-            "no such session",
-        );
+    let (session_id, session, _) = match named_session(&state, &headers) {
+        Ok(named) => named,
+        Err(response) => return response,
     };
     session.end();
     // Answer once the units are gone, so "deleted" means deleted.
