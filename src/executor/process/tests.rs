@@ -380,19 +380,13 @@ async fn a_process_starts_in_a_directory_inside() {
     let (temp, processes) = processes(&[]);
     std::fs::create_dir(temp.path().join("sub")).unwrap();
     std::os::unix::fs::symlink("/etc", temp.path().join("out")).unwrap();
-    match call(&processes, "start", json!({"args": ["pwd"], "dir": "sub"})).await {
-        Ok(result) => {
-            let id = result["id"].as_str().unwrap().to_owned();
-            let output = String::from_utf8(read_all(&processes, &id, 1).await).unwrap();
-            let sub = temp.path().canonicalize().unwrap().join("sub");
-            assert_eq!(output.trim(), sub.display().to_string());
-        }
-        Err(message) => {
-            // The bash branch's Workspace::directory is a stub that refuses everything.
-            eprintln!("NOTE: Workspace::directory is a stub in this tree: {message}");
-            assert!(message.starts_with("dir: "));
-        }
-    }
+    let result = call(&processes, "start", json!({"args": ["pwd"], "dir": "sub"}))
+        .await
+        .unwrap();
+    let id = result["id"].as_str().unwrap().to_owned();
+    let output = String::from_utf8(read_all(&processes, &id, 1).await).unwrap();
+    let sub = temp.path().canonicalize().unwrap().join("sub");
+    assert_eq!(output.trim(), sub.display().to_string());
     let refused = call(&processes, "start", json!({"args": ["pwd"], "dir": "out"})).await;
     assert!(refused.unwrap_err().starts_with("dir: "));
     let refused = call(&processes, "start", json!({"args": ["pwd"], "dir": "/etc"})).await;
