@@ -12,7 +12,7 @@ use std::time::Duration;
 use boxhost::backend::docker::DockerBackend;
 use serde_json::{Value, json};
 
-use crate::support::{box_bin, python, repo_root, under_ci};
+use crate::support::{box_bin, repo_root, under_ci};
 
 /// The backends this machine runs: local always, docker when its engine answers
 /// (under CI a missing engine is a failure, never a skip).
@@ -32,25 +32,6 @@ fn backends() -> Vec<&'static str> {
             vec!["local"]
         }
     }
-}
-
-/// The Python with the `mcp` SDK; under CI its absence is a failure.
-fn python_with_mcp() -> Option<std::path::PathBuf> {
-    let python = python();
-    let works = Command::new(&python)
-        .args(["-c", "import mcp"])
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if works {
-        return Some(python);
-    }
-    let message = format!(
-        "the Python `mcp` SDK is not installed at {} (run scripts/test.sh, or set BOX_TEST_PYTHON)",
-        python.display()
-    );
-    assert!(!under_ci(), "{message}");
-    eprintln!("\n*** PYTHON CLIENT TEST NOT RUN: {message} ***\n");
-    None
 }
 
 fn run_script(python: &Path, script: &str, args: &[&str]) {
@@ -76,7 +57,7 @@ const PROBE: &str = r#"{"command": "grep -E '^(NoNewPrivs|CapEff)' /proc/self/st
 const PROGRESS: &str = r#"{"command": "for i in 1 2 3; do echo $i; sleep 0.3; done"}"#;
 
 fn sdk_over(script: &str) {
-    let Some(python) = python_with_mcp() else {
+    let Some(python) = crate::support::python_with_mcp() else {
         return;
     };
     for backend in backends() {
@@ -119,7 +100,7 @@ fn python_sdk_drives_serve_over_http_on_every_backend() {
 
 #[test]
 fn http_sessions_cannot_see_each_others_files_on_every_backend() {
-    let Some(python) = python_with_mcp() else {
+    let Some(python) = crate::support::python_with_mcp() else {
         return;
     };
     let profiles = tempfile::tempdir().unwrap();

@@ -784,28 +784,9 @@ fn serve_off_loopback_without_a_token_refuses_to_start() {
     assert!(stderr.contains("--token-file"), "{stderr}");
 }
 
-/// The Python with the `mcp` SDK, or `None` (said loudly; a failure under CI).
-fn python_with_mcp() -> Option<std::path::PathBuf> {
-    let python = crate::support::python();
-    let works = Command::new(&python)
-        .args(["-c", "import mcp"])
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if works {
-        return Some(python);
-    }
-    let message = format!(
-        "the Python `mcp` SDK is not installed at {} (run scripts/test.sh, or set BOX_TEST_PYTHON)",
-        python.display()
-    );
-    assert!(!crate::support::under_ci(), "{message}");
-    eprintln!("SKIPPING (not under CI): {message}");
-    None
-}
-
 /// Run one of tests/e2e/serve_*.py against the built box with the fake backend.
 fn run_e2e_script(script: &str) {
-    let Some(python) = python_with_mcp() else {
+    let Some(python) = crate::support::python_with_mcp() else {
         return;
     };
     let e2e = crate::support::repo_root().join("tests/e2e");

@@ -26,3 +26,23 @@ pub fn python() -> PathBuf {
         None => repo_root().join(".venv/bin/python"),
     }
 }
+
+/// The Python that has the `mcp` SDK, or `None` after saying loudly why not;
+/// under CI its absence is a failure, never a skip.
+pub fn python_with_mcp() -> Option<PathBuf> {
+    let python = python();
+    let works = std::process::Command::new(&python)
+        .args(["-c", "import mcp"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if works {
+        return Some(python);
+    }
+    let message = format!(
+        "the Python `mcp` SDK is not installed at {} (run scripts/test.sh, or set BOX_TEST_PYTHON)",
+        python.display()
+    );
+    assert!(!under_ci(), "{message}");
+    eprintln!("\n*** PYTHON CLIENT TEST NOT RUN: {message} ***\n");
+    None
+}
