@@ -9,10 +9,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{micros, percentile};
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{Value, json};
 
@@ -107,16 +112,6 @@ impl Drop for Peer {
     }
 }
 
-fn percentile(samples: &mut [Duration], fraction: f64) -> Duration {
-    samples.sort_unstable();
-    let index = ((samples.len() as f64 - 1.0) * fraction).round() as usize;
-    samples[index]
-}
-
-fn micros(duration: Duration) -> f64 {
-    duration.as_secs_f64() * 1e6
-}
-
 fn read_round_trip(iterations: usize) {
     let dir = tempfile::tempdir().unwrap();
     let content: String = (1..=20)
@@ -146,8 +141,8 @@ fn read_round_trip(iterations: usize) {
         cat_samples.push(started.elapsed());
     }
     for (label, fraction) in [("p50", 0.5), ("p99", 0.99)] {
-        let ours = percentile(&mut box_samples, fraction);
-        let base = percentile(&mut cat_samples, fraction);
+        let ours = percentile(&box_samples, fraction);
+        let base = percentile(&cat_samples, fraction);
         println!(
             "read over stdio {label}: box {:.0} µs, cat pipe echo {:.0} µs, ratio {:.1}",
             micros(ours),
@@ -193,8 +188,8 @@ fn grep_large_tree(tree: &Path, pattern: &str, runs: usize) {
         rg();
         base.push(started.elapsed());
     }
-    let ours = percentile(&mut ours, 0.5);
-    let base = percentile(&mut base, 0.5);
+    let ours = percentile(&ours, 0.5);
+    let base = percentile(&base, 0.5);
     println!(
         "grep {pattern:?} over {} ({matches} matching lines), median of {runs}: box {:.1} ms, rg {:.1} ms, ratio {:.2} (goal <= 1.5)",
         tree.display(),
@@ -233,8 +228,8 @@ fn batch_of_reads(lines: usize, iterations: usize) {
             sequential.push(sequential_time);
         }
     }
-    let ours = percentile(&mut batch, 0.5);
-    let base = percentile(&mut sequential, 0.5);
+    let ours = percentile(&batch, 0.5);
+    let base = percentile(&sequential, 0.5);
     println!(
         "8 reads of {lines}-line files: one execution/batch {:.0} µs, 8 sequential tools/call {:.0} µs, ratio {:.2} (goal <= 0.4)",
         micros(ours),

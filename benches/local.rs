@@ -5,6 +5,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{fastest, median, ms};
+
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -24,20 +29,6 @@ fn unit_spec(workspace: &Path) -> UnitSpec {
         },
         ..UnitSpec::workspace("", WorkspaceSource::Host(workspace.to_path_buf()))
     }
-}
-
-fn median(samples: &[Duration]) -> Duration {
-    let mut samples = samples.to_vec();
-    samples.sort();
-    samples[samples.len() / 2]
-}
-
-fn fastest(samples: &[Duration]) -> Duration {
-    samples.iter().copied().min().unwrap()
-}
-
-fn ms(duration: Duration) -> f64 {
-    duration.as_secs_f64() * 1000.0
 }
 
 /// One round of one configuration: start until confined, and the whole cycle.

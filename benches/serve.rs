@@ -14,6 +14,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{env_number, micros, percentile};
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,25 +48,6 @@ fn facts() -> HostFacts {
 
 fn config(fake: &FakeBackend) -> HostConfig {
     HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts())
-}
-
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(default)
-}
-
-fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let index = ((sorted.len() as f64 - 1.0) * fraction).round() as usize;
-    sorted[index]
-}
-
-fn micros(duration: Duration) -> f64 {
-    duration.as_secs_f64() * 1e6
 }
 
 fn call(id: u64) -> Value {

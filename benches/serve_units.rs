@@ -32,6 +32,11 @@
 // A benchmark stops on the first failure, loudly.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{env_number, median, micros, ms, percentile};
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -53,34 +58,6 @@ const BOX: &str = env!("CARGO_BIN_EXE_box");
 
 fn label() -> String {
     format!("bench-{}", std::process::id())
-}
-
-fn micros(duration: Duration) -> f64 {
-    duration.as_secs_f64() * 1e6
-}
-
-fn ms(duration: Duration) -> f64 {
-    duration.as_secs_f64() * 1e3
-}
-
-fn percentile(samples: &[Duration], fraction: f64) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * fraction).round() as usize]
-}
-
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(default)
-}
-
-fn median(samples: &[Duration]) -> Duration {
-    percentile(samples, 0.5)
 }
 
 /// Removes every container this run labelled, on the way out (panics included).

@@ -8,6 +8,11 @@
 // A benchmark stops on the first failure, loudly.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{median, ms};
+
 use std::time::{Duration, Instant};
 
 use bollard::Docker;
@@ -44,15 +49,6 @@ fn spec(workspace: &std::path::Path) -> UnitSpec {
         },
         ..UnitSpec::workspace(IMAGE, WorkspaceSource::Host(workspace.to_path_buf()))
     }
-}
-
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 async fn raw_remove(docker: &Docker, id: &str) {
@@ -213,14 +209,14 @@ async fn docker_part() {
         raw_remove(&docker, &idle).await;
         raw_remove_times.push(removing.elapsed());
     }
-    let (unit, raw) = (median(unit_times), median(raw_times));
+    let (unit, raw) = (median(&unit_times), median(&raw_times));
     println!(
         "units/docker start→exec answered: {:.0} ms vs raw create+start+exit {:.0} ms = {:.2}x (goal ≤ 1.3x)",
         ms(unit),
         ms(raw),
         unit.as_secs_f64() / raw.as_secs_f64()
     );
-    let (remove, raw_rm) = (median(remove_times), median(raw_remove_times));
+    let (remove, raw_rm) = (median(&remove_times), median(&raw_remove_times));
     println!(
         "units/docker stop+remove: {:.0} ms vs raw force remove {:.0} ms = {:.2}x",
         ms(remove),
