@@ -532,6 +532,19 @@ fn normalise_user(user: &str) -> String {
     user.to_owned()
 }
 
+/// What the real executor adds on top of what the engine applied, claimed
+/// only where the executor refuses to serve without it: box's seccomp layer
+/// (`--seccomp on`, installed on itself and so on every child) joins the
+/// engine's, and landlock is enforced where the plan requires it (under
+/// best-effort nothing here observes the outcome, so nothing is claimed).
+pub fn add_executor_confinement(envelope: &mut Envelope, spec: &UnitSpec) {
+    envelope.hardening.seccomp = match envelope.hardening.seccomp.as_str() {
+        "none" => "box".to_owned(),
+        engine => format!("{engine}+box"),
+    };
+    envelope.hardening.landlock_enforced = spec.security.landlock == Requirement::Required;
+}
+
 /// A numeric tmpfs option (`size=`, `nr_inodes=`) as the engine holds it.
 fn tmpfs_option(options: &str, name: &str) -> Option<u64> {
     options
@@ -884,6 +897,27 @@ pub(crate) mod tests {
             envelope.network,
             serde_json::json!({"mode": "none", "allow": []})
         );
+    }
+
+    #[test]
+    fn the_executor_adds_its_seccomp_layer_and_a_required_landlock() {
+        let inspect = ContainerInspectResponse::default();
+        let mut required = spec();
+        required.security.landlock = Requirement::Required;
+        let mut envelope = envelope_from_inspect(&required, &inspect, "", &facts(), vec![], vec![]);
+        let engine = envelope.hardening.seccomp.clone();
+        add_executor_confinement(&mut envelope, &required);
+        assert_eq!(envelope.hardening.seccomp, format!("{engine}+box"));
+        assert!(envelope.hardening.landlock_enforced);
+
+        let mut best_effort = spec();
+        best_effort.security.landlock = Requirement::BestEffort;
+        let mut envelope =
+            envelope_from_inspect(&best_effort, &inspect, "", &facts(), vec![], vec![]);
+        envelope.hardening.seccomp = "none".to_owned();
+        add_executor_confinement(&mut envelope, &best_effort);
+        assert_eq!(envelope.hardening.seccomp, "box");
+        assert!(!envelope.hardening.landlock_enforced);
     }
 
     #[test]

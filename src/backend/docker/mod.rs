@@ -331,19 +331,9 @@ impl DockerBackend {
             env_passed,
             env_scrubbed,
         );
-        // The real executor installs box's seccomp layer on itself (and so on
-        // every child) before it serves, and refuses to start without it; a
-        // stand-in command (tests) gets only the engine's.
+        // A stand-in command (tests) gets only what the engine applied.
         if self.executor_command.is_none() {
-            envelope.hardening.seccomp = match envelope.hardening.seccomp.as_str() {
-                "none" => "box".to_owned(),
-                engine => format!("{engine}+box"),
-            };
-            // Likewise the executor is told `--landlock required` and exits
-            // rather than serve unconfined, so a unit that answers is under it.
-            // Under best-effort nothing here observes the outcome: claim none.
-            envelope.hardening.landlock_enforced =
-                spec.security.landlock == crate::plan::Requirement::Required;
+            body::add_executor_confinement(&mut envelope, spec);
         }
         let ended = ended(
             self.docker.clone(),
