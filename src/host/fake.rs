@@ -174,6 +174,7 @@ impl Backend for FakeBackend {
                 self.state.clone(),
                 kill_rx,
                 end_tx,
+                spec.name.clone(),
             ));
             let ended = async move {
                 end_rx.await.unwrap_or_else(|_| UnitEnd {
@@ -259,6 +260,7 @@ struct Executor {
     state: Arc<Mutex<State>>,
     out: mpsc::Sender<Value>,
     die: mpsc::Sender<UnitEnd>,
+    unit: String,
     waiting: Mutex<HashMap<String, oneshot::Sender<Value>>>,
     processes: Mutex<HashMap<String, Process>>,
     next: Mutex<u64>,
@@ -462,7 +464,10 @@ impl Executor {
                     .send(UnitEnd {
                         exit_code: Some(137),
                         oom_killed: true,
-                        reason: "the unit was killed".to_owned(),
+                        reason: format!(
+                            "unit {} was killed by the kernel's OOM killer (exit code 137)",
+                            self.unit
+                        ),
                     })
                     .await;
                 std::future::pending().await
@@ -542,6 +547,7 @@ async fn run_executor(
     state: Arc<Mutex<State>>,
     mut kill: oneshot::Receiver<()>,
     end: oneshot::Sender<UnitEnd>,
+    unit: String,
 ) {
     let (out_tx, mut out_rx) = mpsc::channel::<Value>(64);
     let (die_tx, mut die_rx) = mpsc::channel::<UnitEnd>(1);
@@ -556,6 +562,7 @@ async fn run_executor(
         state,
         out: out_tx,
         die: die_tx,
+        unit: unit.clone(),
         waiting: Mutex::default(),
         processes: Mutex::default(),
         next: Mutex::new(0),
@@ -565,11 +572,11 @@ async fn run_executor(
     let mut reader = LineReader::new(stdin, 16 << 20);
     let outcome = loop {
         tokio::select! {
-            _ = &mut kill => break UnitEnd { exit_code: Some(137), oom_killed: false, reason: "the unit was removed".to_owned() },
+            _ = &mut kill => break UnitEnd { exit_code: Some(137), oom_killed: false, reason: format!("unit {unit} was removed (exit code 137)") },
             Some(end) = die_rx.recv() => break end,
             line = reader.next() => {
                 let Ok(Some(Line::Message(bytes))) = line else {
-                    break UnitEnd { exit_code: Some(0), oom_killed: false, reason: "its input closed".to_owned() };
+                    break UnitEnd { exit_code: Some(0), oom_killed: false, reason: format!("the executor of unit {unit} exited normally when its input closed (code 0)") };
                 };
                 let Ok(message) = serde_json::from_slice::<Value>(&bytes) else { continue };
                 match classify(&message) {

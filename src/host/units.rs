@@ -261,14 +261,48 @@ pub fn link_unit(
     writer_tx
 }
 
-/// A sentence for a unit's end: the reason, the exit code, the OOM kill.
+/// A sentence for a unit's end. The backend's reason already says who
+/// ended, how (exit code or signal) and why (an OOM kill): each once.
 pub fn describe_end(end: &UnitEnd) -> String {
-    let mut text = end.reason.clone();
-    if let Some(code) = end.exit_code {
-        text.push_str(&format!(" (exit code {code})"));
+    end.reason.clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 8, item 15: each backend's sentence already carries the exit
+    /// code, the signal and the OOM kill; the host says them once.
+    #[test]
+    fn a_units_end_is_described_once() {
+        let docker = crate::backend::docker::body::unit_end(
+            "ws",
+            crate::backend::docker::body::Ending::Container,
+            Some(137),
+            false,
+            1024,
+        );
+        let end = UnitEnd {
+            exit_code: docker.exit_code,
+            oom_killed: docker.oom_killed,
+            reason: docker.reason.clone(),
+        };
+        assert_eq!(describe_end(&end), docker.reason);
+        let oom = crate::backend::docker::body::unit_end(
+            "ws",
+            crate::backend::docker::body::Ending::Container,
+            Some(137),
+            true,
+            1024,
+        );
+        let end = UnitEnd {
+            exit_code: oom.exit_code,
+            oom_killed: oom.oom_killed,
+            reason: oom.reason.clone(),
+        };
+        let text = describe_end(&end);
+        assert_eq!(text.matches("137").count(), 1, "{text}");
+        assert_eq!(text.matches("OOM").count(), 1, "{text}");
+        assert!(!text.contains("out-of-memory"), "{text}");
     }
-    if end.oom_killed {
-        text.push_str(" (killed by the out-of-memory killer)");
-    }
-    text
 }

@@ -509,7 +509,8 @@ async fn docker_unit_killed_mid_exec_is_reported() {
     assert!(started.elapsed() < Duration::from_secs(20));
     assert_eq!(end.exit_code, Some(137), "{end:?}");
     assert!(!end.oom_killed);
-    assert!(end.reason.contains("signal 9"), "{end:?}");
+    assert!(end.reason.contains("SIGKILL"), "{end:?}");
+    assert!(end.reason.contains("docker kill"), "{end:?}");
     assert!(end.reason.contains("unit workspace"), "{end:?}");
     // The executor's stdout reaches EOF.
     let mut rest = Vec::new();
@@ -1317,4 +1318,200 @@ async fn docker_an_image_with_a_fake_dev_null_gets_the_real_device() {
         core_pattern
     );
     instance.assert_clean(&backend).await;
+}
+
+/// Issue 8, item 15: `docker stop` and `docker kill` of a unit whose executor
+/// runs are each described once, with their cause: the container's end (its
+/// init got SIGTERM, or SIGKILL), not the executor's SIGKILL as the unit's
+/// pid namespace went down with it.
+#[tokio::test]
+async fn docker_stop_and_kill_are_described_once_with_their_cause() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("stop");
+    let ws = workspace();
+    for (how, signal) in [("stop", "SIGTERM"), ("kill", "SIGKILL")] {
+        let unit = backend
+            .start(&instance.label, &spec("workspace", ws.path()))
+            .await
+            .unwrap();
+        let id = unit.envelope.id.clone();
+        // Watched from the start, as a session watches it.
+        let ended = tokio::spawn(unit.ended);
+        let _io = unit.io;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let output = std::process::Command::new("docker")
+            .args([how, id.as_str()])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "docker {how}: {output:?}");
+        let end = tokio::time::timeout(Duration::from_secs(30), ended)
+            .await
+            .expect("the unit's end was not reported in time")
+            .unwrap();
+        let reason = &end.reason;
+        eprintln!("docker {how}: {reason}");
+        assert!(reason.starts_with("unit workspace was"), "{how}: {end:?}");
+        assert!(reason.contains(signal), "{how}: {end:?}");
+        assert!(reason.contains(&format!("docker {how}")), "{how}: {end:?}");
+        assert_eq!(reason.matches("exit code").count(), 1, "{how}: {end:?}");
+        assert!(!end.oom_killed, "{how}: {end:?}");
+        backend.remove(&id).await.unwrap();
+    }
+    instance.assert_clean(&backend).await;
+}
+
+/// Issue 8, item 15: a command the kernel's OOM killer ends inside a unit is
+/// reported as such by the bash tool, not only as bash's "Killed".
+#[tokio::test]
+async fn docker_bash_says_when_the_oom_killer_ended_its_command() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("bashoom");
+    let ws = workspace();
+    let mut small = spec("workspace", ws.path());
+    small.limits.memory_bytes = 96 << 20;
+    let mut unit = backend.start(&instance.label, &small).await.unwrap();
+    let id = unit.envelope.id.clone();
+    let text = executor_bash(&mut unit.io, "head -c 1G /dev/zero | tail > /dev/null").await;
+    assert!(text.contains("[exit 137]"), "{text}");
+    assert!(text.contains("OOM killer"), "{text}");
+    backend.remove(&id).await.unwrap();
+    instance.assert_clean(&backend).await;
+}
+
+/// `box serve --backend docker` over stdio as a child: its stdin, a reader
+/// of its stdout lines, and the child.
+struct Served {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Served {
+    fn start(instance: &str, workspace: &Path, extra: &[&str]) -> Self {
+        use std::io::BufRead as _;
+        let mut child = std::process::Command::new(box_bin())
+            .args(["serve", "--backend", "docker", "--instance", instance])
+            .arg("--workspace")
+            .arg(workspace)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut served = Self {
+            child,
+            stdin,
+            lines,
+        };
+        served.send(
+            &serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "docker-test", "version": "1"}}}),
+        );
+        let answer = served.answer(0, Duration::from_secs(60));
+        assert!(answer.get("result").is_some(), "initialize: {answer}");
+        served.send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        served
+    }
+
+    fn send(&mut self, message: &serde_json::Value) {
+        use std::io::Write as _;
+        writeln!(self.stdin, "{message}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// The answer to request `id`, within `wait`.
+    fn answer(&mut self, id: i64, wait: Duration) -> serde_json::Value {
+        let deadline = Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no answer to request {id} within {wait:?}"));
+            let message: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if message["id"] == serde_json::json!(id) {
+                return message;
+            }
+        }
+    }
+
+    fn hang_up(mut self) -> std::process::ExitStatus {
+        drop(self.stdin);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "box serve did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The ids of containers labelled with `instance`.
+fn containers_labelled(label: &str) -> Vec<String> {
+    let output = std::process::Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("label={label}")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Issue 8, item 15, through a session: a call after `docker stop` of the
+/// session's unit is answered with the unit's end said once, with its cause.
+#[test]
+fn docker_a_stopped_sessions_unit_is_answered_with_its_cause_once() {
+    if tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine())
+        .is_none()
+    {
+        return;
+    }
+    let instance = Instance::new("sstop");
+    let ws = workspace();
+    let mut served = Served::start(&instance.label.instance, ws.path(), &[]);
+    let units = containers_labelled(&format!("box.instance={}", instance.label.instance));
+    assert_eq!(units.len(), 1, "{units:?}");
+    let output = std::process::Command::new("docker")
+        .args(["stop", units[0].as_str()])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    served.send(
+        &serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "echo hi"}}}),
+    );
+    let answer = served.answer(1, Duration::from_secs(30));
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("unit workspace was stopped"), "{answer}");
+    assert!(message.contains("docker stop"), "{answer}");
+    assert_eq!(message.matches("exit code").count(), 1, "{answer}");
+    assert!(served.hang_up().success());
+    assert_eq!(
+        containers_labelled(&format!("box.instance={}", instance.label.instance)),
+        Vec::<String>::new()
+    );
 }
