@@ -43,6 +43,17 @@ const UNIT_END_GRACE: Duration = Duration::from_secs(2);
 /// At session end, how long executors get to end their processes and exit
 /// after their input closes, before their units are removed anyway.
 const SESSION_END_GRACE: Duration = Duration::from_secs(5);
+/// After a call's deadline fires, how long an answer already on its way
+/// still wins over it. A host frozen past the deadline (SIGSTOP, a stalled
+/// VM) runs the deadline's timer before the answer waiting in the unit's
+/// pipes has crossed the tasks between (the engine's stream, a pump, the
+/// reader); an answer the unit gave is the truth, a timeout is a guess.
+const DEADLINE_SETTLE: Duration = Duration::from_secs(1);
+/// When the idle time has run out, how long what the client sent meanwhile
+/// still counts: a host frozen past the idle time finds its clients'
+/// requests waiting behind the timer (in sockets, in a transport's tasks),
+/// and a session is not idle while they wait.
+const IDLE_SETTLE: Duration = Duration::from_secs(1);
 
 /// A message from the client to a session.
 #[derive(Debug)]
@@ -192,7 +203,10 @@ struct Tag {
     tool: Option<String>,
     arguments_digest: Option<String>,
     started: Instant,
+    /// The deadline's timer, then the settle's once it has fired.
     deadline: Option<AbortHandle>,
+    /// The deadline fired; the answer may still come within the settle.
+    overdue: bool,
     rewrite: Rewrite,
 }
 
@@ -433,10 +447,15 @@ impl Session {
         let lifetime_end = limits
             .as_ref()
             .map(|limits| tokio::time::Instant::from_std(live.started + limits.lifetime));
+        // Once the idle time has run out: until when what the client sent
+        // meanwhile still counts (IDLE_SETTLE).
+        let mut idle_settle: Option<tokio::time::Instant> = None;
         loop {
             let idle_end = match idle {
                 Some(idle) if live.router.in_flight() == 0 => {
-                    Some(tokio::time::Instant::from_std(live.last_activity + idle))
+                    Some(idle_settle.unwrap_or_else(|| {
+                        tokio::time::Instant::from_std(live.last_activity + idle)
+                    }))
                 }
                 _ => None,
             };
@@ -453,6 +472,7 @@ impl Session {
                         return "the client left".to_owned();
                     };
                     live.last_activity = Instant::now();
+                    idle_settle = None;
                     self.on_client(live, message);
                 }
                 Some(event) = live.events_rx.recv() => {
@@ -461,9 +481,21 @@ impl Session {
                     if busy && live.router.in_flight() == 0 {
                         // Idle counts from the last answer too: a long call is not idleness.
                         live.last_activity = Instant::now();
+                        idle_settle = None;
                     }
                 }
                 () = sleep_until(idle_end) => {
+                    // Read what is waiting before judging the session idle.
+                    if let Ok(message) = inbound.try_recv() {
+                        live.last_activity = Instant::now();
+                        idle_settle = None;
+                        self.on_client(live, message);
+                        continue;
+                    }
+                    if idle_settle.is_none() {
+                        idle_settle = Some(tokio::time::Instant::now() + IDLE_SETTLE);
+                        continue;
+                    }
                     return format!("idle for {}", humantime::format_duration(idle.unwrap_or_default()));
                 }
                 () = sleep_until(lifetime_end) => return "its lifetime ended".to_owned(),
@@ -571,6 +603,7 @@ impl Session {
             arguments_digest,
             started: Instant::now(),
             deadline: None,
+            overdue: false,
             rewrite,
         };
         let (unit_id, upstream) = live.router.forward(unit, upstream, reply, tag);
@@ -830,26 +863,46 @@ impl Session {
                 self.unit_died(live, unit, cause, None)
             }
             UnitEvent::Deadline(unit, unit_id) => {
-                let Some(forward) = live.router.take(unit, unit_id) else {
+                // Ask the unit to stop the call now, but let an answer already
+                // on its way win for DEADLINE_SETTLE.
+                let Some(tag) = live.router.tag_mut(unit, unit_id) else {
                     return;
                 };
-                let timeout = live.units[unit].spec.limits.call_timeout;
-                let name = live.units[unit].spec.name.clone();
+                if tag.overdue {
+                    return;
+                }
+                tag.overdue = true;
+                let events = live.events_tx.clone();
+                let settle = tokio::spawn(async move {
+                    tokio::time::sleep(DEADLINE_SETTLE).await;
+                    let _ = events.send(UnitEvent::Overdue(unit, unit_id)).await;
+                });
+                tag.deadline = Some(settle.abort_handle());
                 let cancel = proxy::notification(
                     "notifications/cancelled",
                     json!({"requestId": unit_id, "reason": "the call ran past its deadline"}),
                 );
                 let _ = send_to_unit(&live.units[unit], cancel);
+            }
+            UnitEvent::Overdue(unit, unit_id) => {
+                let Some(forward) = live.router.take(unit, unit_id) else {
+                    return;
+                };
+                let timeout = live.units[unit].spec.limits.call_timeout;
+                let name = live.units[unit].spec.name.clone();
                 self.finish_call(live, unit, &forward.tag, "timeout");
+                // Nothing confirms a cancellation (an executor answers a
+                // cancelled request with nothing): the call may have run, in
+                // part or in full, so its outcome is said to be unknown.
                 forward.reply.answer(error_response_with_data(
                     forward.client_id,
                     code::REQUEST_TIMEOUT,
                     format!(
-                        "unit {name}: {} did not finish within {} (the profile's call_timeout); it was cancelled",
+                        "unit {name}: {} did not answer within {} (the profile's call_timeout); box asked the unit to cancel it, but whether it ran, in part or in full, is unknown",
                         forward.tag.method,
                         humantime::format_duration(timeout)
                     ),
-                    json!({"unit": name, "timeoutMs": timeout.as_millis() as u64}),
+                    json!({"unit": name, "timeoutMs": timeout.as_millis() as u64, "outcome": "unknown"}),
                 ));
             }
         }

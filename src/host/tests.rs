@@ -430,8 +430,11 @@ async fn a_dying_unit_answers_every_request_in_flight_once_with_the_cause() {
     assert!(message.contains("unit workspace ended"), "{message}");
 }
 
+/// Issue 8, item 12: a deadline that fires without an answer cannot say the
+/// call did not run (it may have, in part or in full): the answer says its
+/// outcome is unknown, and the unit is asked to cancel it.
 #[tokio::test]
-async fn a_call_past_its_deadline_is_answered_once_and_cancelled_in_the_unit() {
+async fn a_call_past_its_deadline_is_answered_once_as_unknown_and_cancelled_in_the_unit() {
     let fake = FakeBackend::default();
     let client = connect(config_with(&fake, short_deadline));
     client.initialize(json!({})).await;
@@ -445,10 +448,34 @@ async fn a_call_past_its_deadline_is_answered_once_and_cancelled_in_the_unit() {
     );
     let message = response["error"]["message"].as_str().unwrap();
     assert!(message.contains("call_timeout"), "{message}");
+    assert!(message.contains("unknown"), "{message}");
+    assert!(!message.contains("was cancelled"), "{message}");
+    assert_eq!(response["error"]["data"]["outcome"], json!("unknown"));
     wait_until("the unit sees the cancel", || {
         fake.record(|record| record.cancelled.len() == 1)
     })
     .await;
+}
+
+/// Issue 8, item 12: an answer on its way when the deadline fires wins. A
+/// host frozen past a call's deadline (SIGSTOP, a stalled VM) finds the
+/// unit's answer waiting when it resumes, but the timer's task runs before
+/// the answer has crossed the pipes; modelled here by an answer that comes
+/// just after the deadline.
+#[tokio::test(start_paused = true)]
+async fn an_answer_on_its_way_when_the_deadline_fires_wins() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, short_deadline));
+    client.initialize(json!({})).await;
+    let slow = client
+        .tool(json!(1), "slow", json!({"ms": 210, "steps": 1}))
+        .await;
+    let (_, answer) = collect(slow).await;
+    assert_eq!(
+        answer["result"]["content"][0]["text"],
+        json!("slow done"),
+        "{answer}"
+    );
 }
 
 #[tokio::test]
@@ -883,6 +910,36 @@ async fn stdio_refuses_an_over_long_line_and_reads_on() {
         .await
         .unwrap()
         .unwrap()
+        .unwrap();
+}
+
+/// Issue 8, item 13: a request waiting when the idle timer fires (a host
+/// frozen past the idle time finds its clients' requests queued when it
+/// resumes, behind the timer) keeps the session: what is waiting is read
+/// before the session is judged idle.
+#[tokio::test(start_paused = true)]
+async fn a_request_waiting_when_the_idle_timer_fires_keeps_the_session() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, short_idle));
+    client.initialize(json!({})).await;
+    // The idle time is 200 ms; the request comes 10 ms after it ran out.
+    tokio::time::sleep(Duration::from_millis(210)).await;
+    let (_, answer) = client
+        .call(
+            json!(1),
+            "tools/call",
+            json!({"name": "echo", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(
+        answer["result"]["content"][0]["text"],
+        json!("{}"),
+        "{answer}"
+    );
+    assert!(!client.session.has_ended());
+    // With nothing more, it does end.
+    tokio::time::timeout(WAIT, client.session.ended())
+        .await
         .unwrap();
 }
 

@@ -33,6 +33,8 @@ pub enum UnitEvent {
     Grace(usize),
     /// A forwarded request's deadline passed.
     Deadline(usize, u64),
+    /// The settle after a deadline passed without the request's answer.
+    Overdue(usize, u64),
 }
 
 /// An executor's stdio, framed.

@@ -1515,3 +1515,57 @@ fn docker_a_stopped_sessions_unit_is_answered_with_its_cause_once() {
         Vec::<String>::new()
     );
 }
+
+/// A directory holding one profile, `NAME.toml`, that extends `default` with `limits`.
+fn profile_dir(name: &str, limits: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(format!("{name}.toml")),
+        format!("extends = \"default\"\n\n[limits]\n{limits}\n"),
+    )
+    .unwrap();
+    dir
+}
+
+/// Issue 8, item 12: a host stopped (SIGSTOP) from before a call's answer
+/// until after its deadline finds the answer waiting when it resumes; the
+/// answer wins, since the call ran: the client is never told it was cancelled.
+#[test]
+fn docker_an_answer_waiting_when_a_frozen_host_resumes_wins_over_the_deadline() {
+    use nix::sys::signal::{Signal, kill};
+    if tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine())
+        .is_none()
+    {
+        return;
+    }
+    let profiles = profile_dir("short", "call_timeout = \"3s\"");
+    let instance = Instance::new("freeze");
+    // The caller's own (user = "host"): written by the unit as the caller.
+    let ws = tempfile::tempdir().unwrap();
+    let profiles_arg = profiles.path().to_string_lossy().into_owned();
+    let mut served = Served::start(
+        &instance.label.instance,
+        ws.path(),
+        &["--profiles", &profiles_arg, "--profile", "short"],
+    );
+    served.send(&serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "sleep 1; echo done > marker; echo finished"}}}));
+    std::thread::sleep(Duration::from_millis(400));
+    let pid = nix::unistd::Pid::from_raw(served.child.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    kill(pid, Signal::SIGCONT).unwrap();
+    let answer = served.answer(1, Duration::from_secs(30));
+    let text = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(text.contains("finished"), "{answer}");
+    assert!(ws.path().join("marker").exists(), "{answer}");
+    assert!(served.hang_up().success());
+    assert_eq!(
+        containers_labelled(&format!("box.instance={}", instance.label.instance)),
+        Vec::<String>::new()
+    );
+}

@@ -1206,3 +1206,99 @@ fn serve_refuses_a_short_token() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("at least 16"), "{stderr}");
 }
+
+/// Issue 8, item 13: five HTTP sessions calling every 0.2 s, the host
+/// stopped (SIGSTOP) for twice the idle time: at SIGCONT their queued
+/// requests are read and answered, and no session is reaped as idle.
+#[tokio::test(flavor = "multi_thread")]
+async fn busy_http_sessions_survive_a_frozen_host() {
+    use std::io::BufRead as _;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("idle.toml"),
+        "extends = \"default\"\n\n[limits]\nidle = \"2s\"\n",
+    )
+    .unwrap();
+    let mut child = box_command()
+        .env("RUST_LOG", "info")
+        .args(["serve", "--backend", "fake", "--listen", "127.0.0.1:0"])
+        .arg("--profiles")
+        .arg(profiles.path())
+        .args(["--profile", "idle"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let (address_tx, address_rx) = std::sync::mpsc::channel();
+    let log = Arc::new(std::sync::Mutex::new(String::new()));
+    let log_writer = log.clone();
+    std::thread::spawn(move || {
+        for line in stderr.lines() {
+            let Ok(line) = line else { break };
+            if let Some(address) = line.split("address=").nth(1) {
+                let _ = address_tx.send(address.trim().to_owned());
+            }
+            log_writer.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    let address: SocketAddr = address_rx
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut sessions = Vec::new();
+    for _ in 0..5 {
+        let reply = post(address, None, &[], &initialize_message()).await;
+        assert_eq!(reply.status, 200);
+        sessions.push(reply.header("mcp-session-id").unwrap().to_owned());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut callers = Vec::new();
+    for session in sessions.clone() {
+        let stop = stop.clone();
+        callers.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            let mut id = 1;
+            while !stop.load(Ordering::Relaxed) {
+                let reply = post(
+                    address,
+                    Some(&session),
+                    &[],
+                    &call(json!(id), "echo", json!({"n": id})),
+                )
+                .await;
+                if reply.status != 200 || reply.json().get("result").is_none() {
+                    failures.push(format!(
+                        "call {id}: {} {}",
+                        reply.status,
+                        String::from_utf8_lossy(&reply.body)
+                    ));
+                }
+                id += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            failures
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut failures = Vec::new();
+    for caller in callers {
+        failures.extend(caller.await.unwrap());
+    }
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    assert!(
+        failures.is_empty(),
+        "busy sessions failed after the freeze: {failures:#?}\n{}",
+        log.lock().unwrap()
+    );
+}
