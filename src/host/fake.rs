@@ -1,6 +1,6 @@
 //! A recording fake [`Backend`] for tests and benchmarks of the host: its units
 //! are in-process fake executors over tokio duplex pipes. It records starts and
-//! removals, fails a named unit's start on cue, and its executors answer
+//! removals, fails a named unit's start on cue, stalls starts and stalls or fails removals while a test says so (an engine that hangs), and its executors answer
 //! `initialize` with an executor capability, a few tools (`echo`, `slow` with
 //! progress, `hang`, `die`, `ask` with an elicitation, `cancelled` listing the
 //! cancellations seen, `mutate` changing its own tool list as a tampered
@@ -20,7 +20,7 @@ use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::session::EXECUTOR_KEY;
 use crate::backend::{
@@ -67,11 +67,39 @@ struct State {
     next_id: u64,
 }
 
+/// What a test switches on and off while the fake runs: an engine that
+/// stalls or refuses.
+struct Gates {
+    /// While true, every start waits (a stalled engine).
+    stall_starts: watch::Sender<bool>,
+    /// While true, every removal waits (a stalled engine).
+    stall_removals: watch::Sender<bool>,
+    /// While true, every removal fails and leaves the unit.
+    fail_removals: std::sync::atomic::AtomicBool,
+}
+
+impl Default for Gates {
+    fn default() -> Self {
+        Self {
+            stall_starts: watch::Sender::new(false),
+            stall_removals: watch::Sender::new(false),
+            fail_removals: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+/// Wait while `gate` is true.
+async fn pass(gate: &watch::Sender<bool>) {
+    let mut open = gate.subscribe();
+    let _ = open.wait_for(|stalled| !stalled).await;
+}
+
 /// The fake backend.
 #[derive(Clone, Default)]
 pub struct FakeBackend {
     options: FakeOptions,
     state: Arc<Mutex<State>>,
+    gates: Arc<Gates>,
 }
 
 impl FakeBackend {
@@ -80,7 +108,25 @@ impl FakeBackend {
         Self {
             options,
             state: Arc::default(),
+            gates: Arc::default(),
         }
+    }
+
+    /// Make every start wait (a stalled engine) until called with `false`.
+    pub fn stall_starts(&self, stalled: bool) {
+        self.gates.stall_starts.send_replace(stalled);
+    }
+
+    /// Make every removal wait (a stalled engine) until called with `false`.
+    pub fn stall_removals(&self, stalled: bool) {
+        self.gates.stall_removals.send_replace(stalled);
+    }
+
+    /// Make every removal fail, leaving its unit, until called with `false`.
+    pub fn fail_removals(&self, failing: bool) {
+        self.gates
+            .fail_removals
+            .store(failing, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn with<R>(&self, read: impl FnOnce(&mut State) -> R) -> R {
@@ -136,6 +182,7 @@ impl Backend for FakeBackend {
             if !self.options.start_delay.is_zero() {
                 tokio::time::sleep(self.options.start_delay).await;
             }
+            pass(&self.gates.stall_starts).await;
             if self.options.fail_unit.as_deref() == Some(spec.name.as_str()) {
                 return Err(BackendError::Other {
                     unit: spec.name.clone(),
@@ -198,6 +245,18 @@ impl Backend for FakeBackend {
 
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
         async move {
+            pass(&self.gates.stall_removals).await;
+            if self
+                .gates
+                .fail_removals
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                return Err(BackendError::Other {
+                    unit: id.to_owned(),
+                    doing: "removing the unit".to_owned(),
+                    message: "the fake backend fails removals on cue".to_owned(),
+                });
+            }
             let kill = self.with(|state| {
                 state.record.removed.push(id.to_owned());
                 state.live.remove(id).and_then(|mut unit| unit.kill.take())

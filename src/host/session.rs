@@ -15,13 +15,14 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::HostConfig;
 pub use super::ask::{EXECUTOR_KEY, discover_refusal};
 use super::ask::{executor_initialize_params, initialize_result, read_ask};
 use super::units::{
-    ExecutorLink, FIRST_REQUEST_ID, UnitEvent, describe_end, initialize_executor, link_unit,
-    remove_units, start_units,
+    ExecutorLink, FIRST_REQUEST_ID, Tracked, UnitEvent, describe_end, initialize_executor,
+    link_unit, remove_until_gone, start_units,
 };
 use crate::backend::{Envelope, SessionLabel, UnitEnd};
 use crate::plan::{Plan, PlanError, Role, UnitSpec};
@@ -146,6 +147,7 @@ pub fn spawn_session(
             general,
             cancel,
             host,
+            background: TaskTracker::new(),
         };
         session.run(inbound_rx).await;
         metrics_config.metrics.task_ended();
@@ -162,6 +164,9 @@ struct Session {
     /// The host's shutdown: when it (not the session alone) ends the session,
     /// calls in flight get `HostConfig::drain` to finish.
     host: CancellationToken,
+    /// Removals of units whose start failed or finished late: the session is
+    /// not over until they are done.
+    background: TaskTracker,
 }
 
 /// Why a session could not start: the JSON-RPC error it answers initialize with.
@@ -221,6 +226,8 @@ enum Rewrite {
 }
 
 struct Unit {
+    /// Its key in the host's ledger.
+    key: u64,
     spec: UnitSpec,
     envelope: Envelope,
     writer: Option<mpsc::Sender<Value>>,
@@ -253,7 +260,15 @@ enum Route {
 }
 
 impl Session {
-    async fn run(self, mut inbound: mpsc::Receiver<Inbound>) {
+    /// Serve the session, then wait until every unit it asked for is
+    /// confirmed gone, however it ended.
+    async fn run(self, inbound: mpsc::Receiver<Inbound>) {
+        self.serve_session(inbound).await;
+        self.background.close();
+        self.background.wait().await;
+    }
+
+    async fn serve_session(&self, mut inbound: mpsc::Receiver<Inbound>) {
         let cancel = self.cancel.clone();
         let mut live = loop {
             let message = tokio::select! {
@@ -338,25 +353,50 @@ impl Session {
             session: self.id.clone(),
             profile: plan.profile.clone(),
         };
-        let backend = self.config.backend.as_ref();
         let start_clock = Instant::now();
-        let started = start_units(backend, &label, &plan.units)
-            .await
-            .map_err(|error| {
-                StartError::internal(format!("starting the session's units: {error}"))
-            })?;
-        let ids: Vec<String> = started
+        // The session's (every unit has the same): engine start and executor initialize.
+        let start_timeout = plan
+            .units
             .iter()
-            .map(|unit| unit.envelope.id.clone())
-            .collect();
+            .map(|unit| unit.limits.start_timeout)
+            .max()
+            .unwrap_or(Duration::from_secs(60));
+        let start_deadline = tokio::time::Instant::now() + start_timeout;
+        let started = start_units(
+            &self.config,
+            &label,
+            &plan.units,
+            start_timeout,
+            &self.background,
+        )
+        .await
+        .map_err(|error| StartError::internal(format!("starting the session's units: {error}")))?;
 
         let executor_params = executor_initialize_params(client_params, &ask);
-        let timeout = self.config.executor_init_timeout;
+        // What is left of the start deadline bounds the executors' initialize too.
+        let timeout = self
+            .config
+            .executor_init_timeout
+            .min(start_deadline.saturating_duration_since(tokio::time::Instant::now()));
         let mut links = Vec::new();
         let mut ends = Vec::new();
         let mut envelopes = Vec::new();
-        for unit in started {
-            envelopes.push(unit.envelope);
+        let mut tracked = Vec::new();
+        for (key, unit) in started {
+            tracked.push(Tracked {
+                key,
+                id: unit.envelope.id.clone(),
+            });
+            let mut envelope = unit.envelope;
+            // Enforced by the host, so it is applied: said in plain numbers.
+            let millis = u64::try_from(start_timeout.as_millis()).unwrap_or(u64::MAX);
+            match envelope.limits.as_object_mut() {
+                Some(limits) => {
+                    limits.insert("startTimeoutMs".to_owned(), json!(millis));
+                }
+                None => envelope.limits = json!({"startTimeoutMs": millis}),
+            }
+            envelopes.push(envelope);
             links.push(ExecutorLink::new(unit.io.stdin, unit.io.stdout));
             ends.push(unit.ended);
         }
@@ -372,7 +412,10 @@ impl Session {
                 Ok(result) => initialized.push(result),
                 Err(why) => {
                     drop(links);
-                    remove_units(backend, &ids).await;
+                    drop(ends);
+                    let config = self.config.clone();
+                    self.background
+                        .spawn(async move { remove_until_gone(&config, tracked).await });
                     return Err(StartError::internal(format!(
                         "starting the session's units: unit {}: {why}",
                         spec.name
@@ -380,6 +423,7 @@ impl Session {
                 }
             }
         }
+        let ids: Vec<String> = tracked.iter().map(|unit| unit.id.clone()).collect();
 
         // Counted once the session is up: a failed start leaves no session behind.
         self.config
@@ -388,14 +432,16 @@ impl Session {
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
         let mut tasks = JoinSet::new();
         let mut units = Vec::new();
-        for (index, ((link, ended), (spec, envelope))) in links
+        for (index, (((link, ended), (spec, envelope)), tracked)) in links
             .into_iter()
             .zip(ends)
             .zip(plan.units.iter().cloned().zip(envelopes))
+            .zip(tracked)
             .enumerate()
         {
             let writer = link_unit(index, link, ended, &events_tx, &mut tasks);
             units.push(Unit {
+                key: tracked.key,
                 spec,
                 envelope,
                 writer: Some(writer),
@@ -1013,15 +1059,21 @@ impl Session {
             .iter()
             .filter(|unit| unit.envelope.state == "ended")
             .count();
-        let ids: Vec<String> = live
+        let tracked: Vec<Tracked> = live
             .units
             .iter()
-            .map(|unit| unit.envelope.id.clone())
+            .map(|unit| Tracked {
+                key: unit.key,
+                id: unit.envelope.id.clone(),
+            })
             .collect();
-        remove_units(self.config.backend.as_ref(), &ids).await;
+        let count = tracked.len();
         live.tasks.abort_all();
-        self.config.metrics.session_ended(ids.len(), died);
-        tracing::info!(session = %self.id, units = ids.len(), "session ended, units removed");
+        // The session is over only once its units are confirmed gone: until
+        // then it keeps its place, and the host names them if it exits first.
+        remove_until_gone(&self.config, tracked).await;
+        self.config.metrics.session_ended(count, died);
+        tracing::info!(session = %self.id, units = count, "session ended, units removed");
     }
 }
 

@@ -478,6 +478,86 @@ async fn an_answer_on_its_way_when_the_deadline_fires_wins() {
     );
 }
 
+fn short_start(profile: &Profile, tighten: &Value, host: &HostFacts) -> Result<Plan, PlanError> {
+    one_unit(profile, tighten, host, |unit| {
+        unit.limits.start_timeout = Duration::from_millis(300)
+    })
+}
+
+/// Issue 8, item 14: a start against a stalled engine ends at the profile's
+/// start deadline with an error naming the unit; the start that goes on
+/// keeps the session (and what it holds) until what it makes is removed.
+#[tokio::test]
+async fn a_start_past_its_deadline_is_refused_naming_the_unit_and_what_starts_late_is_removed() {
+    let fake = FakeBackend::default();
+    fake.stall_starts(true);
+    let config = config_with(&fake, short_start);
+    let client = connect(config.clone());
+    let started = std::time::Instant::now();
+    let response = client.initialize(json!({})).await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let message = response["error"]["message"].as_str().unwrap();
+    assert!(message.contains("unit workspace"), "{message}");
+    assert!(message.contains("start_timeout"), "{message}");
+    client.session.end();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !client.session.has_ended(),
+        "the session ended while its unit's start went on"
+    );
+    let left = config.ledger.left();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].unit, "workspace");
+    assert_eq!(left[0].id, None);
+    fake.stall_starts(false);
+    tokio::time::timeout(WAIT, client.session.ended())
+        .await
+        .unwrap();
+    assert_eq!(fake.live_units(), Vec::<String>::new());
+    assert_eq!(fake.record(|record| record.removed.len()), 1);
+    assert_eq!(config.ledger.left(), Vec::new());
+}
+
+/// Issue 8, item 14: the start deadline is in every envelope's limits.
+#[tokio::test]
+async fn the_envelope_reports_the_start_deadline() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    let response = client.initialize(json!({})).await;
+    let units = &response["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"]["units"];
+    assert_eq!(
+        units[0]["limits"]["startTimeoutMs"],
+        json!(60_000),
+        "{units}"
+    );
+}
+
+/// Issue 8, item 14: a session ends (and frees what it holds) only once the
+/// removal of its units is confirmed; until then the host names them as left.
+#[tokio::test]
+async fn a_session_ends_only_once_the_removal_of_its_units_is_confirmed() {
+    let fake = FakeBackend::default();
+    let config = config(&fake);
+    let client = connect(config.clone());
+    client.initialize(json!({})).await;
+    fake.fail_removals(true);
+    client.session.end();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !client.session.has_ended(),
+        "the session ended with its unit still there"
+    );
+    let left = config.ledger.left();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].id, Some(fake.live_units()[0].clone()));
+    fake.fail_removals(false);
+    tokio::time::timeout(WAIT, client.session.ended())
+        .await
+        .unwrap();
+    assert_eq!(fake.live_units(), Vec::<String>::new());
+    assert_eq!(config.ledger.left(), Vec::new());
+}
+
 #[tokio::test]
 async fn the_end_of_a_session_removes_its_units() {
     let fake = FakeBackend::default();

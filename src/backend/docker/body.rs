@@ -692,6 +692,7 @@ pub(crate) mod tests {
                 call_timeout: Duration::from_secs(60),
                 idle: Duration::from_secs(60),
                 lifetime: Duration::from_secs(600),
+                start_timeout: Duration::from_secs(60),
             },
             security: Security {
                 landlock: Requirement::BestEffort,
