@@ -1,7 +1,8 @@
 //! A recording fake [`Backend`] for tests and benchmarks of the host: its units
 //! are in-process fake executors over tokio duplex pipes. It records starts and
-//! removals, fails a named unit's start on cue, stalls starts and stalls or fails removals while a test says so (an engine that hangs), and its executors answer
-//! `initialize` with an executor capability, a few tools (`echo`, `slow` with
+//! removals, fails a named unit's start on cue, stalls starts and stalls or
+//! fails removals while a test says so (an engine that hangs), and its
+//! executors answer `initialize` with an executor capability, a few tools (`echo`, `slow` with
 //! progress, `hang`, `die`, `ask` with an elicitation, `cancelled` listing the
 //! cancellations seen, `mutate` changing its own tool list as a tampered
 //! executor would, `flood` sending a message longer than the host reads,

@@ -3,10 +3,13 @@
 //! starts units) and `initialize`; at `initialize` it reads the box ask,
 //! resolves and tightens the profile, starts every unit (all or nothing),
 //! initializes their executors and answers with the workspace unit's
-//! capability plus the envelopes. Then it routes every message through the
-//! proxy's [`Router`] until the session ends (the client leaves, the transport
-//! ends it, idle, lifetime, host shutdown), when it ends the units' executors
-//! (their processes end with them) and removes the units.
+//! capability plus the envelopes. Starting is bounded by the profile's
+//! `start_timeout`. Then it routes every message through the proxy's
+//! [`Router`] until the session ends (the client leaves, the transport ends
+//! it, idle, lifetime, host shutdown), when it ends the units' executors
+//! (their processes end with them) and removes the units. The session is
+//! over only once every unit it asked for is confirmed removed (the host's
+//! ledger names those that are not).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

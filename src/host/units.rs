@@ -201,7 +201,7 @@ pub enum StartFailure {
     Backend(#[from] BackendError),
     /// The deadline passed with these units' starts still going on.
     #[error(
-        "{} did not start within {} (the profile's start_timeout): the engine may be stalled; their starts go on, and whatever they make is removed",
+        "{} did not start within {} (the profile's start_timeout): the engine may be stalled; the start goes on, and whatever it makes is removed",
         .units.iter().map(|unit| format!("unit {unit}")).collect::<Vec<_>>().join(", "),
         humantime::format_duration(*.timeout)
     )]
@@ -533,6 +533,52 @@ pub fn describe_end(end: &UnitEnd) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_left_unit_is_named_with_how_to_remove_it() {
+        let check = |id: Option<&str>, kind: &str, want: &str| {
+            let unit = LeftUnit {
+                session: "0123456789abcdef".to_owned(),
+                unit: "workspace".to_owned(),
+                id: id.map(str::to_owned),
+            };
+            assert_eq!(unit.describe(kind, "http-127.0.0.1-8080"), want);
+        };
+        check(
+            Some("c0ffee"),
+            "docker",
+            "unit workspace of session 0123456789ab (docker id c0ffee): remove it with `docker rm -f c0ffee`",
+        );
+        check(
+            Some("4242"),
+            "local",
+            "unit workspace of session 0123456789ab (local id 4242): remove it with `kill -KILL -- -4242` (its process group)",
+        );
+        check(
+            None,
+            "docker",
+            "unit workspace of session 0123456789ab: its start had not finished (the engine did not answer); once the engine answers, `box gc --instance http-127.0.0.1-8080` removes it",
+        );
+    }
+
+    #[test]
+    fn the_ledger_holds_a_unit_from_its_start_until_it_is_gone() {
+        let ledger = Ledger::default();
+        let key = ledger.starting("s", "workspace");
+        assert_eq!(ledger.left_of("s")[0].id, None);
+        assert_eq!(ledger.tracked(), Vec::new());
+        ledger.started(key, "id-1");
+        assert_eq!(
+            ledger.tracked(),
+            vec![Tracked {
+                key,
+                id: "id-1".to_owned()
+            }]
+        );
+        assert_eq!(ledger.left_of("other"), Vec::new());
+        ledger.gone(key);
+        assert_eq!(ledger.left(), Vec::new());
+    }
 
     /// Issue 8, item 15: each backend's sentence already carries the exit
     /// code, the signal and the OOM kill; the host says them once.
