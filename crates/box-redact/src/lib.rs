@@ -79,6 +79,7 @@
 mod filter;
 mod forms;
 mod json;
+pub mod persisted;
 mod search;
 mod stream;
 #[cfg(test)]
