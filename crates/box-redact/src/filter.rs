@@ -25,7 +25,7 @@ pub(crate) type Occurrence = (u32, usize);
 pub(crate) struct Dense;
 
 #[derive(Clone, Debug)]
-struct Entry {
+pub(crate) struct Entry {
     gram: u32,
     pattern: u32,
     offset: u32,
@@ -35,17 +35,19 @@ struct Entry {
 #[derive(Clone, Debug)]
 pub(crate) struct Filter {
     stride: usize,
-    /// Bloom-like bitmap of the indexed grams' hashes.
+    /// Bloom filter of the indexed grams: two bits per gram, so a frequent
+    /// gram of ordinary text (four spaces) is unlikely to collide with an
+    /// indexed one and send every sample to the table.
     bits: Box<[u64]>,
-    /// Right shift that turns a gram's 32-bit product into a bit index.
-    shift: u32,
+    /// log2 of the number of bits.
+    bits_log2: u32,
     /// The indexed grams, sorted by gram.
     entries: Vec<Entry>,
     /// Open addressing from a gram to its first entry (index + 1; 0 is an
     /// empty slot), at most half full: a hit costs a probe or two instead of
     /// a binary search over all entries.
     table: Box<[u32]>,
-    /// Right shift that turns a gram's 32-bit product into a table slot.
+    /// Right shift that turns a gram's 64-bit product into a table slot.
     table_shift: u32,
 }
 
@@ -70,16 +72,17 @@ impl Filter {
             }
         }
         entries.sort_unstable_by_key(|entry| entry.gram);
-        // About 32 bits per entry keeps false hits near 3%; bounded so the
-        // bitmap stays in cache (128 KiB at most).
+        // About 32 bits per entry, two set per gram, keeps false hits near
+        // 0.4%; bounded so the bitmap stays in cache (128 KiB at most).
         let bit_count = (entries.len() * 32)
             .next_power_of_two()
             .clamp(1 << 12, 1 << 20);
-        let shift = 32 - bit_count.trailing_zeros();
+        let bits_log2 = bit_count.trailing_zeros();
         let mut bits = vec![0u64; bit_count / 64].into_boxed_slice();
         for entry in &entries {
-            let index = hash(entry.gram, shift);
-            bits[index / 64] |= 1 << (index % 64);
+            let (first, second) = bit_indexes(entry.gram, bits_log2);
+            bits[first / 64] |= 1 << (first % 64);
+            bits[second / 64] |= 1 << (second % 64);
         }
         let distinct = entries
             .windows(2)
@@ -87,7 +90,7 @@ impl Filter {
             .count()
             + 1;
         let slot_count = (distinct * 2).next_power_of_two().max(2);
-        let table_shift = 32 - slot_count.trailing_zeros();
+        let table_shift = 64 - slot_count.trailing_zeros();
         let mut table = vec![0u32; slot_count].into_boxed_slice();
         for (index, entry) in entries.iter().enumerate() {
             if index > 0 && entries[index - 1].gram == entry.gram {
@@ -102,7 +105,7 @@ impl Filter {
         Some(Filter {
             stride,
             bits,
-            shift,
+            bits_log2,
             entries,
             table,
             table_shift,
@@ -125,14 +128,16 @@ impl Filter {
         patterns: &[Box<[u8]>],
         out: &mut Vec<Occurrence>,
     ) -> Result<(), Dense> {
-        // Each unit of work (a bitmap hit, a candidate compared) costs tens
-        // of automaton steps; past this budget the automaton is cheaper.
+        // Each candidate compared costs tens of automaton steps; past this
+        // budget (a gram of the text that many forms share) the automaton is
+        // cheaper. A sample whose gram is not indexed costs a lookup or two,
+        // fewer than the automaton's steps over the same bytes, so it does
+        // not count.
         let budget = haystack.len() / 64 + 64;
         let mut work = 0;
         let mut position = 0;
         while let Some(gram) = gram_at(haystack, position) {
-            let index = hash(gram, self.shift);
-            if self.bits[index / 64] & (1 << (index % 64)) != 0 {
+            if self.may_hold(gram) {
                 for entry in self.entries_for(gram) {
                     work += 1;
                     let offset = entry.offset as usize;
@@ -143,7 +148,6 @@ impl Filter {
                         out.push((entry.pattern, start));
                     }
                 }
-                work += 1;
                 if work > budget {
                     return Err(Dense);
                 }
@@ -172,8 +176,7 @@ impl Filter {
         while position < last + self.stride
             && let Some(gram) = gram_at(haystack, position)
         {
-            let index = hash(gram, self.shift);
-            if self.bits[index / 64] & (1 << (index % 64)) != 0 {
+            if self.may_hold(gram) {
                 for entry in self.entries_for(gram) {
                     let Some(start) = position.checked_sub(entry.offset as usize) else {
                         continue;
@@ -196,8 +199,15 @@ impl Filter {
 }
 
 impl Filter {
+    /// Whether `gram` may be indexed (false: it certainly is not).
+    pub(crate) fn may_hold(&self, gram: u32) -> bool {
+        let (first, second) = bit_indexes(gram, self.bits_log2);
+        self.bits[first / 64] & (1 << (first % 64)) != 0
+            && self.bits[second / 64] & (1 << (second % 64)) != 0
+    }
+
     /// The entries indexing `gram` (none when it is not indexed).
-    fn entries_for(&self, gram: u32) -> impl Iterator<Item = &Entry> {
+    pub(crate) fn entries_for(&self, gram: u32) -> impl Iterator<Item = &Entry> {
         let mut slot = hash(gram, self.table_shift);
         let first = loop {
             match self.table[slot] {
@@ -222,7 +232,23 @@ fn gram_at(bytes: &[u8], offset: usize) -> Option<u32> {
     Some(u32::from_le_bytes(gram))
 }
 
+/// Fibonacci hashing: the high bits of the product mix all the gram's bits;
+/// `shift` keeps the top `64 - shift`.
 fn hash(gram: u32, shift: u32) -> usize {
-    // Fibonacci hashing: the top bits of the product mix all input bits.
-    (gram.wrapping_mul(0x9e37_79b1) >> shift) as usize
+    (product(gram) >> shift) as usize
+}
+
+fn product(gram: u32) -> u64 {
+    u64::from(gram).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Two bit indexes below `1 << bits_log2` from disjoint ranges of the
+/// product's high bits (`bits_log2` is at most 20, so both fit in 64).
+fn bit_indexes(gram: u32, bits_log2: u32) -> (usize, usize) {
+    let product = product(gram);
+    let mask = (1u64 << bits_log2) - 1;
+    (
+        (product >> (64 - bits_log2)) as usize,
+        ((product >> (64 - 2 * bits_log2)) & mask) as usize,
+    )
 }

@@ -569,3 +569,33 @@ proptest! {
         prop_assert_eq!(redactor.longest_form_prefix(&pending), naive);
     }
 }
+
+#[test]
+fn a_text_gram_that_only_collides_in_the_bitmap_keeps_the_prefilter() {
+    // Regression: four spaces collided with an indexed gram in the bitmap,
+    // every sample of indented source counted as work, and a 1 MiB `cat`
+    // fell back to the automaton at 20 times the cost.
+    let redactor = Redactor::new([("T", TOKEN), ("PIN", "7777777Q")]).unwrap();
+    let filter = redactor.filter.as_ref().unwrap();
+    let colliding = (0u32..)
+        .map(|index| {
+            let mut gram = *b"    ";
+            for (position, byte) in gram.iter_mut().enumerate() {
+                *byte = b' ' + u8::try_from((index >> (position * 6)) & 63).unwrap();
+            }
+            gram
+        })
+        .find(|gram| {
+            let gram = u32::from_le_bytes(*gram);
+            filter.may_hold(gram) && filter.entries_for(gram).next().is_none()
+        })
+        .unwrap();
+    let text = colliding.repeat(64 * 1024);
+    let mut found = Vec::new();
+    assert!(
+        filter
+            .find(&text, &redactor.pattern_bytes, &mut found)
+            .is_ok()
+    );
+    assert_eq!(found, []);
+}
