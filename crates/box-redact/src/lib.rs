@@ -71,10 +71,12 @@
 //! - Whole values longer than [`MAX_SECRET_LEN`]: only their lines are
 //!   registered, and they are reported too.
 //! - Transformations not anticipated: line-wrapped base64 or hex (`base64`
-//!   wraps at 76 characters, so a value over about 50 bytes printed through
-//!   it is split by newlines), separators inside hex dumps, reversal,
-//!   compression, encryption, other encodings, two encodings nested. Masking
-//!   is the last line, not the control.
+//!   wraps at 76 characters, so a value printed through it after a prefix
+//!   that takes the encoding past 76 characters, about 57 bytes in all, is
+//!   split by a newline), separators inside hex dumps (`xxd`), `\/` and
+//!   other optional JSON escapes, HTML or XML entities, reversal,
+//!   compression, encryption, two encodings nested. Masking is the last
+//!   line, not the control.
 
 mod filter;
 mod forms;

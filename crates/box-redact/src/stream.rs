@@ -4,13 +4,15 @@
 //!
 //! Each push scans what was held back plus the new chunk, releases
 //! everything that can no longer be part of a match, redacted, and holds
-//! back only the shortest tail that could still be the start of a secret
-//! form: the longest suffix that is a proper prefix of some form, plus one
-//! byte before it (a base64 match may widen over it), or the whole of a
-//! match whose widening needs bytes not yet seen. Usually nothing is held.
-//! `finish` releases the rest at the end of the stream. The concatenation of
-//! everything released equals [`Redactor::redact_bytes`] of the
-//! concatenated input (or [`Redactor::redact`] for text).
+//! back only the shortest tail that could still be part of one: the longest
+//! suffix that is a proper prefix of some form, plus the base64 characters
+//! (three at most) just before it that a base64 match would widen over, or
+//! the whole of a match whose widening needs bytes not yet seen. A chunk
+//! that ends a line or a word boundary holds nothing back; one that ends in
+//! letters or digits may hold up to three. `finish` releases the rest at the
+//! end of the stream. The concatenation of everything released equals
+//! [`Redactor::redact_bytes`] of the concatenated input (or
+//! [`Redactor::redact`] for text); a property test checks it.
 
 use std::sync::Arc;
 
