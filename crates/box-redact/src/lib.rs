@@ -138,7 +138,9 @@ pub enum SkipReason {
     /// Shorter than [`MIN_SECRET_LEN`]: not redacted at all (its lines are
     /// shorter still).
     TooShort,
-    /// Longer than [`MAX_SECRET_LEN`]: only its lines are redacted.
+    /// Longer than [`MAX_SECRET_LEN`]: only its lines (of
+    /// [`MIN_SECRET_LEN`] to [`MAX_SECRET_LEN`] bytes) are redacted; none
+    /// when it has no newline.
     TooLong,
 }
 
@@ -152,7 +154,7 @@ impl fmt::Display for Skipped {
             ),
             SkipReason::TooLong => write!(
                 formatter,
-                "secret {} is {} bytes, longer than {MAX_SECRET_LEN}: only its lines are redacted from output",
+                "secret {} is {} bytes, longer than {MAX_SECRET_LEN}: only its lines of {MIN_SECRET_LEN} to {MAX_SECRET_LEN} bytes are redacted from output",
                 self.name, self.len
             ),
         }

@@ -599,3 +599,19 @@ fn a_text_gram_that_only_collides_in_the_bitmap_keeps_the_prefilter() {
     );
     assert_eq!(found, []);
 }
+
+#[test]
+fn a_value_over_the_maximum_is_redacted_by_its_lines_and_reported() {
+    let line = "k".repeat(40);
+    let value = format!("{line}\n").repeat(2000);
+    let redactor = Redactor::new([("BIG", value.as_str())]).unwrap();
+    assert_eq!(
+        redactor.skipped(),
+        [Skipped {
+            name: "BIG".into(),
+            len: 82_000,
+            reason: SkipReason::TooLong
+        }]
+    );
+    assert_eq!(redactor.redact(&format!("<{line}>")), "<[REDACTED:BIG]>");
+}
