@@ -15,7 +15,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::task::JoinSet;
 
-use crate::http::COPY_BUFFER;
+use crate::http::pump;
 use crate::proxy::is_momentary;
 
 /// The loopback port a unit's bridge listens on unless told otherwise (the
@@ -45,16 +45,24 @@ pub async fn bridge(listener: TcpListener, proxy_socket: PathBuf) -> io::Result<
     }
 }
 
-async fn forward(mut client: TcpStream, proxy_socket: PathBuf) {
+async fn forward(client: TcpStream, proxy_socket: PathBuf) {
     let _ = client.set_nodelay(true);
-    let mut proxy = match UnixStream::connect(&proxy_socket).await {
+    let proxy = match UnixStream::connect(&proxy_socket).await {
         Ok(proxy) => proxy,
-        Err(error) => return unreachable(&mut client, &proxy_socket, &error).await,
+        Err(error) => {
+            let mut client = client;
+            return unreachable(&mut client, &proxy_socket, &error).await;
+        }
     };
-    // Either side closing or failing ends the connection; there is nothing to report.
-    let _ =
-        tokio::io::copy_bidirectional_with_sizes(&mut client, &mut proxy, COPY_BUFFER, COPY_BUFFER)
-            .await;
+    let (mut client_reader, mut client_writer) = client.into_split();
+    let (mut proxy_reader, mut proxy_writer) = proxy.into_split();
+    // Each direction ends at its end of stream and passes the half-close on; either
+    // failing ends the connection. There is nothing to report: the proxy reports.
+    let (mut up, mut down) = (0, 0);
+    let _ = tokio::try_join!(
+        pump(&mut client_reader, &mut proxy_writer, None, &mut up),
+        pump(&mut proxy_reader, &mut client_writer, None, &mut down),
+    );
 }
 
 async fn unreachable(client: &mut TcpStream, proxy_socket: &Path, error: &io::Error) {

@@ -13,9 +13,11 @@
 //!
 //! Names are case-folded, lose one trailing dot and must be A-labels. A wildcard is only
 //! a whole first label and needs two labels after it (`*`, `*.com`, `a*.example.com`,
-//! `a.*.example.com` are refused). The grammar accepts everything the profile's older
-//! `host[:port]` entries accepted, plus wildcards; one difference is deliberate: a bare
-//! host means ports 80 and 443, not every port (a bare `github.com` must not open SSH).
+//! `a.*.example.com` are refused). The grammar accepts what the profile's older
+//! `host[:port]` entries accepted, plus wildcards and a trailing dot, with two
+//! deliberate differences: a bare host means ports 80 and 443, not every port (a bare
+//! `github.com` must not open SSH), and a name whose last label is a number (`127.1`,
+//! `a.123`) is refused, because resolvers read those as IPv4 addresses.
 //!
 //! An empty list allows nothing. Whether a destination's *address* may be reached is a
 //! separate check (`address`), made after a rule matched.
