@@ -983,3 +983,142 @@ async fn a_session_without_units_answers_the_clients_version() {
     assert_eq!(response["result"]["serverInfo"]["name"], json!("box"));
     assert_eq!(fake.record(|record| record.starts.len()), 0);
 }
+
+#[tokio::test]
+async fn a_malformed_initialize_is_invalid_params_naming_the_field_and_starts_nothing() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    let valid = initialize_params(json!({}));
+    let mut version_a_number = valid.clone();
+    version_a_number["protocolVersion"] = json!(5);
+    let mut no_version = valid.clone();
+    no_version
+        .as_object_mut()
+        .unwrap()
+        .remove("protocolVersion");
+    let mut no_client_info = valid.clone();
+    no_client_info.as_object_mut().unwrap().remove("clientInfo");
+    let mut nameless_client = valid.clone();
+    nameless_client["clientInfo"] = json!({"version": "1"});
+    let mut capabilities_a_list = valid.clone();
+    capabilities_a_list["capabilities"] = json!([]);
+    let cases = [
+        (
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize"}),
+            "params",
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": "x"}),
+            "params",
+        ),
+        (
+            proxy::request(json!(0), "initialize", version_a_number),
+            "params.protocolVersion",
+        ),
+        (
+            proxy::request(json!(0), "initialize", no_version),
+            "params.protocolVersion",
+        ),
+        (
+            proxy::request(json!(0), "initialize", no_client_info),
+            "params.clientInfo",
+        ),
+        (
+            proxy::request(json!(0), "initialize", nameless_client),
+            "params.clientInfo.name",
+        ),
+        (
+            proxy::request(json!(0), "initialize", capabilities_a_list),
+            "params.capabilities",
+        ),
+    ];
+    for (message, field) in cases {
+        let (_, response) = collect(client.session.request(message.clone()).await.unwrap()).await;
+        assert_eq!(
+            response["error"]["code"],
+            json!(proxy::code::INVALID_PARAMS),
+            "{message} → {response}"
+        );
+        let text = response["error"]["message"].as_str().unwrap();
+        assert!(text.starts_with(&format!("{field}:")), "{field}: {text}");
+    }
+    assert_eq!(fake.record(|record| record.starts.len()), 0);
+    // The session is still waiting for a good initialize.
+    let response = client.initialize(json!({})).await;
+    assert!(response.get("result").is_some(), "{response}");
+}
+
+#[tokio::test]
+async fn params_that_are_not_an_object_are_invalid_params() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    let raw = |id: u64, method: &str, params: Value| json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    let (_, early) = collect(
+        client
+            .session
+            .request(raw(1, "ping", json!("x")))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(early["error"]["code"], json!(proxy::code::INVALID_PARAMS));
+    client.initialize(json!({})).await;
+    for (id, method, params) in [
+        (2, "tools/list", json!("x")),
+        (3, "tools/list", json!([1, 2])),
+        (4, "tools/call", json!(["echo", {}])),
+        (5, "ping", json!(7)),
+    ] {
+        let (_, response) = collect(
+            client
+                .session
+                .request(raw(id, method, params))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(response["id"], json!(id), "{response}");
+        assert_eq!(
+            response["error"]["code"],
+            json!(proxy::code::INVALID_PARAMS),
+            "{method}: {response}"
+        );
+        assert!(
+            response["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("params: must be an object"),
+            "{response}"
+        );
+    }
+    // Absent or null params are no params at all.
+    let (_, ping) = collect(
+        client
+            .session
+            .request(json!({"jsonrpc": "2.0", "id": 6, "method": "ping", "params": null}))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(ping["result"], json!({}));
+}
+
+#[tokio::test]
+async fn initialize_agrees_to_a_version_box_speaks_and_the_executors_get_it() {
+    for (requested, agreed) in [
+        ("2025-03-26", "2025-03-26"),
+        ("2024-11-05", "2024-11-05"),
+        ("1999-01-01", proxy::LATEST_PROTOCOL_VERSION),
+        ("2026-07-28", proxy::LATEST_PROTOCOL_VERSION),
+    ] {
+        let fake = FakeBackend::default();
+        let client = connect(config(&fake));
+        let mut params = initialize_params(json!({}));
+        params["protocolVersion"] = json!(requested);
+        let (_, response) = client.call(json!(0), "initialize", params).await;
+        assert_eq!(response["result"]["protocolVersion"], json!(agreed));
+        assert_eq!(client.session.protocol_version(), Some(agreed));
+        let sent = fake.record(|record| record.initialize_params.clone());
+        assert_eq!(sent[0]["protocolVersion"], json!(agreed), "{requested}");
+    }
+}

@@ -39,9 +39,10 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::host::session::discover_refusal;
 use crate::host::{HostConfig, ServeArgs, SessionHandle, spawn_session};
-use crate::proxy::{Kind, MessageError, ReplyStream, classify, code, error_response};
+use crate::proxy::{
+    Kind, MessageError, ReplyStream, classify, code, discover_refusal, error_response,
+};
 
 /// The protocol versions whose `MCP-Protocol-Version` header is accepted.
 pub const SUPPORTED_VERSIONS: [&str; 4] = crate::proxy::PROTOCOL_VERSIONS;
