@@ -100,6 +100,21 @@ pub enum MessageError {
     /// Not an object, or no `jsonrpc: "2.0"`, or neither method nor result/error.
     #[error("not a JSON-RPC 2.0 message: {0}")]
     Invalid(String),
+    /// A method with an `id` that is neither a string nor an integer (`null`
+    /// included): a malformed request, not a notification.
+    #[error("not a JSON-RPC 2.0 message: a request id must be a string or an integer, never null")]
+    InvalidId,
+}
+
+/// The answer to a message [`classify`] refused: -32600, with the message's
+/// id when it has a usable one, else `null`. `box serve` and `box execute`
+/// answer a refused line with it alike.
+pub fn refusal(message: &Value, error: &MessageError) -> Value {
+    let id = match (error, message.get("id")) {
+        (MessageError::Invalid(_), Some(id)) if is_valid_id(id) => id.clone(),
+        _ => Value::Null,
+    };
+    error_response(id, code::INVALID_REQUEST, error.to_string())
 }
 
 /// Classify `message`; the error says what is wrong with it.
@@ -129,9 +144,7 @@ pub fn classify(message: &Value) -> Result<Kind, MessageError> {
                 id: id.clone(),
                 method: method.to_owned(),
             }),
-            Some(_) => Err(MessageError::Invalid(
-                "a request id must be a string or an integer, never null".to_owned(),
-            )),
+            Some(_) => Err(MessageError::InvalidId),
         };
     }
     if object.contains_key("result") || object.contains_key("error") {

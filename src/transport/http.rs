@@ -40,9 +40,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::host::{HostConfig, ServeArgs, SessionHandle, spawn_session};
-use crate::proxy::{
-    Kind, MessageError, ReplyStream, classify, code, discover_refusal, error_response,
-};
+use crate::proxy::{Kind, ReplyStream, classify, code, discover_refusal, error_response, refusal};
 
 /// The protocol versions whose `MCP-Protocol-Version` header is accepted.
 pub const SUPPORTED_VERSIONS: [&str; 4] = crate::proxy::PROTOCOL_VERSIONS;
@@ -568,13 +566,7 @@ async fn post_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
     };
     let kind = match classify(&message) {
         Ok(kind) => kind,
-        Err(error @ MessageError::Batch) | Err(error @ MessageError::Invalid(_)) => {
-            return refuse(
-                StatusCode::BAD_REQUEST,
-                code::INVALID_REQUEST,
-                error.to_string(),
-            );
-        }
+        Err(error) => return json_response(StatusCode::BAD_REQUEST, refusal(&message, &error)),
     };
     let Some(session_id) = session_header(&headers) else {
         return match kind {

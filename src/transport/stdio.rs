@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::host::{HostConfig, spawn_session};
 use crate::proxy::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
-use crate::proxy::{Kind, MessageError, classify, code, error_response};
+use crate::proxy::{Kind, classify, code, error_response, refusal};
 
 /// How many messages may wait for stdout.
 const OUT_QUEUE: usize = 256;
@@ -189,15 +189,7 @@ pub async fn serve_on(
                 }
             }
             Err(error) => {
-                let id = match (&error, message.get("id")) {
-                    (MessageError::Invalid(_), Some(id)) if crate::proxy::is_valid_id(id) => {
-                        id.clone()
-                    }
-                    _ => Value::Null,
-                };
-                let _ = out_tx
-                    .send(error_response(id, code::INVALID_REQUEST, error.to_string()))
-                    .await;
+                let _ = out_tx.send(refusal(&message, &error)).await;
             }
         }
     }

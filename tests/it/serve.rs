@@ -1206,3 +1206,91 @@ fn serve_refuses_a_short_token() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("at least 16"), "{stderr}");
 }
+
+/// The lines both `box execute` and `box serve` get in
+/// `execute_and_serve_answer_null_ids_and_discover_probes_alike`.
+fn protocol_edge_lines() -> Vec<Value> {
+    let discover =
+        |id: &str| json!({"jsonrpc": "2.0", "id": id, "method": "server/discover", "params": {}});
+    vec![
+        json!({"jsonrpc": "2.0", "id": null, "method": "ping"}),
+        discover("d1"),
+        // As the 2026-07-28 probe of a dual-era client (mcp 2.x) sends it.
+        json!({"jsonrpc": "2.0", "id": "d2", "method": "server/discover", "params": {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}}}),
+        initialize_message(),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        discover("d3"),
+        json!({"jsonrpc": "2.0", "id": null, "method": "tools/list", "params": {}}),
+        json!({"jsonrpc": "2.0", "id": "p1", "method": "tools/list", "params": "x"}),
+        json!({"jsonrpc": "2.0", "id": "p2", "method": "tools/list", "params": [1, 2]}),
+    ]
+}
+
+/// Write `lines` to `command`'s stdin, close it, and read the answers.
+fn answers(mut command: Command, lines: &[Value]) -> Vec<Value> {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for line in lines {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    // The executor ends at end of input: give it time to answer first.
+    std::thread::sleep(Duration::from_millis(500));
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+#[test]
+fn execute_and_serve_answer_null_ids_and_discover_probes_alike() {
+    let root = tempfile::tempdir().unwrap();
+    let mut execute = Command::new(box_bin());
+    execute
+        .arg("execute")
+        .arg("--root")
+        .arg(root.path())
+        .args(["--landlock", "off"]);
+    let mut serve = box_command();
+    serve.args(["serve", "--backend", "fake"]);
+    let lines = protocol_edge_lines();
+    let executed = answers(execute, &lines);
+    let served = answers(serve, &lines);
+    let by_id = |answers: &[Value], id: Value| -> Vec<Value> {
+        answers
+            .iter()
+            .filter(|answer| answer["id"] == id)
+            .cloned()
+            .collect()
+    };
+    for id in [json!("d1"), json!("d2"), json!("d3")] {
+        let executed = by_id(&executed, id.clone());
+        assert_eq!(executed, by_id(&served, id.clone()), "answers to {id}");
+        assert_eq!(executed.len(), 1, "{id}: {executed:?}");
+        assert_eq!(executed[0]["error"]["code"], json!(-32601));
+        // The versions listed are those initialize and the HTTP header check accept.
+        assert_eq!(
+            executed[0]["error"]["data"]["supported"],
+            json!(boxhost::proxy::PROTOCOL_VERSIONS)
+        );
+    }
+    let null_ids = by_id(&executed, Value::Null);
+    assert_eq!(null_ids, by_id(&served, Value::Null));
+    assert_eq!(null_ids.len(), 2, "{executed:?}");
+    assert_eq!(null_ids[0]["error"]["code"], json!(-32600));
+    for id in [json!("p1"), json!("p2")] {
+        let executed = by_id(&executed, id.clone());
+        let served = by_id(&served, id.clone());
+        assert_eq!(executed.len(), 1, "{id}: {executed:?}");
+        assert_eq!(executed[0]["error"]["code"], json!(-32602), "{executed:?}");
+        assert_eq!(served[0]["error"]["code"], json!(-32602), "{served:?}");
+    }
+}
