@@ -40,7 +40,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::host::{HostConfig, ServeArgs, SessionHandle, spawn_session};
-use crate::proxy::{Kind, ReplyStream, classify, code, discover_refusal, error_response, refusal};
+use crate::proxy::{
+    Kind, MessageError, ReplyStream, allows_batches, classify, code, discover_refusal,
+    error_response, refusal, sends_version_header,
+};
 
 /// The protocol versions whose `MCP-Protocol-Version` header is accepted.
 pub const SUPPORTED_VERSIONS: [&str; 4] = crate::proxy::PROTOCOL_VERSIONS;
@@ -455,11 +458,12 @@ fn session_header(headers: &HeaderMap) -> Option<String> {
 /// Whether a request must carry `MCP-Protocol-Version`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Version {
-    /// POSTs after initialize: every SDK sends it there, and security case E63
-    /// asks for 400 when it is missing.
+    /// POSTs on a session that negotiated 2025-06-18 or later: every SDK
+    /// sends it there, and security case E63 asks for 400 when it is missing.
     Required,
-    /// GET: some clients (TypeScript) send only `Accept` there; a missing
-    /// header means 2025-03-26, which box serves.
+    /// POSTs on an older session (the header did not exist yet; the
+    /// negotiated version governs), and GET: some clients (TypeScript) send
+    /// only `Accept` there; a missing header means 2025-03-26, which box serves.
     Optional,
 }
 
@@ -560,24 +564,38 @@ async fn post_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
     if let Err(response) = check_request(&state.options, &headers) {
         return response;
     }
+    let accepts = Accepts::from_headers(&headers);
+    if !accepts.json && !accepts.sse {
+        return refuse(
+            StatusCode::NOT_ACCEPTABLE,
+            code::INVALID_REQUEST,
+            "Accept must allow application/json or text/event-stream (clients send both)",
+        );
+    }
     let message = match read_body(&state.options, &headers, body).await {
         Ok(message) => message,
         Err(response) => return response,
     };
+    // A batch is refused or split once the session's version is known.
     let kind = match classify(&message) {
-        Ok(kind) => kind,
+        Ok(kind) => Some(kind),
+        Err(MessageError::Batch) => None,
         Err(error) => return json_response(StatusCode::BAD_REQUEST, refusal(&message, &error)),
     };
     let Some(session_id) = session_header(&headers) else {
         return match kind {
-            Kind::Request { id, method } if method == "initialize" => {
+            Some(Kind::Request { id, method }) if method == "initialize" => {
                 initialize(&state, id, message).await
             }
             // A dual-era client's probe: a clean "method not found", nothing started.
-            Kind::Request { id, method } if method == "server/discover" => {
+            Some(Kind::Request { id, method }) if method == "server/discover" => {
                 json_response(StatusCode::OK, discover_refusal(id))
             }
-            _ => refuse(
+            None => json_response(
+                StatusCode::BAD_REQUEST,
+                refusal(&message, &MessageError::Batch),
+            ),
+            Some(_) => refuse(
                 StatusCode::BAD_REQUEST,
                 code::INVALID_REQUEST,
                 "Mcp-Session-Id is missing: send initialize first",
@@ -591,27 +609,125 @@ async fn post_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
             "no such session (it ended, or never was); initialize again",
         );
     };
-    if let Err(response) = check_version(&headers, Version::Required) {
+    // The version initialize agreed to governs: its clients send the header
+    // from 2025-06-18 on, and only 2025-03-26 has batches.
+    let version = session
+        .protocol_version()
+        .unwrap_or(crate::proxy::LATEST_PROTOCOL_VERSION);
+    let need = if sends_version_header(version) {
+        Version::Required
+    } else {
+        Version::Optional
+    };
+    if let Err(response) = check_version(&headers, need) {
         return response;
     }
-    match kind {
-        Kind::Request { id, .. } => match session.request(message).await {
-            Ok(stream) => answer(id, stream).await,
-            Err(_) => refuse(
-                StatusCode::NOT_FOUND,
-                code::INVALID_REQUEST,
-                "the session has ended",
+    let Some(kind) = kind else {
+        return match message {
+            Value::Array(messages) if allows_batches(version) => {
+                batch(&session, messages, accepts).await
+            }
+            message => json_response(
+                StatusCode::BAD_REQUEST,
+                refusal(&message, &MessageError::Batch),
             ),
+        };
+    };
+    match kind {
+        Kind::Request { .. } => match session.request(message).await {
+            Ok(stream) => answer(stream, accepts).await,
+            Err(_) => session_gone(),
         },
         Kind::Notification { .. } | Kind::Response { .. } => match session.notify(message).await {
             Ok(()) => StatusCode::ACCEPTED.into_response(),
-            Err(_) => refuse(
-                StatusCode::NOT_FOUND,
-                code::INVALID_REQUEST,
-                "the session has ended",
-            ),
+            Err(_) => session_gone(),
         },
     }
+}
+
+/// 404 for a session that ended while its request was on the way.
+fn session_gone() -> Response {
+    refuse(
+        StatusCode::NOT_FOUND,
+        code::INVALID_REQUEST,
+        "the session has ended",
+    )
+}
+
+/// A batch on a session whose version has them (2025-03-26): each message
+/// routed as if POSTed alone, the answers (none for notifications and
+/// responses) in one array, or as SSE once something streams before them.
+async fn batch(session: &SessionHandle, messages: Vec<Value>, accepts: Accepts) -> Response {
+    if messages.is_empty() {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_REQUEST,
+            "an empty batch: send at least one message",
+        );
+    }
+    let mut answers = Vec::new();
+    let mut streams = Vec::new();
+    for message in messages {
+        match classify(&message) {
+            Ok(Kind::Request { .. }) => match session.request(message).await {
+                Ok(stream) => streams.push(stream),
+                Err(_) => return session_gone(),
+            },
+            Ok(Kind::Notification { .. } | Kind::Response { .. }) => {
+                if session.notify(message).await.is_err() {
+                    return session_gone();
+                }
+            }
+            Err(error) => answers.push(refusal(&message, &error)),
+        }
+    }
+    if answers.is_empty() && streams.is_empty() {
+        return StatusCode::ACCEPTED.into_response();
+    }
+    let (out_tx, mut out_rx) = mpsc::channel(crate::proxy::REPLY_EVENTS);
+    let mut pending = streams.len();
+    for stream in streams {
+        tokio::spawn(super::forward_reply(stream, out_tx.clone()));
+    }
+    drop(out_tx);
+    while pending > 0 {
+        let Some(message) = out_rx.recv().await else {
+            // The rest were cancelled: they get no answer.
+            break;
+        };
+        if message.get("method").is_none() {
+            answers.push(message);
+            pending -= 1;
+            continue;
+        }
+        // Something streams before the answers: the rest goes as SSE.
+        if !accepts.sse {
+            continue;
+        }
+        let (sse_tx, sse_rx) = mpsc::channel(crate::proxy::REPLY_EVENTS);
+        tokio::spawn(async move {
+            for message in answers.into_iter().chain([message]) {
+                if sse_tx.send(message).await.is_err() {
+                    return;
+                }
+            }
+            while let Some(message) = out_rx.recv().await {
+                if sse_tx.send(message).await.is_err() {
+                    return;
+                }
+            }
+        });
+        return sse(sse_rx);
+    }
+    if answers.is_empty() {
+        return unanswered(accepts);
+    }
+    if !accepts.json {
+        let (sse_tx, sse_rx) = mpsc::channel(1);
+        let _ = sse_tx.try_send(Value::Array(answers));
+        return sse(sse_rx);
+    }
+    json_response(StatusCode::OK, Value::Array(answers))
 }
 
 async fn initialize(state: &Arc<AppState>, id: Value, message: Value) -> Response {
@@ -679,29 +795,96 @@ async fn initialize(state: &Arc<AppState>, id: Value, message: Value) -> Respons
     response
 }
 
-/// Answer a request: JSON when nothing streams before the answer, else SSE.
-async fn answer(id: Value, mut stream: ReplyStream) -> Response {
-    let first = tokio::select! {
-        biased;
-        Some(event) = stream.events.recv() => Ok(event),
-        response = &mut stream.response => Err(response),
-    };
-    match first {
-        Err(Ok(response)) => json_response(StatusCode::OK, response),
-        Err(Err(_)) => json_response(
-            StatusCode::OK,
-            error_response(
-                id,
-                code::INTERNAL_ERROR,
-                "the request was cancelled or its session ended",
-            ),
-        ),
-        Ok(event) => {
-            let (out_tx, out_rx) = mpsc::channel(crate::proxy::REPLY_EVENTS);
-            let _ = out_tx.send(event).await;
-            tokio::spawn(super::forward_reply(stream, out_tx));
-            sse(out_rx)
+/// Answer a request: JSON when nothing streams before the answer, else SSE
+/// (as far as the client's `Accept` allows: a JSON-only client gets the
+/// answer alone, an SSE-only client always a stream). A request the client
+/// cancelled gets no JSON-RPC answer at all ([`unanswered`]).
+async fn answer(mut stream: ReplyStream, accepts: Accepts) -> Response {
+    let first = loop {
+        let first = tokio::select! {
+            biased;
+            Some(event) = stream.events.recv() => Ok(event),
+            response = &mut stream.response => Err(response),
+        };
+        match first {
+            // A client that takes no streams cannot be sent what would stream.
+            Ok(_) if !accepts.sse => continue,
+            first => break first,
         }
+    };
+    let first = match first {
+        Err(Ok(response)) if accepts.json => return json_response(StatusCode::OK, response),
+        Err(Ok(response)) => response,
+        // Dropped unanswered: the client cancelled it (MCP: no response is sent).
+        Err(Err(_)) => return unanswered(accepts),
+        Ok(event) => event,
+    };
+    let (out_tx, out_rx) = mpsc::channel(crate::proxy::REPLY_EVENTS);
+    let _ = out_tx.send(first).await;
+    tokio::spawn(super::forward_reply(stream, out_tx));
+    sse(out_rx)
+}
+
+/// The end of a POST whose request the client cancelled: MCP says the
+/// receiver sends no response, so no JSON-RPC body. An SSE stream that ends
+/// without a message when the client takes streams (the form a request's
+/// answer may always have), else 202 with an empty body.
+fn unanswered(accepts: Accepts) -> Response {
+    if accepts.sse {
+        let (_, nothing) = mpsc::channel(1);
+        sse(nothing)
+    } else {
+        StatusCode::ACCEPTED.into_response()
+    }
+}
+
+/// Which of the two answer forms a request's `Accept` allows (no header allows
+/// both; `q=0` refuses a type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Accepts {
+    json: bool,
+    sse: bool,
+}
+
+impl Accepts {
+    fn from_headers(headers: &HeaderMap) -> Self {
+        let mut values = headers.get_all(header::ACCEPT).iter().peekable();
+        if values.peek().is_none() {
+            return Self {
+                json: true,
+                sse: true,
+            };
+        }
+        let mut accepts = Self {
+            json: false,
+            sse: false,
+        };
+        let ranges = values
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','));
+        for range in ranges {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+            let refused = parts.any(|parameter| {
+                parameter.split_once('=').is_some_and(|(name, value)| {
+                    name.trim().eq_ignore_ascii_case("q")
+                        && value.trim().parse::<f32>().is_ok_and(|q| q <= 0.0)
+                })
+            });
+            if refused {
+                continue;
+            }
+            match media.as_str() {
+                "*/*" => {
+                    accepts.json = true;
+                    accepts.sse = true;
+                }
+                "application/json" | "application/*" => accepts.json = true,
+                "text/event-stream" | "text/*" => accepts.sse = true,
+                _ => {}
+            }
+        }
+        accepts
     }
 }
 
@@ -772,6 +955,13 @@ async fn get_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     };
     if let Err(response) = check_version(&headers, Version::Optional) {
         return response;
+    }
+    if !Accepts::from_headers(&headers).sse {
+        return refuse(
+            StatusCode::NOT_ACCEPTABLE,
+            code::INVALID_REQUEST,
+            "Accept must allow text/event-stream: a GET opens a stream",
+        );
     }
     let receiver = slot.lock().ok().and_then(|mut slot| slot.take());
     let Some(receiver) = receiver else {

@@ -1294,3 +1294,256 @@ fn execute_and_serve_answer_null_ids_and_discover_probes_alike() {
         assert_eq!(served[0]["error"]["code"], json!(-32602), "{served:?}");
     }
 }
+
+/// Initialize at `version`; the session id.
+async fn initialize_at(server: &Server, version: &str) -> String {
+    let mut message = initialize_message();
+    message["params"]["protocolVersion"] = json!(version);
+    let reply = post(server.address, None, &[], &message).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(reply.json()["result"]["protocolVersion"], json!(version));
+    reply.header("mcp-session-id").unwrap().to_owned()
+}
+
+/// POST `body` on `session` without `MCP-Protocol-Version`, as clients of the
+/// versions before 2025-06-18 do.
+async fn post_unversioned(server: &Server, session: &str, body: &Value) -> Reply {
+    let mut headers: Vec<(&str, &str)> = JSON_HEADERS.to_vec();
+    headers.push(("Mcp-Session-Id", session));
+    let body = body.to_string();
+    http(server.address, "POST", "/mcp", &headers, body.as_bytes()).await
+}
+
+#[tokio::test]
+async fn http_the_negotiated_version_governs_the_header_and_batches() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let notification = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    for version in ["2025-03-26", "2024-11-05"] {
+        let session = initialize_at(&server, version).await;
+        let reply = post_unversioned(&server, &session, &notification).await;
+        assert_eq!(reply.status, 202, "{version}");
+        let reply =
+            post_unversioned(&server, &session, &call(json!(1), "echo", json!({"v": 1}))).await;
+        assert_eq!(
+            reply.status,
+            200,
+            "{version}: {:?}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert_eq!(
+            reply.json()["result"]["content"][0]["text"],
+            json!("{\"v\":1}")
+        );
+        // A supported header is still accepted; an unsupported one never.
+        let reply = post(
+            server.address,
+            Some(&session),
+            &[],
+            &call(json!(2), "echo", json!({})),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{version}");
+    }
+
+    // 2025-03-26 allows batches: each message routed, the answers in an array.
+    let session = initialize_at(&server, "2025-03-26").await;
+    let batch = json!([
+        call(json!("a"), "echo", json!({"n": "a"})),
+        {"jsonrpc": "2.0", "method": "notifications/roots/list_changed"},
+        {"jsonrpc": "2.0", "id": "b", "method": "ping"},
+    ]);
+    let reply = post_unversioned(&server, &session, &batch).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{:?}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    let answers = reply.json();
+    let answers = answers.as_array().expect("an array of answers");
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    let by_id = |id: &str| {
+        answers
+            .iter()
+            .find(|answer| answer["id"] == json!(id))
+            .unwrap()
+    };
+    assert_eq!(
+        by_id("a")["result"]["content"][0]["text"],
+        json!("{\"n\":\"a\"}")
+    );
+    assert_eq!(by_id("b")["result"], json!({}));
+    // What streams before the answers turns the batch's answer into SSE.
+    let batch = json!([
+        {"jsonrpc": "2.0", "id": "s", "method": "tools/call", "params": {
+            "name": "slow", "arguments": {"steps": 2, "ms": 40}, "_meta": {"progressToken": "t"}}},
+        {"jsonrpc": "2.0", "id": "q", "method": "ping"},
+    ]);
+    let reply = post_unversioned(&server, &session, &batch).await;
+    assert_eq!(reply.status, 200);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let events = reply.events();
+    let progress = events
+        .iter()
+        .filter(|event| event["method"] == json!("notifications/progress"));
+    assert!(progress.count() >= 1, "{events:?}");
+    for id in ["s", "q"] {
+        assert_eq!(
+            events
+                .iter()
+                .filter(|event| event["id"] == json!(id))
+                .count(),
+            1,
+            "{id}: {events:?}"
+        );
+    }
+    // Only notifications: nothing to answer.
+    let reply = post_unversioned(&server, &session, &json!([notification])).await;
+    assert_eq!(reply.status, 202);
+    assert!(reply.body.is_empty());
+    // An empty batch, or a bad member, is refused as JSON-RPC says.
+    let reply = post_unversioned(&server, &session, &json!([])).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.json()["error"]["code"], json!(-32600));
+    let reply = post_unversioned(
+        &server,
+        &session,
+        &json!([{"jsonrpc": "2.0", "id": "c", "method": "ping"}, 5]),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    let answers = reply.json();
+    let answers = answers.as_array().unwrap();
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .any(|answer| answer["id"] == json!("c") && answer["result"] == json!({})),
+        "{answers:?}"
+    );
+    assert!(
+        answers
+            .iter()
+            .any(|answer| answer["id"].is_null() && answer["error"]["code"] == json!(-32600)),
+        "{answers:?}"
+    );
+
+    // Later versions: no batches, and the header is required (E63).
+    for version in ["2025-06-18", "2025-11-25", "2024-11-05"] {
+        let session = initialize_at(&server, version).await;
+        let mut headers: Vec<(&str, &str)> = JSON_HEADERS.to_vec();
+        headers.push(("Mcp-Session-Id", &session));
+        headers.push(("MCP-Protocol-Version", version));
+        let body = json!([{"jsonrpc": "2.0", "id": 1, "method": "ping"}]).to_string();
+        let reply = http(server.address, "POST", "/mcp", &headers, body.as_bytes()).await;
+        assert_eq!(reply.status, 400, "{version}");
+        assert_eq!(reply.json()["error"]["code"], json!(-32600));
+    }
+    let session = initialize_at(&server, "2025-11-25").await;
+    let reply = post_unversioned(&server, &session, &call(json!(1), "echo", json!({}))).await;
+    assert_eq!(reply.status, 400);
+}
+
+#[tokio::test]
+async fn http_refuses_an_accept_it_cannot_answer() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let body = initialize_message().to_string();
+    for accept in [
+        "text/html",
+        "application/json;q=0, text/event-stream;q=0",
+        "image/*",
+    ] {
+        let headers = [("Content-Type", "application/json"), ("Accept", accept)];
+        let reply = http(server.address, "POST", "/mcp", &headers, body.as_bytes()).await;
+        assert_eq!(reply.status, 406, "{accept}");
+        assert_eq!(reply.json()["error"]["code"], json!(-32600));
+    }
+    assert_eq!(server.fake.record(|record| record.starts.len()), 0);
+    for accept in [
+        "application/json",
+        "text/event-stream",
+        "*/*",
+        "application/*",
+    ] {
+        let headers = [("Content-Type", "application/json"), ("Accept", accept)];
+        let reply = http(server.address, "POST", "/mcp", &headers, body.as_bytes()).await;
+        assert_eq!(reply.status, 200, "{accept}");
+    }
+    let session = initialize(&server).await;
+    let reply = http(
+        server.address,
+        "GET",
+        "/mcp",
+        &[("Mcp-Session-Id", &session), ("Accept", "application/json")],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 406);
+}
+
+#[tokio::test]
+async fn http_a_cancelled_request_gets_no_answer() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let session = initialize(&server).await;
+    for (id, accept) in [
+        ("c1", "application/json, text/event-stream"),
+        ("c2", "application/json"),
+    ] {
+        let address = server.address;
+        let owned = session.clone();
+        let hanging = tokio::spawn(async move {
+            let headers = [
+                ("Content-Type", "application/json"),
+                ("Accept", accept),
+                ("Mcp-Session-Id", &owned),
+                ("MCP-Protocol-Version", "2025-06-18"),
+            ];
+            let body = call(json!(id), "hang", json!({})).to_string();
+            http(address, "POST", "/mcp", &headers, body.as_bytes()).await
+        });
+        let fake = server.fake.clone();
+        let calls = fake.record(|record| record.cancelled.len());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": id, "reason": "the user pressed stop"}});
+        let reply = post(server.address, Some(&session), &[], &cancel).await;
+        assert_eq!(reply.status, 202);
+        wait_until("the unit sees the cancel", || {
+            fake.record(|record| record.cancelled.len()) > calls
+        })
+        .await;
+        let reply = tokio::time::timeout(Duration::from_secs(10), hanging)
+            .await
+            .expect("the cancelled request's POST ends")
+            .unwrap();
+        // MCP: the receiver of a cancel sends no response.
+        assert!(
+            !String::from_utf8_lossy(&reply.body).contains("jsonrpc"),
+            "{accept}: {reply:?} {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        if accept.contains("text/event-stream") {
+            assert_eq!(reply.status, 200);
+            assert!(
+                reply
+                    .header("content-type")
+                    .unwrap()
+                    .starts_with("text/event-stream")
+            );
+            assert_eq!(reply.events(), Vec::<Value>::new());
+        } else {
+            assert_eq!(reply.status, 202);
+            assert!(reply.body.is_empty());
+        }
+    }
+}
