@@ -1122,3 +1122,62 @@ async fn initialize_agrees_to_a_version_box_speaks_and_the_executors_get_it() {
         assert_eq!(sent[0]["protocolVersion"], json!(agreed), "{requested}");
     }
 }
+
+#[tokio::test]
+async fn stdio_splits_batches_only_on_a_2025_03_26_session() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let fake = FakeBackend::default();
+    let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
+    let (server_out, client_out) = tokio::io::duplex(1 << 20);
+    let served = tokio::spawn(crate::transport::stdio::serve_on(
+        config(&fake),
+        server_in,
+        server_out,
+        CancellationToken::new(),
+    ));
+    let mut lines = BufReader::new(client_out).lines();
+    let mut next = async || -> Value {
+        let line = tokio::time::timeout(WAIT, lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    let mut params = initialize_params(json!({}));
+    params["protocolVersion"] = json!("2025-03-26");
+    let initialize = proxy::request(json!(0), "initialize", params);
+    client_in
+        .write_all(format!("{initialize}\n").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(
+        next().await["result"]["protocolVersion"],
+        json!("2025-03-26")
+    );
+    let batch = json!([
+        {"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "echo", "arguments": {"n": 1}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": "b", "method": "ping"},
+    ]);
+    client_in
+        .write_all(format!("{batch}\n").as_bytes())
+        .await
+        .unwrap();
+    let answers = next().await;
+    let answers = answers.as_array().expect("one array of answers");
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    assert!(answers.iter().any(|answer| answer["id"] == json!("a")));
+    assert!(answers.iter().any(|answer| answer["id"] == json!("b")));
+    client_in.write_all(b"[]\n").await.unwrap();
+    assert_eq!(
+        next().await["error"]["code"],
+        json!(proxy::code::INVALID_REQUEST)
+    );
+    drop(client_in);
+    tokio::time::timeout(WAIT, served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

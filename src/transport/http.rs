@@ -665,37 +665,23 @@ async fn batch(session: &SessionHandle, messages: Vec<Value>, accepts: Accepts) 
             "an empty batch: send at least one message",
         );
     }
-    let mut answers = Vec::new();
-    let mut streams = Vec::new();
-    for message in messages {
-        match classify(&message) {
-            Ok(Kind::Request { .. }) => match session.request(message).await {
-                Ok(stream) => streams.push(stream),
-                Err(_) => return session_gone(),
-            },
-            Ok(Kind::Notification { .. } | Kind::Response { .. }) => {
-                if session.notify(message).await.is_err() {
-                    return session_gone();
-                }
-            }
-            Err(error) => answers.push(refusal(&message, &error)),
-        }
-    }
-    if answers.is_empty() && streams.is_empty() {
+    let Ok(super::Batch {
+        mut answers,
+        replies: mut out_rx,
+        mut pending,
+    }) = super::route_batch(session, messages).await
+    else {
+        return session_gone();
+    };
+    if answers.is_empty() && pending == 0 {
         return StatusCode::ACCEPTED.into_response();
     }
-    let (out_tx, mut out_rx) = mpsc::channel(crate::proxy::REPLY_EVENTS);
-    let mut pending = streams.len();
-    for stream in streams {
-        tokio::spawn(super::forward_reply(stream, out_tx.clone()));
-    }
-    drop(out_tx);
     while pending > 0 {
         let Some(message) = out_rx.recv().await else {
             // The rest were cancelled: they get no answer.
             break;
         };
-        if message.get("method").is_none() {
+        if super::is_answer(&message) {
             answers.push(message);
             pending -= 1;
             continue;
