@@ -910,9 +910,17 @@ impl Session {
             deadline.abort();
         }
         let duration = tag.started.elapsed();
+        // Counted under a tool the unit listed at start, or `other`: a
+        // client's made-up names never become series.
+        let tool = tag.tool.as_deref().map(|tool| {
+            super::metrics::tool_label(
+                tool,
+                live.units.get(unit).and_then(|unit| unit.tools.as_ref()),
+            )
+        });
         self.config
             .metrics
-            .call(&tag.method, tag.tool.as_deref(), outcome, duration);
+            .call(&tag.method, tool, outcome, duration);
         if let (Some(audit), Some(tool)) = (&self.config.audit, &tag.tool) {
             audit.record(&super::audit::Record {
                 session: &self.id,

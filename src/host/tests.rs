@@ -756,7 +756,7 @@ async fn metrics_count_sessions_units_and_calls() {
     assert!(text.contains("box_sessions_active 1"), "{text}");
     assert!(text.contains("box_units{state=\"running\"} 1"), "{text}");
     assert!(
-        text.contains("box_calls_total{method=\"tools/call:echo\",outcome=\"ok\"} 1"),
+        text.contains("box_calls_total{method=\"tools/call\",tool=\"echo\",outcome=\"ok\"} 1"),
         "{text}"
     );
     assert!(text.contains("box_call_duration_seconds_count 1"), "{text}");

@@ -202,6 +202,8 @@ pub fn router(
     Router::new()
         .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
         .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .with_state(state)
 }
 
@@ -993,10 +995,46 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     }
     (
         StatusCode::OK,
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, crate::host::metrics::CONTENT_TYPE)],
         state.config.metrics.render(),
     )
         .into_response()
+}
+
+/// A plain-text probe answer.
+fn probe(status: StatusCode, text: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        text,
+    )
+        .into_response()
+}
+
+/// Liveness: the process answers. Behind the same checks as `/mcp`.
+async fn healthz(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(response) = check_request(&state.options, &headers) {
+        return response;
+    }
+    probe(StatusCode::OK, "ok\n".to_owned())
+}
+
+/// Readiness: not draining, and the host says its backend answers (503
+/// otherwise, with why). Behind the same checks as `/mcp`.
+async fn readyz(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(response) = check_request(&state.options, &headers) {
+        return response;
+    }
+    if state.shutdown.is_cancelled() {
+        return probe(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "draining: the host is shutting down\n".to_owned(),
+        );
+    }
+    match crate::host::metrics::readiness(&state.config).await {
+        Ok(()) => probe(StatusCode::OK, "ready\n".to_owned()),
+        Err(why) => probe(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+    }
 }
 
 #[cfg(test)]
@@ -1061,6 +1099,62 @@ mod tests {
             format!("{error:#}").contains("--listen nonexistent.invalid:80"),
             "{error:#}"
         );
+    }
+
+    #[tokio::test]
+    async fn readiness_is_refused_while_draining() {
+        let facts = crate::plan::HostFacts {
+            cwd: std::env::temp_dir(),
+            caller: crate::plan::UserIds {
+                uid: 1000,
+                gid: 1000,
+            },
+        };
+        let backend = Arc::new(crate::host::fake::FakeBackend::default());
+        let config = HostConfig::new(backend, crate::profile::Catalog::new(Vec::new()), facts);
+        let options = HttpOptions::loopback();
+        let state = Arc::new(AppState {
+            config: Arc::new(config),
+            permits: Arc::new(Semaphore::new(options.max_sessions)),
+            options,
+            sessions: Mutex::new(HashMap::new()),
+            shutdown: CancellationToken::new(),
+        });
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1"));
+        let ready = readyz(State(state.clone()), headers.clone()).await;
+        assert_eq!(ready.status(), StatusCode::OK);
+        state.shutdown.cancel();
+        let draining = readyz(State(state.clone()), headers.clone()).await;
+        assert_eq!(draining.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // Alive all the same.
+        let alive = healthz(State(state), headers).await;
+        assert_eq!(alive.status(), StatusCode::OK);
+    }
+
+    #[test]
+    fn accept_headers_allow_what_they_name() {
+        let accepts = |value: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(value) = value {
+                headers.insert(header::ACCEPT, HeaderValue::from_str(value).unwrap());
+            }
+            let accepts = Accepts::from_headers(&headers);
+            (accepts.json, accepts.sse)
+        };
+        assert_eq!(accepts(None), (true, true));
+        assert_eq!(
+            accepts(Some("application/json, text/event-stream")),
+            (true, true)
+        );
+        assert_eq!(accepts(Some("*/*")), (true, true));
+        assert_eq!(accepts(Some("Application/JSON")), (true, false));
+        assert_eq!(accepts(Some("text/*;q=0.5")), (false, true));
+        assert_eq!(
+            accepts(Some("application/json;q=0, text/html")),
+            (false, false)
+        );
+        assert_eq!(accepts(Some("text/html")), (false, false));
     }
 
     #[test]

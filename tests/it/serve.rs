@@ -1547,3 +1547,164 @@ async fn http_a_cancelled_request_gets_no_answer() {
         }
     }
 }
+
+/// Whether `line` is a well-formed line of the Prometheus text format
+/// (0.0.4): a `# HELP`/`# TYPE` comment, or `name{label="value",...} number`
+/// with label values escaped.
+fn is_exposition_line(line: &str) -> bool {
+    if let Some(comment) = line.strip_prefix("# ") {
+        return comment.starts_with("HELP ") || comment.starts_with("TYPE ");
+    }
+    let is_name = |name: &str| {
+        !name.is_empty()
+            && name.chars().enumerate().all(|(index, c)| {
+                c.is_ascii_alphabetic() || c == '_' || c == ':' || (index > 0 && c.is_ascii_digit())
+            })
+    };
+    let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+    if !is_name(&line[..name_end]) {
+        return false;
+    }
+    let mut rest = &line[name_end..];
+    if let Some(labels) = rest.strip_prefix('{') {
+        let mut labels = labels;
+        loop {
+            if let Some(after) = labels.strip_prefix('}') {
+                rest = after;
+                break;
+            }
+            let Some((key, value)) = labels.split_once("=\"") else {
+                return false;
+            };
+            if !is_name(key.trim_start_matches(',')) {
+                return false;
+            }
+            let mut chars = value.char_indices();
+            let mut end = None;
+            while let Some((index, c)) = chars.next() {
+                match c {
+                    '\\' => match chars.next() {
+                        Some((_, '\\' | '"' | 'n')) => {}
+                        _ => return false,
+                    },
+                    '"' => {
+                        end = Some(index);
+                        break;
+                    }
+                    '\n' => return false,
+                    _ => {}
+                }
+            }
+            let Some(end) = end else { return false };
+            labels = &value[end + 1..];
+        }
+    }
+    let Some(number) = rest.strip_prefix(' ') else {
+        return false;
+    };
+    number.parse::<f64>().is_ok() || ["+Inf", "-Inf", "NaN"].contains(&number)
+}
+
+#[tokio::test]
+async fn http_metrics_cannot_be_forged_and_their_series_stay_bounded() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let session = initialize(&server).await;
+    let forged = "x\"} 9\nbox_evil 1\n#";
+    let reply = post(
+        server.address,
+        Some(&session),
+        &[],
+        &call(json!(1), forged, json!({})),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    for n in 0..20 {
+        let name = format!("made-up-{n}");
+        post(
+            server.address,
+            Some(&session),
+            &[],
+            &call(json!(n + 10), &name, json!({})),
+        )
+        .await;
+    }
+    post(
+        server.address,
+        Some(&session),
+        &[],
+        &call(json!("e"), "echo", json!({})),
+    )
+    .await;
+    let reply = http(server.address, "GET", "/metrics", &[], b"").await;
+    assert_eq!(reply.status, 200);
+    let text = String::from_utf8(reply.body.clone()).unwrap();
+    let forged_lines: Vec<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("box_evil"))
+        .collect();
+    assert_eq!(forged_lines, Vec::<&str>::new(), "a forged series:\n{text}");
+    for line in text.lines() {
+        assert!(
+            is_exposition_line(line),
+            "not a valid exposition line: {line:?}\n{text}"
+        );
+        assert!(!line.contains("made-up"), "an unbounded series: {line:?}");
+    }
+    assert!(
+        text.contains(r#"box_calls_total{method="tools/call",tool="echo",outcome="ok"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"tool="other""#), "{text}");
+    assert!(text.contains("# HELP box_calls_total "), "{text}");
+    assert!(
+        text.contains(&format!(
+            "box_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{text}"
+    );
+    // Every metric says what it is.
+    for line in text.lines().filter_map(|line| line.strip_prefix("# TYPE ")) {
+        let name = line.split(' ').next().unwrap();
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "{name} has no HELP"
+        );
+    }
+}
+
+#[tokio::test]
+async fn http_health_and_readiness_say_alive_and_whether_the_backend_answers() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let reply = http(server.address, "GET", "/healthz", &[], b"").await;
+    assert_eq!(reply.status, 200);
+    let reply = http(server.address, "GET", "/readyz", &[], b"").await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{:?}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    server.fake.set_unreachable(true);
+    let reply = http(server.address, "GET", "/readyz", &[], b"").await;
+    assert_eq!(reply.status, 503);
+    assert!(
+        String::from_utf8_lossy(&reply.body).contains("backend"),
+        "{reply:?}"
+    );
+    let reply = http(server.address, "GET", "/healthz", &[], b"").await;
+    assert_eq!(reply.status, 200);
+    server.fake.set_unreachable(false);
+    let reply = http(server.address, "GET", "/readyz", &[], b"").await;
+    assert_eq!(reply.status, 200);
+    // Behind the same checks as /mcp: a foreign Host gets nothing.
+    let reply = http(
+        server.address,
+        "GET",
+        "/readyz",
+        &[("Host", "evil.example")],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 421);
+}
