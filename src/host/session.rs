@@ -1,6 +1,7 @@
 //! One session: a task that owns everything about it. Before `initialize` it
 //! answers only `ping`, `server/discover` (method not found: a probe never
-//! starts units) and `initialize`; at `initialize` it reads the box ask,
+//! starts units) and `initialize`; at `initialize` it checks the request
+//! (-32602 naming the field), agrees a protocol version, reads the box ask,
 //! resolves and tightens the profile, starts every unit (all or nothing),
 //! initializes their executors and answers with the workspace unit's
 //! capability plus the envelopes. Then it routes every message through the

@@ -1,21 +1,27 @@
-//! Streamable HTTP (MCP 2025-06-18 and 2025-11-25) with axum: POST, GET and
-//! DELETE on one endpoint, `/mcp`, and `/metrics`. Many sessions, each with its
-//! own units; `Mcp-Session-Id` minted at a successful initialize (256 random
-//! bits, hex).
+//! Streamable HTTP (MCP 2024-11-05 to 2025-11-25, whichever `initialize`
+//! agreed to) with axum: POST, GET and DELETE on one
+//! endpoint, `/mcp`, beside `/metrics`, `/healthz` (alive) and `/readyz` (not
+//! draining, and the host says its backend answers). Many sessions, each with
+//! its own units; `Mcp-Session-Id` minted at a successful initialize (256
+//! random bits, hex).
 //!
 //! Every request passes, in order: the Host check (421: DNS rebinding), the
 //! Origin check (403), the bearer token when one is configured (401 with
 //! `WWW-Authenticate`; compared in constant time; never read from the URL).
-//! Bodies are bounded (413, before reading when the length is declared),
-//! batches are refused (-32600), an unsupported `MCP-Protocol-Version` gets 400
-//! listing the supported ones, unknown or ended sessions get 404. No CORS
-//! headers are ever sent. A `server/discover` probe is answered "method not
-//! found" without a session, so nothing starts.
+//! An `Accept` that allows neither answer form gets 406. Bodies are bounded
+//! (413, before reading when the length is declared). The version `initialize`
+//! agreed to governs the rest: `MCP-Protocol-Version` is required from
+//! 2025-06-18 on (400 listing the supported versions when missing or
+//! unsupported), and batches are split only on a 2025-03-26 session (-32600
+//! otherwise). Unknown or ended sessions get 404. No CORS headers are ever
+//! sent. A `server/discover` probe is answered "method not found" without a
+//! session, so nothing starts.
 //!
 //! A POSTed request is answered `application/json` when nothing streams before
 //! its answer, else `text/event-stream`: the events (progress, a server→client
 //! request) and then the answer, without event ids (there is no replay, so
-//! clients must not try to resume).
+//! clients must not try to resume). A request the client cancelled gets no
+//! JSON-RPC answer: its stream ends empty.
 
 // A refusal is an axum `Response`, built once per request; boxing it buys nothing.
 #![allow(clippy::result_large_err)]
