@@ -220,6 +220,11 @@ impl UnitListener {
                 },
                 Some(joined) = handshakes.join_next() => match joined {
                     Ok(Ok((established, state))) => return Ok(UnitChannel::start(established, state)),
+                    Ok(Err(Refusal::Handshake(HandshakeError::Closed))) => {
+                        // An init that gave up waiting in the backlog, or a
+                        // peer that left: nothing was claimed.
+                        tracing::debug!(unit, path = %self.path.display(), "a connection to the unit's socket hung up before the handshake ended");
+                    }
                     Ok(Err(refusal)) => {
                         tracing::warn!(unit, path = %self.path.display(), %refusal, "refused a connection to the unit's host socket");
                     }

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -35,6 +36,8 @@ struct Options {
     bridges: Vec<Bridge>,
     /// Run the init as PID 1 of a new pid namespace (`unshare`).
     pid1: bool,
+    /// Run the init as this uid and gid, without capabilities (`setpriv`).
+    as_user: Option<u32>,
 }
 
 impl Options {
@@ -44,6 +47,7 @@ impl Options {
             executor: executor.iter().map(|arg| (*arg).to_owned()).collect(),
             bridges: Vec::new(),
             pid1: false,
+            as_user: None,
         }
     }
 }
@@ -70,6 +74,17 @@ fn start(options: Options) -> Unit {
             "--fork",
             "--kill-child",
             init,
+        ]);
+        command
+    } else if let Some(id) = options.as_user {
+        // The unit's user must be able to reach the socket.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut command = Command::new("setpriv");
+        command.args([
+            format!("--reuid={id}"),
+            format!("--regid={id}"),
+            "--clear-groups".to_owned(),
+            init.to_owned(),
         ]);
         command
     } else {
@@ -212,6 +227,25 @@ async fn the_executor_gets_its_environment_but_never_the_unit_key() {
     );
     drop(lines);
     unit.child.start_kill().unwrap();
+}
+
+#[tokio::test]
+async fn the_same_user_cannot_read_the_inits_environment() {
+    // The executor runs as the init's uid, without capabilities; so would
+    // every tool it starts. Were the init dumpable, this read would succeed
+    // and show the unit key.
+    let script = "if cat /proc/$PPID/environ >/dev/null 2>&1; \
+         then echo '{\"environ\":\"readable\"}'; else echo '{\"environ\":\"unreadable\"}'; fi; \
+         exec cat";
+    let mut options = Options::new(30_000, &["/bin/sh", "-c", script]);
+    options.as_user = Some(65534);
+    let unit = start(options);
+    let channel = unit.accept().await;
+    let mut lines = BufReader::new(channel.reader).lines();
+    assert_eq!(
+        next_line(&mut lines).await.as_deref(),
+        Some("{\"environ\":\"unreadable\"}")
+    );
 }
 
 #[tokio::test]
@@ -457,6 +491,57 @@ async fn sigterm_is_forwarded_to_the_executor_and_ends_the_unit() {
     assert_eq!(report.reason, EndReason::Terminated);
     assert_eq!(report.executor, Some(ExitReport::Signal(15)));
     assert_eq!(unit.exit_within(Duration::from_secs(10)).await, 128 + 15);
+}
+
+#[tokio::test]
+async fn an_executor_that_ignores_sigterm_is_killed_after_the_grace() {
+    // Ignored signals stay ignored across exec, so cat ignores SIGTERM too.
+    let mut unit = start(Options::new(
+        30_000,
+        &["/bin/sh", "-c", "trap '' TERM; exec cat"],
+    ));
+    let channel = unit.accept().await;
+    let signalled = Instant::now();
+    let pid = nix::unistd::Pid::from_raw(unit.child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let UnitEnd::Reported(report) = channel.ended.wait().await else {
+        panic!("no exit report")
+    };
+    assert!(
+        signalled.elapsed() >= Duration::from_secs(4),
+        "{:?}",
+        signalled.elapsed()
+    );
+    assert_eq!(report.reason, EndReason::Terminated);
+    assert_eq!(report.executor, Some(ExitReport::Signal(9)));
+    assert_eq!(unit.exit_within(Duration::from_secs(15)).await, 128 + 9);
+}
+
+#[tokio::test]
+async fn output_made_while_no_host_is_connected_waits_in_the_pipe_and_arrives_in_order() {
+    // 20,000 lines are more than a pipe holds: the executor blocks until a
+    // host is there to read, and nothing is lost or reordered.
+    let script =
+        "i=0; while [ $i -lt 20000 ]; do echo \"{\\\"n\\\":$i}\"; i=$((i+1)); done; exec cat";
+    let mut unit = start(Options::new(30_000, &["/bin/sh", "-c", script]));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let init = unit.child.id().unwrap() as i32;
+    let executor = children_of(init);
+    assert_eq!(executor.len(), 1, "{executor:?}");
+    let command = std::fs::read_to_string(format!("/proc/{}/comm", executor[0].0)).unwrap();
+    assert_eq!(
+        command.trim(),
+        "sh",
+        "the loop ran to its end with nobody reading"
+    );
+    let channel = unit.accept().await;
+    let mut lines = BufReader::new(channel.reader).lines();
+    let mut received = Vec::new();
+    while received.len() < 20_000 {
+        received.push(next_line(&mut lines).await.unwrap());
+    }
+    assert_eq!(numbers_in(&received), (0..20_000).collect::<Vec<_>>());
+    unit.child.start_kill().unwrap();
 }
 
 #[tokio::test]

@@ -185,7 +185,7 @@ struct Supervisor {
     executor: Pid,
     signals: Signals,
     stdin: StdinQueue,
-    uplink: mpsc::Sender<Uplink>,
+    uplink: mpsc::UnboundedSender<Uplink>,
     events: mpsc::Sender<Event>,
     inbox: mpsc::Receiver<Event>,
     connection: Connection,
@@ -223,7 +223,10 @@ impl Supervisor {
             "the executor started"
         );
         let (events, inbox) = mpsc::channel(64);
-        let (uplink, commands) = mpsc::channel(16);
+        // Unbounded: the supervisor must never wait on the uplink (which may
+        // be stuck writing to a slow host); what queues is a few structural
+        // commands and one answer per renewal.
+        let (uplink, commands) = mpsc::unbounded_channel();
         tokio::spawn(relay::uplink(stdout, commands, events.clone()));
         let status = watch::Sender::new(Status {
             lease: lease.clone(),
@@ -522,11 +525,8 @@ impl Supervisor {
     }
 
     fn command(&self, command: Uplink) {
-        // The uplink's queue is deep enough for the few commands in flight;
-        // should it be full, a control answer is the thing to lose.
-        if let Err(error) = self.uplink.try_send(command) {
-            tracing::warn!(%error, "the uplink is not keeping up; dropped a command");
-        }
+        // Fails only once the uplink has stopped (after the report).
+        let _ = self.uplink.send(command);
     }
 }
 

@@ -173,7 +173,7 @@ pub(crate) enum Uplink {
 /// Relays the executor's stdout to whichever host is connected.
 pub(crate) async fn uplink(
     stdout: pipe::Receiver,
-    mut commands: mpsc::Receiver<Uplink>,
+    mut commands: mpsc::UnboundedReceiver<Uplink>,
     events: mpsc::Sender<Event>,
 ) {
     let mut output = LineReader::new(stdout, MAX_LINE_BYTES);
