@@ -494,6 +494,22 @@ async fn sigterm_is_forwarded_to_the_executor_and_ends_the_unit() {
 }
 
 #[tokio::test]
+async fn a_stop_signal_before_the_host_accepts_still_reaches_it_with_the_report() {
+    let mut unit = start(Options::new(30_000, &["/bin/cat"]));
+    // The init is up and waiting in the listener's backlog; nobody accepts.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = nix::unistd::Pid::from_raw(unit.child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let channel = unit.accept().await;
+    let UnitEnd::Reported(report) = channel.ended.wait().await else {
+        panic!("no exit report")
+    };
+    assert_eq!(report.reason, EndReason::Terminated);
+    assert_eq!(unit.exit_within(Duration::from_secs(10)).await, 128 + 15);
+}
+
+#[tokio::test]
 async fn an_executor_that_ignores_sigterm_is_killed_after_the_grace() {
     // Ignored signals stay ignored across exec, so cat ignores SIGTERM too.
     let mut unit = start(Options::new(

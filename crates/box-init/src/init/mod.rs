@@ -16,7 +16,8 @@
 //!   host is connected this waits for one, until the lease lapses;
 //! - **SIGTERM/SIGINT** (`docker stop`): forwarded to the executor, which gets
 //!   [`TERMINATE_GRACE`] to exit before everything is killed; then as an
-//!   executor exit, reported as `terminated`.
+//!   executor exit, reported as `terminated`, except that a host that is not
+//!   connected gets only another [`TERMINATE_GRACE`] to connect and hear it.
 //!
 //! While no host is connected the init reconnects every 250 ms, backing off to
 //! 1 s, each time authenticating afresh.
@@ -191,9 +192,11 @@ struct Supervisor {
     connection: Connection,
     generation: u64,
     backoff: Duration,
-    /// Set when a signal asked the unit to stop: the executor is killed at
-    /// this instant if it has not exited.
-    terminating: Option<Instant>,
+    /// Whether a signal asked the unit to stop.
+    terminating: bool,
+    /// After a stop signal: when to kill the executor if it has not exited,
+    /// or, once it has, when to stop waiting for a host to hear the report.
+    stop_at: Option<Instant>,
     killed: u32,
     /// Whether the rest of the unit was killed after the executor exited.
     others_killed: bool,
@@ -250,7 +253,8 @@ impl Supervisor {
             },
             generation: 0,
             backoff: RECONNECT_FIRST,
-            terminating: None,
+            terminating: false,
+            stop_at: None,
             killed: 0,
             others_killed: false,
             output_ended: false,
@@ -269,11 +273,6 @@ impl Supervisor {
                     self.killed += self.reaper.kill_all().await;
                     self.publish();
                 }
-                let connected = matches!(self.connection, Connection::Connected { .. });
-                if self.terminating.is_some() && !connected {
-                    // Asked to stop with no host to tell: do not wait for one.
-                    return self.exit_code();
-                }
                 if self.output_ended {
                     self.send_report(self.end_reason());
                 }
@@ -287,22 +286,29 @@ impl Supervisor {
                 Connection::Idle { retry_at } => Some(retry_at),
                 _ => None,
             };
-            let kill_at = self
-                .terminating
-                .filter(|_| self.reaper.executor_exit.is_none());
             tokio::select! {
                 () = tokio::time::sleep(lease_check) => {}
                 Some(()) = self.signals.child.recv() => {
                     self.reaper.reap();
                     self.publish();
                 }
-                Some(()) = self.signals.terminate.recv() => self.terminate(Signal::SIGTERM).await,
-                Some(()) = self.signals.interrupt.recv() => self.terminate(Signal::SIGINT).await,
-                () = sleep_until_some(kill_at) => {
-                    tracing::warn!("the executor did not exit within {TERMINATE_GRACE:?} of the signal; killing the unit");
-                    self.killed += self.reaper.kill_all().await;
-                    self.reaper.reap();
-                    self.publish();
+                Some(()) = self.signals.terminate.recv() => self.terminate(Signal::SIGTERM),
+                Some(()) = self.signals.interrupt.recv() => self.terminate(Signal::SIGINT),
+                () = sleep_until_some(self.stop_at) => {
+                    if self.reaper.executor_exit.is_none() {
+                        tracing::warn!("the executor did not exit within {TERMINATE_GRACE:?} of the signal; killing the unit");
+                        self.killed += self.reaper.kill_all().await;
+                        self.reaper.reap();
+                        self.publish();
+                        // The same again for a host to hear the report.
+                        self.stop_at = Some(Instant::now() + TERMINATE_GRACE);
+                    } else if matches!(self.connection, Connection::Connected { .. }) {
+                        // A host is there: the report follows the output.
+                        self.stop_at = None;
+                    } else {
+                        tracing::info!("no host connected to hear the report; ending");
+                        return self.exit_code();
+                    }
                 }
                 () = sleep_until_some(retry_at) => self.connect(),
                 Some(event) = self.inbox.recv() => {
@@ -315,7 +321,7 @@ impl Supervisor {
     }
 
     fn end_reason(&self) -> EndReason {
-        if self.terminating.is_some() {
+        if self.terminating {
             EndReason::Terminated
         } else {
             EndReason::ExecutorExited
@@ -362,14 +368,15 @@ impl Supervisor {
         EXIT_LEASE_LAPSED
     }
 
-    async fn terminate(&mut self, signal: Signal) {
-        if self.terminating.is_some() {
+    fn terminate(&mut self, signal: Signal) {
+        if self.terminating {
             // Asked twice: stop waiting.
-            self.terminating = Some(Instant::now());
+            self.stop_at = Some(Instant::now());
             return;
         }
         tracing::info!(%signal, "asked to stop; forwarding to the executor");
-        self.terminating = Some(Instant::now() + TERMINATE_GRACE);
+        self.terminating = true;
+        self.stop_at = Some(Instant::now() + TERMINATE_GRACE);
         if self.reaper.executor_exit.is_none()
             && let Err(error) = kill(self.executor, signal)
         {
