@@ -17,7 +17,7 @@ if [ -x scripts/images.sh ]; then
 fi
 
 if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --no-fail-fast "$@"
+    cargo nextest run --workspace --no-fail-fast "$@"
 else
-    cargo test --no-fail-fast "$@"
+    cargo test --workspace --no-fail-fast "$@"
 fi

@@ -168,6 +168,14 @@ impl Executor {
     }
 }
 
+/// The versions `initialize` agrees to: `proxy::PROTOCOL_VERSIONS`, as the
+/// host's (a test holds them equal). The stateless 2026-07-28 era is not
+/// served yet: a probing client's `server/discover` gets an error and falls
+/// back to `initialize`.
+fn supported_versions() -> &'static [ProtocolVersion] {
+    ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25)
+}
+
 /// The read limit a client asks for under the executor key, if any.
 fn asked_max_read_bytes(request: &InitializeRequestParams) -> Option<u64> {
     let experimental = request.capabilities.experimental.as_ref()?;
@@ -194,19 +202,19 @@ impl ServerHandler for Executor {
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        // The stateless 2026-07-28 era is not served yet: a probing client's
-        // `server/discover` gets an error and falls back to `initialize`.
-        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25))
+        Cow::Borrowed(supported_versions())
     }
 
     async fn discover(
         &self,
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::DiscoverResult, McpError> {
+        // The transport answers probes before rmcp sees them; should one get
+        // here, its answer is the same (`proxy::discover_refusal`).
         Err(McpError::new(
             ErrorCode::METHOD_NOT_FOUND,
-            "server/discover is not served; use initialize",
-            None,
+            crate::proxy::discover_refusal_message(),
+            Some(crate::proxy::discover_refusal_data()),
         ))
     }
 
@@ -407,5 +415,17 @@ fn call_result(outcome: ToolOutcome) -> CallToolResult {
         CallToolResult::error(content)
     } else {
         CallToolResult::success(content)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_executor_agrees_to_the_versions_the_host_does() {
+        let versions: Vec<&str> = super::supported_versions()
+            .iter()
+            .map(|version| version.as_str())
+            .collect();
+        assert_eq!(versions, crate::proxy::PROTOCOL_VERSIONS);
     }
 }

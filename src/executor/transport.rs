@@ -8,10 +8,13 @@
 use std::sync::Arc;
 
 use rmcp::RoleServer;
+use rmcp::model::{ClientRequest, JsonRpcMessage};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::Mutex;
+
+use crate::proxy;
 
 /// The longest line taken (rmcp's own default); longer lines are answered
 /// with an error and discarded as they stream in, never buffered whole.
@@ -121,6 +124,9 @@ where
                         (PARSE_ERROR, "parse error")
                     }
                     serde_json::error::Category::Data | serde_json::error::Category::Io => {
+                        if let Some(refused) = refused_id(text) {
+                            return Err(Some(refused));
+                        }
                         if is_request_shaped(text) {
                             (INVALID_PARAMS, "invalid params")
                         } else {
@@ -140,11 +146,34 @@ where
         }
     }
 
+    /// Answer a line the transport itself refuses. Written from its own task:
+    /// rmcp may drop the receiving future mid-await, which must never cut a
+    /// line in half.
+    fn answer_line(&self, answer: Value) {
+        let writer = Arc::clone(&self.writer);
+        tokio::spawn(async move {
+            if let Err(error) = Self::write(&writer, answer.to_string().into_bytes()).await {
+                tracing::warn!("answering a bad line: {error}");
+            }
+        });
+    }
+
     async fn write(writer: &Mutex<W>, mut bytes: Vec<u8>) -> std::io::Result<()> {
         bytes.push(b'\n');
         let mut writer = writer.lock().await;
         writer.write_all(&bytes).await?;
         writer.flush().await
+    }
+}
+
+/// The answer to well-formed JSON with a method and an id that is neither a
+/// string nor an integer (`"id": null`): a malformed request, not a
+/// notification, answered as `box serve` answers it.
+fn refused_id(text: &[u8]) -> Option<Value> {
+    let message = serde_json::from_slice::<Value>(text).ok()?;
+    match proxy::classify(&message) {
+        Err(error @ proxy::MessageError::InvalidId) => Some(proxy::refusal(&message, &error)),
+        _ => None,
     }
 }
 
@@ -159,6 +188,18 @@ fn is_request_shaped(text: &[u8]) -> bool {
         && message
             .get("id")
             .is_some_and(|id| id.is_string() || id.is_number())
+}
+
+/// The shared refusal of a `server/discover` request (`proxy::discover_refusal`).
+fn discover_probe(message: &RxJsonRpcMessage<RoleServer>) -> Option<Value> {
+    let JsonRpcMessage::Request(request) = message else {
+        return None;
+    };
+    if !matches!(request.request, ClientRequest::DiscoverRequest(_)) {
+        return None;
+    }
+    let id = serde_json::to_value(&request.id).unwrap_or(Value::Null);
+    Some(proxy::discover_refusal(id))
 }
 
 /// The error answer for a bad line: with its `id` if one is found; none for a
@@ -276,21 +317,15 @@ where
                 return None;
             }
             match self.parse_line() {
-                Ok(Some(message)) => return Some(message),
+                Ok(Some(message)) => match discover_probe(&message) {
+                    // Answered here, as `box serve` answers it: rmcp would
+                    // first demand 2026-07-28 `_meta` fields of the probe.
+                    Some(refused) => self.answer_line(refused),
+                    None => return Some(message),
+                },
                 Ok(None) => {}
                 Err(None) => {}
-                Err(Some(answer)) => {
-                    // Written from its own task: rmcp may drop this future
-                    // mid-await, which must never cut a line in half.
-                    let writer = Arc::clone(&self.writer);
-                    tokio::spawn(async move {
-                        if let Err(error) =
-                            Self::write(&writer, answer.to_string().into_bytes()).await
-                        {
-                            tracing::warn!("answering a bad line: {error}");
-                        }
-                    });
-                }
+                Err(Some(answer)) => self.answer_line(answer),
             }
         }
     }
@@ -332,6 +367,14 @@ mod tests {
         assert!(!is_request_shaped(
             br#"[{"jsonrpc":"2.0","id":1,"method":"x"}]"#
         ));
+    }
+
+    #[test]
+    fn a_null_id_is_a_malformed_request_not_a_notification() {
+        let answer = refused_id(br#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#).unwrap();
+        assert_eq!(answer["id"], Value::Null);
+        assert_eq!(answer["error"]["code"], json!(INVALID_REQUEST));
+        assert_eq!(refused_id(br#"{"jsonrpc":"2.0","method":"x"}"#), None);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 use super::units::ExecutorStart;
 use crate::backend::Envelope;
 use crate::plan::Plan;
-use crate::proxy::{code, error_response};
+use crate::proxy::{LATEST_PROTOCOL_VERSION, PROTOCOL_VERSIONS, json_type};
 
 /// The capability key of the executor wire, where the client asks and the host answers.
 pub const EXECUTOR_KEY: &str = "io.github.christopherdavenport.dax/executor";
@@ -70,16 +70,94 @@ pub(super) fn read_ask(params: Option<&Map<String, Value>>) -> Result<Ask, Strin
     })
 }
 
-/// The params a unit's executor is initialized with: the client's own, its
-/// executor ask reduced to `maxReadBytes` (the box ask is the host's business).
-pub(super) fn executor_initialize_params(client: Option<&Map<String, Value>>, ask: &Ask) -> Value {
+/// Check an `initialize` request before anything is resolved or started:
+/// `params` is an object with `protocolVersion` (a string), `clientInfo`
+/// (`name` and `version`, strings) and, when present, `capabilities` (an
+/// object; absent means none). The error names the field and is answered with
+/// -32602. Returns the version the client asked for.
+pub(super) fn check_initialize(message: &Value) -> Result<&str, String> {
+    let params = match message.get("params") {
+        None | Some(Value::Null) => {
+            return Err(
+                "params: missing; initialize needs {protocolVersion, capabilities, clientInfo}"
+                    .to_owned(),
+            );
+        }
+        Some(Value::Object(params)) => params,
+        Some(other) => {
+            return Err(format!(
+                "params: must be an object, got {}",
+                json_type(other)
+            ));
+        }
+    };
+    let requested = match params.get("protocolVersion") {
+        Some(Value::String(version)) => version.as_str(),
+        None => {
+            return Err(format!(
+                "params.protocolVersion: missing; send the newest version the client speaks (box speaks {})",
+                PROTOCOL_VERSIONS.join(", ")
+            ));
+        }
+        Some(other) => {
+            return Err(format!(
+                "params.protocolVersion: must be a string such as \"{LATEST_PROTOCOL_VERSION}\", got {}",
+                json_type(other)
+            ));
+        }
+    };
+    match params.get("capabilities") {
+        None | Some(Value::Object(_)) => {}
+        Some(other) => {
+            return Err(format!(
+                "params.capabilities: must be an object, got {}",
+                json_type(other)
+            ));
+        }
+    }
+    let client_info = match params.get("clientInfo") {
+        Some(Value::Object(client_info)) => client_info,
+        None => {
+            return Err(
+                "params.clientInfo: missing; send {\"name\": ..., \"version\": ...}".to_owned(),
+            );
+        }
+        Some(other) => {
+            return Err(format!(
+                "params.clientInfo: must be an object with name and version, got {}",
+                json_type(other)
+            ));
+        }
+    };
+    for field in ["name", "version"] {
+        match client_info.get(field) {
+            Some(Value::String(_)) => {}
+            None => {
+                return Err(format!(
+                    "params.clientInfo.{field}: missing; a string is required"
+                ));
+            }
+            Some(other) => {
+                return Err(format!(
+                    "params.clientInfo.{field}: must be a string, got {}",
+                    json_type(other)
+                ));
+            }
+        }
+    }
+    Ok(requested)
+}
+
+/// The params a unit's executor is initialized with: the client's own (checked
+/// by [`check_initialize`]) at the session's negotiated `version`, its executor
+/// ask reduced to `maxReadBytes` (the box ask is the host's business).
+pub(super) fn executor_initialize_params(
+    client: Option<&Map<String, Value>>,
+    ask: &Ask,
+    version: &str,
+) -> Value {
     let mut params = client.cloned().unwrap_or_default();
-    params
-        .entry("protocolVersion")
-        .or_insert_with(|| json!("2025-06-18"));
-    params
-        .entry("clientInfo")
-        .or_insert_with(|| json!({"name": "box", "version": crate::VERSION}));
+    params.insert("protocolVersion".to_owned(), json!(version));
     let capabilities = params.entry("capabilities").or_insert_with(|| json!({}));
     if let Some(capabilities) = capabilities.as_object_mut() {
         let experimental = capabilities
@@ -95,45 +173,28 @@ pub(super) fn executor_initialize_params(client: Option<&Map<String, Value>>, as
     Value::Object(params)
 }
 
-/// The answer to a `server/discover` probe: method not found, so a dual-era
-/// client falls back to initialize; nothing is started.
-pub fn discover_refusal(id: Value) -> Value {
-    error_response(
-        id,
-        code::METHOD_NOT_FOUND,
-        "server/discover: box speaks the initialize handshake (MCP 2025-06-18 and 2025-11-25); send initialize",
-    )
-}
-
-/// The client's initialize result: the workspace unit's executor's, with box's
-/// serverInfo and the envelopes under the executor capability's `box`.
+/// The client's initialize result: the workspace unit's executor's, at the
+/// session's negotiated `version`, with box's serverInfo and the envelopes
+/// under the executor capability's `box`.
 pub(super) fn initialize_result(
     plan: &Plan,
     envelopes: &[&Envelope],
     workspace: Option<usize>,
     initialized: &[ExecutorStart],
-    requested: Option<&str>,
+    version: &str,
 ) -> Value {
     let mut result = match workspace {
         Some(index) => initialized[index].initialize.clone(),
-        // No workspace unit: the first unit's negotiated version, else the
-        // client's when box speaks it, else the version every SDK knows.
-        None => json!({
-            "protocolVersion": initialized
-                .first()
-                .and_then(|first| first.initialize.get("protocolVersion").cloned())
-                .or_else(|| requested
-                    .filter(|version| crate::proxy::PROTOCOL_VERSIONS.contains(version))
-                    .map(|version| json!(version)))
-                .unwrap_or_else(|| json!("2025-06-18")),
-            "capabilities": {"experimental": {EXECUTOR_KEY: {"version": 1}}},
-        }),
+        None => json!({"capabilities": {"experimental": {EXECUTOR_KEY: {"version": 1}}}}),
     };
     let envelopes: Vec<Value> = envelopes
         .iter()
         .map(|envelope| serde_json::to_value(envelope).unwrap_or(Value::Null))
         .collect();
     if let Some(object) = result.as_object_mut() {
+        // The session's version, which its transport then holds the client
+        // to; every executor was initialized at it.
+        object.insert("protocolVersion".to_owned(), json!(version));
         object.insert(
             "serverInfo".to_owned(),
             json!({"name": "box", "version": crate::VERSION}),
@@ -198,7 +259,7 @@ mod tests {
             "clientInfo": {"name": "c", "version": "1"}
         });
         let ask = read_ask(params.as_object()).unwrap();
-        let sent = executor_initialize_params(params.as_object(), &ask);
+        let sent = executor_initialize_params(params.as_object(), &ask, "2025-11-25");
         assert_eq!(
             sent,
             json!({

@@ -66,6 +66,8 @@ struct State {
     record: FakeRecord,
     live: BTreeMap<String, LiveUnit>,
     next_id: u64,
+    /// `list` fails, as an engine that does not answer.
+    unreachable: bool,
 }
 
 /// What a test switches on and off while the fake runs: an engine that
@@ -157,6 +159,11 @@ impl FakeBackend {
     /// Read what was recorded.
     pub fn record<R>(&self, read: impl FnOnce(&FakeRecord) -> R) -> R {
         self.with(|state| read(&state.record))
+    }
+
+    /// Make `list` fail (`true`), as an engine that stopped answering, or answer again.
+    pub fn set_unreachable(&self, unreachable: bool) {
+        self.with(|state| state.unreachable = unreachable);
     }
 
     /// Kill the live unit with backend id `id`, as an OOM kill would.
@@ -271,8 +278,17 @@ impl Backend for FakeBackend {
     }
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<UnitInfo>, BackendError>> {
-        let units = self.with(|state| state.live.values().map(|unit| unit.info.clone()).collect());
-        async move { Ok(units) }.boxed()
+        let units = self.with(|state| {
+            if state.unreachable {
+                return Err(BackendError::Other {
+                    unit: "-".to_owned(),
+                    doing: "listing units".to_owned(),
+                    message: "the fake engine is unreachable".to_owned(),
+                });
+            }
+            Ok(state.live.values().map(|unit| unit.info.clone()).collect())
+        });
+        async move { units }.boxed()
     }
 }
 

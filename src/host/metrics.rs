@@ -1,171 +1,325 @@
-//! The host's counters, rendered as Prometheus text at `/metrics`: sessions,
-//! units by state, calls by method/tool and outcome, call latency, unit start
-//! latency. Plain data behind one mutex: nothing awaits under it.
+//! The host's metrics behind `/metrics`, and the readiness check behind
+//! `/readyz`: sessions, units by state, calls by method, tool and outcome,
+//! call latency, unit start latency, and `box_build_info`.
+//!
+//! The exposition is written by `prometheus-client` (Prometheus text format
+//! 0.0.4), which escapes every label value, so nothing a client sends can
+//! write a line of its own. Every label value comes from a bounded set: a
+//! method from [`METHODS`], an outcome from [`OUTCOMES`], a tool from the
+//! tools the session's units listed at start ([`tool_label`]); anything else
+//! is `other`, so a client cannot grow the series without bound either.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+use serde_json::Value;
+
+use super::HostConfig;
+
+/// The `Content-Type` of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// Upper bounds of the latency histograms, in seconds.
 const BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 300.0,
 ];
 
-#[derive(Debug, Default, Clone)]
-struct Histogram {
-    counts: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
+/// The methods counted by name; any other is counted as `other`.
+pub const METHODS: [&str; 24] = [
+    "initialize",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "resources/list",
+    "resources/read",
+    "resources/templates/list",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+    "logging/setLevel",
+    "execution/facts",
+    "execution/batch",
+    "agentworkspace/process.start",
+    "agentworkspace/process.write",
+    "agentworkspace/process.read",
+    "agentworkspace/process.closeStdin",
+    "agentworkspace/process.signal",
+    "agentworkspace/process.wait",
+    "agentworkspace/process.close",
+    "agentworkspace/servers.list",
+    "agentworkspace/servers.start",
+];
+
+/// The outcomes a call is counted under; any other is counted as `other`.
+pub const OUTCOMES: [&str; 8] = [
+    "ok",
+    "error",
+    "tool_error",
+    "cancelled",
+    "timeout",
+    "unit_ended",
+    "unit_unavailable",
+    "session_ended",
+];
+
+/// How long `/readyz` waits for the backend to answer.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A call's labels, each from a bounded set.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    method: &'static str,
+    /// Empty for every method but `tools/call`.
+    tool: String,
+    outcome: &'static str,
 }
 
-impl Histogram {
-    fn observe(&mut self, duration: Duration) {
-        let seconds = duration.as_secs_f64();
-        for (bound, count) in BUCKETS.iter().zip(self.counts.iter_mut()) {
-            if seconds <= *bound {
-                *count += 1;
-            }
-        }
-        self.count += 1;
-        self.sum += seconds;
-    }
-
-    fn render(&self, out: &mut String, name: &str) {
-        for (bound, count) in BUCKETS.iter().zip(self.counts.iter()) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {count}");
-        }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(out, "{name}_sum {}", self.sum);
-        let _ = writeln!(out, "{name}_count {}", self.count);
-    }
+/// A unit count's label.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UnitLabels {
+    state: &'static str,
 }
 
-#[derive(Debug, Default)]
-struct State {
-    sessions_started: u64,
-    sessions_active: i64,
-    units_running: i64,
-    units_ended: i64,
-    units_removed: u64,
-    calls: BTreeMap<(String, String), u64>,
-    call_latency: Histogram,
-    unit_start_latency: Histogram,
-}
-
-/// The host's metrics.
-#[derive(Debug, Default)]
+/// The host's metrics: atomics behind `prometheus-client` handles (a call's
+/// series is found under a short read lock, never held across an await).
+#[derive(Debug)]
 pub struct Metrics {
-    state: Mutex<State>,
+    registry: Registry,
+    sessions_started: Counter,
+    sessions_active: Gauge,
+    units_running: Gauge,
+    units_ended: Gauge,
+    units_removed: Counter,
+    calls: Family<CallLabels, Counter>,
+    call_duration: Histogram,
+    unit_start_duration: Histogram,
     /// Session tasks running, started or not (what shutdown waits for).
-    tasks: std::sync::atomic::AtomicUsize,
+    tasks: AtomicUsize,
+}
+
+const RUNNING: UnitLabels = UnitLabels { state: "running" };
+const ENDED: UnitLabels = UnitLabels { state: "ended" };
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let sessions_active = Gauge::default();
+        registry.register(
+            "box_sessions_active",
+            "Sessions whose units are started and not yet removed",
+            sessions_active.clone(),
+        );
+        let sessions_started = Counter::default();
+        registry.register(
+            "box_sessions_started",
+            "Sessions whose units all started",
+            sessions_started.clone(),
+        );
+        let units = Family::<UnitLabels, Gauge>::default();
+        registry.register(
+            "box_units",
+            "Units of live sessions, running or ended on their own",
+            units.clone(),
+        );
+        // Both states show from the start, at zero; the handles share the
+        // family's values.
+        let units_running = units.get_or_create(&RUNNING).clone();
+        let units_ended = units.get_or_create(&ENDED).clone();
+        let units_removed = Counter::default();
+        registry.register(
+            "box_units_removed",
+            "Units removed at the end of their session",
+            units_removed.clone(),
+        );
+        let calls = Family::<CallLabels, Counter>::default();
+        registry.register(
+            "box_calls",
+            "Requests forwarded to units, by method, tool (tools/call only) and outcome",
+            calls.clone(),
+        );
+        let call_duration = Histogram::new(BUCKETS);
+        registry.register(
+            "box_call_duration_seconds",
+            "How long forwarded requests took to be answered",
+            call_duration.clone(),
+        );
+        let unit_start_duration = Histogram::new(BUCKETS);
+        registry.register(
+            "box_unit_start_duration_seconds",
+            "How long a session's units took to start and initialize",
+            unit_start_duration.clone(),
+        );
+        registry.register(
+            "box_build",
+            "This box's version",
+            Info::new(vec![("version", crate::VERSION)]),
+        );
+        Self {
+            registry,
+            sessions_started,
+            sessions_active,
+            units_running,
+            units_ended,
+            units_removed,
+            calls,
+            call_duration,
+            unit_start_duration,
+            tasks: AtomicUsize::new(0),
+        }
+    }
 }
 
 impl Metrics {
-    fn with(&self, change: impl FnOnce(&mut State)) {
-        if let Ok(mut state) = self.state.lock() {
-            change(&mut state);
-        }
-    }
-
     /// A session's units started (all of them), taking `latency`.
     pub fn unit_start(&self, latency: Duration, units: usize) {
-        self.with(|state| {
-            state.sessions_started += 1;
-            state.sessions_active += 1;
-            state.units_running += units as i64;
-            state.unit_start_latency.observe(latency);
-        });
+        self.sessions_started.inc();
+        self.sessions_active.inc();
+        self.units_running.inc_by(count(units));
+        self.unit_start_duration.observe(latency.as_secs_f64());
     }
 
     /// A unit of a live session ended on its own (died, was killed).
     pub fn unit_ended(&self) {
-        self.with(|state| {
-            state.units_running -= 1;
-            state.units_ended += 1;
-        });
+        self.units_running.dec();
+        self.units_ended.inc();
     }
 
     /// A started session ended and its `units` were removed, `ended` of which had ended before.
     pub fn session_ended(&self, units: usize, ended: usize) {
-        self.with(|state| {
-            state.sessions_active -= 1;
-            state.units_running -= (units - ended.min(units)) as i64;
-            state.units_ended -= ended as i64;
-            state.units_removed += units as u64;
-        });
+        self.sessions_active.dec();
+        self.units_running.dec_by(count(units - ended.min(units)));
+        self.units_ended.dec_by(count(ended));
+        self.units_removed.inc_by(units as u64);
     }
 
-    /// A call finished.
+    /// A call finished. `tool` is a `tools/call`'s [`tool_label`]; the method
+    /// and outcome are counted by name when [`METHODS`] and [`OUTCOMES`] have
+    /// them, else as `other`.
     pub fn call(&self, method: &str, tool: Option<&str>, outcome: &str, duration: Duration) {
-        let what = match tool {
-            Some(tool) => format!("tools/call:{tool}"),
-            None => method.to_owned(),
+        let labels = CallLabels {
+            method: bounded(&METHODS, method),
+            tool: tool.unwrap_or("").to_owned(),
+            outcome: bounded(&OUTCOMES, outcome),
         };
-        self.with(|state| {
-            *state.calls.entry((what, outcome.to_owned())).or_default() += 1;
-            state.call_latency.observe(duration);
-        });
+        self.calls.get_or_create(&labels).inc();
+        self.call_duration.observe(duration.as_secs_f64());
     }
 
     /// A session task began.
     pub fn task_started(&self) {
-        self.tasks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.tasks.fetch_add(1, Ordering::SeqCst);
     }
 
     /// A session task ended (its units, if any, removed).
     pub fn task_ended(&self) {
-        self.tasks.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.tasks.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Session tasks running, including those still starting their units.
     pub fn session_tasks(&self) -> usize {
-        self.tasks.load(std::sync::atomic::Ordering::SeqCst)
+        self.tasks.load(Ordering::SeqCst)
     }
 
     /// Sessions currently started.
     pub fn sessions_active(&self) -> i64 {
-        self.state
-            .lock()
-            .map(|state| state.sessions_active)
-            .unwrap_or(0)
+        self.sessions_active.get()
     }
 
-    /// Prometheus text exposition.
+    /// The exposition, in the Prometheus text format ([`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let Ok(state) = self.state.lock() else {
-            return out;
-        };
-        let _ = writeln!(out, "# TYPE box_sessions_active gauge");
-        let _ = writeln!(out, "box_sessions_active {}", state.sessions_active);
-        let _ = writeln!(out, "# TYPE box_sessions_started_total counter");
-        let _ = writeln!(out, "box_sessions_started_total {}", state.sessions_started);
-        let _ = writeln!(out, "# TYPE box_units gauge");
-        let _ = writeln!(
-            out,
-            "box_units{{state=\"running\"}} {}",
-            state.units_running
-        );
-        let _ = writeln!(out, "box_units{{state=\"ended\"}} {}", state.units_ended);
-        let _ = writeln!(out, "# TYPE box_units_removed_total counter");
-        let _ = writeln!(out, "box_units_removed_total {}", state.units_removed);
-        let _ = writeln!(out, "# TYPE box_calls_total counter");
-        for ((what, outcome), count) in &state.calls {
-            let what = what.replace('\\', "\\\\").replace('"', "\\\"");
-            let _ = writeln!(
-                out,
-                "box_calls_total{{method=\"{what}\",outcome=\"{outcome}\"}} {count}"
-            );
+        if let Err(error) =
+            prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
+        {
+            tracing::warn!(%error, "encoding the metrics failed");
         }
-        let _ = writeln!(out, "# TYPE box_call_duration_seconds histogram");
-        state
-            .call_latency
-            .render(&mut out, "box_call_duration_seconds");
-        let _ = writeln!(out, "# TYPE box_unit_start_duration_seconds histogram");
-        state
-            .unit_start_latency
-            .render(&mut out, "box_unit_start_duration_seconds");
         out
+    }
+}
+
+/// A count as a gauge's step.
+fn count(units: usize) -> i64 {
+    i64::try_from(units).unwrap_or(i64::MAX)
+}
+
+/// `value` as one of `known` (borrowed from the set, so never the client's
+/// text), else `other`.
+fn bounded(known: &[&'static str], value: &str) -> &'static str {
+    known
+        .iter()
+        .find(|candidate| **candidate == value)
+        .copied()
+        .unwrap_or("other")
+}
+
+/// The tool label of a `tools/call` of `tool`: its name when the unit listed
+/// it at start (`listed`, a `tools/list` result), else `other`.
+pub fn tool_label<'a>(tool: &'a str, listed: Option<&Value>) -> &'a str {
+    let is_listed = listed
+        .and_then(|listed| listed.get("tools"))
+        .and_then(Value::as_array)
+        .is_some_and(|tools| {
+            tools
+                .iter()
+                .any(|entry| entry.get("name").and_then(Value::as_str) == Some(tool))
+        });
+    if is_listed { tool } else { "other" }
+}
+
+/// Whether the host can take new sessions: its backend answers (a listing of
+/// its units within a bound). The HTTP transport asks this for `/readyz`; it
+/// knows nothing of backends itself.
+pub async fn readiness(config: &HostConfig) -> Result<(), String> {
+    let backend = config.backend.kind();
+    match tokio::time::timeout(READY_TIMEOUT, config.backend.list()).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(format!("the {backend} backend does not answer: {error}")),
+        Err(_) => Err(format!(
+            "the {backend} backend did not answer within {}",
+            humantime::format_duration(READY_TIMEOUT)
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn labels_come_from_bounded_sets() {
+        assert_eq!(bounded(&METHODS, "tools/call"), "tools/call");
+        assert_eq!(bounded(&METHODS, "x\"} 1\nevil 1"), "other");
+        assert_eq!(bounded(&OUTCOMES, "timeout"), "timeout");
+        let listed = json!({"tools": [{"name": "echo"}, {"name": "read"}]});
+        assert_eq!(tool_label("read", Some(&listed)), "read");
+        assert_eq!(tool_label("nope", Some(&listed)), "other");
+        assert_eq!(tool_label("read", None), "other");
+    }
+
+    #[test]
+    fn an_escaped_label_value_stays_inside_its_line() {
+        let metrics = Metrics::default();
+        metrics.call(
+            "tools/call",
+            Some("a\"} 9\nbox_evil 1"),
+            "ok",
+            Duration::ZERO,
+        );
+        let text = metrics.render();
+        assert!(
+            !text.lines().any(|line| line.starts_with("box_evil")),
+            "{text}"
+        );
+        assert!(text.contains("# HELP box_calls_total "), "{text}");
     }
 }

@@ -1,6 +1,7 @@
 //! One session: a task that owns everything about it. Before `initialize` it
 //! answers only `ping`, `server/discover` (method not found: a probe never
-//! starts units) and `initialize`; at `initialize` it reads the box ask,
+//! starts units) and `initialize`; at `initialize` it checks the request
+//! (-32602 naming the field), agrees a protocol version, reads the box ask,
 //! resolves and tightens the profile, starts every unit (all or nothing),
 //! initializes their executors and answers with the workspace unit's
 //! capability plus the envelopes. Starting is bounded by the profile's
@@ -11,7 +12,7 @@
 //! over only once every unit it asked for is confirmed removed (the host's
 //! ledger names those that are not).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -21,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::HostConfig;
-pub use super::ask::{EXECUTOR_KEY, discover_refusal};
-use super::ask::{executor_initialize_params, initialize_result, read_ask};
+pub use super::ask::EXECUTOR_KEY;
+use super::ask::{check_initialize, executor_initialize_params, initialize_result, read_ask};
 use super::units::{
     ExecutorLink, FIRST_REQUEST_ID, Tracked, UnitEvent, describe_end, initialize_executor,
     link_unit, remove_until_gone, start_units,
@@ -30,8 +31,9 @@ use super::units::{
 use crate::backend::{Envelope, SessionLabel, UnitEnd};
 use crate::plan::{Plan, PlanError, Role, UnitSpec};
 use crate::proxy::{
-    self, Kind, ReplyStream, ReplyTo, Router, UnitMessage, classify, code, error_response,
-    error_response_with_data, params, params_mut, reply_channel, result_response,
+    self, Kind, ReplyStream, ReplyTo, Router, UnitMessage, check_params, classify, code,
+    discover_refusal, error_response, error_response_with_data, negotiate_version, params,
+    params_mut, reply_channel, result_response,
 };
 
 /// The most client requests one session may have in flight at once.
@@ -80,6 +82,7 @@ pub struct SessionHandle {
     inbound: mpsc::Sender<Inbound>,
     cancel: CancellationToken,
     done: CancellationToken,
+    version: Arc<OnceLock<&'static str>>,
 }
 
 impl SessionHandle {
@@ -120,6 +123,13 @@ impl SessionHandle {
     pub fn has_ended(&self) -> bool {
         self.done.is_cancelled()
     }
+
+    /// The protocol version `initialize` agreed to; `None` before a successful
+    /// initialize. It governs what the transport accepts afterwards
+    /// (`MCP-Protocol-Version`, batches).
+    pub fn protocol_version(&self) -> Option<&'static str> {
+        self.version.get().copied()
+    }
 }
 
 /// Start a session task. Messages for the client that belong to no request go
@@ -135,11 +145,13 @@ pub fn spawn_session(
     let cancel = parent.child_token();
     let host = parent.clone();
     let done = CancellationToken::new();
+    let version = Arc::new(OnceLock::new());
     let handle = SessionHandle {
         id: id.clone(),
         inbound: inbound_tx,
         cancel: cancel.clone(),
         done: done.clone(),
+        version: version.clone(),
     };
     config.metrics.task_started();
     tokio::spawn(async move {
@@ -151,6 +163,7 @@ pub fn spawn_session(
             cancel,
             host,
             background: TaskTracker::new(),
+            version,
         };
         session.run(inbound_rx).await;
         metrics_config.metrics.task_ended();
@@ -170,6 +183,8 @@ struct Session {
     /// Removals of units whose start failed or finished late: the session is
     /// not over until they are done.
     background: TaskTracker,
+    /// The negotiated protocol version, set once at a successful initialize.
+    version: Arc<OnceLock<&'static str>>,
 }
 
 /// Why a session could not start: the JSON-RPC error it answers initialize with.
@@ -293,6 +308,10 @@ impl Session {
                         ));
                         continue;
                     };
+                    if let Err(why) = check_params(&message) {
+                        reply.answer(error_response(id, code::INVALID_PARAMS, why));
+                        continue;
+                    }
                     match method.as_str() {
                         "initialize" => match self.start(&message).await {
                             Ok((live, result)) => {
@@ -328,6 +347,9 @@ impl Session {
 
     /// Resolve, start and initialize; the initialize result for the client.
     async fn start(&self, message: &Value) -> Result<(Live, Value), StartError> {
+        // Checked before anything is resolved or started: a malformed
+        // initialize must not start units that then fail on it.
+        let version = negotiate_version(check_initialize(message).map_err(StartError::params)?);
         let client_params = params(message);
         let ask = read_ask(client_params).map_err(StartError::params)?;
         let profile_name = ask
@@ -375,7 +397,7 @@ impl Session {
         .await
         .map_err(|error| StartError::internal(format!("starting the session's units: {error}")))?;
 
-        let executor_params = executor_initialize_params(client_params, &ask);
+        let executor_params = executor_initialize_params(client_params, &ask, version);
         // What is left of the start deadline bounds the executors' initialize too.
         let timeout = self
             .config
@@ -458,10 +480,8 @@ impl Session {
             .iter()
             .position(|unit| unit.spec.role == Role::Workspace);
         let envelopes: Vec<&Envelope> = units.iter().map(|unit| &unit.envelope).collect();
-        let requested = client_params
-            .and_then(|params| params.get("protocolVersion"))
-            .and_then(Value::as_str);
-        let result = initialize_result(&plan, &envelopes, workspace, &initialized, requested);
+        let result = initialize_result(&plan, &envelopes, workspace, &initialized, version);
+        let _ = self.version.set(version);
         tracing::info!(
             session = %self.id,
             profile = %plan.profile,
@@ -591,6 +611,14 @@ impl Session {
                 return;
             }
         };
+        if let Err(why) = check_params(&message) {
+            reply.answer(error_response(id, code::INVALID_PARAMS, why));
+            return;
+        }
+        if method == "server/discover" {
+            reply.answer(discover_refusal(id));
+            return;
+        }
         if live.router.in_flight() >= MAX_IN_FLIGHT {
             reply.answer(error_response(
                 id,
@@ -682,15 +710,6 @@ impl Session {
     fn route(&self, live: &Live, method: &str, mut message: Value) -> Result<Route, (i64, String)> {
         match method {
             "ping" => return Ok(Route::Answer(json!({}))),
-            "server/discover" => {
-                let refusal = discover_refusal(Value::Null);
-                let text = refusal
-                    .pointer("/error/message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("server/discover is not served")
-                    .to_owned();
-                return Err((code::METHOD_NOT_FOUND, text));
-            }
             "initialize" => {
                 return Err((
                     code::INVALID_REQUEST,
@@ -994,9 +1013,17 @@ impl Session {
             deadline.abort();
         }
         let duration = tag.started.elapsed();
+        // Counted under a tool the unit listed at start, or `other`: a
+        // client's made-up names never become series.
+        let tool = tag.tool.as_deref().map(|tool| {
+            super::metrics::tool_label(
+                tool,
+                live.units.get(unit).and_then(|unit| unit.tools.as_ref()),
+            )
+        });
         self.config
             .metrics
-            .call(&tag.method, tag.tool.as_deref(), outcome, duration);
+            .call(&tag.method, tool, outcome, duration);
         if let (Some(audit), Some(tool)) = (&self.config.audit, &tag.tool) {
             audit.record(&super::audit::Record {
                 session: &self.id,

@@ -863,7 +863,7 @@ async fn metrics_count_sessions_units_and_calls() {
     assert!(text.contains("box_sessions_active 1"), "{text}");
     assert!(text.contains("box_units{state=\"running\"} 1"), "{text}");
     assert!(
-        text.contains("box_calls_total{method=\"tools/call:echo\",outcome=\"ok\"} 1"),
+        text.contains("box_calls_total{method=\"tools/call\",tool=\"echo\",outcome=\"ok\"} 1"),
         "{text}"
     );
     assert!(text.contains("box_call_duration_seconds_count 1"), "{text}");
@@ -1119,4 +1119,202 @@ async fn a_session_without_units_answers_the_clients_version() {
     assert_eq!(response["result"]["protocolVersion"], json!("2025-11-25"));
     assert_eq!(response["result"]["serverInfo"]["name"], json!("box"));
     assert_eq!(fake.record(|record| record.starts.len()), 0);
+}
+
+#[tokio::test]
+async fn a_malformed_initialize_is_invalid_params_naming_the_field_and_starts_nothing() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    let valid = initialize_params(json!({}));
+    let mut version_a_number = valid.clone();
+    version_a_number["protocolVersion"] = json!(5);
+    let mut no_version = valid.clone();
+    no_version
+        .as_object_mut()
+        .unwrap()
+        .remove("protocolVersion");
+    let mut no_client_info = valid.clone();
+    no_client_info.as_object_mut().unwrap().remove("clientInfo");
+    let mut nameless_client = valid.clone();
+    nameless_client["clientInfo"] = json!({"version": "1"});
+    let mut capabilities_a_list = valid.clone();
+    capabilities_a_list["capabilities"] = json!([]);
+    let cases = [
+        (
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize"}),
+            "params",
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": "x"}),
+            "params",
+        ),
+        (
+            proxy::request(json!(0), "initialize", version_a_number),
+            "params.protocolVersion",
+        ),
+        (
+            proxy::request(json!(0), "initialize", no_version),
+            "params.protocolVersion",
+        ),
+        (
+            proxy::request(json!(0), "initialize", no_client_info),
+            "params.clientInfo",
+        ),
+        (
+            proxy::request(json!(0), "initialize", nameless_client),
+            "params.clientInfo.name",
+        ),
+        (
+            proxy::request(json!(0), "initialize", capabilities_a_list),
+            "params.capabilities",
+        ),
+    ];
+    for (message, field) in cases {
+        let (_, response) = collect(client.session.request(message.clone()).await.unwrap()).await;
+        assert_eq!(
+            response["error"]["code"],
+            json!(proxy::code::INVALID_PARAMS),
+            "{message} → {response}"
+        );
+        let text = response["error"]["message"].as_str().unwrap();
+        assert!(text.starts_with(&format!("{field}:")), "{field}: {text}");
+    }
+    assert_eq!(fake.record(|record| record.starts.len()), 0);
+    // The session is still waiting for a good initialize.
+    let response = client.initialize(json!({})).await;
+    assert!(response.get("result").is_some(), "{response}");
+}
+
+#[tokio::test]
+async fn params_that_are_not_an_object_are_invalid_params() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    let raw = |id: u64, method: &str, params: Value| json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    let (_, early) = collect(
+        client
+            .session
+            .request(raw(1, "ping", json!("x")))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(early["error"]["code"], json!(proxy::code::INVALID_PARAMS));
+    client.initialize(json!({})).await;
+    for (id, method, params) in [
+        (2, "tools/list", json!("x")),
+        (3, "tools/list", json!([1, 2])),
+        (4, "tools/call", json!(["echo", {}])),
+        (5, "ping", json!(7)),
+    ] {
+        let (_, response) = collect(
+            client
+                .session
+                .request(raw(id, method, params))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(response["id"], json!(id), "{response}");
+        assert_eq!(
+            response["error"]["code"],
+            json!(proxy::code::INVALID_PARAMS),
+            "{method}: {response}"
+        );
+        assert!(
+            response["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("params: must be an object"),
+            "{response}"
+        );
+    }
+    // Absent or null params are no params at all.
+    let (_, ping) = collect(
+        client
+            .session
+            .request(json!({"jsonrpc": "2.0", "id": 6, "method": "ping", "params": null}))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(ping["result"], json!({}));
+}
+
+#[tokio::test]
+async fn initialize_agrees_to_a_version_box_speaks_and_the_executors_get_it() {
+    for (requested, agreed) in [
+        ("2025-03-26", "2025-03-26"),
+        ("2024-11-05", "2024-11-05"),
+        ("1999-01-01", proxy::LATEST_PROTOCOL_VERSION),
+        ("2026-07-28", proxy::LATEST_PROTOCOL_VERSION),
+    ] {
+        let fake = FakeBackend::default();
+        let client = connect(config(&fake));
+        let mut params = initialize_params(json!({}));
+        params["protocolVersion"] = json!(requested);
+        let (_, response) = client.call(json!(0), "initialize", params).await;
+        assert_eq!(response["result"]["protocolVersion"], json!(agreed));
+        assert_eq!(client.session.protocol_version(), Some(agreed));
+        let sent = fake.record(|record| record.initialize_params.clone());
+        assert_eq!(sent[0]["protocolVersion"], json!(agreed), "{requested}");
+    }
+}
+
+#[tokio::test]
+async fn stdio_splits_batches_only_on_a_2025_03_26_session() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let fake = FakeBackend::default();
+    let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
+    let (server_out, client_out) = tokio::io::duplex(1 << 20);
+    let served = tokio::spawn(crate::transport::stdio::serve_on(
+        config(&fake),
+        server_in,
+        server_out,
+        CancellationToken::new(),
+    ));
+    let mut lines = BufReader::new(client_out).lines();
+    let mut next = async || -> Value {
+        let line = tokio::time::timeout(WAIT, lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    let mut params = initialize_params(json!({}));
+    params["protocolVersion"] = json!("2025-03-26");
+    let initialize = proxy::request(json!(0), "initialize", params);
+    client_in
+        .write_all(format!("{initialize}\n").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(
+        next().await["result"]["protocolVersion"],
+        json!("2025-03-26")
+    );
+    let batch = json!([
+        {"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "echo", "arguments": {"n": 1}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": "b", "method": "ping"},
+    ]);
+    client_in
+        .write_all(format!("{batch}\n").as_bytes())
+        .await
+        .unwrap();
+    let answers = next().await;
+    let answers = answers.as_array().expect("one array of answers");
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    assert!(answers.iter().any(|answer| answer["id"] == json!("a")));
+    assert!(answers.iter().any(|answer| answer["id"] == json!("b")));
+    client_in.write_all(b"[]\n").await.unwrap();
+    assert_eq!(
+        next().await["error"]["code"],
+        json!(proxy::code::INVALID_REQUEST)
+    );
+    drop(client_in);
+    tokio::time::timeout(WAIT, served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }

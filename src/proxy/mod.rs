@@ -20,8 +20,38 @@ pub use router::{Forward, Router, UnitMessage, UnitRequestId};
 use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};
 
-/// The MCP protocol versions box speaks (the initialize handshake era).
+/// The MCP protocol versions box speaks (the initialize handshake era),
+/// oldest first: what `initialize` agrees to, what the HTTP transport's
+/// `MCP-Protocol-Version` check accepts, and what a `server/discover` refusal
+/// lists, in `box serve` and `box execute` alike.
 pub const PROTOCOL_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// The newest of [`PROTOCOL_VERSIONS`].
+pub const LATEST_PROTOCOL_VERSION: &str = PROTOCOL_VERSIONS[PROTOCOL_VERSIONS.len() - 1];
+
+/// The version a session speaks after the client asked for `requested`: that
+/// one when box speaks it, else box's newest (MCP's negotiation: answering
+/// another version is not an error; the client decides whether to go on).
+pub fn negotiate_version(requested: &str) -> &'static str {
+    PROTOCOL_VERSIONS
+        .iter()
+        .find(|version| **version == requested)
+        .copied()
+        .unwrap_or(LATEST_PROTOCOL_VERSION)
+}
+
+/// Whether `version` accepts JSON-RPC batches (arrays): 2025-03-26 added them
+/// and 2025-06-18 removed them again.
+pub fn allows_batches(version: &str) -> bool {
+    version == "2025-03-26"
+}
+
+/// Whether a client that negotiated `version` sends `MCP-Protocol-Version` on
+/// every HTTP request after initialize (the header exists since 2025-06-18;
+/// the dates compare as text).
+pub fn sends_version_header(version: &str) -> bool {
+    version >= "2025-06-18"
+}
 
 /// JSON-RPC's and MCP's error codes box answers with.
 pub mod code {
@@ -70,6 +100,21 @@ pub enum MessageError {
     /// Not an object, or no `jsonrpc: "2.0"`, or neither method nor result/error.
     #[error("not a JSON-RPC 2.0 message: {0}")]
     Invalid(String),
+    /// A method with an `id` that is neither a string nor an integer (`null`
+    /// included): a malformed request, not a notification.
+    #[error("not a JSON-RPC 2.0 message: a request id must be a string or an integer, never null")]
+    InvalidId,
+}
+
+/// The answer to a message [`classify`] refused: -32600, with the message's
+/// id when it has a usable one, else `null`. `box serve` and `box execute`
+/// answer a refused line with it alike.
+pub fn refusal(message: &Value, error: &MessageError) -> Value {
+    let id = match (error, message.get("id")) {
+        (MessageError::Invalid(_), Some(id)) if is_valid_id(id) => id.clone(),
+        _ => Value::Null,
+    };
+    error_response(id, code::INVALID_REQUEST, error.to_string())
 }
 
 /// Classify `message`; the error says what is wrong with it.
@@ -99,9 +144,7 @@ pub fn classify(message: &Value) -> Result<Kind, MessageError> {
                 id: id.clone(),
                 method: method.to_owned(),
             }),
-            Some(_) => Err(MessageError::Invalid(
-                "a request id must be a string or an integer, never null".to_owned(),
-            )),
+            Some(_) => Err(MessageError::InvalidId),
         };
     }
     if object.contains_key("result") || object.contains_key("error") {
@@ -143,6 +186,32 @@ pub fn error_response_with_data(
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into(), "data": data}})
 }
 
+/// The refusal of `server/discover` (MCP 2026-07-28's stateless handshake),
+/// word for word the same from `box serve` and `box execute`: "method not
+/// found", listing under `data.supported` the versions `initialize` agrees
+/// to, so a dual-era client falls back to `initialize`. Nothing is started.
+pub fn discover_refusal(id: Value) -> Value {
+    error_response_with_data(
+        id,
+        code::METHOD_NOT_FOUND,
+        discover_refusal_message(),
+        discover_refusal_data(),
+    )
+}
+
+/// The message of [`discover_refusal`].
+pub fn discover_refusal_message() -> String {
+    format!(
+        "server/discover: box speaks the initialize handshake (MCP {}); send initialize",
+        PROTOCOL_VERSIONS.join(", ")
+    )
+}
+
+/// The `data` of [`discover_refusal`].
+pub fn discover_refusal_data() -> Value {
+    json!({"supported": PROTOCOL_VERSIONS})
+}
+
 /// A result response to the request `id`.
 pub fn result_response(id: Value, result: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "result": result})
@@ -156,6 +225,31 @@ pub fn request(id: Value, method: &str, params: Value) -> Value {
 /// A notification.
 pub fn notification(method: &str, params: Value) -> Value {
     json!({"jsonrpc": "2.0", "method": method, "params": params})
+}
+
+/// What kind of JSON value `value` is, for errors ("got a string").
+pub fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Check that a request's `params`, when present, is an object (MCP's params
+/// are always named; `null` counts as absent). The error names the field and
+/// is answered with [`code::INVALID_PARAMS`].
+pub fn check_params(message: &Value) -> Result<(), String> {
+    match message.get("params") {
+        None | Some(Value::Null) | Some(Value::Object(_)) => Ok(()),
+        Some(other) => Err(format!(
+            "params: must be an object, got {}",
+            json_type(other)
+        )),
+    }
 }
 
 /// The `params` object of a message, when it has one.

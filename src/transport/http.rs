@@ -1,21 +1,27 @@
-//! Streamable HTTP (MCP 2025-06-18 and 2025-11-25) with axum: POST, GET and
-//! DELETE on one endpoint, `/mcp`, and `/metrics`. Many sessions, each with its
-//! own units; `Mcp-Session-Id` minted at a successful initialize (256 random
-//! bits, hex).
+//! Streamable HTTP (MCP 2024-11-05 to 2025-11-25, whichever `initialize`
+//! agreed to) with axum: POST, GET and DELETE on one
+//! endpoint, `/mcp`, beside `/metrics`, `/healthz` (alive) and `/readyz` (not
+//! draining, and the host says its backend answers). Many sessions, each with
+//! its own units; `Mcp-Session-Id` minted at a successful initialize (256
+//! random bits, hex).
 //!
 //! Every request passes, in order: the Host check (421: DNS rebinding), the
 //! Origin check (403), the bearer token when one is configured (401 with
 //! `WWW-Authenticate`; compared in constant time; never read from the URL).
-//! Bodies are bounded (413, before reading when the length is declared),
-//! batches are refused (-32600), an unsupported `MCP-Protocol-Version` gets 400
-//! listing the supported ones, unknown or ended sessions get 404. No CORS
-//! headers are ever sent. A `server/discover` probe is answered "method not
-//! found" without a session, so nothing starts.
+//! An `Accept` that allows neither answer form gets 406. Bodies are bounded
+//! (413, before reading when the length is declared). The version `initialize`
+//! agreed to governs the rest: `MCP-Protocol-Version` is required from
+//! 2025-06-18 on (400 listing the supported versions when missing or
+//! unsupported), and batches are split only on a 2025-03-26 session (-32600
+//! otherwise). Unknown or ended sessions get 404. No CORS headers are ever
+//! sent. A `server/discover` probe is answered "method not found" without a
+//! session, so nothing starts.
 //!
 //! A POSTed request is answered `application/json` when nothing streams before
 //! its answer, else `text/event-stream`: the events (progress, a server→client
 //! request) and then the answer, without event ids (there is no replay, so
-//! clients must not try to resume).
+//! clients must not try to resume). A request the client cancelled gets no
+//! JSON-RPC answer: its stream ends empty.
 
 // A refusal is an axum `Response`, built once per request; boxing it buys nothing.
 #![allow(clippy::result_large_err)]
@@ -39,9 +45,11 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::host::session::discover_refusal;
 use crate::host::{HostConfig, ServeArgs, SessionHandle, spawn_session};
-use crate::proxy::{Kind, MessageError, ReplyStream, classify, code, error_response};
+use crate::proxy::{
+    Kind, MessageError, ReplyStream, allows_batches, classify, code, discover_refusal,
+    error_response, refusal, sends_version_header,
+};
 
 /// The protocol versions whose `MCP-Protocol-Version` header is accepted.
 pub const SUPPORTED_VERSIONS: [&str; 4] = crate::proxy::PROTOCOL_VERSIONS;
@@ -206,6 +214,8 @@ pub fn router(
     Router::new()
         .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
         .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .with_state(state)
 }
 
@@ -462,11 +472,12 @@ fn session_header(headers: &HeaderMap) -> Option<String> {
 /// Whether a request must carry `MCP-Protocol-Version`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Version {
-    /// POSTs after initialize: every SDK sends it there, and security case E63
-    /// asks for 400 when it is missing.
+    /// POSTs on a session that negotiated 2025-06-18 or later: every SDK
+    /// sends it there, and security case E63 asks for 400 when it is missing.
     Required,
-    /// GET: some clients (TypeScript) send only `Accept` there; a missing
-    /// header means 2025-03-26, which box serves.
+    /// POSTs on an older session (the header did not exist yet; the
+    /// negotiated version governs), and GET: some clients (TypeScript) send
+    /// only `Accept` there; a missing header means 2025-03-26, which box serves.
     Optional,
 }
 
@@ -567,30 +578,38 @@ async fn post_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
     if let Err(response) = check_request(&state.options, &headers) {
         return response;
     }
+    let accepts = Accepts::from_headers(&headers);
+    if !accepts.json && !accepts.sse {
+        return refuse(
+            StatusCode::NOT_ACCEPTABLE,
+            code::INVALID_REQUEST,
+            "Accept must allow application/json or text/event-stream (clients send both)",
+        );
+    }
     let message = match read_body(&state.options, &headers, body).await {
         Ok(message) => message,
         Err(response) => return response,
     };
+    // A batch is refused or split once the session's version is known.
     let kind = match classify(&message) {
-        Ok(kind) => kind,
-        Err(error @ MessageError::Batch) | Err(error @ MessageError::Invalid(_)) => {
-            return refuse(
-                StatusCode::BAD_REQUEST,
-                code::INVALID_REQUEST,
-                error.to_string(),
-            );
-        }
+        Ok(kind) => Some(kind),
+        Err(MessageError::Batch) => None,
+        Err(error) => return json_response(StatusCode::BAD_REQUEST, refusal(&message, &error)),
     };
     let Some(session_id) = session_header(&headers) else {
         return match kind {
-            Kind::Request { id, method } if method == "initialize" => {
+            Some(Kind::Request { id, method }) if method == "initialize" => {
                 initialize(&state, id, message).await
             }
             // A dual-era client's probe: a clean "method not found", nothing started.
-            Kind::Request { id, method } if method == "server/discover" => {
+            Some(Kind::Request { id, method }) if method == "server/discover" => {
                 json_response(StatusCode::OK, discover_refusal(id))
             }
-            _ => refuse(
+            None => json_response(
+                StatusCode::BAD_REQUEST,
+                refusal(&message, &MessageError::Batch),
+            ),
+            Some(_) => refuse(
                 StatusCode::BAD_REQUEST,
                 code::INVALID_REQUEST,
                 "Mcp-Session-Id is missing: send initialize first",
@@ -604,27 +623,111 @@ async fn post_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
             "no such session (it ended, or never was); initialize again",
         );
     };
-    if let Err(response) = check_version(&headers, Version::Required) {
+    // The version initialize agreed to governs: its clients send the header
+    // from 2025-06-18 on, and only 2025-03-26 has batches.
+    let version = session
+        .protocol_version()
+        .unwrap_or(crate::proxy::LATEST_PROTOCOL_VERSION);
+    let need = if sends_version_header(version) {
+        Version::Required
+    } else {
+        Version::Optional
+    };
+    if let Err(response) = check_version(&headers, need) {
         return response;
     }
-    match kind {
-        Kind::Request { id, .. } => match session.request(message).await {
-            Ok(stream) => answer(id, stream).await,
-            Err(_) => refuse(
-                StatusCode::NOT_FOUND,
-                code::INVALID_REQUEST,
-                "the session has ended",
+    let Some(kind) = kind else {
+        return match message {
+            Value::Array(messages) if allows_batches(version) => {
+                batch(&session, messages, accepts).await
+            }
+            message => json_response(
+                StatusCode::BAD_REQUEST,
+                refusal(&message, &MessageError::Batch),
             ),
+        };
+    };
+    match kind {
+        Kind::Request { .. } => match session.request(message).await {
+            Ok(stream) => answer(stream, accepts).await,
+            Err(_) => session_gone(),
         },
         Kind::Notification { .. } | Kind::Response { .. } => match session.notify(message).await {
             Ok(()) => StatusCode::ACCEPTED.into_response(),
-            Err(_) => refuse(
-                StatusCode::NOT_FOUND,
-                code::INVALID_REQUEST,
-                "the session has ended",
-            ),
+            Err(_) => session_gone(),
         },
     }
+}
+
+/// 404 for a session that ended while its request was on the way.
+fn session_gone() -> Response {
+    refuse(
+        StatusCode::NOT_FOUND,
+        code::INVALID_REQUEST,
+        "the session has ended",
+    )
+}
+
+/// A batch on a session whose version has them (2025-03-26): each message
+/// routed as if POSTed alone, the answers (none for notifications and
+/// responses) in one array, or as SSE once something streams before them.
+async fn batch(session: &SessionHandle, messages: Vec<Value>, accepts: Accepts) -> Response {
+    if messages.is_empty() {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_REQUEST,
+            "an empty batch: send at least one message",
+        );
+    }
+    let Ok(super::Batch {
+        mut answers,
+        replies: mut out_rx,
+        mut pending,
+    }) = super::route_batch(session, messages).await
+    else {
+        return session_gone();
+    };
+    if answers.is_empty() && pending == 0 {
+        return StatusCode::ACCEPTED.into_response();
+    }
+    while pending > 0 {
+        let Some(message) = out_rx.recv().await else {
+            // The rest were cancelled: they get no answer.
+            break;
+        };
+        if super::is_answer(&message) {
+            answers.push(message);
+            pending -= 1;
+            continue;
+        }
+        // Something streams before the answers: the rest goes as SSE.
+        if !accepts.sse {
+            continue;
+        }
+        let (sse_tx, sse_rx) = mpsc::channel(crate::proxy::REPLY_EVENTS);
+        tokio::spawn(async move {
+            for message in answers.into_iter().chain([message]) {
+                if sse_tx.send(message).await.is_err() {
+                    return;
+                }
+            }
+            while let Some(message) = out_rx.recv().await {
+                if sse_tx.send(message).await.is_err() {
+                    return;
+                }
+            }
+        });
+        return sse(sse_rx);
+    }
+    if answers.is_empty() {
+        return unanswered(accepts);
+    }
+    if !accepts.json {
+        let (sse_tx, sse_rx) = mpsc::channel(1);
+        let _ = sse_tx.try_send(Value::Array(answers));
+        return sse(sse_rx);
+    }
+    json_response(StatusCode::OK, Value::Array(answers))
 }
 
 async fn initialize(state: &Arc<AppState>, id: Value, message: Value) -> Response {
@@ -703,29 +806,96 @@ fn end_holding(handle: SessionHandle, permit: OwnedSemaphorePermit) {
     });
 }
 
-/// Answer a request: JSON when nothing streams before the answer, else SSE.
-async fn answer(id: Value, mut stream: ReplyStream) -> Response {
-    let first = tokio::select! {
-        biased;
-        Some(event) = stream.events.recv() => Ok(event),
-        response = &mut stream.response => Err(response),
-    };
-    match first {
-        Err(Ok(response)) => json_response(StatusCode::OK, response),
-        Err(Err(_)) => json_response(
-            StatusCode::OK,
-            error_response(
-                id,
-                code::INTERNAL_ERROR,
-                "the request was cancelled or its session ended",
-            ),
-        ),
-        Ok(event) => {
-            let (out_tx, out_rx) = mpsc::channel(crate::proxy::REPLY_EVENTS);
-            let _ = out_tx.send(event).await;
-            tokio::spawn(super::forward_reply(stream, out_tx));
-            sse(out_rx)
+/// Answer a request: JSON when nothing streams before the answer, else SSE
+/// (as far as the client's `Accept` allows: a JSON-only client gets the
+/// answer alone, an SSE-only client always a stream). A request the client
+/// cancelled gets no JSON-RPC answer at all ([`unanswered`]).
+async fn answer(mut stream: ReplyStream, accepts: Accepts) -> Response {
+    let first = loop {
+        let first = tokio::select! {
+            biased;
+            Some(event) = stream.events.recv() => Ok(event),
+            response = &mut stream.response => Err(response),
+        };
+        match first {
+            // A client that takes no streams cannot be sent what would stream.
+            Ok(_) if !accepts.sse => continue,
+            first => break first,
         }
+    };
+    let first = match first {
+        Err(Ok(response)) if accepts.json => return json_response(StatusCode::OK, response),
+        Err(Ok(response)) => response,
+        // Dropped unanswered: the client cancelled it (MCP: no response is sent).
+        Err(Err(_)) => return unanswered(accepts),
+        Ok(event) => event,
+    };
+    let (out_tx, out_rx) = mpsc::channel(crate::proxy::REPLY_EVENTS);
+    let _ = out_tx.send(first).await;
+    tokio::spawn(super::forward_reply(stream, out_tx));
+    sse(out_rx)
+}
+
+/// The end of a POST whose request the client cancelled: MCP says the
+/// receiver sends no response, so no JSON-RPC body. An SSE stream that ends
+/// without a message when the client takes streams (the form a request's
+/// answer may always have), else 202 with an empty body.
+fn unanswered(accepts: Accepts) -> Response {
+    if accepts.sse {
+        let (_, nothing) = mpsc::channel(1);
+        sse(nothing)
+    } else {
+        StatusCode::ACCEPTED.into_response()
+    }
+}
+
+/// Which of the two answer forms a request's `Accept` allows (no header allows
+/// both; `q=0` refuses a type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Accepts {
+    json: bool,
+    sse: bool,
+}
+
+impl Accepts {
+    fn from_headers(headers: &HeaderMap) -> Self {
+        let mut values = headers.get_all(header::ACCEPT).iter().peekable();
+        if values.peek().is_none() {
+            return Self {
+                json: true,
+                sse: true,
+            };
+        }
+        let mut accepts = Self {
+            json: false,
+            sse: false,
+        };
+        let ranges = values
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','));
+        for range in ranges {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+            let refused = parts.any(|parameter| {
+                parameter.split_once('=').is_some_and(|(name, value)| {
+                    name.trim().eq_ignore_ascii_case("q")
+                        && value.trim().parse::<f32>().is_ok_and(|q| q <= 0.0)
+                })
+            });
+            if refused {
+                continue;
+            }
+            match media.as_str() {
+                "*/*" => {
+                    accepts.json = true;
+                    accepts.sse = true;
+                }
+                "application/json" | "application/*" => accepts.json = true,
+                "text/event-stream" | "text/*" => accepts.sse = true,
+                _ => {}
+            }
+        }
+        accepts
     }
 }
 
@@ -796,6 +966,13 @@ async fn get_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     };
     if let Err(response) = check_version(&headers, Version::Optional) {
         return response;
+    }
+    if !Accepts::from_headers(&headers).sse {
+        return refuse(
+            StatusCode::NOT_ACCEPTABLE,
+            code::INVALID_REQUEST,
+            "Accept must allow text/event-stream: a GET opens a stream",
+        );
     }
     let receiver = slot.lock().ok().and_then(|mut slot| slot.take());
     let Some(receiver) = receiver else {
@@ -871,10 +1048,46 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     }
     (
         StatusCode::OK,
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, crate::host::metrics::CONTENT_TYPE)],
         state.config.metrics.render(),
     )
         .into_response()
+}
+
+/// A plain-text probe answer.
+fn probe(status: StatusCode, text: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        text,
+    )
+        .into_response()
+}
+
+/// Liveness: the process answers. Behind the same checks as `/mcp`.
+async fn healthz(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(response) = check_request(&state.options, &headers) {
+        return response;
+    }
+    probe(StatusCode::OK, "ok\n".to_owned())
+}
+
+/// Readiness: not draining, and the host says its backend answers (503
+/// otherwise, with why). Behind the same checks as `/mcp`.
+async fn readyz(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(response) = check_request(&state.options, &headers) {
+        return response;
+    }
+    if state.shutdown.is_cancelled() {
+        return probe(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "draining: the host is shutting down\n".to_owned(),
+        );
+    }
+    match crate::host::metrics::readiness(&state.config).await {
+        Ok(()) => probe(StatusCode::OK, "ready\n".to_owned()),
+        Err(why) => probe(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+    }
 }
 
 #[cfg(test)]
@@ -939,6 +1152,62 @@ mod tests {
             format!("{error:#}").contains("--listen nonexistent.invalid:80"),
             "{error:#}"
         );
+    }
+
+    #[tokio::test]
+    async fn readiness_is_refused_while_draining() {
+        let facts = crate::plan::HostFacts {
+            cwd: std::env::temp_dir(),
+            caller: crate::plan::UserIds {
+                uid: 1000,
+                gid: 1000,
+            },
+        };
+        let backend = Arc::new(crate::host::fake::FakeBackend::default());
+        let config = HostConfig::new(backend, crate::profile::Catalog::new(Vec::new()), facts);
+        let options = HttpOptions::loopback();
+        let state = Arc::new(AppState {
+            config: Arc::new(config),
+            permits: Arc::new(Semaphore::new(options.max_sessions)),
+            options,
+            sessions: Mutex::new(HashMap::new()),
+            shutdown: CancellationToken::new(),
+        });
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1"));
+        let ready = readyz(State(state.clone()), headers.clone()).await;
+        assert_eq!(ready.status(), StatusCode::OK);
+        state.shutdown.cancel();
+        let draining = readyz(State(state.clone()), headers.clone()).await;
+        assert_eq!(draining.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // Alive all the same.
+        let alive = healthz(State(state), headers).await;
+        assert_eq!(alive.status(), StatusCode::OK);
+    }
+
+    #[test]
+    fn accept_headers_allow_what_they_name() {
+        let accepts = |value: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(value) = value {
+                headers.insert(header::ACCEPT, HeaderValue::from_str(value).unwrap());
+            }
+            let accepts = Accepts::from_headers(&headers);
+            (accepts.json, accepts.sse)
+        };
+        assert_eq!(accepts(None), (true, true));
+        assert_eq!(
+            accepts(Some("application/json, text/event-stream")),
+            (true, true)
+        );
+        assert_eq!(accepts(Some("*/*")), (true, true));
+        assert_eq!(accepts(Some("Application/JSON")), (true, false));
+        assert_eq!(accepts(Some("text/*;q=0.5")), (false, true));
+        assert_eq!(
+            accepts(Some("application/json;q=0, text/html")),
+            (false, false)
+        );
+        assert_eq!(accepts(Some("text/html")), (false, false));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::host::{HostConfig, spawn_session};
 use crate::proxy::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
-use crate::proxy::{Kind, MessageError, classify, code, error_response};
+use crate::proxy::{Kind, MessageError, classify, code, error_response, refusal};
 
 /// How many messages may wait for stdout.
 const OUT_QUEUE: usize = 256;
@@ -32,6 +32,25 @@ pub async fn serve(config: Arc<HostConfig>, shutdown: CancellationToken) -> anyh
     let _stdin_mode = FileMode::save(std::io::stdin());
     let _stdout_mode = FileMode::save(std::io::stdout());
     serve_on(config, stdin(), stdout(), shutdown).await
+}
+
+/// Write a batch's events as they come, then its answers as one array line
+/// (none when every member was a notification, or its requests cancelled).
+async fn answer_batch(mut batch: super::Batch, out: mpsc::Sender<Value>) {
+    while batch.pending > 0 {
+        let Some(message) = batch.replies.recv().await else {
+            break;
+        };
+        if super::is_answer(&message) {
+            batch.answers.push(message);
+            batch.pending -= 1;
+        } else if out.send(message).await.is_err() {
+            return;
+        }
+    }
+    if !batch.answers.is_empty() {
+        let _ = out.send(Value::Array(batch.answers)).await;
+    }
 }
 
 /// A file's status flags (`O_NONBLOCK`), restored on drop.
@@ -191,16 +210,31 @@ pub async fn serve_on(
                     break;
                 }
             }
-            Err(error) => {
-                let id = match (&error, message.get("id")) {
-                    (MessageError::Invalid(_), Some(id)) if crate::proxy::is_valid_id(id) => {
-                        id.clone()
-                    }
-                    _ => Value::Null,
+            // 2025-03-26 has batches: each member routed, the answers in one array.
+            Err(MessageError::Batch)
+                if session
+                    .protocol_version()
+                    .is_some_and(crate::proxy::allows_batches) =>
+            {
+                let Value::Array(messages) = message else {
+                    continue;
                 };
-                let _ = out_tx
-                    .send(error_response(id, code::INVALID_REQUEST, error.to_string()))
-                    .await;
+                if messages.is_empty() {
+                    let empty = error_response(
+                        Value::Null,
+                        code::INVALID_REQUEST,
+                        "an empty batch: send at least one message",
+                    );
+                    let _ = out_tx.send(empty).await;
+                    continue;
+                }
+                let Ok(batch) = super::route_batch(&session, messages).await else {
+                    break;
+                };
+                in_flight.spawn(answer_batch(batch, out_tx.clone()));
+            }
+            Err(error) => {
+                let _ = out_tx.send(refusal(&message, &error)).await;
             }
         }
     }

@@ -1500,3 +1500,505 @@ fn an_interrupted_local_run_leaves_no_unit() {
         );
     }
 }
+
+/// The lines both `box execute` and `box serve` get in
+/// `execute_and_serve_answer_null_ids_and_discover_probes_alike`.
+fn protocol_edge_lines() -> Vec<Value> {
+    let discover =
+        |id: &str| json!({"jsonrpc": "2.0", "id": id, "method": "server/discover", "params": {}});
+    vec![
+        json!({"jsonrpc": "2.0", "id": null, "method": "ping"}),
+        discover("d1"),
+        // As the 2026-07-28 probe of a dual-era client (mcp 2.x) sends it.
+        json!({"jsonrpc": "2.0", "id": "d2", "method": "server/discover", "params": {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}}}),
+        initialize_message(),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        discover("d3"),
+        json!({"jsonrpc": "2.0", "id": null, "method": "tools/list", "params": {}}),
+        json!({"jsonrpc": "2.0", "id": "p1", "method": "tools/list", "params": "x"}),
+        json!({"jsonrpc": "2.0", "id": "p2", "method": "tools/list", "params": [1, 2]}),
+    ]
+}
+
+/// Write `lines` to `command`'s stdin, close it, and read the answers.
+fn answers(mut command: Command, lines: &[Value]) -> Vec<Value> {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for line in lines {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    // The executor ends at end of input: give it time to answer first.
+    std::thread::sleep(Duration::from_millis(500));
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+#[test]
+fn execute_and_serve_answer_null_ids_and_discover_probes_alike() {
+    let root = tempfile::tempdir().unwrap();
+    let mut execute = Command::new(box_bin());
+    execute
+        .arg("execute")
+        .arg("--root")
+        .arg(root.path())
+        .args(["--landlock", "off"]);
+    let mut serve = box_command();
+    serve.args(["serve", "--backend", "fake"]);
+    let lines = protocol_edge_lines();
+    let executed = answers(execute, &lines);
+    let served = answers(serve, &lines);
+    let by_id = |answers: &[Value], id: Value| -> Vec<Value> {
+        answers
+            .iter()
+            .filter(|answer| answer["id"] == id)
+            .cloned()
+            .collect()
+    };
+    for id in [json!("d1"), json!("d2"), json!("d3")] {
+        let executed = by_id(&executed, id.clone());
+        assert_eq!(executed, by_id(&served, id.clone()), "answers to {id}");
+        assert_eq!(executed.len(), 1, "{id}: {executed:?}");
+        assert_eq!(executed[0]["error"]["code"], json!(-32601));
+        // The versions listed are those initialize and the HTTP header check accept.
+        assert_eq!(
+            executed[0]["error"]["data"]["supported"],
+            json!(boxhost::proxy::PROTOCOL_VERSIONS)
+        );
+    }
+    let null_ids = by_id(&executed, Value::Null);
+    assert_eq!(null_ids, by_id(&served, Value::Null));
+    assert_eq!(null_ids.len(), 2, "{executed:?}");
+    assert_eq!(null_ids[0]["error"]["code"], json!(-32600));
+    for id in [json!("p1"), json!("p2")] {
+        let executed = by_id(&executed, id.clone());
+        let served = by_id(&served, id.clone());
+        assert_eq!(executed.len(), 1, "{id}: {executed:?}");
+        assert_eq!(executed[0]["error"]["code"], json!(-32602), "{executed:?}");
+        assert_eq!(served[0]["error"]["code"], json!(-32602), "{served:?}");
+    }
+}
+
+/// Initialize at `version`; the session id.
+async fn initialize_at(server: &Server, version: &str) -> String {
+    let mut message = initialize_message();
+    message["params"]["protocolVersion"] = json!(version);
+    let reply = post(server.address, None, &[], &message).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(reply.json()["result"]["protocolVersion"], json!(version));
+    reply.header("mcp-session-id").unwrap().to_owned()
+}
+
+/// POST `body` on `session` without `MCP-Protocol-Version`, as clients of the
+/// versions before 2025-06-18 do.
+async fn post_unversioned(server: &Server, session: &str, body: &Value) -> Reply {
+    let mut headers: Vec<(&str, &str)> = JSON_HEADERS.to_vec();
+    headers.push(("Mcp-Session-Id", session));
+    let body = body.to_string();
+    http(server.address, "POST", "/mcp", &headers, body.as_bytes()).await
+}
+
+#[tokio::test]
+async fn http_the_negotiated_version_governs_the_header_and_batches() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let notification = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    for version in ["2025-03-26", "2024-11-05"] {
+        let session = initialize_at(&server, version).await;
+        let reply = post_unversioned(&server, &session, &notification).await;
+        assert_eq!(reply.status, 202, "{version}");
+        let reply =
+            post_unversioned(&server, &session, &call(json!(1), "echo", json!({"v": 1}))).await;
+        assert_eq!(
+            reply.status,
+            200,
+            "{version}: {:?}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert_eq!(
+            reply.json()["result"]["content"][0]["text"],
+            json!("{\"v\":1}")
+        );
+        // A supported header is still accepted; an unsupported one never.
+        let reply = post(
+            server.address,
+            Some(&session),
+            &[],
+            &call(json!(2), "echo", json!({})),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{version}");
+    }
+
+    // 2025-03-26 allows batches: each message routed, the answers in an array.
+    let session = initialize_at(&server, "2025-03-26").await;
+    let batch = json!([
+        call(json!("a"), "echo", json!({"n": "a"})),
+        {"jsonrpc": "2.0", "method": "notifications/roots/list_changed"},
+        {"jsonrpc": "2.0", "id": "b", "method": "ping"},
+    ]);
+    let reply = post_unversioned(&server, &session, &batch).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{:?}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    let answers = reply.json();
+    let answers = answers.as_array().expect("an array of answers");
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    let by_id = |id: &str| {
+        answers
+            .iter()
+            .find(|answer| answer["id"] == json!(id))
+            .unwrap()
+    };
+    assert_eq!(
+        by_id("a")["result"]["content"][0]["text"],
+        json!("{\"n\":\"a\"}")
+    );
+    assert_eq!(by_id("b")["result"], json!({}));
+    // What streams before the answers turns the batch's answer into SSE.
+    let batch = json!([
+        {"jsonrpc": "2.0", "id": "s", "method": "tools/call", "params": {
+            "name": "slow", "arguments": {"steps": 2, "ms": 40}, "_meta": {"progressToken": "t"}}},
+        {"jsonrpc": "2.0", "id": "q", "method": "ping"},
+    ]);
+    let reply = post_unversioned(&server, &session, &batch).await;
+    assert_eq!(reply.status, 200);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let events = reply.events();
+    let progress = events
+        .iter()
+        .filter(|event| event["method"] == json!("notifications/progress"));
+    assert!(progress.count() >= 1, "{events:?}");
+    for id in ["s", "q"] {
+        assert_eq!(
+            events
+                .iter()
+                .filter(|event| event["id"] == json!(id))
+                .count(),
+            1,
+            "{id}: {events:?}"
+        );
+    }
+    // Only notifications: nothing to answer.
+    let reply = post_unversioned(&server, &session, &json!([notification])).await;
+    assert_eq!(reply.status, 202);
+    assert!(reply.body.is_empty());
+    // An empty batch, or a bad member, is refused as JSON-RPC says.
+    let reply = post_unversioned(&server, &session, &json!([])).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.json()["error"]["code"], json!(-32600));
+    let reply = post_unversioned(
+        &server,
+        &session,
+        &json!([{"jsonrpc": "2.0", "id": "c", "method": "ping"}, 5]),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    let answers = reply.json();
+    let answers = answers.as_array().unwrap();
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .any(|answer| answer["id"] == json!("c") && answer["result"] == json!({})),
+        "{answers:?}"
+    );
+    assert!(
+        answers
+            .iter()
+            .any(|answer| answer["id"].is_null() && answer["error"]["code"] == json!(-32600)),
+        "{answers:?}"
+    );
+
+    // Later versions: no batches, and the header is required (E63).
+    for version in ["2025-06-18", "2025-11-25", "2024-11-05"] {
+        let session = initialize_at(&server, version).await;
+        let mut headers: Vec<(&str, &str)> = JSON_HEADERS.to_vec();
+        headers.push(("Mcp-Session-Id", &session));
+        headers.push(("MCP-Protocol-Version", version));
+        let body = json!([{"jsonrpc": "2.0", "id": 1, "method": "ping"}]).to_string();
+        let reply = http(server.address, "POST", "/mcp", &headers, body.as_bytes()).await;
+        assert_eq!(reply.status, 400, "{version}");
+        assert_eq!(reply.json()["error"]["code"], json!(-32600));
+    }
+    let session = initialize_at(&server, "2025-11-25").await;
+    let reply = post_unversioned(&server, &session, &call(json!(1), "echo", json!({}))).await;
+    assert_eq!(reply.status, 400);
+}
+
+#[tokio::test]
+async fn http_refuses_an_accept_it_cannot_answer() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let body = initialize_message().to_string();
+    for accept in [
+        "text/html",
+        "application/json;q=0, text/event-stream;q=0",
+        "image/*",
+    ] {
+        let headers = [("Content-Type", "application/json"), ("Accept", accept)];
+        let reply = http(server.address, "POST", "/mcp", &headers, body.as_bytes()).await;
+        assert_eq!(reply.status, 406, "{accept}");
+        assert_eq!(reply.json()["error"]["code"], json!(-32600));
+    }
+    assert_eq!(server.fake.record(|record| record.starts.len()), 0);
+    for accept in [
+        "application/json",
+        "text/event-stream",
+        "*/*",
+        "application/*",
+    ] {
+        let headers = [("Content-Type", "application/json"), ("Accept", accept)];
+        let reply = http(server.address, "POST", "/mcp", &headers, body.as_bytes()).await;
+        assert_eq!(reply.status, 200, "{accept}");
+    }
+    let session = initialize(&server).await;
+    let reply = http(
+        server.address,
+        "GET",
+        "/mcp",
+        &[("Mcp-Session-Id", &session), ("Accept", "application/json")],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 406);
+}
+
+#[tokio::test]
+async fn http_a_cancelled_request_gets_no_answer() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let session = initialize(&server).await;
+    for (id, accept) in [
+        ("c1", "application/json, text/event-stream"),
+        ("c2", "application/json"),
+    ] {
+        let address = server.address;
+        let owned = session.clone();
+        let hanging = tokio::spawn(async move {
+            let headers = [
+                ("Content-Type", "application/json"),
+                ("Accept", accept),
+                ("Mcp-Session-Id", &owned),
+                ("MCP-Protocol-Version", "2025-06-18"),
+            ];
+            let body = call(json!(id), "hang", json!({})).to_string();
+            http(address, "POST", "/mcp", &headers, body.as_bytes()).await
+        });
+        let fake = server.fake.clone();
+        let calls = fake.record(|record| record.cancelled.len());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": id, "reason": "the user pressed stop"}});
+        let reply = post(server.address, Some(&session), &[], &cancel).await;
+        assert_eq!(reply.status, 202);
+        wait_until("the unit sees the cancel", || {
+            fake.record(|record| record.cancelled.len()) > calls
+        })
+        .await;
+        let reply = tokio::time::timeout(Duration::from_secs(10), hanging)
+            .await
+            .expect("the cancelled request's POST ends")
+            .unwrap();
+        // MCP: the receiver of a cancel sends no response.
+        assert!(
+            !String::from_utf8_lossy(&reply.body).contains("jsonrpc"),
+            "{accept}: {reply:?} {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        if accept.contains("text/event-stream") {
+            assert_eq!(reply.status, 200);
+            assert!(
+                reply
+                    .header("content-type")
+                    .unwrap()
+                    .starts_with("text/event-stream")
+            );
+            assert_eq!(reply.events(), Vec::<Value>::new());
+        } else {
+            assert_eq!(reply.status, 202);
+            assert!(reply.body.is_empty());
+        }
+    }
+}
+
+/// Whether `line` is a well-formed line of the Prometheus text format
+/// (0.0.4): a `# HELP`/`# TYPE` comment, or `name{label="value",...} number`
+/// with label values escaped.
+fn is_exposition_line(line: &str) -> bool {
+    if let Some(comment) = line.strip_prefix("# ") {
+        return comment.starts_with("HELP ") || comment.starts_with("TYPE ");
+    }
+    let is_name = |name: &str| {
+        !name.is_empty()
+            && name.chars().enumerate().all(|(index, c)| {
+                c.is_ascii_alphabetic() || c == '_' || c == ':' || (index > 0 && c.is_ascii_digit())
+            })
+    };
+    let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+    if !is_name(&line[..name_end]) {
+        return false;
+    }
+    let mut rest = &line[name_end..];
+    if let Some(labels) = rest.strip_prefix('{') {
+        let mut labels = labels;
+        loop {
+            if let Some(after) = labels.strip_prefix('}') {
+                rest = after;
+                break;
+            }
+            let Some((key, value)) = labels.split_once("=\"") else {
+                return false;
+            };
+            if !is_name(key.trim_start_matches(',')) {
+                return false;
+            }
+            let mut chars = value.char_indices();
+            let mut end = None;
+            while let Some((index, c)) = chars.next() {
+                match c {
+                    '\\' => match chars.next() {
+                        Some((_, '\\' | '"' | 'n')) => {}
+                        _ => return false,
+                    },
+                    '"' => {
+                        end = Some(index);
+                        break;
+                    }
+                    '\n' => return false,
+                    _ => {}
+                }
+            }
+            let Some(end) = end else { return false };
+            labels = &value[end + 1..];
+        }
+    }
+    let Some(number) = rest.strip_prefix(' ') else {
+        return false;
+    };
+    number.parse::<f64>().is_ok() || ["+Inf", "-Inf", "NaN"].contains(&number)
+}
+
+#[tokio::test]
+async fn http_metrics_cannot_be_forged_and_their_series_stay_bounded() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let session = initialize(&server).await;
+    let forged = "x\"} 9\nbox_evil 1\n#";
+    let reply = post(
+        server.address,
+        Some(&session),
+        &[],
+        &call(json!(1), forged, json!({})),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    for n in 0..20 {
+        let name = format!("made-up-{n}");
+        post(
+            server.address,
+            Some(&session),
+            &[],
+            &call(json!(n + 10), &name, json!({})),
+        )
+        .await;
+    }
+    post(
+        server.address,
+        Some(&session),
+        &[],
+        &call(json!("e"), "echo", json!({})),
+    )
+    .await;
+    let reply = http(server.address, "GET", "/metrics", &[], b"").await;
+    assert_eq!(reply.status, 200);
+    let text = String::from_utf8(reply.body.clone()).unwrap();
+    let forged_lines: Vec<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("box_evil"))
+        .collect();
+    assert_eq!(forged_lines, Vec::<&str>::new(), "a forged series:\n{text}");
+    for line in text.lines() {
+        assert!(
+            is_exposition_line(line),
+            "not a valid exposition line: {line:?}\n{text}"
+        );
+        assert!(!line.contains("made-up"), "an unbounded series: {line:?}");
+    }
+    assert!(
+        text.contains(r#"box_calls_total{method="tools/call",tool="echo",outcome="ok"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"tool="other""#), "{text}");
+    assert!(text.contains("# HELP box_calls_total "), "{text}");
+    assert!(
+        text.contains(&format!(
+            "box_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{text}"
+    );
+    // Every metric says what it is.
+    for line in text.lines().filter_map(|line| line.strip_prefix("# TYPE ")) {
+        let name = line.split(' ').next().unwrap();
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "{name} has no HELP"
+        );
+    }
+}
+
+#[tokio::test]
+async fn http_health_and_readiness_say_alive_and_whether_the_backend_answers() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let reply = http(server.address, "GET", "/healthz", &[], b"").await;
+    assert_eq!(reply.status, 200);
+    let reply = http(server.address, "GET", "/readyz", &[], b"").await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{:?}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    server.fake.set_unreachable(true);
+    let reply = http(server.address, "GET", "/readyz", &[], b"").await;
+    assert_eq!(reply.status, 503);
+    assert!(
+        String::from_utf8_lossy(&reply.body).contains("backend"),
+        "{reply:?}"
+    );
+    let reply = http(server.address, "GET", "/healthz", &[], b"").await;
+    assert_eq!(reply.status, 200);
+    server.fake.set_unreachable(false);
+    let reply = http(server.address, "GET", "/readyz", &[], b"").await;
+    assert_eq!(reply.status, 200);
+    // Behind the same checks as /mcp: a foreign Host gets nothing.
+    let reply = http(
+        server.address,
+        "GET",
+        "/readyz",
+        &[("Host", "evil.example")],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 421);
+}
