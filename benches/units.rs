@@ -42,6 +42,7 @@ fn spec(workspace: &std::path::Path) -> UnitSpec {
             call_timeout: Duration::from_secs(60),
             idle: Duration::from_secs(600),
             lifetime: Duration::from_secs(3600),
+            start_timeout: Duration::from_secs(60),
         },
         security: Security {
             landlock: Requirement::BestEffort,

@@ -100,7 +100,9 @@ pub struct UnitEnd {
     pub exit_code: Option<i64>,
     /// Whether the kernel's OOM killer ended it.
     pub oom_killed: bool,
-    /// A sentence for the session.
+    /// The whole sentence for the session: who ended, how (the exit code or
+    /// the signal) and why (an OOM kill, a stop from outside), each said
+    /// once; the host passes it on as it is.
     pub reason: String,
 }
 

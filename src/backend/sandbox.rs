@@ -743,6 +743,7 @@ mod tests {
             call_timeout: Duration::from_secs(1),
             idle: Duration::from_secs(1),
             lifetime: Duration::from_secs(1),
+            start_timeout: Duration::from_secs(60),
         };
         assert_eq!(
             Rlimits::from_limits(&limits),

@@ -205,6 +205,9 @@ enum End {
 struct Run {
     output: Output,
     end: End,
+    /// Processes the kernel's OOM killer killed in this unit's memory cgroup
+    /// while the run lasted (its counter moved), where the cgroup is readable.
+    oom_kills: u64,
 }
 
 impl Run {
@@ -220,6 +223,14 @@ impl Run {
         }
         if !text.is_empty() && !text.ends_with('\n') {
             text.push('\n');
+        }
+        // bash only says "Killed": the cgroup's counter says why.
+        if self.oom_kills > 0 {
+            text.push_str(&format!(
+                "[out of memory: the kernel's OOM killer killed {} process{} in this unit while the command ran]\n",
+                self.oom_kills,
+                if self.oom_kills == 1 { "" } else { "es" }
+            ));
         }
         match self.end {
             End::Exited(code) => text.push_str(&format!("[exit {code}]")),
@@ -305,6 +316,7 @@ async fn run(
         .stderr(Stdio::from(writer_err))
         .process_group(0)
         .kill_on_drop(true);
+    let oom_before = oom_kills();
     let spawned = command.spawn();
     // The command holds the parent's copies of the pipe's write end: drop it,
     // or the pipe never reaches end of file.
@@ -370,7 +382,46 @@ async fn run(
     }
     // A finished run leaves what it put in the background running.
     guard.0 = None;
-    Ok(Run { output, end })
+    let oom_kills = match (oom_before, oom_kills()) {
+        (Some(before), Some(after)) => after.saturating_sub(before),
+        _ => 0,
+    };
+    Ok(Run {
+        output,
+        end,
+        oom_kills,
+    })
+}
+
+/// The OOM kill counter of this process's memory cgroup: `oom_kill` in
+/// `memory.events` (cgroup v2) or `memory.oom_control` (v1), at the cgroup's
+/// own path, else at the mount's root (what a container with its own cgroup
+/// namespace, or docker's v1 mounts, show as its own). `None` when unreadable.
+fn oom_kills() -> Option<u64> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let mut candidates = Vec::new();
+    for line in cgroups.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if controllers.is_empty() {
+            candidates.push(format!("/sys/fs/cgroup{path}/memory.events"));
+            candidates.push("/sys/fs/cgroup/memory.events".to_owned());
+        } else if controllers.split(',').any(|name| name == "memory") {
+            candidates.push(format!("/sys/fs/cgroup/memory{path}/memory.oom_control"));
+            candidates.push("/sys/fs/cgroup/memory/memory.oom_control".to_owned());
+        }
+    }
+    candidates.iter().find_map(|path| {
+        std::fs::read_to_string(path).ok().and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("oom_kill "))
+                .and_then(|count| count.trim().parse().ok())
+        })
+    })
 }
 
 /// Kills a process group when dropped while armed.

@@ -1,7 +1,8 @@
 //! A recording fake [`Backend`] for tests and benchmarks of the host: its units
 //! are in-process fake executors over tokio duplex pipes. It records starts and
-//! removals, fails a named unit's start on cue, and its executors answer
-//! `initialize` with an executor capability, a few tools (`echo`, `slow` with
+//! removals, fails a named unit's start on cue, stalls starts and stalls or
+//! fails removals while a test says so (an engine that hangs), and its
+//! executors answer `initialize` with an executor capability, a few tools (`echo`, `slow` with
 //! progress, `hang`, `die`, `ask` with an elicitation, `cancelled` listing the
 //! cancellations seen, `mutate` changing its own tool list as a tampered
 //! executor would, `flood` sending a message longer than the host reads,
@@ -20,7 +21,7 @@ use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::session::EXECUTOR_KEY;
 use crate::backend::{
@@ -69,11 +70,39 @@ struct State {
     unreachable: bool,
 }
 
+/// What a test switches on and off while the fake runs: an engine that
+/// stalls or refuses.
+struct Gates {
+    /// While true, every start waits (a stalled engine).
+    stall_starts: watch::Sender<bool>,
+    /// While true, every removal waits (a stalled engine).
+    stall_removals: watch::Sender<bool>,
+    /// While true, every removal fails and leaves the unit.
+    fail_removals: std::sync::atomic::AtomicBool,
+}
+
+impl Default for Gates {
+    fn default() -> Self {
+        Self {
+            stall_starts: watch::Sender::new(false),
+            stall_removals: watch::Sender::new(false),
+            fail_removals: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+/// Wait while `gate` is true.
+async fn pass(gate: &watch::Sender<bool>) {
+    let mut open = gate.subscribe();
+    let _ = open.wait_for(|stalled| !stalled).await;
+}
+
 /// The fake backend.
 #[derive(Clone, Default)]
 pub struct FakeBackend {
     options: FakeOptions,
     state: Arc<Mutex<State>>,
+    gates: Arc<Gates>,
 }
 
 impl FakeBackend {
@@ -82,7 +111,25 @@ impl FakeBackend {
         Self {
             options,
             state: Arc::default(),
+            gates: Arc::default(),
         }
+    }
+
+    /// Make every start wait (a stalled engine) until called with `false`.
+    pub fn stall_starts(&self, stalled: bool) {
+        self.gates.stall_starts.send_replace(stalled);
+    }
+
+    /// Make every removal wait (a stalled engine) until called with `false`.
+    pub fn stall_removals(&self, stalled: bool) {
+        self.gates.stall_removals.send_replace(stalled);
+    }
+
+    /// Make every removal fail, leaving its unit, until called with `false`.
+    pub fn fail_removals(&self, failing: bool) {
+        self.gates
+            .fail_removals
+            .store(failing, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn with<R>(&self, read: impl FnOnce(&mut State) -> R) -> R {
@@ -143,6 +190,7 @@ impl Backend for FakeBackend {
             if !self.options.start_delay.is_zero() {
                 tokio::time::sleep(self.options.start_delay).await;
             }
+            pass(&self.gates.stall_starts).await;
             if self.options.fail_unit.as_deref() == Some(spec.name.as_str()) {
                 return Err(BackendError::Other {
                     unit: spec.name.clone(),
@@ -181,6 +229,7 @@ impl Backend for FakeBackend {
                 self.state.clone(),
                 kill_rx,
                 end_tx,
+                spec.name.clone(),
             ));
             let ended = async move {
                 end_rx.await.unwrap_or_else(|_| UnitEnd {
@@ -204,6 +253,18 @@ impl Backend for FakeBackend {
 
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
         async move {
+            pass(&self.gates.stall_removals).await;
+            if self
+                .gates
+                .fail_removals
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                return Err(BackendError::Other {
+                    unit: id.to_owned(),
+                    doing: "removing the unit".to_owned(),
+                    message: "the fake backend fails removals on cue".to_owned(),
+                });
+            }
             let kill = self.with(|state| {
                 state.record.removed.push(id.to_owned());
                 state.live.remove(id).and_then(|mut unit| unit.kill.take())
@@ -275,6 +336,7 @@ struct Executor {
     state: Arc<Mutex<State>>,
     out: mpsc::Sender<Value>,
     die: mpsc::Sender<UnitEnd>,
+    unit: String,
     waiting: Mutex<HashMap<String, oneshot::Sender<Value>>>,
     processes: Mutex<HashMap<String, Process>>,
     next: Mutex<u64>,
@@ -478,7 +540,10 @@ impl Executor {
                     .send(UnitEnd {
                         exit_code: Some(137),
                         oom_killed: true,
-                        reason: "the unit was killed".to_owned(),
+                        reason: format!(
+                            "unit {} was killed by the kernel's OOM killer (exit code 137)",
+                            self.unit
+                        ),
                     })
                     .await;
                 std::future::pending().await
@@ -558,6 +623,7 @@ async fn run_executor(
     state: Arc<Mutex<State>>,
     mut kill: oneshot::Receiver<()>,
     end: oneshot::Sender<UnitEnd>,
+    unit: String,
 ) {
     let (out_tx, mut out_rx) = mpsc::channel::<Value>(64);
     let (die_tx, mut die_rx) = mpsc::channel::<UnitEnd>(1);
@@ -572,6 +638,7 @@ async fn run_executor(
         state,
         out: out_tx,
         die: die_tx,
+        unit: unit.clone(),
         waiting: Mutex::default(),
         processes: Mutex::default(),
         next: Mutex::new(0),
@@ -581,11 +648,11 @@ async fn run_executor(
     let mut reader = LineReader::new(stdin, 16 << 20);
     let outcome = loop {
         tokio::select! {
-            _ = &mut kill => break UnitEnd { exit_code: Some(137), oom_killed: false, reason: "the unit was removed".to_owned() },
+            _ = &mut kill => break UnitEnd { exit_code: Some(137), oom_killed: false, reason: format!("unit {unit} was removed (exit code 137)") },
             Some(end) = die_rx.recv() => break end,
             line = reader.next() => {
                 let Ok(Some(Line::Message(bytes))) = line else {
-                    break UnitEnd { exit_code: Some(0), oom_killed: false, reason: "its input closed".to_owned() };
+                    break UnitEnd { exit_code: Some(0), oom_killed: false, reason: format!("the executor of unit {unit} exited normally when its input closed (code 0)") };
                 };
                 let Ok(message) = serde_json::from_slice::<Value>(&bytes) else { continue };
                 match classify(&message) {

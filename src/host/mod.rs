@@ -128,6 +128,8 @@ pub struct HostConfig {
     pub audit: Option<audit::Audit>,
     /// At shutdown, how long calls in flight get to finish before their units are removed.
     pub drain: Duration,
+    /// Every unit asked for and not yet confirmed removed.
+    pub ledger: units::Ledger,
 }
 
 impl HostConfig {
@@ -144,6 +146,7 @@ impl HostConfig {
             metrics: metrics::Metrics::default(),
             audit: None,
             drain: Duration::from_secs(10),
+            ledger: units::Ledger::default(),
         }
     }
 }
@@ -224,6 +227,9 @@ pub fn host_facts(workspace: Option<&PathBuf>) -> anyhow::Result<HostFacts> {
     })
 }
 
+/// How long the sweep of orphaned units at start may take.
+const SWEEP_WAIT: Duration = Duration::from_secs(30);
+
 /// Remove every unit labelled with this host's instance: at start none of them
 /// can belong to a live session. Other instances' units are never touched.
 pub async fn sweep_orphans(config: &HostConfig) {
@@ -276,33 +282,94 @@ fn init_logging(format: &str, default_level: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Cancel `shutdown` at the first SIGTERM or SIGINT; exit at once at the second.
-fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
+/// Signals that come within this long of the first are the same request:
+/// `timeout` and CI job cancellation signal both box and its process group,
+/// so one request often arrives as two signals.
+const SIGNAL_WINDOW: Duration = Duration::from_secs(1);
+/// When a later signal says "exit now", how long box still spends removing
+/// the units it knows before it exits naming those left.
+const EXIT_NOW_REMOVAL: Duration = Duration::from_secs(5);
+/// How long a host that is ending waits, after its calls' drain, for its
+/// sessions' units to be confirmed removed before it exits naming those left.
+pub(crate) const END_WAIT: Duration = Duration::from_secs(30);
+
+/// Cancel `shutdown` at the first SIGTERM or SIGINT; signals within
+/// [`SIGNAL_WINDOW`] of it are the same request. A later one exits now, after
+/// at most [`EXIT_NOW_REMOVAL`] spent removing the units the ledger knows,
+/// naming each unit left and how to remove it.
+fn watch_signals(shutdown: CancellationToken, config: Arc<HostConfig>) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     tokio::spawn(async move {
-        let mut seen = 0;
+        let mut first: Option<tokio::time::Instant> = None;
         loop {
             let code = tokio::select! {
                 _ = term.recv() => 143,
                 _ = interrupt.recv() => 130,
             };
-            seen += 1;
-            if seen == 1 {
-                tracing::info!(
-                    "signal received: ending sessions and removing their units (again to exit at once)"
-                );
-                shutdown.cancel();
-            } else {
-                tracing::warn!(
-                    "second signal: exiting now; units may be left for the next start's sweep or `box gc`"
-                );
-                std::process::exit(code);
+            match first {
+                None => {
+                    first = Some(tokio::time::Instant::now());
+                    tracing::info!(
+                        "signal received: ending sessions and removing their units (a signal {} or more later exits at once)",
+                        humantime::format_duration(SIGNAL_WINDOW)
+                    );
+                    shutdown.cancel();
+                }
+                Some(at) if at.elapsed() < SIGNAL_WINDOW => {
+                    tracing::debug!("a repeated signal within the window: the same request");
+                }
+                Some(_) => {
+                    tracing::warn!(
+                        "second signal: exiting now, after removing what can be removed within {}",
+                        humantime::format_duration(EXIT_NOW_REMOVAL)
+                    );
+                    let _ =
+                        tokio::time::timeout(EXIT_NOW_REMOVAL, remove_known_units(&config)).await;
+                    report_units_left(&config);
+                    std::process::exit(code);
+                }
             }
         }
     });
     Ok(())
+}
+
+/// Remove, once, every unit the ledger knows the id of; those confirmed gone
+/// leave it.
+async fn remove_known_units(config: &HostConfig) {
+    let known: Vec<units::Tracked> = config.ledger.tracked();
+    let ids: Vec<String> = known.iter().map(|unit| unit.id.clone()).collect();
+    let failed = units::remove_units(config.backend.as_ref(), &ids).await;
+    for unit in known {
+        if !failed.iter().any(|(id, _)| *id == unit.id) {
+            config.ledger.gone(unit.key);
+        }
+    }
+}
+
+/// Say on stderr which units are not confirmed removed, each with how to
+/// remove it; whether any is.
+pub(crate) fn report_units_left(config: &HostConfig) -> bool {
+    let left = config.ledger.left();
+    if left.is_empty() {
+        return false;
+    }
+    let kind = config.backend.kind();
+    let mut text = format!(
+        "box: {} unit{} of this host (instance {}) could not be confirmed removed before it exited:",
+        left.len(),
+        if left.len() == 1 { "" } else { "s" },
+        config.instance
+    );
+    for unit in &left {
+        text.push_str("\n  ");
+        text.push_str(&unit.describe(kind, &config.instance));
+    }
+    tracing::error!(units = left.len(), "units left at exit");
+    eprintln!("{text}");
+    true
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -393,17 +460,29 @@ async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
             Some(audit::Audit::open(path).with_context(|| format!("--audit {}", path.display()))?);
     }
     let config = Arc::new(config);
-    sweep_orphans(&config).await;
+    // Bounded: an engine that stalls must not keep the host from serving.
+    if tokio::time::timeout(SWEEP_WAIT, sweep_orphans(&config))
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "sweeping orphaned units took longer than {}; serving without it (`box gc` removes them later)",
+            humantime::format_duration(SWEEP_WAIT)
+        );
+    }
     let shutdown = CancellationToken::new();
-    watch_signals(shutdown.clone())?;
+    watch_signals(shutdown.clone(), config.clone())?;
     match &args.listen {
-        None => crate::transport::stdio::serve(config, shutdown).await?,
+        None => crate::transport::stdio::serve(config.clone(), shutdown).await?,
         Some(address) => {
             let options = crate::transport::http::HttpOptions::from_args(&args)?;
             let listener = crate::transport::http::bind(address).await?;
             tracing::info!(address = %listener.local_addr()?, "serving streamable HTTP at /mcp");
-            crate::transport::http::serve(config, options, listener, shutdown).await?;
+            crate::transport::http::serve(config.clone(), options, listener, shutdown).await?;
         }
+    }
+    if report_units_left(&config) {
+        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
 }

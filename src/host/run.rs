@@ -9,6 +9,7 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use base64::Engine as _;
@@ -19,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::session::EXECUTOR_KEY;
 use super::{
-    HostConfig, RunArgs, SessionHandle, claim_instance, host_facts, select_backend, spawn_session,
-    watch_signals,
+    END_WAIT, HostConfig, RunArgs, SessionHandle, claim_instance, host_facts, report_units_left,
+    select_backend, spawn_session, watch_signals,
 };
 use crate::profile::Catalog;
 use crate::proxy;
@@ -92,30 +93,49 @@ async fn run_inner(args: RunArgs) -> anyhow::Result<ExitCode> {
     let facts = host_facts(args.workspace.as_ref())?;
     let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
     config.default_profile = args.profile.clone();
+    // Interrupted, the command's calls are not waited for: the user asked it to stop.
+    config.drain = Duration::ZERO;
     let instance = claim_instance(None, None)?;
     config.instance = instance.id().to_owned();
     let config = Arc::new(config);
     let shutdown = CancellationToken::new();
-    watch_signals(shutdown.clone())?;
+    watch_signals(shutdown.clone(), config.clone())?;
     let (general_tx, mut general_rx) = mpsc::channel(16);
     // Nothing general matters to a one-shot run; drain it so nothing waits.
     tokio::spawn(async move { while general_rx.recv().await.is_some() {} });
     let mut session_id = [0u8; 16];
     rand::fill(&mut session_id);
-    let session = spawn_session(config, hex::encode(session_id), general_tx, &shutdown);
+    let session = spawn_session(
+        config.clone(),
+        hex::encode(session_id),
+        general_tx,
+        &shutdown,
+    );
     let client = Client {
         session: session.clone(),
         next_id: std::sync::atomic::AtomicU64::new(0),
     };
-    let outcome = run_command(&client, &args, tighten).await;
+    let outcome = tokio::select! {
+        outcome = run_command(&client, &args, tighten) => outcome,
+        // Interrupted: stop waiting for the command; ending the session ends it.
+        () = shutdown.cancelled() => Err("the command was stopped".to_owned()),
+    };
     session.end();
-    session.ended().await;
+    // Bounded: an engine that stalls must not keep box for ever.
+    let _ = tokio::time::timeout(END_WAIT, session.ended()).await;
+    let left = report_units_left(&config);
     match outcome {
-        Ok(status) => Ok(status),
         Err(error) if shutdown.is_cancelled() => {
-            eprintln!("box run: interrupted ({error}); the units were removed");
+            if left {
+                eprintln!("box run: interrupted ({error})");
+            } else {
+                eprintln!("box run: interrupted ({error}); the units were removed");
+            }
             Ok(ExitCode::from(130))
         }
+        // The command ran, but box did not clean up after it: box failed.
+        _ if left => Ok(ExitCode::from(BOX_FAILED)),
+        Ok(status) => Ok(status),
         Err(error) => Err(anyhow::anyhow!(error)),
     }
 }

@@ -4,10 +4,13 @@
 //! (-32602 naming the field), agrees a protocol version, reads the box ask,
 //! resolves and tightens the profile, starts every unit (all or nothing),
 //! initializes their executors and answers with the workspace unit's
-//! capability plus the envelopes. Then it routes every message through the
-//! proxy's [`Router`] until the session ends (the client leaves, the transport
-//! ends it, idle, lifetime, host shutdown), when it ends the units' executors
-//! (their processes end with them) and removes the units.
+//! capability plus the envelopes. Starting is bounded by the profile's
+//! `start_timeout`. Then it routes every message through the proxy's
+//! [`Router`] until the session ends (the client leaves, the transport ends
+//! it, idle, lifetime, host shutdown), when it ends the units' executors
+//! (their processes end with them) and removes the units. The session is
+//! over only once every unit it asked for is confirmed removed (the host's
+//! ledger names those that are not).
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -16,13 +19,14 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::HostConfig;
 pub use super::ask::EXECUTOR_KEY;
 use super::ask::{check_initialize, executor_initialize_params, initialize_result, read_ask};
 use super::units::{
-    ExecutorLink, FIRST_REQUEST_ID, UnitEvent, describe_end, initialize_executor, link_unit,
-    remove_units, start_units,
+    ExecutorLink, FIRST_REQUEST_ID, Tracked, UnitEvent, describe_end, initialize_executor,
+    link_unit, remove_until_gone, start_units,
 };
 use crate::backend::{Envelope, SessionLabel, UnitEnd};
 use crate::plan::{Plan, PlanError, Role, UnitSpec};
@@ -45,6 +49,17 @@ const UNIT_END_GRACE: Duration = Duration::from_secs(2);
 /// At session end, how long executors get to end their processes and exit
 /// after their input closes, before their units are removed anyway.
 const SESSION_END_GRACE: Duration = Duration::from_secs(5);
+/// After a call's deadline fires, how long an answer already on its way
+/// still wins over it. A host frozen past the deadline (SIGSTOP, a stalled
+/// VM) runs the deadline's timer before the answer waiting in the unit's
+/// pipes has crossed the tasks between (the engine's stream, a pump, the
+/// reader); an answer the unit gave is the truth, a timeout is a guess.
+const DEADLINE_SETTLE: Duration = Duration::from_secs(1);
+/// When the idle time has run out, how long what the client sent meanwhile
+/// still counts: a host frozen past the idle time finds its clients'
+/// requests waiting behind the timer (in sockets, in a transport's tasks),
+/// and a session is not idle while they wait.
+const IDLE_SETTLE: Duration = Duration::from_secs(1);
 
 /// A message from the client to a session.
 #[derive(Debug)]
@@ -147,6 +162,7 @@ pub fn spawn_session(
             general,
             cancel,
             host,
+            background: TaskTracker::new(),
             version,
         };
         session.run(inbound_rx).await;
@@ -164,6 +180,9 @@ struct Session {
     /// The host's shutdown: when it (not the session alone) ends the session,
     /// calls in flight get `HostConfig::drain` to finish.
     host: CancellationToken,
+    /// Removals of units whose start failed or finished late: the session is
+    /// not over until they are done.
+    background: TaskTracker,
     /// The negotiated protocol version, set once at a successful initialize.
     version: Arc<OnceLock<&'static str>>,
 }
@@ -207,7 +226,10 @@ struct Tag {
     tool: Option<String>,
     arguments_digest: Option<String>,
     started: Instant,
+    /// The deadline's timer, then the settle's once it has fired.
     deadline: Option<AbortHandle>,
+    /// The deadline fired; the answer may still come within the settle.
+    overdue: bool,
     rewrite: Rewrite,
 }
 
@@ -222,6 +244,8 @@ enum Rewrite {
 }
 
 struct Unit {
+    /// Its key in the host's ledger.
+    key: u64,
     spec: UnitSpec,
     envelope: Envelope,
     writer: Option<mpsc::Sender<Value>>,
@@ -254,7 +278,15 @@ enum Route {
 }
 
 impl Session {
-    async fn run(self, mut inbound: mpsc::Receiver<Inbound>) {
+    /// Serve the session, then wait until every unit it asked for is
+    /// confirmed gone, however it ended.
+    async fn run(self, inbound: mpsc::Receiver<Inbound>) {
+        self.serve_session(inbound).await;
+        self.background.close();
+        self.background.wait().await;
+    }
+
+    async fn serve_session(&self, mut inbound: mpsc::Receiver<Inbound>) {
         let cancel = self.cancel.clone();
         let mut live = loop {
             let message = tokio::select! {
@@ -346,25 +378,50 @@ impl Session {
             session: self.id.clone(),
             profile: plan.profile.clone(),
         };
-        let backend = self.config.backend.as_ref();
         let start_clock = Instant::now();
-        let started = start_units(backend, &label, &plan.units)
-            .await
-            .map_err(|error| {
-                StartError::internal(format!("starting the session's units: {error}"))
-            })?;
-        let ids: Vec<String> = started
+        // The session's (every unit has the same): engine start and executor initialize.
+        let start_timeout = plan
+            .units
             .iter()
-            .map(|unit| unit.envelope.id.clone())
-            .collect();
+            .map(|unit| unit.limits.start_timeout)
+            .max()
+            .unwrap_or(Duration::from_secs(60));
+        let start_deadline = tokio::time::Instant::now() + start_timeout;
+        let started = start_units(
+            &self.config,
+            &label,
+            &plan.units,
+            start_timeout,
+            &self.background,
+        )
+        .await
+        .map_err(|error| StartError::internal(format!("starting the session's units: {error}")))?;
 
         let executor_params = executor_initialize_params(client_params, &ask, version);
-        let timeout = self.config.executor_init_timeout;
+        // What is left of the start deadline bounds the executors' initialize too.
+        let timeout = self
+            .config
+            .executor_init_timeout
+            .min(start_deadline.saturating_duration_since(tokio::time::Instant::now()));
         let mut links = Vec::new();
         let mut ends = Vec::new();
         let mut envelopes = Vec::new();
-        for unit in started {
-            envelopes.push(unit.envelope);
+        let mut tracked = Vec::new();
+        for (key, unit) in started {
+            tracked.push(Tracked {
+                key,
+                id: unit.envelope.id.clone(),
+            });
+            let mut envelope = unit.envelope;
+            // Enforced by the host, so it is applied: said in plain numbers.
+            let millis = u64::try_from(start_timeout.as_millis()).unwrap_or(u64::MAX);
+            match envelope.limits.as_object_mut() {
+                Some(limits) => {
+                    limits.insert("startTimeoutMs".to_owned(), json!(millis));
+                }
+                None => envelope.limits = json!({"startTimeoutMs": millis}),
+            }
+            envelopes.push(envelope);
             links.push(ExecutorLink::new(unit.io.stdin, unit.io.stdout));
             ends.push(unit.ended);
         }
@@ -380,7 +437,10 @@ impl Session {
                 Ok(result) => initialized.push(result),
                 Err(why) => {
                     drop(links);
-                    remove_units(backend, &ids).await;
+                    drop(ends);
+                    let config = self.config.clone();
+                    self.background
+                        .spawn(async move { remove_until_gone(&config, tracked).await });
                     return Err(StartError::internal(format!(
                         "starting the session's units: unit {}: {why}",
                         spec.name
@@ -388,6 +448,7 @@ impl Session {
                 }
             }
         }
+        let ids: Vec<String> = tracked.iter().map(|unit| unit.id.clone()).collect();
 
         // Counted once the session is up: a failed start leaves no session behind.
         self.config
@@ -396,14 +457,16 @@ impl Session {
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
         let mut tasks = JoinSet::new();
         let mut units = Vec::new();
-        for (index, ((link, ended), (spec, envelope))) in links
+        for (index, (((link, ended), (spec, envelope)), tracked)) in links
             .into_iter()
             .zip(ends)
             .zip(plan.units.iter().cloned().zip(envelopes))
+            .zip(tracked)
             .enumerate()
         {
             let writer = link_unit(index, link, ended, &events_tx, &mut tasks);
             units.push(Unit {
+                key: tracked.key,
                 spec,
                 envelope,
                 writer: Some(writer),
@@ -453,10 +516,15 @@ impl Session {
         let lifetime_end = limits
             .as_ref()
             .map(|limits| tokio::time::Instant::from_std(live.started + limits.lifetime));
+        // Once the idle time has run out: until when what the client sent
+        // meanwhile still counts (IDLE_SETTLE).
+        let mut idle_settle: Option<tokio::time::Instant> = None;
         loop {
             let idle_end = match idle {
                 Some(idle) if live.router.in_flight() == 0 => {
-                    Some(tokio::time::Instant::from_std(live.last_activity + idle))
+                    Some(idle_settle.unwrap_or_else(|| {
+                        tokio::time::Instant::from_std(live.last_activity + idle)
+                    }))
                 }
                 _ => None,
             };
@@ -473,6 +541,7 @@ impl Session {
                         return "the client left".to_owned();
                     };
                     live.last_activity = Instant::now();
+                    idle_settle = None;
                     self.on_client(live, message);
                 }
                 Some(event) = live.events_rx.recv() => {
@@ -481,9 +550,21 @@ impl Session {
                     if busy && live.router.in_flight() == 0 {
                         // Idle counts from the last answer too: a long call is not idleness.
                         live.last_activity = Instant::now();
+                        idle_settle = None;
                     }
                 }
                 () = sleep_until(idle_end) => {
+                    // Read what is waiting before judging the session idle.
+                    if let Ok(message) = inbound.try_recv() {
+                        live.last_activity = Instant::now();
+                        idle_settle = None;
+                        self.on_client(live, message);
+                        continue;
+                    }
+                    if idle_settle.is_none() {
+                        idle_settle = Some(tokio::time::Instant::now() + IDLE_SETTLE);
+                        continue;
+                    }
                     return format!("idle for {}", humantime::format_duration(idle.unwrap_or_default()));
                 }
                 () = sleep_until(lifetime_end) => return "its lifetime ended".to_owned(),
@@ -599,6 +680,7 @@ impl Session {
             arguments_digest,
             started: Instant::now(),
             deadline: None,
+            overdue: false,
             rewrite,
         };
         let (unit_id, upstream) = live.router.forward(unit, upstream, reply, tag);
@@ -849,26 +931,46 @@ impl Session {
                 self.unit_died(live, unit, cause, None)
             }
             UnitEvent::Deadline(unit, unit_id) => {
-                let Some(forward) = live.router.take(unit, unit_id) else {
+                // Ask the unit to stop the call now, but let an answer already
+                // on its way win for DEADLINE_SETTLE.
+                let Some(tag) = live.router.tag_mut(unit, unit_id) else {
                     return;
                 };
-                let timeout = live.units[unit].spec.limits.call_timeout;
-                let name = live.units[unit].spec.name.clone();
+                if tag.overdue {
+                    return;
+                }
+                tag.overdue = true;
+                let events = live.events_tx.clone();
+                let settle = tokio::spawn(async move {
+                    tokio::time::sleep(DEADLINE_SETTLE).await;
+                    let _ = events.send(UnitEvent::Overdue(unit, unit_id)).await;
+                });
+                tag.deadline = Some(settle.abort_handle());
                 let cancel = proxy::notification(
                     "notifications/cancelled",
                     json!({"requestId": unit_id, "reason": "the call ran past its deadline"}),
                 );
                 let _ = send_to_unit(&live.units[unit], cancel);
+            }
+            UnitEvent::Overdue(unit, unit_id) => {
+                let Some(forward) = live.router.take(unit, unit_id) else {
+                    return;
+                };
+                let timeout = live.units[unit].spec.limits.call_timeout;
+                let name = live.units[unit].spec.name.clone();
                 self.finish_call(live, unit, &forward.tag, "timeout");
+                // Nothing confirms a cancellation (an executor answers a
+                // cancelled request with nothing): the call may have run, in
+                // part or in full, so its outcome is said to be unknown.
                 forward.reply.answer(error_response_with_data(
                     forward.client_id,
                     code::REQUEST_TIMEOUT,
                     format!(
-                        "unit {name}: {} did not finish within {} (the profile's call_timeout); it was cancelled",
+                        "unit {name}: {} did not answer within {} (the profile's call_timeout); box asked the unit to cancel it, but whether it ran, in part or in full, is unknown",
                         forward.tag.method,
                         humantime::format_duration(timeout)
                     ),
-                    json!({"unit": name, "timeoutMs": timeout.as_millis() as u64}),
+                    json!({"unit": name, "timeoutMs": timeout.as_millis() as u64, "outcome": "unknown"}),
                 ));
             }
         }
@@ -987,15 +1089,21 @@ impl Session {
             .iter()
             .filter(|unit| unit.envelope.state == "ended")
             .count();
-        let ids: Vec<String> = live
+        let tracked: Vec<Tracked> = live
             .units
             .iter()
-            .map(|unit| unit.envelope.id.clone())
+            .map(|unit| Tracked {
+                key: unit.key,
+                id: unit.envelope.id.clone(),
+            })
             .collect();
-        remove_units(self.config.backend.as_ref(), &ids).await;
+        let count = tracked.len();
         live.tasks.abort_all();
-        self.config.metrics.session_ended(ids.len(), died);
-        tracing::info!(session = %self.id, units = ids.len(), "session ended, units removed");
+        // The session is over only once its units are confirmed gone: until
+        // then it keeps its place, and the host names them if it exits first.
+        remove_until_gone(&self.config, tracked).await;
+        self.config.metrics.session_ended(count, died);
+        tracing::info!(session = %self.id, units = count, "session ended, units removed");
     }
 }
 

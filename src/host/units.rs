@@ -1,8 +1,13 @@
-//! A session's units: started all or nothing, their executors initialized,
-//! linked to the session task by one reader and one writer task each, and
-//! removed.
+//! A session's units: started all or nothing within the profile's start
+//! deadline, their executors initialized, linked to the session task by one
+//! reader and one writer task each, and removed until the removal is
+//! confirmed. The host's [`Ledger`] holds every unit from the ask to start it
+//! until it is confirmed gone: what the host names as left when it exits.
 
+use std::collections::BTreeMap;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -10,7 +15,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tokio_util::task::TaskTracker;
 
+use super::HostConfig;
 use crate::backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitEnd};
 use crate::plan::UnitSpec;
 use crate::proxy::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
@@ -33,6 +40,8 @@ pub enum UnitEvent {
     Grace(usize),
     /// A forwarded request's deadline passed.
     Deadline(usize, u64),
+    /// The settle after a deadline passed without the request's answer.
+    Overdue(usize, u64),
 }
 
 /// An executor's stdio, framed.
@@ -54,47 +63,301 @@ impl ExecutorLink {
     }
 }
 
-/// Start every unit of `specs` concurrently; if any fails, remove the ones that
-/// started and return the first failure in plan order (it names its unit).
-pub async fn start_units(
-    backend: &dyn Backend,
-    label: &SessionLabel,
-    specs: &[UnitSpec],
-) -> Result<Vec<StartedUnit>, BackendError> {
-    let results = join_all(specs.iter().map(|spec| backend.start(label, spec))).await;
-    let mut started = Vec::new();
-    let mut failure = None;
-    for result in results {
-        match result {
-            Ok(unit) => started.push(unit),
-            Err(error) => {
-                if failure.is_none() {
-                    failure = Some(error);
-                }
-            }
-        }
+/// How long one removal of a unit may take before it counts as failed and is
+/// tried again (an engine that stalls never answers).
+pub const REMOVE_ATTEMPT: Duration = Duration::from_secs(30);
+/// The first wait before a failed removal is tried again; doubled each time,
+/// up to [`REMOVE_BACKOFF_MAX`].
+const REMOVE_BACKOFF: Duration = Duration::from_secs(1);
+/// See [`REMOVE_BACKOFF`].
+const REMOVE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Every unit this host has asked a backend to start, from the ask until its
+/// removal is confirmed. It is what the host names as left when it exits,
+/// and what keeps a session (and its place under a session limit) alive
+/// until its units are gone.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    units: Mutex<BTreeMap<u64, LeftUnit>>,
+    next: AtomicU64,
+}
+
+/// A unit the ledger holds: started or starting, not yet confirmed removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftUnit {
+    /// Its session.
+    pub session: String,
+    /// Its name in the session.
+    pub unit: String,
+    /// The backend's id, once its start returned it.
+    pub id: Option<String>,
+}
+
+impl Ledger {
+    fn with<R>(&self, change: impl FnOnce(&mut BTreeMap<u64, LeftUnit>) -> R) -> R {
+        let mut units = match self.units.lock() {
+            Ok(units) => units,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        change(&mut units)
     }
-    match failure {
-        None => Ok(started),
-        Some(error) => {
-            let ids: Vec<String> = started
+
+    /// A start of `unit` of `session` is asked; its key.
+    pub fn starting(&self, session: &str, unit: &str) -> u64 {
+        let key = self.next.fetch_add(1, Ordering::Relaxed);
+        self.with(|units| {
+            units.insert(
+                key,
+                LeftUnit {
+                    session: session.to_owned(),
+                    unit: unit.to_owned(),
+                    id: None,
+                },
+            )
+        });
+        key
+    }
+
+    /// The start of `key` returned the backend id `id`.
+    pub fn started(&self, key: u64, id: &str) {
+        self.with(|units| {
+            if let Some(unit) = units.get_mut(&key) {
+                unit.id = Some(id.to_owned());
+            }
+        });
+    }
+
+    /// The unit of `key` is confirmed gone (removed, or its start undid itself).
+    pub fn gone(&self, key: u64) {
+        self.with(|units| units.remove(&key));
+    }
+
+    /// Every unit not yet confirmed gone.
+    pub fn left(&self) -> Vec<LeftUnit> {
+        self.with(|units| units.values().cloned().collect())
+    }
+
+    /// The units whose start returned an id and that are not yet confirmed gone.
+    pub fn tracked(&self) -> Vec<Tracked> {
+        self.with(|units| {
+            units
                 .iter()
-                .map(|unit| unit.envelope.id.clone())
-                .collect();
-            drop(started);
-            remove_units(backend, &ids).await;
-            Err(error)
+                .filter_map(|(key, unit)| unit.id.clone().map(|id| Tracked { key: *key, id }))
+                .collect()
+        })
+    }
+
+    /// The units of `session` not yet confirmed gone.
+    pub fn left_of(&self, session: &str) -> Vec<LeftUnit> {
+        self.with(|units| {
+            units
+                .values()
+                .filter(|unit| unit.session == session)
+                .cloned()
+                .collect()
+        })
+    }
+}
+
+impl LeftUnit {
+    /// One line naming the unit and how to remove it by hand, for a backend
+    /// of `kind` and the host instance `instance`.
+    pub fn describe(&self, kind: &str, instance: &str) -> String {
+        let session = self.session.get(..12).unwrap_or(&self.session);
+        match &self.id {
+            None => format!(
+                "unit {} of session {session}: its start had not finished (the engine did not answer); once the engine answers, `box gc --instance {instance}` removes it",
+                self.unit
+            ),
+            Some(id) => {
+                let how = match kind {
+                    "docker" => format!("`docker rm -f {id}`"),
+                    "local" => format!("`kill -KILL -- -{id}` (its process group)"),
+                    _ => format!("`box gc --instance {instance}`"),
+                };
+                format!(
+                    "unit {} of session {session} ({kind} id {id}): remove it with {how}",
+                    self.unit
+                )
+            }
         }
     }
 }
 
-/// Remove units by backend id, concurrently; failures are logged, every one.
-pub async fn remove_units(backend: &dyn Backend, ids: &[String]) {
-    let results = join_all(ids.iter().map(|id| backend.remove(id))).await;
+/// A started unit the ledger holds: its key and backend id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tracked {
+    /// The ledger's key.
+    pub key: u64,
+    /// The backend's id.
+    pub id: String,
+}
+
+/// Why a session's units did not all start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartFailure {
+    /// A backend refused or failed one (the first in plan order).
+    #[error("{0}")]
+    Backend(#[from] BackendError),
+    /// The deadline passed with these units' starts still going on.
+    #[error(
+        "{} did not start within {} (the profile's start_timeout): the engine may be stalled; the start goes on, and whatever it makes is removed",
+        .units.iter().map(|unit| format!("unit {unit}")).collect::<Vec<_>>().join(", "),
+        humantime::format_duration(*.timeout)
+    )]
+    TimedOut {
+        /// The units still starting.
+        units: Vec<String>,
+        /// The deadline.
+        timeout: Duration,
+    },
+}
+
+/// Start every unit of `specs` concurrently, each in a task of its own, the
+/// ledger told of each, within `timeout`. If any fails or the deadline
+/// passes, the units that did start are removed in `background`, as are
+/// those whose start finishes later, and the failure names the units.
+pub async fn start_units(
+    config: &Arc<HostConfig>,
+    label: &SessionLabel,
+    specs: &[UnitSpec],
+    timeout: Duration,
+    background: &TaskTracker,
+) -> Result<Vec<(u64, StartedUnit)>, StartFailure> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut starts = Vec::new();
+    for spec in specs {
+        let key = config.ledger.starting(&label.session, &spec.name);
+        let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
+        let task = tokio::spawn(async move {
+            let result = config.backend.start(&label, &spec).await;
+            match &result {
+                Ok(unit) => config.ledger.started(key, &unit.envelope.id),
+                // A failed start undoes itself (the backend's contract).
+                Err(_) => config.ledger.gone(key),
+            }
+            result
+        });
+        starts.push((key, task));
+    }
+    let mut started = Vec::new();
+    let mut failure = None;
+    let mut late = Vec::new();
+    for ((key, mut task), spec) in starts.into_iter().zip(specs) {
+        match tokio::time::timeout_at(deadline, &mut task).await {
+            Ok(Ok(Ok(unit))) => started.push((key, unit)),
+            Ok(Ok(Err(error))) => {
+                failure.get_or_insert(StartFailure::Backend(error));
+            }
+            Ok(Err(join)) => {
+                config.ledger.gone(key);
+                failure.get_or_insert(StartFailure::Backend(BackendError::Other {
+                    unit: spec.name.clone(),
+                    doing: "starting the unit".to_owned(),
+                    message: format!("the start failed: {join}"),
+                }));
+            }
+            Err(_) => late.push((spec.name.clone(), key, task)),
+        }
+    }
+    if failure.is_none() && late.is_empty() {
+        return Ok(started);
+    }
+    remove_in_background(config, started, background);
+    let names: Vec<String> = late.iter().map(|(name, _, _)| name.clone()).collect();
+    for (_, key, task) in late {
+        let config = config.clone();
+        background.spawn(async move {
+            match task.await {
+                Ok(Ok(unit)) => {
+                    let tracked = Tracked {
+                        key,
+                        id: unit.envelope.id.clone(),
+                    };
+                    drop(unit);
+                    remove_until_gone(&config, vec![tracked]).await;
+                }
+                Ok(Err(_)) => {}
+                Err(_) => config.ledger.gone(key),
+            }
+        });
+    }
+    Err(failure.unwrap_or(StartFailure::TimedOut {
+        units: names,
+        timeout,
+    }))
+}
+
+/// Remove `units` (their executors' stdio dropped first) in `background`,
+/// until confirmed.
+pub fn remove_in_background(
+    config: &Arc<HostConfig>,
+    units: Vec<(u64, StartedUnit)>,
+    background: &TaskTracker,
+) {
+    if units.is_empty() {
+        return;
+    }
+    let tracked: Vec<Tracked> = units
+        .into_iter()
+        .map(|(key, unit)| Tracked {
+            key,
+            id: unit.envelope.id,
+        })
+        .collect();
+    let config = config.clone();
+    background.spawn(async move { remove_until_gone(&config, tracked).await });
+}
+
+/// Remove units by backend id, concurrently, each attempt bounded by
+/// [`REMOVE_ATTEMPT`]; every failure is logged and returned with its id.
+pub async fn remove_units(backend: &dyn Backend, ids: &[String]) -> Vec<(String, String)> {
+    let results = join_all(ids.iter().map(|id| async move {
+        match tokio::time::timeout(REMOVE_ATTEMPT, backend.remove(id)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err(format!(
+                "the engine did not answer within {}",
+                humantime::format_duration(REMOVE_ATTEMPT)
+            )),
+        }
+    }))
+    .await;
+    let mut failed = Vec::new();
     for (id, result) in ids.iter().zip(results) {
         if let Err(error) = result {
             tracing::error!(unit = %id, %error, "removing a unit failed");
+            failed.push((id.clone(), error));
         }
+    }
+    failed
+}
+
+/// Remove `units` and tell the ledger of each removal confirmed; what fails
+/// is tried again, backing off, until every one is gone (the host's exit is
+/// what ends an engine that never answers: it then names them).
+pub async fn remove_until_gone(config: &HostConfig, mut units: Vec<Tracked>) {
+    let mut backoff = REMOVE_BACKOFF;
+    loop {
+        let ids: Vec<String> = units.iter().map(|unit| unit.id.clone()).collect();
+        let failed = remove_units(config.backend.as_ref(), &ids).await;
+        units.retain(|unit| {
+            let still = failed.iter().any(|(id, _)| *id == unit.id);
+            if !still {
+                config.ledger.gone(unit.key);
+            }
+            still
+        });
+        if units.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            units = ?units.iter().map(|unit| &unit.id).collect::<Vec<_>>(),
+            "units are not removed yet; trying again in {}",
+            humantime::format_duration(backoff)
+        );
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(REMOVE_BACKOFF_MAX);
     }
 }
 
@@ -261,14 +524,94 @@ pub fn link_unit(
     writer_tx
 }
 
-/// A sentence for a unit's end: the reason, the exit code, the OOM kill.
+/// A sentence for a unit's end. The backend's reason already says who
+/// ended, how (exit code or signal) and why (an OOM kill): each once.
 pub fn describe_end(end: &UnitEnd) -> String {
-    let mut text = end.reason.clone();
-    if let Some(code) = end.exit_code {
-        text.push_str(&format!(" (exit code {code})"));
+    end.reason.clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_left_unit_is_named_with_how_to_remove_it() {
+        let check = |id: Option<&str>, kind: &str, want: &str| {
+            let unit = LeftUnit {
+                session: "0123456789abcdef".to_owned(),
+                unit: "workspace".to_owned(),
+                id: id.map(str::to_owned),
+            };
+            assert_eq!(unit.describe(kind, "http-127.0.0.1-8080"), want);
+        };
+        check(
+            Some("c0ffee"),
+            "docker",
+            "unit workspace of session 0123456789ab (docker id c0ffee): remove it with `docker rm -f c0ffee`",
+        );
+        check(
+            Some("4242"),
+            "local",
+            "unit workspace of session 0123456789ab (local id 4242): remove it with `kill -KILL -- -4242` (its process group)",
+        );
+        check(
+            None,
+            "docker",
+            "unit workspace of session 0123456789ab: its start had not finished (the engine did not answer); once the engine answers, `box gc --instance http-127.0.0.1-8080` removes it",
+        );
     }
-    if end.oom_killed {
-        text.push_str(" (killed by the out-of-memory killer)");
+
+    #[test]
+    fn the_ledger_holds_a_unit_from_its_start_until_it_is_gone() {
+        let ledger = Ledger::default();
+        let key = ledger.starting("s", "workspace");
+        assert_eq!(ledger.left_of("s")[0].id, None);
+        assert_eq!(ledger.tracked(), Vec::new());
+        ledger.started(key, "id-1");
+        assert_eq!(
+            ledger.tracked(),
+            vec![Tracked {
+                key,
+                id: "id-1".to_owned()
+            }]
+        );
+        assert_eq!(ledger.left_of("other"), Vec::new());
+        ledger.gone(key);
+        assert_eq!(ledger.left(), Vec::new());
     }
-    text
+
+    /// Issue 8, item 15: each backend's sentence already carries the exit
+    /// code, the signal and the OOM kill; the host says them once.
+    #[test]
+    fn a_units_end_is_described_once() {
+        let docker = crate::backend::docker::body::unit_end(
+            "ws",
+            crate::backend::docker::body::Ending::Container,
+            Some(137),
+            false,
+            1024,
+        );
+        let end = UnitEnd {
+            exit_code: docker.exit_code,
+            oom_killed: docker.oom_killed,
+            reason: docker.reason.clone(),
+        };
+        assert_eq!(describe_end(&end), docker.reason);
+        let oom = crate::backend::docker::body::unit_end(
+            "ws",
+            crate::backend::docker::body::Ending::Container,
+            Some(137),
+            true,
+            1024,
+        );
+        let end = UnitEnd {
+            exit_code: oom.exit_code,
+            oom_killed: oom.oom_killed,
+            reason: oom.reason.clone(),
+        };
+        let text = describe_end(&end);
+        assert_eq!(text.matches("137").count(), 1, "{text}");
+        assert_eq!(text.matches("OOM").count(), 1, "{text}");
+        assert!(!text.contains("out-of-memory"), "{text}");
+    }
 }

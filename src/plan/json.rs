@@ -66,6 +66,7 @@ fn limits_json(limits: &Limits) -> Value {
         "callTimeoutMs": millis(limits.call_timeout),
         "idleMs": millis(limits.idle),
         "lifetimeMs": millis(limits.lifetime),
+        "startTimeoutMs": millis(limits.start_timeout),
     })
 }
 

@@ -106,6 +106,9 @@ pub struct Limits {
     pub idle: Duration,
     /// The session ends after this long whatever happens.
     pub lifetime: Duration,
+    /// Starting the session's units (engine and executor) must end within
+    /// this; the session's, like idle and lifetime.
+    pub start_timeout: Duration,
 }
 
 /// The unit's network.
@@ -322,6 +325,7 @@ impl UnitSpec {
                 call_timeout: Duration::from_secs(600),
                 idle: Duration::from_secs(1800),
                 lifetime: Duration::from_secs(8 * 3600),
+                start_timeout: Duration::from_secs(60),
             },
             env_set: BTreeMap::new(),
             env_pass: Vec::new(),
@@ -388,6 +392,7 @@ impl Limits {
             && self.call_timeout <= bound.call_timeout
             && self.idle <= bound.idle
             && self.lifetime <= bound.lifetime
+            && self.start_timeout <= bound.start_timeout
     }
 }
 
@@ -493,6 +498,7 @@ fn limits_of(limits: &LimitsPolicy) -> Limits {
         call_timeout: limits.call_timeout,
         idle: limits.idle,
         lifetime: limits.lifetime,
+        start_timeout: limits.start_timeout,
     }
 }
 

@@ -135,6 +135,13 @@ fn limits_narrow_only() {
             json!("1day"),
             "tighten.limits.lifetime: asked for 1day, but profile `p` allows at most 8h",
         ),
+        (
+            "start_timeout",
+            json!("10s"),
+            json!("1m"),
+            json!("2m"),
+            "tighten.limits.start_timeout: asked for 2m, but profile `p` allows at most 1m",
+        ),
     ];
     for (field, narrower, equal, wider, message) in cases {
         for ok in [narrower, equal] {
@@ -404,11 +411,11 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"limits": {"swap": "1GiB"}}),
-            "tighten: limits.swap: unknown field; accepted here: memory, cpus, pids, tmp, nofile, call_timeout, idle, lifetime",
+            "tighten: limits.swap: unknown field; accepted here: memory, cpus, pids, tmp, nofile, call_timeout, idle, lifetime, start_timeout",
         ),
         (
             json!({"limits": [[[[]]]]}),
-            "tighten: limits: expected an object with fields memory, cpus, pids, tmp, nofile, call_timeout, idle, lifetime, got an array",
+            "tighten: limits: expected an object with fields memory, cpus, pids, tmp, nofile, call_timeout, idle, lifetime, start_timeout, got an array",
         ),
         (
             json!({"servers": "all"}),
@@ -449,7 +456,7 @@ fn a_deep_tightening_is_refused() {
     }
     assert_eq!(
         resolve_json(&profile(EGRESS), nested).unwrap_err(),
-        "tighten: limits.limits: unknown field; accepted here: memory, cpus, pids, tmp, nofile, call_timeout, idle, lifetime"
+        "tighten: limits.limits: unknown field; accepted here: memory, cpus, pids, tmp, nofile, call_timeout, idle, lifetime, start_timeout"
     );
 }
 
@@ -479,12 +486,16 @@ fn no_fs_has_no_workspace_unit() {
         resolve_json(&no_fs, json!({"network": {"mode": "none"}})).unwrap_err(),
         "tighten: network: profile `no-fs` has no workspace unit to narrow (narrow its servers with \"servers\")"
     );
-    // Idle and lifetime are the session's, so they narrow every unit.
+    // Idle, lifetime and the start deadline are the session's, so they narrow every unit.
     let plan = resolve_json(
         &servers,
-        json!({"limits": {"idle": "5m", "lifetime": "1h"}}),
+        json!({"limits": {"idle": "5m", "lifetime": "1h", "start_timeout": "20s"}}),
     )
     .unwrap();
+    assert_eq!(
+        plan.units[0].limits.start_timeout,
+        std::time::Duration::from_secs(20)
+    );
     assert_eq!(
         plan.units[0].limits.idle,
         std::time::Duration::from_secs(300)
@@ -584,9 +595,10 @@ fn tightenings() -> impl Strategy<Value = Value> {
         proptest::option::of(duration_json(20)),
         proptest::option::of(duration_json(60)),
         proptest::option::of(duration_json(960)),
+        proptest::option::of(duration_json(2)),
     )
         .prop_map(
-            |(memory, cpus, pids, tmp, nofile, call_timeout, idle, lifetime)| {
+            |(memory, cpus, pids, tmp, nofile, call_timeout, idle, lifetime, start_timeout)| {
                 let mut map = serde_json::Map::new();
                 for (key, value) in [
                     ("memory", memory),
@@ -597,6 +609,7 @@ fn tightenings() -> impl Strategy<Value = Value> {
                     ("call_timeout", call_timeout),
                     ("idle", idle),
                     ("lifetime", lifetime),
+                    ("start_timeout", start_timeout),
                 ] {
                     if let Some(value) = value {
                         map.insert(key.to_owned(), value);
@@ -761,7 +774,7 @@ proptest! {
 
     /// A limit above the profile's is always refused, naming the field.
     #[test]
-    fn a_wider_limit_is_always_refused(field in 0_usize..8, excess in 1_u64..1000) {
+    fn a_wider_limit_is_always_refused(field in 0_usize..9, excess in 1_u64..1000) {
         let ask = match field {
             0 => json!({"memory": format!("{}MiB", 2048 + excess)}),
             1 => json!({"cpus": 2.0 + excess as f64 / 1000.0}),
@@ -770,6 +783,7 @@ proptest! {
             4 => json!({"nofile": 4096 + excess}),
             5 => json!({"call_timeout": format!("{}s", 600 + excess)}),
             6 => json!({"idle": format!("{}s", 1800 + excess)}),
+            7 => json!({"start_timeout": format!("{}s", 60 + excess)}),
             _ => json!({"lifetime": format!("{}s", 8 * 3600 + excess)}),
         };
         let name = ask.as_object().unwrap().keys().next().unwrap().clone();

@@ -60,6 +60,8 @@ pub struct LimitsAsk {
     pub idle: Option<Duration>,
     /// Lifetime of the session.
     pub lifetime: Option<Duration>,
+    /// Deadline of starting the session's units.
+    pub start_timeout: Option<Duration>,
 }
 
 const TOP: &[&str] = &["workspace", "network", "limits", "servers", "env"];
@@ -74,6 +76,7 @@ const LIMITS: &[&str] = &[
     "call_timeout",
     "idle",
     "lifetime",
+    "start_timeout",
 ];
 const ENV: &[&str] = &["drop"];
 
@@ -258,6 +261,7 @@ impl Tightening {
                     "call_timeout" => ask.call_timeout = Some(duration()?),
                     "idle" => ask.idle = Some(duration()?),
                     "lifetime" => ask.lifetime = Some(duration()?),
+                    "start_timeout" => ask.start_timeout = Some(duration()?),
                     _ => return Err(invalid(&field, "unknown field")),
                 }
             }
@@ -380,10 +384,18 @@ pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, Pl
         bound.lifetime,
         duration,
     )?;
-    // Idle and lifetime are the session's: every unit shares them.
+    limits.start_timeout = narrower(
+        profile,
+        "limits.start_timeout",
+        ask.start_timeout,
+        bound.start_timeout,
+        duration,
+    )?;
+    // Idle, lifetime and the start deadline are the session's: every unit shares them.
     for server in &mut narrowed.servers {
         server.limits.idle = narrowed.limits.idle;
         server.limits.lifetime = narrowed.limits.lifetime;
+        server.limits.start_timeout = narrowed.limits.start_timeout;
     }
     if let Some(names) = &tightening.servers {
         let known: Vec<&str> = profile

@@ -364,6 +364,7 @@ fn limits_json(limits: &LimitsPolicy) -> Value {
         "call_timeout": show_duration(limits.call_timeout),
         "idle": show_duration(limits.idle),
         "lifetime": show_duration(limits.lifetime),
+        "start_timeout": show_duration(limits.start_timeout),
     })
 }
 
@@ -420,7 +421,7 @@ fn profile_json(profile: &Profile) -> Value {
 
 fn limits_text(limits: &LimitsPolicy) -> String {
     format!(
-        "memory {}, cpus {}, pids {}, tmp {}, nofile {}, call_timeout {}, idle {}, lifetime {}",
+        "memory {}, cpus {}, pids {}, tmp {}, nofile {}, call_timeout {}, idle {}, lifetime {}, start_timeout {}",
         limits.memory,
         limits.cpus,
         limits.pids,
@@ -428,7 +429,8 @@ fn limits_text(limits: &LimitsPolicy) -> String {
         limits.nofile,
         show_duration(limits.call_timeout),
         show_duration(limits.idle),
-        show_duration(limits.lifetime)
+        show_duration(limits.lifetime),
+        show_duration(limits.start_timeout)
     )
 }
 
@@ -582,14 +584,15 @@ fn show_plan(plan: &plan::Plan) -> String {
             format!("  user      {user}"),
             format!("  network   {network}"),
             format!(
-                "  limits    memory {}, cpus {cpus}, pids {}, tmp {}, nofile {}, call_timeout {}, idle {}, lifetime {}",
+                "  limits    memory {}, cpus {cpus}, pids {}, tmp {}, nofile {}, call_timeout {}, idle {}, lifetime {}, start_timeout {}",
                 ByteSize(limits.memory_bytes),
                 limits.pids,
                 ByteSize(limits.tmp_bytes),
                 limits.nofile,
                 show_duration(limits.call_timeout),
                 show_duration(limits.idle),
-                show_duration(limits.lifetime)
+                show_duration(limits.lifetime),
+                show_duration(limits.start_timeout)
             ),
             format!(
                 "  env       set [{}], pass [{}], secrets [{}]",

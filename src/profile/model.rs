@@ -102,6 +102,8 @@ pub struct LimitsPolicy {
     pub idle: Duration,
     /// The session ends after this long whatever happens.
     pub lifetime: Duration,
+    /// Starting the session's units (engine and executor) must end within this.
+    pub start_timeout: Duration,
 }
 
 /// The environment as written.
@@ -219,6 +221,7 @@ pub(crate) mod defaults {
             call_timeout: Duration::from_secs(600),
             idle: Duration::from_secs(1800),
             lifetime: Duration::from_secs(8 * 3600),
+            start_timeout: Duration::from_secs(60),
         }
     }
 }

@@ -143,6 +143,7 @@ write_guard = "off"
             call_timeout: std::time::Duration::from_secs(60),
             idle: std::time::Duration::from_secs(300),
             lifetime: std::time::Duration::from_secs(5400),
+            start_timeout: std::time::Duration::from_secs(60),
         }
     );
     assert_eq!(profile.env.secrets, vec!["GITHUB_TOKEN".to_owned()]);
@@ -258,6 +259,14 @@ fn bad_input_gets_one_precise_error() {
         (
             "[limits]\nlifetime = \"0s\"\n",
             "p.toml:2:12: limits.lifetime: \"0s\" is zero; a duration must be more than zero",
+        ),
+        (
+            "[limits]\nstart_timeout = \"0s\"\n",
+            "p.toml:2:17: limits.start_timeout: \"0s\" is zero; a duration must be more than zero",
+        ),
+        (
+            "[[server]]\nname = \"b\"\nimage = \"b:1\"\ncommand = [\"b\"]\nlimits = { start_timeout = \"5s\" }\n",
+            "p.toml:5:12: server[b].limits.start_timeout: unknown field; accepted here: memory, cpus, pids, tmp, nofile, call_timeout",
         ),
         (
             "[network]\nmode = \"egress\"\nallow = [\"https://example.com\"]\n",

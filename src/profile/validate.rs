@@ -45,6 +45,7 @@ pub(crate) const LIMITS: &[&str] = &[
     "call_timeout",
     "idle",
     "lifetime",
+    "start_timeout",
 ];
 pub(crate) const SERVER_LIMITS: &[&str] =
     &["memory", "cpus", "pids", "tmp", "nofile", "call_timeout"];
@@ -496,6 +497,9 @@ impl Walk {
                 "lifetime" => self
                     .duration(node, &path)
                     .map(|duration| limits.lifetime = duration),
+                "start_timeout" => self
+                    .duration(node, &path)
+                    .map(|duration| limits.start_timeout = duration),
                 _ => None,
             };
             ok &= done.is_some();

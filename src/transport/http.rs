@@ -59,8 +59,10 @@ const SESSION_HEADER: &str = "mcp-session-id";
 const VERSION_HEADER: &str = "mcp-protocol-version";
 /// How many unrelated server→client messages wait for a session's GET stream.
 const GENERAL_QUEUE: usize = 64;
-/// How long a DELETE waits for its session's units to be removed.
+/// How long a DELETE waits for its session's units to be removed, by default.
 const DELETE_WAIT: Duration = Duration::from_secs(60);
+/// When a DELETE's units are not confirmed removed, when to ask again.
+const DELETE_RETRY_AFTER_SECS: u64 = 5;
 /// How long shutdown waits for sessions to remove their units.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(60);
 /// The most HTTP connections served at once.
@@ -93,6 +95,8 @@ pub struct HttpOptions {
     pub body_read_timeout: Duration,
     /// How long a write to a client that reads nothing may wait before its connection is dropped.
     pub write_timeout: Duration,
+    /// How long a DELETE waits for its session's units to be confirmed removed.
+    pub delete_wait: Duration,
 }
 
 impl HttpOptions {
@@ -136,6 +140,7 @@ impl HttpOptions {
             header_read_timeout: HEADER_READ_TIMEOUT,
             body_read_timeout: BODY_READ_TIMEOUT,
             write_timeout: WRITE_TIMEOUT,
+            delete_wait: DELETE_WAIT,
         })
     }
 
@@ -150,6 +155,7 @@ impl HttpOptions {
             header_read_timeout: HEADER_READ_TIMEOUT,
             body_read_timeout: BODY_READ_TIMEOUT,
             write_timeout: WRITE_TIMEOUT,
+            delete_wait: DELETE_WAIT,
         }
     }
 }
@@ -751,15 +757,15 @@ async fn initialize(state: &Arc<AppState>, id: Value, message: Value) -> Respons
         Err(_) => None,
     };
     let Some(response) = response else {
-        handle.end();
+        end_holding(handle, permit);
         return json_response(
             StatusCode::OK,
             error_response(id, code::INTERNAL_ERROR, "the session ended while starting"),
         );
     };
     if response.get("result").is_none() {
-        // A refused tightening, a unit that failed: nothing was kept.
-        handle.end();
+        // A refused tightening, a unit that failed or did not start in time.
+        end_holding(handle, permit);
         return json_response(StatusCode::OK, response);
     }
     if let Ok(mut sessions) = state.sessions.lock() {
@@ -787,6 +793,17 @@ async fn initialize(state: &Arc<AppState>, id: Value, message: Value) -> Respons
         response.headers_mut().insert(SESSION_HEADER, value);
     }
     response
+}
+
+/// End a session that never became the client's, keeping its place under
+/// `--max-sessions` until it has ended: a unit whose start went on past the
+/// deadline, or whose removal is not confirmed, still counts.
+fn end_holding(handle: SessionHandle, permit: OwnedSemaphorePermit) {
+    handle.end();
+    tokio::spawn(async move {
+        handle.ended().await;
+        drop(permit);
+    });
 }
 
 /// Answer a request: JSON when nothing streams before the answer, else SSE
@@ -988,11 +1005,41 @@ async fn delete_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> R
     };
     session.end();
     // Answer once the units are gone, so "deleted" means deleted.
-    let _ = tokio::time::timeout(DELETE_WAIT, session.ended()).await;
-    if let Ok(mut sessions) = state.sessions.lock() {
-        sessions.remove(&session_id);
+    if tokio::time::timeout(state.options.delete_wait, session.ended())
+        .await
+        .is_ok()
+    {
+        if let Ok(mut sessions) = state.sessions.lock() {
+            sessions.remove(&session_id);
+        }
+        return StatusCode::OK.into_response();
     }
-    StatusCode::OK.into_response()
+    // Not confirmed: the session keeps its entry (and its place under
+    // --max-sessions) until its units are gone; a later DELETE asks again.
+    let left: Vec<String> = state
+        .config
+        .ledger
+        .left_of(&session_id)
+        .iter()
+        .map(|unit| unit.describe(state.config.backend.kind(), &state.config.instance))
+        .collect();
+    let mut response = json_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        json!({"jsonrpc": "2.0", "id": null, "error": {
+            "code": code::INTERNAL_ERROR,
+            "message": format!(
+                "the session is ended, but the removal of its units is not confirmed after {}: {}; box keeps trying, and the session counts against --max-sessions until they are gone (then its id answers 404)",
+                humantime::format_duration(state.options.delete_wait),
+                if left.is_empty() { "its units are being removed".to_owned() } else { left.join("; ") }
+            ),
+            "data": {"unitsLeft": state.config.ledger.left_of(&session_id).iter().map(|unit| json!({"unit": unit.unit, "id": unit.id})).collect::<Vec<_>>()},
+        }}),
+    );
+    response.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(DELETE_RETRY_AFTER_SECS),
+    );
+    response
 }
 
 async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {

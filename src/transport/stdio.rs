@@ -152,6 +152,7 @@ pub async fn serve_on(
     });
     let mut session_id = [0u8; 16];
     rand::fill(&mut session_id);
+    let config_drain = config.drain;
     let session = spawn_session(config, hex::encode(session_id), out_tx.clone(), &shutdown);
     let mut reader = LineReader::new(input, MAX_MESSAGE_BYTES);
     let in_flight = tokio_util::task::TaskTracker::new();
@@ -159,6 +160,8 @@ pub async fn serve_on(
     loop {
         let line = tokio::select! {
             () = session.ended() => break,
+            // The session is ending too (a child of `shutdown`); stop reading.
+            () = shutdown.cancelled() => break,
             line = reader.next() => line,
         };
         let bytes = match line {
@@ -240,7 +243,15 @@ pub async fn serve_on(
         let _ = tokio::time::timeout(EOF_GRACE, in_flight.wait()).await;
     }
     session.end();
-    session.ended().await;
+    // Bounded: an engine that stalls must not keep the host for ever; what is
+    // left then is named as the host exits.
+    let wait = config_drain + crate::host::END_WAIT;
+    if tokio::time::timeout(wait, session.ended()).await.is_err() {
+        tracing::error!(
+            "the session's units are not confirmed removed after {}; exiting",
+            humantime::format_duration(wait)
+        );
+    }
     drop(out_tx);
     let _ = tokio::time::timeout(FLUSH_GRACE, writer).await;
     Ok(())

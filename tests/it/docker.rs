@@ -121,6 +121,7 @@ fn spec(name: &str, workspace: &Path) -> UnitSpec {
             call_timeout: Duration::from_secs(60),
             idle: Duration::from_secs(600),
             lifetime: Duration::from_secs(3600),
+            start_timeout: Duration::from_secs(60),
         },
         env_set: [("BOX_TEST".to_owned(), "1".to_owned())].into(),
         security: Security {
@@ -509,7 +510,8 @@ async fn docker_unit_killed_mid_exec_is_reported() {
     assert!(started.elapsed() < Duration::from_secs(20));
     assert_eq!(end.exit_code, Some(137), "{end:?}");
     assert!(!end.oom_killed);
-    assert!(end.reason.contains("signal 9"), "{end:?}");
+    assert!(end.reason.contains("SIGKILL"), "{end:?}");
+    assert!(end.reason.contains("docker kill"), "{end:?}");
     assert!(end.reason.contains("unit workspace"), "{end:?}");
     // The executor's stdout reaches EOF.
     let mut rest = Vec::new();
@@ -1317,4 +1319,617 @@ async fn docker_an_image_with_a_fake_dev_null_gets_the_real_device() {
         core_pattern
     );
     instance.assert_clean(&backend).await;
+}
+
+/// Issue 8, item 15: `docker stop` and `docker kill` of a unit whose executor
+/// runs are each described once, with their cause: the container's end (its
+/// init got SIGTERM, or SIGKILL), not the executor's SIGKILL as the unit's
+/// pid namespace went down with it.
+#[tokio::test]
+async fn docker_stop_and_kill_are_described_once_with_their_cause() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("stop");
+    let ws = workspace();
+    for (how, signal) in [("stop", "SIGTERM"), ("kill", "SIGKILL")] {
+        let unit = backend
+            .start(&instance.label, &spec("workspace", ws.path()))
+            .await
+            .unwrap();
+        let id = unit.envelope.id.clone();
+        // Watched from the start, as a session watches it.
+        let ended = tokio::spawn(unit.ended);
+        let _io = unit.io;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let output = std::process::Command::new("docker")
+            .args([how, id.as_str()])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "docker {how}: {output:?}");
+        let end = tokio::time::timeout(Duration::from_secs(30), ended)
+            .await
+            .expect("the unit's end was not reported in time")
+            .unwrap();
+        let reason = &end.reason;
+        eprintln!("docker {how}: {reason}");
+        assert!(reason.starts_with("unit workspace was"), "{how}: {end:?}");
+        assert!(reason.contains(signal), "{how}: {end:?}");
+        assert!(reason.contains(&format!("docker {how}")), "{how}: {end:?}");
+        assert_eq!(reason.matches("exit code").count(), 1, "{how}: {end:?}");
+        assert!(!end.oom_killed, "{how}: {end:?}");
+        backend.remove(&id).await.unwrap();
+    }
+    instance.assert_clean(&backend).await;
+}
+
+/// Issue 8, item 15: a command the kernel's OOM killer ends inside a unit is
+/// reported as such by the bash tool, not only as bash's "Killed".
+#[tokio::test]
+async fn docker_bash_says_when_the_oom_killer_ended_its_command() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("bashoom");
+    let ws = workspace();
+    let mut small = spec("workspace", ws.path());
+    small.limits.memory_bytes = 96 << 20;
+    let mut unit = backend.start(&instance.label, &small).await.unwrap();
+    let id = unit.envelope.id.clone();
+    let text = executor_bash(&mut unit.io, "head -c 1G /dev/zero | tail > /dev/null").await;
+    assert!(text.contains("[exit 137]"), "{text}");
+    assert!(text.contains("OOM killer"), "{text}");
+    backend.remove(&id).await.unwrap();
+    instance.assert_clean(&backend).await;
+}
+
+/// `box serve --backend docker` over stdio as a child: its stdin, a reader
+/// of its stdout lines, and the child.
+struct Served {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Served {
+    fn start(instance: &str, workspace: &Path, extra: &[&str]) -> Self {
+        use std::io::BufRead as _;
+        let mut child = std::process::Command::new(box_bin())
+            .args(["serve", "--backend", "docker", "--instance", instance])
+            .arg("--workspace")
+            .arg(workspace)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut served = Self {
+            child,
+            stdin,
+            lines,
+        };
+        served.send(
+            &serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "docker-test", "version": "1"}}}),
+        );
+        let answer = served.answer(0, Duration::from_secs(60));
+        assert!(answer.get("result").is_some(), "initialize: {answer}");
+        served.send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        served
+    }
+
+    fn send(&mut self, message: &serde_json::Value) {
+        use std::io::Write as _;
+        writeln!(self.stdin, "{message}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// The answer to request `id`, within `wait`.
+    fn answer(&mut self, id: i64, wait: Duration) -> serde_json::Value {
+        let deadline = Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no answer to request {id} within {wait:?}"));
+            let message: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if message["id"] == serde_json::json!(id) {
+                return message;
+            }
+        }
+    }
+
+    fn hang_up(mut self) -> std::process::ExitStatus {
+        drop(self.stdin);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "box serve did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The ids of containers labelled with `instance`.
+fn containers_labelled(label: &str) -> Vec<String> {
+    let output = std::process::Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("label={label}")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Issue 8, item 15, through a session: a call after `docker stop` of the
+/// session's unit is answered with the unit's end said once, with its cause.
+#[test]
+fn docker_a_stopped_sessions_unit_is_answered_with_its_cause_once() {
+    if tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine())
+        .is_none()
+    {
+        return;
+    }
+    let instance = Instance::new("sstop");
+    let ws = workspace();
+    let mut served = Served::start(&instance.label.instance, ws.path(), &[]);
+    let units = containers_labelled(&format!("box.instance={}", instance.label.instance));
+    assert_eq!(units.len(), 1, "{units:?}");
+    let output = std::process::Command::new("docker")
+        .args(["stop", units[0].as_str()])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    served.send(
+        &serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "echo hi"}}}),
+    );
+    let answer = served.answer(1, Duration::from_secs(30));
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("unit workspace was stopped"), "{answer}");
+    assert!(message.contains("docker stop"), "{answer}");
+    assert_eq!(message.matches("exit code").count(), 1, "{answer}");
+    assert!(served.hang_up().success());
+    assert_eq!(
+        containers_labelled(&format!("box.instance={}", instance.label.instance)),
+        Vec::<String>::new()
+    );
+}
+
+/// A directory holding one profile, `NAME.toml`, that extends `default` with `limits`.
+fn profile_dir(name: &str, limits: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(format!("{name}.toml")),
+        format!("extends = \"default\"\n\n[limits]\n{limits}\n"),
+    )
+    .unwrap();
+    dir
+}
+
+/// Issue 8, item 12: a host stopped (SIGSTOP) from before a call's answer
+/// until after its deadline finds the answer waiting when it resumes; the
+/// answer wins, since the call ran: the client is never told it was cancelled.
+#[test]
+fn docker_an_answer_waiting_when_a_frozen_host_resumes_wins_over_the_deadline() {
+    use nix::sys::signal::{Signal, kill};
+    if tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine())
+        .is_none()
+    {
+        return;
+    }
+    let profiles = profile_dir("short", "call_timeout = \"3s\"");
+    let instance = Instance::new("freeze");
+    // The caller's own (user = "host"): written by the unit as the caller.
+    let ws = tempfile::tempdir().unwrap();
+    let profiles_arg = profiles.path().to_string_lossy().into_owned();
+    let mut served = Served::start(
+        &instance.label.instance,
+        ws.path(),
+        &["--profiles", &profiles_arg, "--profile", "short"],
+    );
+    served.send(&serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "sleep 1; echo done > marker; echo finished"}}}));
+    std::thread::sleep(Duration::from_millis(400));
+    let pid = nix::unistd::Pid::from_raw(served.child.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    kill(pid, Signal::SIGCONT).unwrap();
+    let answer = served.answer(1, Duration::from_secs(30));
+    let text = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(text.contains("finished"), "{answer}");
+    assert!(ws.path().join("marker").exists(), "{answer}");
+    assert!(served.hang_up().success());
+    assert_eq!(
+        containers_labelled(&format!("box.instance={}", instance.label.instance)),
+        Vec::<String>::new()
+    );
+}
+
+/// Issue 8, item 2, on docker: `timeout 4 box run -- sleep 30` (SIGTERM to
+/// box, then to its process group), and SIGTERM twice to box's own process
+/// group, leave no unit behind.
+#[test]
+fn docker_an_interrupted_run_leaves_no_unit() {
+    use std::os::unix::process::CommandExt as _;
+    if tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine())
+        .is_none()
+    {
+        return;
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    for attempt in 0..3 {
+        // A profile of its own: its units are the ones labelled with its name.
+        let name = format!("leak-{}-{attempt}-{:x}", std::process::id(), rand_suffix());
+        let profiles = profile_dir(&name, "");
+        let label = format!("box.profile={name}");
+        let run = |command: &mut std::process::Command| {
+            command
+                .arg(box_bin())
+                .args([
+                    "run",
+                    "--backend",
+                    "docker",
+                    "--profile",
+                    &name,
+                    "--profiles",
+                ])
+                .arg(profiles.path())
+                .arg("--workspace")
+                .arg(workspace.path())
+                .args(["--", "sleep", "30"])
+                .env("RUST_LOG", "warn");
+        };
+        let mut timeout = std::process::Command::new("timeout");
+        timeout.arg("4");
+        run(&mut timeout);
+        let output = timeout.output().unwrap();
+        let left = containers_labelled(&label);
+        if !left.is_empty() {
+            let _ = std::process::Command::new("docker")
+                .args(["rm", "-f"])
+                .args(&left)
+                .output();
+        }
+        assert_eq!(
+            output.status.code(),
+            Some(124),
+            "timeout {attempt}: {output:?}"
+        );
+        assert_eq!(
+            left,
+            Vec::<String>::new(),
+            "timeout {attempt}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+
+        let mut direct = std::process::Command::new("env");
+        run(&mut direct);
+        let mut child = direct
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while containers_labelled(&label).is_empty() {
+            assert!(Instant::now() < deadline, "the unit never started");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
+        nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGTERM).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGTERM);
+        let status = child.wait().unwrap();
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        let left = containers_labelled(&label);
+        if !left.is_empty() {
+            let _ = std::process::Command::new("docker")
+                .args(["rm", "-f"])
+                .args(&left)
+                .output();
+        }
+        assert_eq!(status.code(), Some(130), "group kill {attempt}: {stderr}");
+        assert_eq!(left, Vec::<String>::new(), "group kill {attempt}: {stderr}");
+    }
+}
+
+/// A Unix socket that relays to the Docker engine until told to stall, then
+/// holds every byte in both directions for good: an engine that stalls, for
+/// one box process only (the shared engine itself is never frozen). What it
+/// held is never forwarded, so nothing it stalled reaches the engine later.
+struct StallProxy {
+    path: std::path::PathBuf,
+    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    _dir: tempfile::TempDir,
+}
+
+impl StallProxy {
+    fn start() -> Self {
+        use std::sync::atomic::Ordering;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("docker.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stalled.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { break };
+                let Ok(engine) = std::os::unix::net::UnixStream::connect("/var/run/docker.sock")
+                else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), engine.try_clone().unwrap()),
+                    (engine, client),
+                ] {
+                    let flag = flag.clone();
+                    std::thread::spawn(move || {
+                        use std::io::{Read as _, Write as _};
+                        let mut buffer = [0_u8; 64 << 10];
+                        while let Ok(count) = from.read(&mut buffer) {
+                            if count == 0 || flag.load(Ordering::SeqCst) {
+                                // Stalled: held, never forwarded; ends with the peer.
+                                while count > 0 && from.read(&mut buffer).is_ok_and(|n| n > 0) {}
+                                let _ = to.shutdown(std::net::Shutdown::Write);
+                                break;
+                            }
+                            if to.write_all(&buffer[..count]).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Self {
+            path,
+            stalled,
+            _dir: dir,
+        }
+    }
+
+    fn stall(&self) {
+        self.stalled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn docker_host(&self) -> String {
+        format!("unix://{}", self.path.display())
+    }
+}
+
+/// `box serve --backend docker` over stdio against `proxy`, its stderr
+/// collected; returns once the backend is connected.
+fn serve_through(
+    proxy: &StallProxy,
+    instance: &str,
+    workspace: &Path,
+    profiles: &Path,
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    std::sync::mpsc::Receiver<String>,
+    std::sync::Arc<std::sync::Mutex<String>>,
+) {
+    use std::io::BufRead as _;
+    let mut child = std::process::Command::new(box_bin())
+        .args([
+            "serve",
+            "--backend",
+            "docker",
+            "--drain",
+            "0s",
+            "--instance",
+            instance,
+        ])
+        .arg("--workspace")
+        .arg(workspace)
+        .arg("--profiles")
+        .arg(profiles)
+        .args(["--profile", "stall"])
+        .env("DOCKER_HOST", proxy.docker_host())
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stdout.lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let writer = log.clone();
+    std::thread::spawn(move || {
+        for line in stderr.lines() {
+            let Ok(line) = line else { break };
+            if line.contains("units run on the docker backend") {
+                let _ = ready_tx.send(());
+            }
+            writer.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    ready
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("box serve never connected: {}", log.lock().unwrap()));
+    // A ping answered: the start's sweep is done and the session serves.
+    let mut stdin = stdin;
+    {
+        use std::io::Write as _;
+        writeln!(stdin, r#"{{"jsonrpc":"2.0","id":"ready","method":"ping"}}"#).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines.recv_timeout(left).expect("box serve answers a ping");
+        if line.contains("\"ready\"") {
+            break;
+        }
+    }
+    (child, stdin, lines, log)
+}
+
+/// The first stdout line that answers `id`, within `wait`.
+fn answer_of(
+    lines: &std::sync::mpsc::Receiver<String>,
+    id: i64,
+    wait: Duration,
+) -> serde_json::Value {
+    let deadline = Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no answer to {id} within {wait:?}"));
+        let message: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if message["id"] == serde_json::json!(id) {
+            return message;
+        }
+    }
+}
+
+/// SIGTERM `child` and wait for its exit status, within `wait`.
+fn terminate(child: &mut std::process::Child, wait: Duration) -> std::process::ExitStatus {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + wait;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "box did not exit within {wait:?} of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"docker-test","version":"1"}}}"#;
+
+/// Issue 8, item 14: against a stalled engine, `initialize` is answered at
+/// the profile's start deadline naming the unit, and a SIGTERM then exits
+/// (not 0) naming the unit whose start had not finished and how to remove it.
+#[test]
+fn docker_a_stalled_start_ends_at_its_deadline_and_the_exit_names_the_unit() {
+    use std::io::Write as _;
+    if tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine())
+        .is_none()
+    {
+        return;
+    }
+    let proxy = StallProxy::start();
+    let profiles = profile_dir("stall", "start_timeout = \"2s\"");
+    let instance = Instance::new("stallstart");
+    let ws = tempfile::tempdir().unwrap();
+    let (mut child, mut stdin, lines, log) =
+        serve_through(&proxy, &instance.label.instance, ws.path(), profiles.path());
+    proxy.stall();
+    let started = Instant::now();
+    writeln!(stdin, "{INITIALIZE}").unwrap();
+    let answer = answer_of(&lines, 0, Duration::from_secs(30));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("unit workspace"), "{answer}");
+    assert!(message.contains("start_timeout"), "{answer}");
+    let status = terminate(&mut child, Duration::from_secs(90));
+    let log = log.lock().unwrap().clone();
+    assert!(!status.success(), "{status:?}\n{log}");
+    assert!(log.contains("could not be confirmed removed"), "{log}");
+    assert!(log.contains("unit workspace"), "{log}");
+    assert!(
+        log.contains(&format!("box gc --instance {}", instance.label.instance)),
+        "{log}"
+    );
+    drop(stdin);
+}
+
+/// Issue 8, item 14: a session whose engine stalls after its unit started:
+/// at SIGTERM box exits (not 0) naming the unit left and the command that
+/// removes it.
+#[test]
+fn docker_a_stalled_removal_names_the_unit_left_and_how_to_remove_it() {
+    use std::io::Write as _;
+    if tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine())
+        .is_none()
+    {
+        return;
+    }
+    let proxy = StallProxy::start();
+    let profiles = profile_dir("stall", "start_timeout = \"30s\"");
+    let instance = Instance::new("stallrm");
+    let ws = tempfile::tempdir().unwrap();
+    let (mut child, mut stdin, lines, log) =
+        serve_through(&proxy, &instance.label.instance, ws.path(), profiles.path());
+    writeln!(stdin, "{INITIALIZE}").unwrap();
+    let answer = answer_of(&lines, 0, Duration::from_secs(60));
+    assert!(answer.get("result").is_some(), "{answer}");
+    let units = containers_labelled(&format!("box.instance={}", instance.label.instance));
+    assert_eq!(units.len(), 1, "{units:?}");
+    proxy.stall();
+    let status = terminate(&mut child, Duration::from_secs(90));
+    let log = log.lock().unwrap().clone();
+    assert!(!status.success(), "{status:?}\n{log}");
+    let id = answer["result"]["capabilities"]["experimental"]
+        ["io.github.christopherdavenport.dax/executor"]["box"]["units"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(log.contains(&format!("`docker rm -f {id}`")), "{log}");
+    // It is still there, as said; the Instance's drop removes it.
+    assert_eq!(
+        containers_labelled(&format!("box.instance={}", instance.label.instance)).len(),
+        1
+    );
+    drop(stdin);
 }

@@ -34,6 +34,7 @@ fn limits() -> Limits {
         call_timeout: Duration::from_secs(60),
         idle: Duration::from_secs(60),
         lifetime: Duration::from_secs(60),
+        start_timeout: Duration::from_secs(60),
     }
 }
 

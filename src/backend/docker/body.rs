@@ -564,10 +564,16 @@ pub enum Ending {
     Gone,
 }
 
-/// A `UnitEnd` naming the cause, from the container's final state.
+/// A `UnitEnd` naming the cause, from the container's final state: one
+/// sentence that says who ended, how (the exit code or the signal, once) and
+/// why, as far as the engine can tell.
 ///
 /// `exit_code` is the container's (for `Container`) or the executor's (for
-/// `Executor`); `oom_killed` is the engine's OOM flag for the container.
+/// `Executor`); `oom_killed` is the engine's OOM flag for the container, or
+/// the unit's cgroup counter having moved. Docker's init is the container's
+/// first process and our keep-alive dies on SIGTERM, so a container ending
+/// with 143 got SIGTERM (what `docker stop` sends), and one ending with 137
+/// was SIGKILLed (`docker kill`, or `docker stop` past its grace).
 pub fn unit_end(
     unit: &str,
     ending: Ending,
@@ -579,24 +585,45 @@ pub fn unit_end(
         Ending::Container | Ending::Gone => format!("unit {unit}"),
         Ending::Executor => format!("the executor of unit {unit}"),
     };
+    let code = |code: i64| format!("exit code {code}");
     let reason = if oom_killed {
-        format!(
-            "{who} was killed by the kernel's OOM killer at its memory limit of {memory_bytes} bytes"
-        )
+        match exit_code {
+            // Killed itself (SIGKILL), or the engine flagged the container.
+            Some(137) | None => format!(
+                "{who} was killed by the kernel's OOM killer at its memory limit of {memory_bytes} bytes{}",
+                exit_code.map_or_else(String::new, |c| format!("; {}", code(c)))
+            ),
+            Some(exit) => format!(
+                "{who} exited with code {exit} after the kernel's OOM killer killed a process in the unit at its memory limit of {memory_bytes} bytes"
+            ),
+        }
     } else if ending == Ending::Gone {
         format!("{who} is gone (removed, or the engine lost it)")
     } else {
-        match exit_code {
-            Some(0) => format!("{who} exited normally (code 0)"),
-            Some(code) if code > 128 && code <= 128 + 64 => {
-                let signal = code - 128;
+        match (ending, exit_code) {
+            (_, Some(0)) => format!("{who} exited normally (code 0)"),
+            (Ending::Container, Some(143)) => format!(
+                "{who} was stopped: its init got SIGTERM (`docker stop`, or a signal from outside the unit; {})",
+                code(143)
+            ),
+            (Ending::Container, Some(137)) => format!(
+                "{who} was killed with SIGKILL from outside (`docker kill`, or `docker stop` past its grace; not the OOM killer; {})",
+                code(137)
+            ),
+            (_, Some(137)) => format!(
+                "{who} was killed with SIGKILL while its unit ran on (not the OOM killer; {})",
+                code(137)
+            ),
+            (_, Some(exit)) if exit > 128 && exit <= 128 + 64 => {
+                let signal = exit - 128;
                 format!(
-                    "{who} was killed by signal {signal} ({}; exit code {code})",
-                    signal_name(signal)
+                    "{who} was killed by signal {signal} ({}; {})",
+                    signal_name(signal),
+                    code(exit)
                 )
             }
-            Some(code) => format!("{who} exited with code {code}"),
-            None => format!("{who} ended without an exit code"),
+            (_, Some(exit)) => format!("{who} exited with code {exit}"),
+            (_, None) => format!("{who} ended without an exit code"),
         }
     };
     UnitEndParts {
@@ -665,6 +692,7 @@ pub(crate) mod tests {
                 call_timeout: Duration::from_secs(60),
                 idle: Duration::from_secs(60),
                 lifetime: Duration::from_secs(600),
+                start_timeout: Duration::from_secs(60),
             },
             security: Security {
                 landlock: Requirement::BestEffort,
@@ -942,21 +970,50 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn unit_end_names_the_cause() {
+    fn each_end_is_described_once_with_its_cause() {
         let check = |ending, code, oom, want: &str| {
-            assert_eq!(unit_end("ws", ending, code, oom, 1024).reason, want);
+            let reason = unit_end("ws", ending, code, oom, 1024).reason;
+            assert_eq!(reason, want);
+            assert!(
+                reason.matches("exit code").count() <= 1 && reason.matches("code").count() <= 1,
+                "the exit is described more than once: {reason}"
+            );
         };
         check(
             Ending::Container,
             Some(137),
             true,
-            "unit ws was killed by the kernel's OOM killer at its memory limit of 1024 bytes",
+            "unit ws was killed by the kernel's OOM killer at its memory limit of 1024 bytes; exit code 137",
+        );
+        check(
+            Ending::Executor,
+            Some(3),
+            true,
+            "the executor of unit ws exited with code 3 after the kernel's OOM killer killed a process in the unit at its memory limit of 1024 bytes",
         );
         check(
             Ending::Container,
             Some(137),
             false,
-            "unit ws was killed by signal 9 (SIGKILL; exit code 137)",
+            "unit ws was killed with SIGKILL from outside (`docker kill`, or `docker stop` past its grace; not the OOM killer; exit code 137)",
+        );
+        check(
+            Ending::Container,
+            Some(143),
+            false,
+            "unit ws was stopped: its init got SIGTERM (`docker stop`, or a signal from outside the unit; exit code 143)",
+        );
+        check(
+            Ending::Executor,
+            Some(137),
+            false,
+            "the executor of unit ws was killed with SIGKILL while its unit ran on (not the OOM killer; exit code 137)",
+        );
+        check(
+            Ending::Executor,
+            Some(139),
+            false,
+            "the executor of unit ws was killed by signal 11 (SIGSEGV; exit code 139)",
         );
         check(
             Ending::Container,

@@ -490,6 +490,12 @@ async fn remove_container(docker: &Docker, id: &str) -> Result<(), DockerError> 
 /// failed without the unit having ended.
 const WAIT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How many times, [`CONTAINER_SETTLE_STEP`] apart, an ended executor's
+/// container is inspected for whether it is going down too.
+const CONTAINER_SETTLE_CHECKS: u32 = 10;
+/// See [`CONTAINER_SETTLE_CHECKS`].
+const CONTAINER_SETTLE_STEP: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The future that resolves when the unit or its executor ends, with the cause.
 fn ended(
     docker: Docker,
@@ -529,24 +535,43 @@ fn ended(
                 },
             }
         };
-        let (ending, container_code, oom) = match docker.inspect_container(&id, None).await {
-            Ok(inspect) => {
-                let state = inspect.state.unwrap_or_default();
-                // The executor's stream also ends when the whole container
-                // dies; then the container's end is the cause to report.
-                let ending = match (ending, state.running) {
-                    (body::Ending::Executor, Some(false)) => body::Ending::Container,
-                    (ending, _) => ending,
-                };
-                (ending, state.exit_code, state.oom_killed == Some(true))
+        // The executor's stream also ends when the whole container dies (its
+        // pid namespace goes down with the init), often before the engine
+        // has marked the container exited: then the container's end is the
+        // cause to report, so give the engine a moment to say.
+        let mut settle = CONTAINER_SETTLE_CHECKS;
+        let (ending, container_code, engine_oom) = loop {
+            match docker.inspect_container(&id, None).await {
+                Ok(inspect) => {
+                    let state = inspect.state.unwrap_or_default();
+                    match (ending, state.running) {
+                        (body::Ending::Executor, Some(false)) => {
+                            break (
+                                body::Ending::Container,
+                                state.exit_code,
+                                state.oom_killed == Some(true),
+                            );
+                        }
+                        (body::Ending::Executor, _) if settle > 0 => {
+                            settle -= 1;
+                            tokio::time::sleep(CONTAINER_SETTLE_STEP).await;
+                        }
+                        (ending, _) => {
+                            break (ending, state.exit_code, state.oom_killed == Some(true));
+                        }
+                    }
+                }
+                Err(_) => break (body::Ending::Gone, None, false),
             }
-            Err(_) => (body::Ending::Gone, None, false),
         };
-        let oom = oom || cgroup_oom_kills(&id) > 0;
         let code = match ending {
             body::Ending::Executor => exec_exit_code(&docker, &exec_id).await,
             body::Ending::Container | body::Ending::Gone => container_code,
         };
+        // The cgroup's counter says OOM for a process the engine's flag does
+        // not cover (the executor, or one of its children, while the
+        // container lives on); it never explains a clean exit.
+        let oom = engine_oom || (code != Some(0) && cgroup_oom_kills(&id) > 0);
         let parts = body::unit_end(&unit, ending, code, oom, memory_bytes);
         UnitEnd {
             exit_code: parts.exit_code,

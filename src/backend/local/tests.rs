@@ -32,6 +32,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
             call_timeout: Duration::from_secs(60),
             idle: Duration::from_secs(60),
             lifetime: Duration::from_secs(60),
+            start_timeout: Duration::from_secs(60),
         },
         env_set: BTreeMap::from([("GREETING".to_owned(), "hi".to_owned())]),
         env_pass: Vec::new(),
