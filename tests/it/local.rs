@@ -1499,3 +1499,108 @@ async fn setuid_binaries_do_not_raise_the_effective_uid() {
         probe.output
     );
 }
+
+/// Issue 8, item 3: a workspace that is itself a top-level host directory
+/// (`/tmp`, `/root`: what `box run` from there resolves `cwd` to) starts, stays
+/// in sight whole, and every other host directory is still hidden.
+#[tokio::test]
+async fn a_top_level_directory_as_the_workspace_starts_and_the_rest_stays_hidden() {
+    if !require_landlock() {
+        return;
+    }
+    // A canary in another hidden top-level directory (`/var`).
+    let elsewhere = tempfile::Builder::new()
+        .prefix("box-hidden-canary")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::write(elsewhere.path().join("canary"), "elsewhere").unwrap();
+    let mut tops = vec!["/tmp"];
+    if nix::unistd::geteuid().is_root() {
+        tops.push("/root");
+    }
+    for top in tops {
+        let workspace = Path::new(top);
+        let canary = tempfile::Builder::new()
+            .prefix("box-top-canary")
+            .tempfile_in(workspace)
+            .unwrap();
+        std::fs::write(canary.path(), "in-workspace").unwrap();
+        let spec = unit_spec(workspace);
+        let probe = probe(
+            &format!("top-level{}", top.replace('/', "-")),
+            &spec,
+            &format!(
+                "cat {}; echo; cat {}/canary || echo elsewhere-hidden",
+                canary.path().display(),
+                elsewhere.path().display()
+            ),
+        )
+        .await;
+        assert_eq!(probe.end.exit_code, Some(0), "{top}: {}", probe.output);
+        assert!(
+            probe.output.contains("in-workspace"),
+            "{top}: {}",
+            probe.output
+        );
+        assert_eq!(probe.envelope.root, top);
+        if probe
+            .envelope
+            .hardening
+            .namespaces
+            .contains(&"mount".to_owned())
+        {
+            assert!(
+                probe.output.contains("elsewhere-hidden") && !probe.output.contains("elsewhere\n"),
+                "{top}: a host directory beside the workspace was in sight: {}",
+                probe.output
+            );
+        }
+    }
+}
+
+/// Issue 8, item 3: the host's root as the workspace (only where an operator
+/// allowed it: the plan refuses `/` as dangerous) hides nothing, and the
+/// envelope says so instead of claiming the host is out of sight.
+#[tokio::test]
+async fn the_hosts_root_as_the_workspace_hides_nothing_and_says_so() {
+    if !require_landlock() {
+        return;
+    }
+    let mut spec = unit_spec(Path::new("/"));
+    spec.mode = boxhost::plan::MountMode::ReadOnly;
+    let probe = probe("host-root", &spec, "test -d /proc && echo started").await;
+    assert!(probe.output.contains("started"), "{}", probe.output);
+    if probe
+        .envelope
+        .hardening
+        .namespaces
+        .contains(&"mount".to_owned())
+    {
+        let not_applied = probe.envelope.limits["notApplied"].to_string();
+        assert!(
+            not_applied
+                .contains("host directory not hidden (/: the unit's workspace is the host's root)"),
+            "{not_applied}"
+        );
+        assert!(!not_applied.contains("no mount namespace"), "{not_applied}");
+    }
+}
+
+/// Issue 8, item 3, as reported: `cd /tmp && box run --backend local -- true`.
+#[test]
+fn box_run_from_a_top_level_directory_starts() {
+    if !require_landlock() {
+        return;
+    }
+    let output = std::process::Command::new(box_bin())
+        .args(["run", "--backend", "local", "--", "true"])
+        .current_dir("/tmp")
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -1058,7 +1058,8 @@ const SHOWN_TOP_LEVEL: &[&str] = &[
 /// directory, executables) back at the same place. Landlock already denies
 /// reading and writing there, but before landlock ABI 9 it cannot stop a
 /// `connect` to a Unix socket by path: the Docker socket, an SSH agent, D-Bus
-/// (C37, F69, G80). What is not there cannot be reached. Returns the hidden
+/// (C37, F69, G80). What is not there cannot be reached. A kept path that is
+/// itself a top-level directory stays in sight whole. Returns the hidden
 /// directories, and those that could not be hidden with why.
 fn hide_host(keep: &[PathBuf]) -> std::io::Result<(Vec<String>, Vec<String>)> {
     use nix::mount::MsFlags;
@@ -1068,8 +1069,12 @@ fn hide_host(keep: &[PathBuf]) -> std::io::Result<(Vec<String>, Vec<String>)> {
         .filter_map(|path| std::fs::canonicalize(path).ok())
         .collect();
     if keep.iter().any(|path| path.parent().is_none()) {
-        // The unit keeps `/` itself: there is nothing to hide.
-        return Ok((Vec::new(), Vec::new()));
+        // The unit keeps `/` itself (an operator allowed the host's root as
+        // the workspace): there is nothing to hide, and the envelope says so.
+        return Ok((
+            Vec::new(),
+            vec!["/: the unit's workspace is the host's root".to_owned()],
+        ));
     }
     keep.sort();
     keep.dedup();
@@ -1092,7 +1097,14 @@ fn hide_host(keep: &[PathBuf]) -> std::io::Result<(Vec<String>, Vec<String>)> {
         if !entry.file_type()?.is_dir() || SHOWN_TOP_LEVEL.contains(&name) {
             continue;
         }
-        hidden.push(PathBuf::from("/").join(name));
+        let top = PathBuf::from("/").join(name);
+        // A top-level directory the unit keeps whole (the workspace is
+        // `/tmp`, say) stays in sight: a tmpfs over it would hide the very
+        // path that must come back, with nothing above it to bind it under.
+        if keep.contains(&top) {
+            continue;
+        }
+        hidden.push(top);
     }
     // Handles on what comes back, taken before it is hidden.
     let mut restore = Vec::new();

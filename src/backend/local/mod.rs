@@ -981,7 +981,7 @@ pub(crate) fn envelope(
             "host directory not hidden ({directory}): Unix sockets beneath it stay reachable where file permissions allow"
         ));
     }
-    if applied.hidden.is_empty() {
+    if !has("mount") {
         not_applied.push(
             "host directories: no mount namespace, so Unix sockets outside the unit (Docker, SSH agent) stay reachable where file permissions allow"
                 .to_owned(),
