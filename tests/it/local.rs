@@ -1604,3 +1604,39 @@ fn box_run_from_a_top_level_directory_starts() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Issue 8, item 4, as reported: `cd /etc && box run -- sh -c 'test -w
+/// /workspace/passwd && echo W'` printed `W`. A `cwd` that resolves to a
+/// system directory or `/` is refused on every backend before anything
+/// starts, naming the field and the resolved path.
+#[tokio::test]
+async fn box_run_from_a_system_directory_is_refused_on_every_backend() {
+    let mut backends = vec!["local"];
+    if crate::support::docker_answers().await {
+        backends.push("docker");
+    }
+    for backend in backends {
+        for (cwd, shown) in [("/etc", "/etc"), ("/", "/")] {
+            let output = std::process::Command::new(box_bin())
+                .args(["run", "--backend", backend, "--"])
+                .args(["sh", "-c", "test -w /workspace/passwd && echo W"])
+                .current_dir(cwd)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(
+                output.status.code(),
+                Some(125),
+                "{backend} from {cwd}: stdout {stdout} stderr {stderr}"
+            );
+            assert!(!stdout.contains('W'), "{backend} from {cwd}: {stdout}");
+            assert!(
+                stderr.contains(&format!(
+                    "workspace.source = \"cwd\" resolved to {shown}, which is the host's root or a system directory: refused as dangerous"
+                )),
+                "{backend} from {cwd}: {stderr}"
+            );
+        }
+    }
+}
