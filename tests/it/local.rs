@@ -1640,3 +1640,178 @@ async fn box_run_from_a_system_directory_is_refused_on_every_backend() {
         }
     }
 }
+
+/// What one `box serve` session on `backend` reports and shows of its
+/// workspace unit's environment: the envelope's `envPassed`, and the
+/// variables a `bash` call sees, started with exactly `host` as its own
+/// environment.
+fn session_environment(
+    backend: &str,
+    profiles: &Path,
+    workspace: &Path,
+    host: &[(&str, &str)],
+) -> (Vec<String>, Vec<(String, String)>) {
+    use std::io::Write as _;
+    let key = "io.github.christopherdavenport.dax/executor";
+    let mut child = std::process::Command::new(box_bin())
+        .args([
+            "serve",
+            "--backend",
+            backend,
+            "--profile",
+            "p",
+            "--profiles",
+        ])
+        .arg(profiles)
+        .arg("--workspace")
+        .arg(workspace)
+        .env_clear()
+        .envs(host.iter().copied())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let requests = [
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "env-test", "version": "0"}}}),
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "bash", "arguments": {"command": "env"}}}),
+    ];
+    let mut stdin = child.stdin.take().unwrap();
+    for request in &requests {
+        writeln!(stdin, "{request}").unwrap();
+    }
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let answers: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let answer = |id: i64| {
+        answers
+            .iter()
+            .find(|answer| answer["id"] == id)
+            .unwrap_or_else(|| panic!("{backend}: no answer {id}: {stdout}\nstderr: {stderr}"))
+    };
+    let envelope = &answer(1)["result"]["capabilities"]["experimental"][key]["box"]["units"][0];
+    let passed: Vec<String> = envelope["envPassed"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{backend}: no envPassed in {}", answer(1)))
+        .iter()
+        .map(|name| name.as_str().unwrap().to_owned())
+        .collect();
+    let text = answer(2)["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let inside = text
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .filter(|(name, _)| {
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect();
+    (passed, inside)
+}
+
+/// Issue 8, item 8: both backends give a unit only what the profile lets
+/// through plus what box itself sets (`PATH`, `HOME`, `TMPDIR`), the same
+/// `envPassed` for the same profile, and the same variables seen from
+/// inside (docker adds only its image's `ENV` and `HOSTNAME`). The host's
+/// other variables (internal URLs, paths, box's own `RUST_LOG`) reach neither.
+#[tokio::test]
+async fn the_same_profile_gives_the_same_environment_on_both_backends() {
+    if !require_landlock() {
+        return;
+    }
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("p.toml"),
+        "[env]\nset = { UNIT_SET = \"from-profile\" }\npass = [\"LANG\", \"TERM\", \"UNIT_PASSED\", \"UNIT_ABSENT\"]\n",
+    )
+    .unwrap();
+    let workspace = open_dir();
+    let host = [
+        ("PATH", "/canary/bin:/usr/bin:/bin"),
+        ("HOME", "/canary-home"),
+        ("LANG", "C.UTF-8"),
+        ("TERM", "dumb"),
+        ("UNIT_PASSED", "passed"),
+        ("PIP_INDEX_URL", "http://canary.internal/simple"),
+        ("CONTAINER_NAME", "canary-container"),
+        ("TF_CLI_CONFIG_FILE", "/canary/.terraformrc"),
+        ("OLDPWD", "/canary-oldpwd"),
+        ("RUST_LOG", "warn"),
+    ];
+    let mut expected: Vec<String> = [
+        "UNIT_PASSED",
+        "UNIT_SET",
+        "HOME",
+        "LANG",
+        "PATH",
+        "TERM",
+        "TMPDIR",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .chain(
+        boxhost::scrub::git_neutralisation()
+            .into_iter()
+            .map(|(name, _)| name),
+    )
+    .collect();
+    expected.sort();
+    let mut backends = vec!["local"];
+    if crate::support::docker_answers().await {
+        backends.push("docker");
+    }
+    let mut seen = Vec::new();
+    for backend in backends {
+        let (passed, inside) =
+            session_environment(backend, profiles.path(), workspace.path(), &host);
+        assert_eq!(passed, expected, "{backend}: envPassed");
+        let get = |name: &str| {
+            inside
+                .iter()
+                .find(|(key, _)| key == name)
+                .map(|(_, value)| value.as_str())
+        };
+        assert_eq!(get("UNIT_SET"), Some("from-profile"), "{backend}");
+        assert_eq!(get("UNIT_PASSED"), Some("passed"), "{backend}");
+        assert_eq!(get("TERM"), Some("dumb"), "{backend}");
+        for (name, value) in &host {
+            if value.contains("canary") {
+                assert!(
+                    !inside.iter().any(|(_, seen)| seen.contains("canary")),
+                    "{backend}: a host value ({name}) reached the unit: {inside:?}"
+                );
+            }
+        }
+        for name in [
+            "PIP_INDEX_URL",
+            "CONTAINER_NAME",
+            "TF_CLI_CONFIG_FILE",
+            "RUST_LOG",
+            "UNIT_ABSENT",
+        ] {
+            assert_eq!(get(name), None, "{backend}: {name} reached the unit");
+        }
+        let mut names: Vec<String> = inside.into_iter().map(|(name, _)| name).collect();
+        names.sort();
+        names.dedup();
+        seen.push((backend, names));
+    }
+    if let [(_, local), (_, docker)] = seen.as_slice() {
+        // Docker's own hostname and what the image's ENV says (box-base sets
+        // PATH, HOME and LANG, which the plan names too) are the only extras.
+        let docker: Vec<&String> = docker.iter().filter(|name| *name != "HOSTNAME").collect();
+        let local: Vec<&String> = local.iter().collect();
+        assert_eq!(local, docker, "the variables seen from inside differ");
+    }
+}

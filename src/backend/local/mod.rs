@@ -62,6 +62,7 @@ use tokio::sync::watch;
 use helper::{Applied, Report, SandboxSpec, SpecNetwork, SpecRequirement, SpecUser};
 pub use helper::{REFUSED_EXIT, SandboxArgs};
 
+use super::environment::{self, UnitEnvironment};
 use super::sandbox::Rlimits;
 use super::{
     Backend, BackendError, Envelope, ExecutorIo, Hardening, SessionLabel, StartedUnit, UnitEnd,
@@ -207,6 +208,10 @@ impl LocalBackend {
             message,
         };
         let environment = unit_environment(std::env::vars_os(), spec, layout);
+        if !environment.missing.is_empty() {
+            let missing = &environment.missing;
+            tracing::info!(unit, ?missing, "variables to pass are not set on the host");
+        }
         let mut sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options)?;
         if nix::unistd::geteuid().is_root() {
             sandbox_spec.conceal = self.private_files().as_ref().clone();
@@ -733,66 +738,20 @@ impl Layout {
     }
 }
 
-/// The unit's environment, and the names passed and scrubbed.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct UnitEnvironment {
-    /// Every variable the unit gets.
-    pub vars: Vec<(String, String)>,
-    /// Scrubbed names (including variables that are not UTF-8).
-    pub scrubbed: Vec<String>,
-}
-
-/// The unit's environment: the host's, scrubbed (with `env_pass` kept), then
-/// the profile's `env_set`, git neutralisation, and the unit's own `TMPDIR`
-/// and `HOME` (inside its private temp, since the host's home is not
-/// readable there). Pure given `host_vars`.
+/// The unit's environment (`backend::environment`, as on every backend):
+/// box's own `HOME` and `TMPDIR` are inside the unit's private temp (the
+/// host's home is not readable there), its `PATH` the standard one.
+/// Pure given `host_vars`.
 pub(crate) fn unit_environment<I>(host_vars: I, spec: &UnitSpec, layout: &Layout) -> UnitEnvironment
 where
     I: IntoIterator<Item = (OsString, OsString)>,
 {
-    // Secrets the profile names are handed through like passed variables.
-    let pass: Vec<String> = spec
-        .env_pass
-        .iter()
-        .chain(&spec.env_secrets)
-        .cloned()
-        .collect();
-    let scrubbed = crate::scrub::scrub_environment(host_vars, &pass);
-    let mut removed = scrubbed.removed;
-    let mut vars: Vec<(String, String)> = Vec::new();
-    let set = |vars: &mut Vec<(String, String)>, name: String, value: String| {
-        vars.retain(|(existing, _)| *existing != name);
-        vars.push((name, value));
+    let own = environment::Own {
+        home: layout.home.display().to_string(),
+        path: environment::STANDARD_PATH.to_owned(),
+        tmpdir: layout.temp.display().to_string(),
     };
-    for (name, value) in scrubbed.kept {
-        match (name.into_string(), value.into_string()) {
-            (Ok(name), Ok(value)) => set(&mut vars, name, value),
-            (Ok(name), Err(_)) => removed.push(name),
-            (Err(name), _) => removed.push(name.to_string_lossy().into_owned()),
-        }
-    }
-    set(
-        &mut vars,
-        "TMPDIR".to_owned(),
-        layout.temp.display().to_string(),
-    );
-    set(
-        &mut vars,
-        "HOME".to_owned(),
-        layout.home.display().to_string(),
-    );
-    if spec.security.neutralise_git {
-        for (name, value) in crate::scrub::git_neutralisation() {
-            set(&mut vars, name, value);
-        }
-    }
-    for (name, value) in &spec.env_set {
-        set(&mut vars, name.clone(), value.clone());
-    }
-    UnitEnvironment {
-        vars,
-        scrubbed: removed,
-    }
+    environment::unit_environment(spec, host_vars, &own)
 }
 
 /// The helper's spec for a unit. Pure. Fails naming what the local backend
@@ -1009,14 +968,8 @@ pub(crate) fn envelope(
         crate::plan::Role::Workspace => "workspace",
         crate::plan::Role::Server => "server",
     };
-    let mut env_passed: Vec<String> = environment
-        .vars
-        .iter()
-        .map(|(name, _)| name.clone())
-        .collect();
-    env_passed.sort();
-    let mut env_scrubbed = environment.scrubbed.clone();
-    env_scrubbed.sort();
+    let env_passed = environment.passed();
+    let env_scrubbed = environment.scrubbed.clone();
     Envelope {
         name: spec.name.clone(),
         role: role.to_owned(),

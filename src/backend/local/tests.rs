@@ -195,7 +195,7 @@ fn an_empty_workspace_lives_in_the_unit_temp() {
 }
 
 #[test]
-fn the_environment_is_scrubbed_then_set() {
+fn the_environment_is_the_plans_with_home_and_tmpdir_in_the_units_temp() {
     let spec = unit_spec(WorkspaceSource::Empty);
     let layout = layout(&WorkspaceSource::Empty);
     let host = vec![
@@ -211,7 +211,8 @@ fn the_environment_is_scrubbed_then_set() {
             .find(|(key, _)| key == name)
             .map(|(_, value)| value.as_str())
     };
-    assert_eq!(get("PATH"), Some("/usr/bin"));
+    // The host's own PATH and HOME are not the plan's: box's own stand.
+    assert_eq!(get("PATH"), Some(environment::STANDARD_PATH));
     assert_eq!(get("HOME"), Some("/tmp/box-local-s-u/home"));
     assert_eq!(get("TMPDIR"), Some("/tmp/box-local-s-u"));
     assert_eq!(get("GREETING"), Some("hi"));
@@ -232,6 +233,7 @@ fn the_envelope_is_what_was_applied() {
     let environment = UnitEnvironment {
         vars: vec![("PATH".to_owned(), "/usr/bin".to_owned())],
         scrubbed: vec!["GITHUB_TOKEN".to_owned()],
+        missing: Vec::new(),
     };
     let sandbox = sandbox_spec(&spec, &layout, &environment, &options()).unwrap();
     let envelope = envelope(&spec, &sandbox, &applied(), &environment, "42", &layout);
