@@ -44,6 +44,7 @@
 //! mounts); the envelope's `root` says which.
 
 mod helper;
+mod private;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -113,17 +114,10 @@ pub fn default_temp_root() -> PathBuf {
 pub struct LocalBackend {
     options: LocalOptions,
     units: Mutex<HashMap<String, LocalUnit>>,
-    /// The host's root-only system files, found at most once a minute.
-    private_files: Mutex<Option<(std::time::Instant, Arc<Vec<PathBuf>>)>>,
+    /// The last walk for the host's root-only system files (`private`),
+    /// used while every entry it judged is unchanged.
+    private_files: Arc<Mutex<Option<Arc<private::Walk>>>>,
 }
-
-/// How long a list of the host's root-only system files is used.
-const PRIVATE_FILES_TTL: Duration = Duration::from_secs(60);
-
-/// The system directories searched for root-only entries: those a unit reads
-/// that hold configuration (`/usr` and the libraries are left out: large,
-/// and not where secrets are kept).
-const PRIVATE_FILE_ROOTS: &[&str] = &["/etc", "/opt"];
 
 /// A started unit, as the registry keeps it.
 struct LocalUnit {
@@ -152,7 +146,7 @@ impl LocalBackend {
         Self {
             options,
             units: Mutex::new(HashMap::new()),
-            private_files: Mutex::new(None),
+            private_files: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -213,11 +207,13 @@ impl LocalBackend {
             tracing::info!(unit, ?missing, "variables to pass are not set on the host");
         }
         let mut sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options)?;
-        if nix::unistd::geteuid().is_root() {
-            sandbox_spec.conceal = self.private_files().as_ref().clone();
-        }
-        let spec_json = serde_json::to_vec(&sandbox_spec)
-            .map_err(|error| other("encoding the sandbox spec", error.to_string()))?;
+        // A unit that is the host's uid 0 gets the host's root-only files
+        // covered. Finding them (a check of the last walk, or a walk) runs
+        // while the helper is being executed.
+        let private = nix::unistd::geteuid().is_root().then(|| {
+            let state = Arc::clone(&self.private_files);
+            tokio::task::spawn_blocking(move || private_files(&state))
+        });
 
         // The helper reads its spec from stdin and reports on stdout, before
         // either carries the executor's protocol: no extra fds, so no
@@ -328,6 +324,21 @@ impl LocalBackend {
         if let Err(error) = layout.make(spec) {
             return Err(undo(error).await);
         }
+        if let Some(private) = private {
+            match private.await {
+                Ok(walk) => sandbox_spec.conceal = walk.found().to_vec(),
+                Err(error) => {
+                    let error = other("finding the host's root-only files", error.to_string());
+                    return Err(undo(error).await);
+                }
+            }
+        }
+        let spec_json = match serde_json::to_vec(&sandbox_spec) {
+            Ok(json) => json,
+            Err(error) => {
+                return Err(undo(other("encoding the sandbox spec", error.to_string())).await);
+            }
+        };
         let mut message = format!("{}\n", spec_json.len()).into_bytes();
         message.extend_from_slice(&spec_json);
         if let Err(error) = tokio::io::AsyncWriteExt::write_all(&mut stdin, &message).await {
@@ -418,29 +429,6 @@ impl LocalBackend {
         self.units
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The host's root-only entries under [`PRIVATE_FILE_ROOTS`], cached for
-    /// [`PRIVATE_FILES_TTL`]: a unit running as the host's uid 0 must not read
-    /// them (`/etc/shadow`, `/etc/ssl/private`, `/etc/docker/key.json`).
-    fn private_files(&self) -> Arc<Vec<PathBuf>> {
-        let mut cached = self
-            .private_files
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((when, files)) = cached.as_ref()
-            && when.elapsed() < PRIVATE_FILES_TTL
-        {
-            return Arc::clone(files);
-        }
-        let files = Arc::new(
-            PRIVATE_FILE_ROOTS
-                .iter()
-                .flat_map(|root| root_only_entries(Path::new(root)))
-                .collect::<Vec<_>>(),
-        );
-        *cached = Some((std::time::Instant::now(), Arc::clone(&files)));
-        files
     }
 
     async fn remove_unit(&self, id: &str) -> Result<(), BackendError> {
@@ -581,38 +569,26 @@ impl Drop for StartGuard {
     }
 }
 
-/// Entries beneath `root` that others may not read (a directory: not read
-/// or search): a directory is listed whole, not its contents. Symbolic links
-/// are not followed. Errors end the walk of that directory only.
-fn root_only_entries(root: &Path) -> Vec<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut found = Vec::new();
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.filter_map(Result::ok) {
-            let Ok(metadata) = entry.path().symlink_metadata() else {
-                continue;
-            };
-            if metadata.file_type().is_symlink() {
-                continue;
-            }
-            let mode = metadata.permissions().mode();
-            if metadata.is_dir() {
-                if mode & 0o005 != 0o005 {
-                    found.push(entry.path());
-                } else {
-                    pending.push(entry.path());
-                }
-            } else if mode & 0o004 == 0 {
-                found.push(entry.path());
-            }
-        }
+/// The host's root-only entries (`private`): the last walk while every entry
+/// it judged is unchanged, else the cache another process stored, checked
+/// the same way, else a fresh walk. One at a time: concurrent starts wait
+/// for one walk rather than each making its own.
+fn private_files(state: &Mutex<Option<Arc<private::Walk>>>) -> Arc<private::Walk> {
+    let mut last = state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(walk) = last.as_ref()
+        && walk.is_current()
+    {
+        return Arc::clone(walk);
     }
-    found.sort();
-    found
+    let roots: Vec<PathBuf> = private::ROOTS.iter().map(PathBuf::from).collect();
+    let walk = Arc::new(private::root_only_entries(
+        &roots,
+        private::cache_path().as_deref(),
+    ));
+    *last = Some(Arc::clone(&walk));
+    walk
 }
 
 fn kill_group(group: i32) {

@@ -337,28 +337,6 @@ fn a_privileged_unit_is_refused_and_host_namespaces_are_shared() {
 }
 
 #[test]
-fn root_only_entries_are_found_and_open_ones_left() {
-    use std::os::unix::fs::PermissionsExt;
-    let root = tempfile::tempdir().unwrap();
-    let set_mode = |path: &Path, mode| {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
-    };
-    std::fs::write(root.path().join("open"), "").unwrap();
-    std::fs::write(root.path().join("shadow"), "").unwrap();
-    set_mode(&root.path().join("shadow"), 0o640);
-    std::fs::create_dir_all(root.path().join("ssl/private")).unwrap();
-    std::fs::write(root.path().join("ssl/private/key.pem"), "").unwrap();
-    set_mode(&root.path().join("ssl/private"), 0o700);
-    std::fs::write(root.path().join("ssl/cert.pem"), "").unwrap();
-    set_mode(&root.path().join("ssl/cert.pem"), 0o644);
-    std::os::unix::fs::symlink("/etc/shadow", root.path().join("link")).unwrap();
-    assert_eq!(
-        root_only_entries(root.path()),
-        vec![root.path().join("shadow"), root.path().join("ssl/private")]
-    );
-}
-
-#[test]
 fn unit_stderr_is_logged_with_its_control_characters_escaped() {
     assert_eq!(printable("plain\ttext\n"), "plain\ttext\n");
     assert_eq!(
