@@ -19,7 +19,9 @@
 //!    dropped, box's seccomp filter, all inherited by CMD;
 //! 5. report what was applied, read back from the kernel, as one JSON line,
 //!    then fork CMD (in a new session, no controlling terminal) and `execve`
-//!    it.
+//!    it; when CMD is this binary's own `box execute`, the forked child runs
+//!    the executor itself instead of executing the same binary again
+//!    ([`run_executor_here`]: same confinement, one exec fewer per start).
 //!
 //! The wire with the backend is CMD's own stdio, used before CMD runs: the
 //! spec arrives first on stdin (`LENGTH\n` then the JSON, read without
@@ -770,6 +772,7 @@ fn init(
         return i32::from(REFUSED_EXIT);
     }
     if child == 0 {
+        run_executor_here(program, command, &spec.env);
         let error = exec(program, command, &spec.env);
         let report = failed(format!("executing {}", program.to_string_lossy()), error);
         refuse(spec, &report, reporter);
@@ -849,6 +852,7 @@ fn supervise(
         // SAFETY: PR_SET_PDEATHSIG takes integer arguments only.
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
         new_session();
+        run_executor_here(program, command, &spec.env);
         let error = exec(program, command, &spec.env);
         eprintln!(
             "box sandbox: unit {}: executing {}: {error}",
@@ -1315,6 +1319,80 @@ fn resolve_program(
         .map_err(|error| failed(format!("finding {}", path.display()), error))?;
     CString::new(path.as_os_str().as_bytes())
         .map_err(|error| failed(format!("finding {}", path.display()), error))
+}
+
+/// `box execute` as a subcommand of its own, to parse CMD's arguments here.
+#[derive(clap::Parser)]
+#[command(name = "box execute")]
+struct ExecuteHere {
+    #[command(flatten)]
+    args: crate::executor::ExecuteArgs,
+}
+
+/// When CMD is this very binary's executor (`box execute …`), run it in this
+/// forked child rather than executing the same binary a second time: the
+/// confinement is the process's and is inherited either way, and a second
+/// exec of box (relocating and faulting in a large static binary, starting
+/// its runtime again) was a sizable part of a unit's start. What the exec
+/// would have done is done by hand: every fd but stdio closed (all others
+/// are close-on-exec), the environment replaced by CMD's. Returns only when
+/// CMD is something else; otherwise the process ends with the executor.
+fn run_executor_here(program: &CString, command: &[OsString], env: &[(String, String)]) {
+    use std::os::unix::fs::MetadataExt;
+    if command.get(1).map(OsString::as_os_str) != Some(std::ffi::OsStr::new("execute")) {
+        return;
+    }
+    let program = Path::new(std::ffi::OsStr::from_bytes(program.as_bytes()));
+    let same_file = match (
+        std::fs::metadata(program),
+        std::fs::metadata("/proc/self/exe"),
+    ) {
+        (Ok(cmd), Ok(this)) => cmd.dev() == this.dev() && cmd.ino() == this.ino(),
+        _ => false,
+    };
+    if !same_file {
+        return;
+    }
+    // SAFETY: close_range with integer arguments closes fds of this process
+    // only; nothing here uses one above stderr again (the report duplicate
+    // and the init's status pipe are the parent's to use).
+    let closed = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            0,
+        )
+    };
+    if closed != 0 {
+        // Kernels before 5.9: the exec closes them.
+        return;
+    }
+    for (name, _) in std::env::vars_os() {
+        // SAFETY: this forked child is single-threaded (the helper never
+        // starts a thread), so nothing reads the environment meanwhile.
+        unsafe { std::env::remove_var(name) };
+    }
+    for (name, value) in env {
+        // SAFETY: as above, single-threaded.
+        unsafe { std::env::set_var(name, value) };
+    }
+    use clap::Parser;
+    let code = match ExecuteHere::try_parse_from(&command[1..]) {
+        Ok(parsed) => match crate::executor::serve(parsed.args) {
+            Ok(code) if code == ExitCode::SUCCESS => 0,
+            Ok(_) => 1,
+            Err(error) => {
+                eprintln!("box: {error:#}");
+                1
+            }
+        },
+        Err(error) => {
+            let _ = error.print();
+            error.exit_code()
+        }
+    };
+    std::process::exit(code);
 }
 
 fn exec(program: &CString, command: &[OsString], env: &[(String, String)]) -> std::io::Error {

@@ -1,6 +1,7 @@
 //! The local backend: a unit is a child process of the host, confined by the
-//! sandbox helper (`box sandbox`, hidden; see `helper`) that then `execve`s
-//! `box execute`. Used where no Docker engine answers.
+//! sandbox helper (`box sandbox`, hidden; see `helper`) that then runs
+//! `box execute` (in its forked child, without executing box again). Used
+//! where no Docker engine answers.
 //!
 //! What it owns: building the helper's spec from a unit spec (pure), the
 //! unit's private temp directory (created per unit, removed with it), the
