@@ -1815,3 +1815,22 @@ async fn the_same_profile_gives_the_same_environment_on_both_backends() {
         assert_eq!(local, docker, "the variables seen from inside differ");
     }
 }
+
+/// With one mask fewer (none on `/sys/kernel/debug` under a `/sys` of the
+/// unit's own, where nothing of the host's is mounted on it), nothing of the
+/// kernel's debug file system is readable in a unit (C33).
+#[tokio::test]
+async fn kernel_debug_files_stay_out_of_reach() {
+    if !require_landlock() {
+        return;
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    let spec = unit_spec(workspace.path());
+    let probe = probe(
+        "kernel-debug",
+        &spec,
+        "echo debug: $(ls -A /sys/kernel/debug 2>/dev/null | wc -l)",
+    )
+    .await;
+    assert!(probe.output.contains("debug: 0"), "{}", probe.output);
+}

@@ -598,7 +598,8 @@ fn sandbox(
     let pid_namespace = try_enter("pid", CloneFlags::CLONE_NEWPID, wants_namespaces);
     if mount_namespace && !pid_namespace {
         // With a pid namespace the init masks them over its own /proc.
-        conceal(&kernel_paths()).map_err(|error| failed("masking kernel files", error))?;
+        conceal(&kernel_paths(sys_mounted))
+            .map_err(|error| failed("masking kernel files", error))?;
     }
     if spec.namespaces == SpecRequirement::Required
         && let Some(failure) = failures.first()
@@ -754,7 +755,7 @@ fn init(
             None::<&str>,
         )
         .is_ok();
-        if let Err(error) = conceal(&kernel_paths()) {
+        if let Err(error) = conceal(&kernel_paths(applied.sys_mounted)) {
             refuse(spec, &failed("masking kernel files", error), reporter);
             return i32::from(REFUSED_EXIT);
         }
@@ -1203,8 +1204,10 @@ fn conceal(paths: &[PathBuf]) -> std::io::Result<usize> {
 
 /// The kernel files Docker masks in every container (its `MaskedPaths`),
 /// those this machine has: kernel memory, keys, timers and firmware tables
-/// that a unit has no business reading (C33).
-fn kernel_paths() -> Vec<PathBuf> {
+/// that a unit has no business reading (C33). Under a `/sys` of the unit's
+/// own (`fresh_sys`) nothing is mounted on `/sys/kernel/debug`, so it needs
+/// no mask (one mount fewer).
+fn kernel_paths(fresh_sys: bool) -> Vec<PathBuf> {
     [
         "/proc/acpi",
         "/proc/kcore",
@@ -1218,6 +1221,7 @@ fn kernel_paths() -> Vec<PathBuf> {
         "/sys/kernel/debug",
     ]
     .into_iter()
+    .filter(|path| !(fresh_sys && *path == "/sys/kernel/debug"))
     .map(PathBuf::from)
     .filter(|path| path.symlink_metadata().is_ok())
     .collect()
