@@ -117,7 +117,7 @@ pub struct LocalBackend {
     units: Mutex<HashMap<String, LocalUnit>>,
     /// The last walk for the host's root-only system files (`private`),
     /// used while every entry it judged is unchanged.
-    private_files: Arc<Mutex<Option<Arc<private::Walk>>>>,
+    private_files: Arc<Mutex<Option<CheckedWalk>>>,
 }
 
 /// A started unit, as the registry keeps it.
@@ -570,25 +570,37 @@ impl Drop for StartGuard {
     }
 }
 
+/// A walk for the host's root-only files, and when it was last found current.
+type CheckedWalk = (std::time::Instant, Arc<private::Walk>);
+
+/// How long a check of the last walk stands for the starts that follow (a
+/// burst of sessions checks once, not once each).
+const PRIVATE_FILES_CHECKED_FOR: Duration = Duration::from_secs(1);
+
 /// The host's root-only entries (`private`): the last walk while every entry
-/// it judged is unchanged, else the cache another process stored, checked
-/// the same way, else a fresh walk. One at a time: concurrent starts wait
-/// for one walk rather than each making its own.
-fn private_files(state: &Mutex<Option<Arc<private::Walk>>>) -> Arc<private::Walk> {
+/// it judged is unchanged (checked at most once a second), else the cache
+/// another process stored, checked the same way, else a fresh walk. One at a
+/// time: concurrent starts wait for one check or walk rather than each
+/// making its own.
+fn private_files(state: &Mutex<Option<CheckedWalk>>) -> Arc<private::Walk> {
     let mut last = state
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(walk) = last.as_ref()
-        && walk.is_current()
-    {
-        return Arc::clone(walk);
+    if let Some((checked, walk)) = last.as_mut() {
+        if checked.elapsed() < PRIVATE_FILES_CHECKED_FOR {
+            return Arc::clone(walk);
+        }
+        if walk.is_current() {
+            *checked = std::time::Instant::now();
+            return Arc::clone(walk);
+        }
     }
     let roots: Vec<PathBuf> = private::ROOTS.iter().map(PathBuf::from).collect();
     let walk = Arc::new(private::root_only_entries(
         &roots,
         private::cache_path().as_deref(),
     ));
-    *last = Some(Arc::clone(&walk));
+    *last = Some((std::time::Instant::now(), Arc::clone(&walk)));
     walk
 }
 
