@@ -584,8 +584,30 @@ async fn start_runs_the_executor_confined() {
     if !require_landlock() {
         return;
     }
+    executor_serves_confined(backend(), "start").await;
+}
+
+/// Without a pid namespace the helper stays as the unit's supervisor, and
+/// its forked child runs the executor the same way.
+#[tokio::test]
+async fn start_runs_the_executor_confined_without_namespaces() {
+    if !require_landlock() {
+        return;
+    }
+    let backend = LocalBackend::with_options(LocalOptions {
+        box_exe: box_bin(),
+        namespaces: Requirement::Off,
+        landlock_min_abi: 1,
+        temp_root: boxhost::backend::local::default_temp_root(),
+    });
+    executor_serves_confined(backend, "start-no-ns").await;
+}
+
+/// Start the real executor in a unit of `backend`, speak MCP to it, and see
+/// its bash confined; the executor is the helper's forked child, run in
+/// place, not a second exec of box (issue 8, item 17).
+async fn executor_serves_confined(backend: LocalBackend, name: &str) {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let backend = backend();
     let workspace = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
     let mut spec = unit_spec(workspace.path());
@@ -593,7 +615,7 @@ async fn start_runs_the_executor_confined() {
         "CANARY_DIR".to_owned(),
         outside.path().display().to_string(),
     );
-    let started = backend.start(&session("start"), &spec).await.unwrap();
+    let started = backend.start(&session(name), &spec).await.unwrap();
     let envelope = started.envelope.clone();
     assert_eq!(envelope.backend, "local");
     assert_eq!(
@@ -645,7 +667,8 @@ async fn start_runs_the_executor_confined() {
         "params": {"name": "bash", "arguments": {"command":
             "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; \
              echo x > \"$CANARY_DIR/escaped\" || echo outside-denied; \
-             echo ok > inside.txt && echo inside-ok"}}}),
+             echo ok > inside.txt && echo inside-ok; \
+             echo executor: $(tr '\\0' ' ' < /proc/$PPID/cmdline)"}}}),
     )
     .await;
     let text = called["result"]["content"][0]["text"]
@@ -658,6 +681,14 @@ async fn start_runs_the_executor_confined() {
     assert!(text.contains("Seccomp:\t2"), "{called}");
     assert!(text.contains("outside-denied"), "{called}");
     assert!(text.contains("inside-ok"), "{called}");
+    let executor = text
+        .lines()
+        .find_map(|line| line.strip_prefix("executor: "))
+        .unwrap_or_default();
+    assert!(
+        executor.contains(" sandbox ") && executor.contains(" -- "),
+        "the executor is not the helper's own process: {executor}"
+    );
     assert!(!outside.path().join("escaped").exists());
     assert!(workspace.path().join("inside.txt").exists());
 
