@@ -6,8 +6,10 @@
 //! - `start`: session start (initialize → first tool result) through
 //!   `box serve` vs raw bollard create + start + exec of the executor on the
 //!   same image, the exec'd executor answering initialize and the same `read`;
-//!   and on the local backend vs spawning an unsandboxed `box execute` +
-//!   initialize + the same first call.
+//!   and on the local backend, from an idle `box serve` and from its spawn,
+//!   vs spawning an unsandboxed `box execute` + initialize + the same first
+//!   call (`BOX_BENCH_BEFORE=PATH` adds another `box` binary's figures, in
+//!   the same rounds).
 //! - `call`: per-call round trip (`tools/call read` of a 20-line file) through
 //!   `box serve` over stdio vs the same executor reached directly with
 //!   `docker exec -i UNIT /.box/box execute …` (dax's recipe) in the same
@@ -243,7 +245,13 @@ impl Drop for Peer {
 }
 
 fn box_serve(backend: &str, workspace: &Path, instance: &str) -> Command {
-    let mut command = Command::new(BOX);
+    box_serve_of(Path::new(BOX), backend, workspace, instance)
+}
+
+/// `box serve` of the binary `box_exe` (this build's, or another given to
+/// compare with: `BOX_BENCH_BEFORE`).
+fn box_serve_of(box_exe: &Path, backend: &str, workspace: &Path, instance: &str) -> Command {
+    let mut command = Command::new(box_exe);
     command
         .args(["serve", "--backend", backend, "--instance", instance])
         .arg("--workspace")
@@ -393,7 +401,35 @@ async fn raw_docker_start(docker: &Docker, workspace: &Path) -> Duration {
 
 /// `box serve` already running and idle; initialize → first tool result.
 fn box_start(backend: &str, workspace: &Path, instance: &str) -> Duration {
-    let mut peer = Peer::spawn(&mut box_serve(backend, workspace, instance));
+    let elapsed = box_start_of(Path::new(BOX), backend, workspace, instance);
+    if backend == "docker" {
+        let left = containers(&format!("label=box.instance={instance}"));
+        assert!(left.is_empty(), "units left by {instance}: {left:?}");
+    }
+    elapsed
+}
+
+/// A stdio session as a client starts one: `box serve` spawned, then at once
+/// initialize → first tool result, timed from the spawn (the process's own
+/// start and its cold per-process caches included).
+fn box_start_from_spawn(
+    box_exe: &Path,
+    backend: &str,
+    workspace: &Path,
+    instance: &str,
+) -> Duration {
+    let started = Instant::now();
+    let mut peer = Peer::spawn(&mut box_serve_of(box_exe, backend, workspace, instance));
+    peer.initialize();
+    peer.read("small.txt");
+    let elapsed = started.elapsed();
+    drop(peer);
+    elapsed
+}
+
+/// `box serve` of `box_exe` already running and idle; initialize → first tool result.
+fn box_start_of(box_exe: &Path, backend: &str, workspace: &Path, instance: &str) -> Duration {
+    let mut peer = Peer::spawn(&mut box_serve_of(box_exe, backend, workspace, instance));
     // Let the process finish its own start (engine ping, sweep) first: the
     // figure is the session's start, from the client's initialize.
     std::thread::sleep(Duration::from_millis(400));
@@ -402,10 +438,6 @@ fn box_start(backend: &str, workspace: &Path, instance: &str) -> Duration {
     peer.read("small.txt");
     let elapsed = started.elapsed();
     drop(peer);
-    if backend == "docker" {
-        let left = containers(&format!("label=box.instance={instance}"));
-        assert!(left.is_empty(), "units left by {instance}: {left:?}");
-    }
     elapsed
 }
 
@@ -444,21 +476,90 @@ fn start_figures(runtime: &tokio::runtime::Runtime, workspace: &Path, docker: Op
             ms(median(&ours)) / ms(median(&raw)),
         );
     }
-    let (mut ours, mut raw) = (Vec::new(), Vec::new());
+    local_start_figures(workspace);
+}
+
+/// The local session start, from an idle `box serve` and from its spawn,
+/// against an unsandboxed `box execute` from its spawn, interleaved round by
+/// round; with `BOX_BENCH_BEFORE=PATH`, the same figures of another `box`
+/// binary (an earlier build) in the same rounds.
+fn local_start_figures(workspace: &Path) {
+    const ROUNDS: usize = 21;
+    let before = std::env::var_os("BOX_BENCH_BEFORE").map(PathBuf::from);
+    let mut binaries = vec![("this build", PathBuf::from(BOX))];
+    if let Some(before) = before {
+        binaries.push(("BOX_BENCH_BEFORE", before));
+    }
+    let mut idle = vec![Vec::new(); binaries.len()];
+    let mut spawned = vec![Vec::new(); binaries.len()];
+    let mut spawned_cpu = vec![Vec::new(); binaries.len()];
+    let (mut raw, mut raw_cpu) = (Vec::new(), Vec::new());
     for round in 0..=ROUNDS {
-        let a = box_start("local", workspace, &format!("{}-lstart-{round}", label()));
-        let b = unsandboxed_start(workspace);
+        let (b, b_cpu) = with_cpu(|| unsandboxed_start(workspace));
+        let mut a = Vec::new();
+        for (index, (_, box_exe)) in binaries.iter().enumerate() {
+            let instance = format!("{}-lstart-{round}-{index}", label());
+            let from_idle = box_start_of(box_exe, "local", workspace, &instance);
+            let (from_spawn, cpu) = with_cpu(|| {
+                box_start_from_spawn(box_exe, "local", workspace, &format!("{instance}-s"))
+            });
+            a.push((index, from_idle, from_spawn, cpu));
+        }
+        // Round 0 warms the page cache (and box's own caches on disk) for all.
         if round > 0 {
-            ours.push(a);
             raw.push(b);
+            raw_cpu.push(b_cpu);
+            for (index, from_idle, from_spawn, cpu) in a {
+                idle[index].push(from_idle);
+                spawned[index].push(from_spawn);
+                spawned_cpu[index].push(cpu);
+            }
         }
     }
+    let base = median(&raw);
+    let base_cpu = median(&raw_cpu);
     println!(
-        "start, local: box serve initialize → first read result median {:.1} ms | spawn unsandboxed `box execute` + initialize + same read: median {:.1} ms | ratio {:.2}, {ROUNDS} rounds",
-        ms(median(&ours)),
-        ms(median(&raw)),
-        ms(median(&ours)) / ms(median(&raw)),
+        "start, local: baseline spawn unsandboxed `box execute` + initialize + same read: median {:.1} ms (min {:.1}), CPU {:.1} ms, {ROUNDS} rounds",
+        ms(base),
+        ms(percentile(&raw, 0.0)),
+        ms(base_cpu),
     );
+    for (index, (name, box_exe)) in binaries.iter().enumerate() {
+        println!(
+            "start, local, {name} ({}): box serve idle, initialize → first read result median {:.1} ms (min {:.1}), ratio {:.2} | box serve spawned → first read result median {:.1} ms (min {:.1}), ratio {:.2} (goal <= 2); CPU of the whole process tree {:.1} ms, ratio {:.2}",
+            box_exe.display(),
+            ms(median(&idle[index])),
+            ms(percentile(&idle[index], 0.0)),
+            ms(median(&idle[index])) / ms(base),
+            ms(median(&spawned[index])),
+            ms(percentile(&spawned[index], 0.0)),
+            ms(median(&spawned[index])) / ms(base),
+            ms(median(&spawned_cpu[index])),
+            ms(median(&spawned_cpu[index])) / ms(base_cpu),
+        );
+    }
+}
+
+/// What `run` took, and the CPU time (user and system) of the children it
+/// started and reaped meanwhile: on a loaded machine a handoff between
+/// processes waits for a core, which the CPU time does not count.
+fn with_cpu(run: impl FnOnce() -> Duration) -> (Duration, Duration) {
+    let cpu = || {
+        nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+            .map(|usage| {
+                let time = |value: nix::sys::time::TimeVal| {
+                    Duration::new(
+                        u64::try_from(value.tv_sec()).unwrap_or(0),
+                        u32::try_from(value.tv_usec()).unwrap_or(0) * 1000,
+                    )
+                };
+                time(usage.user_time()) + time(usage.system_time())
+            })
+            .unwrap_or_default()
+    };
+    let before = cpu();
+    let elapsed = run();
+    (elapsed, cpu().saturating_sub(before))
 }
 
 // ---------------------------------------------------------------- call, batch

@@ -9,6 +9,7 @@
 pub mod cli;
 pub mod docker;
 pub mod doctor;
+pub mod environment;
 pub mod instance;
 pub mod local;
 pub mod sandbox;

@@ -366,6 +366,7 @@ impl Session {
                         json!({"field": format!("tighten.{field}")})
                     }
                     PlanError::Invalid(_) => json!({"field": "tighten"}),
+                    PlanError::DangerousWorkspace { .. } => json!({"field": "workspace.source"}),
                 };
                 StartError {
                     code: code::INVALID_PARAMS,

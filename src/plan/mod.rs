@@ -203,6 +203,21 @@ pub enum PlanError {
     /// The tightening document itself is malformed (unknown field, wrong type, ...).
     #[error("tighten: {0}")]
     Invalid(String),
+    /// A `cwd` workspace resolved to a dangerous host path the profile's
+    /// operator did not allow (the same rules as a path written out).
+    #[error(
+        "workspace.source = \"cwd\" resolved to {path}, which {what}: refused as dangerous; start box in a project directory instead (`box run` and `box serve` also take --workspace DIR), or an operator who means it writes [operator] allow_dangerous = [\"{danger}\"] in profile `{profile}`"
+    )]
+    DangerousWorkspace {
+        /// The profile.
+        profile: String,
+        /// The resolved workspace.
+        path: String,
+        /// What makes it dangerous.
+        what: String,
+        /// The name of the operator switch.
+        danger: String,
+    },
 }
 
 impl NetworkMode {
@@ -409,11 +424,11 @@ pub fn resolve(
 ) -> Result<Plan, PlanError> {
     let tightening = Tightening::parse(tighten)?;
     let narrowed = tighten::tighten(profile, &tightening)?;
-    Ok(plan_of(&narrowed, host))
+    plan_of(&narrowed, host)
 }
 
 /// The plan of an already narrowed profile.
-fn plan_of(profile: &Profile, host: &HostFacts) -> Plan {
+fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
     let security = Security {
         capabilities: profile.security.capabilities.clone(),
         read_only_root: profile.security.read_only_root,
@@ -432,7 +447,10 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Plan {
     let root = profile.workspace.root.clone();
     let mut units = Vec::new();
     let source = match &profile.workspace.source {
-        Source::Cwd => Some(WorkspaceSource::Host(host.cwd.clone())),
+        Source::Cwd => {
+            judge_cwd(profile, &host.cwd)?;
+            Some(WorkspaceSource::Host(host.cwd.clone()))
+        }
         Source::Host(path) => Some(WorkspaceSource::Host(path.clone())),
         Source::Empty => Some(WorkspaceSource::Empty),
         Source::None => None,
@@ -475,10 +493,39 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Plan {
             description: server.description.clone(),
         });
     }
-    Plan {
+    Ok(Plan {
         profile: profile.name.clone(),
         units,
+    })
+}
+
+/// Refuse a `cwd` that resolved to a dangerous host path, by the rules a
+/// path written in the profile meets at load, unless the operator allowed it.
+/// The host canonicalises `cwd`; `.` and `..` are also folded here, so a
+/// caller that did not cannot walk past the rules.
+fn judge_cwd(profile: &Profile, cwd: &std::path::Path) -> Result<(), PlanError> {
+    use std::path::Component;
+    let mut folded = PathBuf::from("/");
+    for component in cwd.components() {
+        match component {
+            Component::Normal(name) => folded.push(name),
+            Component::ParentDir => {
+                folded.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
     }
+    for (danger, what) in crate::profile::host_path_dangers(&folded) {
+        if !profile.dangerous.contains(&danger) {
+            return Err(PlanError::DangerousWorkspace {
+                profile: profile.name.clone(),
+                path: folded.display().to_string(),
+                what: what.to_owned(),
+                danger: danger.name().to_owned(),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn network_of(network: &NetworkPolicy) -> Network {

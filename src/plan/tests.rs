@@ -794,3 +794,70 @@ proptest! {
         prop_assert_eq!(field, format!("limits.{name}"));
     }
 }
+
+/// Issue 8, item 4: a `cwd` source that resolves to a dangerous path (a
+/// system directory, `/`, a home directory, the engine socket's directory)
+/// is refused like the same path written out, naming the field and the
+/// resolved path, and the same operator switch lets it through.
+#[test]
+fn a_cwd_resolving_to_a_dangerous_path_is_refused_like_the_path_itself() {
+    let resolve_in = |text: &str, cwd: &str| {
+        let host = HostFacts {
+            cwd: PathBuf::from(cwd),
+            caller: UserIds {
+                uid: 1000,
+                gid: 1000,
+            },
+        };
+        resolve(&profile(text), &Value::Null, &host)
+            .map(|_| ())
+            .map_err(|error| error.to_string())
+    };
+    for (cwd, danger) in [
+        ("/", "host-root"),
+        ("/etc", "host-root"),
+        ("/etc/nginx", "host-root"),
+        ("/root", "host-root"),
+        ("/home", "host-root"),
+        ("/home/alice", "host-root"),
+        ("/usr", "host-root"),
+        ("/proc/1", "host-root"),
+        ("/run", "docker-socket"),
+        ("/var/run", "docker-socket"),
+    ] {
+        let error = resolve_in("description = \"x\"\n", cwd).unwrap_err();
+        assert!(
+            error.starts_with(&format!(
+                "workspace.source = \"cwd\" resolved to {cwd}, which "
+            )) && error.contains("refused as dangerous"),
+            "{cwd}: {error}"
+        );
+        assert!(
+            error.contains(&format!("allow_dangerous = [\"{danger}\"]")),
+            "{cwd}: {error}"
+        );
+        let allowed = format!("[operator]\nallow_dangerous = [\"{danger}\"]\n");
+        assert_eq!(resolve_in(&allowed, cwd), Ok(()), "{cwd} allowed");
+    }
+    for cwd in [
+        "/home/alice/project",
+        "/tmp",
+        "/tmp/x",
+        "/srv/repo",
+        "/var/tmp/x",
+        "/usr/src/app",
+    ] {
+        assert_eq!(resolve_in("description = \"x\"\n", cwd), Ok(()), "{cwd}");
+    }
+    // `.` and `..` do not walk past the rules.
+    let error = resolve_in("description = \"x\"\n", "/tmp/../etc/.").unwrap_err();
+    assert!(
+        error.starts_with("workspace.source = \"cwd\" resolved to /etc, which "),
+        "{error}"
+    );
+    // A source written out is judged when the profile loads, not here.
+    assert_eq!(
+        resolve_in("[workspace]\nsource = \"empty\"\n", "/etc"),
+        Ok(())
+    );
+}

@@ -166,6 +166,9 @@ fn host_facts(cwd: Option<PathBuf>, caller: Option<&str>) -> anyhow::Result<Host
             .join(cwd),
         None => std::env::current_dir().context("cannot read the working directory")?,
     };
+    // Judged as the host would (it canonicalises); a directory that does not
+    // exist here is shown as written.
+    let cwd = std::fs::canonicalize(&cwd).unwrap_or(cwd);
     let caller = match caller {
         None => UserIds {
             uid: nix::unistd::getuid().as_raw(),

@@ -20,6 +20,7 @@ pub use model::{
     Danger, EnvPolicy, LimitsPolicy, NetworkPolicy, Profile, SecurityPolicy, Server, Source,
     UserChoice, Workspace,
 };
+pub(crate) use validate::host_path_dangers;
 pub use value::{
     AllowEntry, ByteSize, CpuQuota, REVIEWED_CAPABILITIES, check_env_name, parse_duration,
     show_duration,

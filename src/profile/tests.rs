@@ -653,3 +653,24 @@ proptest::proptest! {
         }
     }
 }
+
+/// Issue 8, item 4: with a `cwd` source (written or by default) the danger is
+/// judged where `cwd` resolves, so allowing `host-root` or `docker-socket`
+/// there is not an unused allowance; with a harmless fixed path it still is.
+#[test]
+fn a_cwd_source_may_carry_the_workspace_allowances() {
+    for text in ["", "[workspace]\nsource = \"cwd\"\n"] {
+        let allowed =
+            format!("{text}[operator]\nallow_dangerous = [\"host-root\", \"docker-socket\"]\n");
+        let profile = load(&[("p", &allowed)], "p").unwrap();
+        assert_eq!(
+            profile.dangerous,
+            vec![Danger::DockerSocket, Danger::HostRoot],
+            "{text:?}"
+        );
+    }
+    assert_eq!(
+        problems("[workspace]\nsource = \"/srv/repo\"\n[operator]\nallow_dangerous = [\"host-root\"]\n"),
+        vec!["p.toml:4:20: operator.allow_dangerous: allows \"host-root\" but the profile does not ask for it; remove it".to_owned()]
+    );
+}

@@ -20,6 +20,7 @@ use super::value::{
 };
 use crate::plan::{MountMode, NetworkMode, Requirement, UserIds};
 use danger::Asked;
+pub(crate) use danger::host_path_dangers;
 
 mod danger;
 
@@ -93,7 +94,11 @@ pub(crate) fn validate(
     let security = walk.security(top.get("security"));
     let servers = walk.servers(top.get("server"), &limits);
     let allowed = walk.allowed_dangers(top.get("operator"));
-    let dangerous = walk.judge_dangers(allowed);
+    let may_ask: &[Danger] = match workspace.as_ref().map(|workspace| &workspace.source) {
+        Some(Source::Cwd) => &danger::CWD_DANGERS,
+        Some(Source::Host(_) | Source::Empty | Source::None) | None => &[],
+    };
+    let dangerous = walk.judge_dangers(allowed, may_ask);
     let (Some(workspace), Some(network), Some(limits), Some(env), Some(security), true) = (
         workspace,
         network,

@@ -585,8 +585,30 @@ async fn start_runs_the_executor_confined() {
     if !require_landlock() {
         return;
     }
+    executor_serves_confined(backend(), "start").await;
+}
+
+/// Without a pid namespace the helper stays as the unit's supervisor, and
+/// its forked child runs the executor the same way.
+#[tokio::test]
+async fn start_runs_the_executor_confined_without_namespaces() {
+    if !require_landlock() {
+        return;
+    }
+    let backend = LocalBackend::with_options(LocalOptions {
+        box_exe: box_bin(),
+        namespaces: Requirement::Off,
+        landlock_min_abi: 1,
+        temp_root: boxhost::backend::local::default_temp_root(),
+    });
+    executor_serves_confined(backend, "start-no-ns").await;
+}
+
+/// Start the real executor in a unit of `backend`, speak MCP to it, and see
+/// its bash confined; the executor is the helper's forked child, run in
+/// place, not a second exec of box (issue 8, item 17).
+async fn executor_serves_confined(backend: LocalBackend, name: &str) {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let backend = backend();
     let workspace = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
     let mut spec = unit_spec(workspace.path());
@@ -594,7 +616,7 @@ async fn start_runs_the_executor_confined() {
         "CANARY_DIR".to_owned(),
         outside.path().display().to_string(),
     );
-    let started = backend.start(&session("start"), &spec).await.unwrap();
+    let started = backend.start(&session(name), &spec).await.unwrap();
     let envelope = started.envelope.clone();
     assert_eq!(envelope.backend, "local");
     assert_eq!(
@@ -646,7 +668,8 @@ async fn start_runs_the_executor_confined() {
         "params": {"name": "bash", "arguments": {"command":
             "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; \
              echo x > \"$CANARY_DIR/escaped\" || echo outside-denied; \
-             echo ok > inside.txt && echo inside-ok"}}}),
+             echo ok > inside.txt && echo inside-ok; \
+             echo executor: $(tr '\\0' ' ' < /proc/$PPID/cmdline)"}}}),
     )
     .await;
     let text = called["result"]["content"][0]["text"]
@@ -659,6 +682,14 @@ async fn start_runs_the_executor_confined() {
     assert!(text.contains("Seccomp:\t2"), "{called}");
     assert!(text.contains("outside-denied"), "{called}");
     assert!(text.contains("inside-ok"), "{called}");
+    let executor = text
+        .lines()
+        .find_map(|line| line.strip_prefix("executor: "))
+        .unwrap_or_default();
+    assert!(
+        executor.contains(" sandbox ") && executor.contains(" -- "),
+        "the executor is not the helper's own process: {executor}"
+    );
     assert!(!outside.path().join("escaped").exists());
     assert!(workspace.path().join("inside.txt").exists());
 
@@ -1499,4 +1530,339 @@ async fn setuid_binaries_do_not_raise_the_effective_uid() {
         "{}",
         probe.output
     );
+}
+
+/// Issue 8, item 3: a workspace that is itself a top-level host directory
+/// (`/tmp`, `/root`: what `box run` from there resolves `cwd` to) starts, stays
+/// in sight whole, and every other host directory is still hidden.
+#[tokio::test]
+async fn a_top_level_directory_as_the_workspace_starts_and_the_rest_stays_hidden() {
+    if !require_landlock() {
+        return;
+    }
+    // A canary in another hidden top-level directory (`/var`).
+    let elsewhere = tempfile::Builder::new()
+        .prefix("box-hidden-canary")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::write(elsewhere.path().join("canary"), "elsewhere").unwrap();
+    let mut tops = vec!["/tmp"];
+    if nix::unistd::geteuid().is_root() {
+        tops.push("/root");
+    }
+    for top in tops {
+        let workspace = Path::new(top);
+        let canary = tempfile::Builder::new()
+            .prefix("box-top-canary")
+            .tempfile_in(workspace)
+            .unwrap();
+        std::fs::write(canary.path(), "in-workspace").unwrap();
+        let spec = unit_spec(workspace);
+        let probe = probe(
+            &format!("top-level{}", top.replace('/', "-")),
+            &spec,
+            &format!(
+                "cat {}; echo; cat {}/canary || echo elsewhere-hidden",
+                canary.path().display(),
+                elsewhere.path().display()
+            ),
+        )
+        .await;
+        assert_eq!(probe.end.exit_code, Some(0), "{top}: {}", probe.output);
+        assert!(
+            probe.output.contains("in-workspace"),
+            "{top}: {}",
+            probe.output
+        );
+        assert_eq!(probe.envelope.root, top);
+        if probe
+            .envelope
+            .hardening
+            .namespaces
+            .contains(&"mount".to_owned())
+        {
+            assert!(
+                probe.output.contains("elsewhere-hidden") && !probe.output.contains("elsewhere\n"),
+                "{top}: a host directory beside the workspace was in sight: {}",
+                probe.output
+            );
+        }
+    }
+}
+
+/// Issue 8, item 3: the host's root as the workspace (only where an operator
+/// allowed it: the plan refuses `/` as dangerous) hides nothing, and the
+/// envelope says so instead of claiming the host is out of sight.
+#[tokio::test]
+async fn the_hosts_root_as_the_workspace_hides_nothing_and_says_so() {
+    if !require_landlock() {
+        return;
+    }
+    let mut spec = unit_spec(Path::new("/"));
+    spec.mode = boxhost::plan::MountMode::ReadOnly;
+    let probe = probe("host-root", &spec, "test -d /proc && echo started").await;
+    assert!(probe.output.contains("started"), "{}", probe.output);
+    if probe
+        .envelope
+        .hardening
+        .namespaces
+        .contains(&"mount".to_owned())
+    {
+        let not_applied = probe.envelope.limits["notApplied"].to_string();
+        assert!(
+            not_applied
+                .contains("host directory not hidden (/: the unit's workspace is the host's root)"),
+            "{not_applied}"
+        );
+        assert!(!not_applied.contains("no mount namespace"), "{not_applied}");
+    }
+}
+
+/// Issue 8, item 3, as reported: `cd /tmp && box run --backend local -- true`.
+#[test]
+fn box_run_from_a_top_level_directory_starts() {
+    if !require_landlock() {
+        return;
+    }
+    let output = std::process::Command::new(box_bin())
+        .args(["run", "--backend", "local", "--", "true"])
+        .current_dir("/tmp")
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Issue 8, item 4, as reported: `cd /etc && box run -- sh -c 'test -w
+/// /workspace/passwd && echo W'` printed `W`. A `cwd` that resolves to a
+/// system directory or `/` is refused on every backend before anything
+/// starts, naming the field and the resolved path.
+#[tokio::test]
+async fn box_run_from_a_system_directory_is_refused_on_every_backend() {
+    let mut backends = vec!["local"];
+    if crate::support::docker_answers().await {
+        backends.push("docker");
+    }
+    for backend in backends {
+        for (cwd, shown) in [("/etc", "/etc"), ("/", "/")] {
+            let output = std::process::Command::new(box_bin())
+                .args(["run", "--backend", backend, "--"])
+                .args(["sh", "-c", "test -w /workspace/passwd && echo W"])
+                .current_dir(cwd)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(
+                output.status.code(),
+                Some(125),
+                "{backend} from {cwd}: stdout {stdout} stderr {stderr}"
+            );
+            assert!(!stdout.contains('W'), "{backend} from {cwd}: {stdout}");
+            assert!(
+                stderr.contains(&format!(
+                    "workspace.source = \"cwd\" resolved to {shown}, which is the host's root or a system directory: refused as dangerous"
+                )),
+                "{backend} from {cwd}: {stderr}"
+            );
+        }
+    }
+}
+
+/// What one `box serve` session on `backend` reports and shows of its
+/// workspace unit's environment: the envelope's `envPassed`, and the
+/// variables a `bash` call sees, started with exactly `host` as its own
+/// environment.
+fn session_environment(
+    backend: &str,
+    profiles: &Path,
+    workspace: &Path,
+    host: &[(&str, &str)],
+) -> (Vec<String>, Vec<(String, String)>) {
+    use std::io::Write as _;
+    let key = "io.github.christopherdavenport.dax/executor";
+    let mut child = std::process::Command::new(box_bin())
+        .args([
+            "serve",
+            "--backend",
+            backend,
+            "--profile",
+            "p",
+            "--profiles",
+        ])
+        .arg(profiles)
+        .arg("--workspace")
+        .arg(workspace)
+        .env_clear()
+        .envs(host.iter().copied())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let requests = [
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "env-test", "version": "0"}}}),
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "bash", "arguments": {"command": "env"}}}),
+    ];
+    let mut stdin = child.stdin.take().unwrap();
+    for request in &requests {
+        writeln!(stdin, "{request}").unwrap();
+    }
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let answers: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let answer = |id: i64| {
+        answers
+            .iter()
+            .find(|answer| answer["id"] == id)
+            .unwrap_or_else(|| panic!("{backend}: no answer {id}: {stdout}\nstderr: {stderr}"))
+    };
+    let envelope = &answer(1)["result"]["capabilities"]["experimental"][key]["box"]["units"][0];
+    let passed: Vec<String> = envelope["envPassed"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{backend}: no envPassed in {}", answer(1)))
+        .iter()
+        .map(|name| name.as_str().unwrap().to_owned())
+        .collect();
+    let text = answer(2)["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let inside = text
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .filter(|(name, _)| {
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect();
+    (passed, inside)
+}
+
+/// Issue 8, item 8: both backends give a unit only what the profile lets
+/// through plus what box itself sets (`PATH`, `HOME`, `TMPDIR`), the same
+/// `envPassed` for the same profile, and the same variables seen from
+/// inside (docker adds only its image's `ENV` and `HOSTNAME`). The host's
+/// other variables (internal URLs, paths, box's own `RUST_LOG`) reach neither.
+#[tokio::test]
+async fn the_same_profile_gives_the_same_environment_on_both_backends() {
+    if !require_landlock() {
+        return;
+    }
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("p.toml"),
+        "[env]\nset = { UNIT_SET = \"from-profile\" }\npass = [\"LANG\", \"TERM\", \"UNIT_PASSED\", \"UNIT_ABSENT\"]\n",
+    )
+    .unwrap();
+    let workspace = open_dir();
+    let host = [
+        ("PATH", "/canary/bin:/usr/bin:/bin"),
+        ("HOME", "/canary-home"),
+        ("LANG", "C.UTF-8"),
+        ("TERM", "dumb"),
+        ("UNIT_PASSED", "passed"),
+        ("PIP_INDEX_URL", "http://canary.internal/simple"),
+        ("CONTAINER_NAME", "canary-container"),
+        ("TF_CLI_CONFIG_FILE", "/canary/.terraformrc"),
+        ("OLDPWD", "/canary-oldpwd"),
+        ("RUST_LOG", "warn"),
+    ];
+    let mut expected: Vec<String> = [
+        "UNIT_PASSED",
+        "UNIT_SET",
+        "HOME",
+        "LANG",
+        "PATH",
+        "TERM",
+        "TMPDIR",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .chain(
+        boxhost::scrub::git_neutralisation()
+            .into_iter()
+            .map(|(name, _)| name),
+    )
+    .collect();
+    expected.sort();
+    let mut backends = vec!["local"];
+    if crate::support::docker_answers().await {
+        backends.push("docker");
+    }
+    let mut seen = Vec::new();
+    for backend in backends {
+        let (passed, inside) =
+            session_environment(backend, profiles.path(), workspace.path(), &host);
+        assert_eq!(passed, expected, "{backend}: envPassed");
+        let get = |name: &str| {
+            inside
+                .iter()
+                .find(|(key, _)| key == name)
+                .map(|(_, value)| value.as_str())
+        };
+        assert_eq!(get("UNIT_SET"), Some("from-profile"), "{backend}");
+        assert_eq!(get("UNIT_PASSED"), Some("passed"), "{backend}");
+        assert_eq!(get("TERM"), Some("dumb"), "{backend}");
+        for (name, value) in &host {
+            if value.contains("canary") {
+                assert!(
+                    !inside.iter().any(|(_, seen)| seen.contains("canary")),
+                    "{backend}: a host value ({name}) reached the unit: {inside:?}"
+                );
+            }
+        }
+        for name in [
+            "PIP_INDEX_URL",
+            "CONTAINER_NAME",
+            "TF_CLI_CONFIG_FILE",
+            "RUST_LOG",
+            "UNIT_ABSENT",
+        ] {
+            assert_eq!(get(name), None, "{backend}: {name} reached the unit");
+        }
+        let mut names: Vec<String> = inside.into_iter().map(|(name, _)| name).collect();
+        names.sort();
+        names.dedup();
+        seen.push((backend, names));
+    }
+    if let [(_, local), (_, docker)] = seen.as_slice() {
+        // Docker's own hostname and what the image's ENV says (box-base sets
+        // PATH, HOME and LANG, which the plan names too) are the only extras.
+        let docker: Vec<&String> = docker.iter().filter(|name| *name != "HOSTNAME").collect();
+        let local: Vec<&String> = local.iter().collect();
+        assert_eq!(local, docker, "the variables seen from inside differ");
+    }
+}
+
+/// With one mask fewer (none on `/sys/kernel/debug` under a `/sys` of the
+/// unit's own, where nothing of the host's is mounted on it), nothing of the
+/// kernel's debug file system is readable in a unit (C33).
+#[tokio::test]
+async fn kernel_debug_files_stay_out_of_reach() {
+    if !require_landlock() {
+        return;
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    let spec = unit_spec(workspace.path());
+    let probe = probe(
+        "kernel-debug",
+        &spec,
+        "echo debug: $(ls -A /sys/kernel/debug 2>/dev/null | wc -l)",
+    )
+    .await;
+    assert!(probe.output.contains("debug: 0"), "{}", probe.output);
 }

@@ -304,3 +304,37 @@ fn profile_show_json_matches_the_golden_profiles() {
         );
     }
 }
+
+/// Issue 8, item 4: `box profile resolve` shows the refusal a session would
+/// get when `cwd` resolves to a system directory, from there or by `--cwd`.
+#[test]
+fn profile_resolve_refuses_a_cwd_in_a_system_directory() {
+    let home = tempfile::tempdir().unwrap();
+    let expected = "box: workspace.source = \"cwd\" resolved to /etc, which is the host's root or a system directory: refused as dangerous;";
+    let mut from_etc = Command::new(box_bin());
+    from_etc
+        .args(["profile", "resolve", "default"])
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .current_dir("/etc");
+    for output in [
+        from_etc.output().unwrap(),
+        profile_run(home.path(), &["resolve", "default", "--cwd", "/etc"]),
+        profile_run(
+            home.path(),
+            &["resolve", "default", "--cwd", "../../../../../../etc"],
+        ),
+    ] {
+        assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+        assert!(
+            stderr(&output).starts_with(expected),
+            "{}",
+            describe(&output)
+        );
+        assert!(
+            stderr(&output).contains("allow_dangerous = [\"host-root\"]"),
+            "{}",
+            describe(&output)
+        );
+        assert!(stdout(&output).is_empty(), "{}", describe(&output));
+    }
+}

@@ -46,3 +46,16 @@ pub fn python_with_mcp() -> Option<PathBuf> {
     eprintln!("\n*** PYTHON CLIENT TEST NOT RUN: {message} ***\n");
     None
 }
+
+/// Whether a Docker engine answers, after saying loudly why not when it does
+/// not; under CI its absence is a failure, never a skip.
+pub async fn docker_answers() -> bool {
+    match boxhost::backend::docker::DockerBackend::connect().await {
+        Ok(_) => true,
+        Err(error) => {
+            assert!(!under_ci(), "CI needs a Docker engine: {error}");
+            eprintln!("\n*** DOCKER PART NOT RUN: {error} ***\n");
+            false
+        }
+    }
+}

@@ -38,6 +38,7 @@ use futures::future::BoxFuture;
 
 pub use body::{EngineFacts, container_body};
 
+use crate::backend::environment::{Own, STANDARD_PATH, UnitEnvironment, unit_environment};
 use crate::backend::{
     Backend, BackendError, ExecutorIo, SessionLabel, StartedUnit, UnitEnd, UnitInfo, labels,
 };
@@ -204,15 +205,21 @@ impl DockerBackend {
             }
             Err(e) => return Err(other("inspecting the image", e)),
         };
+        let image_env = image
+            .config
+            .as_ref()
+            .and_then(|config| config.env.clone())
+            .unwrap_or_default();
         let image_user = image.config.and_then(|c| c.user).unwrap_or_default();
 
-        let (env, env_passed, missing) = unit_env(spec, std::env::vars_os());
-        if !missing.is_empty() {
+        let environment = unit_env(spec, std::env::vars_os(), &image_env);
+        if !environment.missing.is_empty() {
+            let missing = &environment.missing;
             tracing::info!(unit, ?missing, "variables to pass are not set on the host");
         }
-        // Nothing is scrubbed here: a unit gets only the plan's set values and
-        // the names it passes, never the host's environment.
-        let env_scrubbed = Vec::new();
+        let env_passed = environment.passed();
+        let env_scrubbed = environment.scrubbed;
+        let env = environment.vars;
         let created = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         let mut body = container_body(session, spec, &self.executor, &created, &env);
         // What the profile's operator explicitly allowed (the plan carries these
@@ -616,34 +623,26 @@ fn cgroup_oom_kills(id: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The unit's environment: the plan's set values, the passed host variables
-/// that exist, and git's neutralisation. Returns the pairs, the names passed
-/// and the names asked for but absent on the host.
-pub fn unit_env<I>(spec: &UnitSpec, host: I) -> (Vec<(String, String)>, Vec<String>, Vec<String>)
+/// The unit's environment (`backend::environment`, as on every backend):
+/// box's own `PATH` and `HOME` are what the image's `ENV` says (the standard
+/// `PATH`, and `/tmp`, the one writable place under a read-only root, where
+/// it says nothing), `TMPDIR` is the unit's `/tmp`.
+pub fn unit_env<I>(spec: &UnitSpec, host: I, image_env: &[String]) -> UnitEnvironment
 where
     I: IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
 {
-    let host: HashMap<String, String> = host
-        .into_iter()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .collect();
-    let mut env: Vec<(String, String)> = spec
-        .env_set
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let mut missing = Vec::new();
-    for name in spec.env_pass.iter().chain(&spec.env_secrets) {
-        match host.get(name) {
-            Some(value) => env.push((name.clone(), value.clone())),
-            None => missing.push(name.clone()),
-        }
-    }
-    if spec.security.neutralise_git {
-        env.extend(crate::scrub::git_neutralisation());
-    }
-    let passed = env.iter().map(|(k, _)| k.clone()).collect();
-    (env, passed, missing)
+    let image = |name: &str| {
+        image_env
+            .iter()
+            .find_map(|entry| entry.strip_prefix(name)?.strip_prefix('='))
+            .map(str::to_owned)
+    };
+    let own = Own {
+        home: image("HOME").unwrap_or_else(|| "/tmp".to_owned()),
+        path: image("PATH").unwrap_or_else(|| STANDARD_PATH.to_owned()),
+        tmpdir: "/tmp".to_owned(),
+    };
+    unit_environment(spec, host, &own)
 }
 
 /// The HTTP status of an engine error, if it was one.
@@ -690,22 +689,26 @@ mod tests {
         let mut spec = body::tests::spec();
         spec.env_set = [("LANG".to_owned(), "C.UTF-8".to_owned())].into();
         spec.env_pass = vec!["TOKEN".to_owned(), "ABSENT".to_owned()];
+        spec.security.neutralise_git = false;
         let host = [
             (OsString::from("TOKEN"), OsString::from("t")),
             (OsString::from("SECRET"), OsString::from("s")),
+            (OsString::from("PATH"), OsString::from("/host/bin")),
         ];
-        let (env, passed, missing) = unit_env(&spec, host);
-        let git = crate::scrub::git_neutralisation();
-        let mut want = vec![
-            ("LANG".to_owned(), "C.UTF-8".to_owned()),
-            ("TOKEN".to_owned(), "t".to_owned()),
-        ];
-        want.extend(git);
-        assert_eq!(env, want);
-        assert_eq!(
-            passed,
-            want.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>()
-        );
-        assert_eq!(missing, vec!["ABSENT".to_owned()]);
+        let image = ["PATH=/image/bin".to_owned(), "LANG=en".to_owned()];
+        let environment = unit_env(&spec, host, &image);
+        let want: Vec<(String, String)> = [
+            ("HOME", "/tmp"),
+            ("LANG", "C.UTF-8"),
+            ("PATH", "/image/bin"),
+            ("TMPDIR", "/tmp"),
+            ("TOKEN", "t"),
+        ]
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect();
+        assert_eq!(environment.vars, want);
+        assert_eq!(environment.missing, vec!["ABSENT".to_owned()]);
+        assert!(environment.scrubbed.is_empty());
     }
 }

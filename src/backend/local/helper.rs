@@ -19,7 +19,9 @@
 //!    dropped, box's seccomp filter, all inherited by CMD;
 //! 5. report what was applied, read back from the kernel, as one JSON line,
 //!    then fork CMD (in a new session, no controlling terminal) and `execve`
-//!    it.
+//!    it; when CMD is this binary's own `box execute`, the forked child runs
+//!    the executor itself instead of executing the same binary again
+//!    ([`run_executor_here`]: same confinement, one exec fewer per start).
 //!
 //! The wire with the backend is CMD's own stdio, used before CMD runs: the
 //! spec arrives first on stdin (`LENGTH\n` then the JSON, read without
@@ -596,7 +598,8 @@ fn sandbox(
     let pid_namespace = try_enter("pid", CloneFlags::CLONE_NEWPID, wants_namespaces);
     if mount_namespace && !pid_namespace {
         // With a pid namespace the init masks them over its own /proc.
-        conceal(&kernel_paths()).map_err(|error| failed("masking kernel files", error))?;
+        conceal(&kernel_paths(sys_mounted))
+            .map_err(|error| failed("masking kernel files", error))?;
     }
     if spec.namespaces == SpecRequirement::Required
         && let Some(failure) = failures.first()
@@ -752,7 +755,7 @@ fn init(
             None::<&str>,
         )
         .is_ok();
-        if let Err(error) = conceal(&kernel_paths()) {
+        if let Err(error) = conceal(&kernel_paths(applied.sys_mounted)) {
             refuse(spec, &failed("masking kernel files", error), reporter);
             return i32::from(REFUSED_EXIT);
         }
@@ -770,6 +773,7 @@ fn init(
         return i32::from(REFUSED_EXIT);
     }
     if child == 0 {
+        run_executor_here(program, command, &spec.env);
         let error = exec(program, command, &spec.env);
         let report = failed(format!("executing {}", program.to_string_lossy()), error);
         refuse(spec, &report, reporter);
@@ -849,6 +853,7 @@ fn supervise(
         // SAFETY: PR_SET_PDEATHSIG takes integer arguments only.
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
         new_session();
+        run_executor_here(program, command, &spec.env);
         let error = exec(program, command, &spec.env);
         eprintln!(
             "box sandbox: unit {}: executing {}: {error}",
@@ -1058,7 +1063,8 @@ const SHOWN_TOP_LEVEL: &[&str] = &[
 /// directory, executables) back at the same place. Landlock already denies
 /// reading and writing there, but before landlock ABI 9 it cannot stop a
 /// `connect` to a Unix socket by path: the Docker socket, an SSH agent, D-Bus
-/// (C37, F69, G80). What is not there cannot be reached. Returns the hidden
+/// (C37, F69, G80). What is not there cannot be reached. A kept path that is
+/// itself a top-level directory stays in sight whole. Returns the hidden
 /// directories, and those that could not be hidden with why.
 fn hide_host(keep: &[PathBuf]) -> std::io::Result<(Vec<String>, Vec<String>)> {
     use nix::mount::MsFlags;
@@ -1068,8 +1074,12 @@ fn hide_host(keep: &[PathBuf]) -> std::io::Result<(Vec<String>, Vec<String>)> {
         .filter_map(|path| std::fs::canonicalize(path).ok())
         .collect();
     if keep.iter().any(|path| path.parent().is_none()) {
-        // The unit keeps `/` itself: there is nothing to hide.
-        return Ok((Vec::new(), Vec::new()));
+        // The unit keeps `/` itself (an operator allowed the host's root as
+        // the workspace): there is nothing to hide, and the envelope says so.
+        return Ok((
+            Vec::new(),
+            vec!["/: the unit's workspace is the host's root".to_owned()],
+        ));
     }
     keep.sort();
     keep.dedup();
@@ -1092,7 +1102,14 @@ fn hide_host(keep: &[PathBuf]) -> std::io::Result<(Vec<String>, Vec<String>)> {
         if !entry.file_type()?.is_dir() || SHOWN_TOP_LEVEL.contains(&name) {
             continue;
         }
-        hidden.push(PathBuf::from("/").join(name));
+        let top = PathBuf::from("/").join(name);
+        // A top-level directory the unit keeps whole (the workspace is
+        // `/tmp`, say) stays in sight: a tmpfs over it would hide the very
+        // path that must come back, with nothing above it to bind it under.
+        if keep.contains(&top) {
+            continue;
+        }
+        hidden.push(top);
     }
     // Handles on what comes back, taken before it is hidden.
     let mut restore = Vec::new();
@@ -1187,8 +1204,10 @@ fn conceal(paths: &[PathBuf]) -> std::io::Result<usize> {
 
 /// The kernel files Docker masks in every container (its `MaskedPaths`),
 /// those this machine has: kernel memory, keys, timers and firmware tables
-/// that a unit has no business reading (C33).
-fn kernel_paths() -> Vec<PathBuf> {
+/// that a unit has no business reading (C33). Under a `/sys` of the unit's
+/// own (`fresh_sys`) nothing is mounted on `/sys/kernel/debug`, so it needs
+/// no mask (one mount fewer).
+fn kernel_paths(fresh_sys: bool) -> Vec<PathBuf> {
     [
         "/proc/acpi",
         "/proc/kcore",
@@ -1202,6 +1221,7 @@ fn kernel_paths() -> Vec<PathBuf> {
         "/sys/kernel/debug",
     ]
     .into_iter()
+    .filter(|path| !(fresh_sys && *path == "/sys/kernel/debug"))
     .map(PathBuf::from)
     .filter(|path| path.symlink_metadata().is_ok())
     .collect()
@@ -1303,6 +1323,80 @@ fn resolve_program(
         .map_err(|error| failed(format!("finding {}", path.display()), error))?;
     CString::new(path.as_os_str().as_bytes())
         .map_err(|error| failed(format!("finding {}", path.display()), error))
+}
+
+/// `box execute` as a subcommand of its own, to parse CMD's arguments here.
+#[derive(clap::Parser)]
+#[command(name = "box execute")]
+struct ExecuteHere {
+    #[command(flatten)]
+    args: crate::executor::ExecuteArgs,
+}
+
+/// When CMD is this very binary's executor (`box execute …`), run it in this
+/// forked child rather than executing the same binary a second time: the
+/// confinement is the process's and is inherited either way, and a second
+/// exec of box (relocating and faulting in a large static binary, starting
+/// its runtime again) was a sizable part of a unit's start. What the exec
+/// would have done is done by hand: every fd but stdio closed (all others
+/// are close-on-exec), the environment replaced by CMD's. Returns only when
+/// CMD is something else; otherwise the process ends with the executor.
+fn run_executor_here(program: &CString, command: &[OsString], env: &[(String, String)]) {
+    use std::os::unix::fs::MetadataExt;
+    if command.get(1).map(OsString::as_os_str) != Some(std::ffi::OsStr::new("execute")) {
+        return;
+    }
+    let program = Path::new(std::ffi::OsStr::from_bytes(program.as_bytes()));
+    let same_file = match (
+        std::fs::metadata(program),
+        std::fs::metadata("/proc/self/exe"),
+    ) {
+        (Ok(cmd), Ok(this)) => cmd.dev() == this.dev() && cmd.ino() == this.ino(),
+        _ => false,
+    };
+    if !same_file {
+        return;
+    }
+    // SAFETY: close_range with integer arguments closes fds of this process
+    // only; nothing here uses one above stderr again (the report duplicate
+    // and the init's status pipe are the parent's to use).
+    let closed = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            0,
+        )
+    };
+    if closed != 0 {
+        // Kernels before 5.9: the exec closes them.
+        return;
+    }
+    for (name, _) in std::env::vars_os() {
+        // SAFETY: this forked child is single-threaded (the helper never
+        // starts a thread), so nothing reads the environment meanwhile.
+        unsafe { std::env::remove_var(name) };
+    }
+    for (name, value) in env {
+        // SAFETY: as above, single-threaded.
+        unsafe { std::env::set_var(name, value) };
+    }
+    use clap::Parser;
+    let code = match ExecuteHere::try_parse_from(&command[1..]) {
+        Ok(parsed) => match crate::executor::serve(parsed.args) {
+            Ok(code) if code == ExitCode::SUCCESS => 0,
+            Ok(_) => 1,
+            Err(error) => {
+                eprintln!("box: {error:#}");
+                1
+            }
+        },
+        Err(error) => {
+            let _ = error.print();
+            error.exit_code()
+        }
+    };
+    std::process::exit(code);
 }
 
 fn exec(program: &CString, command: &[OsString], env: &[(String, String)]) -> std::io::Error {

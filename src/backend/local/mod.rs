@@ -1,6 +1,7 @@
 //! The local backend: a unit is a child process of the host, confined by the
-//! sandbox helper (`box sandbox`, hidden; see `helper`) that then `execve`s
-//! `box execute`. Used where no Docker engine answers.
+//! sandbox helper (`box sandbox`, hidden; see `helper`) that then runs
+//! `box execute` (in its forked child, without executing box again). Used
+//! where no Docker engine answers.
 //!
 //! What it owns: building the helper's spec from a unit spec (pure), the
 //! unit's private temp directory (created per unit, removed with it), the
@@ -44,6 +45,7 @@
 //! mounts); the envelope's `root` says which.
 
 mod helper;
+mod private;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -62,6 +64,7 @@ use tokio::sync::watch;
 use helper::{Applied, Report, SandboxSpec, SpecNetwork, SpecRequirement, SpecUser};
 pub use helper::{REFUSED_EXIT, SandboxArgs};
 
+use super::environment::{self, UnitEnvironment};
 use super::sandbox::Rlimits;
 use super::{
     Backend, BackendError, Envelope, ExecutorIo, Hardening, SessionLabel, StartedUnit, UnitEnd,
@@ -112,17 +115,10 @@ pub fn default_temp_root() -> PathBuf {
 pub struct LocalBackend {
     options: LocalOptions,
     units: Mutex<HashMap<String, LocalUnit>>,
-    /// The host's root-only system files, found at most once a minute.
-    private_files: Mutex<Option<(std::time::Instant, Arc<Vec<PathBuf>>)>>,
+    /// The last walk for the host's root-only system files (`private`),
+    /// used while every entry it judged is unchanged.
+    private_files: Arc<Mutex<Option<CheckedWalk>>>,
 }
-
-/// How long a list of the host's root-only system files is used.
-const PRIVATE_FILES_TTL: Duration = Duration::from_secs(60);
-
-/// The system directories searched for root-only entries: those a unit reads
-/// that hold configuration (`/usr` and the libraries are left out: large,
-/// and not where secrets are kept).
-const PRIVATE_FILE_ROOTS: &[&str] = &["/etc", "/opt"];
 
 /// A started unit, as the registry keeps it.
 struct LocalUnit {
@@ -151,7 +147,7 @@ impl LocalBackend {
         Self {
             options,
             units: Mutex::new(HashMap::new()),
-            private_files: Mutex::new(None),
+            private_files: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -207,12 +203,18 @@ impl LocalBackend {
             message,
         };
         let environment = unit_environment(std::env::vars_os(), spec, layout);
-        let mut sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options)?;
-        if nix::unistd::geteuid().is_root() {
-            sandbox_spec.conceal = self.private_files().as_ref().clone();
+        if !environment.missing.is_empty() {
+            let missing = &environment.missing;
+            tracing::info!(unit, ?missing, "variables to pass are not set on the host");
         }
-        let spec_json = serde_json::to_vec(&sandbox_spec)
-            .map_err(|error| other("encoding the sandbox spec", error.to_string()))?;
+        let mut sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options)?;
+        // A unit that is the host's uid 0 gets the host's root-only files
+        // covered. Finding them (a check of the last walk, or a walk) runs
+        // while the helper is being executed.
+        let private = nix::unistd::geteuid().is_root().then(|| {
+            let state = Arc::clone(&self.private_files);
+            tokio::task::spawn_blocking(move || private_files(&state))
+        });
 
         // The helper reads its spec from stdin and reports on stdout, before
         // either carries the executor's protocol: no extra fds, so no
@@ -323,6 +325,21 @@ impl LocalBackend {
         if let Err(error) = layout.make(spec) {
             return Err(undo(error).await);
         }
+        if let Some(private) = private {
+            match private.await {
+                Ok(walk) => sandbox_spec.conceal = walk.found().to_vec(),
+                Err(error) => {
+                    let error = other("finding the host's root-only files", error.to_string());
+                    return Err(undo(error).await);
+                }
+            }
+        }
+        let spec_json = match serde_json::to_vec(&sandbox_spec) {
+            Ok(json) => json,
+            Err(error) => {
+                return Err(undo(other("encoding the sandbox spec", error.to_string())).await);
+            }
+        };
         let mut message = format!("{}\n", spec_json.len()).into_bytes();
         message.extend_from_slice(&spec_json);
         if let Err(error) = tokio::io::AsyncWriteExt::write_all(&mut stdin, &message).await {
@@ -413,29 +430,6 @@ impl LocalBackend {
         self.units
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The host's root-only entries under [`PRIVATE_FILE_ROOTS`], cached for
-    /// [`PRIVATE_FILES_TTL`]: a unit running as the host's uid 0 must not read
-    /// them (`/etc/shadow`, `/etc/ssl/private`, `/etc/docker/key.json`).
-    fn private_files(&self) -> Arc<Vec<PathBuf>> {
-        let mut cached = self
-            .private_files
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((when, files)) = cached.as_ref()
-            && when.elapsed() < PRIVATE_FILES_TTL
-        {
-            return Arc::clone(files);
-        }
-        let files = Arc::new(
-            PRIVATE_FILE_ROOTS
-                .iter()
-                .flat_map(|root| root_only_entries(Path::new(root)))
-                .collect::<Vec<_>>(),
-        );
-        *cached = Some((std::time::Instant::now(), Arc::clone(&files)));
-        files
     }
 
     async fn remove_unit(&self, id: &str) -> Result<(), BackendError> {
@@ -576,38 +570,38 @@ impl Drop for StartGuard {
     }
 }
 
-/// Entries beneath `root` that others may not read (a directory: not read
-/// or search): a directory is listed whole, not its contents. Symbolic links
-/// are not followed. Errors end the walk of that directory only.
-fn root_only_entries(root: &Path) -> Vec<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut found = Vec::new();
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.filter_map(Result::ok) {
-            let Ok(metadata) = entry.path().symlink_metadata() else {
-                continue;
-            };
-            if metadata.file_type().is_symlink() {
-                continue;
-            }
-            let mode = metadata.permissions().mode();
-            if metadata.is_dir() {
-                if mode & 0o005 != 0o005 {
-                    found.push(entry.path());
-                } else {
-                    pending.push(entry.path());
-                }
-            } else if mode & 0o004 == 0 {
-                found.push(entry.path());
-            }
+/// A walk for the host's root-only files, and when it was last found current.
+type CheckedWalk = (std::time::Instant, Arc<private::Walk>);
+
+/// How long a check of the last walk stands for the starts that follow (a
+/// burst of sessions checks once, not once each).
+const PRIVATE_FILES_CHECKED_FOR: Duration = Duration::from_secs(1);
+
+/// The host's root-only entries (`private`): the last walk while every entry
+/// it judged is unchanged (checked at most once a second), else the cache
+/// another process stored, checked the same way, else a fresh walk. One at a
+/// time: concurrent starts wait for one check or walk rather than each
+/// making its own.
+fn private_files(state: &Mutex<Option<CheckedWalk>>) -> Arc<private::Walk> {
+    let mut last = state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((checked, walk)) = last.as_mut() {
+        if checked.elapsed() < PRIVATE_FILES_CHECKED_FOR {
+            return Arc::clone(walk);
+        }
+        if walk.is_current() {
+            *checked = std::time::Instant::now();
+            return Arc::clone(walk);
         }
     }
-    found.sort();
-    found
+    let roots: Vec<PathBuf> = private::ROOTS.iter().map(PathBuf::from).collect();
+    let walk = Arc::new(private::root_only_entries(
+        &roots,
+        private::cache_path().as_deref(),
+    ));
+    *last = Some((std::time::Instant::now(), Arc::clone(&walk)));
+    walk
 }
 
 fn kill_group(group: i32) {
@@ -733,66 +727,20 @@ impl Layout {
     }
 }
 
-/// The unit's environment, and the names passed and scrubbed.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct UnitEnvironment {
-    /// Every variable the unit gets.
-    pub vars: Vec<(String, String)>,
-    /// Scrubbed names (including variables that are not UTF-8).
-    pub scrubbed: Vec<String>,
-}
-
-/// The unit's environment: the host's, scrubbed (with `env_pass` kept), then
-/// the profile's `env_set`, git neutralisation, and the unit's own `TMPDIR`
-/// and `HOME` (inside its private temp, since the host's home is not
-/// readable there). Pure given `host_vars`.
+/// The unit's environment (`backend::environment`, as on every backend):
+/// box's own `HOME` and `TMPDIR` are inside the unit's private temp (the
+/// host's home is not readable there), its `PATH` the standard one.
+/// Pure given `host_vars`.
 pub(crate) fn unit_environment<I>(host_vars: I, spec: &UnitSpec, layout: &Layout) -> UnitEnvironment
 where
     I: IntoIterator<Item = (OsString, OsString)>,
 {
-    // Secrets the profile names are handed through like passed variables.
-    let pass: Vec<String> = spec
-        .env_pass
-        .iter()
-        .chain(&spec.env_secrets)
-        .cloned()
-        .collect();
-    let scrubbed = crate::scrub::scrub_environment(host_vars, &pass);
-    let mut removed = scrubbed.removed;
-    let mut vars: Vec<(String, String)> = Vec::new();
-    let set = |vars: &mut Vec<(String, String)>, name: String, value: String| {
-        vars.retain(|(existing, _)| *existing != name);
-        vars.push((name, value));
+    let own = environment::Own {
+        home: layout.home.display().to_string(),
+        path: environment::STANDARD_PATH.to_owned(),
+        tmpdir: layout.temp.display().to_string(),
     };
-    for (name, value) in scrubbed.kept {
-        match (name.into_string(), value.into_string()) {
-            (Ok(name), Ok(value)) => set(&mut vars, name, value),
-            (Ok(name), Err(_)) => removed.push(name),
-            (Err(name), _) => removed.push(name.to_string_lossy().into_owned()),
-        }
-    }
-    set(
-        &mut vars,
-        "TMPDIR".to_owned(),
-        layout.temp.display().to_string(),
-    );
-    set(
-        &mut vars,
-        "HOME".to_owned(),
-        layout.home.display().to_string(),
-    );
-    if spec.security.neutralise_git {
-        for (name, value) in crate::scrub::git_neutralisation() {
-            set(&mut vars, name, value);
-        }
-    }
-    for (name, value) in &spec.env_set {
-        set(&mut vars, name.clone(), value.clone());
-    }
-    UnitEnvironment {
-        vars,
-        scrubbed: removed,
-    }
+    environment::unit_environment(spec, host_vars, &own)
 }
 
 /// The helper's spec for a unit. Pure. Fails naming what the local backend
@@ -981,7 +929,7 @@ pub(crate) fn envelope(
             "host directory not hidden ({directory}): Unix sockets beneath it stay reachable where file permissions allow"
         ));
     }
-    if applied.hidden.is_empty() {
+    if !has("mount") {
         not_applied.push(
             "host directories: no mount namespace, so Unix sockets outside the unit (Docker, SSH agent) stay reachable where file permissions allow"
                 .to_owned(),
@@ -1009,14 +957,8 @@ pub(crate) fn envelope(
         crate::plan::Role::Workspace => "workspace",
         crate::plan::Role::Server => "server",
     };
-    let mut env_passed: Vec<String> = environment
-        .vars
-        .iter()
-        .map(|(name, _)| name.clone())
-        .collect();
-    env_passed.sort();
-    let mut env_scrubbed = environment.scrubbed.clone();
-    env_scrubbed.sort();
+    let env_passed = environment.passed();
+    let env_scrubbed = environment.scrubbed.clone();
     Envelope {
         name: spec.name.clone(),
         role: role.to_owned(),

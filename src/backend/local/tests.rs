@@ -196,7 +196,7 @@ fn an_empty_workspace_lives_in_the_unit_temp() {
 }
 
 #[test]
-fn the_environment_is_scrubbed_then_set() {
+fn the_environment_is_the_plans_with_home_and_tmpdir_in_the_units_temp() {
     let spec = unit_spec(WorkspaceSource::Empty);
     let layout = layout(&WorkspaceSource::Empty);
     let host = vec![
@@ -212,7 +212,8 @@ fn the_environment_is_scrubbed_then_set() {
             .find(|(key, _)| key == name)
             .map(|(_, value)| value.as_str())
     };
-    assert_eq!(get("PATH"), Some("/usr/bin"));
+    // The host's own PATH and HOME are not the plan's: box's own stand.
+    assert_eq!(get("PATH"), Some(environment::STANDARD_PATH));
     assert_eq!(get("HOME"), Some("/tmp/box-local-s-u/home"));
     assert_eq!(get("TMPDIR"), Some("/tmp/box-local-s-u"));
     assert_eq!(get("GREETING"), Some("hi"));
@@ -233,6 +234,7 @@ fn the_envelope_is_what_was_applied() {
     let environment = UnitEnvironment {
         vars: vec![("PATH".to_owned(), "/usr/bin".to_owned())],
         scrubbed: vec!["GITHUB_TOKEN".to_owned()],
+        missing: Vec::new(),
     };
     let sandbox = sandbox_spec(&spec, &layout, &environment, &options()).unwrap();
     let envelope = envelope(&spec, &sandbox, &applied(), &environment, "42", &layout);
@@ -333,28 +335,6 @@ fn a_privileged_unit_is_refused_and_host_namespaces_are_shared() {
     spec.security.host_namespaces = vec!["time".to_owned()];
     let error = sandbox_spec(&spec, &layout, &UnitEnvironment::default(), &options()).unwrap_err();
     assert!(error.to_string().contains("host namespace time"), "{error}");
-}
-
-#[test]
-fn root_only_entries_are_found_and_open_ones_left() {
-    use std::os::unix::fs::PermissionsExt;
-    let root = tempfile::tempdir().unwrap();
-    let set_mode = |path: &Path, mode| {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
-    };
-    std::fs::write(root.path().join("open"), "").unwrap();
-    std::fs::write(root.path().join("shadow"), "").unwrap();
-    set_mode(&root.path().join("shadow"), 0o640);
-    std::fs::create_dir_all(root.path().join("ssl/private")).unwrap();
-    std::fs::write(root.path().join("ssl/private/key.pem"), "").unwrap();
-    set_mode(&root.path().join("ssl/private"), 0o700);
-    std::fs::write(root.path().join("ssl/cert.pem"), "").unwrap();
-    set_mode(&root.path().join("ssl/cert.pem"), 0o644);
-    std::os::unix::fs::symlink("/etc/shadow", root.path().join("link")).unwrap();
-    assert_eq!(
-        root_only_entries(root.path()),
-        vec![root.path().join("shadow"), root.path().join("ssl/private")]
-    );
 }
 
 #[test]

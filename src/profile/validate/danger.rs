@@ -3,6 +3,10 @@
 //! capabilities beyond the reviewed list, devices), and the operator switch
 //! that must name each one. A danger asked but not allowed, and an allowance
 //! not used, are both problems.
+//!
+//! A `cwd` source is judged by the same rules ([`host_path_dangers`]) where
+//! it resolves, in `plan::resolve`; so with a `cwd` source the workspace
+//! allowances (`host-root`, `docker-socket`) are never unused.
 
 use std::path::Path;
 
@@ -43,6 +47,43 @@ const ENGINE_SOCKETS: &[&str] = &[
     "/var/run/crio/crio.sock",
 ];
 
+/// The dangers of `path` (absolute, canonical) as a host workspace, each with
+/// what makes it one, phrased to follow the path ("/etc is ...").
+pub(crate) fn host_path_dangers(path: &Path) -> Vec<(Danger, &'static str)> {
+    let is_socket = path
+        .file_name()
+        .is_some_and(|name| name.to_string_lossy().ends_with(".sock"))
+        || ENGINE_SOCKETS
+            .iter()
+            .any(|socket| Path::new(socket).starts_with(path) && path != Path::new("/"));
+    if is_socket {
+        // A socket path is also under a system directory; one error says it better.
+        return vec![(
+            Danger::DockerSocket,
+            "is or holds a container engine's socket (root on the host)",
+        )];
+    }
+    let is_system = SYSTEM_PATHS.iter().any(|(system, beneath)| {
+        path == Path::new(system) || (*beneath && path.starts_with(system))
+    });
+    if is_system {
+        return vec![(Danger::HostRoot, "is the host's root or a system directory")];
+    }
+    // `/home/NAME` itself: every key, token and shell history of that user.
+    let is_home = path.parent() == Some(Path::new("/home"));
+    if is_home {
+        return vec![(
+            Danger::HostRoot,
+            "is a home directory (its keys, credentials and shell history with it)",
+        )];
+    }
+    Vec::new()
+}
+
+/// Dangers an allowance may cover however the profile reads: those of a
+/// `cwd` source, which are judged where it resolves.
+pub(crate) const CWD_DANGERS: [Danger; 2] = [Danger::DockerSocket, Danger::HostRoot];
+
 /// A danger found, with where it was asked.
 pub(super) struct Asked {
     pub(super) danger: Danger,
@@ -54,36 +95,12 @@ pub(super) struct Asked {
 impl Walk {
     /// Record the dangers of binding host `path`.
     pub(super) fn judge_host_path(&mut self, node: &Node, field: &str, path: &Path) {
-        let is_socket = path
-            .file_name()
-            .is_some_and(|name| name.to_string_lossy().ends_with(".sock"))
-            || ENGINE_SOCKETS
-                .iter()
-                .any(|socket| Path::new(socket).starts_with(path) && path != Path::new("/"));
-        if is_socket {
+        for (danger, what) in host_path_dangers(path) {
             self.dangers.push(Asked {
-                danger: Danger::DockerSocket,
+                danger,
                 at: node.at.clone(),
                 field: field.to_owned(),
-                what: format!(
-                    "{} is or holds a container engine's socket (root on the host)",
-                    path.display()
-                ),
-            });
-        }
-        let is_system = SYSTEM_PATHS.iter().any(|(system, beneath)| {
-            path == Path::new(system) || (*beneath && path.starts_with(system))
-        });
-        // A socket path is also under a system directory; one error says it better.
-        if is_system && !is_socket {
-            self.dangers.push(Asked {
-                danger: Danger::HostRoot,
-                at: node.at.clone(),
-                field: field.to_owned(),
-                what: format!(
-                    "{} is the host's root or a system directory",
-                    path.display()
-                ),
+                what: format!("{} {what}", path.display()),
             });
         }
     }
@@ -114,7 +131,14 @@ impl Walk {
         .collect()
     }
 
-    pub(super) fn judge_dangers(&mut self, allowed: Vec<(Danger, Node)>) -> Vec<Danger> {
+    /// Judge what was asked against what the operator allowed; `may_ask`
+    /// are dangers only known once host facts are (a `cwd` source's), whose
+    /// allowances count as used.
+    pub(super) fn judge_dangers(
+        &mut self,
+        allowed: Vec<(Danger, Node)>,
+        may_ask: &[Danger],
+    ) -> Vec<Danger> {
         let asked = std::mem::take(&mut self.dangers);
         for ask in &asked {
             if !allowed.iter().any(|(danger, _)| *danger == ask.danger) {
@@ -131,7 +155,7 @@ impl Walk {
         }
         let mut used = Vec::new();
         for (danger, node) in allowed {
-            if asked.iter().any(|ask| ask.danger == danger) {
+            if asked.iter().any(|ask| ask.danger == danger) || may_ask.contains(&danger) {
                 used.push(danger);
             } else {
                 self.problem(
