@@ -223,7 +223,7 @@ fn copy_dir(
                 });
             }
             FileType::File => {
-                let Some((file, stat)) = sys::open_regular_at(source.as_fd(), &name.name)
+                let Some((file, stat)) = sys::open_checked_at(source.as_fd(), &name.name)
                     .map_err(|errno| io_error("open", at(trees.parent, &path), errno))?
                 else {
                     state.skipped.push(skip(&path, SkipReason::Vanished));

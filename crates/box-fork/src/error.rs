@@ -6,7 +6,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// An error from [`fork`](crate::fork), [`merge`](crate::merge),
+/// An error from [`fork`](crate::fork()), [`merge`](crate::merge()),
 /// [`discard`](crate::discard) or [`recover`](crate::recover).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -3,13 +3,13 @@
 //! (issue 11). No unit, session or wire here: directories in, directories
 //! and a [`Base`] out; the host and the backends put units around them.
 //!
-//! - [`fork`] makes the child: in [`Mechanism::Worktree`] a repository of its
+//! - [`fork()`] makes the child: in [`Mechanism::Worktree`] a repository of its
 //!   own holding HEAD (plus, with `dirty`, the parent's uncommitted work)
 //!   that borrows the parent's git objects read-only; in
 //!   [`Mechanism::Copy`] a full copy of the tree, `.git` included. Either
 //!   way the child shares no refs, index, config or hooks with the parent.
 //!   The [`Base`] it returns records the child's tree at fork time.
-//! - [`merge`] applies what the child changed since its base to the parent:
+//! - [`merge()`] applies what the child changed since its base to the parent:
 //!   all or nothing, refused when the parent changed the same paths (unless
 //!   `theirs`), serialized per parent across the host by a lock file.
 //! - [`discard`] removes the child and the parent-side pin.
@@ -132,7 +132,7 @@ pub struct Skipped {
 pub struct Forked {
     /// The mechanism used (what `Auto` chose).
     pub mode_used: Mechanism,
-    /// What [`merge`] needs later; keep it with the child.
+    /// What [`merge()`] needs later; keep it with the child.
     pub base: Base,
     /// Set when the child is degraded, e.g. "the child sees committed HEAD
     /// only: ..." when the dirty overlay could not be applied.

@@ -178,9 +178,9 @@ pub(crate) struct Pin {
 /// The base version this crate writes and reads.
 const FORMAT: u32 = 1;
 
-/// What a merge needs to know about a fork: made by [`fork`](crate::fork),
+/// What a merge needs to know about a fork: made by [`fork`](crate::fork()),
 /// kept by the caller (it serialises with serde, e.g. to JSON), handed to
-/// [`merge`](crate::merge) and [`discard`](crate::discard).
+/// [`merge`](crate::merge()) and [`discard`](crate::discard).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Base {
     format: u32,
@@ -364,11 +364,21 @@ fn record_dir(
                 more.push(Some(path));
             }
             FileType::File => {
-                let Some((file, mut stat)) = sys::open_regular_at(fd.as_fd(), &name.name)
-                    .map_err(|errno| io_error("open", at(Some(&path)), errno))?
-                else {
-                    continue;
-                };
+                // The child is the fork's own until it returns: nothing swaps
+                // this file, so the walk's `lstat` stands (a link still fails
+                // the open).
+                let file = nix::fcntl::openat(
+                    fd.as_fd(),
+                    name.name.as_slice(),
+                    nix::fcntl::OFlag::O_RDONLY
+                        | nix::fcntl::OFlag::O_NOFOLLOW
+                        | nix::fcntl::OFlag::O_NONBLOCK
+                        | nix::fcntl::OFlag::O_CLOEXEC,
+                    nix::sys::stat::Mode::empty(),
+                )
+                .map(std::fs::File::from)
+                .map_err(|errno| io_error("open", at(Some(&path)), errno))?;
+                let mut stat = stat;
                 if read_only && stat.mode & 0o222 != 0 {
                     nix::sys::stat::fchmod(
                         &file,
@@ -378,7 +388,7 @@ fn record_dir(
                     stat = sys::fstat(file.as_fd())
                         .map_err(|errno| io_error("stat", at(Some(&path)), errno))?;
                 }
-                let (hash, _) = sys::hash_file(&file, buffer)
+                let (hash, _) = sys::hash_file_up_to(&file, stat.size, buffer)
                     .map_err(|error| io_error("read", at(Some(&path)), error))?;
                 entries.push(Entry::new(path, &stat, Some(hash), None));
             }

@@ -1,47 +1,11 @@
 //! Merge: apply what the child changed since its [`Base`] to the parent, all
 //! or nothing, one merge per parent at a time across the host, without git.
-//!
-//! 1. **Lock.** An exclusive `flock` on `<lock_dir>/box-fork-<dev>-<ino>.lock`
-//!    (the parent directory's device and inode): merges into one parent queue
-//!    behind each other, merges into different parents do not meet. A journal
-//!    left by an interrupted merge is rolled back first.
-//! 2. **Scan the child.** Walk it (never into a `.git`, never through a
-//!    link), skip files whose `lstat` is unchanged since the fork, hash the
-//!    rest: a file whose contents and executable bit match the base is
-//!    unchanged. Regular files only: links, FIFOs and the like are reported,
-//!    never merged. Untracked files that the child's gitignore rules ignore
-//!    are skipped (ripgrep's `ignore` matcher; tracked means in git's index
-//!    at fork time, worktree mode only); an ignored directory is not entered
-//!    unless the base tracks something below it.
-//! 3. **Check the parent.** For every changed path: refused (always) if it
-//!    runs through a link or a file in the parent, or is a directory, link or
-//!    irregular file there; a conflict if the parent's file differs from the
-//!    base (hash and executable bit), unless it already equals the child's
-//!    (nothing to do) or `theirs` lets the child win. Any refusal or
-//!    conflict ends the merge here, having written nothing.
-//! 4. **Journal, stage, commit.** The plan is written to
-//!    `<lock_dir>/box-fork-<dev>-<ino>.journal` (fsync'd) before the parent is
-//!    touched. Every new content is staged as `.box-merge-<token>-<n>` beside
-//!    its destination (missing directories made) and checked against the hash
-//!    seen in step 2. Then, path by path: the existing file is kept as a hard
-//!    link `.box-merge-<token>-<n>.orig` (and re-hashed: a parent write since
-//!    step 3 is a conflict), the staged file is renamed over it; a deletion
-//!    renames the file to its backup. Any failure undoes every step in
-//!    reverse. Removing the journal is the commit point; the backups are
-//!    removed after it.
-//!
-//! What a `kill -9` leaves: before the journal is removed, a parent that may
-//! be partly merged, with `.box-merge-*` files beside the paths involved;
-//! the next merge into that parent (or [`recover`]) rolls it back to exactly
-//! its pre-image from the journal (files put back by rename, so their inodes
-//! too). After the journal is removed, a merged parent with possibly some
-//! `.box-merge-*.orig` backups left over. Nothing is fsync'd but the journal,
-//! so after a power loss the filesystem's own ordering decides.
-//!
-//! The lock serializes merges, not the parent unit: a write by the parent's
-//! own processes between the check and the rename of the same path is
-//! detected only up to the backup's re-hash, a narrow window the host
-//! closes by pausing the parent unit if it must.
+//! The rules, the locking, the journal and what a crash leaves are in
+//! [`merge()`]'s documentation. The pieces, in order: [`lock_parent`] (and
+//! the rollback of an interrupted merge's journal), `scan` (the child's
+//! changes: `lstat` shortcut, then hashes), `plan` (the parent's side of each
+//! path: refusals, conflicts, what to do), `apply` (journal, stage, commit,
+//! or undo).
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -84,7 +48,7 @@ pub struct Merged {
     pub skipped: Vec<Skipped>,
 }
 
-/// The lock that serializes merges into one parent; held by [`merge`] for
+/// The lock that serializes merges into one parent; held by [`merge()`] for
 /// its whole run, released on drop. Take it to keep merges out meanwhile.
 #[derive(Debug)]
 pub struct ParentLock {
@@ -103,7 +67,7 @@ pub fn lock_parent(parent: &Path, lock_dir: &Path) -> Result<ParentLock, Error> 
 }
 
 /// Roll back what a merge into `parent` interrupted by a crash left, if
-/// anything; `true` when there was something. [`merge`] does this itself
+/// anything; `true` when there was something. [`merge()`] does this itself
 /// before it starts; call it at startup to restore parents early.
 pub fn recover(parent: &Path, lock_dir: &Path) -> Result<bool, Error> {
     let lock = lock_parent_without_recovery(parent, lock_dir)?;
@@ -160,9 +124,52 @@ impl Change {
     }
 }
 
-/// Merge the child's changes since `base` into `parent` (see the module
-/// documentation for the rules). On success `base` describes the merged
-/// state, so a later merge of the same child carries only newer changes.
+/// Merge the child's changes since `base` into `parent`, all or nothing.
+///
+/// What is merged: every regular file of the child (never inside a `.git`)
+/// that differs from `base` in contents or executable bit, added, modified
+/// or deleted; binary-safe, names need not be UTF-8. Untracked files the
+/// child's gitignore rules ignore are skipped (tracked: in git's index at
+/// fork time, worktree mode only); links and irregular files are reported in
+/// [`Merged::skipped`], never merged. A child with no change merges nothing.
+///
+/// What is refused, with every path named and the parent untouched:
+/// [`Error::Conflict`] when the parent changed a path the child changed
+/// (unless it already holds the child's version, or `theirs` is set);
+/// [`Error::Refused`] (whatever `theirs` says) for a path that runs through
+/// a symbolic link or a file in the parent, or that is a directory, link or
+/// irregular file there. Paths with `..`, absolute paths and `.git`
+/// components cannot occur: a base that holds one does not deserialise.
+///
+/// Serialization: an exclusive `flock` on `<lock_dir>/box-fork-<dev>-<ino>.lock`
+/// (the parent directory's identity) for the whole merge, so merges into one
+/// parent run one at a time across the host and merges into different
+/// parents run at once. The call blocks while another merge holds it.
+///
+/// How it applies: the plan is journaled (fsync'd) in `lock_dir`; each new
+/// content is staged as `.box-merge-<token>-<n>` beside its destination and
+/// checked against the hash the scan saw; then path by path the parent's file
+/// is kept as a hard link `<temp>.orig` (re-hashed: a parent write since the
+/// check is a conflict) and the staged file renamed over it, or the file is
+/// renamed away for a deletion. A failure undoes every step in reverse and
+/// reports [`Error::Apply`] (or [`Error::RestoreFailed`] if undoing failed
+/// too, leaving the journal). Removing the journal is the commit point.
+///
+/// Crash safety (`kill -9` of the host mid-merge): until the journal is
+/// removed the parent may be partly merged, with `.box-merge-*` files beside
+/// the paths involved; the next merge into that parent, or [`recover`],
+/// rolls it back to exactly its pre-image (each file renamed back, so with
+/// its inode) before doing anything else. After the journal is removed the
+/// merge stands, with at worst some `.box-merge-*.orig` backups left. Only
+/// the journal is fsync'd: after a power loss, the filesystem's ordering
+/// decides what survives.
+///
+/// Not covered: the parent unit's own processes writing the same path
+/// between the check and the rename (only the backup's re-hash narrows that
+/// window); pause the parent unit to close it.
+///
+/// On success `base` describes the merged state, so a later merge of the
+/// same child carries only newer changes.
 pub fn merge(
     child: &Path,
     parent: &Path,

@@ -218,7 +218,7 @@ pub(crate) fn read_dir(dir: OwnedFd) -> nix::Result<(Vec<DirEntry>, OwnedFd)> {
 
 /// Open `name` in `dir` for reading if it is a regular file (`None` when it
 /// is anything else): stat'ed first so no device or FIFO is ever opened,
-/// opened without following a link and without blocking, then checked again.
+/// then opened as [`open_checked_at`] does.
 pub(crate) fn open_regular_at(
     dir: BorrowedFd<'_>,
     name: &[u8],
@@ -226,6 +226,16 @@ pub(crate) fn open_regular_at(
     if lstat_at(dir, name)?.file_type != FileType::File {
         return Ok(None);
     }
+    open_checked_at(dir, name)
+}
+
+/// Open `name` in `dir`, which an `lstat` just showed to be a regular file,
+/// for reading: without following a link and without blocking (in case a
+/// FIFO was swapped in since), then checked again (`None`: not regular now).
+pub(crate) fn open_checked_at(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+) -> nix::Result<Option<(File, Stat)>> {
     let fd = nix::fcntl::openat(
         dir,
         name,
@@ -431,11 +441,22 @@ fn read_write(
 
 /// The SHA-256 and length of everything in `file`, read from offset 0.
 pub(crate) fn hash_file(file: &File, buffer: &mut Vec<u8>) -> io::Result<(ContentHash, u64)> {
+    hash_file_up_to(file, u64::MAX, buffer)
+}
+
+/// Like [`hash_file`], but stop after `length` bytes, saving the read that
+/// would find the end: for a file nobody else writes, whose length is known.
+pub(crate) fn hash_file_up_to(
+    file: &File,
+    length: u64,
+    buffer: &mut Vec<u8>,
+) -> io::Result<(ContentHash, u64)> {
     buffer.resize(CHUNK, 0);
     let mut hasher = Sha256::new();
     let mut offset = 0u64;
-    loop {
-        let read = match file.read_at(buffer, offset) {
+    while offset < length {
+        let want = usize::try_from((length - offset).min(CHUNK as u64)).unwrap_or(CHUNK);
+        let read = match file.read_at(&mut buffer[..want], offset) {
             Ok(0) => break,
             Ok(read) => read,
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,

@@ -304,24 +304,43 @@ fn build(
         checkout.env = alternates();
         checkout
     };
-    git.run(&checkout())?;
+    // The parent's status is read while the child is checked out: two git
+    // processes on two trees that do not meet.
+    let (checked_out, status) = std::thread::scope(|scope| {
+        let status = options
+            .dirty
+            .then(|| scope.spawn(|| parent_changes(git, parent, repository)));
+        let checked_out = git.run(&checkout());
+        let status = status.map(|handle| {
+            handle
+                .join()
+                .unwrap_or_else(|_| Err("reading the parent's status panicked".to_owned()))
+        });
+        (checked_out, status)
+    });
+    checked_out?;
 
     let mut skipped = Vec::new();
     let mut untracked = HashSet::new();
     let mut advisory = None;
-    if options.dirty {
-        match overlay(git, parent, repository, child, &mut skipped, &mut untracked) {
-            Ok(()) => {}
-            Err(reason) => {
-                skipped.clear();
-                untracked.clear();
-                reset(child).map_err(|errno| io_error("reset", child, errno))?;
-                git.run(&checkout())?;
-                advisory = Some(format!(
-                    "the child sees committed HEAD only: the parent's uncommitted changes could not be brought over ({reason})"
-                ));
-            }
+    let overlaid = match status {
+        None => Ok(()),
+        // Nothing was applied: the checkout is a clean HEAD.
+        Some(Err(reason)) => Err((reason, false)),
+        Some(Ok(status)) => overlay(&status, parent, child, &mut skipped, &mut untracked)
+            .map_err(|reason| (reason, true)),
+    };
+    if let Err((reason, applied)) = overlaid {
+        skipped.clear();
+        untracked.clear();
+        if applied {
+            // Back to a clean HEAD: what was half applied goes.
+            reset(child).map_err(|errno| io_error("reset", child, errno))?;
+            git.run(&checkout())?;
         }
+        advisory = Some(format!(
+            "the child sees committed HEAD only: the parent's uncommitted changes could not be brought over ({reason})"
+        ));
     }
 
     let mut entries = manifest::record(child, !options.writable)?;
@@ -464,16 +483,9 @@ fn skipped_entry(path: &RelPath, reason: SkipReason) -> Skipped {
     }
 }
 
-/// Bring the parent's uncommitted state into the checked-out child; the
-/// error says why it could not.
-fn overlay(
-    git: &Git,
-    parent: &Path,
-    repository: &Repository,
-    child: &Path,
-    skipped: &mut Vec<Skipped>,
-    untracked: &mut HashSet<RelPath>,
-) -> Result<(), String> {
+/// The parent's uncommitted changes, from `git status` with the parent's
+/// drivers neutralised; the error says why they could not be read.
+fn parent_changes(git: &Git, parent: &Path, repository: &Repository) -> Result<Vec<u8>, String> {
     let read_parent = GitAccess {
         read: vec![parent.to_path_buf()],
         write: Vec::new(),
@@ -509,8 +521,19 @@ fn overlay(
     status.work_tree = Some(parent);
     status.config = driver_overrides(&drivers);
     status.env = vec![("GIT_OPTIONAL_LOCKS", OsString::from("0"))];
-    let output = git.run(&status).map_err(|error| error.to_string())?;
-    let changes = parse_status(&output, skipped, untracked)?;
+    git.run(&status).map_err(|error| error.to_string())
+}
+
+/// Bring the parent's uncommitted state (its `git status` output) into the
+/// checked-out child; the error says why it could not.
+fn overlay(
+    status: &[u8],
+    parent: &Path,
+    child: &Path,
+    skipped: &mut Vec<Skipped>,
+    untracked: &mut HashSet<RelPath>,
+) -> Result<(), String> {
+    let changes = parse_status(status, skipped, untracked)?;
     if changes.is_empty() {
         return Ok(());
     }
@@ -529,6 +552,10 @@ fn overlay(
     let mut buffer = Vec::new();
     for change in &changes {
         if let Change::Copy(path) = change {
+            #[cfg(test)]
+            if tests::FAIL_OVERLAY.with(|fail| fail.replace(false)) {
+                return Err(format!("injected failure before copying {path}"));
+            }
             match copy_in(
                 parent_fd.as_fd(),
                 child_fd.as_fd(),
@@ -646,6 +673,71 @@ fn reset(child: &Path) -> nix::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Fail the next overlay before its first copy (after its deletions).
+        pub(super) static FAIL_OVERLAY: Cell<bool> = const { Cell::new(false) };
+    }
+
+    fn git(dir: &Path, args: &[&str]) {
+        let status = std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@example.invalid",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .status()
+            .unwrap();
+        assert!(status.success(), "git {args:?}");
+    }
+
+    #[test]
+    fn an_overlay_failing_halfway_is_undone_to_a_clean_head() {
+        let scratch = tempfile::tempdir().unwrap();
+        let parent = scratch.path().join("parent");
+        std::fs::create_dir_all(&parent).unwrap();
+        git(&parent, &["init", "-q"]);
+        for name in ["a.txt", "b.txt", "gone.txt"] {
+            std::fs::write(parent.join(name), format!("{name} committed\n")).unwrap();
+        }
+        git(&parent, &["add", "-A"]);
+        git(&parent, &["commit", "-q", "-m", "base"]);
+        std::fs::write(parent.join("a.txt"), "a.txt uncommitted\n").unwrap();
+        std::fs::remove_file(parent.join("gone.txt")).unwrap();
+        std::fs::write(parent.join("new.txt"), "untracked\n").unwrap();
+        let child = scratch.path().join("child");
+        FAIL_OVERLAY.with(|fail| fail.set(true));
+        let runner = Git::new([
+            ("PATH", "/usr/bin:/bin"),
+            ("GIT_CONFIG_NOSYSTEM", "1"),
+            ("GIT_CONFIG_GLOBAL", "/dev/null"),
+        ]);
+        let forked = crate::fork(&runner, &parent, &child, &Options::default()).unwrap();
+        let advisory = forked.advisory.unwrap();
+        assert!(advisory.contains("injected failure"), "{advisory}");
+        // The deletion had been applied; the reset brought the file back.
+        assert_eq!(
+            std::fs::read_to_string(child.join("gone.txt")).unwrap(),
+            "gone.txt committed\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(child.join("a.txt")).unwrap(),
+            "a.txt committed\n"
+        );
+        assert!(!child.join("new.txt").exists());
+        assert!(forked.base.entries.iter().all(|entry| entry.tracked));
+    }
 
     #[test]
     fn status_records_become_changes() {

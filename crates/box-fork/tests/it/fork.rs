@@ -115,6 +115,11 @@ fn copy_mode_of_a_repository_is_a_repository_of_its_own() {
         fs::read_to_string(parent.join("README.md")).unwrap(),
         "# fixture\n"
     );
+    write(&parent, "src/lib.rs", "changed in the parent\n");
+    assert_eq!(
+        fs::read_to_string(child.join("src/lib.rs")).unwrap(),
+        "pub fn one() -> u32 { 1 }\n"
+    );
 }
 
 #[test]
@@ -478,4 +483,124 @@ fn a_child_must_be_new_and_outside_the_parent() {
     )
     .unwrap_err();
     assert!(matches!(error, Error::ChildExists(_)), "{error}");
+}
+
+/// Records what each git command was allowed, and runs it unconfined.
+struct Recorder(std::sync::Mutex<Vec<(Vec<std::path::PathBuf>, Vec<std::path::PathBuf>)>>);
+
+impl box_fork::Confine for Recorder {
+    fn command(
+        &self,
+        program: &Path,
+        access: &box_fork::GitAccess,
+    ) -> std::io::Result<std::process::Command> {
+        self.0
+            .lock()
+            .unwrap()
+            .push((access.read.clone(), access.write.clone()));
+        Ok(std::process::Command::new(program))
+    }
+}
+
+#[test]
+fn every_git_command_goes_through_the_confinement_hook_with_what_it_needs() {
+    let scratch = Scratch::new();
+    let parent = scratch.path("parent");
+    repository(&parent);
+    write(&parent, "README.md", "dirty\n");
+    let recorder = std::sync::Arc::new(Recorder(std::sync::Mutex::new(Vec::new())));
+    let runner = neutral_git().with_confinement(recorder.clone());
+    let child = scratch.path("child");
+    let forked = fork(&runner, &parent, &child, &Options::default()).unwrap();
+    discard(&runner, &child, &forked.base).unwrap();
+    let parent = parent.canonicalize().unwrap();
+    let git_dir = parent.join(".git");
+    let child = scratch.dir.path().canonicalize().unwrap().join("child");
+    let accesses = recorder.0.lock().unwrap().clone();
+    // Every command writes at most the child or the parent's git directory
+    // (the pin), and reads nothing outside the two trees.
+    for (read, write) in &accesses {
+        for path in write {
+            assert!(
+                path == &child || path == &git_dir,
+                "writes {}",
+                path.display()
+            );
+        }
+        for path in read {
+            assert!(
+                path.starts_with(&parent) || path.starts_with(&child),
+                "reads {}",
+                path.display()
+            );
+        }
+    }
+    let writes_parent = accesses
+        .iter()
+        .filter(|(_, write)| write.contains(&git_dir))
+        .count();
+    assert_eq!(writes_parent, 2, "the pin and its removal: {accesses:?}");
+    assert!(
+        accesses
+            .iter()
+            .any(|(read, write)| read == &vec![parent.clone()] && write.is_empty()),
+        "git status reads the parent and writes nothing: {accesses:?}"
+    );
+}
+
+/// A confinement that cannot be set up.
+struct Broken;
+
+impl box_fork::Confine for Broken {
+    fn command(&self, _: &Path, _: &box_fork::GitAccess) -> std::io::Result<std::process::Command> {
+        Err(std::io::Error::other("landlock unavailable"))
+    }
+}
+
+#[test]
+fn a_confinement_that_fails_fails_the_fork_and_leaves_nothing() {
+    let scratch = Scratch::new();
+    let parent = scratch.path("parent");
+    repository(&parent);
+    let child = scratch.path("child");
+    let runner = neutral_git().with_confinement(std::sync::Arc::new(Broken));
+    let error = fork(&runner, &parent, &child, &options(Mode::Worktree)).unwrap_err();
+    assert!(
+        error.to_string().contains("landlock unavailable"),
+        "{error}"
+    );
+    assert!(!child.exists());
+}
+
+#[test]
+fn a_git_that_hangs_is_killed_and_the_fork_undone() {
+    let scratch = Scratch::new();
+    let parent = scratch.path("parent");
+    repository(&parent);
+    // A git that answers the inspection, then hangs on checkout.
+    let fake = scratch.path("git");
+    write(
+        scratch.dir.path(),
+        "git",
+        "#!/bin/sh\ncase \"$*\" in *read-tree*) exec sleep 30;; esac\nexec git \"$@\"\n",
+    );
+    chmod(scratch.dir.path(), "git", 0o755);
+    let runner = neutral_git()
+        .with_program(&fake)
+        .with_timeout(std::time::Duration::from_millis(500));
+    let child = scratch.path("child");
+    let started = std::time::Instant::now();
+    let error = fork(&runner, &parent, &child, &options(Mode::Worktree)).unwrap_err();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(&error, Error::Git(git) if matches!(git.failure, box_fork::GitFailure::Timeout(_))),
+        "{error}"
+    );
+    assert!(!child.exists(), "the child is removed");
+    let pins = git(&parent, &["for-each-ref", "refs/box/"]);
+    assert_eq!(pins, "", "the pin is removed");
 }
