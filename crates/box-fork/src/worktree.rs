@@ -24,6 +24,15 @@
 //! HEAD, so the child's `git status` shows them as unstaged). Links,
 //! submodules and irregular files are left out and reported. If anything
 //! fails the child is reset to a clean HEAD and the fork carries an advisory.
+//!
+//! What the child does not get: the parent's other branches and tags (one
+//! branch, at the base), its remotes, stash, config and hooks; submodule
+//! contents (a gitlink checks out as an empty directory). HEAD's own links
+//! are checked out as git writes them, wherever they point: they resolve in
+//! the unit's view of the filesystem, and nothing here follows them. A
+//! parent whose `.git` is a file (a linked worktree, a submodule), whose
+//! objects borrow another repository's, or that has no commit yet cannot be
+//! forked this way (`Auto` copies it instead).
 
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
