@@ -18,6 +18,27 @@ struct Queue<J, E> {
     jobs: Vec<J>,
     active: usize,
     error: Option<E>,
+    /// A worker panicked (a bug): everyone stops, the panic propagates.
+    panicked: bool,
+}
+
+/// Held while a job runs: if the job panics, the queue learns it, so the
+/// other workers stop instead of waiting for that job forever.
+struct Running<'a, J, E> {
+    queue: &'a Mutex<Queue<J, E>>,
+    wake: &'a Condvar,
+}
+
+impl<J, E> Drop for Running<'_, J, E> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Ok(mut guard) = self.queue.lock() {
+                guard.panicked = true;
+                guard.active -= 1;
+            }
+            self.wake.notify_all();
+        }
+    }
 }
 
 /// Run `work` on every job (those in `initial` and those it queues) on
@@ -38,6 +59,7 @@ where
         jobs: initial,
         active: 0,
         error: None,
+        panicked: false,
     });
     let wake = Condvar::new();
     let worker = || {
@@ -47,7 +69,7 @@ where
             let job = {
                 let Ok(mut guard) = queue.lock() else { break };
                 loop {
-                    if guard.error.is_some() {
+                    if guard.error.is_some() || guard.panicked {
                         break None;
                     }
                     if let Some(job) = guard.jobs.pop() {
@@ -67,7 +89,12 @@ where
                 wake.notify_all();
                 break;
             };
+            let running = Running {
+                queue: &queue,
+                wake: &wake,
+            };
             let result = work(&mut state, job, &mut found);
+            drop(running);
             let Ok(mut guard) = queue.lock() else { break };
             guard.active -= 1;
             match result {
@@ -86,9 +113,9 @@ where
         let handles: Vec<_> = (1..threads).map(|_| scope.spawn(worker)).collect();
         let mut states = vec![worker()];
         for handle in handles {
-            // A panicking worker has already recorded nothing more to do.
-            if let Ok(state) = handle.join() {
-                states.push(state);
+            match handle.join() {
+                Ok(state) => states.push(state),
+                Err(panic) => std::panic::resume_unwind(panic),
             }
         }
         states
@@ -122,6 +149,27 @@ mod tests {
         let mut all: Vec<u32> = states.into_iter().flatten().collect();
         all.sort_unstable();
         assert_eq!(all, (0..1000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_panicking_job_propagates_instead_of_hanging_the_others() {
+        let outcome = std::panic::catch_unwind(|| {
+            run(
+                vec![0u32],
+                3,
+                || (),
+                |_, job, more| {
+                    assert!(job != 500, "job 500 is a bug");
+                    more.extend(
+                        [2 * job + 1, 2 * job + 2]
+                            .into_iter()
+                            .filter(|next| *next < 1000),
+                    );
+                    Ok::<(), ()>(())
+                },
+            )
+        });
+        assert!(outcome.is_err());
     }
 
     #[test]
