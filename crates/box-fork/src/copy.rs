@@ -10,6 +10,10 @@
 //! `..` only at its start and not climbing above the root (a `..` after a
 //! name could climb out through another link). Other links, FIFOs, sockets
 //! and devices are left out and reported.
+//!
+//! The copied `.git` is the parent's, configuration and hooks included: the
+//! child's own repository, for the child's git inside its unit. Git that the
+//! host runs on it needs the same neutralisation as on the parent.
 
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd};

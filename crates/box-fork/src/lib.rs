@@ -88,7 +88,9 @@ impl Default for Options {
 }
 
 /// The read-only mount a worktree child needs for its git to find the
-/// parent's objects.
+/// parent's objects. Git the host runs on the child (outside the unit) finds
+/// them by passing `GIT_ALTERNATE_OBJECT_DIRECTORIES=<host>` when `unit` is
+/// not a host path.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectsMount {
     /// The parent's objects directory on the host (canonical).

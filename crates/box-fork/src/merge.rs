@@ -60,6 +60,9 @@ pub struct ParentLock {
 
 /// Take the merge lock of `parent` (blocking until other merges into it are
 /// done), rolling back what an interrupted merge left, if anything.
+/// `lock_dir` is a host directory outside both trees, the same for every
+/// merge on the host (it is made if missing); it holds the lock files and
+/// journals.
 pub fn lock_parent(parent: &Path, lock_dir: &Path) -> Result<ParentLock, Error> {
     let lock = lock_parent_without_recovery(parent, lock_dir)?;
     roll_back_journal(&lock)?;
@@ -141,7 +144,9 @@ impl Change {
 /// irregular file there. Paths with `..`, absolute paths and `.git`
 /// components cannot occur: a base that holds one does not deserialise.
 ///
-/// Serialization: an exclusive `flock` on `<lock_dir>/box-fork-<dev>-<ino>.lock`
+/// Serialization: `lock_dir` is a host directory outside both trees, the
+/// same for every merge on the host; an exclusive `flock` on
+/// `<lock_dir>/box-fork-<dev>-<ino>.lock`
 /// (the parent directory's identity) for the whole merge, so merges into one
 /// parent run one at a time across the host and merges into different
 /// parents run at once. The call blocks while another merge holds it.
