@@ -8,20 +8,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 use box_fork::Git;
 
-/// An empty directory for `HOME` and `XDG_CONFIG_HOME`, shared by the tests.
+/// `HOME` and `XDG_CONFIG_HOME` for every git the tests run: a directory
+/// that does not exist holds no configuration, and leaves nothing behind.
 fn empty_home() -> &'static Path {
-    static HOME: OnceLock<PathBuf> = OnceLock::new();
-    HOME.get_or_init(|| {
-        let dir = tempfile::Builder::new()
-            .prefix("box-fork-home")
-            .tempdir()
-            .unwrap();
-        dir.keep()
-    })
+    Path::new("/nonexistent/box-fork-home")
 }
 
 const HOOK_EVENTS: &[&str] = &[
