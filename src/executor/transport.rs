@@ -5,9 +5,11 @@
 //! response (with the line's `id` when one can be found without parsing it),
 //! so the client's request ends; the executor keeps serving.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use rmcp::RoleServer;
+use rmcp::model::{ClientNotification, JsonRpcMessage, RequestId};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -31,6 +33,11 @@ pub(crate) struct LineTransport<R, W> {
     line: Vec<u8>,
     /// Bytes of the current line past the limit (being discarded).
     overflow: usize,
+    /// The ids of the client's requests not yet answered. rmcp keys its own
+    /// bookkeeping by id, so a second request with an id in flight would run
+    /// and take the first one's place: it is refused here instead, as
+    /// `box serve` refuses it.
+    in_flight: Arc<std::sync::Mutex<HashSet<RequestId>>>,
 }
 
 impl<R, W> LineTransport<R, W>
@@ -45,7 +52,42 @@ where
             writer: Arc::new(Mutex::new(writer)),
             line: Vec::new(),
             overflow: 0,
+            in_flight: Arc::default(),
         }
+    }
+
+    /// Track a message from the client: a request's id is in flight until
+    /// answered (`Err` with the refusal when it already is); a cancellation
+    /// frees its id, because rmcp then drops the answer.
+    fn track(&self, message: &RxJsonRpcMessage<RoleServer>) -> Result<(), Value> {
+        let Ok(mut in_flight) = self.in_flight.lock() else {
+            return Ok(());
+        };
+        match message {
+            JsonRpcMessage::Request(request) => {
+                if !in_flight.insert(request.id.clone()) {
+                    let id = request.id.clone().into_json_value();
+                    return Err(json!({
+                        "jsonrpc": "2.0",
+                        "id": id,
+                        "error": {
+                            "code": INVALID_REQUEST,
+                            "message": format!("request id {id} is already in flight in this session; ids must not be reused"),
+                        },
+                    }));
+                }
+            }
+            JsonRpcMessage::Notification(notification) => {
+                if let ClientNotification::CancelledNotification(cancelled) =
+                    &notification.notification
+                    && let Some(id) = &cancelled.params.request_id
+                {
+                    in_flight.remove(id);
+                }
+            }
+            JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_) => {}
+        }
+        Ok(())
     }
 
     /// Read up to the next newline, keeping at most the limit; `false` at EOF
@@ -262,6 +304,16 @@ where
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let answered = match &item {
+            JsonRpcMessage::Response(response) => Some(&response.id),
+            JsonRpcMessage::Error(error) => error.id.as_ref(),
+            JsonRpcMessage::Request(_) | JsonRpcMessage::Notification(_) => None,
+        };
+        if let Some(id) = answered
+            && let Ok(mut in_flight) = self.in_flight.lock()
+        {
+            in_flight.remove(id);
+        }
         let writer = Arc::clone(&self.writer);
         async move {
             let mut bytes = Vec::with_capacity(4096);
@@ -275,7 +327,11 @@ where
             if !self.read_line().await {
                 return None;
             }
-            match self.parse_line() {
+            let parsed = self.parse_line().and_then(|message| match message {
+                Some(message) => self.track(&message).map(|()| Some(message)).map_err(Some),
+                None => Ok(None),
+            });
+            match parsed {
                 Ok(Some(message)) => return Some(message),
                 Ok(None) => {}
                 Err(None) => {}

@@ -655,6 +655,67 @@ fn bad_input_is_answered_and_the_executor_keeps_serving() {
     assert!(executor.finish().success());
 }
 
+/// Issue 8, item 7: two `bash` calls with one id in flight both ran and only
+/// one was answered.
+#[test]
+fn a_duplicate_in_flight_id_is_refused_and_the_first_still_answered() {
+    let dir = workspace();
+    let (mut executor, _) = Executor::ready(dir.path(), &[], json!({}));
+    let bash = |id: Value, command: &str| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"name": "bash", "arguments": {"command": command}}})
+    };
+    for id in [json!("dup"), json!(77)] {
+        executor.send(&bash(id.clone(), "sleep 0.5; echo first"));
+        executor.send(&bash(id.clone(), "touch second"));
+        let refusal = executor.response();
+        assert_eq!(
+            refusal,
+            json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32600, "message":
+                format!("request id {id} is already in flight in this session; ids must not be reused")}})
+        );
+        let answer = executor.response();
+        assert_eq!(answer["id"], id, "{answer}");
+        assert_eq!(
+            answer["result"]["content"][0]["text"],
+            json!("first\n[exit 0]"),
+            "{answer}"
+        );
+        assert!(!dir.path().join("second").exists());
+        // Nothing else is owed for the id, and it may be used again once answered.
+        executor.send(&bash(id.clone(), "echo again"));
+        let again = executor.response();
+        assert_eq!(again["id"], id, "{again}");
+        assert_eq!(
+            again["result"]["content"][0]["text"],
+            json!("again\n[exit 0]")
+        );
+    }
+    // Ids 1 and "1" are different ids.
+    executor.send(&bash(json!(5), "sleep 0.3; echo number"));
+    executor.send(&bash(json!("5"), "echo string"));
+    let mut texts: Vec<String> = (0..2)
+        .map(|_| executor.response()["result"]["content"][0]["text"].to_string())
+        .collect();
+    texts.sort();
+    assert_eq!(texts, ["\"number\\n[exit 0]\"", "\"string\\n[exit 0]\""]);
+    // A cancelled request is answered by nobody; its id is free again.
+    executor.send(&bash(json!(9), "sleep 30"));
+    executor.send(
+        &json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                          "params": {"requestId": 9, "reason": "test"}}),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    executor.send(&bash(json!(9), "echo reused"));
+    let reused = executor.response();
+    assert_eq!(
+        reused["result"]["content"][0]["text"],
+        json!("reused\n[exit 0]"),
+        "{reused}"
+    );
+    assert!(executor.finish().success());
+}
+
 #[test]
 fn invalid_utf8_names_and_contents_are_shown_lossily() {
     use std::os::unix::ffi::OsStrExt;
