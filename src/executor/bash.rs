@@ -22,7 +22,7 @@ pub(crate) mod shell;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -55,7 +55,7 @@ pub(crate) const CHANGED: &str = "the command changed since it was allowed (a fi
 
 /// Run the bash tool with already key-checked arguments.
 pub(crate) async fn call(
-    context: &Context,
+    context: &Arc<Context>,
     arguments: &Map<String, Value>,
     progress: Progress,
     cancel: CancellationToken,
@@ -72,14 +72,20 @@ pub(crate) async fn call(
     let (script, env, stamped) = match arguments.get("dax_stamp") {
         None => (command, scrub_git(), false),
         // The re-analysis reads files and runs git: blocking work.
-        Some(Value::String(stamp)) => match blocking(|| {
-            shell::verify(context, &command, stamp).map(|plan| {
-                (
-                    plan,
-                    scrub_git_for(context.workspace.root(), &context.child_env),
-                )
-            })
-        }) {
+        Some(Value::String(stamp)) => match blocking({
+            let (context, command, stamp) = (Arc::clone(context), command.clone(), stamp.clone());
+            move || {
+                shell::verify(&context, &command, &stamp).map(|plan| {
+                    (
+                        plan,
+                        scrub_git_for(context.workspace.root(), &context.child_env),
+                    )
+                })
+            }
+        })
+        .await
+        .flatten()
+        {
             Some((plan, mut env)) => {
                 env.push(("GOTOOLCHAIN".to_owned(), "local".to_owned()));
                 // `cd DIR` goes where the analysis looked, not along CDPATH.
@@ -113,7 +119,7 @@ pub(crate) async fn call(
 /// The bash tool's facts claim (conservative: never less than the line can touch).
 ///
 /// Blocking: it reads files and runs git (the repository probe, at most 10 s
-/// each); call it from `spawn_blocking` or [`blocking`].
+/// each); call it from `spawn_blocking`.
 pub(crate) fn facts(context: &Context, arguments: &Map<String, Value>) -> Result<Facts, String> {
     let command = match arguments.get("command") {
         Some(Value::String(command)) => command.as_str(),
@@ -123,16 +129,10 @@ pub(crate) fn facts(context: &Context, arguments: &Map<String, Value>) -> Result
     shell::facts(context, command, arguments)
 }
 
-/// Run blocking work (file reads, git probes) without stalling the other
-/// tasks of a multi-threaded runtime; on a current-thread runtime (tests)
-/// there are no other workers to keep free, so it runs in place.
-pub(crate) fn blocking<T>(work: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(work)
-        }
-        _ => work(),
-    }
+/// Run blocking work (file reads, git probes, each up to 10 s) on the
+/// blocking pool, so the runtime's thread keeps serving; `None` if it panicked.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    tokio::task::spawn_blocking(work).await.ok()
 }
 
 /// The neutralising variables every run gets.

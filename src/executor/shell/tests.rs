@@ -70,7 +70,7 @@ fn git(dir: &Path, args: &[&str]) {
 }
 
 /// A workspace that is a clean git repository with `internal/` and `notes.txt`.
-fn repository() -> (tempfile::TempDir, Context) {
+fn repository() -> (tempfile::TempDir, std::sync::Arc<Context>) {
     let (temp, context) = context_with(&[]);
     git(temp.path(), &["init", "-q"]);
     std::fs::create_dir(temp.path().join("internal")).unwrap();

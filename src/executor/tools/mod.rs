@@ -332,15 +332,16 @@ pub(crate) async fn call(
         }
         return Some(bash::call(context, &arguments, progress, cancel).await);
     }
-    if tool.cheap
-        && tokio::runtime::Handle::current().runtime_flavor()
-            == tokio::runtime::RuntimeFlavor::MultiThread
-    {
-        // A read or ls is a handful of syscalls: blocking this worker in
-        // place costs less than a hand-off to the blocking pool.
-        return Some(tokio::task::block_in_place(|| {
-            call_file_tool(context, tool, &arguments, &cancel)
-        }));
+    if tool.cheap {
+        // A read or ls is a handful of syscalls, bounded by the read limit and
+        // a listing's first 10 000 entries: running it in place costs less
+        // than a hand-off to the blocking pool and back (on the executor's
+        // one-thread runtime, that hand-off was most of a small read's cost).
+        let run = || call_file_tool(context, tool, &arguments, &cancel);
+        return Some(match tokio::runtime::Handle::current().runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(run),
+            _ => run(),
+        });
     }
     let context = Arc::clone(context);
     let run =
