@@ -76,10 +76,8 @@ pub(crate) async fn call(
             let (context, command, stamp) = (Arc::clone(context), command.clone(), stamp.clone());
             move || {
                 shell::verify(&context, &command, &stamp).map(|plan| {
-                    (
-                        plan,
-                        scrub_git_for(context.workspace.root(), &context.child_env),
-                    )
+                    let env = crate::scrub::git_neutralisation_with_drivers(&plan.drivers);
+                    (plan, env)
                 })
             }
         })
@@ -138,17 +136,6 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
 /// The neutralising variables every run gets.
 fn scrub_git() -> Vec<(String, String)> {
     crate::scrub::git_neutralisation()
-}
-
-/// The neutralising variables plus overrides for the drivers the repository
-/// at `dir` defines. A query that cannot answer leaves the static set, which
-/// the stamped plan's `--no-ext-diff --no-textconv` backs up.
-fn scrub_git_for(
-    dir: &Path,
-    env: &[(std::ffi::OsString, std::ffi::OsString)],
-) -> Vec<(String, String)> {
-    let drivers = crate::scrub::configured_drivers(dir, env).unwrap_or_default();
-    crate::scrub::git_neutralisation_with_drivers(&drivers)
 }
 
 /// The child's `PATH` without the entries a workspace write could plant a

@@ -127,6 +127,20 @@ pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
         "off" => tracing::warn!("--seccomp off: box's own seccomp layer is not applied"),
         other => anyhow::bail!("--seccomp {other}: choose on or off"),
     }
+    let mut child_env = scrubbed.kept;
+    // The confinement denies the home directory (a user's git configuration
+    // may hold credentials: tokens in `url.*.insteadOf`, helpers, so it is
+    // not opened to children either), and git fails outright on a global
+    // configuration it cannot open. Children's git is told it is empty; a
+    // readable one (landlock off, a HOME inside the allowed paths) is kept.
+    if let Some(path) = crate::scrub::unreadable_global_config(&child_env) {
+        tracing::info!(
+            path = %path.display(),
+            "the global git configuration cannot be read here; children get GIT_CONFIG_GLOBAL=/dev/null"
+        );
+        child_env.retain(|(name, _)| name != "GIT_CONFIG_GLOBAL");
+        child_env.push(("GIT_CONFIG_GLOBAL".into(), "/dev/null".into()));
+    }
     let shared = Arc::new(server::Shared::new(
         server::Settings {
             kind,
@@ -134,7 +148,7 @@ pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
             max_read_bytes,
         },
         workspace,
-        scrubbed.kept,
+        child_env,
     ));
     // One thread serves the protocol: a call's read, dispatch and answer then
     // cost no thread hand-off (the multi-threaded runtime spent 41% of a small

@@ -22,12 +22,18 @@ struct Executor {
 
 impl Executor {
     fn start(root: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(support::box_bin())
-            .arg("execute")
-            .arg("--root")
-            .arg(root)
-            .args(["--landlock", "off"])
-            .args(extra)
+        Self::start_with(
+            Command::new(support::box_bin())
+                .arg("execute")
+                .arg("--root")
+                .arg(root)
+                .args(["--landlock", "off"])
+                .args(extra),
+        )
+    }
+
+    fn start_with(command: &mut Command) -> Self {
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -651,6 +657,76 @@ fn bad_input_is_answered_and_the_executor_keeps_serving() {
             .call("read", json!({"path": "notes.txt", "limit": 1}))
             .unwrap(),
         "     1\tone\n... (2 more lines; use offset=2)\n"
+    );
+    assert!(executor.finish().success());
+}
+
+/// Issue 8, item 6: standalone, confined by landlock, with an ordinary HOME
+/// whose `.gitconfig` the sandbox denies, every git failed ("unknown error
+/// occurred while reading the configuration files").
+#[test]
+fn git_works_under_the_executors_confinement_with_an_ordinary_home() {
+    if boxhost::backend::sandbox::landlock_abi() == 0 {
+        eprintln!("LANDLOCK MISSING: the executor's confinement cannot be tested here");
+        assert!(!support::under_ci(), "landlock is missing under CI");
+        return;
+    }
+    let dir = workspace();
+    let git = |args: &[&str]| {
+        let status = Command::new("git")
+            .args(args)
+            .current_dir(dir.path())
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "git {args:?}");
+    };
+    git(&["init", "-q"]);
+    git(&["add", "-A"]);
+    // Outside the workspace and the temp directory, so landlock denies it
+    // (as it denies /root to a standalone `box execute` run as root).
+    let home = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    std::fs::write(home.path().join(".gitconfig"), "[user]\n\tname = denied\n").unwrap();
+    let mut executor = Executor::start_with(
+        Command::new(support::box_bin())
+            .arg("execute")
+            .arg("--root")
+            .arg(dir.path())
+            .args(["--landlock", "best-effort"])
+            .env("HOME", home.path()),
+    );
+    executor
+        .request(
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "it", "version": "1"}}),
+        )
+        .unwrap();
+    executor.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let confined = executor
+        .call(
+            "bash",
+            json!({"command": "cat \"$HOME/.gitconfig\" >/dev/null 2>&1 || echo denied"}),
+        )
+        .unwrap();
+    assert_eq!(confined, "denied\n[exit 0]", "the fixture is not live");
+    let status = executor
+        .call("bash", json!({"command": "git status --short"}))
+        .unwrap();
+    assert_eq!(status, "A  notes.txt\nA  src/main.rs\n[exit 0]");
+    // A stamped run (facts, then the rewrite) runs git too.
+    let facts = executor
+        .request(
+            "execution/facts",
+            json!({"calls": [{"name": "bash", "arguments": {"command": "git status --short"}}]}),
+        )
+        .unwrap();
+    let rewrite = facts["results"][0]["facts"]["rewrite"].clone();
+    assert!(rewrite["dax_stamp"].is_string(), "{facts}");
+    assert_eq!(
+        executor.call("bash", rewrite).unwrap(),
+        "A  notes.txt\nA  src/main.rs\n[exit 0]"
     );
     assert!(executor.finish().success());
 }
