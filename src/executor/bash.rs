@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::facts::Facts;
 use super::process::kill_group;
-use super::{Context, Progress, ToolOutcome};
+use super::{BashOutput, Context, Progress, ToolOutcome};
 
 /// The timeout when the call names none (or a non-positive one).
 const DEFAULT_TIMEOUT_SECS: u64 = 120;
@@ -103,7 +103,7 @@ pub(crate) async fn call(
         Ok(run) => run,
         Err(message) => return ToolOutcome::error(message),
     };
-    let mut text = run.render(timeout);
+    let mut text = run.render(timeout, context.bash_output);
     if stamped {
         text = redact_userinfo(&text);
     }
@@ -195,10 +195,10 @@ struct Run {
 }
 
 impl Run {
-    /// The result text: the kept output, the truncation note, a newline if
-    /// needed, then how it ended.
-    fn render(&self, timeout: Duration) -> String {
-        let mut text = String::from_utf8_lossy(&self.output.kept).into_owned();
+    /// The result text: the kept output (terminal controls escaped unless
+    /// raw), the truncation note, a newline if needed, then how it ended.
+    fn render(&self, timeout: Duration, mode: BashOutput) -> String {
+        let mut text = shown(&self.output.kept, mode);
         if self.output.omitted > 0 {
             text.push_str(&format!(
                 "\n... [truncated, {} bytes omitted]",
@@ -240,15 +240,25 @@ impl Output {
         }
     }
 
-    fn report(&mut self, progress: &Progress) {
+    fn report(&mut self, progress: &Progress, mode: BashOutput) {
         if self.pending.is_empty() {
             return;
         }
         if let Some(sender) = progress {
             // Lossy on purpose: a full channel drops the update, never the call.
-            let _ = sender.try_send(String::from_utf8_lossy(&self.pending).into_owned());
+            let _ = sender.try_send(shown(&self.pending, mode));
         }
         self.pending.clear();
+    }
+}
+
+/// Output bytes as text for the client: UTF-8 (lossy), with terminal control
+/// characters made visible unless the executor was asked for raw output.
+fn shown(bytes: &[u8], mode: BashOutput) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    match mode {
+        BashOutput::Raw => text.into_owned(),
+        BashOutput::Escape => super::names::escape_controls(&text).into_owned(),
     }
 }
 
@@ -333,7 +343,7 @@ async fn run(
                 exited = Some(status.ok().and_then(|status| status.code()).unwrap_or(-1));
                 drain.as_mut().reset(tokio::time::Instant::now() + WAIT_DELAY);
             }
-            _ = ticker.tick() => output.report(&progress),
+            _ = ticker.tick() => output.report(&progress, context.bash_output),
             () = &mut drain, if exited.is_some() => {
                 // A background process holds the pipe: stop reading, leave it running.
                 break End::Exited(exited.unwrap_or(-1));

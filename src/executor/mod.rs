@@ -19,6 +19,7 @@ mod batch;
 pub(crate) mod facts;
 mod files;
 mod keys;
+pub(crate) mod names;
 pub(crate) mod process;
 mod server;
 pub(crate) mod stamp;
@@ -65,6 +66,19 @@ pub struct ExecuteArgs {
     /// bpf, ptrace, mounts, namespaces, TIOCSTI...): on, or off (for debugging with strace/gdb).
     #[arg(long, value_name = "MODE", default_value = "on")]
     pub seccomp: String,
+    /// Terminal control characters in bash output (ANSI colour, OSC titles, cursor movement):
+    /// escape shows them as \xHH so none reaches a client's terminal live; raw passes them through.
+    #[arg(long, value_name = "MODE", default_value = "escape")]
+    pub bash_output: String,
+}
+
+/// What bash output does with terminal control characters (`--bash-output`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BashOutput {
+    /// C0 controls but tab and newline, DEL and C1 shown as `\xHH` (`names::escape_controls`).
+    Escape,
+    /// As the command wrote it.
+    Raw,
 }
 
 /// Serve MCP on stdin/stdout until the client hangs up (or SIGTERM/SIGINT);
@@ -85,6 +99,11 @@ pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
         "best-effort" => Requirement::BestEffort,
         "off" => Requirement::Off,
         other => anyhow::bail!("--landlock {other}: choose required, best-effort or off"),
+    };
+    let bash_output = match args.bash_output.as_str() {
+        "escape" => BashOutput::Escape,
+        "raw" => BashOutput::Raw,
+        other => anyhow::bail!("--bash-output {other}: choose escape or raw"),
     };
     let max_read_bytes = if args.max_read_bytes == 0 {
         DEFAULT_MAX_READ_BYTES
@@ -146,6 +165,7 @@ pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
             kind,
             reference,
             max_read_bytes,
+            bash_output,
         },
         workspace,
         child_env,
@@ -238,6 +258,8 @@ pub(crate) struct Context {
     pub stamp: stamp::StampKey,
     /// The most bytes of a file the tools read.
     pub max_read_bytes: u64,
+    /// What bash output does with terminal control characters.
+    pub bash_output: BashOutput,
 }
 
 /// What a tool call produced, before it becomes an MCP result.

@@ -355,7 +355,7 @@ fn analyse_subset(context: &Context, line: &str, tokens: &[Token]) -> Analysis {
                 Checked::ReadOnly { reads, rendered } => {
                     calls.push(stage_call(stage));
                     for (tool, raw) in reads {
-                        for mut call in context.workspace.path_facts(&base.relative, &raw, tool) {
+                        for mut call in context.workspace.word_facts(&base.relative, &raw, tool) {
                             let verb = if tool == "ls" { "lists" } else { "reads" };
                             call.text = format!("{}  [{verb} {}]", stage.text, call.text);
                             calls.push(call);
@@ -1788,7 +1788,7 @@ fn analyse_split(context: &Context, line: &str) -> Result<Analysis, String> {
         for base in &bases {
             for call in context
                 .workspace
-                .path_facts(base, &redirect.value, redirect.tool)
+                .word_facts(base, &redirect.value, redirect.tool)
             {
                 if !calls.contains(&call) {
                     calls.push(call);

@@ -23,6 +23,7 @@ pub(crate) fn context_with(env: &[(&str, &str)]) -> (tempfile::TempDir, Arc<Cont
         child_env: Arc::new(scrubbed.kept),
         stamp: StampKey::random(),
         max_read_bytes: 2 * 1024 * 1024,
+        bash_output: crate::executor::BashOutput::Escape,
     };
     (temp, Arc::new(context))
 }
