@@ -3,8 +3,8 @@
 //!
 //! Each figure is measured against a baseline in the same run and printed as a ratio:
 //! - `read` over stdio (a `tools/call` round trip) against `cat` echoing the same bytes
-//!   through a pipe, p50 and p99; with `BOX_BENCH_BASELINE=/path/to/an/older/box`, that
-//!   binary's executor is measured in the same loop too (before and after a change);
+//!   through a pipe, p50 and p99; with `BOX_BENCH_BASELINE=/path/to/an/older/box[:...]`,
+//!   those binaries' executors are measured in the same loop too (before and after a change);
 //! - the grep tool on a large tree against `rg` over the same tree;
 //! - one `execution/batch` of 8 reads against 8 sequential `tools/call` reads.
 
@@ -123,12 +123,10 @@ fn read_round_trip(iterations: usize) {
         .map(|n| format!("line {n} of a small file\n"))
         .collect();
     std::fs::write(dir.path().join("small.txt"), &content).unwrap();
-    let mut executors = vec![("box", Peer::executor(dir.path()))];
-    if let Some(baseline) = std::env::var_os("BOX_BENCH_BASELINE") {
-        executors.push((
-            "baseline box",
-            Peer::executor_of(Path::new(&baseline), dir.path()),
-        ));
+    let mut executors: Vec<(&str, Peer)> = vec![("box", Peer::executor(dir.path()))];
+    let baselines = std::env::var("BOX_BENCH_BASELINE").unwrap_or_default();
+    for baseline in baselines.split(':').filter(|path| !path.is_empty()) {
+        executors.push((baseline, Peer::executor_of(Path::new(baseline), dir.path())));
     }
     let request = json!({"jsonrpc": "2.0", "id": 0, "method": "tools/call",
                          "params": {"name": "read", "arguments": {"path": "small.txt"}}})
