@@ -3,7 +3,8 @@
 //!
 //! Each figure is measured against a baseline in the same run and printed as a ratio:
 //! - `read` over stdio (a `tools/call` round trip) against `cat` echoing the same bytes
-//!   through a pipe, p50 and p99;
+//!   through a pipe, p50 and p99; with `BOX_BENCH_BASELINE=/path/to/an/older/box[:...]`,
+//!   those binaries' executors are measured in the same loop too (before and after a change);
 //! - the grep tool on a large tree against `rg` over the same tree;
 //! - one `execution/batch` of 8 reads against 8 sequential `tools/call` reads.
 
@@ -52,8 +53,12 @@ impl Peer {
     }
 
     fn executor(root: &Path) -> Self {
+        Self::executor_of(&box_bin(), root)
+    }
+
+    fn executor_of(binary: &Path, root: &Path) -> Self {
         let mut peer = Self::spawn(
-            Command::new(box_bin())
+            Command::new(binary)
                 .args(["execute", "--landlock", "off", "--root"])
                 .arg(root),
         );
@@ -118,38 +123,74 @@ fn read_round_trip(iterations: usize) {
         .map(|n| format!("line {n} of a small file\n"))
         .collect();
     std::fs::write(dir.path().join("small.txt"), &content).unwrap();
-    let mut executor = Peer::executor(dir.path());
+    let mut executors: Vec<(&str, Peer)> = vec![("box", Peer::executor(dir.path()))];
+    let baselines = std::env::var("BOX_BENCH_BASELINE").unwrap_or_default();
+    for baseline in baselines.split(':').filter(|path| !path.is_empty()) {
+        executors.push((baseline, Peer::executor_of(Path::new(baseline), dir.path())));
+    }
     let request = json!({"jsonrpc": "2.0", "id": 0, "method": "tools/call",
                          "params": {"name": "read", "arguments": {"path": "small.txt"}}})
     .to_string();
     let mut cat = Peer::spawn(&mut Command::new("cat"));
 
     for _ in 0..iterations / 10 {
-        executor.call("read", json!({"path": "small.txt"}));
+        for (_, executor) in &mut executors {
+            executor.call("read", json!({"path": "small.txt"}));
+        }
         cat.line(request.as_bytes());
         cat.read_line();
     }
-    let mut box_samples = Vec::with_capacity(iterations);
+    let switches_before: Vec<u64> = executors
+        .iter()
+        .map(|(_, executor)| context_switches(executor.child.id()))
+        .collect();
+    let mut samples = vec![Vec::with_capacity(iterations); executors.len()];
     let mut cat_samples = Vec::with_capacity(iterations);
     for _ in 0..iterations {
-        let started = Instant::now();
-        executor.call("read", json!({"path": "small.txt"}));
-        box_samples.push(started.elapsed());
+        for ((_, executor), samples) in executors.iter_mut().zip(&mut samples) {
+            let started = Instant::now();
+            executor.call("read", json!({"path": "small.txt"}));
+            samples.push(started.elapsed());
+        }
         let started = Instant::now();
         cat.line(request.as_bytes());
         cat.read_line();
         cat_samples.push(started.elapsed());
     }
-    for (label, fraction) in [("p50", 0.5), ("p99", 0.99)] {
-        let ours = percentile(&box_samples, fraction);
-        let base = percentile(&cat_samples, fraction);
+    for ((name, executor), before) in executors.iter().zip(switches_before) {
+        let switches = context_switches(executor.child.id()) - before;
         println!(
-            "read over stdio {label}: box {:.0} µs, cat pipe echo {:.0} µs, ratio {:.1}",
-            micros(ours),
-            micros(base),
-            micros(ours) / micros(base)
+            "read over stdio: {name} executor context switches per call {:.2} (all its threads, voluntary and not)",
+            switches as f64 / iterations as f64
         );
     }
+    for (label, fraction) in [("p50", 0.5), ("p99", 0.99)] {
+        let base = percentile(&cat_samples, fraction);
+        for ((name, _), samples) in executors.iter().zip(&samples) {
+            let ours = percentile(samples, fraction);
+            println!(
+                "read over stdio {label}: {name} {:.0} µs, cat pipe echo {:.0} µs, ratio {:.1} (goal <= 3)",
+                micros(ours),
+                micros(base),
+                micros(ours) / micros(base)
+            );
+        }
+    }
+}
+
+/// The context switches of every thread of process `pid` so far (Linux `/proc`).
+fn context_switches(pid: u32) -> u64 {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let status =
+            std::fs::read_to_string(task.unwrap().path().join("status")).unwrap_or_default();
+        total += status
+            .lines()
+            .filter(|line| line.contains("ctxt_switches:"))
+            .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    total
 }
 
 fn grep_large_tree(tree: &Path, pattern: &str, runs: usize) {

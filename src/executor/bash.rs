@@ -22,7 +22,7 @@ pub(crate) mod shell;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::facts::Facts;
 use super::process::kill_group;
-use super::{Context, Progress, ToolOutcome};
+use super::{BashOutput, Context, Progress, ToolOutcome};
 
 /// The timeout when the call names none (or a non-positive one).
 const DEFAULT_TIMEOUT_SECS: u64 = 120;
@@ -55,7 +55,7 @@ pub(crate) const CHANGED: &str = "the command changed since it was allowed (a fi
 
 /// Run the bash tool with already key-checked arguments.
 pub(crate) async fn call(
-    context: &Context,
+    context: &Arc<Context>,
     arguments: &Map<String, Value>,
     progress: Progress,
     cancel: CancellationToken,
@@ -72,14 +72,18 @@ pub(crate) async fn call(
     let (script, env, stamped) = match arguments.get("dax_stamp") {
         None => (command, scrub_git(), false),
         // The re-analysis reads files and runs git: blocking work.
-        Some(Value::String(stamp)) => match blocking(|| {
-            shell::verify(context, &command, stamp).map(|plan| {
-                (
-                    plan,
-                    scrub_git_for(context.workspace.root(), &context.child_env),
-                )
-            })
-        }) {
+        Some(Value::String(stamp)) => match blocking({
+            let (context, command, stamp) = (Arc::clone(context), command.clone(), stamp.clone());
+            move || {
+                shell::verify(&context, &command, &stamp).map(|plan| {
+                    let env = crate::scrub::git_neutralisation_with_drivers(&plan.drivers);
+                    (plan, env)
+                })
+            }
+        })
+        .await
+        .flatten()
+        {
             Some((plan, mut env)) => {
                 env.push(("GOTOOLCHAIN".to_owned(), "local".to_owned()));
                 // `cd DIR` goes where the analysis looked, not along CDPATH.
@@ -99,7 +103,7 @@ pub(crate) async fn call(
         Ok(run) => run,
         Err(message) => return ToolOutcome::error(message),
     };
-    let mut text = run.render(timeout);
+    let mut text = run.render(timeout, context.bash_output);
     if stamped {
         text = redact_userinfo(&text);
     }
@@ -113,7 +117,7 @@ pub(crate) async fn call(
 /// The bash tool's facts claim (conservative: never less than the line can touch).
 ///
 /// Blocking: it reads files and runs git (the repository probe, at most 10 s
-/// each); call it from `spawn_blocking` or [`blocking`].
+/// each); call it from `spawn_blocking`.
 pub(crate) fn facts(context: &Context, arguments: &Map<String, Value>) -> Result<Facts, String> {
     let command = match arguments.get("command") {
         Some(Value::String(command)) => command.as_str(),
@@ -123,32 +127,15 @@ pub(crate) fn facts(context: &Context, arguments: &Map<String, Value>) -> Result
     shell::facts(context, command, arguments)
 }
 
-/// Run blocking work (file reads, git probes) without stalling the other
-/// tasks of a multi-threaded runtime; on a current-thread runtime (tests)
-/// there are no other workers to keep free, so it runs in place.
-pub(crate) fn blocking<T>(work: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(work)
-        }
-        _ => work(),
-    }
+/// Run blocking work (file reads, git probes, each up to 10 s) on the
+/// blocking pool, so the runtime's thread keeps serving; `None` if it panicked.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    tokio::task::spawn_blocking(work).await.ok()
 }
 
 /// The neutralising variables every run gets.
 fn scrub_git() -> Vec<(String, String)> {
     crate::scrub::git_neutralisation()
-}
-
-/// The neutralising variables plus overrides for the drivers the repository
-/// at `dir` defines. A query that cannot answer leaves the static set, which
-/// the stamped plan's `--no-ext-diff --no-textconv` backs up.
-fn scrub_git_for(
-    dir: &Path,
-    env: &[(std::ffi::OsString, std::ffi::OsString)],
-) -> Vec<(String, String)> {
-    let drivers = crate::scrub::configured_drivers(dir, env).unwrap_or_default();
-    crate::scrub::git_neutralisation_with_drivers(&drivers)
 }
 
 /// The child's `PATH` without the entries a workspace write could plant a
@@ -211,10 +198,10 @@ struct Run {
 }
 
 impl Run {
-    /// The result text: the kept output, the truncation note, a newline if
-    /// needed, then how it ended.
-    fn render(&self, timeout: Duration) -> String {
-        let mut text = String::from_utf8_lossy(&self.output.kept).into_owned();
+    /// The result text: the kept output (terminal controls escaped unless
+    /// raw), the truncation note, a newline if needed, then how it ended.
+    fn render(&self, timeout: Duration, mode: BashOutput) -> String {
+        let mut text = shown(&self.output.kept, mode);
         if self.output.omitted > 0 {
             text.push_str(&format!(
                 "\n... [truncated, {} bytes omitted]",
@@ -264,15 +251,25 @@ impl Output {
         }
     }
 
-    fn report(&mut self, progress: &Progress) {
+    fn report(&mut self, progress: &Progress, mode: BashOutput) {
         if self.pending.is_empty() {
             return;
         }
         if let Some(sender) = progress {
             // Lossy on purpose: a full channel drops the update, never the call.
-            let _ = sender.try_send(String::from_utf8_lossy(&self.pending).into_owned());
+            let _ = sender.try_send(shown(&self.pending, mode));
         }
         self.pending.clear();
+    }
+}
+
+/// Output bytes as text for the client: UTF-8 (lossy), with terminal control
+/// characters made visible unless the executor was asked for raw output.
+fn shown(bytes: &[u8], mode: BashOutput) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    match mode {
+        BashOutput::Raw => text.into_owned(),
+        BashOutput::Escape => super::names::escape_controls(&text).into_owned(),
     }
 }
 
@@ -358,7 +355,7 @@ async fn run(
                 exited = Some(status.ok().and_then(|status| status.code()).unwrap_or(-1));
                 drain.as_mut().reset(tokio::time::Instant::now() + WAIT_DELAY);
             }
-            _ = ticker.tick() => output.report(&progress),
+            _ = ticker.tick() => output.report(&progress, context.bash_output),
             () = &mut drain, if exited.is_some() => {
                 // A background process holds the pipe: stop reading, leave it running.
                 break End::Exited(exited.unwrap_or(-1));

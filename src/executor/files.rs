@@ -3,10 +3,14 @@
 //! as one JSON document per read, with Go's `fs.FileMode` numbers and RFC 3339
 //! times so a dax session decodes them as its own workspace's.
 
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Path, PathBuf};
+
 use base64::Engine as _;
 use cap_std::fs::{Metadata, MetadataExt, PermissionsExt};
 use serde_json::{Value, json};
 
+use super::names;
 use super::workspace::{FileError, Workspace, is_escape};
 
 /// The one resource template the executor serves.
@@ -64,6 +68,7 @@ fn failure(kind: Kind, message: impl Into<String>) -> Failure {
     }
 }
 
+/// `name` is the path as shown (escaped).
 fn io_failure(name: &str, op: &str, error: &std::io::Error) -> Failure {
     if is_escape(error) {
         return failure(
@@ -112,8 +117,13 @@ enum Op {
 }
 
 /// The op and the name of a files URI; everything else about it is refused.
-fn parse(uri: &str) -> Result<(Op, String), Failure> {
-    let invalid = |why: &str| failure(Kind::Invalid, format!("{why}: {uri}"));
+fn parse(uri: &str) -> Result<(Op, PathBuf), Failure> {
+    let invalid = |why: &str| {
+        failure(
+            Kind::Invalid,
+            format!("{why}: {}", names::show_path_bytes(uri.as_bytes())),
+        )
+    };
     let Some(rest) = uri.strip_prefix(SCHEME_PREFIX) else {
         return Err(invalid(
             "not a workspace files uri (agentworkspace:///{op}?path=...)",
@@ -148,26 +158,31 @@ fn parse(uri: &str) -> Result<(Op, String), Failure> {
     };
     let bytes = percent_decode(value).ok_or_else(|| invalid("bad percent-encoding"))?;
     let name = String::from_utf8(bytes).map_err(|_| invalid("the path is not UTF-8"))?;
-    check_name(&name)?;
-    Ok((op, name))
+    // A name the tools show quoted (not UTF-8, control characters) is asked
+    // for in that quoted form.
+    let bytes = names::parse(&name).map_err(|why| invalid(&why))?;
+    check_name(&bytes)?;
+    Ok((op, PathBuf::from(std::ffi::OsStr::from_bytes(&bytes))))
 }
 
 /// Go's `fs.ValidPath`, with absolute and climbing names told apart as outside.
-fn check_name(name: &str) -> Result<(), Failure> {
-    if name.starts_with('/') || name.split('/').any(|part| part == "..") {
+fn check_name(name: &[u8]) -> Result<(), Failure> {
+    let shown = names::show_path_bytes(name);
+    if name.starts_with(b"/") || name.split(|byte| *byte == b'/').any(|part| part == b"..") {
         return Err(failure(
             Kind::Outside,
-            format!("path is outside the workspace: {name}"),
+            format!("path is outside the workspace: {shown}"),
         ));
     }
-    if name == "." {
+    if name == b"." {
         return Ok(());
     }
-    if name.contains('\0') || name.split('/').any(|part| part.is_empty() || part == ".") {
-        return Err(failure(
-            Kind::Invalid,
-            format!("invalid path: {}", name.replace('\0', "\\0")),
-        ));
+    if name.contains(&0)
+        || name
+            .split(|byte| *byte == b'/')
+            .any(|part| part.is_empty() || part == b".")
+    {
+        return Err(failure(Kind::Invalid, format!("invalid path: {shown}")));
     }
     Ok(())
 }
@@ -196,23 +211,25 @@ fn percent_decode(text: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
-fn answer(workspace: &Workspace, op: Op, name: &str) -> Result<Value, Failure> {
+fn answer(workspace: &Workspace, op: Op, path: &Path) -> Result<Value, Failure> {
+    let shown = names::show_path(path);
+    let name: &str = &shown;
     match op {
         Op::Stat => {
             let metadata = workspace
-                .metadata(name)
+                .metadata(path)
                 .map_err(|e| io_failure(name, "stat", &e))?;
-            Ok(json!({"info": info(base_name(name), &metadata)}))
+            Ok(json!({"info": info(&base_name(path), &metadata)}))
         }
         Op::Lstat => {
             let metadata = workspace
-                .symlink_metadata(name)
+                .symlink_metadata(path)
                 .map_err(|e| io_failure(name, "lstat", &e))?;
-            Ok(json!({"info": info(base_name(name), &metadata)}))
+            Ok(json!({"info": info(&base_name(path), &metadata)}))
         }
         Op::Readdir => {
             let dir = workspace
-                .open_dir(name)
+                .open_dir(path)
                 .map_err(|e| io_failure(name, "readdir", &e))?;
             let mut entries = Vec::new();
             for entry in dir.entries().map_err(|e| io_failure(name, "readdir", &e))? {
@@ -228,22 +245,22 @@ fn answer(workspace: &Workspace, op: Op, name: &str) -> Result<Value, Failure> {
                 let Ok(metadata) = dir.symlink_metadata(&file_name) else {
                     continue;
                 };
-                entries.push(info(&file_name.to_string_lossy(), &metadata));
+                entries.push(info(&names::show(file_name.as_bytes()), &metadata));
             }
             Ok(json!({"entries": entries}))
         }
         Op::Readlink => {
-            if name == "." {
+            if path == Path::new(".") {
                 return Err(failure(Kind::Invalid, "readlink .: not a link"));
             }
             let target = workspace
                 .dir()
-                .read_link_contents(name)
+                .read_link_contents(path)
                 .map_err(|e| io_failure(name, "readlink", &e))?;
-            Ok(json!({"target": target.to_string_lossy()}))
+            Ok(json!({"target": names::show_path(&target)}))
         }
         Op::Read => {
-            let (file, metadata) = workspace.open_regular(name).map_err(|error| match error {
+            let (file, metadata) = workspace.open_regular(path).map_err(|error| match error {
                 FileError::Io(error) => io_failure(name, "read", &error),
                 FileError::Directory | FileError::NotRegular => {
                     failure(Kind::Invalid, format!("read {name}: not a regular file"))
@@ -269,8 +286,12 @@ fn answer(workspace: &Workspace, op: Op, name: &str) -> Result<Value, Failure> {
     }
 }
 
-fn base_name(name: &str) -> &str {
-    name.rsplit('/').next().unwrap_or(name)
+/// The last name of `path`, as shown (`.` for the root).
+fn base_name(path: &Path) -> String {
+    match path.file_name() {
+        Some(name) => names::show(name.as_bytes()).into_owned(),
+        None => path.to_string_lossy().into_owned(),
+    }
 }
 
 /// One file's description as Go's `fs.FileInfo` serialises for the wire.

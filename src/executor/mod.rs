@@ -19,6 +19,7 @@ mod batch;
 pub(crate) mod facts;
 mod files;
 mod keys;
+pub(crate) mod names;
 pub(crate) mod process;
 mod server;
 pub(crate) mod stamp;
@@ -65,6 +66,19 @@ pub struct ExecuteArgs {
     /// bpf, ptrace, mounts, namespaces, TIOCSTI...): on, or off (for debugging with strace/gdb).
     #[arg(long, value_name = "MODE", default_value = "on")]
     pub seccomp: String,
+    /// Terminal control characters in bash output (ANSI colour, OSC titles, cursor movement):
+    /// escape shows them as \xHH so none reaches a client's terminal live; raw passes them through.
+    #[arg(long, value_name = "MODE", default_value = "escape")]
+    pub bash_output: String,
+}
+
+/// What bash output does with terminal control characters (`--bash-output`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BashOutput {
+    /// C0 controls but tab and newline, DEL and C1 shown as `\xHH` (`names::escape_controls`).
+    Escape,
+    /// As the command wrote it.
+    Raw,
 }
 
 /// Serve MCP on stdin/stdout until the client hangs up (or SIGTERM/SIGINT);
@@ -85,6 +99,11 @@ pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
         "best-effort" => Requirement::BestEffort,
         "off" => Requirement::Off,
         other => anyhow::bail!("--landlock {other}: choose required, best-effort or off"),
+    };
+    let bash_output = match args.bash_output.as_str() {
+        "escape" => BashOutput::Escape,
+        "raw" => BashOutput::Raw,
+        other => anyhow::bail!("--bash-output {other}: choose escape or raw"),
     };
     let max_read_bytes = if args.max_read_bytes == 0 {
         DEFAULT_MAX_READ_BYTES
@@ -127,21 +146,40 @@ pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
         "off" => tracing::warn!("--seccomp off: box's own seccomp layer is not applied"),
         other => anyhow::bail!("--seccomp {other}: choose on or off"),
     }
+    let mut child_env = scrubbed.kept;
+    // The confinement denies the home directory (a user's git configuration
+    // may hold credentials: tokens in `url.*.insteadOf`, helpers, so it is
+    // not opened to children either), and git fails outright on a global
+    // configuration it cannot open. Children's git is told it is empty; a
+    // readable one (landlock off, a HOME inside the allowed paths) is kept.
+    if let Some(path) = crate::scrub::unreadable_global_config(&child_env) {
+        tracing::info!(
+            path = %path.display(),
+            "the global git configuration cannot be read here; children get GIT_CONFIG_GLOBAL=/dev/null"
+        );
+        child_env.retain(|(name, _)| name != "GIT_CONFIG_GLOBAL");
+        child_env.push(("GIT_CONFIG_GLOBAL".into(), "/dev/null".into()));
+    }
     let shared = Arc::new(server::Shared::new(
         server::Settings {
             kind,
             reference,
             max_read_bytes,
+            bash_output,
         },
         workspace,
-        scrubbed.kept,
+        child_env,
     ));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // One thread serves the protocol: a call's read, dispatch and answer then
+    // cost no thread hand-off (the multi-threaded runtime spent 41% of a small
+    // call in the scheduler). The tree walks, facts, writes and git probes go
+    // to the blocking pool; read and ls run in place (see `tools::call`).
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     let result = runtime.block_on(run(shared));
-    // A pending read of stdin cannot be cancelled; do not wait for it.
+    // A terminal's pending read of stdin cannot be cancelled; do not wait for it.
     runtime.shutdown_timeout(Duration::from_millis(100));
     result.map(|()| std::process::ExitCode::SUCCESS)
 }
@@ -154,7 +192,7 @@ async fn run(shared: Arc<server::Shared>) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
     let handler = server::Executor::new(Arc::clone(&shared));
-    let (reader, writer) = rmcp::transport::io::stdio_pipes();
+    let (reader, writer, _modes) = transport::stdio();
     let service = tokio::select! {
         service = handler.serve(transport::LineTransport::new(reader, writer)) => service,
         _ = terminate.recv() => return Ok(()),
@@ -220,6 +258,8 @@ pub(crate) struct Context {
     pub stamp: stamp::StampKey,
     /// The most bytes of a file the tools read.
     pub max_read_bytes: u64,
+    /// What bash output does with terminal control characters.
+    pub bash_output: BashOutput,
 }
 
 /// What a tool call produced, before it becomes an MCP result.

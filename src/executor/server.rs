@@ -57,6 +57,8 @@ pub(crate) struct Settings {
     pub reference: String,
     /// The most bytes a file tool reads, before the client's ask.
     pub max_read_bytes: u64,
+    /// What bash output does with terminal control characters.
+    pub bash_output: super::BashOutput,
 }
 
 /// One connection's state: the context its calls share and its processes.
@@ -105,6 +107,7 @@ impl Shared {
             child_env: Arc::clone(&self.child_env),
             stamp: self.stamp.clone(),
             max_read_bytes,
+            bash_output: self.settings.bash_output,
         });
         Arc::new(Session {
             processes: Processes::new(Arc::clone(&context)),

@@ -27,15 +27,24 @@
 //!
 //! Git stages are auto-allowable only when the repository's own configuration
 //! (the local, worktree and included scopes) names no program and moves
-//! nothing (the dax probe of section 5.2, without the submodule walk), and its
-//! `.git` is a plain directory. Every run is neutralised besides (`scrub`).
+//! nothing (the dax probe of section 5.2), and its `.git` is a plain
+//! directory. Every run is neutralised besides (`scrub`); a stamped run also
+//! gets the filter, diff and merge drivers (and `diff.external`) of every
+//! repository its git stages can reach overridden: the one each stage runs
+//! in (after its `cd`s) and every populated submodule or embedded repository
+//! that one's index names, which `git status` and `git diff` look inside with
+//! their own configuration. A line outside the subset runs as typed, so which
+//! repository its git enters (`-C`, `cd`, `GIT_DIR`, a `.git` file) cannot be
+//! said: a line that names git is not stamped at all.
 
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Component, Path, PathBuf};
 
 use serde_json::{Map, Value};
 
 use super::super::Context;
 use super::super::facts::{FactCall, Facts, SENTINEL};
+use crate::scrub::Drivers;
 
 /// What a stamped line runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +52,8 @@ pub(crate) struct Plan {
     /// The bash line to run: the rendered plan, or the line as typed for a
     /// stamped line outside the subset.
     pub rendered: String,
+    /// The drivers the repositories it can reach define, to override.
+    pub drivers: Drivers,
 }
 
 /// The facts claim of a bash line.
@@ -81,7 +92,8 @@ pub(crate) fn verify(context: &Context, command: &str, stamp: &str) -> Option<Pl
     if !context.stamp.verify(message.as_bytes(), stamp) {
         return None;
     }
-    analysis.run.map(|rendered| Plan { rendered })
+    let drivers = analysis.drivers;
+    analysis.run.map(|rendered| Plan { rendered, drivers })
 }
 
 /// One analysis: the calls, and for a stampable line what is signed and what runs.
@@ -90,6 +102,8 @@ struct Analysis {
     calls: Vec<FactCall>,
     signed: Option<String>,
     run: Option<String>,
+    /// What the repositories a stamped run can reach define.
+    drivers: Drivers,
 }
 
 fn analyse(context: &Context, command: &str) -> Result<Analysis, String> {
@@ -305,6 +319,7 @@ fn analyse_subset(context: &Context, line: &str, tokens: &[Token]) -> Analysis {
             calls: vec![sentinel_call(line, "not a simple command line")],
             signed: None,
             run: None,
+            drivers: Drivers::default(),
         };
     };
     let root = context.workspace.root();
@@ -316,6 +331,7 @@ fn analyse_subset(context: &Context, line: &str, tokens: &[Token]) -> Analysis {
     let mut allowable = true;
     let mut rendered_segments = Vec::new();
     let mut signed_reads = String::new();
+    let mut drivers = Drivers::default();
     let last = segments.len() - 1;
     for (index, segment) in segments.iter().enumerate() {
         let first = &segment[0];
@@ -335,11 +351,11 @@ fn analyse_subset(context: &Context, line: &str, tokens: &[Token]) -> Analysis {
         }
         let mut rendered_stages = Vec::new();
         for stage in segment {
-            match check_stage(context, &base, stage) {
+            match check_stage(context, &base, stage, &mut drivers) {
                 Checked::ReadOnly { reads, rendered } => {
                     calls.push(stage_call(stage));
                     for (tool, raw) in reads {
-                        for mut call in context.workspace.path_facts(&base.relative, &raw, tool) {
+                        for mut call in context.workspace.word_facts(&base.relative, &raw, tool) {
                             let verb = if tool == "ls" { "lists" } else { "reads" };
                             call.text = format!("{}  [{verb} {}]", stage.text, call.text);
                             calls.push(call);
@@ -368,6 +384,7 @@ fn analyse_subset(context: &Context, line: &str, tokens: &[Token]) -> Analysis {
             calls,
             signed: None,
             run: None,
+            drivers,
         };
     }
     let rendered = rendered_segments.join(" && ");
@@ -383,6 +400,7 @@ fn analyse_subset(context: &Context, line: &str, tokens: &[Token]) -> Analysis {
         calls,
         signed: Some(format!("plan\0{rendered}\0{facts_text}")),
         run: Some(rendered),
+        drivers,
     }
 }
 
@@ -547,7 +565,14 @@ fn readable(context: &Context, base: &Base, raw: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_stage(context: &Context, base: &Base, stage: &Stage<'_>) -> Checked {
+/// Check one stage; a git stage adds what the repositories it reaches define
+/// to `drivers`.
+fn check_stage(
+    context: &Context,
+    base: &Base,
+    stage: &Stage<'_>,
+    drivers: &mut Drivers,
+) -> Checked {
     let words: Vec<&str> = stage.words.iter().map(|(word, _)| word.as_str()).collect();
     let name = words[0];
     if name.contains('=') {
@@ -576,7 +601,7 @@ fn check_stage(context: &Context, base: &Base, stage: &Stage<'_>) -> Checked {
     }
     let args = &words[1..];
     let result = match (name, stage.piped) {
-        ("git", false) => check_git(context, base, args),
+        ("git", false) => check_git(context, base, args, drivers),
         ("ls", false) => check_ls(context, base, args),
         ("pwd", false) if args.is_empty() => Ok(Vec::new()),
         ("go", false) => check_go(args),
@@ -1050,7 +1075,12 @@ fn safe_config_key(key: &str) -> bool {
             || (parts[0] == "remote" && matches!(parts[parts.len() - 1], "url" | "fetch"))))
 }
 
-fn check_git(context: &Context, base: &Base, args: &[&str]) -> Result<Reads, String> {
+fn check_git(
+    context: &Context,
+    base: &Base,
+    args: &[&str],
+    drivers: &mut Drivers,
+) -> Result<Reads, String> {
     let mut args = args;
     while let Some(("--no-pager", rest)) = args.split_first().map(|(first, rest)| (*first, rest)) {
         args = rest;
@@ -1108,7 +1138,7 @@ fn check_git(context: &Context, base: &Base, args: &[&str]) -> Result<Reads, Str
             reads.push(("read", (*arg).to_owned()));
         }
     }
-    git_probe(context, base)?;
+    drivers.merge(&git_probe(context, base)?);
     Ok(reads)
 }
 
@@ -1211,8 +1241,10 @@ fn dangerous_git_key(key: &str, value: &str) -> Option<&'static str> {
 }
 
 /// The repository-config probe: `.git` must be a plain directory, and the
-/// repository's own configuration must name no program.
-fn git_probe(context: &Context, base: &Base) -> Result<(), String> {
+/// configuration of the repository and of every repository git can enter from
+/// it must name no program. What they define that the overrides must reach
+/// (drivers, `diff.external`, in any scope) is the answer.
+fn git_probe(context: &Context, base: &Base) -> Result<Drivers, String> {
     let mut git_dir = None;
     let mut dir = Some(base.absolute.as_path());
     while let Some(current) = dir {
@@ -1232,19 +1264,42 @@ fn git_probe(context: &Context, base: &Base) -> Result<(), String> {
         }
         dir = current.parent();
     }
-    let output = crate::scrub::git_query(
-        &base.absolute,
-        &context.child_env,
-        &["config", "--list", "-z", "--show-scope", "--show-origin"],
-    )?;
-    let Some(output) = output else {
+    let mut drivers = Drivers::default();
+    if !probe_config(context, &base.absolute, "", &mut drivers)? {
         return match git_dir {
             Some(git_dir) => Err(format!(
                 "the configuration of the repository at {} cannot be read",
                 git_dir.display()
             )),
-            None => Ok(()),
+            None => Ok(drivers),
         };
+    }
+    if let Some(git_dir) = git_dir {
+        probe_submodules(context, &git_dir)?;
+        let mut entered = 0;
+        probe_entered(context, &base.absolute, &mut drivers, &mut entered)?;
+    }
+    Ok(drivers)
+}
+
+/// Check the configuration git reads in `dir`: its own scopes (local,
+/// worktree, includes) must name no program; every scope's drivers and
+/// `diff.external` are added to `drivers` (the command scope is the
+/// neutralisation's own). `false` when git answers nothing there (no
+/// repository). `what` names the repository in a refusal.
+fn probe_config(
+    context: &Context,
+    dir: &Path,
+    what: &str,
+    drivers: &mut Drivers,
+) -> Result<bool, String> {
+    let output = crate::scrub::git_query(
+        dir,
+        &context.child_env,
+        &["config", "--list", "-z", "--show-scope", "--show-origin"],
+    )?;
+    let Some(output) = output else {
+        return Ok(false);
     };
     // Entries: scope NUL origin NUL key NEWLINE value NUL.
     let text = String::from_utf8_lossy(&output);
@@ -1252,16 +1307,89 @@ fn git_probe(context: &Context, base: &Base) -> Result<(), String> {
     while let (Some(scope), Some(origin), Some(entry)) =
         (fields.next(), fields.next(), fields.next())
     {
-        if matches!(scope, "system" | "global" | "command") {
+        let (key, value) = entry.split_once('\n').unwrap_or((entry, ""));
+        if scope == "command" {
             continue;
         }
-        let (key, value) = entry.split_once('\n').unwrap_or((entry, ""));
+        drivers.add_key(key);
+        if matches!(scope, "system" | "global") {
+            continue;
+        }
         if let Some(why) = dangerous_git_key(key, value) {
-            return Err(format!("{key} {why} (set in {origin})"));
+            return Err(format!("{key} {why} (set in {origin}{what})"));
         }
     }
-    if let Some(git_dir) = git_dir {
-        probe_submodules(context, &git_dir)?;
+    Ok(true)
+}
+
+/// The most repositories git may enter from one stage before the stage asks
+/// instead.
+const MAX_ENTERED_REPOSITORIES: usize = 200;
+
+/// Every populated submodule or embedded repository the index of the
+/// repository holding `dir` names (a gitlink whose directory has a `.git`),
+/// recursively: `git status` and `git diff` run git inside each with its own
+/// configuration (a clean filter there runs on a changed file). Each is
+/// probed as the repository itself is.
+fn probe_entered(
+    context: &Context,
+    dir: &Path,
+    drivers: &mut Drivers,
+    entered: &mut usize,
+) -> Result<(), String> {
+    let Some(top) =
+        crate::scrub::git_query(dir, &context.child_env, &["rev-parse", "--show-toplevel"])?
+    else {
+        return Err(format!(
+            "where the repository holding {} begins cannot be read",
+            dir.display()
+        ));
+    };
+    let top = PathBuf::from(
+        String::from_utf8_lossy(&top)
+            .trim_end_matches('\n')
+            .to_owned(),
+    );
+    let Some(index) = crate::scrub::git_query(&top, &context.child_env, &["ls-files", "-s", "-z"])?
+    else {
+        return Err(format!(
+            "the index of the repository at {} cannot be read",
+            top.display()
+        ));
+    };
+    // Entries: MODE SP OBJECT SP STAGE TAB PATH NUL.
+    for entry in index.split(|byte| *byte == 0) {
+        let Some(path) = entry.strip_prefix(b"160000 ") else {
+            continue;
+        };
+        let Some(tab) = path.iter().position(|byte| *byte == b'\t') else {
+            continue;
+        };
+        let path = std::ffi::OsStr::from_bytes(&path[tab + 1..]);
+        let repository = top.join(path);
+        if repository.join(".git").symlink_metadata().is_err() {
+            continue;
+        }
+        *entered += 1;
+        if *entered > MAX_ENTERED_REPOSITORIES {
+            return Err(format!(
+                "more than {MAX_ENTERED_REPOSITORIES} submodules or embedded repositories under {}",
+                top.display()
+            ));
+        }
+        let what = format!(
+            ", in {}, which git enters from {}",
+            repository.display(),
+            top.display()
+        );
+        if !probe_config(context, &repository, &what, drivers)? {
+            return Err(format!(
+                "the configuration of {}, which git enters from {}, cannot be read",
+                repository.display(),
+                top.display()
+            ));
+        }
+        probe_entered(context, &repository, drivers, entered)?;
     }
     Ok(())
 }
@@ -1614,6 +1742,7 @@ fn analyse_split(context: &Context, line: &str) -> Result<Analysis, String> {
             calls: Vec::new(),
             signed: None,
             run: None,
+            drivers: Drivers::default(),
         });
     }
     let mut calls: Vec<FactCall> = split
@@ -1659,7 +1788,7 @@ fn analyse_split(context: &Context, line: &str) -> Result<Analysis, String> {
         for base in &bases {
             for call in context
                 .workspace
-                .path_facts(base, &redirect.value, redirect.tool)
+                .word_facts(base, &redirect.value, redirect.tool)
             {
                 if !calls.contains(&call) {
                     calls.push(call);
@@ -1683,6 +1812,23 @@ fn analyse_split(context: &Context, line: &str) -> Result<Analysis, String> {
         .redirects
         .iter()
         .any(|redirect| redirect.value != "/dev/null");
+    // The line runs as typed: which repository its git enters cannot be said.
+    let mut drivers = Drivers::default();
+    if stampable && has_files && !names_git(line) {
+        // Anything else the line runs is the code the person approved; its
+        // git is neutralised for the repositories the analysis can see.
+        for base in &bases {
+            match crate::scrub::configured_drivers(
+                &context.workspace.root().join(base),
+                &context.child_env,
+            ) {
+                Ok(found) => drivers.merge(&found),
+                Err(_) => stampable = false,
+            }
+        }
+    } else {
+        stampable = false;
+    }
     let signed = (stampable && has_files).then(|| {
         let mut text = format!("line\0{line}\0");
         for call in &calls {
@@ -1694,7 +1840,22 @@ fn analyse_split(context: &Context, line: &str) -> Result<Analysis, String> {
         text + &signed
     });
     let run = signed.as_ref().map(|_| line.to_owned());
-    Ok(Analysis { calls, signed, run })
+    Ok(Analysis {
+        calls,
+        signed,
+        run,
+        drivers,
+    })
+}
+
+/// Whether a line names git, in any case and even inside a word, once the
+/// quotes and backslashes bash would remove are taken out (`g''it`, `\git`).
+fn names_git(line: &str) -> bool {
+    let plain: String = line
+        .chars()
+        .filter(|c| !matches!(c, '\'' | '"' | '\\'))
+        .collect();
+    plain.to_ascii_lowercase().contains("git")
 }
 
 /// A target with its directory's links resolved, and its own link if it is one.

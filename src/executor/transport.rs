@@ -4,11 +4,19 @@
 //! or another shape no request has, or is longer than the limit, gets an error
 //! response (with the line's `id` when one can be found without parsing it),
 //! so the client's request ends; the executor keeps serving.
+//!
+//! Pipes and sockets (what a client or `docker exec` hands the executor) are
+//! read and written non-blocking on the runtime itself, as `box serve` does
+//! (`transport/stdio.rs`): tokio's `Stdin`/`Stdout` do every read and write on
+//! the blocking pool, a thread hand-off each way per line that was most of a
+//! small call's cost. Terminals and files keep tokio's types.
 
+use std::collections::HashSet;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use rmcp::RoleServer;
-use rmcp::model::{ClientRequest, JsonRpcMessage};
+use rmcp::model::{ClientNotification, ClientRequest, JsonRpcMessage, RequestId};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -26,6 +34,100 @@ const PARSE_ERROR: i64 = -32700;
 const INVALID_REQUEST: i64 = -32600;
 const INVALID_PARAMS: i64 = -32602;
 
+/// This process's stdin and stdout for the protocol, non-blocking where they
+/// are pipes or sockets; the guard puts their file status flags back as found
+/// (whoever comes after us in a shell pipeline may share the open pipe).
+pub(crate) fn stdio() -> (
+    Box<dyn AsyncRead + Unpin + Send>,
+    Box<dyn AsyncWrite + Unpin + Send>,
+    StdioModes,
+) {
+    let modes = StdioModes {
+        _stdin: FileMode::save(std::io::stdin().as_fd()),
+        _stdout: FileMode::save(std::io::stdout().as_fd()),
+    };
+    let reader: Box<dyn AsyncRead + Unpin + Send> = match nonblocking(std::io::stdin().as_fd()) {
+        Some(Stdio::Pipe(fd)) => match tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
+            Ok(pipe) => Box::new(pipe),
+            Err(_) => Box::new(tokio::io::stdin()),
+        },
+        Some(Stdio::Socket(socket)) => match tokio::net::UnixStream::from_std(socket) {
+            Ok(socket) => Box::new(socket),
+            Err(_) => Box::new(tokio::io::stdin()),
+        },
+        None => Box::new(tokio::io::stdin()),
+    };
+    let writer: Box<dyn AsyncWrite + Unpin + Send> = match nonblocking(std::io::stdout().as_fd()) {
+        Some(Stdio::Pipe(fd)) => match tokio::net::unix::pipe::Sender::from_owned_fd(fd) {
+            Ok(pipe) => Box::new(pipe),
+            Err(_) => Box::new(tokio::io::stdout()),
+        },
+        Some(Stdio::Socket(socket)) => match tokio::net::UnixStream::from_std(socket) {
+            Ok(socket) => Box::new(socket),
+            Err(_) => Box::new(tokio::io::stdout()),
+        },
+        None => Box::new(tokio::io::stdout()),
+    };
+    (reader, writer, modes)
+}
+
+/// stdin's and stdout's file status flags (`O_NONBLOCK`), restored on drop.
+pub(crate) struct StdioModes {
+    _stdin: FileMode,
+    _stdout: FileMode,
+}
+
+struct FileMode {
+    fd: std::os::fd::RawFd,
+    flags: Option<nix::fcntl::OFlag>,
+}
+
+impl FileMode {
+    fn save(fd: std::os::fd::BorrowedFd<'_>) -> Self {
+        use std::os::fd::AsRawFd as _;
+        let flags = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)
+            .ok()
+            .map(nix::fcntl::OFlag::from_bits_truncate);
+        Self {
+            fd: fd.as_raw_fd(),
+            flags,
+        }
+    }
+}
+
+impl Drop for FileMode {
+    fn drop(&mut self) {
+        if let Some(flags) = self.flags {
+            // SAFETY: fds 0 and 1 stay open for the life of the process.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
+            let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(flags));
+        }
+    }
+}
+
+enum Stdio {
+    Pipe(std::os::fd::OwnedFd),
+    Socket(std::os::unix::net::UnixStream),
+}
+
+/// A duplicate of `fd` when it is a pipe or a Unix socket, the socket set
+/// non-blocking (tokio's pipe constructors set a pipe so themselves); `None`
+/// for anything else, or when duplicating fails.
+fn nonblocking(fd: std::os::fd::BorrowedFd<'_>) -> Option<Stdio> {
+    use nix::sys::stat::{SFlag, fstat};
+    let kind = SFlag::from_bits_truncate(fstat(fd).ok()?.st_mode) & SFlag::S_IFMT;
+    let owned = fd.try_clone_to_owned().ok()?;
+    if kind == SFlag::S_IFIFO {
+        Some(Stdio::Pipe(owned))
+    } else if kind == SFlag::S_IFSOCK {
+        let socket = std::os::unix::net::UnixStream::from(owned);
+        socket.set_nonblocking(true).ok()?;
+        Some(Stdio::Socket(socket))
+    } else {
+        None
+    }
+}
+
 /// Newline-delimited JSON-RPC over a reader and a writer.
 pub(crate) struct LineTransport<R, W> {
     reader: BufReader<R>,
@@ -34,6 +136,11 @@ pub(crate) struct LineTransport<R, W> {
     line: Vec<u8>,
     /// Bytes of the current line past the limit (being discarded).
     overflow: usize,
+    /// The ids of the client's requests not yet answered. rmcp keys its own
+    /// bookkeeping by id, so a second request with an id in flight would run
+    /// and take the first one's place: it is refused here instead, as
+    /// `box serve` refuses it.
+    in_flight: Arc<std::sync::Mutex<HashSet<RequestId>>>,
 }
 
 impl<R, W> LineTransport<R, W>
@@ -48,7 +155,42 @@ where
             writer: Arc::new(Mutex::new(writer)),
             line: Vec::new(),
             overflow: 0,
+            in_flight: Arc::default(),
         }
+    }
+
+    /// Track a message from the client: a request's id is in flight until
+    /// answered (`Err` with the refusal when it already is); a cancellation
+    /// frees its id, because rmcp then drops the answer.
+    fn track(&self, message: &RxJsonRpcMessage<RoleServer>) -> Result<(), Value> {
+        let Ok(mut in_flight) = self.in_flight.lock() else {
+            return Ok(());
+        };
+        match message {
+            JsonRpcMessage::Request(request) => {
+                if !in_flight.insert(request.id.clone()) {
+                    let id = request.id.clone().into_json_value();
+                    return Err(json!({
+                        "jsonrpc": "2.0",
+                        "id": id,
+                        "error": {
+                            "code": INVALID_REQUEST,
+                            "message": format!("request id {id} is already in flight in this session; ids must not be reused"),
+                        },
+                    }));
+                }
+            }
+            JsonRpcMessage::Notification(notification) => {
+                if let ClientNotification::CancelledNotification(cancelled) =
+                    &notification.notification
+                    && let Some(id) = &cancelled.params.request_id
+                {
+                    in_flight.remove(id);
+                }
+            }
+            JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_) => {}
+        }
+        Ok(())
     }
 
     /// Read up to the next newline, keeping at most the limit; `false` at EOF
@@ -303,6 +445,16 @@ where
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let answered = match &item {
+            JsonRpcMessage::Response(response) => Some(&response.id),
+            JsonRpcMessage::Error(error) => error.id.as_ref(),
+            JsonRpcMessage::Request(_) | JsonRpcMessage::Notification(_) => None,
+        };
+        if let Some(id) = answered
+            && let Ok(mut in_flight) = self.in_flight.lock()
+        {
+            in_flight.remove(id);
+        }
         let writer = Arc::clone(&self.writer);
         async move {
             let mut bytes = Vec::with_capacity(4096);
@@ -316,13 +468,17 @@ where
             if !self.read_line().await {
                 return None;
             }
-            match self.parse_line() {
-                Ok(Some(message)) => match discover_probe(&message) {
+            let parsed = self.parse_line().and_then(|message| match message {
+                Some(message) => match discover_probe(&message) {
                     // Answered here, as `box serve` answers it: rmcp would
                     // first demand 2026-07-28 `_meta` fields of the probe.
-                    Some(refused) => self.answer_line(refused),
-                    None => return Some(message),
+                    Some(refused) => Err(Some(refused)),
+                    None => self.track(&message).map(|()| Some(message)).map_err(Some),
                 },
+                None => Ok(None),
+            });
+            match parsed {
+                Ok(Some(message)) => return Some(message),
                 Ok(None) => {}
                 Err(None) => {}
                 Err(Some(answer)) => self.answer_line(answer),

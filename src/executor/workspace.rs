@@ -7,11 +7,18 @@
 //! (or a `..` that a link would make climb out) fails in the kernel. FIFOs and
 //! devices are opened non-blocking and refused as "not a regular file".
 //!
+//! Names are bytes ([`Name`]): a file name need not be UTF-8. A tool's path
+//! argument may spell a name in the quoted form tool output shows
+//! (`names`); a bash word is always literal. A name shows itself quoted where
+//! it must be (`Display`), so every message that prints one is escaped.
+//!
 //! The workspace also owns the state the file tools share across calls: the
 //! write lock and the read ledger behind version-aware writes (seed 003).
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::io::Read;
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
 
@@ -19,11 +26,48 @@ use cap_std::fs::{Dir, File, Metadata, OpenOptions, OpenOptionsExt};
 use sha2::{Digest, Sha256};
 
 use super::facts::{FactCall, LINKS_UNKNOWN, SENTINEL};
+use super::names;
 
 /// The longest path the kernel takes (`PATH_MAX`), in bytes.
 const PATH_MAX: usize = 4096;
 /// The longest name of one path component (`NAME_MAX`), in bytes.
 const NAME_MAX: usize = 255;
+
+/// A cleaned root-relative name (`.` for the root), as bytes. Displayed as
+/// tool output shows a path (`names::show_path`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Name(PathBuf);
+
+impl Name {
+    /// Whether this names the root itself.
+    pub fn is_root(&self) -> bool {
+        self.0 == Path::new(".")
+    }
+
+    /// The name as a path relative to the root.
+    pub fn as_path(&self) -> &Path {
+        &self.0
+    }
+
+    /// The name as a facts claim carries it: itself when it is UTF-8 (JSON
+    /// escapes the rest), else with U+FFFD for each byte that is not, so a
+    /// policy's path rules still match the names around it.
+    pub fn to_facts(&self) -> String {
+        self.0.to_string_lossy().into_owned()
+    }
+}
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(&names::show_path(&self.0))
+    }
+}
+
+impl AsRef<Path> for Name {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
 
 /// Why a path cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -32,10 +76,10 @@ const NAME_MAX: usize = 255;
     reason = "`Io` is built by `directory`, which the process work calls"
 )]
 pub(crate) enum PathError {
-    /// Absolute outside the root, or climbing out of it.
+    /// Absolute outside the root, or climbing out of it (the path as shown).
     #[error("path is outside the workspace: {0}")]
     Outside(String),
-    /// NUL bytes, over-long, or otherwise not a name.
+    /// NUL bytes, over-long, a broken quoted name, or otherwise not a name.
     #[error("invalid path: {0}")]
     Invalid(String),
     /// The file system said no.
@@ -139,35 +183,77 @@ impl Workspace {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The root-relative cleaned name of `raw` (`"."` for the root), resolved
-    /// against the root-relative directory `base`; refused when it is not a
-    /// usable name or lies outside. No I/O.
-    pub fn name(&self, base: &str, raw: &str) -> Result<String, PathError> {
-        check_raw(raw)?;
-        let path = Path::new(raw);
+    /// The root-relative cleaned name of a tool's path argument `raw`
+    /// (relative to the root, or absolute inside it; quoted names decoded);
+    /// refused when it is not a usable name or lies outside. No I/O.
+    pub fn name(&self, raw: &str) -> Result<Name, PathError> {
+        let bytes = names::parse(raw).map_err(|why| {
+            PathError::Invalid(format!("{}: {why}", names::show_path_bytes(raw.as_bytes())))
+        })?;
+        let shown = names::show_path_bytes(&bytes);
+        self.clean("", &bytes, &shown)
+    }
+
+    /// The root-relative cleaned name of a bash word `word` (literal: bash
+    /// has removed its quotes), resolved against the root-relative directory
+    /// `base`. No I/O.
+    pub fn word_name(&self, base: &str, word: &str) -> Result<Name, PathError> {
+        self.clean(
+            base,
+            word.as_bytes(),
+            &names::show_path_bytes(word.as_bytes()),
+        )
+    }
+
+    /// `bytes` cleaned beneath the root (against `base` when relative);
+    /// `shown` is how errors name it.
+    fn clean(&self, base: &str, bytes: &[u8], shown: &str) -> Result<Name, PathError> {
+        check_raw(bytes, shown)?;
+        let path = Path::new(OsStr::from_bytes(bytes));
         if path.is_absolute() {
             let cleaned = clean_absolute(path);
             for root in [&self.root, &self.canonical_root] {
                 if let Ok(rest) = cleaned.strip_prefix(root) {
-                    return relative_name(rest, raw);
+                    return relative_name(rest, shown);
                 }
             }
-            return Err(PathError::Outside(raw.to_owned()));
+            return Err(PathError::Outside(shown.to_owned()));
         }
         let joined = if base.is_empty() || base == "." {
             path.to_path_buf()
         } else {
             Path::new(base).join(path)
         };
-        relative_name(&joined, raw)
+        relative_name(&joined, shown)
     }
 
-    /// The facts calls for `raw` (a path as the model wrote it, relative to
-    /// `base`, a root-relative directory, or absolute) claimed as `tool`: the
-    /// root-relative cleaned name; a second call when links lead to another name
-    /// inside; the sentinel form when it is outside or leads out; a
-    /// `dax:links-unknown` call when where links lead cannot be read.
-    pub fn path_facts(&self, base: &str, raw: &str, tool: &str) -> Vec<FactCall> {
+    /// The facts calls for a tool's path argument `raw` claimed as `tool`: the
+    /// root-relative cleaned name; a second call when links lead to another
+    /// name inside; the sentinel form when it is outside or leads out; a
+    /// `dax:links-unknown` call when where links lead cannot be read. The
+    /// question text shows the path escaped.
+    pub fn path_facts(&self, raw: &str, tool: &str) -> Vec<FactCall> {
+        let shown = match names::parse(raw) {
+            Ok(bytes) => names::show_path_bytes(&bytes).into_owned(),
+            Err(_) => names::show_path_bytes(raw.as_bytes()).into_owned(),
+        };
+        self.facts_for(self.name(raw), raw, &shown, tool)
+    }
+
+    /// [`Workspace::path_facts`] for a bash word (literal), relative to the
+    /// root-relative directory `base`.
+    pub fn word_facts(&self, base: &str, word: &str, tool: &str) -> Vec<FactCall> {
+        let shown = names::show_path_bytes(word.as_bytes());
+        self.facts_for(self.word_name(base, word), word, &shown, tool)
+    }
+
+    fn facts_for(
+        &self,
+        name: Result<Name, PathError>,
+        raw: &str,
+        shown: &str,
+        tool: &str,
+    ) -> Vec<FactCall> {
         let call = |path: String, text: String, tool: &str| {
             let mut args = serde_json::Map::new();
             args.insert("path".to_owned(), serde_json::Value::String(path));
@@ -177,22 +263,26 @@ impl Workspace {
                 text,
             }
         };
-        let name = match self.name(base, raw) {
+        let name = match name {
             Ok(name) => name,
-            Err(_) => return vec![call(format!("{SENTINEL}{raw}"), raw.to_owned(), tool)],
+            Err(_) => return vec![call(format!("{SENTINEL}{raw}"), shown.to_owned(), tool)],
         };
-        let mut calls = vec![call(name.clone(), raw.to_owned(), tool)];
-        match self.resolve_links(&name) {
+        let mut calls = vec![call(name.to_facts(), shown.to_owned(), tool)];
+        match self.resolve_links(name.as_path()) {
             Ok(target) if target == name => {}
-            Ok(target) => calls.push(call(target.clone(), format!("{raw} -> {target}"), tool)),
+            Ok(target) => calls.push(call(
+                target.to_facts(),
+                format!("{shown} -> {target}"),
+                tool,
+            )),
             Err(error) if is_escape(&error) => calls.push(call(
                 format!("{SENTINEL}{raw}"),
-                format!("{raw} -> outside the workspace"),
+                format!("{shown} -> outside the workspace"),
                 tool,
             )),
             Err(_) => calls.push(call(
-                name,
-                format!("{raw} (where its links lead cannot be read)"),
+                name.to_facts(),
+                format!("{shown} (where its links lead cannot be read)"),
                 LINKS_UNKNOWN,
             )),
         }
@@ -202,8 +292,8 @@ impl Workspace {
     /// The name `name` leads to with every link followed beneath the root: the
     /// longest existing prefix canonicalised, the rest appended. An error that
     /// [`is_escape`] when a link leads out.
-    pub fn resolve_links(&self, name: &str) -> std::io::Result<String> {
-        let path = Path::new(name);
+    pub fn resolve_links(&self, name: &Path) -> std::io::Result<Name> {
+        let path = name;
         let mut existing = path;
         let mut rest: Vec<&std::ffi::OsStr> = Vec::new();
         loop {
@@ -229,7 +319,7 @@ impl Workspace {
         for part in rest.iter().rev() {
             resolved.push(part);
         }
-        Ok(display_name(&resolved))
+        Ok(name_of(resolved))
     }
 
     /// The absolute path of a directory inside the workspace named by `raw`
@@ -239,21 +329,22 @@ impl Workspace {
         reason = "the bash and process work calls it (their stubs do not yet)"
     )]
     pub fn directory(&self, raw: &str) -> Result<PathBuf, PathError> {
-        let name = self.name("", raw)?;
-        let metadata = self.metadata(&name).map_err(|e| PathError::io(raw, e))?;
+        let name = self.name(raw)?;
+        let shown = name.to_string();
+        let metadata = self.metadata(&name).map_err(|e| PathError::io(&shown, e))?;
         if !metadata.is_dir() {
             return Err(PathError::Io {
-                path: raw.to_owned(),
+                path: shown,
                 source: std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory"),
             });
         }
         let resolved = self
-            .resolve_links(&name)
-            .map_err(|e| PathError::io(raw, e))?;
-        Ok(if resolved == "." {
+            .resolve_links(name.as_path())
+            .map_err(|e| PathError::io(&shown, e))?;
+        Ok(if resolved.is_root() {
             self.root.clone()
         } else {
-            self.root.join(resolved)
+            self.root.join(resolved.as_path())
         })
     }
 
@@ -268,8 +359,9 @@ impl Workspace {
     }
 
     /// Metadata of `name` itself (a link is described, not followed).
-    pub fn symlink_metadata(&self, name: &str) -> std::io::Result<Metadata> {
-        if name == "." {
+    pub fn symlink_metadata(&self, name: impl AsRef<Path>) -> std::io::Result<Metadata> {
+        let name = name.as_ref();
+        if name == Path::new(".") {
             self.dir.dir_metadata()
         } else {
             self.dir.symlink_metadata(name)
@@ -277,8 +369,9 @@ impl Workspace {
     }
 
     /// Open the directory `name` beneath the root.
-    pub fn open_dir(&self, name: &str) -> std::io::Result<Dir> {
-        if name == "." {
+    pub fn open_dir(&self, name: impl AsRef<Path>) -> std::io::Result<Dir> {
+        let name = name.as_ref();
+        if name == Path::new(".") {
             self.dir.try_clone()
         } else {
             self.dir.open_dir(name)
@@ -308,7 +401,7 @@ impl Workspace {
 
     /// The version of the file `name` now: its size, modification time and the
     /// hash of its first `max_bytes` bytes (what a read scans).
-    pub fn version(&self, name: &str, max_bytes: u64) -> Result<Version, FileError> {
+    pub fn version(&self, name: impl AsRef<Path>, max_bytes: u64) -> Result<Version, FileError> {
         let (file, metadata) = self.open_regular(name)?;
         let mut hasher = Sha256::new();
         let mut reader = std::io::BufReader::new(file).take(max_bytes);
@@ -333,10 +426,11 @@ impl Workspace {
     /// Whether overwriting the existing file `name` (shown as `shown`) is
     /// allowed: it was read before and has not changed since. Call under the
     /// write lock.
-    pub fn check_unchanged(&self, name: &str, shown: &str, max_bytes: u64) -> Result<(), String> {
+    pub fn check_unchanged(&self, name: &Name, max_bytes: u64) -> Result<(), String> {
         if !self.write_guard {
             return Ok(());
         }
+        let shown = name;
         let now = self
             .version(name, max_bytes)
             .map_err(|e| e.message(shown))?;
@@ -372,7 +466,7 @@ pub(crate) enum FileError {
 
 impl FileError {
     /// The message for the file shown as `shown`.
-    pub fn message(&self, shown: &str) -> String {
+    pub fn message(&self, shown: impl std::fmt::Display) -> String {
         match self {
             Self::Directory => format!("{shown} is a directory"),
             Self::NotRegular => format!("{shown}: not a regular file"),
@@ -382,9 +476,9 @@ impl FileError {
 }
 
 /// The message for an I/O error on the path shown as `shown`.
-pub(crate) fn io_message(shown: &str, error: &std::io::Error) -> String {
+pub(crate) fn io_message(shown: impl std::fmt::Display, error: &std::io::Error) -> String {
     if is_escape(error) {
-        return PathError::Outside(shown.to_owned()).to_string();
+        return PathError::Outside(shown.to_string()).to_string();
     }
     match error.kind() {
         std::io::ErrorKind::NotFound => format!("{shown}: no such file or directory"),
@@ -411,31 +505,35 @@ pub(crate) fn hash(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
 }
 
-/// Refuse NUL bytes and names longer than the kernel takes.
-fn check_raw(raw: &str) -> Result<(), PathError> {
-    if raw.contains('\0') {
-        return Err(PathError::Invalid(raw.replace('\0', "\\0")));
+/// Refuse NUL bytes and names longer than the kernel takes (`shown` is how
+/// the error names the path).
+fn check_raw(bytes: &[u8], shown: &str) -> Result<(), PathError> {
+    if bytes.contains(&0) {
+        return Err(PathError::Invalid(shown.replace("\\x00", "\\0")));
     }
-    if raw.len() > PATH_MAX {
+    if bytes.len() > PATH_MAX {
         return Err(PathError::Invalid(format!(
             "{}... ({} bytes; at most {PATH_MAX})",
-            raw.chars().take(64).collect::<String>(),
-            raw.len()
+            shown.chars().take(64).collect::<String>(),
+            bytes.len()
         )));
     }
-    if let Some(long) = raw.split('/').find(|part| part.len() > NAME_MAX) {
+    if let Some(long) = bytes
+        .split(|byte| *byte == b'/')
+        .find(|part| part.len() > NAME_MAX)
+    {
         return Err(PathError::Invalid(format!(
             "a component of {} bytes (at most {NAME_MAX}): {}...",
             long.len(),
-            long.chars().take(64).collect::<String>()
+            names::show(long).chars().take(64).collect::<String>()
         )));
     }
     Ok(())
 }
 
 /// The cleaned root-relative name of the relative path `path`, or `Outside`
-/// when its `..` climb above the root.
-fn relative_name(path: &Path, raw: &str) -> Result<String, PathError> {
+/// (naming it as `shown`) when its `..` climb above the root.
+fn relative_name(path: &Path, shown: &str) -> Result<Name, PathError> {
     let mut parts: Vec<&std::ffi::OsStr> = Vec::new();
     for component in path.components() {
         match component {
@@ -443,25 +541,23 @@ fn relative_name(path: &Path, raw: &str) -> Result<String, PathError> {
             Component::CurDir => {}
             Component::ParentDir => {
                 if parts.pop().is_none() {
-                    return Err(PathError::Outside(raw.to_owned()));
+                    return Err(PathError::Outside(shown.to_owned()));
                 }
             }
             Component::RootDir | Component::Prefix(_) => {
-                return Err(PathError::Outside(raw.to_owned()));
+                return Err(PathError::Outside(shown.to_owned()));
             }
         }
     }
-    let cleaned: PathBuf = parts.iter().collect();
-    Ok(display_name(&cleaned))
+    Ok(name_of(parts.iter().collect()))
 }
 
-/// `path` as a slash-separated name, `"."` when empty.
-fn display_name(path: &Path) -> String {
-    let text = path.to_string_lossy();
-    if text.is_empty() {
-        ".".to_owned()
+/// `path` as a [`Name`], `.` when empty.
+fn name_of(path: PathBuf) -> Name {
+    if path.as_os_str().is_empty() {
+        Name(PathBuf::from("."))
     } else {
-        text.into_owned()
+        Name(path)
     }
 }
 

@@ -10,11 +10,14 @@
 //! reference.
 //!
 //! What config cannot do, and what covers it instead:
-//! - `diff.external` is run even when empty (`error: cannot run :`), so an
-//!   empty override would break every `git diff`; it is left out here and the
-//!   stamped plan adds `--no-ext-diff --no-textconv` to `git diff|log|show`.
-//!   The same holds for `diff.<driver>.command`, which [`driver_overrides`]
-//!   empties: git then fails loudly instead of running the driver.
+//! - `diff.external` is run even when empty (`error: cannot run :`), and any
+//!   value turns the external diff on, so it cannot be overridden for every
+//!   repository: the stamped plan adds `--no-ext-diff --no-textconv` to
+//!   `git diff|log|show`, and where a repository's configuration sets it (any
+//!   scope), [`git_neutralisation_with_drivers`] replaces it with a program
+//!   that says why and fails, so a diff that would run it fails loudly.
+//!   `diff.<driver>.command`, which [`driver_overrides`] empties, fails the
+//!   same way instead of running the driver.
 //! - Filter, diff and merge drivers are named by attributes and defined by
 //!   config with names of the repository's choosing, so they cannot be listed
 //!   in advance: [`configured_drivers`] asks git which are defined and
@@ -28,7 +31,7 @@
 //!   (the dax reference's choice) rather than a failing program.
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -116,11 +119,66 @@ const PLAIN: &[(&str, &str)] = &[
 /// The variables that neutralise git's dangerous configuration for a child:
 /// `GIT_CONFIG_COUNT`/`KEY_n`/`VALUE_n` and the prompt, pager and lock settings.
 pub fn git_neutralisation() -> Vec<(String, String)> {
-    git_neutralisation_with_drivers(&[])
+    git_neutralisation_with_drivers(&Drivers::default())
 }
 
-/// [`git_neutralisation`] plus [`driver_overrides`] for `drivers`.
-pub fn git_neutralisation_with_drivers(drivers: &[String]) -> Vec<(String, String)> {
+/// What git configuration defines that git would run and a fixed override
+/// cannot reach: filter, diff and merge drivers (named by the repository), and
+/// whether `diff.external` is set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Drivers {
+    /// Driver names (`filter.<name>.clean` → `<name>`), sorted, once each.
+    pub names: Vec<String>,
+    /// Whether `diff.external` is set.
+    pub diff_external: bool,
+}
+
+impl Drivers {
+    /// Record a configuration key (any case) if it defines a driver or
+    /// `diff.external`.
+    pub fn add_key(&mut self, key: &str) {
+        let key = key.trim().to_ascii_lowercase();
+        if key == "diff.external" {
+            self.diff_external = true;
+            return;
+        }
+        let Some((section, rest)) = key.split_once('.') else {
+            return;
+        };
+        let Some((_, last)) = rest.rsplit_once('.') else {
+            return;
+        };
+        let defines = match section {
+            "filter" => matches!(last, "clean" | "smudge" | "process"),
+            "diff" => matches!(last, "textconv" | "command"),
+            "merge" => last == "driver",
+            _ => false,
+        };
+        if defines && let Some(name) = driver_name(&key) {
+            self.names.push(name);
+            self.names.sort();
+            self.names.dedup();
+        }
+    }
+
+    /// Everything `other` defines, added.
+    pub fn merge(&mut self, other: &Drivers) {
+        self.names.extend(other.names.iter().cloned());
+        self.names.sort();
+        self.names.dedup();
+        self.diff_external |= other.diff_external;
+    }
+}
+
+/// What a stamped run's `diff.external` becomes where a repository sets it:
+/// git runs it with the shell and the diff's arguments, so it says why on
+/// stderr and fails (git then stops the diff: "external diff died").
+pub const DIFF_EXTERNAL_REFUSED: &str =
+    "echo 'box: diff.external is not run here; use git diff --no-ext-diff' >&2; false";
+
+/// [`git_neutralisation`] plus [`driver_overrides`] for `drivers`, and
+/// `diff.external` replaced where it is set.
+pub fn git_neutralisation_with_drivers(drivers: &Drivers) -> Vec<(String, String)> {
     let mut config: Vec<(String, String)> = CONFIG
         .iter()
         .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
@@ -130,7 +188,10 @@ pub fn git_neutralisation_with_drivers(drivers: &[String]) -> Vec<(String, Strin
             .iter()
             .map(|event| (format!("hook.{event}.enabled"), "false".to_owned())),
     );
-    config.extend(driver_overrides(drivers));
+    config.extend(driver_overrides(&drivers.names));
+    if drivers.diff_external {
+        config.push(("diff.external".to_owned(), DIFF_EXTERNAL_REFUSED.to_owned()));
+    }
     let mut vars = Vec::with_capacity(2 * config.len() + 1 + PLAIN.len());
     vars.push(("GIT_CONFIG_COUNT".to_owned(), config.len().to_string()));
     for (index, (key, value)) in config.into_iter().enumerate() {
@@ -173,13 +234,13 @@ pub fn driver_overrides(drivers: &[String]) -> Vec<(String, String)> {
 /// otherwise block it forever.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The filter, diff and merge drivers that git's configuration defines for
-/// the repository at `dir` (every scope, includes followed), queried with git
-/// itself under [`git_neutralisation`] and `env`. Not a repository, no git,
-/// or a query that fails: no drivers (nothing is defined that git would run).
-/// A query that does not finish in 10 s is an error, because then the
-/// configuration cannot be known.
-pub fn configured_drivers(dir: &Path, env: &[(OsString, OsString)]) -> Result<Vec<String>, String> {
+/// The filter, diff and merge drivers, and `diff.external`, that git's
+/// configuration defines for the repository at `dir` (every scope, includes
+/// followed), queried with git itself under [`git_neutralisation`] and `env`.
+/// Not a repository, no git, or a query that fails: none (nothing is defined
+/// that git would run). A query that does not finish in 10 s is an error,
+/// because then the configuration cannot be known.
+pub fn configured_drivers(dir: &Path, env: &[(OsString, OsString)]) -> Result<Drivers, String> {
     let Some(bytes) = git_query(
         dir,
         env,
@@ -188,19 +249,47 @@ pub fn configured_drivers(dir: &Path, env: &[(OsString, OsString)]) -> Result<Ve
             "--name-only",
             "-z",
             "--get-regexp",
-            r"^(filter|diff|merge)\..+\.(clean|smudge|process|textconv|command|driver)$",
+            r"^(filter|diff|merge)\..+\.(clean|smudge|process|textconv|command|driver)$|^diff\.external$",
         ],
     )?
     else {
-        return Ok(Vec::new());
+        return Ok(Drivers::default());
     };
-    let mut drivers: Vec<String> = bytes
-        .split(|byte| *byte == 0)
-        .filter_map(|name| driver_name(&String::from_utf8_lossy(name)))
-        .collect();
-    drivers.sort();
-    drivers.dedup();
+    let mut drivers = Drivers::default();
+    for name in bytes.split(|byte| *byte == 0) {
+        drivers.add_key(&String::from_utf8_lossy(name));
+    }
     Ok(drivers)
+}
+
+/// The user-level git configuration file that git, run with `env`, would read
+/// (`GIT_CONFIG_GLOBAL`; else `$XDG_CONFIG_HOME/git/config`, or
+/// `$HOME/.config/git/config`, and `$HOME/.gitconfig`) and that exists but
+/// cannot be opened by this process: git takes such a file as a fatal error
+/// ("unknown error occurred while reading the configuration files"), so every
+/// git command fails. `None` when each is readable or absent.
+pub fn unreadable_global_config(env: &[(OsString, OsString)]) -> Option<PathBuf> {
+    let var = |name: &str| {
+        env.iter()
+            .find(|(key, value)| key == name && !value.is_empty())
+            .map(|(_, value)| PathBuf::from(value))
+    };
+    let candidates = match var("GIT_CONFIG_GLOBAL") {
+        Some(global) => vec![global],
+        None => {
+            let home = var("HOME");
+            let xdg = var("XDG_CONFIG_HOME")
+                .or_else(|| home.as_ref().map(|home| home.join(".config")))
+                .map(|config| config.join("git/config"));
+            xdg.into_iter()
+                .chain(home.map(|home| home.join(".gitconfig")))
+                .collect()
+        }
+    };
+    candidates.into_iter().find(|path| {
+        std::fs::File::open(path)
+            .is_err_and(|error| error.kind() == std::io::ErrorKind::PermissionDenied)
+    })
 }
 
 /// Run `git args` in `dir` with `env` plus [`git_neutralisation`], no stdin,

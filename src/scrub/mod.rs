@@ -22,8 +22,8 @@ mod values;
 use std::ffi::OsString;
 
 pub use git::{
-    configured_drivers, driver_overrides, git_neutralisation, git_neutralisation_with_drivers,
-    git_query,
+    Drivers, configured_drivers, driver_overrides, git_neutralisation,
+    git_neutralisation_with_drivers, git_query, unreadable_global_config,
 };
 
 /// An environment after scrubbing.

@@ -9,6 +9,7 @@ asserts; any failure exits non-zero with the reason.
 import asyncio
 import json
 import os
+import shutil
 import sys
 
 from mcp import Client
@@ -107,6 +108,19 @@ async def main(box, root):
         check(document["info"]["name"] == "main.rs" and document["info"]["mode"] & 0o777, f"stat: {document}")
         read = await client.read_resource("agentworkspace:///read?path=..%2Fx")
         check(json.loads(read.contents[0].text)["error"]["kind"] == "outside", f"outside resource: {read}")
+
+        # Hostile names (issue 8, item 5): shown quoted, one entry one line, named back;
+        # bash output carries no live terminal control sequence.
+        os.mkdir(os.path.join(root, "names"))
+        with open(os.path.join(root.encode(), b"names", b"bad-\xff\x1b]0;t\x07\nx"), "wb") as hostile:
+            hostile.write(b"hostile\n")
+        result = await client.call_tool("ls", {"path": "names"})
+        check(text_of(result) == '"bad-\\xff\\x1b]0;t\\x07\\nx"  8\n', f"ls of a hostile name: {result}")
+        result = await client.call_tool("read", {"path": 'names/"bad-\\xff\\x1b]0;t\\x07\\nx"'})
+        check(text_of(result) == "     1\thostile\n", f"read by the shown name: {result}")
+        result = await client.call_tool("bash", {"command": "printf '\\033[2J\\033]0;t\\007'"})
+        check(text_of(result) == "\\x1b[2J\\x1b]0;t\\x07\n[exit 0]", f"bash controls: {result}")
+        shutil.rmtree(os.path.join(root.encode(), b"names"))
 
         # A batch with a cancelling failure.
         answer = await raw(client, "execution/batch", {"calls": [

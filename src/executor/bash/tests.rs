@@ -12,7 +12,7 @@ use crate::executor::workspace::Workspace;
 
 /// A context over a fresh temporary root, with `env` scrubbed as the executor
 /// scrubs its own environment.
-pub(crate) fn context_with(env: &[(&str, &str)]) -> (tempfile::TempDir, Context) {
+pub(crate) fn context_with(env: &[(&str, &str)]) -> (tempfile::TempDir, Arc<Context>) {
     let temp = tempfile::tempdir().unwrap();
     let mut vars: Vec<(OsString, OsString)> =
         vec![("PATH".into(), std::env::var_os("PATH").unwrap_or_default())];
@@ -23,11 +23,12 @@ pub(crate) fn context_with(env: &[(&str, &str)]) -> (tempfile::TempDir, Context)
         child_env: Arc::new(scrubbed.kept),
         stamp: StampKey::random(),
         max_read_bytes: 2 * 1024 * 1024,
+        bash_output: crate::executor::BashOutput::Escape,
     };
-    (temp, context)
+    (temp, Arc::new(context))
 }
 
-async fn bash(context: &Context, arguments: serde_json::Value) -> ToolOutcome {
+async fn bash(context: &Arc<Context>, arguments: serde_json::Value) -> ToolOutcome {
     let arguments = arguments.as_object().unwrap().clone();
     call(context, &arguments, None, CancellationToken::new()).await
 }
@@ -347,7 +348,7 @@ async fn a_stamped_run_does_not_find_commands_in_the_workspace() {
     std::fs::set_permissions(bin.join("cat"), permissions).unwrap();
     std::fs::write(temp.path().join("notes.txt"), "hi\n").unwrap();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
-    context.child_env = Arc::new(vec![("PATH".into(), path.into())]);
+    Arc::get_mut(&mut context).unwrap().child_env = Arc::new(vec![("PATH".into(), path.into())]);
     let arguments = json!({"command": "cat notes.txt"})
         .as_object()
         .unwrap()

@@ -9,7 +9,7 @@ use crate::executor::bash::tests::{assert_gone, context_with};
 
 fn processes(env: &[(&str, &str)]) -> (tempfile::TempDir, Processes) {
     let (temp, context) = context_with(env);
-    (temp, Processes::new(Arc::new(context)))
+    (temp, Processes::new(context))
 }
 
 async fn call(processes: &Processes, op: &str, params: Value) -> Result<Value, String> {

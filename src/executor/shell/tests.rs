@@ -70,7 +70,7 @@ fn git(dir: &Path, args: &[&str]) {
 }
 
 /// A workspace that is a clean git repository with `internal/` and `notes.txt`.
-fn repository() -> (tempfile::TempDir, Context) {
+fn repository() -> (tempfile::TempDir, std::sync::Arc<Context>) {
     let (temp, context) = context_with(&[]);
     git(temp.path(), &["init", "-q"]);
     std::fs::create_dir(temp.path().join("internal")).unwrap();
@@ -613,6 +613,195 @@ async fn a_stamped_redirect_line_runs_while_its_target_leads_the_same_way() {
     let outcome = super::super::call(&context, &rewrite, None, CancellationToken::new()).await;
     assert_eq!(outcome, ToolOutcome::error(super::super::CHANGED));
     assert!(!elsewhere.path().join("x").exists());
+}
+
+/// A program outside the workspace that records that it ran (`<canaries>/<role>`),
+/// then passes its input through as a filter would.
+fn canary(canaries: &Path, role: &str) -> String {
+    let path = canaries.join(format!("evil-{role}"));
+    let body = format!(
+        "#!/bin/sh\ntouch '{}'\ncase '{role}' in textconv) exec cat \"$1\" ;; esac\nexec cat\n",
+        canaries.join(role).display()
+    );
+    std::fs::write(&path, body).unwrap();
+    let mut permissions = std::fs::metadata(&path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    std::fs::set_permissions(&path, permissions).unwrap();
+    path.display().to_string()
+}
+
+fn fired(canaries: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(canaries)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| !name.starts_with("evil-") && name != "home")
+        .collect();
+    names.sort();
+    names
+}
+
+/// Make `file` stat-dirty at the same size, so git hashes it again (through
+/// its clean filter) instead of trusting the index.
+fn touch_later(file: &Path, seconds: u64) {
+    let when = std::time::SystemTime::now() + std::time::Duration::from_secs(seconds);
+    std::fs::File::options()
+        .write(true)
+        .open(file)
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+}
+
+/// Issue 8, item 6: a stamped `git status` at the root enters an embedded
+/// repository (a gitlink in the index) with that repository's own
+/// configuration; the probe and the driver overrides looked at the root only.
+#[tokio::test]
+async fn a_stamped_git_status_neutralises_the_repositories_it_enters() {
+    let canaries = tempfile::tempdir().unwrap();
+    // The user's global configuration defines a driver for the embedded
+    // repository only (a conditional include), as trusted configuration may.
+    let home = canaries.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::write(
+        home.join("sub.inc"),
+        format!(
+            "[filter \"y\"]\n\tclean = {}\n",
+            canary(canaries.path(), "global")
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        home.join(".gitconfig"),
+        "[includeIf \"gitdir:**/sub/\"]\n\tpath = sub.inc\n",
+    )
+    .unwrap();
+    let (temp, context) = context_with(&[("HOME", home.to_str().unwrap())]);
+    git(temp.path(), &["init", "-q"]);
+    std::fs::write(temp.path().join("notes.txt"), "hello\n").unwrap();
+    let sub = temp.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    git(&sub, &["init", "-q"]);
+    std::fs::write(sub.join("g"), "x\n").unwrap();
+    git(&sub, &["add", "g"]);
+    git(&sub, &["commit", "-q", "-m", "s"]);
+    git(temp.path(), &["add", "-A"]);
+    git(temp.path(), &["commit", "-q", "-m", "sub"]);
+    std::fs::write(sub.join(".gitattributes"), "* filter=y\n").unwrap();
+    std::fs::write(sub.join("g"), "y\n").unwrap();
+    let run = |line: &'static str| {
+        let context = std::sync::Arc::clone(&context);
+        async move {
+            let facts = claim(&context, line).unwrap();
+            assert!(is_auto_allowable(&facts), "{line}: {facts:?}");
+            let rewrite = facts.rewrite.unwrap();
+            let outcome =
+                super::super::call(&context, &rewrite, None, CancellationToken::new()).await;
+            (outcome, rewrite)
+        }
+    };
+    // The fixture is live: a plain `git status` at the root runs the filter.
+    touch_later(&sub.join("g"), 10);
+    let plain = std::process::Command::new("git")
+        .args(["status", "--short"])
+        .current_dir(temp.path())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    assert!(plain.status.success(), "{plain:?}");
+    assert_eq!(fired(canaries.path()), ["global"]);
+    std::fs::remove_file(canaries.path().join("global")).unwrap();
+    for (line, seconds) in [
+        ("git status", 20),
+        ("git status --short", 30),
+        ("git diff --stat", 40),
+    ] {
+        touch_later(&sub.join("g"), seconds);
+        let (outcome, _) = run(line).await;
+        assert!(outcome.text.ends_with("[exit 0]"), "{line}: {outcome:?}");
+        assert_eq!(fired(canaries.path()), Vec::<String>::new(), "{line}");
+    }
+
+    // The embedded repository's own configuration names a program: the stage
+    // asks, naming it, and a stamp made before it appeared no longer runs.
+    touch_later(&sub.join("g"), 50);
+    let (_, stamped) = run("git status").await;
+    git(
+        &sub,
+        &[
+            "config",
+            "filter.z.clean",
+            &canary(canaries.path(), "local"),
+        ],
+    );
+    std::fs::write(sub.join(".gitattributes"), "* filter=z\n").unwrap();
+    touch_later(&sub.join("g"), 60);
+    let facts = claim(&context, "git status").unwrap();
+    assert!(!is_auto_allowable(&facts));
+    let text = &facts.calls.unwrap()[0].text;
+    assert!(
+        text.contains("filter.z.clean names a program") && text.contains("which git enters"),
+        "{text}"
+    );
+    let outcome = super::super::call(&context, &stamped, None, CancellationToken::new()).await;
+    assert_eq!(outcome, ToolOutcome::error(super::super::CHANGED));
+    assert_eq!(fired(canaries.path()), Vec::<String>::new());
+}
+
+/// Issue 8, item 6: a line outside the subset runs as typed, so which
+/// repository its git enters (`-C`, `cd`, `GIT_DIR`, a `.git` file) cannot be
+/// said; such a line is not stamped.
+#[test]
+fn a_line_outside_the_subset_that_names_git_is_not_stamped() {
+    let (temp, context) = repository();
+    std::fs::create_dir(temp.path().join("sub")).unwrap();
+    git(&temp.path().join("sub"), &["init", "-q"]);
+    for line in [
+        "git -C sub log -p > out.txt",
+        "cd sub && git log -p > out.txt",
+        "GIT_DIR=sub/.git git log -p > out.txt",
+        "git diff > x.patch",
+        "g''it -C sub log -p > out.txt",
+        "g\\it log -p > out.txt",
+        "/usr/bin/GIT log > out.txt",
+    ] {
+        let facts = claim(&context, line).unwrap();
+        assert!(
+            !facts
+                .rewrite
+                .as_ref()
+                .is_some_and(|rewrite| rewrite.contains_key("dax_stamp")),
+            "{line}: {facts:?}"
+        );
+    }
+    // A line that names no git keeps its stamp.
+    let facts = claim(&context, "echo hi > out.txt").unwrap();
+    assert!(facts.rewrite.unwrap().contains_key("dax_stamp"));
+}
+
+/// Issue 8, item 6: `diff.external` must not run in a stamped run, even one
+/// whose line runs as typed (a script that runs `git diff`).
+#[tokio::test]
+async fn diff_external_does_not_run_in_a_stamped_run() {
+    let (temp, context) = repository();
+    let canaries = tempfile::tempdir().unwrap();
+    git(
+        temp.path(),
+        &[
+            "config",
+            "diff.external",
+            &canary(canaries.path(), "external"),
+        ],
+    );
+    std::fs::write(temp.path().join("notes.txt"), "changed\n").unwrap();
+    std::fs::write(temp.path().join("d.sh"), "exec \"$(printf gi)t\" diff\n").unwrap();
+    let facts = claim(&context, "sh d.sh > out.txt").unwrap();
+    let rewrite = facts.rewrite.unwrap();
+    assert!(rewrite.contains_key("dax_stamp"));
+    let outcome = super::super::call(&context, &rewrite, None, CancellationToken::new()).await;
+    assert!(outcome.text.contains("[exit "), "{outcome:?}");
+    assert_eq!(fired(canaries.path()), Vec::<String>::new());
 }
 
 proptest::proptest! {

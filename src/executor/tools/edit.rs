@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::{path_arg, string_arg};
 use crate::executor::Context;
-use crate::executor::workspace::{FileError, Workspace, io_message, is_escape};
+use crate::executor::workspace::{FileError, Name, PathError, Workspace, io_message, is_escape};
 
 /// Mode bits of a file the tools create.
 const NEW_FILE_MODE: u32 = 0o644;
@@ -19,14 +19,19 @@ pub(super) fn write(context: &Context, arguments: &Map<String, Value>) -> Result
     let raw = path_arg(arguments, "");
     let content = string_arg(arguments, "content", "");
     let workspace = &context.workspace;
-    let name = workspace.name("", raw).map_err(|e| e.to_string())?;
+    let name = workspace.name(raw).map_err(|e| e.to_string())?;
     let _lock = workspace.lock_writes();
     let target = target_of(workspace, &name)?;
     if target.existing {
-        workspace.check_unchanged(&name, &name, context.max_read_bytes)?;
+        workspace.check_unchanged(&name, context.max_read_bytes)?;
     }
-    replace(workspace, &target.name, content.as_bytes(), target.mode)
-        .map_err(|e| io_message(&name, &e))?;
+    replace(
+        workspace,
+        target.name.as_path(),
+        content.as_bytes(),
+        target.mode,
+    )
+    .map_err(|e| io_message(&name, &e))?;
     record_written(workspace, &name, context.max_read_bytes);
     Ok(format!("wrote {} bytes to {name}", content.len()))
 }
@@ -39,7 +44,7 @@ pub(super) fn edit(context: &Context, arguments: &Map<String, Value>) -> Result<
         return Err("old_string must not be empty".to_owned());
     }
     let workspace = &context.workspace;
-    let name = workspace.name("", raw).map_err(|e| e.to_string())?;
+    let name = workspace.name(raw).map_err(|e| e.to_string())?;
     let _lock = workspace.lock_writes();
     let (file, metadata) = workspace
         .open_regular(&name)
@@ -51,7 +56,7 @@ pub(super) fn edit(context: &Context, arguments: &Map<String, Value>) -> Result<
             metadata.len()
         ));
     }
-    workspace.check_unchanged(&name, &name, cap)?;
+    workspace.check_unchanged(&name, cap)?;
     let mut data = Vec::new();
     file.take(cap + 1)
         .read_to_end(&mut data)
@@ -71,8 +76,13 @@ pub(super) fn edit(context: &Context, arguments: &Map<String, Value>) -> Result<
     }
     let edited = text.replacen(old, new, 1);
     let target = target_of(workspace, &name)?;
-    replace(workspace, &target.name, edited.as_bytes(), target.mode)
-        .map_err(|e| io_message(&name, &e))?;
+    replace(
+        workspace,
+        target.name.as_path(),
+        edited.as_bytes(),
+        target.mode,
+    )
+    .map_err(|e| io_message(&name, &e))?;
     record_written(workspace, &name, cap);
     Ok(format!("edited {name}"))
 }
@@ -80,7 +90,7 @@ pub(super) fn edit(context: &Context, arguments: &Map<String, Value>) -> Result<
 /// Where a write to `name` lands.
 struct Target {
     /// The name with links followed (beneath the root).
-    name: String,
+    name: Name,
     /// Whether a file is there now.
     existing: bool,
     /// The mode the new file gets: the old file's, or 0644.
@@ -89,13 +99,13 @@ struct Target {
 
 /// Resolve `name` for writing: links followed, never out; an existing target
 /// must be a regular file.
-fn target_of(workspace: &Workspace, name: &str) -> Result<Target, String> {
-    if name == "." {
+fn target_of(workspace: &Workspace, name: &Name) -> Result<Target, String> {
+    if name.is_root() {
         return Err(format!("{name} is a directory"));
     }
-    let resolved = workspace.resolve_links(name).map_err(|e| {
+    let resolved = workspace.resolve_links(name.as_path()).map_err(|e| {
         if is_escape(&e) {
-            format!("path is outside the workspace: {name}")
+            PathError::Outside(name.to_string()).to_string()
         } else {
             io_message(name, &e)
         }
@@ -125,8 +135,7 @@ fn target_of(workspace: &Workspace, name: &str) -> Result<Target, String> {
 
 /// Replace the file `name` (links already resolved) with `content`: parents
 /// created, a temp file written in the same directory, then renamed over.
-fn replace(workspace: &Workspace, name: &str, content: &[u8], mode: u32) -> std::io::Result<()> {
-    let path = Path::new(name);
+fn replace(workspace: &Workspace, path: &Path, content: &[u8], mode: u32) -> std::io::Result<()> {
     let file_name = path
         .file_name()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no file name"))?;
@@ -160,7 +169,7 @@ fn replace(workspace: &Workspace, name: &str, content: &[u8], mode: u32) -> std:
 
 /// Record what this executor just wrote, so its next write or edit of the
 /// same file needs no fresh read.
-fn record_written(workspace: &Workspace, name: &str, max_bytes: u64) {
+fn record_written(workspace: &Workspace, name: &Name, max_bytes: u64) {
     if let Ok(version) = workspace.version(name, max_bytes) {
         workspace.record(version);
     }

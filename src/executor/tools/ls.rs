@@ -5,6 +5,7 @@ use serde_json::{Map, Value};
 
 use super::path_arg;
 use crate::executor::Context;
+use crate::executor::names;
 use crate::executor::workspace::io_message;
 
 /// The most entries one listing shows.
@@ -13,7 +14,7 @@ const MAX_ENTRIES: usize = 10_000;
 pub(super) fn run(context: &Context, arguments: &Map<String, Value>) -> Result<String, String> {
     let workspace = &context.workspace;
     let name = workspace
-        .name("", path_arg(arguments, "."))
+        .name(path_arg(arguments, "."))
         .map_err(|e| e.to_string())?;
     let metadata = workspace
         .metadata(&name)
@@ -25,23 +26,24 @@ pub(super) fn run(context: &Context, arguments: &Map<String, Value>) -> Result<S
         .open_dir(&name)
         .map_err(|e| io_message(&name, &e))?;
     let entries = dir.entries().map_err(|e| io_message(&name, &e))?;
-    // Only the first MAX_ENTRIES names in sorted order are kept, however
-    // large the directory.
-    let mut names = std::collections::BTreeSet::new();
+    // Only the first MAX_ENTRIES names in sorted (byte) order are kept,
+    // however large the directory.
+    let mut found = std::collections::BTreeSet::new();
     let mut total = 0usize;
     for entry in entries.filter_map(Result::ok) {
         total += 1;
-        let file_name = entry.file_name();
-        names.insert((file_name.to_string_lossy().into_owned(), file_name));
-        if names.len() > MAX_ENTRIES {
-            names.pop_last();
+        found.insert(entry.file_name());
+        if found.len() > MAX_ENTRIES {
+            found.pop_last();
         }
     }
-    if names.is_empty() {
+    if found.is_empty() {
         return Ok("(empty)".to_owned());
     }
     let mut out = String::new();
-    for (shown, file_name) in names.iter().take(MAX_ENTRIES) {
+    for file_name in found.iter().take(MAX_ENTRIES) {
+        use std::os::unix::ffi::OsStrExt as _;
+        let shown = names::show(file_name.as_bytes());
         // An entry removed during the listing is skipped.
         let Ok(own) = dir.symlink_metadata(file_name) else {
             continue;
@@ -49,10 +51,10 @@ pub(super) fn run(context: &Context, arguments: &Map<String, Value>) -> Result<S
         if own.is_symlink() {
             // Followed from the root, not from this directory: a link may climb
             // out of the directory and still stay inside the workspace.
-            let relative = if name == "." {
+            let relative = if name.is_root() {
                 std::path::PathBuf::from(file_name)
             } else {
-                std::path::Path::new(&name).join(file_name)
+                name.as_path().join(file_name)
             };
             match workspace.dir().metadata(relative) {
                 Ok(target) if target.is_dir() => out.push_str(&format!("{shown}@/\n")),

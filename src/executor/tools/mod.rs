@@ -265,6 +265,9 @@ pub(crate) fn spec(name: &str) -> Option<&'static Spec> {
     TOOLS.iter().find(|tool| tool.name == name)
 }
 
+/// What the tools that print names say about the quoted form (`names`).
+const QUOTED_NAMES: &str = "A name with control characters, a backslash, a double quote or bytes that are not UTF-8 is shown quoted, like \"a\\nb.txt\"; a path argument takes that form back.";
+
 /// The description of `tool` for an executor that reads at most `max_read_bytes`.
 pub(crate) fn description(tool: &Spec, max_read_bytes: u64) -> String {
     match tool.name {
@@ -274,9 +277,9 @@ pub(crate) fn description(tool: &Spec, max_read_bytes: u64) -> String {
         ),
         "write" => "Create or overwrite a file with the given content. Parent directories are created.".to_owned(),
         "edit" => "Replace old_string with new_string in a file. old_string must appear exactly once; include enough surrounding lines to make it unique.".to_owned(),
-        "glob" => "Find files by glob pattern, e.g. **/*.go. Paths are relative to the search directory and sorted. Skips .git, node_modules, vendor and similar directories.".to_owned(),
-        "grep" => "Search file contents for a regular expression. Returns path:line:text, sorted by path. Skips binary files, .git, node_modules, vendor and similar directories.".to_owned(),
-        "ls" => "List the entries of one directory, sorted: directories end in /, files show their size in bytes.".to_owned(),
+        "glob" => format!("Find files by glob pattern, e.g. **/*.go. Paths are relative to the search directory and sorted. Skips .git, node_modules, vendor and similar directories. {QUOTED_NAMES}"),
+        "grep" => format!("Search file contents for a regular expression. Returns path:line:text, sorted by path. Skips binary files, .git, node_modules, vendor and similar directories. {QUOTED_NAMES}"),
+        "ls" => format!("List the entries of one directory, sorted: directories end in /, files show their size in bytes. {QUOTED_NAMES}"),
         _ => "Run a bash command in the working directory and return its combined output and exit code.".to_owned(),
     }
 }
@@ -332,15 +335,16 @@ pub(crate) async fn call(
         }
         return Some(bash::call(context, &arguments, progress, cancel).await);
     }
-    if tool.cheap
-        && tokio::runtime::Handle::current().runtime_flavor()
-            == tokio::runtime::RuntimeFlavor::MultiThread
-    {
-        // A read or ls is a handful of syscalls: blocking this worker in
-        // place costs less than a hand-off to the blocking pool.
-        return Some(tokio::task::block_in_place(|| {
-            call_file_tool(context, tool, &arguments, &cancel)
-        }));
+    if tool.cheap {
+        // A read or ls is a handful of syscalls, bounded by the read limit and
+        // a listing's first 10 000 entries: running it in place costs less
+        // than a hand-off to the blocking pool and back (on the executor's
+        // one-thread runtime, that hand-off was most of a small read's cost).
+        let run = || call_file_tool(context, tool, &arguments, &cancel);
+        return Some(match tokio::runtime::Handle::current().runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(run),
+            _ => run(),
+        });
     }
     let context = Arc::clone(context);
     let run =
@@ -439,7 +443,7 @@ fn file_calls(context: &Context, tool: &Spec, arguments: &Map<String, Value>) ->
         Some(path) if !path.is_empty() => path,
         _ => tool.default_path.unwrap_or(""),
     };
-    context.workspace.path_facts("", raw, "")
+    context.workspace.path_facts(raw, "")
 }
 
 /// Whether `stamp` is this executor's stamp of the call's facts as they are now.
@@ -520,6 +524,7 @@ pub(crate) mod testing {
             child_env: Arc::new(Vec::new()),
             stamp: StampKey::random(),
             max_read_bytes,
+            bash_output: crate::executor::BashOutput::Escape,
         })
     }
 

@@ -21,7 +21,7 @@ const DEFAULT_LIMIT: i64 = 2000;
 pub(super) fn run(context: &Context, arguments: &Map<String, Value>) -> Result<String, String> {
     let raw = path_arg(arguments, "");
     let workspace = &context.workspace;
-    let name = workspace.name("", raw).map_err(|e| e.to_string())?;
+    let name = workspace.name(raw).map_err(|e| e.to_string())?;
     let (file, metadata) = workspace
         .open_regular(&name)
         .map_err(|e| e.message(&name))?;

@@ -8,6 +8,7 @@
 //! to regular files inside are visited (opened through the confined root);
 //! broken or outside links and unreadable directories are skipped.
 
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -20,7 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{integer_arg, path_arg, string_arg};
 use crate::executor::Context;
-use crate::executor::workspace::{FileError, Workspace, io_message};
+use crate::executor::names;
+use crate::executor::workspace::{FileError, Name, Workspace, io_message};
 
 /// Directories the walk does not enter below its base.
 const SKIPPED_DIRECTORIES: [&str; 12] = [
@@ -65,8 +67,9 @@ pub(super) fn glob(
     if !base.is_dir {
         return Err(format!("{base_name} is not a directory"));
     }
-    // The first max + 1 paths in sorted order (one past max decides the trailer).
-    let mut found = std::collections::BTreeSet::new();
+    // The first max + 1 paths in sorted (byte) order (one past max decides
+    // the trailer).
+    let mut found: std::collections::BTreeSet<Vec<u8>> = std::collections::BTreeSet::new();
     for entry in walker(workspace, &base.resolved).build() {
         if cancel.is_cancelled() {
             return Err("glob was cancelled".to_owned());
@@ -80,7 +83,7 @@ pub(super) fn glob(
         }
         let within_base = relative.strip_prefix(&base.resolved).unwrap_or(relative);
         if matcher.is_match(within_base) {
-            found.insert(relative.to_string_lossy().into_owned());
+            found.insert(relative.as_os_str().as_bytes().to_vec());
             if found.len() > max.saturating_add(1) {
                 found.pop_last();
             }
@@ -90,9 +93,11 @@ pub(super) fn glob(
         return Ok("(no files match)".to_owned());
     }
     let truncated = found.len() > max;
-    let found: Vec<String> = found.into_iter().take(max).collect();
-    let mut out = found.join("\n");
-    out.push('\n');
+    let mut out = String::new();
+    for path in found.iter().take(max) {
+        out.push_str(&names::show_path_bytes(path));
+        out.push('\n');
+    }
     if truncated {
         out.push_str(&format!(
             "... (stopped at {max} results; narrow the pattern or path)\n"
@@ -143,7 +148,7 @@ pub(super) fn grep(
         search_file(workspace, relative, &matcher, max)
     };
 
-    let mut files: Vec<(String, Vec<String>)> = Vec::new();
+    let mut files: Vec<(Vec<u8>, Vec<String>)> = Vec::new();
     if base.is_dir {
         let collected = Mutex::new(Found::default());
         walker(workspace, &base.resolved).build_parallel().run(|| {
@@ -164,7 +169,7 @@ pub(super) fn grep(
                 if !lines.is_empty()
                     && let Ok(mut collected) = collected.lock()
                 {
-                    collected.add(relative.to_string_lossy().into_owned(), lines, max);
+                    collected.add(relative.as_os_str().as_bytes().to_vec(), lines, max);
                 }
                 WalkState::Continue
             })
@@ -179,9 +184,9 @@ pub(super) fn grep(
             .into_iter()
             .collect();
     } else {
-        let lines = search(Path::new(&base.resolved));
+        let lines = search(&base.resolved);
         if !lines.is_empty() {
-            files.push((base.resolved.clone(), lines));
+            files.push((base.resolved.as_os_str().as_bytes().to_vec(), lines));
         }
     }
     files.sort_by(|left, right| left.0.cmp(&right.0));
@@ -189,6 +194,7 @@ pub(super) fn grep(
     let mut out = String::new();
     let mut count = 0;
     'files: for (path, lines) in &files {
+        let path = names::show_path_bytes(path);
         for line in lines {
             if count == max {
                 out.push_str(&format!(
@@ -196,7 +202,7 @@ pub(super) fn grep(
                 ));
                 break 'files;
             }
-            out.push_str(path);
+            out.push_str(&path);
             out.push(':');
             out.push_str(line);
             out.push('\n');
@@ -214,12 +220,12 @@ pub(super) fn grep(
 /// the trailer), whatever order the walk finds them in.
 #[derive(Default)]
 struct Found {
-    files: std::collections::BTreeMap<String, Vec<String>>,
+    files: std::collections::BTreeMap<Vec<u8>, Vec<String>>,
     total: usize,
 }
 
 impl Found {
-    fn add(&mut self, path: String, lines: Vec<String>, max: usize) {
+    fn add(&mut self, path: Vec<u8>, lines: Vec<String>, max: usize) {
         self.total += lines.len();
         self.files.insert(path, lines);
         while let Some(last) = self.files.last_key_value() {
@@ -287,25 +293,26 @@ fn search_file(
 /// The search base: its name as shown, where it resolves (links followed
 /// beneath the root) and whether it is a directory.
 struct Base {
-    resolved: String,
+    /// Root-relative, empty for the root.
+    resolved: PathBuf,
     is_dir: bool,
 }
 
-fn search_base(workspace: &Workspace, raw: &str) -> Result<(String, Base), String> {
-    let name = workspace.name("", raw).map_err(|e| e.to_string())?;
+fn search_base(workspace: &Workspace, raw: &str) -> Result<(Name, Base), String> {
+    let name = workspace.name(raw).map_err(|e| e.to_string())?;
     let metadata = workspace
         .metadata(&name)
         .map_err(|e| io_message(&name, &e))?;
     let resolved = workspace
-        .resolve_links(&name)
+        .resolve_links(name.as_path())
         .map_err(|e| io_message(&name, &e))?;
     if !metadata.is_dir() && !metadata.is_file() {
         return Err(FileError::NotRegular.message(&name));
     }
-    let resolved = if resolved == "." {
-        String::new()
+    let resolved = if resolved.is_root() {
+        PathBuf::new()
     } else {
-        resolved
+        resolved.as_path().to_path_buf()
     };
     Ok((
         name,
@@ -317,7 +324,7 @@ fn search_base(workspace: &Workspace, raw: &str) -> Result<(String, Base), Strin
 }
 
 /// A walker over `base` (root-relative, `""` for the root) with dax's rules.
-fn walker(workspace: &Workspace, base: &str) -> WalkBuilder {
+fn walker(workspace: &Workspace, base: &Path) -> WalkBuilder {
     let start: PathBuf = workspace.root().join(base);
     let mut builder = WalkBuilder::new(start);
     builder

@@ -14,15 +14,34 @@ fn workspace() -> (tempfile::TempDir, Workspace) {
 #[test]
 fn names_are_cleaned_relative_to_the_root() {
     let (dir, workspace) = workspace();
-    let check =
-        |raw: &str, expected: &str| assert_eq!(workspace.name("", raw).unwrap(), expected, "{raw}");
+    let check = |raw: &str, expected: &str| {
+        assert_eq!(workspace.name(raw).unwrap().to_string(), expected, "{raw}")
+    };
     check("a/b/../c", "a/c");
     check("./a//b/", "a/b");
     check(".", ".");
     check("", ".");
     check(&format!("{}/x/y", dir.path().display()), "x/y");
     check(&dir.path().display().to_string(), ".");
-    assert_eq!(workspace.name("sub", "../a").unwrap(), "a");
+    assert_eq!(workspace.word_name("sub", "../a").unwrap().to_string(), "a");
+    // A tool's path may be quoted as the tools show names; a bash word is literal.
+    assert_eq!(
+        workspace.name("\"a\\nb\"/c").unwrap().as_path(),
+        Path::new("a\nb/c")
+    );
+    assert_eq!(
+        workspace.name("\"a\\nb\"/c").unwrap().to_string(),
+        "\"a\\nb\"/c"
+    );
+    assert_eq!(
+        workspace.word_name("", "\"x\"").unwrap().as_path(),
+        Path::new("\"x\"")
+    );
+    // A quoted name is decoded before it is cleaned: `..` spelled in escapes is still `..`.
+    assert!(matches!(
+        workspace.name("\"\\x2e\\x2e\"/x"),
+        Err(PathError::Outside(_))
+    ));
 }
 
 #[test]
@@ -36,7 +55,7 @@ fn names_outside_are_refused() {
         "/proc/self/root/etc/passwd",
         "/proc/1/environ",
     ] {
-        let error = workspace.name("", raw).unwrap_err();
+        let error = workspace.name(raw).unwrap_err();
         assert_eq!(
             error.to_string(),
             format!("path is outside the workspace: {raw}")
@@ -45,7 +64,7 @@ fn names_outside_are_refused() {
     // A sibling sharing the root's prefix is outside (B13).
     let sibling = format!("{}-evil/x", dir.path().display());
     assert!(matches!(
-        workspace.name("", &sibling),
+        workspace.name(&sibling),
         Err(PathError::Outside(_))
     ));
 }
@@ -53,19 +72,16 @@ fn names_outside_are_refused() {
 #[test]
 fn nul_bytes_and_over_long_names_are_invalid() {
     let (_dir, workspace) = workspace();
+    assert!(matches!(workspace.name("a\0b"), Err(PathError::Invalid(_))));
     assert!(matches!(
-        workspace.name("", "a\0b"),
+        workspace.name(&"a/".repeat(3000)),
         Err(PathError::Invalid(_))
     ));
     assert!(matches!(
-        workspace.name("", &"a/".repeat(3000)),
+        workspace.name(&"x".repeat(256)),
         Err(PathError::Invalid(_))
     ));
-    assert!(matches!(
-        workspace.name("", &"x".repeat(256)),
-        Err(PathError::Invalid(_))
-    ));
-    assert!(workspace.name("", &"x".repeat(255)).is_ok());
+    assert!(workspace.name(&"x".repeat(255)).is_ok());
 }
 
 #[test]
@@ -104,7 +120,7 @@ fn path_facts_name_the_path_and_where_links_lead() {
     std::fs::write(dir.path().join("real/f"), "x").unwrap();
     symlink("real", dir.path().join("alias")).unwrap();
     symlink("/etc", dir.path().join("out")).unwrap();
-    let facts = |raw: &str| serde_json::to_value(workspace.path_facts("", raw, "")).unwrap();
+    let facts = |raw: &str| serde_json::to_value(workspace.path_facts(raw, "")).unwrap();
     assert_eq!(
         facts("real/f"),
         json!([{"tool": "", "args": {"path": "real/f"}, "text": "real/f"}])
@@ -134,7 +150,7 @@ fn path_facts_name_the_path_and_where_links_lead() {
         facts("../x"),
         json!([{"tool": "", "args": {"path": "$(...) ../x"}, "text": "../x"}])
     );
-    let as_read = serde_json::to_value(workspace.path_facts("real", "f", "read")).unwrap();
+    let as_read = serde_json::to_value(workspace.word_facts("real", "f", "read")).unwrap();
     assert_eq!(
         as_read,
         json!([{"tool": "read", "args": {"path": "real/f"}, "text": "f"}])

@@ -214,6 +214,42 @@ fn diff_external_needs_no_ext_diff() {
     repo.check_with(&["diff"], b"", &["diff", "--no-ext-diff", "--no-textconv"]);
 }
 
+/// Issue 8, item 6: `diff.external` must not run in a stamped run, whose line
+/// (outside the subset) runs as typed, without `--no-ext-diff`.
+#[test]
+fn diff_external_does_not_run_where_configured() {
+    let repo = Repo::new();
+    repo.config("diff.external", &repo.evil("external"));
+    repo.change();
+    assert!(
+        configured_drivers(&repo.dir, &repo.base_env())
+            .unwrap()
+            .diff_external
+    );
+    repo.check(&["diff"], b"");
+    repo.check(&["show", "--ext-diff", "HEAD"], b"");
+    // The diff fails loudly instead, and says why.
+    let drivers = configured_drivers(&repo.dir, &repo.base_env()).unwrap();
+    let output = repo.run(
+        &["diff"],
+        b"",
+        Some(git_neutralisation_with_drivers(&drivers)),
+    );
+    assert!(!output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("diff.external is not run here"), "{stderr}");
+    // --no-ext-diff still diffs.
+    let output = repo.run(
+        &["diff", "--no-ext-diff"],
+        b"",
+        Some(git_neutralisation_with_drivers(&drivers)),
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("+two"),
+        "{output:?}"
+    );
+}
+
 #[test]
 fn attribute_drivers_do_not_run() {
     let repo = Repo::new();
@@ -236,7 +272,10 @@ fn attribute_drivers_do_not_run() {
     repo.config("include.path", "extra");
     assert_eq!(
         configured_drivers(&repo.dir, &repo.base_env()).unwrap(),
-        ["x", "y.z"]
+        Drivers {
+            names: vec!["x".to_owned(), "y.z".to_owned()],
+            diff_external: false
+        }
     );
     repo.change();
     repo.check(&["status"], b"");
