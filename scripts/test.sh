@@ -3,6 +3,7 @@
 # - the Python `mcp` SDK, a real and independent MCP client, in .venv
 # - the unit images, when a Docker engine answers (scripts/images.sh skips what exists)
 # - the test fixture images (scripts/test-images.sh, the same)
+# - docker-registry and gVisor's runsc, registered with the engine (scripts/registry.sh, runsc.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +20,15 @@ fi
 # Test fixtures (images/README.md, "Test images"): any OCI image as a unit, pulls.
 if [ -x scripts/test-images.sh ]; then
     scripts/test-images.sh
+fi
+# A local registry (installed here, started by the tests: scripts/registry.sh
+# start) and gVisor registered as the engine's runtime `runsc`. The tests that
+# need them say so, and fail under CI, when they are missing.
+if docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
+    scripts/registry.sh install \
+        || echo "test.sh: NOTE: no docker-registry; the registry tests cannot run" >&2
+    scripts/runsc.sh \
+        || echo "test.sh: NOTE: runsc not registered; the gVisor tests cannot run" >&2
 fi
 
 if cargo nextest --version >/dev/null 2>&1; then
