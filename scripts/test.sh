@@ -2,6 +2,8 @@
 # The test command (README): installs what the tests need, then runs them all.
 # - the Python `mcp` SDK, a real and independent MCP client, in .venv
 # - the unit images, when a Docker engine answers (scripts/images.sh skips what exists)
+# - the test fixture images (scripts/test-images.sh, the same)
+# - docker-registry and gVisor's runsc, registered with the engine (scripts/registry.sh, runsc.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +16,19 @@ export BOX_TEST_PYTHON="$PWD/.venv/bin/python"
 
 if [ -x scripts/images.sh ]; then
     scripts/images.sh
+fi
+# Test fixtures (images/README.md, "Test images"): any OCI image as a unit, pulls.
+if [ -x scripts/test-images.sh ]; then
+    scripts/test-images.sh
+fi
+# A local registry (installed here, started by the tests: scripts/registry.sh
+# start) and gVisor registered as the engine's runtime `runsc`. The tests that
+# need them say so, and fail under CI, when they are missing.
+if docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
+    scripts/registry.sh install \
+        || echo "test.sh: NOTE: no docker-registry; the registry tests cannot run" >&2
+    scripts/runsc.sh \
+        || echo "test.sh: NOTE: runsc not registered; the gVisor tests cannot run" >&2
 fi
 
 if cargo nextest --version >/dev/null 2>&1; then
