@@ -3,6 +3,8 @@
 #   box-test-scratch:latest  FROM scratch + Debian's static busybox
 #   box-test-musl:latest     musl loader and libc + a musl program + busybox; no glibc
 #   box-test-big:latest      box-base:bookworm + a 100 MiB layer of random data
+#   box-test-tools:latest    box-base:bookworm + curl and python3 (egress tests);
+#                            the one fixture that installs with apt inside the build
 # Skips every image that exists; --force rebuilds. Debian packages come from
 # this host's apt (`apt-get download`, so nothing is installed for busybox or
 # musl's runtime; musl-tools is installed to compile the musl program).
@@ -131,7 +133,20 @@ build_big() {
     build "$image" images/test-big/Dockerfile "$ctx"
 }
 
+build_tools() {
+    local image=box-test-tools:latest
+    if have_image "$image"; then
+        say "$image exists, skipping"
+        return
+    fi
+    docker image inspect box-base:bookworm >/dev/null 2>&1 \
+        || die "$image is built on box-base:bookworm, which is missing: run scripts/images.sh first"
+    mkdir -p "$STAGE/tools"
+    build "$image" images/test-tools/Dockerfile "$STAGE/tools"
+}
+
 build_scratch
 build_musl
 build_big
-say "ready: box-test-scratch:latest box-test-musl:latest box-test-big:latest"
+build_tools
+say "ready: box-test-scratch:latest box-test-musl:latest box-test-big:latest box-test-tools:latest"
