@@ -10,13 +10,16 @@
 //! with `scrub` beside them. ARCHITECTURE.md is the map.
 
 pub mod backend;
+pub mod cli;
 pub mod executor;
 pub mod host;
-pub mod plan;
-pub mod profile;
 pub mod proxy;
 pub mod scrub;
 pub mod transport;
+
+// The crates of the workspace, under the module names the rest of the binary
+// and its tests have always used.
+pub use box_policy::{plan, profile};
 
 /// The version box reports in `serverInfo` and `--version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

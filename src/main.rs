@@ -22,7 +22,7 @@ enum Command {
     /// Serve the executor over MCP on stdin/stdout (inside a unit, or standalone for dax).
     Execute(boxhost::executor::ExecuteArgs),
     /// List, show, check and resolve profiles.
-    Profile(boxhost::profile::ProfileArgs),
+    Profile(boxhost::cli::profile::ProfileArgs),
     /// List units.
     Units(backend_cli::UnitsArgs),
     /// Remove units whose session is gone.
@@ -41,7 +41,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => boxhost::host::serve(args),
         Command::Run(args) => boxhost::host::run(args),
         Command::Execute(args) => boxhost::executor::serve(args),
-        Command::Profile(args) => boxhost::profile::cli(args),
+        Command::Profile(args) => boxhost::cli::profile::cli(args),
         Command::Units(args) => backend_cli::units(args),
         Command::Gc(args) => backend_cli::gc(args),
         Command::Image(args) => backend_cli::image(args),

@@ -3,9 +3,8 @@
 //! `/etc/box/profiles`, the shipped ones built into the binary), `extends`,
 //! and validation with errors that name the file, line, column and field.
 //! No I/O beyond reading profile files; narrowing and host facts belong to
-//! `plan`. `box profile` is here too (`cli`).
+//! `plan`. `box profile` lives in the binary.
 
-mod cli;
 mod error;
 mod load;
 mod model;
@@ -13,7 +12,6 @@ mod tree;
 mod validate;
 mod value;
 
-pub use cli::{ProfileArgs, ProfileCommand, cli};
 pub use error::{Position, Problem, ProfileError};
 pub use load::{Catalog, Listed, SHIPPED};
 pub use model::{

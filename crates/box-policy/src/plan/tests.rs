@@ -546,7 +546,7 @@ fn users_and_sources_resolve_against_host_facts() {
 #[test]
 fn shipped_profiles_resolve_to_their_golden_plans() {
     let catalog = Catalog::only(Vec::new());
-    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden");
     let update = std::env::var_os("BOX_UPDATE_GOLDEN").is_some();
     for (name, _) in crate::profile::SHIPPED {
         let plan = resolve(

@@ -9,11 +9,11 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde_json::{Value, json};
 
-use super::load::Catalog;
-use super::model::{Danger, LimitsPolicy, NetworkPolicy, Profile, Source, UserChoice};
-use super::value::show_duration;
-use super::{Problem, ProfileError};
 use crate::plan::{self, HostFacts, UserIds};
+use crate::profile::{
+    Catalog, Danger, LimitsPolicy, NetworkPolicy, Problem, Profile, ProfileError, Source,
+    UserChoice, show_duration,
+};
 
 /// `box profile`: list, show, check and resolve profiles.
 #[derive(Debug, Clone, clap::Args)]
@@ -189,7 +189,7 @@ fn host_facts(cwd: Option<PathBuf>, caller: Option<&str>) -> anyhow::Result<Host
 
 fn list(catalog: &Catalog, json: bool) -> String {
     let listed = catalog.list();
-    let described: Vec<(super::Listed, Result<Profile, ProfileError>)> = listed
+    let described: Vec<(crate::profile::Listed, Result<Profile, ProfileError>)> = listed
         .into_iter()
         .map(|entry| {
             let profile = if entry.hidden {
@@ -534,7 +534,7 @@ fn show(profile: &Profile) -> String {
 }
 
 fn show_plan(plan: &plan::Plan) -> String {
-    use super::value::{ByteSize, CpuQuota};
+    use crate::profile::{ByteSize, CpuQuota};
     use crate::plan::{Role, WorkspaceSource};
 
     let mut text = format!("plan of profile {}\n", plan.profile);

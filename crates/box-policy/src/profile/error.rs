@@ -86,7 +86,7 @@ impl ProfileError {
     }
 
     /// A problem that has no file (a name nobody defines, an unreadable directory).
-    pub(crate) fn plain(message: &str) -> Self {
+    pub fn plain(message: &str) -> Self {
         Self::one(Problem::new(Position::file(&Arc::from("")), "", message))
     }
 }

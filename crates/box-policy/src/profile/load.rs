@@ -11,11 +11,11 @@ use super::validate::validate;
 
 /// The profiles shipped with box, built into the binary (name, TOML).
 pub const SHIPPED: &[(&str, &str)] = &[
-    ("default", include_str!("../../profiles/default.toml")),
-    ("ci", include_str!("../../profiles/ci.toml")),
-    ("offline", include_str!("../../profiles/offline.toml")),
-    ("no-fs", include_str!("../../profiles/no-fs.toml")),
-    ("browser", include_str!("../../profiles/browser.toml")),
+    ("default", include_str!("../../../../profiles/default.toml")),
+    ("ci", include_str!("../../../../profiles/ci.toml")),
+    ("offline", include_str!("../../../../profiles/offline.toml")),
+    ("no-fs", include_str!("../../../../profiles/no-fs.toml")),
+    ("browser", include_str!("../../../../profiles/browser.toml")),
 ];
 
 /// Longest `extends` chain; deeper is a mistake, not a design.
