@@ -28,7 +28,7 @@ use boxhost::host::fake::FakeBackend;
 use boxhost::host::{HostConfig, spawn_session};
 use boxhost::plan::{HostFacts, UserIds};
 use boxhost::profile::Catalog;
-use boxhost::proxy::lines::{Line, LineReader, write_line};
+use box_jsonrpc::lines::{Line, LineReader, write_line};
 use boxhost::transport::http::{HttpOptions, serve};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

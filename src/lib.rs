@@ -13,7 +13,6 @@ pub mod backend;
 pub mod cli;
 pub mod executor;
 pub mod host;
-pub mod proxy;
 pub mod scrub;
 pub mod transport;
 

@@ -216,8 +216,8 @@ impl ServerHandler for Executor {
         // here, its answer is the same (`proxy::discover_refusal`).
         Err(McpError::new(
             ErrorCode::METHOD_NOT_FOUND,
-            crate::proxy::discover_refusal_message(),
-            Some(crate::proxy::discover_refusal_data()),
+            box_jsonrpc::discover_refusal_message(),
+            Some(box_jsonrpc::discover_refusal_data()),
         ))
     }
 
@@ -429,6 +429,6 @@ mod tests {
             .iter()
             .map(|version| version.as_str())
             .collect();
-        assert_eq!(versions, crate::proxy::PROTOCOL_VERSIONS);
+        assert_eq!(versions, box_jsonrpc::PROTOCOL_VERSIONS);
     }
 }

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::Mutex;
 
-use crate::proxy;
+use box_jsonrpc as jsonrpc;
 
 /// The longest line taken (rmcp's own default); longer lines are answered
 /// with an error and discarded as they stream in, never buffered whole.
@@ -313,8 +313,8 @@ where
 /// notification, answered as `box serve` answers it.
 fn refused_id(text: &[u8]) -> Option<Value> {
     let message = serde_json::from_slice::<Value>(text).ok()?;
-    match proxy::classify(&message) {
-        Err(error @ proxy::MessageError::InvalidId) => Some(proxy::refusal(&message, &error)),
+    match jsonrpc::classify(&message) {
+        Err(error @ jsonrpc::MessageError::InvalidId) => Some(jsonrpc::refusal(&message, &error)),
         _ => None,
     }
 }
@@ -341,7 +341,7 @@ fn discover_probe(message: &RxJsonRpcMessage<RoleServer>) -> Option<Value> {
         return None;
     }
     let id = serde_json::to_value(&request.id).unwrap_or(Value::Null);
-    Some(proxy::discover_refusal(id))
+    Some(jsonrpc::discover_refusal(id))
 }
 
 /// The error answer for a bad line: with its `id` if one is found; none for a

@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 use super::units::ExecutorStart;
 use crate::backend::Envelope;
 use crate::plan::Plan;
-use crate::proxy::{LATEST_PROTOCOL_VERSION, PROTOCOL_VERSIONS, json_type};
+use box_jsonrpc::{LATEST_PROTOCOL_VERSION, PROTOCOL_VERSIONS, json_type};
 
 /// The capability key of the executor wire, where the client asks and the host answers.
 pub const EXECUTOR_KEY: &str = "io.github.christopherdavenport.dax/executor";

@@ -29,8 +29,8 @@ use crate::backend::{
     UnitInfo,
 };
 use crate::plan::{Role, UnitSpec};
-use crate::proxy::lines::{Line, LineReader, write_line};
-use crate::proxy::{self, Kind, classify, id_key};
+use box_jsonrpc::lines::{Line, LineReader, write_line};
+use box_jsonrpc::{self as jsonrpc, Kind, classify, id_key};
 
 /// How the fake misbehaves.
 #[derive(Debug, Clone, Default)]
@@ -495,9 +495,9 @@ impl Executor {
             | "agentworkspace/process.signal"
             | "agentworkspace/process.write" => Ok(json!({})),
             other => {
-                self.send(proxy::error_response(
+                self.send(jsonrpc::error_response(
                     id,
-                    proxy::code::METHOD_NOT_FOUND,
+                    jsonrpc::code::METHOD_NOT_FOUND,
                     format!("{other}: no such method"),
                 ))
                 .await;
@@ -505,8 +505,8 @@ impl Executor {
             }
         };
         let response = match answer {
-            Ok(result) => proxy::result_response(id, result),
-            Err(message) => proxy::error_response(id, -32000, message),
+            Ok(result) => jsonrpc::result_response(id, result),
+            Err(message) => jsonrpc::error_response(id, -32000, message),
         };
         self.send(response).await;
     }
@@ -524,7 +524,7 @@ impl Executor {
                 for step in 1..=steps {
                     tokio::time::sleep(Duration::from_millis(ms / steps.max(1))).await;
                     if let Some(token) = &token {
-                        self.send(proxy::notification(
+                        self.send(jsonrpc::notification(
                             "notifications/progress",
                             json!({"progressToken": token, "progress": step, "total": steps, "message": format!("step {step}")}),
                         ))
@@ -557,7 +557,7 @@ impl Executor {
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .insert(id_key(&ask_id), answer_tx);
-                self.send(proxy::request(
+                self.send(jsonrpc::request(
                     ask_id,
                     "elicitation/create",
                     json!({"message": "proceed?", "requestedSchema": {"type": "object", "properties": {}}}),
@@ -575,7 +575,7 @@ impl Executor {
                 ))
             }
             "log" => {
-                self.send(proxy::notification(
+                self.send(jsonrpc::notification(
                     "notifications/message",
                     json!({"level": "info", "data": "a log line"}),
                 ))
@@ -584,8 +584,8 @@ impl Executor {
             }
             "flood" => {
                 // One message longer than the host reads (security case E56).
-                let huge = "x".repeat(crate::proxy::lines::MAX_MESSAGE_BYTES + 1);
-                self.send(proxy::notification(
+                let huge = "x".repeat(box_jsonrpc::lines::MAX_MESSAGE_BYTES + 1);
+                self.send(jsonrpc::notification(
                     "notifications/message",
                     json!({"data": huge}),
                 ))
@@ -595,7 +595,7 @@ impl Executor {
             "mutate" => {
                 self.mutated
                     .store(true, std::sync::atomic::Ordering::Relaxed);
-                self.send(proxy::notification(
+                self.send(jsonrpc::notification(
                     "notifications/tools/list_changed",
                     json!({}),
                 ))

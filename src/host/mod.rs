@@ -12,6 +12,7 @@ mod ask;
 pub mod audit;
 pub mod fake;
 pub mod metrics;
+pub mod router;
 mod run;
 pub mod session;
 pub mod units;
@@ -61,7 +62,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_sessions: usize,
     /// The largest HTTP body accepted, in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = crate::proxy::lines::MAX_MESSAGE_BYTES)]
+    #[arg(long, value_name = "BYTES", default_value_t = box_jsonrpc::lines::MAX_MESSAGE_BYTES)]
     pub max_body_bytes: usize,
     /// This host's instance id in unit labels; default one per listen address (HTTP) or per process (stdio).
     #[arg(long, value_name = "ID")]

@@ -24,7 +24,7 @@ use super::{
     select_backend, spawn_session, watch_signals,
 };
 use crate::profile::Catalog;
-use crate::proxy;
+use box_jsonrpc as jsonrpc;
 
 /// box's own failure, as `docker run` reports it.
 const BOX_FAILED: u8 = 125;
@@ -44,7 +44,7 @@ impl Client {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let stream = self
             .session
-            .request(proxy::request(json!(id), method, params))
+            .request(jsonrpc::request(json!(id), method, params))
             .await
             .map_err(|gone| gone.to_string())?;
         let response = stream

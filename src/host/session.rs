@@ -30,8 +30,9 @@ use super::units::{
 };
 use crate::backend::{Envelope, SessionLabel, UnitEnd};
 use crate::plan::{Plan, PlanError, Role, UnitSpec};
-use crate::proxy::{
-    self, Kind, ReplyStream, ReplyTo, Router, UnitMessage, check_params, classify, code,
+use super::router::{Router, UnitMessage};
+use box_jsonrpc::{
+    self as jsonrpc, Kind, ReplyStream, ReplyTo, check_params, classify, code,
     discover_refusal, error_response, error_response_with_data, negotiate_version, params,
     params_mut, reply_channel, result_response,
 };
@@ -947,7 +948,7 @@ impl Session {
                     let _ = events.send(UnitEvent::Overdue(unit, unit_id)).await;
                 });
                 tag.deadline = Some(settle.abort_handle());
-                let cancel = proxy::notification(
+                let cancel = jsonrpc::notification(
                     "notifications/cancelled",
                     json!({"requestId": unit_id, "reason": "the call ran past its deadline"}),
                 );

@@ -15,7 +15,7 @@ use super::session::EXECUTOR_KEY;
 use super::{HostConfig, ResolveFn, SessionHandle, spawn_session};
 use crate::plan::{HostFacts, Plan, PlanError, Role, UserIds};
 use crate::profile::{Catalog, Profile};
-use crate::proxy::{self, ReplyStream};
+use box_jsonrpc::{self as jsonrpc, ReplyStream};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -125,7 +125,7 @@ async fn collect(mut stream: ReplyStream) -> (Vec<Value>, Value) {
 impl Client {
     async fn send(&self, id: Value, method: &str, params: Value) -> ReplyStream {
         self.session
-            .request(proxy::request(id, method, params))
+            .request(jsonrpc::request(id, method, params))
             .await
             .unwrap()
     }
@@ -192,7 +192,7 @@ async fn initialize_answers_with_the_envelopes_and_passes_max_read_bytes() {
     assert_eq!(sent[0]["capabilities"]["elicitation"], json!({}));
     // A second initialize is refused, the session goes on.
     let again = client.initialize(json!({})).await;
-    assert_eq!(again["error"]["code"], json!(proxy::code::INVALID_REQUEST));
+    assert_eq!(again["error"]["code"], json!(jsonrpc::code::INVALID_REQUEST));
     let (_, ping) = client.call(json!("p"), "ping", json!({})).await;
     assert_eq!(ping, json!({"jsonrpc": "2.0", "id": "p", "result": {}}));
 }
@@ -205,10 +205,10 @@ async fn a_discover_probe_is_method_not_found_and_starts_nothing() {
     assert_eq!(response["id"], json!(1));
     assert_eq!(
         response["error"]["code"],
-        json!(proxy::code::METHOD_NOT_FOUND)
+        json!(jsonrpc::code::METHOD_NOT_FOUND)
     );
     let (_, early) = client.call(json!(2), "tools/list", json!({})).await;
-    assert_eq!(early["error"]["code"], json!(proxy::code::INVALID_REQUEST));
+    assert_eq!(early["error"]["code"], json!(jsonrpc::code::INVALID_REQUEST));
     assert_eq!(fake.record(|record| record.starts.len()), 0);
     // It then falls back to initialize, which works.
     let response = client.initialize(json!({})).await;
@@ -224,7 +224,7 @@ async fn a_refused_tightening_is_an_error_naming_the_field_and_starts_nothing() 
         .await;
     assert_eq!(
         response["error"]["code"],
-        json!(proxy::code::INVALID_PARAMS),
+        json!(jsonrpc::code::INVALID_PARAMS),
         "{response}"
     );
     let message = response["error"]["message"].as_str().unwrap();
@@ -301,7 +301,7 @@ async fn ids_keep_their_type_and_sessions_are_isolated() {
     let (_, dup) = first
         .call(json!(5), "tools/call", json!({"name": "echo"}))
         .await;
-    assert_eq!(dup["error"]["code"], json!(proxy::code::INVALID_REQUEST));
+    assert_eq!(dup["error"]["code"], json!(jsonrpc::code::INVALID_REQUEST));
     drop(hang);
     assert_eq!(fake.live_units().len(), 2);
 }
@@ -337,7 +337,7 @@ async fn a_cancellation_is_translated_into_the_units_id() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     client
         .session
-        .notify(proxy::notification(
+        .notify(jsonrpc::notification(
             "notifications/cancelled",
             json!({"requestId": "c1", "reason": "user"}),
         ))
@@ -363,7 +363,7 @@ async fn a_cancellation_is_translated_into_the_units_id() {
     // A cancel of an unknown id goes nowhere.
     client
         .session
-        .notify(proxy::notification(
+        .notify(jsonrpc::notification(
             "notifications/cancelled",
             json!({"requestId": "zz"}),
         ))
@@ -444,7 +444,7 @@ async fn a_call_past_its_deadline_is_answered_once_as_unknown_and_cancelled_in_t
     assert_eq!(response["id"], json!("d"));
     assert_eq!(
         response["error"]["code"],
-        json!(proxy::code::REQUEST_TIMEOUT)
+        json!(jsonrpc::code::REQUEST_TIMEOUT)
     );
     let message = response["error"]["message"].as_str().unwrap();
     assert!(message.contains("call_timeout"), "{message}");
@@ -688,7 +688,7 @@ async fn stdio_frames_lines_and_ends_the_session_at_end_of_file() {
         .write_all(
             format!(
                 "{}\n",
-                proxy::request(json!(0), "initialize", initialize_params(json!({})))
+                jsonrpc::request(json!(0), "initialize", initialize_params(json!({})))
             )
             .as_bytes(),
         )
@@ -698,7 +698,7 @@ async fn stdio_frames_lines_and_ends_the_session_at_end_of_file() {
     client_in.write_all(b"{not json\n").await.unwrap();
     assert_eq!(
         next().await["error"]["code"],
-        json!(proxy::code::PARSE_ERROR)
+        json!(jsonrpc::code::PARSE_ERROR)
     );
     client_in
         .write_all(b"[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}]\n")
@@ -706,7 +706,7 @@ async fn stdio_frames_lines_and_ends_the_session_at_end_of_file() {
         .unwrap();
     assert_eq!(
         next().await["error"]["code"],
-        json!(proxy::code::INVALID_REQUEST)
+        json!(jsonrpc::code::INVALID_REQUEST)
     );
     client_in
         .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":\"e\",\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{}}}\r\n")
@@ -799,7 +799,7 @@ async fn a_session_ends_at_its_lifetime_however_busy() {
         id += 1;
         if let Ok(stream) = client
             .session
-            .request(proxy::request(json!(id), "ping", json!({})))
+            .request(jsonrpc::request(json!(id), "ping", json!({})))
             .await
         {
             let _ = stream.response.await;
@@ -912,7 +912,7 @@ async fn host_shutdown_lets_calls_in_flight_finish_then_removes_units() {
     let (general, _general_rx) = mpsc::channel(8);
     let session = spawn_session(config(&fake), "drain".to_owned(), general, &shutdown);
     let init = session
-        .request(proxy::request(
+        .request(jsonrpc::request(
             json!(0),
             "initialize",
             initialize_params(json!({})),
@@ -921,7 +921,7 @@ async fn host_shutdown_lets_calls_in_flight_finish_then_removes_units() {
         .unwrap();
     collect(init).await;
     let slow = session
-        .request(proxy::request(
+        .request(jsonrpc::request(
             json!(1),
             "tools/call",
             json!({"name": "slow", "arguments": {"ms": 300}}),
@@ -966,7 +966,7 @@ async fn stdio_refuses_an_over_long_line_and_reads_on() {
         CancellationToken::new(),
     ));
     let writer = tokio::spawn(async move {
-        let huge = vec![b'x'; crate::proxy::lines::MAX_MESSAGE_BYTES + 10];
+        let huge = vec![b'x'; box_jsonrpc::lines::MAX_MESSAGE_BYTES + 10];
         client_in.write_all(&huge).await.unwrap();
         client_in
             .write_all(b"\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n")
@@ -976,7 +976,7 @@ async fn stdio_refuses_an_over_long_line_and_reads_on() {
     });
     let mut lines = BufReader::new(client_out).lines();
     let first: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
-    assert_eq!(first["error"]["code"], json!(proxy::code::INVALID_REQUEST));
+    assert_eq!(first["error"]["code"], json!(jsonrpc::code::INVALID_REQUEST));
     assert!(
         first["error"]["message"]
             .as_str()
@@ -1092,7 +1092,7 @@ async fn a_session_without_a_workspace_unit_offers_no_tools_but_its_servers() {
     let (_, call) = client
         .call(json!(2), "tools/call", json!({"name": "echo"}))
         .await;
-    assert_eq!(call["error"]["code"], json!(proxy::code::METHOD_NOT_FOUND));
+    assert_eq!(call["error"]["code"], json!(jsonrpc::code::METHOD_NOT_FOUND));
     assert!(
         call["error"]["message"]
             .as_str()
@@ -1149,23 +1149,23 @@ async fn a_malformed_initialize_is_invalid_params_naming_the_field_and_starts_no
             "params",
         ),
         (
-            proxy::request(json!(0), "initialize", version_a_number),
+            jsonrpc::request(json!(0), "initialize", version_a_number),
             "params.protocolVersion",
         ),
         (
-            proxy::request(json!(0), "initialize", no_version),
+            jsonrpc::request(json!(0), "initialize", no_version),
             "params.protocolVersion",
         ),
         (
-            proxy::request(json!(0), "initialize", no_client_info),
+            jsonrpc::request(json!(0), "initialize", no_client_info),
             "params.clientInfo",
         ),
         (
-            proxy::request(json!(0), "initialize", nameless_client),
+            jsonrpc::request(json!(0), "initialize", nameless_client),
             "params.clientInfo.name",
         ),
         (
-            proxy::request(json!(0), "initialize", capabilities_a_list),
+            jsonrpc::request(json!(0), "initialize", capabilities_a_list),
             "params.capabilities",
         ),
     ];
@@ -1173,7 +1173,7 @@ async fn a_malformed_initialize_is_invalid_params_naming_the_field_and_starts_no
         let (_, response) = collect(client.session.request(message.clone()).await.unwrap()).await;
         assert_eq!(
             response["error"]["code"],
-            json!(proxy::code::INVALID_PARAMS),
+            json!(jsonrpc::code::INVALID_PARAMS),
             "{message} → {response}"
         );
         let text = response["error"]["message"].as_str().unwrap();
@@ -1198,7 +1198,7 @@ async fn params_that_are_not_an_object_are_invalid_params() {
             .unwrap(),
     )
     .await;
-    assert_eq!(early["error"]["code"], json!(proxy::code::INVALID_PARAMS));
+    assert_eq!(early["error"]["code"], json!(jsonrpc::code::INVALID_PARAMS));
     client.initialize(json!({})).await;
     for (id, method, params) in [
         (2, "tools/list", json!("x")),
@@ -1217,7 +1217,7 @@ async fn params_that_are_not_an_object_are_invalid_params() {
         assert_eq!(response["id"], json!(id), "{response}");
         assert_eq!(
             response["error"]["code"],
-            json!(proxy::code::INVALID_PARAMS),
+            json!(jsonrpc::code::INVALID_PARAMS),
             "{method}: {response}"
         );
         assert!(
@@ -1245,8 +1245,8 @@ async fn initialize_agrees_to_a_version_box_speaks_and_the_executors_get_it() {
     for (requested, agreed) in [
         ("2025-03-26", "2025-03-26"),
         ("2024-11-05", "2024-11-05"),
-        ("1999-01-01", proxy::LATEST_PROTOCOL_VERSION),
-        ("2026-07-28", proxy::LATEST_PROTOCOL_VERSION),
+        ("1999-01-01", jsonrpc::LATEST_PROTOCOL_VERSION),
+        ("2026-07-28", jsonrpc::LATEST_PROTOCOL_VERSION),
     ] {
         let fake = FakeBackend::default();
         let client = connect(config(&fake));
@@ -1283,7 +1283,7 @@ async fn stdio_splits_batches_only_on_a_2025_03_26_session() {
     };
     let mut params = initialize_params(json!({}));
     params["protocolVersion"] = json!("2025-03-26");
-    let initialize = proxy::request(json!(0), "initialize", params);
+    let initialize = jsonrpc::request(json!(0), "initialize", params);
     client_in
         .write_all(format!("{initialize}\n").as_bytes())
         .await
@@ -1309,7 +1309,7 @@ async fn stdio_splits_batches_only_on_a_2025_03_26_session() {
     client_in.write_all(b"[]\n").await.unwrap();
     assert_eq!(
         next().await["error"]["code"],
-        json!(proxy::code::INVALID_REQUEST)
+        json!(jsonrpc::code::INVALID_REQUEST)
     );
     drop(client_in);
     tokio::time::timeout(WAIT, served)

@@ -20,8 +20,8 @@ use tokio_util::task::TaskTracker;
 use super::HostConfig;
 use crate::backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitEnd};
 use crate::plan::UnitSpec;
-use crate::proxy::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
-use crate::proxy::{self, Kind, classify};
+use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
+use box_jsonrpc::{self as jsonrpc, Kind, classify};
 
 /// How many messages may wait for a unit's executor to read them; a unit that
 /// stops reading fills it, and its next request is refused naming the unit.
@@ -385,7 +385,7 @@ async fn exchange(
     method: &str,
     params: Value,
 ) -> Result<Value, String> {
-    write_line(&mut link.writer, &proxy::request(json!(id), method, params))
+    write_line(&mut link.writer, &jsonrpc::request(json!(id), method, params))
         .await
         .map_err(|error| format!("writing {method} to the executor: {error}"))?;
     loop {
@@ -422,7 +422,7 @@ async fn exchange(
                 return Ok(result);
             }
             Ok(Kind::Request { id, method }) if method == "ping" => {
-                write_line(&mut link.writer, &proxy::result_response(id, json!({})))
+                write_line(&mut link.writer, &jsonrpc::result_response(id, json!({})))
                     .await
                     .map_err(|error| format!("answering the executor's ping: {error}"))?;
             }

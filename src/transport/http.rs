@@ -46,13 +46,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::host::{HostConfig, ServeArgs, SessionHandle, spawn_session};
-use crate::proxy::{
+use box_jsonrpc::{
     Kind, MessageError, ReplyStream, allows_batches, classify, code, discover_refusal,
     error_response, refusal, sends_version_header,
 };
 
 /// The protocol versions whose `MCP-Protocol-Version` header is accepted.
-pub const SUPPORTED_VERSIONS: [&str; 4] = crate::proxy::PROTOCOL_VERSIONS;
+pub const SUPPORTED_VERSIONS: [&str; 4] = box_jsonrpc::PROTOCOL_VERSIONS;
 /// The session header.
 const SESSION_HEADER: &str = "mcp-session-id";
 /// The version header.
@@ -151,7 +151,7 @@ impl HttpOptions {
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
             max_sessions: 64,
-            max_body_bytes: crate::proxy::lines::MAX_MESSAGE_BYTES,
+            max_body_bytes: box_jsonrpc::lines::MAX_MESSAGE_BYTES,
             header_read_timeout: HEADER_READ_TIMEOUT,
             body_read_timeout: BODY_READ_TIMEOUT,
             write_timeout: WRITE_TIMEOUT,
@@ -627,7 +627,7 @@ async fn post_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
     // from 2025-06-18 on, and only 2025-03-26 has batches.
     let version = session
         .protocol_version()
-        .unwrap_or(crate::proxy::LATEST_PROTOCOL_VERSION);
+        .unwrap_or(box_jsonrpc::LATEST_PROTOCOL_VERSION);
     let need = if sends_version_header(version) {
         Version::Required
     } else {
@@ -704,7 +704,7 @@ async fn batch(session: &SessionHandle, messages: Vec<Value>, accepts: Accepts) 
         if !accepts.sse {
             continue;
         }
-        let (sse_tx, sse_rx) = mpsc::channel(crate::proxy::REPLY_EVENTS);
+        let (sse_tx, sse_rx) = mpsc::channel(box_jsonrpc::REPLY_EVENTS);
         tokio::spawn(async move {
             for message in answers.into_iter().chain([message]) {
                 if sse_tx.send(message).await.is_err() {
@@ -830,7 +830,7 @@ async fn answer(mut stream: ReplyStream, accepts: Accepts) -> Response {
         Err(Err(_)) => return unanswered(accepts),
         Ok(event) => event,
     };
-    let (out_tx, out_rx) = mpsc::channel(crate::proxy::REPLY_EVENTS);
+    let (out_tx, out_rx) = mpsc::channel(box_jsonrpc::REPLY_EVENTS);
     let _ = out_tx.send(first).await;
     tokio::spawn(super::forward_reply(stream, out_tx));
     sse(out_rx)

@@ -14,7 +14,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::host::{SessionGone, SessionHandle};
-use crate::proxy::{Kind, ReplyStream, classify, refusal};
+use box_jsonrpc::{Kind, ReplyStream, classify, refusal};
 
 /// Copy a request's events and then its answer into `out`, in that order.
 /// Returns once the answer is sent, or the session dropped the request (a
@@ -62,7 +62,7 @@ pub(crate) async fn route_batch(
     session: &SessionHandle,
     messages: Vec<Value>,
 ) -> Result<Batch, SessionGone> {
-    let (replies_tx, replies) = mpsc::channel(crate::proxy::REPLY_EVENTS);
+    let (replies_tx, replies) = mpsc::channel(box_jsonrpc::REPLY_EVENTS);
     let mut answers = Vec::new();
     let mut pending = 0;
     for message in messages {

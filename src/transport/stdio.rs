@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::host::{HostConfig, spawn_session};
-use crate::proxy::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
-use crate::proxy::{Kind, MessageError, classify, code, error_response, refusal};
+use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
+use box_jsonrpc::{Kind, MessageError, classify, code, error_response, refusal};
 
 /// How many messages may wait for stdout.
 const OUT_QUEUE: usize = 256;
@@ -214,7 +214,7 @@ pub async fn serve_on(
             Err(MessageError::Batch)
                 if session
                     .protocol_version()
-                    .is_some_and(crate::proxy::allows_batches) =>
+                    .is_some_and(box_jsonrpc::allows_batches) =>
             {
                 let Value::Array(messages) = message else {
                     continue;

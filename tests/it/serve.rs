@@ -1573,7 +1573,7 @@ fn execute_and_serve_answer_null_ids_and_discover_probes_alike() {
         // The versions listed are those initialize and the HTTP header check accept.
         assert_eq!(
             executed[0]["error"]["data"]["supported"],
-            json!(boxhost::proxy::PROTOCOL_VERSIONS)
+            json!(box_jsonrpc::PROTOCOL_VERSIONS)
         );
     }
     let null_ids = by_id(&executed, Value::Null);

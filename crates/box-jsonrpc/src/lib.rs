@@ -1,21 +1,16 @@
-//! The proxy: raw JSON-RPC between a session and its units.
+//! Raw JSON-RPC as box's host, transports and executor all speak it.
 //!
 //! Owns the message vocabulary (classifying a raw `serde_json::Value` as a
-//! request, notification or response, building error answers) and the
-//! [`Router`]: the tables that map a client's request ids and progress tokens
-//! to a unit's, a unit's server→client request ids to the client's, and process
-//! ids across units. It never round-trips a message through typed structs:
+//! request, notification or response, building error answers, MCP's protocol
+//! versions), the one line framer (`lines`) and the channel a session answers
+//! a transport on. It never round-trips a message through typed structs:
 //! everything it does not route on is forwarded byte-for-byte as it came
 //! (unknown members, `_meta`, `experimental` capabilities), because typed MCP
 //! messages drop fields.
 //!
-//! It does no I/O: the host's session task feeds it messages and carries out
-//! what it answers.
+//! It does no I/O of its own beyond the framer it hands a reader or writer.
 
 pub mod lines;
-mod router;
-
-pub use router::{Forward, Router, UnitMessage, UnitRequestId};
 
 use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};

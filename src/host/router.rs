@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{Value, json};
 
-use super::{Kind, ReplyTo, classify, id_key, params, params_mut};
+use box_jsonrpc::{Kind, ReplyTo, classify, id_key, params, params_mut};
 
 /// A unit's request id: the router numbers each unit's requests itself, so two
 /// clients (or two sessions' worth of ids) never collide upstream.
@@ -210,9 +210,9 @@ impl<T> Router<T> {
             Kind::Request { id, method } => {
                 if self.server_requests.len() >= MAX_SERVER_REQUESTS {
                     // The executor is untrusted: it may not flood the client or grow this table.
-                    return UnitMessage::Refuse(super::error_response(
+                    return UnitMessage::Refuse(box_jsonrpc::error_response(
                         id,
-                        super::code::INTERNAL_ERROR,
+                        box_jsonrpc::code::INTERNAL_ERROR,
                         format!(
                             "{method}: {MAX_SERVER_REQUESTS} requests to the client are already waiting for answers"
                         ),
@@ -289,7 +289,7 @@ impl<T> Router<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::reply_channel;
+    use box_jsonrpc::reply_channel;
     use pretty_assertions::assert_eq;
 
     #[test]
