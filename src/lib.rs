@@ -13,7 +13,6 @@ pub mod backend;
 pub mod cli;
 pub mod executor;
 pub mod host;
-pub mod scrub;
 pub mod transport;
 
 // The crates of the workspace, under the module names the rest of the binary

@@ -85,7 +85,7 @@ where
         })
         .cloned()
         .collect();
-    let scrubbed = crate::scrub::scrub_environment(named, &asked);
+    let scrubbed = box_scrub::scrub_environment(named, &asked);
     let mut removed = scrubbed.removed;
     let mut vars = BTreeMap::new();
     vars.insert("HOME".to_owned(), own.home.clone());
@@ -101,7 +101,7 @@ where
         }
     }
     if spec.security.neutralise_git {
-        vars.extend(crate::scrub::git_neutralisation());
+        vars.extend(box_scrub::git_neutralisation());
     }
     vars.extend(
         spec.env_set

@@ -76,7 +76,7 @@ pub(crate) async fn call(
             let (context, command, stamp) = (Arc::clone(context), command.clone(), stamp.clone());
             move || {
                 shell::verify(&context, &command, &stamp).map(|plan| {
-                    let env = crate::scrub::git_neutralisation_with_drivers(&plan.drivers);
+                    let env = box_scrub::git_neutralisation_with_drivers(&plan.drivers);
                     (plan, env)
                 })
             }
@@ -135,7 +135,7 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
 
 /// The neutralising variables every run gets.
 fn scrub_git() -> Vec<(String, String)> {
-    crate::scrub::git_neutralisation()
+    box_scrub::git_neutralisation()
 }
 
 /// The child's `PATH` without the entries a workspace write could plant a

@@ -117,7 +117,7 @@ pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
         anyhow::bail!("--root {}: not a directory", args.root.display());
     }
     let reference = args.reference.clone().unwrap_or_else(host_name);
-    let scrubbed = crate::scrub::scrub_environment(std::env::vars_os(), &args.pass_env);
+    let scrubbed = box_scrub::scrub_environment(std::env::vars_os(), &args.pass_env);
     if !scrubbed.removed.is_empty() {
         tracing::info!(removed = ?scrubbed.removed, "variables scrubbed from children's environment");
     }
@@ -152,7 +152,7 @@ pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
     // not opened to children either), and git fails outright on a global
     // configuration it cannot open. Children's git is told it is empty; a
     // readable one (landlock off, a HOME inside the allowed paths) is kept.
-    if let Some(path) = crate::scrub::unreadable_global_config(&child_env) {
+    if let Some(path) = box_scrub::unreadable_global_config(&child_env) {
         tracing::info!(
             path = %path.display(),
             "the global git configuration cannot be read here; children get GIT_CONFIG_GLOBAL=/dev/null"

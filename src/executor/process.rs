@@ -381,7 +381,7 @@ impl Processes {
             // server that shells out to git included); the caller's own
             // entries come last, so a process asked for explicitly can still
             // set what it needs.
-            .envs(crate::scrub::git_neutralisation())
+            .envs(box_scrub::git_neutralisation())
             .envs(env)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -44,7 +44,7 @@ use serde_json::{Map, Value};
 
 use super::super::Context;
 use super::super::facts::{FactCall, Facts, SENTINEL};
-use crate::scrub::Drivers;
+use box_scrub::Drivers;
 
 /// What a stamped line runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1293,7 +1293,7 @@ fn probe_config(
     what: &str,
     drivers: &mut Drivers,
 ) -> Result<bool, String> {
-    let output = crate::scrub::git_query(
+    let output = box_scrub::git_query(
         dir,
         &context.child_env,
         &["config", "--list", "-z", "--show-scope", "--show-origin"],
@@ -1338,7 +1338,7 @@ fn probe_entered(
     entered: &mut usize,
 ) -> Result<(), String> {
     let Some(top) =
-        crate::scrub::git_query(dir, &context.child_env, &["rev-parse", "--show-toplevel"])?
+        box_scrub::git_query(dir, &context.child_env, &["rev-parse", "--show-toplevel"])?
     else {
         return Err(format!(
             "where the repository holding {} begins cannot be read",
@@ -1350,7 +1350,7 @@ fn probe_entered(
             .trim_end_matches('\n')
             .to_owned(),
     );
-    let Some(index) = crate::scrub::git_query(&top, &context.child_env, &["ls-files", "-s", "-z"])?
+    let Some(index) = box_scrub::git_query(&top, &context.child_env, &["ls-files", "-s", "-z"])?
     else {
         return Err(format!(
             "the index of the repository at {} cannot be read",
@@ -1427,7 +1427,7 @@ fn probe_submodules(context: &Context, git_dir: &Path) -> Result<(), String> {
     }
     for config in configs {
         let file = config.to_string_lossy();
-        let output = crate::scrub::git_query(
+        let output = box_scrub::git_query(
             git_dir,
             &context.child_env,
             &["config", "--file", &file, "--list", "-z"],
@@ -1818,7 +1818,7 @@ fn analyse_split(context: &Context, line: &str) -> Result<Analysis, String> {
         // Anything else the line runs is the code the person approved; its
         // git is neutralised for the repositories the analysis can see.
         for base in &bases {
-            match crate::scrub::configured_drivers(
+            match box_scrub::configured_drivers(
                 &context.workspace.root().join(base),
                 &context.child_env,
             ) {

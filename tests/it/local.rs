@@ -1793,7 +1793,7 @@ async fn the_same_profile_gives_the_same_environment_on_both_backends() {
     .into_iter()
     .map(str::to_owned)
     .chain(
-        boxhost::scrub::git_neutralisation()
+        box_scrub::git_neutralisation()
             .into_iter()
             .map(|(name, _)| name),
     )

@@ -988,7 +988,7 @@ pub(crate) fn envelope(
         env_passed,
         env_scrubbed,
         git_neutralised: spec.security.neutralise_git
-            && !crate::scrub::git_neutralisation().is_empty(),
+            && !box_scrub::git_neutralisation().is_empty(),
         state: "running".to_owned(),
     }
 }

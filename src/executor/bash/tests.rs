@@ -17,7 +17,7 @@ pub(crate) fn context_with(env: &[(&str, &str)]) -> (tempfile::TempDir, Arc<Cont
     let mut vars: Vec<(OsString, OsString)> =
         vec![("PATH".into(), std::env::var_os("PATH").unwrap_or_default())];
     vars.extend(env.iter().map(|(name, value)| (name.into(), value.into())));
-    let scrubbed = crate::scrub::scrub_environment(vars, &[]);
+    let scrubbed = box_scrub::scrub_environment(vars, &[]);
     let context = Context {
         workspace: Arc::new(Workspace::open(temp.path()).unwrap()),
         child_env: Arc::new(scrubbed.kept),
