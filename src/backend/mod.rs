@@ -12,8 +12,6 @@ pub mod doctor;
 pub mod environment;
 pub mod instance;
 pub mod local;
-pub mod sandbox;
-pub mod seccomp;
 pub mod start;
 
 pub use start::start_all;

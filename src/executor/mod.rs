@@ -121,7 +121,7 @@ pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
     if !scrubbed.removed.is_empty() {
         tracing::info!(removed = ?scrubbed.removed, "variables scrubbed from children's environment");
     }
-    match crate::backend::sandbox::confine_executor(workspace.root(), landlock) {
+    match box_confine::confine_executor(workspace.root(), landlock) {
         Ok(confinement) => tracing::info!(
             landlock_abi = confinement.landlock_abi,
             landlock_enforced = confinement.landlock_enforced,
@@ -134,7 +134,7 @@ pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
     // runtime starts threads; the filter is synchronised to every thread anyway.
     // A unit's envelope claims this layer, so failing to install it fails the start.
     match args.seccomp.as_str() {
-        "on" => match crate::backend::seccomp::install_box_filter() {
+        "on" => match box_confine::seccomp::install_box_filter() {
             Ok(report) => tracing::info!(
                 rules = report.rules,
                 instructions = report.instructions,

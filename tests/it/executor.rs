@@ -666,7 +666,7 @@ fn bad_input_is_answered_and_the_executor_keeps_serving() {
 /// occurred while reading the configuration files").
 #[test]
 fn git_works_under_the_executors_confinement_with_an_ordinary_home() {
-    if boxhost::backend::sandbox::landlock_abi() == 0 {
+    if box_confine::landlock_abi() == 0 {
         eprintln!("LANDLOCK MISSING: the executor's confinement cannot be tested here");
         assert!(!support::under_ci(), "landlock is missing under CI");
         return;

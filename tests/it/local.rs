@@ -50,7 +50,7 @@ fn unit_spec(workspace: &Path) -> UnitSpec {
 /// Landlock must be there on this machine; without it the tests would prove
 /// nothing, so say so loudly (and fail under CI).
 fn require_landlock() -> bool {
-    if boxhost::backend::sandbox::landlock_abi() > 0 {
+    if box_confine::landlock_abi() > 0 {
         return true;
     }
     eprintln!("LOCAL BACKEND TESTS SKIPPED: this kernel has no landlock");
@@ -145,7 +145,7 @@ async fn posture_seen_from_inside_matches_the_envelope() {
     assert!(hardening.landlock_enforced);
     assert_eq!(
         hardening.landlock_abi,
-        boxhost::backend::sandbox::landlock_abi()
+        box_confine::landlock_abi()
     );
     assert_eq!(hardening.seccomp, "box");
     assert_eq!(status_field(&probe.output, "Seccomp"), Some("2"));
@@ -782,7 +782,7 @@ async fn without_namespaces_landlock_alone_confines_the_unit() {
     ] {
         assert!(probe.output.contains(expected), "missing {expected}");
     }
-    if boxhost::backend::sandbox::landlock_abi() >= 6 {
+    if box_confine::landlock_abi() >= 6 {
         assert!(probe.output.contains("supervisor-signal-denied"));
     }
 

@@ -49,7 +49,7 @@ use std::process::ExitCode;
 use nix::sched::CloneFlags;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::sandbox::{self, CapabilitySets, ConfineError, LandlockOutcome, Rlimits};
+use box_confine::{self as sandbox, CapabilitySets, ConfineError, LandlockOutcome, Rlimits};
 use crate::plan::Requirement;
 
 /// The helper's exit code when it refuses or fails before CMD runs (as `env`

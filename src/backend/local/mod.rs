@@ -65,7 +65,7 @@ use helper::{Applied, Report, SandboxSpec, SpecNetwork, SpecRequirement, SpecUse
 pub use helper::{REFUSED_EXIT, SandboxArgs};
 
 use super::environment::{self, UnitEnvironment};
-use super::sandbox::Rlimits;
+use box_confine::Rlimits;
 use super::{
     Backend, BackendError, Envelope, ExecutorIo, Hardening, SessionLabel, StartedUnit, UnitEnd,
     UnitInfo,
@@ -975,7 +975,7 @@ pub(crate) fn envelope(
         network,
         limits,
         hardening: Hardening {
-            capabilities: super::sandbox::capability_names(applied.capabilities.effective),
+            capabilities: box_confine::capability_names(applied.capabilities.effective),
             no_new_privileges: applied.no_new_privs,
             // Landlock grants writes only to the workspace and the unit's temp.
             read_only_root: applied.landlock.enforced,

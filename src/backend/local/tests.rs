@@ -4,7 +4,7 @@ use std::time::Duration;
 use pretty_assertions::assert_eq;
 
 use super::*;
-use crate::backend::sandbox::{CapabilitySets, LandlockOutcome};
+use box_confine::{CapabilitySets, LandlockOutcome};
 use crate::plan::{Limits, Network, Role, Security, UserIds};
 
 fn unit_spec(source: WorkspaceSource) -> UnitSpec {

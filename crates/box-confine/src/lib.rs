@@ -1,7 +1,7 @@
 //! Process-level confinement shared by the local backend and the executor:
 //! landlock (read the system, write only the workspace and temp), no_new_privs,
 //! rlimits, capabilities dropped, and the local backend's seccomp layer (box's
-//! filter from `backend::seccomp`, the one table of refused syscalls, plus an
+//! filter from [`seccomp`], the one table of refused syscalls, plus an
 //! IP filter for network none without a namespace). Linux-only (the crate
 //! builds for x86_64-unknown-linux-gnu only; the raw syscall numbers below are
 //! Linux's).
@@ -19,6 +19,8 @@
 //! [`confine_executor`] before it builds its runtime, and it refuses under
 //! `Required` when it sees more than one thread).
 
+pub mod seccomp;
+
 use std::path::{Path, PathBuf};
 
 use landlock::{
@@ -27,7 +29,7 @@ use landlock::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::plan::{Limits, Requirement};
+use box_policy::plan::{Limits, Requirement};
 
 /// What confinement was achieved on this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -625,7 +627,7 @@ fn install_filter(program: &[libc::sock_filter], what: &str) -> Result<(), Confi
 /// Needs no_new_privs (or `CAP_SYS_ADMIN`) first. The process stays dumpable
 /// (the executor makes itself non-dumpable when it installs its own copy).
 pub fn apply_seccomp(options: SeccompOptions) -> Result<(), ConfineError> {
-    let program = crate::backend::seccomp::box_filter().map_err(|error| ConfineError::Failed {
+    let program = seccomp::box_filter().map_err(|error| ConfineError::Failed {
         doing: "building box's seccomp filter".to_owned(),
         message: error,
     })?;
@@ -831,7 +833,7 @@ mod tests {
         // is one of three siblings, so "outside" is outside it wherever the
         // checkout lives (a clone under /tmp included).
         let base =
-            tempfile::tempdir_in(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target")).unwrap();
+            tempfile::tempdir_in(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target")).unwrap();
         let root = tempfile::tempdir_in(base.path()).unwrap();
         let outside = tempfile::tempdir_in(base.path()).unwrap();
         let temp = tempfile::tempdir_in(base.path()).unwrap();
