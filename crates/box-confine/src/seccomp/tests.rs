@@ -602,7 +602,7 @@ fn probe_child() -> i32 {
 fn dangerous_calls_are_blocked_and_ordinary_ones_allowed_under_the_filter() {
     as_child("probe", probe_child);
     let (status, out) = child(
-        "backend::seccomp::tests::dangerous_calls_are_blocked_and_ordinary_ones_allowed_under_the_filter",
+        "seccomp::tests::dangerous_calls_are_blocked_and_ordinary_ones_allowed_under_the_filter",
         "probe",
     );
     assert_eq!(status.code(), Some(0), "{out}");
@@ -659,7 +659,7 @@ fn int80(nr: u32, arg1: u32, arg2: u32) -> u32 {
 /// never examined: the process is killed.
 #[test]
 fn a_foreign_arch_syscall_kills_the_process() {
-    const TEST: &str = "backend::seccomp::tests::a_foreign_arch_syscall_kills_the_process";
+    const TEST: &str = "seccomp::tests::a_foreign_arch_syscall_kills_the_process";
     // The control, unfiltered: i386 getpid answers where the kernel has the
     // ia32 entry at all.
     as_child("int80-control", || {
@@ -742,7 +742,7 @@ fn bash_and_git_work_under_the_filter() {
         0
     });
     let (status, out) = child(
-        "backend::seccomp::tests::bash_and_git_work_under_the_filter",
+        "seccomp::tests::bash_and_git_work_under_the_filter",
         "tools",
     );
     assert_eq!(status.code(), Some(0), "{out}");
