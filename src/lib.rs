@@ -11,7 +11,6 @@
 
 pub mod backend;
 pub mod cli;
-pub mod executor;
 pub mod host;
 pub mod transport;
 

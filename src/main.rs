@@ -20,7 +20,7 @@ enum Command {
     /// Run one command in a fresh sandboxed unit, stream its output, exit with its status.
     Run(boxhost::host::RunArgs),
     /// Serve the executor over MCP on stdin/stdout (inside a unit, or standalone for dax).
-    Execute(boxhost::executor::ExecuteArgs),
+    Execute(boxhost::cli::execute::ExecuteArgs),
     /// List, show, check and resolve profiles.
     Profile(boxhost::cli::profile::ProfileArgs),
     /// List units.
@@ -40,7 +40,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Serve(args) => boxhost::host::serve(args),
         Command::Run(args) => boxhost::host::run(args),
-        Command::Execute(args) => boxhost::executor::serve(args),
+        Command::Execute(args) => boxhost::cli::execute::execute(args),
         Command::Profile(args) => boxhost::cli::profile::cli(args),
         Command::Units(args) => backend_cli::units(args),
         Command::Gc(args) => backend_cli::gc(args),

@@ -12,6 +12,8 @@ use bollard::models::{
     MountBindOptionsPropagationEnum, MountType, ResourcesUlimits,
 };
 
+use box_policy::executor::{ExecutorSpec, PlaceKind};
+
 use crate::backend::{Envelope, Hardening, SessionLabel, labels};
 use crate::plan::{MountMode, NetworkMode, Requirement, Role, UnitSpec, WorkspaceSource};
 
@@ -97,48 +99,13 @@ pub fn check_root(root: &Path) -> Result<(), String> {
 
 /// The executor's command line inside a unit.
 pub fn executor_argv(spec: &UnitSpec) -> Vec<String> {
-    let mut argv: Vec<String> = [
-        EXECUTOR_PATH,
-        "execute",
-        "--root",
-        &spec.root.to_string_lossy(),
-        "--kind",
-        "container",
-        "--ref",
-        &spec.image,
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
-    // The executor confines itself (and so every child) with landlock; the
-    // plan's requirement travels with it, so `required` fails closed inside.
-    argv.push("--landlock".to_owned());
-    argv.push(
-        match spec.security.landlock {
-            Requirement::Required => "required",
-            Requirement::BestEffort => "best-effort",
-            Requirement::Off => "off",
-        }
-        .to_owned(),
-    );
-    // The executor scrubs its children's environment again; the names the plan
-    // hands through (secrets included, which the profile named explicitly)
-    // are exempt there.
-    let pass: Vec<&str> = spec
-        .env_pass
-        .iter()
-        .chain(&spec.env_secrets)
-        .map(String::as_str)
-        .collect();
-    if !pass.is_empty() {
-        argv.push("--pass-env".to_owned());
-        argv.push(pass.join(","));
-    }
-    if !spec.security.write_guard {
-        argv.push("--write-guard".to_owned());
-        argv.push("off".to_owned());
-    }
-    argv
+    let executor = ExecutorSpec {
+        reference: Some(spec.image.clone()),
+        ..spec.executor_spec(&spec.root, PlaceKind::Container)
+    };
+    std::iter::once(EXECUTOR_PATH.to_owned())
+        .chain(executor.to_args())
+        .collect()
 }
 
 /// The user string Docker takes (`uid:gid`), or `None` to keep the image's.
@@ -851,8 +818,6 @@ pub(crate) mod tests {
                 "container",
                 "--ref",
                 "box-base:bookworm",
-                "--landlock",
-                "best-effort",
                 "--pass-env",
                 "A,B",
                 "--write-guard",

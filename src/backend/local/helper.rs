@@ -1325,14 +1325,6 @@ fn resolve_program(
         .map_err(|error| failed(format!("finding {}", path.display()), error))
 }
 
-/// `box execute` as a subcommand of its own, to parse CMD's arguments here.
-#[derive(clap::Parser)]
-#[command(name = "box execute")]
-struct ExecuteHere {
-    #[command(flatten)]
-    args: crate::executor::ExecuteArgs,
-}
-
 /// When CMD is this very binary's executor (`box execute …`), run it in this
 /// forked child rather than executing the same binary a second time: the
 /// confinement is the process's and is inherited either way, and a second
@@ -1381,9 +1373,12 @@ fn run_executor_here(program: &CString, command: &[OsString], env: &[(String, St
         // SAFETY: as above, single-threaded.
         unsafe { std::env::set_var(name, value) };
     }
-    use clap::Parser;
-    let code = match ExecuteHere::try_parse_from(&command[1..]) {
-        Ok(parsed) => match crate::executor::serve(parsed.args) {
+    let args: Vec<String> = command[1..]
+        .iter()
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
+    let code = match box_policy::executor::ExecutorSpec::from_args(&args) {
+        Ok(spec) => match box_executor::serve(spec) {
             Ok(code) if code == ExitCode::SUCCESS => 0,
             Ok(_) => 1,
             Err(error) => {
@@ -1392,8 +1387,8 @@ fn run_executor_here(program: &CString, command: &[OsString], env: &[(String, St
             }
         },
         Err(error) => {
-            let _ = error.print();
-            error.exit_code()
+            eprintln!("box execute: {error}");
+            2
         }
     };
     std::process::exit(code);

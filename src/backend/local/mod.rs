@@ -66,6 +66,7 @@ pub use helper::{REFUSED_EXIT, SandboxArgs};
 
 use super::environment::{self, UnitEnvironment};
 use box_confine::Rlimits;
+use box_policy::executor::PlaceKind;
 use super::{
     Backend, BackendError, Envelope, ExecutorIo, Hardening, SessionLabel, StartedUnit, UnitEnd,
     UnitInfo,
@@ -835,66 +836,16 @@ pub(crate) fn sandbox_spec(
     })
 }
 
-/// The executor's command line for a unit. Pure.
+/// The executor's command line for a unit. Pure. Without a workspace the
+/// executor's root is an empty directory in the unit's private temp, so its
+/// file tools reach nothing of the host. The executor confines itself too (a
+/// second landlock layer, writes only beneath its root and TMPDIR).
 pub(crate) fn executor_command(box_exe: &Path, spec: &UnitSpec, layout: &Layout) -> Vec<OsString> {
-    let mut command: Vec<OsString> = vec![box_exe.into(), "execute".into()];
-    match &layout.workspace {
-        Some(workspace) => {
-            command.push("--root".into());
-            command.push(workspace.into());
-        }
-        None => {
-            // No workspace: the executor's root is an empty directory in the
-            // unit's private temp, so its file tools reach nothing of the
-            // host. A workspace unit without one also gets `--no-fs` (no file
-            // tools at all) once the executor declares that flag; a server
-            // unit never does, it needs the process methods to run its server.
-            command.push("--root".into());
-            command.push(layout.tmp.clone().into());
-            if spec.role == crate::plan::Role::Workspace && executor_declares("no-fs") {
-                command.push("--no-fs".into());
-            }
-        }
-    }
-    command.push("--kind".into());
-    command.push("local".into());
-    // The executor confines itself too (a second landlock layer, writes only
-    // beneath its root and TMPDIR), as the plan requires.
-    command.push("--landlock".into());
-    command.push(
-        match spec.security.landlock {
-            Requirement::Required => "required",
-            Requirement::BestEffort => "best-effort",
-            Requirement::Off => "off",
-        }
-        .into(),
-    );
-    // The executor scrubs its children's environment again; what the plan
-    // hands through (the profile's secrets included) is exempt there.
-    let pass: Vec<&str> = spec
-        .env_pass
-        .iter()
-        .chain(&spec.env_secrets)
-        .map(String::as_str)
-        .collect();
-    if !pass.is_empty() {
-        command.push("--pass-env".into());
-        command.push(pass.join(",").into());
-    }
-    if !spec.security.write_guard {
-        command.push("--write-guard".into());
-        command.push("off".into());
-    }
-    command
-}
-
-/// Whether `box execute` declares the long flag `--{flag}` (this binary is
-/// the executor too, so its own command-line definition says).
-fn executor_declares(flag: &str) -> bool {
-    use clap::Args;
-    crate::executor::ExecuteArgs::augment_args(clap::Command::new("execute"))
-        .get_arguments()
-        .any(|argument| argument.get_long() == Some(flag))
+    let root = layout.workspace.as_ref().unwrap_or(&layout.tmp);
+    let executor = spec.executor_spec(root, PlaceKind::Local);
+    std::iter::once(box_exe.into())
+        .chain(executor.to_args().into_iter().map(OsString::from))
+        .collect()
 }
 
 /// The envelope: what the helper reported it applied. Pure.

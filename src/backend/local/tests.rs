@@ -160,30 +160,17 @@ fn no_workspace_means_no_file_tools() {
     assert_eq!(layout.workspace, None);
     let command = executor_command(Path::new("/opt/box/box"), &spec, &layout);
     let command: Vec<_> = command.iter().map(|arg| arg.to_string_lossy()).collect();
-    let mut expected = vec![
+    let expected = vec![
         "/opt/box/box",
         "execute",
         "--root",
         "/tmp/box-local-s-u/tmp",
+        "--kind",
+        "local",
+        "--landlock",
+        "required",
     ];
-    if executor_declares("no-fs") {
-        expected.push("--no-fs");
-    }
-    expected.extend(["--kind", "local", "--landlock", "required"]);
     assert_eq!(command, expected);
-    // A server unit keeps its process methods.
-    let mut server = spec.clone();
-    server.role = Role::Server;
-    let command = executor_command(Path::new("/opt/box/box"), &server, &layout);
-    assert!(!command.iter().any(|arg| arg == "--no-fs"));
-}
-
-#[test]
-fn the_executor_flags_passed_are_the_executors() {
-    assert!(executor_declares("root"));
-    assert!(executor_declares("landlock"));
-    assert!(executor_declares("pass-env"));
-    assert!(!executor_declares("no-such-flag"));
 }
 
 #[test]

@@ -57,7 +57,8 @@ pub enum MountMode {
 
 /// Whether a protection must be applied, may be skipped (and reported), or is off.
 /// Declaration order is narrowing order: `Required` is the strictest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Requirement {
     /// The unit does not start without it.
     Required,
@@ -313,6 +314,31 @@ impl Security {
 }
 
 impl UnitSpec {
+    /// How this unit's executor is started, rooted at `root` (where the
+    /// backend put the workspace) in a place of `kind`: the plan's landlock
+    /// requirement travels with it (so `required` fails closed inside too),
+    /// the names the plan hands through (secrets included, which the profile
+    /// named explicitly) are exempt from the executor's own scrubbing, and the
+    /// write guard follows the profile.
+    pub fn executor_spec(
+        &self,
+        root: impl Into<PathBuf>,
+        kind: crate::executor::PlaceKind,
+    ) -> crate::executor::ExecutorSpec {
+        use crate::executor::{ExecutorSpec, WriteGuard};
+        ExecutorSpec {
+            kind,
+            landlock: self.security.landlock,
+            pass_env: self.env_pass.iter().chain(&self.env_secrets).cloned().collect(),
+            write_guard: if self.security.write_guard {
+                WriteGuard::ReadFirst
+            } else {
+                WriteGuard::Off
+            },
+            ..ExecutorSpec::new(root)
+        }
+    }
+
     /// A workspace unit of `image` over `source` with the shipped `default`
     /// profile's values: root `/workspace` read-write, the image's user, no
     /// network, its limits, strict hardening (landlock required). The base a

@@ -7,8 +7,8 @@ use std::time::Instant;
 use serde_json::json;
 
 use super::*;
-use crate::executor::stamp::StampKey;
-use crate::executor::workspace::Workspace;
+use crate::stamp::StampKey;
+use crate::workspace::Workspace;
 
 /// A context over a fresh temporary root, with `env` scrubbed as the executor
 /// scrubs its own environment.
@@ -23,7 +23,7 @@ pub(crate) fn context_with(env: &[(&str, &str)]) -> (tempfile::TempDir, Arc<Cont
         child_env: Arc::new(scrubbed.kept),
         stamp: StampKey::random(),
         max_read_bytes: 2 * 1024 * 1024,
-        bash_output: crate::executor::BashOutput::Escape,
+        bash_output: crate::BashOutput::Escape,
     };
     (temp, Arc::new(context))
 }

@@ -5,8 +5,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::executor::ToolOutcome;
-use crate::executor::bash::tests::context_with;
+use crate::ToolOutcome;
+use crate::bash::tests::context_with;
 
 fn claim(context: &Context, command: &str) -> Result<Facts, String> {
     let arguments = json!({"command": command})

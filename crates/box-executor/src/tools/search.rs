@@ -20,9 +20,9 @@ use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::{integer_arg, path_arg, string_arg};
-use crate::executor::Context;
-use crate::executor::names;
-use crate::executor::workspace::{FileError, Name, Workspace, io_message};
+use crate::Context;
+use crate::names;
+use crate::workspace::{FileError, Name, Workspace, io_message};
 
 /// Directories the walk does not enter below its base.
 const SKIPPED_DIRECTORIES: [&str; 12] = [

@@ -201,7 +201,7 @@ impl ServerHandler for Executor {
         let capabilities: ServerCapabilities =
             serde_json::from_value(capabilities).unwrap_or_default();
         InitializeResult::new(capabilities)
-            .with_server_info(Implementation::new("box", crate::VERSION))
+            .with_server_info(Implementation::new("box", env!("CARGO_PKG_VERSION")))
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {

@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::facts::{FactCall, Facts};
-use super::{Context, Progress, ToolOutcome, bash, keys};
+use super::{Context, Progress, ToolOutcome, bash, schema};
 
 /// The stamp argument every tool takes.
 pub(crate) const STAMP_KEY: &str = "dax_stamp";
@@ -330,7 +330,7 @@ pub(crate) async fn call(
 ) -> Option<ToolOutcome> {
     let tool = spec(name)?;
     if tool.name == "bash" {
-        if let Err(message) = keys::check(tool.name, tool.params, &arguments) {
+        if let Err(message) = schema::check(tool.name, tool.params, &arguments) {
             return Some(ToolOutcome::error(message));
         }
         return Some(bash::call(context, &arguments, progress, cancel).await);
@@ -363,7 +363,7 @@ pub(crate) fn call_file_tool(
     arguments: &Map<String, Value>,
     cancel: &CancellationToken,
 ) -> ToolOutcome {
-    if let Err(message) = keys::check(tool.name, tool.params, arguments) {
+    if let Err(message) = schema::check(tool.name, tool.params, arguments) {
         return ToolOutcome::error(message);
     }
     // An empty stamp is no stamp (Go's zero value): no check, as unstamped.
@@ -405,7 +405,7 @@ pub(crate) fn facts(
     arguments: &Map<String, Value>,
 ) -> Option<Result<Facts, String>> {
     let tool = spec(name)?;
-    if let Err(message) = keys::exact_keys(tool.params, arguments) {
+    if let Err(message) = schema::exact_keys(tool.params, arguments) {
         return Some(Err(message));
     }
     if tool.name == "bash" {
@@ -421,7 +421,7 @@ fn file_facts(
     tool: &Spec,
     arguments: &Map<String, Value>,
 ) -> Result<Facts, String> {
-    keys::check(tool.name, tool.params, arguments)?;
+    schema::check(tool.name, tool.params, arguments)?;
     let calls = file_calls(context, tool, arguments);
     let mut rewrite: std::collections::BTreeMap<String, Value> = arguments
         .iter()
@@ -498,7 +498,7 @@ pub(crate) fn path_arg<'a>(arguments: &'a Map<String, Value>, default: &'a str) 
 pub(crate) fn integer_arg(arguments: &Map<String, Value>, key: &str, default: i64) -> i64 {
     arguments
         .get(key)
-        .and_then(keys::integer)
+        .and_then(schema::integer)
         .unwrap_or(default)
 }
 
@@ -509,8 +509,8 @@ pub(crate) mod testing {
 
     use serde_json::{Map, Value};
 
-    use crate::executor::workspace::Workspace;
-    use crate::executor::{Context, stamp::StampKey};
+    use crate::workspace::Workspace;
+    use crate::{Context, stamp::StampKey};
 
     /// A context over `root` with the default read limit.
     pub fn context(root: &std::path::Path) -> Arc<Context> {
@@ -524,7 +524,7 @@ pub(crate) mod testing {
             child_env: Arc::new(Vec::new()),
             stamp: StampKey::random(),
             max_read_bytes,
-            bash_output: crate::executor::BashOutput::Escape,
+            bash_output: crate::BashOutput::Escape,
         })
     }
 

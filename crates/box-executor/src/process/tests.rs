@@ -5,7 +5,7 @@ use std::time::Instant;
 use pretty_assertions::assert_eq;
 
 use super::*;
-use crate::executor::bash::tests::{assert_gone, context_with};
+use crate::bash::tests::{assert_gone, context_with};
 
 fn processes(env: &[(&str, &str)]) -> (tempfile::TempDir, Processes) {
     let (temp, context) = context_with(env);

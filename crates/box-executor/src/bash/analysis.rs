@@ -1870,5 +1870,5 @@ fn resolved_parent(path: &Path) -> PathBuf {
 }
 
 #[cfg(test)]
-#[path = "shell/tests.rs"]
+#[path = "analysis_tests.rs"]
 mod tests;

@@ -3,7 +3,7 @@ use std::os::unix::fs::{PermissionsExt as _, symlink};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use crate::executor::tools::testing::{call, context, context_with};
+use crate::tools::testing::{call, context, context_with};
 
 #[test]
 fn write_creates_parents_with_mode_0644() {

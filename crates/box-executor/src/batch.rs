@@ -217,7 +217,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::executor::tools::testing::context;
+    use crate::tools::testing::context;
 
     fn run_batch(context: &Arc<Context>, calls: Value) -> Vec<(String, bool)> {
         let calls = parse_calls(Some(&json!({ "calls": calls }))).unwrap();

@@ -125,7 +125,7 @@ fn quote(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::executor::tools::spec;
+    use crate::tools::spec;
     use serde_json::json;
 
     fn check_read(arguments: Value) -> Result<(), String> {

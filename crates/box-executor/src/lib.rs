@@ -1,14 +1,15 @@
 //! The executor: the MCP server that runs inside a unit (`box execute`). The
 //! seven tools, facts and stamps, the files resources, the process methods and
-//! batches, all confined beneath one workspace root.
+//! batches, all confined beneath one workspace root. It is started from an
+//! [`ExecutorSpec`] and never sees the host: no backend, no session, no engine.
 //!
-//! Ownership inside this module: `server` (rmcp handler: capability, listing,
+//! Ownership inside this crate: `server` (rmcp handler: capability, listing,
 //! dispatch, resources, custom methods), `transport` (stdio framing that
-//! answers bad lines), `keys` (exact keys and schema types), `tools` (the tool
-//! table, stamps, the file tools), `batch` (the barrier model), `files` (the
-//! files resource), `workspace` (confinement, the write lock, the read ledger),
-//! `facts` and `stamp` (shared types); `bash` and `shell` (running and
-//! analysing a bash line), `process` (the process methods).
+//! answers bad lines), `schema` (exact keys and schema types), `tools` (the
+//! tool table, stamps, the file tools), `batch` (the barrier model), `files`
+//! (the files resource), `workspace` (confinement, the write lock, the read
+//! ledger), `facts` and `stamp` (shared types); `bash` and `bash::analysis`
+//! (running and analysing a bash line), `process` (the process methods).
 //!
 //! One idea first: nothing a tool does names a path the kernel resolves from
 //! anywhere but the root's directory handle, so `..` and links cannot lead out
@@ -18,97 +19,40 @@ pub(crate) mod bash;
 mod batch;
 pub(crate) mod facts;
 mod files;
-mod keys;
 pub(crate) mod names;
 pub(crate) mod process;
+mod schema;
 mod server;
 pub(crate) mod stamp;
 mod tools;
 mod transport;
 pub(crate) mod workspace;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 
-use crate::plan::Requirement;
 
-/// The read limit when the command line gives none (`--max-read-bytes 0`).
+/// The read limit when the spec gives none (`max_read_bytes` 0).
 const DEFAULT_MAX_READ_BYTES: u64 = 2 * 1024 * 1024;
 
-/// `box execute`: serve the executor over MCP on stdin/stdout.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ExecuteArgs {
-    /// The workspace root every tool acts beneath; must exist.
-    #[arg(long, value_name = "DIR")]
-    pub root: PathBuf,
-    /// What kind of place this is, for the descriptor: local, container or remote.
-    #[arg(long, value_name = "K", default_value = "remote")]
-    pub kind: String,
-    /// What the place is called (image, host, pod), for the descriptor; default the host name.
-    #[arg(long = "ref", value_name = "R")]
-    pub reference: Option<String>,
-    /// The most bytes of a file the tools read (read scans, edit rewrites, bash's analysis); 0 = 2 MiB.
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    pub max_read_bytes: u64,
-    /// Credential-looking variables to keep in children's environment, by exact name.
-    #[arg(long, value_name = "A,B", value_delimiter = ',')]
-    pub pass_env: Vec<String>,
-    /// Whether overwriting or editing an existing file needs an earlier read of it.
-    #[arg(long, value_name = "MODE", default_value = "read-first")]
-    pub write_guard: String,
-    /// Confine this process with landlock (writes only beneath the root and temp): required, best-effort or off.
-    #[arg(long, value_name = "MODE", default_value = "best-effort")]
-    pub landlock: String,
-    /// box's own seccomp layer on this process and every child (io_uring, AF_ALG/VSOCK, keyrings,
-    /// bpf, ptrace, mounts, namespaces, TIOCSTI...): on, or off (for debugging with strace/gdb).
-    #[arg(long, value_name = "MODE", default_value = "on")]
-    pub seccomp: String,
-    /// Terminal control characters in bash output (ANSI colour, OSC titles, cursor movement):
-    /// escape shows them as \xHH so none reaches a client's terminal live; raw passes them through.
-    #[arg(long, value_name = "MODE", default_value = "escape")]
-    pub bash_output: String,
-}
-
-/// What bash output does with terminal control characters (`--bash-output`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BashOutput {
-    /// C0 controls but tab and newline, DEL and C1 shown as `\xHH` (`names::escape_controls`).
-    Escape,
-    /// As the command wrote it.
-    Raw,
-}
+pub use box_policy::executor::{BashOutput, ExecutorSpec};
 
 /// Serve MCP on stdin/stdout until the client hangs up (or SIGTERM/SIGINT);
 /// exit status 0 either way.
-pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
+pub fn serve(spec: ExecutorSpec) -> anyhow::Result<std::process::ExitCode> {
+    use box_policy::executor::{FlagValue as _, SeccompLayer, WriteGuard};
     init_logging();
-    let kind = match args.kind.as_str() {
-        "local" | "container" | "remote" => args.kind.clone(),
-        other => anyhow::bail!("--kind {other}: choose local, container or remote"),
-    };
-    let write_guard = match args.write_guard.as_str() {
-        "read-first" => true,
-        "off" => false,
-        other => anyhow::bail!("--write-guard {other}: choose read-first or off"),
-    };
-    let landlock = match args.landlock.as_str() {
-        "required" => Requirement::Required,
-        "best-effort" => Requirement::BestEffort,
-        "off" => Requirement::Off,
-        other => anyhow::bail!("--landlock {other}: choose required, best-effort or off"),
-    };
-    let bash_output = match args.bash_output.as_str() {
-        "escape" => BashOutput::Escape,
-        "raw" => BashOutput::Raw,
-        other => anyhow::bail!("--bash-output {other}: choose escape or raw"),
-    };
-    let max_read_bytes = if args.max_read_bytes == 0 {
+    let args = &spec;
+    let kind = spec.kind.name().to_owned();
+    let write_guard = spec.write_guard == WriteGuard::ReadFirst;
+    let landlock = spec.landlock;
+    let bash_output = spec.bash_output;
+    let max_read_bytes = if spec.max_read_bytes == 0 {
         DEFAULT_MAX_READ_BYTES
     } else {
-        args.max_read_bytes
+        spec.max_read_bytes
     };
     let workspace = workspace::Workspace::open(&args.root)
         .with_context(|| format!("--root {}: cannot open the workspace", args.root.display()))?
@@ -128,13 +72,13 @@ pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
             no_new_privileges = confinement.no_new_privileges,
             "executor confined"
         ),
-        Err(error) => anyhow::bail!("--landlock {}: {error}", args.landlock),
+        Err(error) => anyhow::bail!("--landlock {}: {error}", args.landlock.name()),
     }
     // After landlock (which wants the process single-threaded) and before the
     // runtime starts threads; the filter is synchronised to every thread anyway.
     // A unit's envelope claims this layer, so failing to install it fails the start.
-    match args.seccomp.as_str() {
-        "on" => match box_confine::seccomp::install_box_filter() {
+    match args.seccomp {
+        SeccompLayer::On => match box_confine::seccomp::install_box_filter() {
             Ok(report) => tracing::info!(
                 rules = report.rules,
                 instructions = report.instructions,
@@ -143,8 +87,7 @@ pub fn serve(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
             ),
             Err(error) => anyhow::bail!("--seccomp on: {error}"),
         },
-        "off" => tracing::warn!("--seccomp off: box's own seccomp layer is not applied"),
-        other => anyhow::bail!("--seccomp {other}: choose on or off"),
+        SeccompLayer::Off => tracing::warn!("--seccomp off: box's own seccomp layer is not applied"),
     }
     let mut child_env = scrubbed.kept;
     // The confinement denies the home directory (a user's git configuration
@@ -230,7 +173,7 @@ async fn run(shared: Arc<server::Shared>) -> anyhow::Result<()> {
 /// Logs go to stderr only: stdout is the protocol.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BOX_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,boxhost=info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,box_executor=info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

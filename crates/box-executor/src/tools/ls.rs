@@ -4,9 +4,9 @@
 use serde_json::{Map, Value};
 
 use super::path_arg;
-use crate::executor::Context;
-use crate::executor::names;
-use crate::executor::workspace::io_message;
+use crate::Context;
+use crate::names;
+use crate::workspace::io_message;
 
 /// The most entries one listing shows.
 const MAX_ENTRIES: usize = 10_000;

@@ -3,7 +3,7 @@ use std::os::unix::fs::symlink;
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use crate::executor::tools::testing::{call, context};
+use crate::tools::testing::{call, context};
 
 fn tree() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();

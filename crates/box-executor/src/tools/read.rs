@@ -8,8 +8,8 @@ use std::io::Read as _;
 use serde_json::{Map, Value};
 
 use super::{integer_arg, path_arg};
-use crate::executor::Context;
-use crate::executor::workspace::{hash, version_of};
+use crate::Context;
+use crate::workspace::{hash, version_of};
 
 /// The most text one read returns.
 const MAX_OUTPUT_BYTES: usize = 200 * 1024;
@@ -30,7 +30,7 @@ pub(super) fn run(context: &Context, arguments: &Map<String, Value>) -> Result<S
     let mut data = Vec::with_capacity(usize::try_from(size.min(cap)).unwrap_or(0));
     file.take(cap)
         .read_to_end(&mut data)
-        .map_err(|e| crate::executor::workspace::io_message(&name, &e))?;
+        .map_err(|e| crate::workspace::io_message(&name, &e))?;
     workspace.record(version_of(&metadata, hash(&data)));
 
     let offset = integer_arg(arguments, "offset", 1).max(1);

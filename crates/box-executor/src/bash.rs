@@ -16,8 +16,7 @@
 //! Not here: landlock and no_new_privs for children (`sandbox`), and the
 //! process methods (`process`).
 
-#[path = "shell.rs"]
-pub(crate) mod shell;
+pub(crate) mod analysis;
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -75,7 +74,7 @@ pub(crate) async fn call(
         Some(Value::String(stamp)) => match blocking({
             let (context, command, stamp) = (Arc::clone(context), command.clone(), stamp.clone());
             move || {
-                shell::verify(&context, &command, &stamp).map(|plan| {
+                analysis::verify(&context, &command, &stamp).map(|plan| {
                     let env = box_scrub::git_neutralisation_with_drivers(&plan.drivers);
                     (plan, env)
                 })
@@ -124,7 +123,7 @@ pub(crate) fn facts(context: &Context, arguments: &Map<String, Value>) -> Result
         Some(_) => return Err("command must be a string".to_owned()),
         None => "",
     };
-    shell::facts(context, command, arguments)
+    analysis::facts(context, command, arguments)
 }
 
 /// Run blocking work (file reads, git probes, each up to 10 s) on the

@@ -9,8 +9,8 @@ use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt, Permissions, PermissionsExt}
 use serde_json::{Map, Value};
 
 use super::{path_arg, string_arg};
-use crate::executor::Context;
-use crate::executor::workspace::{FileError, Name, PathError, Workspace, io_message, is_escape};
+use crate::Context;
+use crate::workspace::{FileError, Name, PathError, Workspace, io_message, is_escape};
 
 /// Mode bits of a file the tools create.
 const NEW_FILE_MODE: u32 = 0o644;

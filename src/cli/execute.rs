@@ -1,0 +1,105 @@
+//! `box execute`: the executor's flags, parsed by clap into an
+//! [`ExecutorSpec`], the same description the backends write command lines
+//! from.
+
+use std::path::PathBuf;
+
+use box_policy::executor::{ExecutorSpec, choice};
+
+/// `box execute`: serve the executor over MCP on stdin/stdout.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExecuteArgs {
+    /// The workspace root every tool acts beneath; must exist.
+    #[arg(long, value_name = "DIR")]
+    pub root: PathBuf,
+    /// What kind of place this is, for the descriptor: local, container or remote.
+    #[arg(long, value_name = "K", default_value = "remote")]
+    pub kind: String,
+    /// What the place is called (image, host, pod), for the descriptor; default the host name.
+    #[arg(long = "ref", value_name = "R")]
+    pub reference: Option<String>,
+    /// The most bytes of a file the tools read (read scans, edit rewrites, bash's analysis); 0 = 2 MiB.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_read_bytes: u64,
+    /// Credential-looking variables to keep in children's environment, by exact name.
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    pub pass_env: Vec<String>,
+    /// Whether overwriting or editing an existing file needs an earlier read of it.
+    #[arg(long, value_name = "MODE", default_value = "read-first")]
+    pub write_guard: String,
+    /// Confine this process with landlock (writes only beneath the root and temp): required, best-effort or off.
+    #[arg(long, value_name = "MODE", default_value = "best-effort")]
+    pub landlock: String,
+    /// box's own seccomp layer on this process and every child (io_uring, AF_ALG/VSOCK, keyrings,
+    /// bpf, ptrace, mounts, namespaces, TIOCSTI...): on, or off (for debugging with strace/gdb).
+    #[arg(long, value_name = "MODE", default_value = "on")]
+    pub seccomp: String,
+    /// Terminal control characters in bash output (ANSI colour, OSC titles, cursor movement):
+    /// escape shows them as \xHH so none reaches a client's terminal live; raw passes them through.
+    #[arg(long, value_name = "MODE", default_value = "escape")]
+    pub bash_output: String,
+}
+
+impl ExecuteArgs {
+    /// The typed spec, or an error naming the flag, its value and the choices.
+    pub fn into_spec(self) -> anyhow::Result<ExecutorSpec> {
+        Ok(ExecutorSpec {
+            kind: choice("--kind", &self.kind)?,
+            write_guard: choice("--write-guard", &self.write_guard)?,
+            landlock: choice("--landlock", &self.landlock)?,
+            seccomp: choice("--seccomp", &self.seccomp)?,
+            bash_output: choice("--bash-output", &self.bash_output)?,
+            reference: self.reference,
+            max_read_bytes: self.max_read_bytes,
+            pass_env: self.pass_env,
+            root: self.root,
+        })
+    }
+}
+
+/// `box execute`.
+pub fn execute(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
+    box_executor::serve(args.into_spec()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use box_policy::executor::{BashOutput, PlaceKind, SeccompLayer, WriteGuard};
+    use box_policy::plan::Requirement;
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Execute {
+        #[command(subcommand)]
+        command: Sub,
+    }
+
+    #[derive(clap::Subcommand)]
+    enum Sub {
+        Execute(ExecuteArgs),
+    }
+
+    /// What a backend writes with `to_args`, `box execute` reads back as the
+    /// same spec: the one contract between them.
+    #[test]
+    fn clap_reads_what_the_spec_writes() {
+        let full = ExecutorSpec {
+            root: PathBuf::from("/workspace dir"),
+            kind: PlaceKind::Container,
+            reference: Some("box-base:latest".to_owned()),
+            max_read_bytes: 4096,
+            pass_env: vec!["API_TOKEN".to_owned(), "GH_TOKEN".to_owned()],
+            write_guard: WriteGuard::Off,
+            landlock: Requirement::Required,
+            seccomp: SeccompLayer::Off,
+            bash_output: BashOutput::Raw,
+        };
+        for spec in [full, ExecutorSpec::new("/w")] {
+            let argv = std::iter::once("box".to_owned()).chain(spec.to_args());
+            let Sub::Execute(args) = Execute::try_parse_from(argv).unwrap().command;
+            assert_eq!(args.into_spec().unwrap(), spec);
+        }
+    }
+}
