@@ -23,12 +23,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use box_jsonrpc::lines::{Line, LineReader, write_line};
 use boxhost::backend::{Backend as _, SessionLabel};
 use boxhost::host::fake::FakeBackend;
 use boxhost::host::{HostConfig, spawn_session};
 use boxhost::plan::{HostFacts, UserIds};
 use boxhost::profile::Catalog;
-use box_jsonrpc::lines::{Line, LineReader, write_line};
 use boxhost::transport::http::{HttpOptions, serve};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -12,9 +12,6 @@ pub mod doctor;
 pub mod environment;
 pub mod instance;
 pub mod local;
-pub mod start;
-
-pub use start::start_all;
 
 use std::pin::Pin;
 
@@ -23,6 +20,11 @@ use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::plan::UnitSpec;
+
+pub use box_policy::envelope::{
+    AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, Envelope, Hardening,
+    HostOnlyLimits, LocalNone, ProcessLimits, UnitState,
+};
 
 /// Label and name constants shared by the backends.
 pub mod labels {
@@ -113,66 +115,6 @@ pub struct StartedUnit {
     pub io: ExecutorIo,
     /// Resolves once the unit (or its executor) has ended, with the cause.
     pub ended: BoxFuture<'static, UnitEnd>,
-}
-
-/// The hardening actually achieved.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Hardening {
-    /// Effective capabilities (names), after dropping.
-    pub capabilities: Vec<String>,
-    /// no_new_privs set.
-    pub no_new_privileges: bool,
-    /// Read-only root file system.
-    pub read_only_root: bool,
-    /// Seccomp layers: the engine's ("default", "custom") joined by "+" with box's own
-    /// ("box", which the executor installs on itself and its children); "box" alone where
-    /// the engine applies none; "none" where no layer is applied.
-    pub seccomp: String,
-    /// The landlock ABI the kernel offers (0 = none).
-    pub landlock_abi: u32,
-    /// Whether landlock is enforced on the executor and its children.
-    pub landlock_enforced: bool,
-    /// Namespaces the unit has of its own (user, mount, pid, net, ...).
-    pub namespaces: Vec<String>,
-    /// Whether the unit's user is in a user namespace (remapped).
-    pub user_namespace: bool,
-}
-
-/// What was actually applied to a unit, never what was merely asked.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Envelope {
-    /// The unit's name in its session.
-    pub name: String,
-    /// "workspace" or "server".
-    pub role: String,
-    /// "docker" or "local".
-    pub backend: String,
-    /// The backend's id for it (container id, pid).
-    pub id: String,
-    /// The image asked for.
-    pub image: String,
-    /// The image's id (digest) as the engine resolved it.
-    pub image_id: String,
-    /// The workspace root inside the unit.
-    pub root: String,
-    /// "uid:gid" processes run as.
-    pub user: String,
-    /// The network: mode and allow list.
-    pub network: serde_json::Value,
-    /// Limits in plain numbers.
-    pub limits: serde_json::Value,
-    /// The hardening achieved.
-    pub hardening: Hardening,
-    /// Variable names passed into the unit.
-    pub env_passed: Vec<String>,
-    /// Variable names scrubbed on the way.
-    pub env_scrubbed: Vec<String>,
-    /// Whether git is neutralised for children.
-    pub git_neutralised: bool,
-    /// "running", "ended", ...
-    pub state: String,
 }
 
 /// A unit as listed by the backend (from its labels).

@@ -534,8 +534,8 @@ fn show(profile: &Profile) -> String {
 }
 
 fn show_plan(plan: &plan::Plan) -> String {
-    use crate::profile::{ByteSize, CpuQuota};
     use crate::plan::{Role, WorkspaceSource};
+    use crate::profile::{ByteSize, CpuQuota};
 
     let mut text = format!("plan of profile {}\n", plan.profile);
     if plan.workspace().is_none() {

@@ -25,10 +25,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::session::EXECUTOR_KEY;
 use crate::backend::{
-    Backend, BackendError, Envelope, ExecutorIo, Hardening, SessionLabel, StartedUnit, UnitEnd,
-    UnitInfo,
+    AppliedLimits, AppliedNetwork, Backend, BackendError, BackendKind, Envelope, ExecutorIo,
+    Hardening, HostOnlyLimits, SessionLabel, StartedUnit, UnitEnd, UnitInfo, UnitState,
 };
-use crate::plan::{Role, UnitSpec};
+use crate::plan::UnitSpec;
 use box_jsonrpc::lines::{Line, LineReader, write_line};
 use box_jsonrpc::{self as jsonrpc, Kind, classify, id_key};
 
@@ -295,19 +295,19 @@ impl Backend for FakeBackend {
 fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
     Envelope {
         name: spec.name.clone(),
-        role: match spec.role {
-            Role::Workspace => "workspace",
-            Role::Server => "server",
-        }
-        .to_owned(),
-        backend: "fake".to_owned(),
+        role: spec.role,
+        backend: BackendKind::Fake,
         id: id.to_owned(),
         image: spec.image.clone(),
         image_id: String::new(),
         root: spec.root.display().to_string(),
         user: String::new(),
-        network: json!({"mode": "none", "allow": []}),
-        limits: json!({}),
+        network: AppliedNetwork {
+            mode: "none".to_owned(),
+            allow: Vec::new(),
+            local_none: None,
+        },
+        limits: AppliedLimits::HostOnly(HostOnlyLimits::default()),
         hardening: Hardening {
             capabilities: Vec::new(),
             no_new_privileges: false,
@@ -321,7 +321,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         env_passed: Vec::new(),
         env_scrubbed: Vec::new(),
         git_neutralised: false,
-        state: "running".to_owned(),
+        state: UnitState::Running,
     }
 }
 

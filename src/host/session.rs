@@ -24,17 +24,17 @@ use tokio_util::task::TaskTracker;
 use super::HostConfig;
 pub use super::ask::EXECUTOR_KEY;
 use super::ask::{check_initialize, executor_initialize_params, initialize_result, read_ask};
+use super::router::{Router, UnitMessage};
 use super::units::{
     ExecutorLink, FIRST_REQUEST_ID, Tracked, UnitEvent, describe_end, initialize_executor,
     link_unit, remove_until_gone, start_units,
 };
-use crate::backend::{Envelope, SessionLabel, UnitEnd};
+use crate::backend::{Envelope, SessionLabel, UnitEnd, UnitState};
 use crate::plan::{Plan, PlanError, Role, UnitSpec};
-use super::router::{Router, UnitMessage};
 use box_jsonrpc::{
-    self as jsonrpc, Kind, ReplyStream, ReplyTo, check_params, classify, code,
-    discover_refusal, error_response, error_response_with_data, negotiate_version, params,
-    params_mut, reply_channel, result_response,
+    self as jsonrpc, Kind, ReplyStream, ReplyTo, check_params, classify, code, discover_refusal,
+    error_response, error_response_with_data, negotiate_version, params, params_mut, reply_channel,
+    result_response,
 };
 
 /// The most client requests one session may have in flight at once.
@@ -417,12 +417,7 @@ impl Session {
             let mut envelope = unit.envelope;
             // Enforced by the host, so it is applied: said in plain numbers.
             let millis = u64::try_from(start_timeout.as_millis()).unwrap_or(u64::MAX);
-            match envelope.limits.as_object_mut() {
-                Some(limits) => {
-                    limits.insert("startTimeoutMs".to_owned(), json!(millis));
-                }
-                None => envelope.limits = json!({"startTimeoutMs": millis}),
-            }
+            envelope.limits.set_start_timeout_ms(millis);
             envelopes.push(envelope);
             links.push(ExecutorLink::new(unit.io.stdin, unit.io.stdout));
             ends.push(unit.ended);
@@ -991,7 +986,7 @@ impl Session {
         self.config.metrics.unit_ended();
         state.ended = Some(cause.clone());
         state.writer = None;
-        state.envelope.state = "ended".to_owned();
+        state.envelope.state = UnitState::Ended;
         let name = state.spec.name.clone();
         let data = json!({
             "unit": name,
@@ -1089,7 +1084,7 @@ impl Session {
         let died = live
             .units
             .iter()
-            .filter(|unit| unit.envelope.state == "ended")
+            .filter(|unit| unit.envelope.state == UnitState::Ended)
             .count();
         let tracked: Vec<Tracked> = live
             .units

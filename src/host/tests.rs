@@ -192,7 +192,10 @@ async fn initialize_answers_with_the_envelopes_and_passes_max_read_bytes() {
     assert_eq!(sent[0]["capabilities"]["elicitation"], json!({}));
     // A second initialize is refused, the session goes on.
     let again = client.initialize(json!({})).await;
-    assert_eq!(again["error"]["code"], json!(jsonrpc::code::INVALID_REQUEST));
+    assert_eq!(
+        again["error"]["code"],
+        json!(jsonrpc::code::INVALID_REQUEST)
+    );
     let (_, ping) = client.call(json!("p"), "ping", json!({})).await;
     assert_eq!(ping, json!({"jsonrpc": "2.0", "id": "p", "result": {}}));
 }
@@ -208,7 +211,10 @@ async fn a_discover_probe_is_method_not_found_and_starts_nothing() {
         json!(jsonrpc::code::METHOD_NOT_FOUND)
     );
     let (_, early) = client.call(json!(2), "tools/list", json!({})).await;
-    assert_eq!(early["error"]["code"], json!(jsonrpc::code::INVALID_REQUEST));
+    assert_eq!(
+        early["error"]["code"],
+        json!(jsonrpc::code::INVALID_REQUEST)
+    );
     assert_eq!(fake.record(|record| record.starts.len()), 0);
     // It then falls back to initialize, which works.
     let response = client.initialize(json!({})).await;
@@ -976,7 +982,10 @@ async fn stdio_refuses_an_over_long_line_and_reads_on() {
     });
     let mut lines = BufReader::new(client_out).lines();
     let first: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
-    assert_eq!(first["error"]["code"], json!(jsonrpc::code::INVALID_REQUEST));
+    assert_eq!(
+        first["error"]["code"],
+        json!(jsonrpc::code::INVALID_REQUEST)
+    );
     assert!(
         first["error"]["message"]
             .as_str()
@@ -1092,7 +1101,10 @@ async fn a_session_without_a_workspace_unit_offers_no_tools_but_its_servers() {
     let (_, call) = client
         .call(json!(2), "tools/call", json!({"name": "echo"}))
         .await;
-    assert_eq!(call["error"]["code"], json!(jsonrpc::code::METHOD_NOT_FOUND));
+    assert_eq!(
+        call["error"]["code"],
+        json!(jsonrpc::code::METHOD_NOT_FOUND)
+    );
     assert!(
         call["error"]["message"]
             .as_str()

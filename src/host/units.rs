@@ -385,9 +385,12 @@ async fn exchange(
     method: &str,
     params: Value,
 ) -> Result<Value, String> {
-    write_line(&mut link.writer, &jsonrpc::request(json!(id), method, params))
-        .await
-        .map_err(|error| format!("writing {method} to the executor: {error}"))?;
+    write_line(
+        &mut link.writer,
+        &jsonrpc::request(json!(id), method, params),
+    )
+    .await
+    .map_err(|error| format!("writing {method} to the executor: {error}"))?;
     loop {
         let line = link
             .reader

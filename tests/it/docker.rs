@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use boxhost::backend::docker::{self, DockerBackend};
 use boxhost::backend::instance::InstanceLock;
-use boxhost::backend::{Backend, BackendError, SessionLabel, StartedUnit, start_all};
+use boxhost::backend::{Backend, BackendError, SessionLabel, StartedUnit};
 use boxhost::plan::{
     Limits, MountMode, NetworkMode, Requirement, Security, UnitSpec, UserIds, WorkspaceSource,
 };
@@ -287,10 +287,19 @@ async fn docker_posture_from_inside_matches_the_envelope() {
     assert_eq!(tmp_small, 0);
     assert_ne!(tmp_big, 0, "{tmp_big_out}");
     assert!(tmp_big_out.contains("No space left"), "{tmp_big_out}");
-    assert_eq!(envelope.limits["tmpBytes"], 16 << 20);
-    assert_eq!(envelope.limits["tmpInodes"], (16 << 20) / 4096);
+    assert_eq!(
+        serde_json::to_value(&envelope.limits).unwrap()["tmpBytes"],
+        16 << 20
+    );
+    assert_eq!(
+        serde_json::to_value(&envelope.limits).unwrap()["tmpInodes"],
+        (16 << 20) / 4096
+    );
     // F68: only loopback.
-    assert_eq!(envelope.network["mode"], "none");
+    assert_eq!(
+        serde_json::to_value(&envelope.network).unwrap()["mode"],
+        "none"
+    );
     assert_eq!(
         links.split_whitespace().collect::<Vec<_>>(),
         ["lo"],
@@ -323,15 +332,24 @@ async fn docker_posture_from_inside_matches_the_envelope() {
     assert!(exe_out.contains(boxhost::VERSION), "{exe_out}");
     assert_ne!(exe_write, 0);
     // D50, F68, F72: nofile bounded; nothing listens or routes.
-    assert_eq!(envelope.limits["nofile"], 1024);
+    assert_eq!(
+        serde_json::to_value(&envelope.limits).unwrap()["nofile"],
+        1024
+    );
     assert_eq!(nofile.trim(), "1024");
     assert_ne!(tcp, 0);
     // Limits from the cgroup match the envelope; swap is off (memsw == memory).
     let limits: Vec<&str> = limits.split_whitespace().collect();
-    assert_eq!(envelope.limits["pids"], 64);
+    assert_eq!(serde_json::to_value(&envelope.limits).unwrap()["pids"], 64);
     assert_eq!(limits.first().copied(), Some("64"), "{limits:?}");
-    assert_eq!(envelope.limits["memoryBytes"], 256 << 20);
-    assert_eq!(envelope.limits["memorySwapBytes"], 256 << 20);
+    assert_eq!(
+        serde_json::to_value(&envelope.limits).unwrap()["memoryBytes"],
+        256 << 20
+    );
+    assert_eq!(
+        serde_json::to_value(&envelope.limits).unwrap()["memorySwapBytes"],
+        256 << 20
+    );
     assert_eq!(
         limits.get(1).copied(),
         Some((256u64 << 20).to_string().as_str())
@@ -344,8 +362,8 @@ async fn docker_posture_from_inside_matches_the_envelope() {
         ),
         None => panic!("no swap line: {limits:?}"),
     }
-    assert_eq!(envelope.state, "running");
-    assert_eq!(envelope.backend, "docker");
+    assert_eq!(envelope.state, boxhost::backend::UnitState::Running);
+    assert_eq!(envelope.backend, boxhost::backend::BackendKind::Docker);
     assert!(
         envelope.image_id.starts_with("sha256:"),
         "{}",
@@ -525,6 +543,36 @@ async fn docker_unit_killed_mid_exec_is_reported() {
 
     backend.remove(&id).await.unwrap();
     instance.assert_clean(&backend).await;
+}
+
+/// Start every unit of `specs` concurrently, as the host does: all of them, or
+/// the ones that started are removed and the first failure is returned.
+async fn start_all(
+    backend: &dyn Backend,
+    session: &SessionLabel,
+    specs: &[boxhost::plan::UnitSpec],
+) -> Result<Vec<StartedUnit>, BackendError> {
+    let results =
+        futures::future::join_all(specs.iter().map(|spec| backend.start(session, spec))).await;
+    let mut started = Vec::new();
+    let mut first_error = None;
+    for result in results {
+        match result {
+            Ok(unit) => started.push(unit),
+            Err(error) => {
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    match first_error {
+        None => Ok(started),
+        Some(error) => {
+            for unit in &started {
+                let _ = backend.remove(&unit.envelope.id).await;
+            }
+            Err(error)
+        }
+    }
 }
 
 /// Fault 20: a partial multi-unit start removes what it started; the error
@@ -1038,7 +1086,10 @@ async fn docker_an_inode_flood_stops_at_the_tmpfs_bound() {
         .await
         .unwrap();
     let id = unit.envelope.id.clone();
-    assert_eq!(unit.envelope.limits["tmpInodes"], (16 << 20) / 4096);
+    assert_eq!(
+        serde_json::to_value(&unit.envelope.limits).unwrap()["tmpInodes"],
+        (16 << 20) / 4096
+    );
     let out = executor_bash(
         &mut unit.io,
         "i=0; while : > /tmp/f$i; do i=$((i+1)); [ $i -ge 20000 ] && break; done; echo files=$i",

@@ -143,10 +143,7 @@ async fn posture_seen_from_inside_matches_the_envelope() {
     assert!(hardening.capabilities.is_empty());
     assert!(hardening.no_new_privileges);
     assert!(hardening.landlock_enforced);
-    assert_eq!(
-        hardening.landlock_abi,
-        box_confine::landlock_abi()
-    );
+    assert_eq!(hardening.landlock_abi, box_confine::landlock_abi());
     assert_eq!(hardening.seccomp, "box");
     assert_eq!(status_field(&probe.output, "Seccomp"), Some("2"));
     let (uid, gid) = probe.envelope.user.split_once(':').unwrap();
@@ -155,11 +152,14 @@ async fn posture_seen_from_inside_matches_the_envelope() {
         "envelope user {} not what the probe saw",
         probe.envelope.user
     );
-    if probe.envelope.network["namespace"] == true {
+    if serde_json::to_value(&probe.envelope.network).unwrap()["namespace"] == true {
         assert!(probe.output.contains("nets: lo\n"), "only lo in the unit");
         assert!(hardening.namespaces.contains(&"net".to_owned()));
     } else {
-        assert_eq!(probe.envelope.network["landlockTcpDenied"], true);
+        assert_eq!(
+            serde_json::to_value(&probe.envelope.network).unwrap()["landlockTcpDenied"],
+            true
+        );
     }
     assert_eq!(
         hardening.user_namespace,
@@ -179,7 +179,7 @@ async fn posture_seen_from_inside_matches_the_envelope() {
             .parse()
             .unwrap()
     };
-    let limits = &probe.envelope.limits;
+    let limits = serde_json::to_value(&probe.envelope.limits).unwrap();
     for (name, field) in [
         ("Max open files", "nofile"),
         ("Max processes", "pids"),
@@ -307,7 +307,10 @@ async fn network_none_reaches_nothing_on_the_host() {
     .await;
     assert!(probe.output.contains("connect-failed"));
     assert!(!probe.output.contains("connected\n"));
-    assert_eq!(probe.envelope.network["mode"], "none");
+    assert_eq!(
+        serde_json::to_value(&probe.envelope.network).unwrap()["mode"],
+        "none"
+    );
 }
 
 /// On a root host RLIMIT_NPROC does not bind uid 0, so the unit runs as nobody.
@@ -340,9 +343,12 @@ async fn a_fork_bomb_is_contained_by_the_process_limit() {
         probe.output.contains("fork") || probe.output.contains("unavailable"),
         "forking past the limit failed"
     );
-    assert_eq!(probe.envelope.limits["pids"], 16);
+    assert_eq!(
+        serde_json::to_value(&probe.envelope.limits).unwrap()["pids"],
+        16
+    );
     assert!(
-        !probe.envelope.limits["notApplied"]
+        !serde_json::to_value(&probe.envelope.limits).unwrap()["notApplied"]
             .to_string()
             .contains("RLIMIT_NPROC")
     );
@@ -372,7 +378,10 @@ async fn a_file_past_the_size_limit_fails_with_efbig() {
             .len(),
         1 << 20
     );
-    assert_eq!(probe.envelope.limits["fileSizeBytes"], 1 << 20);
+    assert_eq!(
+        serde_json::to_value(&probe.envelope.limits).unwrap()["fileSizeBytes"],
+        1 << 20
+    );
 }
 
 #[tokio::test]
@@ -396,8 +405,14 @@ async fn open_files_and_memory_are_capped() {
     assert!(probe.output.contains("Too many open files"));
     assert!(probe.output.contains("MemoryError"));
     assert!(!probe.output.contains("allocated"));
-    assert_eq!(probe.envelope.limits["nofile"], 64);
-    assert_eq!(probe.envelope.limits["memoryBytes"], 256 << 20);
+    assert_eq!(
+        serde_json::to_value(&probe.envelope.limits).unwrap()["nofile"],
+        64
+    );
+    assert_eq!(
+        serde_json::to_value(&probe.envelope.limits).unwrap()["memoryBytes"],
+        256 << 20
+    );
 }
 
 #[tokio::test]
@@ -618,7 +633,7 @@ async fn executor_serves_confined(backend: LocalBackend, name: &str) {
     );
     let started = backend.start(&session(name), &spec).await.unwrap();
     let envelope = started.envelope.clone();
-    assert_eq!(envelope.backend, "local");
+    assert_eq!(envelope.backend, boxhost::backend::BackendKind::Local);
     assert_eq!(
         envelope.root,
         std::fs::canonicalize(workspace.path())
@@ -751,14 +766,23 @@ async fn without_namespaces_landlock_alone_confines_the_unit() {
     assert!(hardening.namespaces.is_empty());
     // Honest about what landlock alone cannot do.
     assert!(
-        probe.envelope.limits["notApplied"]
+        serde_json::to_value(&probe.envelope.limits).unwrap()["notApplied"]
             .to_string()
             .contains("host directories")
     );
     assert!(!hardening.user_namespace);
-    assert_eq!(probe.envelope.network["namespace"], false);
-    assert_eq!(probe.envelope.network["landlockTcpDenied"], true);
-    assert_eq!(probe.envelope.network["ipSocketsDenied"], true);
+    assert_eq!(
+        serde_json::to_value(&probe.envelope.network).unwrap()["namespace"],
+        false
+    );
+    assert_eq!(
+        serde_json::to_value(&probe.envelope.network).unwrap()["landlockTcpDenied"],
+        true
+    );
+    assert_eq!(
+        serde_json::to_value(&probe.envelope.network).unwrap()["ipSocketsDenied"],
+        true
+    );
     assert_eq!(
         status_field(&probe.output, "CapEff"),
         Some("0000000000000000")
@@ -1217,7 +1241,7 @@ for path in sys.argv[1:]:
         .contains(&"mount".to_owned())
     {
         assert!(
-            !probe.envelope.limits["notApplied"]
+            !serde_json::to_value(&probe.envelope.limits).unwrap()["notApplied"]
                 .to_string()
                 .contains("host directories")
         );
@@ -1243,7 +1267,10 @@ async fn host_network_units_keep_the_resolver_configuration() {
     )
     .await;
     assert!(probe.output.contains("resolver-readable"));
-    assert_eq!(probe.envelope.network["mode"], "host");
+    assert_eq!(
+        serde_json::to_value(&probe.envelope.network).unwrap()["mode"],
+        "host"
+    );
     assert!(
         !probe
             .envelope
@@ -1319,7 +1346,7 @@ async fn root_only_host_files_stay_unread() {
             .contains(&"mount".to_owned())
     {
         assert!(
-            !probe.envelope.limits["notApplied"]
+            !serde_json::to_value(&probe.envelope.limits).unwrap()["notApplied"]
                 .to_string()
                 .contains("root-only host files")
         );
@@ -1414,7 +1441,7 @@ async fn a_server_unit_without_a_workspace_serves() {
     spec.role = Role::Server;
     spec.source = WorkspaceSource::None;
     let started = backend.start(&session("server"), &spec).await.unwrap();
-    assert_eq!(started.envelope.role, "server");
+    assert_eq!(started.envelope.role, boxhost::plan::Role::Server);
     assert_eq!(started.envelope.root, "");
     let mut stdin = started.io.stdin;
     let mut lines = tokio::io::BufReader::new(started.io.stdout).lines();
@@ -1608,7 +1635,8 @@ async fn the_hosts_root_as_the_workspace_hides_nothing_and_says_so() {
         .namespaces
         .contains(&"mount".to_owned())
     {
-        let not_applied = probe.envelope.limits["notApplied"].to_string();
+        let not_applied =
+            serde_json::to_value(&probe.envelope.limits).unwrap()["notApplied"].to_string();
         assert!(
             not_applied
                 .contains("host directory not hidden (/: the unit's workspace is the host's root)"),

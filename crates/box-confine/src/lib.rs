@@ -833,7 +833,8 @@ mod tests {
         // is one of three siblings, so "outside" is outside it wherever the
         // checkout lives (a clone under /tmp included).
         let base =
-            tempfile::tempdir_in(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target")).unwrap();
+            tempfile::tempdir_in(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+                .unwrap();
         let root = tempfile::tempdir_in(base.path()).unwrap();
         let outside = tempfile::tempdir_in(base.path()).unwrap();
         let temp = tempfile::tempdir_in(base.path()).unwrap();

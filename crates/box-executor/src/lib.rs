@@ -33,7 +33,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-
 /// The read limit when the spec gives none (`max_read_bytes` 0).
 const DEFAULT_MAX_READ_BYTES: u64 = 2 * 1024 * 1024;
 
@@ -87,7 +86,9 @@ pub fn serve(spec: ExecutorSpec) -> anyhow::Result<std::process::ExitCode> {
             ),
             Err(error) => anyhow::bail!("--seccomp on: {error}"),
         },
-        SeccompLayer::Off => tracing::warn!("--seccomp off: box's own seccomp layer is not applied"),
+        SeccompLayer::Off => {
+            tracing::warn!("--seccomp off: box's own seccomp layer is not applied")
+        }
     }
     let mut child_env = scrubbed.kept;
     // The confinement denies the home directory (a user's git configuration

@@ -236,10 +236,12 @@ impl ExecutorSpec {
                         choices: "a number of bytes".to_owned(),
                     })?
                 }
-                "--pass-env" => {
-                    spec.pass_env
-                        .extend(value.split(',').filter(|n| !n.is_empty()).map(str::to_owned))
-                }
+                "--pass-env" => spec.pass_env.extend(
+                    value
+                        .split(',')
+                        .filter(|n| !n.is_empty())
+                        .map(str::to_owned),
+                ),
                 "--write-guard" => spec.write_guard = choice(flag, value)?,
                 "--landlock" => spec.landlock = choice(flag, value)?,
                 "--seccomp" => spec.seccomp = choice(flag, value)?,
@@ -288,7 +290,10 @@ mod tests {
 
     #[test]
     fn defaults_are_left_out() {
-        assert_eq!(ExecutorSpec::new("/w").to_args(), ["execute", "--root", "/w"]);
+        assert_eq!(
+            ExecutorSpec::new("/w").to_args(),
+            ["execute", "--root", "/w"]
+        );
     }
 
     #[test]
@@ -301,8 +306,14 @@ mod tests {
                 choices: "required, best-effort or off".into()
             })
         );
-        assert_eq!(ExecutorSpec::from_args(&["execute"]), Err(SpecError::NoRoot));
-        assert_eq!(ExecutorSpec::from_args(&["run"]), Err(SpecError::NotExecute));
+        assert_eq!(
+            ExecutorSpec::from_args(&["execute"]),
+            Err(SpecError::NoRoot)
+        );
+        assert_eq!(
+            ExecutorSpec::from_args(&["run"]),
+            Err(SpecError::NotExecute)
+        );
         assert_eq!(
             ExecutorSpec::from_args(&["execute", "--no-fs"]),
             Err(SpecError::MissingValue("--no-fs".into()))

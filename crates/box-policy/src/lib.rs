@@ -3,6 +3,7 @@
 //! is narrowed by its tightenings and checked against the host (`plan`).
 //! No engine, no process, no network: the same inputs give the same plan.
 
+pub mod envelope;
 pub mod executor;
 pub mod plan;
 pub mod profile;

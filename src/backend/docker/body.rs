@@ -14,8 +14,11 @@ use bollard::models::{
 
 use box_policy::executor::{ExecutorSpec, PlaceKind};
 
-use crate::backend::{Envelope, Hardening, SessionLabel, labels};
-use crate::plan::{MountMode, NetworkMode, Requirement, Role, UnitSpec, WorkspaceSource};
+use crate::backend::{
+    AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, Envelope, Hardening, SessionLabel,
+    UnitState, labels,
+};
+use crate::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
 
 /// Where the host's own `box` binary appears inside every unit (read-only).
 pub const EXECUTOR_PATH: &str = "/.box/box";
@@ -428,34 +431,34 @@ pub fn envelope_from_inspect(
             .find(|l| l.name.as_deref() == Some("nofile"))
             .and_then(|l| l.hard)
     });
-    let limits = serde_json::json!({
-        "memoryBytes": host.memory,
-        "memorySwapBytes": host.memory_swap,
-        "cpus": host.nano_cpus.map(|n| n as f64 / 1e9),
-        "pids": host.pids_limit,
-        "tmpBytes": tmp_bytes,
-        "tmpInodes": tmp_inodes,
-        "nofile": nofile,
+    let limits = AppliedLimits::Container(ContainerLimits {
+        memory_bytes: host.memory,
+        memory_swap_bytes: host.memory_swap,
+        cpus: host.nano_cpus.map(|n| n as f64 / 1e9),
+        pids: host.pids_limit,
+        tmp_bytes,
+        tmp_inodes,
+        nofile,
+        start_timeout_ms: None,
     });
-    let network = serde_json::json!({
-        "mode": network_mode,
-        "allow": spec.network.allow,
-    });
+    let network = AppliedNetwork {
+        mode: network_mode,
+        allow: spec.network.allow.iter().map(ToString::to_string).collect(),
+        local_none: None,
+    };
 
     let state = inspect
         .state
         .as_ref()
         .and_then(|s| s.status)
-        .map_or_else(|| "unknown".to_owned(), |s| s.to_string());
+        .map_or(UnitState::Unknown, |s| {
+            UnitState::from_engine(&s.to_string())
+        });
 
     Envelope {
         name: spec.name.clone(),
-        role: match spec.role {
-            Role::Workspace => "workspace",
-            Role::Server => "server",
-        }
-        .to_owned(),
-        backend: "docker".to_owned(),
+        role: spec.role,
+        backend: BackendKind::Docker,
         id: inspect.id.clone().unwrap_or_default(),
         image: spec.image.clone(),
         image_id: inspect.image.clone().unwrap_or_default(),
@@ -879,7 +882,7 @@ pub(crate) mod tests {
             }
         );
         assert_eq!(
-            envelope.limits,
+            serde_json::to_value(&envelope.limits).unwrap(),
             serde_json::json!({
                 "memoryBytes": 512 << 20, "memorySwapBytes": 512 << 20, "cpus": 1.5,
                 "pids": 128, "tmpBytes": 64 << 20, "tmpInodes": (64 << 20) / 4096,
@@ -887,7 +890,7 @@ pub(crate) mod tests {
             })
         );
         assert_eq!(
-            envelope.network,
+            serde_json::to_value(&envelope.network).unwrap(),
             serde_json::json!({"mode": "none", "allow": []})
         );
     }

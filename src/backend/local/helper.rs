@@ -49,8 +49,8 @@ use std::process::ExitCode;
 use nix::sched::CloneFlags;
 use serde::{Deserialize, Serialize};
 
-use box_confine::{self as sandbox, CapabilitySets, ConfineError, LandlockOutcome, Rlimits};
 use crate::plan::Requirement;
+use box_confine::{self as sandbox, CapabilitySets, ConfineError, LandlockOutcome, Rlimits};
 
 /// The helper's exit code when it refuses or fails before CMD runs (as `env`
 /// and `docker run` use 125 for their own failures).

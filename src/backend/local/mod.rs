@@ -65,13 +65,16 @@ use helper::{Applied, Report, SandboxSpec, SpecNetwork, SpecRequirement, SpecUse
 pub use helper::{REFUSED_EXIT, SandboxArgs};
 
 use super::environment::{self, UnitEnvironment};
-use box_confine::Rlimits;
-use box_policy::executor::PlaceKind;
 use super::{
     Backend, BackendError, Envelope, ExecutorIo, Hardening, SessionLabel, StartedUnit, UnitEnd,
     UnitInfo,
 };
 use crate::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
+use box_confine::Rlimits;
+use box_policy::envelope::{
+    AppliedLimits, AppliedNetwork, BackendKind, LocalNone, ProcessLimits, UnitState,
+};
+use box_policy::executor::PlaceKind;
 
 /// Run the hidden `box sandbox` subcommand (the helper, in the unit's process).
 pub fn sandbox(args: SandboxArgs) -> anyhow::Result<std::process::ExitCode> {
@@ -859,15 +862,21 @@ pub(crate) fn envelope(
 ) -> Envelope {
     let has = |name: &str| applied.namespaces.iter().any(|entered| entered == name);
     let network = match sandbox_spec.network {
-        SpecNetwork::None => serde_json::json!({
-            "mode": "none",
-            "allow": [],
-            "namespace": has("net"),
-            "loopbackUp": applied.loopback_up,
-            "landlockTcpDenied": applied.landlock_tcp_denied,
-            "ipSocketsDenied": applied.ip_sockets_denied,
-        }),
-        SpecNetwork::Host => serde_json::json!({"mode": "host", "allow": []}),
+        SpecNetwork::None => AppliedNetwork {
+            mode: "none".to_owned(),
+            allow: Vec::new(),
+            local_none: Some(LocalNone {
+                namespace: has("net"),
+                loopback_up: applied.loopback_up,
+                landlock_tcp_denied: applied.landlock_tcp_denied,
+                ip_sockets_denied: applied.ip_sockets_denied,
+            }),
+        },
+        SpecNetwork::Host => AppliedNetwork {
+            mode: "host".to_owned(),
+            allow: Vec::new(),
+            local_none: None,
+        },
     };
     let nproc_binds = applied.host_uid != 0;
     let mut not_applied = vec![
@@ -895,25 +904,22 @@ pub(crate) fn envelope(
     if !nproc_binds {
         not_applied.push("pids: RLIMIT_NPROC does not bind the host's uid 0".to_owned());
     }
-    let limits = serde_json::json!({
-        "memoryBytes": applied.rlimits.data_bytes,
-        "addressSpaceBytes": applied.rlimits.address_space_bytes,
-        "pids": applied.rlimits.nproc,
-        "nofile": applied.rlimits.nofile,
-        "fileSizeBytes": applied.rlimits.fsize_bytes,
-        "coreBytes": applied.rlimits.core_bytes,
-        "notApplied": not_applied,
+    let limits = AppliedLimits::Process(ProcessLimits {
+        memory_bytes: applied.rlimits.data_bytes,
+        address_space_bytes: applied.rlimits.address_space_bytes,
+        pids: applied.rlimits.nproc,
+        nofile: applied.rlimits.nofile,
+        file_size_bytes: applied.rlimits.fsize_bytes,
+        core_bytes: applied.rlimits.core_bytes,
+        not_applied,
+        start_timeout_ms: None,
     });
-    let role = match spec.role {
-        crate::plan::Role::Workspace => "workspace",
-        crate::plan::Role::Server => "server",
-    };
     let env_passed = environment.passed();
     let env_scrubbed = environment.scrubbed.clone();
     Envelope {
         name: spec.name.clone(),
-        role: role.to_owned(),
-        backend: "local".to_owned(),
+        role: spec.role,
+        backend: BackendKind::Local,
         id: id.to_owned(),
         image: String::new(),
         image_id: String::new(),
@@ -940,7 +946,7 @@ pub(crate) fn envelope(
         env_scrubbed,
         git_neutralised: spec.security.neutralise_git
             && !box_scrub::git_neutralisation().is_empty(),
-        state: "running".to_owned(),
+        state: UnitState::Running,
     }
 }
 

@@ -4,8 +4,9 @@ use std::time::Duration;
 use pretty_assertions::assert_eq;
 
 use super::*;
-use box_confine::{CapabilitySets, LandlockOutcome};
 use crate::plan::{Limits, Network, Role, Security, UserIds};
+use box_confine::{CapabilitySets, LandlockOutcome};
+use box_policy::envelope::BackendKind;
 
 fn unit_spec(source: WorkspaceSource) -> UnitSpec {
     UnitSpec {
@@ -225,7 +226,7 @@ fn the_envelope_is_what_was_applied() {
     };
     let sandbox = sandbox_spec(&spec, &layout, &environment, &options()).unwrap();
     let envelope = envelope(&spec, &sandbox, &applied(), &environment, "42", &layout);
-    assert_eq!(envelope.backend, "local");
+    assert_eq!(envelope.backend, BackendKind::Local);
     assert_eq!(envelope.id, "42");
     assert_eq!(envelope.root, "/tmp/box-local-s-u/workspace");
     assert_eq!(envelope.user, "1000:1000");
@@ -235,10 +236,19 @@ fn the_envelope_is_what_was_applied() {
     assert_eq!(envelope.hardening.landlock_abi, 6);
     assert!(envelope.hardening.capabilities.is_empty());
     assert_eq!(envelope.hardening.seccomp, "box");
-    assert_eq!(envelope.network["namespace"], false);
-    assert_eq!(envelope.network["landlockTcpDenied"], true);
-    assert_eq!(envelope.limits["pids"], 128);
-    assert_eq!(envelope.limits["nofile"], 512);
+    assert_eq!(
+        serde_json::to_value(&envelope.network).unwrap()["namespace"],
+        false
+    );
+    assert_eq!(
+        serde_json::to_value(&envelope.network).unwrap()["landlockTcpDenied"],
+        true
+    );
+    assert_eq!(serde_json::to_value(&envelope.limits).unwrap()["pids"], 128);
+    assert_eq!(
+        serde_json::to_value(&envelope.limits).unwrap()["nofile"],
+        512
+    );
     assert_eq!(envelope.env_passed, vec!["PATH"]);
     assert_eq!(envelope.env_scrubbed, vec!["GITHUB_TOKEN"]);
 }
@@ -258,7 +268,7 @@ fn pids_are_reported_unbound_for_host_root() {
         "1",
         &layout,
     );
-    let not_applied = envelope.limits["notApplied"].to_string();
+    let not_applied = serde_json::to_value(&envelope.limits).unwrap()["notApplied"].to_string();
     assert!(not_applied.contains("RLIMIT_NPROC"), "{not_applied}");
 }
 

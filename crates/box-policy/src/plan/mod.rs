@@ -27,7 +27,8 @@ pub struct Plan {
 }
 
 /// A unit's role in its session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Where the tools act on the workspace.
     Workspace,
@@ -57,7 +58,9 @@ pub enum MountMode {
 
 /// Whether a protection must be applied, may be skipped (and reported), or is off.
 /// Declaration order is narrowing order: `Required` is the strictest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Requirement {
     /// The unit does not start without it.
@@ -329,7 +332,12 @@ impl UnitSpec {
         ExecutorSpec {
             kind,
             landlock: self.security.landlock,
-            pass_env: self.env_pass.iter().chain(&self.env_secrets).cloned().collect(),
+            pass_env: self
+                .env_pass
+                .iter()
+                .chain(&self.env_secrets)
+                .cloned()
+                .collect(),
             write_guard: if self.security.write_guard {
                 WriteGuard::ReadFirst
             } else {

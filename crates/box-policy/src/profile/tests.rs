@@ -607,9 +607,11 @@ fn unknown_names_and_path_like_names_are_refused() {
 #[test]
 fn the_readme_documents_every_field_and_danger() {
     use super::validate::{ENV, LIMITS, NETWORK, OPERATOR, SECURITY, SERVER, TOP, WORKSPACE};
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../profiles/README.md"))
-            .unwrap();
+    let readme = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../profiles/README.md"
+    ))
+    .unwrap();
     let mut missing = Vec::new();
     for fields in [
         TOP, WORKSPACE, NETWORK, LIMITS, ENV, SECURITY, SERVER, OPERATOR,

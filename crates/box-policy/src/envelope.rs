@@ -1,0 +1,240 @@
+//! The envelope: what a backend actually applied to one unit, reported to the
+//! session under the executor capability key. Typed here so every backend
+//! writes the same shape; serialised to the JSON sessions have always read
+//! (camelCase keys in this order; values a backend could not read back are
+//! `null`, never guessed).
+
+use serde::Serialize;
+
+use crate::plan::Role;
+
+/// What was actually applied to a unit, never what was merely asked.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Envelope {
+    /// The unit's name in its session.
+    pub name: String,
+    /// Workspace or server.
+    pub role: Role,
+    /// The backend that runs it.
+    pub backend: BackendKind,
+    /// The backend's id for it (container id, pid).
+    pub id: String,
+    /// The image asked for (empty on the local backend).
+    pub image: String,
+    /// The image's id (digest) as the engine resolved it.
+    pub image_id: String,
+    /// The workspace root inside the unit.
+    pub root: String,
+    /// "uid:gid" processes run as.
+    pub user: String,
+    /// The network as applied.
+    pub network: AppliedNetwork,
+    /// Limits in plain numbers, as applied.
+    pub limits: AppliedLimits,
+    /// The hardening achieved.
+    pub hardening: Hardening,
+    /// Variable names passed into the unit.
+    pub env_passed: Vec<String>,
+    /// Variable names scrubbed on the way.
+    pub env_scrubbed: Vec<String>,
+    /// Whether git is neutralised for children.
+    pub git_neutralised: bool,
+    /// Where the unit is in its life.
+    pub state: UnitState,
+}
+
+/// The backends box has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// A container engine, through its API.
+    Docker,
+    /// Confined processes on this host.
+    Local,
+    /// The test double (box-testkit): no isolation, never in a release.
+    Fake,
+}
+
+impl BackendKind {
+    /// Its name in envelopes, labels and `--backend`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Docker => "docker",
+            BackendKind::Local => "local",
+            BackendKind::Fake => "fake",
+        }
+    }
+}
+
+/// A unit's state: the engine's word while it runs, `ended` once the host saw
+/// it end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnitState {
+    /// Created, not started.
+    Created,
+    /// Running.
+    Running,
+    /// Paused (frozen by the engine).
+    Paused,
+    /// Being restarted by the engine.
+    Restarting,
+    /// Being removed.
+    Removing,
+    /// Exited, not removed.
+    Exited,
+    /// The engine could not stop or remove it.
+    Dead,
+    /// The host saw it end.
+    Ended,
+    /// The backend did not say.
+    Unknown,
+}
+
+impl UnitState {
+    /// The state the engine names `word`; `Unknown` for any other word.
+    pub fn from_engine(word: &str) -> Self {
+        match word {
+            "created" => Self::Created,
+            "running" => Self::Running,
+            "paused" => Self::Paused,
+            "restarting" => Self::Restarting,
+            "removing" => Self::Removing,
+            "exited" => Self::Exited,
+            "dead" => Self::Dead,
+            "ended" => Self::Ended,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// The network as applied: the mode and the allow list, and on the local
+/// backend how `none` was achieved (a namespace, or landlock and seccomp).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedNetwork {
+    /// `none`, `bridge`, `host`, `egress`, or the engine's network name.
+    pub mode: String,
+    /// The destinations allowed (egress).
+    pub allow: Vec<String>,
+    /// How `none` was enforced without a container (local backend only).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub local_none: Option<LocalNone>,
+}
+
+/// How the local backend cut a unit off the network.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalNone {
+    /// A network namespace of its own.
+    pub namespace: bool,
+    /// Its loopback is up.
+    pub loopback_up: bool,
+    /// Landlock refuses TCP bind and connect.
+    pub landlock_tcp_denied: bool,
+    /// Seccomp refuses IP sockets.
+    pub ip_sockets_denied: bool,
+}
+
+/// Limits as applied, in the terms of the backend that applied them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum AppliedLimits {
+    /// A container's cgroup limits.
+    Container(ContainerLimits),
+    /// A confined process's rlimits.
+    Process(ProcessLimits),
+    /// Nothing the backend applied; only what the host enforces.
+    HostOnly(HostOnlyLimits),
+}
+
+impl AppliedLimits {
+    /// Record the start deadline the host enforced.
+    pub fn set_start_timeout_ms(&mut self, millis: u64) {
+        match self {
+            AppliedLimits::Container(limits) => limits.start_timeout_ms = Some(millis),
+            AppliedLimits::Process(limits) => limits.start_timeout_ms = Some(millis),
+            AppliedLimits::HostOnly(limits) => limits.start_timeout_ms = Some(millis),
+        }
+    }
+}
+
+/// The limits of a unit whose backend applies none (the test double).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostOnlyLimits {
+    /// The start deadline the host enforced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_timeout_ms: Option<u64>,
+}
+
+/// A container's limits as the engine reports them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerLimits {
+    /// Memory.
+    pub memory_bytes: Option<i64>,
+    /// Memory plus swap.
+    pub memory_swap_bytes: Option<i64>,
+    /// CPUs.
+    pub cpus: Option<f64>,
+    /// Processes and threads.
+    pub pids: Option<i64>,
+    /// /tmp's size.
+    pub tmp_bytes: Option<u64>,
+    /// /tmp's inodes.
+    pub tmp_inodes: Option<u64>,
+    /// Open files.
+    pub nofile: Option<i64>,
+    /// The start deadline the host enforced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_timeout_ms: Option<u64>,
+}
+
+/// A confined process's rlimits as read back, and what they cannot bound.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessLimits {
+    /// RLIMIT_DATA.
+    pub memory_bytes: u64,
+    /// RLIMIT_AS.
+    pub address_space_bytes: u64,
+    /// RLIMIT_NPROC.
+    pub pids: u64,
+    /// RLIMIT_NOFILE.
+    pub nofile: u64,
+    /// RLIMIT_FSIZE.
+    pub file_size_bytes: u64,
+    /// RLIMIT_CORE.
+    pub core_bytes: u64,
+    /// What the plan asked that a process cannot be held to, in words.
+    pub not_applied: Vec<String>,
+    /// The start deadline the host enforced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_timeout_ms: Option<u64>,
+}
+
+/// The hardening actually achieved.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hardening {
+    /// Effective capabilities (names), after dropping.
+    pub capabilities: Vec<String>,
+    /// no_new_privs set.
+    pub no_new_privileges: bool,
+    /// Read-only root file system.
+    pub read_only_root: bool,
+    /// Seccomp layers: the engine's ("default", "custom") joined by "+" with box's own
+    /// ("box", which the executor installs on itself and its children); "box" alone where
+    /// the engine applies none; "none" where no layer is applied.
+    pub seccomp: String,
+    /// The landlock ABI the kernel offers (0 = none).
+    pub landlock_abi: u32,
+    /// Whether landlock is enforced on the executor and its children.
+    pub landlock_enforced: bool,
+    /// Namespaces the unit has of its own (user, mount, pid, net, ...).
+    pub namespaces: Vec<String>,
+    /// Whether the unit's user is in a user namespace (remapped).
+    pub user_namespace: bool,
+}
