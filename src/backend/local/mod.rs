@@ -65,12 +65,12 @@ use helper::{Applied, Report, SandboxSpec, SpecNetwork, SpecRequirement, SpecUse
 pub use helper::{REFUSED_EXIT, SandboxArgs};
 
 use super::environment::{self, UnitEnvironment};
-use box_confine::Rlimits;
 use super::{
     Backend, BackendError, Envelope, ExecutorIo, Hardening, SessionLabel, StartedUnit, UnitEnd,
     UnitInfo,
 };
 use crate::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
+use box_confine::Rlimits;
 
 /// Run the hidden `box sandbox` subcommand (the helper, in the unit's process).
 pub fn sandbox(args: SandboxArgs) -> anyhow::Result<std::process::ExitCode> {
@@ -444,8 +444,11 @@ impl LocalBackend {
         // unit's supervisor and kills every process of the unit before it
         // goes (with one, it simply dies and the namespace goes with it).
         // SIGKILL to the whole group is the backstop.
-        // SAFETY: signalling the helper we spawned; ESRCH (gone) is fine.
-        unsafe { libc::kill(record.group, libc::SIGTERM) };
+        // The helper we spawned; ESRCH (gone) is fine.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(record.group),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let terminated = tokio::time::timeout(TERM_GRACE, exited.wait_for(Option::is_some))
             .await
             .is_ok();
@@ -606,8 +609,11 @@ fn private_files(state: &Mutex<Option<CheckedWalk>>) -> Arc<private::Walk> {
 
 fn kill_group(group: i32) {
     if group > 1 {
-        // SAFETY: signalling a process group we created; ESRCH (gone) is fine.
-        unsafe { libc::kill(-group, libc::SIGKILL) };
+        // A process group we created; ESRCH (gone) is fine.
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(group),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 
