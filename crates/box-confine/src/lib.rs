@@ -276,22 +276,15 @@ pub fn scope_away_from_parent() -> bool {
 /// Set no_new_privs on the calling thread: nothing it executes gains
 /// privileges (setuid bits and file capabilities are ignored).
 pub fn set_no_new_privs() -> Result<(), ConfineError> {
-    // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only.
-    let result = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
-    if result == 0 {
-        Ok(())
-    } else {
-        Err(ConfineError::Unenforceable {
-            control: "no_new_privs".to_owned(),
-            why: std::io::Error::last_os_error().to_string(),
-        })
-    }
+    nix::sys::prctl::set_no_new_privs().map_err(|errno| ConfineError::Unenforceable {
+        control: "no_new_privs".to_owned(),
+        why: std::io::Error::from(errno).to_string(),
+    })
 }
 
 /// Whether no_new_privs is set on the calling thread, as the kernel says.
 pub fn no_new_privs() -> bool {
-    // SAFETY: PR_GET_NO_NEW_PRIVS takes integer arguments only.
-    unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1 }
+    nix::sys::prctl::get_no_new_privs().unwrap_or(false)
 }
 
 /// Resource limits applied with `setrlimit` (soft = hard, so the unit cannot
@@ -410,58 +403,17 @@ pub fn capability_sets() -> Result<CapabilitySets, ConfineError> {
     })
 }
 
-/// Capability names by number (capability(7)), for envelopes.
-const CAPABILITY_NAMES: &[&str] = &[
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_DAC_READ_SEARCH",
-    "CAP_FOWNER",
-    "CAP_FSETID",
-    "CAP_KILL",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETPCAP",
-    "CAP_LINUX_IMMUTABLE",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_NET_BROADCAST",
-    "CAP_NET_ADMIN",
-    "CAP_NET_RAW",
-    "CAP_IPC_LOCK",
-    "CAP_IPC_OWNER",
-    "CAP_SYS_MODULE",
-    "CAP_SYS_RAWIO",
-    "CAP_SYS_CHROOT",
-    "CAP_SYS_PTRACE",
-    "CAP_SYS_PACCT",
-    "CAP_SYS_ADMIN",
-    "CAP_SYS_BOOT",
-    "CAP_SYS_NICE",
-    "CAP_SYS_RESOURCE",
-    "CAP_SYS_TIME",
-    "CAP_SYS_TTY_CONFIG",
-    "CAP_MKNOD",
-    "CAP_LEASE",
-    "CAP_AUDIT_WRITE",
-    "CAP_AUDIT_CONTROL",
-    "CAP_SETFCAP",
-    "CAP_MAC_OVERRIDE",
-    "CAP_MAC_ADMIN",
-    "CAP_SYSLOG",
-    "CAP_WAKE_ALARM",
-    "CAP_BLOCK_SUSPEND",
-    "CAP_AUDIT_READ",
-    "CAP_PERFMON",
-    "CAP_BPF",
-    "CAP_CHECKPOINT_RESTORE",
-];
-
-/// The names of the capabilities in `mask`. Pure.
+/// The names of the capabilities in `mask` (capability(7), `CAP_CHOWN`), by
+/// number; a bit `caps` has no name for is `CAP_<bit>`. Pure.
 pub fn capability_names(mask: u64) -> Vec<String> {
+    let known = caps::all();
     (0..64u32)
         .filter(|bit| mask & (1u64 << bit) != 0)
-        .map(|bit| match CAPABILITY_NAMES.get(bit as usize) {
-            Some(name) => (*name).to_owned(),
-            None => format!("CAP_{bit}"),
+        .map(|bit| {
+            known
+                .iter()
+                .find(|capability| u32::from(capability.index()) == bit)
+                .map_or_else(|| format!("CAP_{bit}"), ToString::to_string)
         })
         .collect()
 }
@@ -474,57 +426,24 @@ pub fn capability_names(mask: u64) -> Vec<String> {
 /// The bounding set can only be dropped with `CAP_SETPCAP` (as root, or in a
 /// user namespace of our own); without it the sets are already empty and
 /// no_new_privs keeps an `execve` from filling them.
+///
+/// The sets are read back from `/proc` ([`capability_sets`]), not through
+/// `caps::read`: the kernel's masks carry every bit, including capabilities
+/// newer than `caps` names, so anything left is seen.
 pub fn drop_capabilities() -> Result<CapabilitySets, ConfineError> {
-    let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|text| text.trim().parse::<libc::c_ulong>().ok())
-        .unwrap_or(63);
-    for capability in 0..=last {
-        // SAFETY: PR_CAPBSET_DROP takes integer arguments only. Failure
-        // (EPERM without CAP_SETPCAP, EINVAL past the last) is read back below.
-        unsafe { libc::prctl(libc::PR_CAPBSET_DROP, capability, 0, 0, 0) };
+    use caps::CapSet;
+    for capability in caps::all() {
+        // Failure (EPERM without CAP_SETPCAP, EINVAL for a capability this
+        // kernel lacks) is read back below.
+        let _ = caps::drop(None, CapSet::Bounding, capability);
     }
-    // SAFETY: PR_CAP_AMBIENT_CLEAR_ALL takes integer arguments only.
-    unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL,
-            0,
-            0,
-            0,
-        )
-    };
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    let mut header = Header {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let data = [Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
-    // SAFETY: capset reads one header and, for version 3, two data structs,
-    // both laid out as the kernel's `__user_cap_*_struct`s and alive for the call.
-    let result =
-        unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) };
-    if result != 0 {
-        return Err(ConfineError::Unenforceable {
+    // Failure (a kernel without ambient capabilities) is read back below.
+    let _ = caps::clear(None, CapSet::Ambient);
+    for set in [CapSet::Effective, CapSet::Permitted, CapSet::Inheritable] {
+        caps::clear(None, set).map_err(|error| ConfineError::Unenforceable {
             control: "capabilities dropped".to_owned(),
-            why: format!("capset: {}", std::io::Error::last_os_error()),
-        });
+            why: error.to_string(),
+        })?;
     }
     let sets = capability_sets()?;
     if sets.effective != 0 || sets.permitted != 0 || sets.ambient != 0 {
@@ -783,6 +702,11 @@ mod tests {
             capability_names((1 << 21) | 1),
             vec!["CAP_CHOWN", "CAP_SYS_ADMIN"]
         );
+        assert_eq!(
+            capability_names((1 << 40) | (1 << 10)),
+            vec!["CAP_NET_BIND_SERVICE", "CAP_CHECKPOINT_RESTORE"]
+        );
+        assert_eq!(capability_names(1 << 41), vec!["CAP_41"]);
         assert_eq!(capability_names(1 << 60), vec!["CAP_60"]);
         assert!(capability_names(0).is_empty());
     }
@@ -800,22 +724,20 @@ mod tests {
     /// Run `body` in a forked child (a fresh single-threaded process, so
     /// confining it leaves the test process alone) and return its exit code.
     fn in_child(body: impl FnOnce() -> i32) -> i32 {
+        use nix::sys::wait::{WaitStatus, waitpid};
+        use nix::unistd::ForkResult;
         // SAFETY: glibc's fork keeps malloc usable in the child; the child
         // only runs `body` and then `_exit`s, never returning into the harness.
-        match unsafe { libc::fork() } {
-            0 => {
+        match unsafe { nix::unistd::fork() }.expect("fork") {
+            ForkResult::Child => {
                 let code = body();
                 // SAFETY: ending the child without running the parent's atexit handlers.
                 unsafe { libc::_exit(code) }
             }
-            -1 => panic!("fork failed"),
-            child => {
-                let mut status = 0;
-                // SAFETY: waiting for our own child, status into a local.
-                unsafe { libc::waitpid(child, &mut status, 0) };
-                assert!(libc::WIFEXITED(status), "child status {status}");
-                libc::WEXITSTATUS(status)
-            }
+            ForkResult::Parent { child } => match waitpid(child, None) {
+                Ok(WaitStatus::Exited(_, code)) => code,
+                status => panic!("child status {status:?}"),
+            },
         }
     }
 
@@ -967,6 +889,9 @@ mod tests {
 
     #[test]
     fn seccomp_refuses_what_it_lists_in_a_child() {
+        use nix::errno::Errno;
+        use nix::sched::CloneFlags;
+        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
         let code = in_child(|| {
             if set_no_new_privs().is_err()
                 || apply_seccomp(SeccompOptions { deny_ip: true }).is_err()
@@ -982,30 +907,54 @@ mod tests {
             if keyctl != -1 || errno() != Some(libc::EPERM) {
                 return 32;
             }
-            // SAFETY: socket with integer arguments; a success is closed below.
-            let alg = unsafe { libc::socket(libc::AF_ALG, libc::SOCK_SEQPACKET, 0) };
-            if alg != -1 || errno() != Some(libc::EPERM) {
+            let probe = |family, kind| socket(family, kind, SockFlag::empty(), None);
+            if probe(AddressFamily::Alg, SockType::SeqPacket).err() != Some(Errno::EPERM) {
                 return 33;
             }
-            // SAFETY: unshare with an integer argument.
-            if unsafe { libc::unshare(libc::CLONE_NEWUSER) } != -1 || errno() != Some(libc::EPERM) {
+            if nix::sched::unshare(CloneFlags::CLONE_NEWUSER) != Err(Errno::EPERM) {
                 return 34;
             }
-            // SAFETY: socket with integer arguments; a success is closed below.
-            let inet = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
-            if inet != -1 || errno() != Some(libc::EPERM) {
+            if probe(AddressFamily::Inet, SockType::Datagram).err() != Some(Errno::EPERM) {
                 return 35;
             }
-            // Ordinary work still works.
-            // SAFETY: socket with integer arguments; closed right after.
-            let unix = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
-            if unix < 0 {
+            // Ordinary work still works (the socket is closed when dropped).
+            if probe(AddressFamily::Unix, SockType::Stream).is_err() {
                 return 37;
             }
-            // SAFETY: closing the fd just opened.
-            unsafe { libc::close(unix) };
             if std::fs::read_to_string("/proc/self/status").is_err() {
                 return 36;
+            }
+            0
+        });
+        assert_eq!(code, 0, "see the child's return codes above");
+    }
+
+    #[test]
+    fn dropping_capabilities_leaves_none_and_reads_them_back() {
+        let code = in_child(|| {
+            let Ok(before) = capability_sets() else {
+                return 40;
+            };
+            let Ok(after) = drop_capabilities() else {
+                return 41;
+            };
+            if after.effective != 0
+                || after.permitted != 0
+                || after.inheritable != 0
+                || after.ambient != 0
+            {
+                return 42;
+            }
+            // With CAP_SETPCAP the bounding set goes too; without it, it stays.
+            let setpcap = before.effective & (1 << 8) != 0;
+            if setpcap && after.bounding != 0 {
+                return 43;
+            }
+            if !setpcap && after.bounding != before.bounding {
+                return 44;
+            }
+            if capability_sets() != Ok(after) {
+                return 45;
             }
             0
         });

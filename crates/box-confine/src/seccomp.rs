@@ -312,25 +312,20 @@ fn compile(rules: &[Rule]) -> Result<BpfProgram, String> {
 /// filter cannot be removed and children inherit it.
 pub fn install_box_filter() -> Result<SeccompReport, String> {
     let program = box_filter()?;
-    // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only; setting it
-    // again is harmless and seccomp requires it without CAP_SYS_ADMIN.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(format!(
+    use nix::sys::prctl;
+    // Setting it again is harmless, and seccomp requires it without CAP_SYS_ADMIN.
+    prctl::set_no_new_privs().map_err(|errno| {
+        format!(
             "seccomp: setting no_new_privs: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
+            std::io::Error::from(errno)
+        )
+    })?;
     seccompiler::apply_filter_all_threads(&program)
         .map_err(|error| format!("seccomp: installing the box filter on every thread: {error}"))?;
-    // SAFETY: PR_SET_DUMPABLE takes integer arguments only.
-    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
-        return Err(format!(
-            "PR_SET_DUMPABLE=0: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: PR_GET_DUMPABLE takes no pointer.
-    let dumpable = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) } != 0;
+    prctl::set_dumpable(false)
+        .map_err(|errno| format!("PR_SET_DUMPABLE=0: {}", std::io::Error::from(errno)))?;
+    // An error reads as dumpable, as the raw call's -1 did.
+    let dumpable = prctl::get_dumpable().unwrap_or(true);
     if dumpable {
         return Err("PR_SET_DUMPABLE=0: the process is still dumpable".to_owned());
     }

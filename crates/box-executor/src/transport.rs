@@ -43,8 +43,8 @@ pub(crate) fn stdio() -> (
     StdioModes,
 ) {
     let modes = StdioModes {
-        _stdin: FileMode::save(std::io::stdin().as_fd()),
-        _stdout: FileMode::save(std::io::stdout().as_fd()),
+        _stdin: FileMode::save(std::io::stdin()),
+        _stdout: FileMode::save(std::io::stdout()),
     };
     let reader: Box<dyn AsyncRead + Unpin + Send> = match nonblocking(std::io::stdin().as_fd()) {
         Some(Stdio::Pipe(fd)) => match tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
@@ -73,34 +73,29 @@ pub(crate) fn stdio() -> (
 
 /// stdin's and stdout's file status flags (`O_NONBLOCK`), restored on drop.
 pub(crate) struct StdioModes {
-    _stdin: FileMode,
-    _stdout: FileMode,
+    _stdin: FileMode<std::io::Stdin>,
+    _stdout: FileMode<std::io::Stdout>,
 }
 
-struct FileMode {
-    fd: std::os::fd::RawFd,
+/// A file's status flags, restored on drop.
+struct FileMode<F: AsFd> {
+    file: F,
     flags: Option<nix::fcntl::OFlag>,
 }
 
-impl FileMode {
-    fn save(fd: std::os::fd::BorrowedFd<'_>) -> Self {
-        use std::os::fd::AsRawFd as _;
-        let flags = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)
+impl<F: AsFd> FileMode<F> {
+    fn save(file: F) -> Self {
+        let flags = nix::fcntl::fcntl(file.as_fd(), nix::fcntl::FcntlArg::F_GETFL)
             .ok()
             .map(nix::fcntl::OFlag::from_bits_truncate);
-        Self {
-            fd: fd.as_raw_fd(),
-            flags,
-        }
+        Self { file, flags }
     }
 }
 
-impl Drop for FileMode {
+impl<F: AsFd> Drop for FileMode<F> {
     fn drop(&mut self) {
         if let Some(flags) = self.flags {
-            // SAFETY: fds 0 and 1 stay open for the life of the process.
-            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
-            let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(flags));
+            let _ = nix::fcntl::fcntl(self.file.as_fd(), nix::fcntl::FcntlArg::F_SETFL(flags));
         }
     }
 }

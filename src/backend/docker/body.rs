@@ -452,7 +452,7 @@ pub fn envelope_from_inspect(
         .as_ref()
         .and_then(|s| s.status)
         .map_or(UnitState::Unknown, |s| {
-            UnitState::from_engine(&s.to_string())
+            UnitState::from_engine(s.as_ref())
         });
 
     Envelope {

@@ -662,18 +662,7 @@ fn engine_message(error: &DockerError) -> String {
 
 /// The landlock ABI the running kernel offers (0 = none).
 pub fn landlock_abi() -> u32 {
-    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
-    // SAFETY: landlock_create_ruleset with a null attribute pointer, size 0 and
-    // the VERSION flag only queries the ABI version; it touches no memory of ours.
-    let abi = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<libc::c_void>(),
-            0usize,
-            LANDLOCK_CREATE_RULESET_VERSION,
-        )
-    };
-    u32::try_from(abi).unwrap_or(0)
+    box_confine::landlock_abi()
 }
 
 #[cfg(test)]

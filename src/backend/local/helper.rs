@@ -41,12 +41,15 @@
 use std::ffi::{CString, OsString};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use nix::sched::CloneFlags;
+use nix::sys::prctl;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::Requirement;
@@ -291,11 +294,11 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     use std::os::fd::AsFd;
     close_inherited_fds();
     if let Some(parent) = args.parent {
-        // SAFETY: PR_SET_PDEATHSIG takes integer arguments. The "parent" is
-        // the host thread that spawned us, which lives until we have ended.
-        // SIGTERM, not SIGKILL: without a pid namespace the helper stays as
-        // the unit's supervisor and must get to kill the unit first.
-        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) };
+        // The "parent" is the host thread that spawned us, which lives until
+        // we have ended. SIGTERM, not SIGKILL: without a pid namespace the
+        // helper stays as the unit's supervisor and must get to kill the unit
+        // first.
+        let _ = prctl::set_pdeathsig(Signal::SIGTERM);
         if nix::unistd::getppid().as_raw() != i32::try_from(parent).unwrap_or(0) {
             anyhow::bail!("the host (pid {parent}) is gone");
         }
@@ -358,8 +361,14 @@ fn read_spec(args: &SandboxArgs) -> Result<SandboxSpec, String> {
 /// Read `LENGTH\n` then exactly LENGTH bytes from fd 0, unbuffered: what
 /// follows belongs to CMD.
 fn read_spec_from_stdin() -> Result<Vec<u8>, String> {
-    // SAFETY: fd 0 stays open for CMD; ManuallyDrop never closes it.
-    let mut stdin = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
+    use std::os::fd::AsFd;
+    // A duplicate of fd 0 (same open pipe, same position), read without a
+    // buffer; dropping it leaves fd 0 open for CMD.
+    let mut stdin = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map(File::from)
+        .map_err(|error| format!("stdin: {error}"))?;
     let mut header = Vec::new();
     loop {
         let mut byte = [0u8; 1];
@@ -395,8 +404,8 @@ fn read_spec_from_stdin() -> Result<Vec<u8>, String> {
 /// without the flag (from a CI runner, a shell) must not reach the unit.
 fn close_inherited_fds() {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-    // SAFETY: close_range with integer arguments; with CLOSE_RANGE_CLOEXEC it
-    // only sets a flag on fds of this process.
+    // SAFETY: close_range (which nix does not wrap) with integer arguments;
+    // with CLOSE_RANGE_CLOEXEC it only sets a flag on fds of this process.
     let result = unsafe {
         libc::syscall(
             libc::SYS_close_range,
@@ -419,7 +428,8 @@ fn close_inherited_fds() {
         .collect();
     for fd in fds {
         // SAFETY: F_SETFD on an fd number of this process; a stale number
-        // (the directory's own) fails harmlessly.
+        // (the directory's own) fails harmlessly. (nix's fcntl takes a
+        // BorrowedFd, which a bare number only becomes unsafely too.)
         unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
 }
@@ -427,12 +437,10 @@ fn close_inherited_fds() {
 /// Let go of CMD's stdin and stdout, so the host sees CMD's end of them
 /// (EOF, EPIPE) as soon as CMD is gone, whatever this process still does.
 fn release_stdio() {
-    // SAFETY: closing fds 0 and 1, which this process no longer uses; nothing
-    // is opened afterwards that could take their numbers and be mistaken for them.
-    unsafe {
-        libc::close(0);
-        libc::close(1);
-    }
+    // Fds 0 and 1, which this process no longer uses; nothing is opened
+    // afterwards that could take their numbers and be mistaken for them.
+    let _ = nix::unistd::close(0);
+    let _ = nix::unistd::close(1);
 }
 
 fn refused(control: &str, why: impl std::fmt::Display) -> Report {
@@ -493,13 +501,11 @@ fn sandbox(
         nix::unistd::setresuid(uid, uid, uid).map_err(|errno| refused("user", errno))?;
         // Changing uid clears "dumpable", which makes /proc/self root's; the
         // uid map below must be writable by us.
-        // SAFETY: PR_SET_DUMPABLE takes integer arguments only.
-        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+        let _ = prctl::set_dumpable(true);
         // The uid change also cleared the parent-death signal: set it again,
         // and make sure the host did not go in between.
         if let Some(parent) = parent {
-            // SAFETY: PR_SET_PDEATHSIG takes integer arguments only.
-            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) };
+            let _ = prctl::set_pdeathsig(Signal::SIGTERM);
             if nix::unistd::getppid().as_raw() != parent {
                 return Err(failed("switching user", "the host is gone"));
             }
@@ -698,20 +704,38 @@ fn wait_for_init(child: libc::pid_t, mut signal_pipe: File) -> ExitCode {
         cmd_signal
     };
     if let Some(signal) = signal {
-        // SAFETY: restoring a default disposition and signalling ourselves.
-        unsafe {
-            libc::signal(signal, libc::SIG_DFL);
-            libc::kill(libc::getpid(), signal);
-        }
+        die_by(signal);
     }
     ExitCode::from(u8::try_from(libc::WEXITSTATUS(status)).unwrap_or(REFUSED_EXIT))
 }
 
-fn wait_pid(pid: libc::pid_t) -> libc::c_int {
+/// End this process by `signal`, its default disposition restored first.
+/// A raw number, not nix's `Signal`: CMD may have died of a realtime signal,
+/// which that type cannot hold.
+fn die_by(signal: libc::c_int) {
+    // SAFETY: restoring a default disposition (the helper installs no
+    // handler that could be running) and signalling ourselves, integer
+    // arguments only.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+        libc::kill(libc::getpid(), signal);
+    }
+}
+
+/// `waitpid` for `pid` with `flags`: the pid it answered (-1 with errno set
+/// on failure) and the raw status. Not nix's `waitpid`: its `WaitStatus`
+/// cannot hold a realtime signal (it reaps such a child, then answers
+/// EINVAL), and the helper passes on whatever signal CMD died of.
+fn waitpid_raw(pid: libc::pid_t, flags: libc::c_int) -> (libc::pid_t, libc::c_int) {
     let mut status = 0;
+    // SAFETY: waitpid writes the status into a local.
+    let result = unsafe { libc::waitpid(pid, &mut status, flags) };
+    (result, status)
+}
+
+fn wait_pid(pid: libc::pid_t) -> libc::c_int {
     loop {
-        // SAFETY: waitpid writes the status into a local.
-        let result = unsafe { libc::waitpid(pid, &mut status, 0) };
+        let (result, status) = waitpid_raw(pid, 0);
         if result == pid {
             return status;
         }
@@ -738,9 +762,8 @@ fn init(
     reporter: &mut Reporter,
     signal_pipe: OwnedFd,
 ) -> i32 {
-    // SAFETY: PR_SET_PDEATHSIG takes integer arguments; the helper is
-    // single-threaded, so "parent thread" is the helper itself.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    // The helper is single-threaded, so "parent thread" is the helper itself.
+    let _ = prctl::set_pdeathsig(Signal::SIGKILL);
     new_session();
     if applied.namespaces.iter().any(|name| name == "mount") {
         use nix::mount::MsFlags;
@@ -784,9 +807,7 @@ fn init(
     reporter.close();
     release_stdio();
     let status = loop {
-        let mut status = 0;
-        // SAFETY: waitpid writes the status into a local.
-        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        let (pid, status) = waitpid_raw(-1, 0);
         if pid == child {
             break status;
         }
@@ -821,13 +842,8 @@ fn supervise(
 ) -> Result<ExitCode, Report> {
     use nix::sys::signal::{SigSet, Signal};
     confine(spec, program, applied, deny_tcp)?;
-    // SAFETY: PR_SET_CHILD_SUBREAPER takes integer arguments only.
-    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-        return Err(failed(
-            "becoming the unit's subreaper",
-            std::io::Error::last_os_error(),
-        ));
-    }
+    prctl::set_child_subreaper(true)
+        .map_err(|errno| failed("becoming the unit's subreaper", std::io::Error::from(errno)))?;
     let mut signals = SigSet::empty();
     signals.add(Signal::SIGCHLD);
     signals.add(Signal::SIGTERM);
@@ -850,8 +866,7 @@ fn supervise(
         // its supervisor and so escape removal. Kernels before landlock ABI 6
         // cannot; there the unit could.
         sandbox::scope_away_from_parent();
-        // SAFETY: PR_SET_PDEATHSIG takes integer arguments only.
-        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+        let _ = prctl::set_pdeathsig(Signal::SIGKILL);
         new_session();
         run_executor_here(program, command, &spec.env);
         let error = exec(program, command, &spec.env);
@@ -868,9 +883,7 @@ fn supervise(
     loop {
         // Reap whatever has ended; note CMD's status.
         loop {
-            let mut status = 0;
-            // SAFETY: waitpid writes the status into a local.
-            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            let (pid, status) = waitpid_raw(-1, libc::WNOHANG);
             if pid <= 0 {
                 break;
             }
@@ -889,20 +902,11 @@ fn supervise(
     let _ = signals.thread_unblock();
     let Some(status) = ended else {
         // Removed: end as the signal asked.
-        // SAFETY: restoring the default disposition and signalling ourselves.
-        unsafe {
-            libc::signal(libc::SIGTERM, libc::SIG_DFL);
-            libc::kill(libc::getpid(), libc::SIGTERM);
-        }
+        die_by(libc::SIGTERM);
         return Ok(ExitCode::from(REFUSED_EXIT));
     };
     if libc::WIFSIGNALED(status) {
-        let signal = libc::WTERMSIG(status);
-        // SAFETY: restoring a default disposition and signalling ourselves.
-        unsafe {
-            libc::signal(signal, libc::SIG_DFL);
-            libc::kill(libc::getpid(), signal);
-        }
+        die_by(libc::WTERMSIG(status));
     }
     Ok(ExitCode::from(
         u8::try_from(libc::WEXITSTATUS(status)).unwrap_or(REFUSED_EXIT),
@@ -920,13 +924,10 @@ fn kill_children() {
             break;
         }
         for child in &children {
-            // SAFETY: signalling a child of ours, integer arguments only.
-            unsafe { libc::kill(*child, libc::SIGKILL) };
+            let _ = nix::sys::signal::kill(Pid::from_raw(*child), Signal::SIGKILL);
         }
         for child in &children {
-            let mut status = 0;
-            // SAFETY: waitpid writes the status into a local.
-            unsafe { libc::waitpid(*child, &mut status, 0) };
+            let _ = nix::sys::wait::waitpid(Pid::from_raw(*child), None);
         }
     }
 }
@@ -977,7 +978,8 @@ fn confine(
     sandbox::apply_rlimits(&spec.rlimits)?;
     // A write past RLIMIT_FSIZE then fails with EFBIG instead of killing the
     // writer, so a tool sees an error it can report (D46).
-    // SAFETY: setting a signal disposition to SIG_IGN; inherited across execve.
+    // SAFETY: setting a signal disposition to SIG_IGN (nix's `signal` is
+    // unsafe too); inherited across execve.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     sandbox::set_no_new_privs()?;
     let mut read = spec.read.clone();
@@ -1036,8 +1038,8 @@ fn confine(
 /// CVE-2017-5226). Never called by the helper itself, a process group leader
 /// whose group removal signals.
 fn new_session() {
-    // SAFETY: setsid takes no arguments; it fails only for a group leader.
-    unsafe { libc::setsid() };
+    // It fails only for a group leader.
+    let _ = nix::unistd::setsid();
 }
 
 /// Where `/etc/resolv.conf` really is, when a unit on the host's network
@@ -1259,14 +1261,14 @@ fn map_ids(uid: u32, gid: u32) -> std::io::Result<()> {
 }
 
 fn bring_up_loopback() -> std::io::Result<()> {
-    // SAFETY: a plain socket call; the fd is owned right below.
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a fresh fd nobody else owns.
-    let socket = unsafe { OwnedFd::from_raw_fd(raw) };
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
     use std::os::fd::AsRawFd;
+    let socket = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
     // SAFETY: ifreq is plain old data; all zeroes is a valid value.
     let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
     for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
@@ -1349,7 +1351,7 @@ fn run_executor_here(program: &CString, command: &[OsString], env: &[(String, St
     if !same_file {
         return;
     }
-    // SAFETY: close_range with integer arguments closes fds of this process
+    // SAFETY: close_range (which nix does not wrap) with integer arguments closes fds of this process
     // only; nothing here uses one above stderr again (the report duplicate
     // and the init's status pipe are the parent's to use).
     let closed = unsafe {
@@ -1401,14 +1403,8 @@ fn exec(program: &CString, command: &[OsString], env: &[(String, String)]) -> st
         .iter()
         .map(|(name, value)| to_c(format!("{name}={value}").as_bytes()))
         .collect();
-    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|arg| arg.as_ptr()).collect();
-    argv_ptrs.push(std::ptr::null());
-    let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|var| var.as_ptr()).collect();
-    envp_ptrs.push(std::ptr::null());
-    // SAFETY: every pointer is into a CString alive across the call, and both
-    // arrays end with a null pointer.
-    unsafe { libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr()) };
-    std::io::Error::last_os_error()
+    let Err(errno) = nix::unistd::execve(program, &argv, &envp);
+    std::io::Error::from(errno)
 }
 
 #[cfg(test)]

@@ -448,8 +448,11 @@ impl LocalBackend {
         // unit's supervisor and kills every process of the unit before it
         // goes (with one, it simply dies and the namespace goes with it).
         // SIGKILL to the whole group is the backstop.
-        // SAFETY: signalling the helper we spawned; ESRCH (gone) is fine.
-        unsafe { libc::kill(record.group, libc::SIGTERM) };
+        // The helper we spawned; ESRCH (gone) is fine.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(record.group),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let terminated = tokio::time::timeout(TERM_GRACE, exited.wait_for(Option::is_some))
             .await
             .is_ok();
@@ -610,8 +613,11 @@ fn private_files(state: &Mutex<Option<CheckedWalk>>) -> Arc<private::Walk> {
 
 fn kill_group(group: i32) {
     if group > 1 {
-        // SAFETY: signalling a process group we created; ESRCH (gone) is fine.
-        unsafe { libc::kill(-group, libc::SIGKILL) };
+        // A process group we created; ESRCH (gone) is fine.
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(group),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 

@@ -474,6 +474,7 @@ fn dangerous_calls() -> Vec<(&'static str, i64, [u64; 6])> {
 
 /// The child body of the probe test: park a thread, install, try everything.
 fn probe_child() -> i32 {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
     let (park, parked) = std::sync::mpsc::channel::<()>();
     let early = std::thread::spawn(move || parked.recv().is_ok());
     let report = match install_box_filter() {
@@ -485,15 +486,14 @@ fn probe_child() -> i32 {
     };
     say(&format!("mode={:?}", report.mode));
     say(&format!("dumpable={}", report.dumpable));
-    // SAFETY: PR_GET_DUMPABLE takes no pointer.
-    say(&format!("get_dumpable={}", unsafe {
-        libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0)
-    }));
+    // The raw call's answer: 0 or 1, -1 for an error.
+    let get_dumpable = nix::sys::prctl::get_dumpable().map_or(-1, i32::from);
+    say(&format!("get_dumpable={get_dumpable}"));
     for (name, nr, args) in dangerous_calls() {
         let result = sys(nr, args);
         if let Ok(fd) = result {
-            // SAFETY: closing a descriptor the call just returned.
-            unsafe { libc::close(fd as i32) };
+            // A descriptor the call just returned.
+            let _ = nix::unistd::close(fd as i32);
         }
         say(&format!("{name}={}", answer(result)));
     }
@@ -515,16 +515,15 @@ fn probe_child() -> i32 {
             |bytes| String::from_utf8_lossy(&bytes).into_owned()
         )
     ));
-    for (name, domain, kind) in [
-        ("socket_unix", libc::AF_UNIX, libc::SOCK_STREAM),
-        ("socket_inet", libc::AF_INET, libc::SOCK_STREAM),
-        ("socket_netlink", libc::AF_NETLINK, libc::SOCK_RAW),
+    for (name, family, kind) in [
+        ("socket_unix", AddressFamily::Unix, SockType::Stream),
+        ("socket_inet", AddressFamily::Inet, SockType::Stream),
+        ("socket_netlink", AddressFamily::Netlink, SockType::Raw),
     ] {
-        let result = sys(libc::SYS_socket, [domain as u64, kind as u64, 0, 0, 0, 0]);
-        if let Ok(fd) = result {
-            // SAFETY: closing a descriptor the call just returned.
-            unsafe { libc::close(fd as i32) };
-        }
+        // The socket, if made, is closed when dropped.
+        let result = socket(family, kind, SockFlag::empty(), None)
+            .map(|_| 0)
+            .map_err(|errno| errno as i32);
         say(&format!("{name}={}", answer(result)));
     }
     let files = libc::CLONE_FILES as u64;
