@@ -46,10 +46,14 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bollard::Docker;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
-use bollard::query_parameters::RemoveContainerOptionsBuilder;
+use boxhost::backend::docker::bollard::Docker;
+use boxhost::backend::docker::bollard::exec::{
+    CreateExecOptions, StartExecOptions, StartExecResults,
+};
+use boxhost::backend::docker::bollard::models::{
+    ContainerCreateBody, HostConfig, Mount, MountType,
+};
+use boxhost::backend::docker::bollard::query_parameters::RemoveContainerOptionsBuilder;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -380,9 +384,9 @@ async fn raw_docker_start(docker: &Docker, workspace: &Path) -> Duration {
                 }
             }
             match output.next().await {
-                Some(Ok(bollard::container::LogOutput::StdOut { message })) => {
-                    pending.extend_from_slice(&message)
-                }
+                Some(Ok(boxhost::backend::docker::bollard::container::LogOutput::StdOut {
+                    message,
+                })) => pending.extend_from_slice(&message),
                 Some(Ok(_)) => {}
                 other => panic!("raw executor ended: {other:?}"),
             }

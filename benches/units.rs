@@ -15,10 +15,10 @@ use common::{median, ms};
 
 use std::time::{Duration, Instant};
 
-use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig};
-use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use boxhost::backend::docker::DockerBackend;
+use boxhost::backend::docker::bollard::Docker;
+use boxhost::backend::docker::bollard::models::{ContainerCreateBody, HostConfig};
+use boxhost::backend::docker::bollard::query_parameters::RemoveContainerOptionsBuilder;
 use boxhost::backend::{Backend, SessionLabel};
 use boxhost::plan::{Limits, Requirement, Security, UnitSpec, UserIds, WorkspaceSource};
 use futures::StreamExt;

@@ -9,7 +9,7 @@
 //! `profile` → `plan` → `backend` → `executor` → `host`/`proxy` → `transport`,
 //! with `scrub` beside them. ARCHITECTURE.md is the map.
 
-pub mod backend;
+pub mod backends;
 pub mod cli;
 pub mod host;
 pub mod transport;
@@ -17,6 +17,13 @@ pub mod transport;
 // The crates of the workspace, under the module names the rest of the binary
 // and its tests have always used.
 pub use box_policy::{plan, profile};
+
+/// The backends: what they share, and each one.
+pub mod backend {
+    pub use box_backend::*;
+    pub use box_backend_docker as docker;
+    pub use box_backend_local as local;
+}
 
 /// The version box reports in `serverInfo` and `--version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use boxhost::backend::cli as backend_cli;
+use boxhost::cli::units as backend_cli;
 use clap::{Parser, Subcommand};
 
 /// box: hardened, isolated units for AI agents' tool execution, behind one MCP host.
@@ -30,10 +30,10 @@ enum Command {
     /// Build the unit images, offline.
     Image(backend_cli::ImageArgs),
     /// Say which protections this machine can give, and which profiles can run here.
-    Doctor(backend_cli::DoctorArgs),
+    Doctor(boxhost::cli::doctor::DoctorArgs),
     /// The local backend's sandbox helper: confine this process, then run CMD.
     #[command(hide = true)]
-    Sandbox(boxhost::backend::local::SandboxArgs),
+    Sandbox(boxhost::cli::sandbox::SandboxArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,8 +45,8 @@ fn main() -> ExitCode {
         Command::Units(args) => backend_cli::units(args),
         Command::Gc(args) => backend_cli::gc(args),
         Command::Image(args) => backend_cli::image(args),
-        Command::Doctor(args) => backend_cli::doctor(args),
-        Command::Sandbox(args) => boxhost::backend::local::sandbox(args),
+        Command::Doctor(args) => boxhost::cli::doctor::doctor(args),
+        Command::Sandbox(args) => boxhost::cli::sandbox::sandbox(args),
     };
     report(result)
 }

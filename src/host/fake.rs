@@ -176,8 +176,12 @@ impl FakeBackend {
 }
 
 impl Backend for FakeBackend {
-    fn kind(&self) -> &'static str {
-        "fake"
+    fn kind(&self) -> BackendKind {
+        BackendKind::Fake
+    }
+
+    fn check(&self, _spec: &UnitSpec) -> Result<(), Vec<box_backend::Unenforceable>> {
+        Ok(())
     }
 
     fn start<'a>(

@@ -157,43 +157,24 @@ impl HostConfig {
 #[error("{0}")]
 pub struct BackendUnavailable(String);
 
-/// The docker backend, when its engine answers (connected and pinged).
-async fn docker_backend() -> Result<Arc<dyn Backend>, BackendUnavailable> {
-    match crate::backend::docker::DockerBackend::connect().await {
-        Ok(backend) => Ok(Arc::new(backend)),
-        Err(error) => Err(BackendUnavailable(error.to_string())),
-    }
-}
-
-/// The local sandboxed-process backend, running this very binary as helper
-/// and executor.
-fn local_backend() -> Result<Arc<dyn Backend>, BackendUnavailable> {
-    match crate::backend::local::LocalBackend::current() {
-        Ok(backend) => Ok(Arc::new(backend)),
-        Err(error) => Err(BackendUnavailable(error.to_string())),
-    }
-}
-
-/// The backend `--backend` names: docker, local, or auto (docker when its
-/// engine answers, else local), said in one log line. `fake` (in-process fake
-/// executors, no isolation at all) only when `BOX_ALLOW_FAKE_BACKEND=1`, for
-/// the integration tests.
-pub async fn select_backend(kind: &str) -> anyhow::Result<Arc<dyn Backend>> {
+/// The backend `--backend` names from `registry`: docker, local, or auto
+/// (the first that connects, docker before local), said in one log line.
+/// `fake` (in-process fake executors, no isolation at all) only when
+/// `BOX_ALLOW_FAKE_BACKEND=1`, for the integration tests.
+pub async fn select_backend(
+    registry: &box_backend::Registry,
+    kind: &str,
+) -> anyhow::Result<Arc<dyn Backend>> {
     let backend = match kind {
-        "docker" => docker_backend().await.context("--backend docker")?,
-        "local" => local_backend().context("--backend local")?,
-        "auto" => match docker_backend().await {
-            Ok(backend) => backend,
-            Err(docker) => match local_backend() {
-                Ok(backend) => {
-                    // Said once, loudly; every envelope then says "local" too.
-                    tracing::warn!(why = %docker, "docker is not available: units run on the local backend");
-                    backend
+        "auto" => match registry.auto().await {
+            Ok((backend, skipped)) => {
+                for (kind, why) in skipped {
+                    // Said once, loudly; every envelope then names the backend too.
+                    tracing::warn!(%why, "{} is not available: units run on the {} backend", kind.as_str(), backend.kind().as_str());
                 }
-                Err(local) => anyhow::bail!(
-                    "--backend auto: no backend is available: docker: {docker}; local: {local}"
-                ),
-            },
+                backend
+            }
+            Err(why) => anyhow::bail!("--backend auto: no backend is available: {why}"),
         },
         "fake" if std::env::var_os("BOX_ALLOW_FAKE_BACKEND").is_some_and(|value| value == "1") => {
             tracing::warn!(
@@ -201,12 +182,15 @@ pub async fn select_backend(kind: &str) -> anyhow::Result<Arc<dyn Backend>> {
             );
             Arc::new(fake::FakeBackend::default())
         }
-        other => anyhow::bail!("--backend {other}: choose auto, docker or local"),
+        name => registry
+            .connect(name)
+            .await
+            .map_err(|why| anyhow::anyhow!("--backend {name}: {why}"))?,
     };
     tracing::info!(
-        backend = backend.kind(),
+        backend = backend.kind().as_str(),
         "units run on the {} backend",
-        backend.kind()
+        backend.kind().as_str()
     );
     Ok(backend)
 }
@@ -366,7 +350,7 @@ pub(crate) fn report_units_left(config: &HostConfig) -> bool {
     );
     for unit in &left {
         text.push_str("\n  ");
-        text.push_str(&unit.describe(kind, &config.instance));
+        text.push_str(&unit.describe(kind.as_str(), &config.instance));
     }
     tracing::error!(units = left.len(), "units left at exit");
     eprintln!("{text}");
@@ -448,7 +432,7 @@ fn listen_address(value: &str) -> String {
 
 async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
     args.listen = args.listen.as_deref().map(listen_address);
-    let backend = select_backend(&args.backend).await?;
+    let backend = select_backend(&crate::backends::registry(), &args.backend).await?;
     let facts = host_facts(args.workspace.as_ref())?;
     let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
     config.default_profile = args.profile.clone();

@@ -89,7 +89,7 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 async fn run_inner(args: RunArgs) -> anyhow::Result<ExitCode> {
     let tighten = parse_tighten(args.tighten.as_deref())?;
-    let backend = select_backend(&args.backend).await?;
+    let backend = select_backend(&crate::backends::registry(), &args.backend).await?;
     let facts = host_facts(args.workspace.as_ref())?;
     let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
     config.default_profile = args.profile.clone();

@@ -483,7 +483,7 @@ impl Session {
             session = %self.id,
             profile = %plan.profile,
             units = units.len(),
-            backend = self.config.backend.kind(),
+            backend = %self.config.backend.kind(),
             "session started"
         );
         let count = units.len();

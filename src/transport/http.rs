@@ -1021,7 +1021,7 @@ async fn delete_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> R
         .ledger
         .left_of(&session_id)
         .iter()
-        .map(|unit| unit.describe(state.config.backend.kind(), &state.config.instance))
+        .map(|unit| unit.describe(state.config.backend.kind().as_str(), &state.config.instance))
         .collect();
     let mut response = json_response(
         StatusCode::SERVICE_UNAVAILABLE,

@@ -11,8 +11,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bollard::exec::{CreateExecOptions, StartExecResults};
-use boxhost::backend::docker::{self, DockerBackend};
+use boxhost::backend::docker::DockerBackend;
+use boxhost::backend::docker::bollard::exec::{CreateExecOptions, StartExecResults};
 use boxhost::backend::instance::InstanceLock;
 use boxhost::backend::{Backend, BackendError, SessionLabel, StartedUnit};
 use boxhost::plan::{
@@ -508,7 +508,7 @@ async fn docker_unit_killed_mid_exec_is_reported() {
                 .kill_container(
                     &id,
                     Some(
-                        bollard::query_parameters::KillContainerOptionsBuilder::new()
+                        boxhost::backend::docker::bollard::query_parameters::KillContainerOptionsBuilder::new()
                             .signal("SIGKILL")
                             .build(),
                     ),
@@ -676,9 +676,8 @@ async fn docker_instances_never_touch_each_other() {
         .await
         .unwrap();
 
-    let report = docker::sweep_orphans(&backend, &a.label.instance)
-        .await
-        .unwrap();
+    let orphans = backend.list_instance(&a.label.instance).await.unwrap();
+    let report = backend.remove_units(orphans).await;
     assert_eq!(report.removed.len(), 1);
     assert_eq!(report.removed[0].id, a1.envelope.id);
     a.assert_clean(&backend).await;

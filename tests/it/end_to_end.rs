@@ -246,15 +246,16 @@ impl Served {
 
 /// The containers labelled with `instance`.
 async fn containers_of(instance: &str) -> Vec<String> {
-    let docker = bollard::Docker::connect_with_defaults().unwrap();
+    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
     let filters = std::collections::HashMap::from([(
         "label".to_owned(),
         vec![format!("box.instance={instance}")],
     )]);
-    let options = bollard::query_parameters::ListContainersOptionsBuilder::new()
-        .all(true)
-        .filters(&filters)
-        .build();
+    let options =
+        boxhost::backend::docker::bollard::query_parameters::ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
     docker
         .list_containers(Some(options))
         .await
@@ -277,11 +278,11 @@ async fn a_unit_killed_mid_call_answers_with_its_cause_and_nothing_is_left() {
     served.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "bash", "arguments": {"command": "sleep 60"}}}));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let docker = bollard::Docker::connect_with_defaults().unwrap();
+    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
     docker
         .kill_container(
             &units[0],
-            None::<bollard::query_parameters::KillContainerOptions>,
+            None::<boxhost::backend::docker::bollard::query_parameters::KillContainerOptions>,
         )
         .await
         .unwrap();

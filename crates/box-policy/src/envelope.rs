@@ -67,6 +67,12 @@ impl BackendKind {
     }
 }
 
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A unit's state: the engine's word while it runs, `ended` once the host saw
 /// it end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

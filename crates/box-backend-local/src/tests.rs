@@ -4,9 +4,9 @@ use std::time::Duration;
 use pretty_assertions::assert_eq;
 
 use super::*;
-use crate::plan::{Limits, Network, Role, Security, UserIds};
 use box_confine::{CapabilitySets, LandlockOutcome};
 use box_policy::envelope::BackendKind;
+use box_policy::plan::{Limits, Network, Role, Security, UserIds};
 
 fn unit_spec(source: WorkspaceSource) -> UnitSpec {
     UnitSpec {

@@ -62,23 +62,27 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 
 use helper::{Applied, Report, SandboxSpec, SpecNetwork, SpecRequirement, SpecUser};
-pub use helper::{REFUSED_EXIT, SandboxArgs};
+pub use helper::{ExecutorEntry, REFUSED_EXIT, SandboxArgs};
 
-use super::environment::{self, UnitEnvironment};
-use super::{
-    Backend, BackendError, Envelope, ExecutorIo, Hardening, SessionLabel, StartedUnit, UnitEnd,
-    UnitInfo,
+use box_backend::environment::{self, UnitEnvironment};
+use box_backend::{
+    Backend, BackendError, Envelope, ExecutorIo, Hardening, SessionLabel, StartedUnit,
+    Unenforceable, UnitEnd, UnitInfo,
 };
-use crate::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
 use box_confine::Rlimits;
 use box_policy::envelope::{
     AppliedLimits, AppliedNetwork, BackendKind, LocalNone, ProcessLimits, UnitState,
 };
 use box_policy::executor::PlaceKind;
+use box_policy::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
 
-/// Run the hidden `box sandbox` subcommand (the helper, in the unit's process).
-pub fn sandbox(args: SandboxArgs) -> anyhow::Result<std::process::ExitCode> {
-    helper::run(args)
+/// Run the hidden `box sandbox` subcommand (the helper, in the unit's
+/// process); `executor` runs `box execute` in place when CMD is this binary's.
+pub fn sandbox(
+    args: SandboxArgs,
+    executor: helper::ExecutorEntry,
+) -> anyhow::Result<std::process::ExitCode> {
+    helper::run(args, executor)
 }
 
 /// How long a unit may take to confine itself and report.
@@ -118,6 +122,8 @@ pub fn default_temp_root() -> PathBuf {
 /// The local sandboxed-process backend.
 pub struct LocalBackend {
     options: LocalOptions,
+    /// The host kernel's landlock ABI, read once at construction.
+    landlock_abi: u32,
     units: Mutex<HashMap<String, LocalUnit>>,
     /// The last walk for the host's root-only system files (`private`),
     /// used while every entry it judged is unchanged.
@@ -150,6 +156,7 @@ impl LocalBackend {
     pub fn with_options(options: LocalOptions) -> Self {
         Self {
             options,
+            landlock_abi: box_confine::landlock_abi(),
             units: Mutex::new(HashMap::new()),
             private_files: Arc::new(Mutex::new(None)),
         }
@@ -482,8 +489,12 @@ impl LocalBackend {
 }
 
 impl Backend for LocalBackend {
-    fn kind(&self) -> &'static str {
-        "local"
+    fn kind(&self) -> BackendKind {
+        BackendKind::Local
+    }
+
+    fn check(&self, spec: &UnitSpec) -> Result<(), Vec<Unenforceable>> {
+        check_spec(spec, Some(self.landlock_abi))
     }
 
     fn start<'a>(
@@ -753,25 +764,75 @@ where
     environment::unit_environment(spec, host_vars, &own)
 }
 
-/// The helper's spec for a unit. Pure. Fails naming what the local backend
-/// cannot apply (an egress allow list, capabilities granted back, a
-/// privileged unit).
+/// What the local backend cannot apply to `spec`, every one named: a
+/// privileged unit, a host namespace it does not know, an egress allow list,
+/// capabilities granted back, and landlock required where the kernel has
+/// none (judged only when `landlock_abi` is given; the helper judges it again
+/// where it confines). Pure; [`Backend::check`] and [`sandbox_spec`] both ask.
+pub fn check_spec(spec: &UnitSpec, landlock_abi: Option<u32>) -> Result<(), Vec<Unenforceable>> {
+    let mut refusals = Vec::new();
+    let mut refuse = |control: String, why: &str| {
+        refusals.push(Unenforceable {
+            unit: spec.name.clone(),
+            control,
+            why: why.to_owned(),
+        })
+    };
+    if spec.security.privileged {
+        refuse(
+            "privileged".to_owned(),
+            "the local backend cannot run a privileged unit; use the docker backend",
+        );
+    }
+    for namespace in &spec.security.host_namespaces {
+        if !matches!(
+            namespace.as_str(),
+            "user" | "mount" | "ipc" | "pid" | "net" | "network" | "uts" | "cgroup"
+        ) {
+            refuse(
+                format!("host namespace {namespace}"),
+                "not one of user, mount, ipc, net, pid, uts, cgroup",
+            );
+        }
+    }
+    match spec.network.mode {
+        NetworkMode::Egress => refuse(
+            "network egress allow list".to_owned(),
+            "the local backend cannot filter egress; use the docker backend, or network none",
+        ),
+        NetworkMode::None | NetworkMode::Bridge => {}
+    }
+    if !spec.security.capabilities.is_empty() {
+        refuse(
+            format!("capabilities {}", spec.security.capabilities.join(", ")),
+            "the local backend drops every capability and grants none back; use the docker backend",
+        );
+    }
+    if spec.security.landlock == Requirement::Required && landlock_abi == Some(0) {
+        refuse(
+            "landlock".to_owned(),
+            "the host kernel offers no landlock ABI",
+        );
+    }
+    if refusals.is_empty() {
+        Ok(())
+    } else {
+        Err(refusals)
+    }
+}
+
+/// The helper's spec for a unit. Pure. Fails naming the first thing the
+/// local backend cannot apply ([`check_spec`]).
 pub(crate) fn sandbox_spec(
     spec: &UnitSpec,
     layout: &Layout,
     environment: &UnitEnvironment,
     options: &LocalOptions,
 ) -> Result<SandboxSpec, BackendError> {
-    let refuse = |control: String, why: &str| BackendError::Unenforceable {
-        unit: spec.name.clone(),
-        control,
-        why: why.to_owned(),
-    };
-    if spec.security.privileged {
-        return Err(refuse(
-            "privileged".to_owned(),
-            "the local backend cannot run a privileged unit; use the docker backend",
-        ));
+    if let Err(refusals) = check_spec(spec, None)
+        && let Some(first) = refusals.into_iter().next()
+    {
+        return Err(first.into());
     }
     // Host namespaces the operator allowed: the unit simply does not get its
     // own. The local backend never makes uts or cgroup namespaces.
@@ -780,36 +841,15 @@ pub(crate) fn sandbox_spec(
         match namespace.as_str() {
             "user" | "mount" | "ipc" | "pid" => share.push(namespace.clone()),
             "net" | "network" => share.push("net".to_owned()),
-            "uts" | "cgroup" => {}
-            other => {
-                return Err(refuse(
-                    format!("host namespace {other}"),
-                    "not one of user, mount, ipc, net, pid, uts, cgroup",
-                ));
-            }
+            _ => {}
         }
     }
     let network = match spec.network.mode {
         NetworkMode::None if share.iter().any(|name| name == "net") => SpecNetwork::Host,
-        NetworkMode::None => SpecNetwork::None,
-        NetworkMode::Egress => {
-            return Err(BackendError::Unenforceable {
-                unit: spec.name.clone(),
-                control: "network egress allow list".to_owned(),
-                why: "the local backend cannot filter egress; use the docker backend, or network none"
-                    .to_owned(),
-            });
-        }
+        // Egress was refused above.
+        NetworkMode::None | NetworkMode::Egress => SpecNetwork::None,
         NetworkMode::Bridge => SpecNetwork::Host,
     };
-    if !spec.security.capabilities.is_empty() {
-        return Err(BackendError::Unenforceable {
-            unit: spec.name.clone(),
-            control: format!("capabilities {}", spec.security.capabilities.join(", ")),
-            why: "the local backend drops every capability and grants none back; use the docker backend"
-                .to_owned(),
-        });
-    }
     let mut write = Vec::new();
     let mut read = vec![options.box_exe.clone()];
     if let Some(workspace) = &layout.workspace {

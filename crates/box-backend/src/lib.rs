@@ -4,14 +4,17 @@
 //! control it could not apply.
 //!
 //! Nothing here may assume a local Docker socket: a Kubernetes backend must fit
-//! the same trait.
+//! the same trait. This crate is what every backend shares: the [`Backend`]
+//! trait, the pure [`Backend::check`] that start and `box doctor` both ask,
+//! listing and removing units by instance (`box units`, `box gc`, the host's
+//! sweep), the environment a unit gets, instance liveness, and the
+//! [`Registry`] the binary fills with the backends it was built with.
 
-pub mod cli;
-pub mod docker;
-pub mod doctor;
 pub mod environment;
 pub mod instance;
-pub mod local;
+mod registry;
+
+pub use registry::{Connect, Registry};
 
 use std::pin::Pin;
 
@@ -19,7 +22,7 @@ use futures::future::BoxFuture;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::plan::UnitSpec;
+use box_policy::plan::UnitSpec;
 
 pub use box_policy::envelope::{
     AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, Envelope, Hardening,
@@ -117,6 +120,44 @@ pub struct StartedUnit {
     pub ended: BoxFuture<'static, UnitEnd>,
 }
 
+/// A control the plan asks for that a backend cannot apply here: the answer
+/// of [`Backend::check`], the same sentence for `box doctor` and for a
+/// refused start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unenforceable {
+    /// The unit.
+    pub unit: String,
+    /// The control (landlock, network egress allow list, capabilities ...).
+    pub control: String,
+    /// Why not, and what to do instead.
+    pub why: String,
+}
+
+impl From<Unenforceable> for BackendError {
+    fn from(refusal: Unenforceable) -> Self {
+        BackendError::Unenforceable {
+            unit: refusal.unit,
+            control: refusal.control,
+            why: refusal.why,
+        }
+    }
+}
+
+impl std::fmt::Display for Unenforceable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unit {}: {}: {}", self.unit, self.control, self.why)
+    }
+}
+
+/// What removing a set of units did.
+#[derive(Debug, Default)]
+pub struct SweepReport {
+    /// Units removed.
+    pub removed: Vec<UnitInfo>,
+    /// Units that could not be removed, with why.
+    pub failed: Vec<(UnitInfo, String)>,
+}
+
 /// A unit as listed by the backend (from its labels).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -144,8 +185,14 @@ pub struct UnitInfo {
 /// idempotent: removing a missing unit is `Ok`. `list` sees only units carrying
 /// box's labels.
 pub trait Backend: Send + Sync {
-    /// "docker" or "local".
-    fn kind(&self) -> &'static str;
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+
+    /// Whether this backend can apply everything `spec` asks, judged from
+    /// facts gathered when it was connected (pure: no engine call). `start`
+    /// refuses with the first of these before creating anything; `box
+    /// doctor` lists them all.
+    fn check(&self, spec: &UnitSpec) -> Result<(), Vec<Unenforceable>>;
 
     /// Create and start one unit of `session` from `spec`, with the executor attached.
     fn start<'a>(
@@ -159,4 +206,36 @@ pub trait Backend: Send + Sync {
 
     /// Every unit carrying box's labels (all instances).
     fn list(&self) -> BoxFuture<'_, Result<Vec<UnitInfo>, BackendError>>;
+
+    /// The units of one host instance.
+    fn list_instance<'a>(
+        &'a self,
+        instance: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<UnitInfo>, BackendError>> {
+        Box::pin(async move {
+            let mut units = self.list().await?;
+            units.retain(|unit| unit.instance == instance);
+            Ok(units)
+        })
+    }
+
+    /// Remove `units` concurrently, reporting each failure: `box gc`, the
+    /// host's sweep of its instance's orphans.
+    fn remove_units(&self, units: Vec<UnitInfo>) -> BoxFuture<'_, SweepReport> {
+        Box::pin(async move {
+            let results = futures::future::join_all(units.into_iter().map(|unit| async move {
+                let result = self.remove(&unit.id).await;
+                (unit, result)
+            }))
+            .await;
+            let mut report = SweepReport::default();
+            for (unit, result) in results {
+                match result {
+                    Ok(()) => report.removed.push(unit),
+                    Err(error) => report.failed.push((unit, error.to_string())),
+                }
+            }
+            report
+        })
+    }
 }

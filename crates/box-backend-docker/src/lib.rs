@@ -18,8 +18,14 @@
 //! sessions beyond their labels (the host owns their lives; `sweep_orphans`
 //! and `box gc` only act on labels and instance liveness).
 
+/// The engine client's crate, for tests and benchmarks that inspect what the
+/// engine holds: no other crate of the workspace depends on bollard.
+pub use bollard;
+
 pub mod body;
+pub mod doctor;
 mod io;
+pub mod runc;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -38,11 +44,12 @@ use futures::future::BoxFuture;
 
 pub use body::{EngineFacts, container_body};
 
-use crate::backend::environment::{Own, STANDARD_PATH, UnitEnvironment, unit_environment};
-use crate::backend::{
-    Backend, BackendError, ExecutorIo, SessionLabel, StartedUnit, UnitEnd, UnitInfo, labels,
+use box_backend::environment::{Own, STANDARD_PATH, UnitEnvironment, unit_environment};
+use box_backend::{
+    Backend, BackendError, BackendKind, ExecutorIo, SessionLabel, StartedUnit, Unenforceable,
+    UnitEnd, UnitInfo, labels,
 };
-use crate::plan::{NetworkMode, Requirement, UnitSpec};
+use box_policy::plan::{NetworkMode, Requirement, UnitSpec};
 
 /// The docker engine could not be reached or understood.
 #[derive(Debug, thiserror::Error)]
@@ -101,7 +108,7 @@ impl DockerBackend {
                 Some(bollard::models::SystemInfoCgroupVersionEnum::EMPTY) | None => "",
             }
             .to_owned(),
-            landlock_abi: crate::backend::docker::landlock_abi(),
+            landlock_abi: crate::landlock_abi(),
         };
         // C35: the runtime's CVE floors; reported here and by `box doctor`,
         // not refused, since distribution builds carry backported fixes.
@@ -110,8 +117,7 @@ impl DockerBackend {
             .iter()
             .flatten()
             .find(|c| c.name.eq_ignore_ascii_case("runc"))
-            && let crate::backend::doctor::RuncFloor::Below(why) =
-                crate::backend::doctor::runc_floor(&runc.version)
+            && let crate::runc::RuncFloor::Below(why) = crate::runc::runc_floor(&runc.version)
         {
             tracing::warn!(runc = runc.version, "runc {why}; see `box doctor`");
         }
@@ -141,7 +147,12 @@ impl DockerBackend {
         self
     }
 
-    /// The engine client (tests and `box doctor` probe with it).
+    /// Whether the engine has `image` (`box doctor`).
+    pub async fn has_image(&self, image: &str) -> bool {
+        self.docker.inspect_image(image).await.is_ok()
+    }
+
+    /// The engine client, for this crate's tests and tools.
     pub fn client(&self) -> &Docker {
         &self.docker
     }
@@ -149,12 +160,6 @@ impl DockerBackend {
     /// What the engine and kernel offer.
     pub fn facts(&self) -> &EngineFacts {
         &self.facts
-    }
-
-    /// Every box-labelled container of `instance`.
-    pub async fn list_instance(&self, instance: &str) -> Result<Vec<UnitInfo>, DockerError> {
-        let filter = format!("{}={instance}", labels::INSTANCE);
-        list_filtered(&self.docker, &filter).await
     }
 
     async fn start_unit(
@@ -169,25 +174,10 @@ impl DockerBackend {
             message: engine_message(&e),
         };
         // Refuse what this backend cannot enforce before anything is created.
-        match spec.network.mode {
-            NetworkMode::None | NetworkMode::Bridge => {}
-            NetworkMode::Egress => {
-                return Err(BackendError::Unenforceable {
-                    unit: unit.to_owned(),
-                    control: "network egress allow list".to_owned(),
-                    why: "the docker backend has no egress filter yet; use network mode none or bridge".to_owned(),
-                });
-            }
-        }
-        match spec.security.landlock {
-            Requirement::Required if self.facts.landlock_abi == 0 => {
-                return Err(BackendError::Unenforceable {
-                    unit: unit.to_owned(),
-                    control: "landlock".to_owned(),
-                    why: "the host kernel offers no landlock ABI".to_owned(),
-                });
-            }
-            Requirement::Required | Requirement::BestEffort | Requirement::Off => {}
+        if let Err(refusals) = self.check(spec)
+            && let Some(first) = refusals.into_iter().next()
+        {
+            return Err(first.into());
         }
         body::check_root(&spec.root).map_err(|why| BackendError::Other {
             unit: unit.to_owned(),
@@ -362,8 +352,36 @@ impl DockerBackend {
 }
 
 impl Backend for DockerBackend {
-    fn kind(&self) -> &'static str {
-        "docker"
+    fn kind(&self) -> BackendKind {
+        BackendKind::Docker
+    }
+
+    /// An egress allow list (no filter on this backend yet), and landlock
+    /// required where the host kernel has none.
+    fn check(&self, spec: &UnitSpec) -> Result<(), Vec<Unenforceable>> {
+        let mut refusals = Vec::new();
+        let mut refuse = |control: &str, why: &str| {
+            refusals.push(Unenforceable {
+                unit: spec.name.clone(),
+                control: control.to_owned(),
+                why: why.to_owned(),
+            })
+        };
+        match spec.network.mode {
+            NetworkMode::None | NetworkMode::Bridge => {}
+            NetworkMode::Egress => refuse(
+                "network egress allow list",
+                "the docker backend has no egress filter yet; use network mode none or bridge",
+            ),
+        }
+        if spec.security.landlock == Requirement::Required && self.facts.landlock_abi == 0 {
+            refuse("landlock", "the host kernel offers no landlock ABI");
+        }
+        if refusals.is_empty() {
+            Ok(())
+        } else {
+            Err(refusals)
+        }
     }
 
     fn start<'a>(
@@ -397,44 +415,23 @@ impl Backend for DockerBackend {
                 })
         })
     }
-}
 
-/// What a sweep removed and what it could not.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct SweepReport {
-    /// Units removed (container ids).
-    pub removed: Vec<UnitInfo>,
-    /// Units that could not be removed, with why.
-    pub failed: Vec<(UnitInfo, String)>,
-}
-
-/// Remove every unit labelled with `instance`. The host calls this at start,
-/// before it has any session: whatever carries its instance id then was left
-/// by an earlier run of the same instance (a crash, a SIGKILL) and is an orphan.
-/// Units of other instances are never touched.
-pub async fn sweep_orphans(
-    backend: &DockerBackend,
-    instance: &str,
-) -> Result<SweepReport, DockerError> {
-    let units = backend.list_instance(instance).await?;
-    Ok(remove_units(&backend.docker, units).await)
-}
-
-/// Remove `units`, concurrently, reporting every failure.
-pub async fn remove_units(docker: &Docker, units: Vec<UnitInfo>) -> SweepReport {
-    let results = futures::future::join_all(units.into_iter().map(|unit| async move {
-        let result = remove_container(docker, &unit.id).await;
-        (unit, result)
-    }))
-    .await;
-    let mut report = SweepReport::default();
-    for (unit, result) in results {
-        match result {
-            Ok(()) => report.removed.push(unit),
-            Err(e) => report.failed.push((unit, engine_message(&e))),
-        }
+    /// Filtered by the engine on the instance label.
+    fn list_instance<'a>(
+        &'a self,
+        instance: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<UnitInfo>, BackendError>> {
+        Box::pin(async move {
+            let filter = format!("{}={instance}", labels::INSTANCE);
+            list_filtered(&self.docker, &filter)
+                .await
+                .map_err(|e| BackendError::Other {
+                    unit: "*".to_owned(),
+                    doing: format!("listing the units of instance {instance}"),
+                    message: engine_message(&e),
+                })
+        })
     }
-    report
 }
 
 async fn list_filtered(docker: &Docker, label_filter: &str) -> Result<Vec<UnitInfo>, DockerError> {

@@ -8,9 +8,20 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 
-use crate::backend::docker::{self, DockerBackend};
-use crate::backend::instance::{self, Liveness};
-use crate::backend::{Backend, UnitInfo};
+use std::sync::Arc;
+
+use box_backend::instance::{self, Liveness};
+use box_backend::{Backend, UnitInfo};
+
+/// The backend whose units outlive the process that started them, and so
+/// the one `box units` and `box gc` look at: docker (a local unit ends with
+/// its host).
+async fn lasting_backend() -> anyhow::Result<Arc<dyn Backend>> {
+    crate::backends::registry()
+        .connect("docker")
+        .await
+        .map_err(|why| anyhow::anyhow!("docker: {why}"))
+}
 
 /// `box units`.
 #[derive(Debug, Clone, clap::Args)]
@@ -48,14 +59,6 @@ pub struct ImageArgs {
     pub rest: Vec<String>,
 }
 
-/// `box doctor`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct DoctorArgs {
-    /// Machine-readable output.
-    #[arg(long)]
-    pub json: bool,
-}
-
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -75,7 +78,7 @@ pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
         ),
     };
     let units = runtime()?.block_on(async {
-        let backend = DockerBackend::connect().await?;
+        let backend = lasting_backend().await?;
         anyhow::Ok(backend.list().await?)
     })?;
     if json {
@@ -124,7 +127,7 @@ pub fn collectable(liveness: Liveness, named: bool, all_instances: bool) -> bool
 pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
     let dir = instance::default_dir();
     let (removed, failed) = runtime()?.block_on(async {
-        let backend = DockerBackend::connect().await?;
+        let backend = lasting_backend().await?;
         let units = backend.list().await?;
         let mut by_instance: BTreeMap<String, Vec<UnitInfo>> = BTreeMap::new();
         for unit in units {
@@ -150,7 +153,7 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
                 );
             }
         }
-        let report = docker::remove_units(backend.client(), doomed).await;
+        let report = backend.remove_units(doomed).await;
         for id in forget {
             instance::forget(&dir, &id);
         }
@@ -224,17 +227,6 @@ fn write_build_tree(dir: &Path) -> anyhow::Result<()> {
         std::fs::write(dir.join("base/Dockerfile"), BASE_DOCKERFILE)
     };
     write().with_context(|| format!("writing the build context into {}", dir.display()))
-}
-
-/// Run `box doctor`.
-pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
-    let report = runtime()?.block_on(crate::backend::doctor::report());
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", crate::backend::doctor::render(&report));
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

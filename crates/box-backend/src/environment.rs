@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 
-use crate::plan::UnitSpec;
+use box_policy::plan::UnitSpec;
 
 /// The variables box sets in every unit, whatever the profile (sorted).
 pub const OWN_NAMES: [&str; 3] = ["HOME", "PATH", "TMPDIR"];
@@ -124,7 +124,7 @@ mod tests {
     use pretty_assertions::assert_eq;
 
     use super::*;
-    use crate::plan::WorkspaceSource;
+    use box_policy::plan::WorkspaceSource;
 
     fn own() -> Own {
         Own {

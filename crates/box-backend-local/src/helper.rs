@@ -52,41 +52,42 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
-use crate::plan::Requirement;
 use box_confine::{self as sandbox, CapabilitySets, ConfineError, LandlockOutcome, Rlimits};
+use box_policy::executor::ExecutorSpec;
+use box_policy::plan::Requirement;
 
 /// The helper's exit code when it refuses or fails before CMD runs (as `env`
 /// and `docker run` use 125 for their own failures).
 pub const REFUSED_EXIT: u8 = 125;
 
-/// `box sandbox` (hidden): confine this process, then run CMD.
-#[derive(Debug, Clone, clap::Args)]
+/// `box sandbox` (hidden): confine this process, then run CMD. The binary's
+/// clap command fills it.
+#[derive(Debug, Clone)]
 pub struct SandboxArgs {
     /// The sandbox spec as JSON (for people and tests).
-    #[arg(long, value_name = "JSON", conflicts_with = "spec_stdin")]
     pub spec: Option<String>,
     /// Read the spec from stdin before anything else: its length in bytes on
     /// one line, then exactly that much JSON (never a byte more: the rest of
     /// stdin is CMD's).
-    #[arg(long)]
     pub spec_stdin: bool,
     /// Write the report (one JSON line) to stdout, before CMD writes anything
     /// there; default stderr.
-    #[arg(long)]
     pub report_stdout: bool,
     /// Die with this process (the host): set the parent-death signal, and
     /// exit at once if the parent is already another.
-    #[arg(long, value_name = "PID")]
     pub parent: Option<u32>,
     /// The command to confine and run.
-    #[arg(
-        value_name = "CMD",
-        required = true,
-        last = true,
-        allow_hyphen_values = true
-    )]
     pub command: Vec<OsString>,
 }
+
+/// Runs an executor in this process: the binary hands the helper its
+/// `box execute`, so this crate never depends on the executor's.
+pub type ExecutorEntry = fn(ExecutorSpec) -> anyhow::Result<ExitCode>;
+
+/// The executor entry of this helper process, set once by [`run`]. A global
+/// because the helper is single-threaded and forks on the way to the point
+/// that uses it; threading it through every step would say nothing more.
+static EXECUTOR: std::sync::OnceLock<ExecutorEntry> = std::sync::OnceLock::new();
 
 /// A requirement as the spec spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -290,7 +291,8 @@ impl Reporter {
 /// Run `box sandbox`: confine, then execute CMD. Returns only when CMD could
 /// not be started, or once it has ended (the helper stays as the unit's
 /// supervisor outside the pid namespace, or as its subreaper without one).
-pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: SandboxArgs, executor: ExecutorEntry) -> anyhow::Result<ExitCode> {
+    let _ = EXECUTOR.set(executor);
     use std::os::fd::AsFd;
     close_inherited_fds();
     if let Some(parent) = args.parent {
@@ -1379,8 +1381,11 @@ fn run_executor_here(program: &CString, command: &[OsString], env: &[(String, St
         .iter()
         .map(|arg| arg.to_string_lossy().into_owned())
         .collect();
-    let code = match box_policy::executor::ExecutorSpec::from_args(&args) {
-        Ok(spec) => match box_executor::serve(spec) {
+    let Some(executor) = EXECUTOR.get() else {
+        return;
+    };
+    let code = match ExecutorSpec::from_args(&args) {
+        Ok(spec) => match executor(spec) {
             Ok(code) if code == ExitCode::SUCCESS => 0,
             Ok(_) => 1,
             Err(error) => {

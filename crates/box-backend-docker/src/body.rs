@@ -14,11 +14,11 @@ use bollard::models::{
 
 use box_policy::executor::{ExecutorSpec, PlaceKind};
 
-use crate::backend::{
+use box_backend::{
     AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, Envelope, Hardening, SessionLabel,
     UnitState, labels,
 };
-use crate::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
+use box_policy::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
 
 /// Where the host's own `box` binary appears inside every unit (read-only).
 pub const EXECUTOR_PATH: &str = "/.box/box";
@@ -451,9 +451,7 @@ pub fn envelope_from_inspect(
         .state
         .as_ref()
         .and_then(|s| s.status)
-        .map_or(UnitState::Unknown, |s| {
-            UnitState::from_engine(s.as_ref())
-        });
+        .map_or(UnitState::Unknown, |s| UnitState::from_engine(s.as_ref()));
 
     Envelope {
         name: spec.name.clone(),
@@ -636,7 +634,7 @@ pub(crate) mod tests {
     use pretty_assertions::assert_eq;
 
     use super::*;
-    use crate::plan::{Limits, Requirement, Security, UserIds};
+    use box_policy::plan::{Limits, Requirement, Security, UserIds};
 
     fn session() -> SessionLabel {
         SessionLabel {

@@ -4,68 +4,44 @@
 
 use serde_json::{Value, json};
 
-use crate::backend::docker::DockerBackend;
-use crate::plan::{HostFacts, NetworkMode, Requirement, UserIds};
+use std::process::ExitCode;
 
-/// A runc version against the CVE floors in security.md: ≥ 1.1.12
-/// (CVE-2024-21626, leaked fd / working directory escape) and the 2025 fixes
-/// (CVE-2025-31133, -52565, -52881: 1.2.8, 1.3.3, 1.4.0).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RuncFloor {
-    /// At or above every floor.
-    Ok,
-    /// Below a floor; the sentence names which.
-    Below(String),
-    /// The version could not be parsed.
-    Unknown,
+use box_backend::Backend as _;
+use box_backend_docker::DockerBackend;
+use box_backend_local::LocalBackend;
+
+use crate::plan::{HostFacts, UserIds};
+
+/// `box doctor`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DoctorArgs {
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
 }
 
-/// Compare a runc version string (`1.1.5+ds1`, `v1.2.8`, `1.4.0-rc.3`) with the floors.
-pub fn runc_floor(version: &str) -> RuncFloor {
-    let numeric: String = version
-        .trim_start_matches('v')
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.')
-        .collect();
-    let parts: Vec<u64> = numeric
-        .split('.')
-        .filter(|p| !p.is_empty())
-        .filter_map(|p| p.parse().ok())
-        .collect();
-    let [major, minor, patch, ..] = parts.as_slice() else {
-        return RuncFloor::Unknown;
-    };
-    // 1.4.0 carries the 2025 fixes from its third release candidate on.
-    let rc: Option<u64> = version
-        .split_once("-rc.")
-        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok());
-    let v = (*major, *minor, *patch);
-    let cve_2025 = "CVE-2025-31133/52565/52881 are fixed in 1.2.8, 1.3.3 and 1.4.0";
-    if v < (1, 1, 12) {
-        return RuncFloor::Below(format!("below 1.1.12 (CVE-2024-21626), and {cve_2025}"));
-    }
-    let ok = match (major, minor) {
-        (0, _) => false,
-        (1, 0..=1) => false,
-        (1, 2) => *patch >= 8,
-        (1, 3) => *patch >= 3,
-        (1, 4) => *patch > 0 || rc.is_none_or(|n| n >= 3),
-        _ => true,
-    };
-    if ok {
-        RuncFloor::Ok
+/// Run `box doctor`.
+pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(report());
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        RuncFloor::Below(format!("below the 2025 floors: {cve_2025}"))
+        print!("{}", render(&report));
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Gather the report.
 pub async fn report() -> Value {
     let kernel = kernel_facts();
-    let landlock_abi = crate::backend::docker::landlock_abi();
     let (docker, backend) = match DockerBackend::connect().await {
-        Ok(backend) => (docker_facts(&backend).await, Some(backend)),
+        Ok(backend) => (
+            box_backend_docker::doctor::doctor_facts(&backend).await,
+            Some(backend),
+        ),
         Err(error) => (
             json!({"available": false, "error": error.to_string()}),
             None,
@@ -76,59 +52,12 @@ pub async fn report() -> Value {
     // operator's), each once: the one a session would get by that name.
     let catalog = crate::profile::Catalog::new(Vec::new());
     for listed in catalog.list().into_iter().filter(|listed| !listed.hidden) {
-        profiles.push(profile_fit(&listed.name, backend.as_ref(), landlock_abi, &kernel).await);
+        profiles.push(profile_fit(&listed.name, backend.as_ref()).await);
     }
     json!({
         "docker": docker,
         "kernel": kernel,
         "profiles": profiles,
-    })
-}
-
-async fn docker_facts(backend: &DockerBackend) -> Value {
-    let facts = backend.facts();
-    let version = backend.client().version().await.ok();
-    let runc = version
-        .and_then(|v| v.components)
-        .unwrap_or_default()
-        .into_iter()
-        .find(|c| c.name.eq_ignore_ascii_case("runc"));
-    let runc = match runc {
-        Some(component) => {
-            let commit = component
-                .details
-                .and_then(|d| d.get("GitCommit").cloned())
-                .unwrap_or_default();
-            let (floor, note) = match runc_floor(&component.version) {
-                RuncFloor::Ok => ("ok", String::new()),
-                RuncFloor::Below(why) => (
-                    "below",
-                    format!(
-                        "{why}; a distribution build may carry the fixes as backports (build {commit}): check its changelog, or upgrade"
-                    ),
-                ),
-                RuncFloor::Unknown => ("unknown", "could not parse the version".to_owned()),
-            };
-            json!({"version": component.version, "commit": commit, "floor": floor, "note": note})
-        }
-        None => {
-            json!({"version": null, "floor": "unknown", "note": "the engine did not report runc"})
-        }
-    };
-    let mut images = serde_json::Map::new();
-    for image in ["box-base:bookworm", "box-rootfs:bookworm"] {
-        let present = backend.client().inspect_image(image).await.is_ok();
-        images.insert(image.to_owned(), Value::Bool(present));
-    }
-    json!({
-        "available": true,
-        "version": facts.version,
-        "apiVersion": facts.api_version,
-        "runc": runc,
-        "cgroupVersion": facts.cgroup_version,
-        "seccomp": facts.seccomp,
-        "usernsRemap": facts.userns_remap,
-        "images": images,
     })
 }
 
@@ -158,7 +87,7 @@ fn kernel_facts() -> Value {
         && apparmor_userns.as_deref() != Some("1");
     json!({
         "release": read_trim("/proc/sys/kernel/osrelease"),
-        "landlockAbi": crate::backend::docker::landlock_abi(),
+        "landlockAbi": box_confine::landlock_abi(),
         "seccomp": seccomp_field.is_some(),
         "seccompModeHere": seccomp_field,
         "cgroupVersion": cgroup_version,
@@ -171,12 +100,11 @@ fn kernel_facts() -> Value {
     })
 }
 
-async fn profile_fit(
-    name: &str,
-    docker: Option<&DockerBackend>,
-    landlock_abi: u32,
-    kernel: &Value,
-) -> Value {
+/// Whether each backend can run profile `name` here: the backends' own
+/// [`Backend::check`], the one judgement a start makes too, plus whether
+/// the engine has the images.
+async fn profile_fit(name: &str, docker: Option<&DockerBackend>) -> Value {
+    let local = LocalBackend::current().map_err(|error| error.to_string());
     let catalog = crate::profile::Catalog::new(Vec::new());
     let profile = match catalog.load(name) {
         Ok(profile) => profile,
@@ -195,14 +123,11 @@ async fn profile_fit(
     };
     let mut on_docker: Vec<String> = Vec::new();
     let mut on_local: Vec<String> = Vec::new();
-    let userns = kernel["userNamespaces"]["available"]
-        .as_bool()
-        .unwrap_or(false);
     for unit in &plan.units {
         match docker {
             None => on_docker.push("no Docker engine".to_owned()),
             Some(backend) => {
-                if backend.client().inspect_image(&unit.image).await.is_err() {
+                if !backend.has_image(&unit.image).await {
                     on_docker.push(format!(
                         "unit {}: image {} missing (box image build)",
                         unit.name, unit.image
@@ -210,41 +135,18 @@ async fn profile_fit(
                 }
             }
         }
-        match unit.network.mode {
-            NetworkMode::Egress => {
-                on_docker.push(format!(
-                    "unit {}: no egress filter on the docker backend",
-                    unit.name
-                ));
-                on_local.push(format!(
-                    "unit {}: no egress filter on the local backend",
-                    unit.name
-                ));
+        if let Some(backend) = docker
+            && let Err(refusals) = backend.check(unit)
+        {
+            on_docker.extend(refusals.iter().map(ToString::to_string));
+        }
+        match &local {
+            Ok(local) => {
+                if let Err(refusals) = local.check(unit) {
+                    on_local.extend(refusals.iter().map(ToString::to_string));
+                }
             }
-            NetworkMode::None | NetworkMode::Bridge => {}
-        }
-        if !unit.security.capabilities.is_empty() {
-            on_local.push(format!(
-                "unit {}: the local backend grants no capabilities back",
-                unit.name
-            ));
-        }
-        if unit.security.landlock == Requirement::Required && landlock_abi == 0 {
-            on_docker.push(format!(
-                "unit {}: landlock required, kernel has none",
-                unit.name
-            ));
-            on_local.push(format!(
-                "unit {}: landlock required, kernel has none",
-                unit.name
-            ));
-        }
-        match unit.network.mode {
-            NetworkMode::None if !userns => on_local.push(format!(
-                "unit {}: network none needs a network namespace (user namespaces unavailable)",
-                unit.name
-            )),
-            NetworkMode::None | NetworkMode::Egress | NetworkMode::Bridge => {}
+            Err(why) => on_local.push(why.clone()),
         }
     }
     on_docker.dedup();
@@ -344,32 +246,5 @@ fn yes(v: &Value) -> &'static str {
         "yes"
     } else {
         "no"
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn runc_versions_against_the_floors() {
-        for (version, ok) in [
-            ("1.1.5+ds1", false),
-            ("1.1.12", false),
-            ("1.2.7", false),
-            ("1.2.8", true),
-            ("v1.3.3", true),
-            ("1.3.2", false),
-            ("1.4.0-rc.2", false),
-            ("1.4.0-rc.3", true),
-            ("1.4.0", true),
-            ("1.5.1", true),
-        ] {
-            assert_eq!(runc_floor(version) == RuncFloor::Ok, ok, "{version}");
-        }
-        assert_eq!(runc_floor("weird"), RuncFloor::Unknown);
-        assert!(
-            matches!(runc_floor("1.1.5"), RuncFloor::Below(why) if why.contains("CVE-2024-21626"))
-        );
     }
 }
