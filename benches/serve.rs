@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use box_jsonrpc::lines::{Line, LineReader, write_line};
+use box_testkit::fake::FakeBackend;
 use boxhost::backend::{Backend as _, SessionLabel};
-use boxhost::host::fake::FakeBackend;
 use boxhost::host::{HostConfig, spawn_session};
 use boxhost::plan::{HostFacts, UserIds};
 use boxhost::profile::Catalog;

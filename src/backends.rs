@@ -5,9 +5,24 @@ use std::sync::Arc;
 
 use box_backend::{Backend, BackendKind, Registry};
 
+/// The registry a binary installed with [`install`]; the process-wide choice
+/// of what a binary was built with, made once in `main`.
+static INSTALLED: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+
+/// Make `registry` the one this process chooses backends from (box-testkit's
+/// `box-testhost` adds its fake backend this way); first call wins.
+pub fn install(registry: Registry) {
+    let _ = INSTALLED.set(registry);
+}
+
 /// The registry `box serve`, `box run`, `box units`, `box gc` and `box doctor`
-/// choose from.
+/// choose from: the installed one, else [`standard`].
 pub fn registry() -> Registry {
+    INSTALLED.get().cloned().unwrap_or_else(standard)
+}
+
+/// The backends of the `box` binary: docker, then local.
+pub fn standard() -> Registry {
     Registry::new()
         .with(BackendKind::Docker, || {
             Box::pin(async {

@@ -11,8 +11,7 @@ use crate::backend::Envelope;
 use crate::plan::Plan;
 use box_jsonrpc::{LATEST_PROTOCOL_VERSION, PROTOCOL_VERSIONS, json_type};
 
-/// The capability key of the executor wire, where the client asks and the host answers.
-pub const EXECUTOR_KEY: &str = "io.github.christopherdavenport.dax/executor";
+pub use box_jsonrpc::EXECUTOR_KEY;
 
 /// What the client asked under the executor key.
 #[derive(Debug, Default, PartialEq)]

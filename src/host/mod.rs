@@ -10,7 +10,6 @@
 
 mod ask;
 pub mod audit;
-pub mod fake;
 pub mod metrics;
 pub mod router;
 mod run;
@@ -159,8 +158,6 @@ pub struct BackendUnavailable(String);
 
 /// The backend `--backend` names from `registry`: docker, local, or auto
 /// (the first that connects, docker before local), said in one log line.
-/// `fake` (in-process fake executors, no isolation at all) only when
-/// `BOX_ALLOW_FAKE_BACKEND=1`, for the integration tests.
 pub async fn select_backend(
     registry: &box_backend::Registry,
     kind: &str,
@@ -176,12 +173,6 @@ pub async fn select_backend(
             }
             Err(why) => anyhow::bail!("--backend auto: no backend is available: {why}"),
         },
-        "fake" if std::env::var_os("BOX_ALLOW_FAKE_BACKEND").is_some_and(|value| value == "1") => {
-            tracing::warn!(
-                "using the FAKE backend: units are in-process fakes with no isolation (tests only)"
-            );
-            Arc::new(fake::FakeBackend::default())
-        }
         name => registry
             .connect(name)
             .await

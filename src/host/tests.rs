@@ -10,12 +10,12 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::fake::{FakeBackend, FakeOptions};
 use super::session::EXECUTOR_KEY;
 use super::{HostConfig, ResolveFn, SessionHandle, spawn_session};
 use crate::plan::{HostFacts, Plan, PlanError, Role, UserIds};
 use crate::profile::{Catalog, Profile};
 use box_jsonrpc::{self as jsonrpc, ReplyStream};
+use box_testkit::fake::{FakeBackend, FakeOptions};
 
 const WAIT: Duration = Duration::from_secs(10);
 

@@ -1163,7 +1163,7 @@ mod tests {
                 gid: 1000,
             },
         };
-        let backend = Arc::new(crate::host::fake::FakeBackend::default());
+        let backend = Arc::new(box_testkit::fake::FakeBackend::default());
         let config = HostConfig::new(backend, crate::profile::Catalog::new(Vec::new()), facts);
         let options = HttpOptions::loopback();
         let state = Arc::new(AppState {

@@ -1,7 +1,7 @@
 //! `box serve` and `box run`: streamable HTTP against the real axum server on
 //! 127.0.0.1:0 with the recording fake backend (raw HTTP/1.1 over tokio TCP,
 //! no client library), and the built binary over stdio and `box run` with the
-//! fake backend (`--backend fake`, allowed by BOX_ALLOW_FAKE_BACKEND=1).
+//! fake backend (`--backend fake`, which only box-testkit's `box-testhost` has).
 //!
 //! The real end-to-end runs (the Python `mcp` SDK against `box serve` on the
 //! docker and local backends: tests/e2e/serve_stdio.py, serve_http.py) are
@@ -13,8 +13,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use box_testkit::fake::FakeBackend;
 use boxhost::host::HostConfig;
-use boxhost::host::fake::FakeBackend;
 use boxhost::plan::{HostFacts, Plan, PlanError, UserIds};
 use boxhost::profile::{Catalog, Profile};
 use boxhost::transport::http::{HttpOptions, serve};
@@ -597,11 +597,10 @@ async fn http_sessions_are_isolated_and_idle_ones_are_closed_with_their_units() 
 
 // The built binary.
 
+/// The `box` command line with the fake backend (box-testkit's testhost).
 fn box_command() -> Command {
-    let mut command = Command::new(box_bin());
-    command
-        .env("BOX_ALLOW_FAKE_BACKEND", "1")
-        .env("RUST_LOG", "warn");
+    let mut command = Command::new(crate::support::testhost_bin());
+    command.env("RUST_LOG", "warn");
     command
 }
 
@@ -793,7 +792,7 @@ fn run_e2e_script(script: &str) {
     let output = Command::new(python)
         .current_dir(&e2e)
         .arg(e2e.join(script))
-        .arg(box_bin())
+        .arg(crate::support::testhost_bin())
         .args([
             "--backend",
             "fake",
@@ -805,7 +804,6 @@ fn run_e2e_script(script: &str) {
             r#"{"a":1}"#,
         ])
         .args(["--progress-tool", "slow", "--max-read-bytes", "4096"])
-        .env("BOX_ALLOW_FAKE_BACKEND", "1")
         .env("RUST_LOG", "warn")
         .output()
         .unwrap();
@@ -1115,7 +1113,7 @@ fn run_reads_tightenings_from_a_file_and_refuses_bad_json() {
 
 #[tokio::test]
 async fn http_shutdown_waits_for_sessions_still_starting_their_units() {
-    let fake = FakeBackend::new(boxhost::host::fake::FakeOptions {
+    let fake = FakeBackend::new(box_testkit::fake::FakeOptions {
         start_delay: Duration::from_millis(400),
         ..Default::default()
     });
@@ -2001,4 +1999,22 @@ async fn http_health_and_readiness_say_alive_and_whether_the_backend_answers() {
     )
     .await;
     assert_eq!(reply.status, 421);
+}
+
+/// The release `box` has no fake backend: only box-testkit's testhost does,
+/// and no environment variable brings it back.
+#[test]
+fn the_box_binary_has_no_fake_backend() {
+    let output = Command::new(box_bin())
+        .args(["serve", "--backend", "fake"])
+        .env("BOX_ALLOW_FAKE_BACKEND", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--backend fake: choose auto, docker or local"),
+        "{stderr}"
+    );
 }

@@ -9,6 +9,20 @@ pub fn box_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_box"))
 }
 
+/// `box-testhost` (box-testkit): the `box` command line with the fake
+/// backend (`--backend fake`), which the release `box` does not have. Cargo
+/// builds it beside `box` when the workspace's tests are built
+/// (`cargo nextest run --workspace`).
+pub fn testhost_bin() -> PathBuf {
+    let path = box_bin().with_file_name("box-testhost");
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace's tests (`cargo nextest run --workspace`) or `cargo build -p box-testkit`",
+        path.display()
+    );
+    path
+}
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -22,7 +22,7 @@ use super::tools::{self, EXTENSION, TOOLS};
 use super::{Context, ToolOutcome, batch, files, stamp, workspace};
 
 /// The executor capability's key (client and server side).
-pub(crate) const EXECUTOR_KEY: &str = "io.github.christopherdavenport.dax/executor";
+pub(crate) use box_jsonrpc::EXECUTOR_KEY;
 /// The facts capability's key.
 pub(crate) const FACTS_KEY: &str = "io.github.christopherdavenport.agenttool/facts";
 /// The listing `_meta` key for a tool's flags.

@@ -48,6 +48,10 @@ pub fn sends_version_header(version: &str) -> bool {
     version >= "2025-06-18"
 }
 
+/// The capability key of the executor wire (dax's), under which a client
+/// asks and the executor and host answer, in `capabilities.experimental`.
+pub const EXECUTOR_KEY: &str = "io.github.christopherdavenport.dax/executor";
+
 /// JSON-RPC's and MCP's error codes box answers with.
 pub mod code {
     /// Bad JSON.

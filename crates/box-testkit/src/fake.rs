@@ -8,9 +8,9 @@
 //! executor would, `flood` sending a message longer than the host reads,
 //! `log` sending a log notification), `execution/facts` and the process methods minimally.
 //!
-//! It is compiled into the library (not only under `cfg(test)`) because the
-//! integration tests and the benchmarks drive the host with it. Its envelopes
-//! say `"backend": "fake"`, so it can never pass for an isolating backend.
+//! It lives in box-testkit, a dev-dependency only: no release binary has it.
+//! Its envelopes say `"backend": "fake"`, so it can never pass for an
+//! isolating backend.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -23,14 +23,14 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::session::EXECUTOR_KEY;
-use crate::backend::{
+use box_backend::{
     AppliedLimits, AppliedNetwork, Backend, BackendError, BackendKind, Envelope, ExecutorIo,
     Hardening, HostOnlyLimits, SessionLabel, StartedUnit, UnitEnd, UnitInfo, UnitState,
 };
-use crate::plan::UnitSpec;
+use box_jsonrpc::EXECUTOR_KEY;
 use box_jsonrpc::lines::{Line, LineReader, write_line};
 use box_jsonrpc::{self as jsonrpc, Kind, classify, id_key};
+use box_policy::plan::UnitSpec;
 
 /// How the fake misbehaves.
 #[derive(Debug, Clone, Default)]

@@ -1,0 +1,16 @@
+//! `box-testhost`: the `box` command line with the fake backend registered
+//! (`--backend fake`), for integration tests that drive a real `box serve`
+//! process without an engine. Built only in this dev-only crate.
+
+use std::sync::Arc;
+
+use box_backend::{Backend, BackendKind};
+use box_testkit::fake::FakeBackend;
+
+fn main() -> std::process::ExitCode {
+    boxhost::backends::install(boxhost::backends::standard().with(BackendKind::Fake, || {
+        // The host logs which backend it uses, and every envelope says "fake".
+        Box::pin(async { Ok(Arc::new(FakeBackend::default()) as Arc<dyn Backend>) })
+    }));
+    boxhost::cli::main()
+}
