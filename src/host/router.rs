@@ -84,6 +84,25 @@ impl<T> Router<T> {
         }
     }
 
+    /// Add a unit during the session (a fork, a server started later); its
+    /// request ids start at `first_id`. Returns its index, which no other
+    /// unit ever had: a removed unit's index is not reused, so a late answer
+    /// from it can never reach another unit's requests.
+    pub fn add_unit(&mut self, first_id: UnitRequestId) -> usize {
+        self.units.push(UnitTable {
+            next_id: first_id,
+            pending: BTreeMap::new(),
+        });
+        self.units.len() - 1
+    }
+
+    /// Remove a unit during the session: every request in flight to it is
+    /// handed back to be answered (as [`Router::take_all`]); later messages
+    /// from it route nowhere.
+    pub fn remove_unit(&mut self, unit: usize) -> Vec<Forward<T>> {
+        self.take_all(unit)
+    }
+
     /// Whether a request with this client id is in flight (ids must not be reused while they are).
     pub fn is_in_flight(&self, client_id: &Value) -> bool {
         self.by_client_id.contains_key(&id_key(client_id))
@@ -291,6 +310,33 @@ mod tests {
     use super::*;
     use box_jsonrpc::reply_channel;
     use pretty_assertions::assert_eq;
+
+    #[test]
+    fn units_join_and_leave_during_a_session() {
+        let mut router: Router<()> = Router::new(1, 1);
+        let added = router.add_unit(1);
+        assert_eq!(added, 1);
+        let (reply, _stream) = reply_channel();
+        let (unit_id, _) = router.forward(
+            added,
+            json!({"jsonrpc":"2.0","id":"a","method":"tools/call","params":{}}),
+            reply,
+            (),
+        );
+        assert!(router.is_in_flight(&json!("a")));
+        let taken = router.remove_unit(added);
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].client_id, json!("a"));
+        assert!(!router.is_in_flight(&json!("a")));
+        // A late answer from the removed unit reaches no one.
+        let late = json!({"jsonrpc":"2.0","id":unit_id,"result":{}});
+        assert!(!matches!(
+            router.from_unit(added, late),
+            UnitMessage::Answer { .. }
+        ));
+        // A unit added later gets a fresh index.
+        assert_eq!(router.add_unit(1), 2);
+    }
 
     #[test]
     fn ids_and_tokens_round_trip_with_their_types() {
