@@ -16,9 +16,9 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve sessions: each gets its own hardened units, reached over MCP (stdio, or HTTP with --listen).
-    Serve(boxhost::host::ServeArgs),
+    Serve(boxhost::cli::serve::ServeArgs),
     /// Run one command in a fresh sandboxed unit, stream its output, exit with its status.
-    Run(boxhost::host::RunArgs),
+    Run(boxhost::cli::run::RunArgs),
     /// Serve the executor over MCP on stdin/stdout (inside a unit, or standalone for dax).
     Execute(boxhost::cli::execute::ExecuteArgs),
     /// List, show, check and resolve profiles.
@@ -38,8 +38,8 @@ enum Command {
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
-        Command::Serve(args) => boxhost::host::serve(args),
-        Command::Run(args) => boxhost::host::run(args),
+        Command::Serve(args) => boxhost::cli::serve::serve(args),
+        Command::Run(args) => boxhost::cli::run::run(args),
         Command::Execute(args) => boxhost::cli::execute::execute(args),
         Command::Profile(args) => boxhost::cli::profile::cli(args),
         Command::Units(args) => backend_cli::units(args),
