@@ -451,7 +451,9 @@ pub fn envelope_from_inspect(
         .state
         .as_ref()
         .and_then(|s| s.status)
-        .map_or(UnitState::Unknown, |s| UnitState::from_engine(s.as_ref()));
+        .map_or(UnitState::Unknown, |s| {
+            UnitState::from_engine(s.as_ref())
+        });
 
     Envelope {
         name: spec.name.clone(),
