@@ -25,11 +25,12 @@ use std::time::{Duration, Instant};
 
 use box_jsonrpc::lines::{Line, LineReader, write_line};
 use box_testkit::fake::FakeBackend;
+use box_transport::http::{HttpOptions, serve};
 use boxhost::backend::{Backend as _, SessionLabel};
 use boxhost::host::{HostConfig, spawn_session};
 use boxhost::plan::{HostFacts, UserIds};
 use boxhost::profile::Catalog;
-use boxhost::transport::http::{HttpOptions, serve};
+use boxhost::sessions::HostSessions;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -221,7 +222,7 @@ async fn http_sessions(sessions: usize, calls: usize) {
         ..HttpOptions::loopback()
     };
     tokio::spawn(serve(
-        Arc::new(config(&fake)),
+        Arc::new(HostSessions::new(Arc::new(config(&fake)))),
         options,
         listener,
         shutdown.clone(),

@@ -8,11 +8,15 @@
 //!
 //! `profile` → `plan` → `backend` → `executor` → `host`/`proxy` → `transport`,
 //! with `scrub` beside them. ARCHITECTURE.md is the map.
+//!
+//! The transports are the `box_transport` crate, which never sees the host:
+//! `sessions` adapts the host to it, and `cli` (the only place clap is) wires
+//! the two for `box serve`.
 
 pub mod backends;
 pub mod cli;
 pub mod host;
-pub mod transport;
+pub mod sessions;
 
 // The crates of the workspace, under the module names the rest of the binary
 // and its tests have always used.

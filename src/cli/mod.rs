@@ -1,9 +1,13 @@
-//! The commands' clap structs and their conversion into plain configuration.
+//! The commands' clap structs and their conversion into plain configuration,
+//! and the wiring of the parts each command needs (`serve`: the host and a
+//! transport). Library modules never see clap.
 
 pub mod doctor;
 pub mod execute;
 pub mod profile;
+pub mod run;
 pub mod sandbox;
+pub mod serve;
 pub mod units;
 
 use std::process::ExitCode;
@@ -23,9 +27,9 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve sessions: each gets its own hardened units, reached over MCP (stdio, or HTTP with --listen).
-    Serve(crate::host::ServeArgs),
+    Serve(crate::cli::serve::ServeArgs),
     /// Run one command in a fresh sandboxed unit, stream its output, exit with its status.
-    Run(crate::host::RunArgs),
+    Run(crate::cli::run::RunArgs),
     /// Serve the executor over MCP on stdin/stdout (inside a unit, or standalone for dax).
     Execute(crate::cli::execute::ExecuteArgs),
     /// List, show, check and resolve profiles.
@@ -47,8 +51,8 @@ enum Command {
 /// and box-testkit's `box-testhost`'s after it installs its registry).
 pub fn main() -> ExitCode {
     let result = match Cli::parse().command {
-        Command::Serve(args) => crate::host::serve(args),
-        Command::Run(args) => crate::host::run(args),
+        Command::Serve(args) => crate::cli::serve::serve(args),
+        Command::Run(args) => crate::cli::run::run(args),
         Command::Execute(args) => crate::cli::execute::execute(args),
         Command::Profile(args) => crate::cli::profile::cli(args),
         Command::Units(args) => backend_cli::units(args),

@@ -1,12 +1,14 @@
 //! The host: a session's life, from the box ask at initialize to the removal of
-//! its units. `box serve` (sessions over stdio or streamable HTTP) and `box run`
-//! (one command through a session of its own) start here.
+//! its units. `box serve` (a started [`Host`], whose sessions a transport
+//! serves) and `box run` (one command through a session of its own) start
+//! here, from plain configuration ([`ServeConfig`], [`RunConfig`]).
 //!
 //! Owns: the host's configuration ([`HostConfig`]), backend selection, the
 //! session task (`session`), starting and removing units (`units`), orphan
 //! sweeping, signals, metrics and the audit log. Does not own: message routing
-//! (the proxy), HTTP and stdio framing (the transports), what a unit is (the
-//! plan) or how one starts (the backends).
+//! (the proxy), HTTP and stdio framing (the transports, which it never
+//! names: the binary wires them to it), the command line (the binary's clap
+//! structs), what a unit is (the plan) or how one starts (the backends).
 
 mod ask;
 pub mod audit;
@@ -30,76 +32,47 @@ use crate::profile::{Catalog, Profile};
 
 pub use session::{SessionGone, SessionHandle, spawn_session};
 
-/// `box serve`: the host, over stdio or streamable HTTP.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ServeArgs {
+/// What `box serve` asks of the host, as plain values (the binary turns its
+/// flags into this). The transport's own settings are not here: the host
+/// never sees the transport.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
     /// The profile a session gets when it names none.
-    #[arg(long, value_name = "NAME", default_value = "default")]
     pub profile: String,
-    /// More directories of profiles, searched first (repeatable).
-    #[arg(long = "profiles", value_name = "DIR")]
+    /// More directories of profiles, searched first.
     pub profile_dirs: Vec<PathBuf>,
-    /// Where units run: docker, local, or auto (docker when the engine answers).
-    #[arg(long, value_name = "BACKEND", default_value = "auto")]
+    /// Where units run: docker, local, or auto.
     pub backend: String,
-    /// The host directory a `cwd` workspace source means; default the current directory.
-    #[arg(long, value_name = "DIR")]
+    /// The host directory a `cwd` workspace source means; `None`: the current directory.
     pub workspace: Option<PathBuf>,
-    /// Serve streamable HTTP at this address instead of stdio (a bare port binds 127.0.0.1).
-    #[arg(long, value_name = "ADDR")]
+    /// The socket address served over HTTP (the default instance id is one
+    /// per address); `None` on stdio.
     pub listen: Option<String>,
-    /// A file holding the bearer token HTTP clients must send (required off loopback).
-    #[arg(long, value_name = "FILE")]
-    pub token_file: Option<PathBuf>,
-    /// Host names (with or without port) HTTP clients may use besides loopback (repeatable).
-    #[arg(long = "allow-host", value_name = "HOST")]
-    pub allow_hosts: Vec<String>,
-    /// Origins (`scheme://host[:port]`) browsers may send besides loopback (repeatable).
-    #[arg(long = "allow-origin", value_name = "ORIGIN")]
-    pub allow_origins: Vec<String>,
-    /// The most sessions served at once over HTTP.
-    #[arg(long, value_name = "N", default_value_t = 64)]
-    pub max_sessions: usize,
-    /// The largest HTTP body accepted, in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = box_jsonrpc::lines::MAX_MESSAGE_BYTES)]
-    pub max_body_bytes: usize,
-    /// This host's instance id in unit labels; default one per listen address (HTTP) or per process (stdio).
-    #[arg(long, value_name = "ID")]
+    /// This host's instance id in unit labels, when one is asked for.
     pub instance: Option<String>,
-    /// Append one JSON line per tool call here (no argument values, no outputs).
-    #[arg(long, value_name = "FILE")]
+    /// Where the audit log is appended, when asked for.
     pub audit: Option<PathBuf>,
-    /// Log format on stderr: text or json.
-    #[arg(long, value_name = "FORMAT", default_value = "text")]
-    pub log_format: String,
-    /// At SIGTERM, how long calls in flight get to finish before units are removed (e.g. 10s).
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    /// At shutdown, how long calls in flight get to finish before units are removed.
     pub drain: Duration,
 }
 
-/// `box run`: one command in a fresh session's workspace unit.
-#[derive(Debug, Clone, clap::Args)]
-pub struct RunArgs {
+/// What `box run` asks of the host, as plain values (the binary turns its
+/// flags into this).
+#[derive(Debug, Clone)]
+pub struct RunConfig {
     /// The profile to resolve.
-    #[arg(long, value_name = "NAME", default_value = "default")]
     pub profile: String,
-    /// More directories of profiles, searched first (repeatable).
-    #[arg(long = "profiles", value_name = "DIR")]
+    /// More directories of profiles, searched first.
     pub profile_dirs: Vec<PathBuf>,
     /// Tightenings, as JSON or @FILE.
-    #[arg(long, value_name = "JSON")]
     pub tighten: Option<String>,
     /// Where units run: docker, local, or auto.
-    #[arg(long, value_name = "BACKEND", default_value = "auto")]
     pub backend: String,
-    /// The host directory a `cwd` workspace source means; default the current directory.
-    #[arg(long, value_name = "DIR")]
+    /// The host directory a `cwd` workspace source means; `None`: the current directory.
     pub workspace: Option<PathBuf>,
     /// Log format on stderr: text or json.
-    #[arg(long, value_name = "FORMAT", default_value = "text")]
     pub log_format: String,
     /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
@@ -241,7 +214,7 @@ pub async fn sweep_orphans(config: &HostConfig) {
 }
 
 /// Start logging on stderr (stdout may be the protocol).
-fn init_logging(format: &str, default_level: &str) -> anyhow::Result<()> {
+pub fn init_logging(format: &str, default_level: &str) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
@@ -267,7 +240,7 @@ const SIGNAL_WINDOW: Duration = Duration::from_secs(1);
 const EXIT_NOW_REMOVAL: Duration = Duration::from_secs(5);
 /// How long a host that is ending waits, after its calls' drain, for its
 /// sessions' units to be confirmed removed before it exits naming those left.
-pub(crate) const END_WAIT: Duration = Duration::from_secs(30);
+pub const END_WAIT: Duration = Duration::from_secs(30);
 
 /// Cancel `shutdown` at the first SIGTERM or SIGINT; signals within
 /// [`SIGNAL_WINDOW`] of it are the same request. A later one exits now, after
@@ -348,7 +321,8 @@ pub(crate) fn report_units_left(config: &HostConfig) -> bool {
     true
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+/// The multi-threaded runtime (HTTP, `box run`).
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -360,7 +334,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// this thread, not a wake of another worker through a futex, which is most
 /// of a proxied call's added latency on the multi-threaded runtime (measured
 /// in BENCHMARKS.md, Serve).
-fn single_session_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub fn single_session_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -380,6 +354,9 @@ pub(crate) fn claim_instance(
     use crate::backend::instance;
     let id = match (requested, listen) {
         (Some(id), _) => id.to_owned(),
+        // An ephemeral port names no lasting host: two such hosts are two
+        // instances, not one claimed twice.
+        (None, Some(address)) if address.ends_with(":0") => instance::new_id(),
         (None, Some(address)) => {
             let address: String = address
                 .chars()
@@ -399,39 +376,29 @@ pub(crate) fn claim_instance(
         .with_context(|| format!("claiming instance `{id}`"))
 }
 
-/// Run the host until its transport ends.
-pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    init_logging(&args.log_format, "info")?;
-    let runtime = if args.listen.is_some() {
-        runtime()?
-    } else {
-        single_session_runtime()?
-    };
-    let result = runtime.block_on(serve_async(args));
-    // The stdio reader may sit in a blocking read of stdin; do not wait for it.
-    runtime.shutdown_timeout(Duration::from_millis(200));
-    result
+/// A host ready to serve sessions: what they share, the token that ends
+/// them all (a signal cancels it), and this host's claim on its instance id.
+pub struct Host {
+    /// What every session shares.
+    pub config: Arc<HostConfig>,
+    /// Cancelled at the first SIGTERM or SIGINT; sessions are its children.
+    pub shutdown: CancellationToken,
+    /// Held until the host exits: while it is, this instance is alive.
+    _instance: crate::backend::instance::InstanceLock,
 }
 
-/// `--listen` as a socket address: a bare port (`8080`, `:8080`) binds loopback.
-fn listen_address(value: &str) -> String {
-    match value.strip_prefix(':').unwrap_or(value).parse::<u16>() {
-        Ok(port) => format!("127.0.0.1:{port}"),
-        Err(_) => value.to_owned(),
-    }
-}
-
-async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
-    args.listen = args.listen.as_deref().map(listen_address);
-    let backend = select_backend(&crate::backends::registry(), &args.backend).await?;
-    let facts = host_facts(args.workspace.as_ref())?;
-    let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
-    config.default_profile = args.profile.clone();
-    config.drain = args.drain;
-    // Held until the host exits: while it is, this instance is alive.
-    let instance = claim_instance(args.instance.as_deref(), args.listen.as_deref())?;
+/// Start the host for `box serve`: its backend, its instance id, its audit
+/// log, the sweep of orphaned units and the signal handlers. A transport then
+/// serves sessions until it ends, and [`Host::finish`] says what is left.
+pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
+    let backend = select_backend(&crate::backends::registry(), &serve.backend).await?;
+    let facts = host_facts(serve.workspace.as_ref())?;
+    let mut config = HostConfig::new(backend, Catalog::new(serve.profile_dirs.clone()), facts);
+    config.default_profile = serve.profile.clone();
+    config.drain = serve.drain;
+    let instance = claim_instance(serve.instance.as_deref(), serve.listen.as_deref())?;
     config.instance = instance.id().to_owned();
-    if let Some(path) = &args.audit {
+    if let Some(path) = &serve.audit {
         config.audit =
             Some(audit::Audit::open(path).with_context(|| format!("--audit {}", path.display()))?);
     }
@@ -448,23 +415,27 @@ async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone(), config.clone())?;
-    match &args.listen {
-        None => crate::transport::stdio::serve(config.clone(), shutdown).await?,
-        Some(address) => {
-            let options = crate::transport::http::HttpOptions::from_args(&args)?;
-            let listener = crate::transport::http::bind(address).await?;
-            tracing::info!(address = %listener.local_addr()?, "serving streamable HTTP at /mcp");
-            crate::transport::http::serve(config.clone(), options, listener, shutdown).await?;
+    Ok(Host {
+        config,
+        shutdown,
+        _instance: instance,
+    })
+}
+
+impl Host {
+    /// After the transport has ended: failure when units are not confirmed
+    /// removed (each named on stderr with how to remove it). The instance id
+    /// is released here.
+    pub fn finish(self) -> ExitCode {
+        if report_units_left(&self.config) {
+            return ExitCode::FAILURE;
         }
+        ExitCode::SUCCESS
     }
-    if report_units_left(&config) {
-        return Ok(ExitCode::FAILURE);
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Run one command through a session of its own; the exit code is the command's.
-pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: RunConfig) -> anyhow::Result<ExitCode> {
     // The command's own output is what a `box run` user reads: box speaks up
     // only for warnings and errors unless RUST_LOG asks for more.
     init_logging(&args.log_format, "warn")?;
@@ -478,12 +449,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 mod tests;
 
 #[cfg(test)]
-mod listen_tests {
+mod instance_tests {
+    /// Two hosts on ephemeral ports (`127.0.0.1:0`) are two instances; two
+    /// on the same fixed address are one claimed twice.
     #[test]
-    fn a_bare_port_binds_loopback() {
-        assert_eq!(super::listen_address("8080"), "127.0.0.1:8080");
-        assert_eq!(super::listen_address(":8080"), "127.0.0.1:8080");
-        assert_eq!(super::listen_address("0.0.0.0:8080"), "0.0.0.0:8080");
-        assert_eq!(super::listen_address("[::1]:8080"), "[::1]:8080");
+    fn hosts_on_ephemeral_ports_are_distinct_instances() {
+        let first = super::claim_instance(None, Some("127.0.0.1:0")).unwrap();
+        let second = super::claim_instance(None, Some("127.0.0.1:0")).unwrap();
+        assert_ne!(first.id(), second.id());
+        let port = format!("127.0.0.1:{}", 40000 + std::process::id() % 20000);
+        let held = super::claim_instance(None, Some(&port)).unwrap();
+        assert!(super::claim_instance(None, Some(&port)).is_err());
+        drop(held);
     }
 }

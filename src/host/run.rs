@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::session::EXECUTOR_KEY;
 use super::{
-    END_WAIT, HostConfig, RunArgs, SessionHandle, claim_instance, host_facts, report_units_left,
+    END_WAIT, HostConfig, RunConfig, SessionHandle, claim_instance, host_facts, report_units_left,
     select_backend, spawn_session, watch_signals,
 };
 use crate::profile::Catalog;
@@ -77,7 +77,7 @@ fn parse_tighten(tighten: Option<&str>) -> anyhow::Result<Value> {
     serde_json::from_str(&text).with_context(|| format!("{source}: not JSON"))
 }
 
-pub(super) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(args: RunConfig) -> anyhow::Result<ExitCode> {
     match run_inner(args).await {
         Ok(code) => Ok(code),
         Err(error) => {
@@ -87,7 +87,7 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn run_inner(args: RunArgs) -> anyhow::Result<ExitCode> {
+async fn run_inner(args: RunConfig) -> anyhow::Result<ExitCode> {
     let tighten = parse_tighten(args.tighten.as_deref())?;
     let backend = select_backend(&crate::backends::registry(), &args.backend).await?;
     let facts = host_facts(args.workspace.as_ref())?;
@@ -140,7 +140,11 @@ async fn run_inner(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn run_command(client: &Client, args: &RunArgs, tighten: Value) -> Result<ExitCode, String> {
+async fn run_command(
+    client: &Client,
+    args: &RunConfig,
+    tighten: Value,
+) -> Result<ExitCode, String> {
     client
         .call(
             "initialize",

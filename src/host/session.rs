@@ -15,6 +15,9 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use box_jsonrpc::session::Inbound;
+pub use box_jsonrpc::session::{SessionGone, SessionHandle};
+
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
@@ -32,9 +35,8 @@ use super::units::{
 use crate::backend::{Envelope, SessionLabel, UnitEnd, UnitState};
 use crate::plan::{Plan, PlanError, Role, UnitSpec};
 use box_jsonrpc::{
-    self as jsonrpc, Kind, ReplyStream, ReplyTo, check_params, classify, code, discover_refusal,
-    error_response, error_response_with_data, negotiate_version, params, params_mut, reply_channel,
-    result_response,
+    self as jsonrpc, Kind, ReplyTo, check_params, classify, code, discover_refusal, error_response,
+    error_response_with_data, negotiate_version, params, params_mut, result_response,
 };
 
 /// The most client requests one session may have in flight at once.
@@ -62,77 +64,6 @@ const DEADLINE_SETTLE: Duration = Duration::from_secs(1);
 /// and a session is not idle while they wait.
 const IDLE_SETTLE: Duration = Duration::from_secs(1);
 
-/// A message from the client to a session.
-#[derive(Debug)]
-enum Inbound {
-    /// A request and where its answer goes.
-    Request(Value, ReplyTo),
-    /// A notification, or a response to a server→client request.
-    Other(Value),
-}
-
-/// The session is gone: it ended, or never started.
-#[derive(Debug, Clone, Copy, thiserror::Error)]
-#[error("the session has ended")]
-pub struct SessionGone;
-
-/// A handle on a running session; cloning shares it.
-#[derive(Debug, Clone)]
-pub struct SessionHandle {
-    id: String,
-    inbound: mpsc::Sender<Inbound>,
-    cancel: CancellationToken,
-    done: CancellationToken,
-    version: Arc<OnceLock<&'static str>>,
-}
-
-impl SessionHandle {
-    /// The session's id.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// Send a request; its answer (and what streams before it) come on the returned stream.
-    pub async fn request(&self, message: Value) -> Result<ReplyStream, SessionGone> {
-        let (reply, stream) = reply_channel();
-        self.inbound
-            .send(Inbound::Request(message, reply))
-            .await
-            .map_err(|_| SessionGone)?;
-        Ok(stream)
-    }
-
-    /// Send a notification or a response.
-    pub async fn notify(&self, message: Value) -> Result<(), SessionGone> {
-        self.inbound
-            .send(Inbound::Other(message))
-            .await
-            .map_err(|_| SessionGone)
-    }
-
-    /// Ask the session to end (its units are then removed).
-    pub fn end(&self) {
-        self.cancel.cancel();
-    }
-
-    /// Resolves once the session has ended and its units are removed.
-    pub async fn ended(&self) {
-        self.done.cancelled().await;
-    }
-
-    /// Whether the session has ended.
-    pub fn has_ended(&self) -> bool {
-        self.done.is_cancelled()
-    }
-
-    /// The protocol version `initialize` agreed to; `None` before a successful
-    /// initialize. It governs what the transport accepts afterwards
-    /// (`MCP-Protocol-Version`, batches).
-    pub fn protocol_version(&self) -> Option<&'static str> {
-        self.version.get().copied()
-    }
-}
-
 /// Start a session task. Messages for the client that belong to no request go
 /// to `general`. The session ends when every handle is dropped, when `end` is
 /// called, or when `parent` is cancelled.
@@ -147,13 +78,13 @@ pub fn spawn_session(
     let host = parent.clone();
     let done = CancellationToken::new();
     let version = Arc::new(OnceLock::new());
-    let handle = SessionHandle {
-        id: id.clone(),
-        inbound: inbound_tx,
-        cancel: cancel.clone(),
-        done: done.clone(),
-        version: version.clone(),
-    };
+    let handle = SessionHandle::new(
+        id.clone(),
+        inbound_tx,
+        cancel.clone(),
+        done.clone(),
+        version.clone(),
+    );
     config.metrics.task_started();
     tokio::spawn(async move {
         let metrics_config = config.clone();

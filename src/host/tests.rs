@@ -675,8 +675,8 @@ async fn stdio_frames_lines_and_ends_the_session_at_end_of_file() {
     let fake = FakeBackend::default();
     let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
     let (server_out, client_out) = tokio::io::duplex(1 << 20);
-    let served = tokio::spawn(crate::transport::stdio::serve_on(
-        config(&fake),
+    let served = tokio::spawn(box_transport::stdio::serve_on(
+        Arc::new(crate::sessions::HostSessions::new(config(&fake))),
         server_in,
         server_out,
         CancellationToken::new(),
@@ -965,8 +965,8 @@ async fn stdio_refuses_an_over_long_line_and_reads_on() {
     let fake = FakeBackend::default();
     let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
     let (server_out, client_out) = tokio::io::duplex(1 << 20);
-    let served = tokio::spawn(crate::transport::stdio::serve_on(
-        config(&fake),
+    let served = tokio::spawn(box_transport::stdio::serve_on(
+        Arc::new(crate::sessions::HostSessions::new(config(&fake))),
         server_in,
         server_out,
         CancellationToken::new(),
@@ -1278,8 +1278,8 @@ async fn stdio_splits_batches_only_on_a_2025_03_26_session() {
     let fake = FakeBackend::default();
     let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
     let (server_out, client_out) = tokio::io::duplex(1 << 20);
-    let served = tokio::spawn(crate::transport::stdio::serve_on(
-        config(&fake),
+    let served = tokio::spawn(box_transport::stdio::serve_on(
+        Arc::new(crate::sessions::HostSessions::new(config(&fake))),
         server_in,
         server_out,
         CancellationToken::new(),

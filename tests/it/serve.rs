@@ -14,10 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use box_testkit::fake::FakeBackend;
+use box_transport::http::{HttpOptions, serve};
 use boxhost::host::HostConfig;
 use boxhost::plan::{HostFacts, Plan, PlanError, UserIds};
 use boxhost::profile::{Catalog, Profile};
-use boxhost::transport::http::{HttpOptions, serve};
+use boxhost::sessions::HostSessions;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -65,7 +66,12 @@ async fn start_server(options: HttpOptions, resolve: boxhost::host::ResolveFn) -
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
-    tokio::spawn(serve(Arc::new(config), options, listener, shutdown.clone()));
+    tokio::spawn(serve(
+        Arc::new(HostSessions::new(Arc::new(config))),
+        options,
+        listener,
+        shutdown.clone(),
+    ));
     Server {
         address,
         fake,
@@ -1122,7 +1128,7 @@ async fn http_shutdown_waits_for_sessions_still_starting_their_units() {
     let address = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let served = tokio::spawn(serve(
-        Arc::new(config),
+        Arc::new(HostSessions::new(Arc::new(config))),
         HttpOptions::loopback(),
         listener,
         shutdown.clone(),

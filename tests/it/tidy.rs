@@ -23,3 +23,101 @@ fn architecture_names_every_module() {
         "ARCHITECTURE.md's code map does not name: {missing:?}"
     );
 }
+
+/// The workspace's dependency graph is the architecture (ARCHITECTURE.md,
+/// "Crates"): each member may depend only on the members listed for it, the
+/// libraries that define a boundary (bollard, axum, hyper, rmcp, clap) are
+/// each a dependency of exactly one member, and the test doubles are never a
+/// normal dependency.
+#[test]
+fn crates_depend_only_on_what_the_architecture_allows() {
+    // member -> the workspace members it may depend on (normal dependencies).
+    let allowed: &[(&str, &[&str])] = &[
+        ("box-policy", &[]),
+        ("box-jsonrpc", &[]),
+        ("box-scrub", &["box-policy"]),
+        ("box-confine", &["box-policy"]),
+        ("box-redact", &[]),
+        ("box-egress", &[]),
+        ("box-fork", &[]),
+        ("box-init", &[]),
+        (
+            "box-executor",
+            &["box-policy", "box-jsonrpc", "box-scrub", "box-confine"],
+        ),
+        ("box-backend", &["box-policy", "box-scrub"]),
+        (
+            "box-backend-docker",
+            &["box-backend", "box-policy", "box-confine"],
+        ),
+        (
+            "box-backend-local",
+            &["box-backend", "box-policy", "box-confine", "box-scrub"],
+        ),
+        (
+            "box-host",
+            &["box-policy", "box-backend", "box-jsonrpc", "box-scrub"],
+        ),
+        ("box-transport", &["box-jsonrpc"]),
+    ];
+    // A library that marks a boundary -> the one member that may use it.
+    let exclusive: &[(&str, &str)] = &[
+        ("bollard", "box-backend-docker"),
+        ("axum", "box-transport"),
+        ("hyper", "box-transport"),
+        ("hyper-util", "box-transport"),
+        ("rmcp", "box-executor"),
+        ("clap", "boxhost"),
+    ];
+    let output = std::process::Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(repo_root())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let packages = metadata["packages"].as_array().unwrap();
+    let members: Vec<&str> = packages
+        .iter()
+        .filter_map(|package| package["name"].as_str())
+        .collect();
+    let mut wrong = Vec::new();
+    let mut users: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for package in packages {
+        let name = package["name"].as_str().unwrap();
+        for dependency in package["dependencies"].as_array().unwrap() {
+            let target = dependency["name"].as_str().unwrap();
+            let dev = dependency["kind"].as_str() == Some("dev");
+            if let Some((_, owner)) = exclusive.iter().find(|(lib, _)| *lib == target) {
+                users.entry(target).or_default().push(name.to_owned());
+                if name != *owner {
+                    wrong.push(format!("{name} depends on {target}, which only {owner} may use"));
+                }
+            }
+            if target == "box-testkit" && !dev {
+                wrong.push(format!("{name} depends on box-testkit outside its dev-dependencies"));
+            }
+            if dev || !members.contains(&target) {
+                continue;
+            }
+            match allowed.iter().find(|(member, _)| *member == name) {
+                Some((_, may)) if !may.contains(&target) => {
+                    wrong.push(format!("{name} must not depend on {target} (allowed: {may:?})"));
+                }
+                // The binary wires everything; the test kit may use anything.
+                None if name != "boxhost" && name != "box-testkit" => {
+                    wrong.push(format!("{name} is not in the architecture's table"));
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "the crate graph breaks the architecture:\n{}", wrong.join("\n"));
+    for (lib, owner) in exclusive {
+        assert_eq!(
+            users.get(lib).cloned().unwrap_or_default(),
+            [owner.to_string()],
+            "{lib} must be a dependency of {owner} alone"
+        );
+    }
+}

@@ -2,8 +2,9 @@
 //!
 //! Owns the message vocabulary (classifying a raw `serde_json::Value` as a
 //! request, notification or response, building error answers, MCP's protocol
-//! versions), the one line framer (`lines`) and the channel a session answers
-//! a transport on. It never round-trips a message through typed structs:
+//! versions), the one line framer (`lines`) and the channels between a
+//! transport and a session (`session`: the handle a transport holds, the
+//! reply stream a session answers on). It never round-trips a message through typed structs:
 //! everything it does not route on is forwarded byte-for-byte as it came
 //! (unknown members, `_meta`, `experimental` capabilities), because typed MCP
 //! messages drop fields.
@@ -11,6 +12,7 @@
 //! It does no I/O of its own beyond the framer it hands a reader or writer.
 
 pub mod lines;
+pub mod session;
 
 use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};

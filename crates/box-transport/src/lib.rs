@@ -1,20 +1,71 @@
-//! Transports: how a client's messages reach a session. stdio (one session
-//! per process, newline-delimited JSON-RPC with a bounded line) and streamable
-//! HTTP (many sessions, `/mcp`, SSE). The only module that knows HTTP.
+//! box's transports: how a client's messages reach a session. stdio (one
+//! session per process, newline-delimited JSON-RPC with a bounded line) and
+//! streamable HTTP (many sessions, `/mcp`, SSE). The only crate that knows
+//! HTTP (axum, hyper).
 //!
 //! A transport hands each client request to its session with a reply channel
 //! and carries back what the session answers on it: the events related to the
 //! request (progress, a server→client request) and then the one answer.
+//!
+//! Sessions come from a [`SessionFactory`]; this crate never knows the host,
+//! profiles, plans, backends or the command line (the binary turns its flags
+//! into [`http::HttpOptions`] and wires the host in as the factory).
 
 pub mod http;
 pub mod stdio;
 mod write_timeout;
 
+use std::time::Duration;
+
+use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
-use crate::host::{SessionGone, SessionHandle};
+use box_jsonrpc::session::{SessionGone, SessionHandle};
 use box_jsonrpc::{Kind, ReplyStream, classify, refusal};
+
+/// Everything a transport needs from whoever runs sessions (the host).
+pub trait SessionFactory: Send + Sync + 'static {
+    /// Start a session named `id`. Messages for the client that belong to no
+    /// request go to `general`; the session ends when every handle is
+    /// dropped, when the handle ends it, or when `shutdown` is cancelled.
+    fn open(
+        &self,
+        id: String,
+        general: mpsc::Sender<Value>,
+        shutdown: &CancellationToken,
+    ) -> SessionHandle;
+
+    /// How long a session the transport ended may take to have its units
+    /// removed before the transport stops waiting (stdio, at its end).
+    fn end_wait(&self) -> Duration;
+
+    /// How many sessions are still running, ending ones included (HTTP
+    /// waits at shutdown until none is).
+    fn sessions_running(&self) -> usize;
+
+    /// The `/metrics` exposition: its content type and its text.
+    fn metrics(&self) -> (&'static str, String);
+
+    /// `/readyz`: whether sessions can be served now; why not otherwise.
+    fn readiness(&self) -> BoxFuture<'_, Result<(), String>>;
+
+    /// The units of session `id` not yet confirmed removed, for a DELETE
+    /// that waited too long.
+    fn units_left(&self, id: &str) -> Vec<UnitLeft>;
+}
+
+/// A unit whose removal is not confirmed, as a transport reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitLeft {
+    /// The unit's name in its session's plan.
+    pub unit: String,
+    /// The backend's id, when its start got that far.
+    pub id: Option<String>,
+    /// What is left and how to remove it, in one sentence.
+    pub description: String,
+}
 
 /// Copy a request's events and then its answer into `out`, in that order.
 /// Returns once the answer is sent, or the session dropped the request (a

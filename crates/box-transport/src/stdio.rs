@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::host::{HostConfig, spawn_session};
+use crate::SessionFactory;
 use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
 use box_jsonrpc::{Kind, MessageError, classify, code, error_response, refusal};
 
@@ -26,22 +26,25 @@ const FLUSH_GRACE: Duration = Duration::from_secs(2);
 const EOF_GRACE: Duration = Duration::from_secs(2);
 
 /// Serve one session on this process's stdin and stdout.
-pub async fn serve(config: Arc<HostConfig>, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn serve(
+    sessions: Arc<dyn SessionFactory>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     // Non-blocking mode belongs to the open pipe, which whoever comes after
     // us in a shell pipeline may share: it is put back as found.
     let _stdin_mode = FileMode::save(std::io::stdin());
     let _stdout_mode = FileMode::save(std::io::stdout());
-    serve_on(config, stdin(), stdout(), shutdown).await
+    serve_on(sessions, stdin(), stdout(), shutdown).await
 }
 
 /// Write a batch's events as they come, then its answers as one array line
 /// (none when every member was a notification, or its requests cancelled).
-async fn answer_batch(mut batch: super::Batch, out: mpsc::Sender<Value>) {
+async fn answer_batch(mut batch: crate::Batch, out: mpsc::Sender<Value>) {
     while batch.pending > 0 {
         let Some(message) = batch.replies.recv().await else {
             break;
         };
-        if super::is_answer(&message) {
+        if crate::is_answer(&message) {
             batch.answers.push(message);
             batch.pending -= 1;
         } else if out.send(message).await.is_err() {
@@ -136,7 +139,7 @@ fn nonblocking(fd: std::os::fd::BorrowedFd<'_>) -> Option<Stdio> {
 
 /// Serve one session on `input` and `output`.
 pub async fn serve_on(
-    config: Arc<HostConfig>,
+    sessions: Arc<dyn SessionFactory>,
     input: impl AsyncRead + Unpin,
     mut output: impl AsyncWrite + Unpin + Send + 'static,
     shutdown: CancellationToken,
@@ -152,8 +155,7 @@ pub async fn serve_on(
     });
     let mut session_id = [0u8; 16];
     rand::fill(&mut session_id);
-    let config_drain = config.drain;
-    let session = spawn_session(config, hex::encode(session_id), out_tx.clone(), &shutdown);
+    let session = sessions.open(hex::encode(session_id), out_tx.clone(), &shutdown);
     let mut reader = LineReader::new(input, MAX_MESSAGE_BYTES);
     let in_flight = tokio_util::task::TaskTracker::new();
     let mut at_eof = false;
@@ -203,7 +205,7 @@ pub async fn serve_on(
                 let Ok(stream) = session.request(message).await else {
                     break;
                 };
-                in_flight.spawn(super::forward_reply(stream, out_tx.clone()));
+                in_flight.spawn(crate::forward_reply(stream, out_tx.clone()));
             }
             Ok(Kind::Notification { .. } | Kind::Response { .. }) => {
                 if session.notify(message).await.is_err() {
@@ -228,7 +230,7 @@ pub async fn serve_on(
                     let _ = out_tx.send(empty).await;
                     continue;
                 }
-                let Ok(batch) = super::route_batch(&session, messages).await else {
+                let Ok(batch) = crate::route_batch(&session, messages).await else {
                     break;
                 };
                 in_flight.spawn(answer_batch(batch, out_tx.clone()));
@@ -245,7 +247,7 @@ pub async fn serve_on(
     session.end();
     // Bounded: an engine that stalls must not keep the host for ever; what is
     // left then is named as the host exits.
-    let wait = config_drain + crate::host::END_WAIT;
+    let wait = sessions.end_wait();
     if tokio::time::timeout(wait, session.ended()).await.is_err() {
         tracing::error!(
             "the session's units are not confirmed removed after {}; exiting",

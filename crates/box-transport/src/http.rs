@@ -45,7 +45,8 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::host::{HostConfig, ServeArgs, SessionHandle, spawn_session};
+use crate::SessionFactory;
+use box_jsonrpc::session::SessionHandle;
 use box_jsonrpc::{
     Kind, MessageError, ReplyStream, allows_batches, classify, code, discover_refusal,
     error_response, refusal, sends_version_header,
@@ -100,51 +101,8 @@ pub struct HttpOptions {
 }
 
 impl HttpOptions {
-    /// Options from `box serve`'s flags: a non-loopback `--listen` requires `--token-file`.
-    pub fn from_args(args: &ServeArgs) -> anyhow::Result<Self> {
-        let listen = args.listen.as_deref().unwrap_or("127.0.0.1:0");
-        let token = match &args.token_file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("--token-file {}: reading", path.display()))?;
-                let token = text.trim().to_owned();
-                if token.len() < 16 {
-                    anyhow::bail!(
-                        "--token-file {}: the token is {} characters; use at least 16 (e.g. `openssl rand -hex 32`)",
-                        path.display(),
-                        token.len()
-                    );
-                }
-                Some(token)
-            }
-            None => None,
-        };
-        let loopback = is_loopback_listen(listen);
-        if !loopback && token.is_none() {
-            anyhow::bail!(
-                "--listen {listen} is not a loopback address: anyone who reaches it could run tools; give --token-file FILE (a bearer token clients must send)"
-            );
-        }
-        let mut allowed_hosts = args.allow_hosts.clone();
-        if let Ok(address) = listen.parse::<SocketAddr>()
-            && !address.ip().is_unspecified()
-        {
-            allowed_hosts.push(address.ip().to_string());
-        }
-        Ok(Self {
-            token,
-            allowed_hosts,
-            allowed_origins: args.allow_origins.clone(),
-            max_sessions: args.max_sessions.max(1),
-            max_body_bytes: args.max_body_bytes,
-            header_read_timeout: HEADER_READ_TIMEOUT,
-            body_read_timeout: BODY_READ_TIMEOUT,
-            write_timeout: WRITE_TIMEOUT,
-            delete_wait: DELETE_WAIT,
-        })
-    }
-
-    /// Loopback-only defaults (tests).
+    /// Loopback-only: no token, no other host or origin, and box's defaults
+    /// for the rest (what the binary starts from, and what tests use).
     pub fn loopback() -> Self {
         Self {
             token: None,
@@ -160,8 +118,9 @@ impl HttpOptions {
     }
 }
 
-/// Whether a `--listen` address is loopback (`localhost:port` counts).
-fn is_loopback_listen(listen: &str) -> bool {
+/// Whether a `--listen` address is loopback (`localhost:port` counts): off
+/// loopback, the binary requires a bearer token.
+pub fn is_loopback_listen(listen: &str) -> bool {
     match listen.parse::<SocketAddr>() {
         Ok(address) => address.ip().is_loopback(),
         Err(_) => listen
@@ -180,7 +139,7 @@ struct Entry {
 }
 
 struct AppState {
-    config: Arc<HostConfig>,
+    sessions_factory: Arc<dyn SessionFactory>,
     options: HttpOptions,
     sessions: Mutex<HashMap<String, Entry>>,
     permits: Arc<Semaphore>,
@@ -200,12 +159,12 @@ impl AppState {
 
 /// The axum router, for tests and for [`serve`].
 pub fn router(
-    config: Arc<HostConfig>,
+    sessions: Arc<dyn SessionFactory>,
     options: HttpOptions,
     shutdown: CancellationToken,
 ) -> Router {
     let state = Arc::new(AppState {
-        config,
+        sessions_factory: sessions,
         permits: Arc::new(Semaphore::new(options.max_sessions)),
         options,
         sessions: Mutex::new(HashMap::new()),
@@ -260,14 +219,14 @@ pub async fn bind(address: &str) -> anyhow::Result<tokio::net::TcpListener> {
 /// the task), HTTP/1.1 with a header read timeout so a slow client cannot hold
 /// a connection open by trickling its headers (security case E65).
 pub async fn serve(
-    config: Arc<HostConfig>,
+    sessions: Arc<dyn SessionFactory>,
     options: HttpOptions,
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let header_read_timeout = options.header_read_timeout;
     let write_timeout = options.write_timeout;
-    let app = router(config.clone(), options, shutdown.clone());
+    let app = router(sessions.clone(), options, shutdown.clone());
     let connections = tokio_util::task::TaskTracker::new();
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
@@ -295,7 +254,7 @@ pub async fn serve(
             builder
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(header_read_timeout);
-            let stream = super::write_timeout::WriteTimeout::new(stream, write_timeout);
+            let stream = crate::write_timeout::WriteTimeout::new(stream, write_timeout);
             let connection =
                 builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
             let mut connection = std::pin::pin!(connection);
@@ -316,7 +275,7 @@ pub async fn serve(
     // Sessions are children of `shutdown`: they are ending (those still starting
     // their units too); wait for their units to go.
     let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
-    while config.metrics.session_tasks() > 0 && tokio::time::Instant::now() < deadline {
+    while sessions.sessions_running() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let _ = tokio::time::timeout_at(deadline, connections.wait()).await;
@@ -679,11 +638,11 @@ async fn batch(session: &SessionHandle, messages: Vec<Value>, accepts: Accepts) 
             "an empty batch: send at least one message",
         );
     }
-    let Ok(super::Batch {
+    let Ok(crate::Batch {
         mut answers,
         replies: mut out_rx,
         mut pending,
-    }) = super::route_batch(session, messages).await
+    }) = crate::route_batch(session, messages).await
     else {
         return session_gone();
     };
@@ -695,7 +654,7 @@ async fn batch(session: &SessionHandle, messages: Vec<Value>, accepts: Accepts) 
             // The rest were cancelled: they get no answer.
             break;
         };
-        if super::is_answer(&message) {
+        if crate::is_answer(&message) {
             answers.push(message);
             pending -= 1;
             continue;
@@ -746,12 +705,9 @@ async fn initialize(state: &Arc<AppState>, id: Value, message: Value) -> Respons
     };
     let session_id = mint_session_id();
     let (general_tx, general_rx) = mpsc::channel(GENERAL_QUEUE);
-    let handle = spawn_session(
-        state.config.clone(),
-        session_id.clone(),
-        general_tx,
-        &state.shutdown,
-    );
+    let handle = state
+        .sessions_factory
+        .open(session_id.clone(), general_tx, &state.shutdown);
     let response = match handle.request(message).await {
         Ok(stream) => stream.response.await.ok(),
         Err(_) => None,
@@ -832,7 +788,7 @@ async fn answer(mut stream: ReplyStream, accepts: Accepts) -> Response {
     };
     let (out_tx, out_rx) = mpsc::channel(box_jsonrpc::REPLY_EVENTS);
     let _ = out_tx.send(first).await;
-    tokio::spawn(super::forward_reply(stream, out_tx));
+    tokio::spawn(crate::forward_reply(stream, out_tx));
     sse(out_rx)
 }
 
@@ -1016,12 +972,10 @@ async fn delete_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> R
     }
     // Not confirmed: the session keeps its entry (and its place under
     // --max-sessions) until its units are gone; a later DELETE asks again.
-    let left: Vec<String> = state
-        .config
-        .ledger
-        .left_of(&session_id)
+    let units_left = state.sessions_factory.units_left(&session_id);
+    let left: Vec<String> = units_left
         .iter()
-        .map(|unit| unit.describe(state.config.backend.kind().as_str(), &state.config.instance))
+        .map(|unit| unit.description.clone())
         .collect();
     let mut response = json_response(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -1032,7 +986,7 @@ async fn delete_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> R
                 humantime::format_duration(state.options.delete_wait),
                 if left.is_empty() { "its units are being removed".to_owned() } else { left.join("; ") }
             ),
-            "data": {"unitsLeft": state.config.ledger.left_of(&session_id).iter().map(|unit| json!({"unit": unit.unit, "id": unit.id})).collect::<Vec<_>>()},
+            "data": {"unitsLeft": units_left.iter().map(|unit| json!({"unit": unit.unit, "id": unit.id})).collect::<Vec<_>>()},
         }}),
     );
     response.headers_mut().insert(
@@ -1046,12 +1000,8 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     if let Err(response) = check_request(&state.options, &headers) {
         return response;
     }
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, crate::host::metrics::CONTENT_TYPE)],
-        state.config.metrics.render(),
-    )
-        .into_response()
+    let (content_type, text) = state.sessions_factory.metrics();
+    (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], text).into_response()
 }
 
 /// A plain-text probe answer.
@@ -1084,7 +1034,7 @@ async fn readyz(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
             "draining: the host is shutting down\n".to_owned(),
         );
     }
-    match crate::host::metrics::readiness(&state.config).await {
+    match state.sessions_factory.readiness().await {
         Ok(()) => probe(StatusCode::OK, "ready\n".to_owned()),
         Err(why) => probe(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
     }
@@ -1093,6 +1043,35 @@ async fn readyz(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A factory whose backend always answers; it never opens a session.
+    struct Ready;
+
+    impl SessionFactory for Ready {
+        fn open(
+            &self,
+            _id: String,
+            _general: mpsc::Sender<Value>,
+            _shutdown: &CancellationToken,
+        ) -> SessionHandle {
+            unreachable!("the readiness probes open no session")
+        }
+        fn end_wait(&self) -> Duration {
+            Duration::ZERO
+        }
+        fn sessions_running(&self) -> usize {
+            0
+        }
+        fn metrics(&self) -> (&'static str, String) {
+            ("text/plain", String::new())
+        }
+        fn readiness(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn units_left(&self, _id: &str) -> Vec<crate::UnitLeft> {
+            Vec::new()
+        }
+    }
 
     #[test]
     fn hosts_and_origins() {
@@ -1156,18 +1135,9 @@ mod tests {
 
     #[tokio::test]
     async fn readiness_is_refused_while_draining() {
-        let facts = crate::plan::HostFacts {
-            cwd: std::env::temp_dir(),
-            caller: crate::plan::UserIds {
-                uid: 1000,
-                gid: 1000,
-            },
-        };
-        let backend = Arc::new(box_testkit::fake::FakeBackend::default());
-        let config = HostConfig::new(backend, crate::profile::Catalog::new(Vec::new()), facts);
         let options = HttpOptions::loopback();
         let state = Arc::new(AppState {
-            config: Arc::new(config),
+            sessions_factory: Arc::new(Ready),
             permits: Arc::new(Semaphore::new(options.max_sessions)),
             options,
             sessions: Mutex::new(HashMap::new()),

@@ -1,0 +1,103 @@
+//! The channel between a transport and a session: what a transport holds
+//! ([`SessionHandle`]) and what the session receives ([`Inbound`]). Here, not
+//! in the host, because it knows nothing of units or profiles, and both sides
+//! (the host's session task, the transports) must agree on it without knowing
+//! each other.
+
+use std::sync::{Arc, OnceLock};
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::{ReplyStream, ReplyTo, reply_channel};
+
+/// A message from the client to a session.
+#[derive(Debug)]
+pub enum Inbound {
+    /// A request and where its answer goes.
+    Request(Value, ReplyTo),
+    /// A notification, or a response to a server→client request.
+    Other(Value),
+}
+
+/// The session is gone: it ended, or never started.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the session has ended")]
+pub struct SessionGone;
+
+/// A handle on a running session; cloning shares it.
+#[derive(Debug, Clone)]
+pub struct SessionHandle {
+    id: String,
+    inbound: mpsc::Sender<Inbound>,
+    cancel: CancellationToken,
+    done: CancellationToken,
+    version: Arc<OnceLock<&'static str>>,
+}
+
+impl SessionHandle {
+    /// A handle on the session that reads `inbound`'s other end: `cancel`
+    /// asks it to end, it cancels `done` once it has ended (its units
+    /// removed), and it sets `version` at a successful initialize.
+    pub fn new(
+        id: String,
+        inbound: mpsc::Sender<Inbound>,
+        cancel: CancellationToken,
+        done: CancellationToken,
+        version: Arc<OnceLock<&'static str>>,
+    ) -> Self {
+        Self {
+            id,
+            inbound,
+            cancel,
+            done,
+            version,
+        }
+    }
+
+    /// The session's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Send a request; its answer (and what streams before it) come on the returned stream.
+    pub async fn request(&self, message: Value) -> Result<ReplyStream, SessionGone> {
+        let (reply, stream) = reply_channel();
+        self.inbound
+            .send(Inbound::Request(message, reply))
+            .await
+            .map_err(|_| SessionGone)?;
+        Ok(stream)
+    }
+
+    /// Send a notification or a response.
+    pub async fn notify(&self, message: Value) -> Result<(), SessionGone> {
+        self.inbound
+            .send(Inbound::Other(message))
+            .await
+            .map_err(|_| SessionGone)
+    }
+
+    /// Ask the session to end (its units are then removed).
+    pub fn end(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Resolves once the session has ended and its units are removed.
+    pub async fn ended(&self) {
+        self.done.cancelled().await;
+    }
+
+    /// Whether the session has ended.
+    pub fn has_ended(&self) -> bool {
+        self.done.is_cancelled()
+    }
+
+    /// The protocol version `initialize` agreed to; `None` before a successful
+    /// initialize. It governs what the transport accepts afterwards
+    /// (`MCP-Protocol-Version`, batches).
+    pub fn protocol_version(&self) -> Option<&'static str> {
+        self.version.get().copied()
+    }
+}

@@ -1,0 +1,171 @@
+//! `box serve`: its flags, turned into the host's [`ServeConfig`] and the
+//! HTTP transport's [`HttpOptions`], and the wiring of the two: the host
+//! starts, a transport serves its sessions (through [`HostSessions`]), the
+//! host says what is left.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use box_transport::http::{self, HttpOptions};
+
+use crate::host::{self, ServeConfig};
+use crate::sessions::HostSessions;
+
+/// `box serve`: the host, over stdio or streamable HTTP.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// The profile a session gets when it names none.
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    pub profile: String,
+    /// More directories of profiles, searched first (repeatable).
+    #[arg(long = "profiles", value_name = "DIR")]
+    pub profile_dirs: Vec<PathBuf>,
+    /// Where units run: docker, local, or auto (docker when the engine answers).
+    #[arg(long, value_name = "BACKEND", default_value = "auto")]
+    pub backend: String,
+    /// The host directory a `cwd` workspace source means; default the current directory.
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Serve streamable HTTP at this address instead of stdio (a bare port binds 127.0.0.1).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// A file holding the bearer token HTTP clients must send (required off loopback).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Host names (with or without port) HTTP clients may use besides loopback (repeatable).
+    #[arg(long = "allow-host", value_name = "HOST")]
+    pub allow_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`) browsers may send besides loopback (repeatable).
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    pub allow_origins: Vec<String>,
+    /// The most sessions served at once over HTTP.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_sessions: usize,
+    /// The largest HTTP body accepted, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = box_jsonrpc::lines::MAX_MESSAGE_BYTES)]
+    pub max_body_bytes: usize,
+    /// This host's instance id in unit labels; default one per listen address (HTTP) or per process (stdio).
+    #[arg(long, value_name = "ID")]
+    pub instance: Option<String>,
+    /// Append one JSON line per tool call here (no argument values, no outputs).
+    #[arg(long, value_name = "FILE")]
+    pub audit: Option<PathBuf>,
+    /// Log format on stderr: text or json.
+    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    pub log_format: String,
+    /// At SIGTERM, how long calls in flight get to finish before units are removed (e.g. 10s).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain: Duration,
+}
+
+impl ServeArgs {
+    /// What the host needs of these flags.
+    fn host_config(&self) -> ServeConfig {
+        ServeConfig {
+            profile: self.profile.clone(),
+            profile_dirs: self.profile_dirs.clone(),
+            backend: self.backend.clone(),
+            workspace: self.workspace.clone(),
+            listen: self.listen.clone(),
+            instance: self.instance.clone(),
+            audit: self.audit.clone(),
+            drain: self.drain,
+        }
+    }
+
+    /// What the HTTP transport enforces, from these flags: a non-loopback
+    /// `--listen` requires `--token-file`.
+    fn http_options(&self) -> anyhow::Result<HttpOptions> {
+        let listen = self.listen.as_deref().unwrap_or("127.0.0.1:0");
+        let token = match &self.token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("--token-file {}: reading", path.display()))?;
+                let token = text.trim().to_owned();
+                if token.len() < 16 {
+                    anyhow::bail!(
+                        "--token-file {}: the token is {} characters; use at least 16 (e.g. `openssl rand -hex 32`)",
+                        path.display(),
+                        token.len()
+                    );
+                }
+                Some(token)
+            }
+            None => None,
+        };
+        let loopback = http::is_loopback_listen(listen);
+        if !loopback && token.is_none() {
+            anyhow::bail!(
+                "--listen {listen} is not a loopback address: anyone who reaches it could run tools; give --token-file FILE (a bearer token clients must send)"
+            );
+        }
+        let mut allowed_hosts = self.allow_hosts.clone();
+        if let Ok(address) = listen.parse::<SocketAddr>()
+            && !address.ip().is_unspecified()
+        {
+            allowed_hosts.push(address.ip().to_string());
+        }
+        Ok(HttpOptions {
+            token,
+            allowed_hosts,
+            allowed_origins: self.allow_origins.clone(),
+            max_sessions: self.max_sessions.max(1),
+            max_body_bytes: self.max_body_bytes,
+            ..HttpOptions::loopback()
+        })
+    }
+}
+
+/// Run the host until its transport ends.
+pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    host::init_logging(&args.log_format, "info")?;
+    let runtime = if args.listen.is_some() {
+        host::runtime()?
+    } else {
+        host::single_session_runtime()?
+    };
+    let result = runtime.block_on(serve_async(args));
+    // The stdio reader may sit in a blocking read of stdin; do not wait for it.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    result
+}
+
+/// `--listen` as a socket address: a bare port (`8080`, `:8080`) binds loopback.
+fn listen_address(value: &str) -> String {
+    match value.strip_prefix(':').unwrap_or(value).parse::<u16>() {
+        Ok(port) => format!("127.0.0.1:{port}"),
+        Err(_) => value.to_owned(),
+    }
+}
+
+async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
+    args.listen = args.listen.as_deref().map(listen_address);
+    let host = host::start(args.host_config()).await?;
+    let sessions = Arc::new(HostSessions::new(host.config.clone()));
+    let shutdown = host.shutdown.clone();
+    match &args.listen {
+        None => box_transport::stdio::serve(sessions, shutdown).await?,
+        Some(address) => {
+            let options = args.http_options()?;
+            let listener = http::bind(address).await?;
+            tracing::info!(address = %listener.local_addr()?, "serving streamable HTTP at /mcp");
+            http::serve(sessions, options, listener, shutdown).await?;
+        }
+    }
+    Ok(host.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_bare_port_binds_loopback() {
+        assert_eq!(super::listen_address("8080"), "127.0.0.1:8080");
+        assert_eq!(super::listen_address(":8080"), "127.0.0.1:8080");
+        assert_eq!(super::listen_address("0.0.0.0:8080"), "0.0.0.0:8080");
+        assert_eq!(super::listen_address("[::1]:8080"), "[::1]:8080");
+    }
+}

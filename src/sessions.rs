@@ -1,0 +1,95 @@
+//! The host as the transports' session factory: the one place where
+//! `host` and `box_transport` meet, so neither names the other (the host
+//! never sees HTTP or stdio, the transports never see a backend or a ledger).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use box_jsonrpc::session::SessionHandle;
+use box_transport::{SessionFactory, UnitLeft};
+use futures::future::BoxFuture;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::host::{self, HostConfig};
+
+/// The host's sessions, as a transport opens and watches them.
+#[derive(Clone)]
+pub struct HostSessions {
+    config: Arc<HostConfig>,
+}
+
+impl HostSessions {
+    /// Sessions sharing `config`.
+    pub fn new(config: Arc<HostConfig>) -> Self {
+        Self { config }
+    }
+}
+
+impl SessionFactory for HostSessions {
+    fn open(
+        &self,
+        id: String,
+        general: mpsc::Sender<Value>,
+        shutdown: &CancellationToken,
+    ) -> SessionHandle {
+        host::spawn_session(self.config.clone(), id, general, shutdown)
+    }
+
+    /// The drain a session's calls get, then the wait for its units' removal.
+    fn end_wait(&self) -> Duration {
+        self.config.drain + host::END_WAIT
+    }
+
+    fn sessions_running(&self) -> usize {
+        self.config.metrics.session_tasks()
+    }
+
+    fn metrics(&self) -> (&'static str, String) {
+        (host::metrics::CONTENT_TYPE, self.config.metrics.render())
+    }
+
+    /// Ready when the backend answers.
+    fn readiness(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(host::metrics::readiness(&self.config))
+    }
+
+    fn units_left(&self, id: &str) -> Vec<UnitLeft> {
+        let kind = self.config.backend.kind();
+        self.config
+            .ledger
+            .left_of(id)
+            .into_iter()
+            .map(|unit| UnitLeft {
+                description: unit.describe(kind.as_str(), &self.config.instance),
+                unit: unit.unit,
+                id: unit.id,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The readiness `/readyz` reports is the host's: a backend that answers
+    /// (the fake's) is ready.
+    #[tokio::test]
+    async fn a_backend_that_answers_is_ready() {
+        let facts = crate::plan::HostFacts {
+            cwd: std::env::temp_dir(),
+            caller: crate::plan::UserIds {
+                uid: 1000,
+                gid: 1000,
+            },
+        };
+        let backend = Arc::new(box_testkit::fake::FakeBackend::default());
+        let config = HostConfig::new(backend, crate::profile::Catalog::new(Vec::new()), facts);
+        let sessions = HostSessions::new(Arc::new(config));
+        assert_eq!(sessions.readiness().await, Ok(()));
+        assert_eq!(sessions.sessions_running(), 0);
+        assert!(sessions.units_left("nobody").is_empty());
+    }
+}
