@@ -15,11 +15,11 @@
 
 pub mod backends;
 pub mod cli;
-pub mod host;
 pub mod sessions;
 
 // The crates of the workspace, under the module names the rest of the binary
 // and its tests have always used.
+pub use box_host as host;
 pub use box_policy::{plan, profile};
 
 /// The backends: what they share, and each one.

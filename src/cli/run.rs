@@ -38,6 +38,7 @@ impl From<RunArgs> for RunConfig {
             profile_dirs: args.profile_dirs,
             tighten: args.tighten,
             backend: args.backend,
+            registry: crate::backends::registry(),
             workspace: args.workspace,
             log_format: args.log_format,
             command: args.command,

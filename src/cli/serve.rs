@@ -69,6 +69,7 @@ impl ServeArgs {
             profile: self.profile.clone(),
             profile_dirs: self.profile_dirs.clone(),
             backend: self.backend.clone(),
+            registry: crate::backends::registry(),
             workspace: self.workspace.clone(),
             listen: self.listen.clone(),
             instance: self.instance.clone(),

@@ -2024,3 +2024,186 @@ fn the_box_binary_has_no_fake_backend() {
         "{stderr}"
     );
 }
+
+// The stdio transport and the host together, in process (moved from the
+// host's unit tests when the host became a crate that never names a
+// transport).
+
+const STDIO_WAIT: Duration = Duration::from_secs(10);
+
+fn stdio_host_config(fake: &FakeBackend) -> Arc<HostConfig> {
+    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    config.instance = "test-instance".to_owned();
+    Arc::new(config)
+}
+
+fn stdio_initialize_params(ask: Value) -> Value {
+    json!({
+        "protocolVersion": "2025-06-18",
+        "capabilities": {"elicitation": {}, "experimental": {EXECUTOR_KEY: ask}},
+        "clientInfo": {"name": "test", "version": "1"}
+    })
+}
+
+#[tokio::test]
+async fn stdio_frames_lines_and_ends_the_session_at_end_of_file() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let fake = FakeBackend::default();
+    let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
+    let (server_out, client_out) = tokio::io::duplex(1 << 20);
+    let served = tokio::spawn(box_transport::stdio::serve_on(
+        Arc::new(HostSessions::new(stdio_host_config(&fake))),
+        server_in,
+        server_out,
+        CancellationToken::new(),
+    ));
+    let mut lines = BufReader::new(client_out).lines();
+    let mut next = async || -> Value {
+        let line = tokio::time::timeout(STDIO_WAIT, lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    client_in
+        .write_all(
+            format!(
+                "{}\n",
+                box_jsonrpc::request(json!(0), "initialize", stdio_initialize_params(json!({})))
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(next().await["result"]["serverInfo"]["name"], json!("box"));
+    client_in.write_all(b"{not json\n").await.unwrap();
+    assert_eq!(
+        next().await["error"]["code"],
+        json!(box_jsonrpc::code::PARSE_ERROR)
+    );
+    client_in
+        .write_all(b"[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}]\n")
+        .await
+        .unwrap();
+    assert_eq!(
+        next().await["error"]["code"],
+        json!(box_jsonrpc::code::INVALID_REQUEST)
+    );
+    client_in
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":\"e\",\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{}}}\r\n")
+        .await
+        .unwrap();
+    let echo = next().await;
+    assert_eq!(echo["id"], json!("e"));
+    assert_eq!(fake.live_units().len(), 1);
+    drop(client_in);
+    tokio::time::timeout(STDIO_WAIT, served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(fake.live_units(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn stdio_refuses_an_over_long_line_and_reads_on() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let fake = FakeBackend::default();
+    let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
+    let (server_out, client_out) = tokio::io::duplex(1 << 20);
+    let served = tokio::spawn(box_transport::stdio::serve_on(
+        Arc::new(HostSessions::new(stdio_host_config(&fake))),
+        server_in,
+        server_out,
+        CancellationToken::new(),
+    ));
+    let writer = tokio::spawn(async move {
+        let huge = vec![b'x'; box_jsonrpc::lines::MAX_MESSAGE_BYTES + 10];
+        client_in.write_all(&huge).await.unwrap();
+        client_in
+            .write_all(b"\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n")
+            .await
+            .unwrap();
+        client_in
+    });
+    let mut lines = BufReader::new(client_out).lines();
+    let first: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+    assert_eq!(
+        first["error"]["code"],
+        json!(box_jsonrpc::code::INVALID_REQUEST)
+    );
+    assert!(
+        first["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most")
+    );
+    let second: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+    assert_eq!(second["id"], json!(1));
+    drop(writer.await.unwrap());
+    tokio::time::timeout(STDIO_WAIT, served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn stdio_splits_batches_only_on_a_2025_03_26_session() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let fake = FakeBackend::default();
+    let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
+    let (server_out, client_out) = tokio::io::duplex(1 << 20);
+    let served = tokio::spawn(box_transport::stdio::serve_on(
+        Arc::new(HostSessions::new(stdio_host_config(&fake))),
+        server_in,
+        server_out,
+        CancellationToken::new(),
+    ));
+    let mut lines = BufReader::new(client_out).lines();
+    let mut next = async || -> Value {
+        let line = tokio::time::timeout(STDIO_WAIT, lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    let mut params = stdio_initialize_params(json!({}));
+    params["protocolVersion"] = json!("2025-03-26");
+    let initialize = box_jsonrpc::request(json!(0), "initialize", params);
+    client_in
+        .write_all(format!("{initialize}\n").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(
+        next().await["result"]["protocolVersion"],
+        json!("2025-03-26")
+    );
+    let batch = json!([
+        {"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "echo", "arguments": {"n": 1}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": "b", "method": "ping"},
+    ]);
+    client_in
+        .write_all(format!("{batch}\n").as_bytes())
+        .await
+        .unwrap();
+    let answers = next().await;
+    let answers = answers.as_array().expect("one array of answers");
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    assert!(answers.iter().any(|answer| answer["id"] == json!("a")));
+    assert!(answers.iter().any(|answer| answer["id"] == json!("b")));
+    client_in.write_all(b"[]\n").await.unwrap();
+    assert_eq!(
+        next().await["error"]["code"],
+        json!(box_jsonrpc::code::INVALID_REQUEST)
+    );
+    drop(client_in);
+    tokio::time::timeout(STDIO_WAIT, served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

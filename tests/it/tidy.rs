@@ -18,6 +18,12 @@ fn architecture_names_every_module() {
             missing.push(module.to_owned());
         }
     }
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if !map.contains(&format!("`{name}`")) {
+            missing.push(format!("crates/{name}"));
+        }
+    }
     assert!(
         missing.is_empty(),
         "ARCHITECTURE.md's code map does not name: {missing:?}"
@@ -70,11 +76,21 @@ fn crates_depend_only_on_what_the_architecture_allows() {
         ("clap", "boxhost"),
     ];
     let output = std::process::Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
         .current_dir(repo_root())
         .output()
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     let packages = metadata["packages"].as_array().unwrap();
     let members: Vec<&str> = packages
@@ -91,18 +107,24 @@ fn crates_depend_only_on_what_the_architecture_allows() {
             if let Some((_, owner)) = exclusive.iter().find(|(lib, _)| *lib == target) {
                 users.entry(target).or_default().push(name.to_owned());
                 if name != *owner {
-                    wrong.push(format!("{name} depends on {target}, which only {owner} may use"));
+                    wrong.push(format!(
+                        "{name} depends on {target}, which only {owner} may use"
+                    ));
                 }
             }
             if target == "box-testkit" && !dev {
-                wrong.push(format!("{name} depends on box-testkit outside its dev-dependencies"));
+                wrong.push(format!(
+                    "{name} depends on box-testkit outside its dev-dependencies"
+                ));
             }
             if dev || !members.contains(&target) {
                 continue;
             }
             match allowed.iter().find(|(member, _)| *member == name) {
                 Some((_, may)) if !may.contains(&target) => {
-                    wrong.push(format!("{name} must not depend on {target} (allowed: {may:?})"));
+                    wrong.push(format!(
+                        "{name} must not depend on {target} (allowed: {may:?})"
+                    ));
                 }
                 // The binary wires everything; the test kit may use anything.
                 None if name != "boxhost" && name != "box-testkit" => {
@@ -112,7 +134,11 @@ fn crates_depend_only_on_what_the_architecture_allows() {
             }
         }
     }
-    assert!(wrong.is_empty(), "the crate graph breaks the architecture:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "the crate graph breaks the architecture:\n{}",
+        wrong.join("\n")
+    );
     for (lib, owner) in exclusive {
         assert_eq!(
             users.get(lib).cloned().unwrap_or_default(),

@@ -18,6 +18,12 @@ pub struct Registry {
     entries: Vec<(BackendKind, Connect)>,
 }
 
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.kinds()).finish()
+    }
+}
+
 impl Registry {
     /// An empty registry.
     pub fn new() -> Self {

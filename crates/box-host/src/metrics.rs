@@ -161,7 +161,7 @@ impl Default for Metrics {
         registry.register(
             "box_build",
             "This box's version",
-            Info::new(vec![("version", crate::VERSION)]),
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
         Self {
             registry,

@@ -23,8 +23,8 @@ use super::{
     END_WAIT, HostConfig, RunConfig, SessionHandle, claim_instance, host_facts, report_units_left,
     select_backend, spawn_session, watch_signals,
 };
-use crate::profile::Catalog;
 use box_jsonrpc as jsonrpc;
+use box_policy::profile::Catalog;
 
 /// box's own failure, as `docker run` reports it.
 const BOX_FAILED: u8 = 125;
@@ -89,7 +89,7 @@ pub(super) async fn run(args: RunConfig) -> anyhow::Result<ExitCode> {
 
 async fn run_inner(args: RunConfig) -> anyhow::Result<ExitCode> {
     let tighten = parse_tighten(args.tighten.as_deref())?;
-    let backend = select_backend(&crate::backends::registry(), &args.backend).await?;
+    let backend = select_backend(&args.registry, &args.backend).await?;
     let facts = host_facts(args.workspace.as_ref())?;
     let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
     config.default_profile = args.profile.clone();
@@ -151,7 +151,7 @@ async fn run_command(
             json!({
                 "protocolVersion": "2025-06-18",
                 "capabilities": {"experimental": {EXECUTOR_KEY: {"box": {"profile": args.profile, "tighten": tighten}}}},
-                "clientInfo": {"name": "box run", "version": crate::VERSION},
+                "clientInfo": {"name": "box run", "version": env!("CARGO_PKG_VERSION")},
             }),
         )
         .await?;

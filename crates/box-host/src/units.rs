@@ -18,10 +18,10 @@ use tokio::task::JoinSet;
 use tokio_util::task::TaskTracker;
 
 use super::HostConfig;
-use crate::backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitEnd};
-use crate::plan::UnitSpec;
+use box_backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitEnd};
 use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
 use box_jsonrpc::{self as jsonrpc, Kind, classify};
+use box_policy::plan::UnitSpec;
 
 /// How many messages may wait for a unit's executor to read them; a unit that
 /// stops reading fills it, and its next request is refused naming the unit.
@@ -587,9 +587,9 @@ mod tests {
     /// code, the signal and the OOM kill; the host says them once.
     #[test]
     fn a_units_end_is_described_once() {
-        let docker = crate::backend::docker::body::unit_end(
+        let docker = box_backend_docker::body::unit_end(
             "ws",
-            crate::backend::docker::body::Ending::Container,
+            box_backend_docker::body::Ending::Container,
             Some(137),
             false,
             1024,
@@ -600,9 +600,9 @@ mod tests {
             reason: docker.reason.clone(),
         };
         assert_eq!(describe_end(&end), docker.reason);
-        let oom = crate::backend::docker::body::unit_end(
+        let oom = box_backend_docker::body::unit_end(
             "ws",
-            crate::backend::docker::body::Ending::Container,
+            box_backend_docker::body::Ending::Container,
             Some(137),
             true,
             1024,

@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::session::EXECUTOR_KEY;
 use super::{HostConfig, ResolveFn, SessionHandle, spawn_session};
-use crate::plan::{HostFacts, Plan, PlanError, Role, UserIds};
-use crate::profile::{Catalog, Profile};
 use box_jsonrpc::{self as jsonrpc, ReplyStream};
+use box_policy::plan::{HostFacts, Plan, PlanError, Role, UserIds};
+use box_policy::profile::{Catalog, Profile};
 use box_testkit::fake::{FakeBackend, FakeOptions};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -37,7 +37,7 @@ pub(crate) fn config_with(fake: &FakeBackend, resolve: ResolveFn) -> Arc<HostCon
 }
 
 fn config(fake: &FakeBackend) -> Arc<HostConfig> {
-    config_with(fake, crate::plan::resolve)
+    config_with(fake, box_policy::plan::resolve)
 }
 
 /// The plan's workspace unit, changed by `change`.
@@ -45,9 +45,9 @@ fn one_unit(
     profile: &Profile,
     tighten: &Value,
     host: &HostFacts,
-    change: fn(&mut crate::plan::UnitSpec),
+    change: fn(&mut box_policy::plan::UnitSpec),
 ) -> Result<Plan, PlanError> {
-    let mut plan = crate::plan::resolve(profile, tighten, host)?;
+    let mut plan = box_policy::plan::resolve(profile, tighten, host)?;
     plan.units.truncate(1);
     change(&mut plan.units[0]);
     Ok(plan)
@@ -71,7 +71,7 @@ pub(crate) fn three_units(
     tighten: &Value,
     host: &HostFacts,
 ) -> Result<Plan, PlanError> {
-    let mut plan = crate::plan::resolve(profile, tighten, host)?;
+    let mut plan = box_policy::plan::resolve(profile, tighten, host)?;
     plan.units.truncate(1);
     for name in ["u2", "u3"] {
         let mut server = plan.units[0].clone();
@@ -170,7 +170,7 @@ async fn initialize_answers_with_the_envelopes_and_passes_max_read_bytes() {
     let result = &response["result"];
     assert_eq!(
         result["serverInfo"],
-        json!({"name": "box", "version": crate::VERSION})
+        json!({"name": "box", "version": env!("CARGO_PKG_VERSION")})
     );
     let executor = &result["capabilities"]["experimental"][EXECUTOR_KEY];
     assert_eq!(executor["maxReadBytes"], json!(1234));
@@ -670,82 +670,21 @@ async fn server_units_are_listed_started_and_their_process_ids_namespaced() {
 }
 
 #[tokio::test]
-async fn stdio_frames_lines_and_ends_the_session_at_end_of_file() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    let fake = FakeBackend::default();
-    let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
-    let (server_out, client_out) = tokio::io::duplex(1 << 20);
-    let served = tokio::spawn(box_transport::stdio::serve_on(
-        Arc::new(crate::sessions::HostSessions::new(config(&fake))),
-        server_in,
-        server_out,
-        CancellationToken::new(),
-    ));
-    let mut lines = BufReader::new(client_out).lines();
-    let mut next = async || -> Value {
-        let line = tokio::time::timeout(WAIT, lines.next_line())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        serde_json::from_str(&line).unwrap()
-    };
-    client_in
-        .write_all(
-            format!(
-                "{}\n",
-                jsonrpc::request(json!(0), "initialize", initialize_params(json!({})))
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(next().await["result"]["serverInfo"]["name"], json!("box"));
-    client_in.write_all(b"{not json\n").await.unwrap();
-    assert_eq!(
-        next().await["error"]["code"],
-        json!(jsonrpc::code::PARSE_ERROR)
-    );
-    client_in
-        .write_all(b"[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}]\n")
-        .await
-        .unwrap();
-    assert_eq!(
-        next().await["error"]["code"],
-        json!(jsonrpc::code::INVALID_REQUEST)
-    );
-    client_in
-        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":\"e\",\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{}}}\r\n")
-        .await
-        .unwrap();
-    let echo = next().await;
-    assert_eq!(echo["id"], json!("e"));
-    assert_eq!(fake.live_units().len(), 1);
-    drop(client_in);
-    tokio::time::timeout(WAIT, served)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(fake.live_units(), Vec::<String>::new());
-}
-
-#[tokio::test]
 async fn orphans_of_this_instance_are_swept_and_others_kept() {
     let fake = FakeBackend::default();
     let config = config(&fake);
-    let label = |instance: &str| crate::backend::SessionLabel {
+    let label = |instance: &str| box_backend::SessionLabel {
         instance: instance.to_owned(),
         session: "old".to_owned(),
         profile: "default".to_owned(),
     };
-    let plan = crate::plan::resolve(
+    let plan = box_policy::plan::resolve(
         &Catalog::new(Vec::new()).load("default").unwrap(),
         &Value::Null,
         &facts(),
     )
     .unwrap();
-    use crate::backend::Backend as _;
+    use box_backend::Backend as _;
     let mine = fake
         .start(&label("test-instance"), &plan.units[0])
         .await
@@ -959,49 +898,6 @@ async fn a_unit_sending_an_over_long_message_is_ended_and_its_calls_answered() {
     assert_eq!(ping["result"], json!({}));
 }
 
-#[tokio::test]
-async fn stdio_refuses_an_over_long_line_and_reads_on() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    let fake = FakeBackend::default();
-    let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
-    let (server_out, client_out) = tokio::io::duplex(1 << 20);
-    let served = tokio::spawn(box_transport::stdio::serve_on(
-        Arc::new(crate::sessions::HostSessions::new(config(&fake))),
-        server_in,
-        server_out,
-        CancellationToken::new(),
-    ));
-    let writer = tokio::spawn(async move {
-        let huge = vec![b'x'; box_jsonrpc::lines::MAX_MESSAGE_BYTES + 10];
-        client_in.write_all(&huge).await.unwrap();
-        client_in
-            .write_all(b"\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n")
-            .await
-            .unwrap();
-        client_in
-    });
-    let mut lines = BufReader::new(client_out).lines();
-    let first: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
-    assert_eq!(
-        first["error"]["code"],
-        json!(jsonrpc::code::INVALID_REQUEST)
-    );
-    assert!(
-        first["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("at most")
-    );
-    let second: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
-    assert_eq!(second["id"], json!(1));
-    drop(writer.await.unwrap());
-    tokio::time::timeout(WAIT, served)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-}
-
 /// Issue 8, item 13: a request waiting when the idle timer fires (a host
 /// frozen past the idle time finds its clients' requests queued when it
 /// resumes, behind the timer) keeps the session: what is waiting is read
@@ -1083,7 +979,7 @@ fn servers_only(profile: &Profile, tighten: &Value, host: &HostFacts) -> Result<
 }
 
 fn no_units(profile: &Profile, tighten: &Value, host: &HostFacts) -> Result<Plan, PlanError> {
-    let mut plan = crate::plan::resolve(profile, tighten, host)?;
+    let mut plan = box_policy::plan::resolve(profile, tighten, host)?;
     plan.units.clear();
     Ok(plan)
 }
@@ -1270,63 +1166,4 @@ async fn initialize_agrees_to_a_version_box_speaks_and_the_executors_get_it() {
         let sent = fake.record(|record| record.initialize_params.clone());
         assert_eq!(sent[0]["protocolVersion"], json!(agreed), "{requested}");
     }
-}
-
-#[tokio::test]
-async fn stdio_splits_batches_only_on_a_2025_03_26_session() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    let fake = FakeBackend::default();
-    let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
-    let (server_out, client_out) = tokio::io::duplex(1 << 20);
-    let served = tokio::spawn(box_transport::stdio::serve_on(
-        Arc::new(crate::sessions::HostSessions::new(config(&fake))),
-        server_in,
-        server_out,
-        CancellationToken::new(),
-    ));
-    let mut lines = BufReader::new(client_out).lines();
-    let mut next = async || -> Value {
-        let line = tokio::time::timeout(WAIT, lines.next_line())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        serde_json::from_str(&line).unwrap()
-    };
-    let mut params = initialize_params(json!({}));
-    params["protocolVersion"] = json!("2025-03-26");
-    let initialize = jsonrpc::request(json!(0), "initialize", params);
-    client_in
-        .write_all(format!("{initialize}\n").as_bytes())
-        .await
-        .unwrap();
-    assert_eq!(
-        next().await["result"]["protocolVersion"],
-        json!("2025-03-26")
-    );
-    let batch = json!([
-        {"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "echo", "arguments": {"n": 1}}},
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": "b", "method": "ping"},
-    ]);
-    client_in
-        .write_all(format!("{batch}\n").as_bytes())
-        .await
-        .unwrap();
-    let answers = next().await;
-    let answers = answers.as_array().expect("one array of answers");
-    assert_eq!(answers.len(), 2, "{answers:?}");
-    assert!(answers.iter().any(|answer| answer["id"] == json!("a")));
-    assert!(answers.iter().any(|answer| answer["id"] == json!("b")));
-    client_in.write_all(b"[]\n").await.unwrap();
-    assert_eq!(
-        next().await["error"]["code"],
-        json!(jsonrpc::code::INVALID_REQUEST)
-    );
-    drop(client_in);
-    tokio::time::timeout(WAIT, served)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
 }

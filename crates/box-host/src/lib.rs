@@ -26,9 +26,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::Backend;
-use crate::plan::{HostFacts, Plan, PlanError, UserIds};
-use crate::profile::{Catalog, Profile};
+use box_backend::Backend;
+use box_policy::plan::{HostFacts, Plan, PlanError, UserIds};
+use box_policy::profile::{Catalog, Profile};
 
 pub use session::{SessionGone, SessionHandle, spawn_session};
 
@@ -41,8 +41,10 @@ pub struct ServeConfig {
     pub profile: String,
     /// More directories of profiles, searched first.
     pub profile_dirs: Vec<PathBuf>,
-    /// Where units run: docker, local, or auto.
+    /// Where units run: a backend's name, or auto.
     pub backend: String,
+    /// The backends `backend` names one of (the binary's).
+    pub registry: box_backend::Registry,
     /// The host directory a `cwd` workspace source means; `None`: the current directory.
     pub workspace: Option<PathBuf>,
     /// The socket address served over HTTP (the default instance id is one
@@ -66,6 +68,8 @@ pub struct RunConfig {
     pub profile_dirs: Vec<PathBuf>,
     /// Tightenings, as JSON or @FILE.
     pub tighten: Option<String>,
+    /// The backends `backend` names one of (the binary's).
+    pub registry: box_backend::Registry,
     /// Where units run: docker, local, or auto.
     pub backend: String,
     /// The host directory a `cwd` workspace source means; `None`: the current directory.
@@ -114,7 +118,7 @@ impl HostConfig {
             default_profile: "default".to_owned(),
             facts,
             instance: format!("box-{}", std::process::id()),
-            resolve: crate::plan::resolve,
+            resolve: box_policy::plan::resolve,
             executor_init_timeout: Duration::from_secs(60),
             metrics: metrics::Metrics::default(),
             audit: None,
@@ -192,7 +196,7 @@ pub async fn sweep_orphans(config: &HostConfig) {
     // Ours (a predecessor that held this id crashed) and those of hosts whose
     // instance lock is left with nobody holding it (they died): none of these
     // can belong to a live session. Live and unknown instances are left alone.
-    use crate::backend::instance::{Liveness, default_dir, liveness};
+    use box_backend::instance::{Liveness, default_dir, liveness};
     let dir = default_dir();
     let mut dead = std::collections::BTreeSet::new();
     let mut orphans = Vec::new();
@@ -209,7 +213,7 @@ pub async fn sweep_orphans(config: &HostConfig) {
         units::remove_units(config.backend.as_ref(), &orphans).await;
     }
     for instance in dead {
-        crate::backend::instance::forget(&dir, &instance);
+        box_backend::instance::forget(&dir, &instance);
     }
 }
 
@@ -350,8 +354,8 @@ pub fn single_session_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 pub(crate) fn claim_instance(
     requested: Option<&str>,
     listen: Option<&str>,
-) -> anyhow::Result<crate::backend::instance::InstanceLock> {
-    use crate::backend::instance;
+) -> anyhow::Result<box_backend::instance::InstanceLock> {
+    use box_backend::instance;
     let id = match (requested, listen) {
         (Some(id), _) => id.to_owned(),
         // An ephemeral port names no lasting host: two such hosts are two
@@ -384,14 +388,14 @@ pub struct Host {
     /// Cancelled at the first SIGTERM or SIGINT; sessions are its children.
     pub shutdown: CancellationToken,
     /// Held until the host exits: while it is, this instance is alive.
-    _instance: crate::backend::instance::InstanceLock,
+    _instance: box_backend::instance::InstanceLock,
 }
 
 /// Start the host for `box serve`: its backend, its instance id, its audit
 /// log, the sweep of orphaned units and the signal handlers. A transport then
 /// serves sessions until it ends, and [`Host::finish`] says what is left.
 pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
-    let backend = select_backend(&crate::backends::registry(), &serve.backend).await?;
+    let backend = select_backend(&serve.registry, &serve.backend).await?;
     let facts = host_facts(serve.workspace.as_ref())?;
     let mut config = HostConfig::new(backend, Catalog::new(serve.profile_dirs.clone()), facts);
     config.default_profile = serve.profile.clone();

@@ -7,9 +7,9 @@
 use serde_json::{Map, Value, json};
 
 use super::units::ExecutorStart;
-use crate::backend::Envelope;
-use crate::plan::Plan;
+use box_backend::Envelope;
 use box_jsonrpc::{LATEST_PROTOCOL_VERSION, PROTOCOL_VERSIONS, json_type};
+use box_policy::plan::Plan;
 
 pub use box_jsonrpc::EXECUTOR_KEY;
 
@@ -196,7 +196,7 @@ pub(super) fn initialize_result(
         object.insert("protocolVersion".to_owned(), json!(version));
         object.insert(
             "serverInfo".to_owned(),
-            json!({"name": "box", "version": crate::VERSION}),
+            json!({"name": "box", "version": env!("CARGO_PKG_VERSION")}),
         );
         let capabilities = object.entry("capabilities").or_insert_with(|| json!({}));
         if let Some(capabilities) = capabilities.as_object_mut() {

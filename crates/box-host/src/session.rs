@@ -32,12 +32,12 @@ use super::units::{
     ExecutorLink, FIRST_REQUEST_ID, Tracked, UnitEvent, describe_end, initialize_executor,
     link_unit, remove_until_gone, start_units,
 };
-use crate::backend::{Envelope, SessionLabel, UnitEnd, UnitState};
-use crate::plan::{Plan, PlanError, Role, UnitSpec};
+use box_backend::{Envelope, SessionLabel, UnitEnd, UnitState};
 use box_jsonrpc::{
     self as jsonrpc, Kind, ReplyTo, check_params, classify, code, discover_refusal, error_response,
     error_response_with_data, negotiate_version, params, params_mut, result_response,
 };
+use box_policy::plan::{Plan, PlanError, Role, UnitSpec};
 
 /// The most client requests one session may have in flight at once.
 const MAX_IN_FLIGHT: usize = 256;
