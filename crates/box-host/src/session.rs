@@ -527,6 +527,13 @@ impl Session {
         }
     }
 
+    /// One client request through the proxy's phases: *answer locally*
+    /// (malformed, `server/discover`, limits, and what [`Self::choose_unit`]
+    /// answers itself: `ping`, lists box owns), *choose the unit*
+    /// ([`Self::choose_unit`]), *rewrite the request* (the router's fresh id
+    /// and progress token, [`Router::forward`]), then, when the unit answers,
+    /// *rewrite the answer* ([`Router::from_unit`], [`rewrite_answer`]) and
+    /// *record* it ([`Self::record`]: metrics, audit).
     fn client_request(&self, live: &mut Live, message: Value, reply: ReplyTo) {
         let (id, method) = match classify(&message) {
             Ok(Kind::Request { id, method }) => (id, method),
@@ -565,7 +572,7 @@ impl Session {
             ));
             return;
         }
-        let (unit, upstream, rewrite) = match self.route(live, &method, message) {
+        let (unit, upstream, rewrite) = match self.choose_unit(live, &method, message) {
             Ok(Route::Answer(result)) => {
                 reply.answer(result_response(id, result));
                 return;
@@ -614,7 +621,7 @@ impl Session {
         let (unit_id, upstream) = live.router.forward(unit, upstream, reply, tag);
         if let Err(why) = send_to_unit(&live.units[unit], upstream) {
             if let Some(forward) = live.router.take(unit, unit_id) {
-                self.finish_call(live, unit, &forward.tag, "unit_unavailable");
+                self.record(live, unit, &forward.tag, "unit_unavailable");
                 forward
                     .reply
                     .answer(error_response(forward.client_id, code::INTERNAL_ERROR, why));
@@ -635,7 +642,12 @@ impl Session {
     }
 
     /// Which unit a request goes to, or the answer box gives itself.
-    fn route(&self, live: &Live, method: &str, mut message: Value) -> Result<Route, (i64, String)> {
+    fn choose_unit(
+        &self,
+        live: &Live,
+        method: &str,
+        mut message: Value,
+    ) -> Result<Route, (i64, String)> {
         match method {
             "ping" => return Ok(Route::Answer(json!({}))),
             "initialize" => {
@@ -770,7 +782,7 @@ impl Session {
                 "notifications/initialized" => {}
                 "notifications/cancelled" => {
                     if let Some((unit, cancel, forward)) = live.router.client_cancel(message) {
-                        self.finish_call(live, unit, &forward.tag, "cancelled");
+                        self.record(live, unit, &forward.tag, "cancelled");
                         // The client expects no answer: dropping the reply ends its stream.
                         drop(forward);
                         let _ = send_to_unit(&live.units[unit], cancel);
@@ -804,13 +816,8 @@ impl Session {
                     mut response,
                 } => {
                     let outcome = outcome_of(&response);
-                    self.finish_call(live, unit, &forward.tag, outcome);
-                    if let Rewrite::ProcessId { unit: name } = &forward.tag.rewrite
-                        && let Some(id) = response.pointer_mut("/result/id")
-                        && let Some(text) = id.as_str()
-                    {
-                        *id = json!(format!("{name}:{text}"));
-                    }
+                    self.record(live, unit, &forward.tag, outcome);
+                    rewrite_answer(&forward.tag.rewrite, &mut response);
                     forward.reply.answer(response);
                 }
                 UnitMessage::General(message) => {
@@ -886,7 +893,7 @@ impl Session {
                 };
                 let timeout = live.units[unit].spec.limits.call_timeout;
                 let name = live.units[unit].spec.name.clone();
-                self.finish_call(live, unit, &forward.tag, "timeout");
+                self.record(live, unit, &forward.tag, "timeout");
                 // Nothing confirms a cancellation (an executor answers a
                 // cancelled request with nothing): the call may have run, in
                 // part or in full, so its outcome is said to be unknown.
@@ -925,7 +932,7 @@ impl Session {
             "oomKilled": end.is_some_and(|end| end.oom_killed),
         });
         for forward in live.router.take_all(unit) {
-            self.finish_call(live, unit, &forward.tag, "unit_ended");
+            self.record(live, unit, &forward.tag, "unit_ended");
             forward.reply.answer(error_response_with_data(
                 forward.client_id,
                 code::INTERNAL_ERROR,
@@ -936,7 +943,7 @@ impl Session {
     }
 
     /// Stop a call's timer and record it (metrics, audit).
-    fn finish_call(&self, live: &Live, unit: usize, tag: &Tag, outcome: &str) {
+    fn record(&self, live: &Live, unit: usize, tag: &Tag, outcome: &str) {
         if let Some(deadline) = &tag.deadline {
             deadline.abort();
         }
@@ -969,7 +976,7 @@ impl Session {
     async fn finish(&self, live: &mut Live, why: &str) {
         for unit in 0..live.units.len() {
             for forward in live.router.take_all(unit) {
-                self.finish_call(live, unit, &forward.tag, "session_ended");
+                self.record(live, unit, &forward.tag, "session_ended");
                 forward.reply.answer(error_response(
                     forward.client_id,
                     code::INTERNAL_ERROR,
@@ -1055,6 +1062,18 @@ async fn sleep_until(when: Option<tokio::time::Instant>) {
     match when {
         Some(when) => tokio::time::sleep_until(when).await,
         None => std::future::pending().await,
+    }
+}
+
+/// Rewrite a unit's answer for the client (its request id and progress
+/// token are the router's to put back): a process id gets its unit's name,
+/// so ids stay unique across units.
+fn rewrite_answer(rewrite: &Rewrite, response: &mut Value) {
+    if let Rewrite::ProcessId { unit: name } = rewrite
+        && let Some(id) = response.pointer_mut("/result/id")
+        && let Some(text) = id.as_str()
+    {
+        *id = json!(format!("{name}:{text}"));
     }
 }
 
