@@ -1983,3 +1983,74 @@ fn docker_a_stalled_removal_names_the_unit_left_and_how_to_remove_it() {
     );
     drop(stdin);
 }
+
+/// Issue 10: bridge units of different sessions must not reach each other. Each
+/// session's bridge units join a network of their own; a unit of another session
+/// cannot connect to a server that a unit of the same session reaches, and the
+/// network goes with the session's last unit.
+#[tokio::test]
+async fn docker_bridge_units_of_different_sessions_cannot_reach_each_other() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("bridge");
+    let ws = workspace();
+    let bridged = |name: &str| {
+        let mut unit = spec(name, ws.path());
+        unit.image = "box-test-tools:latest".to_owned();
+        unit.network.mode = NetworkMode::Bridge;
+        unit
+    };
+    let (server, neighbour, stranger) = (
+        backend
+            .start(&instance.session("s1"), &bridged("workspace"))
+            .await
+            .unwrap(),
+        backend
+            .start(&instance.session("s1"), &bridged("helper"))
+            .await
+            .unwrap(),
+        backend
+            .start(&instance.session("s2"), &bridged("workspace"))
+            .await
+            .unwrap(),
+    );
+    let network = server.envelope.network.session_network.clone().unwrap();
+    assert_eq!(server.envelope.network.mode, "bridge");
+    assert_eq!(
+        neighbour.envelope.network.session_network.as_deref(),
+        Some(network.as_str())
+    );
+    assert_ne!(
+        stranger.envelope.network.session_network.as_deref(),
+        Some(network.as_str())
+    );
+    let (code, out) = sh(
+        &backend,
+        &server.envelope.id,
+        "setsid python3 -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 < /dev/null & sleep 1; hostname -i",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let address = out.split_whitespace().next().unwrap().to_owned();
+    let fetch = format!("curl -sS -m 5 -o /dev/null -w '%{{http_code}}' http://{address}:8000/");
+    let (code, out) = sh(&backend, &neighbour.envelope.id, &fetch).await;
+    assert_eq!((code, out.as_str()), (0, "200"), "same session reaches it");
+    let (code, out) = sh(&backend, &stranger.envelope.id, &fetch).await;
+    assert_ne!(code, 0, "another session's unit reached it: {out}");
+
+    for unit in [&server, &neighbour, &stranger] {
+        backend.remove(&unit.envelope.id).await.unwrap();
+    }
+    instance.assert_clean(&backend).await;
+    let left = std::process::Command::new("docker")
+        .args(["network", "ls", "-q", "--filter"])
+        .arg(format!("label=box.instance={}", instance.label.instance))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&left.stdout).trim(),
+        "",
+        "the sessions' networks went with their units"
+    );
+}

@@ -147,6 +147,32 @@ pub fn mount_egress_socket(body: &mut ContainerCreateBody, socket_dir: &Path) {
 /// The proxy address a unit's tools are pointed at.
 pub const EGRESS_PROXY_URL: &str = "http://127.0.0.1:3128";
 
+/// What every session network's name starts with.
+pub const SESSION_NETWORK_PREFIX: &str = "box-net-";
+
+/// The engine network of `session`'s bridge units: `box-net-` and the instance and
+/// session, made safe for the engine's names and bounded.
+pub fn session_network(session: &SessionLabel) -> String {
+    let safe = |text: &str| -> String {
+        text.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    let mut name = format!(
+        "{SESSION_NETWORK_PREFIX}{}-{}",
+        safe(&session.instance),
+        safe(&session.session)
+    );
+    name.truncate(120);
+    name
+}
+
 /// One inode per 4 KiB of the size bound (at least 1024): as many small files
 /// as the space could hold, and no more.
 pub fn tmpfs_inodes(size_bytes: u64) -> u64 {
@@ -250,7 +276,12 @@ pub fn container_body(
             soft: Some(nofile),
             hard: Some(nofile),
         }]),
-        network_mode: Some(network_mode(spec.network.mode).to_owned()),
+        // A bridge unit joins its session's own network: units of one session
+        // reach each other, units of other sessions (on theirs) do not.
+        network_mode: Some(match spec.network.mode {
+            NetworkMode::Bridge => session_network(session),
+            mode => network_mode(mode).to_owned(),
+        }),
         // Never restarted behind the host's back: the session decides.
         auto_remove: Some(false),
         ..Default::default()
@@ -467,12 +498,18 @@ pub fn envelope_from_inspect(
     });
     let egress =
         spec.network.mode == NetworkMode::Egress && network_mode == "none" && egress_mounted;
+    let session_network = network_mode
+        .starts_with(SESSION_NETWORK_PREFIX)
+        .then(|| network_mode.clone());
     let network = AppliedNetwork {
         mode: if egress {
             "egress".to_owned()
+        } else if session_network.is_some() {
+            "bridge".to_owned()
         } else {
             network_mode
         },
+        session_network,
         allow: if egress {
             spec.network.allow.iter().map(ToString::to_string).collect()
         } else {
@@ -834,7 +871,7 @@ pub(crate) mod tests {
             .host_config
             .unwrap_or_default();
         assert_eq!(host.cap_add, Some(vec!["NET_BIND_SERVICE".to_owned()]));
-        assert_eq!(host.network_mode.as_deref(), Some("bridge"));
+        assert_eq!(host.network_mode.as_deref(), Some("box-net-inst1-s1"));
         assert_eq!(host.readonly_rootfs, Some(false));
     }
 

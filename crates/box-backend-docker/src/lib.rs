@@ -71,6 +71,9 @@ pub struct DockerBackend {
     executor: PathBuf,
     executor_command: Option<Vec<String>>,
     facts: EngineFacts,
+    /// Held while a session network is looked up and made: engines before API
+    /// 1.44 accept two networks of one name, and a session's units start at once.
+    networks: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for DockerBackend {
@@ -128,6 +131,7 @@ impl DockerBackend {
             executor,
             executor_command: None,
             facts,
+            networks: Default::default(),
         })
     }
 
@@ -253,6 +257,11 @@ impl DockerBackend {
                 message,
             })?;
         }
+        if spec.network.mode == NetworkMode::Bridge {
+            self.ensure_session_network(session)
+                .await
+                .map_err(|e| other("creating the session's bridge network", e))?;
+        }
         let name = body::container_name(session, spec);
         let options = CreateContainerOptionsBuilder::new().name(&name).build();
         let id = self
@@ -281,6 +290,32 @@ impl DockerBackend {
                 }
                 Err(error)
             }
+        }
+    }
+
+    /// Create `session`'s bridge network unless it exists (its units start
+    /// concurrently, so another may have just made it).
+    async fn ensure_session_network(&self, session: &SessionLabel) -> Result<(), DockerError> {
+        let name = body::session_network(session);
+        let _one_at_a_time = self.networks.lock().await;
+        match self.docker.inspect_network(&name, None).await {
+            Ok(_) => return Ok(()),
+            Err(e) if status_of(&e) == Some(404) => {}
+            Err(e) => return Err(e),
+        }
+        let request = bollard::models::NetworkCreateRequest {
+            name: name.clone(),
+            driver: Some("bridge".to_owned()),
+            labels: Some(HashMap::from([
+                (labels::INSTANCE.to_owned(), session.instance.clone()),
+                (labels::SESSION.to_owned(), session.session.clone()),
+            ])),
+            ..Default::default()
+        };
+        match self.docker.create_network(request).await {
+            Ok(_) => Ok(()),
+            Err(e) if status_of(&e) == Some(409) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 
@@ -502,6 +537,28 @@ fn unit_info(container: ContainerSummary) -> UnitInfo {
 /// Stop (short grace) and remove; a missing container is success (CRI rule),
 /// and so is a removal already in progress.
 async fn remove_container(docker: &Docker, id: &str) -> Result<(), DockerError> {
+    // A bridge unit's session network goes with the session's last unit.
+    let session_network = match docker.inspect_container(id, None).await {
+        Ok(inspect) => inspect
+            .host_config
+            .and_then(|host| host.network_mode)
+            .filter(|mode| mode.starts_with(body::SESSION_NETWORK_PREFIX)),
+        Err(_) => None,
+    };
+    remove_container_only(docker, id).await?;
+    if let Some(network) = session_network {
+        match docker.remove_network(&network).await {
+            Ok(()) => {}
+            // Another unit of the session still uses it (its removal removes it),
+            // or it is already gone.
+            Err(e) if matches!(status_of(&e), Some(403 | 404 | 409)) => {}
+            Err(e) => tracing::debug!(network, error = %e, "removing a session network"),
+        }
+    }
+    Ok(())
+}
+
+async fn remove_container_only(docker: &Docker, id: &str) -> Result<(), DockerError> {
     let stop = StopContainerOptionsBuilder::new()
         .t(i32::try_from(body::STOP_TIMEOUT_SECS).unwrap_or(2))
         .build();

@@ -912,6 +912,7 @@ pub(crate) fn envelope(
             mode: "none".to_owned(),
             allow: Vec::new(),
             proxy: None,
+            session_network: None,
             local_none: Some(LocalNone {
                 namespace: has("net"),
                 loopback_up: applied.loopback_up,
@@ -923,6 +924,7 @@ pub(crate) fn envelope(
             mode: "host".to_owned(),
             allow: Vec::new(),
             proxy: None,
+            session_network: None,
             local_none: None,
         },
     };
