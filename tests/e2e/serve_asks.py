@@ -5,6 +5,7 @@ Each time it checks what the host says it applied (the initialize result's execu
 profile, the units' envelopes, the read limit), then calls a tool.
 
     serve_asks.py BOX --backend fake
+    serve_asks.py BOX --backend docker --workspace DIR --tool bash --args '{"command": "echo CI=$CI"}' --expect CI=true
 
 Prints one JSON line; exits non-zero with the reason on any failure.
 """
@@ -54,17 +55,24 @@ def applied(client: Client, *, max_read_bytes: int | None) -> dict[str, Any]:
     return {"profile": box["profile"], "units": [unit["name"] for unit in units]}
 
 
-async def use(client: Client) -> None:
-    result = await client.call_tool("echo", {"a": 1})
+async def use(client: Client, options: argparse.Namespace) -> None:
+    result = await client.call_tool(options.tool, json.loads(options.args))
     text = serve_common.text_of(result)
-    if result.is_error or '{"a":1}' not in text:
-        raise AssertionError(f"echo: expected its arguments back, got {text!r}")
+    if result.is_error or options.expect not in text:
+        raise AssertionError(f"{options.tool}: expected {options.expect!r} in a successful result, got {text!r}")
+
+
+def serve_args(options: argparse.Namespace) -> list[str]:
+    args = ["serve", "--backend", options.backend]
+    if options.workspace:
+        args += ["--workspace", options.workspace]
+    return args
 
 
 async def over_http(options: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     process = subprocess.Popen(
-        [options.box, "serve", "--backend", options.backend, "--listen", f"127.0.0.1:{port}"],
+        [options.box, *serve_args(options), "--listen", f"127.0.0.1:{port}"],
         stdin=subprocess.DEVNULL,
     )
     seen: dict[str, Any] = {}
@@ -85,7 +93,7 @@ async def over_http(options: argparse.Namespace) -> dict[str, Any]:
             http_client = httpx2.AsyncClient(headers=headers, timeout=30)
             async with http_client, Client(streamable_http_client(url, http_client=http_client)) as client:
                 seen[name] = applied(client, max_read_bytes=max_read_bytes)
-                await use(client)
+                await use(client, options)
         # A disagreement is refused at initialize, naming both places.
         http_client = httpx2.AsyncClient(headers={"Box-Profile": "default"}, timeout=30)
         try:
@@ -115,12 +123,12 @@ def describe(error: BaseException) -> str:
 
 
 async def over_stdio(options: argparse.Namespace) -> dict[str, Any]:
-    args = ["serve", "--backend", options.backend, "--profile", "ci", "--tighten", json.dumps(TIGHTEN)]
+    args = [*serve_args(options), "--profile", "ci", "--tighten", json.dumps(TIGHTEN)]
     # The SDK hands the child a minimal environment; box's own variables (RUST_LOG, ...) pass on.
     parameters = StdioServerParameters(command=options.box, args=args, env=dict(os.environ))
     async with Client(parameters) as client:
         seen = applied(client, max_read_bytes=None)
-        await use(client)
+        await use(client, options)
     return seen
 
 
@@ -128,6 +136,10 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("box", help="the box binary")
     parser.add_argument("--backend", default="fake")
+    parser.add_argument("--workspace", default=None)
+    parser.add_argument("--tool", default="echo", help="a tool to call in each session")
+    parser.add_argument("--args", default='{"a": 1}', help="its arguments, JSON")
+    parser.add_argument("--expect", default='{"a":1}', help="text its result must contain")
     options = parser.parse_args()
     http = await over_http(options)
     stdio = await over_stdio(options)

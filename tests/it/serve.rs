@@ -2545,6 +2545,57 @@ async fn http_a_sessions_ask_never_changes_after_initialize() {
     .await;
 }
 
+#[tokio::test]
+async fn http_the_profile_path_passes_the_same_checks_as_mcp() {
+    let token = "0123456789abcdef0123456789abcdef";
+    let options = HttpOptions {
+        token: Some(token.to_owned()),
+        ..HttpOptions::loopback()
+    };
+    let server = start_server(options, boxhost::plan::resolve).await;
+    let bearer = format!("Bearer {token}");
+    let message = initialize_message();
+    for (what, headers, status) in [
+        ("no token", vec![], 401),
+        (
+            "a rebinding Host",
+            vec![
+                ("Authorization", bearer.as_str()),
+                ("Host", "evil.example:80"),
+            ],
+            421,
+        ),
+        (
+            "a foreign Origin",
+            vec![
+                ("Authorization", bearer.as_str()),
+                ("Origin", "https://evil.example"),
+            ],
+            403,
+        ),
+    ] {
+        let reply = post_to(server.address, "/mcp/p/ci", &headers, &message).await;
+        assert_eq!(reply.status, status, "{what}");
+    }
+    let get = http(server.address, "GET", "/mcp/p/ci", &[], b"").await;
+    assert_eq!(get.status, 401);
+    server
+        .fake
+        .record(|record| assert!(record.starts.is_empty(), "{:?}", record.starts));
+    let reply = post_to(
+        server.address,
+        "/mcp/p/ci",
+        &[("Authorization", bearer.as_str())],
+        &message,
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.json()["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"]["profile"],
+        json!("ci")
+    );
+}
+
 #[test]
 fn serve_over_stdio_asks_with_its_flags_as_a_capability_would() {
     let answer = |args: &[&str], message: Value| {
