@@ -1319,4 +1319,92 @@ mod tests {
         assert!(!is_loopback_listen("0.0.0.0:8080"));
         assert!(!is_loopback_listen("192.168.1.2:8080"));
     }
+
+    fn headers(pairs: &[(&'static str, &[u8])]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_bytes(value).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn the_ask_is_read_from_the_path_and_headers_naming_each_source() {
+        let ask = transport_ask(
+            Some("ci"),
+            &headers(&[
+                ("box-profile", b"ci"),
+                ("box-tighten", br#"{"servers": []}"#),
+                ("box-max-read-bytes", b"4096"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            ask,
+            TransportAsk {
+                profile: Some(AskPart::new("ci", "the path /mcp/p/ci")),
+                tighten: Some(AskPart::new(r#"{"servers": []}"#, "the Box-Tighten header")),
+                max_read_bytes: Some(AskPart::new("4096", "the Box-Max-Read-Bytes header")),
+            }
+        );
+        assert!(transport_ask(None, &HeaderMap::new()).unwrap().is_empty());
+        let ask = transport_ask(None, &headers(&[("box-profile", b"ci")])).unwrap();
+        assert_eq!(
+            ask.profile,
+            Some(AskPart::new("ci", "the Box-Profile header"))
+        );
+        // UTF-8 in a header is text (a tightening may name anything).
+        let ask = transport_ask(None, &headers(&[("box-tighten", "\"é\"".as_bytes())])).unwrap();
+        assert_eq!(ask.tighten.unwrap().text, "\"é\"");
+    }
+
+    #[test]
+    fn a_malformed_ask_is_refused_naming_the_header() {
+        for (path, pairs, expected) in [
+            (
+                Some("ci"),
+                vec![("box-profile", &b"default"[..])],
+                "box.profile: the path /mcp/p/ci asks for `ci` but the Box-Profile header asks for `default`",
+            ),
+            (
+                None,
+                vec![("box-tighten", &b"{}"[..]), ("box-tighten", &b"{}"[..])],
+                "the Box-Tighten header is given more than once",
+            ),
+            (
+                None,
+                vec![("box-max-read-bytes", &b"\xff"[..])],
+                "the Box-Max-Read-Bytes header is not UTF-8 text",
+            ),
+        ] {
+            let error = transport_ask(path, &headers(&pairs)).unwrap_err();
+            assert!(error.starts_with(expected), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_later_request_may_repeat_the_ask_or_leave_it_out_but_not_change_it() {
+        let started = TransportAsk {
+            profile: Some(AskPart::new("ci", "the path /mcp/p/ci")),
+            tighten: Some(AskPart::new("{}", "the Box-Tighten header")),
+            max_read_bytes: None,
+        };
+        assert_eq!(same_ask(&started, &started), Ok(()));
+        assert_eq!(same_ask(&started, &TransportAsk::default()), Ok(()));
+        // The same profile from another place is the same ask.
+        let by_header = TransportAsk {
+            profile: Some(AskPart::new("ci", "the Box-Profile header")),
+            ..TransportAsk::default()
+        };
+        assert_eq!(same_ask(&started, &by_header), Ok(()));
+        let changed = TransportAsk {
+            max_read_bytes: Some(AskPart::new("5", "the Box-Max-Read-Bytes header")),
+            ..TransportAsk::default()
+        };
+        let error = same_ask(&started, &changed).unwrap_err();
+        assert!(
+            error.starts_with("Box-Max-Read-Bytes: the Box-Max-Read-Bytes header differs"),
+            "{error}"
+        );
+    }
 }
