@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use box_transport::http::{self, HttpOptions};
+use box_transport::{AskPart, TransportAsk};
 
 use crate::host::{self, ServeConfig};
 use crate::sessions::HostSessions;
@@ -21,6 +22,11 @@ pub struct ServeArgs {
     /// The profile a session gets when it names none.
     #[arg(long, value_name = "NAME", default_value = "default")]
     pub profile: String,
+    /// Over stdio: tightenings the session asks for, as JSON or @FILE (as
+    /// `box run --tighten`), for clients that cannot ask themselves. Not with
+    /// --listen: each HTTP session asks for its own (the Box-Tighten header).
+    #[arg(long, value_name = "JSON")]
+    pub tighten: Option<String>,
     /// More directories of profiles, searched first (repeatable).
     #[arg(long = "profiles", value_name = "DIR")]
     pub profile_dirs: Vec<PathBuf>,
@@ -76,6 +82,47 @@ impl ServeArgs {
             audit: self.audit.clone(),
             drain: self.drain,
         }
+    }
+
+    /// What the stdio session asks for from these flags: `--tighten` (JSON,
+    /// or `@FILE`), checked as JSON here so a typo fails at start rather than
+    /// at the client's initialize. Refused with `--listen`: HTTP sessions
+    /// each ask for themselves, and one flag silently narrowing all of them
+    /// would be a second, hidden ask.
+    fn stdio_ask(&self) -> anyhow::Result<TransportAsk> {
+        let Some(tighten) = &self.tighten else {
+            return Ok(TransportAsk::default());
+        };
+        if self.listen.is_some() {
+            anyhow::bail!(
+                "--tighten is for the stdio session; with --listen each HTTP session asks for its own tightening (the Box-Tighten header, or box.tighten in its capabilities)"
+            );
+        }
+        let (text, source) = match tighten.strip_prefix('@') {
+            Some(path) => {
+                let file = std::fs::File::open(path)
+                    .with_context(|| format!("--tighten @{path}: reading"))?;
+                let mut text = String::new();
+                // One byte over the bound is enough to refuse it.
+                let bound = box_jsonrpc::session::MAX_ASK_BYTES as u64 + 1;
+                std::io::Read::read_to_string(&mut std::io::Read::take(file, bound), &mut text)
+                    .with_context(|| format!("--tighten @{path}: reading"))?;
+                (text, format!("box serve --tighten @{path}"))
+            }
+            None => (tighten.clone(), "box serve --tighten".to_owned()),
+        };
+        let bound = box_jsonrpc::session::MAX_ASK_BYTES;
+        if text.len() > bound {
+            anyhow::bail!("{source}: over the limit of {bound} bytes; a tightening is small");
+        }
+        crate::plan::parse_tightening_text(&text).map_err(|error| match error {
+            crate::plan::PlanError::Invalid(why) => anyhow::anyhow!("{source}: {why}"),
+            other => anyhow::anyhow!("{source}: {other}"),
+        })?;
+        Ok(TransportAsk {
+            tighten: Some(AskPart::new(text, source)),
+            ..TransportAsk::default()
+        })
     }
 
     /// What the HTTP transport enforces, from these flags: a non-loopback
@@ -145,11 +192,12 @@ fn listen_address(value: &str) -> String {
 
 async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
     args.listen = args.listen.as_deref().map(listen_address);
+    let stdio_ask = args.stdio_ask()?;
     let host = host::start(args.host_config()).await?;
     let sessions = Arc::new(HostSessions::new(host.config.clone()));
     let shutdown = host.shutdown.clone();
     match &args.listen {
-        None => box_transport::stdio::serve(sessions, shutdown).await?,
+        None => box_transport::stdio::serve(sessions, stdio_ask, shutdown).await?,
         Some(address) => {
             let options = args.http_options()?;
             let listener = http::bind(address).await?;

@@ -98,6 +98,36 @@ fn python_sdk_drives_serve_over_http_on_every_backend() {
     sdk_over("serve_http.py");
 }
 
+/// The Python SDK, unmodified, asks for profile `ci` and a tightening without
+/// box's capability (headers, the path, `serve --profile --tighten`); the
+/// unit's environment shows the profile (`CI=true`), the envelopes the
+/// tightening.
+#[test]
+fn python_sdk_asks_without_capabilities_on_every_backend() {
+    let Some(python) = crate::support::python_with_mcp() else {
+        return;
+    };
+    for backend in backends() {
+        let workspace = tempfile::tempdir().unwrap();
+        run_script(
+            &python,
+            "serve_asks.py",
+            &[
+                "--backend",
+                backend,
+                "--workspace",
+                workspace.path().to_str().unwrap(),
+                "--tool",
+                "bash",
+                "--args",
+                r#"{"command": "echo CI=$CI"}"#,
+                "--expect",
+                "CI=true",
+            ],
+        );
+    }
+}
+
 #[test]
 fn http_sessions_cannot_see_each_others_files_on_every_backend() {
     let Some(python) = crate::support::python_with_mcp() else {

@@ -31,7 +31,9 @@ use box_backend::Backend;
 use box_policy::plan::{HostFacts, Plan, PlanError, UserIds};
 use box_policy::profile::{Catalog, Profile};
 
-pub use session::{SessionGone, SessionHandle, spawn_session};
+pub use session::{
+    AskPart, SessionGone, SessionHandle, TransportAsk, spawn_session, spawn_session_asking,
+};
 
 /// What `box serve` asks of the host, as plain values (the binary turns its
 /// flags into this). The transport's own settings are not here: the host
