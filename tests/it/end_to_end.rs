@@ -507,6 +507,8 @@ image = "box-test-tools:latest"
 mode = "egress"
 allow = ["allowed.test:{port}", "meta.test"]
 hosts = {{ "allowed.test" = "127.0.0.1", "denied.test" = "127.0.0.1", "meta.test" = "169.254.169.254" }}
+max_connections = 64
+bandwidth = "50MiB"
 
 [operator]
 allow_dangerous = ["private-destinations"]
@@ -540,6 +542,10 @@ allow_dangerous = ["private-destinations"]
         json!([format!("allowed.test:{port}"), "meta.test"])
     );
     assert_eq!(envelope["network"]["proxy"], json!("http://127.0.0.1:3128"));
+    assert_eq!(
+        envelope["network"]["egressLimits"],
+        json!({"maxConnections": 64, "bytesPerSecond": 50 << 20})
+    );
 
     let allowed = format!("http://allowed.test:{port}/");
     let checks = tokio::task::block_in_place(|| {
