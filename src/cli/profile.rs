@@ -373,11 +373,17 @@ fn limits_json(limits: &LimitsPolicy) -> Value {
 
 fn network_json(network: &NetworkPolicy) -> Value {
     let mut shown = json!({
-        "mode": network_text(&NetworkPolicy { mode: network.mode, allow: Vec::new(), hosts: Default::default() }),
+        "mode": network_text(&NetworkPolicy { mode: network.mode, allow: Vec::new(), hosts: Default::default(), max_connections: None, bandwidth: None }),
         "allow": network.allow.iter().map(ToString::to_string).collect::<Vec<_>>(),
     });
     if !network.hosts.is_empty() {
         shown["hosts"] = json!(network.hosts);
+    }
+    if let Some(count) = network.max_connections {
+        shown["max_connections"] = json!(count);
+    }
+    if let Some(bandwidth) = network.bandwidth {
+        shown["bandwidth"] = json!(bandwidth.to_string());
     }
     shown
 }
@@ -570,6 +576,8 @@ fn show_plan(plan: &plan::Plan) -> String {
             mode: unit.network.mode,
             allow: Vec::new(),
             hosts: Default::default(),
+            max_connections: None,
+            bandwidth: None,
         };
         let mut network = network_text(&network);
         if !unit.network.allow.is_empty() {

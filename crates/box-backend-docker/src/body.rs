@@ -516,6 +516,10 @@ pub fn envelope_from_inspect(
             Vec::new()
         },
         proxy: egress.then(|| EGRESS_PROXY_URL.to_owned()),
+        egress_limits: egress.then_some(box_policy::envelope::EgressLimits {
+            max_connections: spec.network.max_connections,
+            bytes_per_second: spec.network.bytes_per_second,
+        }),
         local_none: None,
     };
 

@@ -912,6 +912,7 @@ pub(crate) fn envelope(
             mode: "none".to_owned(),
             allow: Vec::new(),
             proxy: None,
+            egress_limits: None,
             session_network: None,
             local_none: Some(LocalNone {
                 namespace: has("net"),
@@ -924,6 +925,7 @@ pub(crate) fn envelope(
             mode: "host".to_owned(),
             allow: Vec::new(),
             proxy: None,
+            egress_limits: None,
             session_network: None,
             local_none: None,
         },

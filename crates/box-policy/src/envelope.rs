@@ -129,6 +129,9 @@ pub struct AppliedNetwork {
     /// other), so units of other sessions cannot reach this one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_network: Option<String>,
+    /// The egress proxy's limits, when the mode is `egress`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_limits: Option<EgressLimits>,
     /// Where the unit's tools find the egress proxy (`HTTP_PROXY` and the rest
     /// point there), when the mode is `egress`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -136,6 +139,16 @@ pub struct AppliedNetwork {
     /// How `none` was enforced without a container (local backend only).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub local_none: Option<LocalNone>,
+}
+
+/// What the egress proxy enforces per unit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressLimits {
+    /// Connections open at once; one more is answered 429.
+    pub max_connections: u64,
+    /// Bytes per second, each direction, shared by the unit's connections; `null`: no cap.
+    pub bytes_per_second: Option<u64>,
 }
 
 /// How the local backend cut a unit off the network.

@@ -310,6 +310,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
             mode: "none".to_owned(),
             allow: Vec::new(),
             proxy: None,
+            egress_limits: None,
             session_network: None,
             local_none: None,
         },

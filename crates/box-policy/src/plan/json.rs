@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Limits, Network, Plan, Role, Security, UnitSpec, WorkspaceSource};
+use super::{Limits, Network, NetworkMode, Plan, Role, Security, UnitSpec, WorkspaceSource};
 
 impl Plan {
     /// The plan as JSON: `{"profile", "units": [...]}`.
@@ -56,6 +56,10 @@ fn network_json(network: &Network) -> Value {
     }
     if network.private_destinations {
         shown["privateDestinations"] = json!(true);
+    }
+    if network.mode == NetworkMode::Egress {
+        shown["maxConnections"] = json!(network.max_connections);
+        shown["bytesPerSecond"] = json!(network.bytes_per_second);
     }
     shown
 }

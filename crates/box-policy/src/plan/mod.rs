@@ -127,7 +127,14 @@ pub struct Network {
     /// `Egress`: whether private destinations may be reached (the operator named
     /// `private-destinations`).
     pub private_destinations: bool,
+    /// `Egress`: connections open at once through the proxy (0 otherwise).
+    pub max_connections: u64,
+    /// `Egress`: bytes per second through the proxy, each direction; `None`: no cap.
+    pub bytes_per_second: Option<u64>,
 }
+
+/// An egress unit's connection limit when its profile sets none.
+pub const DEFAULT_EGRESS_CONNECTIONS: u64 = 256;
 
 impl Network {
     /// No network at all.
@@ -137,6 +144,8 @@ impl Network {
             allow: Vec::new(),
             hosts: BTreeMap::new(),
             private_destinations: false,
+            max_connections: 0,
+            bytes_per_second: None,
         }
     }
 }
@@ -584,6 +593,14 @@ fn network_of(network: &NetworkPolicy, dangerous: &[crate::profile::Danger]) -> 
         hosts: network.hosts.clone(),
         private_destinations: egress
             && dangerous.contains(&crate::profile::Danger::PrivateDestinations),
+        max_connections: if egress {
+            network
+                .max_connections
+                .unwrap_or(DEFAULT_EGRESS_CONNECTIONS)
+        } else {
+            0
+        },
+        bytes_per_second: network.bandwidth.filter(|_| egress).map(|size| size.0),
     }
 }
 

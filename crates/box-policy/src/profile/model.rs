@@ -84,6 +84,10 @@ pub struct NetworkPolicy {
     /// For `egress`: names pinned to addresses, resolved by the host's proxy before
     /// its resolver (like `--add-host`): registries on a private network, tests.
     pub hosts: std::collections::BTreeMap<String, std::net::IpAddr>,
+    /// For `egress`: connections open at once through the unit's proxy.
+    pub max_connections: Option<u64>,
+    /// For `egress`: bytes per second through the unit's proxy, each direction.
+    pub bandwidth: Option<ByteSize>,
 }
 
 /// A unit's limits as written.

@@ -676,3 +676,52 @@ fn a_cwd_source_may_carry_the_workspace_allowances() {
         vec!["p.toml:4:20: operator.allow_dangerous: allows \"host-root\" but the profile does not ask for it; remove it".to_owned()]
     );
 }
+
+/// Issue 10: an egress unit's proxy settings: pinned hosts, limits, wildcards; each
+/// refused outside `egress`, and bad values named.
+#[test]
+fn egress_settings_are_read_and_only_with_egress() {
+    let profile = load(
+        &[(
+            "p",
+            "description = \"x\"\n[network]\nmode = \"egress\"\nallow = [\"*.example.com\", \"registry.internal:5000\"]\nhosts = { \"registry.internal\" = \"10.0.0.5\" }\nmax_connections = 8\nbandwidth = \"1MiB\"\n[operator]\nallow_dangerous = [\"private-destinations\"]\n",
+        )],
+        "p",
+    )
+    .unwrap();
+    assert_eq!(profile.network.max_connections, Some(8));
+    assert_eq!(profile.network.bandwidth, Some(ByteSize(1 << 20)));
+    assert_eq!(
+        profile.network.hosts["registry.internal"],
+        "10.0.0.5".parse::<std::net::IpAddr>().unwrap()
+    );
+    assert_eq!(profile.dangerous, vec![Danger::PrivateDestinations]);
+    for (text, expected) in [
+        (
+            "[network]\nmode = \"none\"\nmax_connections = 8\n",
+            "network.max_connections: only applies to mode \"egress\"",
+        ),
+        (
+            "[network]\nmode = \"egress\"\nallow = [\"a.test\"]\nhosts = { \"a.test\" = \"not-an-ip\" }\n",
+            "network.hosts.a.test: \"not-an-ip\" is not an IP address",
+        ),
+        (
+            "[network]\nmode = \"egress\"\nallow = [\"a.test\"]\nhosts = { \"*.a.test\" = \"10.0.0.1\" }\n",
+            "is not a host name",
+        ),
+        (
+            "[network]\nmode = \"egress\"\nallow = [\"a.test\"]\nmax_connections = 0\n",
+            "network.max_connections",
+        ),
+        (
+            "[network]\nmode = \"none\"\n[operator]\nallow_dangerous = [\"private-destinations\"]\n",
+            "allows \"private-destinations\" but the profile does not ask for it",
+        ),
+    ] {
+        let found = problems(text);
+        assert!(
+            found.iter().any(|problem| problem.contains(expected)),
+            "{text}: {found:?}"
+        );
+    }
+}

@@ -37,7 +37,7 @@ pub(crate) const TOP: &[&str] = &[
     "operator",
 ];
 pub(crate) const WORKSPACE: &[&str] = &["image", "root", "source", "mode", "user"];
-pub(crate) const NETWORK: &[&str] = &["mode", "allow", "hosts"];
+pub(crate) const NETWORK: &[&str] = &["mode", "allow", "hosts", "max_connections", "bandwidth"];
 pub(crate) const LIMITS: &[&str] = &[
     "memory",
     "cpus",
@@ -419,6 +419,8 @@ impl Walk {
                 mode: NetworkMode::None,
                 allow: Vec::new(),
                 hosts: BTreeMap::new(),
+                max_connections: None,
+                bandwidth: None,
             });
         };
         let fields = self.table(node, field, NETWORK);
@@ -453,7 +455,16 @@ impl Walk {
             Some(node) => self.pinned_hosts(node, &join(field, "hosts")),
             None => Some(BTreeMap::new()),
         };
-        let (mode, allow, hosts) = (mode?, allow?, hosts?);
+        let max_connections = match fields.get("max_connections") {
+            Some(node) => self.count(node, &join(field, "max_connections")).map(Some),
+            None => Some(None),
+        };
+        let bandwidth = match fields.get("bandwidth") {
+            Some(node) => self.size(node, &join(field, "bandwidth")).map(Some),
+            None => Some(None),
+        };
+        let (mode, allow, hosts, max_connections, bandwidth) =
+            (mode?, allow?, hosts?, max_connections?, bandwidth?);
         if self.problems.len() > before {
             // Invalid entries are already reported; the list's shape is not yet known.
             return None;
@@ -484,18 +495,30 @@ impl Walk {
             }
             NetworkMode::None | NetworkMode::Egress | NetworkMode::Bridge => {}
         }
-        if mode != NetworkMode::Egress && !hosts.is_empty() {
-            self.problem(
-                fields.get("hosts").unwrap_or(node),
-                &join(field, "hosts"),
-                format!(
-                    "pinned hosts only apply to mode \"egress\" (the egress proxy resolves names), but the mode is \"{}\"; remove hosts or write mode = \"egress\"",
-                    mode.as_str()
-                ),
-            );
-            return None;
+        for (name, given) in [
+            ("hosts", !hosts.is_empty()),
+            ("max_connections", max_connections.is_some()),
+            ("bandwidth", bandwidth.is_some()),
+        ] {
+            if mode != NetworkMode::Egress && given {
+                self.problem(
+                    fields.get(name).unwrap_or(node),
+                    &join(field, name),
+                    format!(
+                        "only applies to mode \"egress\" (the unit's egress proxy enforces it), but the mode is \"{}\"; remove {name} or write mode = \"egress\"",
+                        mode.as_str()
+                    ),
+                );
+                return None;
+            }
         }
-        Some(NetworkPolicy { mode, allow, hosts })
+        Some(NetworkPolicy {
+            mode,
+            allow,
+            hosts,
+            max_connections,
+            bandwidth,
+        })
     }
 
     /// `hosts = { "name" = "address" }`: each name a host name, each value an IP address.
