@@ -61,8 +61,17 @@ pub fn serve(spec: ExecutorSpec) -> anyhow::Result<std::process::ExitCode> {
     }
     let reference = args.reference.clone().unwrap_or_else(host_name);
     let scrubbed = box_scrub::scrub_environment(std::env::vars_os(), &args.pass_env);
-    if !scrubbed.removed.is_empty() {
-        tracing::info!(removed = ?scrubbed.removed, "variables scrubbed from children's environment");
+    // The unit's git-neutralising GIT_CONFIG_* (100+ names) are expected
+    // there, and children get the executor's own: named only at DEBUG.
+    let (git_config, removed): (Vec<&String>, Vec<&String>) = scrubbed
+        .removed
+        .iter()
+        .partition(|name| name.starts_with("GIT_CONFIG_"));
+    if !removed.is_empty() {
+        tracing::info!(?removed, "variables scrubbed from children's environment");
+    }
+    if !git_config.is_empty() {
+        tracing::debug!(removed = ?git_config, "GIT_CONFIG_* variables scrubbed from children's environment");
     }
     match box_confine::confine_executor(workspace.root(), landlock) {
         Ok(confinement) => tracing::info!(
