@@ -98,8 +98,9 @@ fn looks_like_a_timestamp(word: &str) -> bool {
 /// knows it) in the host's log, at the executor's level.
 pub fn emit(unit: &str, session: Option<&str>, line: &str) {
     let line = parse(line);
-    let target = line.target.as_deref().unwrap_or("");
-    let fields = line.fields.as_deref().unwrap_or("");
+    // An absent Option records no field at all.
+    let target = line.target.as_deref();
+    let fields = line.fields.as_deref();
     let message = line.message.as_str();
     // tracing's levels are static per call site: one site per level.
     macro_rules! at {
