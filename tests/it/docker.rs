@@ -2140,3 +2140,34 @@ fn docker_a_stalled_removal_names_the_unit_left_and_how_to_remove_it() {
     );
     drop(stdin);
 }
+
+/// The runc warning is said once per boot (a marker beside the instance
+/// locks), not on every `box run`; `box doctor` always says it.
+#[test]
+fn docker_the_runc_warning_is_said_once() {
+    let locks = tempfile::tempdir().unwrap();
+    let instances = locks.path().join("instances");
+    let run = || {
+        let output = std::process::Command::new(box_bin())
+            .args(["run", "--backend", "docker", "--workspace"])
+            .arg(locks.path())
+            .arg("true")
+            .env("BOX_INSTANCE_DIR", &instances)
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stderr).contains("runc below")
+    };
+    let first = run();
+    if !first {
+        eprintln!("this engine's runc is above the floors: nothing to warn of");
+    }
+    assert!(!run(), "the runc warning was repeated");
+}
