@@ -292,6 +292,8 @@ impl DockerBackend {
                     attach_stderr: Some(true),
                     tty: Some(false),
                     cmd: Some(argv),
+                    // JSON log lines, re-emitted by the host with their fields (the executor's alone: not the unit's).
+                    env: Some(vec!["BOX_LOG_FORMAT=json".to_owned()]),
                     user: body::user_string(spec),
                     working_dir: Some(spec.root.to_string_lossy().into_owned()),
                     ..Default::default()

@@ -1,8 +1,9 @@
 //! The executor's log lines, re-emitted into the host's log as events at
-//! their own level: a unit's stderr is the executor's `tracing` output (text,
-//! `TIMESTAMP LEVEL target: message fields`, or one JSON object a line), and
-//! a line that is neither (a panic, the local helper's refusal) is logged
-//! whole at INFO. Both backends log their units' stderr through [`emit`].
+//! their own level: a unit's stderr is the executor's `tracing` output (one
+//! JSON object a line, as both backends ask for with `BOX_LOG_FORMAT=json`
+//! or `serve_json_logs`; or text, `TIMESTAMP LEVEL target: message fields`),
+//! its fields kept as `executor_fields` (JSON); a line that is neither
+//! (a panic, the local helper's refusal) is logged whole at INFO. Both backends log their units' stderr through [`emit`].
 
 use tracing::Level;
 
@@ -111,7 +112,7 @@ pub fn emit(unit: &str, session: Option<&str>, line: &str) {
                 unit,
                 session,
                 executor_target = target,
-                fields,
+                executor_fields = fields,
                 "executor: {message}"
             )
         };
