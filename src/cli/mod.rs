@@ -55,7 +55,7 @@ enum Command {
     Units(backend_cli::UnitsArgs),
     /// Remove units whose session is gone.
     Gc(backend_cli::GcArgs),
-    /// Build and list the unit images, offline.
+    /// Build the unit images offline, and list them.
     Image(backend_cli::ImageArgs),
     /// Say which protections this machine can give, and which profiles can run here.
     Doctor(crate::cli::doctor::DoctorArgs),
