@@ -46,6 +46,10 @@ pub struct ExecuteArgs {
     /// escape shows them as \xHH so none reaches a client's terminal live; raw passes them through.
     #[arg(long, value_name = "MODE", default_value = "escape", value_parser = names::<BashOutput>())]
     pub bash_output: String,
+    /// The host's egress proxy socket, bind-mounted into the unit (box sets this): served
+    /// on 127.0.0.1:3128, where children's HTTP_PROXY/HTTPS_PROXY/ALL_PROXY point.
+    #[arg(long, value_name = "PATH")]
+    pub egress_socket: Option<PathBuf>,
 }
 
 impl ExecuteArgs {
@@ -61,6 +65,7 @@ impl ExecuteArgs {
             max_read_bytes: self.max_read_bytes,
             pass_env: self.pass_env,
             root: self.root,
+            egress_socket: self.egress_socket,
         })
     }
 }
@@ -101,6 +106,7 @@ mod tests {
             landlock: Requirement::Required,
             seccomp: SeccompLayer::Off,
             bash_output: BashOutput::Raw,
+            egress_socket: Some(PathBuf::from("/.box/egress/proxy.sock")),
         };
         for spec in [full, ExecutorSpec::new("/w")] {
             let argv = std::iter::once("box".to_owned()).chain(spec.to_args());

@@ -915,8 +915,8 @@ fn docker_doctor_strict_passes_where_the_default_profile_runs() {
     );
 }
 
-/// Fault 21 and the egress gap: what cannot be enforced is refused before
-/// anything is created, naming the control.
+/// Fault 21: what cannot be enforced is refused before anything is created,
+/// naming the control: an egress unit started without the host's proxy wired in.
 #[tokio::test]
 async fn docker_unenforceable_controls_are_refused() {
     let Some(backend) = engine().await else {
@@ -929,7 +929,7 @@ async fn docker_unenforceable_controls_are_refused() {
     egress.network.allow = vec!["example.org:443".to_owned()];
     let error = backend.start(&instance.label, &egress).await.err().unwrap();
     assert!(
-        matches!(&error, BackendError::Unenforceable { control, .. } if control.contains("egress")),
+        matches!(&error, BackendError::Unenforceable { control, why, .. } if control.contains("egress") && why.contains("no egress proxy was wired")),
         "{error}"
     );
 
@@ -2170,4 +2170,75 @@ fn docker_the_runc_warning_is_said_once() {
         eprintln!("this engine's runc is above the floors: nothing to warn of");
     }
     assert!(!run(), "the runc warning was repeated");
+}
+
+/// Issue 10: bridge units of different sessions must not reach each other. Each
+/// session's bridge units join a network of their own; a unit of another session
+/// cannot connect to a server that a unit of the same session reaches, and the
+/// network goes with the session's last unit.
+#[tokio::test]
+async fn docker_bridge_units_of_different_sessions_cannot_reach_each_other() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("bridge");
+    let ws = workspace();
+    let bridged = |name: &str| {
+        let mut unit = spec(name, ws.path());
+        unit.image = "box-test-tools:latest".to_owned();
+        unit.network.mode = NetworkMode::Bridge;
+        unit
+    };
+    let (server, neighbour, stranger) = (
+        backend
+            .start(&instance.session("s1"), &bridged("workspace"))
+            .await
+            .unwrap(),
+        backend
+            .start(&instance.session("s1"), &bridged("helper"))
+            .await
+            .unwrap(),
+        backend
+            .start(&instance.session("s2"), &bridged("workspace"))
+            .await
+            .unwrap(),
+    );
+    let network = server.envelope.network.session_network.clone().unwrap();
+    assert_eq!(server.envelope.network.mode, "bridge");
+    assert_eq!(
+        neighbour.envelope.network.session_network.as_deref(),
+        Some(network.as_str())
+    );
+    assert_ne!(
+        stranger.envelope.network.session_network.as_deref(),
+        Some(network.as_str())
+    );
+    let (code, out) = sh(
+        &backend,
+        &server.envelope.id,
+        "setsid python3 -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 < /dev/null & sleep 1; hostname -i",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let address = out.split_whitespace().next().unwrap().to_owned();
+    let fetch = format!("curl -sS -m 5 -o /dev/null -w '%{{http_code}}' http://{address}:8000/");
+    let (code, out) = sh(&backend, &neighbour.envelope.id, &fetch).await;
+    assert_eq!((code, out.as_str()), (0, "200"), "same session reaches it");
+    let (code, out) = sh(&backend, &stranger.envelope.id, &fetch).await;
+    assert_ne!(code, 0, "another session's unit reached it: {out}");
+
+    for unit in [&server, &neighbour, &stranger] {
+        backend.remove(&unit.envelope.id).await.unwrap();
+    }
+    instance.assert_clean(&backend).await;
+    let left = std::process::Command::new("docker")
+        .args(["network", "ls", "-q", "--filter"])
+        .arg(format!("label=box.instance={}", instance.label.instance))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&left.stdout).trim(),
+        "",
+        "the sessions' networks went with their units"
+    );
 }

@@ -15,8 +15,8 @@ use bollard::models::{
 use box_policy::executor::{ExecutorSpec, PlaceKind};
 
 use box_backend::{
-    AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, Envelope, Hardening, SessionLabel,
-    UnitState, labels,
+    AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, EgressWiring, Envelope, Hardening,
+    SessionLabel, UnitState, UnitWiring, labels,
 };
 use box_policy::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
 
@@ -101,9 +101,13 @@ pub fn check_root(root: &Path) -> Result<(), String> {
 }
 
 /// The executor's command line inside a unit.
-pub fn executor_argv(spec: &UnitSpec) -> Vec<String> {
+pub fn executor_argv(spec: &UnitSpec, wiring: &UnitWiring) -> Vec<String> {
     let executor = ExecutorSpec {
         reference: Some(spec.image.clone()),
+        egress_socket: wiring
+            .egress
+            .as_ref()
+            .map(|_| EgressWiring::socket_in_unit()),
         ..spec.executor_spec(&spec.root, PlaceKind::Container)
     };
     std::iter::once(EXECUTOR_PATH.to_owned())
@@ -116,16 +120,57 @@ pub fn user_string(spec: &UnitSpec) -> Option<String> {
     spec.user.map(|ids| format!("{}:{}", ids.uid, ids.gid))
 }
 
-/// The engine's network mode for a plan's network. `Egress` has no filter on
-/// this backend yet, so it never reaches here (`start` refuses it first).
+/// The engine's network mode for a plan's network. An `Egress` unit has no
+/// network of its own either: only `lo`, and the host's proxy through its socket.
 pub fn network_mode(mode: NetworkMode) -> &'static str {
     match mode {
         NetworkMode::None => "none",
-        // An allow list needs a filtering proxy the docker backend does not have;
-        // fail closed to no network if this is ever reached.
         NetworkMode::Egress => "none",
         NetworkMode::Bridge => "bridge",
     }
+}
+
+/// Mount the host directory holding the unit's egress proxy socket, read-only, at
+/// [`EgressWiring::DIR_IN_UNIT`].
+pub fn mount_egress_socket(body: &mut ContainerCreateBody, socket_dir: &Path) {
+    let host_config = body.host_config.get_or_insert_with(Default::default);
+    host_config.mounts.get_or_insert_with(Vec::new).push(Mount {
+        target: Some(EgressWiring::DIR_IN_UNIT.to_owned()),
+        source: Some(socket_dir.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(true),
+        bind_options: Some(private_bind()),
+        ..Default::default()
+    });
+}
+
+/// The proxy address a unit's tools are pointed at.
+pub const EGRESS_PROXY_URL: &str = "http://127.0.0.1:3128";
+
+/// What every session network's name starts with.
+pub const SESSION_NETWORK_PREFIX: &str = "box-net-";
+
+/// The engine network of `session`'s bridge units: `box-net-` and the instance and
+/// session, made safe for the engine's names and bounded.
+pub fn session_network(session: &SessionLabel) -> String {
+    let safe = |text: &str| -> String {
+        text.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    let mut name = format!(
+        "{SESSION_NETWORK_PREFIX}{}-{}",
+        safe(&session.instance),
+        safe(&session.session)
+    );
+    name.truncate(120);
+    name
 }
 
 /// One inode per 4 KiB of the size bound (at least 1024): as many small files
@@ -231,7 +276,12 @@ pub fn container_body(
             soft: Some(nofile),
             hard: Some(nofile),
         }]),
-        network_mode: Some(network_mode(spec.network.mode).to_owned()),
+        // A bridge unit joins its session's own network: units of one session
+        // reach each other, units of other sessions (on theirs) do not.
+        network_mode: Some(match spec.network.mode {
+            NetworkMode::Bridge => session_network(session),
+            mode => network_mode(mode).to_owned(),
+        }),
         // Never restarted behind the host's back: the session decides.
         auto_remove: Some(false),
         ..Default::default()
@@ -441,9 +491,31 @@ pub fn envelope_from_inspect(
         nofile,
         start_timeout_ms: None,
     });
+    // Egress is what the engine applied (no network) plus the proxy's socket,
+    // as mounted; without both it is reported as the engine's mode.
+    let egress_mounted = host.mounts.iter().flatten().any(|mount| {
+        mount.target.as_deref() == Some(EgressWiring::DIR_IN_UNIT) && mount.read_only == Some(true)
+    });
+    let egress =
+        spec.network.mode == NetworkMode::Egress && network_mode == "none" && egress_mounted;
+    let session_network = network_mode
+        .starts_with(SESSION_NETWORK_PREFIX)
+        .then(|| network_mode.clone());
     let network = AppliedNetwork {
-        mode: network_mode,
-        allow: spec.network.allow.iter().map(ToString::to_string).collect(),
+        mode: if egress {
+            "egress".to_owned()
+        } else if session_network.is_some() {
+            "bridge".to_owned()
+        } else {
+            network_mode
+        },
+        session_network,
+        allow: if egress {
+            spec.network.allow.iter().map(ToString::to_string).collect()
+        } else {
+            Vec::new()
+        },
+        proxy: egress.then(|| EGRESS_PROXY_URL.to_owned()),
         local_none: None,
     };
 
@@ -799,7 +871,7 @@ pub(crate) mod tests {
             .host_config
             .unwrap_or_default();
         assert_eq!(host.cap_add, Some(vec!["NET_BIND_SERVICE".to_owned()]));
-        assert_eq!(host.network_mode.as_deref(), Some("bridge"));
+        assert_eq!(host.network_mode.as_deref(), Some("box-net-inst1-s1"));
         assert_eq!(host.readonly_rootfs, Some(false));
     }
 
@@ -809,7 +881,7 @@ pub(crate) mod tests {
         s.env_pass = vec!["A".to_owned(), "B".to_owned()];
         s.security.write_guard = false;
         assert_eq!(
-            executor_argv(&s),
+            executor_argv(&s, &UnitWiring::default()),
             [
                 "/.box/box",
                 "execute",

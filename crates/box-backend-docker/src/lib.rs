@@ -47,7 +47,7 @@ pub use body::{EngineFacts, container_body};
 use box_backend::environment::{Own, STANDARD_PATH, UnitEnvironment, unit_environment};
 use box_backend::{
     Backend, BackendError, BackendKind, ExecutorIo, SessionLabel, StartedUnit, Unenforceable,
-    UnitEnd, UnitInfo, labels,
+    UnitEnd, UnitInfo, UnitWiring, labels,
 };
 use box_policy::plan::{NetworkMode, Requirement, UnitSpec};
 
@@ -71,6 +71,9 @@ pub struct DockerBackend {
     executor: PathBuf,
     executor_command: Option<Vec<String>>,
     facts: EngineFacts,
+    /// Held while a session network is looked up and made: engines before API
+    /// 1.44 accept two networks of one name, and a session's units start at once.
+    networks: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for DockerBackend {
@@ -135,6 +138,7 @@ impl DockerBackend {
             executor,
             executor_command: None,
             facts,
+            networks: Default::default(),
         })
     }
 
@@ -173,6 +177,7 @@ impl DockerBackend {
         &self,
         session: &SessionLabel,
         spec: &UnitSpec,
+        wiring: &UnitWiring,
     ) -> Result<StartedUnit, BackendError> {
         let unit = spec.name.as_str();
         let other = |doing: &str, e: DockerError| BackendError::Other {
@@ -185,6 +190,28 @@ impl DockerBackend {
             && let Some(first) = refusals.into_iter().next()
         {
             return Err(first.into());
+        }
+        // An egress unit without its proxy would have no way out at all, and a proxy
+        // wired into a unit that did not ask for one would be a way out.
+        match (spec.network.mode, &wiring.egress) {
+            (NetworkMode::Egress, None) => {
+                return Err(BackendError::Unenforceable {
+                    unit: unit.to_owned(),
+                    control: "network egress allow list".to_owned(),
+                    why: "no egress proxy was wired into the unit (a host starts one per egress unit)".to_owned(),
+                });
+            }
+            (NetworkMode::None | NetworkMode::Bridge, Some(_)) => {
+                return Err(BackendError::Other {
+                    unit: unit.to_owned(),
+                    doing: "wiring the egress proxy".to_owned(),
+                    message: format!(
+                        "the unit's network is {}, not egress",
+                        spec.network.mode.as_str()
+                    ),
+                });
+            }
+            _ => {}
         }
         body::check_root(&spec.root).map_err(|why| BackendError::Other {
             unit: unit.to_owned(),
@@ -219,6 +246,9 @@ impl DockerBackend {
         let env = environment.vars;
         let created = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         let mut body = container_body(session, spec, &self.executor, &created, &env);
+        if let Some(egress) = &wiring.egress {
+            body::mount_egress_socket(&mut body, &egress.socket_dir);
+        }
         // What the profile's operator explicitly allowed (the plan carries these
         // only when the operator switch was on).
         if let Some(host_config) = body.host_config.as_mut() {
@@ -234,6 +264,11 @@ impl DockerBackend {
                 message,
             })?;
         }
+        if spec.network.mode == NetworkMode::Bridge {
+            self.ensure_session_network(session)
+                .await
+                .map_err(|e| other("creating the session's bridge network", e))?;
+        }
         let name = body::container_name(session, spec);
         let options = CreateContainerOptionsBuilder::new().name(&name).build();
         let id = self
@@ -245,7 +280,14 @@ impl DockerBackend {
 
         // From here on, a failure removes what was created.
         match self
-            .attach(session, spec, &id, &image_user, env_passed, env_scrubbed)
+            .attach(
+                session,
+                spec,
+                wiring,
+                &id,
+                &image_user,
+                (env_passed, env_scrubbed),
+            )
             .await
         {
             Ok(started) => Ok(started),
@@ -258,14 +300,40 @@ impl DockerBackend {
         }
     }
 
+    /// Create `session`'s bridge network unless it exists (its units start
+    /// concurrently, so another may have just made it).
+    async fn ensure_session_network(&self, session: &SessionLabel) -> Result<(), DockerError> {
+        let name = body::session_network(session);
+        let _one_at_a_time = self.networks.lock().await;
+        match self.docker.inspect_network(&name, None).await {
+            Ok(_) => return Ok(()),
+            Err(e) if status_of(&e) == Some(404) => {}
+            Err(e) => return Err(e),
+        }
+        let request = bollard::models::NetworkCreateRequest {
+            name: name.clone(),
+            driver: Some("bridge".to_owned()),
+            labels: Some(HashMap::from([
+                (labels::INSTANCE.to_owned(), session.instance.clone()),
+                (labels::SESSION.to_owned(), session.session.clone()),
+            ])),
+            ..Default::default()
+        };
+        match self.docker.create_network(request).await {
+            Ok(_) => Ok(()),
+            Err(e) if status_of(&e) == Some(409) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn attach(
         &self,
         session: &SessionLabel,
         spec: &UnitSpec,
+        wiring: &UnitWiring,
         id: &str,
         image_user: &str,
-        env_passed: Vec<String>,
-        env_scrubbed: Vec<String>,
+        (env_passed, env_scrubbed): (Vec<String>, Vec<String>),
     ) -> Result<StartedUnit, BackendError> {
         let unit = spec.name.as_str();
         let other = |doing: &str, e: DockerError| BackendError::Other {
@@ -281,7 +349,7 @@ impl DockerBackend {
         let argv = self
             .executor_command
             .clone()
-            .unwrap_or_else(|| body::executor_argv(spec));
+            .unwrap_or_else(|| body::executor_argv(spec, wiring));
         let exec = self
             .docker
             .create_exec(
@@ -365,8 +433,8 @@ impl Backend for DockerBackend {
         BackendKind::Docker
     }
 
-    /// An egress allow list (no filter on this backend yet), and landlock
-    /// required where the host kernel has none.
+    /// Landlock required where the host kernel has none. An egress allow list is
+    /// enforced by the host's proxy, wired in at start (`start_wired`).
     fn check(&self, spec: &UnitSpec) -> Result<(), Vec<Unenforceable>> {
         let mut refusals = Vec::new();
         let mut refuse = |control: &str, why: &str| {
@@ -376,13 +444,6 @@ impl Backend for DockerBackend {
                 why: why.to_owned(),
             })
         };
-        match spec.network.mode {
-            NetworkMode::None | NetworkMode::Bridge => {}
-            NetworkMode::Egress => refuse(
-                "network egress allow list",
-                "the docker backend has no egress filter yet; use network mode none or bridge",
-            ),
-        }
         if spec.security.landlock == Requirement::Required && self.facts.landlock_abi == 0 {
             refuse("landlock", "the host kernel offers no landlock ABI");
         }
@@ -398,7 +459,16 @@ impl Backend for DockerBackend {
         session: &'a SessionLabel,
         spec: &'a UnitSpec,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
-        Box::pin(self.start_unit(session, spec))
+        Box::pin(async move { self.start_unit(session, spec, &UnitWiring::default()).await })
+    }
+
+    fn start_wired<'a>(
+        &'a self,
+        session: &'a SessionLabel,
+        spec: &'a UnitSpec,
+        wiring: &'a UnitWiring,
+    ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
+        Box::pin(self.start_unit(session, spec, wiring))
     }
 
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
@@ -476,6 +546,28 @@ fn unit_info(container: ContainerSummary) -> UnitInfo {
 /// Stop (short grace) and remove; a missing container is success (CRI rule),
 /// and so is a removal already in progress.
 async fn remove_container(docker: &Docker, id: &str) -> Result<(), DockerError> {
+    // A bridge unit's session network goes with the session's last unit.
+    let session_network = match docker.inspect_container(id, None).await {
+        Ok(inspect) => inspect
+            .host_config
+            .and_then(|host| host.network_mode)
+            .filter(|mode| mode.starts_with(body::SESSION_NETWORK_PREFIX)),
+        Err(_) => None,
+    };
+    remove_container_only(docker, id).await?;
+    if let Some(network) = session_network {
+        match docker.remove_network(&network).await {
+            Ok(()) => {}
+            // Another unit of the session still uses it (its removal removes it),
+            // or it is already gone.
+            Err(e) if matches!(status_of(&e), Some(403 | 404 | 409)) => {}
+            Err(e) => tracing::debug!(network, error = %e, "removing a session network"),
+        }
+    }
+    Ok(())
+}
+
+async fn remove_container_only(docker: &Docker, id: &str) -> Result<(), DockerError> {
     let stop = StopContainerOptionsBuilder::new()
         .t(i32::try_from(body::STOP_TIMEOUT_SECS).unwrap_or(2))
         .build();

@@ -911,6 +911,8 @@ pub(crate) fn envelope(
         SpecNetwork::None => AppliedNetwork {
             mode: "none".to_owned(),
             allow: Vec::new(),
+            proxy: None,
+            session_network: None,
             local_none: Some(LocalNone {
                 namespace: has("net"),
                 loopback_up: applied.loopback_up,
@@ -921,6 +923,8 @@ pub(crate) fn envelope(
         SpecNetwork::Host => AppliedNetwork {
             mode: "host".to_owned(),
             allow: Vec::new(),
+            proxy: None,
+            session_network: None,
             local_none: None,
         },
     };

@@ -77,6 +77,18 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
         anyhow::bail!("--root {}: not a directory", args.root.display());
     }
     let reference = args.reference.clone().unwrap_or_else(host_name);
+    // Bound before confinement (landlock may restrict binding later), served after
+    // it (landlock confines only the thread that asks, so no thread may exist yet).
+    let egress = match &args.egress_socket {
+        Some(socket) => {
+            let address = std::net::SocketAddr::from(([127, 0, 0, 1], box_egress::BRIDGE_PORT));
+            let listener = std::net::TcpListener::bind(address).with_context(|| {
+                format!("--egress-socket: cannot listen on {address} for the egress bridge")
+            })?;
+            Some((listener, socket.clone()))
+        }
+        None => None,
+    };
     let scrubbed = box_scrub::scrub_environment(std::env::vars_os(), &args.pass_env);
     // The unit's git-neutralising GIT_CONFIG_* (100+ names) are expected
     // there, and children get the executor's own: named only at DEBUG.
@@ -118,6 +130,19 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
     }
     let mut child_env = scrubbed.kept;
     child_env.retain(|(name, _)| name != LOG_FORMAT_VAR);
+    if let Some((listener, socket)) = egress {
+        let address = listener
+            .local_addr()
+            .context("the egress bridge's address")?;
+        // Children find the bridge through the proxy variables; the unit has no
+        // other way out (no route, no resolver).
+        for (name, value) in box_egress::proxy_environment(address) {
+            child_env.retain(|(kept, _)| kept != name);
+            child_env.push((name.into(), value.into()));
+        }
+        start_bridge(listener, socket)?;
+        tracing::info!(%address, "egress bridge listening");
+    }
     // The confinement denies the home directory (a user's git configuration
     // may hold credentials: tokens in `url.*.insteadOf`, helpers, so it is
     // not opened to children either), and git fails outright on a global
@@ -153,6 +178,35 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
     // A terminal's pending read of stdin cannot be cancelled; do not wait for it.
     runtime.shutdown_timeout(Duration::from_millis(100));
     result.map(|()| std::process::ExitCode::SUCCESS)
+}
+
+/// Run the egress bridge on its own thread and runtime, so a busy download never
+/// shares the protocol's thread.
+fn start_bridge(listener: std::net::TcpListener, socket: std::path::PathBuf) -> anyhow::Result<()> {
+    listener
+        .set_nonblocking(true)
+        .context("the egress bridge's listener")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the egress bridge's runtime")?;
+    std::thread::Builder::new()
+        .name("egress-bridge".to_owned())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => listener,
+                    Err(error) => {
+                        return tracing::error!(%error, "egress bridge cannot listen");
+                    }
+                };
+                if let Err(error) = box_egress::bridge(listener, socket).await {
+                    tracing::error!(%error, "egress bridge stopped");
+                }
+            })
+        })
+        .context("cannot start the egress bridge's thread")?;
+    Ok(())
 }
 
 /// Serve until the client hangs up or a signal ends it, then end every process.

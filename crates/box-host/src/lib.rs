@@ -12,6 +12,7 @@
 
 mod ask;
 pub mod audit;
+pub mod egress;
 pub mod metrics;
 pub mod router;
 mod run;
@@ -112,6 +113,9 @@ pub struct HostConfig {
     pub drain: Duration,
     /// Every unit asked for and not yet confirmed removed.
     pub ledger: units::Ledger,
+    /// Where the host keeps its sockets (egress proxies), each in a directory of
+    /// its own that the unit it serves gets mounted.
+    pub runtime_dir: std::path::PathBuf,
 }
 
 impl HostConfig {
@@ -129,6 +133,7 @@ impl HostConfig {
             audit: None,
             drain: Duration::from_secs(10),
             ledger: units::Ledger::default(),
+            runtime_dir: egress::default_runtime_dir(),
         }
     }
 }

@@ -124,6 +124,15 @@ pub struct AppliedNetwork {
     pub mode: String,
     /// The destinations allowed (egress).
     pub allow: Vec<String>,
+    /// A bridge unit's engine network, its session's own: only the units of the
+    /// session are attached to it (the engine isolates bridge networks from each
+    /// other), so units of other sessions cannot reach this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_network: Option<String>,
+    /// Where the unit's tools find the egress proxy (`HTTP_PROXY` and the rest
+    /// point there), when the mode is `egress`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
     /// How `none` was enforced without a container (local backend only).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub local_none: Option<LocalNone>,

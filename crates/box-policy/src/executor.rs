@@ -122,6 +122,10 @@ pub struct ExecutorSpec {
     pub seccomp: SeccompLayer,
     /// What bash output does with terminal control characters.
     pub bash_output: BashOutput,
+    /// The host's egress proxy socket, bind-mounted into the unit: the executor
+    /// bridges it to a loopback port and points its children's proxy variables
+    /// there. `None`: no egress.
+    pub egress_socket: Option<PathBuf>,
 }
 
 /// A command line that is not an executor's, or has a bad flag.
@@ -164,6 +168,7 @@ impl ExecutorSpec {
             landlock: Requirement::BestEffort,
             seccomp: SeccompLayer::default(),
             bash_output: BashOutput::default(),
+            egress_socket: None,
         }
     }
 
@@ -203,6 +208,9 @@ impl ExecutorSpec {
         }
         if self.bash_output != default.bash_output {
             flag("--bash-output", self.bash_output.name().to_owned());
+        }
+        if let Some(socket) = &self.egress_socket {
+            flag("--egress-socket", socket.to_string_lossy().into_owned());
         }
         args
     }
@@ -246,6 +254,7 @@ impl ExecutorSpec {
                 "--landlock" => spec.landlock = choice(flag, value)?,
                 "--seccomp" => spec.seccomp = choice(flag, value)?,
                 "--bash-output" => spec.bash_output = choice(flag, value)?,
+                "--egress-socket" => spec.egress_socket = Some(PathBuf::from(value)),
                 other => return Err(SpecError::UnknownFlag(other.to_owned())),
             }
         }
@@ -278,6 +287,7 @@ mod tests {
             landlock: Requirement::Required,
             seccomp: SeccompLayer::Off,
             bash_output: BashOutput::Raw,
+            egress_socket: Some(PathBuf::from("/.box/egress/proxy.sock")),
         }
     }
 
