@@ -13,6 +13,7 @@ use anyhow::Context as _;
 use box_transport::http::{self, HttpOptions};
 use box_transport::{AskPart, TransportAsk};
 
+use crate::cli::LogFormat;
 use crate::host::{self, ServeConfig};
 use crate::sessions::HostSessions;
 
@@ -30,8 +31,8 @@ pub struct ServeArgs {
     /// More directories of profiles, searched first (repeatable).
     #[arg(long = "profiles", value_name = "DIR")]
     pub profile_dirs: Vec<PathBuf>,
-    /// Where units run: docker, local, or auto (docker when the engine answers).
-    #[arg(long, value_name = "BACKEND", default_value = "auto")]
+    /// Where units run.
+    #[arg(long, value_name = "BACKEND", default_value = "auto", value_parser = crate::cli::backend_parser())]
     pub backend: String,
     /// The host directory a `cwd` workspace source means; default the current directory.
     #[arg(long, value_name = "DIR")]
@@ -60,9 +61,9 @@ pub struct ServeArgs {
     /// Append one JSON line per tool call here (no argument values, no outputs).
     #[arg(long, value_name = "FILE")]
     pub audit: Option<PathBuf>,
-    /// Log format on stderr: text or json.
-    #[arg(long, value_name = "FORMAT", default_value = "text")]
-    pub log_format: String,
+    /// Log format on stderr.
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// At SIGTERM, how long calls in flight get to finish before units are removed (e.g. 10s).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain: Duration,
@@ -170,7 +171,7 @@ impl ServeArgs {
 
 /// Run the host until its transport ends.
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    host::init_logging(&args.log_format, "info")?;
+    host::init_logging(args.log_format.as_str(), "info")?;
     let runtime = if args.listen.is_some() {
         host::runtime()?
     } else {

@@ -758,6 +758,163 @@ async fn docker_instances_never_touch_each_other() {
     b.assert_clean(&backend).await;
 }
 
+/// `box units inspect` and `box units rm`: a unit by id prefix, whether its
+/// host is alive, a live host's unit removed only with `--force`.
+#[tokio::test]
+async fn docker_units_inspect_and_rm() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let ws = workspace();
+    let live = Instance::new("rmlive");
+    let dead = Instance::new("rmdead");
+    let live_unit = backend
+        .start(&live.label, &spec("workspace", ws.path()))
+        .await
+        .unwrap();
+    let dead_unit = backend
+        .start(&dead.label, &spec("workspace", ws.path()))
+        .await
+        .unwrap();
+    let locks = tempfile::tempdir().unwrap();
+    let _alive = InstanceLock::acquire(locks.path(), &live.label.instance).unwrap();
+    std::fs::write(
+        locks.path().join(format!("{}.lock", dead.label.instance)),
+        "1\n",
+    )
+    .unwrap();
+    let units = |args: &[&str]| {
+        std::process::Command::new(box_bin())
+            .arg("units")
+            .args(args)
+            .env("BOX_INSTANCE_DIR", locks.path())
+            .output()
+            .unwrap()
+    };
+    let live_id = &live_unit.envelope.id;
+    let dead_id = &dead_unit.envelope.id;
+
+    let out = units(&["inspect", &live_id[..12]]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["id"], live_id.as_str());
+    assert_eq!(shown["instance"], live.label.instance.as_str());
+    assert_eq!(shown["host"], "alive");
+    let out = units(&["inspect", dead_id]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["host"], "dead");
+
+    let out = units(&["inspect", "zzzz"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no box unit has an id starting \"zzzz\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A live host's unit is refused, and nothing named with it is removed.
+    let out = units(&["rm", &dead_id[..12], &live_id[..12]]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("whose host is alive"), "{stderr}");
+    assert!(stderr.contains("--force"), "{stderr}");
+    assert_eq!(
+        backend
+            .list_instance(&dead.label.instance)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    let out = units(&["rm", &dead_id[..12]]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}\n", &dead_id[..12])
+    );
+    dead.assert_clean(&backend).await;
+
+    let out = units(&["rm", "--force", live_id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    live.assert_clean(&backend).await;
+}
+
+/// `box image ls`: box's images and the shipped profiles', with the engine's answer.
+#[test]
+fn docker_image_ls_names_the_images_and_their_profiles() {
+    let out = std::process::Command::new(box_bin())
+        .args(["image", "ls", "--json"])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        assert!(
+            !under_ci(),
+            "CI needs a Docker engine: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!(
+            "\n*** DOCKER PART NOT RUN: {} ***\n",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let base = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|image| image["image"] == IMAGE)
+        .unwrap_or_else(|| panic!("{IMAGE} not listed: {listed:#}"));
+    assert_eq!(base["present"], true, "{listed:#}");
+    assert!(
+        base["profiles"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("default")),
+        "{listed:#}"
+    );
+    assert!(
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|image| image["image"] == "box-browser:latest"
+                && image["profiles"] == serde_json::json!(["browser"])),
+        "{listed:#}"
+    );
+}
+
+/// `box doctor --strict` passes where the default profile runs (a test
+/// machine has the engine and the images); its failure is judged in
+/// `cli/doctor.rs`'s unit test.
+#[test]
+fn docker_doctor_strict_passes_where_the_default_profile_runs() {
+    let out = std::process::Command::new(box_bin())
+        .args(["doctor", "--strict"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Fault 21: what cannot be enforced is refused before anything is created,
 /// naming the control: an egress unit started without the host's proxy wired in.
 #[tokio::test]
@@ -1982,6 +2139,37 @@ fn docker_a_stalled_removal_names_the_unit_left_and_how_to_remove_it() {
         1
     );
     drop(stdin);
+}
+
+/// The runc warning is said once per boot (a marker beside the instance
+/// locks), not on every `box run`; `box doctor` always says it.
+#[test]
+fn docker_the_runc_warning_is_said_once() {
+    let locks = tempfile::tempdir().unwrap();
+    let instances = locks.path().join("instances");
+    let run = || {
+        let output = std::process::Command::new(box_bin())
+            .args(["run", "--backend", "docker", "--workspace"])
+            .arg(locks.path())
+            .arg("true")
+            .env("BOX_INSTANCE_DIR", &instances)
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stderr).contains("runc below")
+    };
+    let first = run();
+    if !first {
+        eprintln!("this engine's runc is above the floors: nothing to warn of");
+    }
+    assert!(!run(), "the runc warning was repeated");
 }
 
 /// Issue 10: bridge units of different sessions must not reach each other. Each

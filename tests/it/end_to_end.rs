@@ -471,6 +471,81 @@ async fn a_server_unit_is_listed_started_and_driven_with_namespaced_ids() {
     }
 }
 
+/// Issue 13: `echo hi | box run -- cat` prints `hi`, `box run true` needs no
+/// `--`, and `-e` sets a variable the profile lets through, on every backend.
+#[test]
+fn box_run_forwards_stdin_and_takes_variables_on_every_backend() {
+    use std::io::Write as _;
+    for backend in backends() {
+        let workspace = tempfile::tempdir().unwrap();
+        let mut child = Command::new(box_bin())
+            .args(["run", "--backend", backend, "--workspace"])
+            .arg(workspace.path())
+            .args(["--", "cat"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // More than one write's worth, so stdin is forwarded in pieces.
+        let big = "0123456789abcdef".repeat(16 << 10);
+        let mut stdin = child.stdin.take().unwrap();
+        let input = format!("hi\n{big}\n");
+        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+        let output = child.wait_with_output().unwrap();
+        writer.join().unwrap().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{backend}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(stdout, format!("hi\n{big}\n"), "{backend}");
+
+        let output = Command::new(box_bin())
+            .args(["run", "--backend", backend, "--workspace"])
+            .arg(workspace.path())
+            .args([
+                "-e",
+                "LANG=C.UTF-8",
+                "sh",
+                "-c",
+                "echo \"lang=$LANG\"; exit 4",
+            ])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(4),
+            "{backend}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "lang=C.UTF-8\n");
+
+        // A command that never reads its input ends; box does not wait on stdin.
+        let mut child = Command::new(box_bin())
+            .args(["run", "--backend", backend, "--workspace"])
+            .arg(workspace.path())
+            .arg("true")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let open_stdin = child.stdin.take();
+        let output = child.wait_with_output().unwrap();
+        drop(open_stdin);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{backend}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
 /// A plain HTTP server on the host's loopback answering every request with
 /// `body`; its port.
 fn http_server(body: &'static str) -> u16 {

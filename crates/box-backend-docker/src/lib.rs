@@ -122,7 +122,14 @@ impl DockerBackend {
             .find(|c| c.name.eq_ignore_ascii_case("runc"))
             && let crate::runc::RuncFloor::Below(why) = crate::runc::runc_floor(&runc.version)
         {
-            tracing::warn!(runc = runc.version, "runc {why}; see `box doctor`");
+            if first_runc_warning(&runc.version) {
+                tracing::warn!(
+                    runc = runc.version,
+                    "runc {why}; see `box doctor` (said once per boot)"
+                );
+            } else {
+                tracing::debug!(runc = runc.version, "runc {why}; see `box doctor`");
+            }
         }
         // The executor is this very binary: static, so it runs in any image.
         let executor = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
@@ -353,6 +360,8 @@ impl DockerBackend {
                     attach_stderr: Some(true),
                     tty: Some(false),
                     cmd: Some(argv),
+                    // JSON log lines, re-emitted by the host with their fields (the executor's alone: not the unit's).
+                    env: Some(vec!["BOX_LOG_FORMAT=json".to_owned()]),
                     user: body::user_string(spec),
                     working_dir: Some(spec.root.to_string_lossy().into_owned()),
                     ..Default::default()
@@ -752,6 +761,36 @@ fn engine_message(error: &DockerError) -> String {
 /// The landlock ABI the running kernel offers (0 = none).
 pub fn landlock_abi() -> u32 {
     box_confine::landlock_abi()
+}
+
+/// Whether this is the first time since boot that runc `version` is warned
+/// about: a marker beside the instance locks (under /run, so a reboot, or
+/// an upgrade's new version, warns again). Every `box run` repeating it
+/// buried the command's own output; `box doctor` always says it.
+fn first_runc_warning(version: &str) -> bool {
+    let name: String = version
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let marker = box_backend::instance::default_dir().with_file_name(format!("runc-warned-{name}"));
+    if let Some(dir) = marker.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&marker)
+    {
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => false,
+        // Created, or not knowable: warn.
+        _ => true,
+    }
 }
 
 #[cfg(test)]

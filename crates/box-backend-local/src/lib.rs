@@ -544,7 +544,7 @@ async fn log_stderr(stderr: tokio::net::unix::pipe::Receiver, session: String, u
             Ok(0) | Err(_) => break,
             Ok(_) => {
                 let text = printable(&String::from_utf8_lossy(&line));
-                tracing::info!(session = %session, unit = %unit, "executor: {}", text.trim_end());
+                box_backend::executor_log::emit(&unit, Some(&session), text.trim_end());
             }
         }
     }
