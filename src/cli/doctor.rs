@@ -241,6 +241,16 @@ pub fn render(report: &Value) -> String {
                 _ => String::new(),
             }
         ));
+        if let Some(runtimes) = docker["runtimes"].as_object() {
+            let names: Vec<&str> = runtimes.keys().map(String::as_str).collect();
+            out.push_str(&format!(
+                "runtimes      {} (a unit picks one with runtime = \"NAME\")\n",
+                names.join(", ")
+            ));
+        }
+        if let Some(note) = docker["runsc"]["note"].as_str() {
+            out.push_str(&format!("gvisor        {note}\n"));
+        }
         if let Some(images) = docker["images"].as_object() {
             for (image, present) in images {
                 out.push_str(&format!(

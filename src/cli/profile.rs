@@ -391,7 +391,7 @@ fn network_json(network: &NetworkPolicy) -> Value {
 /// A profile as JSON, in the profile's own words (snake_case, as the TOML).
 fn profile_json(profile: &Profile) -> Value {
     let security = &profile.security;
-    json!({
+    let mut shown = json!({
         "name": profile.name,
         "description": profile.description,
         "origin": profile.origin,
@@ -429,7 +429,17 @@ fn profile_json(profile: &Profile) -> Value {
             "network": network_json(&server.network),
             "limits": limits_json(&server.limits),
         })).collect::<Vec<_>>(),
-    })
+    });
+    // Only units that name a runtime show one; other profiles' JSON is unchanged.
+    if let Some(runtime) = &profile.workspace.runtime {
+        shown["workspace"]["runtime"] = json!(runtime);
+    }
+    for (index, server) in profile.servers.iter().enumerate() {
+        if let Some(runtime) = &server.runtime {
+            shown["servers"][index]["runtime"] = json!(runtime);
+        }
+    }
+    shown
 }
 
 fn limits_text(limits: &LimitsPolicy) -> String {

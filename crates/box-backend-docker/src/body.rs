@@ -44,6 +44,8 @@ pub struct EngineFacts {
     pub api_version: String,
     /// Whether the engine applies seccomp profiles (`docker info` SecurityOptions).
     pub seccomp: bool,
+    /// The OCI runtimes registered with the engine: name → program path.
+    pub runtimes: std::collections::BTreeMap<String, String>,
     /// Whether the engine remaps users into a user namespace (userns-remap).
     pub userns_remap: bool,
     /// "1" or "2".
@@ -113,6 +115,17 @@ pub fn executor_argv(spec: &UnitSpec, wiring: &UnitWiring) -> Vec<String> {
     std::iter::once(EXECUTOR_PATH.to_owned())
         .chain(executor.to_args())
         .collect()
+}
+
+impl EngineFacts {
+    /// Whether `runtime` is gVisor (registered as `runsc`, or its program is).
+    pub fn is_gvisor(&self, runtime: &str) -> bool {
+        runtime == "runsc"
+            || self
+                .runtimes
+                .get(runtime)
+                .is_some_and(|path| path.ends_with("/runsc") || path == "runsc")
+    }
 }
 
 /// The user string Docker takes (`uid:gid`), or `None` to keep the image's.
@@ -282,6 +295,7 @@ pub fn container_body(
             NetworkMode::Bridge => session_network(session),
             mode => network_mode(mode).to_owned(),
         }),
+        runtime: spec.runtime.clone(),
         // Never restarted behind the host's back: the session decides.
         auto_remove: Some(false),
         ..Default::default()
@@ -424,7 +438,13 @@ pub fn envelope_from_inspect(
     let seccomp_unconfined = security_opt
         .iter()
         .any(|o| o == "seccomp=unconfined" || o == "seccomp:unconfined");
-    let seccomp = if !facts.seccomp || seccomp_unconfined || host.privileged == Some(true) {
+    // gVisor's kernel does not apply the engine's seccomp profile to an exec'd
+    // process, offers no landlock, and does not enforce a tmpfs inode bound
+    // (docs/gvisor.md): nothing of those is claimed for it.
+    let runtime = host.runtime.clone().unwrap_or_else(|| "runc".to_owned());
+    let gvisor = facts.is_gvisor(&runtime);
+    let seccomp = if !facts.seccomp || seccomp_unconfined || host.privileged == Some(true) || gvisor
+    {
         "none"
     } else if security_opt.iter().any(|o| o.starts_with("seccomp")) {
         "box"
@@ -475,7 +495,9 @@ pub fn envelope_from_inspect(
 
     let tmp_options = host.tmpfs.as_ref().and_then(|t| t.get("/tmp"));
     let tmp_bytes = tmp_options.and_then(|opts| tmpfs_option(opts, "size"));
-    let tmp_inodes = tmp_options.and_then(|opts| tmpfs_option(opts, "nr_inodes"));
+    let tmp_inodes = tmp_options
+        .and_then(|opts| tmpfs_option(opts, "nr_inodes"))
+        .filter(|_| !gvisor);
     let nofile = host.ulimits.as_ref().and_then(|u| {
         u.iter()
             .find(|l| l.name.as_deref() == Some("nofile"))
@@ -536,6 +558,7 @@ pub fn envelope_from_inspect(
         id: inspect.id.clone().unwrap_or_default(),
         image: spec.image.clone(),
         image_id: inspect.image.clone().unwrap_or_default(),
+        runtime: Some(runtime),
         root: spec.root.to_string_lossy().into_owned(),
         user,
         network,
@@ -545,7 +568,7 @@ pub fn envelope_from_inspect(
             no_new_privileges,
             read_only_root: host.readonly_rootfs == Some(true),
             seccomp: seccomp.to_owned(),
-            landlock_abi: facts.landlock_abi,
+            landlock_abi: if gvisor { 0 } else { facts.landlock_abi },
             // Landlock is the executor's to enforce inside the unit; until it
             // reports, nothing claims it.
             landlock_enforced: false,
@@ -586,7 +609,8 @@ pub fn add_executor_confinement(envelope: &mut Envelope, spec: &UnitSpec) {
         "none" => "box".to_owned(),
         engine => format!("{engine}+box"),
     };
-    envelope.hardening.landlock_enforced = spec.security.landlock == Requirement::Required;
+    envelope.hardening.landlock_enforced =
+        spec.security.landlock == Requirement::Required && envelope.hardening.landlock_abi > 0;
 }
 
 /// A numeric tmpfs option (`size=`, `nr_inodes=`) as the engine holds it.
@@ -910,6 +934,7 @@ pub(crate) mod tests {
             version: "20.10".to_owned(),
             api_version: "1.41".to_owned(),
             seccomp: true,
+            runtimes: Default::default(),
             userns_remap: false,
             cgroup_version: "2".to_owned(),
             landlock_abi: 3,

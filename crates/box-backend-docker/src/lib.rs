@@ -51,6 +51,9 @@ use box_backend::{
 };
 use box_policy::plan::{NetworkMode, Requirement, UnitSpec};
 
+/// The lowest pids limit a gVisor unit is started with (see `check`).
+pub const GVISOR_MIN_PIDS: u64 = 128;
+
 /// The docker engine could not be reached or understood.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -104,6 +107,13 @@ impl DockerBackend {
             version: version.version.unwrap_or_default(),
             api_version: docker.client_version().to_string(),
             seccomp: security.iter().any(|o| o.contains("name=seccomp")),
+            runtimes: info
+                .runtimes
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(name, runtime)| (name, runtime.path.unwrap_or_default()))
+                .collect(),
             userns_remap: security.iter().any(|o| o.contains("name=userns")),
             cgroup_version: match info.cgroup_version {
                 Some(bollard::models::SystemInfoCgroupVersionEnum::_2) => "2",
@@ -444,7 +454,49 @@ impl Backend for DockerBackend {
                 why: why.to_owned(),
             })
         };
-        if spec.security.landlock == Requirement::Required && self.facts.landlock_abi == 0 {
+        if let Some(runtime) = &spec.runtime {
+            if !self.facts.runtimes.contains_key(runtime) {
+                let listed: Vec<&str> = self.facts.runtimes.keys().map(String::as_str).collect();
+                refuse(
+                    "runtime",
+                    &format!(
+                        "runtime {runtime:?} is not registered with the engine (it lists {listed:?}); register it in /etc/docker/daemon.json and reload dockerd (gVisor: scripts/runsc.sh, docs/gvisor.md)"
+                    ),
+                );
+            } else if self.facts.is_gvisor(runtime) {
+                if spec.security.landlock == Requirement::Required {
+                    refuse(
+                        "landlock",
+                        "gVisor (runtime runsc) has no landlock; a runsc unit needs [security] landlock = \"best-effort\" or \"off\" (gVisor's own kernel is the boundary then)",
+                    );
+                }
+                // The host's pids cgroup counts gVisor's own threads and stub
+                // processes (about 60 idle): a lower limit ends the sandbox when
+                // gVisor needs one more (docs/gvisor.md).
+                if spec.limits.pids < GVISOR_MIN_PIDS {
+                    refuse(
+                        "pids limit",
+                        &format!(
+                            "a gVisor (runsc) unit's pids limit also counts gVisor's own host threads (about 60 idle); {} would end the unit early, write at least {GVISOR_MIN_PIDS}",
+                            spec.limits.pids
+                        ),
+                    );
+                }
+                if spec.network.mode == NetworkMode::Bridge {
+                    refuse(
+                        "network bridge",
+                        "a gVisor (runsc) unit has no network of its own on this engine (runsc --network=none); use network none or egress",
+                    );
+                }
+            }
+        }
+        if spec.security.landlock == Requirement::Required
+            && self.facts.landlock_abi == 0
+            && !spec
+                .runtime
+                .as_ref()
+                .is_some_and(|r| self.facts.is_gvisor(r))
+        {
             refuse("landlock", "the host kernel offers no landlock ABI");
         }
         if refusals.is_empty() {

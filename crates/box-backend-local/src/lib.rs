@@ -975,6 +975,7 @@ pub(crate) fn envelope(
         id: id.to_owned(),
         image: String::new(),
         image_id: String::new(),
+        runtime: None,
         root: layout
             .workspace
             .as_ref()

@@ -24,6 +24,10 @@ pub struct Envelope {
     pub image: String,
     /// The image's id (digest) as the engine resolved it.
     pub image_id: String,
+    /// The engine's OCI runtime the unit runs under (`runc`, `runsc` for gVisor);
+    /// absent where there is no engine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
     /// The workspace root inside the unit.
     pub root: String,
     /// "uid:gid" processes run as.

@@ -19,7 +19,7 @@ impl Plan {
 impl UnitSpec {
     /// One unit as JSON.
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut unit = json!({
             "name": self.name,
             "role": match self.role {
                 Role::Workspace => "workspace",
@@ -44,7 +44,12 @@ impl UnitSpec {
             "security": security_json(&self.security),
             "command": self.command,
             "description": self.description,
-        })
+        });
+        // Only units that name a runtime show one; the others' JSON is unchanged.
+        if let Some(runtime) = &self.runtime {
+            unit["runtime"] = json!(runtime);
+        }
+        unit
     }
 }
 

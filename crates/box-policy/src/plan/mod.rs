@@ -180,6 +180,8 @@ pub struct UnitSpec {
     pub role: Role,
     /// The image (docker) it runs.
     pub image: String,
+    /// The engine's OCI runtime (`runsc` for gVisor); `None`: the engine's default.
+    pub runtime: Option<String>,
     /// Where the workspace comes from on the host.
     pub source: WorkspaceSource,
     /// Where the workspace appears inside the unit.
@@ -383,6 +385,7 @@ impl UnitSpec {
             name: "workspace".to_owned(),
             role: Role::Workspace,
             image: image.to_owned(),
+            runtime: None,
             source,
             root: PathBuf::from("/workspace"),
             mode: MountMode::ReadWrite,
@@ -517,6 +520,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             name: "workspace".to_owned(),
             role: Role::Workspace,
             image: profile.workspace.image.clone(),
+            runtime: profile.workspace.runtime.clone(),
             source,
             root: root.clone(),
             mode: profile.workspace.mode,
@@ -536,6 +540,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             name: server.name.clone(),
             role: Role::Server,
             image: server.image.clone(),
+            runtime: server.runtime.clone(),
             source: WorkspaceSource::None,
             root: root.clone(),
             mode: MountMode::ReadOnly,

@@ -48,6 +48,9 @@ pub struct Workspace {
     pub mode: MountMode,
     /// Who processes run as.
     pub user: UserChoice,
+    /// The engine's OCI runtime for this unit (`runsc` for gVisor); `None`: the
+    /// engine's default.
+    pub runtime: Option<String>,
 }
 
 /// Where the workspace comes from, before host facts.
@@ -160,6 +163,8 @@ pub struct Server {
     pub network: NetworkPolicy,
     /// Its limits (default: the profile's).
     pub limits: LimitsPolicy,
+    /// The engine's OCI runtime for this unit; `None`: the engine's default.
+    pub runtime: Option<String>,
 }
 
 /// A dangerous ask a profile may make only when `[operator] allow_dangerous` names it.

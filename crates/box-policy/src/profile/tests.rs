@@ -94,6 +94,7 @@ root = "/src"
 source = "/srv/repo"
 mode = "ro"
 user = "1001:1002"
+runtime = "runsc"
 [network]
 mode = "egress"
 allow = ["example.com:443", "10.0.0.1"]
@@ -129,6 +130,7 @@ write_guard = "off"
                 uid: 1001,
                 gid: 1002
             }),
+            runtime: Some("runsc".to_owned()),
         }
     );
     assert_eq!(profile.network.allow.len(), 2);
@@ -182,7 +184,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[workspace]\nimgae = \"x\"\n",
-            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, root, source, mode, user",
+            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, root, source, mode, user, runtime",
         ),
         (
             "description = 5\n",

@@ -36,7 +36,7 @@ pub(crate) const TOP: &[&str] = &[
     "server",
     "operator",
 ];
-pub(crate) const WORKSPACE: &[&str] = &["image", "root", "source", "mode", "user"];
+pub(crate) const WORKSPACE: &[&str] = &["image", "root", "source", "mode", "user", "runtime"];
 pub(crate) const NETWORK: &[&str] = &["mode", "allow", "hosts", "max_connections", "bandwidth"];
 pub(crate) const LIMITS: &[&str] = &[
     "memory",
@@ -65,6 +65,7 @@ pub(crate) const SECURITY: &[&str] = &[
 pub(crate) const SERVER: &[&str] = &[
     "name",
     "image",
+    "runtime",
     "command",
     "description",
     "network",
@@ -333,13 +334,42 @@ impl Walk {
             Some(node) => self.user(node),
             None => Some(UserChoice::Host),
         };
+        let runtime = match fields.get("runtime") {
+            Some(node) => self.runtime(node, "workspace.runtime").map(Some),
+            None => Some(None),
+        };
         Some(Workspace {
             image: image?,
             root: root?,
             source: source?,
             mode: mode?,
             user: user?,
+            runtime: runtime?,
         })
+    }
+
+    /// An OCI runtime's name as the engine knows it (`runsc`, `runc`, `kata`).
+    fn runtime(&mut self, node: &Node, field: &str) -> Option<String> {
+        let Value::String(text) = &node.value else {
+            self.wrong_type(node, field, "a runtime name like \"runsc\"");
+            return None;
+        };
+        let valid = text.len() <= 64
+            && text.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if !valid {
+            self.problem(
+                node,
+                field,
+                format!(
+                    "{text:?} is not a runtime name; write the name the engine lists (`docker info`), like \"runsc\""
+                ),
+            );
+            return None;
+        }
+        Some(text.clone())
     }
 
     fn unit_root(&mut self, node: &Node) -> Option<PathBuf> {
@@ -930,6 +960,10 @@ impl Walk {
                 None => Some(String::new()),
             };
             let network = self.network(fields.get("network"), &join(&label, "network"));
+            let runtime = match fields.get("runtime") {
+                Some(node) => self.runtime(node, &join(&label, "runtime")).map(Some),
+                None => Some(None),
+            };
             let limits = self.limits(
                 fields.get("limits"),
                 &join(&label, "limits"),
@@ -943,7 +977,8 @@ impl Walk {
                 Some(description),
                 Some(network),
                 Some(limits),
-            ) = (name, image, command, description, network, limits)
+                Some(runtime),
+            ) = (name, image, command, description, network, limits, runtime)
             {
                 servers.push(Server {
                     name,
@@ -951,6 +986,7 @@ impl Walk {
                     command,
                     description,
                     network,
+                    runtime,
                     limits,
                 });
             }
