@@ -190,8 +190,10 @@ async fn profile_fit(name: &str, docker: Option<&DockerBackend>) -> Value {
             Some(backend) => {
                 if !backend.has_image(&unit.image).await {
                     on_docker.push(format!(
-                        "unit {}: image {} missing (box image build)",
-                        unit.name, unit.image
+                        "unit {}: image {} missing; {}",
+                        unit.name,
+                        unit.image,
+                        box_backend_docker::missing_image_remedy(&unit.image)
                     ));
                 }
             }

@@ -42,7 +42,7 @@ use bollard::query_parameters::{
 use futures::StreamExt;
 use futures::future::BoxFuture;
 
-pub use body::{EngineFacts, container_body};
+pub use body::{EngineFacts, container_body, missing_image_remedy};
 
 use box_backend::environment::{Own, STANDARD_PATH, UnitEnvironment, unit_environment};
 use box_backend::{
@@ -234,7 +234,7 @@ impl DockerBackend {
                 return Err(BackendError::MissingImage {
                     unit: unit.to_owned(),
                     image: spec.image.clone(),
-                    build: body::BUILD_COMMAND.to_owned(),
+                    remedy: body::missing_image_remedy(&spec.image),
                 });
             }
             Err(e) => return Err(other("inspecting the image", e)),

@@ -47,15 +47,15 @@ pub mod labels {
 /// A backend's failure; every variant names the unit.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
-    /// The image is not there; the message names the command that builds it.
-    #[error("unit {unit}: image {image} is missing; build it with `{build}`")]
+    /// The image is not there; the message names what puts it there.
+    #[error("unit {unit}: image {image} is missing; {remedy}")]
     MissingImage {
         /// The unit.
         unit: String,
         /// The image asked for.
         image: String,
-        /// The command that builds it.
-        build: String,
+        /// What to do: the command that builds it, for box's own images.
+        remedy: String,
     },
     /// A protection the plan requires could not be applied here.
     #[error("unit {unit}: {control} is required but cannot be applied here: {why}")]
