@@ -38,6 +38,11 @@ pub struct ExecuteArgs {
     /// escape shows them as \xHH so none reaches a client's terminal live; raw passes them through.
     #[arg(long, value_name = "MODE", default_value = "escape")]
     pub bash_output: String,
+    /// Secrets to write to /run/secrets/NAME (mode 0400) before serving, their values taken from
+    /// BOX_SECRET_NAME (removed from this process's environment); NAME:env also gives NAME to the
+    /// processes the executor starts.
+    #[arg(long, value_name = "A,B:env", default_value = "")]
+    pub secrets: String,
 }
 
 impl ExecuteArgs {
@@ -52,6 +57,7 @@ impl ExecuteArgs {
             reference: self.reference,
             max_read_bytes: self.max_read_bytes,
             pass_env: self.pass_env,
+            secrets: box_policy::executor::parse_secrets(&self.secrets)?,
             root: self.root,
         })
     }
@@ -95,6 +101,16 @@ mod tests {
             landlock: Requirement::Required,
             seccomp: SeccompLayer::Off,
             bash_output: BashOutput::Raw,
+            secrets: vec![
+                box_policy::executor::SecretFile {
+                    name: "DEPLOY_KEY".to_owned(),
+                    as_env: false,
+                },
+                box_policy::executor::SecretFile {
+                    name: "GH_TOKEN".to_owned(),
+                    as_env: true,
+                },
+            ],
         };
         for spec in [full, ExecutorSpec::new("/w")] {
             let argv = std::iter::once("box".to_owned()).chain(spec.to_args());

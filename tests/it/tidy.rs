@@ -62,7 +62,13 @@ fn crates_depend_only_on_what_the_architecture_allows() {
         ),
         (
             "box-host",
-            &["box-policy", "box-backend", "box-jsonrpc", "box-scrub"],
+            &[
+                "box-policy",
+                "box-backend",
+                "box-jsonrpc",
+                "box-scrub",
+                "box-redact",
+            ],
         ),
         ("box-transport", &["box-jsonrpc"]),
     ];

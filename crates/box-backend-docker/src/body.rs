@@ -12,7 +12,7 @@ use bollard::models::{
     MountBindOptionsPropagationEnum, MountType, ResourcesUlimits,
 };
 
-use box_policy::executor::{ExecutorSpec, PlaceKind};
+use box_policy::executor::{ExecutorSpec, PlaceKind, SECRETS_DIR};
 
 use box_backend::{
     AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, Envelope, Hardening, SessionLabel,
@@ -142,6 +142,25 @@ fn tmpfs_options(mode: &str, size_bytes: u64) -> String {
     )
 }
 
+/// The most bytes of the secrets tmpfs: values come from environment
+/// variables, which the kernel bounds well below this.
+pub const SECRETS_TMPFS_BYTES: u64 = 1 << 20;
+
+/// The options of the tmpfs at `/run/secrets`: the executor (the unit's
+/// user) writes each secret there as a 0400 file before it serves; mode
+/// 0700 and owned by the unit's user, so no other user in the unit lists or
+/// reads them. Not on disk, gone with the container; `noexec` since nothing
+/// there is a program. An image user (`user = "image"`) keeps the engine's
+/// owner, root: the executor then runs as the image's user and must be root
+/// to write there.
+pub fn secrets_tmpfs_options(spec: &UnitSpec) -> String {
+    let owner = spec
+        .user
+        .map(|ids| format!(",uid={},gid={}", ids.uid, ids.gid))
+        .unwrap_or_default();
+    format!("rw,nosuid,nodev,noexec,size={SECRETS_TMPFS_BYTES},nr_inodes=1024,mode=0700{owner}")
+}
+
 /// The create body for one unit: every hardening setting, with the reason.
 ///
 /// `exe` is the host path of the static `box` binary mounted as the executor;
@@ -203,6 +222,9 @@ pub fn container_body(
             );
         }
         WorkspaceSource::None => {}
+    }
+    if !spec.env_secrets.is_empty() {
+        tmpfs.insert(SECRETS_DIR.to_owned(), secrets_tmpfs_options(spec));
     }
 
     let memory = clamp_i64(spec.limits.memory_bytes);
@@ -479,6 +501,8 @@ pub fn envelope_from_inspect(
         env_passed,
         env_scrubbed,
         git_neutralised: spec.security.neutralise_git,
+        secrets: Vec::new(),
+        persisted_credentials: Vec::new(),
         state,
     }
 }

@@ -49,6 +49,7 @@ use box_backend::{
     Backend, BackendError, BackendKind, ExecutorIo, SessionLabel, StartedUnit, Unenforceable,
     UnitEnd, UnitInfo, labels,
 };
+use box_policy::executor::{SECRET_VALUE_PREFIX, SECRETS_DIR};
 use box_policy::plan::{NetworkMode, Requirement, UnitSpec};
 
 /// The docker engine could not be reached or understood.
@@ -210,6 +211,24 @@ impl DockerBackend {
         let env_passed = environment.passed();
         let env_scrubbed = environment.scrubbed;
         let env = environment.vars;
+        // Only the secrets the host has are delivered (a missing one is said
+        // above, like a missing passed variable); their values go to the
+        // executor's exec alone, never into the container's configuration.
+        let secrets = environment.secrets;
+        let delivered;
+        let spec = if secrets.len() == spec.env_secrets.len() {
+            spec
+        } else {
+            let mut narrowed = spec.clone();
+            narrowed
+                .env_secrets
+                .retain(|name| secrets.iter().any(|(have, _)| have == name));
+            narrowed
+                .env_secrets_as_env
+                .retain(|name| narrowed.env_secrets.contains(name));
+            delivered = narrowed;
+            &delivered
+        };
         let created = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         let mut body = container_body(session, spec, &self.executor, &created, &env);
         // What the profile's operator explicitly allowed (the plan carries these
@@ -238,7 +257,14 @@ impl DockerBackend {
 
         // From here on, a failure removes what was created.
         match self
-            .attach(session, spec, &id, &image_user, env_passed, env_scrubbed)
+            .attach(
+                session,
+                spec,
+                &id,
+                &image_user,
+                (env_passed, env_scrubbed),
+                &secrets,
+            )
             .await
         {
             Ok(started) => Ok(started),
@@ -257,8 +283,8 @@ impl DockerBackend {
         spec: &UnitSpec,
         id: &str,
         image_user: &str,
-        env_passed: Vec<String>,
-        env_scrubbed: Vec<String>,
+        (env_passed, env_scrubbed): (Vec<String>, Vec<String>),
+        secrets: &[(String, String)],
     ) -> Result<StartedUnit, BackendError> {
         let unit = spec.name.as_str();
         let other = |doing: &str, e: DockerError| BackendError::Other {
@@ -285,6 +311,16 @@ impl DockerBackend {
                     attach_stderr: Some(true),
                     tty: Some(false),
                     cmd: Some(argv),
+                    // The secrets' values: in this exec's environment only,
+                    // which neither the container's configuration nor the
+                    // exec's inspection shows; the executor writes them to
+                    // /run/secrets and keeps them from its children.
+                    env: (!secrets.is_empty()).then(|| {
+                        secrets
+                            .iter()
+                            .map(|(name, value)| format!("{SECRET_VALUE_PREFIX}{name}={value}"))
+                            .collect()
+                    }),
                     user: body::user_string(spec),
                     working_dir: Some(spec.root.to_string_lossy().into_owned()),
                     ..Default::default()
@@ -331,6 +367,7 @@ impl DockerBackend {
         // A stand-in command (tests) gets only what the engine applied.
         if self.executor_command.is_none() {
             body::add_executor_confinement(&mut envelope, spec);
+            envelope.secrets = delivered_secrets(spec);
         }
         let ended = ended(
             self.docker.clone(),
@@ -618,6 +655,18 @@ fn cgroup_oom_kills(id: &str) -> u64 {
                 .and_then(|n| n.trim().parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// The envelope's `secrets`: each one the executor was told to write.
+pub fn delivered_secrets(spec: &UnitSpec) -> Vec<box_backend::DeliveredSecret> {
+    spec.env_secrets
+        .iter()
+        .map(|name| box_backend::DeliveredSecret {
+            name: name.clone(),
+            path: format!("{SECRETS_DIR}/{name}"),
+            as_env: spec.env_secrets_as_env.contains(name),
+        })
+        .collect()
 }
 
 /// The unit's environment (`backend::environment`, as on every backend):

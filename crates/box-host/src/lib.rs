@@ -13,6 +13,7 @@
 mod ask;
 pub mod audit;
 pub mod metrics;
+mod redact;
 pub mod router;
 mod run;
 pub mod session;
@@ -107,6 +108,11 @@ pub struct HostConfig {
     pub drain: Duration,
     /// Every unit asked for and not yet confirmed removed.
     pub ledger: units::Ledger,
+    /// The host's environment, read at each session's start: the values of
+    /// the secrets its units are handed (as the backends read them) and of the
+    /// credentials the scrubber keeps from units, all redacted from what the
+    /// session receives. Tests give their own.
+    pub environment: fn() -> Vec<(std::ffi::OsString, std::ffi::OsString)>,
 }
 
 impl HostConfig {
@@ -124,6 +130,7 @@ impl HostConfig {
             audit: None,
             drain: Duration::from_secs(10),
             ledger: units::Ledger::default(),
+            environment: || std::env::vars_os().collect(),
         }
     }
 }
