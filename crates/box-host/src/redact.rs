@@ -27,7 +27,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use box_backend::PersistedCredential;
 use box_redact::persisted::FindingKind;
-use box_redact::{Redactor, StreamRedactor};
+use box_redact::{Redactor, StreamRedactor, TextStreamRedactor};
 use serde_json::Value;
 
 use box_policy::plan::Plan;
@@ -41,6 +41,9 @@ pub(crate) struct SessionRedactor {
     /// `None` when no value is long enough to redact.
     redactor: Option<Arc<Redactor>>,
     streams: HashMap<StreamKey, StreamRedactor>,
+    /// Progress messages (bash's output since the last report) per unit and
+    /// progress token: consecutive reports are consecutive output.
+    progress: HashMap<(usize, String), TextStreamRedactor>,
 }
 
 /// Where a secret value came from, for the redactor's name.
@@ -145,6 +148,7 @@ impl SessionRedactor {
         Ok(Self {
             redactor: (!redactor.is_empty()).then(|| Arc::new(redactor)),
             streams: HashMap::new(),
+            progress: HashMap::new(),
         })
     }
 
@@ -161,6 +165,70 @@ impl SessionRedactor {
         if let Some(redactor) = &self.redactor {
             redactor.redact_json(message);
         }
+    }
+
+    /// A message a unit sends on its own (a notification, a request): a
+    /// progress notification's `message` goes through its token's stream, so
+    /// a value split across two reports is caught (what a report holds back
+    /// comes with the next; the call's result holds the whole output anyway).
+    pub(crate) fn unit_message(&mut self, unit: usize, message: &mut Value) {
+        let Some(redactor) = self.redactor.clone() else {
+            return;
+        };
+        if message.get("method").and_then(Value::as_str) == Some("notifications/progress")
+            && let Some(params) = message.get_mut("params").and_then(Value::as_object_mut)
+            && let Some(token) = params.get("progressToken").map(Value::to_string)
+            && let Some(Value::String(text)) = params.get_mut("message")
+        {
+            let stream = self
+                .progress
+                .entry((unit, token))
+                .or_insert_with(|| redactor.text_stream());
+            *text = stream.push(text);
+        }
+        self.message(message);
+    }
+
+    /// No call is in flight: no progress report continues another.
+    pub(crate) fn calls_done(&mut self) {
+        self.progress.clear();
+    }
+
+    /// An answer to `resources/read`: the files resource answers with a JSON
+    /// document whose `data` is the file's bytes in base64; those are
+    /// decoded, redacted and encoded again (so the client still decodes
+    /// them), then the answer is redacted like any other.
+    pub(crate) fn resource_read(&self, response: &mut Value) {
+        let Some(redactor) = &self.redactor else {
+            return;
+        };
+        if let Some(contents) = response
+            .pointer_mut("/result/contents")
+            .and_then(Value::as_array_mut)
+        {
+            for content in contents {
+                let Some(Value::String(text)) = content.get_mut("text") else {
+                    continue;
+                };
+                if !text.starts_with('{') || !text.contains("\"data\"") {
+                    continue;
+                }
+                let Ok(mut document) = serde_json::from_str::<Value>(text) else {
+                    continue;
+                };
+                let Some(Value::String(data)) = document.get_mut("data") else {
+                    continue;
+                };
+                let Ok(bytes) = BASE64.decode(data.as_bytes()) else {
+                    continue;
+                };
+                if let std::borrow::Cow::Owned(redacted) = redactor.redact_bytes(&bytes) {
+                    *data = BASE64.encode(redacted);
+                    *text = document.to_string();
+                }
+            }
+        }
+        self.message(response);
     }
 
     /// An answer to `process.read` on `key`: its `data` through the stream's
@@ -321,6 +389,42 @@ mod tests {
         let mut first = data_of(&one);
         first.extend(data_of(&end));
         assert_eq!(first, head);
+    }
+
+    #[test]
+    fn a_secret_split_across_two_progress_reports_is_redacted() {
+        let mut redactor = redactor();
+        let (head, tail) = TOKEN.split_at(9);
+        let report = |text: &str| {
+            json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                "params": {"progressToken": 7, "progress": 1, "message": text}})
+        };
+        let mut one = report(&format!("out: {head}"));
+        let mut two = report(&format!("{tail} more\n"));
+        redactor.unit_message(0, &mut one);
+        redactor.unit_message(0, &mut two);
+        let seen = format!(
+            "{}{}",
+            one["params"]["message"].as_str().unwrap(),
+            two["params"]["message"].as_str().unwrap()
+        );
+        assert_eq!(seen, "out: [REDACTED:API_TOKEN] more\n");
+        redactor.calls_done();
+        assert!(redactor.progress.is_empty());
+    }
+
+    #[test]
+    fn a_file_resource_read_keeps_its_base64_decodable() {
+        let redactor = redactor();
+        let document = json!({"data": BASE64.encode(format!("key={TOKEN}\n"))}).to_string();
+        let mut answer = json!({"jsonrpc": "2.0", "id": 1, "result": {"contents": [
+            {"uri": "agentworkspace:///read?path=k", "mimeType": "application/json", "text": document}
+        ]}});
+        redactor.resource_read(&mut answer);
+        let text = answer["result"]["contents"][0]["text"].as_str().unwrap();
+        let document: Value = serde_json::from_str(text).unwrap();
+        let bytes = BASE64.decode(document["data"].as_str().unwrap()).unwrap();
+        assert_eq!(bytes, b"key=[REDACTED:API_TOKEN]\n");
     }
 
     #[test]

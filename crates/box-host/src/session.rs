@@ -899,13 +899,17 @@ impl Session {
                         ("agentworkspace/process.close", Some((id, _))) => {
                             live.redactor.process_close(unit, id, &mut response)
                         }
+                        ("resources/read", _) => live.redactor.resource_read(&mut response),
                         _ => live.redactor.message(&mut response),
+                    }
+                    if live.router.in_flight() == 0 {
+                        live.redactor.calls_done();
                     }
                     rewrite_answer(&forward.tag.rewrite, &mut response);
                     forward.reply.answer(response);
                 }
                 UnitMessage::General(mut message) => {
-                    live.redactor.message(&mut message);
+                    live.redactor.unit_message(unit, &mut message);
                     let method = message.get("method").and_then(Value::as_str).unwrap_or("");
                     if method.ends_with("/list_changed") {
                         // Executors promise fixed lists; a change is an anomaly, never news for the client.
