@@ -52,6 +52,10 @@ pub(crate) struct Secret {
     pub name: String,
     /// The value.
     pub value: Vec<u8>,
+    /// Handed to a unit or found in the workspace (a short one is warned
+    /// about), rather than a credential of the host's environment (a short
+    /// one, often `XDG_SESSION_TYPE=tty`, is only noted).
+    pub handed: bool,
 }
 
 /// The secrets of a session: what `plan` hands its units from `host_env`,
@@ -68,6 +72,7 @@ pub(crate) fn session_secrets(plan: &Plan, host_env: &[(OsString, OsString)]) ->
                 secrets.push(Secret {
                     name: name.clone(),
                     value: value.as_encoded_bytes().to_vec(),
+                    handed: true,
                 });
             }
         }
@@ -76,6 +81,7 @@ pub(crate) fn session_secrets(plan: &Plan, host_env: &[(OsString, OsString)]) ->
         secrets.push(Secret {
             name,
             value: value.into_encoded_bytes(),
+            handed: false,
         });
     }
     secrets
@@ -126,6 +132,7 @@ pub(crate) fn scan_persisted(session: &str, workspace: &Path) -> Persisted {
             persisted.secrets.push(Secret {
                 name: name.clone(),
                 value,
+                handed: true,
             });
         }
     }
@@ -136,6 +143,11 @@ impl SessionRedactor {
     /// A redactor over `secrets`; the values it cannot redact (too short,
     /// too long) are logged by name.
     pub(crate) fn new(session: &str, secrets: Vec<Secret>) -> Result<Self, String> {
+        let handed: Vec<String> = secrets
+            .iter()
+            .filter(|secret| secret.handed)
+            .map(|secret| secret.name.clone())
+            .collect();
         let redactor = Redactor::new(
             secrets
                 .into_iter()
@@ -143,7 +155,11 @@ impl SessionRedactor {
         )
         .map_err(|error| error.to_string())?;
         for skipped in redactor.skipped() {
-            tracing::warn!(session, "{skipped}");
+            if handed.contains(&skipped.name) {
+                tracing::warn!(session, "{skipped}");
+            } else {
+                tracing::info!(session, "host credential: {skipped}");
+            }
         }
         Ok(Self {
             redactor: (!redactor.is_empty()).then(|| Arc::new(redactor)),
@@ -316,6 +332,7 @@ mod tests {
             vec![Secret {
                 name: "API_TOKEN".to_owned(),
                 value: TOKEN.as_bytes().to_vec(),
+                handed: true,
             }],
         )
         .unwrap()

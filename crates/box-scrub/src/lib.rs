@@ -131,6 +131,7 @@ mod tests {
             ("AWS_ACCESS_KEY_ID", "AKIAABCDEFGHIJKLMNOP"),
             ("CLONE", "https://user:hunter2hunter2@example.com/x.git"),
             ("XDG_RUNTIME_DIR", "/run/user/1000"),
+            ("DBUS_SESSION_BUS_ADDRESS", "unix:path=/run/user/1000/bus"),
             ("GIT_SSH", "/usr/bin/ssh"),
             ("LD_PRELOAD", "/evil.so"),
             ("KUBECONFIG", "/home/u/.kube/config"),

@@ -224,8 +224,10 @@ pub(crate) fn classify(name: &str) -> NameVerdict {
 pub(crate) fn is_credential(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();
     let any = |patterns: &[&str]| patterns.iter().any(|p| glob_match(p, &upper));
-    // A path to a credential file is not the secret.
-    if any(HIJACK) || any(FALSE_POSITIVES) || any(CREDENTIAL_FILES) {
+    // A path to a credential file is not the secret; a variable removed for
+    // the power it grants is not one either, whatever generic pattern it
+    // also matches (`DBUS_SESSION_BUS_ADDRESS`).
+    if any(HIJACK) || any(FALSE_POSITIVES) || any(CREDENTIAL_FILES) || any(EXPLICIT_POWER) {
         false
     } else {
         any(EXPLICIT) || any(GENERIC) || has_auth(&upper)
