@@ -39,10 +39,14 @@ pub struct ExecuteArgs {
     #[arg(long, value_name = "MODE", default_value = "escape")]
     pub bash_output: String,
     /// Secrets to write to /run/secrets/NAME (mode 0400) before serving, their values taken from
-    /// BOX_SECRET_NAME (removed from this process's environment); NAME:env also gives NAME to the
+    /// BOX_SECRET_NAME (never passed on to a child); NAME:env also gives NAME to the
     /// processes the executor starts.
     #[arg(long, value_name = "A,B:env", default_value = "")]
     pub secrets: String,
+    /// The host's egress proxy socket, bind-mounted into the unit (box sets this): served
+    /// on 127.0.0.1:3128, where children's HTTP_PROXY/HTTPS_PROXY/ALL_PROXY point.
+    #[arg(long, value_name = "PATH")]
+    pub egress_socket: Option<PathBuf>,
 }
 
 impl ExecuteArgs {
@@ -59,6 +63,7 @@ impl ExecuteArgs {
             pass_env: self.pass_env,
             secrets: box_policy::executor::parse_secrets(&self.secrets)?,
             root: self.root,
+            egress_socket: self.egress_socket,
         })
     }
 }
@@ -111,6 +116,7 @@ mod tests {
                     as_env: true,
                 },
             ],
+            egress_socket: Some(PathBuf::from("/.box/egress/proxy.sock")),
         };
         for spec in [full, ExecutorSpec::new("/w")] {
             let argv = std::iter::once("box".to_owned()).chain(spec.to_args());

@@ -372,10 +372,14 @@ fn limits_json(limits: &LimitsPolicy) -> Value {
 }
 
 fn network_json(network: &NetworkPolicy) -> Value {
-    json!({
-        "mode": network_text(&NetworkPolicy { mode: network.mode, allow: Vec::new() }),
+    let mut shown = json!({
+        "mode": network_text(&NetworkPolicy { mode: network.mode, allow: Vec::new(), hosts: Default::default() }),
         "allow": network.allow.iter().map(ToString::to_string).collect::<Vec<_>>(),
-    })
+    });
+    if !network.hosts.is_empty() {
+        shown["hosts"] = json!(network.hosts);
+    }
+    shown
 }
 
 /// A profile as JSON, in the profile's own words (snake_case, as the TOML).
@@ -567,6 +571,7 @@ fn show_plan(plan: &plan::Plan) -> String {
         let network = NetworkPolicy {
             mode: unit.network.mode,
             allow: Vec::new(),
+            hosts: Default::default(),
         };
         let mut network = network_text(&network);
         if !unit.network.allow.is_empty() {

@@ -759,8 +759,8 @@ async fn docker_instances_never_touch_each_other() {
     b.assert_clean(&backend).await;
 }
 
-/// Fault 21 and the egress gap: what cannot be enforced is refused before
-/// anything is created, naming the control.
+/// Fault 21: what cannot be enforced is refused before anything is created,
+/// naming the control: an egress unit started without the host's proxy wired in.
 #[tokio::test]
 async fn docker_unenforceable_controls_are_refused() {
     let Some(backend) = engine().await else {
@@ -773,7 +773,7 @@ async fn docker_unenforceable_controls_are_refused() {
     egress.network.allow = vec!["example.org:443".to_owned()];
     let error = backend.start(&instance.label, &egress).await.err().unwrap();
     assert!(
-        matches!(&error, BackendError::Unenforceable { control, .. } if control.contains("egress")),
+        matches!(&error, BackendError::Unenforceable { control, why, .. } if control.contains("egress") && why.contains("no egress proxy was wired")),
         "{error}"
     );
 

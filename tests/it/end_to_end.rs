@@ -162,6 +162,8 @@ fn box_run_streams_output_and_passes_the_status_on_every_backend() {
 struct Served {
     child: Child,
     lines: mpsc::Receiver<Value>,
+    /// The answer to initialize.
+    initialized: Value,
 }
 
 impl Served {
@@ -198,7 +200,11 @@ impl Served {
                 }
             }
         });
-        let mut served = Self { child, lines };
+        let mut served = Self {
+            child,
+            lines,
+            initialized: Value::Null,
+        };
         served.send(
             &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {},
@@ -206,6 +212,7 @@ impl Served {
         );
         let answer = served.answer(0, Duration::from_secs(60));
         assert!(answer.get("result").is_some(), "initialize: {answer}");
+        served.initialized = answer;
         served.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
         served
     }
@@ -432,4 +439,262 @@ async fn a_server_unit_is_listed_started_and_driven_with_namespaced_ids() {
             assert_eq!(containers_of(&instance).await, Vec::<String>::new());
         }
     }
+}
+
+/// A plain HTTP server on the host's loopback answering every request with
+/// `body`; its port.
+fn http_server(body: &'static str) -> u16 {
+    use std::io::Read as _;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match stream.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    port
+}
+
+/// Run `command` with the bash tool; the text of its answer.
+fn bash(served: &mut Served, id: i64, command: &str) -> String {
+    served.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": command}}}));
+    let answer = served.answer(id, Duration::from_secs(60));
+    answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("bash {command}: {answer}"))
+        .to_owned()
+}
+
+/// Issue 10's egress allowlist, from the attacker's side: a unit whose profile
+/// allows one name reaches it through curl and Python's urllib (through the
+/// proxy the host wired in), and reaches nothing else: a name not allowed, a raw
+/// IP, the metadata address, a direct connection that ignores the proxy, a DNS
+/// query, a TLS server name that differs from the CONNECT host. Every attempt
+/// the proxy saw is one audit line; `box/network.set` narrows and restores.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_egress_unit_reaches_only_what_its_profile_allows() {
+    if !backends().contains(&"docker") {
+        return;
+    }
+    let port = http_server("hello-egress");
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("egress-test.toml"),
+        format!(
+            r#"description = "egress to one pinned name"
+extends = "default"
+
+[workspace]
+image = "box-test-tools:latest"
+
+[network]
+mode = "egress"
+allow = ["allowed.test:{port}", "meta.test"]
+hosts = {{ "allowed.test" = "127.0.0.1", "denied.test" = "127.0.0.1", "meta.test" = "169.254.169.254" }}
+
+[operator]
+allow_dangerous = ["private-destinations"]
+"#
+        ),
+    )
+    .unwrap();
+    let audit = profiles.path().join("audit.jsonl");
+    let instance = format!("e2e-egress-{}", std::process::id());
+    let workspace = tempfile::tempdir().unwrap();
+    let mut served = tokio::task::block_in_place(|| {
+        Served::start_with(
+            "docker",
+            &instance,
+            workspace.path(),
+            &[
+                "--profiles",
+                profiles.path().to_str().unwrap(),
+                "--profile",
+                "egress-test",
+                "--audit",
+                audit.to_str().unwrap(),
+            ],
+        )
+    });
+    let envelope = &served.initialized["result"]["capabilities"]["experimental"]["io.github.christopherdavenport.dax/executor"]
+        ["box"]["units"][0];
+    assert_eq!(envelope["network"]["mode"], json!("egress"), "{envelope}");
+    assert_eq!(
+        envelope["network"]["allow"],
+        json!([format!("allowed.test:{port}"), "meta.test"])
+    );
+    assert_eq!(envelope["network"]["proxy"], json!("http://127.0.0.1:3128"));
+
+    let allowed = format!("http://allowed.test:{port}/");
+    let checks = tokio::task::block_in_place(|| {
+        let mut out = Vec::new();
+        let mut id = 10;
+        let mut run = |command: String| {
+            id += 1;
+            bash(&mut served, id, &command)
+        };
+        out.push(("curl", run(format!("curl -sS -m 10 {allowed}"))));
+        out.push((
+            "urllib",
+            run(format!(
+                "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"{allowed}\", timeout=10).read().decode())'"
+            )),
+        ));
+        out.push((
+            "denied name",
+            run(format!("curl -sS -m 10 -o /dev/null -w '%{{http_code}}' http://denied.test:{port}/; echo \" exit=$?\"")),
+        ));
+        out.push((
+            "raw ip",
+            run(format!("curl -sS -m 10 --noproxy '' -x http://127.0.0.1:3128 -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/; echo \" exit=$?\"")),
+        ));
+        out.push((
+            "metadata",
+            run("curl -sS -m 10 --noproxy '' -x http://127.0.0.1:3128 -o /dev/null -w '%{http_code}' http://169.254.169.254/latest/meta-data/; echo \" exit=$?\"".to_owned()),
+        ));
+        // Allowed by name, pinned to the metadata address: refused by address even
+        // though the operator allowed private destinations.
+        out.push((
+            "metadata by name",
+            run("curl -sS -m 10 -o /dev/null -w '%{http_code}' http://meta.test/latest/meta-data/; echo \" exit=$?\"".to_owned()),
+        ));
+        out.push((
+            "direct",
+            run(format!("curl -sS -m 10 --noproxy '*' http://allowed.test:{port}/ 2>&1; curl -sS -m 10 --noproxy '*' http://10.0.0.1/ 2>&1; echo \" exit=$?\"")),
+        ));
+        out.push((
+            "dns",
+            run("python3 -c 'import socket; socket.getaddrinfo(\"allowed.test\", 80)' 2>&1 | tail -1".to_owned()),
+        ));
+        // A CONNECT to the allowed name whose TLS ClientHello names another.
+        out.push((
+            "sni",
+            run(format!(
+                "python3 - <<'EOF'\nimport socket, ssl\ns = socket.create_connection(('127.0.0.1', 3128), timeout=10)\ns.sendall(b'CONNECT allowed.test:{port} HTTP/1.1\\r\\nHost: allowed.test:{port}\\r\\n\\r\\n')\nprint(s.recv(1024).split(b'\\r\\n')[0].decode())\nctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE\ntry:\n    ctx.wrap_socket(s, server_hostname='denied.test').do_handshake()\n    print('handshake done')\nexcept Exception as e:\n    print('tls refused:', type(e).__name__)\nEOF"
+            )),
+        ));
+        out
+    });
+    let get = |name: &str| {
+        checks
+            .iter()
+            .find(|(check, _)| *check == name)
+            .map(|(_, text)| text.clone())
+            .unwrap()
+    };
+    assert!(get("curl").contains("hello-egress"), "curl: {checks:?}");
+    assert!(get("urllib").contains("hello-egress"), "urllib: {checks:?}");
+    assert!(get("denied name").contains("403"), "{checks:?}");
+    assert!(get("raw ip").contains("403"), "{checks:?}");
+    assert!(get("metadata").contains("403"), "{checks:?}");
+    assert!(get("metadata by name").contains("403"), "{checks:?}");
+    assert!(!get("direct").contains("hello-egress"), "{checks:?}");
+    assert!(
+        get("direct").contains("resolve") && get("direct").contains("exit=7"),
+        "a direct connection finds no resolver and no route: {checks:?}"
+    );
+    assert!(get("dns").contains("gaierror"), "{checks:?}");
+    assert!(get("sni").contains("200"), "{checks:?}");
+    assert!(
+        get("sni").contains("tls refused") && !get("sni").contains("handshake done"),
+        "{checks:?}"
+    );
+
+    // Narrowed to nothing, then restored; never widened past the profile.
+    let set = |served: &mut Served, id: i64, params: Value| {
+        served.send(
+            &json!({"jsonrpc": "2.0", "id": id, "method": "box/network.set", "params": params}),
+        );
+        served.answer(id, Duration::from_secs(30))
+    };
+    let (narrowed, after_narrowing, widened, restored, after_restoring) =
+        tokio::task::block_in_place(|| {
+            let narrowed = set(&mut served, 50, json!({"allow": []}));
+            let after = bash(
+                &mut served,
+                51,
+                &format!("curl -sS -m 10 -o /dev/null -w '%{{http_code}}' {allowed}"),
+            );
+            let widened = set(
+                &mut served,
+                52,
+                json!({"allow": ["allowed.test", "other.test"]}),
+            );
+            let restored = set(
+                &mut served,
+                53,
+                json!({"allow": [format!("allowed.test:{port}")]}),
+            );
+
+            let again = bash(&mut served, 54, &format!("curl -sS -m 10 {allowed}"));
+            (narrowed, after, widened, restored, again)
+        });
+    assert_eq!(narrowed["result"]["allow"], json!([]), "{narrowed}");
+    assert!(after_narrowing.contains("403"), "{after_narrowing}");
+    assert_eq!(widened["error"]["code"], json!(-32602), "{widened}");
+    assert!(
+        widened["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("bound"),
+        "{widened}"
+    );
+    assert_eq!(
+        restored["result"]["allow"],
+        json!([format!("allowed.test:{port}")]),
+        "{restored}"
+    );
+    assert!(
+        after_restoring.contains("hello-egress"),
+        "{after_restoring}"
+    );
+
+    let status = tokio::task::block_in_place(|| served.hang_up());
+    assert!(status.success(), "{status}");
+    let lines: Vec<Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .filter(|line: &Value| line["kind"] == json!("egress"))
+        .collect();
+    let seen = |host: &str, outcome: &str| {
+        lines.iter().any(|line| {
+            line["host"] == json!(host) && line["decision"]["outcome"] == json!(outcome)
+        })
+    };
+    assert!(seen("allowed.test", "allowed"), "{lines:?}");
+    assert!(seen("denied.test", "refused"), "{lines:?}");
+    assert!(seen("127.0.0.1", "refused"), "{lines:?}");
+    assert!(seen("169.254.169.254", "refused"), "{lines:?}");
+    let refused_for = |reason: &str| {
+        lines
+            .iter()
+            .any(|line| line["decision"]["reason"] == json!(reason))
+    };
+    assert!(refused_for("sni-mismatch"), "{lines:?}");
+    assert!(refused_for("forbidden-address"), "{lines:?}");
+    assert!(refused_for("not-allowed"), "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .all(|line| line["session"].is_string() && line["unit"] == json!("workspace")),
+        "{lines:?}"
+    );
+    assert_eq!(containers_of(&instance).await, Vec::<String>::new());
 }

@@ -49,7 +49,13 @@ fn crates_depend_only_on_what_the_architecture_allows() {
         ("box-init", &[]),
         (
             "box-executor",
-            &["box-policy", "box-jsonrpc", "box-scrub", "box-confine"],
+            &[
+                "box-policy",
+                "box-jsonrpc",
+                "box-scrub",
+                "box-confine",
+                "box-egress",
+            ],
         ),
         ("box-backend", &["box-policy", "box-scrub"]),
         (
@@ -68,6 +74,7 @@ fn crates_depend_only_on_what_the_architecture_allows() {
                 "box-jsonrpc",
                 "box-scrub",
                 "box-redact",
+                "box-egress",
             ],
         ),
         ("box-transport", &["box-jsonrpc"]),

@@ -15,8 +15,8 @@ use bollard::models::{
 use box_policy::executor::{ExecutorSpec, PlaceKind, SECRETS_DIR};
 
 use box_backend::{
-    AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, Envelope, Hardening, SessionLabel,
-    UnitState, labels,
+    AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, EgressWiring, Envelope, Hardening,
+    SessionLabel, UnitState, UnitWiring, labels,
 };
 use box_policy::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
 
@@ -101,9 +101,13 @@ pub fn check_root(root: &Path) -> Result<(), String> {
 }
 
 /// The executor's command line inside a unit.
-pub fn executor_argv(spec: &UnitSpec) -> Vec<String> {
+pub fn executor_argv(spec: &UnitSpec, wiring: &UnitWiring) -> Vec<String> {
     let executor = ExecutorSpec {
         reference: Some(spec.image.clone()),
+        egress_socket: wiring
+            .egress
+            .as_ref()
+            .map(|_| EgressWiring::socket_in_unit()),
         ..spec.executor_spec(&spec.root, PlaceKind::Container)
     };
     std::iter::once(EXECUTOR_PATH.to_owned())
@@ -116,17 +120,32 @@ pub fn user_string(spec: &UnitSpec) -> Option<String> {
     spec.user.map(|ids| format!("{}:{}", ids.uid, ids.gid))
 }
 
-/// The engine's network mode for a plan's network. `Egress` has no filter on
-/// this backend yet, so it never reaches here (`start` refuses it first).
+/// The engine's network mode for a plan's network. An `Egress` unit has no
+/// network of its own either: only `lo`, and the host's proxy through its socket.
 pub fn network_mode(mode: NetworkMode) -> &'static str {
     match mode {
         NetworkMode::None => "none",
-        // An allow list needs a filtering proxy the docker backend does not have;
-        // fail closed to no network if this is ever reached.
         NetworkMode::Egress => "none",
         NetworkMode::Bridge => "bridge",
     }
 }
+
+/// Mount the host directory holding the unit's egress proxy socket, read-only, at
+/// [`EgressWiring::DIR_IN_UNIT`].
+pub fn mount_egress_socket(body: &mut ContainerCreateBody, socket_dir: &Path) {
+    let host_config = body.host_config.get_or_insert_with(Default::default);
+    host_config.mounts.get_or_insert_with(Vec::new).push(Mount {
+        target: Some(EgressWiring::DIR_IN_UNIT.to_owned()),
+        source: Some(socket_dir.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(true),
+        bind_options: Some(private_bind()),
+        ..Default::default()
+    });
+}
+
+/// The proxy address a unit's tools are pointed at.
+pub const EGRESS_PROXY_URL: &str = "http://127.0.0.1:3128";
 
 /// One inode per 4 KiB of the size bound (at least 1024): as many small files
 /// as the space could hold, and no more.
@@ -463,9 +482,25 @@ pub fn envelope_from_inspect(
         nofile,
         start_timeout_ms: None,
     });
+    // Egress is what the engine applied (no network) plus the proxy's socket,
+    // as mounted; without both it is reported as the engine's mode.
+    let egress_mounted = host.mounts.iter().flatten().any(|mount| {
+        mount.target.as_deref() == Some(EgressWiring::DIR_IN_UNIT) && mount.read_only == Some(true)
+    });
+    let egress =
+        spec.network.mode == NetworkMode::Egress && network_mode == "none" && egress_mounted;
     let network = AppliedNetwork {
-        mode: network_mode,
-        allow: spec.network.allow.iter().map(ToString::to_string).collect(),
+        mode: if egress {
+            "egress".to_owned()
+        } else {
+            network_mode
+        },
+        allow: if egress {
+            spec.network.allow.iter().map(ToString::to_string).collect()
+        } else {
+            Vec::new()
+        },
+        proxy: egress.then(|| EGRESS_PROXY_URL.to_owned()),
         local_none: None,
     };
 
@@ -833,7 +868,7 @@ pub(crate) mod tests {
         s.env_pass = vec!["A".to_owned(), "B".to_owned()];
         s.security.write_guard = false;
         assert_eq!(
-            executor_argv(&s),
+            executor_argv(&s, &UnitWiring::default()),
             [
                 "/.box/box",
                 "execute",

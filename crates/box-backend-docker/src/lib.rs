@@ -47,7 +47,7 @@ pub use body::{EngineFacts, container_body};
 use box_backend::environment::{Own, STANDARD_PATH, UnitEnvironment, unit_environment};
 use box_backend::{
     Backend, BackendError, BackendKind, ExecutorIo, SessionLabel, StartedUnit, Unenforceable,
-    UnitEnd, UnitInfo, labels,
+    UnitEnd, UnitInfo, UnitWiring, labels,
 };
 use box_policy::executor::{SECRET_VALUE_PREFIX, SECRETS_DIR};
 use box_policy::plan::{NetworkMode, Requirement, UnitSpec};
@@ -167,6 +167,7 @@ impl DockerBackend {
         &self,
         session: &SessionLabel,
         spec: &UnitSpec,
+        wiring: &UnitWiring,
     ) -> Result<StartedUnit, BackendError> {
         let unit = spec.name.as_str();
         let other = |doing: &str, e: DockerError| BackendError::Other {
@@ -179,6 +180,28 @@ impl DockerBackend {
             && let Some(first) = refusals.into_iter().next()
         {
             return Err(first.into());
+        }
+        // An egress unit without its proxy would have no way out at all, and a proxy
+        // wired into a unit that did not ask for one would be a way out.
+        match (spec.network.mode, &wiring.egress) {
+            (NetworkMode::Egress, None) => {
+                return Err(BackendError::Unenforceable {
+                    unit: unit.to_owned(),
+                    control: "network egress allow list".to_owned(),
+                    why: "no egress proxy was wired into the unit (a host starts one per egress unit)".to_owned(),
+                });
+            }
+            (NetworkMode::None | NetworkMode::Bridge, Some(_)) => {
+                return Err(BackendError::Other {
+                    unit: unit.to_owned(),
+                    doing: "wiring the egress proxy".to_owned(),
+                    message: format!(
+                        "the unit's network is {}, not egress",
+                        spec.network.mode.as_str()
+                    ),
+                });
+            }
+            _ => {}
         }
         body::check_root(&spec.root).map_err(|why| BackendError::Other {
             unit: unit.to_owned(),
@@ -231,6 +254,9 @@ impl DockerBackend {
         };
         let created = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         let mut body = container_body(session, spec, &self.executor, &created, &env);
+        if let Some(egress) = &wiring.egress {
+            body::mount_egress_socket(&mut body, &egress.socket_dir);
+        }
         // What the profile's operator explicitly allowed (the plan carries these
         // only when the operator switch was on).
         if let Some(host_config) = body.host_config.as_mut() {
@@ -260,6 +286,7 @@ impl DockerBackend {
             .attach(
                 session,
                 spec,
+                wiring,
                 &id,
                 &image_user,
                 (env_passed, env_scrubbed),
@@ -281,6 +308,7 @@ impl DockerBackend {
         &self,
         session: &SessionLabel,
         spec: &UnitSpec,
+        wiring: &UnitWiring,
         id: &str,
         image_user: &str,
         (env_passed, env_scrubbed): (Vec<String>, Vec<String>),
@@ -300,7 +328,7 @@ impl DockerBackend {
         let argv = self
             .executor_command
             .clone()
-            .unwrap_or_else(|| body::executor_argv(spec));
+            .unwrap_or_else(|| body::executor_argv(spec, wiring));
         let exec = self
             .docker
             .create_exec(
@@ -393,8 +421,8 @@ impl Backend for DockerBackend {
         BackendKind::Docker
     }
 
-    /// An egress allow list (no filter on this backend yet), and landlock
-    /// required where the host kernel has none.
+    /// Landlock required where the host kernel has none. An egress allow list is
+    /// enforced by the host's proxy, wired in at start (`start_wired`).
     fn check(&self, spec: &UnitSpec) -> Result<(), Vec<Unenforceable>> {
         let mut refusals = Vec::new();
         let mut refuse = |control: &str, why: &str| {
@@ -404,13 +432,6 @@ impl Backend for DockerBackend {
                 why: why.to_owned(),
             })
         };
-        match spec.network.mode {
-            NetworkMode::None | NetworkMode::Bridge => {}
-            NetworkMode::Egress => refuse(
-                "network egress allow list",
-                "the docker backend has no egress filter yet; use network mode none or bridge",
-            ),
-        }
         if spec.security.landlock == Requirement::Required && self.facts.landlock_abi == 0 {
             refuse("landlock", "the host kernel offers no landlock ABI");
         }
@@ -426,7 +447,16 @@ impl Backend for DockerBackend {
         session: &'a SessionLabel,
         spec: &'a UnitSpec,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
-        Box::pin(self.start_unit(session, spec))
+        Box::pin(async move { self.start_unit(session, spec, &UnitWiring::default()).await })
+    }
+
+    fn start_wired<'a>(
+        &'a self,
+        session: &'a SessionLabel,
+        spec: &'a UnitSpec,
+        wiring: &'a UnitWiring,
+    ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
+        Box::pin(self.start_unit(session, spec, wiring))
     }
 
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {

@@ -917,6 +917,7 @@ pub(crate) fn envelope(
         SpecNetwork::None => AppliedNetwork {
             mode: "none".to_owned(),
             allow: Vec::new(),
+            proxy: None,
             local_none: Some(LocalNone {
                 namespace: has("net"),
                 loopback_up: applied.loopback_up,
@@ -927,6 +928,7 @@ pub(crate) fn envelope(
         SpecNetwork::Host => AppliedNetwork {
             mode: "host".to_owned(),
             allow: Vec::new(),
+            proxy: None,
             local_none: None,
         },
     };

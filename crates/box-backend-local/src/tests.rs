@@ -20,10 +20,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
             uid: 1000,
             gid: 1000,
         }),
-        network: Network {
-            mode: NetworkMode::None,
-            allow: Vec::new(),
-        },
+        network: Network::none(),
         limits: Limits {
             memory_bytes: 1 << 30,
             cpus: 1.0,

@@ -97,6 +97,36 @@ pub struct ExecutorIo {
     pub stdout: Pin<Box<dyn AsyncRead + Send>>,
 }
 
+/// What the host wires into a unit beyond its spec: resources the host owns and
+/// the unit reaches through a bind mount.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitWiring {
+    /// The unit's egress proxy (its spec's network is `egress`).
+    pub egress: Option<EgressWiring>,
+}
+
+/// The host's egress proxy for one unit: a directory on the host holding its
+/// listening socket ([`EgressWiring::SOCKET`]), mounted read-only at
+/// [`EgressWiring::DIR_IN_UNIT`]. The directory, not the socket, is mounted so the
+/// unit sees exactly one entry and nothing else of the host's runtime directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressWiring {
+    /// The host directory holding the socket.
+    pub socket_dir: std::path::PathBuf,
+}
+
+impl EgressWiring {
+    /// Where the directory appears inside the unit.
+    pub const DIR_IN_UNIT: &str = "/.box/egress";
+    /// The socket's file name in the directory.
+    pub const SOCKET: &str = "proxy.sock";
+
+    /// The socket's path inside the unit (what the executor is told).
+    pub fn socket_in_unit() -> std::path::PathBuf {
+        std::path::Path::new(Self::DIR_IN_UNIT).join(Self::SOCKET)
+    }
+}
+
 /// How a unit ended, as far as the backend can tell.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct UnitEnd {
@@ -200,6 +230,29 @@ pub trait Backend: Send + Sync {
         session: &'a SessionLabel,
         spec: &'a UnitSpec,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>>;
+
+    /// [`start`](Self::start), with what the host wires in. A backend that cannot
+    /// wire something refuses (never starts the unit without it).
+    fn start_wired<'a>(
+        &'a self,
+        session: &'a SessionLabel,
+        spec: &'a UnitSpec,
+        wiring: &'a UnitWiring,
+    ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
+        if wiring.egress.is_some() {
+            return Box::pin(async move {
+                Err(BackendError::Unenforceable {
+                    unit: spec.name.clone(),
+                    control: "network egress allow list".to_owned(),
+                    why: format!(
+                        "the {} backend cannot wire the host's egress proxy into a unit yet; use network mode none, or the docker backend",
+                        self.kind().as_str()
+                    ),
+                })
+            });
+        }
+        self.start(session, spec)
+    }
 
     /// Stop and remove the unit with backend id `id`; `Ok` if it is already gone.
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>>;

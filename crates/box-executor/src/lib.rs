@@ -70,6 +70,18 @@ pub fn serve(spec: ExecutorSpec) -> anyhow::Result<std::process::ExitCode> {
     // only this process can read: it is not dumpable (seccomp layer).
     let own_vars = std::env::vars_os()
         .filter(|(name, _)| !name.to_string_lossy().starts_with(SECRET_VALUE_PREFIX));
+    // Bound before confinement (landlock may restrict binding later), served after
+    // it (landlock confines only the thread that asks, so no thread may exist yet).
+    let egress = match &args.egress_socket {
+        Some(socket) => {
+            let address = std::net::SocketAddr::from(([127, 0, 0, 1], box_egress::BRIDGE_PORT));
+            let listener = std::net::TcpListener::bind(address).with_context(|| {
+                format!("--egress-socket: cannot listen on {address} for the egress bridge")
+            })?;
+            Some((listener, socket.clone()))
+        }
+        None => None,
+    };
     let scrubbed = box_scrub::scrub_environment(own_vars, &args.pass_env);
     if !scrubbed.removed.is_empty() {
         tracing::info!(removed = ?scrubbed.removed, "variables scrubbed from children's environment");
@@ -106,6 +118,19 @@ pub fn serve(spec: ExecutorSpec) -> anyhow::Result<std::process::ExitCode> {
         }
     }
     let mut child_env = scrubbed.kept;
+    if let Some((listener, socket)) = egress {
+        let address = listener
+            .local_addr()
+            .context("the egress bridge's address")?;
+        // Children find the bridge through the proxy variables; the unit has no
+        // other way out (no route, no resolver).
+        for (name, value) in box_egress::proxy_environment(address) {
+            child_env.retain(|(kept, _)| kept != name);
+            child_env.push((name.into(), value.into()));
+        }
+        start_bridge(listener, socket)?;
+        tracing::info!(%address, "egress bridge listening");
+    }
     // The confinement denies the home directory (a user's git configuration
     // may hold credentials: tokens in `url.*.insteadOf`, helpers, so it is
     // not opened to children either), and git fails outright on a global
@@ -189,6 +214,35 @@ fn deliver_secrets(
         tracing::info!(?names, dir = %dir.display(), "secrets delivered as files");
     }
     Ok(vars)
+}
+
+/// Run the egress bridge on its own thread and runtime, so a busy download never
+/// shares the protocol's thread.
+fn start_bridge(listener: std::net::TcpListener, socket: std::path::PathBuf) -> anyhow::Result<()> {
+    listener
+        .set_nonblocking(true)
+        .context("the egress bridge's listener")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the egress bridge's runtime")?;
+    std::thread::Builder::new()
+        .name("egress-bridge".to_owned())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => listener,
+                    Err(error) => {
+                        return tracing::error!(%error, "egress bridge cannot listen");
+                    }
+                };
+                if let Err(error) = box_egress::bridge(listener, socket).await {
+                    tracing::error!(%error, "egress bridge stopped");
+                }
+            })
+        })
+        .context("cannot start the egress bridge's thread")?;
+    Ok(())
 }
 
 /// Serve until the client hangs up or a signal ends it, then end every process.

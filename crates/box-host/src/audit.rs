@@ -49,9 +49,8 @@ impl Audit {
 
     /// Append one record; a failure is logged, never the call's.
     pub fn record(&self, record: &Record<'_>) {
-        let time = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
         let line = json!({
-            "time": time,
+            "time": now(),
             "session": record.session,
             "unit": record.unit,
             "tool": record.tool,
@@ -59,6 +58,23 @@ impl Audit {
             "durationMs": record.duration.as_millis() as u64,
             "outcome": record.outcome,
         });
+        self.append(&line);
+    }
+
+    /// Append one egress attempt (`"kind": "egress"`): session, unit, method, host,
+    /// port, server name, upstream address, the decision (allowed by which rule, or
+    /// refused or failed and why), bytes each way, duration.
+    pub fn egress(&self, event: &box_egress::Event) {
+        let mut line = json!({"time": now(), "kind": "egress"});
+        if let (Some(line), Ok(Value::Object(fields))) =
+            (line.as_object_mut(), serde_json::to_value(event))
+        {
+            line.extend(fields);
+        }
+        self.append(&line);
+    }
+
+    fn append(&self, line: &Value) {
         let mut bytes = line.to_string().into_bytes();
         bytes.push(b'\n');
         let written = match self.file.lock() {
@@ -69,6 +85,10 @@ impl Audit {
             tracing::error!(%error, "writing the audit log failed");
         }
     }
+}
+
+fn now() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
 /// The sha256 (hex) of a value's compact JSON.

@@ -12,6 +12,7 @@
 
 mod ask;
 pub mod audit;
+pub mod egress;
 pub mod metrics;
 mod redact;
 pub mod router;
@@ -113,6 +114,9 @@ pub struct HostConfig {
     /// credentials the scrubber keeps from units, all redacted from what the
     /// session receives. Tests give their own.
     pub environment: fn() -> Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    /// Where the host keeps its sockets (egress proxies), each in a directory of
+    /// its own that the unit it serves gets mounted.
+    pub runtime_dir: std::path::PathBuf,
 }
 
 impl HostConfig {
@@ -131,6 +135,7 @@ impl HostConfig {
             drain: Duration::from_secs(10),
             ledger: units::Ledger::default(),
             environment: || std::env::vars_os().collect(),
+            runtime_dir: egress::default_runtime_dir(),
         }
     }
 }

@@ -83,6 +83,14 @@ struct CallLabels {
     outcome: &'static str,
 }
 
+/// An egress attempt's labels: the proxy's outcome and, when refused or failed,
+/// its reason (both from box-egress's fixed sets).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EgressLabels {
+    outcome: &'static str,
+    reason: &'static str,
+}
+
 /// A unit count's label.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UnitLabels {
@@ -102,6 +110,7 @@ pub struct Metrics {
     calls: Family<CallLabels, Counter>,
     call_duration: Histogram,
     unit_start_duration: Histogram,
+    egress: Family<EgressLabels, Counter>,
     /// Session tasks running, started or not (what shutdown waits for).
     tasks: AtomicUsize,
 }
@@ -158,6 +167,12 @@ impl Default for Metrics {
             "How long a session's units took to start and initialize",
             unit_start_duration.clone(),
         );
+        let egress = Family::<EgressLabels, Counter>::default();
+        registry.register(
+            "box_egress_connections",
+            "Egress attempts through units' proxies, by outcome and refusal or failure reason",
+            egress.clone(),
+        );
         registry.register(
             "box_build",
             "This box's version",
@@ -173,12 +188,21 @@ impl Default for Metrics {
             calls,
             call_duration,
             unit_start_duration,
+            egress,
             tasks: AtomicUsize::new(0),
         }
     }
 }
 
 impl Metrics {
+    /// One egress attempt ended with `outcome` (`allowed`, `refused`, `failed`)
+    /// for `reason` (empty when allowed).
+    pub fn egress(&self, outcome: &'static str, reason: &'static str) {
+        self.egress
+            .get_or_create(&EgressLabels { outcome, reason })
+            .inc();
+    }
+
     /// A session's units started (all of them), taking `latency`.
     pub fn unit_start(&self, latency: Duration, units: usize) {
         self.sessions_started.inc();

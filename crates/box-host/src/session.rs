@@ -66,6 +66,60 @@ const DEADLINE_SETTLE: Duration = Duration::from_secs(1);
 /// and a session is not idle while they wait.
 const IDLE_SETTLE: Duration = Duration::from_secs(1);
 
+/// `box/network.set {unit?, allow?}`: narrow a running egress unit's allow list,
+/// or restore it up to the profile's bound; without `allow`, only say what is in
+/// force. `unit` may be left out when one unit of the session has egress.
+fn network_set(live: &Live, message: &Value) -> Result<Value, (i64, String)> {
+    let invalid = |why: String| (code::INVALID_PARAMS, format!("box/network.set: {why}"));
+    let params = params(message);
+    let asked = match params.and_then(|p| p.get("unit")) {
+        None => None,
+        Some(Value::String(unit)) => Some(unit.as_str()),
+        Some(other) => return Err(invalid(format!("unit: expected a unit name, got {other}"))),
+    };
+    if let Some(unknown) = params.and_then(|p| {
+        p.keys()
+            .find(|key| !["unit", "allow", "_meta"].contains(&key.as_str()))
+    }) {
+        return Err(invalid(format!(
+            "unknown parameter `{unknown}`; it takes unit and allow"
+        )));
+    }
+    let egress: Vec<&str> = live
+        .egress
+        .iter()
+        .map(|proxy| proxy.unit.as_str())
+        .collect();
+    let proxy = match asked {
+        Some(unit) => live
+            .egress
+            .iter()
+            .find(|proxy| proxy.unit == unit)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "unit `{unit}` has no egress network; units with egress: {egress:?}"
+                ))
+            })?,
+        None => match live.egress.as_slice() {
+            [only] => only,
+            [] => {
+                return Err(invalid(
+                    "no unit of this session has an egress network".to_owned(),
+                ));
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "several units have egress; name one with `unit`: {egress:?}"
+                )));
+            }
+        },
+    };
+    match params.and_then(|p| p.get("allow")) {
+        None => Ok(proxy.describe()),
+        Some(allow) => proxy.set_network(allow).map_err(invalid),
+    }
+}
+
 /// Start a session task. Messages for the client that belong to no request go
 /// to `general`. The session ends when every handle is dropped, when `end` is
 /// called, or when `parent` is cancelled.
@@ -210,6 +264,9 @@ struct Live {
     /// Every secret value the session's units were handed or the host
     /// scrubbed, replaced in everything a unit sends toward the client.
     redactor: SessionRedactor,
+    /// The egress proxies of the units whose network is egress; they live as
+    /// long as the session's units.
+    egress: Vec<super::egress::EgressProxy>,
 }
 
 enum Route {
@@ -380,7 +437,7 @@ impl Session {
             .max()
             .unwrap_or(Duration::from_secs(60));
         let start_deadline = tokio::time::Instant::now() + start_timeout;
-        let started = start_units(
+        let (started, egress) = start_units(
             &self.config,
             &label,
             &plan.units,
@@ -494,6 +551,7 @@ impl Session {
                 last_activity: Instant::now(),
                 started: Instant::now(),
                 redactor,
+                egress,
             },
             result,
         ))
@@ -792,6 +850,7 @@ impl Session {
                     Rewrite::ProcessId { unit: name },
                 ));
             }
+            "box/network.set" => return network_set(live, &message).map(Route::Answer),
             _ => {}
         }
         if method.starts_with("agentworkspace/process.") && method != "agentworkspace/process.start"

@@ -21,7 +21,9 @@ use super::HostConfig;
 use box_backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitEnd};
 use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
 use box_jsonrpc::{self as jsonrpc, Kind, classify};
-use box_policy::plan::UnitSpec;
+use box_policy::plan::{NetworkMode, UnitSpec};
+
+use super::egress::EgressProxy;
 
 /// How many messages may wait for a unit's executor to read them; a unit that
 /// stops reading fills it, and its next request is refused naming the unit.
@@ -223,14 +225,34 @@ pub async fn start_units(
     specs: &[UnitSpec],
     timeout: Duration,
     background: &TaskTracker,
-) -> Result<Vec<(u64, StartedUnit)>, StartFailure> {
+) -> Result<(Vec<(u64, StartedUnit)>, Vec<EgressProxy>), StartFailure> {
     let deadline = tokio::time::Instant::now() + timeout;
+    // Each egress unit's proxy listens before its unit starts; dropped (stopped,
+    // its socket removed) if the session does not start.
+    let mut proxies = Vec::new();
+    for spec in specs {
+        if spec.network.mode == NetworkMode::Egress {
+            let proxy = EgressProxy::start(config, &label.session, spec).map_err(|message| {
+                StartFailure::Backend(BackendError::Other {
+                    unit: spec.name.clone(),
+                    doing: "starting its egress proxy".to_owned(),
+                    message,
+                })
+            })?;
+            proxies.push(proxy);
+        }
+    }
     let mut starts = Vec::new();
     for spec in specs {
         let key = config.ledger.starting(&label.session, &spec.name);
+        let wiring = proxies
+            .iter()
+            .find(|proxy| proxy.unit == spec.name)
+            .map(EgressProxy::wiring)
+            .unwrap_or_default();
         let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
-            let result = config.backend.start(&label, &spec).await;
+            let result = config.backend.start_wired(&label, &spec, &wiring).await;
             match &result {
                 Ok(unit) => config.ledger.started(key, &unit.envelope.id),
                 // A failed start undoes itself (the backend's contract).
@@ -261,7 +283,7 @@ pub async fn start_units(
         }
     }
     if failure.is_none() && late.is_empty() {
-        return Ok(started);
+        return Ok((started, proxies));
     }
     remove_in_background(config, started, background);
     let names: Vec<String> = late.iter().map(|(name, _, _)| name.clone()).collect();

@@ -158,6 +158,10 @@ pub struct AppliedNetwork {
     pub mode: String,
     /// The destinations allowed (egress).
     pub allow: Vec<String>,
+    /// Where the unit's tools find the egress proxy (`HTTP_PROXY` and the rest
+    /// point there), when the mode is `egress`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
     /// How `none` was enforced without a container (local backend only).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub local_none: Option<LocalNone>,

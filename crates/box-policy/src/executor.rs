@@ -144,6 +144,10 @@ pub struct ExecutorSpec {
     /// The secrets to write under [`SECRETS_DIR`] (`--secrets A,B:env`);
     /// their values come in `BOX_SECRET_NAME` variables.
     pub secrets: Vec<SecretFile>,
+    /// The host's egress proxy socket, bind-mounted into the unit: the executor
+    /// bridges it to a loopback port and points its children's proxy variables
+    /// there. `None`: no egress.
+    pub egress_socket: Option<PathBuf>,
 }
 
 /// A command line that is not an executor's, or has a bad flag.
@@ -187,6 +191,7 @@ impl ExecutorSpec {
             seccomp: SeccompLayer::default(),
             bash_output: BashOutput::default(),
             secrets: Vec::new(),
+            egress_socket: None,
         }
     }
 
@@ -241,6 +246,9 @@ impl ExecutorSpec {
                 .collect();
             flag("--secrets", names.join(","));
         }
+        if let Some(socket) = &self.egress_socket {
+            flag("--egress-socket", socket.to_string_lossy().into_owned());
+        }
         args
     }
 
@@ -284,6 +292,7 @@ impl ExecutorSpec {
                 "--seccomp" => spec.seccomp = choice(flag, value)?,
                 "--bash-output" => spec.bash_output = choice(flag, value)?,
                 "--secrets" => spec.secrets.extend(parse_secrets(value)?),
+                "--egress-socket" => spec.egress_socket = Some(PathBuf::from(value)),
                 other => return Err(SpecError::UnknownFlag(other.to_owned())),
             }
         }
@@ -359,6 +368,7 @@ mod tests {
                     as_env: true,
                 },
             ],
+            egress_socket: Some(PathBuf::from("/.box/egress/proxy.sock")),
         }
     }
 

@@ -309,6 +309,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         network: AppliedNetwork {
             mode: "none".to_owned(),
             allow: Vec::new(),
+            proxy: None,
             local_none: None,
         },
         limits: AppliedLimits::HostOnly(HostOnlyLimits::default()),

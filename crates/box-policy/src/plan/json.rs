@@ -51,7 +51,15 @@ impl UnitSpec {
 }
 
 fn network_json(network: &Network) -> Value {
-    json!({"mode": network.mode.as_str(), "allow": network.allow})
+    let mut shown = json!({"mode": network.mode.as_str(), "allow": network.allow});
+    // Only egress units have these; other units' JSON stays as it was.
+    if !network.hosts.is_empty() {
+        shown["hosts"] = json!(network.hosts);
+    }
+    if network.private_destinations {
+        shown["privateDestinations"] = json!(true);
+    }
+    shown
 }
 
 fn millis(duration: std::time::Duration) -> u64 {

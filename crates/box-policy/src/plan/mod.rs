@@ -124,6 +124,23 @@ pub struct Network {
     pub mode: NetworkMode,
     /// `host[:port]` entries for `Egress`.
     pub allow: Vec<String>,
+    /// `Egress`: names pinned to addresses for the host's proxy.
+    pub hosts: BTreeMap<String, std::net::IpAddr>,
+    /// `Egress`: whether private destinations may be reached (the operator named
+    /// `private-destinations`).
+    pub private_destinations: bool,
+}
+
+impl Network {
+    /// No network at all.
+    pub fn none() -> Self {
+        Self {
+            mode: NetworkMode::None,
+            allow: Vec::new(),
+            hosts: BTreeMap::new(),
+            private_destinations: false,
+        }
+    }
 }
 
 /// The hardening a unit must get.
@@ -378,10 +395,7 @@ impl UnitSpec {
             root: PathBuf::from("/workspace"),
             mode: MountMode::ReadWrite,
             user: None,
-            network: Network {
-                mode: NetworkMode::None,
-                allow: Vec::new(),
-            },
+            network: Network::none(),
             limits: Limits {
                 memory_bytes: 2 << 30,
                 cpus: 2.0,
@@ -517,7 +531,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             root: root.clone(),
             mode: profile.workspace.mode,
             user,
-            network: network_of(&profile.network),
+            network: network_of(&profile.network, &profile.dangerous),
             limits: limits_of(&profile.limits),
             env_set: profile.env.set.clone(),
             env_pass: profile.env.pass.clone(),
@@ -537,7 +551,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             root: root.clone(),
             mode: MountMode::ReadOnly,
             user,
-            network: network_of(&server.network),
+            network: network_of(&server.network, &profile.dangerous),
             limits: limits_of(&server.limits),
             env_set: BTreeMap::new(),
             env_pass: Vec::new(),
@@ -584,10 +598,14 @@ fn judge_cwd(profile: &Profile, cwd: &std::path::Path) -> Result<(), PlanError> 
     Ok(())
 }
 
-fn network_of(network: &NetworkPolicy) -> Network {
+fn network_of(network: &NetworkPolicy, dangerous: &[crate::profile::Danger]) -> Network {
+    let egress = network.mode == NetworkMode::Egress;
     Network {
         mode: network.mode,
         allow: network.allow.iter().map(ToString::to_string).collect(),
+        hosts: network.hosts.clone(),
+        private_destinations: egress
+            && dangerous.contains(&crate::profile::Danger::PrivateDestinations),
     }
 }
 

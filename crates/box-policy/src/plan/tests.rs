@@ -204,10 +204,7 @@ fn network_narrows_only() {
     // Narrower and equal.
     assert_eq!(
         network(&egress, json!({"mode": "none"})).unwrap(),
-        Network {
-            mode: NetworkMode::None,
-            allow: vec![]
-        }
+        Network::none()
     );
     assert_eq!(
         network(&egress, json!({"mode": "egress"})).unwrap().allow,
@@ -220,10 +217,15 @@ fn network_narrows_only() {
         vec!["example.com:443"]
     );
     assert_eq!(
-        network(&egress, json!({"allow": ["api.example.com:8443"]}))
+        network(&egress, json!({"allow": ["api.example.com:80"]}))
             .unwrap()
             .allow,
-        vec!["api.example.com:8443"]
+        vec!["api.example.com:80"]
+    );
+    // A bare host is ports 80 and 443, so another port is wider.
+    assert_eq!(
+        network(&egress, json!({"allow": ["api.example.com:8443"]})).unwrap_err(),
+        "tighten.network.allow: asked for \"api.example.com:8443\", but profile `p` allows at most [example.com:443, api.example.com]"
     );
     assert_eq!(
         network(
@@ -282,7 +284,7 @@ fn network_narrows_only() {
     );
     assert_eq!(
         network(&egress, json!({"allow": ["http://example.com"]})).unwrap_err(),
-        "tighten: network.allow: \"http://example.com\" is not host[:port]; write host[:port], like \"example.com\" or \"example.com:443\" (no scheme, path, user or wildcard)"
+        "tighten: network.allow: \"http://example.com\" is not host[:port]; write host[:port], like \"example.com\", \"*.example.com\" or \"example.com:8443\" (no scheme, path or user)"
     );
 }
 

@@ -481,7 +481,13 @@ fn tighten_network(
             unique
         }
     };
-    Ok(crate::profile::NetworkPolicy { mode, allow })
+    // Pinned names are the operator's, never the session's: they follow the mode.
+    let hosts = if mode == NetworkMode::Egress {
+        bound.hosts.clone()
+    } else {
+        Default::default()
+    };
+    Ok(crate::profile::NetworkPolicy { mode, allow, hosts })
 }
 
 /// Parse a tightening's JSON text strictly: duplicate keys are an error (a

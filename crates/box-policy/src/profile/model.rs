@@ -105,6 +105,9 @@ pub struct NetworkPolicy {
     pub mode: NetworkMode,
     /// For `egress`: what may be reached (empty otherwise).
     pub allow: Vec<AllowEntry>,
+    /// For `egress`: names pinned to addresses, resolved by the host's proxy before
+    /// its resolver (like `--add-host`): registries on a private network, tests.
+    pub hosts: std::collections::BTreeMap<String, std::net::IpAddr>,
 }
 
 /// A unit's limits as written.
@@ -198,17 +201,20 @@ pub enum Danger {
     Capabilities,
     /// Host devices.
     Devices,
+    /// Egress to loopback, private and unique-local addresses and the host's own.
+    PrivateDestinations,
 }
 
 impl Danger {
     /// Every danger, in order.
-    pub const ALL: [Danger; 6] = [
+    pub const ALL: [Danger; 7] = [
         Danger::DockerSocket,
         Danger::HostRoot,
         Danger::Privileged,
         Danger::HostNamespaces,
         Danger::Capabilities,
         Danger::Devices,
+        Danger::PrivateDestinations,
     ];
 
     /// Its name in `allow_dangerous`.
@@ -220,6 +226,7 @@ impl Danger {
             Danger::HostNamespaces => "host-namespaces",
             Danger::Capabilities => "capabilities",
             Danger::Devices => "devices",
+            Danger::PrivateDestinations => "private-destinations",
         }
     }
 

@@ -271,7 +271,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[network]\nmode = \"egress\"\nallow = [\"https://example.com\"]\n",
-            "p.toml:3:10: network.allow: \"https://example.com\" is not host[:port]; write host[:port], like \"example.com\" or \"example.com:443\" (no scheme, path, user or wildcard)",
+            "p.toml:3:10: network.allow: \"https://example.com\" is not host[:port]; write host[:port], like \"example.com\", \"*.example.com\" or \"example.com:8443\" (no scheme, path or user)",
         ),
         (
             "[network]\nmode = \"egress\"\nallow = [\"example.com:99999\"]\n",
@@ -355,7 +355,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[operator]\nallow_dangerous = [\"everything\"]\n",
-            "p.toml:2:20: operator.allow_dangerous: \"everything\" is not a danger box knows; write \"docker-socket\", \"host-root\", \"privileged\", \"host-namespaces\", \"capabilities\" or \"devices\"",
+            "p.toml:2:20: operator.allow_dangerous: \"everything\" is not a danger box knows; write \"docker-socket\", \"host-root\", \"privileged\", \"host-namespaces\", \"capabilities\", \"devices\" or \"private-destinations\"",
         ),
     ];
     for (text, expected) in cases {

@@ -5,6 +5,7 @@
 //! unless `[operator] allow_dangerous` names them.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
@@ -43,7 +44,7 @@ pub(crate) const WORKSPACE: &[&str] = &[
     "user",
     "on_persisted_credentials",
 ];
-pub(crate) const NETWORK: &[&str] = &["mode", "allow"];
+pub(crate) const NETWORK: &[&str] = &["mode", "allow", "hosts"];
 pub(crate) const LIMITS: &[&str] = &[
     "memory",
     "cpus",
@@ -103,11 +104,20 @@ pub(crate) fn validate(
     let security = walk.security(top.get("security"));
     let servers = walk.servers(top.get("server"), &limits);
     let allowed = walk.allowed_dangers(top.get("operator"));
-    let may_ask: &[Danger] = match workspace.as_ref().map(|workspace| &workspace.source) {
-        Some(Source::Cwd) => &danger::CWD_DANGERS,
-        Some(Source::Host(_) | Source::Empty | Source::None) | None => &[],
+    let mut may_ask: Vec<Danger> = match workspace.as_ref().map(|workspace| &workspace.source) {
+        Some(Source::Cwd) => danger::CWD_DANGERS.to_vec(),
+        Some(Source::Host(_) | Source::Empty | Source::None) | None => Vec::new(),
     };
-    let dangerous = walk.judge_dangers(allowed, may_ask);
+    // Private destinations are a property of what the egress proxy may reach, so any
+    // egress unit may ask for them.
+    let any_egress = network
+        .iter()
+        .chain(servers.iter().map(|server| &server.network))
+        .any(|network| network.mode == NetworkMode::Egress);
+    if any_egress {
+        may_ask.push(Danger::PrivateDestinations);
+    }
+    let dangerous = walk.judge_dangers(allowed, &may_ask);
     let (Some(workspace), Some(network), Some(limits), Some(env), Some(security), true) = (
         workspace,
         network,
@@ -429,6 +439,7 @@ impl Walk {
             return Some(NetworkPolicy {
                 mode: NetworkMode::None,
                 allow: Vec::new(),
+                hosts: BTreeMap::new(),
             });
         };
         let fields = self.table(node, field, NETWORK);
@@ -459,7 +470,11 @@ impl Walk {
                 }),
             None => Some(Vec::new()),
         };
-        let (mode, allow) = (mode?, allow?);
+        let hosts = match fields.get("hosts") {
+            Some(node) => self.pinned_hosts(node, &join(field, "hosts")),
+            None => Some(BTreeMap::new()),
+        };
+        let (mode, allow, hosts) = (mode?, allow?, hosts?);
         if self.problems.len() > before {
             // Invalid entries are already reported; the list's shape is not yet known.
             return None;
@@ -490,7 +505,74 @@ impl Walk {
             }
             NetworkMode::None | NetworkMode::Egress | NetworkMode::Bridge => {}
         }
-        Some(NetworkPolicy { mode, allow })
+        if mode != NetworkMode::Egress && !hosts.is_empty() {
+            self.problem(
+                fields.get("hosts").unwrap_or(node),
+                &join(field, "hosts"),
+                format!(
+                    "pinned hosts only apply to mode \"egress\" (the egress proxy resolves names), but the mode is \"{}\"; remove hosts or write mode = \"egress\"",
+                    mode.as_str()
+                ),
+            );
+            return None;
+        }
+        Some(NetworkPolicy { mode, allow, hosts })
+    }
+
+    /// `hosts = { "name" = "address" }`: each name a host name, each value an IP address.
+    fn pinned_hosts(&mut self, node: &Node, field: &str) -> Option<BTreeMap<String, IpAddr>> {
+        let Value::Table(entries) = &node.value else {
+            self.problem(
+                node,
+                field,
+                format!(
+                    "{} is not a table; write hosts = {{ \"registry.internal\" = \"10.0.0.5\" }}",
+                    node.value.shown()
+                ),
+            );
+            return None;
+        };
+        let mut hosts = BTreeMap::new();
+        let mut ok = true;
+        for (key, value) in entries {
+            let name = &key.name;
+            let entry_field = format!("{field}.{name}");
+            let pinned = match AllowEntry::parse(name) {
+                Ok(entry)
+                    if entry.port.is_none()
+                        && !entry.host.starts_with("*.")
+                        && entry.host.parse::<IpAddr>().is_err() =>
+                {
+                    entry.host
+                }
+                _ => {
+                    self.problem(value, &entry_field, format!("{name:?} is not a host name; pin names like \"registry.internal\" (no port, wildcard or address)"));
+                    ok = false;
+                    continue;
+                }
+            };
+            let address = match &value.value {
+                Value::String(text) => text.parse::<IpAddr>().ok(),
+                _ => None,
+            };
+            match address {
+                Some(address) => {
+                    hosts.insert(pinned, address);
+                }
+                None => {
+                    self.problem(
+                        value,
+                        &entry_field,
+                        format!(
+                            "{} is not an IP address; write \"10.0.0.5\" or \"fd00::5\"",
+                            value.value.shown()
+                        ),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        ok.then_some(hosts)
     }
 
     fn limits(

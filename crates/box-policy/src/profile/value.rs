@@ -130,22 +130,31 @@ pub fn parse_count(text: &str) -> Result<u64, String> {
     }
 }
 
-/// One `host[:port]` entry of an egress allow list.
+/// The ports a bare host (no `:port`) allows: HTTP and HTTPS, never every port
+/// (a bare `github.com` must not open SSH).
+pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
+
+/// One `host[:port]` entry of an egress allow list: `example.com`,
+/// `*.example.com` (every name below it, never the base), `example.com:8443`,
+/// `10.0.0.1`, `[::1]:8080`. The host's egress proxy (`box-egress`) reads the
+/// same grammar; a test in box-host holds the two to each other.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct AllowEntry {
-    /// A DNS name (lower case) or an IP address (IPv6 without brackets).
+    /// A DNS name (lower case, no trailing dot), `*.` and a name, or an IP address
+    /// (IPv6 without brackets).
     pub host: String,
-    /// One port, or every port when absent.
+    /// One port, or the default ports ([`DEFAULT_PORTS`]) when absent.
     pub port: Option<u16>,
 }
 
 impl AllowEntry {
-    /// Parse `example.com`, `example.com:443`, `10.0.0.1:80`, `[::1]:8080`.
+    /// Parse `example.com`, `*.example.com`, `example.com:443`, `10.0.0.1:80`, `[::1]:8080`.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let accepted = "write host[:port], like \"example.com\" or \"example.com:443\"";
-        if text.contains(['/', '*', '@', '?', '#']) || text.chars().any(char::is_whitespace) {
+        let accepted =
+            "write host[:port], like \"example.com\", \"*.example.com\" or \"example.com:8443\"";
+        if text.contains(['/', '@', '?', '#']) || text.chars().any(char::is_whitespace) {
             return Err(format!(
-                "{text:?} is not host[:port]; {accepted} (no scheme, path, user or wildcard)"
+                "{text:?} is not host[:port]; {accepted} (no scheme, path or user)"
             ));
         }
         let (host, port) = if let Some(rest) = text.strip_prefix('[') {
@@ -177,21 +186,63 @@ impl AllowEntry {
                 _ => return Err(format!("{text:?}: {port:?} is not a port (1 to 65535)")),
             },
         };
-        let is_ip = host.parse::<std::net::IpAddr>().is_ok();
-        if !is_ip && !is_dns_name(host) {
+        if host.parse::<std::net::IpAddr>().is_ok() {
+            return Ok(Self {
+                host: host.to_ascii_lowercase(),
+                port,
+            });
+        }
+        let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+        let (wildcard, name) = match host.strip_prefix("*.") {
+            Some(name) => (true, name),
+            None => (false, host.as_str()),
+        };
+        if name.contains('*') {
             return Err(format!(
-                "{text:?}: {host:?} is not a host name or IP address; {accepted} (no scheme, path or wildcard)"
+                "{text:?}: a wildcard is only a whole first label, \"*.\" before a name; {accepted}"
             ));
         }
-        Ok(Self {
-            host: host.to_ascii_lowercase(),
-            port,
-        })
+        if !is_dns_name(name) {
+            return Err(format!(
+                "{text:?}: {name:?} is not a host name or IP address; {accepted} (no scheme or path)"
+            ));
+        }
+        // Resolvers read `127.1` or `a.123` as IPv4 addresses, so a name never ends
+        // in a number.
+        if name
+            .rsplit('.')
+            .next()
+            .is_some_and(|label| label.chars().all(|c| c.is_ascii_digit()))
+        {
+            return Err(format!(
+                "{text:?}: {name:?} ends in a number, which resolvers read as an IPv4 address; write the address in dotted form or a name"
+            ));
+        }
+        if wildcard && name.split('.').count() < 2 {
+            return Err(format!(
+                "{text:?}: a wildcard needs at least two labels after it (\"*.example.com\", not \"*.com\")"
+            ));
+        }
+        Ok(Self { host, port })
+    }
+
+    /// The ports this entry allows.
+    pub fn ports(&self) -> Vec<u16> {
+        match self.port {
+            Some(port) => vec![port],
+            None => DEFAULT_PORTS.to_vec(),
+        }
     }
 
     /// Whether everything `self` lets through, `bound` lets through too.
     pub fn is_within(&self, bound: &AllowEntry) -> bool {
-        self.host == bound.host && (bound.port.is_none() || bound.port == self.port)
+        let host_within = match (self.host.strip_prefix("*."), bound.host.strip_prefix("*.")) {
+            (_, None) => self.host == bound.host,
+            (Some(name), Some(base)) => name == base || name.ends_with(&format!(".{base}")),
+            (None, Some(base)) => self.host.ends_with(&format!(".{base}")),
+        };
+        let bound_ports = bound.ports();
+        host_within && self.ports().iter().all(|port| bound_ports.contains(port))
     }
 }
 
@@ -404,7 +455,11 @@ mod tests {
             "https://example.com",
             "example.com:0",
             "example.com:http",
-            "*.example.com",
+            "*.com",
+            "a*.example.com",
+            "a.*.example.com",
+            "127.1",
+            "a.123",
             "",
             "a b",
             "example.com/path",
@@ -413,10 +468,37 @@ mod tests {
         ] {
             assert!(AllowEntry::parse(bad).is_err(), "{bad}");
         }
-        let any_port = AllowEntry::parse("example.com").unwrap();
-        assert!(entry.is_within(&any_port));
-        assert!(!any_port.is_within(&entry));
+        // A bare host is ports 80 and 443, not every port.
+        let bare = AllowEntry::parse("example.com").unwrap();
+        assert_eq!(bare.ports(), vec![80, 443]);
+        assert!(entry.is_within(&bare));
+        assert!(!bare.is_within(&entry));
+        assert!(
+            !AllowEntry::parse("example.com:22")
+                .unwrap()
+                .is_within(&bare)
+        );
         assert!(!entry.is_within(&AllowEntry::parse("example.org:443").unwrap()));
+        // Wildcards: every name below the base, never the base itself.
+        let below = AllowEntry::parse("*.Example.com.").unwrap();
+        assert_eq!(below.to_string(), "*.example.com");
+        assert!(
+            AllowEntry::parse("api.example.com")
+                .unwrap()
+                .is_within(&below)
+        );
+        assert!(
+            AllowEntry::parse("*.api.example.com")
+                .unwrap()
+                .is_within(&below)
+        );
+        assert!(!bare.is_within(&below));
+        assert!(!below.is_within(&bare));
+        assert!(
+            !AllowEntry::parse("badexample.com")
+                .unwrap()
+                .is_within(&below)
+        );
     }
 
     #[test]

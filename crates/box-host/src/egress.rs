@@ -1,0 +1,298 @@
+//! The egress proxies of a session's units: one `box_egress` proxy per unit
+//! whose network is `egress`, on a Unix socket in a directory of its own under
+//! the host's runtime directory. The backend mounts that directory into the unit
+//! (`UnitWiring`), where box's executor bridges it to a loopback port. Every
+//! attempt becomes an audit line and a metric; `box/network.set` narrows or
+//! restores a running unit's list through its [`PolicyHandle`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use box_backend::{EgressWiring, UnitWiring};
+use box_egress::{
+    AllowList, Event, HostName, Limits, Options, Policy, PolicyHandle, PrivateDestinations,
+    UnitIdentity,
+};
+use box_policy::plan::{NetworkMode, UnitSpec};
+use serde_json::{Value, json};
+
+use super::HostConfig;
+
+/// The proxy of one running unit. Dropping it stops the proxy (ending every
+/// connection it carries) and removes its socket directory.
+#[derive(Debug)]
+pub struct EgressProxy {
+    /// The unit's name in its session.
+    pub unit: String,
+    dir: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+    policy: PolicyHandle,
+}
+
+impl Drop for EgressProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        if let Err(error) = std::fs::remove_dir_all(&self.dir)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %self.dir.display(), %error, "removing an egress socket directory");
+        }
+    }
+}
+
+/// Where the host keeps its sockets: `$XDG_RUNTIME_DIR/box`, `/run/box` for root,
+/// else a directory of the user's own under the temporary directory.
+pub fn default_runtime_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|dir| !dir.is_empty()) {
+        return PathBuf::from(dir).join("box");
+    }
+    let uid = nix::unistd::getuid();
+    if uid.is_root() {
+        PathBuf::from("/run/box")
+    } else {
+        std::env::temp_dir().join(format!("box-{uid}"))
+    }
+}
+
+impl EgressProxy {
+    /// Start the proxy of `spec` (a unit whose network is egress) for `session`:
+    /// its socket bound and served before the unit starts, so the unit's first
+    /// connection finds it.
+    pub fn start(config: &Arc<HostConfig>, session: &str, spec: &UnitSpec) -> Result<Self, String> {
+        let policy = policy_of(spec)?;
+        let bound = policy.allow.clone();
+        let handle = PolicyHandle::new(policy, bound).map_err(|error| error.to_string())?;
+        let parent = config.runtime_dir.join("egress");
+        create_private_dir(&parent)?;
+        let dir = parent.join(format!("{:032x}", rand::random::<u128>()));
+        std::fs::create_dir(&dir)
+            .map_err(|error| format!("creating {}: {error}", dir.display()))?;
+        // The unit's user (any uid) must reach the socket through the mount; the
+        // directory is mounted into this unit only and holds nothing else.
+        let started = (|| {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+                .map_err(|error| format!("{}: {error}", dir.display()))?;
+            let socket = dir.join(EgressWiring::SOCKET);
+            let listener = std::os::unix::net::UnixListener::bind(&socket)
+                .map_err(|error| format!("binding {}: {error}", socket.display()))?;
+            std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
+                .map_err(|error| format!("{}: {error}", socket.display()))?;
+            listener
+                .set_nonblocking(true)
+                .map_err(|error| format!("{}: {error}", socket.display()))?;
+            tokio::net::UnixListener::from_std(listener)
+                .map_err(|error| format!("{}: {error}", socket.display()))
+        })();
+        let listener = match started {
+            Ok(listener) => listener,
+            Err(error) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(format!("starting the egress proxy: {error}"));
+            }
+        };
+        let unit = box_egress::Unit {
+            identity: UnitIdentity {
+                session: session.to_owned(),
+                unit: spec.name.clone(),
+            },
+            policy: handle.subscribe(),
+            limits: Limits::default(),
+            options: Options::default(),
+        };
+        let reporter = config.clone();
+        let events: box_egress::EventSink = Arc::new(move |event: Event| report(&reporter, &event));
+        let name = spec.name.clone();
+        let task = tokio::spawn(async move {
+            if let Err(error) = box_egress::serve(listener, unit, events).await {
+                tracing::error!(unit = %name, %error, "the egress proxy stopped");
+            }
+        });
+        Ok(Self {
+            unit: spec.name.clone(),
+            dir,
+            task,
+            policy: handle,
+        })
+    }
+
+    /// What the backend mounts into the unit.
+    pub fn wiring(&self) -> UnitWiring {
+        UnitWiring {
+            egress: Some(EgressWiring {
+                socket_dir: self.dir.clone(),
+            }),
+        }
+    }
+
+    /// `box/network.set`: make `allow` the unit's list (within the profile's
+    /// bound); the answer names the effective list and the bound.
+    pub fn set_network(&self, allow: &Value) -> Result<Value, String> {
+        let Some(entries) = allow.as_array() else {
+            return Err(format!(
+                "allow: expected an array of host[:port] entries, got {allow}"
+            ));
+        };
+        let mut texts = Vec::new();
+        for entry in entries {
+            match entry.as_str() {
+                Some(text) => texts.push(text),
+                None => return Err(format!("allow: {entry} is not a string")),
+            }
+        }
+        let list = AllowList::parse(&texts).map_err(|error| format!("allow: {error}"))?;
+        let applied = self
+            .policy
+            .set_allow(list)
+            .map_err(|error| error.to_string())?;
+        Ok(self.describe_with(&applied))
+    }
+
+    /// The list in force and the bound, as JSON.
+    pub fn describe(&self) -> Value {
+        self.describe_with(&self.policy.allow())
+    }
+
+    fn describe_with(&self, allow: &AllowList) -> Value {
+        let show = |list: &AllowList| -> Vec<String> {
+            list.rules().iter().map(ToString::to_string).collect()
+        };
+        json!({
+            "unit": self.unit,
+            "allow": show(allow),
+            "bound": show(self.policy.bound()),
+        })
+    }
+}
+
+/// The proxy's policy for `spec`: its allow list, pinned names, whether private
+/// destinations are allowed, and the host's own addresses (refused unless they are).
+fn policy_of(spec: &UnitSpec) -> Result<Policy, String> {
+    if spec.network.mode != NetworkMode::Egress {
+        return Err(format!(
+            "unit {}: network mode is {}, not egress",
+            spec.name,
+            spec.network.mode.as_str()
+        ));
+    }
+    let allow = AllowList::parse(&spec.network.allow)
+        .map_err(|error| format!("unit {}: network.allow: {error}", spec.name))?;
+    let mut hosts = BTreeMap::new();
+    for (name, address) in &spec.network.hosts {
+        let host = HostName::parse(name)
+            .map_err(|error| format!("unit {}: network.hosts: {error}", spec.name))?;
+        hosts.insert(host, *address);
+    }
+    Ok(Policy {
+        allow,
+        hosts,
+        private_destinations: if spec.network.private_destinations {
+            PrivateDestinations::Allowed
+        } else {
+            PrivateDestinations::Refused
+        },
+        host_addresses: host_addresses(),
+    })
+}
+
+/// The addresses of the host's interfaces.
+fn host_addresses() -> BTreeSet<IpAddr> {
+    let Ok(interfaces) = nix::ifaddrs::getifaddrs() else {
+        return BTreeSet::new();
+    };
+    interfaces
+        .filter_map(|interface| interface.address)
+        .filter_map(|address| {
+            if let Some(v4) = address.as_sockaddr_in() {
+                Some(IpAddr::V4(v4.ip()))
+            } else {
+                address.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+            }
+        })
+        .collect()
+}
+
+/// One attempt: an audit line, a metric, a debug log line.
+fn report(config: &HostConfig, event: &Event) {
+    let reason = match &event.decision {
+        box_egress::Decision::Allowed { .. } => "",
+        box_egress::Decision::Refused(refusal) => refusal.reason(),
+        box_egress::Decision::Failed { failure, .. } => failure.reason(),
+    };
+    config.metrics.egress(event.decision.outcome(), reason);
+    if let Some(audit) = &config.audit {
+        audit.egress(event);
+    }
+    tracing::debug!(
+        session = %event.session,
+        unit = %event.unit,
+        host = %event.host,
+        port = event.port,
+        outcome = event.decision.outcome(),
+        reason,
+        "egress"
+    );
+}
+
+fn create_private_dir(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|error| format!("creating {}: {error}", dir.display()))?;
+    // Other users on the host have no business listing the units' sockets.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+        .map_err(|error| format!("{}: {error}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use box_policy::profile::AllowEntry;
+
+    /// The profile's grammar (box-policy) and the proxy's (box-egress) read the same
+    /// entries the same way: what a profile accepts, the proxy accepts, and narrowing
+    /// agrees.
+    #[test]
+    fn the_profile_and_the_proxy_read_allow_entries_alike() {
+        let entries = [
+            "example.com",
+            "Example.COM.",
+            "*.example.com",
+            "example.com:8443",
+            "*.example.com:22",
+            "10.0.0.1",
+            "10.0.0.1:80",
+            "[::1]:8080",
+        ];
+        for text in entries {
+            let entry = AllowEntry::parse(text).unwrap();
+            let rule = box_egress::Rule::parse(&entry.to_string())
+                .unwrap_or_else(|error| panic!("{text}: {error}"));
+            assert_eq!(rule.to_string(), entry.to_string(), "{text}");
+        }
+        for bad in [
+            "*.com",
+            "127.1",
+            "a.123",
+            "a*.example.com",
+            "https://x.test",
+        ] {
+            assert!(AllowEntry::parse(bad).is_err(), "{bad}");
+            assert!(box_egress::Rule::parse(bad).is_err(), "{bad}");
+        }
+        for (inner, outer) in [
+            ("api.example.com", "*.example.com"),
+            ("example.com:443", "example.com"),
+            ("example.com:22", "example.com"),
+            ("example.com", "*.example.com"),
+            ("*.a.example.com", "*.example.com"),
+        ] {
+            let policy = AllowEntry::parse(inner)
+                .unwrap()
+                .is_within(&AllowEntry::parse(outer).unwrap());
+            let proxy = AllowList::parse([inner])
+                .unwrap()
+                .is_within(&AllowList::parse([outer]).unwrap());
+            assert_eq!(policy, proxy, "{inner} within {outer}");
+        }
+    }
+}
