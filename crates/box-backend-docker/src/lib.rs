@@ -289,8 +289,7 @@ impl DockerBackend {
                 wiring,
                 &id,
                 &image_user,
-                (env_passed, env_scrubbed),
-                &secrets,
+                (env_passed, env_scrubbed, &secrets),
             )
             .await
         {
@@ -311,8 +310,9 @@ impl DockerBackend {
         wiring: &UnitWiring,
         id: &str,
         image_user: &str,
-        (env_passed, env_scrubbed): (Vec<String>, Vec<String>),
-        secrets: &[(String, String)],
+        // What the envelope reports of the environment, and the secrets'
+        // values for the executor's exec.
+        (env_passed, env_scrubbed, secrets): (Vec<String>, Vec<String>, &[(String, String)]),
     ) -> Result<StartedUnit, BackendError> {
         let unit = spec.name.as_str();
         let other = |doing: &str, e: DockerError| BackendError::Other {
