@@ -174,36 +174,23 @@ impl Served {
     }
 }
 
-/// `docker inspect` of the container and of every exec in it, as text.
+/// What the engine shows of the container and of every exec in it
+/// (`docker inspect`, and the exec inspection the CLI has no command for), as text.
 fn inspected(container: &str) -> String {
-    let output = Command::new("docker")
-        .args(["inspect", container])
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
-    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
-    let container: Value = serde_json::from_slice(&output.stdout).unwrap();
-    for exec in container[0]["ExecIDs"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-    {
-        let exec = exec.as_str().unwrap();
-        let output = Command::new("docker")
-            .args(["container", "inspect", "--type=exec"])
-            .arg(exec)
-            .output();
-        // `docker inspect` resolves an exec id too.
-        let output = match output {
-            Ok(output) if output.status.success() => output,
-            _ => Command::new("docker")
-                .args(["inspect", exec])
-                .output()
-                .unwrap(),
-        };
-        text.push_str(&String::from_utf8_lossy(&output.stdout));
-    }
-    text
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let backend = DockerBackend::connect().await.unwrap();
+        let docker = backend.client();
+        let inspect = docker.inspect_container(container, None).await.unwrap();
+        let mut text = serde_json::to_string(&inspect).unwrap();
+        let execs = inspect.exec_ids.clone().unwrap_or_default();
+        assert!(!execs.is_empty(), "the executor's exec is listed");
+        for exec in execs {
+            let exec = docker.inspect_exec(&exec).await.unwrap();
+            text.push_str(&serde_json::to_string(&exec).unwrap());
+        }
+        text
+    })
 }
 
 #[test]
@@ -289,7 +276,6 @@ fn secrets_are_files_out_of_docker_inspect_and_redacted_for_the_client() {
     let containers = served.containers();
     assert_eq!(containers.len(), 1, "{containers:?}");
     let shown = inspected(&containers[0]);
-    assert!(shown.contains("ExecIDs"), "{shown}");
     for value in [FILE_VALUE, ENV_VALUE] {
         assert!(!shown.contains(value), "docker inspect shows a secret");
     }
