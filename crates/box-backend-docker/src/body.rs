@@ -777,6 +777,43 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn secrets_get_a_private_tmpfs_and_the_executor_their_names_only() {
+        let mut unit = spec();
+        assert!(
+            !body()
+                .host_config
+                .unwrap_or_default()
+                .tmpfs
+                .unwrap_or_default()
+                .contains_key(SECRETS_DIR),
+            "no secrets, no tmpfs"
+        );
+        unit.env_secrets = vec!["DEPLOY_KEY".to_owned(), "GH_TOKEN".to_owned()];
+        unit.env_secrets_as_env = vec!["GH_TOKEN".to_owned()];
+        let body = container_body(
+            &session(),
+            &unit,
+            Path::new("/usr/local/bin/box"),
+            "2026-01-01T00:00:00Z",
+            &[],
+        );
+        let tmpfs = body
+            .host_config
+            .unwrap_or_default()
+            .tmpfs
+            .unwrap_or_default();
+        assert_eq!(
+            tmpfs.get(SECRETS_DIR).map(String::as_str),
+            Some("rw,nosuid,nodev,noexec,size=1048576,nr_inodes=1024,mode=0700,uid=1000,gid=1000")
+        );
+        let argv = executor_argv(&unit, &UnitWiring::default());
+        let at = argv.iter().position(|arg| arg == "--secrets").unwrap();
+        assert_eq!(argv[at + 1], "DEPLOY_KEY,GH_TOKEN:env");
+        // The values are never part of the body.
+        assert_eq!(body.env, Some(Vec::new()));
+    }
+
+    #[test]
     fn only_the_workspace_and_the_executor_are_mounted() {
         let mounts = body()
             .host_config
