@@ -150,6 +150,19 @@ fn text(bytes: usize, secrets: &[&str]) -> Vec<u8> {
     out
 }
 
+/// How many `[REDACTED:` markers the file's bytes in a `resources/read`
+/// answer hold.
+fn markers(answer: &str) -> usize {
+    use base64::Engine as _;
+    let answer: Value = serde_json::from_str(answer).unwrap();
+    let text = answer["result"]["contents"][0]["text"].as_str().unwrap();
+    let document: Value = serde_json::from_str(text).unwrap();
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(document["data"].as_str().unwrap())
+        .unwrap();
+    String::from_utf8_lossy(&data).matches("[REDACTED:").count()
+}
+
 fn main() {
     let calls = env_number("BOX_BENCH_CALLS", 200);
     let workspace = tempfile::tempdir().unwrap();
@@ -166,7 +179,11 @@ fn main() {
     let mut without = Peer::spawn(workspace.path(), &format!("{label}-off"), &[]);
     for file in ["plain.txt", "leaky.txt"] {
         let answer = with.read(file);
-        let redacted = answer.matches("REDACTED").count();
+        let redacted = markers(&answer);
+        assert_eq!(markers(&without.read(file)), 0);
+        if file == "leaky.txt" {
+            assert!(redacted > 0, "the leaky file's values are redacted");
+        }
         assert!(
             answer.len() > 1 << 20,
             "a 1 MiB answer: {} bytes",
