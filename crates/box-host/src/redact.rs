@@ -211,40 +211,47 @@ impl SessionRedactor {
     }
 
     /// An answer to `resources/read`: the files resource answers with a JSON
-    /// document whose `data` is the file's bytes in base64; those are
-    /// decoded, redacted and encoded again (so the client still decodes
-    /// them), then the answer is redacted like any other.
+    /// document whose `data` is the file's bytes in base64. The search for a
+    /// value's base64 forms runs over that text as over any other; only when
+    /// it finds one are the bytes decoded, redacted and encoded again (so the
+    /// client still decodes them) instead of the marker landing inside the
+    /// base64. The rest of the answer is redacted like any other.
     pub(crate) fn resource_read(&self, response: &mut Value) {
         let Some(redactor) = &self.redactor else {
             return;
         };
+        let mut texts = Vec::new();
         if let Some(contents) = response
             .pointer_mut("/result/contents")
             .and_then(Value::as_array_mut)
         {
-            for content in contents {
-                let Some(Value::String(text)) = content.get_mut("text") else {
+            for (index, content) in contents.iter_mut().enumerate() {
+                let Some(object) = content.as_object_mut() else {
                     continue;
                 };
-                if !text.starts_with('{') || !text.contains("\"data\"") {
-                    continue;
-                }
-                let Ok(mut document) = serde_json::from_str::<Value>(text) else {
+                let Some(Value::String(text)) = object.remove("text") else {
                     continue;
                 };
-                let Some(Value::String(data)) = document.get_mut("data") else {
-                    continue;
+                let text = match redactor.redact(&text) {
+                    std::borrow::Cow::Borrowed(_) => text,
+                    std::borrow::Cow::Owned(redacted) => {
+                        redact_document_data(redactor, &text).unwrap_or(redacted)
+                    }
                 };
-                let Ok(bytes) = BASE64.decode(data.as_bytes()) else {
-                    continue;
-                };
-                if let std::borrow::Cow::Owned(redacted) = redactor.redact_bytes(&bytes) {
-                    *data = BASE64.encode(redacted);
-                    *text = document.to_string();
-                }
+                texts.push((index, text));
             }
         }
         self.message(response);
+        if let Some(contents) = response
+            .pointer_mut("/result/contents")
+            .and_then(Value::as_array_mut)
+        {
+            for (index, text) in texts {
+                if let Some(object) = contents.get_mut(index).and_then(Value::as_object_mut) {
+                    object.insert("text".to_owned(), Value::String(text));
+                }
+            }
+        }
     }
 
     /// An answer to `process.read` on `key`: its `data` through the stream's
@@ -294,6 +301,26 @@ impl SessionRedactor {
             put_base64(response, "stderr", &out);
         }
     }
+}
+
+/// `text`, a JSON document with a base64 `data`, with the secrets in the
+/// decoded bytes redacted and encoded again; `None` when it is not one.
+fn redact_document_data(redactor: &Redactor, text: &str) -> Option<String> {
+    let mut document: Value = serde_json::from_str(text).ok()?;
+    let Some(Value::String(data)) = document.get_mut("data") else {
+        return None;
+    };
+    let bytes = BASE64.decode(data.as_bytes()).ok()?;
+    let data = BASE64.encode(redactor.redact_bytes(&bytes));
+    // Whatever else the document holds as any text; not the new data again.
+    if let Some(object) = document.as_object_mut() {
+        object.remove("data");
+    }
+    redactor.redact_json(&mut document);
+    if let Some(object) = document.as_object_mut() {
+        object.insert("data".to_owned(), Value::String(data));
+    }
+    Some(document.to_string())
 }
 
 /// The bytes of the base64 string `result.field`, taken out of `response`
