@@ -24,6 +24,10 @@
 //!   after every session's DELETE (must be 0).
 //! - `batch`: one `execution/batch` of 8 reads vs 8 sequential `tools/call`
 //!   reads, through `box serve` and through `docker exec -i`.
+//! - `runtime`: session start (initialize → first tool result, from an idle
+//!   `box serve`) of a gVisor unit (`runtime = "runsc"`) against the same
+//!   profile under the engine's default runtime (runc), alternating round by
+//!   round; both with `landlock = "best-effort"` (gVisor has none).
 //!
 //! `cargo bench --profile dev --bench serve_units [-- start|call|http|batch]`;
 //! BOX_BENCH_HTTP (default `docker:50,local:50,local:200`) picks the
@@ -481,6 +485,55 @@ fn start_figures(runtime: &tokio::runtime::Runtime, workspace: &Path, docker: Op
         );
     }
     local_start_figures(workspace);
+}
+
+/// Session start of a runsc unit against a runc unit of the same profile.
+fn runtime_figures(workspace: &Path) {
+    let rounds = env_number("BOX_BENCH_ROUNDS", 7);
+    let profiles = tempfile::tempdir().unwrap();
+    for (name, runtime) in [("bench-runc", ""), ("bench-runsc", "runtime = \"runsc\"\n")] {
+        std::fs::write(
+            profiles.path().join(format!("{name}.toml")),
+            format!(
+                "description = \"runtime bench\"\nextends = \"default\"\n[workspace]\nimage = \"{IMAGE}\"\n{runtime}[security]\nlandlock = \"best-effort\"\n"
+            ),
+        )
+        .unwrap();
+    }
+    let start = |profile: &str, round: usize| {
+        let instance = format!("{}-runtime-{profile}-{round}", label());
+        let mut command = box_serve("docker", workspace, &instance);
+        command
+            .arg("--profiles")
+            .arg(profiles.path())
+            .args(["--profile", profile]);
+        let mut peer = Peer::spawn(&mut command);
+        std::thread::sleep(Duration::from_millis(400));
+        let started = Instant::now();
+        peer.initialize();
+        peer.read("small.txt");
+        let elapsed = started.elapsed();
+        drop(peer);
+        elapsed
+    };
+    let (mut runc, mut runsc) = (Vec::new(), Vec::new());
+    for round in 0..=rounds {
+        let a = start("bench-runc", round);
+        let b = start("bench-runsc", round);
+        // Round 0 warms the engine's caches for both.
+        if round > 0 {
+            runc.push(a);
+            runsc.push(b);
+        }
+    }
+    println!(
+        "runtime, docker: session start (initialize → first read result) of a runsc (gVisor) unit median {:.0} ms (min {:.0}) | the same profile under runc median {:.0} ms (min {:.0}) | ratio {:.2} (no goal), {rounds} rounds",
+        ms(median(&runsc)),
+        ms(percentile(&runsc, 0.0)),
+        ms(median(&runc)),
+        ms(percentile(&runc, 0.0)),
+        ms(median(&runsc)) / ms(median(&runc)),
+    );
 }
 
 /// The local session start, from an idle `box serve` and from its spawn,
@@ -1137,6 +1190,9 @@ fn main() {
     }
     if docker.is_some() && wants("batch") {
         batch_figures(workspace.path());
+    }
+    if docker.is_some() && wants("runtime") {
+        runtime_figures(workspace.path());
     }
     if wants("http") {
         let plan = std::env::var("BOX_BENCH_HTTP")

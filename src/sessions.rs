@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use box_jsonrpc::session::SessionHandle;
-use box_transport::{SessionFactory, UnitLeft};
+use box_transport::{SessionFactory, TransportAsk, UnitLeft};
 use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -31,10 +31,11 @@ impl SessionFactory for HostSessions {
     fn open(
         &self,
         id: String,
+        ask: TransportAsk,
         general: mpsc::Sender<Value>,
         shutdown: &CancellationToken,
     ) -> SessionHandle {
-        host::spawn_session(self.config.clone(), id, general, shutdown)
+        host::spawn_session_asking(self.config.clone(), id, general, shutdown, ask)
     }
 
     /// The drain a session's calls get, then the wait for its units' removal.

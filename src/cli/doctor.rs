@@ -14,10 +14,32 @@ use crate::plan::{HostFacts, UserIds};
 
 /// `box doctor`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = "Examples:
+  box doctor
+  box doctor --json
+  box doctor --strict && box serve
+
+--strict: the profile (--profile, default `default`) must be able to run here
+on at least one backend with every protection it requires, as that backend's
+own start-time check judges it (docker: an engine, the profile's images,
+landlock when the profile requires it; local: user namespaces, landlock when
+required, what the local sandbox cannot apply refused); else box doctor exits 1
+naming what is missing on each backend.")]
 pub struct DoctorArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+    /// Exit 1 when no backend here can give --profile every protection it requires.
+    #[arg(long)]
+    pub strict: bool,
+    /// The profile --strict judges.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "default",
+        requires = "strict"
+    )]
+    pub profile: String,
 }
 
 /// Run `box doctor`.
@@ -31,7 +53,46 @@ pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", render(&report));
     }
+    if args.strict
+        && let Err(why) = strict(&report, &args.profile)
+    {
+        eprintln!("box doctor --strict: {why}");
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether profile `name` can run here with every protection it requires:
+/// on at least one backend, per the report's own judgement of it.
+pub fn strict(report: &Value, name: &str) -> Result<(), String> {
+    let Some(profile) = report["profiles"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|profile| profile["name"].as_str() == Some(name))
+    else {
+        return Err(format!(
+            "--profile {name}: no such profile among those box finds (box profile list)"
+        ));
+    };
+    if let Some(error) = profile["error"].as_str() {
+        return Err(format!("profile {name}: {error}"));
+    }
+    let fits = |backend: &str| profile[backend].as_str() == Some("yes");
+    if fits("docker") || fits("local") {
+        return Ok(());
+    }
+    let why = |backend: &str| {
+        profile[backend]
+            .as_array()
+            .map(|why| why.iter().map(text).collect::<Vec<_>>().join("; "))
+            .unwrap_or_else(|| "?".to_owned())
+    };
+    Err(format!(
+        "profile {name} cannot run here with the protections it requires: docker: {}; local: {}",
+        why("docker"),
+        why("local")
+    ))
 }
 
 /// Gather the report.
@@ -180,6 +241,16 @@ pub fn render(report: &Value) -> String {
                 _ => String::new(),
             }
         ));
+        if let Some(runtimes) = docker["runtimes"].as_object() {
+            let names: Vec<&str> = runtimes.keys().map(String::as_str).collect();
+            out.push_str(&format!(
+                "runtimes      {} (a unit picks one with runtime = \"NAME\")\n",
+                names.join(", ")
+            ));
+        }
+        if let Some(note) = docker["runsc"]["note"].as_str() {
+            out.push_str(&format!("gvisor        {note}\n"));
+        }
         if let Some(images) = docker["images"].as_object() {
             for (image, present) in images {
                 out.push_str(&format!(
@@ -246,5 +317,38 @@ fn yes(v: &Value) -> &'static str {
         "yes"
     } else {
         "no"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_needs_one_backend_with_every_protection() {
+        let report = |docker: Value, local: Value| json!({"profiles": [{"name": "default", "docker": docker, "local": local}]});
+        assert_eq!(
+            strict(&report(json!("yes"), json!(["x"])), "default"),
+            Ok(())
+        );
+        assert_eq!(
+            strict(&report(json!(["x"]), json!("yes")), "default"),
+            Ok(())
+        );
+        let error = strict(
+            &report(
+                json!(["no Docker engine"]),
+                json!(["workspace: landlock: the host kernel offers no landlock ABI"]),
+            ),
+            "default",
+        )
+        .unwrap_err();
+        assert_eq!(
+            error,
+            "profile default cannot run here with the protections it requires: docker: no Docker engine; local: workspace: landlock: the host kernel offers no landlock ABI"
+        );
+        let error =
+            strict(&json!({"profiles": [{"name": "ci", "error": "bad"}]}), "ci").unwrap_err();
+        assert_eq!(error, "profile ci: bad");
     }
 }

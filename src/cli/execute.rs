@@ -4,7 +4,15 @@
 
 use std::path::PathBuf;
 
-use box_policy::executor::{ExecutorSpec, choice};
+use box_policy::executor::{
+    BashOutput, ExecutorSpec, FlagValue, PlaceKind, SeccompLayer, WriteGuard, choice,
+};
+use box_policy::plan::Requirement;
+
+/// A closed choice's names, for clap: checked at parse, listed in help and completions.
+fn names<T: FlagValue>() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(T::ALL.iter().map(|value| value.name()))
+}
 
 /// `box execute`: serve the executor over MCP on stdin/stdout.
 #[derive(Debug, Clone, clap::Args)]
@@ -13,7 +21,7 @@ pub struct ExecuteArgs {
     #[arg(long, value_name = "DIR")]
     pub root: PathBuf,
     /// What kind of place this is, for the descriptor: local, container or remote.
-    #[arg(long, value_name = "K", default_value = "remote")]
+    #[arg(long, value_name = "K", default_value = "remote", value_parser = names::<PlaceKind>())]
     pub kind: String,
     /// What the place is called (image, host, pod), for the descriptor; default the host name.
     #[arg(long = "ref", value_name = "R")]
@@ -25,18 +33,18 @@ pub struct ExecuteArgs {
     #[arg(long, value_name = "A,B", value_delimiter = ',')]
     pub pass_env: Vec<String>,
     /// Whether overwriting or editing an existing file needs an earlier read of it.
-    #[arg(long, value_name = "MODE", default_value = "read-first")]
+    #[arg(long, value_name = "MODE", default_value = "read-first", value_parser = names::<WriteGuard>())]
     pub write_guard: String,
     /// Confine this process with landlock (writes only beneath the root and temp): required, best-effort or off.
-    #[arg(long, value_name = "MODE", default_value = "best-effort")]
+    #[arg(long, value_name = "MODE", default_value = "best-effort", value_parser = names::<Requirement>())]
     pub landlock: String,
     /// box's own seccomp layer on this process and every child (io_uring, AF_ALG/VSOCK, keyrings,
     /// bpf, ptrace, mounts, namespaces, TIOCSTI...): on, or off (for debugging with strace/gdb).
-    #[arg(long, value_name = "MODE", default_value = "on")]
+    #[arg(long, value_name = "MODE", default_value = "on", value_parser = names::<SeccompLayer>())]
     pub seccomp: String,
     /// Terminal control characters in bash output (ANSI colour, OSC titles, cursor movement):
     /// escape shows them as \xHH so none reaches a client's terminal live; raw passes them through.
-    #[arg(long, value_name = "MODE", default_value = "escape")]
+    #[arg(long, value_name = "MODE", default_value = "escape", value_parser = names::<BashOutput>())]
     pub bash_output: String,
     /// Secrets to write to /run/secrets/NAME (mode 0400) before serving, their values taken from
     /// BOX_SECRET_NAME (never passed on to a child); NAME:env also gives NAME to the
@@ -75,8 +83,6 @@ pub fn execute(args: ExecuteArgs) -> anyhow::Result<std::process::ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use box_policy::executor::{BashOutput, PlaceKind, SeccompLayer, WriteGuard};
-    use box_policy::plan::Requirement;
     use clap::Parser;
 
     use super::*;

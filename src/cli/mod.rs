@@ -12,13 +12,30 @@ pub mod units;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::builder::{PossibleValue, PossibleValuesParser};
+use clap::{ColorChoice, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 use units as backend_cli;
 
+/// The exit codes of every command, in `box --help`.
+const EXIT_CODES: &str = "Exit codes:
+  0    success
+  1    box failed (the error is on stderr), or a check found problems
+       (box profile check, box doctor --strict)
+  2    the command line is wrong (the usage error is on stderr)
+  box run exits with the command's own status, or:
+  125  box itself failed (the command did not start, or its units were not removed)
+  130  interrupted by SIGINT or SIGTERM (the units are removed)
+  255  the command was killed by a signal";
+
 /// box: hardened, isolated units for AI agents' tool execution, behind one MCP host.
 #[derive(Debug, Parser)]
-#[command(name = "box", version = crate::VERSION, propagate_version = true)]
+#[command(
+    name = "box",
+    version = crate::VERSION,
+    propagate_version = true,
+    after_help = EXIT_CODES
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -34,23 +51,81 @@ enum Command {
     Execute(crate::cli::execute::ExecuteArgs),
     /// List, show, check and resolve profiles.
     Profile(crate::cli::profile::ProfileArgs),
-    /// List units.
+    /// List, inspect and remove units.
     Units(backend_cli::UnitsArgs),
     /// Remove units whose session is gone.
     Gc(backend_cli::GcArgs),
-    /// Build the unit images, offline.
+    /// Build the unit images offline, and list them.
     Image(backend_cli::ImageArgs),
     /// Say which protections this machine can give, and which profiles can run here.
     Doctor(crate::cli::doctor::DoctorArgs),
+    /// Print a shell completion script for bash, zsh or fish.
+    #[command(after_help = "Examples:
+  box completions bash > /etc/bash_completion.d/box
+  box completions zsh > \"${fpath[1]}/_box\"
+  box completions fish > ~/.config/fish/completions/box.fish")]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// The local backend's sandbox helper: confine this process, then run CMD.
     #[command(hide = true)]
     Sandbox(crate::cli::sandbox::SandboxArgs),
 }
 
+/// Whether colour is off: `NO_COLOR` set and not empty (no-color.org).
+pub fn no_color() -> bool {
+    std::env::var_os("NO_COLOR").is_some_and(|value| !value.is_empty())
+}
+
+/// `--backend`'s choices: auto, then the backends this binary was built with
+/// (box-testkit's binary adds its fake), so help and completions list them.
+pub(crate) fn backend_parser() -> PossibleValuesParser {
+    let mut values =
+        vec![PossibleValue::new("auto").help("docker when its engine answers, else local")];
+    values.extend(
+        crate::backends::registry()
+            .kinds()
+            .map(|kind| PossibleValue::new(kind.as_str())),
+    );
+    PossibleValuesParser::new(values)
+}
+
+/// A closed choice of log format for `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line.
+    Json,
+}
+
+impl LogFormat {
+    /// Its name, as the host's logging takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
 /// Parse the command line and run the command (the `box` binary's `main`,
 /// and box-testkit's `box-testhost`'s after it installs its registry).
 pub fn main() -> ExitCode {
-    let result = match Cli::parse().command {
+    // NO_COLOR is judged here; clap's `auto` then asks whether it is a terminal.
+    let color = if no_color() {
+        ColorChoice::Never
+    } else {
+        ColorChoice::Auto
+    };
+    let matches = Cli::command().color(color).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.format(&mut Cli::command()).exit(),
+    };
+    let result = match cli.command {
         Command::Serve(args) => crate::cli::serve::serve(args),
         Command::Run(args) => crate::cli::run::run(args),
         Command::Execute(args) => crate::cli::execute::execute(args),
@@ -59,11 +134,14 @@ pub fn main() -> ExitCode {
         Command::Gc(args) => backend_cli::gc(args),
         Command::Image(args) => backend_cli::image(args),
         Command::Doctor(args) => crate::cli::doctor::doctor(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "box", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Sandbox(args) => crate::cli::sandbox::sandbox(args),
     };
     report(result)
 }
-
 /// Print the error chain on stderr and pick the exit code.
 fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {

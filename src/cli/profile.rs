@@ -373,11 +373,17 @@ fn limits_json(limits: &LimitsPolicy) -> Value {
 
 fn network_json(network: &NetworkPolicy) -> Value {
     let mut shown = json!({
-        "mode": network_text(&NetworkPolicy { mode: network.mode, allow: Vec::new(), hosts: Default::default() }),
+        "mode": network_text(&NetworkPolicy { mode: network.mode, allow: Vec::new(), hosts: Default::default(), max_connections: None, bandwidth: None }),
         "allow": network.allow.iter().map(ToString::to_string).collect::<Vec<_>>(),
     });
     if !network.hosts.is_empty() {
         shown["hosts"] = json!(network.hosts);
+    }
+    if let Some(count) = network.max_connections {
+        shown["max_connections"] = json!(count);
+    }
+    if let Some(bandwidth) = network.bandwidth {
+        shown["bandwidth"] = json!(bandwidth.to_string());
     }
     shown
 }
@@ -385,7 +391,7 @@ fn network_json(network: &NetworkPolicy) -> Value {
 /// A profile as JSON, in the profile's own words (snake_case, as the TOML).
 fn profile_json(profile: &Profile) -> Value {
     let security = &profile.security;
-    json!({
+    let mut shown = json!({
         "name": profile.name,
         "description": profile.description,
         "origin": profile.origin,
@@ -425,7 +431,17 @@ fn profile_json(profile: &Profile) -> Value {
             "network": network_json(&server.network),
             "limits": limits_json(&server.limits),
         })).collect::<Vec<_>>(),
-    })
+    });
+    // Only units that name a runtime show one; other profiles' JSON is unchanged.
+    if let Some(runtime) = &profile.workspace.runtime {
+        shown["workspace"]["runtime"] = json!(runtime);
+    }
+    for (index, server) in profile.servers.iter().enumerate() {
+        if let Some(runtime) = &server.runtime {
+            shown["servers"][index]["runtime"] = json!(runtime);
+        }
+    }
+    shown
 }
 
 fn limits_text(limits: &LimitsPolicy) -> String {
@@ -572,6 +588,8 @@ fn show_plan(plan: &plan::Plan) -> String {
             mode: unit.network.mode,
             allow: Vec::new(),
             hosts: Default::default(),
+            max_connections: None,
+            bandwidth: None,
         };
         let mut network = network_text(&network);
         if !unit.network.allow.is_empty() {

@@ -3,10 +3,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::cli::LogFormat;
 use crate::host::{self, RunConfig};
 
 /// `box run`: one command in a fresh session's workspace unit.
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = RUN_AFTER_HELP)]
 pub struct RunArgs {
     /// The profile to resolve.
     #[arg(long, value_name = "NAME", default_value = "default")]
@@ -17,22 +19,49 @@ pub struct RunArgs {
     /// Tightenings, as JSON or @FILE.
     #[arg(long, value_name = "JSON")]
     pub tighten: Option<String>,
-    /// Where units run: docker, local, or auto.
-    #[arg(long, value_name = "BACKEND", default_value = "auto")]
+    /// Where units run.
+    #[arg(long, value_name = "BACKEND", default_value = "auto", value_parser = crate::cli::backend_parser())]
     pub backend: String,
     /// The host directory a `cwd` workspace source means; default the current directory.
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
-    /// Log format on stderr: text or json.
-    #[arg(long, value_name = "FORMAT", default_value = "text")]
-    pub log_format: String,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// Log format on stderr.
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Set a variable for the command: NAME passes this shell's value, NAME=VALUE sets
+    /// one; only variables the profile lets through (its env.pass and env.secrets), repeatable.
+    #[arg(short = 'e', long = "env", value_name = "NAME[=VALUE]")]
+    pub env: Vec<String>,
+    /// Forward stdin even when it is a terminal (a pipe or a file is always forwarded).
+    #[arg(short = 'i', long)]
+    pub interactive: bool,
+    /// Give the command a terminal: not supported yet (the executor's processes have pipes).
+    #[arg(short = 't', long)]
+    pub tty: bool,
+    /// The command and its arguments: the first argument that is not one of box run's
+    /// options starts it, and all after it are the command's (`--` before it is allowed).
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
+/// `box run`'s examples and exit codes, in its `--help`.
+pub const RUN_AFTER_HELP: &str = "Examples:
+  box run uname -a
+  echo hi | box run cat
+  box run -e LANG=C.UTF-8 -- sh -c 'locale; ls -la'
+  box run --profile offline --tighten '{\"limits\": {\"memory\": \"512MiB\"}}' sh -c 'id; ls'
+
+Exit codes:
+  N    the command's own status
+  125  box itself failed (the command did not start, or its units were not removed)
+  130  interrupted by SIGINT or SIGTERM (the units are removed)
+  255  the command was killed by a signal";
+
 impl From<RunArgs> for RunConfig {
     fn from(args: RunArgs) -> Self {
+        use std::io::IsTerminal as _;
+        // As `docker run -i`: a terminal's input is forwarded only when asked.
+        let stdin = args.interactive || !std::io::stdin().is_terminal();
         Self {
             profile: args.profile,
             profile_dirs: args.profile_dirs,
@@ -40,7 +69,9 @@ impl From<RunArgs> for RunConfig {
             backend: args.backend,
             registry: crate::backends::registry(),
             workspace: args.workspace,
-            log_format: args.log_format,
+            log_format: args.log_format.as_str().to_owned(),
+            env: args.env,
+            stdin,
             command: args.command,
         }
     }
@@ -48,5 +79,11 @@ impl From<RunArgs> for RunConfig {
 
 /// Run one command through a session of its own; the exit code is the command's.
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    if args.tty {
+        eprintln!(
+            "box run: -t: a terminal for the command is not supported yet (its stdin, stdout and stderr are pipes); run without -t"
+        );
+        return Ok(ExitCode::from(125));
+    }
     host::run(args.into())
 }

@@ -42,5 +42,6 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<std::process::ExitCode> {
         parent: args.parent,
         command: args.command,
     };
-    box_backend_local::sandbox(args, box_executor::serve)
+    // The unit's stderr is read by its host, which re-emits JSON lines with their fields.
+    box_backend_local::sandbox(args, box_executor::serve_json_logs)
 }

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use box_transport::http::{self, HttpOptions};
+use box_transport::{AskPart, TransportAsk};
 
+use crate::cli::LogFormat;
 use crate::host::{self, ServeConfig};
 use crate::sessions::HostSessions;
 
@@ -21,11 +23,16 @@ pub struct ServeArgs {
     /// The profile a session gets when it names none.
     #[arg(long, value_name = "NAME", default_value = "default")]
     pub profile: String,
+    /// Over stdio: tightenings the session asks for, as JSON or @FILE (as
+    /// `box run --tighten`), for clients that cannot ask themselves. Not with
+    /// --listen: each HTTP session asks for its own (the Box-Tighten header).
+    #[arg(long, value_name = "JSON")]
+    pub tighten: Option<String>,
     /// More directories of profiles, searched first (repeatable).
     #[arg(long = "profiles", value_name = "DIR")]
     pub profile_dirs: Vec<PathBuf>,
-    /// Where units run: docker, local, or auto (docker when the engine answers).
-    #[arg(long, value_name = "BACKEND", default_value = "auto")]
+    /// Where units run.
+    #[arg(long, value_name = "BACKEND", default_value = "auto", value_parser = crate::cli::backend_parser())]
     pub backend: String,
     /// The host directory a `cwd` workspace source means; default the current directory.
     #[arg(long, value_name = "DIR")]
@@ -54,9 +61,9 @@ pub struct ServeArgs {
     /// Append one JSON line per tool call here (no argument values, no outputs).
     #[arg(long, value_name = "FILE")]
     pub audit: Option<PathBuf>,
-    /// Log format on stderr: text or json.
-    #[arg(long, value_name = "FORMAT", default_value = "text")]
-    pub log_format: String,
+    /// Log format on stderr.
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// At SIGTERM, how long calls in flight get to finish before units are removed (e.g. 10s).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain: Duration,
@@ -76,6 +83,47 @@ impl ServeArgs {
             audit: self.audit.clone(),
             drain: self.drain,
         }
+    }
+
+    /// What the stdio session asks for from these flags: `--tighten` (JSON,
+    /// or `@FILE`), checked as JSON here so a typo fails at start rather than
+    /// at the client's initialize. Refused with `--listen`: HTTP sessions
+    /// each ask for themselves, and one flag silently narrowing all of them
+    /// would be a second, hidden ask.
+    fn stdio_ask(&self) -> anyhow::Result<TransportAsk> {
+        let Some(tighten) = &self.tighten else {
+            return Ok(TransportAsk::default());
+        };
+        if self.listen.is_some() {
+            anyhow::bail!(
+                "--tighten is for the stdio session; with --listen each HTTP session asks for its own tightening (the Box-Tighten header, or box.tighten in its capabilities)"
+            );
+        }
+        let (text, source) = match tighten.strip_prefix('@') {
+            Some(path) => {
+                let file = std::fs::File::open(path)
+                    .with_context(|| format!("--tighten @{path}: reading"))?;
+                let mut text = String::new();
+                // One byte over the bound is enough to refuse it.
+                let bound = box_jsonrpc::session::MAX_ASK_BYTES as u64 + 1;
+                std::io::Read::read_to_string(&mut std::io::Read::take(file, bound), &mut text)
+                    .with_context(|| format!("--tighten @{path}: reading"))?;
+                (text, format!("box serve --tighten @{path}"))
+            }
+            None => (tighten.clone(), "box serve --tighten".to_owned()),
+        };
+        let bound = box_jsonrpc::session::MAX_ASK_BYTES;
+        if text.len() > bound {
+            anyhow::bail!("{source}: over the limit of {bound} bytes; a tightening is small");
+        }
+        crate::plan::parse_tightening_text(&text).map_err(|error| match error {
+            crate::plan::PlanError::Invalid(why) => anyhow::anyhow!("{source}: {why}"),
+            other => anyhow::anyhow!("{source}: {other}"),
+        })?;
+        Ok(TransportAsk {
+            tighten: Some(AskPart::new(text, source)),
+            ..TransportAsk::default()
+        })
     }
 
     /// What the HTTP transport enforces, from these flags: a non-loopback
@@ -123,7 +171,7 @@ impl ServeArgs {
 
 /// Run the host until its transport ends.
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    host::init_logging(&args.log_format, "info")?;
+    host::init_logging(args.log_format.as_str(), "info")?;
     let runtime = if args.listen.is_some() {
         host::runtime()?
     } else {
@@ -145,11 +193,12 @@ fn listen_address(value: &str) -> String {
 
 async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
     args.listen = args.listen.as_deref().map(listen_address);
+    let stdio_ask = args.stdio_ask()?;
     let host = host::start(args.host_config()).await?;
     let sessions = Arc::new(HostSessions::new(host.config.clone()));
     let shutdown = host.shutdown.clone();
     match &args.listen {
-        None => box_transport::stdio::serve(sessions, shutdown).await?,
+        None => box_transport::stdio::serve(sessions, stdio_ask, shutdown).await?,
         Some(address) => {
             let options = args.http_options()?;
             let listener = http::bind(address).await?;

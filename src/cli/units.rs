@@ -1,9 +1,9 @@
-//! The command-line faces of the backends: `box units ls`, `box gc`,
-//! `box image build` and `box doctor`. Thin: each gathers facts through the
+//! The command-line faces of the backends: `box units ls|rm|inspect`,
+//! `box gc` and `box image build|ls`. Thin: each gathers facts through the
 //! backends and prints them; `--json` output is the stable form.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -23,20 +23,59 @@ async fn lasting_backend() -> anyhow::Result<Arc<dyn Backend>> {
         .map_err(|why| anyhow::anyhow!("docker: {why}"))
 }
 
-/// `box units`.
+/// `box units`: the units box started on the docker engine (a local unit
+/// ends with its host, so only docker's outlive the process that started them).
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = UNITS_EXAMPLES)]
 pub struct UnitsArgs {
-    /// What to do (ls [--json]).
-    #[arg(
-        value_name = "ARGS",
-        trailing_var_arg = true,
-        allow_hyphen_values = true
+    /// What to do (default: ls).
+    #[command(subcommand)]
+    pub command: Option<UnitsCommand>,
+}
+
+const UNITS_EXAMPLES: &str = "Examples:
+  box units ls
+  box units ls --json
+  box units inspect 3f2a9c01b7d4
+  box units rm 3f2a9c01b7d4";
+
+/// The `box units` subcommands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum UnitsCommand {
+    /// List every box-labelled unit on the engine: id, instance, session, unit, profile, state.
+    #[command(after_help = "Examples:\n  box units ls\n  box units ls --json")]
+    Ls {
+        /// Print JSON (the stable form).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove units by id (or a unique prefix of one, as `ls` shows); refuses a
+    /// unit whose host is alive unless --force.
+    #[command(
+        after_help = "Examples:\n  box units rm 3f2a9c01b7d4\n  box units rm --force 3f2a 8c1d"
     )]
-    pub rest: Vec<String>,
+    Rm {
+        /// The units' ids, or unique prefixes of them.
+        #[arg(value_name = "ID", required = true)]
+        ids: Vec<String>,
+        /// Also remove units whose host is alive (it would lose them mid-session).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Show one unit as JSON: its labels, state, and whether its host is alive.
+    #[command(after_help = "Examples:\n  box units inspect 3f2a9c01b7d4")]
+    Inspect {
+        /// The unit's id, or a unique prefix of it.
+        #[arg(value_name = "ID")]
+        id: String,
+    },
 }
 
 /// `box gc`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(
+    after_help = "Examples:\n  box gc\n  box gc --instance box-12345\n  box gc --all-instances"
+)]
 pub struct GcArgs {
     /// Also remove units of instances not known on this machine (another
     /// boot, or no lock file): assumes every host using this engine runs here.
@@ -47,16 +86,77 @@ pub struct GcArgs {
     pub instance: Option<String>,
 }
 
-/// `box image`.
+/// `box image`: box's unit images.
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = "Examples:\n  box image build\n  box image ls")]
 pub struct ImageArgs {
-    /// What to do (build [--force]).
-    #[arg(
-        value_name = "ARGS",
-        trailing_var_arg = true,
-        allow_hyphen_values = true
-    )]
-    pub rest: Vec<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: ImageCommand,
+}
+
+/// The `box image` subcommands. (No `pull`: box's images are built from a
+/// Debian mirror, never pulled from a container registry.)
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum ImageCommand {
+    /// Build the unit images offline from a Debian mirror (box-rootfs:SUITE, then
+    /// box-base:SUITE on it), skipping those that exist; needs root and a Docker engine.
+    #[command(after_help = "Examples:
+  box image build
+  box image build --force
+  box image build --mirror http://ftp.de.debian.org/debian --suite bookworm
+  BOX_IMAGE_MIRROR=http://mirror.internal/debian box image build")]
+    Build(BuildArgs),
+    /// List the images box and its profiles use, and whether the engine has each.
+    #[command(after_help = "Examples:\n  box image ls\n  box image ls --json")]
+    Ls {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `box image build`: the flags of the embedded build script, passed on.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct BuildArgs {
+    /// Rebuild the images even if they exist.
+    #[arg(long)]
+    pub force: bool,
+    /// The Debian mirror [env BOX_IMAGE_MIRROR]; default: this Debian host's own, else deb.debian.org.
+    #[arg(long, value_name = "URL")]
+    pub mirror: Option<String>,
+    /// The Debian suite, also the images' tag [env BOX_IMAGE_SUITE]; default: bookworm.
+    #[arg(long, value_name = "NAME")]
+    pub suite: Option<String>,
+    /// The keyring the mirror's Release file is checked against [env BOX_IMAGE_KEYRING].
+    #[arg(long, value_name = "FILE")]
+    pub keyring: Option<PathBuf>,
+    /// Do not check the mirror's signature [env BOX_IMAGE_NO_CHECK_GPG=1]; only for a mirror trusted by other means.
+    #[arg(long)]
+    pub no_check_gpg: bool,
+}
+
+impl BuildArgs {
+    /// The build script's arguments.
+    fn script_args(&self) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = Vec::new();
+        if self.force {
+            args.push("--force".into());
+        }
+        if let Some(mirror) = &self.mirror {
+            args.extend(["--mirror".into(), mirror.into()]);
+        }
+        if let Some(suite) = &self.suite {
+            args.extend(["--suite".into(), suite.into()]);
+        }
+        if let Some(keyring) = &self.keyring {
+            args.extend(["--keyring".into(), keyring.into()]);
+        }
+        if self.no_check_gpg {
+            args.push("--no-check-gpg".into());
+        }
+        args
+    }
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -68,25 +168,104 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 /// Run `box units`.
 pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
-    let mut rest = args.rest.iter().map(String::as_str);
-    let json = match (rest.next(), rest.next(), rest.next()) {
-        (Some("ls") | None, None, None) => false,
-        (Some("ls"), Some("--json"), None) => true,
-        _ => anyhow::bail!(
-            "box units: unknown arguments {:?}; usage: box units ls [--json]",
-            args.rest
-        ),
-    };
-    let units = runtime()?.block_on(async {
-        let backend = lasting_backend().await?;
-        anyhow::Ok(backend.list().await?)
-    })?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&units)?);
-    } else {
-        print_units(&units);
+    match args.command.unwrap_or(UnitsCommand::Ls { json: false }) {
+        UnitsCommand::Ls { json } => {
+            let units = runtime()?.block_on(async {
+                let backend = lasting_backend().await?;
+                anyhow::Ok(backend.list().await?)
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&units)?);
+            } else {
+                print_units(&units);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        UnitsCommand::Inspect { id } => {
+            let unit = runtime()?.block_on(async {
+                let backend = lasting_backend().await?;
+                let units = backend.list().await?;
+                anyhow::Ok(find_unit(&units, &id)?.clone())
+            })?;
+            let alive = instance::liveness(&instance::default_dir(), &unit.instance);
+            let mut shown = serde_json::to_value(&unit)?;
+            shown["host"] = serde_json::json!(match alive {
+                Liveness::Alive => "alive",
+                Liveness::Dead => "dead",
+                Liveness::Unknown => "unknown",
+            });
+            println!("{}", serde_json::to_string_pretty(&shown)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        UnitsCommand::Rm { ids, force } => remove(&ids, force),
     }
-    Ok(ExitCode::SUCCESS)
+}
+
+/// The one unit whose id is `id` or starts with it.
+fn find_unit<'a>(units: &'a [UnitInfo], id: &str) -> anyhow::Result<&'a UnitInfo> {
+    if id.is_empty() {
+        anyhow::bail!("an empty unit id; give one as `box units ls` shows it");
+    }
+    if let Some(unit) = units.iter().find(|unit| unit.id == id) {
+        return Ok(unit);
+    }
+    let matching: Vec<&UnitInfo> = units
+        .iter()
+        .filter(|unit| unit.id.starts_with(id))
+        .collect();
+    match matching.as_slice() {
+        [unit] => Ok(unit),
+        [] => anyhow::bail!("no box unit has an id starting {id:?}; see `box units ls`"),
+        several => anyhow::bail!(
+            "{id:?} is the start of {} units' ids ({}); give more of the id",
+            several.len(),
+            several
+                .iter()
+                .map(|unit| unit.id.get(..12).unwrap_or(&unit.id))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// `box units rm`: every id resolved before anything is removed.
+fn remove(ids: &[String], force: bool) -> anyhow::Result<ExitCode> {
+    let dir = instance::default_dir();
+    let (removed, failed) = runtime()?.block_on(async {
+        let backend = lasting_backend().await?;
+        let units = backend.list().await?;
+        let mut doomed: Vec<UnitInfo> = Vec::new();
+        for id in ids {
+            let unit = find_unit(&units, id)?;
+            if !force && instance::liveness(&dir, &unit.instance) == Liveness::Alive {
+                anyhow::bail!(
+                    "unit {} ({}) belongs to instance {}, whose host is alive and removes it when its session ends; --force removes it now",
+                    unit.id.get(..12).unwrap_or(&unit.id),
+                    unit.unit,
+                    unit.instance
+                );
+            }
+            if !doomed.iter().any(|seen| seen.id == unit.id) {
+                doomed.push(unit.clone());
+            }
+        }
+        let report = backend.remove_units(doomed).await;
+        anyhow::Ok((report.removed, report.failed))
+    })?;
+    for unit in &removed {
+        println!("{}", unit.id.get(..12).unwrap_or(&unit.id));
+    }
+    for (unit, why) in &failed {
+        eprintln!(
+            "box units rm: could not remove {} ({}): {why}",
+            unit.id, unit.unit
+        );
+    }
+    Ok(if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn print_units(units: &[UnitInfo]) {
@@ -193,23 +372,19 @@ const BASE_DOCKERFILE: &str = include_str!("../../images/base/Dockerfile");
 
 /// Run `box image`.
 pub fn image(args: ImageArgs) -> anyhow::Result<ExitCode> {
-    let rest: Vec<&str> = args.rest.iter().map(String::as_str).collect();
-    let force = match rest.as_slice() {
-        ["build"] => false,
-        ["build", "--force"] => true,
-        _ => anyhow::bail!(
-            "box image: unknown arguments {:?}; usage: box image build [--force]",
-            args.rest
-        ),
-    };
+    match args.command {
+        ImageCommand::Build(build) => image_build(&build),
+        ImageCommand::Ls { json } => image_ls(json),
+    }
+}
+
+fn image_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
     let dir = std::env::temp_dir().join(format!("box-image-build-{}", std::process::id()));
     write_build_tree(&dir)?;
-    let mut command = std::process::Command::new("bash");
-    command.arg(dir.join("build.sh"));
-    if force {
-        command.arg("--force");
-    }
-    let status = command.status();
+    let status = std::process::Command::new("bash")
+        .arg(dir.join("build.sh"))
+        .args(args.script_args())
+        .status();
     let _ = std::fs::remove_dir_all(&dir);
     let status = status.context("running the image build script with bash")?;
     Ok(if status.success() {
@@ -218,6 +393,71 @@ pub fn image(args: ImageArgs) -> anyhow::Result<ExitCode> {
         eprintln!("box image build: the build script failed ({status})");
         ExitCode::FAILURE
     })
+}
+
+/// The images `box image build` makes: the tag is the suite's.
+const BUILT_IMAGES: [&str; 2] = ["box-rootfs:bookworm", "box-base:bookworm"];
+
+/// Every image box builds or a profile names, with the profiles naming it.
+fn images_used() -> BTreeMap<String, Vec<String>> {
+    let mut images: BTreeMap<String, Vec<String>> = BUILT_IMAGES
+        .iter()
+        .map(|image| ((*image).to_owned(), Vec::new()))
+        .collect();
+    let catalog = crate::profile::Catalog::new(Vec::new());
+    for listed in catalog.list().into_iter().filter(|listed| !listed.hidden) {
+        // A profile that does not load names no image; `box profile check` says why.
+        let Ok(profile) = catalog.load(&listed.name) else {
+            continue;
+        };
+        let named = std::iter::once(&profile.workspace.image)
+            .chain(profile.servers.iter().map(|server| &server.image));
+        for image in named {
+            let users = images.entry(image.clone()).or_default();
+            if !users.contains(&listed.name) {
+                users.push(listed.name.clone());
+            }
+        }
+    }
+    images
+}
+
+fn image_ls(json: bool) -> anyhow::Result<ExitCode> {
+    let images = images_used();
+    let present: Vec<bool> = runtime()?.block_on(async {
+        let backend = box_backend_docker::DockerBackend::connect()
+            .await
+            .map_err(|why| anyhow::anyhow!("docker: {why}"))?;
+        let mut present = Vec::new();
+        for image in images.keys() {
+            present.push(backend.has_image(image).await);
+        }
+        anyhow::Ok(present)
+    })?;
+    if json {
+        let listed: Vec<serde_json::Value> = images
+            .iter()
+            .zip(&present)
+            .map(|((image, profiles), present)| {
+                serde_json::json!({"image": image, "present": present, "profiles": profiles})
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&listed)?);
+    } else {
+        println!("{:<32}  {:<8}  PROFILES", "IMAGE", "PRESENT");
+        for ((image, profiles), present) in images.iter().zip(&present) {
+            println!(
+                "{image:<32}  {:<8}  {}",
+                if *present { "yes" } else { "no" },
+                if profiles.is_empty() {
+                    "-".to_owned()
+                } else {
+                    profiles.join(",")
+                }
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn write_build_tree(dir: &Path) -> anyhow::Result<()> {

@@ -759,6 +759,163 @@ async fn docker_instances_never_touch_each_other() {
     b.assert_clean(&backend).await;
 }
 
+/// `box units inspect` and `box units rm`: a unit by id prefix, whether its
+/// host is alive, a live host's unit removed only with `--force`.
+#[tokio::test]
+async fn docker_units_inspect_and_rm() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let ws = workspace();
+    let live = Instance::new("rmlive");
+    let dead = Instance::new("rmdead");
+    let live_unit = backend
+        .start(&live.label, &spec("workspace", ws.path()))
+        .await
+        .unwrap();
+    let dead_unit = backend
+        .start(&dead.label, &spec("workspace", ws.path()))
+        .await
+        .unwrap();
+    let locks = tempfile::tempdir().unwrap();
+    let _alive = InstanceLock::acquire(locks.path(), &live.label.instance).unwrap();
+    std::fs::write(
+        locks.path().join(format!("{}.lock", dead.label.instance)),
+        "1\n",
+    )
+    .unwrap();
+    let units = |args: &[&str]| {
+        std::process::Command::new(box_bin())
+            .arg("units")
+            .args(args)
+            .env("BOX_INSTANCE_DIR", locks.path())
+            .output()
+            .unwrap()
+    };
+    let live_id = &live_unit.envelope.id;
+    let dead_id = &dead_unit.envelope.id;
+
+    let out = units(&["inspect", &live_id[..12]]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["id"], live_id.as_str());
+    assert_eq!(shown["instance"], live.label.instance.as_str());
+    assert_eq!(shown["host"], "alive");
+    let out = units(&["inspect", dead_id]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["host"], "dead");
+
+    let out = units(&["inspect", "zzzz"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no box unit has an id starting \"zzzz\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A live host's unit is refused, and nothing named with it is removed.
+    let out = units(&["rm", &dead_id[..12], &live_id[..12]]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("whose host is alive"), "{stderr}");
+    assert!(stderr.contains("--force"), "{stderr}");
+    assert_eq!(
+        backend
+            .list_instance(&dead.label.instance)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    let out = units(&["rm", &dead_id[..12]]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}\n", &dead_id[..12])
+    );
+    dead.assert_clean(&backend).await;
+
+    let out = units(&["rm", "--force", live_id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    live.assert_clean(&backend).await;
+}
+
+/// `box image ls`: box's images and the shipped profiles', with the engine's answer.
+#[test]
+fn docker_image_ls_names_the_images_and_their_profiles() {
+    let out = std::process::Command::new(box_bin())
+        .args(["image", "ls", "--json"])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        assert!(
+            !under_ci(),
+            "CI needs a Docker engine: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!(
+            "\n*** DOCKER PART NOT RUN: {} ***\n",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let base = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|image| image["image"] == IMAGE)
+        .unwrap_or_else(|| panic!("{IMAGE} not listed: {listed:#}"));
+    assert_eq!(base["present"], true, "{listed:#}");
+    assert!(
+        base["profiles"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("default")),
+        "{listed:#}"
+    );
+    assert!(
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|image| image["image"] == "box-browser:latest"
+                && image["profiles"] == serde_json::json!(["browser"])),
+        "{listed:#}"
+    );
+}
+
+/// `box doctor --strict` passes where the default profile runs (a test
+/// machine has the engine and the images); its failure is judged in
+/// `cli/doctor.rs`'s unit test.
+#[test]
+fn docker_doctor_strict_passes_where_the_default_profile_runs() {
+    let out = std::process::Command::new(box_bin())
+        .args(["doctor", "--strict"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Fault 21: what cannot be enforced is refused before anything is created,
 /// naming the control: an egress unit started without the host's proxy wired in.
 #[tokio::test]
@@ -2026,4 +2183,172 @@ fn docker_a_stalled_removal_names_the_unit_left_and_how_to_remove_it() {
         1
     );
     drop(stdin);
+}
+
+/// The runc warning is said once per boot (a marker beside the instance
+/// locks), not on every `box run`; `box doctor` always says it.
+#[test]
+fn docker_the_runc_warning_is_said_once() {
+    let locks = tempfile::tempdir().unwrap();
+    let instances = locks.path().join("instances");
+    let run = || {
+        let output = std::process::Command::new(box_bin())
+            .args(["run", "--backend", "docker", "--workspace"])
+            .arg(locks.path())
+            .arg("true")
+            .env("BOX_INSTANCE_DIR", &instances)
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stderr).contains("runc below")
+    };
+    let first = run();
+    if !first {
+        eprintln!("this engine's runc is above the floors: nothing to warn of");
+    }
+    assert!(!run(), "the runc warning was repeated");
+}
+
+/// Issue 10: bridge units of different sessions must not reach each other. Each
+/// session's bridge units join a network of their own; a unit of another session
+/// cannot connect to a server that a unit of the same session reaches, and the
+/// network goes with the session's last unit.
+#[tokio::test]
+async fn docker_bridge_units_of_different_sessions_cannot_reach_each_other() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("bridge");
+    let ws = workspace();
+    let bridged = |name: &str| {
+        let mut unit = spec(name, ws.path());
+        unit.image = "box-test-tools:latest".to_owned();
+        unit.network.mode = NetworkMode::Bridge;
+        unit
+    };
+    let (server, neighbour, stranger) = (
+        backend
+            .start(&instance.session("s1"), &bridged("workspace"))
+            .await
+            .unwrap(),
+        backend
+            .start(&instance.session("s1"), &bridged("helper"))
+            .await
+            .unwrap(),
+        backend
+            .start(&instance.session("s2"), &bridged("workspace"))
+            .await
+            .unwrap(),
+    );
+    let network = server.envelope.network.session_network.clone().unwrap();
+    assert_eq!(server.envelope.network.mode, "bridge");
+    assert_eq!(
+        neighbour.envelope.network.session_network.as_deref(),
+        Some(network.as_str())
+    );
+    assert_ne!(
+        stranger.envelope.network.session_network.as_deref(),
+        Some(network.as_str())
+    );
+    let (code, out) = sh(
+        &backend,
+        &server.envelope.id,
+        "setsid python3 -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 < /dev/null & sleep 1; hostname -i",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let address = out.split_whitespace().next().unwrap().to_owned();
+    let fetch = format!("curl -sS -m 5 -o /dev/null -w '%{{http_code}}' http://{address}:8000/");
+    let (code, out) = sh(&backend, &neighbour.envelope.id, &fetch).await;
+    assert_eq!((code, out.as_str()), (0, "200"), "same session reaches it");
+    let (code, out) = sh(&backend, &stranger.envelope.id, &fetch).await;
+    assert_ne!(code, 0, "another session's unit reached it: {out}");
+
+    for unit in [&server, &neighbour, &stranger] {
+        backend.remove(&unit.envelope.id).await.unwrap();
+    }
+    instance.assert_clean(&backend).await;
+    let left = std::process::Command::new("docker")
+        .args(["network", "ls", "-q", "--filter"])
+        .arg(format!("label=box.instance={}", instance.label.instance))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&left.stdout).trim(),
+        "",
+        "the sessions' networks went with their units"
+    );
+}
+
+/// Issue 13: a unit under gVisor (`runtime = "runsc"`): the envelope claims what
+/// a probe inside observes: gVisor's kernel, box's seccomp layer on the executor's
+/// children (the engine's profile is not applied under runsc), no landlock,
+/// no_new_privs, no capabilities. runsc is registered by scripts/test.sh
+/// (scripts/runsc.sh); under CI its absence is a failure.
+#[tokio::test]
+async fn docker_a_gvisor_unit_reports_what_its_probe_observes() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    if !backend.facts().runtimes.contains_key("runsc") {
+        assert!(
+            !under_ci(),
+            "CI needs gVisor registered as the engine's runtime runsc (scripts/runsc.sh)"
+        );
+        eprintln!("\n*** GVISOR TEST NOT RUN: runsc is not registered (scripts/runsc.sh) ***\n");
+        return;
+    }
+    let instance = Instance::new("gvisor");
+    let ws = workspace();
+    let mut unit = spec("workspace", ws.path());
+    unit.image = "box-test-tools:latest".to_owned();
+    unit.runtime = Some("runsc".to_owned());
+    // Too few pids for gVisor's own host threads: refused, naming the floor.
+    let error = backend.start(&instance.label, &unit).await.err().unwrap();
+    assert!(error.to_string().contains("pids limit"), "{error}");
+    unit.limits.pids = 512;
+    // gVisor has no landlock: required is refused before anything starts, naming it.
+    let mut strict = unit.clone();
+    strict.security.landlock = Requirement::Required;
+    let error = backend.start(&instance.label, &strict).await.err().unwrap();
+    assert!(error.to_string().contains("gVisor"), "{error}");
+    let mut bridged = unit.clone();
+    bridged.network.mode = NetworkMode::Bridge;
+    let error = backend
+        .start(&instance.label, &bridged)
+        .await
+        .err()
+        .unwrap();
+    assert!(error.to_string().contains("network"), "{error}");
+
+    let mut started = backend.start(&instance.label, &unit).await.unwrap();
+    let envelope = &started.envelope;
+    assert_eq!(envelope.runtime.as_deref(), Some("runsc"));
+    assert_eq!(envelope.hardening.seccomp, "box");
+    assert_eq!(envelope.hardening.landlock_abi, 0);
+    assert!(!envelope.hardening.landlock_enforced);
+    assert!(envelope.hardening.no_new_privileges);
+    assert!(envelope.hardening.capabilities.is_empty());
+    let probe = "uname -r; grep -E '^(Seccomp|CapEff):' /proc/self/status; \
+        python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); \
+        print(\"nnp:\", libc.prctl(39, 0, 0, 0, 0)); \
+        r = libc.syscall(444, None, 0, 1); print(\"landlock:\", r, os.strerror(ctypes.get_errno()))'";
+    let out = executor_bash(&mut started.io, probe).await;
+    assert!(out.starts_with("4.4.0"), "gVisor's kernel answers: {out}");
+    assert!(out.contains("Seccomp:\t2"), "box's seccomp layer: {out}");
+    assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
+    assert!(out.contains("nnp: 1"), "{out}");
+    assert!(
+        out.contains("landlock: -1 Function not implemented"),
+        "{out}"
+    );
+    backend.remove(&started.envelope.id).await.unwrap();
+    instance.assert_clean(&backend).await;
 }

@@ -98,6 +98,36 @@ fn python_sdk_drives_serve_over_http_on_every_backend() {
     sdk_over("serve_http.py");
 }
 
+/// The Python SDK, unmodified, asks for profile `ci` and a tightening without
+/// box's capability (headers, the path, `serve --profile --tighten`); the
+/// unit's environment shows the profile (`CI=true`), the envelopes the
+/// tightening.
+#[test]
+fn python_sdk_asks_without_capabilities_on_every_backend() {
+    let Some(python) = crate::support::python_with_mcp() else {
+        return;
+    };
+    for backend in backends() {
+        let workspace = tempfile::tempdir().unwrap();
+        run_script(
+            &python,
+            "serve_asks.py",
+            &[
+                "--backend",
+                backend,
+                "--workspace",
+                workspace.path().to_str().unwrap(),
+                "--tool",
+                "bash",
+                "--args",
+                r#"{"command": "echo CI=$CI"}"#,
+                "--expect",
+                "CI=true",
+            ],
+        );
+    }
+}
+
 #[test]
 fn http_sessions_cannot_see_each_others_files_on_every_backend() {
     let Some(python) = crate::support::python_with_mcp() else {
@@ -441,6 +471,81 @@ async fn a_server_unit_is_listed_started_and_driven_with_namespaced_ids() {
     }
 }
 
+/// Issue 13: `echo hi | box run -- cat` prints `hi`, `box run true` needs no
+/// `--`, and `-e` sets a variable the profile lets through, on every backend.
+#[test]
+fn box_run_forwards_stdin_and_takes_variables_on_every_backend() {
+    use std::io::Write as _;
+    for backend in backends() {
+        let workspace = tempfile::tempdir().unwrap();
+        let mut child = Command::new(box_bin())
+            .args(["run", "--backend", backend, "--workspace"])
+            .arg(workspace.path())
+            .args(["--", "cat"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // More than one write's worth, so stdin is forwarded in pieces.
+        let big = "0123456789abcdef".repeat(16 << 10);
+        let mut stdin = child.stdin.take().unwrap();
+        let input = format!("hi\n{big}\n");
+        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+        let output = child.wait_with_output().unwrap();
+        writer.join().unwrap().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{backend}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(stdout, format!("hi\n{big}\n"), "{backend}");
+
+        let output = Command::new(box_bin())
+            .args(["run", "--backend", backend, "--workspace"])
+            .arg(workspace.path())
+            .args([
+                "-e",
+                "LANG=C.UTF-8",
+                "sh",
+                "-c",
+                "echo \"lang=$LANG\"; exit 4",
+            ])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(4),
+            "{backend}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "lang=C.UTF-8\n");
+
+        // A command that never reads its input ends; box does not wait on stdin.
+        let mut child = Command::new(box_bin())
+            .args(["run", "--backend", backend, "--workspace"])
+            .arg(workspace.path())
+            .arg("true")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let open_stdin = child.stdin.take();
+        let output = child.wait_with_output().unwrap();
+        drop(open_stdin);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{backend}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
 /// A plain HTTP server on the host's loopback answering every request with
 /// `body`; its port.
 fn http_server(body: &'static str) -> u16 {
@@ -470,6 +575,59 @@ fn http_server(body: &'static str) -> u16 {
     port
 }
 
+/// An HTTPS server on the host's loopback (`openssl s_server -www`, a self-signed
+/// certificate for `name` made in `dir`): its port and the process, killed on drop.
+fn https_server(dir: &Path, name: &str) -> (u16, KillOnDrop) {
+    let (key, cert) = (dir.join("tls.key"), dir.join("tls.crt"));
+    let made = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .arg("-subj")
+        .arg(format!("/CN={name}"))
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "openssl req: {made:?}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("openssl")
+        .args(["s_server", "-www", "-quiet", "-accept"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("-cert")
+        .arg(&cert)
+        .arg("-key")
+        .arg(&key)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Ready once it accepts.
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (port, KillOnDrop(child))
+}
+
+/// A child process killed when dropped.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Run `command` with the bash tool; the text of its answer.
 fn bash(served: &mut Served, id: i64, command: &str) -> String {
     served.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
@@ -494,6 +652,7 @@ async fn an_egress_unit_reaches_only_what_its_profile_allows() {
     }
     let port = http_server("hello-egress");
     let profiles = tempfile::tempdir().unwrap();
+    let (tls_port, _tls_server) = https_server(profiles.path(), "allowed.test");
     std::fs::write(
         profiles.path().join("egress-test.toml"),
         format!(
@@ -505,8 +664,10 @@ image = "box-test-tools:latest"
 
 [network]
 mode = "egress"
-allow = ["allowed.test:{port}", "meta.test"]
+allow = ["allowed.test:{port}", "allowed.test:{tls_port}", "meta.test"]
 hosts = {{ "allowed.test" = "127.0.0.1", "denied.test" = "127.0.0.1", "meta.test" = "169.254.169.254" }}
+max_connections = 64
+bandwidth = "50MiB"
 
 [operator]
 allow_dangerous = ["private-destinations"]
@@ -537,9 +698,17 @@ allow_dangerous = ["private-destinations"]
     assert_eq!(envelope["network"]["mode"], json!("egress"), "{envelope}");
     assert_eq!(
         envelope["network"]["allow"],
-        json!([format!("allowed.test:{port}"), "meta.test"])
+        json!([
+            format!("allowed.test:{port}"),
+            format!("allowed.test:{tls_port}"),
+            "meta.test"
+        ])
     );
     assert_eq!(envelope["network"]["proxy"], json!("http://127.0.0.1:3128"));
+    assert_eq!(
+        envelope["network"]["egressLimits"],
+        json!({"maxConnections": 64, "bytesPerSecond": 50 << 20})
+    );
 
     let allowed = format!("http://allowed.test:{port}/");
     let checks = tokio::task::block_in_place(|| {
@@ -550,6 +719,19 @@ allow_dangerous = ["private-destinations"]
             bash(&mut served, id, &command)
         };
         out.push(("curl", run(format!("curl -sS -m 10 {allowed}"))));
+        // HTTPS: CONNECT, then TLS naming the CONNECT host (self-signed, so -k).
+        out.push((
+            "https",
+            run(format!(
+                "curl -sSk -m 10 https://allowed.test:{tls_port}/ | head -c 2000"
+            )),
+        ));
+        out.push((
+            "https urllib",
+            run(format!(
+                "python3 -c 'import ssl, urllib.request; print(urllib.request.urlopen(\"https://allowed.test:{tls_port}/\", timeout=10, context=ssl._create_unverified_context()).status)'"
+            )),
+        ));
         out.push((
             "urllib",
             run(format!(
@@ -599,6 +781,11 @@ allow_dangerous = ["private-destinations"]
             .unwrap()
     };
     assert!(get("curl").contains("hello-egress"), "curl: {checks:?}");
+    assert!(get("https").contains("s_server"), "https: {checks:?}");
+    assert!(
+        get("https urllib").contains("200"),
+        "https urllib: {checks:?}"
+    );
     assert!(get("urllib").contains("hello-egress"), "urllib: {checks:?}");
     assert!(get("denied name").contains("403"), "{checks:?}");
     assert!(get("raw ip").contains("403"), "{checks:?}");

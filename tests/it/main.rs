@@ -2,6 +2,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+/// The command line: help, choices, exit codes, completions, NO_COLOR, `box run`'s forms.
+mod cli;
 /// Units on a real Docker engine: hardening probed from inside, faults, gc.
 mod docker;
 /// `box serve` and `box run` on the real backends with the real executor: Python SDK clients, isolation, faults.

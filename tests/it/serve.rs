@@ -2017,10 +2017,12 @@ fn the_box_binary_has_no_fake_backend() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert!(!output.status.success());
+    // Refused by the parser, which lists the binary's own backends.
+    assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("--backend fake: choose auto, docker or local"),
+        stderr.contains("invalid value 'fake' for '--backend <BACKEND>'")
+            && stderr.contains("[possible values: auto, docker, local]"),
         "{stderr}"
     );
 }
@@ -2053,6 +2055,7 @@ async fn stdio_frames_lines_and_ends_the_session_at_end_of_file() {
     let (server_out, client_out) = tokio::io::duplex(1 << 20);
     let served = tokio::spawn(box_transport::stdio::serve_on(
         Arc::new(HostSessions::new(stdio_host_config(&fake))),
+        box_transport::TransportAsk::default(),
         server_in,
         server_out,
         CancellationToken::new(),
@@ -2114,6 +2117,7 @@ async fn stdio_refuses_an_over_long_line_and_reads_on() {
     let (server_out, client_out) = tokio::io::duplex(1 << 20);
     let served = tokio::spawn(box_transport::stdio::serve_on(
         Arc::new(HostSessions::new(stdio_host_config(&fake))),
+        box_transport::TransportAsk::default(),
         server_in,
         server_out,
         CancellationToken::new(),
@@ -2157,6 +2161,7 @@ async fn stdio_splits_batches_only_on_a_2025_03_26_session() {
     let (server_out, client_out) = tokio::io::duplex(1 << 20);
     let served = tokio::spawn(box_transport::stdio::serve_on(
         Arc::new(HostSessions::new(stdio_host_config(&fake))),
+        box_transport::TransportAsk::default(),
         server_in,
         server_out,
         CancellationToken::new(),
@@ -2206,4 +2211,497 @@ async fn stdio_splits_batches_only_on_a_2025_03_26_session() {
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+// Asking without capabilities: the path, the Box-* headers, `serve --tighten`.
+
+/// The ask every form below makes: profile `ci`, a tightening the fake's
+/// envelope shows (the host's start deadline), a read limit.
+const ASK_TIGHTEN: &str = r#"{"limits": {"start_timeout": "45s"}}"#;
+
+/// A header's name and value.
+type Header<'a> = (&'a str, &'a str);
+
+/// A refused ask: what it is, where and how it is sent, what the error says.
+struct Refused<'a> {
+    what: &'a str,
+    path: &'a str,
+    headers: Vec<Header<'a>>,
+    message: Value,
+    expected: Vec<&'a str>,
+}
+
+/// POST `message` to `path` (no session) with `extra` headers.
+async fn post_to(
+    address: SocketAddr,
+    path: &str,
+    extra: &[(&str, &str)],
+    message: &Value,
+) -> Reply {
+    let mut headers: Vec<(&str, &str)> = JSON_HEADERS.to_vec();
+    headers.extend_from_slice(extra);
+    http(
+        address,
+        "POST",
+        path,
+        &headers,
+        message.to_string().as_bytes(),
+    )
+    .await
+}
+
+fn initialize_asking(ask: Value) -> Value {
+    let mut message = initialize_message();
+    message["params"]["capabilities"] = json!({"experimental": {EXECUTOR_KEY: ask}});
+    message
+}
+
+/// An initialize answer with what differs between any two sessions (the
+/// units' backend ids) blanked, so answers can be compared whole.
+fn without_unit_ids(mut answer: Value) -> Value {
+    if let Some(units) =
+        answer["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"]["units"]
+            .as_array_mut()
+    {
+        for unit in units {
+            unit["id"] = json!("");
+        }
+    }
+    answer
+}
+
+#[tokio::test]
+async fn http_asks_by_path_and_headers_get_the_capability_asks_answer() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let capability = json!({"maxReadBytes": 4096, "box": {
+        "profile": "ci", "tighten": serde_json::from_str::<Value>(ASK_TIGHTEN).unwrap()}});
+    let by_capability = post_to(
+        server.address,
+        "/mcp",
+        &[],
+        &initialize_asking(capability.clone()),
+    )
+    .await;
+    assert_eq!(by_capability.status, 200);
+    let expected = without_unit_ids(by_capability.json());
+    let executor = &expected["result"]["capabilities"]["experimental"][EXECUTOR_KEY];
+    assert_eq!(executor["box"]["profile"], json!("ci"), "{expected}");
+    assert_eq!(executor["maxReadBytes"], json!(4096), "{expected}");
+    assert_eq!(
+        executor["box"]["units"][0]["limits"]["startTimeoutMs"],
+        json!(45_000),
+        "{expected}"
+    );
+    let headers = [
+        ("Box-Profile", "ci"),
+        ("Box-Tighten", ASK_TIGHTEN),
+        ("Box-Max-Read-Bytes", "4096"),
+    ];
+    let cases: [(&str, &str, &[Header], Value); 4] = [
+        ("headers", "/mcp", &headers, initialize_message()),
+        ("the path", "/mcp/p/ci", &headers[1..], initialize_message()),
+        (
+            "the path and Box-Profile",
+            "/mcp/p/ci",
+            &headers,
+            initialize_message(),
+        ),
+        (
+            "headers and the same capability",
+            "/mcp",
+            &headers,
+            initialize_asking(capability),
+        ),
+    ];
+    for (what, path, headers, message) in cases {
+        let reply = post_to(server.address, path, headers, &message).await;
+        assert_eq!(reply.status, 200, "{what}");
+        assert!(reply.header("mcp-session-id").is_some(), "{what}");
+        assert_eq!(without_unit_ids(reply.json()), expected, "{what}");
+    }
+    // What each session's executor was initialized with: the read limit.
+    server.fake.record(|record| {
+        assert_eq!(record.initialize_params.len(), 5);
+        for params in &record.initialize_params {
+            assert_eq!(
+                params["capabilities"]["experimental"][EXECUTOR_KEY],
+                json!({"maxReadBytes": 4096})
+            );
+        }
+    });
+}
+
+#[tokio::test]
+async fn http_ask_errors_name_the_field_and_where_it_was_asked_and_start_nothing() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let oversize = format!(r#"{{"env": {{"drop": ["{}"]}}}}"#, "A".repeat(9000));
+    let cases = vec![
+        Refused {
+            what: "the header against the capability",
+            path: "/mcp",
+            headers: vec![("Box-Profile", "ci")],
+            message: initialize_asking(json!({"box": {"profile": "default"}})),
+            expected: vec![
+                "box.profile: the Box-Profile header asks for `ci` but capabilities.experimental",
+                ".box.profile asks for `default`",
+            ],
+        },
+        Refused {
+            what: "the path against the capability's tightening",
+            path: "/mcp/p/ci",
+            headers: vec![("Box-Tighten", r#"{"servers": []}"#)],
+            message: initialize_asking(json!({"box": {"tighten": {"limits": {"pids": 5}}}})),
+            expected: vec![
+                "box.tighten: the Box-Tighten header asks for",
+                ".box.tighten asks for",
+            ],
+        },
+        Refused {
+            what: "the path against Box-Profile",
+            path: "/mcp/p/ci",
+            headers: vec![("Box-Profile", "default")],
+            message: initialize_message(),
+            expected: vec![
+                "box.profile: the path /mcp/p/ci asks for `ci` but the Box-Profile header asks for `default`",
+            ],
+        },
+        Refused {
+            what: "JSON that is not",
+            path: "/mcp",
+            headers: vec![("Box-Tighten", "{oops")],
+            message: initialize_message(),
+            expected: vec!["box.tighten: the Box-Tighten header: not valid JSON"],
+        },
+        Refused {
+            what: "a duplicate key",
+            path: "/mcp",
+            headers: vec![("Box-Tighten", r#"{"servers": [], "servers": []}"#)],
+            message: initialize_message(),
+            expected: vec!["duplicate key `servers`"],
+        },
+        Refused {
+            what: "an oversize tightening",
+            path: "/mcp",
+            headers: vec![("Box-Tighten", &oversize)],
+            message: initialize_message(),
+            expected: vec![
+                "the Box-Tighten header holds",
+                "over the limit of 8192 bytes",
+            ],
+        },
+        Refused {
+            what: "a read limit that is not a positive integer",
+            path: "/mcp",
+            headers: vec![("Box-Max-Read-Bytes", "0")],
+            message: initialize_message(),
+            expected: vec![
+                "maxReadBytes: the Box-Max-Read-Bytes header: must be a positive integer",
+            ],
+        },
+        Refused {
+            what: "a header given twice",
+            path: "/mcp",
+            headers: vec![("Box-Profile", "ci"), ("Box-Profile", "ci")],
+            message: initialize_message(),
+            expected: vec!["the Box-Profile header is given more than once"],
+        },
+        Refused {
+            what: "a profile that does not exist",
+            path: "/mcp/p/nope",
+            headers: vec![],
+            message: initialize_message(),
+            expected: vec!["box.profile: profile `nope`"],
+        },
+    ];
+    for Refused {
+        what,
+        path,
+        headers,
+        message,
+        expected,
+    } in cases
+    {
+        let reply = post_to(server.address, path, &headers, &message).await;
+        assert_eq!(reply.status, 200, "{what}");
+        assert!(reply.header("mcp-session-id").is_none(), "{what}");
+        let answer = reply.json();
+        assert_eq!(answer["error"]["code"], json!(-32602), "{what}: {answer}");
+        let text = answer["error"]["message"].as_str().unwrap();
+        for expected in expected {
+            assert!(text.contains(expected), "{what}: {text}");
+        }
+    }
+    // A widening is refused as a capability's is: the same error, word for word.
+    let widening = r#"{"network": {"mode": "bridge"}}"#;
+    let by_header = post_to(
+        server.address,
+        "/mcp/p/ci",
+        &[("Box-Tighten", widening)],
+        &initialize_message(),
+    )
+    .await
+    .json();
+    let by_capability = post_to(
+        server.address,
+        "/mcp",
+        &[],
+        &initialize_asking(json!({"box": {"profile": "ci",
+            "tighten": serde_json::from_str::<Value>(widening).unwrap()}})),
+    )
+    .await
+    .json();
+    assert_eq!(by_header, by_capability);
+    assert_eq!(
+        by_header["error"]["data"]["field"],
+        json!("tighten.network.mode")
+    );
+    server
+        .fake
+        .record(|record| assert!(record.starts.is_empty(), "{:?}", record.starts));
+}
+
+#[tokio::test]
+async fn http_a_sessions_ask_never_changes_after_initialize() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let reply = post_to(
+        server.address,
+        "/mcp/p/ci",
+        &[("Box-Tighten", ASK_TIGHTEN)],
+        &initialize_message(),
+    )
+    .await;
+    let session = reply.header("mcp-session-id").unwrap().to_owned();
+    let address = server.address;
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    let on = |path: &'static str, extra: Vec<(&'static str, &'static str)>| {
+        let session = session.clone();
+        let list = list.clone();
+        async move {
+            let mut headers = vec![
+                ("Mcp-Session-Id", session.as_str()),
+                ("MCP-Protocol-Version", "2025-06-18"),
+            ];
+            headers.extend(extra);
+            post_to(address, path, &headers, &list).await
+        }
+    };
+    // The same ask again (what SDKs do: headers on every request), or none.
+    assert_eq!(
+        on("/mcp/p/ci", vec![("Box-Tighten", ASK_TIGHTEN)])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(on("/mcp", vec![("Box-Profile", "ci")]).await.status, 200);
+    assert_eq!(on("/mcp", vec![]).await.status, 200);
+    // A different one is refused, and the session goes on as it was.
+    for (path, extra, expected) in [
+        (
+            "/mcp/p/default",
+            vec![],
+            "the profile: the path /mcp/p/default differs",
+        ),
+        (
+            "/mcp",
+            vec![("Box-Profile", "default")],
+            "the profile: the Box-Profile header differs",
+        ),
+        (
+            "/mcp/p/ci",
+            vec![("Box-Tighten", r#"{"servers": []}"#)],
+            "Box-Tighten: the Box-Tighten header differs",
+        ),
+        (
+            "/mcp",
+            vec![("Box-Max-Read-Bytes", "5")],
+            "Box-Max-Read-Bytes: the Box-Max-Read-Bytes header differs",
+        ),
+    ] {
+        let reply = on(path, extra).await;
+        assert_eq!(reply.status, 400, "{path}");
+        let text = reply.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(text.starts_with(expected), "{text}");
+        assert!(text.contains("initialize a new session"), "{text}");
+    }
+    assert_eq!(on("/mcp/p/ci", vec![]).await.status, 200);
+    // GET and DELETE are served on the profile path too.
+    let reply = http(
+        server.address,
+        "DELETE",
+        "/mcp/p/ci",
+        &[("Mcp-Session-Id", session.as_str())],
+        b"",
+    )
+    .await;
+    assert!(
+        reply.status == 200 || reply.status == 204,
+        "{}",
+        reply.status
+    );
+    wait_until("the session's units are removed", || {
+        server.fake.live_units().is_empty()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn http_the_profile_path_passes_the_same_checks_as_mcp() {
+    let token = "0123456789abcdef0123456789abcdef";
+    let options = HttpOptions {
+        token: Some(token.to_owned()),
+        ..HttpOptions::loopback()
+    };
+    let server = start_server(options, boxhost::plan::resolve).await;
+    let bearer = format!("Bearer {token}");
+    let message = initialize_message();
+    for (what, headers, status) in [
+        ("no token", vec![], 401),
+        (
+            "a rebinding Host",
+            vec![
+                ("Authorization", bearer.as_str()),
+                ("Host", "evil.example:80"),
+            ],
+            421,
+        ),
+        (
+            "a foreign Origin",
+            vec![
+                ("Authorization", bearer.as_str()),
+                ("Origin", "https://evil.example"),
+            ],
+            403,
+        ),
+    ] {
+        let reply = post_to(server.address, "/mcp/p/ci", &headers, &message).await;
+        assert_eq!(reply.status, status, "{what}");
+    }
+    let get = http(server.address, "GET", "/mcp/p/ci", &[], b"").await;
+    assert_eq!(get.status, 401);
+    server
+        .fake
+        .record(|record| assert!(record.starts.is_empty(), "{:?}", record.starts));
+    let reply = post_to(
+        server.address,
+        "/mcp/p/ci",
+        &[("Authorization", bearer.as_str())],
+        &message,
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.json()["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"]["profile"],
+        json!("ci")
+    );
+}
+
+#[test]
+fn serve_over_stdio_asks_with_its_flags_as_a_capability_would() {
+    let answer = |args: &[&str], message: Value| {
+        let output = box_command()
+            .args(["serve", "--backend", "fake"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                writeln!(child.stdin.take().unwrap(), "{message}")?;
+                child.wait_with_output()
+            })
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        without_unit_ids(serde_json::from_str(stdout.lines().next().unwrap()).unwrap())
+    };
+    let expected = answer(
+        &[],
+        initialize_asking(json!({"box": {"profile": "ci",
+            "tighten": serde_json::from_str::<Value>(ASK_TIGHTEN).unwrap()}})),
+    );
+    assert_eq!(
+        expected["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"]["units"][0]["limits"]
+            ["startTimeoutMs"],
+        json!(45_000),
+        "{expected}"
+    );
+    let flags = ["--profile", "ci", "--tighten", ASK_TIGHTEN];
+    assert_eq!(answer(&flags, initialize_message()), expected);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), ASK_TIGHTEN).unwrap();
+    let at_file = format!("@{}", file.path().display());
+    assert_eq!(
+        answer(
+            &["--profile", "ci", "--tighten", &at_file],
+            initialize_message()
+        ),
+        expected
+    );
+    // A capability that disagrees with the flag is refused, naming both.
+    let refused = answer(
+        &flags,
+        initialize_asking(json!({"box": {"tighten": {"servers": []}}})),
+    );
+    let text = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        text.starts_with("box.tighten: box serve --tighten asks for"),
+        "{text}"
+    );
+}
+
+#[test]
+fn serve_refuses_a_bad_tighten_and_tighten_with_listen_at_start() {
+    for (args, expected) in [
+        (
+            vec!["--tighten", "{oops"],
+            "box serve --tighten: not valid JSON",
+        ),
+        (
+            vec!["--tighten", "{}", "--listen", "127.0.0.1:0"],
+            "with --listen each HTTP session asks for its own",
+        ),
+        (
+            vec!["--tighten", "@/nonexistent/t.json"],
+            "--tighten @/nonexistent/t.json: reading",
+        ),
+    ] {
+        let output = box_command()
+            .args(["serve", "--backend", "fake"])
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn python_sdk_asks_through_headers_the_path_and_serve_flags() {
+    let Some(python) = crate::support::python_with_mcp() else {
+        return;
+    };
+    let e2e = crate::support::repo_root().join("tests/e2e");
+    let output = Command::new(python)
+        .current_dir(&e2e)
+        .arg(e2e.join("serve_asks.py"))
+        .arg(crate::support::testhost_bin())
+        .args(["--backend", "fake"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "serve_asks.py failed\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

@@ -44,6 +44,8 @@ pub struct EngineFacts {
     pub api_version: String,
     /// Whether the engine applies seccomp profiles (`docker info` SecurityOptions).
     pub seccomp: bool,
+    /// The OCI runtimes registered with the engine: name → program path.
+    pub runtimes: std::collections::BTreeMap<String, String>,
     /// Whether the engine remaps users into a user namespace (userns-remap).
     pub userns_remap: bool,
     /// "1" or "2".
@@ -115,6 +117,17 @@ pub fn executor_argv(spec: &UnitSpec, wiring: &UnitWiring) -> Vec<String> {
         .collect()
 }
 
+impl EngineFacts {
+    /// Whether `runtime` is gVisor (registered as `runsc`, or its program is).
+    pub fn is_gvisor(&self, runtime: &str) -> bool {
+        runtime == "runsc"
+            || self
+                .runtimes
+                .get(runtime)
+                .is_some_and(|path| path.ends_with("/runsc") || path == "runsc")
+    }
+}
+
 /// The user string Docker takes (`uid:gid`), or `None` to keep the image's.
 pub fn user_string(spec: &UnitSpec) -> Option<String> {
     spec.user.map(|ids| format!("{}:{}", ids.uid, ids.gid))
@@ -146,6 +159,32 @@ pub fn mount_egress_socket(body: &mut ContainerCreateBody, socket_dir: &Path) {
 
 /// The proxy address a unit's tools are pointed at.
 pub const EGRESS_PROXY_URL: &str = "http://127.0.0.1:3128";
+
+/// What every session network's name starts with.
+pub const SESSION_NETWORK_PREFIX: &str = "box-net-";
+
+/// The engine network of `session`'s bridge units: `box-net-` and the instance and
+/// session, made safe for the engine's names and bounded.
+pub fn session_network(session: &SessionLabel) -> String {
+    let safe = |text: &str| -> String {
+        text.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    let mut name = format!(
+        "{SESSION_NETWORK_PREFIX}{}-{}",
+        safe(&session.instance),
+        safe(&session.session)
+    );
+    name.truncate(120);
+    name
+}
 
 /// One inode per 4 KiB of the size bound (at least 1024): as many small files
 /// as the space could hold, and no more.
@@ -272,7 +311,13 @@ pub fn container_body(
             soft: Some(nofile),
             hard: Some(nofile),
         }]),
-        network_mode: Some(network_mode(spec.network.mode).to_owned()),
+        // A bridge unit joins its session's own network: units of one session
+        // reach each other, units of other sessions (on theirs) do not.
+        network_mode: Some(match spec.network.mode {
+            NetworkMode::Bridge => session_network(session),
+            mode => network_mode(mode).to_owned(),
+        }),
+        runtime: spec.runtime.clone(),
         // Never restarted behind the host's back: the session decides.
         auto_remove: Some(false),
         ..Default::default()
@@ -415,7 +460,13 @@ pub fn envelope_from_inspect(
     let seccomp_unconfined = security_opt
         .iter()
         .any(|o| o == "seccomp=unconfined" || o == "seccomp:unconfined");
-    let seccomp = if !facts.seccomp || seccomp_unconfined || host.privileged == Some(true) {
+    // gVisor's kernel does not apply the engine's seccomp profile to an exec'd
+    // process, offers no landlock, and does not enforce a tmpfs inode bound
+    // (docs/gvisor.md): nothing of those is claimed for it.
+    let runtime = host.runtime.clone().unwrap_or_else(|| "runc".to_owned());
+    let gvisor = facts.is_gvisor(&runtime);
+    let seccomp = if !facts.seccomp || seccomp_unconfined || host.privileged == Some(true) || gvisor
+    {
         "none"
     } else if security_opt.iter().any(|o| o.starts_with("seccomp")) {
         "box"
@@ -466,7 +517,9 @@ pub fn envelope_from_inspect(
 
     let tmp_options = host.tmpfs.as_ref().and_then(|t| t.get("/tmp"));
     let tmp_bytes = tmp_options.and_then(|opts| tmpfs_option(opts, "size"));
-    let tmp_inodes = tmp_options.and_then(|opts| tmpfs_option(opts, "nr_inodes"));
+    let tmp_inodes = tmp_options
+        .and_then(|opts| tmpfs_option(opts, "nr_inodes"))
+        .filter(|_| !gvisor);
     let nofile = host.ulimits.as_ref().and_then(|u| {
         u.iter()
             .find(|l| l.name.as_deref() == Some("nofile"))
@@ -489,18 +542,28 @@ pub fn envelope_from_inspect(
     });
     let egress =
         spec.network.mode == NetworkMode::Egress && network_mode == "none" && egress_mounted;
+    let session_network = network_mode
+        .starts_with(SESSION_NETWORK_PREFIX)
+        .then(|| network_mode.clone());
     let network = AppliedNetwork {
         mode: if egress {
             "egress".to_owned()
+        } else if session_network.is_some() {
+            "bridge".to_owned()
         } else {
             network_mode
         },
+        session_network,
         allow: if egress {
             spec.network.allow.iter().map(ToString::to_string).collect()
         } else {
             Vec::new()
         },
         proxy: egress.then(|| EGRESS_PROXY_URL.to_owned()),
+        egress_limits: egress.then_some(box_policy::envelope::EgressLimits {
+            max_connections: spec.network.max_connections,
+            bytes_per_second: spec.network.bytes_per_second,
+        }),
         local_none: None,
     };
 
@@ -517,6 +580,7 @@ pub fn envelope_from_inspect(
         id: inspect.id.clone().unwrap_or_default(),
         image: spec.image.clone(),
         image_id: inspect.image.clone().unwrap_or_default(),
+        runtime: Some(runtime),
         root: spec.root.to_string_lossy().into_owned(),
         user,
         network,
@@ -526,7 +590,7 @@ pub fn envelope_from_inspect(
             no_new_privileges,
             read_only_root: host.readonly_rootfs == Some(true),
             seccomp: seccomp.to_owned(),
-            landlock_abi: facts.landlock_abi,
+            landlock_abi: if gvisor { 0 } else { facts.landlock_abi },
             // Landlock is the executor's to enforce inside the unit; until it
             // reports, nothing claims it.
             landlock_enforced: false,
@@ -569,7 +633,8 @@ pub fn add_executor_confinement(envelope: &mut Envelope, spec: &UnitSpec) {
         "none" => "box".to_owned(),
         engine => format!("{engine}+box"),
     };
-    envelope.hardening.landlock_enforced = spec.security.landlock == Requirement::Required;
+    envelope.hardening.landlock_enforced =
+        spec.security.landlock == Requirement::Required && envelope.hardening.landlock_abi > 0;
 }
 
 /// A numeric tmpfs option (`size=`, `nr_inodes=`) as the engine holds it.
@@ -895,7 +960,7 @@ pub(crate) mod tests {
             .host_config
             .unwrap_or_default();
         assert_eq!(host.cap_add, Some(vec!["NET_BIND_SERVICE".to_owned()]));
-        assert_eq!(host.network_mode.as_deref(), Some("bridge"));
+        assert_eq!(host.network_mode.as_deref(), Some("box-net-inst1-s1"));
         assert_eq!(host.readonly_rootfs, Some(false));
     }
 
@@ -930,6 +995,7 @@ pub(crate) mod tests {
             version: "20.10".to_owned(),
             api_version: "1.41".to_owned(),
             seccomp: true,
+            runtimes: Default::default(),
             userns_remap: false,
             cgroup_version: "2".to_owned(),
             landlock_abi: 3,

@@ -42,8 +42,27 @@ pub async fn doctor_facts(backend: &DockerBackend) -> Value {
         let present = backend.client().inspect_image(image).await.is_ok();
         images.insert(image.to_owned(), Value::Bool(present));
     }
+    // gVisor installed but not registered is worth a line: the fix is one script.
+    let runsc_installed = ["/usr/bin/runsc", "/usr/sbin/runsc", "/usr/local/bin/runsc"]
+        .into_iter()
+        .find(|path| std::path::Path::new(path).exists());
+    let gvisor_registered = facts
+        .runtimes
+        .keys()
+        .any(|runtime| facts.is_gvisor(runtime));
+    let runsc = match (runsc_installed, gvisor_registered) {
+        (_, true) => json!({"registered": true}),
+        (Some(path), false) => json!({
+            "registered": false,
+            "installed": path,
+            "note": format!("{path} is installed but not registered with the engine: run scripts/runsc.sh (adds it to /etc/docker/daemon.json with --network=none --host-uds=open and reloads dockerd); see docs/gvisor.md"),
+        }),
+        (None, false) => json!({"registered": false, "installed": null}),
+    };
     json!({
         "available": true,
+        "runtimes": facts.runtimes,
+        "runsc": runsc,
         "version": facts.version,
         "apiVersion": facts.api_version,
         "runc": runc,

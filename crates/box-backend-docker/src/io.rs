@@ -98,7 +98,7 @@ fn log_lines(unit: &str, buffer: &mut Vec<u8>, flush: bool) {
 fn log_line(unit: &str, line: &[u8]) {
     let cut = &line[..line.len().min(STDERR_LINE_MAX)];
     let text = String::from_utf8_lossy(cut);
-    tracing::info!(unit, "executor: {}", text.trim_end());
+    box_backend::executor_log::emit(unit, None, &text);
 }
 
 #[cfg(test)]

@@ -52,6 +52,9 @@ use box_backend::{
 use box_policy::executor::{SECRET_VALUE_PREFIX, SECRETS_DIR};
 use box_policy::plan::{NetworkMode, Requirement, UnitSpec};
 
+/// The lowest pids limit a gVisor unit is started with (see `check`).
+pub const GVISOR_MIN_PIDS: u64 = 128;
+
 /// The docker engine could not be reached or understood.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -72,6 +75,9 @@ pub struct DockerBackend {
     executor: PathBuf,
     executor_command: Option<Vec<String>>,
     facts: EngineFacts,
+    /// Held while a session network is looked up and made: engines before API
+    /// 1.44 accept two networks of one name, and a session's units start at once.
+    networks: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for DockerBackend {
@@ -102,6 +108,13 @@ impl DockerBackend {
             version: version.version.unwrap_or_default(),
             api_version: docker.client_version().to_string(),
             seccomp: security.iter().any(|o| o.contains("name=seccomp")),
+            runtimes: info
+                .runtimes
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(name, runtime)| (name, runtime.path.unwrap_or_default()))
+                .collect(),
             userns_remap: security.iter().any(|o| o.contains("name=userns")),
             cgroup_version: match info.cgroup_version {
                 Some(bollard::models::SystemInfoCgroupVersionEnum::_2) => "2",
@@ -120,7 +133,14 @@ impl DockerBackend {
             .find(|c| c.name.eq_ignore_ascii_case("runc"))
             && let crate::runc::RuncFloor::Below(why) = crate::runc::runc_floor(&runc.version)
         {
-            tracing::warn!(runc = runc.version, "runc {why}; see `box doctor`");
+            if first_runc_warning(&runc.version) {
+                tracing::warn!(
+                    runc = runc.version,
+                    "runc {why}; see `box doctor` (said once per boot)"
+                );
+            } else {
+                tracing::debug!(runc = runc.version, "runc {why}; see `box doctor`");
+            }
         }
         // The executor is this very binary: static, so it runs in any image.
         let executor = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
@@ -129,6 +149,7 @@ impl DockerBackend {
             executor,
             executor_command: None,
             facts,
+            networks: Default::default(),
         })
     }
 
@@ -272,6 +293,11 @@ impl DockerBackend {
                 message,
             })?;
         }
+        if spec.network.mode == NetworkMode::Bridge {
+            self.ensure_session_network(session)
+                .await
+                .map_err(|e| other("creating the session's bridge network", e))?;
+        }
         let name = body::container_name(session, spec);
         let options = CreateContainerOptionsBuilder::new().name(&name).build();
         let id = self
@@ -300,6 +326,32 @@ impl DockerBackend {
                 }
                 Err(error)
             }
+        }
+    }
+
+    /// Create `session`'s bridge network unless it exists (its units start
+    /// concurrently, so another may have just made it).
+    async fn ensure_session_network(&self, session: &SessionLabel) -> Result<(), DockerError> {
+        let name = body::session_network(session);
+        let _one_at_a_time = self.networks.lock().await;
+        match self.docker.inspect_network(&name, None).await {
+            Ok(_) => return Ok(()),
+            Err(e) if status_of(&e) == Some(404) => {}
+            Err(e) => return Err(e),
+        }
+        let request = bollard::models::NetworkCreateRequest {
+            name: name.clone(),
+            driver: Some("bridge".to_owned()),
+            labels: Some(HashMap::from([
+                (labels::INSTANCE.to_owned(), session.instance.clone()),
+                (labels::SESSION.to_owned(), session.session.clone()),
+            ])),
+            ..Default::default()
+        };
+        match self.docker.create_network(request).await {
+            Ok(_) => Ok(()),
+            Err(e) if status_of(&e) == Some(409) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 
@@ -339,16 +391,19 @@ impl DockerBackend {
                     attach_stderr: Some(true),
                     tty: Some(false),
                     cmd: Some(argv),
-                    // The secrets' values: in this exec's environment only,
-                    // which neither the container's configuration nor the
-                    // exec's inspection shows; the executor writes them to
-                    // /run/secrets and keeps them from its children.
-                    env: (!secrets.is_empty()).then(|| {
-                        secrets
-                            .iter()
-                            .map(|(name, value)| format!("{SECRET_VALUE_PREFIX}{name}={value}"))
-                            .collect()
-                    }),
+                    // JSON log lines, re-emitted by the host with their fields
+                    // (the executor's alone: not the unit's); and the secrets'
+                    // values: in this exec's environment only, which neither
+                    // the container's configuration nor the exec's inspection
+                    // shows; the executor writes them to /run/secrets and keeps
+                    // them from its children.
+                    env: Some(
+                        std::iter::once("BOX_LOG_FORMAT=json".to_owned())
+                            .chain(secrets.iter().map(|(name, value)| {
+                                format!("{SECRET_VALUE_PREFIX}{name}={value}")
+                            }))
+                            .collect(),
+                    ),
                     user: body::user_string(spec),
                     working_dir: Some(spec.root.to_string_lossy().into_owned()),
                     ..Default::default()
@@ -432,7 +487,49 @@ impl Backend for DockerBackend {
                 why: why.to_owned(),
             })
         };
-        if spec.security.landlock == Requirement::Required && self.facts.landlock_abi == 0 {
+        if let Some(runtime) = &spec.runtime {
+            if !self.facts.runtimes.contains_key(runtime) {
+                let listed: Vec<&str> = self.facts.runtimes.keys().map(String::as_str).collect();
+                refuse(
+                    "runtime",
+                    &format!(
+                        "runtime {runtime:?} is not registered with the engine (it lists {listed:?}); register it in /etc/docker/daemon.json and reload dockerd (gVisor: scripts/runsc.sh, docs/gvisor.md)"
+                    ),
+                );
+            } else if self.facts.is_gvisor(runtime) {
+                if spec.security.landlock == Requirement::Required {
+                    refuse(
+                        "landlock",
+                        "gVisor (runtime runsc) has no landlock; a runsc unit needs [security] landlock = \"best-effort\" or \"off\" (gVisor's own kernel is the boundary then)",
+                    );
+                }
+                // The host's pids cgroup counts gVisor's own threads and stub
+                // processes (about 60 idle): a lower limit ends the sandbox when
+                // gVisor needs one more (docs/gvisor.md).
+                if spec.limits.pids < GVISOR_MIN_PIDS {
+                    refuse(
+                        "pids limit",
+                        &format!(
+                            "a gVisor (runsc) unit's pids limit also counts gVisor's own host threads (about 60 idle); {} would end the unit early, write at least {GVISOR_MIN_PIDS}",
+                            spec.limits.pids
+                        ),
+                    );
+                }
+                if spec.network.mode == NetworkMode::Bridge {
+                    refuse(
+                        "network bridge",
+                        "a gVisor (runsc) unit has no network of its own on this engine (runsc --network=none); use network none or egress",
+                    );
+                }
+            }
+        }
+        if spec.security.landlock == Requirement::Required
+            && self.facts.landlock_abi == 0
+            && !spec
+                .runtime
+                .as_ref()
+                .is_some_and(|r| self.facts.is_gvisor(r))
+        {
             refuse("landlock", "the host kernel offers no landlock ABI");
         }
         if refusals.is_empty() {
@@ -534,6 +631,28 @@ fn unit_info(container: ContainerSummary) -> UnitInfo {
 /// Stop (short grace) and remove; a missing container is success (CRI rule),
 /// and so is a removal already in progress.
 async fn remove_container(docker: &Docker, id: &str) -> Result<(), DockerError> {
+    // A bridge unit's session network goes with the session's last unit.
+    let session_network = match docker.inspect_container(id, None).await {
+        Ok(inspect) => inspect
+            .host_config
+            .and_then(|host| host.network_mode)
+            .filter(|mode| mode.starts_with(body::SESSION_NETWORK_PREFIX)),
+        Err(_) => None,
+    };
+    remove_container_only(docker, id).await?;
+    if let Some(network) = session_network {
+        match docker.remove_network(&network).await {
+            Ok(()) => {}
+            // Another unit of the session still uses it (its removal removes it),
+            // or it is already gone.
+            Err(e) if matches!(status_of(&e), Some(403 | 404 | 409)) => {}
+            Err(e) => tracing::debug!(network, error = %e, "removing a session network"),
+        }
+    }
+    Ok(())
+}
+
+async fn remove_container_only(docker: &Docker, id: &str) -> Result<(), DockerError> {
     let stop = StopContainerOptionsBuilder::new()
         .t(i32::try_from(body::STOP_TIMEOUT_SECS).unwrap_or(2))
         .build();
@@ -739,6 +858,36 @@ fn engine_message(error: &DockerError) -> String {
 /// The landlock ABI the running kernel offers (0 = none).
 pub fn landlock_abi() -> u32 {
     box_confine::landlock_abi()
+}
+
+/// Whether this is the first time since boot that runc `version` is warned
+/// about: a marker beside the instance locks (under /run, so a reboot, or
+/// an upgrade's new version, warns again). Every `box run` repeating it
+/// buried the command's own output; `box doctor` always says it.
+fn first_runc_warning(version: &str) -> bool {
+    let name: String = version
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let marker = box_backend::instance::default_dir().with_file_name(format!("runc-warned-{name}"));
+    if let Some(dir) = marker.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&marker)
+    {
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => false,
+        // Created, or not knowable: warn.
+        _ => true,
+    }
 }
 
 #[cfg(test)]

@@ -544,7 +544,7 @@ async fn log_stderr(stderr: tokio::net::unix::pipe::Receiver, session: String, u
             Ok(0) | Err(_) => break,
             Ok(_) => {
                 let text = printable(&String::from_utf8_lossy(&line));
-                tracing::info!(session = %session, unit = %unit, "executor: {}", text.trim_end());
+                box_backend::executor_log::emit(&unit, Some(&session), text.trim_end());
             }
         }
     }
@@ -918,6 +918,8 @@ pub(crate) fn envelope(
             mode: "none".to_owned(),
             allow: Vec::new(),
             proxy: None,
+            egress_limits: None,
+            session_network: None,
             local_none: Some(LocalNone {
                 namespace: has("net"),
                 loopback_up: applied.loopback_up,
@@ -929,6 +931,8 @@ pub(crate) fn envelope(
             mode: "host".to_owned(),
             allow: Vec::new(),
             proxy: None,
+            egress_limits: None,
+            session_network: None,
             local_none: None,
         },
     };
@@ -977,6 +981,7 @@ pub(crate) fn envelope(
         id: id.to_owned(),
         image: String::new(),
         image_id: String::new(),
+        runtime: None,
         root: layout
             .workspace
             .as_ref()

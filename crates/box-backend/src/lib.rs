@@ -11,6 +11,7 @@
 //! [`Registry`] the binary fills with the backends it was built with.
 
 pub mod environment;
+pub mod executor_log;
 pub mod instance;
 mod registry;
 

@@ -40,11 +40,28 @@ const DEFAULT_MAX_READ_BYTES: u64 = 2 * 1024 * 1024;
 pub use box_policy::executor::{BashOutput, ExecutorSpec};
 use box_policy::executor::{SECRET_VALUE_PREFIX, SECRETS_DIR, SecretFile};
 
+/// The variable that asks for JSON log lines (`BOX_LOG_FORMAT=json`): a
+/// unit's executor gets it from its backend, whose host re-emits each line
+/// at its level with its fields. Never handed on to children.
+pub const LOG_FORMAT_VAR: &str = "BOX_LOG_FORMAT";
+
 /// Serve MCP on stdin/stdout until the client hangs up (or SIGTERM/SIGINT);
-/// exit status 0 either way.
+/// exit status 0 either way. Logs are text on stderr, or JSON lines when
+/// [`LOG_FORMAT_VAR`] says `json`.
 pub fn serve(spec: ExecutorSpec) -> anyhow::Result<std::process::ExitCode> {
+    let json = std::env::var(LOG_FORMAT_VAR).is_ok_and(|format| format == "json");
+    serve_logging(spec, json)
+}
+
+/// [`serve`] with JSON log lines: the executor of a local unit, whose
+/// environment is the unit's (the helper replaced it), so no variable can say so.
+pub fn serve_json_logs(spec: ExecutorSpec) -> anyhow::Result<std::process::ExitCode> {
+    serve_logging(spec, true)
+}
+
+fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::process::ExitCode> {
     use box_policy::executor::{FlagValue as _, SeccompLayer, WriteGuard};
-    init_logging();
+    init_logging(json_logs);
     let args = &spec;
     let kind = spec.kind.name().to_owned();
     let write_guard = spec.write_guard == WriteGuard::ReadFirst;
@@ -83,8 +100,17 @@ pub fn serve(spec: ExecutorSpec) -> anyhow::Result<std::process::ExitCode> {
         None => None,
     };
     let scrubbed = box_scrub::scrub_environment(own_vars, &args.pass_env);
-    if !scrubbed.removed.is_empty() {
-        tracing::info!(removed = ?scrubbed.removed, "variables scrubbed from children's environment");
+    // The unit's git-neutralising GIT_CONFIG_* (100+ names) are expected
+    // there, and children get the executor's own: named only at DEBUG.
+    let (git_config, removed): (Vec<&String>, Vec<&String>) = scrubbed
+        .removed
+        .iter()
+        .partition(|name| name.starts_with("GIT_CONFIG_"));
+    if !removed.is_empty() {
+        tracing::info!(?removed, "variables scrubbed from children's environment");
+    }
+    if !git_config.is_empty() {
+        tracing::debug!(removed = ?git_config, "GIT_CONFIG_* variables scrubbed from children's environment");
     }
     let extra_read: Vec<PathBuf> = if spec.secrets.is_empty() {
         Vec::new()
@@ -118,6 +144,7 @@ pub fn serve(spec: ExecutorSpec) -> anyhow::Result<std::process::ExitCode> {
         }
     }
     let mut child_env = scrubbed.kept;
+    child_env.retain(|(name, _)| name != LOG_FORMAT_VAR);
     if let Some((listener, socket)) = egress {
         let address = listener
             .local_addr()
@@ -289,14 +316,18 @@ async fn run(shared: Arc<server::Shared>) -> anyhow::Result<()> {
 }
 
 /// Logs go to stderr only: stdout is the protocol.
-fn init_logging() {
+fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BOX_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,box_executor=info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
+        .with_ansi(false);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
 }
 
 /// This machine's name, for the descriptor's default ref.

@@ -3,13 +3,20 @@
 //! what each unit's executor is initialized with, and the initialize result
 //! the client gets (the workspace unit's, plus the envelopes). Pure functions
 //! over raw JSON.
+//!
+//! A session may also ask through its transport ([`TransportAsk`]: the HTTP
+//! path and `Box-*` headers, `box serve --tighten` on stdio), for the clients
+//! that cannot send an experimental capability. [`merge_ask`] joins the two:
+//! each field from either, the same where both give it (else -32602 naming
+//! the field and both places), then the same checks as a capability ask.
 
 use serde_json::{Map, Value, json};
 
 use super::units::ExecutorStart;
 use box_backend::Envelope;
+use box_jsonrpc::session::{AskPart, MAX_ASK_BYTES, TransportAsk};
 use box_jsonrpc::{LATEST_PROTOCOL_VERSION, PROTOCOL_VERSIONS, json_type};
-use box_policy::plan::Plan;
+use box_policy::plan::{Plan, PlanError, parse_tightening_text};
 
 pub use box_jsonrpc::EXECUTOR_KEY;
 
@@ -67,6 +74,105 @@ pub(super) fn read_ask(params: Option<&Map<String, Value>>) -> Result<Ask, Strin
         profile,
         tighten,
     })
+}
+
+/// The client's capability ask joined with what its transport asked: a field
+/// given in one place is taken from there; given in both, the two must be
+/// equal (JSON equality for `tighten`) or the session is refused, naming the
+/// field and both places. A transport's tightening is parsed strictly (a
+/// duplicate key is refused, as `box profile resolve --tighten` does), and
+/// every transport part is bounded by [`MAX_ASK_BYTES`]. What comes out is
+/// checked as a capability ask is (the profile loaded, the tightening parsed
+/// and applied), so both ways of asking get the same answers and errors.
+pub(super) fn merge_ask(capability: Ask, transport: &TransportAsk) -> Result<Ask, String> {
+    let mut ask = capability;
+    if let Some(part) = &transport.profile {
+        let name = bounded("box.profile", part)?;
+        if name.is_empty() {
+            return Err(format!(
+                "box.profile: {} names no profile; give a profile name such as `ci`",
+                part.source
+            ));
+        }
+        match &ask.profile {
+            Some(asked) if asked != name => {
+                return Err(disagreement(
+                    "box.profile",
+                    part,
+                    &format!("`{name}`"),
+                    &format!("`{asked}`"),
+                ));
+            }
+            _ => ask.profile = Some(name.to_owned()),
+        }
+    }
+    if let Some(part) = &transport.tighten {
+        let text = bounded("box.tighten", part)?;
+        let tighten = parse_tightening_text(text).map_err(|error| {
+            let why = match error {
+                PlanError::Invalid(why) => why,
+                other => other.to_string(),
+            };
+            format!("box.tighten: {}: {why}", part.source)
+        })?;
+        if !ask.tighten.is_null() && !tighten.is_null() && ask.tighten != tighten {
+            return Err(disagreement(
+                "box.tighten",
+                part,
+                &tighten.to_string(),
+                &ask.tighten.to_string(),
+            ));
+        }
+        if !tighten.is_null() {
+            ask.tighten = tighten;
+        }
+    }
+    if let Some(part) = &transport.max_read_bytes {
+        let text = bounded("maxReadBytes", part)?;
+        let bytes = text
+            .parse::<u64>()
+            .ok()
+            .filter(|bytes| *bytes > 0 && text.bytes().all(|byte| byte.is_ascii_digit()))
+            .ok_or_else(|| {
+                format!(
+                    "maxReadBytes: {}: must be a positive integer (bytes), got {text:?}",
+                    part.source
+                )
+            })?;
+        match ask.max_read_bytes {
+            Some(asked) if asked != bytes => {
+                return Err(disagreement(
+                    "maxReadBytes",
+                    part,
+                    &bytes.to_string(),
+                    &asked.to_string(),
+                ));
+            }
+            _ => ask.max_read_bytes = Some(bytes),
+        }
+    }
+    Ok(ask)
+}
+
+/// A transport part's text, refused over [`MAX_ASK_BYTES`].
+fn bounded<'a>(field: &str, part: &'a AskPart) -> Result<&'a str, String> {
+    if part.text.len() > MAX_ASK_BYTES {
+        return Err(format!(
+            "{field}: {} holds {} bytes, over the limit of {MAX_ASK_BYTES} bytes; send a smaller ask",
+            part.source,
+            part.text.len()
+        ));
+    }
+    Ok(part.text.as_str())
+}
+
+/// The error for a field the transport and the capability both give, differently.
+fn disagreement(field: &str, part: &AskPart, transport: &str, capability: &str) -> String {
+    let place = format!("capabilities.experimental[\"{EXECUTOR_KEY}\"].{field}");
+    format!(
+        "{field}: {} asks for {transport} but {place} asks for {capability}; ask in one place, or the same in both",
+        part.source
+    )
 }
 
 /// Check an `initialize` request before anything is resolved or started:
@@ -267,5 +373,183 @@ mod tests {
                 "clientInfo": {"name": "c", "version": "1"}
             })
         );
+    }
+
+    fn capability(profile: Option<&str>, tighten: Value, max_read_bytes: Option<u64>) -> Ask {
+        Ask {
+            max_read_bytes,
+            profile: profile.map(str::to_owned),
+            tighten,
+        }
+    }
+
+    fn transport(
+        profile: Option<&str>,
+        tighten: Option<&str>,
+        bytes: Option<&str>,
+    ) -> TransportAsk {
+        TransportAsk {
+            profile: profile.map(|text| AskPart::new(text, "the path /mcp/p/x")),
+            tighten: tighten.map(|text| AskPart::new(text, "the Box-Tighten header")),
+            max_read_bytes: bytes.map(|text| AskPart::new(text, "the Box-Max-Read-Bytes header")),
+        }
+    }
+
+    #[test]
+    fn a_transport_ask_alone_is_the_ask() {
+        let asked = merge_ask(
+            Ask::default(),
+            &transport(
+                Some("ci"),
+                Some(r#"{"limits": {"memory": "1GiB"}}"#),
+                Some("4096"),
+            ),
+        );
+        assert_eq!(
+            asked,
+            Ok(capability(
+                Some("ci"),
+                json!({"limits": {"memory": "1GiB"}}),
+                Some(4096)
+            ))
+        );
+        // Each part alone.
+        assert_eq!(
+            merge_ask(Ask::default(), &transport(Some("ci"), None, None)),
+            Ok(capability(Some("ci"), Value::Null, None))
+        );
+        assert_eq!(
+            merge_ask(
+                Ask::default(),
+                &transport(None, Some(r#"{"servers": []}"#), None)
+            ),
+            Ok(capability(None, json!({"servers": []}), None))
+        );
+        assert_eq!(
+            merge_ask(Ask::default(), &transport(None, None, Some("7"))),
+            Ok(capability(None, Value::Null, Some(7)))
+        );
+    }
+
+    #[test]
+    fn a_capability_ask_alone_is_unchanged() {
+        let asked = capability(Some("ci"), json!({"servers": []}), Some(9));
+        assert_eq!(
+            merge_ask(
+                capability(Some("ci"), json!({"servers": []}), Some(9)),
+                &TransportAsk::default()
+            ),
+            Ok(asked)
+        );
+    }
+
+    #[test]
+    fn both_may_ask_the_same() {
+        let asked = merge_ask(
+            capability(
+                Some("ci"),
+                json!({"limits": {"pids": 9, "memory": "1GiB"}}),
+                Some(5),
+            ),
+            // Key order and spacing differ: JSON equality, not text.
+            &transport(
+                Some("ci"),
+                Some(r#"{"limits":{"memory":"1GiB","pids":9}}"#),
+                Some("5"),
+            ),
+        );
+        assert_eq!(
+            asked,
+            Ok(capability(
+                Some("ci"),
+                json!({"limits": {"memory": "1GiB", "pids": 9}}),
+                Some(5)
+            ))
+        );
+    }
+
+    #[test]
+    fn a_disagreement_names_the_field_and_both_places() {
+        let error = merge_ask(
+            capability(Some("default"), Value::Null, None),
+            &transport(Some("ci"), None, None),
+        )
+        .unwrap_err();
+        assert!(
+            error.starts_with("box.profile: the path /mcp/p/x asks for `ci`"),
+            "{error}"
+        );
+        assert!(error.contains(".box.profile asks for `default`"), "{error}");
+        let error = merge_ask(
+            capability(None, json!({"servers": []}), None),
+            &transport(None, Some(r#"{"servers": ["db"]}"#), None),
+        )
+        .unwrap_err();
+        assert!(
+            error.starts_with("box.tighten: the Box-Tighten header asks for"),
+            "{error}"
+        );
+        assert!(
+            error.contains(&format!(
+                "capabilities.experimental[\"{EXECUTOR_KEY}\"].box.tighten"
+            )),
+            "{error}"
+        );
+        let error = merge_ask(
+            capability(None, Value::Null, Some(1)),
+            &transport(None, None, Some("2")),
+        )
+        .unwrap_err();
+        assert!(
+            error.starts_with("maxReadBytes: the Box-Max-Read-Bytes header asks for 2"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_bad_transport_ask_is_refused_naming_where_it_came_from() {
+        for (text, expected) in [
+            ("{not json", "not valid JSON"),
+            (
+                r#"{"servers": [], "servers": []}"#,
+                "duplicate key `servers`",
+            ),
+        ] {
+            let error = merge_ask(Ask::default(), &transport(None, Some(text), None)).unwrap_err();
+            assert!(
+                error.starts_with("box.tighten: the Box-Tighten header: "),
+                "{error}"
+            );
+            assert!(error.contains(expected), "{error}");
+        }
+        for bytes in ["0", "-1", "+5", "5k", "", "99999999999999999999999"] {
+            let error = merge_ask(Ask::default(), &transport(None, None, Some(bytes))).unwrap_err();
+            assert!(
+                error.starts_with(
+                    "maxReadBytes: the Box-Max-Read-Bytes header: must be a positive integer"
+                ),
+                "{error}"
+            );
+        }
+        let error = merge_ask(Ask::default(), &transport(Some(""), None, None)).unwrap_err();
+        assert!(error.contains("names no profile"), "{error}");
+    }
+
+    #[test]
+    fn an_oversize_transport_ask_is_refused_naming_the_limit() {
+        let text = format!(
+            r#"{{"env": {{"drop": ["{}"]}}}}"#,
+            "A".repeat(MAX_ASK_BYTES)
+        );
+        let error = merge_ask(Ask::default(), &transport(None, Some(&text), None)).unwrap_err();
+        assert!(
+            error.starts_with("box.tighten: the Box-Tighten header holds"),
+            "{error}"
+        );
+        assert!(error.contains("limit of 8192 bytes"), "{error}");
+        // At the limit is accepted (a string of exactly MAX_ASK_BYTES).
+        let at = format!(r#"{{"servers": ["{}"]}}"#, "a".repeat(MAX_ASK_BYTES - 17));
+        assert_eq!(at.len(), MAX_ASK_BYTES);
+        assert!(merge_ask(Ask::default(), &transport(None, Some(&at), None)).is_ok());
     }
 }

@@ -99,7 +99,7 @@ impl EgressProxy {
                 unit: spec.name.clone(),
             },
             policy: handle.subscribe(),
-            limits: Limits::default(),
+            limits: limits_of(spec),
             options: Options::default(),
         };
         let reporter = config.clone();
@@ -195,6 +195,21 @@ fn policy_of(spec: &UnitSpec) -> Result<Policy, String> {
         },
         host_addresses: host_addresses(),
     })
+}
+
+/// The plan's connection and bandwidth limits, as the proxy takes them.
+fn limits_of(spec: &UnitSpec) -> Limits {
+    let defaults = Limits::default();
+    Limits {
+        max_connections: usize::try_from(spec.network.max_connections)
+            .ok()
+            .and_then(std::num::NonZeroUsize::new)
+            .unwrap_or(defaults.max_connections),
+        bytes_per_second: spec
+            .network
+            .bytes_per_second
+            .and_then(std::num::NonZeroU64::new),
+    }
 }
 
 /// The addresses of the host's interfaces.

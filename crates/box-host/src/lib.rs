@@ -32,7 +32,9 @@ use box_backend::Backend;
 use box_policy::plan::{HostFacts, Plan, PlanError, UserIds};
 use box_policy::profile::{Catalog, Profile};
 
-pub use session::{SessionGone, SessionHandle, spawn_session};
+pub use session::{
+    AskPart, SessionGone, SessionHandle, TransportAsk, spawn_session, spawn_session_asking,
+};
 
 /// What `box serve` asks of the host, as plain values (the binary turns its
 /// flags into this). The transport's own settings are not here: the host
@@ -78,6 +80,11 @@ pub struct RunConfig {
     pub workspace: Option<PathBuf>,
     /// Log format on stderr: text or json.
     pub log_format: String,
+    /// Variables for the command, `NAME` (the host's value) or `NAME=VALUE`;
+    /// each must be one the resolved plan lets through (`env.pass`, `env.secrets`).
+    pub env: Vec<String>,
+    /// Forward box's stdin to the command (else the command reads EOF at once).
+    pub stdin: bool,
     /// The command and its arguments.
     pub command: Vec<String>,
 }
@@ -235,7 +242,11 @@ pub fn init_logging(format: &str, default_level: &str) -> anyhow::Result<()> {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // Colour only on a terminal, and never when NO_COLOR is set (no-color.org).
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty()),
+        )
         .with_writer(std::io::stderr);
     let result = match format {
         "text" => builder.try_init(),

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use base64::Engine as _;
 use serde_json::{Value, json};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -24,12 +24,15 @@ use super::{
     select_backend, spawn_session, watch_signals,
 };
 use box_jsonrpc as jsonrpc;
+use box_policy::plan::{Plan, Role};
 use box_policy::profile::Catalog;
 
 /// box's own failure, as `docker run` reports it.
 const BOX_FAILED: u8 = 125;
 /// The most bytes one process read asks for (the executor's bound).
 const READ_CHUNK: u64 = 64 << 10;
+/// The most bytes of stdin sent in one process write (the executor takes up to 1 MiB).
+const WRITE_CHUNK: usize = 64 << 10;
 
 /// A client of an in-process session.
 struct Client {
@@ -87,11 +90,70 @@ pub(super) async fn run(args: RunConfig) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn run_inner(args: RunConfig) -> anyhow::Result<ExitCode> {
+/// The `NAME=value` entries `-e` asks for, each checked against what `plan`'s
+/// workspace unit lets through: a variable the profile does not pass is
+/// refused by name, before any unit starts.
+fn command_env(requested: &[String], plan: &Plan) -> anyhow::Result<Vec<String>> {
+    let workspace = plan.units.iter().find(|unit| unit.role == Role::Workspace);
+    let allowed: Vec<&String> = workspace
+        .map(|unit| unit.env_pass.iter().chain(&unit.env_secrets).collect())
+        .unwrap_or_default();
+    let mut entries = Vec::new();
+    for request in requested {
+        let (name, value) = match request.split_once('=') {
+            Some((name, value)) => (name, Some(value.to_owned())),
+            None => (request.as_str(), None),
+        };
+        box_policy::profile::check_env_name(name)
+            .map_err(|why| anyhow::anyhow!("-e {request}: {why}"))?;
+        if !allowed.iter().any(|allowed| *allowed == name) {
+            let fixed = workspace.is_some_and(|unit| unit.env_set.contains_key(name));
+            anyhow::bail!(
+                "-e {name}: profile {} {}; the variables it lets through (env.pass, env.secrets) are: {}",
+                plan.profile,
+                if fixed {
+                    "sets this variable itself (env.set), so a command may not change it"
+                } else {
+                    "does not let this variable through"
+                },
+                if allowed.is_empty() {
+                    "none".to_owned()
+                } else {
+                    allowed
+                        .iter()
+                        .map(|name| name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            );
+        }
+        // `-e NAME` as docker reads it: this shell's value, or nothing when unset.
+        let value = match value {
+            Some(value) => value,
+            None => match std::env::var(name) {
+                Ok(value) => value,
+                Err(_) => continue,
+            },
+        };
+        entries.push(format!("{name}={value}"));
+    }
+    Ok(entries)
+}
+
+async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
     let tighten = parse_tighten(args.tighten.as_deref())?;
-    let backend = select_backend(&args.registry, &args.backend).await?;
     let facts = host_facts(args.workspace.as_ref())?;
-    let mut config = HostConfig::new(backend, Catalog::new(args.profile_dirs.clone()), facts);
+    let catalog = Catalog::new(args.profile_dirs.clone());
+    // The plan the session will resolve, resolved first: a wrong profile,
+    // tightening or `-e` is said before any backend is asked (and warns).
+    let profile = catalog
+        .load(&args.profile)
+        .map_err(|error| anyhow::anyhow!("--profile {}: {error}", args.profile))?;
+    let plan = box_policy::plan::resolve(&profile, &tighten, &facts)
+        .map_err(|error| anyhow::anyhow!("{error}"))?;
+    args.env = command_env(&args.env, &plan)?;
+    let backend = select_backend(&args.registry, &args.backend).await?;
+    let mut config = HostConfig::new(backend, catalog, facts);
     config.default_profile = args.profile.clone();
     // Interrupted, the command's calls are not waited for: the user asked it to stop.
     config.drain = Duration::ZERO;
@@ -158,7 +220,7 @@ async fn run_command(
     let started = client
         .call(
             "agentworkspace/process.start",
-            json!({"args": args.command, "stderr": true}),
+            json!({"args": args.command, "env": args.env, "stderr": true}),
         )
         .await?;
     let id = started
@@ -166,16 +228,31 @@ async fn run_command(
         .and_then(Value::as_str)
         .ok_or("agentworkspace/process.start: the answer has no process id")?
         .to_owned();
-    // The command gets no input from box run.
-    client
-        .call("agentworkspace/process.closeStdin", json!({"id": id}))
-        .await?;
-    let (stdout, stderr) = tokio::join!(
-        pump(client, &id, 1, tokio::io::stdout()),
-        pump(client, &id, 2, tokio::io::stderr())
-    );
-    stdout?;
-    stderr?;
+    let output = async {
+        let (stdout, stderr) = tokio::join!(
+            pump(client, &id, 1, tokio::io::stdout()),
+            pump(client, &id, 2, tokio::io::stderr())
+        );
+        stdout.and(stderr)
+    };
+    if args.stdin {
+        // Output ends when the command does; stdin is not waited for past
+        // that (a command that never reads it must not hang on it).
+        let feeding = feed(client, &id, tokio::io::stdin());
+        tokio::pin!(output, feeding);
+        let mut fed = false;
+        loop {
+            tokio::select! {
+                output = &mut output => break output?,
+                () = &mut feeding, if !fed => fed = true,
+            }
+        }
+    } else {
+        client
+            .call("agentworkspace/process.closeStdin", json!({"id": id}))
+            .await?;
+        output.await?;
+    }
     let waited = client
         .call("agentworkspace/process.wait", json!({"id": id}))
         .await?;
@@ -193,6 +270,32 @@ async fn run_command(
             Ok(ExitCode::from(255))
         }
     }
+}
+
+/// Copy `input` to the process's stdin as it comes, then close it; stops
+/// quietly when the process no longer takes input.
+async fn feed(client: &Client, id: &str, mut input: impl AsyncRead + Unpin) {
+    let mut buffer = vec![0u8; WRITE_CHUNK];
+    loop {
+        let read = match input.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        let data = base64::engine::general_purpose::STANDARD.encode(&buffer[..read]);
+        if let Err(error) = client
+            .call(
+                "agentworkspace/process.write",
+                json!({"id": id, "data": data}),
+            )
+            .await
+        {
+            tracing::debug!(%error, "the command takes no more input");
+            break;
+        }
+    }
+    let _ = client
+        .call("agentworkspace/process.closeStdin", json!({"id": id}))
+        .await;
 }
 
 /// Copy the process's `fd` to `out` as it comes, until end of file.

@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use box_jsonrpc::session::Inbound;
-pub use box_jsonrpc::session::{SessionGone, SessionHandle};
+pub use box_jsonrpc::session::{AskPart, SessionGone, SessionHandle, TransportAsk};
 
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -26,7 +26,9 @@ use tokio_util::task::TaskTracker;
 
 use super::HostConfig;
 pub use super::ask::EXECUTOR_KEY;
-use super::ask::{check_initialize, executor_initialize_params, initialize_result, read_ask};
+use super::ask::{
+    check_initialize, executor_initialize_params, initialize_result, merge_ask, read_ask,
+};
 use super::redact::{self, SessionRedactor};
 use super::router::{Router, UnitMessage};
 use super::units::{
@@ -129,6 +131,19 @@ pub fn spawn_session(
     general: mpsc::Sender<Value>,
     parent: &CancellationToken,
 ) -> SessionHandle {
+    spawn_session_asking(config, id, general, parent, TransportAsk::default())
+}
+
+/// [`spawn_session`] for a session whose transport carried an ask (the HTTP
+/// path and headers, `box serve --tighten`): at `initialize` it is merged
+/// with the client's capability ask ([`merge_ask`]).
+pub fn spawn_session_asking(
+    config: Arc<HostConfig>,
+    id: String,
+    general: mpsc::Sender<Value>,
+    parent: &CancellationToken,
+    transport_ask: TransportAsk,
+) -> SessionHandle {
     let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
     let cancel = parent.child_token();
     let host = parent.clone();
@@ -152,6 +167,7 @@ pub fn spawn_session(
             host,
             background: TaskTracker::new(),
             version,
+            transport_ask,
         };
         session.run(inbound_rx).await;
         metrics_config.metrics.task_ended();
@@ -173,6 +189,8 @@ struct Session {
     background: TaskTracker,
     /// The negotiated protocol version, set once at a successful initialize.
     version: Arc<OnceLock<&'static str>>,
+    /// What the transport asked, merged with the capability ask at initialize.
+    transport_ask: TransportAsk,
 }
 
 /// Why a session could not start: the JSON-RPC error it answers initialize with.
@@ -348,7 +366,9 @@ impl Session {
         // initialize must not start units that then fail on it.
         let version = negotiate_version(check_initialize(message).map_err(StartError::params)?);
         let client_params = params(message);
-        let ask = read_ask(client_params).map_err(StartError::params)?;
+        let ask = read_ask(client_params)
+            .and_then(|ask| merge_ask(ask, &self.transport_ask))
+            .map_err(StartError::params)?;
         let profile_name = ask
             .profile
             .clone()

@@ -12,6 +12,53 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{ReplyStream, ReplyTo, reply_channel};
 
+/// The most bytes one part of a [`TransportAsk`] may hold (a `Box-Tighten`
+/// header, `box serve --tighten`): a tightening is a few hundred bytes, and
+/// a header several times that is a mistake or an attack, not an ask.
+pub const MAX_ASK_BYTES: usize = 8 << 10;
+
+/// What a session asks through its transport rather than `initialize`'s
+/// capabilities (generic MCP clients cannot send those): over HTTP the
+/// `/mcp/p/{profile}` path and the `Box-*` headers, over stdio `box serve`'s
+/// flags. Raw text: the host parses and checks it as it checks a capability
+/// ask, and merges the two (they must agree where both give a field).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TransportAsk {
+    /// The profile's name.
+    pub profile: Option<AskPart>,
+    /// The tightening, as JSON text.
+    pub tighten: Option<AskPart>,
+    /// The read limit, as decimal text.
+    pub max_read_bytes: Option<AskPart>,
+}
+
+impl TransportAsk {
+    /// Whether nothing was asked.
+    pub fn is_empty(&self) -> bool {
+        self.profile.is_none() && self.tighten.is_none() && self.max_read_bytes.is_none()
+    }
+}
+
+/// One part of a [`TransportAsk`]: its text and where it came from, which
+/// errors name (`the Box-Tighten header`, `the path /mcp/p/ci`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AskPart {
+    /// The text as sent.
+    pub text: String,
+    /// Where it was sent, for errors.
+    pub source: String,
+}
+
+impl AskPart {
+    /// `text` from `source`.
+    pub fn new(text: impl Into<String>, source: impl Into<String>) -> Self {
+        Self {
+            text: text.into(),
+            source: source.into(),
+        }
+    }
+}
+
 /// A message from the client to a session.
 #[derive(Debug)]
 pub enum Inbound {

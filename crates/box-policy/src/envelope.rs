@@ -24,6 +24,10 @@ pub struct Envelope {
     pub image: String,
     /// The image's id (digest) as the engine resolved it.
     pub image_id: String,
+    /// The engine's OCI runtime the unit runs under (`runc`, `runsc` for gVisor);
+    /// absent where there is no engine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
     /// The workspace root inside the unit.
     pub root: String,
     /// "uid:gid" processes run as.
@@ -158,6 +162,14 @@ pub struct AppliedNetwork {
     pub mode: String,
     /// The destinations allowed (egress).
     pub allow: Vec<String>,
+    /// A bridge unit's engine network, its session's own: only the units of the
+    /// session are attached to it (the engine isolates bridge networks from each
+    /// other), so units of other sessions cannot reach this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_network: Option<String>,
+    /// The egress proxy's limits, when the mode is `egress`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_limits: Option<EgressLimits>,
     /// Where the unit's tools find the egress proxy (`HTTP_PROXY` and the rest
     /// point there), when the mode is `egress`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -165,6 +177,16 @@ pub struct AppliedNetwork {
     /// How `none` was enforced without a container (local backend only).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub local_none: Option<LocalNone>,
+}
+
+/// What the egress proxy enforces per unit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressLimits {
+    /// Connections open at once; one more is answered 429.
+    pub max_connections: u64,
+    /// Bytes per second, each direction, shared by the unit's connections; `null`: no cap.
+    pub bytes_per_second: Option<u64>,
 }
 
 /// How the local backend cut a unit off the network.

@@ -1,9 +1,21 @@
 //! Streamable HTTP (MCP 2024-11-05 to 2025-11-25, whichever `initialize`
 //! agreed to) with axum: POST, GET and DELETE on one
-//! endpoint, `/mcp`, beside `/metrics`, `/healthz` (alive) and `/readyz` (not
+//! endpoint, `/mcp` (and `/mcp/p/{profile}`, the same endpoint asking for a
+//! profile), beside `/metrics`, `/healthz` (alive) and `/readyz` (not
 //! draining, and the host says its backend answers). Many sessions, each with
 //! its own units; `Mcp-Session-Id` minted at a successful initialize (256
 //! random bits, hex).
+//!
+//! A session may ask for its profile, tightening and read limit through HTTP
+//! itself, for clients that cannot send box's experimental capability (the
+//! Python SDK, and the frameworks and desktop apps built on it, which are
+//! configured by URL and headers): the `/mcp/p/{profile}` path or the
+//! `Box-Profile` header, `Box-Tighten` (JSON) and `Box-Max-Read-Bytes`. They
+//! are read from the request that carries `initialize` and handed to the
+//! session as a [`TransportAsk`], which the host checks and merges with the
+//! capability ask. Later requests of the session may repeat them; one that
+//! differs from what the session was started with is refused (400), because
+//! a running session's ask never changes. GET and DELETE ignore them.
 //!
 //! Every request passes, in order: the Host check (421: DNS rebinding), the
 //! Origin check (403), the bearer token when one is configured (401 with
@@ -35,7 +47,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -45,7 +57,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::SessionFactory;
+use crate::{AskPart, SessionFactory, TransportAsk};
 use box_jsonrpc::session::SessionHandle;
 use box_jsonrpc::{
     Kind, MessageError, ReplyStream, allows_batches, classify, code, discover_refusal,
@@ -58,6 +70,10 @@ pub const SUPPORTED_VERSIONS: [&str; 4] = box_jsonrpc::PROTOCOL_VERSIONS;
 const SESSION_HEADER: &str = "mcp-session-id";
 /// The version header.
 const VERSION_HEADER: &str = "mcp-protocol-version";
+/// The ask headers: the profile, the tightening (JSON), the read limit.
+const PROFILE_HEADER: &str = "box-profile";
+const TIGHTEN_HEADER: &str = "box-tighten";
+const MAX_READ_BYTES_HEADER: &str = "box-max-read-bytes";
 /// How many unrelated server→client messages wait for a session's GET stream.
 const GENERAL_QUEUE: usize = 64;
 /// How long a DELETE waits for its session's units to be removed, by default.
@@ -135,6 +151,8 @@ type GeneralSlot = Arc<Mutex<Option<mpsc::Receiver<Value>>>>;
 struct Entry {
     handle: SessionHandle,
     general: GeneralSlot,
+    /// What the transport asked at initialize; later requests must not differ.
+    ask: TransportAsk,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -148,12 +166,22 @@ struct AppState {
 
 impl AppState {
     fn lookup(&self, id: &str) -> Option<(SessionHandle, GeneralSlot)> {
+        self.lookup_asked(id)
+            .map(|(handle, general, _)| (handle, general))
+    }
+
+    /// [`AppState::lookup`], with what the session's transport asked.
+    fn lookup_asked(&self, id: &str) -> Option<(SessionHandle, GeneralSlot, TransportAsk)> {
         let sessions = self.sessions.lock().ok()?;
         let entry = sessions.get(id)?;
         if entry.handle.has_ended() {
             return None;
         }
-        Some((entry.handle.clone(), entry.general.clone()))
+        Some((
+            entry.handle.clone(),
+            entry.general.clone(),
+            entry.ask.clone(),
+        ))
     }
 }
 
@@ -172,6 +200,10 @@ pub fn router(
     });
     Router::new()
         .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
+        .route(
+            "/mcp/p/{profile}",
+            post(post_mcp_profile).get(get_mcp).delete(delete_mcp),
+        )
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -533,7 +565,89 @@ async fn read_body(
     })
 }
 
+/// One `Box-*` header's value: absent, or given once as UTF-8 text.
+fn ask_header(headers: &HeaderMap, name: &str, shown: &str) -> Result<Option<AskPart>, String> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let source = format!("the {shown} header");
+    if values.next().is_some() {
+        return Err(format!("{source} is given more than once; send it once"));
+    }
+    let text =
+        std::str::from_utf8(value.as_bytes()).map_err(|_| format!("{source} is not UTF-8 text"))?;
+    Ok(Some(AskPart::new(text, source)))
+}
+
+/// What a request asks through HTTP: the path's profile (`/mcp/p/{profile}`)
+/// or `Box-Profile` (the same when both are given), `Box-Tighten`,
+/// `Box-Max-Read-Bytes`. Their meaning is the host's to check; here only
+/// their form (each header once, UTF-8, the path and header agreeing).
+fn transport_ask(path_profile: Option<&str>, headers: &HeaderMap) -> Result<TransportAsk, String> {
+    let header_profile = ask_header(headers, PROFILE_HEADER, "Box-Profile")?;
+    let profile = match (path_profile, header_profile) {
+        (Some(path), Some(header)) if header.text != path => {
+            return Err(format!(
+                "box.profile: the path /mcp/p/{path} asks for `{path}` but {} asks for `{}`; ask in one place, or the same in both",
+                header.source, header.text
+            ));
+        }
+        (Some(path), _) => Some(AskPart::new(path, format!("the path /mcp/p/{path}"))),
+        (None, header) => header,
+    };
+    Ok(TransportAsk {
+        profile,
+        tighten: ask_header(headers, TIGHTEN_HEADER, "Box-Tighten")?,
+        max_read_bytes: ask_header(headers, MAX_READ_BYTES_HEADER, "Box-Max-Read-Bytes")?,
+    })
+}
+
+/// A later request's ask against the session's: each part it gives must be
+/// the one the session was started with (the ask is read at initialize only).
+fn same_ask(session: &TransportAsk, later: &TransportAsk) -> Result<(), String> {
+    let parts = [
+        ("the profile", &session.profile, &later.profile),
+        ("Box-Tighten", &session.tighten, &later.tighten),
+        (
+            "Box-Max-Read-Bytes",
+            &session.max_read_bytes,
+            &later.max_read_bytes,
+        ),
+    ];
+    for (name, started, asked) in parts {
+        if let Some(asked) = asked
+            && started.as_ref().map(|part| &part.text) != Some(&asked.text)
+        {
+            return Err(format!(
+                "{name}: {} differs from what this session was initialized with; a session's ask is read at initialize only and never changes: send the same, or initialize a new session",
+                asked.source
+            ));
+        }
+    }
+    Ok(())
+}
+
 async fn post_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    post_message(state, None, headers, body).await
+}
+
+/// POST on `/mcp/p/{profile}`: `/mcp`, asking for `profile`.
+async fn post_mcp_profile(
+    State(state): State<Arc<AppState>>,
+    Path(profile): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    post_message(state, Some(profile), headers, body).await
+}
+
+async fn post_message(
+    state: Arc<AppState>,
+    path_profile: Option<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     if let Err(response) = check_request(&state.options, &headers) {
         return response;
     }
@@ -555,11 +669,17 @@ async fn post_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
         Err(MessageError::Batch) => None,
         Err(error) => return json_response(StatusCode::BAD_REQUEST, refusal(&message, &error)),
     };
+    let ask = transport_ask(path_profile.as_deref(), &headers);
     let Some(session_id) = session_header(&headers) else {
         return match kind {
-            Some(Kind::Request { id, method }) if method == "initialize" => {
-                initialize(&state, id, message).await
-            }
+            Some(Kind::Request { id, method }) if method == "initialize" => match ask {
+                Ok(ask) => initialize(&state, id, message, ask).await,
+                // Answered as the host answers a bad capability ask.
+                Err(why) => json_response(
+                    StatusCode::OK,
+                    error_response(id, code::INVALID_PARAMS, why),
+                ),
+            },
             // A dual-era client's probe: a clean "method not found", nothing started.
             Some(Kind::Request { id, method }) if method == "server/discover" => {
                 json_response(StatusCode::OK, discover_refusal(id))
@@ -575,13 +695,16 @@ async fn post_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
             ),
         };
     };
-    let Some((session, _)) = state.lookup(&session_id) else {
+    let Some((session, _, session_ask)) = state.lookup_asked(&session_id) else {
         return refuse(
             StatusCode::NOT_FOUND,
             code::INVALID_REQUEST,
             "no such session (it ended, or never was); initialize again",
         );
     };
+    if let Err(why) = ask.and_then(|ask| same_ask(&session_ask, &ask)) {
+        return refuse(StatusCode::BAD_REQUEST, code::INVALID_REQUEST, why);
+    }
     // The version initialize agreed to governs: its clients send the header
     // from 2025-06-18 on, and only 2025-03-26 has batches.
     let version = session
@@ -689,7 +812,12 @@ async fn batch(session: &SessionHandle, messages: Vec<Value>, accepts: Accepts) 
     json_response(StatusCode::OK, Value::Array(answers))
 }
 
-async fn initialize(state: &Arc<AppState>, id: Value, message: Value) -> Response {
+async fn initialize(
+    state: &Arc<AppState>,
+    id: Value,
+    message: Value,
+    ask: TransportAsk,
+) -> Response {
     let Ok(permit) = state.permits.clone().try_acquire_owned() else {
         return json_response(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -705,9 +833,10 @@ async fn initialize(state: &Arc<AppState>, id: Value, message: Value) -> Respons
     };
     let session_id = mint_session_id();
     let (general_tx, general_rx) = mpsc::channel(GENERAL_QUEUE);
-    let handle = state
-        .sessions_factory
-        .open(session_id.clone(), general_tx, &state.shutdown);
+    let handle =
+        state
+            .sessions_factory
+            .open(session_id.clone(), ask.clone(), general_tx, &state.shutdown);
     let response = match handle.request(message).await {
         Ok(stream) => stream.response.await.ok(),
         Err(_) => None,
@@ -730,6 +859,7 @@ async fn initialize(state: &Arc<AppState>, id: Value, message: Value) -> Respons
             Entry {
                 handle: handle.clone(),
                 general: Arc::new(Mutex::new(Some(general_rx))),
+                ask,
                 _permit: permit,
             },
         );
@@ -1051,6 +1181,7 @@ mod tests {
         fn open(
             &self,
             _id: String,
+            _ask: crate::TransportAsk,
             _general: mpsc::Sender<Value>,
             _shutdown: &CancellationToken,
         ) -> SessionHandle {
@@ -1187,5 +1318,93 @@ mod tests {
         assert!(is_loopback_listen("localhost:8080"));
         assert!(!is_loopback_listen("0.0.0.0:8080"));
         assert!(!is_loopback_listen("192.168.1.2:8080"));
+    }
+
+    fn headers(pairs: &[(&'static str, &[u8])]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_bytes(value).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn the_ask_is_read_from_the_path_and_headers_naming_each_source() {
+        let ask = transport_ask(
+            Some("ci"),
+            &headers(&[
+                ("box-profile", b"ci"),
+                ("box-tighten", br#"{"servers": []}"#),
+                ("box-max-read-bytes", b"4096"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            ask,
+            TransportAsk {
+                profile: Some(AskPart::new("ci", "the path /mcp/p/ci")),
+                tighten: Some(AskPart::new(r#"{"servers": []}"#, "the Box-Tighten header")),
+                max_read_bytes: Some(AskPart::new("4096", "the Box-Max-Read-Bytes header")),
+            }
+        );
+        assert!(transport_ask(None, &HeaderMap::new()).unwrap().is_empty());
+        let ask = transport_ask(None, &headers(&[("box-profile", b"ci")])).unwrap();
+        assert_eq!(
+            ask.profile,
+            Some(AskPart::new("ci", "the Box-Profile header"))
+        );
+        // UTF-8 in a header is text (a tightening may name anything).
+        let ask = transport_ask(None, &headers(&[("box-tighten", "\"é\"".as_bytes())])).unwrap();
+        assert_eq!(ask.tighten.unwrap().text, "\"é\"");
+    }
+
+    #[test]
+    fn a_malformed_ask_is_refused_naming_the_header() {
+        for (path, pairs, expected) in [
+            (
+                Some("ci"),
+                vec![("box-profile", &b"default"[..])],
+                "box.profile: the path /mcp/p/ci asks for `ci` but the Box-Profile header asks for `default`",
+            ),
+            (
+                None,
+                vec![("box-tighten", &b"{}"[..]), ("box-tighten", &b"{}"[..])],
+                "the Box-Tighten header is given more than once",
+            ),
+            (
+                None,
+                vec![("box-max-read-bytes", &b"\xff"[..])],
+                "the Box-Max-Read-Bytes header is not UTF-8 text",
+            ),
+        ] {
+            let error = transport_ask(path, &headers(&pairs)).unwrap_err();
+            assert!(error.starts_with(expected), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_later_request_may_repeat_the_ask_or_leave_it_out_but_not_change_it() {
+        let started = TransportAsk {
+            profile: Some(AskPart::new("ci", "the path /mcp/p/ci")),
+            tighten: Some(AskPart::new("{}", "the Box-Tighten header")),
+            max_read_bytes: None,
+        };
+        assert_eq!(same_ask(&started, &started), Ok(()));
+        assert_eq!(same_ask(&started, &TransportAsk::default()), Ok(()));
+        // The same profile from another place is the same ask.
+        let by_header = TransportAsk {
+            profile: Some(AskPart::new("ci", "the Box-Profile header")),
+            ..TransportAsk::default()
+        };
+        assert_eq!(same_ask(&started, &by_header), Ok(()));
+        let changed = TransportAsk {
+            max_read_bytes: Some(AskPart::new("5", "the Box-Max-Read-Bytes header")),
+            ..TransportAsk::default()
+        };
+        let error = same_ask(&started, &changed).unwrap_err();
+        assert!(
+            error.starts_with("Box-Max-Read-Bytes: the Box-Max-Read-Bytes header differs"),
+            "{error}"
+        );
     }
 }

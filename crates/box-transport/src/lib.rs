@@ -22,17 +22,21 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+pub use box_jsonrpc::session::{AskPart, TransportAsk};
 use box_jsonrpc::session::{SessionGone, SessionHandle};
 use box_jsonrpc::{Kind, ReplyStream, classify, refusal};
 
 /// Everything a transport needs from whoever runs sessions (the host).
 pub trait SessionFactory: Send + Sync + 'static {
-    /// Start a session named `id`. Messages for the client that belong to no
-    /// request go to `general`; the session ends when every handle is
-    /// dropped, when the handle ends it, or when `shutdown` is cancelled.
+    /// Start a session named `id`, with what its transport asked (`ask`:
+    /// the HTTP path and `Box-*` headers of its `initialize`, stdio's
+    /// flags). Messages for the client that belong to no request go to
+    /// `general`; the session ends when every handle is dropped, when the
+    /// handle ends it, or when `shutdown` is cancelled.
     fn open(
         &self,
         id: String,
+        ask: TransportAsk,
         general: mpsc::Sender<Value>,
         shutdown: &CancellationToken,
     ) -> SessionHandle;

@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::SessionFactory;
+use crate::{SessionFactory, TransportAsk};
 use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
 use box_jsonrpc::{Kind, MessageError, classify, code, error_response, refusal};
 
@@ -25,16 +25,18 @@ const FLUSH_GRACE: Duration = Duration::from_secs(2);
 /// a call that hangs does not keep the units alive).
 const EOF_GRACE: Duration = Duration::from_secs(2);
 
-/// Serve one session on this process's stdin and stdout.
+/// Serve one session on this process's stdin and stdout; `ask` is what the
+/// command line asked for it (`box serve --tighten`).
 pub async fn serve(
     sessions: Arc<dyn SessionFactory>,
+    ask: TransportAsk,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     // Non-blocking mode belongs to the open pipe, which whoever comes after
     // us in a shell pipeline may share: it is put back as found.
     let _stdin_mode = FileMode::save(std::io::stdin());
     let _stdout_mode = FileMode::save(std::io::stdout());
-    serve_on(sessions, stdin(), stdout(), shutdown).await
+    serve_on(sessions, ask, stdin(), stdout(), shutdown).await
 }
 
 /// Write a batch's events as they come, then its answers as one array line
@@ -137,9 +139,10 @@ fn nonblocking(fd: std::os::fd::BorrowedFd<'_>) -> Option<Stdio> {
     }
 }
 
-/// Serve one session on `input` and `output`.
+/// Serve one session, which asked for `ask`, on `input` and `output`.
 pub async fn serve_on(
     sessions: Arc<dyn SessionFactory>,
+    ask: TransportAsk,
     input: impl AsyncRead + Unpin,
     mut output: impl AsyncWrite + Unpin + Send + 'static,
     shutdown: CancellationToken,
@@ -155,7 +158,7 @@ pub async fn serve_on(
     });
     let mut session_id = [0u8; 16];
     rand::fill(&mut session_id);
-    let session = sessions.open(hex::encode(session_id), out_tx.clone(), &shutdown);
+    let session = sessions.open(hex::encode(session_id), ask, out_tx.clone(), &shutdown);
     let mut reader = LineReader::new(input, MAX_MESSAGE_BYTES);
     let in_flight = tokio_util::task::TaskTracker::new();
     let mut at_eof = false;

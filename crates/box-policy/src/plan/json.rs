@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Limits, Network, Plan, Role, Security, UnitSpec, WorkspaceSource};
+use super::{Limits, Network, NetworkMode, Plan, Role, Security, UnitSpec, WorkspaceSource};
 
 impl Plan {
     /// The plan as JSON: `{"profile", "units": [...]}`.
@@ -20,7 +20,7 @@ impl Plan {
 impl UnitSpec {
     /// One unit as JSON.
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut unit = json!({
             "name": self.name,
             "role": match self.role {
                 Role::Workspace => "workspace",
@@ -46,7 +46,12 @@ impl UnitSpec {
             "security": security_json(&self.security),
             "command": self.command,
             "description": self.description,
-        })
+        });
+        // Only units that name a runtime show one; the others' JSON is unchanged.
+        if let Some(runtime) = &self.runtime {
+            unit["runtime"] = json!(runtime);
+        }
+        unit
     }
 }
 
@@ -58,6 +63,10 @@ fn network_json(network: &Network) -> Value {
     }
     if network.private_destinations {
         shown["privateDestinations"] = json!(true);
+    }
+    if network.mode == NetworkMode::Egress {
+        shown["maxConnections"] = json!(network.max_connections);
+        shown["bytesPerSecond"] = json!(network.bytes_per_second);
     }
     shown
 }

@@ -129,7 +129,14 @@ pub struct Network {
     /// `Egress`: whether private destinations may be reached (the operator named
     /// `private-destinations`).
     pub private_destinations: bool,
+    /// `Egress`: connections open at once through the proxy (0 otherwise).
+    pub max_connections: u64,
+    /// `Egress`: bytes per second through the proxy, each direction; `None`: no cap.
+    pub bytes_per_second: Option<u64>,
 }
+
+/// An egress unit's connection limit when its profile sets none.
+pub const DEFAULT_EGRESS_CONNECTIONS: u64 = 256;
 
 impl Network {
     /// No network at all.
@@ -139,6 +146,8 @@ impl Network {
             allow: Vec::new(),
             hosts: BTreeMap::new(),
             private_destinations: false,
+            max_connections: 0,
+            bytes_per_second: None,
         }
     }
 }
@@ -173,6 +182,8 @@ pub struct UnitSpec {
     pub role: Role,
     /// The image (docker) it runs.
     pub image: String,
+    /// The engine's OCI runtime (`runsc` for gVisor); `None`: the engine's default.
+    pub runtime: Option<String>,
     /// Where the workspace comes from on the host.
     pub source: WorkspaceSource,
     /// Where the workspace appears inside the unit.
@@ -391,6 +402,7 @@ impl UnitSpec {
             name: "workspace".to_owned(),
             role: Role::Workspace,
             image: image.to_owned(),
+            runtime: None,
             source,
             root: PathBuf::from("/workspace"),
             mode: MountMode::ReadWrite,
@@ -527,6 +539,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             name: "workspace".to_owned(),
             role: Role::Workspace,
             image: profile.workspace.image.clone(),
+            runtime: profile.workspace.runtime.clone(),
             source,
             root: root.clone(),
             mode: profile.workspace.mode,
@@ -547,6 +560,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             name: server.name.clone(),
             role: Role::Server,
             image: server.image.clone(),
+            runtime: server.runtime.clone(),
             source: WorkspaceSource::None,
             root: root.clone(),
             mode: MountMode::ReadOnly,
@@ -606,6 +620,14 @@ fn network_of(network: &NetworkPolicy, dangerous: &[crate::profile::Danger]) -> 
         hosts: network.hosts.clone(),
         private_destinations: egress
             && dangerous.contains(&crate::profile::Danger::PrivateDestinations),
+        max_connections: if egress {
+            network
+                .max_connections
+                .unwrap_or(DEFAULT_EGRESS_CONNECTIONS)
+        } else {
+            0
+        },
+        bytes_per_second: network.bandwidth.filter(|_| egress).map(|size| size.0),
     }
 }
 

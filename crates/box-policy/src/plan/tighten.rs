@@ -481,13 +481,20 @@ fn tighten_network(
             unique
         }
     };
-    // Pinned names are the operator's, never the session's: they follow the mode.
-    let hosts = if mode == NetworkMode::Egress {
-        bound.hosts.clone()
-    } else {
-        Default::default()
-    };
-    Ok(crate::profile::NetworkPolicy { mode, allow, hosts })
+    // Pinned names and the proxy's limits are the operator's, never the
+    // session's: they follow the mode.
+    let egress = mode == NetworkMode::Egress;
+    Ok(crate::profile::NetworkPolicy {
+        mode,
+        allow,
+        hosts: if egress {
+            bound.hosts.clone()
+        } else {
+            Default::default()
+        },
+        max_connections: bound.max_connections.filter(|_| egress),
+        bandwidth: bound.bandwidth.filter(|_| egress),
+    })
 }
 
 /// Parse a tightening's JSON text strictly: duplicate keys are an error (a

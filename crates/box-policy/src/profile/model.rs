@@ -48,6 +48,9 @@ pub struct Workspace {
     pub mode: MountMode,
     /// Who processes run as.
     pub user: UserChoice,
+    /// The engine's OCI runtime for this unit (`runsc` for gVisor); `None`: the
+    /// engine's default.
+    pub runtime: Option<String>,
     /// What a credential persisted in the workspace at session start does.
     pub on_persisted_credentials: OnPersisted,
 }
@@ -108,6 +111,10 @@ pub struct NetworkPolicy {
     /// For `egress`: names pinned to addresses, resolved by the host's proxy before
     /// its resolver (like `--add-host`): registries on a private network, tests.
     pub hosts: std::collections::BTreeMap<String, std::net::IpAddr>,
+    /// For `egress`: connections open at once through the unit's proxy.
+    pub max_connections: Option<u64>,
+    /// For `egress`: bytes per second through the unit's proxy, each direction.
+    pub bandwidth: Option<ByteSize>,
 }
 
 /// A unit's limits as written.
@@ -184,6 +191,8 @@ pub struct Server {
     pub network: NetworkPolicy,
     /// Its limits (default: the profile's).
     pub limits: LimitsPolicy,
+    /// The engine's OCI runtime for this unit; `None`: the engine's default.
+    pub runtime: Option<String>,
 }
 
 /// A dangerous ask a profile may make only when `[operator] allow_dangerous` names it.

@@ -94,6 +94,7 @@ root = "/src"
 source = "/srv/repo"
 mode = "ro"
 user = "1001:1002"
+runtime = "runsc"
 [network]
 mode = "egress"
 allow = ["example.com:443", "10.0.0.1"]
@@ -130,6 +131,7 @@ write_guard = "off"
                 gid: 1002
             }),
             on_persisted_credentials: super::OnPersisted::Report,
+            runtime: Some("runsc".to_owned()),
         }
     );
     assert_eq!(profile.network.allow.len(), 2);
@@ -183,7 +185,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[workspace]\nimgae = \"x\"\n",
-            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, root, source, mode, user, on_persisted_credentials",
+            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, root, source, mode, user, runtime, on_persisted_credentials",
         ),
         (
             "description = 5\n",
@@ -711,4 +713,53 @@ fn secrets_are_names_or_tables_asking_for_a_variable_too() {
             "p.toml:2:28: workspace.on_persisted_credentials: \"hide\" is not accepted; write \"report\" or \"refuse\""
         ]
     );
+}
+
+/// Issue 10: an egress unit's proxy settings: pinned hosts, limits, wildcards; each
+/// refused outside `egress`, and bad values named.
+#[test]
+fn egress_settings_are_read_and_only_with_egress() {
+    let profile = load(
+        &[(
+            "p",
+            "description = \"x\"\n[network]\nmode = \"egress\"\nallow = [\"*.example.com\", \"registry.internal:5000\"]\nhosts = { \"registry.internal\" = \"10.0.0.5\" }\nmax_connections = 8\nbandwidth = \"1MiB\"\n[operator]\nallow_dangerous = [\"private-destinations\"]\n",
+        )],
+        "p",
+    )
+    .unwrap();
+    assert_eq!(profile.network.max_connections, Some(8));
+    assert_eq!(profile.network.bandwidth, Some(ByteSize(1 << 20)));
+    assert_eq!(
+        profile.network.hosts["registry.internal"],
+        "10.0.0.5".parse::<std::net::IpAddr>().unwrap()
+    );
+    assert_eq!(profile.dangerous, vec![Danger::PrivateDestinations]);
+    for (text, expected) in [
+        (
+            "[network]\nmode = \"none\"\nmax_connections = 8\n",
+            "network.max_connections: only applies to mode \"egress\"",
+        ),
+        (
+            "[network]\nmode = \"egress\"\nallow = [\"a.test\"]\nhosts = { \"a.test\" = \"not-an-ip\" }\n",
+            "network.hosts.a.test: \"not-an-ip\" is not an IP address",
+        ),
+        (
+            "[network]\nmode = \"egress\"\nallow = [\"a.test\"]\nhosts = { \"*.a.test\" = \"10.0.0.1\" }\n",
+            "is not a host name",
+        ),
+        (
+            "[network]\nmode = \"egress\"\nallow = [\"a.test\"]\nmax_connections = 0\n",
+            "network.max_connections",
+        ),
+        (
+            "[network]\nmode = \"none\"\n[operator]\nallow_dangerous = [\"private-destinations\"]\n",
+            "allows \"private-destinations\" but the profile does not ask for it",
+        ),
+    ] {
+        let found = problems(text);
+        assert!(
+            found.iter().any(|problem| problem.contains(expected)),
+            "{text}: {found:?}"
+        );
+    }
 }

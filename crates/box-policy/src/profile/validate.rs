@@ -42,9 +42,10 @@ pub(crate) const WORKSPACE: &[&str] = &[
     "source",
     "mode",
     "user",
+    "runtime",
     "on_persisted_credentials",
 ];
-pub(crate) const NETWORK: &[&str] = &["mode", "allow", "hosts"];
+pub(crate) const NETWORK: &[&str] = &["mode", "allow", "hosts", "max_connections", "bandwidth"];
 pub(crate) const LIMITS: &[&str] = &[
     "memory",
     "cpus",
@@ -74,6 +75,7 @@ pub(crate) const SECURITY: &[&str] = &[
 pub(crate) const SERVER: &[&str] = &[
     "name",
     "image",
+    "runtime",
     "command",
     "description",
     "network",
@@ -342,6 +344,10 @@ impl Walk {
             Some(node) => self.user(node),
             None => Some(UserChoice::Host),
         };
+        let runtime = match fields.get("runtime") {
+            Some(node) => self.runtime(node, "workspace.runtime").map(Some),
+            None => Some(None),
+        };
         let on_persisted_credentials = match fields.get("on_persisted_credentials") {
             Some(node) => self.choice(
                 node,
@@ -359,8 +365,33 @@ impl Walk {
             source: source?,
             mode: mode?,
             user: user?,
+            runtime: runtime?,
             on_persisted_credentials: on_persisted_credentials?,
         })
+    }
+
+    /// An OCI runtime's name as the engine knows it (`runsc`, `runc`, `kata`).
+    fn runtime(&mut self, node: &Node, field: &str) -> Option<String> {
+        let Value::String(text) = &node.value else {
+            self.wrong_type(node, field, "a runtime name like \"runsc\"");
+            return None;
+        };
+        let valid = text.len() <= 64
+            && text.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if !valid {
+            self.problem(
+                node,
+                field,
+                format!(
+                    "{text:?} is not a runtime name; write the name the engine lists (`docker info`), like \"runsc\""
+                ),
+            );
+            return None;
+        }
+        Some(text.clone())
     }
 
     fn unit_root(&mut self, node: &Node) -> Option<PathBuf> {
@@ -440,6 +471,8 @@ impl Walk {
                 mode: NetworkMode::None,
                 allow: Vec::new(),
                 hosts: BTreeMap::new(),
+                max_connections: None,
+                bandwidth: None,
             });
         };
         let fields = self.table(node, field, NETWORK);
@@ -474,7 +507,16 @@ impl Walk {
             Some(node) => self.pinned_hosts(node, &join(field, "hosts")),
             None => Some(BTreeMap::new()),
         };
-        let (mode, allow, hosts) = (mode?, allow?, hosts?);
+        let max_connections = match fields.get("max_connections") {
+            Some(node) => self.count(node, &join(field, "max_connections")).map(Some),
+            None => Some(None),
+        };
+        let bandwidth = match fields.get("bandwidth") {
+            Some(node) => self.size(node, &join(field, "bandwidth")).map(Some),
+            None => Some(None),
+        };
+        let (mode, allow, hosts, max_connections, bandwidth) =
+            (mode?, allow?, hosts?, max_connections?, bandwidth?);
         if self.problems.len() > before {
             // Invalid entries are already reported; the list's shape is not yet known.
             return None;
@@ -505,18 +547,30 @@ impl Walk {
             }
             NetworkMode::None | NetworkMode::Egress | NetworkMode::Bridge => {}
         }
-        if mode != NetworkMode::Egress && !hosts.is_empty() {
-            self.problem(
-                fields.get("hosts").unwrap_or(node),
-                &join(field, "hosts"),
-                format!(
-                    "pinned hosts only apply to mode \"egress\" (the egress proxy resolves names), but the mode is \"{}\"; remove hosts or write mode = \"egress\"",
-                    mode.as_str()
-                ),
-            );
-            return None;
+        for (name, given) in [
+            ("hosts", !hosts.is_empty()),
+            ("max_connections", max_connections.is_some()),
+            ("bandwidth", bandwidth.is_some()),
+        ] {
+            if mode != NetworkMode::Egress && given {
+                self.problem(
+                    fields.get(name).unwrap_or(node),
+                    &join(field, name),
+                    format!(
+                        "only applies to mode \"egress\" (the unit's egress proxy enforces it), but the mode is \"{}\"; remove {name} or write mode = \"egress\"",
+                        mode.as_str()
+                    ),
+                );
+                return None;
+            }
         }
-        Some(NetworkPolicy { mode, allow, hosts })
+        Some(NetworkPolicy {
+            mode,
+            allow,
+            hosts,
+            max_connections,
+            bandwidth,
+        })
     }
 
     /// `hosts = { "name" = "address" }`: each name a host name, each value an IP address.
@@ -987,6 +1041,10 @@ impl Walk {
                 None => Some(String::new()),
             };
             let network = self.network(fields.get("network"), &join(&label, "network"));
+            let runtime = match fields.get("runtime") {
+                Some(node) => self.runtime(node, &join(&label, "runtime")).map(Some),
+                None => Some(None),
+            };
             let limits = self.limits(
                 fields.get("limits"),
                 &join(&label, "limits"),
@@ -1000,7 +1058,8 @@ impl Walk {
                 Some(description),
                 Some(network),
                 Some(limits),
-            ) = (name, image, command, description, network, limits)
+                Some(runtime),
+            ) = (name, image, command, description, network, limits, runtime)
             {
                 servers.push(Server {
                     name,
@@ -1008,6 +1067,7 @@ impl Walk {
                     command,
                     description,
                     network,
+                    runtime,
                     limits,
                 });
             }

@@ -1,0 +1,247 @@
+//! The command line itself: every subcommand's `--help`, closed choices,
+//! exit codes, completions, NO_COLOR, `box run`'s argument forms (on the fake
+//! backend; the real ones are in end_to_end.rs).
+
+use std::process::{Command, Output};
+
+use crate::support::{box_bin, testhost_bin};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(box_bin()).args(args).output().unwrap()
+}
+
+/// box-testhost: the same command line with `--backend fake`.
+fn testhost(args: &[&str]) -> Output {
+    Command::new(testhost_bin())
+        .env("RUST_LOG", "warn")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn every_subcommand_has_help_with_examples() {
+    for (args, wants) in [
+        (&["units", "ls", "--help"][..], &["--json", "Examples:"][..]),
+        (&["units", "rm", "--help"], &["--force", "<ID>..."]),
+        (&["units", "inspect", "--help"], &["<ID>"]),
+        (&["units", "--help"], &["ls", "rm", "inspect"]),
+        (
+            &["image", "build", "--help"],
+            &[
+                "--force",
+                "--mirror",
+                "--suite",
+                "--keyring",
+                "--no-check-gpg",
+                "Examples:",
+            ],
+        ),
+        (&["image", "ls", "--help"], &["--json"]),
+        (&["image", "--help"], &["build", "ls"]),
+        (&["gc", "--help"], &["--all-instances", "Examples:"]),
+        (&["doctor", "--help"], &["--strict", "Examples:"]),
+        (&["completions", "--help"], &["bash", "zsh", "fish"]),
+        (
+            &["run", "--help"],
+            &[
+                "-e, --env",
+                "-i, --interactive",
+                "Exit codes:",
+                "125",
+                "Examples:",
+            ],
+        ),
+    ] {
+        let output = run(args);
+        let text = stdout(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        for want in wants {
+            assert!(text.contains(want), "{args:?} lacks {want:?}:\n{text}");
+        }
+    }
+}
+
+#[test]
+fn the_exit_codes_are_in_help() {
+    let text = stdout(&run(&["--help"]));
+    for want in [
+        "Exit codes:",
+        "125",
+        "130",
+        "2    the command line is wrong",
+    ] {
+        assert!(text.contains(want), "{want:?}:\n{text}");
+    }
+}
+
+#[test]
+fn closed_choices_are_checked_by_the_parser() {
+    for (args, want) in [
+        (
+            &["run", "--backend", "dokcer", "true"][..],
+            "[possible values: auto, docker, local]",
+        ),
+        (
+            &["serve", "--log-format", "xml"],
+            "[possible values: text, json]",
+        ),
+        (
+            &["run", "--log-format", "xml", "true"],
+            "[possible values: text, json]",
+        ),
+        (&["units", "list"], "unrecognized subcommand 'list'"),
+        (&["image", "pull"], "unrecognized subcommand 'pull'"),
+        (&["completions", "tcsh"], "possible values"),
+    ] {
+        let output = run(args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let text = stderr(&output);
+        assert!(text.contains(want), "{args:?}: {text}");
+        // Argument errors come before any backend is asked (no engine warnings).
+        assert!(!text.contains("runc"), "{args:?}: {text}");
+    }
+    // The test binary's own backend is a choice there.
+    let text = stdout(&testhost(&["run", "--help"]));
+    assert!(text.contains("fake"), "{text}");
+}
+
+#[test]
+fn completions_are_printed_for_each_shell() {
+    for (shell, want) in [
+        ("bash", "_box()"),
+        ("zsh", "#compdef box"),
+        ("fish", "complete -c box"),
+    ] {
+        let output = run(&["completions", shell]);
+        assert_eq!(output.status.code(), Some(0), "{shell}");
+        let text = stdout(&output);
+        assert!(text.contains(want), "{shell}: {text}");
+        assert!(text.contains("units"), "{shell}: subcommands missing");
+    }
+}
+
+#[test]
+fn no_color_wins_over_a_forced_colour() {
+    let coloured = Command::new(box_bin())
+        .args(["--bogus"])
+        .env("CLICOLOR_FORCE", "1")
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&coloured).contains('\u{1b}'),
+        "the control case has no colour"
+    );
+    let plain = Command::new(box_bin())
+        .args(["--bogus"])
+        .env("CLICOLOR_FORCE", "1")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    assert_eq!(plain.status.code(), Some(2));
+    assert!(!stderr(&plain).contains('\u{1b}'), "{:?}", stderr(&plain));
+}
+
+#[test]
+fn run_takes_its_command_without_a_double_dash() {
+    for (args, want) in [
+        (&["run", "--backend", "fake", "true"][..], "ran: true\n"),
+        (&["run", "--backend", "fake", "--", "true"], "ran: true\n"),
+        // After the command starts, every argument is the command's.
+        (
+            &["run", "--backend", "fake", "ls", "-la", "--profile", "x"],
+            "ran: ls -la --profile x\n",
+        ),
+    ] {
+        let output = testhost(args);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert_eq!(stdout(&output), want, "{args:?}");
+    }
+    let output = testhost(&["run", "--backend", "fake"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr(&output).contains("<CMD>"), "{}", stderr(&output));
+}
+
+#[test]
+fn run_refuses_a_variable_the_profile_does_not_let_through() {
+    let output = testhost(&[
+        "run",
+        "--backend",
+        "fake",
+        "-e",
+        "AWS_SECRET_ACCESS_KEY=x",
+        "true",
+    ]);
+    assert_eq!(output.status.code(), Some(125));
+    let text = stderr(&output);
+    assert!(
+        text.contains("-e AWS_SECRET_ACCESS_KEY: profile default does not let this variable through; the variables it lets through (env.pass, env.secrets) are: LANG, TERM"),
+        "{text}"
+    );
+    let output = testhost(&["run", "--backend", "fake", "-e", "1X=y", "true"]);
+    assert_eq!(output.status.code(), Some(125));
+    assert!(stderr(&output).contains("-e 1X=y: "), "{}", stderr(&output));
+    // A tightening that drops a variable takes it out of what -e may set.
+    let output = testhost(&[
+        "run",
+        "--backend",
+        "fake",
+        "--tighten",
+        r#"{"env": {"drop": ["LANG"]}}"#,
+        "-e",
+        "LANG=C",
+        "true",
+    ]);
+    assert_eq!(output.status.code(), Some(125));
+    assert!(stderr(&output).contains("are: TERM"), "{}", stderr(&output));
+    let output = testhost(&[
+        "run",
+        "--backend",
+        "fake",
+        "-e",
+        "LANG=C",
+        "-e",
+        "TERM",
+        "true",
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+}
+
+#[test]
+fn run_says_a_terminal_is_not_supported_yet() {
+    let output = testhost(&["run", "--backend", "fake", "-t", "true"]);
+    assert_eq!(output.status.code(), Some(125));
+    assert!(stderr(&output).contains("-t: a terminal for the command is not supported yet"));
+}
+
+#[test]
+fn doctor_strict_judges_a_profile_box_cannot_find() {
+    let output = run(&["doctor", "--strict", "--profile", "no-such-profile"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("--profile no-such-profile: no such profile"),
+        "{}",
+        stderr(&output)
+    );
+    // --profile means nothing without --strict.
+    assert_eq!(run(&["doctor", "--profile", "ci"]).status.code(), Some(2));
+}
