@@ -46,6 +46,11 @@ pub struct ExecuteArgs {
     /// escape shows them as \xHH so none reaches a client's terminal live; raw passes them through.
     #[arg(long, value_name = "MODE", default_value = "escape", value_parser = names::<BashOutput>())]
     pub bash_output: String,
+    /// Secrets to write to /run/secrets/NAME (mode 0400) before serving, their values taken from
+    /// BOX_SECRET_NAME (never passed on to a child); NAME:env also gives NAME to the
+    /// processes the executor starts.
+    #[arg(long, value_name = "A,B:env", default_value = "")]
+    pub secrets: String,
     /// The host's egress proxy socket, bind-mounted into the unit (box sets this): served
     /// on 127.0.0.1:3128, where children's HTTP_PROXY/HTTPS_PROXY/ALL_PROXY point.
     #[arg(long, value_name = "PATH")]
@@ -64,6 +69,7 @@ impl ExecuteArgs {
             reference: self.reference,
             max_read_bytes: self.max_read_bytes,
             pass_env: self.pass_env,
+            secrets: box_policy::executor::parse_secrets(&self.secrets)?,
             root: self.root,
             egress_socket: self.egress_socket,
         })
@@ -106,6 +112,16 @@ mod tests {
             landlock: Requirement::Required,
             seccomp: SeccompLayer::Off,
             bash_output: BashOutput::Raw,
+            secrets: vec![
+                box_policy::executor::SecretFile {
+                    name: "DEPLOY_KEY".to_owned(),
+                    as_env: false,
+                },
+                box_policy::executor::SecretFile {
+                    name: "GH_TOKEN".to_owned(),
+                    as_env: true,
+                },
+            ],
             egress_socket: Some(PathBuf::from("/.box/egress/proxy.sock")),
         };
         for spec in [full, ExecutorSpec::new("/w")] {

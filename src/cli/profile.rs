@@ -403,6 +403,7 @@ fn profile_json(profile: &Profile) -> Value {
             "source": source_text(&profile.workspace.source),
             "mode": profile.workspace.mode.as_str(),
             "user": user_text(profile.workspace.user),
+            "on_persisted_credentials": profile.workspace.on_persisted_credentials.as_str(),
         },
         "network": network_json(&profile.network),
         "limits": limits_json(&profile.limits),
@@ -410,6 +411,7 @@ fn profile_json(profile: &Profile) -> Value {
             "set": profile.env.set,
             "pass": profile.env.pass,
             "secrets": profile.env.secrets,
+            "secrets_as_env": profile.env.secrets_as_env,
         },
         "security": {
             "capabilities": security.capabilities,

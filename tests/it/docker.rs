@@ -1,6 +1,7 @@
 //! Units on a real Docker engine: hardening probed from inside and compared
 //! with the envelope (C26–C42, D43–D46, F68–F69), secrets handed to a unit
-//! (G77, G78: today's gaps, marked FIXME), faults (2–4, 16–18, 20),
+//! (G77: files, never in `docker inspect`; G78: a backend alone leaves a
+//! persisted credential readable, the host reports or refuses it), faults (2–4, 16–18, 20),
 //! gc and instance isolation. Every test uses its own instance id and checks
 //! that none of its containers survive it.
 //!
@@ -1393,34 +1394,77 @@ async fn docker_a_persisted_git_extraheader_stays_readable_in_the_workspace() {
     instance.assert_clean(&backend).await;
 }
 
-/// G77: a secret the profile hands through arrives as container
-/// environment, so `docker inspect` shows its value in `Config.Env`.
-/// FIXME(G77): security.md 4.1 asks for secrets delivered as files on a tmpfs
-/// (absent from `Config.Env`); `unit_env` in `backend/docker/mod.rs` passes
-/// them as variables. This test asserts today's behaviour so the fix flips it.
+/// G77: a secret the profile hands through is a file, `/run/secrets/NAME`
+/// (mode 0400, the unit's user, on a tmpfs of mode 0700), never the
+/// container's environment: neither `docker inspect` of the container nor of
+/// the executor's exec shows its value, and the unit's processes do not
+/// inherit it unless the profile asks (`as_env`).
 #[tokio::test]
-async fn docker_inspect_shows_handed_through_secrets_in_config_env() {
-    const NAME: &str = "BOX_G77_DEPLOY_TOKEN";
-    const VALUE: &str = "g77-canary-value-5f3a";
+async fn docker_secrets_are_files_and_absent_from_docker_inspect() {
+    const FILE: &str = "BOX_G77_DEPLOY_TOKEN";
+    const FILE_VALUE: &str = "g77-canary-value-5f3a";
+    const ENV: &str = "BOX_G77_ENV_TOKEN";
+    const ENV_VALUE: &str = "g77-env-canary-9c1d";
     // SAFETY: set before any other thread of this test exists or reads the
     // environment (nextest runs each test in its own process, and the
     // current-thread runtime spawns no worker before the first await).
-    unsafe { std::env::set_var(NAME, VALUE) };
+    unsafe {
+        std::env::set_var(FILE, FILE_VALUE);
+        std::env::set_var(ENV, ENV_VALUE);
+    }
     let Some(backend) = engine().await else {
         return;
     };
     let instance = Instance::new("g77");
     let ws = workspace();
     let mut secret = spec("workspace", ws.path());
-    secret.env_secrets = vec![NAME.to_owned()];
+    secret.env_secrets = vec![FILE.to_owned(), ENV.to_owned()];
+    secret.env_secrets_as_env = vec![ENV.to_owned()];
     let mut unit = backend.start(&instance.label, &secret).await.unwrap();
     let id = unit.envelope.id.clone();
-    let out = executor_bash(&mut unit.io, &format!("printenv {NAME}")).await;
-    assert!(out.contains(VALUE), "the secret reaches the unit: {out}");
+    let delivered: Vec<(String, String, bool)> = unit
+        .envelope
+        .secrets
+        .iter()
+        .map(|s| (s.name.clone(), s.path.clone(), s.as_env))
+        .collect();
+    assert_eq!(
+        delivered,
+        [
+            (FILE.to_owned(), format!("/run/secrets/{FILE}"), false),
+            (ENV.to_owned(), format!("/run/secrets/{ENV}"), true),
+        ]
+    );
+    assert!(!unit.envelope.env_passed.iter().any(|name| name == FILE));
+    let out = executor_bash(
+        &mut unit.io,
+        &format!(
+            "stat -c '%a %u:%g' /run/secrets /run/secrets/{FILE}; cat /run/secrets/{FILE}; echo; \
+             echo file-env=${{{FILE}:-unset}}; echo env=${{{ENV}:-unset}}; \
+             env | grep -c BOX_SECRET_; true"
+        ),
+    )
+    .await;
+    assert!(out.starts_with("700 1000:1000\n400 1000:1000\n"), "{out}");
+    assert!(out.contains(&format!("\n{FILE_VALUE}\n")), "{out}");
+    assert!(out.contains("file-env=unset\n"), "{out}");
+    assert!(out.contains(&format!("env={ENV_VALUE}\n")), "{out}");
+    // No carrier variable reaches a child.
+    assert!(out.contains("\n0\n"), "{out}");
     let inspect = backend.client().inspect_container(&id, None).await.unwrap();
-    let env = inspect.config.and_then(|c| c.env).unwrap_or_default();
-    // FIXME(G77): the value is visible to anyone who may inspect the container.
-    assert!(env.contains(&format!("{NAME}={VALUE}")), "{env:?}");
+    let exec_ids = inspect.exec_ids.clone().unwrap_or_default();
+    assert!(!exec_ids.is_empty(), "the executor's exec is listed");
+    let mut shown = serde_json::to_string(&inspect).unwrap();
+    for exec in exec_ids {
+        let exec = backend.client().inspect_exec(&exec).await.unwrap();
+        shown.push_str(&serde_json::to_string(&exec).unwrap());
+    }
+    for value in [FILE_VALUE, ENV_VALUE] {
+        assert!(
+            !shown.contains(value),
+            "docker inspect shows {value}: {shown}"
+        );
+    }
     backend.remove(&id).await.unwrap();
     instance.assert_clean(&backend).await;
 }

@@ -14,6 +14,8 @@ mod executor;
 mod local;
 /// `box profile` on the command line: exit codes, messages, `--json` golden output.
 mod profile;
+/// Secrets through `box serve` on Docker: files, never in `docker inspect`, redacted for the client.
+mod secrets;
 /// `box serve` and `box run` end to end, over stdio and HTTP, on both backends.
 mod serve;
 /// Helpers shared by every area: the built `box`, temp workspaces, the Python client.

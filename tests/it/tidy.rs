@@ -73,6 +73,7 @@ fn crates_depend_only_on_what_the_architecture_allows() {
                 "box-backend",
                 "box-jsonrpc",
                 "box-scrub",
+                "box-redact",
                 "box-egress",
             ],
         ),

@@ -12,7 +12,7 @@ use bollard::models::{
     MountBindOptionsPropagationEnum, MountType, ResourcesUlimits,
 };
 
-use box_policy::executor::{ExecutorSpec, PlaceKind};
+use box_policy::executor::{ExecutorSpec, PlaceKind, SECRETS_DIR};
 
 use box_backend::{
     AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, EgressWiring, Envelope, Hardening,
@@ -216,6 +216,25 @@ fn tmpfs_options(mode: &str, size_bytes: u64) -> String {
     )
 }
 
+/// The most bytes of the secrets tmpfs: values come from environment
+/// variables, which the kernel bounds well below this.
+pub const SECRETS_TMPFS_BYTES: u64 = 1 << 20;
+
+/// The options of the tmpfs at `/run/secrets`: the executor (the unit's
+/// user) writes each secret there as a 0400 file before it serves; mode
+/// 0700 and owned by the unit's user, so no other user in the unit lists or
+/// reads them. Not on disk, gone with the container; `noexec` since nothing
+/// there is a program. An image user (`user = "image"`) keeps the engine's
+/// owner, root: the executor then runs as the image's user and must be root
+/// to write there.
+pub fn secrets_tmpfs_options(spec: &UnitSpec) -> String {
+    let owner = spec
+        .user
+        .map(|ids| format!(",uid={},gid={}", ids.uid, ids.gid))
+        .unwrap_or_default();
+    format!("rw,nosuid,nodev,noexec,size={SECRETS_TMPFS_BYTES},nr_inodes=1024,mode=0700{owner}")
+}
+
 /// The create body for one unit: every hardening setting, with the reason.
 ///
 /// `exe` is the host path of the static `box` binary mounted as the executor;
@@ -277,6 +296,9 @@ pub fn container_body(
             );
         }
         WorkspaceSource::None => {}
+    }
+    if !spec.env_secrets.is_empty() {
+        tmpfs.insert(SECRETS_DIR.to_owned(), secrets_tmpfs_options(spec));
     }
 
     let memory = clamp_i64(spec.limits.memory_bytes);
@@ -594,6 +616,8 @@ pub fn envelope_from_inspect(
         env_passed,
         env_scrubbed,
         git_neutralised: spec.security.neutralise_git,
+        secrets: Vec::new(),
+        persisted_credentials: Vec::new(),
         state,
     }
 }
@@ -831,6 +855,43 @@ pub(crate) mod tests {
             Some(vec!["sleep".to_owned(), "infinity".to_owned()])
         );
         assert_eq!(body.env, Some(vec!["LANG=C.UTF-8".to_owned()]));
+    }
+
+    #[test]
+    fn secrets_get_a_private_tmpfs_and_the_executor_their_names_only() {
+        let mut unit = spec();
+        assert!(
+            !body()
+                .host_config
+                .unwrap_or_default()
+                .tmpfs
+                .unwrap_or_default()
+                .contains_key(SECRETS_DIR),
+            "no secrets, no tmpfs"
+        );
+        unit.env_secrets = vec!["DEPLOY_KEY".to_owned(), "GH_TOKEN".to_owned()];
+        unit.env_secrets_as_env = vec!["GH_TOKEN".to_owned()];
+        let body = container_body(
+            &session(),
+            &unit,
+            Path::new("/usr/local/bin/box"),
+            "2026-01-01T00:00:00Z",
+            &[],
+        );
+        let tmpfs = body
+            .host_config
+            .unwrap_or_default()
+            .tmpfs
+            .unwrap_or_default();
+        assert_eq!(
+            tmpfs.get(SECRETS_DIR).map(String::as_str),
+            Some("rw,nosuid,nodev,noexec,size=1048576,nr_inodes=1024,mode=0700,uid=1000,gid=1000")
+        );
+        let argv = executor_argv(&unit, &UnitWiring::default());
+        let at = argv.iter().position(|arg| arg == "--secrets").unwrap();
+        assert_eq!(argv[at + 1], "DEPLOY_KEY,GH_TOKEN:env");
+        // The values are never part of the body.
+        assert_eq!(body.env, Some(Vec::new()));
     }
 
     #[test]

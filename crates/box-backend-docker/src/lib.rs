@@ -49,6 +49,7 @@ use box_backend::{
     Backend, BackendError, BackendKind, ExecutorIo, SessionLabel, StartedUnit, Unenforceable,
     UnitEnd, UnitInfo, UnitWiring, labels,
 };
+use box_policy::executor::{SECRET_VALUE_PREFIX, SECRETS_DIR};
 use box_policy::plan::{NetworkMode, Requirement, UnitSpec};
 
 /// The lowest pids limit a gVisor unit is started with (see `check`).
@@ -254,6 +255,24 @@ impl DockerBackend {
         let env_passed = environment.passed();
         let env_scrubbed = environment.scrubbed;
         let env = environment.vars;
+        // Only the secrets the host has are delivered (a missing one is said
+        // above, like a missing passed variable); their values go to the
+        // executor's exec alone, never into the container's configuration.
+        let secrets = environment.secrets;
+        let delivered;
+        let spec = if secrets.len() == spec.env_secrets.len() {
+            spec
+        } else {
+            let mut narrowed = spec.clone();
+            narrowed
+                .env_secrets
+                .retain(|name| secrets.iter().any(|(have, _)| have == name));
+            narrowed
+                .env_secrets_as_env
+                .retain(|name| narrowed.env_secrets.contains(name));
+            delivered = narrowed;
+            &delivered
+        };
         let created = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         let mut body = container_body(session, spec, &self.executor, &created, &env);
         if let Some(egress) = &wiring.egress {
@@ -296,7 +315,7 @@ impl DockerBackend {
                 wiring,
                 &id,
                 &image_user,
-                (env_passed, env_scrubbed),
+                (env_passed, env_scrubbed, &secrets),
             )
             .await
         {
@@ -343,7 +362,9 @@ impl DockerBackend {
         wiring: &UnitWiring,
         id: &str,
         image_user: &str,
-        (env_passed, env_scrubbed): (Vec<String>, Vec<String>),
+        // What the envelope reports of the environment, and the secrets'
+        // values for the executor's exec.
+        (env_passed, env_scrubbed, secrets): (Vec<String>, Vec<String>, &[(String, String)]),
     ) -> Result<StartedUnit, BackendError> {
         let unit = spec.name.as_str();
         let other = |doing: &str, e: DockerError| BackendError::Other {
@@ -370,8 +391,19 @@ impl DockerBackend {
                     attach_stderr: Some(true),
                     tty: Some(false),
                     cmd: Some(argv),
-                    // JSON log lines, re-emitted by the host with their fields (the executor's alone: not the unit's).
-                    env: Some(vec!["BOX_LOG_FORMAT=json".to_owned()]),
+                    // JSON log lines, re-emitted by the host with their fields
+                    // (the executor's alone: not the unit's); and the secrets'
+                    // values: in this exec's environment only, which neither
+                    // the container's configuration nor the exec's inspection
+                    // shows; the executor writes them to /run/secrets and keeps
+                    // them from its children.
+                    env: Some(
+                        std::iter::once("BOX_LOG_FORMAT=json".to_owned())
+                            .chain(secrets.iter().map(|(name, value)| {
+                                format!("{SECRET_VALUE_PREFIX}{name}={value}")
+                            }))
+                            .collect(),
+                    ),
                     user: body::user_string(spec),
                     working_dir: Some(spec.root.to_string_lossy().into_owned()),
                     ..Default::default()
@@ -418,6 +450,7 @@ impl DockerBackend {
         // A stand-in command (tests) gets only what the engine applied.
         if self.executor_command.is_none() {
             body::add_executor_confinement(&mut envelope, spec);
+            envelope.secrets = delivered_secrets(spec);
         }
         let ended = ended(
             self.docker.clone(),
@@ -771,6 +804,18 @@ fn cgroup_oom_kills(id: &str) -> u64 {
                 .and_then(|n| n.trim().parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// The envelope's `secrets`: each one the executor was told to write.
+pub fn delivered_secrets(spec: &UnitSpec) -> Vec<box_backend::DeliveredSecret> {
+    spec.env_secrets
+        .iter()
+        .map(|name| box_backend::DeliveredSecret {
+            name: name.clone(),
+            path: format!("{SECRETS_DIR}/{name}"),
+            as_env: spec.env_secrets_as_env.contains(name),
+        })
+        .collect()
 }
 
 /// The unit's environment (`backend::environment`, as on every backend):

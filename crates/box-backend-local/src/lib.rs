@@ -802,6 +802,12 @@ pub fn check_spec(spec: &UnitSpec, landlock_abi: Option<u32>) -> Result<(), Vec<
         ),
         NetworkMode::None | NetworkMode::Bridge => {}
     }
+    if !spec.env_secrets.is_empty() {
+        refuse(
+            format!("env.secrets {}", spec.env_secrets.join(", ")),
+            "the local backend cannot deliver secrets as files on a private tmpfs (/run/secrets); use the docker backend, or drop env.secrets",
+        );
+    }
     if !spec.security.capabilities.is_empty() {
         refuse(
             format!("capabilities {}", spec.security.capabilities.join(", ")),
@@ -999,6 +1005,8 @@ pub(crate) fn envelope(
         env_scrubbed,
         git_neutralised: spec.security.neutralise_git
             && !box_scrub::git_neutralisation().is_empty(),
+        secrets: Vec::new(),
+        persisted_credentials: Vec::new(),
         state: UnitState::Running,
     }
 }

@@ -36,6 +36,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
         env_set: BTreeMap::from([("GREETING".to_owned(), "hi".to_owned())]),
         env_pass: Vec::new(),
         env_secrets: Vec::new(),
+        env_secrets_as_env: Vec::new(),
         security: Security {
             capabilities: Vec::new(),
             read_only_root: true,
@@ -221,6 +222,7 @@ fn the_envelope_is_what_was_applied() {
         vars: vec![("PATH".to_owned(), "/usr/bin".to_owned())],
         scrubbed: vec!["GITHUB_TOKEN".to_owned()],
         missing: Vec::new(),
+        secrets: Vec::new(),
     };
     let sandbox = sandbox_spec(&spec, &layout, &environment, &options()).unwrap();
     let envelope = envelope(&spec, &sandbox, &applied(), &environment, "42", &layout);
@@ -303,14 +305,14 @@ fn capabilities_granted_back_are_refused_naming_them() {
 }
 
 #[test]
-fn secrets_the_profile_names_are_handed_through() {
+fn secrets_are_refused_naming_the_backend_and_the_field() {
     let mut spec = unit_spec(WorkspaceSource::Empty);
     spec.env_secrets = vec!["DEPLOY_TOKEN".to_owned()];
-    let layout = layout(&WorkspaceSource::Empty);
-    let command = executor_command(Path::new("/opt/box/box"), &spec, &layout);
-    let command: Vec<_> = command.iter().map(|arg| arg.to_string_lossy()).collect();
-    let at = command.iter().position(|arg| arg == "--pass-env").unwrap();
-    assert_eq!(command[at + 1], "DEPLOY_TOKEN");
+    let refusals = check_spec(&spec, Some(3)).unwrap_err();
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert_eq!(refusals[0].control, "env.secrets DEPLOY_TOKEN");
+    assert!(refusals[0].why.contains("local backend"), "{refusals:?}");
+    assert!(refusals[0].why.contains("docker backend"), "{refusals:?}");
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! A unit's environment, computed the same way for every backend: what the
-//! plan lets through (the host variables `[env] pass` and `secrets` name, the
+//! plan lets through (the host variables `[env] pass` names, the
 //! git neutralisation, `[env] set`) on top of the few variables box itself
 //! sets in every unit ([`OWN_NAMES`]: `HOME`, `PATH`, `TMPDIR`), whose values
 //! the backend gives ([`Own`]). Nothing else of the host's environment is
@@ -46,6 +46,9 @@ pub struct UnitEnvironment {
     pub scrubbed: Vec<String>,
     /// Variables the plan passes that the host does not have (in plan order).
     pub missing: Vec<String>,
+    /// The secrets the plan names that the host has, `(name, value)` in plan
+    /// order: never part of `vars`, the backend delivers them as files.
+    pub secrets: Vec<(String, String)>,
 }
 
 impl UnitEnvironment {
@@ -61,7 +64,9 @@ pub fn unit_environment<I>(spec: &UnitSpec, host: I, own: &Own) -> UnitEnvironme
 where
     I: IntoIterator<Item = (OsString, OsString)>,
 {
-    // Secrets the profile names are handed through like passed variables.
+    // Secrets the profile names are looked up like passed variables, but
+    // come back apart (`secrets`): they are delivered as files, never as the
+    // unit's environment.
     let asked: Vec<String> = spec
         .env_pass
         .iter()
@@ -91,8 +96,12 @@ where
     vars.insert("HOME".to_owned(), own.home.clone());
     vars.insert("PATH".to_owned(), own.path.clone());
     vars.insert("TMPDIR".to_owned(), own.tmpdir.clone());
+    let mut secrets = Vec::new();
     for (name, value) in scrubbed.kept {
         match (name.into_string(), value.into_string()) {
+            (Ok(name), Ok(value)) if spec.env_secrets.contains(&name) => {
+                secrets.push((name, value));
+            }
             (Ok(name), Ok(value)) => {
                 vars.insert(name, value);
             }
@@ -114,6 +123,11 @@ where
         vars: vars.into_iter().collect(),
         scrubbed: removed,
         missing,
+        secrets: spec
+            .env_secrets
+            .iter()
+            .filter_map(|wanted| secrets.iter().find(|(name, _)| name == wanted).cloned())
+            .collect(),
     }
 }
 
@@ -168,7 +182,6 @@ mod tests {
         );
         let want: Vec<(String, String)> = [
             ("CI", "true"),
-            ("GITHUB_TOKEN", "t"),
             ("HOME", "/unit/home"),
             ("LANG", "C.UTF-8"),
             ("PATH", STANDARD_PATH),
@@ -181,6 +194,12 @@ mod tests {
         assert_eq!(environment.vars, want);
         assert_eq!(environment.missing, vec!["ABSENT".to_owned()]);
         assert!(environment.scrubbed.is_empty());
+        // A secret is never part of the unit's environment: it comes apart,
+        // for the backend to deliver as a file.
+        assert_eq!(
+            environment.secrets,
+            vec![("GITHUB_TOKEN".to_owned(), "t".to_owned())]
+        );
     }
 
     #[test]

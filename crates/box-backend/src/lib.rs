@@ -26,8 +26,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use box_policy::plan::UnitSpec;
 
 pub use box_policy::envelope::{
-    AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, Envelope, Hardening,
-    HostOnlyLimits, LocalNone, ProcessLimits, UnitState,
+    AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, DeliveredSecret, Envelope,
+    Hardening, HostOnlyLimits, LocalNone, PersistedCredential, ProcessLimits, UnitState,
 };
 
 /// Label and name constants shared by the backends.

@@ -596,6 +596,16 @@ pub fn thread_count() -> Option<u64> {
 /// confinement would not cover the children they spawn; `Required` then
 /// refuses, `BestEffort` reports landlock as not enforced.
 pub fn confine_executor(root: &Path, landlock: Requirement) -> Result<Confinement, String> {
+    confine_executor_with(root, landlock, &[])
+}
+
+/// [`confine_executor`], with `extra_read` readable too (the unit's
+/// `/run/secrets`).
+pub fn confine_executor_with(
+    root: &Path,
+    landlock: Requirement,
+    extra_read: &[PathBuf],
+) -> Result<Confinement, String> {
     let threads = thread_count().unwrap_or(1);
     if threads > 1 && landlock == Requirement::Required {
         return Err(format!(
@@ -605,7 +615,9 @@ pub fn confine_executor(root: &Path, landlock: Requirement) -> Result<Confinemen
     }
     set_no_new_privs().map_err(|error| error.to_string())?;
     let temp = std::env::temp_dir();
-    let mut extra_read = vec![root.to_path_buf()];
+    let mut extra_read: Vec<PathBuf> = std::iter::once(root.to_path_buf())
+        .chain(extra_read.iter().cloned())
+        .collect();
     // The executor may re-execute itself (process tools); keep its own binary reachable.
     if let Ok(exe) = std::env::current_exe() {
         extra_read.push(exe);

@@ -28,6 +28,7 @@ mod tools;
 mod transport;
 pub(crate) mod workspace;
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +38,7 @@ use anyhow::Context as _;
 const DEFAULT_MAX_READ_BYTES: u64 = 2 * 1024 * 1024;
 
 pub use box_policy::executor::{BashOutput, ExecutorSpec};
+use box_policy::executor::{SECRET_VALUE_PREFIX, SECRETS_DIR, SecretFile};
 
 /// The variable that asks for JSON log lines (`BOX_LOG_FORMAT=json`): a
 /// unit's executor gets it from its backend, whose host re-emits each line
@@ -77,6 +79,14 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
         anyhow::bail!("--root {}: not a directory", args.root.display());
     }
     let reference = args.reference.clone().unwrap_or_else(host_name);
+    // Before confinement: /run/secrets is written once, then only read.
+    let secret_vars = deliver_secrets(&spec.secrets, Path::new(SECRETS_DIR))?;
+    // The values' carriers never reach a child, whatever the pass list says.
+    // They stay in this process's initial environment block (what
+    // /proc/self/environ shows; removing a variable never clears it), which
+    // only this process can read: it is not dumpable (seccomp layer).
+    let own_vars = std::env::vars_os()
+        .filter(|(name, _)| !name.to_string_lossy().starts_with(SECRET_VALUE_PREFIX));
     // Bound before confinement (landlock may restrict binding later), served after
     // it (landlock confines only the thread that asks, so no thread may exist yet).
     let egress = match &args.egress_socket {
@@ -89,7 +99,7 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
         }
         None => None,
     };
-    let scrubbed = box_scrub::scrub_environment(std::env::vars_os(), &args.pass_env);
+    let scrubbed = box_scrub::scrub_environment(own_vars, &args.pass_env);
     // The unit's git-neutralising GIT_CONFIG_* (100+ names) are expected
     // there, and children get the executor's own: named only at DEBUG.
     let (git_config, removed): (Vec<&String>, Vec<&String>) = scrubbed
@@ -102,7 +112,12 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
     if !git_config.is_empty() {
         tracing::debug!(removed = ?git_config, "GIT_CONFIG_* variables scrubbed from children's environment");
     }
-    match box_confine::confine_executor(workspace.root(), landlock) {
+    let extra_read: Vec<PathBuf> = if spec.secrets.is_empty() {
+        Vec::new()
+    } else {
+        vec![PathBuf::from(SECRETS_DIR)]
+    };
+    match box_confine::confine_executor_with(workspace.root(), landlock, &extra_read) {
         Ok(confinement) => tracing::info!(
             landlock_abi = confinement.landlock_abi,
             landlock_enforced = confinement.landlock_enforced,
@@ -156,6 +171,9 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
         child_env.retain(|(name, _)| name != "GIT_CONFIG_GLOBAL");
         child_env.push(("GIT_CONFIG_GLOBAL".into(), "/dev/null".into()));
     }
+    // Secrets asked for as variables reach the processes this executor
+    // starts, after the scrubber (which would remove them by name).
+    child_env.extend(secret_vars);
     let shared = Arc::new(server::Shared::new(
         server::Settings {
             kind,
@@ -178,6 +196,51 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
     // A terminal's pending read of stdin cannot be cancelled; do not wait for it.
     runtime.shutdown_timeout(Duration::from_millis(100));
     result.map(|()| std::process::ExitCode::SUCCESS)
+}
+
+/// Write each secret to `dir/NAME` (mode 0400, this process's user) from
+/// its `BOX_SECRET_NAME` variable; the `as_env` ones come back as
+/// `(NAME, value)` for the children's environment.
+fn deliver_secrets(
+    secrets: &[SecretFile],
+    dir: &Path,
+) -> anyhow::Result<Vec<(std::ffi::OsString, std::ffi::OsString)>> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut vars = Vec::new();
+    for secret in secrets {
+        let carrier = format!("{SECRET_VALUE_PREFIX}{}", secret.name);
+        let Some(value) = std::env::var_os(&carrier) else {
+            anyhow::bail!(
+                "--secrets {}: {carrier} is not set; the backend hands each secret's value to the executor in it",
+                secret.name
+            );
+        };
+        let path = dir.join(&secret.name);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o400)
+            .open(&path)
+            .with_context(|| {
+                format!(
+                    "--secrets {}: cannot create {} (the backend mounts a tmpfs owned by the unit's user at {})",
+                    secret.name,
+                    path.display(),
+                    dir.display()
+                )
+            })?;
+        file.write_all(value.as_encoded_bytes())
+            .with_context(|| format!("--secrets {}: writing {}", secret.name, path.display()))?;
+        if secret.as_env {
+            vars.push((secret.name.clone().into(), value));
+        }
+    }
+    if !secrets.is_empty() {
+        let names: Vec<&str> = secrets.iter().map(|secret| secret.name.as_str()).collect();
+        tracing::info!(?names, dir = %dir.display(), "secrets delivered as files");
+    }
+    Ok(vars)
 }
 
 /// Run the egress bridge on its own thread and runtime, so a busy download never

@@ -14,6 +14,7 @@ mod ask;
 pub mod audit;
 pub mod egress;
 pub mod metrics;
+mod redact;
 pub mod router;
 mod run;
 pub mod session;
@@ -115,6 +116,11 @@ pub struct HostConfig {
     pub drain: Duration,
     /// Every unit asked for and not yet confirmed removed.
     pub ledger: units::Ledger,
+    /// The host's environment, read at each session's start: the values of
+    /// the secrets its units are handed (as the backends read them) and of the
+    /// credentials the scrubber keeps from units, all redacted from what the
+    /// session receives. Tests give their own.
+    pub environment: fn() -> Vec<(std::ffi::OsString, std::ffi::OsString)>,
     /// Where the host keeps its sockets (egress proxies), each in a directory of
     /// its own that the unit it serves gets mounted.
     pub runtime_dir: std::path::PathBuf,
@@ -135,6 +141,7 @@ impl HostConfig {
             audit: None,
             drain: Duration::from_secs(10),
             ledger: units::Ledger::default(),
+            environment: || std::env::vars_os().collect(),
             runtime_dir: egress::default_runtime_dir(),
         }
     }

@@ -29,6 +29,7 @@ pub use super::ask::EXECUTOR_KEY;
 use super::ask::{
     check_initialize, executor_initialize_params, initialize_result, merge_ask, read_ask,
 };
+use super::redact::{self, SessionRedactor};
 use super::router::{Router, UnitMessage};
 use super::units::{
     ExecutorLink, FIRST_REQUEST_ID, Tracked, UnitEvent, describe_end, initialize_executor,
@@ -39,7 +40,8 @@ use box_jsonrpc::{
     self as jsonrpc, Kind, ReplyTo, check_params, classify, code, discover_refusal, error_response,
     error_response_with_data, negotiate_version, params, params_mut, result_response,
 };
-use box_policy::plan::{Plan, PlanError, Role, UnitSpec};
+use box_policy::plan::{Plan, PlanError, Role, UnitSpec, WorkspaceSource};
+use box_policy::profile::OnPersisted;
 
 /// The most client requests one session may have in flight at once.
 const MAX_IN_FLIGHT: usize = 256;
@@ -235,6 +237,9 @@ struct Tag {
     /// The deadline fired; the answer may still come within the settle.
     overdue: bool,
     rewrite: Rewrite,
+    /// A process method whose answer carries output (`read`, `close`): the
+    /// process id as the unit knows it, and the fd read.
+    process: Option<(String, u8)>,
 }
 
 /// How an answer is changed on its way back.
@@ -274,6 +279,9 @@ struct Live {
     tasks: JoinSet<()>,
     last_activity: Instant,
     started: Instant,
+    /// Every secret value the session's units were handed or the host
+    /// scrubbed, replaced in everything a unit sends toward the client.
+    redactor: SessionRedactor,
     /// The egress proxies of the units whose network is egress; they live as
     /// long as the session's units.
     egress: Vec<super::egress::EgressProxy>,
@@ -383,6 +391,58 @@ impl Session {
                     data: Some(data),
                 }
             })?;
+        // Before any unit starts: nothing in the workspace runs yet, so
+        // nothing rewrites what the scan reads.
+        let persisted = match plan
+            .units
+            .iter()
+            .find(|unit| unit.role == Role::Workspace)
+            .map(|unit| &unit.source)
+        {
+            Some(WorkspaceSource::Host(path)) => {
+                let (session, path) = (self.id.clone(), path.clone());
+                tokio::task::spawn_blocking(move || redact::scan_persisted(&session, &path))
+                    .await
+                    .unwrap_or_default()
+            }
+            _ => redact::Persisted::default(),
+        };
+        if plan.on_persisted_credentials == OnPersisted::Refuse
+            && let Some(first) = persisted.reported.first()
+        {
+            let found: Vec<String> = persisted
+                .reported
+                .iter()
+                .map(|found| {
+                    format!(
+                        "{}:{} {} ({})",
+                        found.file, found.line, found.key, found.kind
+                    )
+                })
+                .collect();
+            return Err(StartError {
+                code: code::INVALID_PARAMS,
+                message: format!(
+                    "the workspace holds {} persisted credential(s), first {}:{} {}, and profile `{}` has on_persisted_credentials = \"refuse\"; remove them from the workspace (or set \"report\"): {}",
+                    found.len(),
+                    first.file,
+                    first.line,
+                    first.key,
+                    plan.profile,
+                    found.join("; ")
+                ),
+                data: Some(json!({
+                    "field": "workspace.on_persisted_credentials",
+                    "persistedCredentials": persisted.reported,
+                })),
+            });
+        }
+        // Built before any unit starts: a unit's first word is already redacted.
+        let mut secrets = redact::session_secrets(&plan, &(self.config.environment)());
+        secrets.extend(persisted.secrets);
+        let redactor = SessionRedactor::new(&self.id, secrets).map_err(|why| {
+            StartError::internal(format!("building the session's redactor: {why}"))
+        })?;
         let label = SessionLabel {
             instance: self.config.instance.clone(),
             session: self.id.clone(),
@@ -423,6 +483,9 @@ impl Session {
                 id: unit.envelope.id.clone(),
             });
             let mut envelope = unit.envelope;
+            if envelope.role == Role::Workspace {
+                envelope.persisted_credentials = persisted.reported.clone();
+            }
             // Enforced by the host, so it is applied: said in plain numbers.
             let millis = u64::try_from(start_timeout.as_millis()).unwrap_or(u64::MAX);
             envelope.limits.set_start_timeout_ms(millis);
@@ -485,7 +548,8 @@ impl Session {
             .iter()
             .position(|unit| unit.spec.role == Role::Workspace);
         let envelopes: Vec<&Envelope> = units.iter().map(|unit| &unit.envelope).collect();
-        let result = initialize_result(&plan, &envelopes, workspace, &initialized, version);
+        let mut result = initialize_result(&plan, &envelopes, workspace, &initialized, version);
+        redactor.message(&mut result);
         let _ = self.version.set(version);
         tracing::info!(
             session = %self.id,
@@ -506,6 +570,7 @@ impl Session {
                 tasks,
                 last_activity: Instant::now(),
                 started: Instant::now(),
+                redactor,
                 egress,
             },
             result,
@@ -687,6 +752,15 @@ impl Session {
                     .unwrap_or(&Value::Null),
             )
         });
+        let process = match method.as_str() {
+            "agentworkspace/process.read" | "agentworkspace/process.close" => params(&upstream)
+                .and_then(|p| {
+                    let id = p.get("id").and_then(Value::as_str)?.to_owned();
+                    let fd = p.get("fd").and_then(Value::as_u64).unwrap_or(1);
+                    Some((id, u8::try_from(fd).unwrap_or(u8::MAX)))
+                }),
+            _ => None,
+        };
         let tag = Tag {
             method: method.clone(),
             tool,
@@ -695,6 +769,7 @@ impl Session {
             deadline: None,
             overdue: false,
             rewrite,
+            process,
         };
         let (unit_id, upstream) = live.router.forward(unit, upstream, reply, tag);
         if let Err(why) = send_to_unit(&live.units[unit], upstream) {
@@ -896,10 +971,24 @@ impl Session {
                 } => {
                     let outcome = outcome_of(&response);
                     self.record(live, unit, &forward.tag, outcome);
+                    match (forward.tag.method.as_str(), &forward.tag.process) {
+                        ("agentworkspace/process.read", Some((id, fd))) => live
+                            .redactor
+                            .process_read((unit, id.clone(), *fd), &mut response),
+                        ("agentworkspace/process.close", Some((id, _))) => {
+                            live.redactor.process_close(unit, id, &mut response)
+                        }
+                        ("resources/read", _) => live.redactor.resource_read(&mut response),
+                        _ => live.redactor.message(&mut response),
+                    }
+                    if live.router.in_flight() == 0 {
+                        live.redactor.calls_done();
+                    }
                     rewrite_answer(&forward.tag.rewrite, &mut response);
                     forward.reply.answer(response);
                 }
-                UnitMessage::General(message) => {
+                UnitMessage::General(mut message) => {
+                    live.redactor.unit_message(unit, &mut message);
                     let method = message.get("method").and_then(Value::as_str).unwrap_or("");
                     if method.ends_with("/list_changed") {
                         // Executors promise fixed lists; a change is an anomaly, never news for the client.
@@ -913,6 +1002,7 @@ impl Session {
                     let _ = send_to_unit(&live.units[unit], answer);
                 }
                 UnitMessage::Invalid(why) => {
+                    let why = live.redactor.text(&why);
                     tracing::warn!(session = %self.id, unit = %live.units[unit].spec.name, %why, "a unit sent an invalid message");
                 }
             },
@@ -924,6 +1014,7 @@ impl Session {
                     return;
                 }
                 state.closed = true;
+                let why = live.redactor.text(&why).into_owned();
                 tracing::warn!(session = %self.id, unit = %state.spec.name, %why, "a unit's executor output ended");
                 let events = live.events_tx.clone();
                 live.tasks.spawn(async move {
@@ -999,6 +1090,7 @@ impl Session {
         if state.ended.is_some() {
             return;
         }
+        let cause = live.redactor.text(&cause).into_owned();
         tracing::warn!(session = %self.id, unit = %state.spec.name, %cause, "a unit ended");
         self.config.metrics.unit_ended();
         state.ended = Some(cause.clone());

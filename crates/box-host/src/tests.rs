@@ -1167,3 +1167,76 @@ async fn initialize_agrees_to_a_version_box_speaks_and_the_executors_get_it() {
         assert_eq!(sent[0]["protocolVersion"], json!(agreed), "{requested}");
     }
 }
+
+/// Every secret value the session knows (handed to a unit, or a credential
+/// of the host's environment) is redacted from what the client receives:
+/// tool results, and process output read in chunks that split the value.
+#[tokio::test]
+async fn secret_values_are_redacted_from_results_and_chunked_process_output() {
+    const DEPLOY: &str = "deploy-key-0123456789abcdef";
+    const TOKEN: &str = "ghp_abcdefghijklmnopqrstuvwxyz0123456789";
+    let fake = FakeBackend::default();
+    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    config.resolve = |profile, tighten, host| {
+        one_unit(profile, tighten, host, |unit| {
+            unit.env_secrets = vec!["DEPLOY_KEY".to_owned()]
+        })
+    };
+    config.environment = || {
+        [
+            ("DEPLOY_KEY", DEPLOY),
+            ("GITHUB_TOKEN", TOKEN),
+            ("LANG", "C.UTF-8"),
+        ]
+        .iter()
+        .map(|(name, value)| (name.into(), value.into()))
+        .collect()
+    };
+    let client = connect(Arc::new(config));
+    let init = client.initialize(json!({})).await;
+    assert!(init.get("result").is_some(), "{init}");
+
+    let arguments =
+        json!({"deploy": DEPLOY, "token": base64::engine::general_purpose::STANDARD.encode(TOKEN)});
+    let (_, echoed) = collect(client.tool(json!(1), "echo", arguments).await).await;
+    let text = echoed["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(!text.contains(DEPLOY) && !text.contains("Z2hwX2"), "{text}");
+    assert!(text.contains("[REDACTED:DEPLOY_KEY]"), "{text}");
+    assert!(text.contains("[REDACTED:GITHUB_TOKEN]"), "{text}");
+
+    let (_, started) = client
+        .call(
+            json!(2),
+            "agentworkspace/process.start",
+            json!({"args": ["echo", DEPLOY]}),
+        )
+        .await;
+    let id = started["result"]["id"].as_str().unwrap().to_owned();
+    let mut output = Vec::new();
+    let mut reads = 0;
+    for request in 3..100 {
+        let (_, read) = client
+            .call(
+                json!(request),
+                "agentworkspace/process.read",
+                json!({"id": id, "fd": 1, "max": 9}),
+            )
+            .await;
+        reads += 1;
+        if let Some(data) = read["result"]["data"].as_str() {
+            output.extend(
+                base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .unwrap(),
+            );
+        }
+        if read["result"]["eof"] == json!(true) {
+            break;
+        }
+    }
+    assert!(reads > 3, "the value was read in pieces");
+    assert_eq!(
+        String::from_utf8(output).unwrap(),
+        "ran: echo [REDACTED:DEPLOY_KEY]\n"
+    );
+}

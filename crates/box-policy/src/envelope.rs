@@ -44,8 +44,42 @@ pub struct Envelope {
     pub env_scrubbed: Vec<String>,
     /// Whether git is neutralised for children.
     pub git_neutralised: bool,
+    /// The secrets delivered as files (names and paths, never values).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<DeliveredSecret>,
+    /// Credentials found persisted in the workspace at session start (the
+    /// workspace unit's only; never values).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub persisted_credentials: Vec<PersistedCredential>,
     /// Where the unit is in its life.
     pub state: UnitState,
+}
+
+/// A secret delivered to a unit as a file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveredSecret {
+    /// The secret's name (the host variable's).
+    pub name: String,
+    /// The file inside the unit (`/run/secrets/NAME`, mode 0400).
+    pub path: String,
+    /// Also a variable of the processes the executor starts.
+    pub as_env: bool,
+}
+
+/// A credential persisted in the workspace when the session started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PersistedCredential {
+    /// The file, relative to the workspace.
+    pub file: String,
+    /// The line (1-based).
+    pub line: usize,
+    /// The key or entry (credentials in it masked).
+    pub key: String,
+    /// What kind (`extraheader`, `url-credentials`, `inline-helper`,
+    /// `credential-store`, `netrc`).
+    pub kind: String,
 }
 
 /// The backends box has.

@@ -101,6 +101,25 @@ impl FlagValue for Requirement {
     }
 }
 
+/// Where a unit's secrets are delivered, one file per secret (`NAME`, mode
+/// 0400) on a tmpfs the backend mounts.
+pub const SECRETS_DIR: &str = "/run/secrets";
+
+/// The prefix of the variables that carry a secret's value to the executor
+/// (`BOX_SECRET_NAME`) in the environment of the process that starts it
+/// only: the executor writes each to [`SECRETS_DIR`] and removes them before
+/// anything else runs.
+pub const SECRET_VALUE_PREFIX: &str = "BOX_SECRET_";
+
+/// A secret the executor writes to `SECRETS_DIR/NAME` before it serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretFile {
+    /// The secret's name: the file's and the variable's.
+    pub name: String,
+    /// Also given as the variable `NAME` to the processes the executor starts.
+    pub as_env: bool,
+}
+
 /// How one executor is started: every `box execute` flag, typed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecutorSpec {
@@ -122,6 +141,9 @@ pub struct ExecutorSpec {
     pub seccomp: SeccompLayer,
     /// What bash output does with terminal control characters.
     pub bash_output: BashOutput,
+    /// The secrets to write under [`SECRETS_DIR`] (`--secrets A,B:env`);
+    /// their values come in `BOX_SECRET_NAME` variables.
+    pub secrets: Vec<SecretFile>,
     /// The host's egress proxy socket, bind-mounted into the unit: the executor
     /// bridges it to a loopback port and points its children's proxy variables
     /// there. `None`: no egress.
@@ -168,6 +190,7 @@ impl ExecutorSpec {
             landlock: Requirement::BestEffort,
             seccomp: SeccompLayer::default(),
             bash_output: BashOutput::default(),
+            secrets: Vec::new(),
             egress_socket: None,
         }
     }
@@ -208,6 +231,20 @@ impl ExecutorSpec {
         }
         if self.bash_output != default.bash_output {
             flag("--bash-output", self.bash_output.name().to_owned());
+        }
+        if !self.secrets.is_empty() {
+            let names: Vec<String> = self
+                .secrets
+                .iter()
+                .map(|secret| {
+                    if secret.as_env {
+                        format!("{}:env", secret.name)
+                    } else {
+                        secret.name.clone()
+                    }
+                })
+                .collect();
+            flag("--secrets", names.join(","));
         }
         if let Some(socket) = &self.egress_socket {
             flag("--egress-socket", socket.to_string_lossy().into_owned());
@@ -254,6 +291,7 @@ impl ExecutorSpec {
                 "--landlock" => spec.landlock = choice(flag, value)?,
                 "--seccomp" => spec.seccomp = choice(flag, value)?,
                 "--bash-output" => spec.bash_output = choice(flag, value)?,
+                "--secrets" => spec.secrets.extend(parse_secrets(value)?),
                 "--egress-socket" => spec.egress_socket = Some(PathBuf::from(value)),
                 other => return Err(SpecError::UnknownFlag(other.to_owned())),
             }
@@ -261,6 +299,39 @@ impl ExecutorSpec {
         spec.root = root.ok_or(SpecError::NoRoot)?;
         Ok(spec)
     }
+}
+
+/// `--secrets A,B:env`: names, each optionally `:env`.
+pub fn parse_secrets(value: &str) -> Result<Vec<SecretFile>, SpecError> {
+    let mut secrets = Vec::new();
+    for item in value.split(',').filter(|item| !item.is_empty()) {
+        let (name, as_env) = match item.split_once(':') {
+            None => (item, false),
+            Some((name, "env")) => (name, true),
+            Some(_) => {
+                return Err(SpecError::BadValue {
+                    flag: "--secrets".to_owned(),
+                    value: item.to_owned(),
+                    choices: "NAME or NAME:env, comma-separated".to_owned(),
+                });
+            }
+        };
+        let valid = !name.is_empty()
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !name.starts_with(|c: char| c.is_ascii_digit());
+        if !valid {
+            return Err(SpecError::BadValue {
+                flag: "--secrets".to_owned(),
+                value: item.to_owned(),
+                choices: "a variable name (letters, digits, _), optionally :env".to_owned(),
+            });
+        }
+        secrets.push(SecretFile {
+            name: name.to_owned(),
+            as_env,
+        });
+    }
+    Ok(secrets)
 }
 
 /// `value` as one of `T`'s names, or an error naming the flag and the choices.
@@ -287,6 +358,16 @@ mod tests {
             landlock: Requirement::Required,
             seccomp: SeccompLayer::Off,
             bash_output: BashOutput::Raw,
+            secrets: vec![
+                SecretFile {
+                    name: "DEPLOY_KEY".to_owned(),
+                    as_env: false,
+                },
+                SecretFile {
+                    name: "GH_TOKEN".to_owned(),
+                    as_env: true,
+                },
+            ],
             egress_socket: Some(PathBuf::from("/.box/egress/proxy.sock")),
         }
     }

@@ -70,6 +70,26 @@ where
     scrubbed
 }
 
+/// The variables of `vars` that hold a credential, by name or by value
+/// (the ones [`scrub_environment`] removes for that reason, not those removed
+/// for the power they grant or the tool they redirect): the host redacts
+/// their values from everything a session receives. With their values, so
+/// never log the result.
+pub fn credentials<I>(vars: I) -> Vec<(String, OsString)>
+where
+    I: IntoIterator<Item = (OsString, OsString)>,
+{
+    vars.into_iter()
+        .filter(|(name, value)| {
+            let name = name.to_string_lossy();
+            names::is_credential(&name)
+                || (names::classify(&name) == names::NameVerdict::Keep
+                    && values::is_secret(&value.to_string_lossy()))
+        })
+        .map(|(name, value)| (name.to_string_lossy().into_owned(), value))
+        .collect()
+}
+
 /// Parse a pass list as `--pass-env` gives it: whitespace trimmed, empty items
 /// skipped, an item holding `=`, a space or a tab refused.
 pub fn parse_pass_env(items: &[String]) -> Result<Vec<String>, ScrubError> {
@@ -102,6 +122,29 @@ mod tests {
 
     fn removed(name: &str) -> bool {
         scrub(&[(name, "x")], &[]).removed == [name]
+    }
+
+    #[test]
+    fn credentials_are_told_from_powerful_variables() {
+        let vars = [
+            ("GITHUB_TOKEN", "ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
+            ("AWS_ACCESS_KEY_ID", "AKIAABCDEFGHIJKLMNOP"),
+            ("CLONE", "https://user:hunter2hunter2@example.com/x.git"),
+            ("XDG_RUNTIME_DIR", "/run/user/1000"),
+            ("DBUS_SESSION_BUS_ADDRESS", "unix:path=/run/user/1000/bus"),
+            ("GIT_SSH", "/usr/bin/ssh"),
+            ("LD_PRELOAD", "/evil.so"),
+            ("KUBECONFIG", "/home/u/.kube/config"),
+            ("LANG", "C.UTF-8"),
+        ];
+        let found: Vec<String> = credentials(
+            vars.iter()
+                .map(|(name, value)| (OsString::from(name), OsString::from(value))),
+        )
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+        assert_eq!(found, ["GITHUB_TOKEN", "AWS_ACCESS_KEY_ID", "CLONE"]);
     }
 
     #[test]

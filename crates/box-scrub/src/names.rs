@@ -54,8 +54,8 @@ const FALSE_POSITIVES: &[&str] = &[
 ];
 
 /// The explicit lists: credentials by name (security.md 4.2 and the dax
-/// reference's names) and variables that grant power or redirect a tool
-/// without being secret (security.md 4.3).
+/// reference's names, this one) and variables that grant power or redirect a
+/// tool without being secret (security.md 4.3, [`EXPLICIT_POWER`]).
 const EXPLICIT: &[&str] = &[
     // The dax reference's names.
     "PASSWORD",
@@ -103,6 +103,11 @@ const EXPLICIT: &[&str] = &[
     "SLACK_*",
     "STRIPE_*",
     "REDISCLI_AUTH",
+];
+
+/// Variables removed because they grant power or redirect a tool, not because
+/// their value is a secret (the host does not redact their values).
+const EXPLICIT_POWER: &[&str] = &[
     // Sockets and agents.
     "SSH_AGENT_PID",
     "GPG_AGENT_INFO",
@@ -203,7 +208,7 @@ pub(crate) fn classify(name: &str) -> NameVerdict {
         NameVerdict::Hijack
     } else if any(FALSE_POSITIVES) {
         NameVerdict::Keep
-    } else if any(EXPLICIT) {
+    } else if any(EXPLICIT) || any(EXPLICIT_POWER) {
         NameVerdict::Remove
     } else if any(CREDENTIAL_FILES) {
         NameVerdict::Keep
@@ -211,6 +216,21 @@ pub(crate) fn classify(name: &str) -> NameVerdict {
         NameVerdict::Remove
     } else {
         NameVerdict::Keep
+    }
+}
+
+/// Whether `name` names a credential (not merely a powerful or redirecting
+/// variable): its value is a secret to redact wherever it appears.
+pub(crate) fn is_credential(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    let any = |patterns: &[&str]| patterns.iter().any(|p| glob_match(p, &upper));
+    // A path to a credential file is not the secret; a variable removed for
+    // the power it grants is not one either, whatever generic pattern it
+    // also matches (`DBUS_SESSION_BUS_ADDRESS`).
+    if any(HIJACK) || any(FALSE_POSITIVES) || any(CREDENTIAL_FILES) || any(EXPLICIT_POWER) {
+        false
+    } else {
+        any(EXPLICIT) || any(GENERIC) || has_auth(&upper)
     }
 }
 

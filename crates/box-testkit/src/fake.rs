@@ -329,6 +329,8 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         env_passed: Vec::new(),
         env_scrubbed: Vec::new(),
         git_neutralised: false,
+        secrets: Vec::new(),
+        persisted_credentials: Vec::new(),
         state: UnitState::Running,
     }
 }
@@ -477,10 +479,16 @@ impl Executor {
                         } else {
                             &mut process.stdout
                         };
+                        // At most `max` bytes a read, as the executor.
+                        let max = params
+                            .get("max")
+                            .and_then(Value::as_u64)
+                            .filter(|max| *max > 0)
+                            .map_or(usize::MAX, |max| usize::try_from(max).unwrap_or(usize::MAX));
                         if buffer.is_empty() {
                             Ok(json!({"eof": true}))
                         } else {
-                            let data = std::mem::take(buffer);
+                            let data: Vec<u8> = buffer.drain(..max.min(buffer.len())).collect();
                             Ok(
                                 json!({"data": base64::engine::general_purpose::STANDARD.encode(data)}),
                             )

@@ -11,6 +11,7 @@ impl Plan {
     pub fn to_json(&self) -> Value {
         json!({
             "profile": self.profile,
+            "onPersistedCredentials": self.on_persisted_credentials.as_str(),
             "units": self.units.iter().map(UnitSpec::to_json).collect::<Vec<_>>(),
         })
     }
@@ -40,6 +41,7 @@ impl UnitSpec {
                 "set": self.env_set,
                 "pass": self.env_pass,
                 "secrets": self.env_secrets,
+                "secretsAsEnv": self.env_secrets_as_env,
             },
             "security": security_json(&self.security),
             "command": self.command,

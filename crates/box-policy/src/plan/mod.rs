@@ -24,6 +24,8 @@ pub struct Plan {
     pub profile: String,
     /// The workspace unit (absent for a no-filesystem profile's session) and the server units.
     pub units: Vec<UnitSpec>,
+    /// What a credential persisted in the workspace at session start does.
+    pub on_persisted_credentials: crate::profile::OnPersisted,
 }
 
 /// A unit's role in its session.
@@ -198,8 +200,13 @@ pub struct UnitSpec {
     pub env_set: BTreeMap<String, String>,
     /// Host variables handed through by name (never a credential).
     pub env_pass: Vec<String>,
-    /// Host variables that are credentials, handed through because the profile names them.
+    /// Host variables that are credentials, handed through because the profile
+    /// names them: delivered as files under `/run/secrets`, never as the
+    /// unit's environment.
     pub env_secrets: Vec<String>,
+    /// The secrets (a subset of `env_secrets`) also given as variables to the
+    /// processes the executor starts (`as_env = true`).
+    pub env_secrets_as_env: Vec<String>,
     /// The hardening.
     pub security: Security,
     /// A server unit's MCP server command (started through the process methods).
@@ -348,9 +355,11 @@ impl UnitSpec {
     /// How this unit's executor is started, rooted at `root` (where the
     /// backend put the workspace) in a place of `kind`: the plan's landlock
     /// requirement travels with it (so `required` fails closed inside too),
-    /// the names the plan hands through (secrets included, which the profile
-    /// named explicitly) are exempt from the executor's own scrubbing, and the
-    /// write guard follows the profile.
+    /// the names the plan hands through (and the secrets given as variables,
+    /// which the profile named explicitly) are exempt from the executor's own
+    /// scrubbing, the secrets are named (their values travel apart, in the
+    /// environment of the process that starts the executor), and the write
+    /// guard follows the profile.
     pub fn executor_spec(
         &self,
         root: impl Into<PathBuf>,
@@ -363,8 +372,16 @@ impl UnitSpec {
             pass_env: self
                 .env_pass
                 .iter()
-                .chain(&self.env_secrets)
+                .chain(&self.env_secrets_as_env)
                 .cloned()
+                .collect(),
+            secrets: self
+                .env_secrets
+                .iter()
+                .map(|name| crate::executor::SecretFile {
+                    name: name.clone(),
+                    as_env: self.env_secrets_as_env.contains(name),
+                })
                 .collect(),
             write_guard: if self.security.write_guard {
                 WriteGuard::ReadFirst
@@ -405,6 +422,7 @@ impl UnitSpec {
             env_set: BTreeMap::new(),
             env_pass: Vec::new(),
             env_secrets: Vec::new(),
+            env_secrets_as_env: Vec::new(),
             security: Security::strict(),
             command: Vec::new(),
             description: String::new(),
@@ -429,6 +447,7 @@ impl UnitSpec {
                 .all(|(name, value)| bound.env_set.get(name) == Some(value))
             && subset(&self.env_pass, &bound.env_pass)
             && subset(&self.env_secrets, &bound.env_secrets)
+            && subset(&self.env_secrets_as_env, &bound.env_secrets_as_env)
             && self.security == bound.security
             && self.command == bound.command
     }
@@ -530,6 +549,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             env_set: profile.env.set.clone(),
             env_pass: profile.env.pass.clone(),
             env_secrets: profile.env.secrets.clone(),
+            env_secrets_as_env: profile.env.secrets_as_env.clone(),
             security: security.clone(),
             command: Vec::new(),
             description: profile.description.clone(),
@@ -550,6 +570,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             env_set: BTreeMap::new(),
             env_pass: Vec::new(),
             env_secrets: Vec::new(),
+            env_secrets_as_env: Vec::new(),
             security: security.clone(),
             command: server.command.clone(),
             description: server.description.clone(),
@@ -558,6 +579,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
     Ok(Plan {
         profile: profile.name.clone(),
         units,
+        on_persisted_credentials: profile.workspace.on_persisted_credentials,
     })
 }
 

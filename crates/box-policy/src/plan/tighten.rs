@@ -419,6 +419,7 @@ pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, Pl
         narrowed.env.set.remove(name);
         narrowed.env.pass.retain(|pass| pass != name);
         narrowed.env.secrets.retain(|secret| secret != name);
+        narrowed.env.secrets_as_env.retain(|secret| secret != name);
     }
     Ok(narrowed)
 }

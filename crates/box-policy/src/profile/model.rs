@@ -51,6 +51,30 @@ pub struct Workspace {
     /// The engine's OCI runtime for this unit (`runsc` for gVisor); `None`: the
     /// engine's default.
     pub runtime: Option<String>,
+    /// What a credential persisted in the workspace at session start does.
+    pub on_persisted_credentials: OnPersisted,
+}
+
+/// What a credential found persisted in the workspace at session start does
+/// to the session (`[workspace] on_persisted_credentials`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnPersisted {
+    /// The session starts; the workspace unit's envelope lists each finding
+    /// (file, line, key, kind; never the value) and the values are redacted.
+    #[default]
+    Report,
+    /// The session does not start; `initialize` fails naming file and key.
+    Refuse,
+}
+
+impl OnPersisted {
+    /// The profile's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnPersisted::Report => "report",
+            OnPersisted::Refuse => "refuse",
+        }
+    }
 }
 
 /// Where the workspace comes from, before host facts.
@@ -123,8 +147,12 @@ pub struct EnvPolicy {
     pub set: BTreeMap<String, String>,
     /// Host variables handed through by name (never a credential).
     pub pass: Vec<String>,
-    /// Host variables that are credentials, handed through because named here.
+    /// Host variables that are credentials, handed through because named here
+    /// (as files under `/run/secrets`, never the unit's environment).
     pub secrets: Vec<String>,
+    /// The secrets (a subset of `secrets`) also given as variables to the
+    /// processes the executor starts (`as_env = true`).
+    pub secrets_as_env: Vec<String>,
 }
 
 /// The hardening as written.

@@ -130,6 +130,7 @@ write_guard = "off"
                 uid: 1001,
                 gid: 1002
             }),
+            on_persisted_credentials: super::OnPersisted::Report,
             runtime: Some("runsc".to_owned()),
         }
     );
@@ -184,7 +185,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[workspace]\nimgae = \"x\"\n",
-            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, root, source, mode, user, runtime",
+            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, root, source, mode, user, runtime, on_persisted_credentials",
         ),
         (
             "description = 5\n",
@@ -608,7 +609,9 @@ fn unknown_names_and_path_like_names_are_refused() {
 
 #[test]
 fn the_readme_documents_every_field_and_danger() {
-    use super::validate::{ENV, LIMITS, NETWORK, OPERATOR, SECURITY, SERVER, TOP, WORKSPACE};
+    use super::validate::{
+        ENV, LIMITS, NETWORK, OPERATOR, SECRET, SECURITY, SERVER, TOP, WORKSPACE,
+    };
     let readme = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../profiles/README.md"
@@ -616,7 +619,7 @@ fn the_readme_documents_every_field_and_danger() {
     .unwrap();
     let mut missing = Vec::new();
     for fields in [
-        TOP, WORKSPACE, NETWORK, LIMITS, ENV, SECURITY, SERVER, OPERATOR,
+        TOP, WORKSPACE, NETWORK, LIMITS, ENV, SECRET, SECURITY, SERVER, OPERATOR,
     ] {
         for field in fields {
             if !readme.contains(&format!("| `{field}` |"))
@@ -676,6 +679,39 @@ fn a_cwd_source_may_carry_the_workspace_allowances() {
     assert_eq!(
         problems("[workspace]\nsource = \"/srv/repo\"\n[operator]\nallow_dangerous = [\"host-root\"]\n"),
         vec!["p.toml:4:20: operator.allow_dangerous: allows \"host-root\" but the profile does not ask for it; remove it".to_owned()]
+    );
+}
+
+#[test]
+fn secrets_are_names_or_tables_asking_for_a_variable_too() {
+    let text = "[env]\nsecrets = [\"DEPLOY_KEY\", {name = \"GH_TOKEN\", as_env = true}, {name = \"NPM_TOKEN\"}]\n\
+                [workspace]\non_persisted_credentials = \"refuse\"\n";
+    let profile = load(&[("p", text)], "p").unwrap();
+    assert_eq!(profile.env.secrets, ["DEPLOY_KEY", "GH_TOKEN", "NPM_TOKEN"]);
+    assert_eq!(profile.env.secrets_as_env, ["GH_TOKEN"]);
+    assert_eq!(
+        profile.workspace.on_persisted_credentials,
+        super::OnPersisted::Refuse
+    );
+    assert_eq!(
+        problems("[env]\nsecrets = [{as_env = true}]\n"),
+        [
+            "p.toml:2:12: env.secrets: a table entry needs `name`, like {name = \"GITHUB_TOKEN\", as_env = true}"
+        ]
+    );
+    assert_eq!(
+        problems("[env]\nsecrets = [{name = \"A\", as_env = \"yes\"}]\n"),
+        ["p.toml:2:34: env.secrets.as_env: expected true or false, got \"yes\" (a string)"]
+    );
+    assert_eq!(
+        problems("[env]\nsecrets = [{name = \"A\", file = true}]\n"),
+        ["p.toml:2:25: env.secrets.file: unknown field; accepted here: name, as_env"]
+    );
+    assert_eq!(
+        problems("[workspace]\non_persisted_credentials = \"hide\"\n"),
+        [
+            "p.toml:2:28: workspace.on_persisted_credentials: \"hide\" is not accepted; write \"report\" or \"refuse\""
+        ]
     );
 }
 

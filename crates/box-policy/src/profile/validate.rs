@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use super::error::Problem;
 use super::model::{
-    Danger, EnvPolicy, LimitsPolicy, NetworkPolicy, Profile, SecurityPolicy, Server, Source,
-    UserChoice, Workspace, defaults,
+    Danger, EnvPolicy, LimitsPolicy, NetworkPolicy, OnPersisted, Profile, SecurityPolicy, Server,
+    Source, UserChoice, Workspace, defaults,
 };
 use super::tree::{Node, Value};
 use super::value::{
@@ -36,7 +36,15 @@ pub(crate) const TOP: &[&str] = &[
     "server",
     "operator",
 ];
-pub(crate) const WORKSPACE: &[&str] = &["image", "root", "source", "mode", "user", "runtime"];
+pub(crate) const WORKSPACE: &[&str] = &[
+    "image",
+    "root",
+    "source",
+    "mode",
+    "user",
+    "runtime",
+    "on_persisted_credentials",
+];
 pub(crate) const NETWORK: &[&str] = &["mode", "allow", "hosts", "max_connections", "bandwidth"];
 pub(crate) const LIMITS: &[&str] = &[
     "memory",
@@ -52,6 +60,8 @@ pub(crate) const LIMITS: &[&str] = &[
 pub(crate) const SERVER_LIMITS: &[&str] =
     &["memory", "cpus", "pids", "tmp", "nofile", "call_timeout"];
 pub(crate) const ENV: &[&str] = &["set", "pass", "secrets"];
+/// The fields of a table entry of `env.secrets`.
+pub(crate) const SECRET: &[&str] = &["name", "as_env"];
 pub(crate) const SECURITY: &[&str] = &[
     "capabilities",
     "read_only_root",
@@ -338,6 +348,17 @@ impl Walk {
             Some(node) => self.runtime(node, "workspace.runtime").map(Some),
             None => Some(None),
         };
+        let on_persisted_credentials = match fields.get("on_persisted_credentials") {
+            Some(node) => self.choice(
+                node,
+                "workspace.on_persisted_credentials",
+                &[
+                    ("report", OnPersisted::Report),
+                    ("refuse", OnPersisted::Refuse),
+                ],
+            ),
+            None => Some(OnPersisted::Report),
+        };
         Some(Workspace {
             image: image?,
             root: root?,
@@ -345,6 +366,7 @@ impl Walk {
             mode: mode?,
             user: user?,
             runtime: runtime?,
+            on_persisted_credentials: on_persisted_credentials?,
         })
     }
 
@@ -745,10 +767,11 @@ impl Walk {
             }
         }
         let mut secrets = Vec::new();
+        let mut secrets_as_env = Vec::new();
         if let Some(node) = fields.get("secrets") {
-            match self.strings(node, "env.secrets", names) {
+            match self.secrets(node) {
                 Some(entries) => {
-                    for (name, item) in entries {
+                    for (name, as_env, item) in entries {
                         if pass.contains(&name) {
                             self.problem(
                                 item,
@@ -757,13 +780,71 @@ impl Walk {
                             );
                             ok = false;
                         }
+                        if as_env {
+                            secrets_as_env.push(name.clone());
+                        }
                         secrets.push(name);
                     }
                 }
                 None => ok = false,
             }
         }
-        ok.then_some(EnvPolicy { set, pass, secrets })
+        ok.then_some(EnvPolicy {
+            set,
+            pass,
+            secrets,
+            secrets_as_env,
+        })
+    }
+
+    /// `env.secrets`: each entry a name, or `{name = "NAME", as_env = true}`
+    /// (the value also reaches the executor's children as a variable).
+    fn secrets<'n>(&mut self, node: &'n Node) -> Option<Vec<(String, bool, &'n Node)>> {
+        const FIELD: &str = "env.secrets";
+        let Value::Array(items) = &node.value else {
+            self.wrong_type(node, FIELD, "an array of names or {name, as_env} tables");
+            return None;
+        };
+        let mut out: Vec<(String, bool, &'n Node)> = Vec::new();
+        for item in items {
+            let (name_node, as_env) = match &item.value {
+                Value::String(_) => (item, false),
+                Value::Table(_) => {
+                    let fields = self.table(item, FIELD, SECRET);
+                    let as_env = match fields.get("as_env") {
+                        Some(flag) => self.boolean(flag, "env.secrets.as_env").unwrap_or(false),
+                        None => false,
+                    };
+                    match fields.get("name") {
+                        Some(name) => (name, as_env),
+                        None => {
+                            self.problem(
+                                item,
+                                FIELD,
+                                "a table entry needs `name`, like {name = \"GITHUB_TOKEN\", as_env = true}".to_owned(),
+                            );
+                            continue;
+                        }
+                    }
+                }
+                _ => {
+                    self.wrong_type(item, FIELD, "a name or a {name, as_env} table");
+                    continue;
+                }
+            };
+            let Value::String(text) = &name_node.value else {
+                self.wrong_type(name_node, "env.secrets.name", "a string");
+                continue;
+            };
+            match check_env_name(text) {
+                Ok(()) if out.iter().any(|(seen, _, _)| seen == text) => {
+                    self.problem(name_node, FIELD, format!("{text:?} is listed twice"));
+                }
+                Ok(()) => out.push((text.clone(), as_env, name_node)),
+                Err(message) => self.problem(name_node, FIELD, message),
+            }
+        }
+        Some(out)
     }
 
     fn security(&mut self, node: Option<&Node>) -> Option<SecurityPolicy> {

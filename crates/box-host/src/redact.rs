@@ -1,0 +1,512 @@
+//! A session's redaction: every secret value the host knows is replaced by
+//! `[REDACTED:NAME]` in everything a unit sends toward the client (answers,
+//! errors, progress and other notifications, a unit's requests) and in the
+//! host's own log lines about a unit, raw or encoded (`box-redact` owns the
+//! forms).
+//!
+//! The values: the secrets the plan hands to the session's units (from the
+//! host's environment, as the backends read them), every variable of the
+//! host's environment the scrubber calls a credential (`box_scrub::credentials`),
+//! and the credentials a scan found persisted in the workspace. Values shorter
+//! than `box_redact::MIN_SECRET_LEN` bytes are not redacted; each is logged
+//! by name when the session starts.
+//!
+//! `agentworkspace/process.read` carries a process's output as base64 in
+//! `data`, a chunk per read: it is decoded, passed through one streaming
+//! redactor per process and stream, so a secret split across two reads is
+//! still caught, and encoded again. The streaming redactor holds back the
+//! few bytes that could begin a secret until the next read (or the end of the
+//! stream) decides them.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::Path;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use box_backend::PersistedCredential;
+use box_redact::persisted::FindingKind;
+use box_redact::{Redactor, StreamRedactor, TextStreamRedactor};
+use serde_json::Value;
+
+use box_policy::plan::Plan;
+
+/// A process's output stream as the host routes its reads: the unit, the
+/// process id the unit knows, the fd (1 or 2).
+pub(crate) type StreamKey = (usize, String, u8);
+
+/// One session's redactor and its open streams.
+pub(crate) struct SessionRedactor {
+    /// `None` when no value is long enough to redact.
+    redactor: Option<Arc<Redactor>>,
+    streams: HashMap<StreamKey, StreamRedactor>,
+    /// Progress messages (bash's output since the last report) per unit and
+    /// progress token: consecutive reports are consecutive output.
+    progress: HashMap<(usize, String), TextStreamRedactor>,
+}
+
+/// Where a secret value came from, for the redactor's name.
+pub(crate) struct Secret {
+    /// What `[REDACTED:NAME]` says.
+    pub name: String,
+    /// The value.
+    pub value: Vec<u8>,
+    /// Handed to a unit or found in the workspace (a short one is warned
+    /// about), rather than a credential of the host's environment (a short
+    /// one, often `XDG_SESSION_TYPE=tty`, is only noted).
+    pub handed: bool,
+}
+
+/// The secrets of a session: what `plan` hands its units from `host_env`,
+/// and the credentials in `host_env` the scrubber would remove. In that
+/// order, so a value both handed and scrubbed is named after the secret.
+pub(crate) fn session_secrets(plan: &Plan, host_env: &[(OsString, OsString)]) -> Vec<Secret> {
+    let mut secrets = Vec::new();
+    for unit in &plan.units {
+        for name in &unit.env_secrets {
+            if let Some((_, value)) = host_env
+                .iter()
+                .find(|(have, _)| have.as_os_str() == name.as_str())
+            {
+                secrets.push(Secret {
+                    name: name.clone(),
+                    value: value.as_encoded_bytes().to_vec(),
+                    handed: true,
+                });
+            }
+        }
+    }
+    for (name, value) in box_scrub::credentials(host_env.iter().cloned()) {
+        secrets.push(Secret {
+            name,
+            value: value.into_encoded_bytes(),
+            handed: false,
+        });
+    }
+    secrets
+}
+
+/// Credentials persisted in the workspace at session start, as the
+/// envelope reports them, and their values for the redactor.
+#[derive(Default)]
+pub(crate) struct Persisted {
+    /// For the workspace unit's envelope.
+    pub reported: Vec<PersistedCredential>,
+    /// For the redactor, named `file:line`.
+    pub secrets: Vec<Secret>,
+}
+
+/// Scan the host directory `workspace` (a workspace unit's source) for
+/// credentials left in it. Files only; never runs git. What the scan could
+/// not read is logged, not fatal.
+pub(crate) fn scan_persisted(session: &str, workspace: &Path) -> Persisted {
+    let scan = match box_redact::persisted::scan_workspace(workspace) {
+        Ok(scan) => scan,
+        Err(error) => {
+            tracing::warn!(session, %error, "persisted credentials not scanned");
+            return Persisted::default();
+        }
+    };
+    for unread in &scan.unread {
+        tracing::info!(session, "persisted credentials scan: {unread}");
+    }
+    let mut persisted = Persisted::default();
+    for finding in scan.findings {
+        let file = finding.file.display().to_string();
+        let name = format!("{file}:{}", finding.line);
+        persisted.reported.push(PersistedCredential {
+            file,
+            line: finding.line,
+            key: finding.key,
+            kind: match finding.kind {
+                FindingKind::ExtraHeader => "extraheader",
+                FindingKind::UrlCredentials => "url-credentials",
+                FindingKind::InlineHelper => "inline-helper",
+                FindingKind::CredentialStore => "credential-store",
+                FindingKind::Netrc => "netrc",
+            }
+            .to_owned(),
+        });
+        for value in finding.secrets {
+            persisted.secrets.push(Secret {
+                name: name.clone(),
+                value,
+                handed: true,
+            });
+        }
+    }
+    persisted
+}
+
+impl SessionRedactor {
+    /// A redactor over `secrets`; the values it cannot redact (too short,
+    /// too long) are logged by name.
+    pub(crate) fn new(session: &str, secrets: Vec<Secret>) -> Result<Self, String> {
+        let handed: Vec<String> = secrets
+            .iter()
+            .filter(|secret| secret.handed)
+            .map(|secret| secret.name.clone())
+            .collect();
+        let redactor = Redactor::new(
+            secrets
+                .into_iter()
+                .map(|secret| (secret.name, secret.value)),
+        )
+        .map_err(|error| error.to_string())?;
+        for skipped in redactor.skipped() {
+            if handed.contains(&skipped.name) {
+                tracing::warn!(session, "{skipped}");
+            } else {
+                tracing::info!(session, "host credential: {skipped}");
+            }
+        }
+        Ok(Self {
+            redactor: (!redactor.is_empty()).then(|| Arc::new(redactor)),
+            streams: HashMap::new(),
+            progress: HashMap::new(),
+        })
+    }
+
+    /// `text` redacted (a log line's field).
+    pub(crate) fn text<'t>(&self, text: &'t str) -> std::borrow::Cow<'t, str> {
+        match &self.redactor {
+            Some(redactor) => redactor.redact(text),
+            None => std::borrow::Cow::Borrowed(text),
+        }
+    }
+
+    /// Every string of `message` redacted in place.
+    pub(crate) fn message(&self, message: &mut Value) {
+        if let Some(redactor) = &self.redactor {
+            redactor.redact_json(message);
+        }
+    }
+
+    /// A message a unit sends on its own (a notification, a request): a
+    /// progress notification's `message` goes through its token's stream, so
+    /// a value split across two reports is caught (what a report holds back
+    /// comes with the next; the call's result holds the whole output anyway).
+    pub(crate) fn unit_message(&mut self, unit: usize, message: &mut Value) {
+        let Some(redactor) = self.redactor.clone() else {
+            return;
+        };
+        if message.get("method").and_then(Value::as_str) == Some("notifications/progress")
+            && let Some(params) = message.get_mut("params").and_then(Value::as_object_mut)
+            && let Some(token) = params.get("progressToken").map(Value::to_string)
+            && let Some(Value::String(text)) = params.get_mut("message")
+        {
+            let stream = self
+                .progress
+                .entry((unit, token))
+                .or_insert_with(|| redactor.text_stream());
+            *text = stream.push(text);
+        }
+        self.message(message);
+    }
+
+    /// No call is in flight: no progress report continues another.
+    pub(crate) fn calls_done(&mut self) {
+        self.progress.clear();
+    }
+
+    /// An answer to `resources/read`: the files resource answers with a JSON
+    /// document whose `data` is the file's bytes in base64. The search for a
+    /// value's base64 forms runs over that text as over any other; only when
+    /// it finds one are the bytes decoded, redacted and encoded again (so the
+    /// client still decodes them) instead of the marker landing inside the
+    /// base64. The rest of the answer is redacted like any other.
+    pub(crate) fn resource_read(&self, response: &mut Value) {
+        let Some(redactor) = &self.redactor else {
+            return;
+        };
+        let mut texts = Vec::new();
+        if let Some(contents) = response
+            .pointer_mut("/result/contents")
+            .and_then(Value::as_array_mut)
+        {
+            for (index, content) in contents.iter_mut().enumerate() {
+                let Some(object) = content.as_object_mut() else {
+                    continue;
+                };
+                let Some(Value::String(text)) = object.remove("text") else {
+                    continue;
+                };
+                let text = match redactor.redact(&text) {
+                    std::borrow::Cow::Borrowed(_) => text,
+                    std::borrow::Cow::Owned(redacted) => {
+                        redact_document_data(redactor, &text).unwrap_or(redacted)
+                    }
+                };
+                texts.push((index, text));
+            }
+        }
+        self.message(response);
+        if let Some(contents) = response
+            .pointer_mut("/result/contents")
+            .and_then(Value::as_array_mut)
+        {
+            for (index, text) in texts {
+                if let Some(object) = contents.get_mut(index).and_then(Value::as_object_mut) {
+                    object.insert("text".to_owned(), Value::String(text));
+                }
+            }
+        }
+    }
+
+    /// An answer to `process.read` on `key`: its `data` through the stream's
+    /// redactor (the end of the stream flushes what was held back), then the
+    /// rest of the answer like any message.
+    pub(crate) fn process_read(&mut self, key: StreamKey, response: &mut Value) {
+        let Some(redactor) = self.redactor.clone() else {
+            return;
+        };
+        let eof = response
+            .pointer("/result/eof")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let Some(bytes) = take_base64(response, "data") else {
+            // Not an answer with data in the form the wire gives it: redacted
+            // as text, like everything else; the stream goes on.
+            self.message(response);
+            return;
+        };
+        let stream = self
+            .streams
+            .entry(key.clone())
+            .or_insert_with(|| redactor.stream());
+        let mut out = stream.push(&bytes);
+        if eof {
+            out.extend(stream.finish());
+            self.streams.remove(&key);
+        }
+        self.message(response);
+        put_base64(response, "data", &out);
+    }
+
+    /// An answer to `process.close` of `(unit, id)`: the unread stderr it
+    /// carries (base64) is the end of that stream; both streams are done.
+    pub(crate) fn process_close(&mut self, unit: usize, id: &str, response: &mut Value) {
+        let Some(redactor) = self.redactor.clone() else {
+            return;
+        };
+        self.streams.remove(&(unit, id.to_owned(), 1));
+        let held = self.streams.remove(&(unit, id.to_owned(), 2));
+        let stderr = take_base64(response, "stderr");
+        self.message(response);
+        if let Some(bytes) = stderr {
+            let mut stream = held.unwrap_or_else(|| redactor.stream());
+            let mut out = stream.push(&bytes);
+            out.extend(stream.finish());
+            put_base64(response, "stderr", &out);
+        }
+    }
+}
+
+/// `text`, a JSON document with a base64 `data`, with the secrets in the
+/// decoded bytes redacted and encoded again; `None` when it is not one.
+fn redact_document_data(redactor: &Redactor, text: &str) -> Option<String> {
+    let mut document: Value = serde_json::from_str(text).ok()?;
+    let Some(Value::String(data)) = document.get_mut("data") else {
+        return None;
+    };
+    let bytes = BASE64.decode(data.as_bytes()).ok()?;
+    let data = BASE64.encode(redactor.redact_bytes(&bytes));
+    // Whatever else the document holds as any text; not the new data again.
+    if let Some(object) = document.as_object_mut() {
+        object.remove("data");
+    }
+    redactor.redact_json(&mut document);
+    if let Some(object) = document.as_object_mut() {
+        object.insert("data".to_owned(), Value::String(data));
+    }
+    Some(document.to_string())
+}
+
+/// The bytes of the base64 string `result.field`, taken out of `response`
+/// (`Some(empty)` when the result has no such field); `None`, leaving it in
+/// place, when the answer has no result object or the field is not base64.
+fn take_base64(response: &mut Value, field: &str) -> Option<Vec<u8>> {
+    let result = response.get_mut("result")?.as_object_mut()?;
+    let Some(Value::String(encoded)) = result.get(field) else {
+        return result.get(field).is_none().then(Vec::new);
+    };
+    let bytes = BASE64.decode(encoded.as_bytes()).ok()?;
+    result.remove(field);
+    Some(bytes)
+}
+
+/// Put `bytes` back as `result.field` (base64), unless there are none.
+fn put_base64(response: &mut Value, field: &str, bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    if let Some(result) = response.get_mut("result").and_then(Value::as_object_mut) {
+        result.insert(field.to_owned(), Value::String(BASE64.encode(bytes)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const TOKEN: &str = "tok-3f9a8b7c6d5e4f3a2b1c";
+
+    fn redactor() -> SessionRedactor {
+        SessionRedactor::new(
+            "s",
+            vec![Secret {
+                name: "API_TOKEN".to_owned(),
+                value: TOKEN.as_bytes().to_vec(),
+                handed: true,
+            }],
+        )
+        .unwrap()
+    }
+
+    fn read_answer(data: &[u8], eof: bool) -> Value {
+        let mut result = serde_json::Map::new();
+        if !data.is_empty() {
+            result.insert("data".to_owned(), json!(BASE64.encode(data)));
+        }
+        if eof {
+            result.insert("eof".to_owned(), json!(true));
+        }
+        json!({"jsonrpc": "2.0", "id": 1, "result": result})
+    }
+
+    fn data_of(response: &Value) -> Vec<u8> {
+        response["result"]["data"]
+            .as_str()
+            .map(|data| BASE64.decode(data).unwrap())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_tool_result_is_redacted_raw_and_encoded() {
+        let redactor = redactor();
+        let encoded = BASE64.encode(TOKEN);
+        let mut answer = json!({"jsonrpc": "2.0", "id": 1, "result": {"content": [
+            {"type": "text", "text": format!("{TOKEN}\n{encoded}\n")}
+        ]}});
+        redactor.message(&mut answer);
+        assert_eq!(
+            answer["result"]["content"][0]["text"],
+            "[REDACTED:API_TOKEN]\n[REDACTED:API_TOKEN]\n"
+        );
+    }
+
+    #[test]
+    fn a_secret_split_across_two_process_reads_is_redacted() {
+        let mut redactor = redactor();
+        let output = format!("before {TOKEN} after\n");
+        let (first, second) = output.as_bytes().split_at(15);
+        let mut one = read_answer(first, false);
+        let mut two = read_answer(second, true);
+        redactor.process_read((0, "p1".to_owned(), 1), &mut one);
+        redactor.process_read((0, "p1".to_owned(), 1), &mut two);
+        let mut seen = data_of(&one);
+        seen.extend(data_of(&two));
+        assert_eq!(
+            String::from_utf8(seen).unwrap(),
+            "before [REDACTED:API_TOKEN] after\n"
+        );
+        assert!(
+            redactor.streams.is_empty(),
+            "the end of the stream frees it"
+        );
+    }
+
+    #[test]
+    fn streams_of_different_processes_are_apart() {
+        let mut redactor = redactor();
+        let (head, tail) = TOKEN.as_bytes().split_at(10);
+        let mut one = read_answer(head, false);
+        let mut other = read_answer(tail, true);
+        redactor.process_read((0, "p1".to_owned(), 1), &mut one);
+        redactor.process_read((0, "p2".to_owned(), 1), &mut other);
+        // Neither stream holds the secret: nothing to redact, nothing lost.
+        assert_eq!(data_of(&other), tail);
+        let mut end = read_answer(b"", true);
+        redactor.process_read((0, "p1".to_owned(), 1), &mut end);
+        let mut first = data_of(&one);
+        first.extend(data_of(&end));
+        assert_eq!(first, head);
+    }
+
+    #[test]
+    fn a_secret_split_across_two_progress_reports_is_redacted() {
+        let mut redactor = redactor();
+        let (head, tail) = TOKEN.split_at(9);
+        let report = |text: &str| {
+            json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                "params": {"progressToken": 7, "progress": 1, "message": text}})
+        };
+        let mut one = report(&format!("out: {head}"));
+        let mut two = report(&format!("{tail} more\n"));
+        redactor.unit_message(0, &mut one);
+        redactor.unit_message(0, &mut two);
+        let seen = format!(
+            "{}{}",
+            one["params"]["message"].as_str().unwrap(),
+            two["params"]["message"].as_str().unwrap()
+        );
+        assert_eq!(seen, "out: [REDACTED:API_TOKEN] more\n");
+        redactor.calls_done();
+        assert!(redactor.progress.is_empty());
+    }
+
+    #[test]
+    fn a_file_resource_read_keeps_its_base64_decodable() {
+        let redactor = redactor();
+        let document = json!({"data": BASE64.encode(format!("key={TOKEN}\n"))}).to_string();
+        let mut answer = json!({"jsonrpc": "2.0", "id": 1, "result": {"contents": [
+            {"uri": "agentworkspace:///read?path=k", "mimeType": "application/json", "text": document}
+        ]}});
+        redactor.resource_read(&mut answer);
+        let text = answer["result"]["contents"][0]["text"].as_str().unwrap();
+        let document: Value = serde_json::from_str(text).unwrap();
+        let bytes = BASE64.decode(document["data"].as_str().unwrap()).unwrap();
+        assert_eq!(bytes, b"key=[REDACTED:API_TOKEN]\n");
+    }
+
+    #[test]
+    fn unread_stderr_at_close_is_redacted() {
+        let mut redactor = redactor();
+        let mut answer = json!({"jsonrpc": "2.0", "id": 1, "result": {
+            "status": 0,
+            "stderr": BASE64.encode(format!("oops {TOKEN}"))
+        }});
+        redactor.process_close(0, "p1", &mut answer);
+        let stderr = BASE64
+            .decode(answer["result"]["stderr"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(stderr, b"oops [REDACTED:API_TOKEN]");
+    }
+
+    #[test]
+    fn session_secrets_take_handed_values_then_scrubbed_credentials() {
+        use box_policy::plan::{UnitSpec, WorkspaceSource};
+        let mut unit = UnitSpec::workspace("image", WorkspaceSource::Empty);
+        unit.env_secrets = vec!["DEPLOY".to_owned()];
+        let plan = Plan {
+            profile: "p".to_owned(),
+            units: vec![unit],
+            on_persisted_credentials: Default::default(),
+        };
+        let env: Vec<(OsString, OsString)> = [
+            ("DEPLOY", "deploy-value-123456"),
+            ("GITHUB_TOKEN", "ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
+            ("LANG", "C.UTF-8"),
+        ]
+        .iter()
+        .map(|(name, value)| (OsString::from(name), OsString::from(value)))
+        .collect();
+        let names: Vec<String> = session_secrets(&plan, &env)
+            .into_iter()
+            .map(|secret| secret.name)
+            .collect();
+        assert_eq!(names, ["DEPLOY", "GITHUB_TOKEN"]);
+    }
+}

@@ -1,0 +1,339 @@
+//! Secrets end to end through `box serve --backend docker`: delivered as files
+//! (`/run/secrets/NAME`), never in `docker inspect`, and redacted from what
+//! the client receives, raw and encoded, in tool results and in process
+//! output read in chunks; a credential persisted in the workspace is reported
+//! in the envelope (and redacted) or refuses the session, as the profile says.
+
+use std::io::{BufRead as _, Write as _};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use boxhost::backend::docker::DockerBackend;
+use serde_json::{Value, json};
+
+use crate::support::{box_bin, under_ci};
+
+const FILE: &str = "BOX_E2E_DEPLOY_KEY";
+const FILE_VALUE: &str = "e2e-file-secret-7d41c9a2";
+const ENV: &str = "BOX_E2E_API_TOKEN";
+const ENV_VALUE: &str = "e2e-env-secret-0b8e5f13";
+
+/// Whether a Docker engine with the base image is here; a failure under CI.
+fn engine_ready() -> bool {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    match runtime.block_on(DockerBackend::connect()) {
+        Ok(backend) => {
+            assert!(
+                runtime
+                    .block_on(backend.client().inspect_image("box-base:bookworm"))
+                    .is_ok(),
+                "image box-base:bookworm is missing: build it with scripts/images.sh"
+            );
+            true
+        }
+        Err(error) => {
+            assert!(!under_ci(), "CI needs a Docker engine: {error}");
+            eprintln!("\n*** DOCKER TEST NOT RUN: {error} ***\n");
+            false
+        }
+    }
+}
+
+/// A profile directory with `sec.toml`: the default profile plus `extra`.
+fn profiles(extra: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("sec.toml"),
+        format!("extends = \"default\"\n\n{extra}\n"),
+    )
+    .unwrap();
+    dir
+}
+
+struct Served {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+    instance: String,
+}
+
+impl Served {
+    fn start(tag: &str, workspace: &Path, profiles: &Path) -> Self {
+        let instance = format!("secrets-{tag}-{}", std::process::id());
+        let mut child = Command::new(box_bin())
+            .args(["serve", "--backend", "docker", "--profile", "sec"])
+            .args(["--instance", &instance])
+            .arg("--profiles")
+            .arg(profiles)
+            .arg("--workspace")
+            .arg(workspace)
+            .env(FILE, FILE_VALUE)
+            .env(ENV, ENV_VALUE)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            stdin,
+            lines,
+            instance,
+        }
+    }
+
+    fn initialize(&mut self) -> Value {
+        self.send(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "secrets-test", "version": "1"}}}));
+        let answer = self.answer(0);
+        if answer.get("result").is_some() {
+            self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        }
+        answer
+    }
+
+    fn send(&mut self, message: &Value) {
+        writeln!(self.stdin, "{message}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn answer(&mut self, id: i64) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no answer to request {id}"));
+            let message: Value = serde_json::from_str(&line).unwrap();
+            if message["id"] == json!(id) {
+                return message;
+            }
+        }
+    }
+
+    fn call(&mut self, id: i64, method: &str, params: Value) -> Value {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        self.answer(id)
+    }
+
+    fn bash(&mut self, id: i64, command: &str) -> String {
+        let answer = self.call(
+            id,
+            "tools/call",
+            json!({"name": "bash", "arguments": {"command": command}}),
+        );
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("bash {command}: {answer}"))
+            .to_owned()
+    }
+
+    fn containers(&self) -> Vec<String> {
+        let output = Command::new("docker")
+            .args(["ps", "-aq", "--filter"])
+            .arg(format!("label=box.instance={}", self.instance))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn hang_up(mut self) {
+        drop(self.stdin);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "box serve did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let left = Command::new("docker")
+            .args(["ps", "-aq", "--filter"])
+            .arg(format!("label=box.instance={}", self.instance))
+            .output()
+            .unwrap();
+        assert!(left.stdout.is_empty(), "units left behind");
+    }
+}
+
+/// What the engine shows of the container and of every exec in it
+/// (`docker inspect`, and the exec inspection the CLI has no command for), as text.
+fn inspected(container: &str) -> String {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let backend = DockerBackend::connect().await.unwrap();
+        let docker = backend.client();
+        let inspect = docker.inspect_container(container, None).await.unwrap();
+        let mut text = serde_json::to_string(&inspect).unwrap();
+        let execs = inspect.exec_ids.clone().unwrap_or_default();
+        assert!(!execs.is_empty(), "the executor's exec is listed");
+        for exec in execs {
+            let exec = docker.inspect_exec(&exec).await.unwrap();
+            text.push_str(&serde_json::to_string(&exec).unwrap());
+        }
+        text
+    })
+}
+
+#[test]
+fn secrets_are_files_out_of_docker_inspect_and_redacted_for_the_client() {
+    if !engine_ready() {
+        return;
+    }
+    let profiles = profiles(&format!(
+        "[env]\nsecrets = [\"{FILE}\", {{name = \"{ENV}\", as_env = true}}]\n"
+    ));
+    let ws = tempfile::tempdir().unwrap();
+    let mut served = Served::start("files", ws.path(), profiles.path());
+    let init = served.initialize();
+    let result = &init["result"];
+    assert!(result.is_object(), "{init}");
+    let text = init.to_string();
+    assert!(!text.contains(FILE_VALUE) && !text.contains(ENV_VALUE));
+    let envelope =
+        &result["capabilities"]["experimental"][box_jsonrpc::EXECUTOR_KEY]["box"]["units"][0];
+    assert_eq!(
+        envelope["secrets"],
+        json!([
+            {"name": FILE, "path": format!("/run/secrets/{FILE}"), "asEnv": false},
+            {"name": ENV, "path": format!("/run/secrets/{ENV}"), "asEnv": true},
+        ]),
+        "{init}"
+    );
+
+    // The file is there, 0400 and the unit's user's; its value comes back
+    // redacted, raw and in base64.
+    let out = served.bash(
+        1,
+        &format!(
+            "stat -c '%a %u' /run/secrets/{FILE}; id -u; cat /run/secrets/{FILE}; echo; \
+             printf %s \"$(cat /run/secrets/{FILE})\" | base64; \
+             echo \"env=${{{ENV}:-unset}}\"; echo \"file-env=${{{FILE}:-unset}}\""
+        ),
+    );
+    let mut lines = out.lines();
+    let (mode, uid) = lines.next().unwrap().split_once(' ').unwrap();
+    assert_eq!(mode, "400", "{out}");
+    assert_eq!(Some(uid), lines.next(), "owned by the unit's user: {out}");
+    assert!(!out.contains(FILE_VALUE), "{out}");
+    assert!(!out.contains(&BASE64.encode(FILE_VALUE)), "{out}");
+    assert_eq!(
+        out.matches(&format!("[REDACTED:{FILE}]")).count(),
+        2,
+        "raw and base64: {out}"
+    );
+    // The as_env secret is a variable of the tools' processes, redacted too;
+    // the file-only one is not a variable at all.
+    assert!(out.contains(&format!("env=[REDACTED:{ENV}]")), "{out}");
+    assert!(out.contains("file-env=unset"), "{out}");
+
+    // Process output read in small chunks: the value split across reads is
+    // still redacted.
+    let started = served.call(
+        2,
+        "agentworkspace/process.start",
+        json!({"args": ["sh", "-c", format!("printf 'key: %s done\\n' \"$(cat /run/secrets/{FILE})\"")]}),
+    );
+    let id = started["result"]["id"].as_str().unwrap().to_owned();
+    let mut output = Vec::new();
+    for request in 3..200 {
+        let read = served.call(
+            request,
+            "agentworkspace/process.read",
+            json!({"id": id, "fd": 1, "max": 7}),
+        );
+        if let Some(data) = read["result"]["data"].as_str() {
+            output.extend(BASE64.decode(data).unwrap());
+        }
+        if read["result"]["eof"] == json!(true) {
+            break;
+        }
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&output),
+        format!("key: [REDACTED:{FILE}] done\n")
+    );
+
+    // Nothing docker shows holds either value.
+    let containers = served.containers();
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    let shown = inspected(&containers[0]);
+    for value in [FILE_VALUE, ENV_VALUE] {
+        assert!(!shown.contains(value), "docker inspect shows a secret");
+    }
+    served.hang_up();
+}
+
+/// A workspace whose `.git/config` persists an extraheader token.
+fn persisted_workspace(token: &str) -> tempfile::TempDir {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir(ws.path().join(".git")).unwrap();
+    std::fs::write(
+        ws.path().join(".git/config"),
+        format!(
+            "[core]\n\tbare = false\n\
+             [http \"https://github.com/\"]\n\textraheader = AUTHORIZATION: basic {token}\n"
+        ),
+    )
+    .unwrap();
+    ws
+}
+
+#[test]
+fn a_persisted_extraheader_is_reported_and_redacted_or_refuses_the_session() {
+    if !engine_ready() {
+        return;
+    }
+    const TOKEN: &str = "eC1hY2Nlc3MtdG9rZW46Z2hzX2UyZWNhbmFyeQ==";
+    let ws = persisted_workspace(TOKEN);
+
+    let report = profiles("");
+    let mut served = Served::start("report", ws.path(), report.path());
+    let init = served.initialize();
+    let text = init.to_string();
+    assert!(init.get("result").is_some(), "{init}");
+    assert!(!text.contains(TOKEN), "{init}");
+    assert!(text.contains("persistedCredentials"), "{init}");
+    assert!(text.contains(".git/config"), "{init}");
+    assert!(text.contains("extraheader"), "{init}");
+    let out = served.bash(1, "cat .git/config");
+    assert!(!out.contains(TOKEN), "{out}");
+    assert!(out.contains("[REDACTED:.git/config:"), "{out}");
+    served.hang_up();
+
+    let refuse = profiles("[workspace]\non_persisted_credentials = \"refuse\"\n");
+    let mut served = Served::start("refuse", ws.path(), refuse.path());
+    let init = served.initialize();
+    let message = init["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(".git/config:4"), "{init}");
+    assert!(message.contains("extraheader"), "{init}");
+    assert!(message.contains("on_persisted_credentials"), "{init}");
+    assert!(!init.to_string().contains(TOKEN), "{init}");
+    assert_eq!(
+        init["error"]["data"]["field"],
+        "workspace.on_persisted_credentials"
+    );
+    assert!(
+        served.containers().is_empty(),
+        "a refused session starts no unit"
+    );
+    served.hang_up();
+}
