@@ -688,13 +688,18 @@ fn git_works_under_the_executors_confinement_with_an_ordinary_home() {
     // (as it denies /root to a standalone `box execute` run as root).
     let home = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     std::fs::write(home.path().join(".gitconfig"), "[user]\n\tname = denied\n").unwrap();
+    // The executor's temp directory is writable (and readable) under its
+    // confinement; a checkout under /tmp would put HOME beneath it, so the
+    // executor gets a temp directory of its own beside HOME.
+    let temp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let mut executor = Executor::start_with(
         Command::new(support::box_bin())
             .arg("execute")
             .arg("--root")
             .arg(dir.path())
             .args(["--landlock", "best-effort"])
-            .env("HOME", home.path()),
+            .env("HOME", home.path())
+            .env("TMPDIR", temp.path()),
     );
     executor
         .request(
