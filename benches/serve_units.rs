@@ -24,6 +24,11 @@
 //!   after every session's DELETE (must be 0).
 //! - `batch`: one `execution/batch` of 8 reads vs 8 sequential `tools/call`
 //!   reads, through `box serve` and through `docker exec -i`.
+//! - `egress`: a bulk HTTPS download (`curl -k` of a file from `openssl
+//!   s_server -WWW` on the host's loopback) from inside a docker unit whose
+//!   network is `egress` (through the executor's bridge and the host's proxy,
+//!   the name pinned with `network.hosts`), against the same `curl` on the
+//!   host going direct, alternating round by round.
 //! - `runtime`: session start (initialize → first tool result, from an idle
 //!   `box serve`) of a gVisor unit (`runtime = "runsc"`) against the same
 //!   profile under the engine's default runtime (runc), alternating round by
@@ -485,6 +490,123 @@ fn start_figures(runtime: &tokio::runtime::Runtime, workspace: &Path, docker: Op
         );
     }
     local_start_figures(workspace);
+}
+
+/// Bulk HTTPS through a unit's egress proxy against the same download direct.
+fn egress_figures() {
+    let rounds = env_number("BOX_BENCH_ROUNDS", 5);
+    let mib = env_number("BOX_BENCH_EGRESS_MIB", 128);
+    let served = tempfile::tempdir().unwrap();
+    let file = served.path().join("bulk.bin");
+    {
+        let mut out = std::fs::File::create(&file).unwrap();
+        let block = vec![0x5a_u8; 1 << 20];
+        for _ in 0..mib {
+            out.write_all(&block).unwrap();
+        }
+    }
+    let (key, cert) = (served.path().join("k.pem"), served.path().join("c.pem"));
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=bulk.test",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "openssl req: {made:?}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = Command::new("openssl")
+        .args(["s_server", "-WWW", "-quiet", "-accept"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("-cert")
+        .arg(&cert)
+        .arg("-key")
+        .arg(&key)
+        .current_dir(served.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("bench-egress.toml"),
+        format!(
+            "description = \"egress bench\"\nextends = \"default\"\n[workspace]\nimage = \"box-test-tools:latest\"\n[network]\nmode = \"egress\"\nallow = [\"bulk.test:{port}\"]\nhosts = {{ \"bulk.test\" = \"127.0.0.1\" }}\n[operator]\nallow_dangerous = [\"private-destinations\"]\n"
+        ),
+    )
+    .unwrap();
+    let workspace = tempfile::tempdir().unwrap();
+    let instance = format!("{}-egress", label());
+    let mut command = box_serve("docker", workspace.path(), &instance);
+    command
+        .arg("--profiles")
+        .arg(profiles.path())
+        .args(["--profile", "bench-egress"]);
+    let mut peer = Peer::spawn(&mut command);
+    peer.initialize();
+    let url = format!("https://bulk.test:{port}/bulk.bin");
+    let curl = format!("curl -sk -o /dev/null -w '%{{time_total}}' {url}");
+    let through = |peer: &mut Peer| -> f64 {
+        let answer = peer.ask(json!({"jsonrpc": "2.0", "method": "tools/call",
+            "params": {"name": "bash", "arguments": {"command": curl.clone()}}}));
+        let text = answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        text.split_whitespace()
+            .next()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap_or_else(|_| panic!("curl in the unit: {text}"))
+    };
+    let direct = || -> f64 {
+        let output = Command::new("curl")
+            .args(["-sk", "-o", "/dev/null", "-w", "%{time_total}", "--resolve"])
+            .arg(format!("bulk.test:{port}:127.0.0.1"))
+            .arg(&url)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse::<f64>()
+            .unwrap()
+    };
+    let (mut proxied, mut straight) = (Vec::new(), Vec::new());
+    for round in 0..=rounds {
+        let a = through(&mut peer);
+        let b = direct();
+        // Round 0 warms the page cache and the TLS code paths.
+        if round > 0 {
+            proxied.push(Duration::from_secs_f64(a));
+            straight.push(Duration::from_secs_f64(b));
+        }
+    }
+    drop(peer);
+    let _ = server.kill();
+    let _ = server.wait();
+    let rate = |d: Duration| mib as f64 / d.as_secs_f64();
+    println!(
+        "egress, docker: {mib} MiB over HTTPS from inside an egress unit (bridge + host proxy) median {:.0} MiB/s | curl on the host direct median {:.0} MiB/s | ratio {:.2} (goal >= 0.8), {rounds} rounds",
+        rate(median(&proxied)),
+        rate(median(&straight)),
+        rate(median(&proxied)) / rate(median(&straight)),
+    );
 }
 
 /// Session start of a runsc unit against a runc unit of the same profile.
@@ -1190,6 +1312,9 @@ fn main() {
     }
     if docker.is_some() && wants("batch") {
         batch_figures(workspace.path());
+    }
+    if docker.is_some() && wants("egress") {
+        egress_figures();
     }
     if docker.is_some() && wants("runtime") {
         runtime_figures(workspace.path());
