@@ -223,6 +223,7 @@ pub async fn start_units(
     config: &Arc<HostConfig>,
     label: &SessionLabel,
     specs: &[UnitSpec],
+    workspace_masks: &[box_backend::FileMask],
     timeout: Duration,
     background: &TaskTracker,
 ) -> Result<(Vec<(u64, StartedUnit)>, Vec<EgressProxy>), StartFailure> {
@@ -245,11 +246,14 @@ pub async fn start_units(
     let mut starts = Vec::new();
     for spec in specs {
         let key = config.ledger.starting(&label.session, &spec.name);
-        let wiring = proxies
+        let mut wiring = proxies
             .iter()
             .find(|proxy| proxy.unit == spec.name)
             .map(EgressProxy::wiring)
             .unwrap_or_default();
+        if spec.role == box_policy::plan::Role::Workspace {
+            wiring.masks = workspace_masks.to_vec();
+        }
         let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
             let result = config.backend.start_wired(&label, &spec, &wiring).await;
