@@ -104,6 +104,24 @@ pub struct ExecutorIo {
 pub struct UnitWiring {
     /// The unit's egress proxy (its spec's network is `egress`).
     pub egress: Option<EgressWiring>,
+    /// A forked workspace's borrowed git objects (a `worktree` fork).
+    pub objects: Option<ObjectsWiring>,
+}
+
+/// A `worktree` fork's child repository borrows its parent's git objects:
+/// the parent's objects directory, mounted read-only at
+/// [`ObjectsWiring::DIR_IN_UNIT`], which the child's
+/// `.git/objects/info/alternates` names. The child's own objects, refs,
+/// index and config are its own; these are only readable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectsWiring {
+    /// The parent repository's objects directory on the host.
+    pub host: std::path::PathBuf,
+}
+
+impl ObjectsWiring {
+    /// Where the objects appear inside the unit.
+    pub const DIR_IN_UNIT: &str = "/.box/objects";
 }
 
 /// The host's egress proxy for one unit: a directory on the host holding its
@@ -247,6 +265,18 @@ pub trait Backend: Send + Sync {
                     control: "network egress allow list".to_owned(),
                     why: format!(
                         "the {} backend cannot wire the host's egress proxy into a unit yet; use network mode none, or the docker backend",
+                        self.kind().as_str()
+                    ),
+                })
+            });
+        }
+        if wiring.objects.is_some() {
+            return Box::pin(async move {
+                Err(BackendError::Unenforceable {
+                    unit: spec.name.clone(),
+                    control: "a worktree fork's borrowed git objects".to_owned(),
+                    why: format!(
+                        "the {} backend cannot mount the parent's git objects into a unit; fork with mode copy",
                         self.kind().as_str()
                     ),
                 })
