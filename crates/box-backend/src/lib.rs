@@ -108,6 +108,8 @@ pub struct UnitWiring {
     /// file (`on_persisted_credentials = "hide"`: a copy with the credentials
     /// masked). Only for a workspace unit.
     pub masks: Vec<FileMask>,
+    /// A forked workspace's borrowed git objects (a `worktree` fork).
+    pub objects: Option<ObjectsWiring>,
 }
 
 /// One workspace file the unit sees replaced by a host file, read-only.
@@ -118,6 +120,22 @@ pub struct FileMask {
     /// The masked file, relative to the unit's workspace root (no `..`, no
     /// absolute path: checked by whoever builds it).
     pub target: std::path::PathBuf,
+}
+
+/// A `worktree` fork's child repository borrows its parent's git objects:
+/// the parent's objects directory, mounted read-only at
+/// [`ObjectsWiring::DIR_IN_UNIT`], which the child's
+/// `.git/objects/info/alternates` names. The child's own objects, refs,
+/// index and config are its own; these are only readable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectsWiring {
+    /// The parent repository's objects directory on the host.
+    pub host: std::path::PathBuf,
+}
+
+impl ObjectsWiring {
+    /// Where the objects appear inside the unit.
+    pub const DIR_IN_UNIT: &str = "/.box/objects";
 }
 
 /// The host's egress proxy for one unit: a directory on the host holding its
@@ -273,6 +291,18 @@ pub trait Backend: Send + Sync {
                     control: "on_persisted_credentials = \"hide\"".to_owned(),
                     why: format!(
                         "the {} backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend",
+                        self.kind().as_str()
+                    ),
+                })
+            });
+        }
+        if wiring.objects.is_some() {
+            return Box::pin(async move {
+                Err(BackendError::Unenforceable {
+                    unit: spec.name.clone(),
+                    control: "a worktree fork's borrowed git objects".to_owned(),
+                    why: format!(
+                        "the {} backend cannot mount the parent's git objects into a unit; fork with mode copy",
                         self.kind().as_str()
                     ),
                 })

@@ -125,6 +125,7 @@ impl EgressProxy {
                 socket_dir: self.dir.clone(),
             }),
             masks: Vec::new(),
+            objects: None,
         }
     }
 
