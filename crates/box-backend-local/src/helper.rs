@@ -1274,9 +1274,18 @@ fn hide_host(keep: &[PathBuf]) -> std::io::Result<(Vec<String>, Vec<String>)> {
     Ok((hidden, unhidden))
 }
 
-/// Make the bind mount at `path` (bound back by [`hide_host`]) read-only.
+/// Bind `path` onto itself (whether or not [`hide_host`] already bound it
+/// back: it stays in sight where no tmpfs covers it), then make that mount
+/// read-only.
 fn bind_read_only(path: &Path) -> std::io::Result<()> {
     use nix::mount::MsFlags;
+    nix::mount::mount(
+        Some(path),
+        path,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )?;
     nix::mount::mount(
         None::<&str>,
         path,
