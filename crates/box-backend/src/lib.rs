@@ -153,6 +153,11 @@ impl EgressWiring {
     pub const DIR_IN_UNIT: &str = "/.box/egress";
     /// The socket's file name in the directory.
     pub const SOCKET: &str = "proxy.sock";
+    /// The loopback port the executor's bridge listens on inside the unit
+    /// (`box_egress::BRIDGE_PORT`; a test in box-host holds them equal).
+    pub const BRIDGE_PORT: u16 = 3128;
+    /// Where a unit's tools find the proxy (what `HTTP_PROXY` and the rest say).
+    pub const PROXY_URL: &str = "http://127.0.0.1:3128";
 
     /// The socket's path inside the unit (what the executor is told).
     pub fn socket_in_unit() -> std::path::PathBuf {
