@@ -611,6 +611,27 @@ impl Backend for LocalBackend {
         spec: &'a UnitSpec,
         wiring: &'a UnitWiring,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
+        // What this backend cannot wire is refused, never silently left out.
+        let refuse = |control: &str, why: &str| {
+            let refusal = BackendError::Unenforceable {
+                unit: spec.name.clone(),
+                control: control.to_owned(),
+                why: why.to_owned(),
+            };
+            futures::future::ready(Err(refusal)).boxed()
+        };
+        if !wiring.masks.is_empty() {
+            return refuse(
+                "on_persisted_credentials = \"hide\"",
+                "the local backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend",
+            );
+        }
+        if wiring.objects.is_some() {
+            return refuse(
+                "a worktree fork's borrowed git objects",
+                "the local backend cannot mount the parent's git objects into a unit; fork with mode copy",
+            );
+        }
         self.start_command_wired(session, spec, wiring, Vec::new())
             .boxed()
     }
