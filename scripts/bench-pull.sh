@@ -5,7 +5,7 @@
 #
 #   scripts/bench-pull.sh [ROUNDS]      default 5 rounds (each: one pull of each)
 #
-# BOX names the box binary (default: target/release/box, else target/debug/box,
+# BOX names the box binary (default: the release build, else the debug one,
 # under CARGO_TARGET_DIR when set). The image is built here like box-test-big
 # (box-base:bookworm plus one layer of 100 MiB of random, incompressible data)
 # but with data of its own, so after `docker rmi` no layer of it but
@@ -25,7 +25,8 @@ die() {
 
 TARGET=${CARGO_TARGET_DIR:-target}
 if [ -z "${BOX:-}" ]; then
-    for candidate in "$TARGET/release/box" "$TARGET/debug/box"; do
+    # The workspace builds for an explicit target triple (.cargo/config.toml).
+    for candidate in "$TARGET"/release/box "$TARGET"/*/release/box "$TARGET"/debug/box "$TARGET"/*/debug/box; do
         if [ -x "$candidate" ]; then
             BOX=$candidate
             break
@@ -50,7 +51,7 @@ trap cleanup EXIT
 say "building a 100 MiB image and pushing it to $REGISTRY"
 head -c 100M /dev/urandom >"$STAGE/random"
 printf 'FROM box-base:bookworm\nCOPY random /big/random\n' >"$STAGE/Dockerfile"
-DOCKER_BUILDKIT=0 docker build --quiet --tag "$REPO:big" "$STAGE" >/dev/null
+DOCKER_BUILDKIT=0 docker build --quiet --tag "$REPO:big" "$STAGE" >/dev/null 2>"$STAGE/build.log" || { cat "$STAGE/build.log" >&2; die "docker build failed"; }
 rm -f "$STAGE/random"
 DIGEST=$(docker push "$REPO:big" | grep -o 'sha256:[0-9a-f]\{64\}' | tail -1)
 [ -n "$DIGEST" ] || die "docker push printed no digest"

@@ -209,11 +209,18 @@ pub fn pull(args: &PullArgs) -> anyhow::Result<ExitCode> {
     let progress = Progress::new(style);
     let sink = progress.sink();
     let started = Instant::now();
+    if box_backend_docker::pull::is_box_image(&args.image) {
+        anyhow::bail!(
+            "{} is one of box's own images, which are in no registry: {}",
+            args.image,
+            box_backend_docker::missing_image_remedy(&args.image, crate::plan::PullPolicy::Missing)
+        );
+    }
     let result = crate::cli::units::runtime()?.block_on(async {
-        let backend = box_backend_docker::DockerBackend::connect()
+        let puller = box_backend_docker::Puller::connect()
             .await
             .map_err(|why| anyhow::anyhow!("docker: {why}"))?;
-        backend
+        puller
             .pull_image(&args.image, Some(&sink))
             .await
             .map_err(anyhow::Error::from)

@@ -46,7 +46,7 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 
 pub use body::{EngineFacts, container_body};
-pub use pull::{PullEvent, PullSink, PullTally, Pulled, missing_image_remedy};
+pub use pull::{PullEvent, PullSink, PullTally, Pulled, Puller, missing_image_remedy};
 
 use box_backend::environment::{Own, STANDARD_PATH, UnitEnvironment, unit_environment};
 use box_backend::{
@@ -245,6 +245,7 @@ impl DockerBackend {
             message: why,
         })?;
         let ready = match self
+            .puller()
             .ready_image(&spec.image, spec.pull, self.pull_sink.as_ref())
             .await
         {

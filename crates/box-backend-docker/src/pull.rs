@@ -21,6 +21,15 @@ use box_policy::image::{DEFAULT_REGISTRY, ImageRef, PullPolicy, familiar};
 
 use crate::{DockerBackend, engine_message, status_of};
 
+impl DockerBackend {
+    /// The backend's client, for pulls.
+    pub fn puller(&self) -> Puller {
+        Puller {
+            docker: self.docker.clone(),
+        }
+    }
+}
+
 /// One progress event of a pull, as the engine reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PullEvent {
@@ -274,7 +283,28 @@ fn event_of(image: &str, info: &CreateImageInfo) -> PullEvent {
     }
 }
 
-impl DockerBackend {
+/// The engine client a pull needs, and no more: `box image pull` starts no
+/// unit, so it gathers none of [`DockerBackend::connect`]'s engine facts.
+#[derive(Clone)]
+pub struct Puller {
+    docker: bollard::Docker,
+}
+
+impl Puller {
+    /// Connect to the local engine (DOCKER_HOST or the default socket) and
+    /// negotiate the API version.
+    pub async fn connect() -> Result<Self, crate::ConnectError> {
+        let no_engine = |e: bollard::errors::Error| crate::ConnectError::NoEngine {
+            cause: e.to_string(),
+        };
+        let docker = bollard::Docker::connect_with_defaults()
+            .map_err(no_engine)?
+            .negotiate_version()
+            .await
+            .map_err(no_engine)?;
+        Ok(Self { docker })
+    }
+
     /// Pull `image` from its registry (credentials from the Docker config file
     /// when it has some for that registry), reporting progress to `sink`; a
     /// pinned image is verified to be the pinned content.
