@@ -1150,6 +1150,7 @@ pub(crate) fn envelope(
         id: id.to_owned(),
         image: String::new(),
         image_id: String::new(),
+        image_digest: None,
         runtime: None,
         root: layout
             .workspace

@@ -13,6 +13,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
         name: "workspace".to_owned(),
         role: Role::Workspace,
         image: "box-base:bookworm".to_owned(),
+        pull: box_policy::plan::PullPolicy::Missing,
         runtime: None,
         source,
         root: PathBuf::from("/workspace"),

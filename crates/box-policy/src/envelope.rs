@@ -24,6 +24,12 @@ pub struct Envelope {
     pub image: String,
     /// The image's id (digest) as the engine resolved it.
     pub image_id: String,
+    /// The registry's content digest of the image the unit runs
+    /// (`sha256:...`): for a pinned image, the digest verified before the
+    /// start; for a pulled tag, the one the engine recorded. Absent for an
+    /// image no registry knows (built locally) and where there is no engine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
     /// The engine's OCI runtime the unit runs under (`runc`, `runsc` for gVisor);
     /// absent where there is no engine.
     #[serde(skip_serializing_if = "Option::is_none")]
