@@ -124,6 +124,7 @@ impl EgressProxy {
             egress: Some(EgressWiring {
                 socket_dir: self.dir.clone(),
             }),
+            ..UnitWiring::default()
         }
     }
 
