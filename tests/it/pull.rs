@@ -542,3 +542,19 @@ fn docker_initialize_reports_a_pull_as_mcp_progress() {
         "the envelope names the digest: {units}"
     );
 }
+
+/// box's own images are in no registry: `box image pull` says how they are
+/// made instead of asking Docker Hub for them (no engine needed).
+#[test]
+fn box_image_pull_of_boxs_own_image_names_the_build() {
+    let output = Command::new(box_bin())
+        .args(["image", "pull", "box-base:bookworm"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("one of box's own images") && stderr.contains("box image build"),
+        "{stderr}"
+    );
+}
