@@ -460,3 +460,101 @@ fn docker_scratch_and_musl_images_run_the_executor() {
         assert!(stdout.contains(want), "{image}: {stdout}");
     }
 }
+
+/// MCP progress during `initialize`: a client that sends a progress token
+/// with its initialize hears the pull as `notifications/progress` before the
+/// answer (box serve over stdio); the answer's envelope names the digest.
+#[test]
+fn docker_initialize_reports_a_pull_as_mcp_progress() {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    let engine_answers = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine())
+        .is_some();
+    if !engine_answers {
+        return;
+    }
+    let registry = Registry::start();
+    let pushed = Pushed::new(&registry);
+    let ws = tempfile::tempdir().unwrap();
+    let profiles = profiles(&format!("image = \"{}\"", pushed.pinned()));
+    let mut serve = Command::new(box_bin())
+        .args([
+            "serve",
+            "--backend",
+            "docker",
+            "--profile",
+            "p",
+            "--profiles",
+        ])
+        .arg(profiles.path())
+        .arg("--workspace")
+        .arg(ws.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut stdin = serve.stdin.take().unwrap();
+    let initialize = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "pull-test", "version": "1"},
+            "_meta": {"progressToken": "pull-1"}
+        }
+    });
+    writeln!(stdin, "{initialize}").unwrap();
+    stdin.flush().unwrap();
+    let mut lines = BufReader::new(serve.stdout.take().unwrap()).lines();
+    let mut progress = Vec::new();
+    let answer = loop {
+        let line = lines.next().expect("box serve answers initialize").unwrap();
+        let message: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if message.get("id").is_some() {
+            break message;
+        }
+        progress.push(message);
+    };
+    drop(stdin);
+    let _ = serve.wait();
+    assert!(answer.get("result").is_some(), "{answer}");
+    assert!(!progress.is_empty(), "no progress before the answer");
+    let mut last = 0;
+    for event in &progress {
+        assert_eq!(event["method"], "notifications/progress", "{event}");
+        assert_eq!(event["params"]["progressToken"], "pull-1", "{event}");
+        let now = event["params"]["progress"].as_u64().unwrap();
+        assert!(now > last, "progress increases: {progress:?}");
+        last = now;
+        assert!(
+            event["params"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("unit workspace: pulling"),
+            "{event}"
+        );
+    }
+    let units = answer.to_string();
+    assert!(
+        units.contains(&format!("\"imageDigest\":\"{}\"", pushed.digest)),
+        "the envelope names the digest: {units}"
+    );
+}
+
+/// box's own images are in no registry: `box image pull` says how they are
+/// made instead of asking Docker Hub for them (no engine needed).
+#[test]
+fn box_image_pull_of_boxs_own_image_names_the_build() {
+    let output = Command::new(box_bin())
+        .args(["image", "pull", "box-base:bookworm"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("one of box's own images") && stderr.contains("box image build"),
+        "{stderr}"
+    );
+}

@@ -244,9 +244,10 @@ impl DockerBackend {
             doing: "checking the workspace root".to_owned(),
             message: why,
         })?;
+        let sink = pull::start_sink(self.pull_sink.as_ref(), wiring.progress.as_ref());
         let ready = match self
             .puller()
-            .ready_image(&spec.image, spec.pull, self.pull_sink.as_ref())
+            .ready_image(&spec.image, spec.pull, sink.as_ref())
             .await
         {
             Ok(ready) => ready,

@@ -273,6 +273,48 @@ impl PullTally {
     }
 }
 
+/// The least time between two progress reports of one pull to a
+/// [`box_backend::StartProgress`] (a layer finishing is always reported).
+const REPORT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The sink a unit's start pulls with: `own` (the backend's, `box run`'s
+/// terminal) and the host's `progress` (MCP progress), either or both.
+pub fn start_sink(
+    own: Option<&PullSink>,
+    progress: Option<&box_backend::StartProgress>,
+) -> Option<PullSink> {
+    let Some(progress) = progress.cloned() else {
+        return own.cloned();
+    };
+    let own = own.cloned();
+    let state = std::sync::Mutex::new((PullTally::default(), None::<std::time::Instant>, 0usize));
+    Some(Arc::new(move |event: &PullEvent| {
+        if let Some(own) = &own {
+            own(event);
+        }
+        let Ok(mut state) = state.lock() else {
+            return;
+        };
+        let (tally, reported, done_before) = &mut *state;
+        tally.add(event);
+        let summary = tally.summary();
+        let due = reported.is_none_or(|at| at.elapsed() >= REPORT_EVERY);
+        if !due && summary.done == *done_before {
+            return;
+        }
+        *reported = Some(std::time::Instant::now());
+        *done_before = summary.done;
+        (progress.0)(box_backend::ProgressReport {
+            message: format!(
+                "pulling {}: {}/{} layers",
+                event.image, summary.done, summary.layers
+            ),
+            done: summary.downloaded,
+            total: (summary.to_download > 0).then_some(summary.to_download),
+        });
+    }))
+}
+
 fn event_of(image: &str, info: &CreateImageInfo) -> PullEvent {
     let detail = info.progress_detail.as_ref();
     let bytes = |value: Option<i64>| value.and_then(|n| u64::try_from(n).ok());

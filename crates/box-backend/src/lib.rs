@@ -99,7 +99,7 @@ pub struct ExecutorIo {
 }
 
 /// What the host wires into a unit beyond its spec: resources the host owns and
-/// the unit reaches through a bind mount.
+/// the unit reaches through a bind mount, and where the start's progress goes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UnitWiring {
     /// The unit's egress proxy (its spec's network is `egress`).
@@ -110,6 +110,9 @@ pub struct UnitWiring {
     pub masks: Vec<FileMask>,
     /// A forked workspace's borrowed git objects (a `worktree` fork).
     pub objects: Option<ObjectsWiring>,
+    /// Who hears how a slow step of the start goes (an image pull): the
+    /// host's MCP progress for a client that sent a progress token.
+    pub progress: Option<StartProgress>,
 }
 
 /// One workspace file the unit sees replaced by a host file, read-only.
@@ -137,6 +140,37 @@ impl ObjectsWiring {
     /// Where the objects appear inside the unit.
     pub const DIR_IN_UNIT: &str = "/.box/objects";
 }
+
+/// One report of a start's progress: what is happening, and bytes done of
+/// bytes in all (when known), cumulative for the unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgressReport {
+    /// What is happening, for a person (`pulling IMAGE: 2/3 layers`).
+    pub message: String,
+    /// Bytes done so far.
+    pub done: u64,
+    /// Bytes in all, when known.
+    pub total: Option<u64>,
+}
+
+/// Where a unit's start reports its progress.
+#[derive(Clone)]
+pub struct StartProgress(pub std::sync::Arc<dyn Fn(ProgressReport) + Send + Sync>);
+
+impl std::fmt::Debug for StartProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StartProgress")
+    }
+}
+
+/// The same listener.
+impl PartialEq for StartProgress {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for StartProgress {}
 
 /// The host's egress proxy for one unit: a directory on the host holding its
 /// listening socket ([`EgressWiring::SOCKET`]), mounted read-only at

@@ -124,8 +124,7 @@ impl EgressProxy {
             egress: Some(EgressWiring {
                 socket_dir: self.dir.clone(),
             }),
-            masks: Vec::new(),
-            objects: None,
+            ..UnitWiring::default()
         }
     }
 

@@ -32,8 +32,8 @@ use super::ask::{
 use super::redact::{self, SessionRedactor};
 use super::router::{Router, UnitMessage};
 use super::units::{
-    ExecutorLink, FIRST_REQUEST_ID, Tracked, UnitEvent, describe_end, initialize_executor,
-    link_unit, remove_until_gone, start_units,
+    ExecutorLink, FIRST_REQUEST_ID, InitProgress, Tracked, UnitEvent, describe_end,
+    initialize_executor, link_unit, remove_until_gone, start_units,
 };
 use box_backend::{Envelope, SessionLabel, UnitEnd, UnitState};
 use box_jsonrpc::{
@@ -412,7 +412,7 @@ impl Session {
                         continue;
                     }
                     match method.as_str() {
-                        "initialize" => match self.start(&message).await {
+                        "initialize" => match self.start(&message, &reply.events).await {
                             Ok((live, result)) => {
                                 reply.answer(result_response(id, result));
                                 if self.cancel.is_cancelled() {
@@ -445,7 +445,11 @@ impl Session {
     }
 
     /// Resolve, start and initialize; the initialize result for the client.
-    async fn start(&self, message: &Value) -> Result<(Live, Value), StartError> {
+    async fn start(
+        &self,
+        message: &Value,
+        events: &mpsc::Sender<Value>,
+    ) -> Result<(Live, Value), StartError> {
         // Checked before anything is resolved or started: a malformed
         // initialize must not start units that then fail on it.
         let version = negotiate_version(check_initialize(message).map_err(StartError::params)?);
@@ -571,6 +575,13 @@ impl Session {
             .max()
             .unwrap_or(Duration::from_secs(60));
         let start_deadline = tokio::time::Instant::now() + start_timeout;
+        // A client that sent a progress token hears how a slow start (an
+        // image pull) goes, as MCP progress on its initialize.
+        let progress = client_params
+            .and_then(|params| params.get("_meta"))
+            .and_then(|meta| meta.get("progressToken"))
+            .filter(|token| token.is_string() || token.is_number())
+            .map(|token| InitProgress::new(token.clone(), events.clone()));
         let (started, egress) = start_units(
             &self.config,
             &label,
@@ -579,6 +590,7 @@ impl Session {
             start_timeout,
             &self.background,
             None,
+            progress.as_ref(),
         )
         .await
         .map_err(|error| StartError::internal(format!("starting the session's units: {error}")))?;
@@ -1405,6 +1417,7 @@ impl Session {
                 timeout,
                 &background,
                 objects.as_ref(),
+                None,
             )
             .await;
             let (key, unit, egress) = match started {

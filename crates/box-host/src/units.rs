@@ -217,6 +217,67 @@ pub enum StartFailure {
     },
 }
 
+/// A session's start reported to its client as MCP progress
+/// (`notifications/progress` on the initialize request, for a client that sent
+/// `_meta.progressToken`): each unit's bytes summed, sent only when the sum
+/// grows (MCP wants the progress to increase), dropped when the client lags.
+pub struct InitProgress {
+    token: Value,
+    events: tokio::sync::mpsc::Sender<Value>,
+    state: std::sync::Mutex<ProgressState>,
+}
+
+#[derive(Default)]
+struct ProgressState {
+    units: std::collections::BTreeMap<String, (u64, Option<u64>)>,
+    sent: u64,
+}
+
+impl InitProgress {
+    /// Progress for `token`, sent on `events` (the initialize request's).
+    pub fn new(token: Value, events: tokio::sync::mpsc::Sender<Value>) -> Arc<Self> {
+        Arc::new(Self {
+            token,
+            events,
+            state: std::sync::Mutex::default(),
+        })
+    }
+
+    fn for_unit(self: &Arc<Self>, unit: &str) -> box_backend::StartProgress {
+        let (this, unit) = (Arc::clone(self), unit.to_owned());
+        box_backend::StartProgress(Arc::new(move |report| this.report(&unit, report)))
+    }
+
+    /// The notification for `unit`'s `report`, if the sum grew.
+    fn notification(&self, unit: &str, report: box_backend::ProgressReport) -> Option<Value> {
+        let mut state = self.state.lock().ok()?;
+        state
+            .units
+            .insert(unit.to_owned(), (report.done, report.total));
+        let done: u64 = state.units.values().map(|(done, _)| done).sum();
+        if done <= state.sent {
+            return None;
+        }
+        state.sent = done;
+        let total: Option<u64> = state.units.values().map(|(_, total)| *total).sum();
+        let mut params = json!({
+            "progressToken": self.token,
+            "progress": done,
+            "message": format!("unit {unit}: {}", report.message),
+        });
+        if let Some(total) = total.filter(|total| *total >= done) {
+            params["total"] = json!(total);
+        }
+        Some(json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": params}))
+    }
+
+    fn report(&self, unit: &str, report: box_backend::ProgressReport) {
+        if let Some(notification) = self.notification(unit, report) {
+            let _ = self.events.try_send(notification);
+        }
+    }
+}
+
 /// Start every unit of `specs` concurrently, each in a task of its own, the
 /// ledger told of each, within `timeout`. If any fails or the deadline
 /// passes, the units that did start are removed in `background`, as are
@@ -230,6 +291,7 @@ pub async fn start_units(
     timeout: Duration,
     background: &TaskTracker,
     objects: Option<&ObjectsWiring>,
+    progress: Option<&Arc<InitProgress>>,
 ) -> Result<(Vec<(u64, StartedUnit)>, Vec<EgressProxy>), StartFailure> {
     let deadline = tokio::time::Instant::now() + timeout;
     // Each egress unit's proxy listens before its unit starts; dropped (stopped,
@@ -259,6 +321,7 @@ pub async fn start_units(
             wiring.masks = workspace_masks.to_vec();
         }
         wiring.objects = objects.cloned();
+        wiring.progress = progress.map(|progress| progress.for_unit(&spec.name));
         let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
             let result = config.backend.start_wired(&label, &spec, &wiring).await;
@@ -647,5 +710,38 @@ mod tests {
         assert_eq!(text.matches("137").count(), 1, "{text}");
         assert_eq!(text.matches("OOM").count(), 1, "{text}");
         assert!(!text.contains("out-of-memory"), "{text}");
+    }
+
+    /// Each unit's bytes summed; only growth is sent (MCP progress increases),
+    /// with a total once every reporting unit knows its own.
+    #[test]
+    fn init_progress_sums_the_units_and_only_grows() {
+        let (events, _rx) = mpsc::channel(8);
+        let progress = InitProgress::new(json!("tok"), events);
+        let report = |done, total: Option<u64>| box_backend::ProgressReport {
+            message: "pulling img: 0/1 layers".to_owned(),
+            done,
+            total,
+        };
+        let first = progress
+            .notification("workspace", report(10, Some(100)))
+            .unwrap();
+        assert_eq!(first["method"], json!("notifications/progress"));
+        assert_eq!(first["params"]["progressToken"], json!("tok"));
+        assert_eq!(first["params"]["progress"], json!(10));
+        assert_eq!(first["params"]["total"], json!(100));
+        assert_eq!(
+            first["params"]["message"],
+            json!("unit workspace: pulling img: 0/1 layers")
+        );
+        let both = progress.notification("browser", report(5, None)).unwrap();
+        assert_eq!(both["params"]["progress"], json!(15));
+        assert!(both["params"].get("total").is_none(), "{both}");
+        assert!(progress.notification("browser", report(5, None)).is_none());
+        let done = progress
+            .notification("browser", report(50, Some(50)))
+            .unwrap();
+        assert_eq!(done["params"]["progress"], json!(60));
+        assert_eq!(done["params"]["total"], json!(150));
     }
 }
