@@ -254,7 +254,10 @@ pub async fn start_units(
             .find(|proxy| proxy.unit == spec.name)
             .map(EgressProxy::wiring)
             .unwrap_or_default();
-        wiring.objects = objects.cloned();
+        // Only a workspace unit has a fork's files.
+        if spec.role == box_policy::plan::Role::Workspace {
+            wiring.objects = objects.cloned();
+        }
         let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
             let result = config.backend.start_wired(&label, &spec, &wiring).await;
