@@ -106,6 +106,10 @@ pub struct UnitWiring {
     pub egress: Option<EgressWiring>,
     /// A forked workspace's borrowed git objects (a `worktree` fork).
     pub objects: Option<ObjectsWiring>,
+    /// Files of the workspace the unit sees replaced, read-only, by a host
+    /// file (`on_persisted_credentials = "hide"`: a copy with the credentials
+    /// masked). Only for a workspace unit.
+    pub masks: Vec<FileMask>,
 }
 
 /// A `worktree` fork's child repository borrows its parent's git objects:
@@ -122,6 +126,16 @@ pub struct ObjectsWiring {
 impl ObjectsWiring {
     /// Where the objects appear inside the unit.
     pub const DIR_IN_UNIT: &str = "/.box/objects";
+}
+
+/// One workspace file the unit sees replaced by a host file, read-only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileMask {
+    /// The host file the unit sees instead (owned by the host, readable by all).
+    pub source: std::path::PathBuf,
+    /// The masked file, relative to the unit's workspace root (no `..`, no
+    /// absolute path: checked by whoever builds it).
+    pub target: std::path::PathBuf,
 }
 
 /// The host's egress proxy for one unit: a directory on the host holding its
@@ -277,6 +291,18 @@ pub trait Backend: Send + Sync {
                     control: "a worktree fork's borrowed git objects".to_owned(),
                     why: format!(
                         "the {} backend cannot mount the parent's git objects into a unit; fork with mode copy",
+                        self.kind().as_str()
+                    ),
+                })
+            });
+        }
+        if !wiring.masks.is_empty() {
+            return Box::pin(async move {
+                Err(BackendError::Unenforceable {
+                    unit: spec.name.clone(),
+                    control: "on_persisted_credentials = \"hide\"".to_owned(),
+                    why: format!(
+                        "the {} backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend",
                         self.kind().as_str()
                     ),
                 })

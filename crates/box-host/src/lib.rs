@@ -14,6 +14,7 @@ mod ask;
 pub mod audit;
 pub mod egress;
 pub mod fork;
+mod hide;
 pub mod metrics;
 mod redact;
 pub mod router;

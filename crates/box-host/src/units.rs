@@ -226,6 +226,7 @@ pub async fn start_units(
     config: &Arc<HostConfig>,
     label: &SessionLabel,
     specs: &[UnitSpec],
+    workspace_masks: &[box_backend::FileMask],
     timeout: Duration,
     background: &TaskTracker,
     objects: Option<&ObjectsWiring>,
@@ -254,9 +255,10 @@ pub async fn start_units(
             .find(|proxy| proxy.unit == spec.name)
             .map(EgressProxy::wiring)
             .unwrap_or_default();
-        // Only a workspace unit has a fork's files.
         if spec.role == box_policy::plan::Role::Workspace {
+            // Only a workspace unit has a fork's files, or masks over them.
             wiring.objects = objects.cloned();
+            wiring.masks = workspace_masks.to_vec();
         }
         let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
