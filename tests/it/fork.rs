@@ -512,6 +512,47 @@ async fn a_conflicting_merge_changes_nothing_and_session_end_removes_children() 
     );
     assert_eq!(merged["deleted"], json!([]), "{merged}");
 
+    // A child's process id is the child's: the workspace unit does not know it.
+    let started = tokio::task::block_in_place(|| {
+        served.ok(
+            "agentworkspace/process.start",
+            json!({"args": ["cat"], "_meta": {"box/unit": unit}}),
+        )
+    });
+    let process = started["id"].as_str().unwrap().to_owned();
+    let elsewhere = tokio::task::block_in_place(|| {
+        served.call(
+            "agentworkspace/process.write",
+            json!({"id": process, "data": "aGkK"}),
+        )
+    });
+    assert!(elsewhere.get("error").is_some(), "{elsewhere}");
+    let here = tokio::task::block_in_place(|| {
+        served.call(
+            "agentworkspace/process.write",
+            json!({"id": process, "data": "aGkK", "_meta": {"box/unit": unit}}),
+        )
+    });
+    assert!(here.get("result").is_some(), "{here}");
+
+    // A fork of the fork: listed under it, and it keeps its parent from
+    // being discarded first.
+    let grandchild = tokio::task::block_in_place(|| {
+        served.ok("box/fork", json!({"from": unit, "mode": "copy"}))
+    });
+    let grandchild = grandchild["unit"].as_str().unwrap().to_owned();
+    let seen = tokio::task::block_in_place(|| served.bash(Some(&grandchild), "cat new.txt"));
+    assert!(seen.contains("child"), "{seen}");
+    let refused = tokio::task::block_in_place(|| served.call("box/discard", json!({"unit": unit})));
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&grandchild),
+        "{refused}"
+    );
+    tokio::task::block_in_place(|| served.ok("box/discard", json!({"unit": grandchild})));
+
     // A second child, left running: the session's end takes it.
     let second = tokio::task::block_in_place(|| served.ok("box/fork", json!({"writable": false})));
     let second = second["unit"].as_str().unwrap().to_owned();
