@@ -43,8 +43,12 @@ struct Served {
 
 impl Served {
     fn start(instance: &str, workspace: &Path, state: &Path) -> Self {
+        Self::start_on("docker", instance, workspace, state)
+    }
+
+    fn start_on(backend: &str, instance: &str, workspace: &Path, state: &Path) -> Self {
         let mut child = Command::new(box_bin())
-            .args(["serve", "--backend", "docker", "--instance", instance])
+            .args(["serve", "--backend", backend, "--instance", instance])
             .arg("--workspace")
             .arg(workspace)
             .env("RUST_LOG", "warn")
@@ -722,4 +726,41 @@ async fn http_sessions_on_forked_workspaces_are_isolated_and_merge_back() {
     )
     .unwrap();
     assert!(child.wait().unwrap().success());
+}
+
+/// On the local backend a fork is a copy (worktree needs a backend that
+/// mounts the parent's objects): isolated, merged back, removed.
+#[test]
+fn copy_forks_work_on_the_local_backend() {
+    let workspace = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let ws = workspace.path();
+    git(ws, &["init", "-q", "-b", "main"]);
+    std::fs::write(ws.join("a.txt"), "parent\n").unwrap();
+    let instance = format!("e2e-fork-local-{}", std::process::id());
+    let mut served = Served::start_on("local", &instance, ws, state.path());
+    let forked = served.ok("box/fork", json!({}));
+    assert_eq!(forked["mode"], json!("copy"), "{forked}");
+    let unit = forked["unit"].as_str().unwrap().to_owned();
+    let refused = served.call("box/fork", json!({"mode": "worktree"}));
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("worktree needs"),
+        "{refused}"
+    );
+    served.bash(Some(&unit), "echo child > a.txt && echo new > b.txt");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "parent\n"
+    );
+    assert!(!ws.join("b.txt").exists());
+    let merged = served.ok("box/merge", json!({"unit": unit}));
+    assert_eq!(merged["merged"], json!(["a.txt", "b.txt"]), "{merged}");
+    assert_eq!(std::fs::read_to_string(ws.join("b.txt")).unwrap(), "new\n");
+    assert_eq!(stored_forks(state.path()).len(), 1);
+    let status = served.hang_up();
+    assert!(status.success(), "{status}");
+    assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
 }
