@@ -243,6 +243,8 @@ fn hostile_repository(dir: &Path, canaries: &Path) {
             std::fs::set_permissions(&path, permissions).unwrap();
         }
     }
+    // A link out of the tree: never copied into a child.
+    std::os::unix::fs::symlink("/etc/hostname", dir.join("outside")).unwrap();
     // Uncommitted work the dirty overlay brings.
     std::fs::write(dir.join("changed.txt"), "dirty in the parent\n").unwrap();
     std::fs::write(dir.join("untracked.txt"), "untracked\n").unwrap();
@@ -329,6 +331,14 @@ async fn forks_in_both_modes_are_isolated_and_merge_back() {
         assert!(seen.contains("dirty in the parent"), "{mode}: {seen}");
         assert!(seen.contains("untracked"), "{mode}: {seen}");
         assert!(seen.contains("0 159 146 150 0 1 2"), "{mode}: {seen}");
+        let link = tokio::task::block_in_place(|| {
+            served.bash(Some(&unit), "ls -l outside 2>&1; echo status=$?")
+        });
+        assert!(
+            link.contains("status=2"),
+            "{mode}: the link out of the tree was copied: {link}"
+        );
+        assert!(forked["skipped"].as_u64().unwrap_or(0) >= 1, "{forked}");
 
         // Writes on each side stay there.
         tokio::task::block_in_place(|| {
