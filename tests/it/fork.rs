@@ -43,8 +43,12 @@ struct Served {
 
 impl Served {
     fn start(instance: &str, workspace: &Path, state: &Path) -> Self {
+        Self::start_on("docker", instance, workspace, state)
+    }
+
+    fn start_on(backend: &str, instance: &str, workspace: &Path, state: &Path) -> Self {
         let mut child = Command::new(box_bin())
-            .args(["serve", "--backend", "docker", "--instance", instance])
+            .args(["serve", "--backend", backend, "--instance", instance])
             .arg("--workspace")
             .arg(workspace)
             .env("RUST_LOG", "warn")
@@ -239,6 +243,8 @@ fn hostile_repository(dir: &Path, canaries: &Path) {
             std::fs::set_permissions(&path, permissions).unwrap();
         }
     }
+    // A link out of the tree: never copied into a child.
+    std::os::unix::fs::symlink("/etc/hostname", dir.join("outside")).unwrap();
     // Uncommitted work the dirty overlay brings.
     std::fs::write(dir.join("changed.txt"), "dirty in the parent\n").unwrap();
     std::fs::write(dir.join("untracked.txt"), "untracked\n").unwrap();
@@ -325,6 +331,14 @@ async fn forks_in_both_modes_are_isolated_and_merge_back() {
         assert!(seen.contains("dirty in the parent"), "{mode}: {seen}");
         assert!(seen.contains("untracked"), "{mode}: {seen}");
         assert!(seen.contains("0 159 146 150 0 1 2"), "{mode}: {seen}");
+        let link = tokio::task::block_in_place(|| {
+            served.bash(Some(&unit), "ls -l outside 2>&1; echo status=$?")
+        });
+        assert!(
+            link.contains("status=2"),
+            "{mode}: the link out of the tree was copied: {link}"
+        );
+        assert!(forked["skipped"].as_u64().unwrap_or(0) >= 1, "{forked}");
 
         // Writes on each side stay there.
         tokio::task::block_in_place(|| {
@@ -512,6 +526,47 @@ async fn a_conflicting_merge_changes_nothing_and_session_end_removes_children() 
     );
     assert_eq!(merged["deleted"], json!([]), "{merged}");
 
+    // A child's process id is the child's: the workspace unit does not know it.
+    let started = tokio::task::block_in_place(|| {
+        served.ok(
+            "agentworkspace/process.start",
+            json!({"args": ["cat"], "_meta": {"box/unit": unit}}),
+        )
+    });
+    let process = started["id"].as_str().unwrap().to_owned();
+    let elsewhere = tokio::task::block_in_place(|| {
+        served.call(
+            "agentworkspace/process.write",
+            json!({"id": process, "data": "aGkK"}),
+        )
+    });
+    assert!(elsewhere.get("error").is_some(), "{elsewhere}");
+    let here = tokio::task::block_in_place(|| {
+        served.call(
+            "agentworkspace/process.write",
+            json!({"id": process, "data": "aGkK", "_meta": {"box/unit": unit}}),
+        )
+    });
+    assert!(here.get("result").is_some(), "{here}");
+
+    // A fork of the fork: listed under it, and it keeps its parent from
+    // being discarded first.
+    let grandchild = tokio::task::block_in_place(|| {
+        served.ok("box/fork", json!({"from": unit, "mode": "copy"}))
+    });
+    let grandchild = grandchild["unit"].as_str().unwrap().to_owned();
+    let seen = tokio::task::block_in_place(|| served.bash(Some(&grandchild), "cat new.txt"));
+    assert!(seen.contains("child"), "{seen}");
+    let refused = tokio::task::block_in_place(|| served.call("box/discard", json!({"unit": unit})));
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&grandchild),
+        "{refused}"
+    );
+    tokio::task::block_in_place(|| served.ok("box/discard", json!({"unit": grandchild})));
+
     // A second child, left running: the session's end takes it.
     let second = tokio::task::block_in_place(|| served.ok("box/fork", json!({"writable": false})));
     let second = second["unit"].as_str().unwrap().to_owned();
@@ -526,5 +581,196 @@ async fn a_conflicting_merge_changes_nothing_and_session_end_removes_children() 
     let status = tokio::task::block_in_place(|| served.hang_up());
     assert!(status.success(), "{status}");
     assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+    assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
+}
+
+/// `workspace.source = "fork"` on a shared HTTP host: two concurrent
+/// sessions each work on their own fork of the host directory, never see
+/// each other's writes, and one merges its work back with
+/// `box/merge {unit: "workspace"}`; ending the sessions removes their forks.
+#[tokio::test(flavor = "multi_thread")]
+async fn http_sessions_on_forked_workspaces_are_isolated_and_merge_back() {
+    use crate::serve::{http, post};
+    if !docker() {
+        return;
+    }
+    let instance = format!("e2e-fork-http-{}", std::process::id());
+    let workspace = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    let ws = workspace.path();
+    std::fs::write(ws.join("shared.txt"), "host\n").unwrap();
+    std::fs::write(
+        profiles.path().join("forked.toml"),
+        "description = \"each session on its own fork\"\nextends = \"default\"\n\n[workspace]\nsource = \"fork\"\nfork_mode = \"copy\"\n",
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(box_bin())
+        .args(["serve", "--backend", "docker", "--instance", &instance])
+        .arg("--profiles")
+        .arg(profiles.path())
+        .args([
+            "--profile",
+            "forked",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .arg("--workspace")
+        .arg(ws)
+        .env("RUST_LOG", "warn")
+        .env("XDG_STATE_HOME", state.path())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let address: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(address).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "fork", "version": "1"}}});
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        let reply = post(address, None, &[], &initialize).await;
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        let session = reply.header("mcp-session-id").unwrap().to_owned();
+        let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        post(address, Some(&session), &[], &ready).await;
+        sessions.push(session);
+    }
+    let bash = |session: String, command: &'static str| async move {
+        let reply = post(
+            address,
+            Some(&session),
+            &[],
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "bash", "arguments": {"command": command}}}),
+        )
+        .await;
+        let answer = reply.json();
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("bash {command}: {answer}"))
+            .to_owned()
+    };
+    let (a, b) = (sessions[0].clone(), sessions[1].clone());
+    bash(a.clone(), "echo from-a > a.txt && echo a > shared.txt").await;
+    bash(b.clone(), "echo from-b > b.txt").await;
+    let seen_by_b = bash(b.clone(), "cat shared.txt; ls").await;
+    assert!(seen_by_b.contains("host"), "{seen_by_b}");
+    assert!(
+        !seen_by_b.contains("a.txt"),
+        "session B sees A's file: {seen_by_b}"
+    );
+    let seen_by_a = bash(a.clone(), "ls").await;
+    assert!(
+        !seen_by_a.contains("b.txt"),
+        "session A sees B's file: {seen_by_a}"
+    );
+    assert!(!ws.join("a.txt").exists() && !ws.join("b.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(ws.join("shared.txt")).unwrap(),
+        "host\n"
+    );
+
+    let merged = post(
+        address,
+        Some(&a),
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "box/merge", "params": {"unit": "workspace"}}),
+    )
+    .await
+    .json();
+    let mut paths: Vec<String> = merged["result"]["merged"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{merged}"))
+        .iter()
+        .map(|path| path.as_str().unwrap().to_owned())
+        .collect();
+    paths.sort();
+    assert_eq!(paths, ["a.txt", "shared.txt"], "{merged}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "from-a\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("shared.txt")).unwrap(),
+        "a\n"
+    );
+    assert!(!ws.join("b.txt").exists());
+    let still_b = bash(b.clone(), "cat shared.txt; ls").await;
+    assert!(
+        still_b.contains("host") && !still_b.contains("a.txt"),
+        "{still_b}"
+    );
+    assert_eq!(stored_forks(state.path()).len(), 2);
+
+    for session in &sessions {
+        let reply = http(
+            address,
+            "DELETE",
+            "/mcp",
+            &[("Mcp-Session-Id", session)],
+            b"",
+        )
+        .await;
+        assert_eq!(reply.status, 200);
+    }
+    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+    assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+/// On the local backend a fork is a copy (worktree needs a backend that
+/// mounts the parent's objects): isolated, merged back, removed.
+#[test]
+fn copy_forks_work_on_the_local_backend() {
+    let workspace = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let ws = workspace.path();
+    git(ws, &["init", "-q", "-b", "main"]);
+    std::fs::write(ws.join("a.txt"), "parent\n").unwrap();
+    let instance = format!("e2e-fork-local-{}", std::process::id());
+    let mut served = Served::start_on("local", &instance, ws, state.path());
+    let forked = served.ok("box/fork", json!({}));
+    assert_eq!(forked["mode"], json!("copy"), "{forked}");
+    let unit = forked["unit"].as_str().unwrap().to_owned();
+    let refused = served.call("box/fork", json!({"mode": "worktree"}));
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("worktree needs"),
+        "{refused}"
+    );
+    served.bash(Some(&unit), "echo child > a.txt && echo new > b.txt");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "parent\n"
+    );
+    assert!(!ws.join("b.txt").exists());
+    let merged = served.ok("box/merge", json!({"unit": unit}));
+    assert_eq!(merged["merged"], json!(["a.txt", "b.txt"]), "{merged}");
+    assert_eq!(std::fs::read_to_string(ws.join("b.txt")).unwrap(), "new\n");
+    assert_eq!(stored_forks(state.path()).len(), 1);
+    let status = served.hang_up();
+    assert!(status.success(), "{status}");
     assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
 }

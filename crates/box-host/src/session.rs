@@ -70,6 +70,25 @@ const DEADLINE_SETTLE: Duration = Duration::from_secs(1);
 /// and a session is not idle while they wait.
 const IDLE_SETTLE: Duration = Duration::from_secs(1);
 
+/// What a `source = "fork"` workspace's parent is called in answers.
+const HOST_DIRECTORY: &str = "host directory";
+
+/// Removes a session's workspace fork unless the session started (then the
+/// unit holds it and the session's end removes it).
+struct ForkGuard {
+    config: Arc<HostConfig>,
+    child: Option<ChildFork>,
+}
+
+impl Drop for ForkGuard {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            let config = self.config.clone();
+            tokio::task::spawn_blocking(move || fork::remove_storage(&config, &child));
+        }
+    }
+}
+
 /// The `_meta` key naming the unit a request is for (`fork-1`, `workspace`).
 pub const UNIT_META: &str = "box/unit";
 
@@ -464,7 +483,7 @@ impl Session {
         let profile = self.config.catalog.load(&profile_name).map_err(|error| {
             StartError::params(format!("box.profile: profile `{profile_name}`: {error}"))
         })?;
-        let plan =
+        let mut plan =
             (self.config.resolve)(&profile, &ask.tighten, &self.config.facts).map_err(|error| {
                 let data = match &error {
                     PlanError::Widening { field, .. } => {
@@ -582,6 +601,18 @@ impl Session {
             .and_then(|meta| meta.get("progressToken"))
             .filter(|token| token.is_string() || token.is_number())
             .map(|token| InitProgress::new(token.clone(), events.clone()));
+        // `source = "fork"`: the workspace unit starts on the session's own
+        // fork of the host directory; the guard removes it if the start fails.
+        let mut workspace_fork = ForkGuard {
+            config: self.config.clone(),
+            child: None,
+        };
+        let mut objects = None;
+        if let Some(mode) = plan.workspace_fork {
+            let (child, wiring) = self.fork_workspace(&mut plan, mode).await?;
+            workspace_fork.child = Some(child);
+            objects = wiring;
+        }
         let (started, egress) = start_units(
             &self.config,
             &label,
@@ -589,7 +620,7 @@ impl Session {
             masks.as_ref().map_or(&[], |masks| masks.wiring()),
             start_timeout,
             &self.background,
-            None,
+            objects.as_ref(),
             progress.as_ref(),
         )
         .await
@@ -680,6 +711,13 @@ impl Session {
                 removed: false,
             });
         }
+        if let Some(child) = workspace_fork.child.take()
+            && let Some(unit) = units
+                .iter_mut()
+                .find(|unit| unit.spec.role == Role::Workspace)
+        {
+            unit.fork = Some(child);
+        }
         let workspace = units
             .iter()
             .position(|unit| unit.spec.role == Role::Workspace);
@@ -714,6 +752,83 @@ impl Session {
                 next_fork: 1,
             },
             result,
+        ))
+    }
+
+    /// Fork the workspace unit's host directory for this session
+    /// (`source = "fork"`) and point the plan's workspace unit at the fork.
+    async fn fork_workspace(
+        &self,
+        plan: &mut Plan,
+        mode: box_policy::profile::ForkMode,
+    ) -> Result<(ChildFork, Option<box_backend::ObjectsWiring>), StartError> {
+        let Some(spec) = plan
+            .units
+            .iter_mut()
+            .find(|unit| unit.role == Role::Workspace)
+        else {
+            return Err(StartError::internal(
+                "workspace.source = \"fork\": the plan has no workspace unit".to_owned(),
+            ));
+        };
+        let WorkspaceSource::Host(parent_path) = spec.source.clone() else {
+            return Err(StartError::internal(
+                "workspace.source = \"fork\": the workspace unit has no host directory".to_owned(),
+            ));
+        };
+        let asked = match mode {
+            box_policy::profile::ForkMode::Auto => box_fork::Mode::Auto,
+            box_policy::profile::ForkMode::Worktree => box_fork::Mode::Worktree,
+            box_policy::profile::ForkMode::Copy => box_fork::Mode::Copy,
+        };
+        let mode = fork::effective_mode(&self.config, asked)
+            .map_err(|why| StartError::params(format!("workspace.fork_mode: {why}")))?;
+        let ask = fork::ForkAsk {
+            from: "workspace".to_owned(),
+            mode: asked,
+            dirty: true,
+            writable: spec.mode == MountMode::ReadWrite,
+            label: None,
+        };
+        let session_dir = fork::session_dir(&self.config, &self.id);
+        let child_path = session_dir.join("workspace");
+        let made = {
+            let (config, parent_path, child_path) =
+                (self.config.clone(), parent_path.clone(), child_path.clone());
+            tokio::task::spawn_blocking(move || {
+                fork::make_private_dir(&session_dir)
+                    .and_then(|()| fork::make_fork(&config, &parent_path, &child_path, &ask, mode))
+            })
+            .await
+            .unwrap_or_else(|join| Err(format!("the fork failed: {join}")))
+        };
+        let forked = made.map_err(|why| {
+            StartError::internal(format!(
+                "workspace.source = \"fork\": forking {}: {why}",
+                parent_path.display()
+            ))
+        })?;
+        if let Some(advisory) = &forked.advisory {
+            tracing::warn!(session = %self.id, %advisory, "the session's workspace fork is degraded");
+        }
+        spec.source = WorkspaceSource::Host(child_path.clone());
+        let objects = forked
+            .objects
+            .as_ref()
+            .map(|objects| box_backend::ObjectsWiring {
+                host: objects.host.clone(),
+            });
+        Ok((
+            ChildFork {
+                parent: HOST_DIRECTORY.to_owned(),
+                parent_path,
+                path: child_path,
+                base: Arc::new(std::sync::Mutex::new(forked.base.clone())),
+                mode: forked.mode_used,
+                shares: forked.shares.clone(),
+                label: None,
+            },
+            objects,
         ))
     }
 
@@ -973,8 +1088,9 @@ impl Session {
                 servers.extend(
                     live.units
                         .iter()
-                        .filter(|unit| !unit.removed)
-                        .filter_map(|unit| unit.fork.as_ref().map(|fork| (unit, fork)))
+                        .enumerate()
+                        .filter(|(index, unit)| !unit.removed && live.workspace != Some(*index))
+                        .filter_map(|(_, unit)| unit.fork.as_ref().map(|fork| (unit, fork)))
                         .map(|(unit, fork)| {
                             json!({
                                 "name": unit.spec.name,
@@ -1336,6 +1452,18 @@ impl Session {
                 ),
             );
         }
+        if live
+            .masks
+            .as_ref()
+            .is_some_and(|masks| !masks.wiring().is_empty())
+        {
+            // A fork would carry the credentials the parent's unit sees masked.
+            return refuse(
+                reply,
+                id,
+                "box/fork: the workspace holds persisted credentials that this session sees masked (on_persisted_credentials = \"hide\"), and a fork would carry them unmasked; remove them from the workspace to fork".to_owned(),
+            );
+        }
         let mode = match fork::effective_mode(&self.config, ask.mode) {
             Ok(mode) => mode,
             Err(why) => return refuse(reply, id, why),
@@ -1359,13 +1487,6 @@ impl Session {
         let background = self.background.clone();
         let events = live.events_tx.clone();
         let executor_params = live.executor_params.clone();
-        // A child of a workspace whose credentials are hidden sees them hidden
-        // too: its copy holds the same files at the same paths.
-        let masks = live
-            .masks
-            .as_ref()
-            .map(|masks| masks.wiring().to_vec())
-            .unwrap_or_default();
         let session = self.id.clone();
         self.background.spawn(async move {
             let clock = Instant::now();
@@ -1413,7 +1534,7 @@ impl Session {
                 &config,
                 &label,
                 std::slice::from_ref(&spec),
-                &masks,
+                &[],
                 timeout,
                 &background,
                 objects.as_ref(),
@@ -1589,6 +1710,13 @@ impl Session {
             Ok(index) => index,
             Err(why) => return reply.answer(error_response(id, code::INVALID_PARAMS, why)),
         };
+        if live.workspace == Some(index) {
+            return reply.answer(error_response(
+                id,
+                code::INVALID_PARAMS,
+                "box/discard: the session's workspace unit stays while the session lasts; end the session to remove it and its fork".to_owned(),
+            ));
+        }
         let children: Vec<&str> = live
             .units
             .iter()
@@ -1657,6 +1785,10 @@ impl Session {
                 Err(format!("{method}: unit {unit} was discarded"))
             }
             Some(index) if live.units[index].fork.is_some() => Ok(index),
+            Some(index) if live.workspace == Some(index) => Err(format!(
+                "{method}: the workspace unit is not a fork (profile `{}` has workspace.source other than \"fork\"); forks: {forks:?}",
+                live.plan.profile
+            )),
             Some(_) => Err(format!(
                 "{method}: unit {unit} is not a fork of this session; forks: {forks:?}"
             )),

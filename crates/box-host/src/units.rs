@@ -318,9 +318,10 @@ pub async fn start_units(
             .map(EgressProxy::wiring)
             .unwrap_or_default();
         if spec.role == box_policy::plan::Role::Workspace {
+            // Only a workspace unit has a fork's files, or masks over them.
+            wiring.objects = objects.cloned();
             wiring.masks = workspace_masks.to_vec();
         }
-        wiring.objects = objects.cloned();
         wiring.progress = progress.map(|progress| progress.for_unit(&spec.name));
         let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
