@@ -32,7 +32,7 @@ use super::ask::{
 use super::redact::{self, SessionRedactor};
 use super::router::{Router, UnitMessage};
 use super::units::{
-    ExecutorLink, FIRST_REQUEST_ID, InitProgress, Tracked, UnitEvent, describe_end,
+    ExecutorLink, FIRST_REQUEST_ID, InitProgress, StartWiring, Tracked, UnitEvent, describe_end,
     initialize_executor, link_unit, remove_until_gone, start_units,
 };
 use box_backend::{Envelope, SessionLabel, UnitEnd, UnitState};
@@ -617,11 +617,13 @@ impl Session {
             &self.config,
             &label,
             &plan.units,
-            masks.as_ref().map_or(&[], |masks| masks.wiring()),
             start_timeout,
             &self.background,
-            objects.as_ref(),
-            progress.as_ref(),
+            StartWiring {
+                workspace_masks: masks.as_ref().map_or(&[], |masks| masks.wiring()),
+                objects: objects.as_ref(),
+                progress: progress.as_ref(),
+            },
         )
         .await
         .map_err(|error| StartError::internal(format!("starting the session's units: {error}")))?;
@@ -1534,11 +1536,12 @@ impl Session {
                 &config,
                 &label,
                 std::slice::from_ref(&spec),
-                &[],
                 timeout,
                 &background,
-                objects.as_ref(),
-                None,
+                StartWiring {
+                    objects: objects.as_ref(),
+                    ..StartWiring::default()
+                },
             )
             .await;
             let (key, unit, egress) = match started {

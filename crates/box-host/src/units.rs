@@ -278,21 +278,35 @@ impl InitProgress {
     }
 }
 
+/// What [`start_units`] wires into the units beyond their egress proxies.
+#[derive(Default, Clone, Copy)]
+pub struct StartWiring<'a> {
+    /// Masked copies over the workspace unit's files (`hide`).
+    pub workspace_masks: &'a [box_backend::FileMask],
+    /// A worktree fork's borrowed git objects, for the workspace unit.
+    pub objects: Option<&'a ObjectsWiring>,
+    /// Where a client that sent a progress token hears the start's progress.
+    pub progress: Option<&'a Arc<InitProgress>>,
+}
+
 /// Start every unit of `specs` concurrently, each in a task of its own, the
 /// ledger told of each, within `timeout`. If any fails or the deadline
 /// passes, the units that did start are removed in `background`, as are
 /// those whose start finishes later, and the failure names the units.
-/// `objects`: a worktree fork's borrowed git objects, mounted into each.
+/// `wire`: what the host wires in beyond each unit's egress proxy.
 pub async fn start_units(
     config: &Arc<HostConfig>,
     label: &SessionLabel,
     specs: &[UnitSpec],
-    workspace_masks: &[box_backend::FileMask],
     timeout: Duration,
     background: &TaskTracker,
-    objects: Option<&ObjectsWiring>,
-    progress: Option<&Arc<InitProgress>>,
+    wire: StartWiring<'_>,
 ) -> Result<(Vec<(u64, StartedUnit)>, Vec<EgressProxy>), StartFailure> {
+    let StartWiring {
+        workspace_masks,
+        objects,
+        progress,
+    } = wire;
     let deadline = tokio::time::Instant::now() + timeout;
     // Each egress unit's proxy listens before its unit starts; dropped (stopped,
     // its socket removed) if the session does not start.
