@@ -380,6 +380,10 @@ struct Live {
     label: SessionLabel,
     /// The number of the next `box/fork` child.
     next_fork: u32,
+    /// The session's profile and its tightening, which a fork's `tighten`
+    /// narrows further.
+    profile: box_policy::profile::Profile,
+    tighten: Value,
     /// The workspace unit's masked copies (`on_persisted_credentials = "hide"`).
     masks: Option<crate::hide::Masks>,
 }
@@ -737,6 +741,8 @@ impl Session {
                 executor_params,
                 label,
                 next_fork: 1,
+                profile,
+                tighten: ask.tighten.clone(),
                 masks,
             },
             result,
@@ -777,6 +783,7 @@ impl Session {
             dirty: true,
             writable: spec.mode == MountMode::ReadWrite,
             label: None,
+            tighten: None,
         };
         let session_dir = fork::session_dir(&self.config, &self.id);
         let child_path = session_dir.join("workspace");
@@ -1378,7 +1385,7 @@ impl Session {
             Ok(ask) => ask,
             Err(why) => return refuse(reply, id, why),
         };
-        let Some(parent) = live.units.iter().find(|unit| {
+        let Some(parent_index) = live.units.iter().position(|unit| {
             unit.spec.role == Role::Workspace && unit.spec.name == ask.from && !unit.removed
         }) else {
             let known: Vec<&str> = live
@@ -1400,6 +1407,7 @@ impl Session {
             };
             return refuse(reply, id, why);
         };
+        let parent = &live.units[parent_index];
         if let Some(why) = &parent.ended {
             return refuse(
                 reply,
@@ -1460,7 +1468,25 @@ impl Session {
         live.next_fork += 1;
         let session_dir = fork::session_dir(&self.config, &self.id);
         let child_path = session_dir.join(&name);
-        let mut spec = parent.spec.clone();
+        let mut spec = match &ask.tighten {
+            None => parent.spec.clone(),
+            Some(_) if parent.fork.is_some() && live.workspace != Some(parent_index) => {
+                return refuse(
+                    reply,
+                    id,
+                    format!(
+                        "box/fork: tighten: a fork of a fork has its parent's plan; fork the workspace unit to narrow (from: \"{}\")",
+                        live.units
+                            .get(live.workspace.unwrap_or(0))
+                            .map_or("workspace", |unit| unit.spec.name.as_str())
+                    ),
+                );
+            }
+            Some(tighten) => match self.narrowed_workspace(live, tighten) {
+                Ok(spec) => spec,
+                Err(why) => return refuse(reply, id, why),
+            },
+        };
         spec.name = name.clone();
         spec.source = WorkspaceSource::Host(child_path.clone());
         if !ask.writable {
@@ -1602,6 +1628,21 @@ impl Session {
                 let _ = drop_storage(started.child).await;
             }
         });
+    }
+
+    /// The workspace unit's spec under the session's tightening and then
+    /// `tighten`: narrower than the session's, never wider (a wider ask is
+    /// refused naming the field).
+    fn narrowed_workspace(&self, live: &Live, tighten: &Value) -> Result<UnitSpec, String> {
+        let session = box_policy::plan::Tightening::parse(&live.tighten)
+            .and_then(|tightening| box_policy::plan::tighten(&live.profile, &tightening))
+            .map_err(|error| format!("box/fork: the session's tightening: {error}"))?;
+        let plan = (self.config.resolve)(&session, tighten, &self.config.facts)
+            .map_err(|error| format!("box/fork: {error}"))?;
+        plan.units
+            .into_iter()
+            .find(|unit| unit.role == Role::Workspace)
+            .ok_or_else(|| "box/fork: tighten left no workspace unit".to_owned())
     }
 
     /// A started child joins the session: routed, linked, answered.
