@@ -6,6 +6,7 @@ pub mod confine;
 pub mod doctor;
 pub mod execute;
 pub mod profile;
+pub mod pull;
 pub mod run;
 pub mod sandbox;
 pub mod serve;
@@ -56,7 +57,7 @@ enum Command {
     Units(backend_cli::UnitsArgs),
     /// Remove units whose session is gone.
     Gc(backend_cli::GcArgs),
-    /// Build the unit images offline, and list them.
+    /// Build the unit images offline, pull any image from its registry, and list them.
     Image(backend_cli::ImageArgs),
     /// Say which protections this machine can give, and which profiles can run here.
     Doctor(crate::cli::doctor::DoctorArgs),

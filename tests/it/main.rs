@@ -16,6 +16,8 @@ mod fork;
 mod local;
 /// `box profile` on the command line: exit codes, messages, `--json` golden output.
 mod profile;
+/// Any OCI image: pulled from a real local registry, pinned and verified, refused with the remedy; images without glibc.
+mod pull;
 /// Secrets through `box serve` on Docker: files, never in `docker inspect`, redacted for the client.
 mod secrets;
 /// `box serve` and `box run` end to end, over stdio and HTTP, on both backends.

@@ -374,6 +374,8 @@ struct Live {
     /// The egress proxies of the units whose network is egress; they live as
     /// long as the session's units.
     egress: Vec<super::egress::EgressProxy>,
+    /// The workspace unit's masked copies (`on_persisted_credentials = "hide"`).
+    masks: Option<crate::hide::Masks>,
     /// How each executor is initialized (a fork's too).
     executor_params: Value,
     /// The session's units' labels.
@@ -384,8 +386,6 @@ struct Live {
     /// narrows further.
     profile: box_policy::profile::Profile,
     tighten: Value,
-    /// The workspace unit's masked copies (`on_persisted_credentials = "hide"`).
-    masks: Option<crate::hide::Masks>,
 }
 
 enum Route {
@@ -1448,18 +1448,6 @@ impl Session {
                 ),
             );
         }
-        if live
-            .masks
-            .as_ref()
-            .is_some_and(|masks| !masks.wiring().is_empty())
-        {
-            // A fork would carry the credentials the parent's unit sees masked.
-            return refuse(
-                reply,
-                id,
-                "box/fork: the workspace holds persisted credentials that this session sees masked (on_persisted_credentials = \"hide\"), and a fork would carry them unmasked; remove them from the workspace to fork".to_owned(),
-            );
-        }
         let mode = match fork::effective_mode(&self.config, ask.mode) {
             Ok(mode) => mode,
             Err(why) => return refuse(reply, id, why),
@@ -1501,6 +1489,13 @@ impl Session {
         let background = self.background.clone();
         let events = live.events_tx.clone();
         let executor_params = live.executor_params.clone();
+        // A child of a workspace whose credentials are hidden sees them hidden
+        // too: its copy holds the same files at the same paths.
+        let masks = live
+            .masks
+            .as_ref()
+            .map(|masks| masks.wiring().to_vec())
+            .unwrap_or_default();
         let session = self.id.clone();
         self.background.spawn(async move {
             let clock = Instant::now();
@@ -1548,7 +1543,7 @@ impl Session {
                 &config,
                 &label,
                 std::slice::from_ref(&spec),
-                &[],
+                &masks,
                 timeout,
                 &background,
                 objects.as_ref(),

@@ -256,10 +256,9 @@ pub async fn start_units(
             .map(EgressProxy::wiring)
             .unwrap_or_default();
         if spec.role == box_policy::plan::Role::Workspace {
-            // Only a workspace unit has a fork's files, or masks over them.
-            wiring.objects = objects.cloned();
             wiring.masks = workspace_masks.to_vec();
         }
+        wiring.objects = objects.cloned();
         let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
             let result = config.backend.start_wired(&label, &spec, &wiring).await;
