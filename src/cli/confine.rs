@@ -83,9 +83,17 @@ impl box_fork::Confine for SelfConfine {
 
 /// The git runner of `box serve`: git from the system's directories, with a
 /// cleared environment plus box's git neutralisation, each command under
-/// `box confine`. `None` when this binary's path cannot be read (forks then
-/// use copy mode only).
+/// `box confine`. `None` when the kernel has no landlock, no git is found or
+/// this binary's path cannot be read (forks then use copy mode only).
 pub fn fork_git() -> Option<box_fork::Git> {
+    // `box confine` requires landlock: without it git would fail at every
+    // fork, so forks are copies from the start (worktree refused, naming why).
+    if box_confine::landlock_abi() == 0 {
+        tracing::warn!(
+            "the kernel has no landlock: box cannot confine git, so box/fork makes copies only"
+        );
+        return None;
+    }
     let exe = std::env::current_exe().ok()?;
     let program = ["/usr/bin/git", "/bin/git", "/usr/local/bin/git"]
         .into_iter()

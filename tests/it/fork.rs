@@ -568,7 +568,32 @@ async fn a_conflicting_merge_changes_nothing_and_session_end_removes_children() 
     tokio::task::block_in_place(|| served.ok("box/discard", json!({"unit": grandchild})));
 
     // A second child, left running: the session's end takes it.
-    let second = tokio::task::block_in_place(|| served.ok("box/fork", json!({"writable": false})));
+    // A fork narrows further with `tighten`, never wider.
+    let wider = tokio::task::block_in_place(|| {
+        served.call(
+            "box/fork",
+            json!({"tighten": {"network": {"mode": "bridge"}}}),
+        )
+    });
+    assert!(
+        wider["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tighten.network"),
+        "{wider}"
+    );
+    let second = tokio::task::block_in_place(|| {
+        served.ok(
+            "box/fork",
+            json!({"writable": false, "tighten": {"limits": {"memory": "256MiB"}}}),
+        )
+    });
+    assert!(
+        second["envelope"]
+            .to_string()
+            .contains(&(256u64 << 20).to_string()),
+        "the child's envelope shows its narrower memory limit: {second}"
+    );
     let second = second["unit"].as_str().unwrap().to_owned();
     let denied = tokio::task::block_in_place(|| {
         served.bash(Some(&second), "echo x > both.txt 2>&1; echo status=$?")

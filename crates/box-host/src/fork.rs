@@ -53,6 +53,9 @@ pub struct ForkAsk {
     pub writable: bool,
     /// A label for people.
     pub label: Option<String>,
+    /// A further narrowing of the session's plan for the child (the
+    /// tightening JSON a session sends at initialize).
+    pub tighten: Option<Value>,
 }
 
 /// Read `box/fork`'s parameters; the error names the parameter.
@@ -107,15 +110,18 @@ pub fn fork_ask(message: &Value) -> Result<ForkAsk, String> {
         }
         Some(other) => return Err(format!("box/fork: label: expected a string, got {other}")),
     };
-    if let Some(tighten) = get("tighten")
-        && tighten.as_object().is_none_or(|object| !object.is_empty())
-    {
-        return Err(
-            "box/fork: tighten: narrowing a child beyond its parent's plan is not supported yet; fork without it"
-                .to_owned(),
-        );
-    }
+    let tighten = match get("tighten") {
+        None => None,
+        Some(Value::Object(object)) if object.is_empty() => None,
+        Some(tighten @ Value::Object(_)) => Some(tighten.clone()),
+        Some(other) => {
+            return Err(format!(
+                "box/fork: tighten: expected an object like initialize's box.tighten, got {other}"
+            ));
+        }
+    };
     Ok(ForkAsk {
+        tighten,
         from,
         mode,
         dirty: flag("dirty")?,
@@ -369,7 +375,8 @@ mod tests {
                 mode: Mode::Auto,
                 dirty: true,
                 writable: true,
-                label: None
+                label: None,
+                tighten: None,
             }
         );
         let asked = ask(json!({"from": "fork-1", "mode": "copy", "dirty": false, "writable": false, "label": "explorer"})).unwrap();

@@ -382,6 +382,10 @@ struct Live {
     label: SessionLabel,
     /// The number of the next `box/fork` child.
     next_fork: u32,
+    /// The session's profile and its tightening, which a fork's `tighten`
+    /// narrows further.
+    profile: box_policy::profile::Profile,
+    tighten: Value,
 }
 
 enum Route {
@@ -613,6 +617,19 @@ impl Session {
             workspace_fork.child = Some(child);
             objects = wiring;
         }
+        // On a worktree fork (`source = "fork"`), `.git` is box's new repository,
+        // not the parent's: only the working files' masks apply.
+        let workspace_masks: Vec<box_backend::FileMask> = masks
+            .as_ref()
+            .map(|masks| {
+                masks
+                    .wiring()
+                    .iter()
+                    .filter(|mask| objects.is_none() || !mask.target.starts_with(".git"))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
         let (started, egress) = start_units(
             &self.config,
             &label,
@@ -620,7 +637,7 @@ impl Session {
             start_timeout,
             &self.background,
             StartWiring {
-                workspace_masks: masks.as_ref().map_or(&[], |masks| masks.wiring()),
+                workspace_masks: &workspace_masks,
                 objects: objects.as_ref(),
                 progress: progress.as_ref(),
             },
@@ -748,10 +765,12 @@ impl Session {
                 started: Instant::now(),
                 redactor,
                 egress,
-                masks,
                 executor_params,
                 label,
                 next_fork: 1,
+                profile,
+                tighten: ask.tighten.clone(),
+                masks,
             },
             result,
         ))
@@ -791,6 +810,7 @@ impl Session {
             dirty: true,
             writable: spec.mode == MountMode::ReadWrite,
             label: None,
+            tighten: None,
         };
         let session_dir = fork::session_dir(&self.config, &self.id);
         let child_path = session_dir.join("workspace");
@@ -1392,7 +1412,7 @@ impl Session {
             Ok(ask) => ask,
             Err(why) => return refuse(reply, id, why),
         };
-        let Some(parent) = live.units.iter().find(|unit| {
+        let Some(parent_index) = live.units.iter().position(|unit| {
             unit.spec.role == Role::Workspace && unit.spec.name == ask.from && !unit.removed
         }) else {
             let known: Vec<&str> = live
@@ -1414,6 +1434,7 @@ impl Session {
             };
             return refuse(reply, id, why);
         };
+        let parent = &live.units[parent_index];
         if let Some(why) = &parent.ended {
             return refuse(
                 reply,
@@ -1454,18 +1475,6 @@ impl Session {
                 ),
             );
         }
-        if live
-            .masks
-            .as_ref()
-            .is_some_and(|masks| !masks.wiring().is_empty())
-        {
-            // A fork would carry the credentials the parent's unit sees masked.
-            return refuse(
-                reply,
-                id,
-                "box/fork: the workspace holds persisted credentials that this session sees masked (on_persisted_credentials = \"hide\"), and a fork would carry them unmasked; remove them from the workspace to fork".to_owned(),
-            );
-        }
         let mode = match fork::effective_mode(&self.config, ask.mode) {
             Ok(mode) => mode,
             Err(why) => return refuse(reply, id, why),
@@ -1474,7 +1483,25 @@ impl Session {
         live.next_fork += 1;
         let session_dir = fork::session_dir(&self.config, &self.id);
         let child_path = session_dir.join(&name);
-        let mut spec = parent.spec.clone();
+        let mut spec = match &ask.tighten {
+            None => parent.spec.clone(),
+            Some(_) if parent.fork.is_some() && live.workspace != Some(parent_index) => {
+                return refuse(
+                    reply,
+                    id,
+                    format!(
+                        "box/fork: tighten: a fork of a fork has its parent's plan; fork the workspace unit to narrow (from: \"{}\")",
+                        live.units
+                            .get(live.workspace.unwrap_or(0))
+                            .map_or("workspace", |unit| unit.spec.name.as_str())
+                    ),
+                );
+            }
+            Some(tighten) => match self.narrowed_workspace(live, tighten) {
+                Ok(spec) => spec,
+                Err(why) => return refuse(reply, id, why),
+            },
+        };
         spec.name = name.clone();
         spec.source = WorkspaceSource::Host(child_path.clone());
         if !ask.writable {
@@ -1489,6 +1516,13 @@ impl Session {
         let background = self.background.clone();
         let events = live.events_tx.clone();
         let executor_params = live.executor_params.clone();
+        // A child of a workspace whose credentials are hidden sees them hidden
+        // too: its copy holds the same files at the same paths.
+        let masks = live
+            .masks
+            .as_ref()
+            .map(|masks| masks.wiring().to_vec())
+            .unwrap_or_default();
         let session = self.id.clone();
         self.background.spawn(async move {
             let clock = Instant::now();
@@ -1531,6 +1565,17 @@ impl Session {
                 .map(|objects| box_backend::ObjectsWiring {
                     host: objects.host.clone(),
                 });
+            // A worktree child's `.git` is a repository of box's making, not a
+            // copy of the parent's: the parent's masked `.git` files do not
+            // belong over it (its working files still get theirs).
+            let masks: Vec<box_backend::FileMask> = if forked.mode_used == box_fork::Mechanism::Worktree {
+                masks
+                    .into_iter()
+                    .filter(|mask| !mask.target.starts_with(".git"))
+                    .collect()
+            } else {
+                masks
+            };
             let timeout = spec.limits.start_timeout;
             let started = start_units(
                 &config,
@@ -1539,6 +1584,7 @@ impl Session {
                 timeout,
                 &background,
                 StartWiring {
+                    workspace_masks: &masks,
                     objects: objects.as_ref(),
                     ..StartWiring::default()
                 },
@@ -1618,6 +1664,21 @@ impl Session {
                 let _ = drop_storage(started.child).await;
             }
         });
+    }
+
+    /// The workspace unit's spec under the session's tightening and then
+    /// `tighten`: narrower than the session's, never wider (a wider ask is
+    /// refused naming the field).
+    fn narrowed_workspace(&self, live: &Live, tighten: &Value) -> Result<UnitSpec, String> {
+        let session = box_policy::plan::Tightening::parse(&live.tighten)
+            .and_then(|tightening| box_policy::plan::tighten(&live.profile, &tightening))
+            .map_err(|error| format!("box/fork: the session's tightening: {error}"))?;
+        let plan = (self.config.resolve)(&session, tighten, &self.config.facts)
+            .map_err(|error| format!("box/fork: {error}"))?;
+        plan.units
+            .into_iter()
+            .find(|unit| unit.role == Role::Workspace)
+            .ok_or_else(|| "box/fork: tighten left no workspace unit".to_owned())
     }
 
     /// A started child joins the session: routed, linked, answered.
