@@ -4,6 +4,7 @@
 
 pub mod doctor;
 pub mod execute;
+pub mod init;
 pub mod profile;
 pub mod run;
 pub mod sandbox;
@@ -72,6 +73,9 @@ enum Command {
     /// The local backend's sandbox helper: confine this process, then run CMD.
     #[command(hide = true)]
     Sandbox(crate::cli::sandbox::SandboxArgs),
+    /// box's first process in a unit: its lease, its executor's relay, reaping.
+    #[command(hide = true, disable_help_flag = true)]
+    Init(crate::cli::init::InitArgs),
 }
 
 /// Whether colour is off: `NO_COLOR` set and not empty (no-color.org).
@@ -139,6 +143,7 @@ pub fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Command::Sandbox(args) => crate::cli::sandbox::sandbox(args),
+        Command::Init(args) => crate::cli::init::init(args),
     };
     report(result)
 }

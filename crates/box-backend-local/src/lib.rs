@@ -432,6 +432,7 @@ impl LocalBackend {
                 stdout: Box::pin(stdout),
             },
             ended,
+            renewal: None,
         })
     }
 
@@ -1007,6 +1008,7 @@ pub(crate) fn envelope(
             && !box_scrub::git_neutralisation().is_empty(),
         secrets: Vec::new(),
         persisted_credentials: Vec::new(),
+        lifecycle: None,
         state: UnitState::Running,
     }
 }

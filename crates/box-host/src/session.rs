@@ -266,6 +266,8 @@ struct Unit {
     close_reason: Option<String>,
     /// Its tool list, read before anything ran in it.
     tools: Option<Value>,
+    /// The renewal of its lease, held while the session wants the unit.
+    _renewal: Option<box_backend::Renewal>,
 }
 
 /// A session after initialize: its units and its routing.
@@ -475,6 +477,7 @@ impl Session {
             .min(start_deadline.saturating_duration_since(tokio::time::Instant::now()));
         let mut links = Vec::new();
         let mut ends = Vec::new();
+        let mut renewals = Vec::new();
         let mut envelopes = Vec::new();
         let mut tracked = Vec::new();
         for (key, unit) in started {
@@ -492,6 +495,7 @@ impl Session {
             envelopes.push(envelope);
             links.push(ExecutorLink::new(unit.io.stdin, unit.io.stdout));
             ends.push(unit.ended);
+            renewals.push(unit.renewal);
         }
         let results = futures::future::join_all(
             links
@@ -506,6 +510,7 @@ impl Session {
                 Err(why) => {
                     drop(links);
                     drop(ends);
+                    drop(renewals);
                     let config = self.config.clone();
                     self.background
                         .spawn(async move { remove_until_gone(&config, tracked).await });
@@ -525,11 +530,12 @@ impl Session {
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
         let mut tasks = JoinSet::new();
         let mut units = Vec::new();
-        for (index, (((link, ended), (spec, envelope)), tracked)) in links
+        for (index, ((((link, ended), (spec, envelope)), tracked), renewal)) in links
             .into_iter()
             .zip(ends)
             .zip(plan.units.iter().cloned().zip(envelopes))
             .zip(tracked)
+            .zip(renewals)
             .enumerate()
         {
             let writer = link_unit(index, link, ended, &events_tx, &mut tasks);
@@ -542,6 +548,7 @@ impl Session {
                 closed: false,
                 close_reason: None,
                 tools: initialized[index].tools.clone(),
+                _renewal: renewal,
             });
         }
         let workspace = units

@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use tokio_util::task::TaskTracker;
 
 use super::HostConfig;
-use box_backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitEnd};
+use box_backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitEnd, UnitWiring};
 use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
 use box_jsonrpc::{self as jsonrpc, Kind, classify};
 use box_policy::plan::{NetworkMode, UnitSpec};
@@ -245,11 +245,14 @@ pub async fn start_units(
     let mut starts = Vec::new();
     for spec in specs {
         let key = config.ledger.starting(&label.session, &spec.name);
-        let wiring = proxies
-            .iter()
-            .find(|proxy| proxy.unit == spec.name)
-            .map(EgressProxy::wiring)
-            .unwrap_or_default();
+        let wiring = UnitWiring {
+            runtime_dir: Some(config.runtime_dir.clone()),
+            ..proxies
+                .iter()
+                .find(|proxy| proxy.unit == spec.name)
+                .map(EgressProxy::wiring)
+                .unwrap_or_default()
+        };
         let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
             let result = config.backend.start_wired(&label, &spec, &wiring).await;
