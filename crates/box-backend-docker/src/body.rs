@@ -55,12 +55,14 @@ pub const STOP_TIMEOUT_SECS: i64 = 2;
 pub const BUILD_COMMAND: &str = "box image build";
 
 /// What puts a missing `image` on the engine: box's own images are built by
-/// `box image build`, its test fixtures by `scripts/test-images.sh`; any other
+/// `box image build` (`box image build fetch` for the example server's), its test fixtures by `scripts/test-images.sh`; any other
 /// image is the user's to pull or build, since box does not pull yet.
 pub fn missing_image_remedy(image: &str) -> String {
     let name = image.split(['@', ':']).next().unwrap_or(image);
     match name {
         "box-base" | "box-rootfs" => format!("build it with `{BUILD_COMMAND}`"),
+        // The `fetch` example profile's server image.
+        "box-fetch" => format!("build it with `{BUILD_COMMAND} fetch`"),
         _ if name.starts_with("box-test-") => {
             "build it with `scripts/test-images.sh` (box's test fixtures)".to_owned()
         }
@@ -190,6 +192,40 @@ pub fn mount_egress_socket(body: &mut ContainerCreateBody, socket_dir: &Path) {
         bind_options: Some(private_bind()),
         ..Default::default()
     });
+}
+
+/// Mount each masked file, read-only, over its place in the workspace (docker
+/// orders mounts by depth, so these go on top of the workspace's own mount).
+/// Refuses a target that is not a plain relative path.
+pub fn mount_masks(
+    body: &mut ContainerCreateBody,
+    root: &Path,
+    masks: &[box_backend::FileMask],
+) -> Result<(), String> {
+    let host_config = body.host_config.get_or_insert_with(Default::default);
+    let mounts = host_config.mounts.get_or_insert_with(Vec::new);
+    for mask in masks {
+        let plain = mask.target.components().count() > 0
+            && mask
+                .target
+                .components()
+                .all(|part| matches!(part, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(format!(
+                "the masked file {} is not a plain path inside the workspace",
+                mask.target.display()
+            ));
+        }
+        mounts.push(Mount {
+            target: Some(root.join(&mask.target).to_string_lossy().into_owned()),
+            source: Some(mask.source.to_string_lossy().into_owned()),
+            typ: Some(MountType::BIND),
+            read_only: Some(true),
+            bind_options: Some(private_bind()),
+            ..Default::default()
+        });
+    }
+    Ok(())
 }
 
 /// The proxy address a unit's tools are pointed at.
@@ -1389,6 +1425,11 @@ pub(crate) mod tests {
     fn a_missing_image_names_what_puts_it_there() {
         assert!(missing_image_remedy("box-base:bookworm").contains("box image build"));
         assert!(missing_image_remedy("box-test-tools:latest").contains("scripts/test-images.sh"));
+        assert!(
+            missing_image_remedy("box-fetch:latest").contains("`box image build fetch`"),
+            "{}",
+            missing_image_remedy("box-fetch:latest")
+        );
         let other = missing_image_remedy("rust:1.83");
         assert!(other.contains("docker pull rust:1.83"), "{other}");
         assert!(!other.contains("box image build"), "{other}");

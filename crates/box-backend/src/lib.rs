@@ -108,6 +108,20 @@ pub struct UnitWiring {
     /// lease makes each unit's run directory (the socket its init connects
     /// to) under it; `None`: [`default_runtime_dir`].
     pub runtime_dir: Option<std::path::PathBuf>,
+    /// Files of the workspace the unit sees replaced, read-only, by a host
+    /// file (`on_persisted_credentials = "hide"`: a copy with the credentials
+    /// masked). Only for a workspace unit.
+    pub masks: Vec<FileMask>,
+}
+
+/// One workspace file the unit sees replaced by a host file, read-only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileMask {
+    /// The host file the unit sees instead (owned by the host, readable by all).
+    pub source: std::path::PathBuf,
+    /// The masked file, relative to the unit's workspace root (no `..`, no
+    /// absolute path: checked by whoever builds it).
+    pub target: std::path::PathBuf,
 }
 
 /// Where a host keeps its sockets (egress proxies, units' run directories):
@@ -294,6 +308,18 @@ pub trait Backend: Send + Sync {
                     control: "network egress allow list".to_owned(),
                     why: format!(
                         "the {} backend cannot wire the host's egress proxy into a unit yet; use network mode none, or the docker backend",
+                        self.kind().as_str()
+                    ),
+                })
+            });
+        }
+        if !wiring.masks.is_empty() {
+            return Box::pin(async move {
+                Err(BackendError::Unenforceable {
+                    unit: spec.name.clone(),
+                    control: "on_persisted_credentials = \"hide\"".to_owned(),
+                    why: format!(
+                        "the {} backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend",
                         self.kind().as_str()
                     ),
                 })

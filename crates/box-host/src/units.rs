@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use tokio_util::task::TaskTracker;
 
 use super::HostConfig;
-use box_backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitEnd, UnitWiring};
+use box_backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitEnd};
 use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
 use box_jsonrpc::{self as jsonrpc, Kind, classify};
 use box_policy::plan::{NetworkMode, UnitSpec};
@@ -223,6 +223,7 @@ pub async fn start_units(
     config: &Arc<HostConfig>,
     label: &SessionLabel,
     specs: &[UnitSpec],
+    workspace_masks: &[box_backend::FileMask],
     timeout: Duration,
     background: &TaskTracker,
 ) -> Result<(Vec<(u64, StartedUnit)>, Vec<EgressProxy>), StartFailure> {
@@ -245,14 +246,15 @@ pub async fn start_units(
     let mut starts = Vec::new();
     for spec in specs {
         let key = config.ledger.starting(&label.session, &spec.name);
-        let wiring = UnitWiring {
-            runtime_dir: Some(config.runtime_dir.clone()),
-            ..proxies
-                .iter()
-                .find(|proxy| proxy.unit == spec.name)
-                .map(EgressProxy::wiring)
-                .unwrap_or_default()
-        };
+        let mut wiring = proxies
+            .iter()
+            .find(|proxy| proxy.unit == spec.name)
+            .map(EgressProxy::wiring)
+            .unwrap_or_default();
+        wiring.runtime_dir = Some(config.runtime_dir.clone());
+        if spec.role == box_policy::plan::Role::Workspace {
+            wiring.masks = workspace_masks.to_vec();
+        }
         let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
             let result = config.backend.start_wired(&label, &spec, &wiring).await;

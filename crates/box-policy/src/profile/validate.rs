@@ -369,6 +369,7 @@ impl Walk {
                 &[
                     ("report", OnPersisted::Report),
                     ("refuse", OnPersisted::Refuse),
+                    ("hide", OnPersisted::Hide),
                 ],
             ),
             None => Some(OnPersisted::Report),
@@ -1040,20 +1041,20 @@ impl Walk {
                     self.problem(
                         item,
                         &label,
-                        "a server needs a name, like name = \"browser\"".to_owned(),
+                        "a server needs a name, like name = \"fetch\"".to_owned(),
                     );
                     None
                 }
             };
             let image = match fields.get("image") {
                 Some(node) => {
-                    self.non_empty_string(node, &join(&label, "image"), "box-browser:latest")
+                    self.non_empty_string(node, &join(&label, "image"), "box-fetch:latest")
                 }
                 None => {
                     self.problem(
                         item,
                         &label,
-                        "a server needs an image, like image = \"box-browser:latest\"".to_owned(),
+                        "a server needs an image, like image = \"box-fetch:latest\"".to_owned(),
                     );
                     None
                 }
@@ -1133,7 +1134,7 @@ impl Walk {
             self.problem(
                 node,
                 &field,
-                format!("{name:?} is not a server name; write lower-case letters, digits and -, starting with a letter, like \"browser\""),
+                format!("{name:?} is not a server name; write lower-case letters, digits and -, starting with a letter, like \"fetch\""),
             );
             return None;
         }
