@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde_json::{Value, json};
 
-use crate::plan::{self, HostFacts, UserIds};
+use crate::plan::{self, HostFacts, PullPolicy, UserIds};
 use crate::profile::{
     Catalog, Danger, LimitsPolicy, NetworkPolicy, Problem, Profile, ProfileError, Source,
     UserChoice, show_duration,
@@ -437,9 +437,19 @@ fn profile_json(profile: &Profile) -> Value {
     if let Some(runtime) = &profile.workspace.runtime {
         shown["workspace"]["runtime"] = json!(runtime);
     }
+    // Likewise images to choose from and a pull policy other than the default.
+    if !profile.workspace.images.is_empty() {
+        shown["workspace"]["images"] = json!(profile.workspace.images);
+    }
+    if profile.workspace.pull != PullPolicy::default() {
+        shown["workspace"]["pull"] = json!(profile.workspace.pull.as_str());
+    }
     for (index, server) in profile.servers.iter().enumerate() {
         if let Some(runtime) = &server.runtime {
             shown["servers"][index]["runtime"] = json!(runtime);
+        }
+        if server.pull != PullPolicy::default() {
+            shown["servers"][index]["pull"] = json!(server.pull.as_str());
         }
     }
     shown
@@ -490,6 +500,15 @@ fn show(profile: &Profile) -> String {
             workspace.image,
             user_text(workspace.user)
         ));
+        if !workspace.images.is_empty() {
+            line(format!(
+                "images       {} (a session chooses with tighten workspace.image)",
+                workspace.images.join(", ")
+            ));
+        }
+        if workspace.pull != PullPolicy::default() {
+            line(format!("pull         {}", workspace.pull.as_str()));
+        }
         line(format!("network      {}", network_text(&profile.network)));
         line(format!("limits       {}", limits_text(&profile.limits)));
         let set: Vec<String> = profile.env.set.keys().cloned().collect();
@@ -607,7 +626,7 @@ fn show_plan(plan: &plan::Plan) -> String {
         let set: Vec<&str> = unit.env_set.keys().map(String::as_str).collect();
         let mut lines = vec![
             format!("{}  ({role})", unit.name),
-            format!("  image     {}", unit.image),
+            format!("  image     {} (pull {})", unit.image, unit.pull.as_str()),
         ];
         if !unit.command.is_empty() {
             lines.push(format!("  command   {}", unit.command.join(" ")));

@@ -1,5 +1,5 @@
 //! The command-line faces of the backends: `box units ls|rm|inspect`,
-//! `box gc` and `box image build|ls`. Thin: each gathers facts through the
+//! `box gc` and `box image build|pull|ls` (`pull`: `cli/pull.rs`). Thin: each gathers facts through the
 //! backends and prints them; `--json` output is the stable form.
 
 use std::collections::BTreeMap;
@@ -88,15 +88,17 @@ pub struct GcArgs {
 
 /// `box image`: box's unit images.
 #[derive(Debug, Clone, clap::Args)]
-#[command(after_help = "Examples:\n  box image build\n  box image ls")]
+#[command(
+    after_help = "Examples:\n  box image build\n  box image pull python:3.12-slim\n  box image ls"
+)]
 pub struct ImageArgs {
     /// What to do.
     #[command(subcommand)]
     pub command: ImageCommand,
 }
 
-/// The `box image` subcommands. (No `pull`: box's images are built from a
-/// Debian mirror, never pulled from a container registry.)
+/// The `box image` subcommands. (box's own images are built from a Debian
+/// mirror; any other image is pulled from its registry.)
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum ImageCommand {
     /// Build box's images, skipping those that exist: `base` (default) builds the unit
@@ -109,6 +111,8 @@ pub enum ImageCommand {
   box image build --mirror http://ftp.de.debian.org/debian --suite bookworm
   BOX_IMAGE_MIRROR=http://mirror.internal/debian box image build")]
     Build(BuildArgs),
+    /// Pull an image from its registry (progress on stderr; a pinned digest verified).
+    Pull(crate::cli::pull::PullArgs),
     /// List the images box and its profiles use, and whether the engine has each.
     #[command(after_help = "Examples:\n  box image ls\n  box image ls --json")]
     Ls {
@@ -191,7 +195,7 @@ impl BuildArgs {
     }
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -408,6 +412,7 @@ const FETCH_DOCKERFILE: &str = include_str!("../../images/fetch/Dockerfile");
 pub fn image(args: ImageArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         ImageCommand::Build(build) => image_build(&build),
+        ImageCommand::Pull(pull) => crate::cli::pull::pull(&pull),
         ImageCommand::Ls { json } => image_ls(json),
     }
 }
@@ -453,6 +458,7 @@ fn images_used() -> BTreeMap<String, Vec<String>> {
             continue;
         };
         let named = std::iter::once(&profile.workspace.image)
+            .chain(&profile.workspace.images)
             .chain(profile.servers.iter().map(|server| &server.image));
         for image in named {
             let users = images.entry(image.clone()).or_default();

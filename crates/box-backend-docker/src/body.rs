@@ -16,7 +16,7 @@ use box_policy::executor::{ExecutorSpec, PlaceKind, SECRETS_DIR};
 
 use box_backend::{
     AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, EgressWiring, Envelope, Hardening,
-    SessionLabel, UnitState, UnitWiring, labels,
+    ObjectsWiring, SessionLabel, UnitState, UnitWiring, labels,
 };
 use box_policy::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
 
@@ -53,24 +53,6 @@ pub const STOP_TIMEOUT_SECS: i64 = 2;
 
 /// The command that builds the images a missing image error points at.
 pub const BUILD_COMMAND: &str = "box image build";
-
-/// What puts a missing `image` on the engine: box's own images are built by
-/// `box image build` (`box image build fetch` for the example server's), its test fixtures by `scripts/test-images.sh`; any other
-/// image is the user's to pull or build, since box does not pull yet.
-pub fn missing_image_remedy(image: &str) -> String {
-    let name = image.split(['@', ':']).next().unwrap_or(image);
-    match name {
-        "box-base" | "box-rootfs" => format!("build it with `{BUILD_COMMAND}`"),
-        // The `fetch` example profile's server image.
-        "box-fetch" => format!("build it with `{BUILD_COMMAND} fetch`"),
-        _ if name.starts_with("box-test-") => {
-            "build it with `scripts/test-images.sh` (box's test fixtures)".to_owned()
-        }
-        _ => format!(
-            "box does not pull images yet: put it on the engine with `docker pull {image}` (or build it with `docker build -t {image} ...`), then start again"
-        ),
-    }
-}
 
 /// Facts about the engine and kernel an envelope needs, gathered once per backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,6 +208,20 @@ pub fn mount_masks(
         });
     }
     Ok(())
+}
+
+/// Mount a `worktree` fork's borrowed git objects (the parent's objects
+/// directory), read-only, at [`ObjectsWiring::DIR_IN_UNIT`].
+pub fn mount_objects(body: &mut ContainerCreateBody, objects: &Path) {
+    let host_config = body.host_config.get_or_insert_with(Default::default);
+    host_config.mounts.get_or_insert_with(Vec::new).push(Mount {
+        target: Some(ObjectsWiring::DIR_IN_UNIT.to_owned()),
+        source: Some(objects.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(true),
+        bind_options: Some(private_bind()),
+        ..Default::default()
+    });
 }
 
 /// The proxy address a unit's tools are pointed at.
@@ -678,6 +674,8 @@ pub fn envelope_from_inspect(
         id: inspect.id.clone().unwrap_or_default(),
         image: spec.image.clone(),
         image_id: inspect.image.clone().unwrap_or_default(),
+        // The backend sets it from the image it verified.
+        image_digest: None,
         runtime: Some(runtime),
         root: spec.root.to_string_lossy().into_owned(),
         user,
@@ -1419,19 +1417,5 @@ pub(crate) mod tests {
         assert_eq!(nano_cpus(2.0), 2_000_000_000);
         assert_eq!(nano_cpus(0.0), 1);
         assert_eq!(nano_cpus(f64::NAN), 1);
-    }
-
-    #[test]
-    fn a_missing_image_names_what_puts_it_there() {
-        assert!(missing_image_remedy("box-base:bookworm").contains("box image build"));
-        assert!(missing_image_remedy("box-test-tools:latest").contains("scripts/test-images.sh"));
-        assert!(
-            missing_image_remedy("box-fetch:latest").contains("`box image build fetch`"),
-            "{}",
-            missing_image_remedy("box-fetch:latest")
-        );
-        let other = missing_image_remedy("rust:1.83");
-        assert!(other.contains("docker pull rust:1.83"), "{other}");
-        assert!(!other.contains("box image build"), "{other}");
     }
 }

@@ -8,8 +8,10 @@
 //! engine then removes it (auto-remove). The host's renewal is the
 //! [`box_backend::Renewal`] the start returns. Every hardening setting lives in the pure
 //! [`body::container_body`]; the envelope is read back from `inspect`, never
-//! copied from the request. Images are never pulled: a missing image is an
-//! error naming the command that builds it (`box image build`).
+//! copied from the request. A unit's image is pulled per its pull policy
+//! (`pull.rs`: credentials from the Docker config file, a pinned digest
+//! verified) and the container is created from the verified image's id; a
+//! missing image not to be pulled is an error naming what puts it there.
 //!
 //! How a host uses it: claim an instance (`instance::InstanceLock::acquire(
 //! &instance::default_dir(), &instance::new_id())`, held for the host's life),
@@ -29,6 +31,7 @@ pub mod body;
 pub mod doctor;
 mod io;
 mod lease;
+pub mod pull;
 pub mod runc;
 
 use std::collections::HashMap;
@@ -46,7 +49,8 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use tokio::io::AsyncWriteExt as _;
 
-pub use body::{EngineFacts, container_body, missing_image_remedy};
+pub use body::{EngineFacts, container_body};
+pub use pull::{PullEvent, PullSink, PullTally, Pulled, Puller, missing_image_remedy};
 
 use box_backend::environment::{Own, STANDARD_PATH, UnitEnvironment, unit_environment};
 use box_backend::{
@@ -82,6 +86,9 @@ pub struct DockerBackend {
     /// Held while a session network is looked up and made: engines before API
     /// 1.44 accept two networks of one name, and a session's units start at once.
     networks: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// Where the progress of a pull before a unit starts goes (`box run`: the
+    /// terminal); without one, the log's lines.
+    pull_sink: Option<PullSink>,
 }
 
 impl std::fmt::Debug for DockerBackend {
@@ -154,6 +161,7 @@ impl DockerBackend {
             executor_command: None,
             facts,
             networks: Default::default(),
+            pull_sink: None,
         })
     }
 
@@ -170,6 +178,13 @@ impl DockerBackend {
     #[must_use]
     pub fn with_executor_command(mut self, argv: Vec<String>) -> Self {
         self.executor_command = Some(argv);
+        self
+    }
+
+    /// Report the progress of the pulls a unit's start makes to `sink`.
+    #[must_use]
+    pub fn with_pull_progress(mut self, sink: PullSink) -> Self {
+        self.pull_sink = Some(sink);
         self
     }
 
@@ -233,17 +248,29 @@ impl DockerBackend {
             doing: "checking the workspace root".to_owned(),
             message: why,
         })?;
-        let image = match self.docker.inspect_image(&spec.image).await {
-            Ok(image) => image,
-            Err(e) if status_of(&e) == Some(404) => {
+        let ready = match self
+            .puller()
+            .ready_image(&spec.image, spec.pull, self.pull_sink.as_ref())
+            .await
+        {
+            Ok(ready) => ready,
+            Err(pull::NotReady::Missing { remedy }) => {
                 return Err(BackendError::MissingImage {
                     unit: unit.to_owned(),
                     image: spec.image.clone(),
-                    remedy: body::missing_image_remedy(&spec.image),
+                    remedy,
                 });
             }
-            Err(e) => return Err(other("inspecting the image", e)),
+            Err(pull::NotReady::Pull(error)) => {
+                return Err(BackendError::Other {
+                    unit: unit.to_owned(),
+                    doing: "putting its image on the engine".to_owned(),
+                    message: error.to_string(),
+                });
+            }
         };
+        let image_digest = ready.digest;
+        let image = ready.inspect;
         let image_env = image
             .config
             .as_ref()
@@ -330,6 +357,10 @@ impl DockerBackend {
             key: key.to_hex(),
         };
         let mut body = container_body(session, spec, &self.executor, &created, &env, &init);
+        // The content verified above, by id: a tag moved meanwhile changes nothing.
+        if let Some(id) = &image.id {
+            body.image = Some(id.clone());
+        }
         if let Some(egress) = &wiring.egress {
             body::mount_egress_socket(&mut body, &egress.socket_dir);
         }
@@ -341,6 +372,9 @@ impl DockerBackend {
                     message,
                 }
             })?;
+        }
+        if let Some(objects) = &wiring.objects {
+            body::mount_objects(&mut body, &objects.host);
         }
         // What the profile's operator explicitly allowed (the plan carries these
         // only when the operator switch was on).
@@ -384,7 +418,7 @@ impl DockerBackend {
                 session,
                 spec,
                 &id,
-                &image_user,
+                (&image_user, image_digest),
                 (env_passed, env_scrubbed),
                 channel,
             )
@@ -431,7 +465,7 @@ impl DockerBackend {
         session: &SessionLabel,
         spec: &UnitSpec,
         id: &str,
-        image_user: &str,
+        (image_user, image_digest): (&str, Option<String>),
         // What the envelope reports of the environment.
         (env_passed, env_scrubbed): (Vec<String>, Vec<String>),
         channel: lease::Pending,
@@ -511,6 +545,7 @@ impl DockerBackend {
             env_passed,
             env_scrubbed,
         );
+        envelope.image_digest = image_digest;
         // A stand-in command (tests) gets only what the engine applied.
         if self.executor_command.is_none() {
             body::add_executor_confinement(&mut envelope, spec);

@@ -112,6 +112,8 @@ pub struct UnitWiring {
     /// file (`on_persisted_credentials = "hide"`: a copy with the credentials
     /// masked). Only for a workspace unit.
     pub masks: Vec<FileMask>,
+    /// A forked workspace's borrowed git objects (a `worktree` fork).
+    pub objects: Option<ObjectsWiring>,
 }
 
 /// One workspace file the unit sees replaced by a host file, read-only.
@@ -139,6 +141,22 @@ pub fn default_runtime_dir() -> std::path::PathBuf {
     }
 }
 
+/// A `worktree` fork's child repository borrows its parent's git objects:
+/// the parent's objects directory, mounted read-only at
+/// [`ObjectsWiring::DIR_IN_UNIT`], which the child's
+/// `.git/objects/info/alternates` names. The child's own objects, refs,
+/// index and config are its own; these are only readable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectsWiring {
+    /// The parent repository's objects directory on the host.
+    pub host: std::path::PathBuf,
+}
+
+impl ObjectsWiring {
+    /// Where the objects appear inside the unit.
+    pub const DIR_IN_UNIT: &str = "/.box/objects";
+}
+
 /// The host's egress proxy for one unit: a directory on the host holding its
 /// listening socket ([`EgressWiring::SOCKET`]), mounted read-only at
 /// [`EgressWiring::DIR_IN_UNIT`]. The directory, not the socket, is mounted so the
@@ -154,6 +172,11 @@ impl EgressWiring {
     pub const DIR_IN_UNIT: &str = "/.box/egress";
     /// The socket's file name in the directory.
     pub const SOCKET: &str = "proxy.sock";
+    /// The loopback port the executor's bridge listens on inside the unit
+    /// (`box_egress::BRIDGE_PORT`; a test in box-host holds them equal).
+    pub const BRIDGE_PORT: u16 = 3128;
+    /// Where a unit's tools find the proxy (what `HTTP_PROXY` and the rest say).
+    pub const PROXY_URL: &str = "http://127.0.0.1:3128";
 
     /// The socket's path inside the unit (what the executor is told).
     pub fn socket_in_unit() -> std::path::PathBuf {
@@ -320,6 +343,18 @@ pub trait Backend: Send + Sync {
                     control: "on_persisted_credentials = \"hide\"".to_owned(),
                     why: format!(
                         "the {} backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend",
+                        self.kind().as_str()
+                    ),
+                })
+            });
+        }
+        if wiring.objects.is_some() {
+            return Box::pin(async move {
+                Err(BackendError::Unenforceable {
+                    unit: spec.name.clone(),
+                    control: "a worktree fork's borrowed git objects".to_owned(),
+                    why: format!(
+                        "the {} backend cannot mount the parent's git objects into a unit; fork with mode copy",
                         self.kind().as_str()
                     ),
                 })

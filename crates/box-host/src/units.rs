@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use tokio_util::task::TaskTracker;
 
 use super::HostConfig;
-use box_backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitEnd};
+use box_backend::{Backend, BackendError, ObjectsWiring, SessionLabel, StartedUnit, UnitEnd};
 use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
 use box_jsonrpc::{self as jsonrpc, Kind, classify};
 use box_policy::plan::{NetworkMode, UnitSpec};
@@ -44,6 +44,8 @@ pub enum UnitEvent {
     Deadline(usize, u64),
     /// The settle after a deadline passed without the request's answer.
     Overdue(usize, u64),
+    /// A `box/fork` child started and initialized, to join the session.
+    Forked(Box<super::session::ForkStarted>),
 }
 
 /// An executor's stdio, framed.
@@ -219,6 +221,7 @@ pub enum StartFailure {
 /// ledger told of each, within `timeout`. If any fails or the deadline
 /// passes, the units that did start are removed in `background`, as are
 /// those whose start finishes later, and the failure names the units.
+/// `objects`: a worktree fork's borrowed git objects, mounted into each.
 pub async fn start_units(
     config: &Arc<HostConfig>,
     label: &SessionLabel,
@@ -226,6 +229,7 @@ pub async fn start_units(
     workspace_masks: &[box_backend::FileMask],
     timeout: Duration,
     background: &TaskTracker,
+    objects: Option<&ObjectsWiring>,
 ) -> Result<(Vec<(u64, StartedUnit)>, Vec<EgressProxy>), StartFailure> {
     let deadline = tokio::time::Instant::now() + timeout;
     // Each egress unit's proxy listens before its unit starts; dropped (stopped,
@@ -255,6 +259,7 @@ pub async fn start_units(
         if spec.role == box_policy::plan::Role::Workspace {
             wiring.masks = workspace_masks.to_vec();
         }
+        wiring.objects = objects.cloned();
         let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
             let result = config.backend.start_wired(&label, &spec, &wiring).await;

@@ -24,6 +24,12 @@ pub struct Envelope {
     pub image: String,
     /// The image's id (digest) as the engine resolved it.
     pub image_id: String,
+    /// The registry's content digest of the image the unit runs
+    /// (`sha256:...`): for a pinned image, the digest verified before the
+    /// start; for a pulled tag, the one the engine recorded. Absent for an
+    /// image no registry knows (built locally) and where there is no engine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
     /// The engine's OCI runtime the unit runs under (`runc`, `runsc` for gVisor);
     /// absent where there is no engine.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -207,7 +213,8 @@ pub struct EgressLimits {
     pub bytes_per_second: Option<u64>,
 }
 
-/// How the local backend cut a unit off the network.
+/// How the local backend cut a unit off the network (`none`, and `egress`,
+/// whose only way out is the proxy's socket).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LocalNone {
@@ -219,6 +226,10 @@ pub struct LocalNone {
     pub landlock_tcp_denied: bool,
     /// Seccomp refuses IP sockets.
     pub ip_sockets_denied: bool,
+    /// Landlock allows TCP bind and connect to these ports only (an egress
+    /// unit's bridge port); absent when TCP is not limited to ports.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub landlock_tcp_ports: Vec<u16>,
 }
 
 /// Limits as applied, in the terms of the backend that applied them.

@@ -305,6 +305,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         id: id.to_owned(),
         image: spec.image.clone(),
         image_id: String::new(),
+        image_digest: None,
         runtime: None,
         root: spec.root.display().to_string(),
         user: String::new(),

@@ -4,7 +4,9 @@
 
 use serde_json::{Value, json};
 
-use super::{Limits, Network, NetworkMode, Plan, Role, Security, UnitSpec, WorkspaceSource};
+use super::{
+    Limits, Network, NetworkMode, Plan, PullPolicy, Role, Security, UnitSpec, WorkspaceSource,
+};
 
 impl Plan {
     /// The plan as JSON: `{"profile", "units": [...]}`.
@@ -51,6 +53,10 @@ impl UnitSpec {
         // Only units that name a runtime show one; the others' JSON is unchanged.
         if let Some(runtime) = &self.runtime {
             unit["runtime"] = json!(runtime);
+        }
+        // Likewise a pull policy other than the default ("missing").
+        if self.pull != PullPolicy::default() {
+            unit["pull"] = json!(self.pull.as_str());
         }
         unit
     }

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 pub use tighten::{LimitsAsk, NetworkAsk, Tightening, parse_tightening_text, tighten};
 
+pub use crate::image::PullPolicy;
 use crate::profile::{LimitsPolicy, NetworkPolicy, Profile, Source, UserChoice};
 
 /// Everything one session's units are: the resolved, validated, fully defaulted plan.
@@ -180,8 +181,11 @@ pub struct UnitSpec {
     pub name: String,
     /// Workspace or server.
     pub role: Role,
-    /// The image (docker) it runs.
+    /// The image (docker) it runs: a tag, or pinned `NAME@sha256:...` (the
+    /// backend verifies a pinned image is that content before the unit starts).
     pub image: String,
+    /// When the image is pulled from its registry (docker).
+    pub pull: PullPolicy,
     /// The engine's OCI runtime (`runsc` for gVisor); `None`: the engine's default.
     pub runtime: Option<String>,
     /// Where the workspace comes from on the host.
@@ -405,6 +409,7 @@ impl UnitSpec {
             name: "workspace".to_owned(),
             role: Role::Workspace,
             image: image.to_owned(),
+            pull: PullPolicy::Missing,
             runtime: None,
             source,
             root: PathBuf::from("/workspace"),
@@ -544,6 +549,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             name: "workspace".to_owned(),
             role: Role::Workspace,
             image: profile.workspace.image.clone(),
+            pull: profile.workspace.pull,
             runtime: profile.workspace.runtime.clone(),
             source,
             root: root.clone(),
@@ -566,6 +572,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             name: server.name.clone(),
             role: Role::Server,
             image: server.image.clone(),
+            pull: server.pull,
             runtime: server.runtime.clone(),
             source: WorkspaceSource::None,
             root: root.clone(),

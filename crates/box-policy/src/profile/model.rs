@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::value::{AllowEntry, ByteSize, CpuQuota};
+use crate::image::PullPolicy;
 use crate::plan::{MountMode, NetworkMode, Requirement, UserIds};
 
 /// A profile: everything a session's units may be and do. A session can only narrow it.
@@ -42,6 +43,11 @@ pub struct Profile {
 pub struct Workspace {
     /// The image it runs.
     pub image: String,
+    /// Other images a session may choose with `tighten.workspace.image`
+    /// (`image` is always one it may choose).
+    pub images: Vec<String>,
+    /// When the image is pulled from its registry.
+    pub pull: PullPolicy,
     /// Where the workspace appears inside the unit.
     pub root: PathBuf,
     /// Where the workspace comes from.
@@ -200,6 +206,8 @@ pub struct Server {
     pub name: String,
     /// The image.
     pub image: String,
+    /// When the image is pulled from its registry.
+    pub pull: PullPolicy,
     /// The MCP server command (stdio).
     pub command: Vec<String>,
     /// One line about what it offers.

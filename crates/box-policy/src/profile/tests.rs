@@ -124,6 +124,8 @@ write_guard = "off"
         profile.workspace,
         Workspace {
             image: "img:1".to_owned(),
+            images: Vec::new(),
+            pull: crate::image::PullPolicy::Missing,
             root: PathBuf::from("/src"),
             source: Source::Host(PathBuf::from("/srv/repo")),
             mode: MountMode::ReadOnly,
@@ -186,7 +188,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[workspace]\nimgae = \"x\"\n",
-            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, root, source, mode, user, runtime, on_persisted_credentials",
+            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, images, pull, root, source, mode, user, runtime, on_persisted_credentials",
         ),
         (
             "description = 5\n",
@@ -222,7 +224,19 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[workspace]\nimage = \"\"\n",
-            "p.toml:2:9: workspace.image: \"\" is not usable here; write one word with no spaces, like \"box-base:bookworm\"",
+            "p.toml:2:9: workspace.image: \"\" is not an image reference; write an image like \"rust:1.83\", \"ghcr.io/org/tool:v1\" or \"NAME@sha256:<64 hex digits>\"",
+        ),
+        (
+            "[workspace]\nimage = \"tool@sha256:abc\"\n",
+            "p.toml:2:9: workspace.image: \"tool@sha256:abc\": \"sha256:abc\" is not a digest; a pinned image is NAME@sha256:<64 lowercase hex digits> (`docker buildx imagetools inspect NAME:TAG` or `box image pull NAME:TAG` prints it)",
+        ),
+        (
+            "[workspace]\npull = \"sometimes\"\n",
+            "p.toml:2:8: workspace.pull: \"sometimes\" is not accepted; write \"never\", \"missing\" or \"always\"",
+        ),
+        (
+            "[workspace]\nimages = [\"a:1\", \"a:1\"]\n",
+            "p.toml:2:18: workspace.images: \"a:1\" is listed twice",
         ),
         (
             "[limits]\nmemory = \"2 gigs\"\n",

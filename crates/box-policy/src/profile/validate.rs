@@ -19,6 +19,7 @@ use super::value::{
     AllowEntry, ByteSize, CpuQuota, KNOWN_CAPABILITIES, NAMESPACES, REVIEWED_CAPABILITIES,
     check_env_name, looks_like_credential, parse_count, parse_duration,
 };
+use crate::image::{ImageRef, PullPolicy};
 use crate::plan::{MountMode, NetworkMode, Requirement, UserIds};
 use danger::Asked;
 pub(crate) use danger::host_path_dangers;
@@ -39,6 +40,8 @@ pub(crate) const TOP: &[&str] = &[
 ];
 pub(crate) const WORKSPACE: &[&str] = &[
     "image",
+    "images",
+    "pull",
     "root",
     "source",
     "mode",
@@ -76,6 +79,7 @@ pub(crate) const SECURITY: &[&str] = &[
 pub(crate) const SERVER: &[&str] = &[
     "name",
     "image",
+    "pull",
     "runtime",
     "command",
     "description",
@@ -253,21 +257,6 @@ impl Walk {
         }
     }
 
-    fn non_empty_string(&mut self, node: &Node, field: &str, example: &str) -> Option<String> {
-        let text = self.string(node, field)?;
-        if text.trim().is_empty() || text.chars().any(char::is_whitespace) {
-            self.problem(
-                node,
-                field,
-                format!(
-                    "{text:?} is not usable here; write one word with no spaces, like {example:?}"
-                ),
-            );
-            return None;
-        }
-        Some(text)
-    }
-
     fn boolean(&mut self, node: &Node, field: &str) -> Option<bool> {
         match node.value {
             Value::Boolean(flag) => Some(flag),
@@ -335,8 +324,20 @@ impl Walk {
             },
         };
         let image = match fields.get("image") {
-            Some(node) => self.non_empty_string(node, "workspace.image", defaults::IMAGE),
+            Some(node) => self.image(node, "workspace.image"),
             None => Some(defaults::IMAGE.to_owned()),
+        };
+        let images = match fields.get("images") {
+            Some(node) => self
+                .strings(node, "workspace.images", |text| {
+                    ImageRef::parse(text).map(|_| text.to_owned())
+                })
+                .map(|images| images.into_iter().map(|(image, _)| image).collect()),
+            None => Some(Vec::new()),
+        };
+        let pull = match fields.get("pull") {
+            Some(node) => self.pull(node, "workspace.pull"),
+            None => Some(PullPolicy::default()),
         };
         let root = match fields.get("root") {
             Some(node) => self.unit_root(node),
@@ -376,6 +377,8 @@ impl Walk {
         };
         Some(Workspace {
             image: image?,
+            images: images?,
+            pull: pull?,
             root: root?,
             source: source?,
             mode: mode?,
@@ -383,6 +386,30 @@ impl Walk {
             runtime: runtime?,
             on_persisted_credentials: on_persisted_credentials?,
         })
+    }
+
+    /// An image reference (`ImageRef`): a malformed tag or digest is refused here.
+    fn image(&mut self, node: &Node, field: &str) -> Option<String> {
+        let text = self.string(node, field)?;
+        match ImageRef::parse(&text) {
+            Ok(_) => Some(text),
+            Err(message) => {
+                self.problem(node, field, message);
+                None
+            }
+        }
+    }
+
+    fn pull(&mut self, node: &Node, field: &str) -> Option<PullPolicy> {
+        self.choice(
+            node,
+            field,
+            &[
+                ("never", PullPolicy::Never),
+                ("missing", PullPolicy::Missing),
+                ("always", PullPolicy::Always),
+            ],
+        )
     }
 
     /// An OCI runtime's name as the engine knows it (`runsc`, `runc`, `kata`).
@@ -1047,9 +1074,7 @@ impl Walk {
                 }
             };
             let image = match fields.get("image") {
-                Some(node) => {
-                    self.non_empty_string(node, &join(&label, "image"), "box-fetch:latest")
-                }
+                Some(node) => self.image(node, &join(&label, "image")),
                 None => {
                     self.problem(
                         item,
@@ -1091,6 +1116,10 @@ impl Walk {
                 Some(node) => self.runtime(node, &join(&label, "runtime")).map(Some),
                 None => Some(None),
             };
+            let pull = match fields.get("pull") {
+                Some(node) => self.pull(node, &join(&label, "pull")),
+                None => Some(PullPolicy::default()),
+            };
             let limits = self.limits(
                 fields.get("limits"),
                 &join(&label, "limits"),
@@ -1105,11 +1134,21 @@ impl Walk {
                 Some(network),
                 Some(limits),
                 Some(runtime),
-            ) = (name, image, command, description, network, limits, runtime)
-            {
+                Some(pull),
+            ) = (
+                name,
+                image,
+                command,
+                description,
+                network,
+                limits,
+                runtime,
+                pull,
+            ) {
                 servers.push(Server {
                     name,
                     image,
+                    pull,
                     command,
                     description,
                     network,
