@@ -5,6 +5,7 @@
 pub mod confine;
 pub mod doctor;
 pub mod execute;
+pub mod init;
 pub mod profile;
 pub mod pull;
 pub mod run;
@@ -74,6 +75,9 @@ enum Command {
     /// The local backend's sandbox helper: confine this process, then run CMD.
     #[command(hide = true)]
     Sandbox(crate::cli::sandbox::SandboxArgs),
+    /// box's first process in a unit: its lease, its executor's relay, reaping.
+    #[command(hide = true, disable_help_flag = true)]
+    Init(crate::cli::init::InitArgs),
     /// Run CMD under box's confinement (landlock, seccomp, no privileges): how the host runs git.
     #[command(hide = true)]
     Confine(crate::cli::confine::ConfineArgs),
@@ -144,6 +148,7 @@ pub fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Command::Sandbox(args) => crate::cli::sandbox::sandbox(args),
+        Command::Init(args) => crate::cli::init::init(args),
         Command::Confine(args) => crate::cli::confine::confine(args),
     };
     report(result)

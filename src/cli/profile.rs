@@ -424,6 +424,7 @@ fn profile_json(profile: &Profile) -> Value {
             "host_namespaces": security.host_namespaces,
             "devices": security.devices.iter().map(|path| path.display().to_string()).collect::<Vec<_>>(),
         },
+        "lifecycle": {"lease": show_duration(profile.lifecycle.lease)},
         "servers": profile.servers.iter().map(|server| json!({
             "name": server.name,
             "image": server.image,
@@ -535,6 +536,10 @@ fn show(profile: &Profile) -> String {
         } else {
             "off"
         },
+    ));
+    line(format!(
+        "lifecycle    lease {}",
+        show_duration(profile.lifecycle.lease)
     ));
     if security.privileged {
         line("DANGEROUS    privileged = true".to_owned());
@@ -657,6 +662,7 @@ fn show_plan(plan: &plan::Plan) -> String {
                 if security.write_guard { "read-first" } else { "off" },
                 if security.privileged { ", PRIVILEGED" } else { "" },
             ),
+            format!("  lifecycle lease {}", show_duration(unit.lease)),
         ]);
         for line in lines {
             text.push_str(&line);

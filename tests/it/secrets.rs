@@ -193,8 +193,10 @@ fn inspected(container: &str) -> String {
         let docker = backend.client();
         let inspect = docker.inspect_container(container, None).await.unwrap();
         let mut text = serde_json::to_string(&inspect).unwrap();
+        // The executor is the unit's init's child, not an exec: the
+        // container's configuration (the init's command line and
+        // environment) is what could show a value; any exec is checked too.
         let execs = inspect.exec_ids.clone().unwrap_or_default();
-        assert!(!execs.is_empty(), "the executor's exec is listed");
         for exec in execs {
             let exec = docker.inspect_exec(&exec).await.unwrap();
             text.push_str(&serde_json::to_string(&exec).unwrap());

@@ -506,6 +506,7 @@ impl LocalBackend {
                 stdout: Box::pin(stdout),
             },
             ended,
+            renewal: None,
         })
     }
 
@@ -1177,6 +1178,7 @@ pub(crate) fn envelope(
             && !box_scrub::git_neutralisation().is_empty(),
         secrets: Vec::new(),
         persisted_credentials: Vec::new(),
+        lifecycle: None,
         state: UnitState::Running,
     }
 }

@@ -49,6 +49,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
             devices: Vec::new(),
         },
         command: Vec::new(),
+        lease: Duration::from_secs(30),
         description: String::new(),
     }
 }

@@ -26,8 +26,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use box_policy::plan::UnitSpec;
 
 pub use box_policy::envelope::{
-    AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, DeliveredSecret, Envelope,
-    Hardening, HostOnlyLimits, LocalNone, PersistedCredential, ProcessLimits, UnitState,
+    AppliedLifecycle, AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, DeliveredSecret,
+    Envelope, Hardening, HostOnlyLimits, LocalNone, PersistedCredential, ProcessLimits, UnitState,
 };
 
 /// Label and name constants shared by the backends.
@@ -104,6 +104,10 @@ pub struct ExecutorIo {
 pub struct UnitWiring {
     /// The unit's egress proxy (its spec's network is `egress`).
     pub egress: Option<EgressWiring>,
+    /// Where the host keeps its runtime files: a backend whose units hold a
+    /// lease makes each unit's run directory (the socket its init connects
+    /// to) under it; `None`: [`default_runtime_dir`].
+    pub runtime_dir: Option<std::path::PathBuf>,
     /// Files of the workspace the unit sees replaced, read-only, by a host
     /// file (`on_persisted_credentials = "hide"`: a copy with the credentials
     /// masked). Only for a workspace unit.
@@ -123,6 +127,21 @@ pub struct FileMask {
     /// The masked file, relative to the unit's workspace root (no `..`, no
     /// absolute path: checked by whoever builds it).
     pub target: std::path::PathBuf,
+}
+
+/// Where a host keeps its sockets (egress proxies, units' run directories):
+/// `$XDG_RUNTIME_DIR/box`, `/run/box` for root, else a directory of the
+/// user's own under the temporary directory.
+pub fn default_runtime_dir() -> std::path::PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|dir| !dir.is_empty()) {
+        return std::path::PathBuf::from(dir).join("box");
+    }
+    let uid = nix::unistd::getuid();
+    if uid.is_root() {
+        std::path::PathBuf::from("/run/box")
+    } else {
+        std::env::temp_dir().join(format!("box-{uid}"))
+    }
 }
 
 /// A `worktree` fork's child repository borrows its parent's git objects:
@@ -220,6 +239,34 @@ pub struct StartedUnit {
     pub io: ExecutorIo,
     /// Resolves once the unit (or its executor) has ended, with the cause.
     pub ended: BoxFuture<'static, UnitEnd>,
+    /// The renewal of the unit's lease, where its backend gives it one: the
+    /// host holds it for as long as it wants the unit. Dropping it stops the
+    /// renewals, and the unit ends by itself within its lease (or sooner,
+    /// when it is removed).
+    pub renewal: Option<Renewal>,
+}
+
+/// The host's renewal of one unit's lease, running until dropped.
+#[derive(Debug)]
+pub struct Renewal(tokio::task::AbortHandle);
+
+impl Renewal {
+    /// Renewals by `task`, stopped when this is dropped.
+    pub fn new(task: tokio::task::AbortHandle) -> Self {
+        Self(task)
+    }
+
+    /// Whether renewals have stopped (the unit's channel ended, or another
+    /// host took it over).
+    pub fn is_finished(&self) -> bool {
+        self.0.is_finished()
+    }
+}
+
+impl Drop for Renewal {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A control the plan asks for that a backend cannot apply here: the answer

@@ -43,18 +43,9 @@ impl Drop for EgressProxy {
     }
 }
 
-/// Where the host keeps its sockets: `$XDG_RUNTIME_DIR/box`, `/run/box` for root,
-/// else a directory of the user's own under the temporary directory.
+/// Where the host keeps its sockets (`box_backend::default_runtime_dir`).
 pub fn default_runtime_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|dir| !dir.is_empty()) {
-        return PathBuf::from(dir).join("box");
-    }
-    let uid = nix::unistd::getuid();
-    if uid.is_root() {
-        PathBuf::from("/run/box")
-    } else {
-        std::env::temp_dir().join(format!("box-{uid}"))
-    }
+    box_backend::default_runtime_dir()
 }
 
 impl EgressProxy {

@@ -324,6 +324,8 @@ struct Unit {
     close_reason: Option<String>,
     /// Its tool list, read before anything ran in it.
     tools: Option<Value>,
+    /// The renewal of its lease, held while the session wants the unit.
+    _renewal: Option<box_backend::Renewal>,
     /// A child made by `box/fork`: its fork.
     fork: Option<ChildFork>,
     /// Discarded (`box/discard`): its removal is under way or done.
@@ -340,6 +342,7 @@ pub struct ForkStarted {
     envelope: Envelope,
     link: ExecutorLink,
     ended: futures::future::BoxFuture<'static, UnitEnd>,
+    renewal: Option<box_backend::Renewal>,
     tools: Option<Value>,
     egress: Vec<super::egress::EgressProxy>,
     child: ChildFork,
@@ -653,6 +656,7 @@ impl Session {
             .min(start_deadline.saturating_duration_since(tokio::time::Instant::now()));
         let mut links = Vec::new();
         let mut ends = Vec::new();
+        let mut renewals = Vec::new();
         let mut envelopes = Vec::new();
         let mut tracked = Vec::new();
         for (key, unit) in started {
@@ -676,6 +680,7 @@ impl Session {
             envelopes.push(envelope);
             links.push(ExecutorLink::new(unit.io.stdin, unit.io.stdout));
             ends.push(unit.ended);
+            renewals.push(unit.renewal);
         }
         let results = futures::future::join_all(
             links
@@ -690,6 +695,7 @@ impl Session {
                 Err(why) => {
                     drop(links);
                     drop(ends);
+                    drop(renewals);
                     let config = self.config.clone();
                     self.background
                         .spawn(async move { remove_until_gone(&config, tracked).await });
@@ -709,11 +715,12 @@ impl Session {
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
         let mut tasks = JoinSet::new();
         let mut units = Vec::new();
-        for (index, (((link, ended), (spec, envelope)), tracked)) in links
+        for (index, ((((link, ended), (spec, envelope)), tracked), renewal)) in links
             .into_iter()
             .zip(ends)
             .zip(plan.units.iter().cloned().zip(envelopes))
             .zip(tracked)
+            .zip(renewals)
             .enumerate()
         {
             let writer = link_unit(index, link, ended, &events_tx, &mut tasks);
@@ -726,6 +733,7 @@ impl Session {
                 closed: false,
                 close_reason: None,
                 tools: initialized[index].tools.clone(),
+                _renewal: renewal,
                 fork: None,
                 removed: false,
             });
@@ -1643,6 +1651,7 @@ impl Session {
                 envelope,
                 link,
                 ended: unit.ended,
+                renewal: unit.renewal,
                 tools,
                 egress,
                 child,
@@ -1719,6 +1728,7 @@ impl Session {
             closed: false,
             close_reason: None,
             tools: started.tools,
+            _renewal: started.renewal,
             fork: Some(started.child),
             removed: false,
         });
@@ -1806,6 +1816,8 @@ impl Session {
         }
         let state = &mut live.units[index];
         state.removed = true;
+        // Not wanted any more: its lease is no longer renewed.
+        state._renewal = None;
         state
             .ended
             .get_or_insert_with(|| "it was discarded".to_owned());

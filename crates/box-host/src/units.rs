@@ -331,6 +331,7 @@ pub async fn start_units(
             .find(|proxy| proxy.unit == spec.name)
             .map(EgressProxy::wiring)
             .unwrap_or_default();
+        wiring.runtime_dir = Some(config.runtime_dir.clone());
         if spec.role == box_policy::plan::Role::Workspace {
             // Only a workspace unit has a fork's files, or masks over them.
             wiring.objects = objects.cloned();

@@ -57,8 +57,22 @@ pub struct Envelope {
     /// workspace unit's only; never values).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub persisted_credentials: Vec<PersistedCredential>,
+    /// The unit's lease, where box's init holds one in the unit: how long
+    /// the unit outlives its host's last renewal. Absent where nothing in
+    /// the unit enforces a lease.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<AppliedLifecycle>,
     /// Where the unit is in its life.
     pub state: UnitState,
+}
+
+/// The lease a unit's init enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedLifecycle {
+    /// The lease in milliseconds: the unit ends this long after its host's
+    /// last renewal.
+    pub lease_ms: u64,
 }
 
 /// A secret delivered to a unit as a file.

@@ -250,6 +250,7 @@ impl Backend for FakeBackend {
                     stdout: Box::pin(host_stdout),
                 },
                 ended,
+                renewal: None,
             })
         }
         .boxed()
@@ -332,6 +333,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         git_neutralised: false,
         secrets: Vec::new(),
         persisted_credentials: Vec::new(),
+        lifecycle: None,
         state: UnitState::Running,
     }
 }

@@ -51,6 +51,7 @@ impl UnitSpec {
                 "secretsAsEnv": self.env_secrets_as_env,
             },
             "security": security_json(&self.security),
+            "lifecycle": {"leaseMs": millis(self.lease)},
             "command": self.command,
             "description": self.description,
         });

@@ -220,6 +220,9 @@ pub struct UnitSpec {
     pub command: Vec<String>,
     /// One line about what the unit is for.
     pub description: String,
+    /// How long the unit outlives its host's last lease renewal (the
+    /// profile's `lifecycle.lease`): box's init in the unit ends it then.
+    pub lease: Duration,
 }
 
 /// Facts about the host a plan is resolved against (passed in, so `resolve` stays pure).
@@ -434,6 +437,7 @@ impl UnitSpec {
             security: Security::strict(),
             command: Vec::new(),
             description: String::new(),
+            lease: Duration::from_secs(30),
         }
     }
 
@@ -458,6 +462,7 @@ impl UnitSpec {
             && subset(&self.env_secrets_as_env, &bound.env_secrets_as_env)
             && self.security == bound.security
             && self.command == bound.command
+            && self.lease == bound.lease
     }
 }
 
@@ -562,6 +567,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             security: security.clone(),
             command: Vec::new(),
             description: profile.description.clone(),
+            lease: profile.lifecycle.lease,
         });
     }
     for server in &profile.servers {
@@ -584,6 +590,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             security: security.clone(),
             command: server.command.clone(),
             description: server.description.clone(),
+            lease: profile.lifecycle.lease,
         });
     }
     Ok(Plan {

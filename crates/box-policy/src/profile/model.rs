@@ -30,6 +30,8 @@ pub struct Profile {
     pub env: EnvPolicy,
     /// The hardening of every unit.
     pub security: SecurityPolicy,
+    /// How every unit's life is bounded beyond its session (the lease).
+    pub lifecycle: LifecyclePolicy,
     /// Server units, in the order written.
     pub servers: Vec<Server>,
     /// Dangerous asks this profile makes, each allowed by name under `[operator]`.
@@ -182,6 +184,15 @@ pub struct LimitsPolicy {
     pub start_timeout: Duration,
 }
 
+/// Every unit's lifecycle as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LifecyclePolicy {
+    /// How long a unit outlives its host's last renewal: box's init in the
+    /// unit ends it when its host has not renewed for this long (the host
+    /// died, hung or was stopped).
+    pub lease: Duration,
+}
+
 /// The environment as written.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EnvPolicy {
@@ -294,10 +305,22 @@ pub(crate) mod defaults {
     use std::time::Duration;
 
     use super::super::value::{ByteSize, CpuQuota};
-    use super::LimitsPolicy;
+    use super::{LifecyclePolicy, LimitsPolicy};
 
     pub(crate) const IMAGE: &str = "box-base:bookworm";
     pub(crate) const ROOT: &str = "/workspace";
+
+    /// A unit's lease when the profile names none.
+    pub(crate) const LEASE: Duration = Duration::from_secs(30);
+    /// The shortest lease: the host renews every third of it, so a shorter
+    /// one would end units on a busy host's ordinary scheduling delays.
+    pub(crate) const MIN_LEASE: Duration = Duration::from_secs(1);
+    /// The longest lease: a unit must not outlive a dead host by hours.
+    pub(crate) const MAX_LEASE: Duration = Duration::from_secs(3600);
+
+    pub(crate) fn lifecycle() -> LifecyclePolicy {
+        LifecyclePolicy { lease: LEASE }
+    }
 
     pub(crate) fn limits() -> LimitsPolicy {
         LimitsPolicy {

@@ -54,6 +54,7 @@ fn shipped_default_is_strict() {
     assert!(profile.security.write_guard);
     assert!(!profile.security.privileged);
     assert_eq!(profile.security.landlock, Requirement::Required);
+    assert_eq!(profile.lifecycle.lease, std::time::Duration::from_secs(30));
 }
 
 #[test]
@@ -184,7 +185,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "colour = \"red\"\n",
-            "p.toml:1:1: colour: unknown field; accepted here: description, extends, workspace, network, limits, env, security, server, operator",
+            "p.toml:1:1: colour: unknown field; accepted here: description, extends, workspace, network, limits, env, security, lifecycle, server, operator",
         ),
         (
             "[workspace]\nimgae = \"x\"\n",
@@ -269,6 +270,18 @@ fn bad_input_gets_one_precise_error() {
         (
             "[limits]\ncpus = \"2\"\n",
             "p.toml:2:8: limits.cpus: expected a number of cores like 2 or 0.5, got \"2\" (a string)",
+        ),
+        (
+            "[lifecycle]\nlease = \"500ms\"\n",
+            "p.toml:2:9: lifecycle.lease: \"500ms\" is out of bounds; a lease is from 1s to 1h (a unit ends that long after its host stops renewing it)",
+        ),
+        (
+            "[lifecycle]\nlease = \"2h\"\n",
+            "p.toml:2:9: lifecycle.lease: \"2h\" is out of bounds; a lease is from 1s to 1h (a unit ends that long after its host stops renewing it)",
+        ),
+        (
+            "[lifecycle]\nttl = \"2s\"\n",
+            "p.toml:2:1: lifecycle.ttl: unknown field; accepted here: lease",
         ),
         (
             "[limits]\nidle = \"forever\"\n",
@@ -625,7 +638,7 @@ fn unknown_names_and_path_like_names_are_refused() {
 #[test]
 fn the_readme_documents_every_field_and_danger() {
     use super::validate::{
-        ENV, LIMITS, NETWORK, OPERATOR, SECRET, SECURITY, SERVER, TOP, WORKSPACE,
+        ENV, LIFECYCLE, LIMITS, NETWORK, OPERATOR, SECRET, SECURITY, SERVER, TOP, WORKSPACE,
     };
     let readme = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -634,7 +647,7 @@ fn the_readme_documents_every_field_and_danger() {
     .unwrap();
     let mut missing = Vec::new();
     for fields in [
-        TOP, WORKSPACE, NETWORK, LIMITS, ENV, SECRET, SECURITY, SERVER, OPERATOR,
+        TOP, WORKSPACE, NETWORK, LIMITS, ENV, SECRET, SECURITY, LIFECYCLE, SERVER, OPERATOR,
     ] {
         for field in fields {
             if !readme.contains(&format!("| `{field}` |"))

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use super::error::Problem;
 use super::model::{
-    Danger, EnvPolicy, ForkMode, LimitsPolicy, NetworkPolicy, OnPersisted, Profile, SecurityPolicy,
-    Server, Source, UserChoice, Workspace, defaults,
+    Danger, EnvPolicy, ForkMode, LifecyclePolicy, LimitsPolicy, NetworkPolicy, OnPersisted,
+    Profile, SecurityPolicy, Server, Source, UserChoice, Workspace, defaults,
 };
 use super::tree::{Node, Value};
 use super::value::{
@@ -34,6 +34,7 @@ pub(crate) const TOP: &[&str] = &[
     "limits",
     "env",
     "security",
+    "lifecycle",
     "server",
     "operator",
 ];
@@ -87,6 +88,7 @@ pub(crate) const SERVER: &[&str] = &[
     "limits",
 ];
 pub(crate) const OPERATOR: &[&str] = &["allow_dangerous"];
+pub(crate) const LIFECYCLE: &[&str] = &["lease"];
 
 /// Validate the merged tree of profile `name` (loaded from `origin`, extending `extends`).
 pub(crate) fn validate(
@@ -109,6 +111,7 @@ pub(crate) fn validate(
     let limits = walk.limits(top.get("limits"), "limits", LIMITS, &defaults::limits());
     let env = walk.env(top.get("env"));
     let security = walk.security(top.get("security"));
+    let lifecycle = walk.lifecycle(top.get("lifecycle"));
     let servers = walk.servers(top.get("server"), &limits);
     let allowed = walk.allowed_dangers(top.get("operator"));
     let mut may_ask: Vec<Danger> = match workspace.as_ref().map(|workspace| &workspace.source) {
@@ -125,14 +128,24 @@ pub(crate) fn validate(
         may_ask.push(Danger::PrivateDestinations);
     }
     let dangerous = walk.judge_dangers(allowed, &may_ask);
-    let (Some(workspace), Some(network), Some(limits), Some(env), Some(security), true) = (
+    let (
+        Some(workspace),
+        Some(network),
+        Some(limits),
+        Some(env),
+        Some(security),
+        Some(lifecycle),
+        true,
+    ) = (
         workspace,
         network,
         limits,
         env,
         security,
+        lifecycle,
         walk.problems.is_empty(),
-    ) else {
+    )
+    else {
         let mut problems = walk.problems;
         problems.sort_by(|a, b| {
             (a.at.file.as_ref(), a.at.line, a.at.column).cmp(&(
@@ -153,6 +166,7 @@ pub(crate) fn validate(
         limits,
         env,
         security,
+        lifecycle,
         servers,
         dangerous,
     })
@@ -710,6 +724,37 @@ impl Walk {
             ok &= done.is_some();
         }
         ok.then_some(limits)
+    }
+
+    fn lifecycle(&mut self, node: Option<&Node>) -> Option<LifecyclePolicy> {
+        let mut lifecycle = defaults::lifecycle();
+        let Some(node) = node else {
+            return Some(lifecycle);
+        };
+        let fields = self.table(node, "lifecycle", LIFECYCLE);
+        let mut ok = true;
+        if let Some(node) = fields.get("lease") {
+            match self.duration(node, "lifecycle.lease") {
+                Some(lease) if (defaults::MIN_LEASE..=defaults::MAX_LEASE).contains(&lease) => {
+                    lifecycle.lease = lease;
+                }
+                Some(lease) => {
+                    self.problem(
+                        node,
+                        "lifecycle.lease",
+                        format!(
+                            "\"{}\" is out of bounds; a lease is from {} to {} (a unit ends that long after its host stops renewing it)",
+                            humantime::format_duration(lease),
+                            humantime::format_duration(defaults::MIN_LEASE),
+                            humantime::format_duration(defaults::MAX_LEASE)
+                        ),
+                    );
+                    ok = false;
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(lifecycle)
     }
 
     fn size(&mut self, node: &Node, field: &str) -> Option<ByteSize> {
