@@ -854,6 +854,7 @@ async fn concurrent_merges_both_land_and_a_degraded_fork_says_so() {
     for (file, added) in [("a.txt", "from-one.txt"), ("b.txt", "from-two.txt")] {
         let forked = tokio::task::block_in_place(|| served.ok("box/fork", json!({"mode": "copy"})));
         let unit = forked["unit"].as_str().unwrap().to_owned();
+        assert_eq!(forked["envelope"]["parent"], json!("workspace"), "{forked}");
         tokio::task::block_in_place(|| {
             served.bash(
                 Some(&unit),
@@ -861,6 +862,24 @@ async fn concurrent_merges_both_land_and_a_degraded_fork_says_so() {
             )
         });
         units.push(unit);
+    }
+    // `box units ls` shows each child with the unit it came from.
+    let listed = Command::new(box_bin())
+        .args(["units", "ls", "--json"])
+        .output()
+        .unwrap();
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    for unit in &units {
+        assert!(
+            listed
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|listed| listed["instance"] == json!(instance)
+                    && listed["unit"] == json!(unit)
+                    && listed["parent"] == json!("workspace")),
+            "{unit}: {listed:#}"
+        );
     }
     let answers = tokio::task::block_in_place(|| {
         served.call_all(&[

@@ -264,6 +264,12 @@ impl LocalBackend {
             )
             .await?;
         guard.finished = true;
+        // A fork says which unit it came from, for `box units ls`.
+        if let Some(parent) = &wiring.parent
+            && let Some(record) = self.registry().get_mut(&started.envelope.id)
+        {
+            record.info.parent = Some(parent.clone());
+        }
         Ok(started)
     }
 
@@ -490,6 +496,7 @@ impl LocalBackend {
             profile: session.profile.clone(),
             created: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
             state: "running".to_owned(),
+            parent: None,
         };
         let record = LocalUnit {
             info,
@@ -1178,6 +1185,7 @@ pub(crate) fn envelope(
             && !box_scrub::git_neutralisation().is_empty(),
         secrets: Vec::new(),
         persisted_credentials: Vec::new(),
+        parent: None,
         lifecycle: None,
         state: UnitState::Running,
     }
