@@ -469,16 +469,31 @@ fn unsandboxed_start(workspace: &Path) -> Duration {
 fn start_figures(runtime: &tokio::runtime::Runtime, workspace: &Path, docker: Option<&Docker>) {
     const ROUNDS: usize = 7;
     if let Some(docker) = docker {
-        let (mut ours, mut raw) = (Vec::new(), Vec::new());
+        let before = std::env::var_os("BOX_BENCH_BEFORE").map(PathBuf::from);
+        let (mut ours, mut raw, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..=ROUNDS {
             let instance = format!("{}-start-{round}", label());
             let a = box_start("docker", workspace, &instance);
             let b = runtime.block_on(raw_docker_start(docker, workspace));
+            let c = before.as_ref().map(|before| {
+                box_start_of(before, "docker", workspace, &format!("{instance}-before"))
+            });
             // Round 0 warms the engine's caches for both.
             if round > 0 {
                 ours.push(a);
                 raw.push(b);
+                theirs.extend(c);
             }
+        }
+        if !theirs.is_empty() {
+            println!(
+                "start, docker: this build median {:.0} ms (min {:.0}) | BOX_BENCH_BEFORE median {:.0} ms (min {:.0}) | ratio {:.2}, {ROUNDS} rounds interleaved",
+                ms(median(&ours)),
+                ms(percentile(&ours, 0.0)),
+                ms(median(&theirs)),
+                ms(percentile(&theirs, 0.0)),
+                ms(median(&ours)) / ms(median(&theirs)),
+            );
         }
         println!(
             "start, docker: box serve initialize → first read result median {:.0} ms (min {:.0}) | raw bollard create+start+exec of the executor, initialize, same read: median {:.0} ms (min {:.0}) | ratio {:.2} (goal <= 1.3), {ROUNDS} rounds",
@@ -1283,6 +1298,155 @@ async fn concurrent_sessions(backend: &str, sessions: usize, workspace: &Path) {
 
 // ---------------------------------------------------------------- main
 
+/// Counts the HTTP requests that pass through it to the engine's socket.
+struct CountingEngine {
+    path: PathBuf,
+    requests: Arc<std::sync::atomic::AtomicU64>,
+    _dir: tempfile::TempDir,
+}
+
+impl CountingEngine {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("docker.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let requests = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = requests.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { break };
+                let Ok(engine) = std::os::unix::net::UnixStream::connect("/var/run/docker.sock")
+                else {
+                    continue;
+                };
+                let (mut from_client, mut to_engine) =
+                    (client.try_clone().unwrap(), engine.try_clone().unwrap());
+                let counter = counter.clone();
+                std::thread::spawn(move || {
+                    use std::io::Read as _;
+                    let mut buffer = vec![0_u8; 64 << 10];
+                    while let Ok(count) = from_client.read(&mut buffer) {
+                        if count == 0 {
+                            break;
+                        }
+                        // A request line ends in " HTTP/1.1": count those.
+                        let seen = buffer[..count]
+                            .windows(11)
+                            .filter(|w| w == b" HTTP/1.1\r\n")
+                            .count();
+                        counter.fetch_add(seen as u64, std::sync::atomic::Ordering::SeqCst);
+                        if to_engine.write_all(&buffer[..count]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to_engine.shutdown(std::net::Shutdown::Write);
+                });
+                let (mut from_engine, mut to_client) = (engine, client);
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from_engine, &mut to_client);
+                    let _ = to_client.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        Self {
+            path,
+            requests,
+            _dir: dir,
+        }
+    }
+
+    fn docker_host(&self) -> String {
+        format!("unix://{}", self.path.display())
+    }
+
+    fn requests(&self) -> u64 {
+        self.requests.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The CPU time (user + system) of process `pid` so far.
+fn cpu_of(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // utime and stime are fields 14 and 15 (1-based), 11 and 12 after the comm.
+    let ticks: u64 = fields
+        .get(11..13)
+        .map(|both| both.iter().filter_map(|t| t.parse::<u64>().ok()).sum())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// An idle `box serve --listen` (docker) with N sessions (one unit each)
+/// whose lease is `BOX_BENCH_LEASE` (default 3s, renewed every second):
+/// `box serve`'s CPU and the engine calls over an idle window
+/// (`BOX_BENCH_LEASE_WINDOW_S`, default 60), before the sessions (the idle
+/// host) and with them (the renewals), through a counting proxy in front of
+/// the engine's socket.
+async fn lease_figures(workspace: &Path) {
+    let units = env_number("BOX_BENCH_LEASE_UNITS", 50);
+    let window = Duration::from_secs(env_number("BOX_BENCH_LEASE_WINDOW_S", 60) as u64);
+    let lease = std::env::var("BOX_BENCH_LEASE").unwrap_or_else(|_| "3s".to_owned());
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("lease.toml"),
+        format!("extends = \"default\"\n\n[lifecycle]\nlease = \"{lease}\"\n"),
+    )
+    .unwrap();
+    let engine = CountingEngine::start();
+    let instance = format!("{}-lease", label());
+    let address = free_address();
+    let server = Server::spawn(
+        box_serve("docker", workspace, &instance)
+            .arg("--listen")
+            .arg(address.to_string())
+            .args(["--max-sessions", &(units + 8).to_string()])
+            .arg("--profiles")
+            .arg(profiles.path())
+            .args(["--profile", "lease"])
+            .env("DOCKER_HOST", engine.docker_host()),
+    );
+    let pid = server.pid();
+    wait_listening(address).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let measure = |what: &str| {
+        let (cpu, calls) = (cpu_of(pid), engine.requests());
+        std::thread::sleep(window);
+        let (cpu, calls) = (cpu_of(pid) - cpu, engine.requests() - calls);
+        let per_minute = 60.0 / window.as_secs_f64();
+        println!(
+            "lease, docker, {what}: box serve CPU {:.3} s/min, engine calls {:.1}/min ({:.0} s window)",
+            cpu.as_secs_f64() * per_minute,
+            calls as f64 * per_minute,
+            window.as_secs_f64(),
+        );
+    };
+    tokio::task::block_in_place(|| measure("idle host, no units"));
+    let mut sessions = Vec::new();
+    for _ in 0..units {
+        sessions.push(http_initialize(address).await);
+    }
+    let live = containers(&format!("label=box.instance={instance}")).len();
+    assert_eq!(live, units, "every session's unit runs");
+    // Let the starts' own engine traffic settle.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::task::block_in_place(|| {
+        measure(&format!(
+            "{units} idle units, lease {lease} (renewed every third of it)"
+        ))
+    });
+    let live = containers(&format!("label=box.instance={instance}")).len();
+    assert_eq!(live, units, "renewed units outlive the window");
+    for session in &sessions {
+        http_delete(address, session).await;
+    }
+    drop(server);
+}
+
 fn main() {
     let wanted: Vec<String> = std::env::args()
         .skip(1)
@@ -1319,6 +1483,9 @@ fn main() {
         if docker.is_some() {
             egress_figures("docker");
         }
+    }
+    if docker.is_some() && wanted.iter().any(|w| w == "lease") {
+        runtime.block_on(lease_figures(workspace.path()));
     }
     if docker.is_some() && wants("runtime") {
         runtime_figures(workspace.path());

@@ -21,6 +21,17 @@ pub fn registry() -> Registry {
     INSTALLED.get().cloned().unwrap_or_else(standard)
 }
 
+/// Where the docker backend shows the pulls a unit's start makes (`box run`:
+/// the terminal); unset, they are log lines.
+static PULL_PROGRESS: std::sync::OnceLock<box_backend_docker::PullSink> =
+    std::sync::OnceLock::new();
+
+/// Show the pulls of the docker backends [`standard`] connects on `sink`;
+/// first call wins.
+pub fn show_pull_progress(sink: box_backend_docker::PullSink) {
+    let _ = PULL_PROGRESS.set(sink);
+}
+
 /// The backends of the `box` binary: docker, then local.
 pub fn standard() -> Registry {
     Registry::new()
@@ -28,6 +39,10 @@ pub fn standard() -> Registry {
             Box::pin(async {
                 box_backend_docker::DockerBackend::connect()
                     .await
+                    .map(|backend| match PULL_PROGRESS.get() {
+                        Some(sink) => backend.with_pull_progress(Arc::clone(sink)),
+                        None => backend,
+                    })
                     .map(|backend| Arc::new(backend) as Arc<dyn Backend>)
                     .map_err(|error| error.to_string())
             })

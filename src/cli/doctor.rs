@@ -206,12 +206,16 @@ async fn profile_fit(name: &str, docker: Option<&DockerBackend>) -> Value {
         match docker {
             None => on_docker.push("no Docker engine".to_owned()),
             Some(backend) => {
-                if !backend.has_image(&unit.image).await {
+                // An image a start pulls is no problem yet; one it will not
+                // pull (box's own, or pull = "never") is.
+                let pulled = unit.pull != crate::plan::PullPolicy::Never
+                    && !box_backend_docker::pull::is_box_image(&unit.image);
+                if !pulled && !backend.has_image(&unit.image).await {
                     on_docker.push(format!(
                         "unit {}: image {} missing; {}",
                         unit.name,
                         unit.image,
-                        box_backend_docker::missing_image_remedy(&unit.image)
+                        box_backend_docker::missing_image_remedy(&unit.image, unit.pull)
                     ));
                 }
             }

@@ -2,9 +2,12 @@
 //! and the wiring of the parts each command needs (`serve`: the host and a
 //! transport). Library modules never see clap.
 
+pub mod confine;
 pub mod doctor;
 pub mod execute;
+pub mod init;
 pub mod profile;
+pub mod pull;
 pub mod run;
 pub mod sandbox;
 pub mod serve;
@@ -55,7 +58,7 @@ enum Command {
     Units(backend_cli::UnitsArgs),
     /// Remove units whose session is gone.
     Gc(backend_cli::GcArgs),
-    /// Build the unit images offline, and list them.
+    /// Build the unit images offline, pull any image from its registry, and list them.
     Image(backend_cli::ImageArgs),
     /// Say which protections this machine can give, and which profiles can run here.
     Doctor(crate::cli::doctor::DoctorArgs),
@@ -72,6 +75,12 @@ enum Command {
     /// The local backend's sandbox helper: confine this process, then run CMD.
     #[command(hide = true)]
     Sandbox(crate::cli::sandbox::SandboxArgs),
+    /// box's first process in a unit: its lease, its executor's relay, reaping.
+    #[command(hide = true, disable_help_flag = true)]
+    Init(crate::cli::init::InitArgs),
+    /// Run CMD under box's confinement (landlock, seccomp, no privileges): how the host runs git.
+    #[command(hide = true)]
+    Confine(crate::cli::confine::ConfineArgs),
 }
 
 /// Whether colour is off: `NO_COLOR` set and not empty (no-color.org).
@@ -139,6 +148,8 @@ pub fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Command::Sandbox(args) => crate::cli::sandbox::sandbox(args),
+        Command::Init(args) => crate::cli::init::init(args),
+        Command::Confine(args) => crate::cli::confine::confine(args),
     };
     report(result)
 }

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde_json::{Value, json};
 
-use crate::plan::{self, HostFacts, UserIds};
+use crate::plan::{self, HostFacts, PullPolicy, UserIds};
 use crate::profile::{
     Catalog, Danger, LimitsPolicy, NetworkPolicy, Problem, Profile, ProfileError, Source,
     UserChoice, show_duration,
@@ -341,6 +341,7 @@ fn user_text(user: UserChoice) -> String {
 fn source_text(source: &Source) -> String {
     match source {
         Source::Cwd => "cwd".to_owned(),
+        Source::Fork => "fork".to_owned(),
         Source::Host(path) => path.display().to_string(),
         Source::Empty => "empty".to_owned(),
         Source::None => "none".to_owned(),
@@ -423,6 +424,7 @@ fn profile_json(profile: &Profile) -> Value {
             "host_namespaces": security.host_namespaces,
             "devices": security.devices.iter().map(|path| path.display().to_string()).collect::<Vec<_>>(),
         },
+        "lifecycle": {"lease": show_duration(profile.lifecycle.lease)},
         "servers": profile.servers.iter().map(|server| json!({
             "name": server.name,
             "image": server.image,
@@ -436,9 +438,19 @@ fn profile_json(profile: &Profile) -> Value {
     if let Some(runtime) = &profile.workspace.runtime {
         shown["workspace"]["runtime"] = json!(runtime);
     }
+    // Likewise images to choose from and a pull policy other than the default.
+    if !profile.workspace.images.is_empty() {
+        shown["workspace"]["images"] = json!(profile.workspace.images);
+    }
+    if profile.workspace.pull != PullPolicy::default() {
+        shown["workspace"]["pull"] = json!(profile.workspace.pull.as_str());
+    }
     for (index, server) in profile.servers.iter().enumerate() {
         if let Some(runtime) = &server.runtime {
             shown["servers"][index]["runtime"] = json!(runtime);
+        }
+        if server.pull != PullPolicy::default() {
+            shown["servers"][index]["pull"] = json!(server.pull.as_str());
         }
     }
     shown
@@ -489,6 +501,15 @@ fn show(profile: &Profile) -> String {
             workspace.image,
             user_text(workspace.user)
         ));
+        if !workspace.images.is_empty() {
+            line(format!(
+                "images       {} (a session chooses with tighten workspace.image)",
+                workspace.images.join(", ")
+            ));
+        }
+        if workspace.pull != PullPolicy::default() {
+            line(format!("pull         {}", workspace.pull.as_str()));
+        }
         line(format!("network      {}", network_text(&profile.network)));
         line(format!("limits       {}", limits_text(&profile.limits)));
         let set: Vec<String> = profile.env.set.keys().cloned().collect();
@@ -515,6 +536,10 @@ fn show(profile: &Profile) -> String {
         } else {
             "off"
         },
+    ));
+    line(format!(
+        "lifecycle    lease {}",
+        show_duration(profile.lifecycle.lease)
     ));
     if security.privileged {
         line("DANGEROUS    privileged = true".to_owned());
@@ -602,7 +627,7 @@ fn show_plan(plan: &plan::Plan) -> String {
         let set: Vec<&str> = unit.env_set.keys().map(String::as_str).collect();
         let mut lines = vec![
             format!("{}  ({role})", unit.name),
-            format!("  image     {}", unit.image),
+            format!("  image     {} (pull {})", unit.image, unit.pull.as_str()),
         ];
         if !unit.command.is_empty() {
             lines.push(format!("  command   {}", unit.command.join(" ")));
@@ -637,6 +662,7 @@ fn show_plan(plan: &plan::Plan) -> String {
                 if security.write_guard { "read-first" } else { "off" },
                 if security.privileged { ", PRIVILEGED" } else { "" },
             ),
+            format!("  lifecycle lease {}", show_duration(unit.lease)),
         ]);
         for line in lines {
             text.push_str(&line);

@@ -85,5 +85,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(125));
     }
-    host::run(args.into())
+    // A unit's image pulled before it starts shows its progress here, as
+    // `docker run` does.
+    let progress = crate::cli::pull::Progress::new(crate::cli::pull::Style::for_stderr());
+    crate::backends::show_pull_progress(progress.sink());
+    let result = host::run(args.into());
+    progress.finish();
+    result
 }

@@ -104,7 +104,7 @@ fn closed_choices_are_checked_by_the_parser() {
             "[possible values: text, json]",
         ),
         (&["units", "list"], "unrecognized subcommand 'list'"),
-        (&["image", "pull"], "unrecognized subcommand 'pull'"),
+        (&["image", "pull"], "required arguments were not provided"),
         (&["completions", "tcsh"], "possible values"),
     ] {
         let output = run(args);

@@ -373,6 +373,7 @@ async fn an_egress_unit_reaches_nothing_of_the_host_but_its_proxy_socket() {
         egress: Some(EgressWiring {
             socket_dir: sockets.path().to_path_buf(),
         }),
+        ..UnitWiring::default()
     };
     let workspace = open_dir();
     std::fs::write(
@@ -544,6 +545,7 @@ async fn egress_and_its_wiring_go_together() {
         egress: Some(EgressWiring {
             socket_dir: workspace.path().to_path_buf(),
         }),
+        ..UnitWiring::default()
     };
     let error = backend()
         .start_wired(&session("egress-unasked"), &spec, &wiring)
@@ -551,6 +553,43 @@ async fn egress_and_its_wiring_go_together() {
         .err()
         .unwrap();
     assert!(error.to_string().contains("not egress"), "{error}");
+}
+
+/// What the local backend cannot wire (a masked file for
+/// `on_persisted_credentials = "hide"`, a worktree fork's borrowed objects) is
+/// refused by name, never started without.
+#[tokio::test]
+async fn hidden_files_and_borrowed_objects_are_refused_not_ignored() {
+    let workspace = tempfile::tempdir().unwrap();
+    let spec = unit_spec(workspace.path());
+    let masked = UnitWiring {
+        masks: vec![boxhost::backend::FileMask {
+            source: workspace.path().join("copy"),
+            target: ".git/config".into(),
+        }],
+        ..UnitWiring::default()
+    };
+    let error = backend()
+        .start_wired(&session("hide-unwired"), &spec, &masked)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&error, BackendError::Unenforceable { control, .. } if control.contains("hide")),
+        "{error}"
+    );
+    let borrowed = UnitWiring {
+        objects: Some(boxhost::backend::ObjectsWiring {
+            host: workspace.path().to_path_buf(),
+        }),
+        ..UnitWiring::default()
+    };
+    let error = backend()
+        .start_wired(&session("objects-unwired"), &spec, &borrowed)
+        .await
+        .err()
+        .unwrap();
+    assert!(error.to_string().contains("mode copy"), "{error}");
 }
 
 /// On a root host RLIMIT_NPROC does not bind uid 0, so the unit runs as nobody.

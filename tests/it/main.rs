@@ -10,10 +10,14 @@ mod docker;
 mod end_to_end;
 /// `box execute` driven over stdio, by hand-written JSON-RPC and by the Python `mcp` SDK.
 mod executor;
+/// `box/fork`, `box/merge` and `box/discard` through `box serve` on Docker.
+mod fork;
 /// Units on the local sandboxed-process backend: hardening probed from inside.
 mod local;
 /// `box profile` on the command line: exit codes, messages, `--json` golden output.
 mod profile;
+/// Any OCI image: pulled from a real local registry, pinned and verified, refused with the remedy; images without glibc.
+mod pull;
 /// Secrets through `box serve` on Docker: files, never in `docker inspect`, redacted for the client.
 mod secrets;
 /// `box serve` and `box run` end to end, over stdio and HTTP, on both backends.

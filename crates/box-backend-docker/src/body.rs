@@ -16,17 +16,36 @@ use box_policy::executor::{ExecutorSpec, PlaceKind, SECRETS_DIR};
 
 use box_backend::{
     AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, EgressWiring, Envelope, Hardening,
-    SessionLabel, UnitState, UnitWiring, labels,
+    ObjectsWiring, SessionLabel, UnitState, UnitWiring, labels,
 };
 use box_policy::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
 
 /// Where the host's own `box` binary appears inside every unit (read-only).
 pub const EXECUTOR_PATH: &str = "/.box/box";
 
-/// What keeps a unit alive under Docker's init until it is removed: the
-/// executor is started separately with `docker exec`. `sleep infinity` is in
-/// every Debian-like image (coreutils); the init forwards SIGTERM to it.
-pub const KEEP_ALIVE: [&str; 2] = ["sleep", "infinity"];
+/// How a unit's first process, box's own init (`/.box/box init`), is
+/// started: it holds the unit's lease, relays the executor's stdio to the
+/// host over the socket in `run_dir`, and is PID 1 (so images need nothing
+/// of their own: a `FROM scratch` image runs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitInit {
+    /// The host directory holding the host's socket, mounted read-only at
+    /// `box_init::protocol::UNIT_RUN_DIR` (the directory, never the socket
+    /// file: a new host's socket must be seen there).
+    pub run_dir: std::path::PathBuf,
+    /// The init's arguments after `box init` (`InitConfig::to_args`).
+    pub args: Vec<String>,
+    /// The unit key, hex, for `box_init::protocol::KEY_ENV`.
+    pub key: String,
+}
+
+/// The entrypoint of a unit: box's init from its mounted binary.
+pub fn init_entrypoint(init: &UnitInit) -> Vec<String> {
+    [EXECUTOR_PATH.to_owned(), "init".to_owned()]
+        .into_iter()
+        .chain(init.args.iter().cloned())
+        .collect()
+}
 
 /// Seconds the engine waits after SIGTERM before SIGKILL when a unit stops.
 /// Short: nothing in a unit needs a graceful shutdown once its session is gone.
@@ -34,22 +53,6 @@ pub const STOP_TIMEOUT_SECS: i64 = 2;
 
 /// The command that builds the images a missing image error points at.
 pub const BUILD_COMMAND: &str = "box image build";
-
-/// What puts a missing `image` on the engine: box's own images are built by
-/// `box image build`, its test fixtures by `scripts/test-images.sh`; any other
-/// image is the user's to pull or build, since box does not pull yet.
-pub fn missing_image_remedy(image: &str) -> String {
-    let name = image.split(['@', ':']).next().unwrap_or(image);
-    match name {
-        "box-base" | "box-rootfs" => format!("build it with `{BUILD_COMMAND}`"),
-        _ if name.starts_with("box-test-") => {
-            "build it with `scripts/test-images.sh` (box's test fixtures)".to_owned()
-        }
-        _ => format!(
-            "box does not pull images yet: put it on the engine with `docker pull {image}` (or build it with `docker build -t {image} ...`), then start again"
-        ),
-    }
-}
 
 /// Facts about the engine and kernel an envelope needs, gathered once per backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,6 +176,54 @@ pub fn mount_egress_socket(body: &mut ContainerCreateBody, socket_dir: &Path) {
     });
 }
 
+/// Mount each masked file, read-only, over its place in the workspace (docker
+/// orders mounts by depth, so these go on top of the workspace's own mount).
+/// Refuses a target that is not a plain relative path.
+pub fn mount_masks(
+    body: &mut ContainerCreateBody,
+    root: &Path,
+    masks: &[box_backend::FileMask],
+) -> Result<(), String> {
+    let host_config = body.host_config.get_or_insert_with(Default::default);
+    let mounts = host_config.mounts.get_or_insert_with(Vec::new);
+    for mask in masks {
+        let plain = mask.target.components().count() > 0
+            && mask
+                .target
+                .components()
+                .all(|part| matches!(part, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(format!(
+                "the masked file {} is not a plain path inside the workspace",
+                mask.target.display()
+            ));
+        }
+        mounts.push(Mount {
+            target: Some(root.join(&mask.target).to_string_lossy().into_owned()),
+            source: Some(mask.source.to_string_lossy().into_owned()),
+            typ: Some(MountType::BIND),
+            read_only: Some(true),
+            bind_options: Some(private_bind()),
+            ..Default::default()
+        });
+    }
+    Ok(())
+}
+
+/// Mount a `worktree` fork's borrowed git objects (the parent's objects
+/// directory), read-only, at [`ObjectsWiring::DIR_IN_UNIT`].
+pub fn mount_objects(body: &mut ContainerCreateBody, objects: &Path) {
+    let host_config = body.host_config.get_or_insert_with(Default::default);
+    host_config.mounts.get_or_insert_with(Vec::new).push(Mount {
+        target: Some(ObjectsWiring::DIR_IN_UNIT.to_owned()),
+        source: Some(objects.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(true),
+        bind_options: Some(private_bind()),
+        ..Default::default()
+    });
+}
+
 /// The proxy address a unit's tools are pointed at.
 pub const EGRESS_PROXY_URL: &str = "http://127.0.0.1:3128";
 
@@ -246,6 +297,7 @@ pub fn container_body(
     exe: &Path,
     created: &str,
     env: &[(String, String)],
+    init: &UnitInit,
 ) -> ContainerCreateBody {
     let labels = HashMap::from([
         (labels::INSTANCE.to_owned(), session.instance.clone()),
@@ -300,12 +352,22 @@ pub fn container_body(
     if !spec.env_secrets.is_empty() {
         tmpfs.insert(SECRETS_DIR.to_owned(), secrets_tmpfs_options(spec));
     }
+    // The init's run directory: the host's socket, read-only (the socket is
+    // connectable; nothing can be created beside it).
+    mounts.push(Mount {
+        target: Some(box_init::protocol::UNIT_RUN_DIR.to_owned()),
+        source: Some(init.run_dir.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(true),
+        bind_options: Some(private_bind()),
+        ..Default::default()
+    });
 
     let memory = clamp_i64(spec.limits.memory_bytes);
     let nofile = clamp_i64(spec.limits.nofile);
     let host_config = HostConfig {
-        // Docker's init as PID 1: reaps zombies and forwards signals.
-        init: Some(true),
+        // box's init is PID 1 (it reaps and forwards signals itself).
+        init: Some(false),
         // Drop everything, add back only the plan's reviewed list.
         cap_drop: Some(vec!["ALL".to_owned()]),
         cap_add: (!spec.security.capabilities.is_empty())
@@ -334,20 +396,35 @@ pub fn container_body(
             mode => network_mode(mode).to_owned(),
         }),
         runtime: spec.runtime.clone(),
-        // Never restarted behind the host's back: the session decides.
-        auto_remove: Some(false),
+        // Gone as soon as it ends: a unit whose host died ends when its
+        // lease lapses and leaves nothing, with no box process anywhere.
+        // No restart policy: never restarted behind the host's back.
+        auto_remove: Some(true),
         ..Default::default()
     };
 
     ContainerCreateBody {
         image: Some(spec.image.clone()),
-        cmd: Some(KEEP_ALIVE.iter().map(|s| (*s).to_owned()).collect()),
-        // The image's entrypoint would run before our keep-alive; units do not
-        // run it (an image may still shape the executor's environment via ENV).
-        entrypoint: Some(Vec::new()),
+        // box's init, which starts the executor; the image's entrypoint and
+        // command never run (an image may still shape the executor's
+        // environment via ENV). An entrypoint given drops the image's CMD.
+        entrypoint: Some(init_entrypoint(init)),
+        cmd: None,
         user: user_string(spec),
         working_dir: Some(spec.root.to_string_lossy().into_owned()),
-        env: Some(env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        // The unit key is in the configuration (`docker inspect` shows it to
+        // whoever may use the engine anyway); the init keeps it from every
+        // child. The log format: the init's and the executor's stderr are
+        // JSON lines the host re-emits with their fields.
+        env: Some(
+            env.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .chain([
+                    format!("{}={}", box_init::protocol::KEY_ENV, init.key),
+                    "BOX_LOG_FORMAT=json".to_owned(),
+                ])
+                .collect(),
+        ),
         labels: Some(labels),
         // Hostname names the unit, not the host.
         hostname: Some(truncate_hostname(&spec.name)),
@@ -462,6 +539,7 @@ pub fn envelope_from_inspect(
 ) -> Envelope {
     let host = inspect.host_config.clone().unwrap_or_default();
     let config = inspect.config.clone().unwrap_or_default();
+    let lifecycle = config.entrypoint.as_deref().and_then(applied_lease);
     let user = config
         .user
         .filter(|u| !u.is_empty())
@@ -596,6 +674,8 @@ pub fn envelope_from_inspect(
         id: inspect.id.clone().unwrap_or_default(),
         image: spec.image.clone(),
         image_id: inspect.image.clone().unwrap_or_default(),
+        // The backend sets it from the image it verified.
+        image_digest: None,
         runtime: Some(runtime),
         root: spec.root.to_string_lossy().into_owned(),
         user,
@@ -618,8 +698,25 @@ pub fn envelope_from_inspect(
         git_neutralised: spec.security.neutralise_git,
         secrets: Vec::new(),
         persisted_credentials: Vec::new(),
+        lifecycle,
         state,
     }
+}
+
+/// The lease the unit's init was started with, read from the entrypoint the
+/// engine reports (`/.box/box init ... --lease-ms N ...`): absent when the
+/// unit's first process is not box's init.
+fn applied_lease(entrypoint: &[String]) -> Option<box_backend::AppliedLifecycle> {
+    let [program, subcommand, args @ ..] = entrypoint else {
+        return None;
+    };
+    if program != EXECUTOR_PATH || subcommand != "init" {
+        return None;
+    }
+    let config = box_init::InitConfig::parse_args(args.iter()).ok()?;
+    Some(box_backend::AppliedLifecycle {
+        lease_ms: u64::try_from(config.lease.as_millis()).unwrap_or(u64::MAX),
+    })
 }
 
 /// `uid:gid` from Docker's user forms (`1000`, `1000:1000`, `box`); a name
@@ -664,10 +761,19 @@ fn tmpfs_option(options: &str, name: &str) -> Option<u64> {
 /// What ended, as the backend saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ending {
-    /// The container stopped.
+    /// The container stopped, with no report from its init (killed).
     Container,
-    /// The executor's `docker exec` ended while the container may still run.
+    /// The executor exited, as the unit's init reported.
     Executor,
+    /// The unit's init was asked to stop (SIGTERM or SIGINT: `docker stop`,
+    /// or a signal from outside the unit) and ended the unit.
+    Terminated,
+    /// The unit's lease lapsed (its host did not renew it within
+    /// `lease_ms`) and its init ended it.
+    LeaseLapsed {
+        /// The unit's lease.
+        lease_ms: u64,
+    },
     /// The container is gone (removed) or the engine could not say.
     Gone,
 }
@@ -678,10 +784,10 @@ pub enum Ending {
 ///
 /// `exit_code` is the container's (for `Container`) or the executor's (for
 /// `Executor`); `oom_killed` is the engine's OOM flag for the container, or
-/// the unit's cgroup counter having moved. Docker's init is the container's
-/// first process and our keep-alive dies on SIGTERM, so a container ending
-/// with 143 got SIGTERM (what `docker stop` sends), and one ending with 137
-/// was SIGKILLed (`docker kill`, or `docker stop` past its grace).
+/// the unit's cgroup counter having moved. box's init reports every end it
+/// sees (the executor's exit, a stop signal, a lapsed lease); a container
+/// that ends without a report was killed: with 137 it was SIGKILLed (`docker
+/// kill`, or `docker stop` past its grace).
 pub fn unit_end(
     unit: &str,
     ending: Ending,
@@ -690,8 +796,8 @@ pub fn unit_end(
     memory_bytes: u64,
 ) -> UnitEndParts {
     let who = match ending {
-        Ending::Container | Ending::Gone => format!("unit {unit}"),
         Ending::Executor => format!("the executor of unit {unit}"),
+        _ => format!("unit {unit}"),
     };
     let code = |code: i64| format!("exit code {code}");
     let reason = if oom_killed {
@@ -707,6 +813,17 @@ pub fn unit_end(
         }
     } else if ending == Ending::Gone {
         format!("{who} is gone (removed, or the engine lost it)")
+    } else if ending == Ending::Terminated {
+        format!(
+            "{who} was stopped: its init got SIGTERM or SIGINT (`docker stop`, or a signal from outside the unit){}",
+            exit_code.map_or_else(String::new, |c| format!("; {}", code(c)))
+        )
+    } else if let Ending::LeaseLapsed { lease_ms } = ending {
+        format!(
+            "{who} ended because its lease lapsed: its host did not renew it within {} (the host was stopped, hung or too busy){}",
+            humantime::format_duration(std::time::Duration::from_millis(lease_ms)),
+            exit_code.map_or_else(String::new, |c| format!("; {}", code(c)))
+        )
     } else {
         match (ending, exit_code) {
             (_, Some(0)) => format!("{who} exited normally (code 0)"),
@@ -813,6 +930,26 @@ pub(crate) mod tests {
         }
     }
 
+    fn init() -> UnitInit {
+        UnitInit {
+            run_dir: PathBuf::from("/run/box/units/u1"),
+            args: [
+                "--socket",
+                "/.box/run/host.sock",
+                "--unit",
+                "i/s1/workspace",
+                "--lease-ms",
+                "30000",
+                "--",
+                "/.box/box",
+                "execute",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            key: "k".repeat(64),
+        }
+    }
+
     fn body() -> ContainerCreateBody {
         container_body(
             &session(),
@@ -820,6 +957,7 @@ pub(crate) mod tests {
             Path::new("/usr/local/bin/box"),
             "2026-01-01T00:00:00Z",
             &[("LANG".to_owned(), "C.UTF-8".to_owned())],
+            &init(),
         )
     }
 
@@ -827,7 +965,10 @@ pub(crate) mod tests {
     fn hardening_is_all_in_the_body() {
         let body = body();
         let host = body.host_config.clone().unwrap_or_default();
-        assert_eq!(host.init, Some(true));
+        // box's init is PID 1, and the unit goes as soon as it ends.
+        assert_eq!(host.init, Some(false));
+        assert_eq!(host.auto_remove, Some(true));
+        assert_eq!(host.restart_policy, None);
         assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
         assert_eq!(host.cap_add, None);
         assert_eq!(
@@ -850,11 +991,18 @@ pub(crate) mod tests {
             ))
         );
         assert_eq!(body.user.as_deref(), Some("1000:1000"));
+        assert_eq!(body.cmd, None);
+        let entrypoint = body.entrypoint.clone().unwrap_or_default();
+        assert_eq!(entrypoint[..2], ["/.box/box", "init"]);
+        assert_eq!(entrypoint[2..], init().args[..]);
         assert_eq!(
-            body.cmd,
-            Some(vec!["sleep".to_owned(), "infinity".to_owned()])
+            body.env,
+            Some(vec![
+                "LANG=C.UTF-8".to_owned(),
+                format!("BOX_UNIT_KEY={}", "k".repeat(64)),
+                "BOX_LOG_FORMAT=json".to_owned(),
+            ])
         );
-        assert_eq!(body.env, Some(vec!["LANG=C.UTF-8".to_owned()]));
     }
 
     #[test]
@@ -877,6 +1025,7 @@ pub(crate) mod tests {
             Path::new("/usr/local/bin/box"),
             "2026-01-01T00:00:00Z",
             &[],
+            &init(),
         );
         let tmpfs = body
             .host_config
@@ -891,11 +1040,16 @@ pub(crate) mod tests {
         let at = argv.iter().position(|arg| arg == "--secrets").unwrap();
         assert_eq!(argv[at + 1], "DEPLOY_KEY,GH_TOKEN:env");
         // The values are never part of the body.
-        assert_eq!(body.env, Some(Vec::new()));
+        let env = body.env.unwrap_or_default();
+        assert!(
+            env.iter()
+                .all(|entry| !entry.contains("DEPLOY_KEY") && !entry.contains("GH_TOKEN")),
+            "{env:?}"
+        );
     }
 
     #[test]
-    fn only_the_workspace_and_the_executor_are_mounted() {
+    fn only_the_workspace_the_executor_and_the_run_directory_are_mounted() {
         let mounts = body()
             .host_config
             .and_then(|h| h.mounts)
@@ -919,6 +1073,11 @@ pub(crate) mod tests {
                     Some(true)
                 ),
                 ("/srv/ws".to_owned(), "/workspace".to_owned(), Some(false)),
+                (
+                    "/run/box/units/u1".to_owned(),
+                    "/.box/run".to_owned(),
+                    Some(true)
+                ),
             ]
         );
     }
@@ -927,22 +1086,22 @@ pub(crate) mod tests {
     fn read_only_mode_and_empty_and_no_workspace() {
         let mut ro = spec();
         ro.mode = MountMode::ReadOnly;
-        let body = container_body(&session(), &ro, Path::new("/b"), "t", &[]);
+        let body = container_body(&session(), &ro, Path::new("/b"), "t", &[], &init());
         let mounts = body.host_config.and_then(|h| h.mounts).unwrap_or_default();
         assert_eq!(mounts.get(1).and_then(|m| m.read_only), Some(true));
 
         let mut empty = spec();
         empty.source = WorkspaceSource::Empty;
-        let body = container_body(&session(), &empty, Path::new("/b"), "t", &[]);
+        let body = container_body(&session(), &empty, Path::new("/b"), "t", &[], &init());
         let host = body.host_config.unwrap_or_default();
-        assert_eq!(host.mounts.map(|m| m.len()), Some(1));
+        assert_eq!(host.mounts.map(|m| m.len()), Some(2));
         assert!(host.tmpfs.unwrap_or_default().contains_key("/workspace"));
 
         let mut none = spec();
         none.source = WorkspaceSource::None;
-        let body = container_body(&session(), &none, Path::new("/b"), "t", &[]);
+        let body = container_body(&session(), &none, Path::new("/b"), "t", &[], &init());
         let host = body.host_config.unwrap_or_default();
-        assert_eq!(host.mounts.map(|m| m.len()), Some(1));
+        assert_eq!(host.mounts.map(|m| m.len()), Some(2));
         assert_eq!(host.tmpfs.map(|t| t.len()), Some(1));
     }
 
@@ -972,7 +1131,7 @@ pub(crate) mod tests {
         s.security.capabilities = vec!["NET_BIND_SERVICE".to_owned()];
         s.network.mode = NetworkMode::Bridge;
         s.security.read_only_root = false;
-        let host = container_body(&session(), &s, Path::new("/b"), "t", &[])
+        let host = container_body(&session(), &s, Path::new("/b"), "t", &[], &init())
             .host_config
             .unwrap_or_default();
         assert_eq!(host.cap_add, Some(vec!["NET_BIND_SERVICE".to_owned()]));
@@ -1026,6 +1185,7 @@ pub(crate) mod tests {
             image: Some("sha256:1".to_owned()),
             config: Some(bollard::models::ContainerConfig {
                 user: body.user.clone(),
+                entrypoint: body.entrypoint.clone(),
                 ..Default::default()
             }),
             host_config: body.host_config.clone(),
@@ -1040,6 +1200,11 @@ pub(crate) mod tests {
             Vec::new(),
         );
         assert_eq!(envelope.id, "abc");
+        // The lease is read back from the init's command line.
+        assert_eq!(
+            envelope.lifecycle,
+            Some(box_backend::AppliedLifecycle { lease_ms: 30_000 })
+        );
         assert_eq!(envelope.image_id, "sha256:1");
         assert_eq!(envelope.user, "1000:1000");
         assert_eq!(
@@ -1103,6 +1268,7 @@ pub(crate) mod tests {
             ..Default::default()
         };
         let envelope = envelope_from_inspect(&spec(), &inspect, "", &facts(), vec![], vec![]);
+        assert_eq!(envelope.lifecycle, None, "no init, no lease");
         assert_eq!(envelope.user, "0:0");
         assert_eq!(envelope.hardening.seccomp, "none");
         assert!(!envelope.hardening.no_new_privileges);
@@ -1128,6 +1294,18 @@ pub(crate) mod tests {
             Some(137),
             true,
             "unit ws was killed by the kernel's OOM killer at its memory limit of 1024 bytes; exit code 137",
+        );
+        check(
+            Ending::Terminated,
+            Some(143),
+            false,
+            "unit ws was stopped: its init got SIGTERM or SIGINT (`docker stop`, or a signal from outside the unit); exit code 143",
+        );
+        check(
+            Ending::LeaseLapsed { lease_ms: 3000 },
+            Some(75),
+            false,
+            "unit ws ended because its lease lapsed: its host did not renew it within 3s (the host was stopped, hung or too busy); exit code 75",
         );
         check(
             Ending::Executor,
@@ -1239,14 +1417,5 @@ pub(crate) mod tests {
         assert_eq!(nano_cpus(2.0), 2_000_000_000);
         assert_eq!(nano_cpus(0.0), 1);
         assert_eq!(nano_cpus(f64::NAN), 1);
-    }
-
-    #[test]
-    fn a_missing_image_names_what_puts_it_there() {
-        assert!(missing_image_remedy("box-base:bookworm").contains("box image build"));
-        assert!(missing_image_remedy("box-test-tools:latest").contains("scripts/test-images.sh"));
-        let other = missing_image_remedy("rust:1.83");
-        assert!(other.contains("docker pull rust:1.83"), "{other}");
-        assert!(!other.contains("box image build"), "{other}");
     }
 }

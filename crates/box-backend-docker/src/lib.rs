@@ -1,12 +1,17 @@
 //! The docker backend: one hardened container per unit, through bollard.
 //!
-//! A unit is a container running a keep-alive under Docker's init, with the
-//! host's own static `box` bind-mounted read-only at [`body::EXECUTOR_PATH`]
-//! and started once with `docker exec` (stdin/stdout attached, no tty) as the
-//! unit's executor. Every hardening setting lives in the pure
+//! A unit is a container whose first process is box's own init (`box init`,
+//! the host's own static `box` bind-mounted read-only at
+//! [`body::EXECUTOR_PATH`]), which starts the unit's executor as its child,
+//! relays its stdio to the host over a Unix socket in the unit's run
+//! directory, and ends the unit when the host stops renewing its lease; the
+//! engine then removes it (auto-remove). The host's renewal is the
+//! [`box_backend::Renewal`] the start returns. Every hardening setting lives in the pure
 //! [`body::container_body`]; the envelope is read back from `inspect`, never
-//! copied from the request. Images are never pulled: a missing image is an
-//! error naming the command that builds it (`box image build`).
+//! copied from the request. A unit's image is pulled per its pull policy
+//! (`pull.rs`: credentials from the Docker config file, a pinned digest
+//! verified) and the container is created from the verified image's id; a
+//! missing image not to be pulled is an error naming what puts it there.
 //!
 //! How a host uses it: claim an instance (`instance::InstanceLock::acquire(
 //! &instance::default_dir(), &instance::new_id())`, held for the host's life),
@@ -25,6 +30,8 @@ pub use bollard;
 pub mod body;
 pub mod doctor;
 mod io;
+mod lease;
+pub mod pull;
 pub mod runc;
 
 use std::collections::HashMap;
@@ -33,23 +40,24 @@ use std::time::SystemTime;
 
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::ContainerSummary;
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
-    StopContainerOptionsBuilder,
+    AttachContainerOptions, CreateContainerOptionsBuilder, ListContainersOptionsBuilder,
+    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
 };
 use futures::StreamExt;
 use futures::future::BoxFuture;
+use tokio::io::AsyncWriteExt as _;
 
-pub use body::{EngineFacts, container_body, missing_image_remedy};
+pub use body::{EngineFacts, container_body};
+pub use pull::{PullEvent, PullSink, PullTally, Pulled, Puller, missing_image_remedy};
 
 use box_backend::environment::{Own, STANDARD_PATH, UnitEnvironment, unit_environment};
 use box_backend::{
     Backend, BackendError, BackendKind, ExecutorIo, SessionLabel, StartedUnit, Unenforceable,
     UnitEnd, UnitInfo, UnitWiring, labels,
 };
-use box_policy::executor::{SECRET_VALUE_PREFIX, SECRETS_DIR};
+use box_policy::executor::{SECRETS_DIR, SECRETS_ON_STDIN_VAR};
 use box_policy::plan::{NetworkMode, Requirement, UnitSpec};
 
 /// The lowest pids limit a gVisor unit is started with (see `check`).
@@ -78,6 +86,9 @@ pub struct DockerBackend {
     /// Held while a session network is looked up and made: engines before API
     /// 1.44 accept two networks of one name, and a session's units start at once.
     networks: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// Where the progress of a pull before a unit starts goes (`box run`: the
+    /// terminal); without one, the log's lines.
+    pull_sink: Option<PullSink>,
 }
 
 impl std::fmt::Debug for DockerBackend {
@@ -150,6 +161,7 @@ impl DockerBackend {
             executor_command: None,
             facts,
             networks: Default::default(),
+            pull_sink: None,
         })
     }
 
@@ -166,6 +178,13 @@ impl DockerBackend {
     #[must_use]
     pub fn with_executor_command(mut self, argv: Vec<String>) -> Self {
         self.executor_command = Some(argv);
+        self
+    }
+
+    /// Report the progress of the pulls a unit's start makes to `sink`.
+    #[must_use]
+    pub fn with_pull_progress(mut self, sink: PullSink) -> Self {
+        self.pull_sink = Some(sink);
         self
     }
 
@@ -229,17 +248,30 @@ impl DockerBackend {
             doing: "checking the workspace root".to_owned(),
             message: why,
         })?;
-        let image = match self.docker.inspect_image(&spec.image).await {
-            Ok(image) => image,
-            Err(e) if status_of(&e) == Some(404) => {
+        let sink = pull::start_sink(self.pull_sink.as_ref(), wiring.progress.as_ref());
+        let ready = match self
+            .puller()
+            .ready_image(&spec.image, spec.pull, sink.as_ref())
+            .await
+        {
+            Ok(ready) => ready,
+            Err(pull::NotReady::Missing { remedy }) => {
                 return Err(BackendError::MissingImage {
                     unit: unit.to_owned(),
                     image: spec.image.clone(),
-                    remedy: body::missing_image_remedy(&spec.image),
+                    remedy,
                 });
             }
-            Err(e) => return Err(other("inspecting the image", e)),
+            Err(pull::NotReady::Pull(error)) => {
+                return Err(BackendError::Other {
+                    unit: unit.to_owned(),
+                    doing: "putting its image on the engine".to_owned(),
+                    message: error.to_string(),
+                });
+            }
         };
+        let image_digest = ready.digest;
+        let image = ready.inspect;
         let image_env = image
             .config
             .as_ref()
@@ -274,9 +306,76 @@ impl DockerBackend {
             &delivered
         };
         let created = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
-        let mut body = container_body(session, spec, &self.executor, &created, &env);
+        // The unit's first process is box's init: it connects to a socket the
+        // host listens on in a run directory of the unit's own, proves it
+        // holds the unit's key, relays the executor's stdio, and ends the unit
+        // when its lease is not renewed.
+        let runtime_dir = wiring
+            .runtime_dir
+            .clone()
+            .unwrap_or_else(box_backend::default_runtime_dir);
+        let run_dir =
+            lease::RunDir::create(&runtime_dir).map_err(|message| BackendError::Other {
+                unit: unit.to_owned(),
+                doing: "making the unit's run directory".to_owned(),
+                message,
+            })?;
+        let listener = box_init::host::bind(run_dir.path()).map_err(|e| BackendError::Other {
+            unit: unit.to_owned(),
+            doing: "listening for the unit's init".to_owned(),
+            message: e.to_string(),
+        })?;
+        let key = box_init::protocol::UnitKey::generate();
+        let identity = format!("{}/{}/{}", session.instance, session.session, spec.name);
+        let stand_in = self.executor_command.is_some();
+        let executor = self
+            .executor_command
+            .clone()
+            .unwrap_or_else(|| body::executor_argv(spec, wiring));
+        // The secrets' values reach the executor over the channel (its first
+        // stdin line), never the container's configuration.
+        let secrets_on_stdin = !stand_in && !secrets.is_empty();
+        let init_config = box_init::InitConfig {
+            socket: std::path::Path::new(box_init::protocol::UNIT_RUN_DIR)
+                .join(box_init::protocol::SOCKET_NAME),
+            unit: identity.clone(),
+            lease: spec.lease,
+            bridges: Vec::new(),
+            executor_env: if secrets_on_stdin {
+                vec![(SECRETS_ON_STDIN_VAR.into(), "1".into())]
+            } else {
+                Vec::new()
+            },
+            executor: executor.into_iter().map(Into::into).collect(),
+        };
+        let init = body::UnitInit {
+            run_dir: run_dir.path().to_owned(),
+            args: init_config
+                .to_args()
+                .into_iter()
+                .map(|arg| arg.to_string_lossy().into_owned())
+                .collect(),
+            key: key.to_hex(),
+        };
+        let mut body = container_body(session, spec, &self.executor, &created, &env, &init);
+        // The content verified above, by id: a tag moved meanwhile changes nothing.
+        if let Some(id) = &image.id {
+            body.image = Some(id.clone());
+        }
         if let Some(egress) = &wiring.egress {
             body::mount_egress_socket(&mut body, &egress.socket_dir);
+        }
+        if !wiring.masks.is_empty() {
+            body::mount_masks(&mut body, &spec.root, &wiring.masks).map_err(|message| {
+                BackendError::Other {
+                    unit: spec.name.clone(),
+                    doing: "masking persisted credentials".to_owned(),
+                    message,
+                }
+            })?;
+        }
+        if let Some(objects) = &wiring.objects {
+            body::mount_objects(&mut body, &objects.host);
         }
         // What the profile's operator explicitly allowed (the plan carries these
         // only when the operator switch was on).
@@ -308,14 +407,21 @@ impl DockerBackend {
             .id;
 
         // From here on, a failure removes what was created.
+        let channel = lease::Pending {
+            run_dir,
+            listener,
+            key,
+            identity,
+            secrets: secrets_on_stdin.then_some(secrets),
+        };
         match self
             .attach(
                 session,
                 spec,
-                wiring,
                 &id,
-                &image_user,
-                (env_passed, env_scrubbed, &secrets),
+                (&image_user, image_digest),
+                (env_passed, env_scrubbed),
+                channel,
             )
             .await
         {
@@ -359,12 +465,11 @@ impl DockerBackend {
         &self,
         session: &SessionLabel,
         spec: &UnitSpec,
-        wiring: &UnitWiring,
         id: &str,
-        image_user: &str,
-        // What the envelope reports of the environment, and the secrets'
-        // values for the executor's exec.
-        (env_passed, env_scrubbed, secrets): (Vec<String>, Vec<String>, &[(String, String)]),
+        (image_user, image_digest): (&str, Option<String>),
+        // What the envelope reports of the environment.
+        (env_passed, env_scrubbed): (Vec<String>, Vec<String>),
+        channel: lease::Pending,
     ) -> Result<StartedUnit, BackendError> {
         let unit = spec.name.as_str();
         let other = |doing: &str, e: DockerError| BackendError::Other {
@@ -372,67 +477,61 @@ impl DockerBackend {
             doing: doing.to_owned(),
             message: engine_message(&e),
         };
+        let name = format!("{}/{}", session.session, unit);
+        // The unit's stderr (its init's and its executor's log lines), from
+        // before its first process runs.
+        let attached = self
+            .docker
+            .attach_container(
+                id,
+                Some(AttachContainerOptions {
+                    stream: true,
+                    stdout: true,
+                    stderr: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .map_err(|e| other("attaching to the unit's stderr", e))?;
+        let (_stdout, mut output_done) = io::pump(attached.output, name.clone());
         self.docker
             .start_container(id, None)
             .await
             .map_err(|e| other("starting the container", e))?;
+        let waiter = waiter(self.docker.clone(), id.to_owned());
 
-        let argv = self
-            .executor_command
-            .clone()
-            .unwrap_or_else(|| body::executor_argv(spec, wiring));
-        let exec = self
-            .docker
-            .create_exec(
-                id,
-                CreateExecOptions {
-                    attach_stdin: Some(true),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    tty: Some(false),
-                    cmd: Some(argv),
-                    // JSON log lines, re-emitted by the host with their fields
-                    // (the executor's alone: not the unit's); and the secrets'
-                    // values: in this exec's environment only, which neither
-                    // the container's configuration nor the exec's inspection
-                    // shows; the executor writes them to /run/secrets and keeps
-                    // them from its children.
-                    env: Some(
-                        std::iter::once("BOX_LOG_FORMAT=json".to_owned())
-                            .chain(secrets.iter().map(|(name, value)| {
-                                format!("{SECRET_VALUE_PREFIX}{name}={value}")
-                            }))
-                            .collect(),
-                    ),
-                    user: body::user_string(spec),
-                    working_dir: Some(spec.root.to_string_lossy().into_owned()),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| other("creating the executor exec", e))?;
-        let started = self
-            .docker
-            .start_exec(
-                &exec.id,
-                Some(StartExecOptions {
-                    detach: false,
-                    tty: false,
-                    output_capacity: None,
-                }),
-            )
-            .await
-            .map_err(|e| other("starting the executor", e))?;
-        let StartExecResults::Attached { output, input } = started else {
-            return Err(BackendError::Other {
-                unit: unit.to_owned(),
-                doing: "starting the executor".to_owned(),
-                message: "the engine detached the exec instead of attaching it".to_owned(),
-            });
+        let accepted = tokio::select! {
+            accepted = channel.listener.accept(&channel.key, &channel.identity, spec.limits.start_timeout) => accepted,
+            _ = &mut output_done => {
+                return Err(BackendError::Other {
+                    unit: unit.to_owned(),
+                    doing: "starting the unit's init".to_owned(),
+                    message: "the unit ended before its init connected to the host (its log lines above say why)".to_owned(),
+                });
+            }
         };
-        let name = format!("{}/{}", session.session, unit);
-        let stdin = io::stdin(input, name.clone());
-        let (stdout, executor_done) = io::pump(output, name);
+        let mut connected = accepted.map_err(|e| BackendError::Other {
+            unit: unit.to_owned(),
+            doing: "connecting to the unit's init".to_owned(),
+            message: e.to_string(),
+        })?;
+        if let Some(secrets) = &channel.secrets {
+            let values: std::collections::BTreeMap<&str, &str> = secrets
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_str()))
+                .collect();
+            let mut line = serde_json::to_vec(&values).unwrap_or_default();
+            line.push(b'\n');
+            connected
+                .writer
+                .write_all(&line)
+                .await
+                .map_err(|e| BackendError::Other {
+                    unit: unit.to_owned(),
+                    doing: "handing the unit's secrets to its executor".to_owned(),
+                    message: e.to_string(),
+                })?;
+        }
 
         let inspect = self
             .docker
@@ -447,26 +546,42 @@ impl DockerBackend {
             env_passed,
             env_scrubbed,
         );
+        envelope.image_digest = image_digest;
         // A stand-in command (tests) gets only what the engine applied.
         if self.executor_command.is_none() {
             body::add_executor_confinement(&mut envelope, spec);
             envelope.secrets = delivered_secrets(spec);
         }
+        let box_init::host::UnitChannel {
+            reader,
+            writer,
+            lease: held,
+            ended: channel_ended,
+            state: _,
+        } = connected;
+        let renewal = lease::renew(
+            held,
+            spec.lease,
+            channel.run_dir,
+            channel.listener,
+            name.clone(),
+        );
         let ended = ended(
-            self.docker.clone(),
             id.to_owned(),
-            exec.id,
             unit.to_owned(),
             spec.limits.memory_bytes,
-            executor_done,
+            spec.lease,
+            channel_ended,
+            waiter,
         );
         Ok(StartedUnit {
             envelope,
             io: ExecutorIo {
-                stdin: Box::pin(stdin),
-                stdout: Box::pin(stdout),
+                stdin: Box::pin(io::stdin(Box::pin(writer), name)),
+                stdout: Box::pin(reader),
             },
             ended,
+            renewal: Some(renewal),
         })
     }
 }
@@ -669,10 +784,36 @@ async fn remove_container_only(docker: &Docker, id: &str) -> Result<(), DockerEr
     match docker.remove_container(id, Some(remove)).await {
         Ok(()) => Ok(()),
         Err(e) if matches!(status_of(&e), Some(404)) => Ok(()),
+        // The engine is removing it already (a unit is auto-removed once it
+        // ends): confirmed once it is gone.
         Err(e) if status_of(&e) == Some(409) && engine_message(&e).contains("in progress") => {
-            Ok(())
+            wait_until_gone(docker, id).await
         }
         Err(e) => Err(e),
+    }
+}
+
+/// How long a removal in progress is given to finish.
+const REMOVAL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Wait until the engine no longer knows `id` (a removal in progress).
+async fn wait_until_gone(docker: &Docker, id: &str) -> Result<(), DockerError> {
+    let deadline = tokio::time::Instant::now() + REMOVAL_WAIT;
+    loop {
+        match docker.inspect_container(id, None).await {
+            Err(e) if status_of(&e) == Some(404) => return Ok(()),
+            Err(e) => return Err(e),
+            Ok(_) if tokio::time::Instant::now() >= deadline => {
+                return Err(DockerError::DockerResponseServerError {
+                    status_code: 409,
+                    message: format!(
+                        "the engine was still removing the container after {}",
+                        humantime::format_duration(REMOVAL_WAIT)
+                    ),
+                });
+            }
+            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
     }
 }
 
@@ -680,88 +821,95 @@ async fn remove_container_only(docker: &Docker, id: &str) -> Result<(), DockerEr
 /// failed without the unit having ended.
 const WAIT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// How many times, [`CONTAINER_SETTLE_STEP`] apart, an ended executor's
-/// container is inspected for whether it is going down too.
-const CONTAINER_SETTLE_CHECKS: u32 = 10;
-/// See [`CONTAINER_SETTLE_CHECKS`].
-const CONTAINER_SETTLE_STEP: std::time::Duration = std::time::Duration::from_millis(100);
+/// How the container ended, as the engine said: its exit code, or gone.
+#[derive(Debug, Clone, Copy)]
+enum Exited {
+    Code(Option<i64>),
+    Gone,
+}
 
-/// The future that resolves when the unit or its executor ends, with the cause.
-fn ended(
-    docker: Docker,
-    id: String,
-    exec_id: String,
-    unit: String,
-    memory_bytes: u64,
-    executor_done: tokio::sync::oneshot::Receiver<()>,
-) -> BoxFuture<'static, UnitEnd> {
-    Box::pin(async move {
-        let mut executor_done = executor_done;
-        let ending = loop {
+/// Watch the container from its start (a task, so the engine's wait is
+/// registered before anything can end it: an auto-removed container is
+/// gone, with its exit code, soon after it ends).
+fn waiter(docker: Docker, id: String) -> tokio::sync::oneshot::Receiver<Exited> {
+    let (mut tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let exited = loop {
             let mut wait = docker.wait_container(&id, None);
             let result = tokio::select! {
                 result = wait.next() => result,
-                _ = &mut executor_done => break body::Ending::Executor,
+                () = tx.closed() => return,
             };
             match result {
-                Some(Err(e)) if status_of(&e) == Some(404) => break body::Ending::Gone,
-                // An exit, zero (Ok) or not (bollard makes a non-zero exit an error).
-                Some(Ok(_) | Err(DockerError::DockerContainerWaitError { .. })) => {
-                    break body::Ending::Container;
+                Some(Err(e)) if status_of(&e) == Some(404) => break Exited::Gone,
+                Some(Ok(response)) => break Exited::Code(Some(response.status_code)),
+                // bollard makes a non-zero exit an error.
+                Some(Err(DockerError::DockerContainerWaitError { code, .. })) => {
+                    break Exited::Code(Some(code));
                 }
                 // The wait itself failed (a timeout, a dropped connection, an
                 // engine restart): only the container's state says whether it ended.
                 None | Some(Err(_)) => match docker.inspect_container(&id, None).await {
                     Ok(inspect) if inspect.state.as_ref().and_then(|s| s.running) != Some(true) => {
-                        break body::Ending::Container;
+                        break Exited::Code(inspect.state.and_then(|state| state.exit_code));
                     }
-                    Err(e) if status_of(&e) == Some(404) => break body::Ending::Gone,
-                    Ok(_) | Err(_) => {
-                        tokio::select! {
-                            () = tokio::time::sleep(WAIT_RETRY) => {}
-                            _ = &mut executor_done => break body::Ending::Executor,
-                        }
-                    }
+                    Err(e) if status_of(&e) == Some(404) => break Exited::Gone,
+                    Ok(_) | Err(_) => tokio::time::sleep(WAIT_RETRY).await,
                 },
             }
         };
-        // The executor's stream also ends when the whole container dies (its
-        // pid namespace goes down with the init), often before the engine
-        // has marked the container exited: then the container's end is the
-        // cause to report, so give the engine a moment to say.
-        let mut settle = CONTAINER_SETTLE_CHECKS;
-        let (ending, container_code, engine_oom) = loop {
-            match docker.inspect_container(&id, None).await {
-                Ok(inspect) => {
-                    let state = inspect.state.unwrap_or_default();
-                    match (ending, state.running) {
-                        (body::Ending::Executor, Some(false)) => {
-                            break (
-                                body::Ending::Container,
-                                state.exit_code,
-                                state.oom_killed == Some(true),
-                            );
-                        }
-                        (body::Ending::Executor, _) if settle > 0 => {
-                            settle -= 1;
-                            tokio::time::sleep(CONTAINER_SETTLE_STEP).await;
-                        }
-                        (ending, _) => {
-                            break (ending, state.exit_code, state.oom_killed == Some(true));
-                        }
+        let _ = tx.send(exited);
+    });
+    rx
+}
+
+/// The future that resolves when the unit ends, with the cause: the init's
+/// report when it made one (the executor exited, the unit was stopped, the
+/// lease lapsed), else the container's end as the engine saw it (killed).
+fn ended(
+    id: String,
+    unit: String,
+    memory_bytes: u64,
+    lease: std::time::Duration,
+    channel: box_init::host::Ended,
+    waiter: tokio::sync::oneshot::Receiver<Exited>,
+) -> BoxFuture<'static, UnitEnd> {
+    use box_init::protocol::EndReason;
+    Box::pin(async move {
+        let (ending, code, oom_now) = match channel.wait().await {
+            box_init::host::UnitEnd::Reported(report) => {
+                // Read at once: the unit's cgroup goes with its init, which
+                // exits right after its report.
+                let oom_now = cgroup_oom_kills(&id) > 0;
+                let (ending, code) = match report.reason {
+                    EndReason::ExecutorExited => (
+                        body::Ending::Executor,
+                        report.executor.map(|exit| i64::from(exit.as_exit_code())),
+                    ),
+                    EndReason::Terminated => {
+                        (body::Ending::Terminated, Some(i64::from(report.exit_code)))
                     }
+                    EndReason::LeaseLapsed => (
+                        body::Ending::LeaseLapsed {
+                            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+                        },
+                        Some(i64::from(report.exit_code)),
+                    ),
+                };
+                (ending, code, oom_now)
+            }
+            box_init::host::UnitEnd::Released | box_init::host::UnitEnd::Disconnected => {
+                match waiter.await.unwrap_or(Exited::Gone) {
+                    Exited::Code(code) => {
+                        (body::Ending::Container, code, cgroup_oom_kills(&id) > 0)
+                    }
+                    Exited::Gone => (body::Ending::Gone, None, false),
                 }
-                Err(_) => break (body::Ending::Gone, None, false),
             }
         };
-        let code = match ending {
-            body::Ending::Executor => exec_exit_code(&docker, &exec_id).await,
-            body::Ending::Container | body::Ending::Gone => container_code,
-        };
         // The cgroup's counter says OOM for a process the engine's flag does
-        // not cover (the executor, or one of its children, while the
-        // container lives on); it never explains a clean exit.
-        let oom = engine_oom || (code != Some(0) && cgroup_oom_kills(&id) > 0);
+        // not cover; it never explains a clean exit.
+        let oom = code != Some(0) && oom_now;
         let parts = body::unit_end(&unit, ending, code, oom, memory_bytes);
         UnitEnd {
             exit_code: parts.exit_code,
@@ -769,19 +917,6 @@ fn ended(
             reason: parts.reason,
         }
     })
-}
-
-/// The exit code of an exec whose output has ended; the engine records it a
-/// moment after the stream closes, so ask a few times.
-async fn exec_exit_code(docker: &Docker, exec_id: &str) -> Option<i64> {
-    for _ in 0..20 {
-        match docker.inspect_exec(exec_id).await {
-            Ok(exec) if exec.running != Some(true) => return exec.exit_code,
-            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
-            Err(_) => return None,
-        }
-    }
-    None
 }
 
 /// OOM kills recorded in the container's cgroup (v2 or v1, systemd or

@@ -506,6 +506,7 @@ impl LocalBackend {
                 stdout: Box::pin(stdout),
             },
             ended,
+            renewal: None,
         })
     }
 
@@ -611,6 +612,27 @@ impl Backend for LocalBackend {
         spec: &'a UnitSpec,
         wiring: &'a UnitWiring,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
+        // What this backend cannot wire is refused, never silently left out.
+        let refuse = |control: &str, why: &str| {
+            let refusal = BackendError::Unenforceable {
+                unit: spec.name.clone(),
+                control: control.to_owned(),
+                why: why.to_owned(),
+            };
+            futures::future::ready(Err(refusal)).boxed()
+        };
+        if !wiring.masks.is_empty() {
+            return refuse(
+                "on_persisted_credentials = \"hide\"",
+                "the local backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend",
+            );
+        }
+        if wiring.objects.is_some() {
+            return refuse(
+                "a worktree fork's borrowed git objects",
+                "the local backend cannot mount the parent's git objects into a unit; fork with mode copy",
+            );
+        }
         self.start_command_wired(session, spec, wiring, Vec::new())
             .boxed()
     }
@@ -1130,6 +1152,7 @@ pub(crate) fn envelope(
         id: id.to_owned(),
         image: String::new(),
         image_id: String::new(),
+        image_digest: None,
         runtime: None,
         root: layout
             .workspace
@@ -1156,6 +1179,7 @@ pub(crate) fn envelope(
             && !box_scrub::git_neutralisation().is_empty(),
         secrets: Vec::new(),
         persisted_credentials: Vec::new(),
+        lifecycle: None,
         state: UnitState::Running,
     }
 }

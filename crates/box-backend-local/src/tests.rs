@@ -13,6 +13,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
         name: "workspace".to_owned(),
         role: Role::Workspace,
         image: "box-base:bookworm".to_owned(),
+        pull: box_policy::plan::PullPolicy::Missing,
         runtime: None,
         source,
         root: PathBuf::from("/workspace"),
@@ -48,6 +49,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
             devices: Vec::new(),
         },
         command: Vec::new(),
+        lease: Duration::from_secs(30),
         description: String::new(),
     }
 }

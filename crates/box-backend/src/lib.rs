@@ -26,8 +26,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use box_policy::plan::UnitSpec;
 
 pub use box_policy::envelope::{
-    AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, DeliveredSecret, Envelope,
-    Hardening, HostOnlyLimits, LocalNone, PersistedCredential, ProcessLimits, UnitState,
+    AppliedLifecycle, AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, DeliveredSecret,
+    Envelope, Hardening, HostOnlyLimits, LocalNone, PersistedCredential, ProcessLimits, UnitState,
 };
 
 /// Label and name constants shared by the backends.
@@ -99,12 +99,97 @@ pub struct ExecutorIo {
 }
 
 /// What the host wires into a unit beyond its spec: resources the host owns and
-/// the unit reaches through a bind mount.
+/// the unit reaches through a bind mount, and where the start's progress goes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UnitWiring {
     /// The unit's egress proxy (its spec's network is `egress`).
     pub egress: Option<EgressWiring>,
+    /// Where the host keeps its runtime files: a backend whose units hold a
+    /// lease makes each unit's run directory (the socket its init connects
+    /// to) under it; `None`: [`default_runtime_dir`].
+    pub runtime_dir: Option<std::path::PathBuf>,
+    /// Files of the workspace the unit sees replaced, read-only, by a host
+    /// file (`on_persisted_credentials = "hide"`: a copy with the credentials
+    /// masked). Only for a workspace unit.
+    pub masks: Vec<FileMask>,
+    /// A forked workspace's borrowed git objects (a `worktree` fork).
+    pub objects: Option<ObjectsWiring>,
+    /// Who hears how a slow step of the start goes (an image pull): the
+    /// host's MCP progress for a client that sent a progress token.
+    pub progress: Option<StartProgress>,
 }
+
+/// One workspace file the unit sees replaced by a host file, read-only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileMask {
+    /// The host file the unit sees instead (owned by the host, readable by all).
+    pub source: std::path::PathBuf,
+    /// The masked file, relative to the unit's workspace root (no `..`, no
+    /// absolute path: checked by whoever builds it).
+    pub target: std::path::PathBuf,
+}
+
+/// Where a host keeps its sockets (egress proxies, units' run directories):
+/// `$XDG_RUNTIME_DIR/box`, `/run/box` for root, else a directory of the
+/// user's own under the temporary directory.
+pub fn default_runtime_dir() -> std::path::PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|dir| !dir.is_empty()) {
+        return std::path::PathBuf::from(dir).join("box");
+    }
+    let uid = nix::unistd::getuid();
+    if uid.is_root() {
+        std::path::PathBuf::from("/run/box")
+    } else {
+        std::env::temp_dir().join(format!("box-{uid}"))
+    }
+}
+
+/// A `worktree` fork's child repository borrows its parent's git objects:
+/// the parent's objects directory, mounted read-only at
+/// [`ObjectsWiring::DIR_IN_UNIT`], which the child's
+/// `.git/objects/info/alternates` names. The child's own objects, refs,
+/// index and config are its own; these are only readable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectsWiring {
+    /// The parent repository's objects directory on the host.
+    pub host: std::path::PathBuf,
+}
+
+impl ObjectsWiring {
+    /// Where the objects appear inside the unit.
+    pub const DIR_IN_UNIT: &str = "/.box/objects";
+}
+
+/// One report of a start's progress: what is happening, and bytes done of
+/// bytes in all (when known), cumulative for the unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgressReport {
+    /// What is happening, for a person (`pulling IMAGE: 2/3 layers`).
+    pub message: String,
+    /// Bytes done so far.
+    pub done: u64,
+    /// Bytes in all, when known.
+    pub total: Option<u64>,
+}
+
+/// Where a unit's start reports its progress.
+#[derive(Clone)]
+pub struct StartProgress(pub std::sync::Arc<dyn Fn(ProgressReport) + Send + Sync>);
+
+impl std::fmt::Debug for StartProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StartProgress")
+    }
+}
+
+/// The same listener.
+impl PartialEq for StartProgress {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for StartProgress {}
 
 /// The host's egress proxy for one unit: a directory on the host holding its
 /// listening socket ([`EgressWiring::SOCKET`]), mounted read-only at
@@ -154,6 +239,34 @@ pub struct StartedUnit {
     pub io: ExecutorIo,
     /// Resolves once the unit (or its executor) has ended, with the cause.
     pub ended: BoxFuture<'static, UnitEnd>,
+    /// The renewal of the unit's lease, where its backend gives it one: the
+    /// host holds it for as long as it wants the unit. Dropping it stops the
+    /// renewals, and the unit ends by itself within its lease (or sooner,
+    /// when it is removed).
+    pub renewal: Option<Renewal>,
+}
+
+/// The host's renewal of one unit's lease, running until dropped.
+#[derive(Debug)]
+pub struct Renewal(tokio::task::AbortHandle);
+
+impl Renewal {
+    /// Renewals by `task`, stopped when this is dropped.
+    pub fn new(task: tokio::task::AbortHandle) -> Self {
+        Self(task)
+    }
+
+    /// Whether renewals have stopped (the unit's channel ended, or another
+    /// host took it over).
+    pub fn is_finished(&self) -> bool {
+        self.0.is_finished()
+    }
+}
+
+impl Drop for Renewal {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A control the plan asks for that a backend cannot apply here: the answer
@@ -252,6 +365,30 @@ pub trait Backend: Send + Sync {
                     control: "network egress allow list".to_owned(),
                     why: format!(
                         "the {} backend cannot wire the host's egress proxy into a unit yet; use network mode none, or the docker backend",
+                        self.kind().as_str()
+                    ),
+                })
+            });
+        }
+        if !wiring.masks.is_empty() {
+            return Box::pin(async move {
+                Err(BackendError::Unenforceable {
+                    unit: spec.name.clone(),
+                    control: "on_persisted_credentials = \"hide\"".to_owned(),
+                    why: format!(
+                        "the {} backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend",
+                        self.kind().as_str()
+                    ),
+                })
+            });
+        }
+        if wiring.objects.is_some() {
+            return Box::pin(async move {
+                Err(BackendError::Unenforceable {
+                    unit: spec.name.clone(),
+                    control: "a worktree fork's borrowed git objects".to_owned(),
+                    why: format!(
+                        "the {} backend cannot mount the parent's git objects into a unit; fork with mode copy",
                         self.kind().as_str()
                     ),
                 })

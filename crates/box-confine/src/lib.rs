@@ -797,9 +797,10 @@ mod tests {
         // The child's temp directory (which confine_executor leaves writable)
         // is one of three siblings, so "outside" is outside it wherever the
         // checkout lives (a clone under /tmp included).
-        let base =
-            tempfile::tempdir_in(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"))
-                .unwrap();
+        // The checkout's `target` (absent when CARGO_TARGET_DIR points elsewhere).
+        let parent = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target");
+        std::fs::create_dir_all(&parent).unwrap();
+        let base = tempfile::tempdir_in(&parent).unwrap();
         let root = tempfile::tempdir_in(base.path()).unwrap();
         let outside = tempfile::tempdir_in(base.path()).unwrap();
         let temp = tempfile::tempdir_in(base.path()).unwrap();

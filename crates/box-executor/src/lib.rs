@@ -38,7 +38,9 @@ use anyhow::Context as _;
 const DEFAULT_MAX_READ_BYTES: u64 = 2 * 1024 * 1024;
 
 pub use box_policy::executor::{BashOutput, ExecutorSpec};
-use box_policy::executor::{SECRET_VALUE_PREFIX, SECRETS_DIR, SecretFile};
+use box_policy::executor::{
+    MAX_SECRETS_LINE, SECRET_VALUE_PREFIX, SECRETS_DIR, SECRETS_ON_STDIN_VAR, SecretFile,
+};
 
 /// The variable that asks for JSON log lines (`BOX_LOG_FORMAT=json`): a
 /// unit's executor gets it from its backend, whose host re-emits each line
@@ -80,7 +82,12 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
     }
     let reference = args.reference.clone().unwrap_or_else(host_name);
     // Before confinement: /run/secrets is written once, then only read.
-    let secret_vars = deliver_secrets(&spec.secrets, Path::new(SECRETS_DIR))?;
+    let given = if std::env::var_os(SECRETS_ON_STDIN_VAR).is_some() {
+        Some(secrets_from_stdin()?)
+    } else {
+        None
+    };
+    let secret_vars = deliver_secrets(&spec.secrets, Path::new(SECRETS_DIR), given.as_ref())?;
     // The values' carriers never reach a child, whatever the pass list says.
     // They stay in this process's initial environment block (what
     // /proc/self/environ shows; removing a variable never clears it), which
@@ -206,21 +213,57 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
     result.map(|()| std::process::ExitCode::SUCCESS)
 }
 
+/// The secrets' values from the first line of stdin ([`SECRETS_ON_STDIN_VAR`]):
+/// read a byte at a time from fd 0, so nothing after the line (the
+/// protocol) is consumed here.
+fn secrets_from_stdin() -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(std::io::stdin(), &mut byte) {
+            Ok(0) => anyhow::bail!(
+                "{SECRETS_ON_STDIN_VAR}: stdin ended before the secrets line the host writes first"
+            ),
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) => {
+                line.push(byte[0]);
+                if line.len() > MAX_SECRETS_LINE {
+                    anyhow::bail!(
+                        "{SECRETS_ON_STDIN_VAR}: the secrets line is longer than {MAX_SECRETS_LINE} bytes"
+                    );
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(error) => anyhow::bail!("{SECRETS_ON_STDIN_VAR}: reading stdin: {error}"),
+        }
+    }
+    serde_json::from_slice(&line).map_err(|error| {
+        anyhow::anyhow!(
+            "{SECRETS_ON_STDIN_VAR}: the first line of stdin is not a JSON object of secret names to values: {error}"
+        )
+    })
+}
+
 /// Write each secret to `dir/NAME` (mode 0400, this process's user) from
-/// its `BOX_SECRET_NAME` variable; the `as_env` ones come back as
-/// `(NAME, value)` for the children's environment.
+/// `given` (the stdin line) or else its `BOX_SECRET_NAME` variable; the
+/// `as_env` ones come back as `(NAME, value)` for the children's environment.
 fn deliver_secrets(
     secrets: &[SecretFile],
     dir: &Path,
+    given: Option<&std::collections::BTreeMap<String, String>>,
 ) -> anyhow::Result<Vec<(std::ffi::OsString, std::ffi::OsString)>> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut vars = Vec::new();
     for secret in secrets {
         let carrier = format!("{SECRET_VALUE_PREFIX}{}", secret.name);
-        let Some(value) = std::env::var_os(&carrier) else {
+        let value = match given {
+            Some(given) => given.get(&secret.name).map(std::ffi::OsString::from),
+            None => std::env::var_os(&carrier),
+        };
+        let Some(value) = value else {
             anyhow::bail!(
-                "--secrets {}: {carrier} is not set; the backend hands each secret's value to the executor in it",
+                "--secrets {}: its value was not handed over ({carrier}, or the host's secrets line on stdin); the backend hands each secret's value to the executor",
                 secret.name
             );
         };

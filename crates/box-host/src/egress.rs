@@ -43,18 +43,9 @@ impl Drop for EgressProxy {
     }
 }
 
-/// Where the host keeps its sockets: `$XDG_RUNTIME_DIR/box`, `/run/box` for root,
-/// else a directory of the user's own under the temporary directory.
+/// Where the host keeps its sockets (`box_backend::default_runtime_dir`).
 pub fn default_runtime_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|dir| !dir.is_empty()) {
-        return PathBuf::from(dir).join("box");
-    }
-    let uid = nix::unistd::getuid();
-    if uid.is_root() {
-        PathBuf::from("/run/box")
-    } else {
-        std::env::temp_dir().join(format!("box-{uid}"))
-    }
+    box_backend::default_runtime_dir()
 }
 
 impl EgressProxy {
@@ -124,6 +115,7 @@ impl EgressProxy {
             egress: Some(EgressWiring {
                 socket_dir: self.dir.clone(),
             }),
+            ..UnitWiring::default()
         }
     }
 
@@ -251,7 +243,7 @@ fn report(config: &HostConfig, event: &Event) {
     );
 }
 
-fn create_private_dir(dir: &Path) -> Result<(), String> {
+pub(crate) fn create_private_dir(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|error| format!("creating {}: {error}", dir.display()))?;
     // Other users on the host have no business listing the units' sockets.
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))

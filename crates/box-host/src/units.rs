@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use tokio_util::task::TaskTracker;
 
 use super::HostConfig;
-use box_backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitEnd};
+use box_backend::{Backend, BackendError, ObjectsWiring, SessionLabel, StartedUnit, UnitEnd};
 use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
 use box_jsonrpc::{self as jsonrpc, Kind, classify};
 use box_policy::plan::{NetworkMode, UnitSpec};
@@ -44,6 +44,8 @@ pub enum UnitEvent {
     Deadline(usize, u64),
     /// The settle after a deadline passed without the request's answer.
     Overdue(usize, u64),
+    /// A `box/fork` child started and initialized, to join the session.
+    Forked(Box<super::session::ForkStarted>),
 }
 
 /// An executor's stdio, framed.
@@ -215,17 +217,96 @@ pub enum StartFailure {
     },
 }
 
+/// A session's start reported to its client as MCP progress
+/// (`notifications/progress` on the initialize request, for a client that sent
+/// `_meta.progressToken`): each unit's bytes summed, sent only when the sum
+/// grows (MCP wants the progress to increase), dropped when the client lags.
+pub struct InitProgress {
+    token: Value,
+    events: tokio::sync::mpsc::Sender<Value>,
+    state: std::sync::Mutex<ProgressState>,
+}
+
+#[derive(Default)]
+struct ProgressState {
+    units: std::collections::BTreeMap<String, (u64, Option<u64>)>,
+    sent: u64,
+}
+
+impl InitProgress {
+    /// Progress for `token`, sent on `events` (the initialize request's).
+    pub fn new(token: Value, events: tokio::sync::mpsc::Sender<Value>) -> Arc<Self> {
+        Arc::new(Self {
+            token,
+            events,
+            state: std::sync::Mutex::default(),
+        })
+    }
+
+    fn for_unit(self: &Arc<Self>, unit: &str) -> box_backend::StartProgress {
+        let (this, unit) = (Arc::clone(self), unit.to_owned());
+        box_backend::StartProgress(Arc::new(move |report| this.report(&unit, report)))
+    }
+
+    /// The notification for `unit`'s `report`, if the sum grew.
+    fn notification(&self, unit: &str, report: box_backend::ProgressReport) -> Option<Value> {
+        let mut state = self.state.lock().ok()?;
+        state
+            .units
+            .insert(unit.to_owned(), (report.done, report.total));
+        let done: u64 = state.units.values().map(|(done, _)| done).sum();
+        if done <= state.sent {
+            return None;
+        }
+        state.sent = done;
+        let total: Option<u64> = state.units.values().map(|(_, total)| *total).sum();
+        let mut params = json!({
+            "progressToken": self.token,
+            "progress": done,
+            "message": format!("unit {unit}: {}", report.message),
+        });
+        if let Some(total) = total.filter(|total| *total >= done) {
+            params["total"] = json!(total);
+        }
+        Some(json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": params}))
+    }
+
+    fn report(&self, unit: &str, report: box_backend::ProgressReport) {
+        if let Some(notification) = self.notification(unit, report) {
+            let _ = self.events.try_send(notification);
+        }
+    }
+}
+
+/// What [`start_units`] wires into the units beyond their egress proxies.
+#[derive(Default, Clone, Copy)]
+pub struct StartWiring<'a> {
+    /// Masked copies over the workspace unit's files (`hide`).
+    pub workspace_masks: &'a [box_backend::FileMask],
+    /// A worktree fork's borrowed git objects, for the workspace unit.
+    pub objects: Option<&'a ObjectsWiring>,
+    /// Where a client that sent a progress token hears the start's progress.
+    pub progress: Option<&'a Arc<InitProgress>>,
+}
+
 /// Start every unit of `specs` concurrently, each in a task of its own, the
 /// ledger told of each, within `timeout`. If any fails or the deadline
 /// passes, the units that did start are removed in `background`, as are
 /// those whose start finishes later, and the failure names the units.
+/// `wire`: what the host wires in beyond each unit's egress proxy.
 pub async fn start_units(
     config: &Arc<HostConfig>,
     label: &SessionLabel,
     specs: &[UnitSpec],
     timeout: Duration,
     background: &TaskTracker,
+    wire: StartWiring<'_>,
 ) -> Result<(Vec<(u64, StartedUnit)>, Vec<EgressProxy>), StartFailure> {
+    let StartWiring {
+        workspace_masks,
+        objects,
+        progress,
+    } = wire;
     let deadline = tokio::time::Instant::now() + timeout;
     // Each egress unit's proxy listens before its unit starts; dropped (stopped,
     // its socket removed) if the session does not start.
@@ -245,11 +326,18 @@ pub async fn start_units(
     let mut starts = Vec::new();
     for spec in specs {
         let key = config.ledger.starting(&label.session, &spec.name);
-        let wiring = proxies
+        let mut wiring = proxies
             .iter()
             .find(|proxy| proxy.unit == spec.name)
             .map(EgressProxy::wiring)
             .unwrap_or_default();
+        wiring.runtime_dir = Some(config.runtime_dir.clone());
+        if spec.role == box_policy::plan::Role::Workspace {
+            // Only a workspace unit has a fork's files, or masks over them.
+            wiring.objects = objects.cloned();
+            wiring.masks = workspace_masks.to_vec();
+        }
+        wiring.progress = progress.map(|progress| progress.for_unit(&spec.name));
         let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
             let result = config.backend.start_wired(&label, &spec, &wiring).await;
@@ -638,5 +726,38 @@ mod tests {
         assert_eq!(text.matches("137").count(), 1, "{text}");
         assert_eq!(text.matches("OOM").count(), 1, "{text}");
         assert!(!text.contains("out-of-memory"), "{text}");
+    }
+
+    /// Each unit's bytes summed; only growth is sent (MCP progress increases),
+    /// with a total once every reporting unit knows its own.
+    #[test]
+    fn init_progress_sums_the_units_and_only_grows() {
+        let (events, _rx) = mpsc::channel(8);
+        let progress = InitProgress::new(json!("tok"), events);
+        let report = |done, total: Option<u64>| box_backend::ProgressReport {
+            message: "pulling img: 0/1 layers".to_owned(),
+            done,
+            total,
+        };
+        let first = progress
+            .notification("workspace", report(10, Some(100)))
+            .unwrap();
+        assert_eq!(first["method"], json!("notifications/progress"));
+        assert_eq!(first["params"]["progressToken"], json!("tok"));
+        assert_eq!(first["params"]["progress"], json!(10));
+        assert_eq!(first["params"]["total"], json!(100));
+        assert_eq!(
+            first["params"]["message"],
+            json!("unit workspace: pulling img: 0/1 layers")
+        );
+        let both = progress.notification("browser", report(5, None)).unwrap();
+        assert_eq!(both["params"]["progress"], json!(15));
+        assert!(both["params"].get("total").is_none(), "{both}");
+        assert!(progress.notification("browser", report(5, None)).is_none());
+        let done = progress
+            .notification("browser", report(50, Some(50)))
+            .unwrap();
+        assert_eq!(done["params"]["progress"], json!(60));
+        assert_eq!(done["params"]["total"], json!(150));
     }
 }

@@ -24,6 +24,12 @@ pub struct Envelope {
     pub image: String,
     /// The image's id (digest) as the engine resolved it.
     pub image_id: String,
+    /// The registry's content digest of the image the unit runs
+    /// (`sha256:...`): for a pinned image, the digest verified before the
+    /// start; for a pulled tag, the one the engine recorded. Absent for an
+    /// image no registry knows (built locally) and where there is no engine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
     /// The engine's OCI runtime the unit runs under (`runc`, `runsc` for gVisor);
     /// absent where there is no engine.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -51,8 +57,22 @@ pub struct Envelope {
     /// workspace unit's only; never values).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub persisted_credentials: Vec<PersistedCredential>,
+    /// The unit's lease, where box's init holds one in the unit: how long
+    /// the unit outlives its host's last renewal. Absent where nothing in
+    /// the unit enforces a lease.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<AppliedLifecycle>,
     /// Where the unit is in its life.
     pub state: UnitState,
+}
+
+/// The lease a unit's init enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedLifecycle {
+    /// The lease in milliseconds: the unit ends this long after its host's
+    /// last renewal.
+    pub lease_ms: u64,
 }
 
 /// A secret delivered to a unit as a file.
@@ -80,6 +100,10 @@ pub struct PersistedCredential {
     /// What kind (`extraheader`, `url-credentials`, `inline-helper`,
     /// `credential-store`, `netrc`).
     pub kind: String,
+    /// Whether the unit sees the file with the value masked
+    /// (`on_persisted_credentials = "hide"`); omitted when not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub hidden: bool,
 }
 
 /// The backends box has.

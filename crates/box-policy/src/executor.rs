@@ -111,6 +111,17 @@ pub const SECRETS_DIR: &str = "/run/secrets";
 /// anything else runs.
 pub const SECRET_VALUE_PREFIX: &str = "BOX_SECRET_";
 
+/// Set (to `1`) in the executor's environment when its secrets' values come
+/// as the first line of its stdin instead of [`SECRET_VALUE_PREFIX`]
+/// variables: a JSON object of name to value, written by the host before any
+/// protocol message. A docker unit's executor is started by the unit's init,
+/// whose environment is the container's configuration, which `docker
+/// inspect` shows; its stdin is the host's channel.
+pub const SECRETS_ON_STDIN_VAR: &str = "BOX_SECRETS_ON_STDIN";
+
+/// The longest secrets line the executor reads from its stdin.
+pub const MAX_SECRETS_LINE: usize = 1 << 20;
+
 /// A secret the executor writes to `SECRETS_DIR/NAME` before it serves.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SecretFile {

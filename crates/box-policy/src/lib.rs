@@ -5,5 +5,6 @@
 
 pub mod envelope;
 pub mod executor;
+pub mod image;
 pub mod plan;
 pub mod profile;

@@ -250,6 +250,7 @@ impl Backend for FakeBackend {
                     stdout: Box::pin(host_stdout),
                 },
                 ended,
+                renewal: None,
             })
         }
         .boxed()
@@ -304,6 +305,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         id: id.to_owned(),
         image: spec.image.clone(),
         image_id: String::new(),
+        image_digest: None,
         runtime: None,
         root: spec.root.display().to_string(),
         user: String::new(),
@@ -331,6 +333,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         git_neutralised: false,
         secrets: Vec::new(),
         persisted_credentials: Vec::new(),
+        lifecycle: None,
         state: UnitState::Running,
     }
 }

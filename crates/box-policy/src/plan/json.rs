@@ -4,16 +4,23 @@
 
 use serde_json::{Value, json};
 
-use super::{Limits, Network, NetworkMode, Plan, Role, Security, UnitSpec, WorkspaceSource};
+use super::{
+    Limits, Network, NetworkMode, Plan, PullPolicy, Role, Security, UnitSpec, WorkspaceSource,
+};
 
 impl Plan {
     /// The plan as JSON: `{"profile", "units": [...]}`.
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut plan = json!({
             "profile": self.profile,
             "onPersistedCredentials": self.on_persisted_credentials.as_str(),
             "units": self.units.iter().map(UnitSpec::to_json).collect::<Vec<_>>(),
-        })
+        });
+        if let Some(mode) = self.workspace_fork {
+            // The workspace unit's source is forked per session this way.
+            plan["workspaceFork"] = json!(mode.as_str());
+        }
+        plan
     }
 }
 
@@ -44,12 +51,17 @@ impl UnitSpec {
                 "secretsAsEnv": self.env_secrets_as_env,
             },
             "security": security_json(&self.security),
+            "lifecycle": {"leaseMs": millis(self.lease)},
             "command": self.command,
             "description": self.description,
         });
         // Only units that name a runtime show one; the others' JSON is unchanged.
         if let Some(runtime) = &self.runtime {
             unit["runtime"] = json!(runtime);
+        }
+        // Likewise a pull policy other than the default ("missing").
+        if self.pull != PullPolicy::default() {
+            unit["pull"] = json!(self.pull.as_str());
         }
         unit
     }

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 pub use tighten::{LimitsAsk, NetworkAsk, Tightening, parse_tightening_text, tighten};
 
+pub use crate::image::PullPolicy;
 use crate::profile::{LimitsPolicy, NetworkPolicy, Profile, Source, UserChoice};
 
 /// Everything one session's units are: the resolved, validated, fully defaulted plan.
@@ -26,6 +27,9 @@ pub struct Plan {
     pub units: Vec<UnitSpec>,
     /// What a credential persisted in the workspace at session start does.
     pub on_persisted_credentials: crate::profile::OnPersisted,
+    /// `source = "fork"`: the workspace unit's host directory is forked for
+    /// the session this way, and the unit starts on the fork.
+    pub workspace_fork: Option<crate::profile::ForkMode>,
 }
 
 /// A unit's role in its session.
@@ -180,8 +184,11 @@ pub struct UnitSpec {
     pub name: String,
     /// Workspace or server.
     pub role: Role,
-    /// The image (docker) it runs.
+    /// The image (docker) it runs: a tag, or pinned `NAME@sha256:...` (the
+    /// backend verifies a pinned image is that content before the unit starts).
     pub image: String,
+    /// When the image is pulled from its registry (docker).
+    pub pull: PullPolicy,
     /// The engine's OCI runtime (`runsc` for gVisor); `None`: the engine's default.
     pub runtime: Option<String>,
     /// Where the workspace comes from on the host.
@@ -213,6 +220,9 @@ pub struct UnitSpec {
     pub command: Vec<String>,
     /// One line about what the unit is for.
     pub description: String,
+    /// How long the unit outlives its host's last lease renewal (the
+    /// profile's `lifecycle.lease`): box's init in the unit ends it then.
+    pub lease: Duration,
 }
 
 /// Facts about the host a plan is resolved against (passed in, so `resolve` stays pure).
@@ -402,6 +412,7 @@ impl UnitSpec {
             name: "workspace".to_owned(),
             role: Role::Workspace,
             image: image.to_owned(),
+            pull: PullPolicy::Missing,
             runtime: None,
             source,
             root: PathBuf::from("/workspace"),
@@ -426,6 +437,7 @@ impl UnitSpec {
             security: Security::strict(),
             command: Vec::new(),
             description: String::new(),
+            lease: Duration::from_secs(30),
         }
     }
 
@@ -450,6 +462,7 @@ impl UnitSpec {
             && subset(&self.env_secrets_as_env, &bound.env_secrets_as_env)
             && self.security == bound.security
             && self.command == bound.command
+            && self.lease == bound.lease
     }
 }
 
@@ -526,7 +539,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
     let root = profile.workspace.root.clone();
     let mut units = Vec::new();
     let source = match &profile.workspace.source {
-        Source::Cwd => {
+        Source::Cwd | Source::Fork => {
             judge_cwd(profile, &host.cwd)?;
             Some(WorkspaceSource::Host(host.cwd.clone()))
         }
@@ -539,6 +552,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             name: "workspace".to_owned(),
             role: Role::Workspace,
             image: profile.workspace.image.clone(),
+            pull: profile.workspace.pull,
             runtime: profile.workspace.runtime.clone(),
             source,
             root: root.clone(),
@@ -553,6 +567,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             security: security.clone(),
             command: Vec::new(),
             description: profile.description.clone(),
+            lease: profile.lifecycle.lease,
         });
     }
     for server in &profile.servers {
@@ -560,6 +575,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             name: server.name.clone(),
             role: Role::Server,
             image: server.image.clone(),
+            pull: server.pull,
             runtime: server.runtime.clone(),
             source: WorkspaceSource::None,
             root: root.clone(),
@@ -574,12 +590,15 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             security: security.clone(),
             command: server.command.clone(),
             description: server.description.clone(),
+            lease: profile.lifecycle.lease,
         });
     }
     Ok(Plan {
         profile: profile.name.clone(),
         units,
         on_persisted_credentials: profile.workspace.on_persisted_credentials,
+        workspace_fork: (profile.workspace.source == Source::Fork)
+            .then_some(profile.workspace.fork_mode),
     })
 }
 

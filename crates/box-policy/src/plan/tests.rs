@@ -345,7 +345,7 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"workspace": {"source": "/"}}),
-            "tighten: workspace.source: unknown field; accepted here: mode",
+            "tighten: workspace.source: unknown field; accepted here: mode, image",
         ),
         (
             json!({"workspace": {"mode": "rw"}}),
@@ -373,11 +373,11 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"workspace": {"image": "evil:latest"}}),
-            "tighten: workspace.image: unknown field; the image is the profile's and a session cannot change it",
+            "tighten.workspace.image: asked for \"evil:latest\", but profile `offline` allows at most [\"box-base:bookworm\"] (its image and images)",
         ),
         (
             json!({"image": "evil:latest"}),
-            "tighten: image: unknown field; the image is the profile's and a session cannot change it",
+            "tighten: image: unknown field; a session chooses the workspace unit's image as workspace.image, from the profile's image and images",
         ),
         (
             json!({"env": {"set": {"LD_PRELOAD": "/x.so"}}}),
@@ -425,7 +425,7 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"workspace": {"mode": "rw", "cwd": "/proc/self/fd/7"}}),
-            "tighten: workspace.cwd: unknown field; accepted here: mode",
+            "tighten: workspace.cwd: unknown field; accepted here: mode, image",
         ),
     ];
     for (ask, message) in cases {
@@ -861,5 +861,46 @@ fn a_cwd_resolving_to_a_dangerous_path_is_refused_like_the_path_itself() {
     assert_eq!(
         resolve_in("[workspace]\nsource = \"empty\"\n", "/etc"),
         Ok(())
+    );
+}
+
+/// A session chooses its workspace image among the profile's `image` and
+/// `images`, and nothing else; the pull policy goes with the unit.
+#[test]
+fn a_session_chooses_its_image_from_the_profiles_set() {
+    let pinned = format!("localhost:5000/tool@sha256:{}", "a".repeat(64));
+    let profile = profile(&format!(
+        "[workspace]\nimage = \"one:1\"\nimages = [\"alt:2\", \"{pinned}\"]\npull = \"never\"\n[[server]]\nname = \"s\"\nimage = \"s:1\"\ncommand = [\"s\"]\npull = \"always\"\n"
+    ));
+    let plan = resolve_json(&profile, Value::Null).unwrap();
+    let workspace = plan.workspace().unwrap();
+    assert_eq!(workspace.image, "one:1");
+    assert_eq!(workspace.pull, crate::image::PullPolicy::Never);
+    assert_eq!(
+        plan.servers().next().unwrap().pull,
+        crate::image::PullPolicy::Always
+    );
+    for chosen in ["one:1", "alt:2", pinned.as_str()] {
+        let plan = resolve_json(&profile, json!({"workspace": {"image": chosen}})).unwrap();
+        assert_eq!(plan.workspace().unwrap().image, chosen);
+    }
+    assert_eq!(
+        resolve_json(&profile, json!({"workspace": {"image": "alt:3"}})).unwrap_err(),
+        format!(
+            "tighten.workspace.image: asked for \"alt:3\", but profile `p` allows at most [\"one:1\", \"alt:2\", \"{pinned}\"] (its image and images)"
+        )
+    );
+    // The same repository at another digest is another image.
+    let other = format!("localhost:5000/tool@sha256:{}", "b".repeat(64));
+    assert!(resolve_json(&profile, json!({"workspace": {"image": other}})).is_err());
+    assert_eq!(
+        resolve_json(&profile, json!({"workspace": {"image": "a b"}})).unwrap_err(),
+        "tighten: workspace.image: \"a b\" has ' ' in it; write an image like \"rust:1.83\", \"ghcr.io/org/tool:v1\" or \"NAME@sha256:<64 hex digits>\""
+    );
+    let no_fs = self::profile("[workspace]\nsource = \"none\"\n");
+    assert!(
+        resolve_json(&no_fs, json!({"workspace": {"image": "box-base:bookworm"}}))
+            .unwrap_err()
+            .contains("has no workspace unit")
     );
 }

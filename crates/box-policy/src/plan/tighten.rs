@@ -5,7 +5,7 @@
 //! clamped.
 //!
 //! The shape mirrors the profile:
-//! `{"workspace": {"mode"}, "network": {"mode", "allow"}, "limits": {...},
+//! `{"workspace": {"mode", "image"}, "network": {"mode", "allow"}, "limits": {...},
 //!   "servers": [NAME...], "env": {"drop": [NAME...]}}`.
 
 use std::time::Duration;
@@ -22,6 +22,8 @@ use crate::profile::{
 pub struct Tightening {
     /// The workspace's mount mode.
     pub workspace_mode: Option<MountMode>,
+    /// The workspace unit's image: the profile's `image` or one of its `images`.
+    pub workspace_image: Option<String>,
     /// The workspace unit's network.
     pub network: NetworkAsk,
     /// The workspace unit's limits.
@@ -65,7 +67,7 @@ pub struct LimitsAsk {
 }
 
 const TOP: &[&str] = &["workspace", "network", "limits", "servers", "env"];
-const WORKSPACE: &[&str] = &["mode"];
+const WORKSPACE: &[&str] = &["mode", "image"];
 const NETWORK: &[&str] = &["mode", "allow"];
 const LIMITS: &[&str] = &[
     "memory",
@@ -124,8 +126,8 @@ fn object<'a>(
                 format!("{field}.{key}")
             };
             let hint = match (field, key.as_str()) {
-                ("workspace", "image") | ("", "image") => {
-                    "; the image is the profile's and a session cannot change it".to_owned()
+                ("", "image") => {
+                    "; a session chooses the workspace unit's image as workspace.image, from the profile's image and images".to_owned()
                 }
                 _ => format!("; accepted here: {}", accepted.join(", ")),
             };
@@ -196,6 +198,12 @@ impl Tightening {
                         ));
                     }
                 });
+            }
+            if let Some(image) = fields.get("image") {
+                let image = string(image, "workspace.image")?;
+                crate::image::ImageRef::parse(image)
+                    .map_err(|message| invalid("workspace.image", message))?;
+                tightening.workspace_image = Some(image.to_owned());
             }
         }
         if let Some(network) = top.get("network") {
@@ -332,6 +340,35 @@ pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, Pl
             profile.workspace.mode,
             |mode| format!("\"{}\"", mode.as_str()),
         )?;
+    }
+    if let Some(image) = &tightening.workspace_image {
+        if profile.workspace.source == Source::None {
+            return Err(invalid(
+                "workspace.image",
+                format!("profile `{}` has no workspace unit", profile.name),
+            ));
+        }
+        // A choice among the operator's images, never an image of the session's own.
+        let offered: Vec<&String> = std::iter::once(&profile.workspace.image)
+            .chain(&profile.workspace.images)
+            .collect();
+        if !offered.contains(&image) {
+            return Err(PlanError::Widening {
+                profile: profile.name.clone(),
+                field: "workspace.image".to_owned(),
+                asked: format!("{image:?}"),
+                bound: format!(
+                    "{} (its image and images)",
+                    list(
+                        &offered
+                            .iter()
+                            .map(|image| format!("{image:?}"))
+                            .collect::<Vec<_>>()
+                    )
+                ),
+            });
+        }
+        narrowed.workspace.image = image.clone();
     }
     let ask = &tightening.limits;
     if profile.workspace.source == Source::None {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::value::{AllowEntry, ByteSize, CpuQuota};
+use crate::image::PullPolicy;
 use crate::plan::{MountMode, NetworkMode, Requirement, UserIds};
 
 /// A profile: everything a session's units may be and do. A session can only narrow it.
@@ -29,6 +30,8 @@ pub struct Profile {
     pub env: EnvPolicy,
     /// The hardening of every unit.
     pub security: SecurityPolicy,
+    /// How every unit's life is bounded beyond its session (the lease).
+    pub lifecycle: LifecyclePolicy,
     /// Server units, in the order written.
     pub servers: Vec<Server>,
     /// Dangerous asks this profile makes, each allowed by name under `[operator]`.
@@ -40,6 +43,11 @@ pub struct Profile {
 pub struct Workspace {
     /// The image it runs.
     pub image: String,
+    /// Other images a session may choose with `tighten.workspace.image`
+    /// (`image` is always one it may choose).
+    pub images: Vec<String>,
+    /// When the image is pulled from its registry.
+    pub pull: PullPolicy,
     /// Where the workspace appears inside the unit.
     pub root: PathBuf,
     /// Where the workspace comes from.
@@ -53,6 +61,33 @@ pub struct Workspace {
     pub runtime: Option<String>,
     /// What a credential persisted in the workspace at session start does.
     pub on_persisted_credentials: OnPersisted,
+    /// With `source = "fork"`: how each session's fork is made.
+    pub fork_mode: ForkMode,
+}
+
+/// How a `source = "fork"` workspace is forked for each session
+/// (`[workspace] fork_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForkMode {
+    /// Worktree when the directory is a git repository with a commit, else copy.
+    #[default]
+    Auto,
+    /// A repository of the session's own holding HEAD and the uncommitted
+    /// work, borrowing the directory's git objects read-only.
+    Worktree,
+    /// A full copy, `.git` included.
+    Copy,
+}
+
+impl ForkMode {
+    /// The profile's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ForkMode::Auto => "auto",
+            ForkMode::Worktree => "worktree",
+            ForkMode::Copy => "copy",
+        }
+    }
 }
 
 /// What a credential found persisted in the workspace at session start does
@@ -65,6 +100,11 @@ pub enum OnPersisted {
     Report,
     /// The session does not start; `initialize` fails naming file and key.
     Refuse,
+    /// The session starts; inside the workspace unit each file holding a
+    /// finding is replaced (read-only) by a copy with the values masked; the
+    /// host's file is untouched. Reported as `report` is, each finding marked
+    /// hidden, and the values redacted.
+    Hide,
 }
 
 impl OnPersisted {
@@ -73,6 +113,7 @@ impl OnPersisted {
         match self {
             OnPersisted::Report => "report",
             OnPersisted::Refuse => "refuse",
+            OnPersisted::Hide => "hide",
         }
     }
 }
@@ -86,6 +127,9 @@ pub enum Source {
     Host(PathBuf),
     /// A fresh empty directory per session.
     Empty,
+    /// The host's working directory, forked for each session (its own
+    /// copy or worktree); `box/merge {unit: "workspace"}` merges it back.
+    Fork,
     /// No file system: no workspace unit, no file tools, no shell, no processes.
     None,
 }
@@ -140,6 +184,15 @@ pub struct LimitsPolicy {
     pub start_timeout: Duration,
 }
 
+/// Every unit's lifecycle as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LifecyclePolicy {
+    /// How long a unit outlives its host's last renewal: box's init in the
+    /// unit ends it when its host has not renewed for this long (the host
+    /// died, hung or was stopped).
+    pub lease: Duration,
+}
+
 /// The environment as written.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EnvPolicy {
@@ -183,6 +236,8 @@ pub struct Server {
     pub name: String,
     /// The image.
     pub image: String,
+    /// When the image is pulled from its registry.
+    pub pull: PullPolicy,
     /// The MCP server command (stdio).
     pub command: Vec<String>,
     /// One line about what it offers.
@@ -250,10 +305,22 @@ pub(crate) mod defaults {
     use std::time::Duration;
 
     use super::super::value::{ByteSize, CpuQuota};
-    use super::LimitsPolicy;
+    use super::{LifecyclePolicy, LimitsPolicy};
 
     pub(crate) const IMAGE: &str = "box-base:bookworm";
     pub(crate) const ROOT: &str = "/workspace";
+
+    /// A unit's lease when the profile names none.
+    pub(crate) const LEASE: Duration = Duration::from_secs(30);
+    /// The shortest lease: the host renews every third of it, so a shorter
+    /// one would end units on a busy host's ordinary scheduling delays.
+    pub(crate) const MIN_LEASE: Duration = Duration::from_secs(1);
+    /// The longest lease: a unit must not outlive a dead host by hours.
+    pub(crate) const MAX_LEASE: Duration = Duration::from_secs(3600);
+
+    pub(crate) fn lifecycle() -> LifecyclePolicy {
+        LifecyclePolicy { lease: LEASE }
+    }
 
     pub(crate) fn limits() -> LimitsPolicy {
         LimitsPolicy {

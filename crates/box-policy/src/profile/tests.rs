@@ -54,6 +54,7 @@ fn shipped_default_is_strict() {
     assert!(profile.security.write_guard);
     assert!(!profile.security.privileged);
     assert_eq!(profile.security.landlock, Requirement::Required);
+    assert_eq!(profile.lifecycle.lease, std::time::Duration::from_secs(30));
 }
 
 #[test]
@@ -66,11 +67,11 @@ fn shipped_offline_and_no_fs() {
     let no_fs = catalog.load("no-fs").unwrap();
     assert_eq!(no_fs.workspace.source, Source::None);
     assert!(no_fs.servers.is_empty());
-    let browser = catalog.load("browser").unwrap();
-    assert_eq!(browser.servers.len(), 1);
-    assert_eq!(browser.servers[0].network.mode, NetworkMode::Egress);
-    assert_eq!(browser.servers[0].limits.memory, ByteSize(1 << 30));
-    assert_eq!(browser.servers[0].limits.idle, browser.limits.idle);
+    let fetch = catalog.load("fetch").unwrap();
+    assert_eq!(fetch.servers.len(), 1);
+    assert_eq!(fetch.servers[0].network.mode, NetworkMode::Egress);
+    assert_eq!(fetch.servers[0].limits.memory, ByteSize(512 << 20));
+    assert_eq!(fetch.servers[0].limits.idle, fetch.limits.idle);
 }
 
 #[test]
@@ -123,6 +124,8 @@ write_guard = "off"
         profile.workspace,
         Workspace {
             image: "img:1".to_owned(),
+            images: Vec::new(),
+            pull: crate::image::PullPolicy::Missing,
             root: PathBuf::from("/src"),
             source: Source::Host(PathBuf::from("/srv/repo")),
             mode: MountMode::ReadOnly,
@@ -131,6 +134,7 @@ write_guard = "off"
                 gid: 1002
             }),
             on_persisted_credentials: super::OnPersisted::Report,
+            fork_mode: super::ForkMode::Auto,
             runtime: Some("runsc".to_owned()),
         }
     );
@@ -181,11 +185,11 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "colour = \"red\"\n",
-            "p.toml:1:1: colour: unknown field; accepted here: description, extends, workspace, network, limits, env, security, server, operator",
+            "p.toml:1:1: colour: unknown field; accepted here: description, extends, workspace, network, limits, env, security, lifecycle, server, operator",
         ),
         (
             "[workspace]\nimgae = \"x\"\n",
-            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, root, source, mode, user, runtime, on_persisted_credentials",
+            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, images, pull, root, source, mode, user, runtime, on_persisted_credentials, fork_mode",
         ),
         (
             "description = 5\n",
@@ -205,11 +209,11 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[workspace]\nsource = \"relative/dir\"\n",
-            "p.toml:2:10: workspace.source: \"relative/dir\" is not accepted; write \"cwd\", \"empty\", \"none\" or an absolute host path (with no . or .. parts)",
+            "p.toml:2:10: workspace.source: \"relative/dir\" is not accepted; write \"cwd\", \"fork\", \"empty\", \"none\" or an absolute host path (with no . or .. parts)",
         ),
         (
             "[workspace]\nsource = \"/srv/../etc\"\n",
-            "p.toml:2:10: workspace.source: \"/srv/../etc\" is not accepted; write \"cwd\", \"empty\", \"none\" or an absolute host path (with no . or .. parts)",
+            "p.toml:2:10: workspace.source: \"/srv/../etc\" is not accepted; write \"cwd\", \"fork\", \"empty\", \"none\" or an absolute host path (with no . or .. parts)",
         ),
         (
             "[workspace]\nroot = \"/\"\n",
@@ -221,7 +225,19 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[workspace]\nimage = \"\"\n",
-            "p.toml:2:9: workspace.image: \"\" is not usable here; write one word with no spaces, like \"box-base:bookworm\"",
+            "p.toml:2:9: workspace.image: \"\" is not an image reference; write an image like \"rust:1.83\", \"ghcr.io/org/tool:v1\" or \"NAME@sha256:<64 hex digits>\"",
+        ),
+        (
+            "[workspace]\nimage = \"tool@sha256:abc\"\n",
+            "p.toml:2:9: workspace.image: \"tool@sha256:abc\": \"sha256:abc\" is not a digest; a pinned image is NAME@sha256:<64 lowercase hex digits> (`docker buildx imagetools inspect NAME:TAG` or `box image pull NAME:TAG` prints it)",
+        ),
+        (
+            "[workspace]\npull = \"sometimes\"\n",
+            "p.toml:2:8: workspace.pull: \"sometimes\" is not accepted; write \"never\", \"missing\" or \"always\"",
+        ),
+        (
+            "[workspace]\nimages = [\"a:1\", \"a:1\"]\n",
+            "p.toml:2:18: workspace.images: \"a:1\" is listed twice",
         ),
         (
             "[limits]\nmemory = \"2 gigs\"\n",
@@ -254,6 +270,18 @@ fn bad_input_gets_one_precise_error() {
         (
             "[limits]\ncpus = \"2\"\n",
             "p.toml:2:8: limits.cpus: expected a number of cores like 2 or 0.5, got \"2\" (a string)",
+        ),
+        (
+            "[lifecycle]\nlease = \"500ms\"\n",
+            "p.toml:2:9: lifecycle.lease: \"500ms\" is out of bounds; a lease is from 1s to 1h (a unit ends that long after its host stops renewing it)",
+        ),
+        (
+            "[lifecycle]\nlease = \"2h\"\n",
+            "p.toml:2:9: lifecycle.lease: \"2h\" is out of bounds; a lease is from 1s to 1h (a unit ends that long after its host stops renewing it)",
+        ),
+        (
+            "[lifecycle]\nttl = \"2s\"\n",
+            "p.toml:2:1: lifecycle.ttl: unknown field; accepted here: lease",
         ),
         (
             "[limits]\nidle = \"forever\"\n",
@@ -325,7 +353,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "extends = \"nothere\"\n",
-            "p.toml:1:11: extends: no profile named \"nothere\" to extend; known: browser, ci, default, no-fs, offline, p",
+            "p.toml:1:11: extends: no profile named \"nothere\" to extend; known: ci, default, fetch, no-fs, offline, p",
         ),
         (
             "extends = \"p\"\n",
@@ -599,7 +627,7 @@ fn unknown_names_and_path_like_names_are_refused() {
     let catalog = Catalog::only(Vec::new());
     assert_eq!(
         catalog.load("nope").unwrap_err().to_string(),
-        "no profile named \"nope\"; known: browser, ci, default, no-fs, offline"
+        "no profile named \"nope\"; known: ci, default, fetch, no-fs, offline"
     );
     assert_eq!(
         catalog.load("../../etc/passwd").unwrap_err().to_string(),
@@ -610,7 +638,7 @@ fn unknown_names_and_path_like_names_are_refused() {
 #[test]
 fn the_readme_documents_every_field_and_danger() {
     use super::validate::{
-        ENV, LIMITS, NETWORK, OPERATOR, SECRET, SECURITY, SERVER, TOP, WORKSPACE,
+        ENV, LIFECYCLE, LIMITS, NETWORK, OPERATOR, SECRET, SECURITY, SERVER, TOP, WORKSPACE,
     };
     let readme = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -619,7 +647,7 @@ fn the_readme_documents_every_field_and_danger() {
     .unwrap();
     let mut missing = Vec::new();
     for fields in [
-        TOP, WORKSPACE, NETWORK, LIMITS, ENV, SECRET, SECURITY, SERVER, OPERATOR,
+        TOP, WORKSPACE, NETWORK, LIMITS, ENV, SECRET, SECURITY, LIFECYCLE, SERVER, OPERATOR,
     ] {
         for field in fields {
             if !readme.contains(&format!("| `{field}` |"))
@@ -708,9 +736,9 @@ fn secrets_are_names_or_tables_asking_for_a_variable_too() {
         ["p.toml:2:25: env.secrets.file: unknown field; accepted here: name, as_env"]
     );
     assert_eq!(
-        problems("[workspace]\non_persisted_credentials = \"hide\"\n"),
+        problems("[workspace]\non_persisted_credentials = \"mask\"\n"),
         [
-            "p.toml:2:28: workspace.on_persisted_credentials: \"hide\" is not accepted; write \"report\" or \"refuse\""
+            "p.toml:2:28: workspace.on_persisted_credentials: \"mask\" is not accepted; write \"report\", \"refuse\" or \"hide\""
         ]
     );
 }

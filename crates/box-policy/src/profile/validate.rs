@@ -11,14 +11,15 @@ use std::time::Duration;
 
 use super::error::Problem;
 use super::model::{
-    Danger, EnvPolicy, LimitsPolicy, NetworkPolicy, OnPersisted, Profile, SecurityPolicy, Server,
-    Source, UserChoice, Workspace, defaults,
+    Danger, EnvPolicy, ForkMode, LifecyclePolicy, LimitsPolicy, NetworkPolicy, OnPersisted,
+    Profile, SecurityPolicy, Server, Source, UserChoice, Workspace, defaults,
 };
 use super::tree::{Node, Value};
 use super::value::{
     AllowEntry, ByteSize, CpuQuota, KNOWN_CAPABILITIES, NAMESPACES, REVIEWED_CAPABILITIES,
     check_env_name, looks_like_credential, parse_count, parse_duration,
 };
+use crate::image::{ImageRef, PullPolicy};
 use crate::plan::{MountMode, NetworkMode, Requirement, UserIds};
 use danger::Asked;
 pub(crate) use danger::host_path_dangers;
@@ -33,17 +34,21 @@ pub(crate) const TOP: &[&str] = &[
     "limits",
     "env",
     "security",
+    "lifecycle",
     "server",
     "operator",
 ];
 pub(crate) const WORKSPACE: &[&str] = &[
     "image",
+    "images",
+    "pull",
     "root",
     "source",
     "mode",
     "user",
     "runtime",
     "on_persisted_credentials",
+    "fork_mode",
 ];
 pub(crate) const NETWORK: &[&str] = &["mode", "allow", "hosts", "max_connections", "bandwidth"];
 pub(crate) const LIMITS: &[&str] = &[
@@ -75,6 +80,7 @@ pub(crate) const SECURITY: &[&str] = &[
 pub(crate) const SERVER: &[&str] = &[
     "name",
     "image",
+    "pull",
     "runtime",
     "command",
     "description",
@@ -82,6 +88,7 @@ pub(crate) const SERVER: &[&str] = &[
     "limits",
 ];
 pub(crate) const OPERATOR: &[&str] = &["allow_dangerous"];
+pub(crate) const LIFECYCLE: &[&str] = &["lease"];
 
 /// Validate the merged tree of profile `name` (loaded from `origin`, extending `extends`).
 pub(crate) fn validate(
@@ -104,10 +111,11 @@ pub(crate) fn validate(
     let limits = walk.limits(top.get("limits"), "limits", LIMITS, &defaults::limits());
     let env = walk.env(top.get("env"));
     let security = walk.security(top.get("security"));
+    let lifecycle = walk.lifecycle(top.get("lifecycle"));
     let servers = walk.servers(top.get("server"), &limits);
     let allowed = walk.allowed_dangers(top.get("operator"));
     let mut may_ask: Vec<Danger> = match workspace.as_ref().map(|workspace| &workspace.source) {
-        Some(Source::Cwd) => danger::CWD_DANGERS.to_vec(),
+        Some(Source::Cwd | Source::Fork) => danger::CWD_DANGERS.to_vec(),
         Some(Source::Host(_) | Source::Empty | Source::None) | None => Vec::new(),
     };
     // Private destinations are a property of what the egress proxy may reach, so any
@@ -120,14 +128,24 @@ pub(crate) fn validate(
         may_ask.push(Danger::PrivateDestinations);
     }
     let dangerous = walk.judge_dangers(allowed, &may_ask);
-    let (Some(workspace), Some(network), Some(limits), Some(env), Some(security), true) = (
+    let (
+        Some(workspace),
+        Some(network),
+        Some(limits),
+        Some(env),
+        Some(security),
+        Some(lifecycle),
+        true,
+    ) = (
         workspace,
         network,
         limits,
         env,
         security,
+        lifecycle,
         walk.problems.is_empty(),
-    ) else {
+    )
+    else {
         let mut problems = walk.problems;
         problems.sort_by(|a, b| {
             (a.at.file.as_ref(), a.at.line, a.at.column).cmp(&(
@@ -148,6 +166,7 @@ pub(crate) fn validate(
         limits,
         env,
         security,
+        lifecycle,
         servers,
         dangerous,
     })
@@ -239,21 +258,6 @@ impl Walk {
         }
     }
 
-    fn non_empty_string(&mut self, node: &Node, field: &str, example: &str) -> Option<String> {
-        let text = self.string(node, field)?;
-        if text.trim().is_empty() || text.chars().any(char::is_whitespace) {
-            self.problem(
-                node,
-                field,
-                format!(
-                    "{text:?} is not usable here; write one word with no spaces, like {example:?}"
-                ),
-            );
-            return None;
-        }
-        Some(text)
-    }
-
     fn boolean(&mut self, node: &Node, field: &str) -> Option<bool> {
         match node.value {
             Value::Boolean(flag) => Some(flag),
@@ -321,8 +325,20 @@ impl Walk {
             },
         };
         let image = match fields.get("image") {
-            Some(node) => self.non_empty_string(node, "workspace.image", defaults::IMAGE),
+            Some(node) => self.image(node, "workspace.image"),
             None => Some(defaults::IMAGE.to_owned()),
+        };
+        let images = match fields.get("images") {
+            Some(node) => self
+                .strings(node, "workspace.images", |text| {
+                    ImageRef::parse(text).map(|_| text.to_owned())
+                })
+                .map(|images| images.into_iter().map(|(image, _)| image).collect()),
+            None => Some(Vec::new()),
+        };
+        let pull = match fields.get("pull") {
+            Some(node) => self.pull(node, "workspace.pull"),
+            None => Some(PullPolicy::default()),
         };
         let root = match fields.get("root") {
             Some(node) => self.unit_root(node),
@@ -355,19 +371,59 @@ impl Walk {
                 &[
                     ("report", OnPersisted::Report),
                     ("refuse", OnPersisted::Refuse),
+                    ("hide", OnPersisted::Hide),
                 ],
             ),
             None => Some(OnPersisted::Report),
         };
+        let fork_mode = match fields.get("fork_mode") {
+            Some(node) => self.choice(
+                node,
+                "workspace.fork_mode",
+                &[
+                    ("auto", ForkMode::Auto),
+                    ("worktree", ForkMode::Worktree),
+                    ("copy", ForkMode::Copy),
+                ],
+            ),
+            None => Some(ForkMode::Auto),
+        };
         Some(Workspace {
             image: image?,
+            images: images?,
+            pull: pull?,
             root: root?,
             source: source?,
             mode: mode?,
             user: user?,
             runtime: runtime?,
             on_persisted_credentials: on_persisted_credentials?,
+            fork_mode: fork_mode?,
         })
+    }
+
+    /// An image reference (`ImageRef`): a malformed tag or digest is refused here.
+    fn image(&mut self, node: &Node, field: &str) -> Option<String> {
+        let text = self.string(node, field)?;
+        match ImageRef::parse(&text) {
+            Ok(_) => Some(text),
+            Err(message) => {
+                self.problem(node, field, message);
+                None
+            }
+        }
+    }
+
+    fn pull(&mut self, node: &Node, field: &str) -> Option<PullPolicy> {
+        self.choice(
+            node,
+            field,
+            &[
+                ("never", PullPolicy::Never),
+                ("missing", PullPolicy::Missing),
+                ("always", PullPolicy::Always),
+            ],
+        )
     }
 
     /// An OCI runtime's name as the engine knows it (`runsc`, `runc`, `kata`).
@@ -411,13 +467,14 @@ impl Walk {
     }
 
     fn source(&mut self, node: &Node) -> Option<Source> {
-        let accepted = "\"cwd\", \"empty\", \"none\" or an absolute host path";
+        let accepted = "\"cwd\", \"fork\", \"empty\", \"none\" or an absolute host path";
         let Value::String(text) = &node.value else {
             self.wrong_type(node, "workspace.source", accepted);
             return None;
         };
         match text.as_str() {
             "cwd" => return Some(Source::Cwd),
+            "fork" => return Some(Source::Fork),
             "empty" => return Some(Source::Empty),
             "none" => return Some(Source::None),
             _ => {}
@@ -667,6 +724,37 @@ impl Walk {
             ok &= done.is_some();
         }
         ok.then_some(limits)
+    }
+
+    fn lifecycle(&mut self, node: Option<&Node>) -> Option<LifecyclePolicy> {
+        let mut lifecycle = defaults::lifecycle();
+        let Some(node) = node else {
+            return Some(lifecycle);
+        };
+        let fields = self.table(node, "lifecycle", LIFECYCLE);
+        let mut ok = true;
+        if let Some(node) = fields.get("lease") {
+            match self.duration(node, "lifecycle.lease") {
+                Some(lease) if (defaults::MIN_LEASE..=defaults::MAX_LEASE).contains(&lease) => {
+                    lifecycle.lease = lease;
+                }
+                Some(lease) => {
+                    self.problem(
+                        node,
+                        "lifecycle.lease",
+                        format!(
+                            "\"{}\" is out of bounds; a lease is from {} to {} (a unit ends that long after its host stops renewing it)",
+                            humantime::format_duration(lease),
+                            humantime::format_duration(defaults::MIN_LEASE),
+                            humantime::format_duration(defaults::MAX_LEASE)
+                        ),
+                    );
+                    ok = false;
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(lifecycle)
     }
 
     fn size(&mut self, node: &Node, field: &str) -> Option<ByteSize> {
@@ -995,20 +1083,18 @@ impl Walk {
                     self.problem(
                         item,
                         &label,
-                        "a server needs a name, like name = \"browser\"".to_owned(),
+                        "a server needs a name, like name = \"fetch\"".to_owned(),
                     );
                     None
                 }
             };
             let image = match fields.get("image") {
-                Some(node) => {
-                    self.non_empty_string(node, &join(&label, "image"), "box-browser:latest")
-                }
+                Some(node) => self.image(node, &join(&label, "image")),
                 None => {
                     self.problem(
                         item,
                         &label,
-                        "a server needs an image, like image = \"box-browser:latest\"".to_owned(),
+                        "a server needs an image, like image = \"box-fetch:latest\"".to_owned(),
                     );
                     None
                 }
@@ -1045,6 +1131,10 @@ impl Walk {
                 Some(node) => self.runtime(node, &join(&label, "runtime")).map(Some),
                 None => Some(None),
             };
+            let pull = match fields.get("pull") {
+                Some(node) => self.pull(node, &join(&label, "pull")),
+                None => Some(PullPolicy::default()),
+            };
             let limits = self.limits(
                 fields.get("limits"),
                 &join(&label, "limits"),
@@ -1059,11 +1149,21 @@ impl Walk {
                 Some(network),
                 Some(limits),
                 Some(runtime),
-            ) = (name, image, command, description, network, limits, runtime)
-            {
+                Some(pull),
+            ) = (
+                name,
+                image,
+                command,
+                description,
+                network,
+                limits,
+                runtime,
+                pull,
+            ) {
                 servers.push(Server {
                     name,
                     image,
+                    pull,
                     command,
                     description,
                     network,
@@ -1088,7 +1188,7 @@ impl Walk {
             self.problem(
                 node,
                 &field,
-                format!("{name:?} is not a server name; write lower-case letters, digits and -, starting with a letter, like \"browser\""),
+                format!("{name:?} is not a server name; write lower-case letters, digits and -, starting with a letter, like \"fetch\""),
             );
             return None;
         }

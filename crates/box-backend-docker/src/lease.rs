@@ -1,0 +1,95 @@
+//! A unit's run directory and the renewal of its lease, on the host.
+//!
+//! Each unit gets a directory of its own under the host's runtime directory,
+//! holding only the socket its init connects to (`box_init::host::bind`); the
+//! directory is mounted read-only into that unit alone. The host renews the
+//! unit's lease over that connection every third of the lease: a Unix
+//! socket write, never an engine call. When the host stops renewing (it
+//! died, hung, was stopped, or let the unit go), the init ends the unit
+//! within the lease and the engine removes it (auto-remove).
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use box_backend::Renewal;
+use box_init::host::{Lease, UnitListener};
+use box_init::protocol::UnitKey;
+
+/// The lease epoch of a host that started the unit (a later host taking
+/// over would renew above it).
+pub(crate) const EPOCH: u64 = 1;
+
+/// A unit's run directory on the host, removed when dropped.
+#[derive(Debug)]
+pub(crate) struct RunDir(PathBuf);
+
+impl RunDir {
+    /// A new directory under `runtime_dir/units` (itself private to the
+    /// host's user: the unit reaches its own directory through its mount,
+    /// never through the parents), searchable by any uid: the unit's user
+    /// must reach the socket, and the directory holds nothing else.
+    pub(crate) fn create(runtime_dir: &Path) -> Result<Self, String> {
+        let parent = runtime_dir.join("units");
+        std::fs::create_dir_all(&parent)
+            .map_err(|error| format!("creating {}: {error}", parent.display()))?;
+        std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o700))
+            .map_err(|error| format!("{}: {error}", parent.display()))?;
+        let dir = parent.join(format!("{:032x}", rand::random::<u128>()));
+        std::fs::create_dir(&dir)
+            .map_err(|error| format!("creating {}: {error}", dir.display()))?;
+        let made = Self(dir);
+        std::fs::set_permissions(&made.0, std::fs::Permissions::from_mode(0o755))
+            .map_err(|error| format!("{}: {error}", made.0.display()))?;
+        Ok(made)
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        if let Err(error) = std::fs::remove_dir_all(&self.0)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::debug!(dir = %self.0.display(), %error, "removing a unit's run directory");
+        }
+    }
+}
+
+/// What a unit's start holds until its init has connected.
+pub(crate) struct Pending {
+    pub(crate) run_dir: RunDir,
+    pub(crate) listener: UnitListener,
+    pub(crate) key: UnitKey,
+    /// The unit's identity in the init's proofs.
+    pub(crate) identity: String,
+    /// The secrets' values, for the executor's first stdin line.
+    pub(crate) secrets: Option<Vec<(String, String)>>,
+}
+
+/// Renew `lease` (of `ttl`) every third of it until the channel ends or the
+/// returned [`Renewal`] is dropped; the run directory and the listener live
+/// as long as the renewals.
+pub(crate) fn renew(
+    lease: Lease,
+    ttl: Duration,
+    run_dir: RunDir,
+    listener: UnitListener,
+    unit: String,
+) -> Renewal {
+    let task = tokio::spawn(async move {
+        let _held = (run_dir, listener);
+        let interval = Lease::renew_interval(ttl);
+        loop {
+            tokio::time::sleep(interval).await;
+            if let Err(error) = lease.renew(ttl, EPOCH).await {
+                tracing::debug!(unit, %error, "stopped renewing the unit's lease");
+                break;
+            }
+        }
+    });
+    Renewal::new(task.abort_handle())
+}
