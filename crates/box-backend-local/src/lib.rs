@@ -906,8 +906,9 @@ where
 /// What the local backend cannot apply to `spec`, every one named: a
 /// privileged unit, a host namespace it does not know, an egress unit or
 /// secrets with the host's network or mount namespace shared, capabilities
-/// granted back, and landlock required where the kernel has none (judged only when `landlock_abi` is given; the helper judges it again
-/// where it confines). Pure; [`Backend::check`] and [`sandbox_spec`] both ask.
+/// granted back, and landlock required where the kernel has none (judged
+/// only when `landlock_abi` is given; the helper judges it again where it
+/// confines). Pure; [`Backend::check`] and [`sandbox_spec`] both ask.
 pub fn check_spec(spec: &UnitSpec, landlock_abi: Option<u32>) -> Result<(), Vec<Unenforceable>> {
     let mut refusals = Vec::new();
     let mut refuse = |control: String, why: &str| {
