@@ -17,6 +17,10 @@ export BOX_TEST_PYTHON="$PWD/.venv/bin/python"
 if [ -x scripts/images.sh ]; then
     scripts/images.sh
 fi
+# The `fetch` example profile's server image (its end-to-end test runs it).
+if [ -x images/fetch/build.sh ] && docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
+    images/fetch/build.sh
+fi
 # Test fixtures (images/README.md, "Test images"): any OCI image as a unit, pulls.
 if [ -x scripts/test-images.sh ]; then
     scripts/test-images.sh

@@ -101,11 +101,13 @@ pub struct ImageArgs {
 /// mirror; any other image is pulled from its registry.)
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum ImageCommand {
-    /// Build the unit images offline from a Debian mirror (box-rootfs:SUITE, then
-    /// box-base:SUITE on it), skipping those that exist; needs root and a Docker engine.
+    /// Build box's images, skipping those that exist: `base` (default) builds the unit
+    /// images offline from a Debian mirror (box-rootfs:SUITE, then box-base:SUITE on it;
+    /// needs root); `fetch` builds box-fetch:latest, the `fetch` example profile's server.
     #[command(after_help = "Examples:
   box image build
   box image build --force
+  box image build fetch
   box image build --mirror http://ftp.de.debian.org/debian --suite bookworm
   BOX_IMAGE_MIRROR=http://mirror.internal/debian box image build")]
     Build(BuildArgs),
@@ -123,6 +125,9 @@ pub enum ImageCommand {
 /// `box image build`: the flags of the embedded build script, passed on.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct BuildArgs {
+    /// Which images: `base` (box-rootfs and box-base) or `fetch` (box-fetch:latest, on box-base).
+    #[arg(value_enum, default_value_t = BuildTarget::Base)]
+    pub target: BuildTarget,
     /// Rebuild the images even if they exist.
     #[arg(long)]
     pub force: bool,
@@ -140,7 +145,34 @@ pub struct BuildArgs {
     pub no_check_gpg: bool,
 }
 
+/// What `box image build` builds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BuildTarget {
+    /// box-rootfs:SUITE and box-base:SUITE, the unit images.
+    #[default]
+    Base,
+    /// box-fetch:latest, the `fetch` example profile's server (mcp-server-fetch on box-base).
+    Fetch,
+}
+
 impl BuildArgs {
+    /// The fetch build script's arguments, or why a flag does not apply to it.
+    fn fetch_script_args(&self) -> anyhow::Result<Vec<std::ffi::OsString>> {
+        if self.mirror.is_some() || self.keyring.is_some() || self.no_check_gpg {
+            anyhow::bail!(
+                "--mirror, --keyring and --no-check-gpg are for `box image build base`; `fetch` installs python3 from its base image's own apt sources"
+            );
+        }
+        let mut args: Vec<std::ffi::OsString> = Vec::new();
+        if self.force {
+            args.push("--force".into());
+        }
+        if let Some(suite) = &self.suite {
+            args.extend(["--base".into(), format!("box-base:{suite}").into()]);
+        }
+        Ok(args)
+    }
+
     /// The build script's arguments.
     fn script_args(&self) -> Vec<std::ffi::OsString> {
         let mut args: Vec<std::ffi::OsString> = Vec::new();
@@ -373,6 +405,8 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
 /// build the images without the source tree.
 const BUILD_SCRIPT: &str = include_str!("../../images/build.sh");
 const BASE_DOCKERFILE: &str = include_str!("../../images/base/Dockerfile");
+const FETCH_SCRIPT: &str = include_str!("../../images/fetch/build.sh");
+const FETCH_DOCKERFILE: &str = include_str!("../../images/fetch/Dockerfile");
 
 /// Run `box image`.
 pub fn image(args: ImageArgs) -> anyhow::Result<ExitCode> {
@@ -385,10 +419,14 @@ pub fn image(args: ImageArgs) -> anyhow::Result<ExitCode> {
 
 fn image_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
     let dir = std::env::temp_dir().join(format!("box-image-build-{}", std::process::id()));
+    let (script, script_args) = match args.target {
+        BuildTarget::Base => ("build.sh", args.script_args()),
+        BuildTarget::Fetch => ("fetch/build.sh", args.fetch_script_args()?),
+    };
     write_build_tree(&dir)?;
     let status = std::process::Command::new("bash")
-        .arg(dir.join("build.sh"))
-        .args(args.script_args())
+        .arg(dir.join(script))
+        .args(script_args)
         .status();
     let _ = std::fs::remove_dir_all(&dir);
     let status = status.context("running the image build script with bash")?;
@@ -401,7 +439,11 @@ fn image_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The images `box image build` makes: the tag is the suite's.
-const BUILT_IMAGES: [&str; 2] = ["box-rootfs:bookworm", "box-base:bookworm"];
+const BUILT_IMAGES: [&str; 3] = [
+    "box-rootfs:bookworm",
+    "box-base:bookworm",
+    "box-fetch:latest",
+];
 
 /// Every image box builds or a profile names, with the profiles naming it.
 fn images_used() -> BTreeMap<String, Vec<String>> {
@@ -469,8 +511,11 @@ fn image_ls(json: bool) -> anyhow::Result<ExitCode> {
 fn write_build_tree(dir: &Path) -> anyhow::Result<()> {
     let write = || -> std::io::Result<()> {
         std::fs::create_dir_all(dir.join("base"))?;
+        std::fs::create_dir_all(dir.join("fetch"))?;
         std::fs::write(dir.join("build.sh"), BUILD_SCRIPT)?;
-        std::fs::write(dir.join("base/Dockerfile"), BASE_DOCKERFILE)
+        std::fs::write(dir.join("base/Dockerfile"), BASE_DOCKERFILE)?;
+        std::fs::write(dir.join("fetch/build.sh"), FETCH_SCRIPT)?;
+        std::fs::write(dir.join("fetch/Dockerfile"), FETCH_DOCKERFILE)
     };
     write().with_context(|| format!("writing the build context into {}", dir.display()))
 }
@@ -503,5 +548,8 @@ mod tests {
         let script = std::fs::read_to_string(dir.path().join("build.sh")).unwrap();
         assert!(script.contains("debootstrap --variant=minbase"));
         assert!(dir.path().join("base/Dockerfile").is_file());
+        assert!(dir.path().join("fetch/Dockerfile").is_file());
+        let fetch = std::fs::read_to_string(dir.path().join("fetch/build.sh")).unwrap();
+        assert!(fetch.contains("mcp-server-fetch"));
     }
 }

@@ -901,8 +901,8 @@ fn docker_image_ls_names_the_images_and_their_profiles() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|image| image["image"] == "box-browser:latest"
-                && image["profiles"] == serde_json::json!(["browser"])),
+            .any(|image| image["image"] == "box-fetch:latest"
+                && image["profiles"] == serde_json::json!(["fetch"])),
         "{listed:#}"
     );
 }
@@ -990,7 +990,7 @@ fn docker_doctor_reports_engine_and_kernel() {
         .iter()
         .filter_map(|profile| profile["name"].as_str())
         .collect();
-    for shipped in ["default", "ci", "offline", "no-fs", "browser"] {
+    for shipped in ["default", "ci", "offline", "no-fs", "fetch"] {
         assert!(
             judged.contains(&shipped),
             "{shipped} not judged: {report:#}"
@@ -2269,7 +2269,8 @@ async fn docker_bridge_units_of_different_sessions_cannot_reach_each_other() {
     let (code, out) = sh(
         &backend,
         &server.envelope.id,
-        "setsid python3 -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 < /dev/null & sleep 1; hostname -i",
+        // Listening before anyone is asked to reach it (a fixed sleep lost the race under load).
+        "setsid python3 -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 < /dev/null & for i in $(seq 300); do curl -s -o /dev/null http://127.0.0.1:8000/ && break; sleep 0.1; done; hostname -i",
     )
     .await;
     assert_eq!(code, 0, "{out}");

@@ -885,3 +885,196 @@ allow_dangerous = ["private-destinations"]
     );
     assert_eq!(containers_of(&instance).await, Vec::<String>::new());
 }
+
+/// Read a process's stdout (long polls) until `done` holds for what was read.
+fn read_process_until(
+    served: &mut Served,
+    id: &str,
+    first_request: i64,
+    within: Duration,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    use base64::Engine as _;
+    let deadline = std::time::Instant::now() + within;
+    let mut text = String::new();
+    let mut request = first_request;
+    while !done(&text) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{id}: not done within {within:?}; read so far: {text}"
+        );
+        request += 1;
+        served.send(
+            &json!({"jsonrpc": "2.0", "id": request, "method": "agentworkspace/process.read",
+            "params": {"id": id, "fd": 1}}),
+        );
+        let read = served.answer(request, within);
+        assert!(read.get("result").is_some(), "{id}: {read}");
+        if let Some(data) = read["result"]["data"].as_str() {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(data)
+                .unwrap();
+            text.push_str(&String::from_utf8_lossy(&bytes));
+        }
+        assert!(
+            read["result"]["eof"] != json!(true) || done(&text),
+            "{id}: the server ended; it wrote: {text}"
+        );
+    }
+    text
+}
+
+/// Issue 10: the shipped `fetch` example runs end to end. Its image
+/// (`box image build fetch`) runs the reference MCP fetch server in a server
+/// unit; the client starts it with `servers.start` and speaks MCP to it through
+/// the process methods; the server fetches an allowed page through the unit's
+/// egress proxy and is refused one the list does not name, both audited.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fetch_example_serves_an_allowed_page_and_is_refused_another() {
+    use base64::Engine as _;
+    if !backends().contains(&"docker") {
+        return;
+    }
+    let port = http_server("<html><body><p>hello from the allowed page</p></body></html>");
+    let profiles = tempfile::tempdir().unwrap();
+    // The shipped profile, with its server's network pointed at a test server:
+    // a `[[server]]` of the same name replaces the parent's, so the image and
+    // command are the shipped ones, repeated.
+    std::fs::write(
+        profiles.path().join("fetch-test.toml"),
+        format!(
+            r#"description = "the fetch example against a pinned test name"
+extends = "fetch"
+
+[[server]]
+name = "fetch"
+image = "box-fetch:latest"
+command = ["/opt/fetch/bin/mcp-server-fetch"]
+network = {{ mode = "egress", allow = ["allowed.test:{port}"], hosts = {{ "allowed.test" = "127.0.0.1", "denied.test" = "127.0.0.1" }} }}
+
+[operator]
+allow_dangerous = ["private-destinations"]
+"#
+        ),
+    )
+    .unwrap();
+    let shipped = Command::new(box_bin())
+        .args(["profile", "show", "fetch", "--json"])
+        .output()
+        .unwrap();
+    let shipped: Value = serde_json::from_slice(&shipped.stdout).unwrap();
+    assert_eq!(
+        shipped["servers"][0]["command"],
+        json!(["/opt/fetch/bin/mcp-server-fetch"]),
+        "the test repeats the shipped command: {shipped}"
+    );
+    let audit = profiles.path().join("audit.jsonl");
+    let instance = format!("e2e-fetch-{}", std::process::id());
+    let workspace = tempfile::tempdir().unwrap();
+    let mut served = tokio::task::block_in_place(|| {
+        Served::start_with(
+            "docker",
+            &instance,
+            workspace.path(),
+            &[
+                "--profiles",
+                profiles.path().to_str().unwrap(),
+                "--profile",
+                "fetch-test",
+                "--audit",
+                audit.to_str().unwrap(),
+            ],
+        )
+    });
+    let text = tokio::task::block_in_place(|| {
+        served.send(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "agentworkspace/servers.start",
+            "params": {"name": "fetch"}}),
+        );
+        let started = served.answer(1, Duration::from_secs(30));
+        let id = started["result"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("servers.start: {started}"))
+            .to_owned();
+        let lines = [
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "fetch-e2e", "version": "1"}}}),
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+                "name": "fetch", "arguments": {"url": format!("http://allowed.test:{port}/")}}}),
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+                "name": "fetch", "arguments": {"url": format!("http://denied.test:{port}/")}}}),
+        ];
+        let mut data = String::new();
+        for line in lines {
+            data.push_str(&line.to_string());
+            data.push('\n');
+        }
+        served.send(
+            &json!({"jsonrpc": "2.0", "id": 2, "method": "agentworkspace/process.write",
+            "params": {"id": id, "data": base64::engine::general_purpose::STANDARD.encode(data)}}),
+        );
+        let wrote = served.answer(2, Duration::from_secs(30));
+        assert!(wrote.get("result").is_some(), "{wrote}");
+        // The server answers the two fetches in whichever order they finish.
+        read_process_until(&mut served, &id, 100, Duration::from_secs(120), |text| {
+            let answered = |id: i64| {
+                text.lines().any(|line| {
+                    serde_json::from_str::<Value>(line)
+                        .is_ok_and(|message| message["id"] == json!(id))
+                })
+            };
+            answered(2) && answered(3)
+        })
+    });
+    let answers: Vec<Value> = text
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    let answer = |id: i64| {
+        answers
+            .iter()
+            .find(|message| message["id"] == json!(id))
+            .unwrap_or_else(|| panic!("no answer {id} from the fetch server: {text}"))
+    };
+    let allowed = answer(2);
+    assert_ne!(allowed["result"]["isError"], json!(true), "{allowed}");
+    assert!(
+        allowed.to_string().contains("hello from the allowed page"),
+        "{allowed}"
+    );
+    let denied = answer(3);
+    assert!(
+        denied["result"]["isError"] == json!(true) || denied.get("error").is_some(),
+        "a name the list does not allow is an error: {denied}"
+    );
+    assert!(
+        !denied.to_string().contains("hello from the allowed page"),
+        "{denied}"
+    );
+    let status = tokio::task::block_in_place(|| served.hang_up());
+    assert!(status.success(), "{status}");
+    let audit = std::fs::read_to_string(&audit).unwrap();
+    let egress: Vec<Value> = audit
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["kind"] == json!("egress"))
+        .collect();
+    assert!(
+        egress
+            .iter()
+            .any(|line| line["host"] == json!("allowed.test")
+                && line["decision"]["outcome"] == json!("allowed")
+                && line["unit"] == json!("fetch")),
+        "{audit}"
+    );
+    assert!(
+        egress
+            .iter()
+            .any(|line| line["host"] == json!("denied.test")
+                && line["decision"]["outcome"] == json!("refused")),
+        "{audit}"
+    );
+    assert_eq!(containers_of(&instance).await, Vec::<String>::new());
+}

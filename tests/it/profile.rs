@@ -39,7 +39,7 @@ fn profile_list_shows_every_shipped_profile() {
     let home = tempfile::tempdir().unwrap();
     let output = profile_run(home.path(), &["list"]);
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
-    for name in ["default", "ci", "offline", "no-fs", "browser"] {
+    for name in ["default", "ci", "offline", "no-fs", "fetch"] {
         assert!(
             stdout(&output).contains(&format!("[shipped:{name}.toml]")),
             "{}",
@@ -67,7 +67,7 @@ fn profile_check_of_the_shipped_profiles_passes() {
     );
     let shipped = repo_root().join("profiles");
     let mut args = vec!["check".to_owned()];
-    for name in ["default", "ci", "offline", "no-fs", "browser"] {
+    for name in ["default", "ci", "offline", "no-fs", "fetch"] {
         args.push(shipped.join(format!("{name}.toml")).display().to_string());
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -140,14 +140,14 @@ fn profile_show_of_an_unknown_profile_fails_with_the_known_names() {
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
     assert_eq!(
         stderr(&output),
-        "box: no profile named \"nope\"; known: browser, ci, default, no-fs, offline\n"
+        "box: no profile named \"nope\"; known: ci, default, fetch, no-fs, offline\n"
     );
 }
 
 #[test]
 fn profile_resolve_json_matches_the_golden_plans() {
     let home = tempfile::tempdir().unwrap();
-    for name in ["default", "ci", "offline", "no-fs", "browser"] {
+    for name in ["default", "ci", "offline", "no-fs", "fetch"] {
         let output = profile_run(
             home.path(),
             &[
@@ -174,7 +174,7 @@ fn profile_resolve_applies_a_tightening() {
     let ask = r#"{"workspace": {"mode": "ro"}, "limits": {"memory": "1GiB"}, "servers": []}"#;
     let output = profile_run(
         home.path(),
-        &["resolve", "browser", "--json", "--tighten", ask],
+        &["resolve", "fetch", "--json", "--tighten", ask],
     );
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
     let plan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
@@ -184,7 +184,7 @@ fn profile_resolve_applies_a_tightening() {
     std::fs::write(home.path().join("ask.json"), ask).unwrap();
     let output = profile_run(
         home.path(),
-        &["resolve", "browser", "--json", "--tighten", "@ask.json"],
+        &["resolve", "fetch", "--json", "--tighten", "@ask.json"],
     );
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
 }
@@ -288,7 +288,7 @@ fn profile_with_a_missing_profiles_directory_fails() {
 #[test]
 fn profile_show_json_matches_the_golden_profiles() {
     let home = tempfile::tempdir().unwrap();
-    for name in ["default", "ci", "offline", "no-fs", "browser"] {
+    for name in ["default", "ci", "offline", "no-fs", "fetch"] {
         let output = profile_run(home.path(), &["show", name, "--json"]);
         assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
         let path = repo_root().join(format!("tests/golden/show-{name}.json"));

@@ -337,3 +337,44 @@ fn a_persisted_extraheader_is_reported_and_redacted_or_refuses_the_session() {
     );
     served.hang_up();
 }
+
+/// `on_persisted_credentials = "hide"`: the unit sees `.git/config` with the
+/// value masked, read-only, while the host's file keeps it. Checked from the
+/// unit's side with what redaction does not catch (a fragment of the value,
+/// its count), so what is asserted is what the unit could read.
+#[test]
+fn a_hidden_persisted_credential_is_not_in_the_units_view_of_the_file() {
+    if !engine_ready() {
+        return;
+    }
+    const TOKEN: &str = "eC1oaWRkZW4tdG9rZW46Z2hzX2hpZGVjYW5hcnk=";
+    let ws = persisted_workspace(TOKEN);
+    let hide = profiles("[workspace]\non_persisted_credentials = \"hide\"\n");
+    let mut served = Served::start("hide", ws.path(), hide.path());
+    let init = served.initialize();
+    assert!(init.get("result").is_some(), "{init}");
+    let found = &init["result"]["capabilities"]["experimental"]["io.github.christopherdavenport.dax/executor"]
+        ["box"]["units"][0]["persistedCredentials"];
+    assert_eq!(found[0]["file"], ".git/config", "{init}");
+    assert_eq!(found[0]["hidden"], true, "{init}");
+    // A fragment of the token is no secret value to the redactor: only the
+    // mask keeps it from the unit.
+    let out = served.bash(
+        1,
+        "grep -c 'aGlkZWNhbmFyeQ' .git/config; grep -o 'Z2hzX2hpZGVjYW5hcnk' .git/config; grep extraheader .git/config",
+    );
+    assert!(out.starts_with("0\n"), "the unit sees the token: {out}");
+    assert!(!out.contains("Z2hzX2hpZGVjYW5hcnk"), "{out}");
+    assert!(out.contains("HIDDEN-BY-BOX"), "{out}");
+    let out = served.bash(2, "echo '[x]' >> .git/config && echo wrote || echo refused");
+    assert!(
+        out.contains("refused"),
+        "the masked file is read-only: {out}"
+    );
+    // git in the unit still reads the config.
+    let out = served.bash(3, "git config --file .git/config --get core.bare");
+    assert!(out.contains("false"), "{out}");
+    served.hang_up();
+    let host = std::fs::read_to_string(ws.path().join(".git/config")).unwrap();
+    assert!(host.contains(TOKEN), "the host's file is unchanged: {host}");
+}

@@ -157,6 +157,40 @@ pub fn mount_egress_socket(body: &mut ContainerCreateBody, socket_dir: &Path) {
     });
 }
 
+/// Mount each masked file, read-only, over its place in the workspace (docker
+/// orders mounts by depth, so these go on top of the workspace's own mount).
+/// Refuses a target that is not a plain relative path.
+pub fn mount_masks(
+    body: &mut ContainerCreateBody,
+    root: &Path,
+    masks: &[box_backend::FileMask],
+) -> Result<(), String> {
+    let host_config = body.host_config.get_or_insert_with(Default::default);
+    let mounts = host_config.mounts.get_or_insert_with(Vec::new);
+    for mask in masks {
+        let plain = mask.target.components().count() > 0
+            && mask
+                .target
+                .components()
+                .all(|part| matches!(part, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(format!(
+                "the masked file {} is not a plain path inside the workspace",
+                mask.target.display()
+            ));
+        }
+        mounts.push(Mount {
+            target: Some(root.join(&mask.target).to_string_lossy().into_owned()),
+            source: Some(mask.source.to_string_lossy().into_owned()),
+            typ: Some(MountType::BIND),
+            read_only: Some(true),
+            bind_options: Some(private_bind()),
+            ..Default::default()
+        });
+    }
+    Ok(())
+}
+
 /// The proxy address a unit's tools are pointed at.
 pub const EGRESS_PROXY_URL: &str = "http://127.0.0.1:3128";
 

@@ -310,6 +310,15 @@ impl DockerBackend {
         if let Some(egress) = &wiring.egress {
             body::mount_egress_socket(&mut body, &egress.socket_dir);
         }
+        if !wiring.masks.is_empty() {
+            body::mount_masks(&mut body, &spec.root, &wiring.masks).map_err(|message| {
+                BackendError::Other {
+                    unit: spec.name.clone(),
+                    doing: "masking persisted credentials".to_owned(),
+                    message,
+                }
+            })?;
+        }
         // What the profile's operator explicitly allowed (the plan carries these
         // only when the operator switch was on).
         if let Some(host_config) = body.host_config.as_mut() {

@@ -149,11 +149,11 @@ pub enum NotReady {
     Pull(PullError),
 }
 
-/// Box's own images (built by `box image build` or `scripts/test-images.sh`),
-/// which are in no registry: never pulled.
+/// Box's own images (built by `box image build [fetch]` or
+/// `scripts/test-images.sh`), which are in no registry: never pulled.
 pub fn is_box_image(image: &str) -> bool {
     let name = image.split(['@', ':']).next().unwrap_or(image);
-    matches!(name, "box-base" | "box-rootfs") || name.starts_with("box-test-")
+    matches!(name, "box-base" | "box-rootfs" | "box-fetch") || name.starts_with("box-test-")
 }
 
 /// What puts a missing `image` on the engine: box's own images are built by
@@ -163,6 +163,8 @@ pub fn missing_image_remedy(image: &str, pull: PullPolicy) -> String {
     let name = image.split(['@', ':']).next().unwrap_or(image);
     match name {
         "box-base" | "box-rootfs" => format!("build it with `{}`", crate::body::BUILD_COMMAND),
+        // The `fetch` example profile's server image.
+        "box-fetch" => format!("build it with `{} fetch`", crate::body::BUILD_COMMAND),
         _ if name.starts_with("box-test-") => {
             "build it with `scripts/test-images.sh` (box's test fixtures)".to_owned()
         }
@@ -726,6 +728,11 @@ mod tests {
             missing_image_remedy("box-test-musl:latest", PullPolicy::Never)
                 .contains("scripts/test-images.sh")
         );
+        assert!(
+            missing_image_remedy("box-fetch:latest", PullPolicy::Missing)
+                .contains("`box image build fetch`")
+        );
+        assert!(is_box_image("box-fetch:latest"));
         assert!(is_box_image("box-test-big:latest"));
         assert!(!is_box_image("localhost:5000/box-base:bookworm"));
     }

@@ -107,6 +107,20 @@ pub struct UnitWiring {
     /// Who hears how a slow step of the start goes (an image pull): the
     /// host's MCP progress for a client that sent a progress token.
     pub progress: Option<StartProgress>,
+    /// Files of the workspace the unit sees replaced, read-only, by a host
+    /// file (`on_persisted_credentials = "hide"`: a copy with the credentials
+    /// masked). Only for a workspace unit.
+    pub masks: Vec<FileMask>,
+}
+
+/// One workspace file the unit sees replaced by a host file, read-only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileMask {
+    /// The host file the unit sees instead (owned by the host, readable by all).
+    pub source: std::path::PathBuf,
+    /// The masked file, relative to the unit's workspace root (no `..`, no
+    /// absolute path: checked by whoever builds it).
+    pub target: std::path::PathBuf,
 }
 
 /// One report of a start's progress: what is happening, and bytes done of
@@ -281,6 +295,18 @@ pub trait Backend: Send + Sync {
                     control: "network egress allow list".to_owned(),
                     why: format!(
                         "the {} backend cannot wire the host's egress proxy into a unit yet; use network mode none, or the docker backend",
+                        self.kind().as_str()
+                    ),
+                })
+            });
+        }
+        if !wiring.masks.is_empty() {
+            return Box::pin(async move {
+                Err(BackendError::Unenforceable {
+                    unit: spec.name.clone(),
+                    control: "on_persisted_credentials = \"hide\"".to_owned(),
+                    why: format!(
+                        "the {} backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend",
                         self.kind().as_str()
                     ),
                 })

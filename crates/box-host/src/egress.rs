@@ -252,7 +252,7 @@ fn report(config: &HostConfig, event: &Event) {
     );
 }
 
-fn create_private_dir(dir: &Path) -> Result<(), String> {
+pub(crate) fn create_private_dir(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|error| format!("creating {}: {error}", dir.display()))?;
     // Other users on the host have no business listing the units' sockets.
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))

@@ -13,6 +13,7 @@
 mod ask;
 pub mod audit;
 pub mod egress;
+mod hide;
 pub mod metrics;
 mod redact;
 pub mod router;

@@ -95,6 +95,9 @@ pub(crate) struct Persisted {
     pub reported: Vec<PersistedCredential>,
     /// For the redactor, named `file:line`.
     pub secrets: Vec<Secret>,
+    /// Each file holding a finding (relative to the workspace) with the values
+    /// as found in it, for `on_persisted_credentials = "hide"`.
+    pub files: Vec<(std::path::PathBuf, Vec<Vec<u8>>)>,
 }
 
 /// Scan the host directory `workspace` (a workspace unit's source) for
@@ -115,6 +118,16 @@ pub(crate) fn scan_persisted(session: &str, workspace: &Path) -> Persisted {
     for finding in scan.findings {
         let file = finding.file.display().to_string();
         let name = format!("{file}:{}", finding.line);
+        match persisted
+            .files
+            .iter_mut()
+            .find(|(path, _)| *path == finding.file)
+        {
+            Some((_, values)) => values.extend(finding.secrets.iter().cloned()),
+            None => persisted
+                .files
+                .push((finding.file.clone(), finding.secrets.clone())),
+        }
         persisted.reported.push(PersistedCredential {
             file,
             line: finding.line,
@@ -127,6 +140,7 @@ pub(crate) fn scan_persisted(session: &str, workspace: &Path) -> Persisted {
                 FindingKind::Netrc => "netrc",
             }
             .to_owned(),
+            hidden: false,
         });
         for value in finding.secrets {
             persisted.secrets.push(Secret {

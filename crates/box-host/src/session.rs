@@ -285,6 +285,8 @@ struct Live {
     /// The egress proxies of the units whose network is egress; they live as
     /// long as the session's units.
     egress: Vec<super::egress::EgressProxy>,
+    /// The workspace unit's masked copies (`on_persisted_credentials = "hide"`).
+    _masks: Option<crate::hide::Masks>,
 }
 
 enum Route {
@@ -441,6 +443,36 @@ impl Session {
                 })),
             });
         }
+        // `hide`: the workspace unit sees each such file masked, read-only.
+        let masks = match (&plan.on_persisted_credentials, persisted.files.is_empty()) {
+            (OnPersisted::Hide, false) => {
+                let workspace = plan
+                    .units
+                    .iter()
+                    .find_map(|unit| match (&unit.role, &unit.source) {
+                        (Role::Workspace, WorkspaceSource::Host(path)) => Some(path.clone()),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                let (runtime_dir, files) =
+                    (self.config.runtime_dir.clone(), persisted.files.clone());
+                let made = tokio::task::spawn_blocking(move || {
+                    crate::hide::Masks::make(&runtime_dir, &workspace, &files)
+                })
+                .await
+                .map_err(|why| StartError::internal(format!("masking persisted credentials: {why}")))?
+                .map_err(|why| StartError {
+                    code: code::INVALID_PARAMS,
+                    message: format!(
+                        "profile `{}` has on_persisted_credentials = \"hide\" and the workspace's credentials could not be masked: {why}; remove them from the workspace (or set \"report\")",
+                        plan.profile
+                    ),
+                    data: Some(json!({"field": "workspace.on_persisted_credentials"})),
+                })?;
+                Some(made)
+            }
+            _ => None,
+        };
         // Built before any unit starts: a unit's first word is already redacted.
         let mut secrets = redact::session_secrets(&plan, &(self.config.environment)());
         secrets.extend(persisted.secrets);
@@ -472,6 +504,7 @@ impl Session {
             &self.config,
             &label,
             &plan.units,
+            masks.as_ref().map_or(&[], |masks| masks.wiring()),
             start_timeout,
             &self.background,
             progress.as_ref(),
@@ -497,6 +530,12 @@ impl Session {
             let mut envelope = unit.envelope;
             if envelope.role == Role::Workspace {
                 envelope.persisted_credentials = persisted.reported.clone();
+                // The backend mounted every mask or refused to start the unit.
+                if masks.is_some() {
+                    for found in &mut envelope.persisted_credentials {
+                        found.hidden = true;
+                    }
+                }
             }
             // Enforced by the host, so it is applied: said in plain numbers.
             let millis = u64::try_from(start_timeout.as_millis()).unwrap_or(u64::MAX);
@@ -584,6 +623,7 @@ impl Session {
                 started: Instant::now(),
                 redactor,
                 egress,
+                _masks: masks,
             },
             result,
         ))

@@ -284,6 +284,7 @@ pub async fn start_units(
     config: &Arc<HostConfig>,
     label: &SessionLabel,
     specs: &[UnitSpec],
+    workspace_masks: &[box_backend::FileMask],
     timeout: Duration,
     background: &TaskTracker,
     progress: Option<&Arc<InitProgress>>,
@@ -313,6 +314,9 @@ pub async fn start_units(
             .map(EgressProxy::wiring)
             .unwrap_or_default();
         wiring.progress = progress.map(|progress| progress.for_unit(&spec.name));
+        if spec.role == box_policy::plan::Role::Workspace {
+            wiring.masks = workspace_masks.to_vec();
+        }
         let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
             let result = config.backend.start_wired(&label, &spec, &wiring).await;

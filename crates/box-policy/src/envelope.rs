@@ -86,6 +86,10 @@ pub struct PersistedCredential {
     /// What kind (`extraheader`, `url-credentials`, `inline-helper`,
     /// `credential-store`, `netrc`).
     pub kind: String,
+    /// Whether the unit sees the file with the value masked
+    /// (`on_persisted_credentials = "hide"`); omitted when not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub hidden: bool,
 }
 
 /// The backends box has.

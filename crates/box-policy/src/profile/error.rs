@@ -42,7 +42,7 @@ impl fmt::Display for Position {
 pub struct Problem {
     /// Where.
     pub at: Position,
-    /// The field path (`limits.memory`, `server[browser].image`); empty for the whole file.
+    /// The field path (`limits.memory`, `server[fetch].image`); empty for the whole file.
     pub field: String,
     /// What is wrong and what would be accepted.
     pub message: String,

@@ -15,7 +15,7 @@ pub const SHIPPED: &[(&str, &str)] = &[
     ("ci", include_str!("../../../../profiles/ci.toml")),
     ("offline", include_str!("../../../../profiles/offline.toml")),
     ("no-fs", include_str!("../../../../profiles/no-fs.toml")),
-    ("browser", include_str!("../../../../profiles/browser.toml")),
+    ("fetch", include_str!("../../../../profiles/fetch.toml")),
 ];
 
 /// Longest `extends` chain; deeper is a mistake, not a design.

@@ -71,6 +71,11 @@ pub enum OnPersisted {
     Report,
     /// The session does not start; `initialize` fails naming file and key.
     Refuse,
+    /// The session starts; inside the workspace unit each file holding a
+    /// finding is replaced (read-only) by a copy with the values masked; the
+    /// host's file is untouched. Reported as `report` is, each finding marked
+    /// hidden, and the values redacted.
+    Hide,
 }
 
 impl OnPersisted {
@@ -79,6 +84,7 @@ impl OnPersisted {
         match self {
             OnPersisted::Report => "report",
             OnPersisted::Refuse => "refuse",
+            OnPersisted::Hide => "hide",
         }
     }
 }

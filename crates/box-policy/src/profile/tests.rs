@@ -66,11 +66,11 @@ fn shipped_offline_and_no_fs() {
     let no_fs = catalog.load("no-fs").unwrap();
     assert_eq!(no_fs.workspace.source, Source::None);
     assert!(no_fs.servers.is_empty());
-    let browser = catalog.load("browser").unwrap();
-    assert_eq!(browser.servers.len(), 1);
-    assert_eq!(browser.servers[0].network.mode, NetworkMode::Egress);
-    assert_eq!(browser.servers[0].limits.memory, ByteSize(1 << 30));
-    assert_eq!(browser.servers[0].limits.idle, browser.limits.idle);
+    let fetch = catalog.load("fetch").unwrap();
+    assert_eq!(fetch.servers.len(), 1);
+    assert_eq!(fetch.servers[0].network.mode, NetworkMode::Egress);
+    assert_eq!(fetch.servers[0].limits.memory, ByteSize(512 << 20));
+    assert_eq!(fetch.servers[0].limits.idle, fetch.limits.idle);
 }
 
 #[test]
@@ -339,7 +339,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "extends = \"nothere\"\n",
-            "p.toml:1:11: extends: no profile named \"nothere\" to extend; known: browser, ci, default, no-fs, offline, p",
+            "p.toml:1:11: extends: no profile named \"nothere\" to extend; known: ci, default, fetch, no-fs, offline, p",
         ),
         (
             "extends = \"p\"\n",
@@ -613,7 +613,7 @@ fn unknown_names_and_path_like_names_are_refused() {
     let catalog = Catalog::only(Vec::new());
     assert_eq!(
         catalog.load("nope").unwrap_err().to_string(),
-        "no profile named \"nope\"; known: browser, ci, default, no-fs, offline"
+        "no profile named \"nope\"; known: ci, default, fetch, no-fs, offline"
     );
     assert_eq!(
         catalog.load("../../etc/passwd").unwrap_err().to_string(),
@@ -722,9 +722,9 @@ fn secrets_are_names_or_tables_asking_for_a_variable_too() {
         ["p.toml:2:25: env.secrets.file: unknown field; accepted here: name, as_env"]
     );
     assert_eq!(
-        problems("[workspace]\non_persisted_credentials = \"hide\"\n"),
+        problems("[workspace]\non_persisted_credentials = \"mask\"\n"),
         [
-            "p.toml:2:28: workspace.on_persisted_credentials: \"hide\" is not accepted; write \"report\" or \"refuse\""
+            "p.toml:2:28: workspace.on_persisted_credentials: \"mask\" is not accepted; write \"report\", \"refuse\" or \"hide\""
         ]
     );
 }

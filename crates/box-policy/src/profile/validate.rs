@@ -356,6 +356,7 @@ impl Walk {
                 &[
                     ("report", OnPersisted::Report),
                     ("refuse", OnPersisted::Refuse),
+                    ("hide", OnPersisted::Hide),
                 ],
             ),
             None => Some(OnPersisted::Report),
@@ -1022,7 +1023,7 @@ impl Walk {
                     self.problem(
                         item,
                         &label,
-                        "a server needs a name, like name = \"browser\"".to_owned(),
+                        "a server needs a name, like name = \"fetch\"".to_owned(),
                     );
                     None
                 }
@@ -1033,7 +1034,7 @@ impl Walk {
                     self.problem(
                         item,
                         &label,
-                        "a server needs an image, like image = \"box-browser:latest\"".to_owned(),
+                        "a server needs an image, like image = \"box-fetch:latest\"".to_owned(),
                     );
                     None
                 }
@@ -1127,7 +1128,7 @@ impl Walk {
             self.problem(
                 node,
                 &field,
-                format!("{name:?} is not a server name; write lower-case letters, digits and -, starting with a letter, like \"browser\""),
+                format!("{name:?} is not a server name; write lower-case letters, digits and -, starting with a letter, like \"fetch\""),
             );
             return None;
         }
