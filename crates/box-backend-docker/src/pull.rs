@@ -507,10 +507,8 @@ pub fn verify_digest(
 fn registry_error(image: &str, registry: &str, error: &bollard::errors::Error) -> PullError {
     let message = engine_message(error);
     let lower = message.to_ascii_lowercase();
-    let hint = if lower.contains("unauthorized")
-        || lower.contains("authentication required")
-        || lower.contains("denied")
-    {
+    // "unauthorized", "authentication required", "no basic auth credentials".
+    let hint = if lower.contains("auth") || lower.contains("denied") {
         format!(
             " (box sends the credentials `docker login {registry}` stored in the Docker config file's auths; credential helpers are not consulted)"
         )
