@@ -115,10 +115,28 @@ pub async fn report() -> Value {
     for listed in catalog.list().into_iter().filter(|listed| !listed.hidden) {
         profiles.push(profile_fit(&listed.name, backend.as_ref()).await);
     }
+    let local = local_facts(&kernel);
     json!({
         "docker": docker,
         "kernel": kernel,
+        "local": local,
         "profiles": profiles,
+    })
+}
+
+/// What a local unit's egress and secrets rest on, from the kernel's facts:
+/// both need namespaces of the unit's own (a start without them is refused),
+/// and egress limits TCP to the bridge's port where landlock has ABI 4.
+fn local_facts(kernel: &Value) -> Value {
+    let namespaces = kernel["userNamespaces"]["available"].as_bool() == Some(true)
+        || nix::unistd::geteuid().is_root();
+    let tcp_ports = kernel["landlockAbi"].as_u64().unwrap_or(0) >= 4;
+    json!({
+        "egress": {
+            "networkNamespace": if namespaces { "needed, can be made here" } else { "needed, and no user namespaces here: egress units are refused" },
+            "landlockTcpPorts": if tcp_ports { json!([box_backend::EgressWiring::BRIDGE_PORT]) } else { json!("landlock ABI below 4: TCP not limited to the bridge's port (the namespace with only lo is the boundary)") },
+        },
+        "secrets": if namespaces { "files on a tmpfs in the unit's own mount namespace" } else { "refused: no user namespaces here for a mount namespace of the unit's own" },
     })
 }
 
@@ -284,6 +302,21 @@ pub fn render(report: &Value) -> String {
         text(&kernel["landlockAbi"]),
         yes(&kernel["userNamespaces"]["available"]),
     ));
+    let local = &report["local"];
+    if local.is_object() {
+        let ports = match &local["egress"]["landlockTcpPorts"] {
+            Value::Array(ports) => format!(
+                "landlock TCP only to port {}",
+                ports.iter().map(text).collect::<Vec<_>>().join(", ")
+            ),
+            other => text(other),
+        };
+        out.push_str(&format!(
+            "local         egress: a network namespace of its own with only lo ({}), {ports}; secrets: {}\n",
+            text(&local["egress"]["networkNamespace"]),
+            text(&local["secrets"]),
+        ));
+    }
     for profile in report["profiles"].as_array().into_iter().flatten() {
         let fit = |v: &Value| match v {
             Value::String(s) => s.clone(),

@@ -2,6 +2,7 @@
 //! and the wiring of the parts each command needs (`serve`: the host and a
 //! transport). Library modules never see clap.
 
+pub mod confine;
 pub mod doctor;
 pub mod execute;
 pub mod profile;
@@ -73,6 +74,9 @@ enum Command {
     /// The local backend's sandbox helper: confine this process, then run CMD.
     #[command(hide = true)]
     Sandbox(crate::cli::sandbox::SandboxArgs),
+    /// Run CMD under box's confinement (landlock, seccomp, no privileges): how the host runs git.
+    #[command(hide = true)]
+    Confine(crate::cli::confine::ConfineArgs),
 }
 
 /// Whether colour is off: `NO_COLOR` set and not empty (no-color.org).
@@ -140,6 +144,7 @@ pub fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Command::Sandbox(args) => crate::cli::sandbox::sandbox(args),
+        Command::Confine(args) => crate::cli::confine::confine(args),
     };
     report(result)
 }

@@ -341,6 +341,7 @@ fn user_text(user: UserChoice) -> String {
 fn source_text(source: &Source) -> String {
     match source {
         Source::Cwd => "cwd".to_owned(),
+        Source::Fork => "fork".to_owned(),
         Source::Host(path) => path.display().to_string(),
         Source::Empty => "empty".to_owned(),
         Source::None => "none".to_owned(),

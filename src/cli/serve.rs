@@ -82,6 +82,7 @@ impl ServeArgs {
             instance: self.instance.clone(),
             audit: self.audit.clone(),
             drain: self.drain,
+            fork_git: crate::cli::confine::fork_git(),
         }
     }
 

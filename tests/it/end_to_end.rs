@@ -647,8 +647,29 @@ fn bash(served: &mut Served, id: i64, command: &str) -> String {
 /// the proxy saw is one audit line; `box/network.set` narrows and restores.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_egress_unit_reaches_only_what_its_profile_allows() {
-    if !backends().contains(&"docker") {
-        return;
+    for backend in backends() {
+        egress_reaches_only_what_the_profile_allows(backend).await;
+    }
+}
+
+/// The programs the egress checks run inside a unit. A local unit runs the
+/// host's own (its `PATH` is the standard one): a missing one fails the test
+/// loudly, it never skips.
+fn require_host_programs(programs: &[&str]) {
+    for program in programs {
+        let found = ["/usr/local/bin", "/usr/bin", "/bin"]
+            .iter()
+            .any(|dir| Path::new(dir).join(program).is_file());
+        assert!(
+            found,
+            "the local backend's egress test runs {program} inside the unit, and this host has none in /usr/local/bin, /usr/bin or /bin: install it"
+        );
+    }
+}
+
+async fn egress_reaches_only_what_the_profile_allows(backend: &str) {
+    if backend == "local" {
+        require_host_programs(&["curl", "python3", "head"]);
     }
     let port = http_server("hello-egress");
     let profiles = tempfile::tempdir().unwrap();
@@ -676,11 +697,11 @@ allow_dangerous = ["private-destinations"]
     )
     .unwrap();
     let audit = profiles.path().join("audit.jsonl");
-    let instance = format!("e2e-egress-{}", std::process::id());
+    let instance = format!("e2e-egress-{backend}-{}", std::process::id());
     let workspace = tempfile::tempdir().unwrap();
     let mut served = tokio::task::block_in_place(|| {
         Served::start_with(
-            "docker",
+            backend,
             &instance,
             workspace.path(),
             &[
@@ -709,6 +730,24 @@ allow_dangerous = ["private-destinations"]
         envelope["network"]["egressLimits"],
         json!({"maxConnections": 64, "bytesPerSecond": 50 << 20})
     );
+    if backend == "local" {
+        // The boundary is the unit's own network namespace (only lo); IP
+        // sockets are allowed in it, landlock limits TCP to the bridge's port.
+        assert_eq!(envelope["network"]["namespace"], json!(true), "{envelope}");
+        assert_eq!(envelope["network"]["loopbackUp"], json!(true), "{envelope}");
+        assert_eq!(
+            envelope["network"]["ipSocketsDenied"],
+            json!(false),
+            "{envelope}"
+        );
+        if box_confine::landlock_abi() >= 4 {
+            assert_eq!(
+                envelope["network"]["landlockTcpPorts"],
+                json!([3128]),
+                "{envelope}"
+            );
+        }
+    }
 
     let allowed = format!("http://allowed.test:{port}/");
     let checks = tokio::task::block_in_place(|| {
@@ -773,6 +812,10 @@ allow_dangerous = ["private-destinations"]
         ));
         out
     });
+    let checks = checks
+        .into_iter()
+        .map(|(check, text)| (check, format!("{backend}: {text}")))
+        .collect::<Vec<_>>();
     let get = |name: &str| {
         checks
             .iter()
@@ -883,7 +926,9 @@ allow_dangerous = ["private-destinations"]
             .all(|line| line["session"].is_string() && line["unit"] == json!("workspace")),
         "{lines:?}"
     );
-    assert_eq!(containers_of(&instance).await, Vec::<String>::new());
+    if backend == "docker" {
+        assert_eq!(containers_of(&instance).await, Vec::<String>::new());
+    }
 }
 
 /// Read a process's stdout (long polls) until `done` holds for what was read.

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use boxhost::backend::local::{LocalBackend, LocalOptions};
-use boxhost::backend::{Backend, BackendError, Envelope, SessionLabel, UnitEnd};
+use boxhost::backend::{
+    Backend, BackendError, EgressWiring, Envelope, SessionLabel, UnitEnd, UnitWiring,
+};
 use boxhost::plan::{Limits, NetworkMode, Requirement, Role, UnitSpec, UserIds, WorkspaceSource};
 use tokio::io::AsyncReadExt;
 
@@ -78,11 +80,21 @@ struct Probe {
 }
 
 async fn probe_with(backend: &LocalBackend, name: &str, spec: &UnitSpec, script: &str) -> Probe {
+    probe_wired(backend, name, spec, &UnitWiring::default(), script).await
+}
+
+async fn probe_wired(
+    backend: &LocalBackend,
+    name: &str,
+    spec: &UnitSpec,
+    wiring: &UnitWiring,
+    script: &str,
+) -> Probe {
     // The probe's stderr joins its stdout, so the test sees the shell's errors.
     let script = format!("exec 2>&1; {script}");
     let command: Vec<OsString> = vec!["/bin/sh".into(), "-c".into(), script.into()];
     let started = backend
-        .start_command(&session(name), spec, command)
+        .start_command_wired(&session(name), spec, wiring, command)
         .await
         .unwrap_or_else(|error| panic!("starting probe {name}: {error}"));
     let envelope = started.envelope.clone();
@@ -311,6 +323,273 @@ async fn network_none_reaches_nothing_on_the_host() {
         serde_json::to_value(&probe.envelope.network).unwrap()["mode"],
         "none"
     );
+}
+
+/// The host's own address on its default route, when it has one (no packet
+/// is sent: a UDP socket's connect only picks the route).
+fn host_address() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.254:9").ok()?;
+    Some(socket.local_addr().ok()?.ip()).filter(|ip| !ip.is_unspecified())
+}
+
+/// Issue 10 on the local backend, from the attacker's side: inside an egress
+/// unit, a process that ignores the proxy reaches nothing of the host. TCP and
+/// UDP canaries listen on every host address; the unit connects straight to
+/// them on loopback and on the host's own address, sends a DNS query to the
+/// host's resolver and to the canary, and binds a port of its own. Nothing
+/// reaches a canary; only the proxy's socket (bound read-only) is reachable.
+#[tokio::test]
+async fn an_egress_unit_reaches_nothing_of_the_host_but_its_proxy_socket() {
+    if !require_landlock() {
+        return;
+    }
+    assert!(
+        Path::new("/usr/bin/python3").is_file(),
+        "this test runs /usr/bin/python3 inside the unit: install python3"
+    );
+    let tcp = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    tcp.set_nonblocking(true).unwrap();
+    let udp = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    udp.set_nonblocking(true).unwrap();
+    let tcp_port = tcp.local_addr().unwrap().port();
+    // The host reaches its own canaries: what fails inside is the unit's doing.
+    std::net::TcpStream::connect(("127.0.0.1", tcp_port)).unwrap();
+    let _ = tcp.accept().unwrap();
+    let host = host_address().map_or("127.0.0.1".to_owned(), |ip| ip.to_string());
+
+    // As the host makes it: the directory and the socket open to the unit's
+    // user, whoever that is.
+    let sockets = open_dir();
+    std::fs::set_permissions(sockets.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let proxy = std::os::unix::net::UnixListener::bind(sockets.path().join("proxy.sock")).unwrap();
+    std::fs::set_permissions(
+        sockets.path().join("proxy.sock"),
+        std::fs::Permissions::from_mode(0o666),
+    )
+    .unwrap();
+    proxy.set_nonblocking(true).unwrap();
+    let wiring = UnitWiring {
+        egress: Some(EgressWiring {
+            socket_dir: sockets.path().to_path_buf(),
+        }),
+        ..UnitWiring::default()
+    };
+    let workspace = open_dir();
+    std::fs::write(
+        workspace.path().join("attack.py"),
+        r#"import os, socket, sys
+tcp, udp, host, proxy = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+def attempt(name, action):
+    try:
+        action()
+        print(name, "ok")
+    except Exception as error:
+        print(name, "failed", type(error).__name__, error)
+def connect(address):
+    socket.create_connection(address, 3).close()
+attempt("tcp-loopback", lambda: connect(("127.0.0.1", tcp)))
+attempt("tcp-host", lambda: connect((host, tcp)))
+attempt("tcp-public", lambda: connect(("1.1.1.1", 443)))
+attempt("tcp-bridge-port", lambda: connect(("127.0.0.1", 3128)))
+def bind(port):
+    s = socket.socket(); s.bind(("127.0.0.1", port)); s.close()
+attempt("bind-other", lambda: bind(8080))
+attempt("bind-bridge-port", lambda: bind(3128))
+def query(address):
+    # A DNS query for example.com, sent straight at a resolver.
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(2)
+    s.sendto(bytes.fromhex("abcd01000001000000000000076578616d706c6503636f6d0000010001"), address)
+    s.recvfrom(512)
+nameserver = next((line.split()[1] for line in open("/etc/resolv.conf") if line.startswith("nameserver")), "127.0.0.53") if os.path.exists("/etc/resolv.conf") else "127.0.0.53"
+attempt("dns-resolver", lambda: query((nameserver, 53)))
+attempt("dns-public", lambda: query(("8.8.8.8", 53)))
+attempt("udp-host", lambda: query((host, udp)))
+attempt("udp-loopback", lambda: query(("127.0.0.1", udp)))
+attempt("getaddrinfo", lambda: socket.getaddrinfo("example.com", 443))
+def unix():
+    s = socket.socket(socket.AF_UNIX); s.connect(proxy); s.close()
+attempt("proxy-socket", unix)
+attempt("write-socket-dir", lambda: open(os.path.join(os.path.dirname(proxy), "planted"), "w").close())
+"#,
+    )
+    .unwrap();
+    let mut spec = unit_spec(workspace.path());
+    spec.network.mode = NetworkMode::Egress;
+    spec.network.allow = vec!["example.com".to_owned()];
+    // As the caller, and (on a root host) as another user the helper switches to.
+    let mut users = vec![None];
+    if nix::unistd::geteuid().is_root() {
+        users.push(Some(UserIds {
+            uid: 65534,
+            gid: 65534,
+        }));
+    }
+    for user in users {
+        spec.user = user;
+        egress_attack(&spec, &wiring, (&tcp, &udp, &proxy), &host, sockets.path()).await;
+    }
+}
+
+async fn egress_attack(
+    spec: &UnitSpec,
+    wiring: &UnitWiring,
+    (tcp, udp, proxy): (
+        &std::net::TcpListener,
+        &std::net::UdpSocket,
+        &std::os::unix::net::UnixListener,
+    ),
+    host: &str,
+    sockets: &Path,
+) {
+    let (tcp_port, udp_port) = (
+        tcp.local_addr().unwrap().port(),
+        udp.local_addr().unwrap().port(),
+    );
+    let script = format!(
+        "/usr/bin/python3 attack.py {tcp_port} {udp_port} {host} {}",
+        sockets.join("proxy.sock").display()
+    );
+    let probe = probe_wired(&backend(), "egress-attack", spec, wiring, &script).await;
+    let output = &probe.output;
+    let line = |name: &str| {
+        output
+            .lines()
+            .find(|line| line.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} line: {output}"))
+    };
+    for name in [
+        "tcp-loopback",
+        "tcp-host",
+        "tcp-public",
+        "dns-resolver",
+        "dns-public",
+        "udp-host",
+        "udp-loopback",
+        "getaddrinfo",
+        "write-socket-dir",
+    ] {
+        assert!(line(name).contains(" failed "), "{name}: {output}");
+    }
+    // Landlock (ABI 4) refuses TCP to any port but the bridge's; the
+    // bridge's port is allowed (nobody listens on it in this probe) and
+    // bindable. Below ABI 4 the namespace alone stops them.
+    let tcp_ports = box_confine::landlock_abi() >= 4;
+    if tcp_ports {
+        assert!(line("bind-other").contains("PermissionError"), "{output}");
+        assert!(line("tcp-loopback").contains("PermissionError"), "{output}");
+    }
+    assert!(
+        line("tcp-bridge-port").contains("ConnectionRefusedError"),
+        "{output}"
+    );
+    assert!(line("bind-bridge-port").ends_with(" ok"), "{output}");
+    assert!(line("proxy-socket").ends_with(" ok"), "{output}");
+    // Nothing reached a canary.
+    assert!(
+        tcp.accept()
+            .is_err_and(|error| error.kind() == std::io::ErrorKind::WouldBlock),
+        "a TCP connection from the unit reached the host"
+    );
+    let mut buffer = [0u8; 512];
+    assert!(
+        udp.recv_from(&mut buffer)
+            .is_err_and(|error| error.kind() == std::io::ErrorKind::WouldBlock),
+        "a UDP datagram from the unit reached the host"
+    );
+    assert!(!sockets.join("planted").exists());
+    // The proxy's socket was reached (by the probe's connect).
+    assert!(
+        proxy.accept().is_ok(),
+        "the unit did not reach its proxy socket"
+    );
+
+    assert_eq!(
+        probe.envelope.user,
+        spec.user.map_or_else(
+            || format!("{}:{}", nix::unistd::getuid(), nix::unistd::getgid()),
+            |user| format!("{}:{}", user.uid, user.gid)
+        )
+    );
+    let network = serde_json::to_value(&probe.envelope.network).unwrap();
+    assert_eq!(network["mode"], "egress", "{network}");
+    assert_eq!(network["allow"], serde_json::json!(["example.com"]));
+    assert_eq!(network["proxy"], "http://127.0.0.1:3128");
+    assert_eq!(network["namespace"], true, "{network}");
+    assert_eq!(network["ipSocketsDenied"], false, "{network}");
+    if tcp_ports {
+        assert_eq!(network["landlockTcpPorts"], serde_json::json!([3128]));
+    }
+}
+
+/// An egress unit is refused without its proxy, and a proxy is not wired
+/// into a unit that did not ask for one.
+#[tokio::test]
+async fn egress_and_its_wiring_go_together() {
+    let workspace = tempfile::tempdir().unwrap();
+    let mut spec = unit_spec(workspace.path());
+    spec.network.mode = NetworkMode::Egress;
+    spec.network.allow = vec!["example.com".to_owned()];
+    let error = backend()
+        .start(&session("egress-unwired"), &spec)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&error, BackendError::Unenforceable { control, .. } if control == "network egress allow list"),
+        "{error}"
+    );
+    spec.network.mode = NetworkMode::None;
+    let wiring = UnitWiring {
+        egress: Some(EgressWiring {
+            socket_dir: workspace.path().to_path_buf(),
+        }),
+        ..UnitWiring::default()
+    };
+    let error = backend()
+        .start_wired(&session("egress-unasked"), &spec, &wiring)
+        .await
+        .err()
+        .unwrap();
+    assert!(error.to_string().contains("not egress"), "{error}");
+}
+
+/// What the local backend cannot wire (a masked file for
+/// `on_persisted_credentials = "hide"`, a worktree fork's borrowed objects) is
+/// refused by name, never started without.
+#[tokio::test]
+async fn hidden_files_and_borrowed_objects_are_refused_not_ignored() {
+    let workspace = tempfile::tempdir().unwrap();
+    let spec = unit_spec(workspace.path());
+    let masked = UnitWiring {
+        masks: vec![boxhost::backend::FileMask {
+            source: workspace.path().join("copy"),
+            target: ".git/config".into(),
+        }],
+        ..UnitWiring::default()
+    };
+    let error = backend()
+        .start_wired(&session("hide-unwired"), &spec, &masked)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&error, BackendError::Unenforceable { control, .. } if control.contains("hide")),
+        "{error}"
+    );
+    let borrowed = UnitWiring {
+        objects: Some(boxhost::backend::ObjectsWiring {
+            host: workspace.path().to_path_buf(),
+        }),
+        ..UnitWiring::default()
+    };
+    let error = backend()
+        .start_wired(&session("objects-unwired"), &spec, &borrowed)
+        .await
+        .err()
+        .unwrap();
+    assert!(error.to_string().contains("mode copy"), "{error}");
 }
 
 /// On a root host RLIMIT_NPROC does not bind uid 0, so the unit runs as nobody.

@@ -10,6 +10,8 @@ mod docker;
 mod end_to_end;
 /// `box execute` driven over stdio, by hand-written JSON-RPC and by the Python `mcp` SDK.
 mod executor;
+/// `box/fork`, `box/merge` and `box/discard` through `box serve` on Docker.
+mod fork;
 /// Units on the local sandboxed-process backend: hardening probed from inside.
 mod local;
 /// `box profile` on the command line: exit codes, messages, `--json` golden output.

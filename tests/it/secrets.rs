@@ -1,5 +1,6 @@
-//! Secrets end to end through `box serve --backend docker`: delivered as files
-//! (`/run/secrets/NAME`), never in `docker inspect`, and redacted from what
+//! Secrets end to end through `box serve` on both backends: delivered as files
+//! (`/run/secrets/NAME`), never in `docker inspect` (docker) nor in a unit
+//! process's command line or environment (local), and redacted from what
 //! the client receives, raw and encoded, in tool results and in process
 //! output read in chunks; a credential persisted in the workspace is reported
 //! in the envelope (and redacted) or refuses the session, as the profile says.
@@ -59,13 +60,18 @@ struct Served {
     stdin: ChildStdin,
     lines: mpsc::Receiver<String>,
     instance: String,
+    backend: &'static str,
 }
 
 impl Served {
     fn start(tag: &str, workspace: &Path, profiles: &Path) -> Self {
+        Self::start_on("docker", tag, workspace, profiles)
+    }
+
+    fn start_on(backend: &'static str, tag: &str, workspace: &Path, profiles: &Path) -> Self {
         let instance = format!("secrets-{tag}-{}", std::process::id());
         let mut child = Command::new(box_bin())
-            .args(["serve", "--backend", "docker", "--profile", "sec"])
+            .args(["serve", "--backend", backend, "--profile", "sec"])
             .args(["--instance", &instance])
             .arg("--profiles")
             .arg(profiles)
@@ -95,6 +101,7 @@ impl Served {
             stdin,
             lines,
             instance,
+            backend,
         }
     }
 
@@ -165,6 +172,9 @@ impl Served {
             assert!(Instant::now() < deadline, "box serve did not exit");
             std::thread::sleep(Duration::from_millis(50));
         }
+        if self.backend != "docker" {
+            return;
+        }
         let left = Command::new("docker")
             .args(["ps", "-aq", "--filter"])
             .arg(format!("label=box.instance={}", self.instance))
@@ -198,11 +208,25 @@ fn secrets_are_files_out_of_docker_inspect_and_redacted_for_the_client() {
     if !engine_ready() {
         return;
     }
+    secrets_are_files_and_redacted("docker");
+}
+
+#[test]
+fn secrets_are_files_out_of_the_units_command_lines_and_redacted_on_local() {
+    if box_confine::landlock_abi() == 0 {
+        assert!(!under_ci(), "landlock is missing under CI");
+        eprintln!("\n*** LOCAL SECRETS TEST NOT RUN: this kernel has no landlock ***\n");
+        return;
+    }
+    secrets_are_files_and_redacted("local");
+}
+
+fn secrets_are_files_and_redacted(backend: &'static str) {
     let profiles = profiles(&format!(
         "[env]\nsecrets = [\"{FILE}\", {{name = \"{ENV}\", as_env = true}}]\n"
     ));
     let ws = tempfile::tempdir().unwrap();
-    let mut served = Served::start("files", ws.path(), profiles.path());
+    let mut served = Served::start_on(backend, "files", ws.path(), profiles.path());
     let init = served.initialize();
     let result = &init["result"];
     assert!(result.is_object(), "{init}");
@@ -226,7 +250,9 @@ fn secrets_are_files_out_of_docker_inspect_and_redacted_for_the_client() {
         &format!(
             "stat -c '%a %u' /run/secrets/{FILE}; id -u; cat /run/secrets/{FILE}; echo; \
              printf %s \"$(cat /run/secrets/{FILE})\" | base64; \
-             echo \"env=${{{ENV}:-unset}}\"; echo \"file-env=${{{FILE}:-unset}}\""
+             echo \"env=${{{ENV}:-unset}}\"; echo \"file-env=${{{FILE}:-unset}}\"; \
+             echo \"carriers=$(env | grep -c '^BOX_SECRET_')\"; \
+             echo overwrite > /run/secrets/{FILE} && echo overwritten || echo read-only"
         ),
     );
     let mut lines = out.lines();
@@ -244,6 +270,10 @@ fn secrets_are_files_out_of_docker_inspect_and_redacted_for_the_client() {
     // the file-only one is not a variable at all.
     assert!(out.contains(&format!("env=[REDACTED:{ENV}]")), "{out}");
     assert!(out.contains("file-env=unset"), "{out}");
+    // The carriers that brought the values to the executor reach no tool,
+    // and the tools cannot change what was delivered.
+    assert!(out.contains("carriers=0"), "{out}");
+    assert!(out.contains("read-only"), "{out}");
 
     // Process output read in small chunks: the value split across reads is
     // still redacted.
@@ -272,14 +302,58 @@ fn secrets_are_files_out_of_docker_inspect_and_redacted_for_the_client() {
         format!("key: [REDACTED:{FILE}] done\n")
     );
 
-    // Nothing docker shows holds either value.
-    let containers = served.containers();
-    assert_eq!(containers.len(), 1, "{containers:?}");
-    let shown = inspected(&containers[0]);
-    for value in [FILE_VALUE, ENV_VALUE] {
-        assert!(!shown.contains(value), "docker inspect shows a secret");
+    if backend == "docker" {
+        // Nothing docker shows holds either value.
+        let containers = served.containers();
+        assert_eq!(containers.len(), 1, "{containers:?}");
+        let shown = inspected(&containers[0]);
+        for value in [FILE_VALUE, ENV_VALUE] {
+            assert!(!shown.contains(value), "docker inspect shows a secret");
+        }
+    } else {
+        // The unit's processes (the helper is the envelope's id; the init and
+        // the executor are its descendants): neither value on a command line
+        // or in an environment block, which is what /proc shows other
+        // processes of the same user (and root).
+        let helper: u32 = envelope["id"].as_str().unwrap().parse().unwrap();
+        let unit = descendants(helper);
+        assert!(unit.len() >= 2, "helper and executor at least: {unit:?}");
+        for pid in unit {
+            for what in ["cmdline", "environ"] {
+                let shown = std::fs::read(format!("/proc/{pid}/{what}")).unwrap_or_default();
+                let shown = String::from_utf8_lossy(&shown);
+                for value in [FILE_VALUE, ENV_VALUE] {
+                    assert!(
+                        !shown.contains(value),
+                        "/proc/{pid}/{what} of the unit shows a secret"
+                    );
+                }
+                assert!(
+                    !shown.contains("BOX_SECRET_"),
+                    "/proc/{pid}/{what}: {shown}"
+                );
+            }
+        }
     }
     served.hang_up();
+}
+
+/// `pid` and every process below it.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut found = vec![pid];
+    let mut at = 0;
+    while at < found.len() {
+        let parent = found[at];
+        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+            .unwrap_or_default();
+        found.extend(
+            children
+                .split_whitespace()
+                .filter_map(|child| child.parse::<u32>().ok()),
+        );
+        at += 1;
+    }
+    found
 }
 
 /// A workspace whose `.git/config` persists an extraheader token.

@@ -80,21 +80,21 @@ async fn start_server(options: HttpOptions, resolve: boxhost::host::ResolveFn) -
 }
 
 #[derive(Debug)]
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(key, _)| key.eq_ignore_ascii_case(name))
             .map(|(_, value)| value.as_str())
     }
 
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|error| {
             panic!(
                 "not JSON ({error}): {}",
@@ -164,7 +164,7 @@ fn parse_reply(raw: &[u8]) -> Reply {
 }
 
 /// One HTTP/1.1 exchange; `headers` are added to Host, Connection and Content-Length.
-async fn http(
+pub(crate) async fn http(
     address: SocketAddr,
     method: &str,
     path: &str,
@@ -201,7 +201,7 @@ const JSON_HEADERS: [(&str, &str); 2] = [
     ("Accept", "application/json, text/event-stream"),
 ];
 
-async fn post(
+pub(crate) async fn post(
     address: SocketAddr,
     session: Option<&str>,
     extra: &[(&str, &str)],

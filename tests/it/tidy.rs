@@ -75,6 +75,7 @@ fn crates_depend_only_on_what_the_architecture_allows() {
                 "box-scrub",
                 "box-redact",
                 "box-egress",
+                "box-fork",
             ],
         ),
         ("box-transport", &["box-jsonrpc"]),

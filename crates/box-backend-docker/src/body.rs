@@ -16,7 +16,7 @@ use box_policy::executor::{ExecutorSpec, PlaceKind, SECRETS_DIR};
 
 use box_backend::{
     AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, EgressWiring, Envelope, Hardening,
-    SessionLabel, UnitState, UnitWiring, labels,
+    ObjectsWiring, SessionLabel, UnitState, UnitWiring, labels,
 };
 use box_policy::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
 
@@ -189,6 +189,20 @@ pub fn mount_masks(
         });
     }
     Ok(())
+}
+
+/// Mount a `worktree` fork's borrowed git objects (the parent's objects
+/// directory), read-only, at [`ObjectsWiring::DIR_IN_UNIT`].
+pub fn mount_objects(body: &mut ContainerCreateBody, objects: &Path) {
+    let host_config = body.host_config.get_or_insert_with(Default::default);
+    host_config.mounts.get_or_insert_with(Vec::new).push(Mount {
+        target: Some(ObjectsWiring::DIR_IN_UNIT.to_owned()),
+        source: Some(objects.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(true),
+        bind_options: Some(private_bind()),
+        ..Default::default()
+    });
 }
 
 /// The proxy address a unit's tools are pointed at.

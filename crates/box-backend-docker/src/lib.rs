@@ -319,6 +319,9 @@ impl DockerBackend {
                 }
             })?;
         }
+        if let Some(objects) = &wiring.objects {
+            body::mount_objects(&mut body, &objects.host);
+        }
         // What the profile's operator explicitly allowed (the plan carries these
         // only when the operator switch was on).
         if let Some(host_config) = body.host_config.as_mut() {

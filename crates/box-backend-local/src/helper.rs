@@ -182,6 +182,44 @@ pub struct SandboxSpec {
     /// `net`, `pid`): the operator allowed it, so none of its own is made.
     #[serde(default)]
     pub share: Vec<String>,
+    /// Network `egress`: the unit's network is still `none` (a namespace of
+    /// its own with only `lo`, required), and the host's egress proxy is
+    /// reached through its socket, whose directory is bound back read-only.
+    #[serde(default)]
+    pub egress: Option<SpecEgress>,
+    /// Where the unit's secrets are delivered: a tmpfs of the unit's own,
+    /// mounted in its mount namespace (required) over a hidden directory.
+    #[serde(default)]
+    pub secrets_dir: Option<PathBuf>,
+    /// The secrets' carriers (`BOX_SECRET_NAME`, value), put in the
+    /// environment of box's own executor only (never of another command, and
+    /// never in an `execve`): it writes them to `secrets_dir`.
+    #[serde(default)]
+    pub secret_values: SecretValues,
+}
+
+/// How an egress unit reaches the host's proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpecEgress {
+    /// The host directory holding the proxy's socket (seen at the same path).
+    pub socket_dir: PathBuf,
+    /// The loopback port the executor bridges to it: the only TCP port
+    /// landlock lets the unit bind or connect to.
+    pub port: u16,
+}
+
+/// Secret values, which `Debug` never shows.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretValues(pub Vec<(String, String)>);
+
+impl std::fmt::Debug for SecretValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(name, _)| name))
+            .finish()
+    }
 }
 
 fn best_effort() -> SpecRequirement {
@@ -233,6 +271,16 @@ pub struct Applied {
     pub seccomp: bool,
     /// The filter refuses every IP socket (network none without a namespace).
     pub ip_sockets_denied: bool,
+    /// Landlock limits TCP bind and connect to these ports (an egress unit's
+    /// bridge); empty when TCP is not limited that way.
+    #[serde(default)]
+    pub landlock_tcp_ports: Vec<u16>,
+    /// The egress proxy's socket directory is bound into the unit read-only.
+    #[serde(default)]
+    pub egress_bound: bool,
+    /// The secrets tmpfs is mounted (`secrets_dir`).
+    #[serde(default)]
+    pub secrets_mounted: bool,
     /// The rlimits as read back (soft values).
     pub rlimits: Rlimits,
 }
@@ -564,14 +612,27 @@ fn sandbox(
     let mut unhidden = Vec::new();
     let mut concealed = 0;
     let mut own_ptys = false;
+    let mut egress_bound = false;
+    let mut secrets_mounted = false;
     if mount_namespace {
         let mut keep: Vec<PathBuf> = spec.write.iter().chain(&spec.read).cloned().collect();
         keep.push(spec.cwd.clone());
         keep.push(PathBuf::from(std::ffi::OsStr::from_bytes(
             program.as_bytes(),
         )));
+        if let Some(egress) = &spec.egress {
+            keep.push(egress.socket_dir.clone());
+        }
         (hidden, unhidden) =
             hide_host(&keep).map_err(|error| failed("hiding the host's directories", error))?;
+        if let Some(egress) = &spec.egress {
+            bind_read_only(&egress.socket_dir)
+                .map_err(|error| failed("binding the egress proxy's socket read-only", error))?;
+            egress_bound = true;
+        }
+        if let Some(dir) = &spec.secrets_dir {
+            secrets_mounted = mount_secrets(dir, &hidden)?;
+        }
         if host_uid == 0 {
             concealed = conceal(&spec.conceal)
                 .map_err(|error| failed("hiding the host's root-only files", error))?;
@@ -604,6 +665,29 @@ fn sandbox(
         }
     }
     let pid_namespace = try_enter("pid", CloneFlags::CLONE_NEWPID, wants_namespaces);
+    // An egress unit's only boundary is its network namespace: on the host's
+    // network, landlock's port rule would leave every host's port 3128 and
+    // all of UDP open, so it is never run without one.
+    if spec.egress.is_some() && !entered.iter().any(|name| name == "net") {
+        let why = if shared("net") {
+            "the unit shares the host's network namespace".to_owned()
+        } else {
+            format!(
+                "no network namespace of its own could be made ({})",
+                failures.join("; ")
+            )
+        };
+        return Err(refused("network egress", why));
+    }
+    if spec.secrets_dir.is_some() && !secrets_mounted {
+        return Err(refused(
+            "env.secrets",
+            format!(
+                "no mount namespace of its own, so no private tmpfs for the secrets ({})",
+                failures.join("; ")
+            ),
+        ));
+    }
     if mount_namespace && !pid_namespace {
         // With a pid namespace the init masks them over its own /proc.
         conceal(&kernel_paths(sys_mounted))
@@ -650,6 +734,9 @@ fn sandbox(
         capabilities: CapabilitySets::default(),
         seccomp: false,
         ip_sockets_denied: false,
+        landlock_tcp_ports: Vec::new(),
+        egress_bound,
+        secrets_mounted,
         rlimits: spec.rlimits,
     };
     // Nothing above can leak a core; nothing below should either.
@@ -798,7 +885,7 @@ fn init(
         return i32::from(REFUSED_EXIT);
     }
     if child == 0 {
-        run_executor_here(program, command, &spec.env);
+        run_executor_here(program, command, &spec.env, &spec.secret_values);
         let error = exec(program, command, &spec.env);
         let report = failed(format!("executing {}", program.to_string_lossy()), error);
         refuse(spec, &report, reporter);
@@ -870,7 +957,7 @@ fn supervise(
         sandbox::scope_away_from_parent();
         let _ = prctl::set_pdeathsig(Signal::SIGKILL);
         new_session();
-        run_executor_here(program, command, &spec.env);
+        run_executor_here(program, command, &spec.env, &spec.secret_values);
         let error = exec(program, command, &spec.env);
         eprintln!(
             "box sandbox: unit {}: executing {}: {error}",
@@ -988,8 +1075,20 @@ fn confine(
     read.push(PathBuf::from(std::ffi::OsStr::from_bytes(
         program.as_bytes(),
     )));
-    let mut rules = sandbox::landlock_rules(&read, &spec.write);
+    let mut write = spec.write.clone();
+    if applied.secrets_mounted
+        && let Some(dir) = &spec.secrets_dir
+    {
+        // The executor writes the secrets there before its own landlock
+        // layer, which leaves them read-only for everything it starts.
+        write.push(dir.clone());
+    }
+    let mut rules = sandbox::landlock_rules(&read, &write);
     rules.deny_tcp = deny_tcp;
+    if let Some(egress) = &spec.egress {
+        rules.tcp_ports = vec![egress.port];
+        rules.unix_connect = vec![egress.socket_dir.clone()];
+    }
     if !applied.own_ptys {
         // The host's /dev/pts holds the host's terminals, where a unit could
         // write, or push keystrokes with TIOCSTI.
@@ -1000,6 +1099,9 @@ fn confine(
     applied.landlock =
         sandbox::apply_landlock(&rules, spec.landlock.into(), spec.landlock_min_abi)?;
     applied.landlock_tcp_denied = deny_tcp && applied.landlock.enforced;
+    if applied.landlock.enforced && applied.landlock.abi >= 4 && !deny_tcp {
+        applied.landlock_tcp_ports = rules.tcp_ports.clone();
+    }
     if deny_tcp && !applied.landlock_tcp_denied {
         return Err(ConfineError::Unenforceable {
             control: "network none".to_owned(),
@@ -1172,6 +1274,69 @@ fn hide_host(keep: &[PathBuf]) -> std::io::Result<(Vec<String>, Vec<String>)> {
     Ok((hidden, unhidden))
 }
 
+/// Bind `path` onto itself (whether or not [`hide_host`] already bound it
+/// back: it stays in sight where no tmpfs covers it), then make that mount
+/// read-only.
+fn bind_read_only(path: &Path) -> std::io::Result<()> {
+    use nix::mount::MsFlags;
+    nix::mount::mount(
+        Some(path),
+        path,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )?;
+    nix::mount::mount(
+        None::<&str>,
+        path,
+        None::<&str>,
+        MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )?;
+    Ok(())
+}
+
+/// The most bytes of the secrets tmpfs (as on the docker backend).
+const SECRETS_TMPFS_BYTES: u64 = 1 << 20;
+
+/// Mount a tmpfs of the unit's own at `dir` (mode 0700, owned by the unit's
+/// user, which this process is by now), where box's executor writes each
+/// secret as a 0400 file. Only inside a top-level directory that
+/// [`hide_host`] replaced with the unit's own tmpfs: creating the mount point
+/// must never touch the host's file system. Returns whether it mounted.
+fn mount_secrets(dir: &Path, hidden: &[String]) -> Result<bool, Report> {
+    use nix::mount::MsFlags;
+    let inside_hidden = hidden
+        .iter()
+        .any(|top| dir.starts_with(top) && dir != Path::new(top));
+    if !inside_hidden {
+        return Err(refused(
+            "env.secrets",
+            format!(
+                "{} is not inside a directory the unit's mount namespace replaced (hidden: {}), so its mount point would be made on the host",
+                dir.display(),
+                hidden.join(", ")
+            ),
+        ));
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|error| failed(format!("creating {}", dir.display()), error))?;
+    nix::mount::mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(format!("mode=0700,size={SECRETS_TMPFS_BYTES},nr_inodes=1024").as_str()),
+    )
+    .map_err(|errno| failed(format!("mounting a tmpfs at {}", dir.display()), errno))?;
+    Ok(true)
+}
+
 /// Cover each of `paths`: a directory with an empty read-only tmpfs, anything
 /// else with `/dev/null`. Returns how many were covered.
 fn conceal(paths: &[PathBuf]) -> std::io::Result<usize> {
@@ -1337,7 +1502,12 @@ fn resolve_program(
 /// would have done is done by hand: every fd but stdio closed (all others
 /// are close-on-exec), the environment replaced by CMD's. Returns only when
 /// CMD is something else; otherwise the process ends with the executor.
-fn run_executor_here(program: &CString, command: &[OsString], env: &[(String, String)]) {
+fn run_executor_here(
+    program: &CString,
+    command: &[OsString],
+    env: &[(String, String)],
+    secrets: &SecretValues,
+) {
     use std::os::unix::fs::MetadataExt;
     if command.get(1).map(OsString::as_os_str) != Some(std::ffi::OsStr::new("execute")) {
         return;
@@ -1373,7 +1543,10 @@ fn run_executor_here(program: &CString, command: &[OsString], env: &[(String, St
         // starts a thread), so nothing reads the environment meanwhile.
         unsafe { std::env::remove_var(name) };
     }
-    for (name, value) in env {
+    // The secrets' carriers join here, never an `execve`'s environment:
+    // this process's initial environment block (what /proc/PID/environ
+    // shows) stays the helper's, which is empty.
+    for (name, value) in env.iter().chain(&secrets.0) {
         // SAFETY: as above, single-threaded.
         unsafe { std::env::set_var(name, value) };
     }

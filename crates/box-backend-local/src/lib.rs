@@ -61,19 +61,21 @@ use futures::future::BoxFuture;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 
-use helper::{Applied, Report, SandboxSpec, SpecNetwork, SpecRequirement, SpecUser};
+use helper::{
+    Applied, Report, SandboxSpec, SecretValues, SpecEgress, SpecNetwork, SpecRequirement, SpecUser,
+};
 pub use helper::{ExecutorEntry, REFUSED_EXIT, SandboxArgs};
 
 use box_backend::environment::{self, UnitEnvironment};
 use box_backend::{
-    Backend, BackendError, Envelope, ExecutorIo, Hardening, SessionLabel, StartedUnit,
-    Unenforceable, UnitEnd, UnitInfo,
+    Backend, BackendError, DeliveredSecret, EgressWiring, Envelope, ExecutorIo, Hardening,
+    SessionLabel, StartedUnit, Unenforceable, UnitEnd, UnitInfo, UnitWiring,
 };
 use box_confine::Rlimits;
 use box_policy::envelope::{
-    AppliedLimits, AppliedNetwork, BackendKind, LocalNone, ProcessLimits, UnitState,
+    AppliedLimits, AppliedNetwork, BackendKind, EgressLimits, LocalNone, ProcessLimits, UnitState,
 };
-use box_policy::executor::PlaceKind;
+use box_policy::executor::{PlaceKind, SECRET_VALUE_PREFIX, SECRETS_DIR};
 use box_policy::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
 
 /// Run the hidden `box sandbox` subcommand (the helper, in the unit's
@@ -180,6 +182,46 @@ impl LocalBackend {
         spec: &UnitSpec,
         command: Vec<OsString>,
     ) -> Result<StartedUnit, BackendError> {
+        self.start_command_wired(session, spec, &UnitWiring::default(), command)
+            .await
+    }
+
+    /// [`start_command`](Self::start_command) with what the host wires in
+    /// (the egress proxy's socket).
+    pub async fn start_command_wired(
+        &self,
+        session: &SessionLabel,
+        spec: &UnitSpec,
+        wiring: &UnitWiring,
+        command: Vec<OsString>,
+    ) -> Result<StartedUnit, BackendError> {
+        // An egress unit without its proxy would have no way out at all, and a
+        // proxy wired into a unit that did not ask for one would be a way out.
+        match (spec.network.mode, &wiring.egress) {
+            (NetworkMode::Egress, None) => {
+                return Err(BackendError::Unenforceable {
+                    unit: spec.name.clone(),
+                    control: "network egress allow list".to_owned(),
+                    why: "no egress proxy was wired into the unit (a host starts one per egress unit)".to_owned(),
+                });
+            }
+            (NetworkMode::None | NetworkMode::Bridge, Some(_)) => {
+                return Err(BackendError::Other {
+                    unit: spec.name.clone(),
+                    doing: "wiring the egress proxy".to_owned(),
+                    message: format!(
+                        "the unit's network is {}, not egress",
+                        spec.network.mode.as_str()
+                    ),
+                });
+            }
+            _ => {}
+        }
+        if let Err(refusals) = self.check(spec)
+            && let Some(first) = refusals.into_iter().next()
+        {
+            return Err(first.into());
+        }
         let layout = Layout::name(&self.options.temp_root, session, spec)?;
         // From here on, a failure or a dropped future undoes the start.
         let mut guard = StartGuard {
@@ -187,13 +229,39 @@ impl LocalBackend {
             group: None,
             finished: false,
         };
-        let command = if command.is_empty() {
-            executor_command(&self.options.box_exe, spec, &layout)
+        let environment = unit_environment(std::env::vars_os(), spec, &layout);
+        // Only the secrets the host has are delivered (a missing one is said
+        // in the log, like a missing passed variable).
+        let narrowed;
+        let spec = if environment.secrets.len() == spec.env_secrets.len() {
+            spec
+        } else {
+            let mut delivered = spec.clone();
+            delivered
+                .env_secrets
+                .retain(|name| environment.secrets.iter().any(|(have, _)| have == name));
+            delivered
+                .env_secrets_as_env
+                .retain(|name| delivered.env_secrets.contains(name));
+            narrowed = delivered;
+            &narrowed
+        };
+        let egress = wiring.egress.as_ref();
+        let executor = command.is_empty();
+        let command = if executor {
+            executor_command(&self.options.box_exe, spec, &layout, egress)
         } else {
             command
         };
         let started = self
-            .launch(session, spec, &layout, command, &mut guard)
+            .launch(
+                session,
+                spec,
+                &layout,
+                (command, executor),
+                (environment, egress),
+                &mut guard,
+            )
             .await?;
         guard.finished = true;
         Ok(started)
@@ -204,7 +272,9 @@ impl LocalBackend {
         session: &SessionLabel,
         spec: &UnitSpec,
         layout: &Layout,
-        command: Vec<OsString>,
+        // CMD, and whether it is box's executor (which delivers the secrets).
+        (command, executor): (Vec<OsString>, bool),
+        (environment, egress): (UnitEnvironment, Option<&EgressWiring>),
         guard: &mut StartGuard,
     ) -> Result<StartedUnit, BackendError> {
         let unit = spec.name.clone();
@@ -213,12 +283,11 @@ impl LocalBackend {
             doing: doing.to_owned(),
             message,
         };
-        let environment = unit_environment(std::env::vars_os(), spec, layout);
         if !environment.missing.is_empty() {
             let missing = &environment.missing;
             tracing::info!(unit, ?missing, "variables to pass are not set on the host");
         }
-        let mut sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options)?;
+        let mut sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options, egress)?;
         // A unit that is the host's uid 0 gets the host's root-only files
         // covered. Finding them (a check of the last walk, or a walk) runs
         // while the helper is being executed.
@@ -407,7 +476,12 @@ impl LocalBackend {
             .boxed()
         };
         let id = pid.to_string();
-        let envelope = envelope(spec, &sandbox_spec, &applied, &environment, &id, layout);
+        let mut envelope = envelope(spec, &sandbox_spec, &applied, &environment, &id, layout);
+        // Only box's executor writes the secrets (a stand-in command gets the
+        // tmpfs, empty).
+        if executor && applied.secrets_mounted {
+            envelope.secrets = delivered_secrets(spec);
+        }
         let info = UnitInfo {
             id: id.clone(),
             instance: session.instance.clone(),
@@ -494,7 +568,33 @@ impl Backend for LocalBackend {
     }
 
     fn check(&self, spec: &UnitSpec) -> Result<(), Vec<Unenforceable>> {
-        check_spec(spec, Some(self.landlock_abi))
+        let mut refusals = check_spec(spec, Some(self.landlock_abi))
+            .err()
+            .unwrap_or_default();
+        if self.options.namespaces == Requirement::Off {
+            let refuse = |control: &str, why: &str| Unenforceable {
+                unit: spec.name.clone(),
+                control: control.to_owned(),
+                why: why.to_owned(),
+            };
+            if spec.network.mode == NetworkMode::Egress {
+                refusals.push(refuse(
+                    "network egress allow list",
+                    "an egress unit needs a network namespace of its own (only lo), and this backend is set to make none",
+                ));
+            }
+            if !spec.env_secrets.is_empty() {
+                refusals.push(refuse(
+                    "env.secrets",
+                    "secrets need a mount namespace of its own (a private tmpfs at /run/secrets), and this backend is set to make none",
+                ));
+            }
+        }
+        if refusals.is_empty() {
+            Ok(())
+        } else {
+            Err(refusals)
+        }
     }
 
     fn start<'a>(
@@ -503,6 +603,37 @@ impl Backend for LocalBackend {
         spec: &'a UnitSpec,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
         self.start_command(session, spec, Vec::new()).boxed()
+    }
+
+    fn start_wired<'a>(
+        &'a self,
+        session: &'a SessionLabel,
+        spec: &'a UnitSpec,
+        wiring: &'a UnitWiring,
+    ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
+        // What this backend cannot wire is refused, never silently left out.
+        let refuse = |control: &str, why: &str| {
+            let refusal = BackendError::Unenforceable {
+                unit: spec.name.clone(),
+                control: control.to_owned(),
+                why: why.to_owned(),
+            };
+            futures::future::ready(Err(refusal)).boxed()
+        };
+        if !wiring.masks.is_empty() {
+            return refuse(
+                "on_persisted_credentials = \"hide\"",
+                "the local backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend",
+            );
+        }
+        if wiring.objects.is_some() {
+            return refuse(
+                "a worktree fork's borrowed git objects",
+                "the local backend cannot mount the parent's git objects into a unit; fork with mode copy",
+            );
+        }
+        self.start_command_wired(session, spec, wiring, Vec::new())
+            .boxed()
     }
 
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
@@ -765,9 +896,9 @@ where
 }
 
 /// What the local backend cannot apply to `spec`, every one named: a
-/// privileged unit, a host namespace it does not know, an egress allow list,
-/// capabilities granted back, and landlock required where the kernel has
-/// none (judged only when `landlock_abi` is given; the helper judges it again
+/// privileged unit, a host namespace it does not know, an egress unit or
+/// secrets with the host's network or mount namespace shared, capabilities
+/// granted back, and landlock required where the kernel has none (judged only when `landlock_abi` is given; the helper judges it again
 /// where it confines). Pure; [`Backend::check`] and [`sandbox_spec`] both ask.
 pub fn check_spec(spec: &UnitSpec, landlock_abi: Option<u32>) -> Result<(), Vec<Unenforceable>> {
     let mut refusals = Vec::new();
@@ -795,17 +926,22 @@ pub fn check_spec(spec: &UnitSpec, landlock_abi: Option<u32>) -> Result<(), Vec<
             );
         }
     }
-    match spec.network.mode {
-        NetworkMode::Egress => refuse(
+    let shares = |name: &str| {
+        spec.security
+            .host_namespaces
+            .iter()
+            .any(|namespace| namespace == name)
+    };
+    if spec.network.mode == NetworkMode::Egress && (shares("net") || shares("network")) {
+        refuse(
             "network egress allow list".to_owned(),
-            "the local backend cannot filter egress; use the docker backend, or network none",
-        ),
-        NetworkMode::None | NetworkMode::Bridge => {}
+            "an egress unit's boundary is a network namespace of its own (only lo); it cannot share the host's",
+        );
     }
-    if !spec.env_secrets.is_empty() {
+    if !spec.env_secrets.is_empty() && shares("mount") {
         refuse(
             format!("env.secrets {}", spec.env_secrets.join(", ")),
-            "the local backend cannot deliver secrets as files on a private tmpfs (/run/secrets); use the docker backend, or drop env.secrets",
+            "secrets are delivered on a tmpfs in the unit's own mount namespace; it cannot share the host's",
         );
     }
     if !spec.security.capabilities.is_empty() {
@@ -834,6 +970,7 @@ pub(crate) fn sandbox_spec(
     layout: &Layout,
     environment: &UnitEnvironment,
     options: &LocalOptions,
+    egress: Option<&EgressWiring>,
 ) -> Result<SandboxSpec, BackendError> {
     if let Err(refusals) = check_spec(spec, None)
         && let Some(first) = refusals.into_iter().next()
@@ -852,7 +989,8 @@ pub(crate) fn sandbox_spec(
     }
     let network = match spec.network.mode {
         NetworkMode::None if share.iter().any(|name| name == "net") => SpecNetwork::Host,
-        // Egress was refused above.
+        // Egress is network none plus the proxy's socket (a shared network
+        // namespace was refused above).
         NetworkMode::None | NetworkMode::Egress => SpecNetwork::None,
         NetworkMode::Bridge => SpecNetwork::Host,
     };
@@ -888,6 +1026,20 @@ pub(crate) fn sandbox_spec(
         seccomp: SpecRequirement::BestEffort,
         conceal: Vec::new(),
         share,
+        egress: egress
+            .filter(|_| spec.network.mode == NetworkMode::Egress)
+            .map(|wiring| SpecEgress {
+                socket_dir: wiring.socket_dir.clone(),
+                port: EgressWiring::BRIDGE_PORT,
+            }),
+        secrets_dir: (!environment.secrets.is_empty()).then(|| PathBuf::from(SECRETS_DIR)),
+        secret_values: SecretValues(
+            environment
+                .secrets
+                .iter()
+                .map(|(name, value)| (format!("{SECRET_VALUE_PREFIX}{name}"), value.clone()))
+                .collect(),
+        ),
     })
 }
 
@@ -895,9 +1047,16 @@ pub(crate) fn sandbox_spec(
 /// executor's root is an empty directory in the unit's private temp, so its
 /// file tools reach nothing of the host. The executor confines itself too (a
 /// second landlock layer, writes only beneath its root and TMPDIR).
-pub(crate) fn executor_command(box_exe: &Path, spec: &UnitSpec, layout: &Layout) -> Vec<OsString> {
+pub(crate) fn executor_command(
+    box_exe: &Path,
+    spec: &UnitSpec,
+    layout: &Layout,
+    egress: Option<&EgressWiring>,
+) -> Vec<OsString> {
     let root = layout.workspace.as_ref().unwrap_or(&layout.tmp);
-    let executor = spec.executor_spec(root, PlaceKind::Local);
+    let mut executor = spec.executor_spec(root, PlaceKind::Local);
+    // The socket's directory is seen inside the unit at its host path.
+    executor.egress_socket = egress.map(|wiring| wiring.socket_dir.join(EgressWiring::SOCKET));
     std::iter::once(box_exe.into())
         .chain(executor.to_args().into_iter().map(OsString::from))
         .collect()
@@ -913,18 +1072,28 @@ pub(crate) fn envelope(
     layout: &Layout,
 ) -> Envelope {
     let has = |name: &str| applied.namespaces.iter().any(|entered| entered == name);
+    // The helper refuses an egress unit it cannot give a network namespace.
+    let egress = sandbox_spec.egress.is_some() && has("net");
     let network = match sandbox_spec.network {
         SpecNetwork::None => AppliedNetwork {
-            mode: "none".to_owned(),
-            allow: Vec::new(),
-            proxy: None,
-            egress_limits: None,
+            mode: if egress { "egress" } else { "none" }.to_owned(),
+            allow: if egress {
+                spec.network.allow.clone()
+            } else {
+                Vec::new()
+            },
+            proxy: egress.then(|| EgressWiring::PROXY_URL.to_owned()),
+            egress_limits: egress.then_some(EgressLimits {
+                max_connections: spec.network.max_connections,
+                bytes_per_second: spec.network.bytes_per_second,
+            }),
             session_network: None,
             local_none: Some(LocalNone {
                 namespace: has("net"),
                 loopback_up: applied.loopback_up,
                 landlock_tcp_denied: applied.landlock_tcp_denied,
                 ip_sockets_denied: applied.ip_sockets_denied,
+                landlock_tcp_ports: applied.landlock_tcp_ports.clone(),
             }),
         },
         SpecNetwork::Host => AppliedNetwork {
@@ -1010,6 +1179,18 @@ pub(crate) fn envelope(
         persisted_credentials: Vec::new(),
         state: UnitState::Running,
     }
+}
+
+/// The envelope's `secrets`: each one the executor was told to write.
+fn delivered_secrets(spec: &UnitSpec) -> Vec<DeliveredSecret> {
+    spec.env_secrets
+        .iter()
+        .map(|name| DeliveredSecret {
+            name: name.clone(),
+            path: format!("{SECRETS_DIR}/{name}"),
+            as_env: spec.env_secrets_as_env.contains(name),
+        })
+        .collect()
 }
 
 /// How a unit ended, from the helper's wait status (the helper ends the way

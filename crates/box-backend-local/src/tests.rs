@@ -91,6 +91,9 @@ fn applied() -> Applied {
         capabilities: CapabilitySets::default(),
         seccomp: true,
         ip_sockets_denied: false,
+        landlock_tcp_ports: Vec::new(),
+        egress_bound: false,
+        secrets_mounted: false,
         rlimits: Rlimits::from_limits(&unit_spec(WorkspaceSource::Empty).limits),
     }
 }
@@ -100,7 +103,14 @@ fn a_writable_workspace_and_the_temp_are_the_only_writes() {
     let source = WorkspaceSource::Host(PathBuf::from("/src/project"));
     let spec = unit_spec(source.clone());
     let layout = layout(&source);
-    let sandbox = sandbox_spec(&spec, &layout, &UnitEnvironment::default(), &options()).unwrap();
+    let sandbox = sandbox_spec(
+        &spec,
+        &layout,
+        &UnitEnvironment::default(),
+        &options(),
+        None,
+    )
+    .unwrap();
     assert_eq!(
         sandbox.write,
         vec![
@@ -131,26 +141,107 @@ fn a_read_only_workspace_is_only_read() {
         &layout(&source),
         &UnitEnvironment::default(),
         &options(),
+        None,
     )
     .unwrap();
     assert_eq!(sandbox.write, vec![PathBuf::from("/tmp/box-local-s-u")]);
     assert!(sandbox.read.contains(&PathBuf::from("/src/project")));
 }
 
+/// The host's egress socket directory, as the host wires it.
+fn egress_wiring() -> EgressWiring {
+    EgressWiring {
+        socket_dir: PathBuf::from("/run/box/egress/0123"),
+    }
+}
+
 #[test]
-fn an_egress_allow_list_is_refused_naming_the_control() {
+fn an_egress_unit_is_network_none_plus_the_proxys_socket() {
     let mut spec = unit_spec(WorkspaceSource::Empty);
     spec.network.mode = NetworkMode::Egress;
-    let error = sandbox_spec(
+    spec.network.allow = vec!["example.com".to_owned()];
+    spec.network.max_connections = 64;
+    let layout = layout(&WorkspaceSource::Empty);
+    let wiring = egress_wiring();
+    let sandbox = sandbox_spec(
         &spec,
-        &layout(&WorkspaceSource::Empty),
+        &layout,
         &UnitEnvironment::default(),
         &options(),
+        Some(&wiring),
     )
-    .unwrap_err();
+    .unwrap();
+    assert_eq!(sandbox.network, SpecNetwork::None);
+    assert_eq!(
+        sandbox.egress,
+        Some(SpecEgress {
+            socket_dir: PathBuf::from("/run/box/egress/0123"),
+            port: 3128,
+        })
+    );
+    // Not writable, not readable: the unit only connects to the socket.
     assert!(
-        error.to_string().contains("network egress allow list"),
-        "{error}"
+        !sandbox
+            .write
+            .iter()
+            .any(|path| path.starts_with("/run/box"))
+    );
+    assert!(!sandbox.read.iter().any(|path| path.starts_with("/run/box")));
+    let command = executor_command(Path::new("/opt/box/box"), &spec, &layout, Some(&wiring));
+    let command: Vec<_> = command.iter().map(|arg| arg.to_string_lossy()).collect();
+    let at = command
+        .iter()
+        .position(|arg| arg == "--egress-socket")
+        .unwrap();
+    assert_eq!(command[at + 1], "/run/box/egress/0123/proxy.sock");
+
+    let mut applied = applied();
+    applied.namespaces.push("net".to_owned());
+    applied.loopback_up = true;
+    applied.landlock_tcp_denied = false;
+    applied.landlock_tcp_ports = vec![3128];
+    let applied_envelope = envelope(
+        &spec,
+        &sandbox,
+        &applied,
+        &UnitEnvironment::default(),
+        "42",
+        &layout,
+    );
+    let network = serde_json::to_value(&applied_envelope.network).unwrap();
+    assert_eq!(network["mode"], "egress", "{network}");
+    assert_eq!(network["allow"], serde_json::json!(["example.com"]));
+    assert_eq!(network["proxy"], "http://127.0.0.1:3128");
+    assert_eq!(network["egressLimits"]["maxConnections"], 64);
+    assert_eq!(network["namespace"], true);
+    assert_eq!(network["ipSocketsDenied"], false);
+    assert_eq!(network["landlockTcpPorts"], serde_json::json!([3128]));
+
+    // Without a network namespace the helper refuses; were one missing from
+    // a report, the envelope would not claim egress.
+    applied.namespaces.retain(|name| name != "net");
+    let applied_envelope = envelope(
+        &spec,
+        &sandbox,
+        &applied,
+        &UnitEnvironment::default(),
+        "42",
+        &layout,
+    );
+    assert_eq!(applied_envelope.network.mode, "none");
+    assert_eq!(applied_envelope.network.proxy, None);
+}
+
+#[test]
+fn an_egress_unit_sharing_the_hosts_network_is_refused() {
+    let mut spec = unit_spec(WorkspaceSource::Empty);
+    spec.network.mode = NetworkMode::Egress;
+    spec.security.host_namespaces = vec!["net".to_owned()];
+    let refusals = check_spec(&spec, Some(6)).unwrap_err();
+    assert_eq!(refusals[0].control, "network egress allow list");
+    assert!(
+        refusals[0].why.contains("network namespace"),
+        "{refusals:?}"
     );
 }
 
@@ -159,7 +250,7 @@ fn no_workspace_means_no_file_tools() {
     let spec = unit_spec(WorkspaceSource::None);
     let layout = layout(&WorkspaceSource::None);
     assert_eq!(layout.workspace, None);
-    let command = executor_command(Path::new("/opt/box/box"), &spec, &layout);
+    let command = executor_command(Path::new("/opt/box/box"), &spec, &layout, None);
     let command: Vec<_> = command.iter().map(|arg| arg.to_string_lossy()).collect();
     let expected = vec![
         "/opt/box/box",
@@ -225,7 +316,7 @@ fn the_envelope_is_what_was_applied() {
         missing: Vec::new(),
         secrets: Vec::new(),
     };
-    let sandbox = sandbox_spec(&spec, &layout, &environment, &options()).unwrap();
+    let sandbox = sandbox_spec(&spec, &layout, &environment, &options(), None).unwrap();
     let envelope = envelope(&spec, &sandbox, &applied(), &environment, "42", &layout);
     assert_eq!(envelope.backend, BackendKind::Local);
     assert_eq!(envelope.id, "42");
@@ -258,7 +349,14 @@ fn the_envelope_is_what_was_applied() {
 fn pids_are_reported_unbound_for_host_root() {
     let spec = unit_spec(WorkspaceSource::Empty);
     let layout = layout(&WorkspaceSource::Empty);
-    let sandbox = sandbox_spec(&spec, &layout, &UnitEnvironment::default(), &options()).unwrap();
+    let sandbox = sandbox_spec(
+        &spec,
+        &layout,
+        &UnitEnvironment::default(),
+        &options(),
+        None,
+    )
+    .unwrap();
     let mut applied = applied();
     applied.host_uid = 0;
     let envelope = envelope(
@@ -295,6 +393,7 @@ fn capabilities_granted_back_are_refused_naming_them() {
         &layout(&WorkspaceSource::Empty),
         &UnitEnvironment::default(),
         &options(),
+        None,
     )
     .unwrap_err();
     assert!(
@@ -306,14 +405,67 @@ fn capabilities_granted_back_are_refused_naming_them() {
 }
 
 #[test]
-fn secrets_are_refused_naming_the_backend_and_the_field() {
+fn secrets_reach_the_executor_on_its_spec_never_its_command_line() {
+    let mut spec = unit_spec(WorkspaceSource::Empty);
+    spec.env_secrets = vec!["DEPLOY_TOKEN".to_owned(), "API_KEY".to_owned()];
+    spec.env_secrets_as_env = vec!["API_KEY".to_owned()];
+    let layout = layout(&WorkspaceSource::Empty);
+    let environment = UnitEnvironment {
+        vars: vec![("PATH".to_owned(), "/usr/bin".to_owned())],
+        scrubbed: Vec::new(),
+        missing: Vec::new(),
+        secrets: vec![
+            ("DEPLOY_TOKEN".to_owned(), "deploy-value-1234".to_owned()),
+            ("API_KEY".to_owned(), "api-value-5678".to_owned()),
+        ],
+    };
+    let sandbox = sandbox_spec(&spec, &layout, &environment, &options(), None).unwrap();
+    assert_eq!(sandbox.secrets_dir, Some(PathBuf::from("/run/secrets")));
+    assert_eq!(
+        sandbox.secret_values.0,
+        vec![
+            (
+                "BOX_SECRET_DEPLOY_TOKEN".to_owned(),
+                "deploy-value-1234".to_owned()
+            ),
+            ("BOX_SECRET_API_KEY".to_owned(), "api-value-5678".to_owned()),
+        ]
+    );
+    // Not in CMD's environment (which a foreign command would get in its
+    // execve), not in Debug output, not on the command line.
+    assert!(!format!("{:?}", sandbox.env).contains("deploy-value"));
+    assert!(!format!("{sandbox:?}").contains("deploy-value"));
+    assert!(!format!("{sandbox:?}").contains("api-value"));
+    let command = executor_command(Path::new("/opt/box/box"), &spec, &layout, None);
+    let command: Vec<_> = command.iter().map(|arg| arg.to_string_lossy()).collect();
+    assert!(
+        !command.iter().any(|arg| arg.contains("-value-")),
+        "{command:?}"
+    );
+    let at = command.iter().position(|arg| arg == "--secrets").unwrap();
+    assert_eq!(command[at + 1], "DEPLOY_TOKEN,API_KEY:env");
+    assert_eq!(
+        delivered_secrets(&spec)
+            .iter()
+            .map(|secret| (secret.path.as_str(), secret.as_env))
+            .collect::<Vec<_>>(),
+        vec![
+            ("/run/secrets/DEPLOY_TOKEN", false),
+            ("/run/secrets/API_KEY", true)
+        ]
+    );
+}
+
+#[test]
+fn secrets_sharing_the_hosts_mount_namespace_are_refused() {
     let mut spec = unit_spec(WorkspaceSource::Empty);
     spec.env_secrets = vec!["DEPLOY_TOKEN".to_owned()];
+    assert_eq!(check_spec(&spec, Some(3)), Ok(()));
+    spec.security.host_namespaces = vec!["mount".to_owned()];
     let refusals = check_spec(&spec, Some(3)).unwrap_err();
     assert_eq!(refusals.len(), 1, "{refusals:?}");
     assert_eq!(refusals[0].control, "env.secrets DEPLOY_TOKEN");
-    assert!(refusals[0].why.contains("local backend"), "{refusals:?}");
-    assert!(refusals[0].why.contains("docker backend"), "{refusals:?}");
+    assert!(refusals[0].why.contains("mount namespace"), "{refusals:?}");
 }
 
 #[test]
@@ -321,17 +473,38 @@ fn a_privileged_unit_is_refused_and_host_namespaces_are_shared() {
     let mut spec = unit_spec(WorkspaceSource::Empty);
     let layout = layout(&WorkspaceSource::Empty);
     spec.security.privileged = true;
-    let error = sandbox_spec(&spec, &layout, &UnitEnvironment::default(), &options()).unwrap_err();
+    let error = sandbox_spec(
+        &spec,
+        &layout,
+        &UnitEnvironment::default(),
+        &options(),
+        None,
+    )
+    .unwrap_err();
     assert!(error.to_string().contains("privileged"), "{error}");
     spec.security.privileged = false;
     spec.security.host_namespaces = vec!["network".to_owned(), "uts".to_owned()];
     spec.security.devices = vec![PathBuf::from("/dev/kvm")];
-    let sandbox = sandbox_spec(&spec, &layout, &UnitEnvironment::default(), &options()).unwrap();
+    let sandbox = sandbox_spec(
+        &spec,
+        &layout,
+        &UnitEnvironment::default(),
+        &options(),
+        None,
+    )
+    .unwrap();
     assert_eq!(sandbox.share, vec!["net"]);
     assert_eq!(sandbox.network, SpecNetwork::Host);
     assert!(sandbox.write.contains(&PathBuf::from("/dev/kvm")));
     spec.security.host_namespaces = vec!["time".to_owned()];
-    let error = sandbox_spec(&spec, &layout, &UnitEnvironment::default(), &options()).unwrap_err();
+    let error = sandbox_spec(
+        &spec,
+        &layout,
+        &UnitEnvironment::default(),
+        &options(),
+        None,
+    )
+    .unwrap_err();
     assert!(error.to_string().contains("host namespace time"), "{error}");
 }
 

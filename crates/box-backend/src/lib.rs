@@ -104,13 +104,15 @@ pub struct ExecutorIo {
 pub struct UnitWiring {
     /// The unit's egress proxy (its spec's network is `egress`).
     pub egress: Option<EgressWiring>,
-    /// Who hears how a slow step of the start goes (an image pull): the
-    /// host's MCP progress for a client that sent a progress token.
-    pub progress: Option<StartProgress>,
     /// Files of the workspace the unit sees replaced, read-only, by a host
     /// file (`on_persisted_credentials = "hide"`: a copy with the credentials
     /// masked). Only for a workspace unit.
     pub masks: Vec<FileMask>,
+    /// A forked workspace's borrowed git objects (a `worktree` fork).
+    pub objects: Option<ObjectsWiring>,
+    /// Who hears how a slow step of the start goes (an image pull): the
+    /// host's MCP progress for a client that sent a progress token.
+    pub progress: Option<StartProgress>,
 }
 
 /// One workspace file the unit sees replaced by a host file, read-only.
@@ -121,6 +123,22 @@ pub struct FileMask {
     /// The masked file, relative to the unit's workspace root (no `..`, no
     /// absolute path: checked by whoever builds it).
     pub target: std::path::PathBuf,
+}
+
+/// A `worktree` fork's child repository borrows its parent's git objects:
+/// the parent's objects directory, mounted read-only at
+/// [`ObjectsWiring::DIR_IN_UNIT`], which the child's
+/// `.git/objects/info/alternates` names. The child's own objects, refs,
+/// index and config are its own; these are only readable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectsWiring {
+    /// The parent repository's objects directory on the host.
+    pub host: std::path::PathBuf,
+}
+
+impl ObjectsWiring {
+    /// Where the objects appear inside the unit.
+    pub const DIR_IN_UNIT: &str = "/.box/objects";
 }
 
 /// One report of a start's progress: what is happening, and bytes done of
@@ -169,6 +187,11 @@ impl EgressWiring {
     pub const DIR_IN_UNIT: &str = "/.box/egress";
     /// The socket's file name in the directory.
     pub const SOCKET: &str = "proxy.sock";
+    /// The loopback port the executor's bridge listens on inside the unit
+    /// (`box_egress::BRIDGE_PORT`; a test in box-host holds them equal).
+    pub const BRIDGE_PORT: u16 = 3128;
+    /// Where a unit's tools find the proxy (what `HTTP_PROXY` and the rest say).
+    pub const PROXY_URL: &str = "http://127.0.0.1:3128";
 
     /// The socket's path inside the unit (what the executor is told).
     pub fn socket_in_unit() -> std::path::PathBuf {
@@ -307,6 +330,18 @@ pub trait Backend: Send + Sync {
                     control: "on_persisted_credentials = \"hide\"".to_owned(),
                     why: format!(
                         "the {} backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend",
+                        self.kind().as_str()
+                    ),
+                })
+            });
+        }
+        if wiring.objects.is_some() {
+            return Box::pin(async move {
+                Err(BackendError::Unenforceable {
+                    unit: spec.name.clone(),
+                    control: "a worktree fork's borrowed git objects".to_owned(),
+                    why: format!(
+                        "the {} backend cannot mount the parent's git objects into a unit; fork with mode copy",
                         self.kind().as_str()
                     ),
                 })

@@ -24,8 +24,8 @@ pub mod seccomp;
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use serde::{Deserialize, Serialize};
 
@@ -108,6 +108,14 @@ pub struct LandlockRules {
     /// network none for a unit that could not get a network namespace.
     #[serde(default)]
     pub deny_tcp: bool,
+    /// TCP bind and connect only to these ports (ABI 4, best effort), unless
+    /// `deny_tcp`: an egress unit's bridge port. Empty: TCP not restricted.
+    #[serde(default)]
+    pub tcp_ports: Vec<u16>,
+    /// Pathname Unix sockets beneath these may be connected to, where the
+    /// kernel's landlock mediates that (ABI 9): an egress unit's proxy socket.
+    #[serde(default)]
+    pub unix_connect: Vec<PathBuf>,
 }
 
 /// The ruleset for a unit: the system and `extra_read` readable, the devices
@@ -121,6 +129,8 @@ pub fn landlock_rules(extra_read: &[PathBuf], write: &[PathBuf]) -> LandlockRule
         read,
         write: writable,
         deny_tcp: false,
+        tcp_ports: Vec::new(),
+        unix_connect: Vec::new(),
     }
 }
 
@@ -211,10 +221,28 @@ pub fn apply_landlock(
             ruleset
                 .set_compatibility(CompatLevel::HardRequirement)
                 .handle_access(AccessNet::from_all(ABI::V4))?
+        } else if !rules.tcp_ports.is_empty() && !AccessNet::from_all(abi).is_empty() {
+            // Best effort: where this limits TCP, a network namespace of the
+            // unit's own is the boundary already.
+            ruleset
+                .set_compatibility(CompatLevel::BestEffort)
+                .handle_access(AccessNet::from_all(abi))?
         } else {
             ruleset
         };
         let mut created = ruleset.create()?;
+        if !rules.deny_tcp && !AccessNet::from_all(abi).is_empty() {
+            for port in &rules.tcp_ports {
+                created = created.add_rule(NetPort::new(*port, AccessNet::from_all(abi)))?;
+            }
+        }
+        let resolve_unix = AccessFs::from_all(abi) & AccessFs::ResolveUnix;
+        if !resolve_unix.is_empty() {
+            for path in &rules.unix_connect {
+                let Ok(fd) = PathFd::new(path) else { continue };
+                created = created.add_rule(PathBeneath::new(fd, resolve_unix))?;
+            }
+        }
         let read = AccessFs::from_read(abi);
         let all = AccessFs::from_all(abi);
         for (paths, access) in [(&rules.read, read), (&rules.write, all)] {
@@ -596,15 +624,17 @@ pub fn thread_count() -> Option<u64> {
 /// confinement would not cover the children they spawn; `Required` then
 /// refuses, `BestEffort` reports landlock as not enforced.
 pub fn confine_executor(root: &Path, landlock: Requirement) -> Result<Confinement, String> {
-    confine_executor_with(root, landlock, &[])
+    confine_executor_with(root, landlock, &[], &[])
 }
 
 /// [`confine_executor`], with `extra_read` readable too (the unit's
-/// `/run/secrets`).
+/// `/run/secrets`), and the pathname Unix sockets beneath `unix_connect`
+/// connectable where landlock mediates that (the egress proxy's directory).
 pub fn confine_executor_with(
     root: &Path,
     landlock: Requirement,
     extra_read: &[PathBuf],
+    unix_connect: &[PathBuf],
 ) -> Result<Confinement, String> {
     let threads = thread_count().unwrap_or(1);
     if threads > 1 && landlock == Requirement::Required {
@@ -622,7 +652,8 @@ pub fn confine_executor_with(
     if let Ok(exe) = std::env::current_exe() {
         extra_read.push(exe);
     }
-    let rules = landlock_rules(&extra_read, &[root.to_path_buf(), temp]);
+    let mut rules = landlock_rules(&extra_read, &[root.to_path_buf(), temp]);
+    rules.unix_connect = unix_connect.to_vec();
     let outcome = apply_landlock(&rules, landlock, 1).map_err(|error| error.to_string())?;
     Ok(Confinement {
         landlock_abi: outcome.abi,
@@ -766,9 +797,10 @@ mod tests {
         // The child's temp directory (which confine_executor leaves writable)
         // is one of three siblings, so "outside" is outside it wherever the
         // checkout lives (a clone under /tmp included).
-        let base =
-            tempfile::tempdir_in(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"))
-                .unwrap();
+        // The checkout's `target` (absent when CARGO_TARGET_DIR points elsewhere).
+        let parent = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target");
+        std::fs::create_dir_all(&parent).unwrap();
+        let base = tempfile::tempdir_in(&parent).unwrap();
         let root = tempfile::tempdir_in(base.path()).unwrap();
         let outside = tempfile::tempdir_in(base.path()).unwrap();
         let temp = tempfile::tempdir_in(base.path()).unwrap();

@@ -117,7 +117,15 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
     } else {
         vec![PathBuf::from(SECRETS_DIR)]
     };
-    match box_confine::confine_executor_with(workspace.root(), landlock, &extra_read) {
+    // The bridge connects to the proxy's socket after confinement, once per
+    // connection: landlock must leave its directory connectable (ABI 9 mediates it).
+    let unix_connect: Vec<PathBuf> = args
+        .egress_socket
+        .iter()
+        .filter_map(|socket| socket.parent().map(Path::to_path_buf))
+        .collect();
+    match box_confine::confine_executor_with(workspace.root(), landlock, &extra_read, &unix_connect)
+    {
         Ok(confinement) => tracing::info!(
             landlock_abi = confinement.landlock_abi,
             landlock_enforced = confinement.landlock_enforced,

@@ -264,6 +264,16 @@ mod tests {
     use super::*;
     use box_policy::profile::AllowEntry;
 
+    /// The backends point the unit at the port the executor's bridge listens on.
+    #[test]
+    fn the_backends_know_the_bridges_port() {
+        assert_eq!(EgressWiring::BRIDGE_PORT, box_egress::BRIDGE_PORT);
+        assert_eq!(
+            EgressWiring::PROXY_URL,
+            format!("http://127.0.0.1:{}", box_egress::BRIDGE_PORT)
+        );
+    }
+
     /// The profile's grammar (box-policy) and the proxy's (box-egress) read the same
     /// entries the same way: what a profile accepts, the proxy accepts, and narrowing
     /// agrees.

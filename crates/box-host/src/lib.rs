@@ -13,6 +13,7 @@
 mod ask;
 pub mod audit;
 pub mod egress;
+pub mod fork;
 mod hide;
 pub mod metrics;
 mod redact;
@@ -61,6 +62,9 @@ pub struct ServeConfig {
     pub audit: Option<PathBuf>,
     /// At shutdown, how long calls in flight get to finish before units are removed.
     pub drain: Duration,
+    /// How `box/fork` and `box/merge` run git: confined by the binary
+    /// (`box confine`). `None`: forks are copies.
+    pub fork_git: Option<box_fork::Git>,
 }
 
 /// What `box run` asks of the host, as plain values (the binary turns its
@@ -125,6 +129,11 @@ pub struct HostConfig {
     /// Where the host keeps its sockets (egress proxies), each in a directory of
     /// its own that the unit it serves gets mounted.
     pub runtime_dir: std::path::PathBuf,
+    /// How `box/fork` runs git (worktree mode): a runner the binary confines.
+    /// `None`: forks are copies.
+    pub fork_git: Option<box_fork::Git>,
+    /// Where forked workspaces live, per instance and session (see `fork`).
+    pub fork_dir: std::path::PathBuf,
 }
 
 impl HostConfig {
@@ -144,7 +153,27 @@ impl HostConfig {
             ledger: units::Ledger::default(),
             environment: || std::env::vars_os().collect(),
             runtime_dir: egress::default_runtime_dir(),
+            fork_git: None,
+            fork_dir: default_fork_dir(),
         }
+    }
+}
+
+/// Where forked workspaces live: `$XDG_STATE_HOME/box/forks`, else
+/// `~/.local/state/box/forks`, else the runtime directory's `forks` (a disk,
+/// not a tmpfs, when it can: a fork is as large as its workspace).
+pub fn default_fork_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|dir| !dir.is_empty()) {
+        return PathBuf::from(dir).join("box").join("forks");
+    }
+    match std::env::var_os("HOME").filter(|home| !home.is_empty()) {
+        Some(home) if !nix::unistd::getuid().is_root() => PathBuf::from(home)
+            .join(".local")
+            .join("state")
+            .join("box")
+            .join("forks"),
+        _ if nix::unistd::getuid().is_root() => PathBuf::from("/var/lib/box/forks"),
+        _ => egress::default_runtime_dir().join("forks"),
     }
 }
 
@@ -424,6 +453,7 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
     let mut config = HostConfig::new(backend, Catalog::new(serve.profile_dirs.clone()), facts);
     config.default_profile = serve.profile.clone();
     config.drain = serve.drain;
+    config.fork_git = serve.fork_git.clone();
     let instance = claim_instance(serve.instance.as_deref(), serve.listen.as_deref())?;
     config.instance = instance.id().to_owned();
     if let Some(path) = &serve.audit {

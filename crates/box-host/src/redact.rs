@@ -508,6 +508,7 @@ mod tests {
             profile: "p".to_owned(),
             units: vec![unit],
             on_persisted_credentials: Default::default(),
+            workspace_fork: None,
         };
         let env: Vec<(OsString, OsString)> = [
             ("DEPLOY", "deploy-value-123456"),

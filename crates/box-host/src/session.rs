@@ -32,7 +32,7 @@ use super::ask::{
 use super::redact::{self, SessionRedactor};
 use super::router::{Router, UnitMessage};
 use super::units::{
-    ExecutorLink, FIRST_REQUEST_ID, InitProgress, Tracked, UnitEvent, describe_end,
+    ExecutorLink, FIRST_REQUEST_ID, InitProgress, StartWiring, Tracked, UnitEvent, describe_end,
     initialize_executor, link_unit, remove_until_gone, start_units,
 };
 use box_backend::{Envelope, SessionLabel, UnitEnd, UnitState};
@@ -40,7 +40,9 @@ use box_jsonrpc::{
     self as jsonrpc, Kind, ReplyTo, check_params, classify, code, discover_refusal, error_response,
     error_response_with_data, negotiate_version, params, params_mut, result_response,
 };
-use box_policy::plan::{Plan, PlanError, Role, UnitSpec, WorkspaceSource};
+use box_policy::plan::{MountMode, Plan, PlanError, Role, UnitSpec, WorkspaceSource};
+
+use super::fork::{self, ChildFork};
 use box_policy::profile::OnPersisted;
 
 /// The most client requests one session may have in flight at once.
@@ -67,6 +69,62 @@ const DEADLINE_SETTLE: Duration = Duration::from_secs(1);
 /// requests waiting behind the timer (in sockets, in a transport's tasks),
 /// and a session is not idle while they wait.
 const IDLE_SETTLE: Duration = Duration::from_secs(1);
+
+/// What a `source = "fork"` workspace's parent is called in answers.
+const HOST_DIRECTORY: &str = "host directory";
+
+/// Removes a session's workspace fork unless the session started (then the
+/// unit holds it and the session's end removes it).
+struct ForkGuard {
+    config: Arc<HostConfig>,
+    child: Option<ChildFork>,
+}
+
+impl Drop for ForkGuard {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            let config = self.config.clone();
+            tokio::task::spawn_blocking(move || fork::remove_storage(&config, &child));
+        }
+    }
+}
+
+/// The `_meta` key naming the unit a request is for (`fork-1`, `workspace`).
+pub const UNIT_META: &str = "box/unit";
+
+/// The unit `_meta["box/unit"]` names: a workspace unit (the session's, or a
+/// fork) still in the session.
+fn addressed_unit(live: &Live, asked: &Value) -> Result<usize, (i64, String)> {
+    let Some(name) = asked.as_str() else {
+        return Err((
+            code::INVALID_PARAMS,
+            format!("_meta.{UNIT_META}: expected a unit name, got {asked}"),
+        ));
+    };
+    let found = live
+        .units
+        .iter()
+        .position(|unit| unit.spec.role == Role::Workspace && unit.spec.name == name);
+    match found {
+        Some(index) if live.units[index].removed => Err((
+            code::INVALID_PARAMS,
+            format!("_meta.{UNIT_META}: unit `{name}` was discarded"),
+        )),
+        Some(index) => Ok(index),
+        None => {
+            let known: Vec<&str> = live
+                .units
+                .iter()
+                .filter(|unit| unit.spec.role == Role::Workspace && !unit.removed)
+                .map(|unit| unit.spec.name.as_str())
+                .collect();
+            Err((
+                code::INVALID_PARAMS,
+                format!("_meta.{UNIT_META}: no unit `{name}` in this session; units: {known:?}"),
+            ))
+        }
+    }
+}
 
 /// `box/network.set {unit?, allow?}`: narrow a running egress unit's allow list,
 /// or restore it up to the profile's bound; without `allow`, only say what is in
@@ -266,6 +324,37 @@ struct Unit {
     close_reason: Option<String>,
     /// Its tool list, read before anything ran in it.
     tools: Option<Value>,
+    /// A child made by `box/fork`: its fork.
+    fork: Option<ChildFork>,
+    /// Discarded (`box/discard`): its removal is under way or done.
+    removed: bool,
+}
+
+/// A child unit started by `box/fork`, handed to the session task to join
+/// the session (or, if the session is ending, to be removed).
+pub struct ForkStarted {
+    id: Value,
+    reply: ReplyTo,
+    key: u64,
+    spec: UnitSpec,
+    envelope: Envelope,
+    link: ExecutorLink,
+    ended: futures::future::BoxFuture<'static, UnitEnd>,
+    tools: Option<Value>,
+    egress: Vec<super::egress::EgressProxy>,
+    child: ChildFork,
+    advisory: Option<String>,
+    skipped: usize,
+}
+
+impl std::fmt::Debug for ForkStarted {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("ForkStarted")
+            .field("unit", &self.spec.name)
+            .field("id", &self.envelope.id)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A session after initialize: its units and its routing.
@@ -286,7 +375,13 @@ struct Live {
     /// long as the session's units.
     egress: Vec<super::egress::EgressProxy>,
     /// The workspace unit's masked copies (`on_persisted_credentials = "hide"`).
-    _masks: Option<crate::hide::Masks>,
+    masks: Option<crate::hide::Masks>,
+    /// How each executor is initialized (a fork's too).
+    executor_params: Value,
+    /// The session's units' labels.
+    label: SessionLabel,
+    /// The number of the next `box/fork` child.
+    next_fork: u32,
 }
 
 enum Route {
@@ -301,6 +396,12 @@ impl Session {
         self.serve_session(inbound).await;
         self.background.close();
         self.background.wait().await;
+        // The children's storage is gone by now; their directory goes too.
+        let dir = fork::session_dir(&self.config, &self.id);
+        let _ = std::fs::remove_dir(&dir);
+        if let Some(instance) = dir.parent() {
+            let _ = std::fs::remove_dir(instance);
+        }
     }
 
     async fn serve_session(&self, mut inbound: mpsc::Receiver<Inbound>) {
@@ -382,7 +483,7 @@ impl Session {
         let profile = self.config.catalog.load(&profile_name).map_err(|error| {
             StartError::params(format!("box.profile: profile `{profile_name}`: {error}"))
         })?;
-        let plan =
+        let mut plan =
             (self.config.resolve)(&profile, &ask.tighten, &self.config.facts).map_err(|error| {
                 let data = match &error {
                     PlanError::Widening { field, .. } => {
@@ -500,14 +601,29 @@ impl Session {
             .and_then(|meta| meta.get("progressToken"))
             .filter(|token| token.is_string() || token.is_number())
             .map(|token| InitProgress::new(token.clone(), events.clone()));
+        // `source = "fork"`: the workspace unit starts on the session's own
+        // fork of the host directory; the guard removes it if the start fails.
+        let mut workspace_fork = ForkGuard {
+            config: self.config.clone(),
+            child: None,
+        };
+        let mut objects = None;
+        if let Some(mode) = plan.workspace_fork {
+            let (child, wiring) = self.fork_workspace(&mut plan, mode).await?;
+            workspace_fork.child = Some(child);
+            objects = wiring;
+        }
         let (started, egress) = start_units(
             &self.config,
             &label,
             &plan.units,
-            masks.as_ref().map_or(&[], |masks| masks.wiring()),
             start_timeout,
             &self.background,
-            progress.as_ref(),
+            StartWiring {
+                workspace_masks: masks.as_ref().map_or(&[], |masks| masks.wiring()),
+                objects: objects.as_ref(),
+                progress: progress.as_ref(),
+            },
         )
         .await
         .map_err(|error| StartError::internal(format!("starting the session's units: {error}")))?;
@@ -593,7 +709,16 @@ impl Session {
                 closed: false,
                 close_reason: None,
                 tools: initialized[index].tools.clone(),
+                fork: None,
+                removed: false,
             });
+        }
+        if let Some(child) = workspace_fork.child.take()
+            && let Some(unit) = units
+                .iter_mut()
+                .find(|unit| unit.spec.role == Role::Workspace)
+        {
+            unit.fork = Some(child);
         }
         let workspace = units
             .iter()
@@ -623,9 +748,89 @@ impl Session {
                 started: Instant::now(),
                 redactor,
                 egress,
-                _masks: masks,
+                masks,
+                executor_params,
+                label,
+                next_fork: 1,
             },
             result,
+        ))
+    }
+
+    /// Fork the workspace unit's host directory for this session
+    /// (`source = "fork"`) and point the plan's workspace unit at the fork.
+    async fn fork_workspace(
+        &self,
+        plan: &mut Plan,
+        mode: box_policy::profile::ForkMode,
+    ) -> Result<(ChildFork, Option<box_backend::ObjectsWiring>), StartError> {
+        let Some(spec) = plan
+            .units
+            .iter_mut()
+            .find(|unit| unit.role == Role::Workspace)
+        else {
+            return Err(StartError::internal(
+                "workspace.source = \"fork\": the plan has no workspace unit".to_owned(),
+            ));
+        };
+        let WorkspaceSource::Host(parent_path) = spec.source.clone() else {
+            return Err(StartError::internal(
+                "workspace.source = \"fork\": the workspace unit has no host directory".to_owned(),
+            ));
+        };
+        let asked = match mode {
+            box_policy::profile::ForkMode::Auto => box_fork::Mode::Auto,
+            box_policy::profile::ForkMode::Worktree => box_fork::Mode::Worktree,
+            box_policy::profile::ForkMode::Copy => box_fork::Mode::Copy,
+        };
+        let mode = fork::effective_mode(&self.config, asked)
+            .map_err(|why| StartError::params(format!("workspace.fork_mode: {why}")))?;
+        let ask = fork::ForkAsk {
+            from: "workspace".to_owned(),
+            mode: asked,
+            dirty: true,
+            writable: spec.mode == MountMode::ReadWrite,
+            label: None,
+        };
+        let session_dir = fork::session_dir(&self.config, &self.id);
+        let child_path = session_dir.join("workspace");
+        let made = {
+            let (config, parent_path, child_path) =
+                (self.config.clone(), parent_path.clone(), child_path.clone());
+            tokio::task::spawn_blocking(move || {
+                fork::make_private_dir(&session_dir)
+                    .and_then(|()| fork::make_fork(&config, &parent_path, &child_path, &ask, mode))
+            })
+            .await
+            .unwrap_or_else(|join| Err(format!("the fork failed: {join}")))
+        };
+        let forked = made.map_err(|why| {
+            StartError::internal(format!(
+                "workspace.source = \"fork\": forking {}: {why}",
+                parent_path.display()
+            ))
+        })?;
+        if let Some(advisory) = &forked.advisory {
+            tracing::warn!(session = %self.id, %advisory, "the session's workspace fork is degraded");
+        }
+        spec.source = WorkspaceSource::Host(child_path.clone());
+        let objects = forked
+            .objects
+            .as_ref()
+            .map(|objects| box_backend::ObjectsWiring {
+                host: objects.host.clone(),
+            });
+        Ok((
+            ChildFork {
+                parent: HOST_DIRECTORY.to_owned(),
+                parent_path,
+                path: child_path,
+                base: Arc::new(std::sync::Mutex::new(forked.base.clone())),
+                mode: forked.mode_used,
+                shares: forked.shares.clone(),
+                label: None,
+            },
+            objects,
         ))
     }
 
@@ -767,6 +972,12 @@ impl Session {
             ));
             return;
         }
+        match method.as_str() {
+            "box/fork" => return self.fork(live, id, &message, reply),
+            "box/merge" => return self.merge(live, id, &message, reply),
+            "box/discard" => return self.discard(live, id, &message, reply),
+            _ => {}
+        }
         let (unit, upstream, rewrite) = match self.choose_unit(live, &method, message) {
             Ok(Route::Answer(result)) => {
                 reply.answer(result_response(id, result));
@@ -862,7 +1073,7 @@ impl Session {
                 ));
             }
             "agentworkspace/servers.list" => {
-                let servers: Vec<Value> = live
+                let mut servers: Vec<Value> = live
                     .units
                     .iter()
                     .filter(|unit| unit.spec.role == Role::Server)
@@ -874,6 +1085,28 @@ impl Session {
                         })
                     })
                     .collect();
+                // Forks are listed with their parent; requests reach them
+                // with `_meta["box/unit"]`, not `servers.start`.
+                servers.extend(
+                    live.units
+                        .iter()
+                        .enumerate()
+                        .filter(|(index, unit)| !unit.removed && live.workspace != Some(*index))
+                        .filter_map(|(_, unit)| unit.fork.as_ref().map(|fork| (unit, fork)))
+                        .map(|(unit, fork)| {
+                            json!({
+                                "name": unit.spec.name,
+                                "unit": unit.envelope.name,
+                                "description": unit.spec.description,
+                                "fork": {
+                                    "parent": fork.parent,
+                                    "mode": fork::mode_name(fork.mode),
+                                    "label": fork.label,
+                                    "ended": unit.ended,
+                                },
+                            })
+                        }),
+                );
                 return Ok(Route::Answer(json!({"servers": servers})));
             }
             "agentworkspace/servers.start" => {
@@ -924,6 +1157,20 @@ impl Session {
             }
             "box/network.set" => return network_set(live, &message).map(Route::Answer),
             _ => {}
+        }
+        if let Some(asked) = params(&message)
+            .and_then(|p| p.get("_meta"))
+            .and_then(|meta| meta.get(UNIT_META))
+        {
+            let index = addressed_unit(live, asked)?;
+            let paged = params(&message).is_some_and(|p| p.contains_key("cursor"));
+            if method == "tools/list"
+                && !paged
+                && let Some(tools) = &live.units[index].tools
+            {
+                return Ok(Route::Answer(tools.clone()));
+            }
+            return Ok(Route::Unit(index, message, Rewrite::None));
         }
         if method.starts_with("agentworkspace/process.") && method != "agentworkspace/process.start"
         {
@@ -1109,6 +1356,7 @@ impl Session {
                 );
                 let _ = send_to_unit(&live.units[unit], cancel);
             }
+            UnitEvent::Forked(started) => self.join_fork(live, *started),
             UnitEvent::Overdue(unit, unit_id) => {
                 let Some(forward) = live.router.take(unit, unit_id) else {
                     return;
@@ -1130,6 +1378,426 @@ impl Session {
                     json!({"unit": name, "timeoutMs": timeout.as_millis() as u64, "outcome": "unknown"}),
                 ));
             }
+        }
+    }
+
+    /// `box/fork`: check the ask here, then fork, start and initialize the
+    /// child in a task of its own (the session goes on meanwhile); the child
+    /// joins the session in [`Self::join_fork`], which answers.
+    fn fork(&self, live: &mut Live, id: Value, message: &Value, reply: ReplyTo) {
+        let refuse = |reply: ReplyTo, id: Value, why: String| {
+            reply.answer(error_response(id, code::INVALID_PARAMS, why));
+        };
+        let ask = match fork::fork_ask(message) {
+            Ok(ask) => ask,
+            Err(why) => return refuse(reply, id, why),
+        };
+        let Some(parent) = live.units.iter().find(|unit| {
+            unit.spec.role == Role::Workspace && unit.spec.name == ask.from && !unit.removed
+        }) else {
+            let known: Vec<&str> = live
+                .units
+                .iter()
+                .filter(|unit| unit.spec.role == Role::Workspace && !unit.removed)
+                .map(|unit| unit.spec.name.as_str())
+                .collect();
+            let why = if known.is_empty() {
+                format!(
+                    "box/fork: profile `{}` has no workspace unit (no file system): there is nothing to fork",
+                    live.plan.profile
+                )
+            } else {
+                format!(
+                    "box/fork: from: no workspace unit `{}` in this session; units: {known:?}",
+                    ask.from
+                )
+            };
+            return refuse(reply, id, why);
+        };
+        if let Some(why) = &parent.ended {
+            return refuse(
+                reply,
+                id,
+                format!("box/fork: unit {} ended: {why}", parent.spec.name),
+            );
+        }
+        let parent_path = match &parent.spec.source {
+            WorkspaceSource::Host(path) => path.clone(),
+            WorkspaceSource::Empty => {
+                return refuse(
+                    reply,
+                    id,
+                    format!(
+                        "box/fork: unit {}'s workspace is an empty directory of the engine's (workspace.source = \"empty\"), not a host directory box can fork",
+                        parent.spec.name
+                    ),
+                );
+            }
+            WorkspaceSource::None => {
+                return refuse(
+                    reply,
+                    id,
+                    format!(
+                        "box/fork: unit {} has no file system (workspace.source = \"none\")",
+                        parent.spec.name
+                    ),
+                );
+            }
+        };
+        if ask.writable && parent.spec.mode == MountMode::ReadOnly {
+            return refuse(
+                reply,
+                id,
+                format!(
+                    "box/fork: writable: unit {}'s workspace is read-only (profile `{}`), so a child cannot be writable; fork with writable: false",
+                    parent.spec.name, live.plan.profile
+                ),
+            );
+        }
+        if live
+            .masks
+            .as_ref()
+            .is_some_and(|masks| !masks.wiring().is_empty())
+        {
+            // A fork would carry the credentials the parent's unit sees masked.
+            return refuse(
+                reply,
+                id,
+                "box/fork: the workspace holds persisted credentials that this session sees masked (on_persisted_credentials = \"hide\"), and a fork would carry them unmasked; remove them from the workspace to fork".to_owned(),
+            );
+        }
+        let mode = match fork::effective_mode(&self.config, ask.mode) {
+            Ok(mode) => mode,
+            Err(why) => return refuse(reply, id, why),
+        };
+        let name = format!("fork-{}", live.next_fork);
+        live.next_fork += 1;
+        let session_dir = fork::session_dir(&self.config, &self.id);
+        let child_path = session_dir.join(&name);
+        let mut spec = parent.spec.clone();
+        spec.name = name.clone();
+        spec.source = WorkspaceSource::Host(child_path.clone());
+        if !ask.writable {
+            spec.mode = MountMode::ReadOnly;
+        }
+        spec.description = match &ask.label {
+            Some(label) => format!("fork of {}: {label}", ask.from),
+            None => format!("fork of {}", ask.from),
+        };
+        let config = self.config.clone();
+        let label = live.label.clone();
+        let background = self.background.clone();
+        let events = live.events_tx.clone();
+        let executor_params = live.executor_params.clone();
+        let session = self.id.clone();
+        self.background.spawn(async move {
+            let clock = Instant::now();
+            let made = {
+                let (config, parent_path, child_path, ask) = (
+                    config.clone(),
+                    parent_path.clone(),
+                    child_path.clone(),
+                    ask.clone(),
+                );
+                tokio::task::spawn_blocking(move || {
+                    fork::make_private_dir(&session_dir)
+                        .and_then(|()| fork::make_fork(&config, &parent_path, &child_path, &ask, mode))
+                })
+                .await
+                .unwrap_or_else(|join| Err(format!("box/fork: the fork failed: {join}")))
+            };
+            let forked = match made {
+                Ok(forked) => forked,
+                Err(why) => {
+                    return reply.answer(error_response(id, code::INTERNAL_ERROR, why));
+                }
+            };
+            let child = ChildFork {
+                parent: ask.from.clone(),
+                parent_path,
+                path: child_path,
+                base: Arc::new(std::sync::Mutex::new(forked.base.clone())),
+                mode: forked.mode_used,
+                shares: forked.shares.clone(),
+                label: ask.label.clone(),
+            };
+            let drop_storage = |child: ChildFork| {
+                let config = config.clone();
+                tokio::task::spawn_blocking(move || fork::remove_storage(&config, &child))
+            };
+            let objects = forked
+                .objects
+                .as_ref()
+                .map(|objects| box_backend::ObjectsWiring {
+                    host: objects.host.clone(),
+                });
+            let timeout = spec.limits.start_timeout;
+            let started = start_units(
+                &config,
+                &label,
+                std::slice::from_ref(&spec),
+                timeout,
+                &background,
+                StartWiring {
+                    objects: objects.as_ref(),
+                    ..StartWiring::default()
+                },
+            )
+            .await;
+            let (key, unit, egress) = match started {
+                Ok((mut started, egress)) if started.len() == 1 => match started.pop() {
+                    Some((key, unit)) => (key, unit, egress),
+                    None => return,
+                },
+                Ok(_) => return,
+                Err(error) => {
+                    let _ = drop_storage(child).await;
+                    return reply.answer(error_response(
+                        id,
+                        code::INTERNAL_ERROR,
+                        format!("box/fork: starting unit {name}: {error}"),
+                    ));
+                }
+            };
+            let mut link = ExecutorLink::new(unit.io.stdin, unit.io.stdout);
+            let remaining = timeout.saturating_sub(clock.elapsed());
+            let initialized = initialize_executor(
+                &mut link,
+                executor_params,
+                config.executor_init_timeout.min(remaining),
+            )
+            .await;
+            let tracked = Tracked {
+                key,
+                id: unit.envelope.id.clone(),
+            };
+            let tools = match initialized {
+                Ok(start) => start.tools,
+                Err(why) => {
+                    drop(link);
+                    remove_until_gone(&config, vec![tracked]).await;
+                    let _ = drop_storage(child).await;
+                    return reply.answer(error_response(
+                        id,
+                        code::INTERNAL_ERROR,
+                        format!("box/fork: starting unit {name}: {why}"),
+                    ));
+                }
+            };
+            let mut envelope = unit.envelope;
+            let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+            envelope.limits.set_start_timeout_ms(millis);
+            tracing::info!(%session, unit = %name, from = %ask.from, mode = fork::mode_name(forked.mode_used), took_ms = clock.elapsed().as_millis() as u64, "forked a workspace unit");
+            config.metrics.unit_start(clock.elapsed(), 1);
+            let started = ForkStarted {
+                id,
+                reply,
+                key,
+                spec,
+                envelope,
+                link,
+                ended: unit.ended,
+                tools,
+                egress,
+                child,
+                advisory: forked.advisory.clone(),
+                skipped: forked.skipped.len(),
+            };
+            if let Err(sent) = events.send(UnitEvent::Forked(Box::new(started))).await
+                && let UnitEvent::Forked(started) = sent.0
+            {
+                // The session ended meanwhile: the child goes with it.
+                let started = *started;
+                started.reply.answer(error_response(
+                    started.id,
+                    code::INTERNAL_ERROR,
+                    "box/fork: the session ended before the child joined it",
+                ));
+                drop(started.link);
+                remove_until_gone(&config, vec![tracked]).await;
+                let _ = drop_storage(started.child).await;
+            }
+        });
+    }
+
+    /// A started child joins the session: routed, linked, answered.
+    fn join_fork(&self, live: &mut Live, started: ForkStarted) {
+        let index = live.router.add_unit(FIRST_REQUEST_ID);
+        if index != live.units.len() {
+            // The router and the units grow together; never expected.
+            tracing::error!(session = %self.id, "the router's units and the session's disagree");
+        }
+        let writer = link_unit(
+            index,
+            started.link,
+            started.ended,
+            &live.events_tx,
+            &mut live.tasks,
+        );
+        let name = started.spec.name.clone();
+        let mut result = json!({
+            "unit": name,
+            "from": started.child.parent,
+            "mode": fork::mode_name(started.child.mode),
+            "shares": started.child.shares,
+            "envelope": serde_json::to_value(&started.envelope).unwrap_or(Value::Null),
+        });
+        if let Some(advisory) = &started.advisory {
+            result["advisory"] = json!(advisory);
+        }
+        if started.skipped > 0 {
+            result["skipped"] = json!(started.skipped);
+        }
+        live.redactor.message(&mut result);
+        live.units.push(Unit {
+            key: started.key,
+            spec: started.spec,
+            envelope: started.envelope,
+            writer: Some(writer),
+            ended: None,
+            closed: false,
+            close_reason: None,
+            tools: started.tools,
+            fork: Some(started.child),
+            removed: false,
+        });
+        live.egress.extend(started.egress);
+        started.reply.answer(result_response(started.id, result));
+    }
+
+    /// `box/merge {unit, theirs?}`: the child's changes into its parent, all
+    /// or nothing, off the session task (merges into one parent wait for
+    /// each other host-wide).
+    fn merge(&self, live: &mut Live, id: Value, message: &Value, reply: ReplyTo) {
+        let asked = fork::unit_param("box/merge", message, &["unit", "theirs"])
+            .and_then(|unit| fork::theirs(message).map(|theirs| (unit, theirs)));
+        let (unit, theirs) = match asked {
+            Ok(asked) => asked,
+            Err(why) => return reply.answer(error_response(id, code::INVALID_PARAMS, why)),
+        };
+        let child = match self.child_of(live, "box/merge", &unit) {
+            Ok(index) => live.units[index].fork.clone(),
+            Err(why) => return reply.answer(error_response(id, code::INVALID_PARAMS, why)),
+        };
+        let Some(child) = child else { return };
+        let config = self.config.clone();
+        self.background.spawn(async move {
+            let merged =
+                tokio::task::spawn_blocking(move || fork::merge(&config, &unit, &child, theirs))
+                    .await
+                    .unwrap_or_else(|join| {
+                        Err((
+                            code::INTERNAL_ERROR,
+                            format!("box/merge: the merge failed: {join}"),
+                            Value::Null,
+                        ))
+                    });
+            match merged {
+                Ok(result) => reply.answer(result_response(id, result)),
+                Err((code, message, data)) => {
+                    reply.answer(error_response_with_data(id, code, message, data))
+                }
+            }
+        });
+    }
+
+    /// `box/discard {unit}`: the child leaves the session at once (its calls
+    /// in flight are answered), then its unit and storage are removed; the
+    /// answer comes once both are gone.
+    fn discard(&self, live: &mut Live, id: Value, message: &Value, reply: ReplyTo) {
+        let unit = match fork::unit_param("box/discard", message, &["unit"]) {
+            Ok(unit) => unit,
+            Err(why) => return reply.answer(error_response(id, code::INVALID_PARAMS, why)),
+        };
+        let index = match self.child_of(live, "box/discard", &unit) {
+            Ok(index) => index,
+            Err(why) => return reply.answer(error_response(id, code::INVALID_PARAMS, why)),
+        };
+        if live.workspace == Some(index) {
+            return reply.answer(error_response(
+                id,
+                code::INVALID_PARAMS,
+                "box/discard: the session's workspace unit stays while the session lasts; end the session to remove it and its fork".to_owned(),
+            ));
+        }
+        let children: Vec<&str> = live
+            .units
+            .iter()
+            .filter(|other| {
+                !other.removed && other.fork.as_ref().is_some_and(|fork| fork.parent == unit)
+            })
+            .map(|other| other.spec.name.as_str())
+            .collect();
+        if !children.is_empty() {
+            return reply.answer(error_response(
+                id,
+                code::INVALID_PARAMS,
+                format!("box/discard: unit {unit} has forks of its own, {children:?}; discard them first"),
+            ));
+        }
+        for forward in live.router.remove_unit(index) {
+            self.record(live, index, &forward.tag, "unit_ended");
+            forward.reply.answer(error_response(
+                forward.client_id,
+                code::INTERNAL_ERROR,
+                format!("unit {unit} was discarded"),
+            ));
+        }
+        let state = &mut live.units[index];
+        state.removed = true;
+        state
+            .ended
+            .get_or_insert_with(|| "it was discarded".to_owned());
+        state.writer = None;
+        state.envelope.state = UnitState::Ended;
+        let tracked = Tracked {
+            key: state.key,
+            id: state.envelope.id.clone(),
+        };
+        let child = state.fork.clone();
+        live.egress.retain(|proxy| proxy.unit != unit);
+        let config = self.config.clone();
+        self.background.spawn(async move {
+            remove_until_gone(&config, vec![tracked]).await;
+            if let Some(child) = child {
+                let config = config.clone();
+                let _ = tokio::task::spawn_blocking(move || fork::remove_storage(&config, &child))
+                    .await;
+            }
+            reply.answer(result_response(
+                id,
+                json!({"unit": unit, "discarded": true}),
+            ));
+        });
+    }
+
+    /// The index of the fork named `unit`, or why there is none.
+    fn child_of(&self, live: &Live, method: &str, unit: &str) -> Result<usize, String> {
+        let forks: Vec<&str> = live
+            .units
+            .iter()
+            .filter(|candidate| candidate.fork.is_some() && !candidate.removed)
+            .map(|candidate| candidate.spec.name.as_str())
+            .collect();
+        match live
+            .units
+            .iter()
+            .position(|candidate| candidate.spec.name == unit)
+        {
+            Some(index) if live.units[index].removed => {
+                Err(format!("{method}: unit {unit} was discarded"))
+            }
+            Some(index) if live.units[index].fork.is_some() => Ok(index),
+            Some(index) if live.workspace == Some(index) => Err(format!(
+                "{method}: the workspace unit is not a fork (profile `{}` has workspace.source other than \"fork\"); forks: {forks:?}",
+                live.plan.profile
+            )),
+            Some(_) => Err(format!(
+                "{method}: unit {unit} is not a fork of this session; forks: {forks:?}"
+            )),
+            None => Err(format!(
+                "{method}: no unit {unit} in this session; forks: {forks:?}"
+            )),
         }
     }
 
@@ -1211,6 +1879,7 @@ impl Session {
             unit.writer = None;
         }
         let deadline = tokio::time::Instant::now() + SESSION_END_GRACE;
+        let mut joining = Vec::new();
         while live.units.iter().any(|unit| unit.ended.is_none()) {
             let event = tokio::select! {
                 () = tokio::time::sleep_until(deadline) => break,
@@ -1237,6 +1906,7 @@ impl Session {
                             .get_or_insert_with(|| "its executor exited".to_owned());
                     }
                 }
+                Some(UnitEvent::Forked(started)) => joining.push(started),
                 Some(_) => {}
                 None => break,
             }
@@ -1245,21 +1915,61 @@ impl Session {
         let died = live
             .units
             .iter()
-            .filter(|unit| unit.envelope.state == UnitState::Ended)
+            .filter(|unit| !unit.removed && unit.envelope.state == UnitState::Ended)
             .count();
-        let tracked: Vec<Tracked> = live
+        let mut tracked: Vec<Tracked> = live
             .units
             .iter()
+            .filter(|unit| !unit.removed)
             .map(|unit| Tracked {
                 key: unit.key,
                 id: unit.envelope.id.clone(),
             })
             .collect();
+        // Forks still joining go with the session; later ones remove themselves.
+        let mut children: Vec<ChildFork> = live
+            .units
+            .iter()
+            .rev()
+            .filter(|unit| !unit.removed)
+            .filter_map(|unit| unit.fork.clone())
+            .collect();
+        live.events_rx.close();
+        while let Ok(event) = live.events_rx.try_recv() {
+            if let UnitEvent::Forked(started) = event {
+                joining.push(started);
+            }
+        }
+        for started in joining {
+            {
+                let started = *started;
+                started.reply.answer(error_response(
+                    started.id,
+                    code::INTERNAL_ERROR,
+                    format!("box/fork: the session ended: {why}"),
+                ));
+                tracked.push(Tracked {
+                    key: started.key,
+                    id: started.envelope.id.clone(),
+                });
+                children.insert(0, started.child);
+            }
+        }
         let count = tracked.len();
         live.tasks.abort_all();
         // The session is over only once its units are confirmed gone: until
         // then it keeps its place, and the host names them if it exits first.
         remove_until_gone(&self.config, tracked).await;
+        if !children.is_empty() {
+            // Children of children first (the newest first).
+            let config = self.config.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                for child in &children {
+                    fork::remove_storage(&config, child);
+                }
+            })
+            .await;
+        }
         self.config.metrics.session_ended(count, died);
         tracing::info!(session = %self.id, units = count, "session ended, units removed");
     }

@@ -1240,3 +1240,63 @@ async fn secret_values_are_redacted_from_results_and_chunked_process_output() {
         "ran: echo [REDACTED:DEPLOY_KEY]\n"
     );
 }
+
+/// Issue 11: a fork the session cannot have is refused naming why, before
+/// anything is copied or started.
+#[tokio::test]
+async fn a_fork_that_cannot_be_given_is_refused_naming_why_and_starts_nothing() {
+    let refused = |response: &Value, says: &str| {
+        assert_eq!(
+            response["error"]["code"],
+            json!(jsonrpc::code::INVALID_PARAMS),
+            "{response}"
+        );
+        let message = response["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{says}: {message}");
+    };
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    let response = client
+        .initialize(json!({"box": {"profile": "no-fs"}}))
+        .await;
+    assert!(response.get("result").is_some(), "{response}");
+    let (_, response) = client.call(json!(1), "box/fork", json!({})).await;
+    refused(&response, "no workspace unit");
+
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    let response = client
+        .initialize(json!({"box": {"tighten": {"workspace": {"mode": "ro"}}}}))
+        .await;
+    assert!(response.get("result").is_some(), "{response}");
+    let (_, response) = client.call(json!(1), "box/fork", json!({})).await;
+    refused(&response, "read-only");
+    // Worktree needs the docker backend and a confined git runner.
+    let (_, response) = client
+        .call(
+            json!(2),
+            "box/fork",
+            json!({"mode": "worktree", "writable": false}),
+        )
+        .await;
+    refused(&response, "worktree needs");
+    let (_, response) = client.call(json!(3), "box/fork", json!({"depth": 1})).await;
+    refused(&response, "unknown parameter `depth`");
+    let (_, response) = client
+        .call(json!(4), "box/merge", json!({"unit": "workspace"}))
+        .await;
+    refused(&response, "not a fork");
+    let (_, response) = client
+        .call(json!(5), "box/discard", json!({"unit": "fork-9"}))
+        .await;
+    refused(&response, "no unit fork-9");
+    let (_, response) = client
+        .call(
+            json!(6),
+            "tools/call",
+            json!({"name": "echo", "arguments": {}, "_meta": {"box/unit": "fork-9"}}),
+        )
+        .await;
+    refused(&response, "no unit `fork-9`");
+    assert_eq!(fake.record(|record| record.starts.len()), 1);
+}

@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use tokio_util::task::TaskTracker;
 
 use super::HostConfig;
-use box_backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitEnd};
+use box_backend::{Backend, BackendError, ObjectsWiring, SessionLabel, StartedUnit, UnitEnd};
 use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
 use box_jsonrpc::{self as jsonrpc, Kind, classify};
 use box_policy::plan::{NetworkMode, UnitSpec};
@@ -44,6 +44,8 @@ pub enum UnitEvent {
     Deadline(usize, u64),
     /// The settle after a deadline passed without the request's answer.
     Overdue(usize, u64),
+    /// A `box/fork` child started and initialized, to join the session.
+    Forked(Box<super::session::ForkStarted>),
 }
 
 /// An executor's stdio, framed.
@@ -276,19 +278,35 @@ impl InitProgress {
     }
 }
 
+/// What [`start_units`] wires into the units beyond their egress proxies.
+#[derive(Default, Clone, Copy)]
+pub struct StartWiring<'a> {
+    /// Masked copies over the workspace unit's files (`hide`).
+    pub workspace_masks: &'a [box_backend::FileMask],
+    /// A worktree fork's borrowed git objects, for the workspace unit.
+    pub objects: Option<&'a ObjectsWiring>,
+    /// Where a client that sent a progress token hears the start's progress.
+    pub progress: Option<&'a Arc<InitProgress>>,
+}
+
 /// Start every unit of `specs` concurrently, each in a task of its own, the
 /// ledger told of each, within `timeout`. If any fails or the deadline
 /// passes, the units that did start are removed in `background`, as are
 /// those whose start finishes later, and the failure names the units.
+/// `wire`: what the host wires in beyond each unit's egress proxy.
 pub async fn start_units(
     config: &Arc<HostConfig>,
     label: &SessionLabel,
     specs: &[UnitSpec],
-    workspace_masks: &[box_backend::FileMask],
     timeout: Duration,
     background: &TaskTracker,
-    progress: Option<&Arc<InitProgress>>,
+    wire: StartWiring<'_>,
 ) -> Result<(Vec<(u64, StartedUnit)>, Vec<EgressProxy>), StartFailure> {
+    let StartWiring {
+        workspace_masks,
+        objects,
+        progress,
+    } = wire;
     let deadline = tokio::time::Instant::now() + timeout;
     // Each egress unit's proxy listens before its unit starts; dropped (stopped,
     // its socket removed) if the session does not start.
@@ -313,10 +331,12 @@ pub async fn start_units(
             .find(|proxy| proxy.unit == spec.name)
             .map(EgressProxy::wiring)
             .unwrap_or_default();
-        wiring.progress = progress.map(|progress| progress.for_unit(&spec.name));
         if spec.role == box_policy::plan::Role::Workspace {
+            // Only a workspace unit has a fork's files, or masks over them.
+            wiring.objects = objects.cloned();
             wiring.masks = workspace_masks.to_vec();
         }
+        wiring.progress = progress.map(|progress| progress.for_unit(&spec.name));
         let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
             let result = config.backend.start_wired(&label, &spec, &wiring).await;

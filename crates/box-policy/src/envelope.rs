@@ -199,7 +199,8 @@ pub struct EgressLimits {
     pub bytes_per_second: Option<u64>,
 }
 
-/// How the local backend cut a unit off the network.
+/// How the local backend cut a unit off the network (`none`, and `egress`,
+/// whose only way out is the proxy's socket).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LocalNone {
@@ -211,6 +212,10 @@ pub struct LocalNone {
     pub landlock_tcp_denied: bool,
     /// Seccomp refuses IP sockets.
     pub ip_sockets_denied: bool,
+    /// Landlock allows TCP bind and connect to these ports only (an egress
+    /// unit's bridge port); absent when TCP is not limited to ports.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub landlock_tcp_ports: Vec<u16>,
 }
 
 /// Limits as applied, in the terms of the backend that applied them.

@@ -11,11 +11,16 @@ use super::{
 impl Plan {
     /// The plan as JSON: `{"profile", "units": [...]}`.
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut plan = json!({
             "profile": self.profile,
             "onPersistedCredentials": self.on_persisted_credentials.as_str(),
             "units": self.units.iter().map(UnitSpec::to_json).collect::<Vec<_>>(),
-        })
+        });
+        if let Some(mode) = self.workspace_fork {
+            // The workspace unit's source is forked per session this way.
+            plan["workspaceFork"] = json!(mode.as_str());
+        }
+        plan
     }
 }
 

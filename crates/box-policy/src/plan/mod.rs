@@ -27,6 +27,9 @@ pub struct Plan {
     pub units: Vec<UnitSpec>,
     /// What a credential persisted in the workspace at session start does.
     pub on_persisted_credentials: crate::profile::OnPersisted,
+    /// `source = "fork"`: the workspace unit's host directory is forked for
+    /// the session this way, and the unit starts on the fork.
+    pub workspace_fork: Option<crate::profile::ForkMode>,
 }
 
 /// A unit's role in its session.
@@ -531,7 +534,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
     let root = profile.workspace.root.clone();
     let mut units = Vec::new();
     let source = match &profile.workspace.source {
-        Source::Cwd => {
+        Source::Cwd | Source::Fork => {
             judge_cwd(profile, &host.cwd)?;
             Some(WorkspaceSource::Host(host.cwd.clone()))
         }
@@ -587,6 +590,8 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
         profile: profile.name.clone(),
         units,
         on_persisted_credentials: profile.workspace.on_persisted_credentials,
+        workspace_fork: (profile.workspace.source == Source::Fork)
+            .then_some(profile.workspace.fork_mode),
     })
 }
 

@@ -15,8 +15,8 @@ mod value;
 pub use error::{Position, Problem, ProfileError};
 pub use load::{Catalog, Listed, SHIPPED};
 pub use model::{
-    Danger, EnvPolicy, LimitsPolicy, NetworkPolicy, OnPersisted, Profile, SecurityPolicy, Server,
-    Source, UserChoice, Workspace,
+    Danger, EnvPolicy, ForkMode, LimitsPolicy, NetworkPolicy, OnPersisted, Profile, SecurityPolicy,
+    Server, Source, UserChoice, Workspace,
 };
 pub(crate) use validate::host_path_dangers;
 pub use value::{

@@ -59,6 +59,33 @@ pub struct Workspace {
     pub runtime: Option<String>,
     /// What a credential persisted in the workspace at session start does.
     pub on_persisted_credentials: OnPersisted,
+    /// With `source = "fork"`: how each session's fork is made.
+    pub fork_mode: ForkMode,
+}
+
+/// How a `source = "fork"` workspace is forked for each session
+/// (`[workspace] fork_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForkMode {
+    /// Worktree when the directory is a git repository with a commit, else copy.
+    #[default]
+    Auto,
+    /// A repository of the session's own holding HEAD and the uncommitted
+    /// work, borrowing the directory's git objects read-only.
+    Worktree,
+    /// A full copy, `.git` included.
+    Copy,
+}
+
+impl ForkMode {
+    /// The profile's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ForkMode::Auto => "auto",
+            ForkMode::Worktree => "worktree",
+            ForkMode::Copy => "copy",
+        }
+    }
 }
 
 /// What a credential found persisted in the workspace at session start does
@@ -98,6 +125,9 @@ pub enum Source {
     Host(PathBuf),
     /// A fresh empty directory per session.
     Empty,
+    /// The host's working directory, forked for each session (its own
+    /// copy or worktree); `box/merge {unit: "workspace"}` merges it back.
+    Fork,
     /// No file system: no workspace unit, no file tools, no shell, no processes.
     None,
 }

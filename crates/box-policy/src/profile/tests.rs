@@ -133,6 +133,7 @@ write_guard = "off"
                 gid: 1002
             }),
             on_persisted_credentials: super::OnPersisted::Report,
+            fork_mode: super::ForkMode::Auto,
             runtime: Some("runsc".to_owned()),
         }
     );
@@ -187,7 +188,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[workspace]\nimgae = \"x\"\n",
-            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, images, pull, root, source, mode, user, runtime, on_persisted_credentials",
+            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, images, pull, root, source, mode, user, runtime, on_persisted_credentials, fork_mode",
         ),
         (
             "description = 5\n",
@@ -207,11 +208,11 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[workspace]\nsource = \"relative/dir\"\n",
-            "p.toml:2:10: workspace.source: \"relative/dir\" is not accepted; write \"cwd\", \"empty\", \"none\" or an absolute host path (with no . or .. parts)",
+            "p.toml:2:10: workspace.source: \"relative/dir\" is not accepted; write \"cwd\", \"fork\", \"empty\", \"none\" or an absolute host path (with no . or .. parts)",
         ),
         (
             "[workspace]\nsource = \"/srv/../etc\"\n",
-            "p.toml:2:10: workspace.source: \"/srv/../etc\" is not accepted; write \"cwd\", \"empty\", \"none\" or an absolute host path (with no . or .. parts)",
+            "p.toml:2:10: workspace.source: \"/srv/../etc\" is not accepted; write \"cwd\", \"fork\", \"empty\", \"none\" or an absolute host path (with no . or .. parts)",
         ),
         (
             "[workspace]\nroot = \"/\"\n",

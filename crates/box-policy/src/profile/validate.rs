@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use super::error::Problem;
 use super::model::{
-    Danger, EnvPolicy, LimitsPolicy, NetworkPolicy, OnPersisted, Profile, SecurityPolicy, Server,
-    Source, UserChoice, Workspace, defaults,
+    Danger, EnvPolicy, ForkMode, LimitsPolicy, NetworkPolicy, OnPersisted, Profile, SecurityPolicy,
+    Server, Source, UserChoice, Workspace, defaults,
 };
 use super::tree::{Node, Value};
 use super::value::{
@@ -47,6 +47,7 @@ pub(crate) const WORKSPACE: &[&str] = &[
     "user",
     "runtime",
     "on_persisted_credentials",
+    "fork_mode",
 ];
 pub(crate) const NETWORK: &[&str] = &["mode", "allow", "hosts", "max_connections", "bandwidth"];
 pub(crate) const LIMITS: &[&str] = &[
@@ -111,7 +112,7 @@ pub(crate) fn validate(
     let servers = walk.servers(top.get("server"), &limits);
     let allowed = walk.allowed_dangers(top.get("operator"));
     let mut may_ask: Vec<Danger> = match workspace.as_ref().map(|workspace| &workspace.source) {
-        Some(Source::Cwd) => danger::CWD_DANGERS.to_vec(),
+        Some(Source::Cwd | Source::Fork) => danger::CWD_DANGERS.to_vec(),
         Some(Source::Host(_) | Source::Empty | Source::None) | None => Vec::new(),
     };
     // Private destinations are a property of what the egress proxy may reach, so any
@@ -361,6 +362,18 @@ impl Walk {
             ),
             None => Some(OnPersisted::Report),
         };
+        let fork_mode = match fields.get("fork_mode") {
+            Some(node) => self.choice(
+                node,
+                "workspace.fork_mode",
+                &[
+                    ("auto", ForkMode::Auto),
+                    ("worktree", ForkMode::Worktree),
+                    ("copy", ForkMode::Copy),
+                ],
+            ),
+            None => Some(ForkMode::Auto),
+        };
         Some(Workspace {
             image: image?,
             images: images?,
@@ -371,6 +384,7 @@ impl Walk {
             user: user?,
             runtime: runtime?,
             on_persisted_credentials: on_persisted_credentials?,
+            fork_mode: fork_mode?,
         })
     }
 
@@ -439,13 +453,14 @@ impl Walk {
     }
 
     fn source(&mut self, node: &Node) -> Option<Source> {
-        let accepted = "\"cwd\", \"empty\", \"none\" or an absolute host path";
+        let accepted = "\"cwd\", \"fork\", \"empty\", \"none\" or an absolute host path";
         let Value::String(text) = &node.value else {
             self.wrong_type(node, "workspace.source", accepted);
             return None;
         };
         match text.as_str() {
             "cwd" => return Some(Source::Cwd),
+            "fork" => return Some(Source::Fork),
             "empty" => return Some(Source::Empty),
             "none" => return Some(Source::None),
             _ => {}

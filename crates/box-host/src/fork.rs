@@ -1,0 +1,393 @@
+//! `box/fork`, `box/merge` and `box/discard`: a session's child units, each
+//! on its own fork of a workspace unit's host directory (box-fork), started
+//! like any unit, merged back all or nothing, removed with their storage.
+//!
+//! Storage: `<fork_dir>/<instance>/<session>/<unit>` (the host's
+//! [`HostConfig::fork_dir`]), a directory box owns; it is removed when the
+//! child is discarded or the session ends. Merges are serialized per parent
+//! across the host by box-fork's lock files in `<fork_dir>/locks`.
+//!
+//! git runs only through [`HostConfig::fork_git`], the runner the binary
+//! confines (`box confine`); without one, forks are copies.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+
+use box_backend::ObjectsWiring;
+use box_fork::{Base, Mechanism, Mode};
+use box_jsonrpc::{code, params};
+
+use super::HostConfig;
+
+/// A child unit's fork: where it lives and what a merge needs.
+#[derive(Debug, Clone)]
+pub struct ChildFork {
+    /// The unit it was forked from (`workspace`, or another child).
+    pub parent: String,
+    /// The parent's host directory (what a merge writes).
+    pub parent_path: PathBuf,
+    /// The child's host directory (its unit's workspace).
+    pub path: PathBuf,
+    /// The fork's base; a merge moves it forward.
+    pub base: Arc<Mutex<Base>>,
+    /// The mechanism used.
+    pub mode: Mechanism,
+    /// What it shares with the parent, in a sentence.
+    pub shares: String,
+    /// The label the client gave.
+    pub label: Option<String>,
+}
+
+/// `box/fork`'s parameters, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForkAsk {
+    /// The unit forked.
+    pub from: String,
+    /// The mechanism asked.
+    pub mode: Mode,
+    /// Worktree mode: bring the parent's uncommitted state.
+    pub dirty: bool,
+    /// A writable child.
+    pub writable: bool,
+    /// A label for people.
+    pub label: Option<String>,
+}
+
+/// Read `box/fork`'s parameters; the error names the parameter.
+pub fn fork_ask(message: &Value) -> Result<ForkAsk, String> {
+    let params = params(message);
+    let known = [
+        "from", "mode", "dirty", "writable", "label", "tighten", "_meta",
+    ];
+    if let Some(unknown) = params.and_then(|p| p.keys().find(|key| !known.contains(&key.as_str())))
+    {
+        return Err(format!(
+            "box/fork: unknown parameter `{unknown}`; it takes {}",
+            known[..6].join(", ")
+        ));
+    }
+    let get = |name: &str| params.and_then(|p| p.get(name)).filter(|v| !v.is_null());
+    let from = match get("from") {
+        None => "workspace".to_owned(),
+        Some(Value::String(from)) => from.clone(),
+        Some(other) => return Err(format!("box/fork: from: expected a unit name, got {other}")),
+    };
+    let mode = match get("mode") {
+        None => Mode::Auto,
+        Some(Value::String(mode)) => match mode.as_str() {
+            "auto" => Mode::Auto,
+            "worktree" => Mode::Worktree,
+            "copy" => Mode::Copy,
+            other => {
+                return Err(format!(
+                    "box/fork: mode: `{other}` is not one of auto, worktree, copy"
+                ));
+            }
+        },
+        Some(other) => {
+            return Err(format!(
+                "box/fork: mode: expected auto, worktree or copy, got {other}"
+            ));
+        }
+    };
+    let flag = |name: &str| match get(name) {
+        None => Ok(true),
+        Some(Value::Bool(value)) => Ok(*value),
+        Some(other) => Err(format!(
+            "box/fork: {name}: expected true or false, got {other}"
+        )),
+    };
+    let label = match get("label") {
+        None => None,
+        Some(Value::String(label)) if label.len() <= 200 => Some(label.clone()),
+        Some(Value::String(_)) => {
+            return Err("box/fork: label: at most 200 bytes".to_owned());
+        }
+        Some(other) => return Err(format!("box/fork: label: expected a string, got {other}")),
+    };
+    if let Some(tighten) = get("tighten")
+        && tighten.as_object().is_none_or(|object| !object.is_empty())
+    {
+        return Err(
+            "box/fork: tighten: narrowing a child beyond its parent's plan is not supported yet; fork without it"
+                .to_owned(),
+        );
+    }
+    Ok(ForkAsk {
+        from,
+        mode,
+        dirty: flag("dirty")?,
+        writable: flag("writable")?,
+        label,
+    })
+}
+
+/// `box/merge`'s and `box/discard`'s `unit`, and merge's `theirs`.
+pub fn unit_param(method: &str, message: &Value, allowed: &[&str]) -> Result<String, String> {
+    let params = params(message);
+    if let Some(unknown) = params.and_then(|p| {
+        p.keys()
+            .find(|key| key.as_str() != "_meta" && !allowed.contains(&key.as_str()))
+    }) {
+        return Err(format!(
+            "{method}: unknown parameter `{unknown}`; it takes {}",
+            allowed.join(", ")
+        ));
+    }
+    match params.and_then(|p| p.get("unit")) {
+        Some(Value::String(unit)) => Ok(unit.clone()),
+        None => Err(format!(
+            "{method}: `unit` (the child's name, as box/fork answered) is required"
+        )),
+        Some(other) => Err(format!("{method}: unit: expected a unit name, got {other}")),
+    }
+}
+
+/// Whether `box/merge` asked `theirs`.
+pub fn theirs(message: &Value) -> Result<bool, String> {
+    match params(message).and_then(|p| p.get("theirs")) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(theirs)) => Ok(*theirs),
+        Some(other) => Err(format!(
+            "box/merge: theirs: expected true or false, got {other}"
+        )),
+    }
+}
+
+/// The directory holding `session`'s children.
+pub fn session_dir(config: &HostConfig, session: &str) -> PathBuf {
+    config
+        .fork_dir
+        .join(safe_name(&config.instance))
+        .join(safe_name(session))
+}
+
+/// Where merges into one parent are serialized across the host.
+pub fn lock_dir(config: &HostConfig) -> PathBuf {
+    config.fork_dir.join("locks")
+}
+
+/// A name made safe as one path component.
+fn safe_name(name: &str) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(100)
+        .collect();
+    if safe.is_empty() || safe.chars().all(|c| c == '.') {
+        "_".to_owned()
+    } else {
+        safe
+    }
+}
+
+/// Make `dir` and its missing parents, owner-only.
+pub fn make_private_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|error| format!("creating {}: {error}", dir.display()))
+}
+
+/// The git runner for forks: the host's confined one, or one that refuses
+/// (copy mode and merges run no git; a copy's discard needs none).
+pub fn git(config: &HostConfig) -> box_fork::Git {
+    match &config.fork_git {
+        Some(git) => git.clone(),
+        None => {
+            box_fork::Git::new(Vec::<(String, String)>::new()).with_confinement(Arc::new(NoGit))
+        }
+    }
+}
+
+/// A runner that never runs git.
+struct NoGit;
+
+impl box_fork::Confine for NoGit {
+    fn command(
+        &self,
+        _program: &Path,
+        _access: &box_fork::GitAccess,
+    ) -> std::io::Result<std::process::Command> {
+        Err(std::io::Error::other(
+            "this host has no confined git runner; fork in copy mode",
+        ))
+    }
+}
+
+/// The mode to fork with on this host: worktree needs the confined git
+/// runner and a backend that mounts the parent's objects (docker).
+pub fn effective_mode(config: &HostConfig, asked: Mode) -> Result<Mode, String> {
+    let worktree_possible =
+        config.fork_git.is_some() && config.backend.kind() == box_backend::BackendKind::Docker;
+    match asked {
+        Mode::Worktree if !worktree_possible => Err(format!(
+            "box/fork: mode: worktree needs {} on this host; fork with mode copy",
+            if config.fork_git.is_none() {
+                "a confined git runner (none is configured)".to_owned()
+            } else {
+                format!(
+                    "a backend that mounts the parent's git objects (docker), not {}",
+                    config.backend.kind().as_str()
+                )
+            }
+        )),
+        Mode::Auto if !worktree_possible => Ok(Mode::Copy),
+        mode => Ok(mode),
+    }
+}
+
+/// Fork `parent` into `child` (blocking; run it off the runtime).
+pub fn make_fork(
+    config: &HostConfig,
+    parent: &Path,
+    child: &Path,
+    ask: &ForkAsk,
+    mode: Mode,
+) -> Result<box_fork::Forked, String> {
+    let options = box_fork::Options {
+        mode,
+        dirty: ask.dirty,
+        writable: ask.writable,
+        objects_in_unit: Some(PathBuf::from(ObjectsWiring::DIR_IN_UNIT)),
+    };
+    box_fork::fork(&git(config), parent, child, &options)
+        .map_err(|error| format!("box/fork: forking {}: {error}", ask.from))
+}
+
+/// Remove a child's storage (blocking); logged when it fails.
+pub fn remove_storage(config: &HostConfig, child: &ChildFork) {
+    let base = match child.base.lock() {
+        Ok(base) => base.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    };
+    if let Err(error) = box_fork::discard(&git(config), &child.path, &base) {
+        tracing::error!(path = %child.path.display(), %error, "removing a fork's storage failed");
+    }
+}
+
+/// Merge a child into its parent (blocking): the answer's result, or the
+/// error's code, message and data (the paths in conflict).
+pub fn merge(
+    config: &HostConfig,
+    unit: &str,
+    child: &ChildFork,
+    theirs: bool,
+) -> Result<Value, (i64, String, Value)> {
+    let mut base = match child.base.lock() {
+        Ok(base) => base,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    let options = box_fork::MergeOptions { theirs };
+    let relative = |paths: &[PathBuf]| -> Vec<String> {
+        paths
+            .iter()
+            .map(|path| path.to_string_lossy().into_owned())
+            .collect()
+    };
+    match box_fork::merge(
+        &child.path,
+        &child.parent_path,
+        &mut base,
+        &options,
+        &lock_dir(config),
+    ) {
+        Ok(merged) => {
+            let skipped: Vec<Value> = merged
+                .skipped
+                .iter()
+                .map(|skip| json!({"path": skip.path.to_string_lossy(), "reason": format!("{:?}", skip.reason)}))
+                .collect();
+            let mut result = json!({
+                "unit": unit,
+                "into": child.parent,
+                "merged": relative(&merged.merged),
+                "deleted": relative(&merged.deleted),
+            });
+            if !skipped.is_empty() {
+                result["skipped"] = json!(skipped);
+            }
+            Ok(result)
+        }
+        Err(error) => {
+            let message = format!("box/merge {unit} into {}: {error}", child.parent);
+            let data = match &error {
+                box_fork::Error::Conflict { paths } => {
+                    json!({"unit": unit, "conflicts": relative(paths)})
+                }
+                box_fork::Error::Refused { refusals } => json!({
+                    "unit": unit,
+                    "refused": refusals
+                        .iter()
+                        .map(|refusal| json!({"path": refusal.path.to_string_lossy(), "reason": refusal.reason}))
+                        .collect::<Vec<_>>(),
+                }),
+                _ => json!({"unit": unit}),
+            };
+            let code = match &error {
+                box_fork::Error::Conflict { .. } | box_fork::Error::Refused { .. } => {
+                    code::INVALID_PARAMS
+                }
+                _ => code::INTERNAL_ERROR,
+            };
+            Err((code, message, data))
+        }
+    }
+}
+
+/// The mechanism's name on the wire.
+pub fn mode_name(mode: Mechanism) -> &'static str {
+    match mode {
+        Mechanism::Worktree => "worktree",
+        Mechanism::Copy => "copy",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fork_params_are_checked_and_named() {
+        let ask = |params: Value| {
+            fork_ask(&json!({"jsonrpc": "2.0", "id": 1, "method": "box/fork", "params": params}))
+        };
+        assert_eq!(
+            ask(json!({})).unwrap(),
+            ForkAsk {
+                from: "workspace".to_owned(),
+                mode: Mode::Auto,
+                dirty: true,
+                writable: true,
+                label: None
+            }
+        );
+        let asked = ask(json!({"from": "fork-1", "mode": "copy", "dirty": false, "writable": false, "label": "explorer"})).unwrap();
+        assert_eq!(asked.mode, Mode::Copy);
+        assert!(!asked.dirty && !asked.writable);
+        assert!(
+            ask(json!({"mode": "overlay"}))
+                .unwrap_err()
+                .contains("mode: `overlay`")
+        );
+        assert!(ask(json!({"dirty": "yes"})).unwrap_err().contains("dirty"));
+        assert!(ask(json!({"size": 1})).unwrap_err().contains("`size`"));
+    }
+
+    #[test]
+    fn storage_names_stay_one_component() {
+        assert_eq!(safe_name("../x/y"), ".._x_y");
+        assert_eq!(safe_name(".."), "_");
+        assert_eq!(safe_name("http-127.0.0.1-8080"), "http-127.0.0.1-8080");
+    }
+}

@@ -1,0 +1,776 @@
+//! `box/fork`, `box/merge` and `box/discard` through `box serve` on Docker
+//! (issue 11): children in copy and worktree mode, isolation both ways, a
+//! child's commit kept from the parent's refs, merges (modified, added,
+//! deleted, binary), a conflicting merge that changes nothing, discard and
+//! session end removing the child's container and storage, hostile git
+//! configuration that never fires.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use boxhost::backend::docker::DockerBackend;
+use serde_json::{Value, json};
+
+use crate::support::{box_bin, under_ci};
+
+/// Whether the Docker engine answers; under CI a missing engine is a failure.
+fn docker() -> bool {
+    let connected = std::thread::spawn(|| {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(DockerBackend::connect()).map(drop)
+    })
+    .join()
+    .unwrap();
+    match connected {
+        Ok(()) => true,
+        Err(error) => {
+            assert!(!under_ci(), "CI needs a Docker engine: {error}");
+            eprintln!("\n*** DOCKER FORK TESTS NOT RUN: {error} ***\n");
+            false
+        }
+    }
+}
+
+/// A `box serve` over stdio whose forks live under `state`.
+struct Served {
+    child: Child,
+    lines: mpsc::Receiver<Value>,
+    next: i64,
+}
+
+impl Served {
+    fn start(instance: &str, workspace: &Path, state: &Path) -> Self {
+        Self::start_on("docker", instance, workspace, state)
+    }
+
+    fn start_on(backend: &str, instance: &str, workspace: &Path, state: &Path) -> Self {
+        let mut child = Command::new(box_bin())
+            .args(["serve", "--backend", backend, "--instance", instance])
+            .arg("--workspace")
+            .arg(workspace)
+            .env("RUST_LOG", "warn")
+            .env("XDG_STATE_HOME", state)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (send, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(value) = serde_json::from_str(&line)
+                    && send.send(value).is_err()
+                {
+                    break;
+                }
+            }
+        });
+        let mut served = Self {
+            child,
+            lines,
+            next: 1,
+        };
+        let answer = served.call(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "fork", "version": "1"}}),
+        );
+        assert!(answer.get("result").is_some(), "initialize: {answer}");
+        let stdin = served.child.stdin.as_mut().unwrap();
+        writeln!(
+            stdin,
+            "{}",
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        )
+        .unwrap();
+        served
+    }
+
+    /// One request; its whole answer.
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next;
+        self.next += 1;
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(
+            stdin,
+            "{}",
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+        )
+        .unwrap();
+        stdin.flush().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let message = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no answer to {method} within 120 s"));
+            if message["id"] == json!(id) {
+                return message;
+            }
+        }
+    }
+
+    /// A result, or a panic naming the error.
+    fn ok(&mut self, method: &str, params: Value) -> Value {
+        let answer = self.call(method, params.clone());
+        answer
+            .get("result")
+            .cloned()
+            .unwrap_or_else(|| panic!("{method} {params}: {answer}"))
+    }
+
+    /// The bash tool in `unit` (`None`: the workspace unit); its output.
+    fn bash(&mut self, unit: Option<&str>, command: &str) -> String {
+        let mut params = json!({"name": "bash", "arguments": {"command": command}});
+        if let Some(unit) = unit {
+            params["_meta"] = json!({"box/unit": unit});
+        }
+        let result = self.ok("tools/call", params);
+        result["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("bash {command}: {result}"))
+            .to_owned()
+    }
+
+    /// Hang up and wait for the host to exit.
+    fn hang_up(mut self) -> std::process::ExitStatus {
+        drop(self.child.stdin.take());
+        for _ in 0..900 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        panic!("box serve did not exit within 90 s of its client hanging up");
+    }
+}
+
+/// The containers labelled with `instance` (and, if given, unit `unit`).
+async fn containers(instance: &str, unit: Option<&str>) -> Vec<String> {
+    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
+    let mut labels = vec![format!("box.instance={instance}")];
+    if let Some(unit) = unit {
+        labels.push(format!("box.unit={unit}"));
+    }
+    let filters = std::collections::HashMap::from([("label".to_owned(), labels)]);
+    let options =
+        boxhost::backend::docker::bollard::query_parameters::ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
+    docker
+        .list_containers(Some(options))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|container| container.id)
+        .collect()
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let output = Command::new("git")
+        .current_dir(dir)
+        .args(args)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// A repository with a commit, a binary file, a dirty change and an
+/// untracked file; its git configuration and attributes hostile: a hook,
+/// a filter, an fsmonitor and an external diff that would each leave a
+/// canary in `canaries` if they ever ran.
+fn hostile_repository(dir: &Path, canaries: &Path) {
+    git(dir, &["init", "-q", "-b", "main"]);
+    std::fs::write(dir.join("kept.txt"), "kept\n").unwrap();
+    std::fs::write(dir.join("changed.txt"), "before\n").unwrap();
+    std::fs::write(dir.join("gone.txt"), "to be deleted\n").unwrap();
+    std::fs::write(dir.join("blob.bin"), [0u8, 159, 146, 150, 0, 1, 2]).unwrap();
+    std::fs::write(dir.join(".gitattributes"), "*.txt filter=evil diff=evil\n").unwrap();
+    git(dir, &["add", "-A"]);
+    git(
+        dir,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "-m",
+            "base",
+        ],
+    );
+    let canary = |name: &str| format!("touch {}", canaries.join(name).display());
+    let config = format!(
+        "[core]\n\tfsmonitor = \"{fsmonitor}\"\n\thooksPath = hooks\n[filter \"evil\"]\n\tclean = \"{clean}\"\n\tsmudge = \"{smudge}\"\n\tprocess = \"{process}\"\n[diff \"evil\"]\n\ttextconv = \"{textconv}\"\n[diff]\n\texternal = \"{external}\"\n",
+        fsmonitor = canary("fsmonitor"),
+        clean = canary("clean"),
+        smudge = canary("smudge"),
+        process = canary("process"),
+        textconv = canary("textconv"),
+        external = canary("external"),
+    );
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join(".git/config"))
+        .unwrap();
+    file.write_all(config.as_bytes()).unwrap();
+    for hooks in [dir.join("hooks"), dir.join(".git/hooks")] {
+        std::fs::create_dir_all(&hooks).unwrap();
+        for hook in ["post-checkout", "pre-commit", "reference-transaction"] {
+            let path = hooks.join(hook);
+            std::fs::write(&path, format!("#!/bin/sh\n{}\n", canary(hook))).unwrap();
+            std::os::unix::fs::PermissionsExt::set_mode(
+                &mut std::fs::metadata(&path).unwrap().permissions(),
+                0o755,
+            );
+            let mut permissions = std::fs::metadata(&path).unwrap().permissions();
+            std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+            std::fs::set_permissions(&path, permissions).unwrap();
+        }
+    }
+    // A link out of the tree: never copied into a child.
+    std::os::unix::fs::symlink("/etc/hostname", dir.join("outside")).unwrap();
+    // Uncommitted work the dirty overlay brings.
+    std::fs::write(dir.join("changed.txt"), "dirty in the parent\n").unwrap();
+    std::fs::write(dir.join("untracked.txt"), "untracked\n").unwrap();
+}
+
+/// The child directories under `state` (box's fork storage).
+fn stored_forks(state: &Path) -> Vec<PathBuf> {
+    let root = state.join("box/forks");
+    let mut found = Vec::new();
+    let Ok(instances) = std::fs::read_dir(&root) else {
+        return found;
+    };
+    for instance in instances.flatten() {
+        if instance.file_name() == "locks" {
+            continue;
+        }
+        for session in std::fs::read_dir(instance.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for child in std::fs::read_dir(session.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                found.push(child.path());
+            }
+        }
+    }
+    found
+}
+
+/// Fork in copy and in worktree mode: each child sees the parent's state,
+/// its writes stay its own until merged, the parent's stay the parent's; a
+/// commit in the worktree child never reaches the parent's refs; the merge
+/// carries modified, added, deleted and binary files; no hook, filter,
+/// fsmonitor or diff driver of the parent ever runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn forks_in_both_modes_are_isolated_and_merge_back() {
+    if !docker() {
+        return;
+    }
+    let instance = format!("e2e-fork-{}", std::process::id());
+    let workspace = tempfile::tempdir().unwrap();
+    let canaries = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let ws = workspace.path();
+    hostile_repository(ws, canaries.path());
+    let parent_head = git(ws, &["rev-parse", "HEAD"]);
+    let parent_refs = git(ws, &["for-each-ref", "--format=%(refname)", "refs/heads"]);
+    let mut served = tokio::task::block_in_place(|| Served::start(&instance, ws, state.path()));
+
+    for mode in ["copy", "worktree"] {
+        let forked = tokio::task::block_in_place(|| {
+            served.ok(
+                "box/fork",
+                json!({"mode": mode, "label": format!("{mode} child")}),
+            )
+        });
+        let unit = forked["unit"].as_str().unwrap().to_owned();
+        assert_eq!(forked["mode"], json!(mode), "{forked}");
+        assert!(forked["envelope"]["name"].is_string(), "{forked}");
+        assert!(forked.get("advisory").is_none(), "{forked}");
+        let listed =
+            tokio::task::block_in_place(|| served.ok("agentworkspace/servers.list", json!({})));
+        assert!(
+            listed["servers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|server| server["name"] == json!(unit)
+                    && server["fork"]["parent"] == json!("workspace")),
+            "{listed}"
+        );
+        assert_eq!(containers(&instance, Some(&unit)).await.len(), 1, "{unit}");
+
+        let seen = tokio::task::block_in_place(|| {
+            served.bash(
+                Some(&unit),
+                "cat changed.txt untracked.txt kept.txt; od -An -tu1 blob.bin | tr -s ' '",
+            )
+        });
+        assert!(seen.contains("dirty in the parent"), "{mode}: {seen}");
+        assert!(seen.contains("untracked"), "{mode}: {seen}");
+        assert!(seen.contains("0 159 146 150 0 1 2"), "{mode}: {seen}");
+        let link = tokio::task::block_in_place(|| {
+            served.bash(Some(&unit), "ls -l outside 2>&1; echo status=$?")
+        });
+        assert!(
+            link.contains("status=2"),
+            "{mode}: the link out of the tree was copied: {link}"
+        );
+        assert!(forked["skipped"].as_u64().unwrap_or(0) >= 1, "{forked}");
+
+        // Writes on each side stay there.
+        tokio::task::block_in_place(|| {
+            served.bash(
+                Some(&unit),
+                &format!(
+                    "printf 'from the {mode} child\\n' > changed.txt && printf 'new in {mode}\\n' > added-{mode}.txt && rm gone.txt && printf '\\000\\377{mode}' > blob.bin"
+                ),
+            );
+            served.bash(
+                None,
+                &format!("printf 'parent only\\n' > parent-{mode}.txt"),
+            );
+        });
+        assert_eq!(
+            std::fs::read_to_string(ws.join("changed.txt")).unwrap(),
+            "dirty in the parent\n"
+        );
+        assert!(!ws.join(format!("added-{mode}.txt")).exists());
+        assert!(ws.join("gone.txt").exists());
+        let child_sees = tokio::task::block_in_place(|| {
+            served.bash(
+                Some(&unit),
+                &format!("ls parent-{mode}.txt 2>&1; echo status=$?"),
+            )
+        });
+        assert!(child_sees.contains("status=2"), "{mode}: {child_sees}");
+
+        // A commit in the child stays in the child.
+        let committed = tokio::task::block_in_place(|| {
+            served.bash(
+                Some(&unit),
+                "git add -A >/dev/null 2>&1; git -c user.name=c -c user.email=c@c commit -qm child >/dev/null 2>&1; git branch -f escaped >/dev/null 2>&1; git rev-parse HEAD",
+            )
+        });
+        assert_ne!(
+            committed.trim(),
+            parent_head,
+            "{mode}: the child committed: {committed}"
+        );
+        assert_eq!(git(ws, &["rev-parse", "HEAD"]), parent_head, "{mode}");
+        assert_eq!(
+            git(ws, &["for-each-ref", "--format=%(refname)", "refs/heads"]),
+            parent_refs,
+            "{mode}: a child's branch reached the parent"
+        );
+
+        // The parent changed changed.txt since the fork? No: only its own
+        // new file. The merge carries every kind of change.
+        let merged = tokio::task::block_in_place(|| served.ok("box/merge", json!({"unit": unit})));
+        let names = |key: &str| -> Vec<String> {
+            merged[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|path| path.as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert!(
+            names("merged").contains(&"changed.txt".to_owned()),
+            "{merged}"
+        );
+        assert!(
+            names("merged").contains(&format!("added-{mode}.txt")),
+            "{merged}"
+        );
+        assert!(names("merged").contains(&"blob.bin".to_owned()), "{merged}");
+        assert!(
+            names("deleted").contains(&"gone.txt".to_owned()),
+            "{merged}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(ws.join("changed.txt")).unwrap(),
+            format!("from the {mode} child\n")
+        );
+        assert_eq!(
+            std::fs::read(ws.join("blob.bin")).unwrap(),
+            [&[0u8, 255][..], mode.as_bytes()].concat()
+        );
+        assert!(!ws.join("gone.txt").exists());
+        assert!(ws.join(format!("parent-{mode}.txt")).exists());
+        assert_eq!(git(ws, &["rev-parse", "HEAD"]), parent_head, "{mode}");
+
+        // Discard: the container and the storage go.
+        let discarded =
+            tokio::task::block_in_place(|| served.ok("box/discard", json!({"unit": unit})));
+        assert_eq!(discarded["discarded"], json!(true), "{discarded}");
+        assert_eq!(
+            containers(&instance, Some(&unit)).await,
+            Vec::<String>::new()
+        );
+        assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
+        let gone = tokio::task::block_in_place(|| {
+            served.call(
+                "tools/call",
+                json!({"name": "bash", "arguments": {"command": "true"}, "_meta": {"box/unit": unit}}),
+            )
+        });
+        assert!(
+            gone["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("discarded"),
+            "{gone}"
+        );
+        // Restore for the next mode.
+        std::fs::write(ws.join("gone.txt"), "to be deleted\n").unwrap();
+        std::fs::write(ws.join("changed.txt"), "dirty in the parent\n").unwrap();
+        std::fs::write(ws.join("blob.bin"), [0u8, 159, 146, 150, 0, 1, 2]).unwrap();
+    }
+    let status = tokio::task::block_in_place(|| served.hang_up());
+    assert!(status.success(), "{status}");
+    let fired: Vec<_> = std::fs::read_dir(canaries.path())
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.file_name())
+        .collect();
+    assert_eq!(
+        fired,
+        Vec::<std::ffi::OsString>::new(),
+        "hostile git configuration ran"
+    );
+    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+}
+
+/// A merge refused for a path both sides changed changes nothing and names
+/// the path; `theirs` then lets the child win. Session end removes a child's
+/// container and storage.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_conflicting_merge_changes_nothing_and_session_end_removes_children() {
+    if !docker() {
+        return;
+    }
+    let instance = format!("e2e-fork-conflict-{}", std::process::id());
+    let workspace = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let ws = workspace.path();
+    std::fs::write(ws.join("both.txt"), "base\n").unwrap();
+    std::fs::write(ws.join("other.txt"), "base\n").unwrap();
+    let mut served = tokio::task::block_in_place(|| Served::start(&instance, ws, state.path()));
+    let forked = tokio::task::block_in_place(|| served.ok("box/fork", json!({})));
+    // Not a repository: auto is a copy.
+    assert_eq!(forked["mode"], json!("copy"), "{forked}");
+    let unit = forked["unit"].as_str().unwrap().to_owned();
+    assert_eq!(stored_forks(state.path()).len(), 1);
+    tokio::task::block_in_place(|| {
+        served.bash(
+            Some(&unit),
+            "echo child > both.txt && echo child > other.txt && echo child > new.txt",
+        )
+    });
+    std::fs::write(ws.join("both.txt"), "parent\n").unwrap();
+    let refused = tokio::task::block_in_place(|| served.call("box/merge", json!({"unit": unit})));
+    assert_eq!(
+        refused["error"]["data"]["conflicts"],
+        json!(["both.txt"]),
+        "{refused}"
+    );
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("both.txt"),
+        "{refused}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("both.txt")).unwrap(),
+        "parent\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("other.txt")).unwrap(),
+        "base\n"
+    );
+    assert!(!ws.join("new.txt").exists());
+    let merged = tokio::task::block_in_place(|| {
+        served.ok("box/merge", json!({"unit": unit, "theirs": true}))
+    });
+    assert_eq!(
+        std::fs::read_to_string(ws.join("both.txt")).unwrap(),
+        "child\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("new.txt")).unwrap(),
+        "child\n"
+    );
+    assert_eq!(merged["deleted"], json!([]), "{merged}");
+
+    // A child's process id is the child's: the workspace unit does not know it.
+    let started = tokio::task::block_in_place(|| {
+        served.ok(
+            "agentworkspace/process.start",
+            json!({"args": ["cat"], "_meta": {"box/unit": unit}}),
+        )
+    });
+    let process = started["id"].as_str().unwrap().to_owned();
+    let elsewhere = tokio::task::block_in_place(|| {
+        served.call(
+            "agentworkspace/process.write",
+            json!({"id": process, "data": "aGkK"}),
+        )
+    });
+    assert!(elsewhere.get("error").is_some(), "{elsewhere}");
+    let here = tokio::task::block_in_place(|| {
+        served.call(
+            "agentworkspace/process.write",
+            json!({"id": process, "data": "aGkK", "_meta": {"box/unit": unit}}),
+        )
+    });
+    assert!(here.get("result").is_some(), "{here}");
+
+    // A fork of the fork: listed under it, and it keeps its parent from
+    // being discarded first.
+    let grandchild = tokio::task::block_in_place(|| {
+        served.ok("box/fork", json!({"from": unit, "mode": "copy"}))
+    });
+    let grandchild = grandchild["unit"].as_str().unwrap().to_owned();
+    let seen = tokio::task::block_in_place(|| served.bash(Some(&grandchild), "cat new.txt"));
+    assert!(seen.contains("child"), "{seen}");
+    let refused = tokio::task::block_in_place(|| served.call("box/discard", json!({"unit": unit})));
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&grandchild),
+        "{refused}"
+    );
+    tokio::task::block_in_place(|| served.ok("box/discard", json!({"unit": grandchild})));
+
+    // A second child, left running: the session's end takes it.
+    let second = tokio::task::block_in_place(|| served.ok("box/fork", json!({"writable": false})));
+    let second = second["unit"].as_str().unwrap().to_owned();
+    let denied = tokio::task::block_in_place(|| {
+        served.bash(Some(&second), "echo x > both.txt 2>&1; echo status=$?")
+    });
+    assert!(
+        denied.contains("status=1"),
+        "a read-only child wrote: {denied}"
+    );
+    assert_eq!(containers(&instance, None).await.len(), 3);
+    let status = tokio::task::block_in_place(|| served.hang_up());
+    assert!(status.success(), "{status}");
+    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+    assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
+}
+
+/// `workspace.source = "fork"` on a shared HTTP host: two concurrent
+/// sessions each work on their own fork of the host directory, never see
+/// each other's writes, and one merges its work back with
+/// `box/merge {unit: "workspace"}`; ending the sessions removes their forks.
+#[tokio::test(flavor = "multi_thread")]
+async fn http_sessions_on_forked_workspaces_are_isolated_and_merge_back() {
+    use crate::serve::{http, post};
+    if !docker() {
+        return;
+    }
+    let instance = format!("e2e-fork-http-{}", std::process::id());
+    let workspace = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    let ws = workspace.path();
+    std::fs::write(ws.join("shared.txt"), "host\n").unwrap();
+    std::fs::write(
+        profiles.path().join("forked.toml"),
+        "description = \"each session on its own fork\"\nextends = \"default\"\n\n[workspace]\nsource = \"fork\"\nfork_mode = \"copy\"\n",
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(box_bin())
+        .args(["serve", "--backend", "docker", "--instance", &instance])
+        .arg("--profiles")
+        .arg(profiles.path())
+        .args([
+            "--profile",
+            "forked",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .arg("--workspace")
+        .arg(ws)
+        .env("RUST_LOG", "warn")
+        .env("XDG_STATE_HOME", state.path())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let address: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(address).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "fork", "version": "1"}}});
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        let reply = post(address, None, &[], &initialize).await;
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        let session = reply.header("mcp-session-id").unwrap().to_owned();
+        let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        post(address, Some(&session), &[], &ready).await;
+        sessions.push(session);
+    }
+    let bash = |session: String, command: &'static str| async move {
+        let reply = post(
+            address,
+            Some(&session),
+            &[],
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "bash", "arguments": {"command": command}}}),
+        )
+        .await;
+        let answer = reply.json();
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("bash {command}: {answer}"))
+            .to_owned()
+    };
+    let (a, b) = (sessions[0].clone(), sessions[1].clone());
+    bash(a.clone(), "echo from-a > a.txt && echo a > shared.txt").await;
+    bash(b.clone(), "echo from-b > b.txt").await;
+    let seen_by_b = bash(b.clone(), "cat shared.txt; ls").await;
+    assert!(seen_by_b.contains("host"), "{seen_by_b}");
+    assert!(
+        !seen_by_b.contains("a.txt"),
+        "session B sees A's file: {seen_by_b}"
+    );
+    let seen_by_a = bash(a.clone(), "ls").await;
+    assert!(
+        !seen_by_a.contains("b.txt"),
+        "session A sees B's file: {seen_by_a}"
+    );
+    assert!(!ws.join("a.txt").exists() && !ws.join("b.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(ws.join("shared.txt")).unwrap(),
+        "host\n"
+    );
+
+    let merged = post(
+        address,
+        Some(&a),
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "box/merge", "params": {"unit": "workspace"}}),
+    )
+    .await
+    .json();
+    let mut paths: Vec<String> = merged["result"]["merged"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{merged}"))
+        .iter()
+        .map(|path| path.as_str().unwrap().to_owned())
+        .collect();
+    paths.sort();
+    assert_eq!(paths, ["a.txt", "shared.txt"], "{merged}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "from-a\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("shared.txt")).unwrap(),
+        "a\n"
+    );
+    assert!(!ws.join("b.txt").exists());
+    let still_b = bash(b.clone(), "cat shared.txt; ls").await;
+    assert!(
+        still_b.contains("host") && !still_b.contains("a.txt"),
+        "{still_b}"
+    );
+    assert_eq!(stored_forks(state.path()).len(), 2);
+
+    for session in &sessions {
+        let reply = http(
+            address,
+            "DELETE",
+            "/mcp",
+            &[("Mcp-Session-Id", session)],
+            b"",
+        )
+        .await;
+        assert_eq!(reply.status, 200);
+    }
+    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+    assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+/// On the local backend a fork is a copy (worktree needs a backend that
+/// mounts the parent's objects): isolated, merged back, removed.
+#[test]
+fn copy_forks_work_on_the_local_backend() {
+    let workspace = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let ws = workspace.path();
+    git(ws, &["init", "-q", "-b", "main"]);
+    std::fs::write(ws.join("a.txt"), "parent\n").unwrap();
+    let instance = format!("e2e-fork-local-{}", std::process::id());
+    let mut served = Served::start_on("local", &instance, ws, state.path());
+    let forked = served.ok("box/fork", json!({}));
+    assert_eq!(forked["mode"], json!("copy"), "{forked}");
+    let unit = forked["unit"].as_str().unwrap().to_owned();
+    let refused = served.call("box/fork", json!({"mode": "worktree"}));
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("worktree needs"),
+        "{refused}"
+    );
+    served.bash(Some(&unit), "echo child > a.txt && echo new > b.txt");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "parent\n"
+    );
+    assert!(!ws.join("b.txt").exists());
+    let merged = served.ok("box/merge", json!({"unit": unit}));
+    assert_eq!(merged["merged"], json!(["a.txt", "b.txt"]), "{merged}");
+    assert_eq!(std::fs::read_to_string(ws.join("b.txt")).unwrap(), "new\n");
+    assert_eq!(stored_forks(state.path()).len(), 1);
+    let status = served.hang_up();
+    assert!(status.success(), "{status}");
+    assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
+}
