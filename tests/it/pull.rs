@@ -730,3 +730,43 @@ fn docker_registry_credentials_come_from_the_docker_config_file() {
         "the password leaked: {out}{err}"
     );
 }
+
+/// On a terminal, `box image pull` redraws one line (layers and bytes) in
+/// place; with NO_COLOR it writes plain lines instead (`script` gives it a
+/// terminal).
+#[test]
+fn docker_box_image_pull_draws_one_line_on_a_terminal() {
+    let engine_answers = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine())
+        .is_some();
+    if !engine_answers {
+        return;
+    }
+    let registry = Registry::start();
+    let pushed = Pushed::new(&registry);
+    let on_terminal = |no_color: bool| {
+        docker(&["rmi", "-f", &pushed.pinned()]);
+        let command = format!("{} image pull {}", box_bin().display(), pushed.pinned());
+        let mut script = Command::new("script");
+        script.args(["-qefc", &command, "/dev/null"]);
+        if no_color {
+            script.env("NO_COLOR", "1");
+        } else {
+            script.env_remove("NO_COLOR");
+        }
+        let output = script.stdin(Stdio::null()).output().unwrap();
+        let shown = text(&output.stdout);
+        assert_eq!(output.status.code(), Some(0), "{shown}");
+        shown
+    };
+    let line = on_terminal(false);
+    assert!(
+        line.contains("\r\x1b[2Kpulling") && line.contains("layers"),
+        "one redrawn line: {line:?}"
+    );
+    assert!(!line.contains("  layer "), "no plain lines: {line:?}");
+    let plain = on_terminal(true);
+    assert!(!plain.contains('\x1b'), "NO_COLOR: no escapes: {plain:?}");
+    assert!(plain.contains("  layer "), "plain lines: {plain:?}");
+}
