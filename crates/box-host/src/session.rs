@@ -1201,7 +1201,10 @@ impl Session {
             }
             return Ok(Route::Unit(index, message, Rewrite::None));
         }
-        if method.starts_with("agentworkspace/process.") && method != "agentworkspace/process.start"
+        // `box/process.resize` (box's terminal extension) names a process as
+        // the others do, so it goes where they go.
+        if (method.starts_with("agentworkspace/process.") || method == "box/process.resize")
+            && method != "agentworkspace/process.start"
         {
             let target = params(&message)
                 .and_then(|p| p.get("id"))
