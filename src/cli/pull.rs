@@ -185,8 +185,11 @@ fn plain_line(event: &PullEvent) -> Option<String> {
   box image pull python:3.12-slim
   box image pull localhost:5000/tools@sha256:<64 hex digits>
   box image pull --json ghcr.io/org/tool:v1 | tail -1
+  REGISTRY_AUTH=ci:token box image pull --pull-secret REGISTRY_AUTH registry.internal/app:v1
 
-Credentials come from the Docker config file (`docker login`), never printed.
+Credentials come from the Docker config file (`docker login`), or with
+--pull-secret VAR from box's environment variable VAR (user:password, as a
+profile's pull_secret names it); never printed.
 A pinned image (NAME@sha256:..., or NAME:TAG@sha256:... to check the tag too)
 is verified to be that content.")]
 pub struct PullArgs {
@@ -197,6 +200,10 @@ pub struct PullArgs {
     /// (`{"image", "id", "digest", "downloaded", "seconds"}`).
     #[arg(long)]
     pub json: bool,
+    /// The environment variable holding the registry's `user:password`
+    /// (instead of the Docker config file's credentials).
+    #[arg(long, value_name = "VAR")]
+    pub pull_secret: Option<String>,
 }
 
 /// Run `box image pull`.
@@ -221,7 +228,7 @@ pub fn pull(args: &PullArgs) -> anyhow::Result<ExitCode> {
             .await
             .map_err(|why| anyhow::anyhow!("docker: {why}"))?;
         puller
-            .pull_image(&args.image, Some(&sink))
+            .pull_image(&args.image, Some(&sink), args.pull_secret.as_deref())
             .await
             .map_err(anyhow::Error::from)
     });

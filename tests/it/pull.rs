@@ -625,6 +625,55 @@ impl AuthRegistry {
             _dir: dir,
         }
     }
+    /// `docker login` to this registry in a Docker config of the test's own
+    /// (the host's is never touched), then push box-base there: the config
+    /// directory, the pushed `NAME:TAG`, and what removes it.
+    fn login_and_push(&self, password: &str) -> (tempfile::TempDir, String, Pushed) {
+        let config = tempfile::tempdir().unwrap();
+        let docker_with = |args: &[&str], stdin: Option<&str>| {
+            use std::io::Write as _;
+            let mut child = Command::new("docker")
+                .arg("--config")
+                .arg(config.path())
+                .args(args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut input = child.stdin.take().unwrap();
+            if let Some(stdin) = stdin {
+                input.write_all(stdin.as_bytes()).unwrap();
+            }
+            drop(input);
+            let output = child.wait_with_output().unwrap();
+            assert!(
+                output.status.success(),
+                "docker {args:?}: {}",
+                text(&output.stderr)
+            );
+            output
+        };
+        docker_with(
+            &["login", "-u", "boxtest", "--password-stdin", &self.address],
+            Some(password),
+        );
+        let saved = std::fs::read_to_string(config.path().join("config.json")).unwrap();
+        assert!(
+            saved.contains("\"auth\""),
+            "docker login stored a base64 auth: {saved}"
+        );
+        let tagged = format!("{}/box-pull-auth-{}:v1", self.address, suffix());
+        docker(&["tag", BASE, &tagged]);
+        docker_with(&["push", &tagged], None);
+        docker(&["rmi", &tagged]);
+        let cleanup = Pushed {
+            repository: tagged.rsplit_once(':').unwrap().0.to_owned(),
+            tag: "v1".to_owned(),
+            digest: format!("sha256:{}", "0".repeat(64)),
+        };
+        (config, tagged, cleanup)
+    }
 }
 
 impl Drop for AuthRegistry {
@@ -649,57 +698,7 @@ fn docker_registry_credentials_come_from_the_docker_config_file() {
     }
     let password = format!("canary-{}", suffix());
     let registry = AuthRegistry::start("boxtest", &password);
-    // The test's own Docker config: the host's is never touched.
-    let config = tempfile::tempdir().unwrap();
-    let docker_with = |args: &[&str], stdin: Option<&str>| {
-        use std::io::Write as _;
-        let mut child = Command::new("docker")
-            .arg("--config")
-            .arg(config.path())
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut input = child.stdin.take().unwrap();
-        if let Some(stdin) = stdin {
-            input.write_all(stdin.as_bytes()).unwrap();
-        }
-        drop(input);
-        let output = child.wait_with_output().unwrap();
-        assert!(
-            output.status.success(),
-            "docker {args:?}: {}",
-            text(&output.stderr)
-        );
-        output
-    };
-    docker_with(
-        &[
-            "login",
-            "-u",
-            "boxtest",
-            "--password-stdin",
-            &registry.address,
-        ],
-        Some(&password),
-    );
-    let saved = std::fs::read_to_string(config.path().join("config.json")).unwrap();
-    assert!(
-        saved.contains("\"auth\""),
-        "docker login stored a base64 auth: {saved}"
-    );
-
-    let tagged = format!("{}/box-pull-auth-{}:v1", registry.address, suffix());
-    docker(&["tag", BASE, &tagged]);
-    docker_with(&["push", &tagged], None);
-    docker(&["rmi", &tagged]);
-    let _cleanup = Pushed {
-        repository: tagged.rsplit_once(':').unwrap().0.to_owned(),
-        tag: "v1".to_owned(),
-        digest: format!("sha256:{}", "0".repeat(64)),
-    };
+    let (config, tagged, _cleanup) = registry.login_and_push(&password);
 
     // No credentials: refused, the registry named, with what to do.
     let empty = tempfile::tempdir().unwrap();
@@ -729,6 +728,97 @@ fn docker_registry_credentials_come_from_the_docker_config_file() {
         !out.contains(&password) && !err.contains(&password),
         "the password leaked: {out}{err}"
     );
+}
+
+/// A unit's `pull_secret`: the image comes from a registry that wants a
+/// password, with the `user:password` in the variable the profile names (no
+/// Docker config credentials at all); the unit never sees the variable, and
+/// box never prints the value. Unset, the start is refused naming the
+/// variable; `box image pull --pull-secret` does the same by hand.
+#[test]
+fn docker_a_units_pull_secret_pulls_from_a_registry_that_wants_a_password() {
+    let engine_answers = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine())
+        .is_some();
+    if !engine_answers {
+        return;
+    }
+    let password = format!("canary-{}", suffix());
+    let registry = AuthRegistry::start("boxtest", &password);
+    let (_config, tagged, _cleanup) = registry.login_and_push(&password);
+    let empty = tempfile::tempdir().unwrap();
+    let profiles = profiles(&format!(
+        "image = \"{tagged}\"\npull_secret = \"BOX_TEST_PULL_AUTH\""
+    ));
+    let workspace = tempfile::tempdir().unwrap();
+    let run = |secret: Option<&str>| {
+        let mut command = Command::new(box_bin());
+        command
+            .args(["run", "--backend", "docker", "--profile", "p", "--profiles"])
+            .arg(profiles.path())
+            .arg("--workspace")
+            .arg(workspace.path())
+            .args(["--", "sh", "-c", "echo ran; env"])
+            .env("DOCKER_CONFIG", empty.path())
+            .env("BOX_LOG", "debug")
+            .env_remove("BOX_TEST_PULL_AUTH")
+            .stdin(Stdio::null());
+        if let Some(secret) = secret {
+            command.env("BOX_TEST_PULL_AUTH", secret);
+        }
+        command.output().unwrap()
+    };
+
+    // Unset: refused naming the variable, before anything reaches the registry.
+    let refused = run(None);
+    let said = text(&refused.stderr);
+    assert_ne!(refused.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("pull_secret BOX_TEST_PULL_AUTH: is not set"),
+        "{said}"
+    );
+    assert!(!has_image(&tagged));
+    // Not user:password: refused the same way, the value not shown.
+    let malformed = run(Some(&password));
+    let said = text(&malformed.stderr);
+    assert!(said.contains("does not hold user:password"), "{said}");
+    assert!(!said.contains(&password), "the value leaked: {said}");
+
+    // Set: pulled with it, run; the unit has no such variable; never printed.
+    let value = format!("boxtest:{password}");
+    let ran = run(Some(&value));
+    let (out, err) = (text(&ran.stdout), text(&ran.stderr));
+    assert_eq!(ran.status.code(), Some(0), "{out}{err}");
+    assert!(out.starts_with("ran\n"), "{out}");
+    assert!(has_image(&tagged), "{err}");
+    assert!(
+        !out.contains("BOX_TEST_PULL_AUTH"),
+        "the unit got the variable: {out}"
+    );
+    assert!(
+        !out.contains(&password) && !err.contains(&password),
+        "the password leaked: {out}{err}"
+    );
+
+    // By hand: box image pull --pull-secret.
+    docker(&["rmi", &tagged]);
+    let pulled = Command::new(box_bin())
+        .args([
+            "image",
+            "pull",
+            "--pull-secret",
+            "BOX_TEST_PULL_AUTH",
+            &tagged,
+        ])
+        .env("DOCKER_CONFIG", empty.path())
+        .env("BOX_TEST_PULL_AUTH", &value)
+        .output()
+        .unwrap();
+    let err = text(&pulled.stderr);
+    assert_eq!(pulled.status.code(), Some(0), "{err}");
+    assert!(has_image(&tagged));
+    assert!(!err.contains(&password), "the password leaked: {err}");
 }
 
 /// On a terminal, `box image pull` redraws one line (layers and bytes) in

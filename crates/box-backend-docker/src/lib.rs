@@ -251,7 +251,12 @@ impl DockerBackend {
         let sink = pull::start_sink(self.pull_sink.as_ref(), wiring.progress.as_ref());
         let ready = match self
             .puller()
-            .ready_image(&spec.image, spec.pull, sink.as_ref())
+            .ready_image(
+                &spec.image,
+                spec.pull,
+                sink.as_ref(),
+                spec.pull_secret.as_deref(),
+            )
             .await
         {
             Ok(ready) => ready,

@@ -115,6 +115,19 @@ pub enum PullError {
         /// Its `RepoDigests`.
         found: Vec<String>,
     },
+    /// The unit's `pull_secret` names a host variable that is unset or does
+    /// not hold `user:password` (the value is never in the message).
+    #[error(
+        "pulling {image}: pull_secret {name}: {problem} (set {name}=user:password in box's environment, or remove pull_secret to use the Docker config file's credentials)"
+    )]
+    Secret {
+        /// As written.
+        image: String,
+        /// The variable's name.
+        name: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
     /// The engine failed otherwise.
     #[error("{doing} {image}: {message}")]
     Engine {
@@ -349,13 +362,15 @@ impl Puller {
         Ok(Self { docker })
     }
 
-    /// Pull `image` from its registry (credentials from the Docker config file
-    /// when it has some for that registry), reporting progress to `sink`; a
-    /// pinned image is verified to be the pinned content.
+    /// Pull `image` from its registry, reporting progress to `sink`; a pinned
+    /// image is verified to be the pinned content. The credentials: the value
+    /// of the host variable `secret` names (`user:password`) when given, else
+    /// what the Docker config file holds for that registry.
     pub async fn pull_image(
         &self,
         image: &str,
         sink: Option<&PullSink>,
+        secret: Option<&str>,
     ) -> Result<Pulled, PullError> {
         let reference = ImageRef::parse(image).map_err(|message| PullError::Reference {
             image: image.to_owned(),
@@ -374,8 +389,11 @@ impl Puller {
             .from_image(&reference.repository)
             .tag(&tag)
             .build();
-        let credentials = credentials_for(&registry);
-        tracing::info!(image, registry, "pulling");
+        let credentials = match secret {
+            Some(name) => Some(credentials_from_secret(image, &registry, name)?),
+            None => credentials_for(&registry),
+        };
+        tracing::info!(image, registry, secret, "pulling");
         let mut stream = self.docker.create_image(Some(options), None, credentials);
         let mut digest: Option<String> = None;
         let mut downloaded = false;
@@ -438,6 +456,7 @@ impl Puller {
         image: &str,
         pull: PullPolicy,
         sink: Option<&PullSink>,
+        secret: Option<&str>,
     ) -> Result<Ready, NotReady> {
         let reference = ImageRef::parse(image).map_err(|message| {
             NotReady::Pull(PullError::Reference {
@@ -470,7 +489,9 @@ impl Puller {
                 }
             }
         }
-        self.pull_image(image, sink).await.map_err(NotReady::Pull)?;
+        self.pull_image(image, sink, secret)
+            .await
+            .map_err(NotReady::Pull)?;
         self.verified(image, &reference)
             .await
             .map_err(NotReady::Pull)
@@ -510,7 +531,7 @@ fn registry_error(image: &str, registry: &str, error: &bollard::errors::Error) -
     // "unauthorized", "authentication required", "no basic auth credentials".
     let hint = if lower.contains("auth") || lower.contains("denied") {
         format!(
-            " (box sends the credentials `docker login {registry}` stored in the Docker config file's auths; credential helpers are not consulted)"
+            " (box sends the unit's pull_secret when it names one, else the credentials `docker login {registry}` stored in the Docker config file's auths; credential helpers are not consulted)"
         )
     } else if lower.contains("manifest unknown") || lower.contains("not found") {
         " (the registry has no such tag or digest: check the name, or `docker manifest inspect` it)"
@@ -548,6 +569,37 @@ fn credentials_for(registry: &str) -> Option<DockerCredentials> {
         "registry credentials"
     );
     found
+}
+
+/// The credentials in the host variable `name` (`user:password`, as
+/// `docker login` takes them). Never logged; the session's redactor also
+/// knows the value (`box-host`'s `session_secrets`).
+fn credentials_from_secret(
+    image: &str,
+    registry: &str,
+    name: &str,
+) -> Result<DockerCredentials, PullError> {
+    let refused = |problem| PullError::Secret {
+        image: image.to_owned(),
+        name: name.to_owned(),
+        problem,
+    };
+    let value = std::env::var(name).map_err(|error| {
+        refused(match error {
+            std::env::VarError::NotPresent => "is not set in box's environment",
+            std::env::VarError::NotUnicode(_) => "is not UTF-8",
+        })
+    })?;
+    let (username, password) = value
+        .split_once(':')
+        .filter(|(user, password)| !user.is_empty() && !password.is_empty())
+        .ok_or_else(|| refused("does not hold user:password"))?;
+    Ok(DockerCredentials {
+        username: Some(username.to_owned()),
+        password: Some(password.to_owned()),
+        serveraddress: Some(registry.to_owned()),
+        ..DockerCredentials::default()
+    })
 }
 
 /// The names a registry goes by in a config file's `auths`.

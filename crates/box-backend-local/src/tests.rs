@@ -14,6 +14,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
         role: Role::Workspace,
         image: "box-base:bookworm".to_owned(),
         pull: box_policy::plan::PullPolicy::Missing,
+        pull_secret: None,
         runtime: None,
         source,
         root: PathBuf::from("/workspace"),

@@ -64,7 +64,12 @@ pub(crate) struct Secret {
 pub(crate) fn session_secrets(plan: &Plan, host_env: &[(OsString, OsString)]) -> Vec<Secret> {
     let mut secrets = Vec::new();
     for unit in &plan.units {
-        for name in &unit.env_secrets {
+        // A pull secret goes to the engine only, yet a unit's output could
+        // still carry it (a tool that reads it elsewhere): redacted the same.
+        for name in unit.env_secrets.iter().chain(&unit.pull_secret) {
+            if secrets.iter().any(|secret: &Secret| &secret.name == name) {
+                continue;
+            }
             if let Some((_, value)) = host_env
                 .iter()
                 .find(|(have, _)| have.as_os_str() == name.as_str())
@@ -523,5 +528,28 @@ mod tests {
             .map(|secret| secret.name)
             .collect();
         assert_eq!(names, ["DEPLOY", "GITHUB_TOKEN"]);
+    }
+
+    #[test]
+    fn a_units_pull_secret_is_redacted_though_the_unit_never_gets_it() {
+        use box_policy::plan::{UnitSpec, WorkspaceSource};
+        let mut unit = UnitSpec::workspace("image", WorkspaceSource::Empty);
+        unit.pull_secret = Some("MIRROR".to_owned());
+        let mut server = unit.clone();
+        server.name = "tools".to_owned();
+        let plan = Plan {
+            profile: "p".to_owned(),
+            units: vec![unit, server],
+            on_persisted_credentials: Default::default(),
+            workspace_fork: None,
+        };
+        let env = vec![(
+            OsString::from("MIRROR"),
+            OsString::from("ci:mirror-password-42"),
+        )];
+        let secrets = session_secrets(&plan, &env);
+        let names: Vec<&str> = secrets.iter().map(|secret| secret.name.as_str()).collect();
+        assert_eq!(names, ["MIRROR"], "named once though two units name it");
+        assert_eq!(secrets[0].value, b"ci:mirror-password-42");
     }
 }

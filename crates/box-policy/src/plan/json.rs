@@ -63,6 +63,10 @@ impl UnitSpec {
         if self.pull != PullPolicy::default() {
             unit["pull"] = json!(self.pull.as_str());
         }
+        // The variable's name only; its value is never policy.
+        if let Some(name) = &self.pull_secret {
+            unit["pullSecret"] = json!(name);
+        }
         unit
     }
 }

@@ -189,6 +189,9 @@ pub struct UnitSpec {
     pub image: String,
     /// When the image is pulled from its registry (docker).
     pub pull: PullPolicy,
+    /// The host variable holding `user:password` for the image's registry:
+    /// read by the backend when it pulls, given to the engine only.
+    pub pull_secret: Option<String>,
     /// The engine's OCI runtime (`runsc` for gVisor); `None`: the engine's default.
     pub runtime: Option<String>,
     /// Where the workspace comes from on the host.
@@ -413,6 +416,7 @@ impl UnitSpec {
             role: Role::Workspace,
             image: image.to_owned(),
             pull: PullPolicy::Missing,
+            pull_secret: None,
             runtime: None,
             source,
             root: PathBuf::from("/workspace"),
@@ -553,6 +557,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             role: Role::Workspace,
             image: profile.workspace.image.clone(),
             pull: profile.workspace.pull,
+            pull_secret: profile.workspace.pull_secret.clone(),
             runtime: profile.workspace.runtime.clone(),
             source,
             root: root.clone(),
@@ -576,6 +581,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             role: Role::Server,
             image: server.image.clone(),
             pull: server.pull,
+            pull_secret: server.pull_secret.clone(),
             runtime: server.runtime.clone(),
             source: WorkspaceSource::None,
             root: root.clone(),

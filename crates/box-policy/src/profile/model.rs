@@ -48,6 +48,9 @@ pub struct Workspace {
     pub images: Vec<String>,
     /// When the image is pulled from its registry.
     pub pull: PullPolicy,
+    /// The host variable holding `user:password` for the image's registry
+    /// (`pull_secret`): given to the engine for pulls, never to the unit.
+    pub pull_secret: Option<String>,
     /// Where the workspace appears inside the unit.
     pub root: PathBuf,
     /// Where the workspace comes from.
@@ -238,6 +241,8 @@ pub struct Server {
     pub image: String,
     /// When the image is pulled from its registry.
     pub pull: PullPolicy,
+    /// The host variable holding `user:password` for the image's registry.
+    pub pull_secret: Option<String>,
     /// The MCP server command (stdio).
     pub command: Vec<String>,
     /// One line about what it offers.

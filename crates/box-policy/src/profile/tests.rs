@@ -91,6 +91,7 @@ fn every_field_is_read() {
 description = "all"
 [workspace]
 image = "img:1"
+pull_secret = "REGISTRY_AUTH"
 root = "/src"
 source = "/srv/repo"
 mode = "ro"
@@ -126,6 +127,7 @@ write_guard = "off"
             image: "img:1".to_owned(),
             images: Vec::new(),
             pull: crate::image::PullPolicy::Missing,
+            pull_secret: Some("REGISTRY_AUTH".to_owned()),
             root: PathBuf::from("/src"),
             source: Source::Host(PathBuf::from("/srv/repo")),
             mode: MountMode::ReadOnly,
@@ -189,7 +191,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[workspace]\nimgae = \"x\"\n",
-            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, images, pull, root, source, mode, user, runtime, on_persisted_credentials, fork_mode",
+            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, images, pull, pull_secret, root, source, mode, user, runtime, on_persisted_credentials, fork_mode",
         ),
         (
             "description = 5\n",
@@ -234,6 +236,14 @@ fn bad_input_gets_one_precise_error() {
         (
             "[workspace]\npull = \"sometimes\"\n",
             "p.toml:2:8: workspace.pull: \"sometimes\" is not accepted; write \"never\", \"missing\" or \"always\"",
+        ),
+        (
+            "[workspace]\npull_secret = \"user:pw\"\n",
+            "p.toml:2:15: workspace.pull_secret: \"user:pw\" is not a variable name; use letters, digits and _, not starting with a digit",
+        ),
+        (
+            "[workspace]\npull_secret = true\n",
+            "p.toml:2:15: workspace.pull_secret: expected the name of a host variable holding user:password, like \"REGISTRY_AUTH\", got true (a boolean)",
         ),
         (
             "[workspace]\nimages = [\"a:1\", \"a:1\"]\n",

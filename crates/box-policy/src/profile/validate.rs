@@ -42,6 +42,7 @@ pub(crate) const WORKSPACE: &[&str] = &[
     "image",
     "images",
     "pull",
+    "pull_secret",
     "root",
     "source",
     "mode",
@@ -81,6 +82,7 @@ pub(crate) const SERVER: &[&str] = &[
     "name",
     "image",
     "pull",
+    "pull_secret",
     "runtime",
     "command",
     "description",
@@ -340,6 +342,10 @@ impl Walk {
             Some(node) => self.pull(node, "workspace.pull"),
             None => Some(PullPolicy::default()),
         };
+        let pull_secret = match fields.get("pull_secret") {
+            Some(node) => self.pull_secret(node, "workspace.pull_secret").map(Some),
+            None => Some(None),
+        };
         let root = match fields.get("root") {
             Some(node) => self.unit_root(node),
             None => Some(PathBuf::from(defaults::ROOT)),
@@ -392,6 +398,7 @@ impl Walk {
             image: image?,
             images: images?,
             pull: pull?,
+            pull_secret: pull_secret?,
             root: root?,
             source: source?,
             mode: mode?,
@@ -424,6 +431,27 @@ impl Walk {
                 ("always", PullPolicy::Always),
             ],
         )
+    }
+
+    /// `pull_secret`: the name of a host variable holding the registry's
+    /// `user:password`. Only the name is policy; the value is read when a
+    /// pull needs it, handed to the engine alone and redacted everywhere.
+    fn pull_secret(&mut self, node: &Node, field: &str) -> Option<String> {
+        let Value::String(text) = &node.value else {
+            self.wrong_type(
+                node,
+                field,
+                "the name of a host variable holding user:password, like \"REGISTRY_AUTH\"",
+            );
+            return None;
+        };
+        match check_env_name(text) {
+            Ok(()) => Some(text.clone()),
+            Err(message) => {
+                self.problem(node, field, message);
+                None
+            }
+        }
     }
 
     /// An OCI runtime's name as the engine knows it (`runsc`, `runc`, `kata`).
@@ -1135,6 +1163,12 @@ impl Walk {
                 Some(node) => self.pull(node, &join(&label, "pull")),
                 None => Some(PullPolicy::default()),
             };
+            let pull_secret = match fields.get("pull_secret") {
+                Some(node) => self
+                    .pull_secret(node, &join(&label, "pull_secret"))
+                    .map(Some),
+                None => Some(None),
+            };
             let limits = self.limits(
                 fields.get("limits"),
                 &join(&label, "limits"),
@@ -1150,6 +1184,7 @@ impl Walk {
                 Some(limits),
                 Some(runtime),
                 Some(pull),
+                Some(pull_secret),
             ) = (
                 name,
                 image,
@@ -1159,11 +1194,13 @@ impl Walk {
                 limits,
                 runtime,
                 pull,
+                pull_secret,
             ) {
                 servers.push(Server {
                     name,
                     image,
                     pull,
+                    pull_secret,
                     command,
                     description,
                     network,
