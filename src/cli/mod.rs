@@ -144,7 +144,7 @@ pub fn main() -> ExitCode {
         Command::Image(args) => backend_cli::image(args),
         Command::Doctor(args) => crate::cli::doctor::doctor(args),
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "box", &mut std::io::stdout());
+            clap_complete::generate(shell, &mut completed(), "box", &mut std::io::stdout());
             Ok(ExitCode::SUCCESS)
         }
         Command::Sandbox(args) => crate::cli::sandbox::sandbox(args),
@@ -152,6 +152,24 @@ pub fn main() -> ExitCode {
         Command::Confine(args) => crate::cli::confine::confine(args),
     };
     report(result)
+}
+
+/// The command line as completions offer it: without the hidden subcommands
+/// (box's own helpers inside units), which clap_complete would list.
+fn completed() -> clap::Command {
+    let full = Cli::command();
+    // clap cannot remove a subcommand: rebuild the list from the visible ones.
+    let mut visible = clap::Command::new("box").version(env!("CARGO_PKG_VERSION"));
+    for argument in full.get_arguments() {
+        visible = visible.arg(argument.clone());
+    }
+    for subcommand in full
+        .get_subcommands()
+        .filter(|command| !command.is_hide_set())
+    {
+        visible = visible.subcommand(subcommand.clone());
+    }
+    visible
 }
 /// Print the error chain on stderr and pick the exit code.
 fn report(result: anyhow::Result<ExitCode>) -> ExitCode {

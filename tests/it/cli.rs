@@ -131,6 +131,19 @@ fn completions_are_printed_for_each_shell() {
         let text = stdout(&output);
         assert!(text.contains(want), "{shell}: {text}");
         assert!(text.contains("units"), "{shell}: subcommands missing");
+        // box's own helpers inside units are not for people to type.
+        for name in ["sandbox", "confine", "init"] {
+            // bash and zsh name functions and cases after it; fish quotes it.
+            let forms = [
+                format!("box__{name}"),
+                format!("box,{name})"),
+                format!("'{name}:"),
+                format!("\"{name}\""),
+            ];
+            if let Some(hidden) = forms.iter().find(|form| text.contains(form.as_str())) {
+                panic!("{shell} completes the hidden {name} ({hidden}): {text}");
+            }
+        }
     }
 }
 
