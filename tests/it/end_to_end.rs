@@ -639,6 +639,45 @@ fn bash(served: &mut Served, id: i64, command: &str) -> String {
         .to_owned()
 }
 
+/// An image with no bash (FROM scratch plus a static busybox): box's
+/// executor still serves it (it needs nothing from the image), the file tools
+/// work, and the bash tool says that the image has no bash instead of a bare
+/// "No such file or directory".
+#[test]
+fn a_unit_without_bash_says_so_and_its_other_tools_work() {
+    if !backends().contains(&"docker") {
+        return;
+    }
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("p.toml"),
+        "[workspace]\nimage = \"box-test-scratch:latest\"\n[security]\nlandlock = \"best-effort\"\n",
+    )
+    .unwrap();
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("hello.txt"), "hi from the host\n").unwrap();
+    let instance = format!("e2e-nobash-{}", std::process::id());
+    let profiles_arg = profiles.path().to_str().unwrap();
+    let mut served = Served::start_with(
+        "docker",
+        &instance,
+        workspace.path(),
+        &["--profiles", profiles_arg, "--profile", "p"],
+    );
+    let said = bash(&mut served, 1, "echo hi");
+    assert!(said.contains("this unit's image has no bash"), "{said}");
+    served.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "read", "arguments": {"path": "hello.txt"}}}));
+    let read = served.answer(2, Duration::from_secs(60));
+    assert!(
+        read["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|text| text.contains("hi from the host")),
+        "{read}"
+    );
+    assert!(served.hang_up().success());
+}
+
 /// Issue 10's egress allowlist, from the attacker's side: a unit whose profile
 /// allows one name reaches it through curl and Python's urllib (through the
 /// proxy the host wired in), and reaches nothing else: a name not allowed, a raw

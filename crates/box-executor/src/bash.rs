@@ -284,6 +284,16 @@ fn bash_path() -> &'static str {
     &BASH
 }
 
+/// What the client is told when bash did not start. box needs nothing from a
+/// unit's image, but this tool needs the image's bash: a missing one is said
+/// as such, with what still works.
+fn start_failed(bash: &str, root: &Path, error: &std::io::Error) -> String {
+    if error.kind() == std::io::ErrorKind::NotFound && !Path::new(bash).exists() {
+        return "bash: this unit's image has no bash (looked for /bin/bash, /usr/bin/bash, /usr/local/bin/bash and on PATH): the bash tool needs one; use an image with bash, or the tools that need nothing from the image (read, write, edit, glob, grep, ls)".to_owned();
+    }
+    format!("bash: cannot start {bash} in {}: {error}", root.display())
+}
+
 /// Run `bash -c script` at the workspace root with the child environment plus
 /// `extra`, until it exits, the timeout fires or `cancel` does.
 async fn run(
@@ -317,13 +327,8 @@ async fn run(
     // The command holds the parent's copies of the pipe's write end: drop it,
     // or the pipe never reaches end of file.
     drop(command);
-    let mut child = spawned.map_err(|error| {
-        format!(
-            "bash: cannot start {} in {}: {error}",
-            bash_path(),
-            context.workspace.root().display()
-        )
-    })?;
+    let mut child =
+        spawned.map_err(|error| start_failed(bash_path(), context.workspace.root(), &error))?;
     let group = child.id();
     // If this future is dropped mid-run (the caller gave up without the
     // token), the group dies with it.

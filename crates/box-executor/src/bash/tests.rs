@@ -358,3 +358,18 @@ async fn a_stamped_run_does_not_find_commands_in_the_workspace() {
     assert_eq!(outcome, ToolOutcome::ok("hi\n[exit 0]"));
     assert!(!temp.path().join("PLANTED").exists());
 }
+
+#[test]
+fn a_missing_bash_is_said_as_such_with_what_still_works() {
+    let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+    let said = start_failed("bash", Path::new("/workspace"), &missing);
+    assert!(said.contains("this unit's image has no bash"), "{said}");
+    assert!(said.contains("read, write, edit, glob, grep, ls"), "{said}");
+    // Another failure keeps the OS's words and where it was tried.
+    let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+    let said = start_failed("/bin/bash", Path::new("/workspace"), &denied);
+    assert!(
+        said.starts_with("bash: cannot start /bin/bash in /workspace"),
+        "{said}"
+    );
+}
