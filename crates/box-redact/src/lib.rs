@@ -355,6 +355,17 @@ impl Redactor {
         }
     }
 
+    /// Whether `bytes` hold any registered form: the search [`redact_bytes`]
+    /// runs, without building the redacted copy.
+    ///
+    /// [`redact_bytes`]: Self::redact_bytes
+    pub fn finds_any(&self, bytes: &[u8]) -> bool {
+        !self.is_empty()
+            && !self
+                .regions(bytes, search::Units::Bytes, search::Ending::Final)
+                .is_empty()
+    }
+
     /// `bytes` with every registered secret form replaced by
     /// `[REDACTED:NAME]`; borrowed, byte-identical, when nothing matched.
     /// Regions are not widened to UTF-8 character boundaries.
