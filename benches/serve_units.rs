@@ -25,10 +25,10 @@
 //! - `batch`: one `execution/batch` of 8 reads vs 8 sequential `tools/call`
 //!   reads, through `box serve` and through `docker exec -i`.
 //! - `egress`: a bulk HTTPS download (`curl -k` of a file from `openssl
-//!   s_server -WWW` on the host's loopback) from inside a docker unit whose
-//!   network is `egress` (through the executor's bridge and the host's proxy,
-//!   the name pinned with `network.hosts`), against the same `curl` on the
-//!   host going direct, alternating round by round.
+//!   s_server -WWW` on the host's loopback) from inside a local unit, then a
+//!   docker unit, whose network is `egress` (through the executor's bridge
+//!   and the host's proxy, the name pinned with `network.hosts`), against the
+//!   same `curl` on the host going direct, alternating round by round.
 //! - `runtime`: session start (initialize → first tool result, from an idle
 //!   `box serve`) of a gVisor unit (`runtime = "runsc"`) against the same
 //!   profile under the engine's default runtime (runc), alternating round by
@@ -507,8 +507,9 @@ fn start_figures(runtime: &tokio::runtime::Runtime, workspace: &Path, docker: Op
     local_start_figures(workspace);
 }
 
-/// Bulk HTTPS through a unit's egress proxy against the same download direct.
-fn egress_figures() {
+/// Bulk HTTPS through a unit's egress proxy against the same download direct,
+/// on `backend` (`docker` or `local`).
+fn egress_figures(backend: &str) {
     let rounds = env_number("BOX_BENCH_ROUNDS", 5);
     let mib = env_number("BOX_BENCH_EGRESS_MIB", 128);
     let served = tempfile::tempdir().unwrap();
@@ -567,8 +568,8 @@ fn egress_figures() {
     )
     .unwrap();
     let workspace = tempfile::tempdir().unwrap();
-    let instance = format!("{}-egress", label());
-    let mut command = box_serve("docker", workspace.path(), &instance);
+    let instance = format!("{}-egress-{backend}", label());
+    let mut command = box_serve(backend, workspace.path(), &instance);
     command
         .arg("--profiles")
         .arg(profiles.path())
@@ -617,7 +618,7 @@ fn egress_figures() {
     let _ = server.wait();
     let rate = |d: Duration| mib as f64 / d.as_secs_f64();
     println!(
-        "egress, docker: {mib} MiB over HTTPS from inside an egress unit (bridge + host proxy) median {:.0} MiB/s | curl on the host direct median {:.0} MiB/s | ratio {:.2} (goal >= 0.8), {rounds} rounds",
+        "egress, {backend}: {mib} MiB over HTTPS from inside an egress unit (bridge + host proxy) median {:.0} MiB/s | curl on the host direct median {:.0} MiB/s | ratio {:.2} (goal >= 0.8), {rounds} rounds",
         rate(median(&proxied)),
         rate(median(&straight)),
         rate(median(&proxied)) / rate(median(&straight)),
@@ -1477,8 +1478,11 @@ fn main() {
     if docker.is_some() && wants("batch") {
         batch_figures(workspace.path());
     }
-    if docker.is_some() && wants("egress") {
-        egress_figures();
+    if wants("egress") {
+        egress_figures("local");
+        if docker.is_some() {
+            egress_figures("docker");
+        }
     }
     if docker.is_some() && wanted.iter().any(|w| w == "lease") {
         runtime.block_on(lease_figures(workspace.path()));

@@ -35,7 +35,8 @@ pub struct RunArgs {
     /// Forward stdin even when it is a terminal (a pipe or a file is always forwarded).
     #[arg(short = 'i', long)]
     pub interactive: bool,
-    /// Give the command a terminal: not supported yet (the executor's processes have pipes).
+    /// Give the command a terminal of its own (a pseudo-terminal in its unit); with -i
+    /// from a terminal, keys go to it raw (^C included) and its size follows this one's.
     #[arg(short = 't', long)]
     pub tty: bool,
     /// The command and its arguments: the first argument that is not one of box run's
@@ -50,6 +51,12 @@ pub const RUN_AFTER_HELP: &str = "Examples:
   echo hi | box run cat
   box run -e LANG=C.UTF-8 -- sh -c 'locale; ls -la'
   box run --profile offline --tighten '{\"limits\": {\"memory\": \"512MiB\"}}' sh -c 'id; ls'
+  box run -it bash
+
+Terminal (-t), as `docker run`: -it gives an interactive terminal; -it when stdin is
+not a terminal is refused (\"the input device is not a TTY\", exit 125); -t alone
+works with any stdin and stdout (the command still has a terminal; its output then
+carries the terminal's \\r\\n, and stderr is joined to stdout).
 
 Exit codes:
   N    the command's own status
@@ -72,6 +79,7 @@ impl From<RunArgs> for RunConfig {
             log_format: args.log_format.as_str().to_owned(),
             env: args.env,
             stdin,
+            tty: args.tty,
             command: args.command,
         }
     }
@@ -79,9 +87,11 @@ impl From<RunArgs> for RunConfig {
 
 /// Run one command through a session of its own; the exit code is the command's.
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    if args.tty {
+    use std::io::IsTerminal as _;
+    // As `docker run -it`: an interactive terminal needs one to type at.
+    if args.tty && args.interactive && !std::io::stdin().is_terminal() {
         eprintln!(
-            "box run: -t: a terminal for the command is not supported yet (its stdin, stdout and stderr are pipes); run without -t"
+            "box run: -it: the input device is not a TTY (stdin is a pipe or a file); drop -t to forward it as a stream"
         );
         return Ok(ExitCode::from(125));
     }

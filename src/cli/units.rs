@@ -310,12 +310,17 @@ fn print_units(units: &[UnitInfo]) {
         "ID", "INSTANCE", "SESSION", "UNIT", "PROFILE", "STATE"
     );
     for unit in units {
+        // A fork shows the unit it was made from: `fork-1<workspace`.
+        let name = match &unit.parent {
+            Some(parent) => format!("{}<{parent}", unit.unit),
+            None => unit.unit.clone(),
+        };
         println!(
             "{:<12}  {:<24}  {:<20}  {:<12}  {:<10}  {:<8}  {}",
             unit.id.get(..12).unwrap_or(&unit.id),
             unit.instance,
             unit.session,
-            unit.unit,
+            name,
             unit.profile,
             unit.state,
             unit.created

@@ -22,7 +22,7 @@ use boxhost::plan::{
 use futures::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::{box_bin, under_ci};
+use crate::support::{box_bin, box_in_a_pty, under_ci};
 
 const IMAGE: &str = "box-base:bookworm";
 
@@ -2643,4 +2643,47 @@ async fn docker_the_unit_key_is_out_of_reach_of_the_units_processes() {
     assert!(!out.contains("BOX_UNIT_KEY"), "{out}");
     backend.remove(&unit.envelope.id).await.unwrap();
     instance.assert_clean(&backend).await;
+}
+
+/// `box run -it` on a docker unit: the command's terminal is one of the
+/// container's own pseudo-terminals, of this terminal's size, following a
+/// resize; keys reach it; this terminal is cooked again after.
+#[test]
+fn docker_box_run_it_gives_the_command_a_terminal() {
+    if tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine())
+        .is_none()
+    {
+        return;
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    let workspace_arg = workspace.path().to_str().unwrap();
+    let run = box_in_a_pty(
+        &[
+            "run",
+            "--backend",
+            "docker",
+            "--workspace",
+            workspace_arg,
+            "-it",
+            "sh",
+            "-c",
+            "tty; stty size; echo READY; read line; echo got:$line; stty size; exit 5",
+        ],
+        (33, 111),
+        "READY",
+        Some((44, 122)),
+        "hello\n",
+    );
+    assert_eq!(run.status, 5, "{}", run.output);
+    assert!(run.output.contains("/dev/pts/"), "{}", run.output);
+    assert!(run.output.contains("33 111"), "{}", run.output);
+    assert!(run.output.contains("got:hello"), "{}", run.output);
+    assert!(run.output.contains("44 122"), "{}", run.output);
+    assert!(
+        run.cooked_after,
+        "the terminal was left raw: {}",
+        run.output
+    );
 }

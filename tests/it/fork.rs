@@ -115,6 +115,40 @@ impl Served {
         }
     }
 
+    /// Send requests without waiting; then every answer, in the order asked.
+    fn call_all(&mut self, calls: &[(&str, Value)]) -> Vec<Value> {
+        let first = self.next;
+        let stdin = self.child.stdin.as_mut().unwrap();
+        for (method, params) in calls {
+            let id = self.next;
+            self.next += 1;
+            writeln!(
+                stdin,
+                "{}",
+                json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+            )
+            .unwrap();
+        }
+        stdin.flush().unwrap();
+        let mut answers: Vec<Option<Value>> = vec![None; calls.len()];
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while answers.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let message = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no answers to {calls:?} within 120 s"));
+            if let Some(index) = message["id"]
+                .as_i64()
+                .and_then(|id| usize::try_from(id - first).ok())
+                .filter(|index| *index < calls.len())
+            {
+                answers[index] = Some(message);
+            }
+        }
+        answers.into_iter().flatten().collect()
+    }
+
     /// A result, or a panic naming the error.
     fn ok(&mut self, method: &str, params: Value) -> Value {
         let answer = self.call(method, params.clone());
@@ -798,4 +832,111 @@ fn copy_forks_work_on_the_local_backend() {
     let status = served.hang_up();
     assert!(status.success(), "{status}");
     assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
+}
+
+/// Two merges into one parent sent at once are serialized, and both land
+/// whole; a fork whose dirty overlay cannot apply (the parent's index is
+/// corrupt) starts on a clean HEAD and says so in its answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_merges_both_land_and_a_degraded_fork_says_so() {
+    if !docker() {
+        return;
+    }
+    let instance = format!("e2e-fork-concurrent-{}", std::process::id());
+    let workspace = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let ws = workspace.path();
+    for name in ["a.txt", "b.txt"] {
+        std::fs::write(ws.join(name), "base\n").unwrap();
+    }
+    let mut served = tokio::task::block_in_place(|| Served::start(&instance, ws, state.path()));
+    let mut units = Vec::new();
+    for (file, added) in [("a.txt", "from-one.txt"), ("b.txt", "from-two.txt")] {
+        let forked = tokio::task::block_in_place(|| served.ok("box/fork", json!({"mode": "copy"})));
+        let unit = forked["unit"].as_str().unwrap().to_owned();
+        assert_eq!(forked["envelope"]["parent"], json!("workspace"), "{forked}");
+        tokio::task::block_in_place(|| {
+            served.bash(
+                Some(&unit),
+                &format!("echo {unit} > {file} && echo {unit} > {added}"),
+            )
+        });
+        units.push(unit);
+    }
+    // `box units ls` shows each child with the unit it came from.
+    let listed = Command::new(box_bin())
+        .args(["units", "ls", "--json"])
+        .output()
+        .unwrap();
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    for unit in &units {
+        assert!(
+            listed
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|listed| listed["instance"] == json!(instance)
+                    && listed["unit"] == json!(unit)
+                    && listed["parent"] == json!("workspace")),
+            "{unit}: {listed:#}"
+        );
+    }
+    let answers = tokio::task::block_in_place(|| {
+        served.call_all(&[
+            ("box/merge", json!({"unit": units[0]})),
+            ("box/merge", json!({"unit": units[1]})),
+        ])
+    });
+    for answer in &answers {
+        assert!(answer.get("result").is_some(), "{answer}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        format!("{}\n", units[0])
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("b.txt")).unwrap(),
+        format!("{}\n", units[1])
+    );
+    assert!(ws.join("from-one.txt").is_file() && ws.join("from-two.txt").is_file());
+    assert!(tokio::task::block_in_place(|| served.hang_up()).success());
+
+    // A repository whose index is corrupt: HEAD resolves, `git status` cannot run.
+    let repo = tempfile::tempdir().unwrap();
+    let dir = repo.path();
+    git(dir, &["init", "-q", "-b", "main"]);
+    std::fs::write(dir.join("README.md"), "committed\n").unwrap();
+    git(dir, &["add", "README.md"]);
+    git(
+        dir,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "one",
+        ],
+    );
+    std::fs::write(dir.join("README.md"), "uncommitted\n").unwrap();
+    std::fs::write(dir.join(".git/index"), b"DIRC garbage").unwrap();
+    let instance = format!("e2e-fork-degraded-{}", std::process::id());
+    let mut served = tokio::task::block_in_place(|| Served::start(&instance, dir, state.path()));
+    let forked = tokio::task::block_in_place(|| {
+        served.ok("box/fork", json!({"mode": "worktree", "dirty": true}))
+    });
+    let advisory = forked["advisory"].as_str().unwrap_or_default();
+    assert!(
+        advisory.starts_with("the child sees committed HEAD only"),
+        "{forked}"
+    );
+    let unit = forked["unit"].as_str().unwrap().to_owned();
+    let seen = tokio::task::block_in_place(|| served.bash(Some(&unit), "cat README.md"));
+    assert!(
+        seen.contains("committed") && !seen.contains("uncommitted"),
+        "{seen}"
+    );
+    assert!(tokio::task::block_in_place(|| served.hang_up()).success());
+    assert!(containers(&instance, None).await.is_empty());
 }

@@ -16,7 +16,7 @@ use boxhost::backend::{
 use boxhost::plan::{Limits, NetworkMode, Requirement, Role, UnitSpec, UserIds, WorkspaceSource};
 use tokio::io::AsyncReadExt;
 
-use crate::support::{box_bin, under_ci};
+use crate::support::{box_bin, box_in_a_pty, under_ci};
 
 fn session(name: &str) -> SessionLabel {
     SessionLabel {
@@ -2172,4 +2172,88 @@ async fn kernel_debug_files_stay_out_of_reach() {
     )
     .await;
     assert!(probe.output.contains("debug: 0"), "{}", probe.output);
+}
+
+/// `box run -t`: the command has a terminal of its own in the unit (a
+/// /dev/pts of the unit's devpts, of this terminal's size), and box's exit
+/// status is still the command's.
+#[test]
+fn box_run_t_gives_the_command_a_terminal_of_this_size() {
+    if !require_landlock() {
+        return;
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    let workspace_arg = workspace.path().to_str().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    // The terminal weakens nothing: the command is as confined as without one.
+    let script = format!(
+        "tty; stty size; grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; \
+         (echo x > {}/escaped) 2>/dev/null || echo outside-denied; exit 7",
+        outside.path().display()
+    );
+    let run = box_in_a_pty(
+        &[
+            "run",
+            "--backend",
+            "local",
+            "--workspace",
+            workspace_arg,
+            "-t",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        (33, 111),
+        "",
+        None,
+        "",
+    );
+    assert_eq!(run.status, 7, "{}", run.output);
+    assert!(run.output.contains("/dev/pts/"), "{}", run.output);
+    assert!(run.output.contains("33 111"), "{}", run.output);
+    assert!(run.output.contains("NoNewPrivs:\t1"), "{}", run.output);
+    assert!(run.output.contains("Seccomp:\t2"), "{}", run.output);
+    assert!(run.output.contains("outside-denied"), "{}", run.output);
+    assert!(!outside.path().join("escaped").exists());
+}
+
+/// `box run -it`: keys typed here reach the command byte for byte (this
+/// terminal raw: no second echo), a resize here resizes the command's
+/// terminal, and this terminal is cooked again once box exits.
+#[test]
+fn box_run_it_forwards_keys_and_resizes_and_restores_the_terminal() {
+    if !require_landlock() {
+        return;
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    let workspace_arg = workspace.path().to_str().unwrap();
+    let run = box_in_a_pty(
+        &[
+            "run",
+            "--backend",
+            "local",
+            "--workspace",
+            workspace_arg,
+            "-it",
+            "sh",
+            "-c",
+            "stty size; echo READY; read line; echo got:$line; stty size",
+        ],
+        (33, 111),
+        "READY",
+        Some((44, 122)),
+        "hello\n",
+    );
+    assert_eq!(run.status, 0, "{}", run.output);
+    assert!(run.output.contains("33 111"), "{}", run.output);
+    assert!(run.output.contains("got:hello"), "{}", run.output);
+    assert!(run.output.contains("44 122"), "{}", run.output);
+    // The unit's terminal echoes once; a cooked terminal here would echo again.
+    assert_eq!(run.output.matches("hello").count(), 2, "{}", run.output);
+    assert!(
+        run.cooked_after,
+        "the terminal was left raw: {}",
+        run.output
+    );
 }

@@ -558,3 +558,215 @@ fn box_image_pull_of_boxs_own_image_names_the_build() {
         "{stderr}"
     );
 }
+
+/// A registry that wants a password, run here directly (`scripts/registry.sh`
+/// runs open ones): Debian's docker-registry with an htpasswd file (bcrypt).
+struct AuthRegistry {
+    address: String,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl AuthRegistry {
+    fn start(user: &str, password: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        // bcrypt, the only hash the registry's htpasswd reads.
+        let hashed = Command::new("python3")
+            .args([
+                "-W",
+                "ignore",
+                "-c",
+                "import crypt, sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH)))",
+                password,
+            ])
+            .output()
+            .unwrap();
+        assert!(hashed.status.success(), "{}", text(&hashed.stderr));
+        std::fs::write(
+            dir.path().join("htpasswd"),
+            format!("{user}:{}", text(&hashed.stdout).trim()),
+        )
+        .unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let storage = dir.path().join("storage");
+        std::fs::write(
+            dir.path().join("config.yml"),
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n  secret: {}\nauth:\n  htpasswd:\n    realm: box-test\n    path: {}\n",
+                storage.display(),
+                suffix(),
+                dir.path().join("htpasswd").display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("/usr/bin/docker-registry")
+            .arg("serve")
+            .arg(dir.path().join("config.yml"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("Debian's docker-registry (scripts/registry.sh install)");
+        let address = format!("localhost:{port}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the registry on {address} did not listen"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Self {
+            address,
+            child,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for AuthRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Credentials from the Docker config file: `box image pull` of an image in a
+/// registry that wants a password uses what `docker login` stored there
+/// (`DOCKER_CONFIG`), never prints it, and without it is refused naming the
+/// registry and what to do.
+#[test]
+fn docker_registry_credentials_come_from_the_docker_config_file() {
+    let engine_answers = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine())
+        .is_some();
+    if !engine_answers {
+        return;
+    }
+    let password = format!("canary-{}", suffix());
+    let registry = AuthRegistry::start("boxtest", &password);
+    // The test's own Docker config: the host's is never touched.
+    let config = tempfile::tempdir().unwrap();
+    let docker_with = |args: &[&str], stdin: Option<&str>| {
+        use std::io::Write as _;
+        let mut child = Command::new("docker")
+            .arg("--config")
+            .arg(config.path())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        if let Some(stdin) = stdin {
+            input.write_all(stdin.as_bytes()).unwrap();
+        }
+        drop(input);
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "docker {args:?}: {}",
+            text(&output.stderr)
+        );
+        output
+    };
+    docker_with(
+        &[
+            "login",
+            "-u",
+            "boxtest",
+            "--password-stdin",
+            &registry.address,
+        ],
+        Some(&password),
+    );
+    let saved = std::fs::read_to_string(config.path().join("config.json")).unwrap();
+    assert!(
+        saved.contains("\"auth\""),
+        "docker login stored a base64 auth: {saved}"
+    );
+
+    let tagged = format!("{}/box-pull-auth-{}:v1", registry.address, suffix());
+    docker(&["tag", BASE, &tagged]);
+    docker_with(&["push", &tagged], None);
+    docker(&["rmi", &tagged]);
+    let _cleanup = Pushed {
+        repository: tagged.rsplit_once(':').unwrap().0.to_owned(),
+        tag: "v1".to_owned(),
+        digest: format!("sha256:{}", "0".repeat(64)),
+    };
+
+    // No credentials: refused, the registry named, with what to do.
+    let empty = tempfile::tempdir().unwrap();
+    let refused = Command::new(box_bin())
+        .args(["image", "pull", &tagged])
+        .env("DOCKER_CONFIG", empty.path())
+        .output()
+        .unwrap();
+    let said = text(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(&format!("registry {}", registry.address)) && said.contains("docker login"),
+        "{said}"
+    );
+
+    // With the config file's credentials: pulled; the password is never shown.
+    let pulled = Command::new(box_bin())
+        .args(["image", "pull", &tagged])
+        .env("DOCKER_CONFIG", config.path())
+        .env("RUST_LOG", "debug")
+        .output()
+        .unwrap();
+    let (out, err) = (text(&pulled.stdout), text(&pulled.stderr));
+    assert_eq!(pulled.status.code(), Some(0), "{err}");
+    assert!(has_image(&tagged), "{out}");
+    assert!(
+        !out.contains(&password) && !err.contains(&password),
+        "the password leaked: {out}{err}"
+    );
+}
+
+/// On a terminal, `box image pull` redraws one line (layers and bytes) in
+/// place; with NO_COLOR it writes plain lines instead (`script` gives it a
+/// terminal).
+#[test]
+fn docker_box_image_pull_draws_one_line_on_a_terminal() {
+    let engine_answers = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine())
+        .is_some();
+    if !engine_answers {
+        return;
+    }
+    let registry = Registry::start();
+    let pushed = Pushed::new(&registry);
+    let on_terminal = |no_color: bool| {
+        docker(&["rmi", "-f", &pushed.pinned()]);
+        let command = format!("{} image pull {}", box_bin().display(), pushed.pinned());
+        let mut script = Command::new("script");
+        script.args(["-qefc", &command, "/dev/null"]);
+        if no_color {
+            script.env("NO_COLOR", "1");
+        } else {
+            script.env_remove("NO_COLOR");
+        }
+        let output = script.stdin(Stdio::null()).output().unwrap();
+        let shown = text(&output.stdout);
+        assert_eq!(output.status.code(), Some(0), "{shown}");
+        shown
+    };
+    let line = on_terminal(false);
+    assert!(
+        line.contains("\r\x1b[2Kpulling") && line.contains("layers"),
+        "one redrawn line: {line:?}"
+    );
+    assert!(!line.contains("  layer "), "no plain lines: {line:?}");
+    let plain = on_terminal(true);
+    assert!(!plain.contains('\x1b'), "NO_COLOR: no escapes: {plain:?}");
+    assert!(plain.contains("  layer "), "plain lines: {plain:?}");
+}

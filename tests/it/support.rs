@@ -73,3 +73,77 @@ pub async fn docker_answers() -> bool {
         }
     }
 }
+
+/// What `box ARGS` printed on a terminal and how it exited: run under a
+/// pseudo-terminal of `rows`×`cols` that the test holds (Python's `pty`),
+/// typing `keys` once the output shows `ready` (after resizing the terminal
+/// to `resize`, when given), then reading until box exits. Also says whether
+/// the terminal was back in cooked mode (echo, line editing) after box exited.
+pub struct PtyRun {
+    pub output: String,
+    pub status: i32,
+    pub cooked_after: bool,
+}
+
+pub fn box_in_a_pty(
+    args: &[&str],
+    size: (u16, u16),
+    ready: &str,
+    resize: Option<(u16, u16)>,
+    keys: &str,
+) -> PtyRun {
+    let driver = r#"
+import fcntl, json, os, pty, struct, sys, termios, time
+box, args, rows, cols, ready, resize, keys = json.loads(sys.argv[1])
+pid, fd = pty.fork()
+if pid == 0:
+    fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    os.execv(box, [box] + args)
+out, typed = b"", False
+deadline = time.time() + 120
+while time.time() < deadline:
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        break
+    if not data:
+        break
+    out += data
+    if not typed and ready.encode() in out:
+        typed = True
+        if resize:
+            fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", resize[0], resize[1], 0, 0))
+            time.sleep(1)
+        os.write(fd, keys.encode())
+_, status = os.waitpid(pid, 0)
+lflag = termios.tcgetattr(fd)[3]
+cooked = bool(lflag & termios.ECHO) and bool(lflag & termios.ICANON)
+print(json.dumps({"output": out.decode(errors="replace"), "status": os.waitstatus_to_exitcode(status), "cooked": cooked}))
+"#;
+    let input = serde_json::json!([
+        box_bin(),
+        args,
+        size.0,
+        size.1,
+        ready,
+        resize.map(|(rows, cols)| vec![rows, cols]),
+        keys
+    ]);
+    let output = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(driver)
+        .arg(input.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "the pty driver failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    PtyRun {
+        output: result["output"].as_str().unwrap().to_owned(),
+        status: i32::try_from(result["status"].as_i64().unwrap()).unwrap(),
+        cooked_after: result["cooked"].as_bool().unwrap(),
+    }
+}

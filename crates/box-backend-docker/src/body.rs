@@ -698,6 +698,7 @@ pub fn envelope_from_inspect(
         git_neutralised: spec.security.neutralise_git,
         secrets: Vec::new(),
         persisted_credentials: Vec::new(),
+        parent: None,
         lifecycle,
         state,
     }

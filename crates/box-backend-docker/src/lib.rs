@@ -358,6 +358,12 @@ impl DockerBackend {
             key: key.to_hex(),
         };
         let mut body = container_body(session, spec, &self.executor, &created, &env, &init);
+        // A fork says which unit it came from, for `box units ls`.
+        if let Some(parent) = &wiring.parent {
+            body.labels
+                .get_or_insert_with(Default::default)
+                .insert(labels::PARENT.to_owned(), parent.clone());
+        }
         // The content verified above, by id: a tag moved meanwhile changes nothing.
         if let Some(id) = &image.id {
             body.image = Some(id.clone());
@@ -737,6 +743,7 @@ fn unit_info(container: ContainerSummary) -> UnitInfo {
         unit: label(labels::UNIT),
         profile: label(labels::PROFILE),
         created: label(labels::CREATED),
+        parent: labels.get(labels::PARENT).cloned(),
         state: container
             .state
             .map_or_else(|| "unknown".to_owned(), |s| s.to_string()),

@@ -149,8 +149,8 @@ pub enum NotReady {
     Pull(PullError),
 }
 
-/// Box's own images (built by `box image build` or `scripts/test-images.sh`),
-/// which are in no registry: never pulled.
+/// Box's own images (built by `box image build [fetch]` or
+/// `scripts/test-images.sh`), which are in no registry: never pulled.
 pub fn is_box_image(image: &str) -> bool {
     let name = image.split(['@', ':']).next().unwrap_or(image);
     matches!(name, "box-base" | "box-rootfs" | "box-fetch") || name.starts_with("box-test-")
@@ -507,10 +507,8 @@ pub fn verify_digest(
 fn registry_error(image: &str, registry: &str, error: &bollard::errors::Error) -> PullError {
     let message = engine_message(error);
     let lower = message.to_ascii_lowercase();
-    let hint = if lower.contains("unauthorized")
-        || lower.contains("authentication required")
-        || lower.contains("denied")
-    {
+    // "unauthorized", "authentication required", "no basic auth credentials".
+    let hint = if lower.contains("auth") || lower.contains("denied") {
         format!(
             " (box sends the credentials `docker login {registry}` stored in the Docker config file's auths; credential helpers are not consulted)"
         )

@@ -265,6 +265,12 @@ impl LocalBackend {
             )
             .await?;
         guard.finished = true;
+        // A fork says which unit it came from, for `box units ls`.
+        if let Some(parent) = &wiring.parent
+            && let Some(record) = self.registry().get_mut(&started.envelope.id)
+        {
+            record.info.parent = Some(parent.clone());
+        }
         Ok(started)
     }
 
@@ -511,6 +517,7 @@ impl LocalBackend {
             profile: session.profile.clone(),
             created: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
             state: "running".to_owned(),
+            parent: None,
         };
         let record = LocalUnit {
             info,
@@ -920,8 +927,9 @@ where
 /// What the local backend cannot apply to `spec`, every one named: a
 /// privileged unit, a host namespace it does not know, an egress unit or
 /// secrets with the host's network or mount namespace shared, capabilities
-/// granted back, and landlock required where the kernel has none (judged only when `landlock_abi` is given; the helper judges it again
-/// where it confines). Pure; [`Backend::check`] and [`sandbox_spec`] both ask.
+/// granted back, and landlock required where the kernel has none (judged
+/// only when `landlock_abi` is given; the helper judges it again where it
+/// confines). Pure; [`Backend::check`] and [`sandbox_spec`] both ask.
 pub fn check_spec(spec: &UnitSpec, landlock_abi: Option<u32>) -> Result<(), Vec<Unenforceable>> {
     let mut refusals = Vec::new();
     let mut refuse = |control: String, why: &str| {
@@ -1201,6 +1209,7 @@ pub(crate) fn envelope(
             && !box_scrub::git_neutralisation().is_empty(),
         secrets: Vec::new(),
         persisted_credentials: Vec::new(),
+        parent: None,
         lifecycle: applied
             .lease_ms
             .map(|lease_ms| box_backend::AppliedLifecycle { lease_ms }),

@@ -42,6 +42,8 @@ pub mod labels {
     pub const PROFILE: &str = "box.profile";
     /// When the unit was created (RFC 3339).
     pub const CREATED: &str = "box.created";
+    /// The unit a fork was made from (only on a `box/fork` child).
+    pub const PARENT: &str = "box.parent";
 }
 
 /// A backend's failure; every variant names the unit.
@@ -117,6 +119,8 @@ pub struct UnitWiring {
     /// Who hears how a slow step of the start goes (an image pull): the
     /// host's MCP progress for a client that sent a progress token.
     pub progress: Option<StartProgress>,
+    /// The unit this one was forked from (`box/fork`), for its labels.
+    pub parent: Option<String>,
 }
 
 /// One workspace file the unit sees replaced by a host file, read-only.
@@ -325,6 +329,9 @@ pub struct UnitInfo {
     pub created: String,
     /// The backend's state word.
     pub state: String,
+    /// `box.parent`: the unit a `box/fork` child was forked from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 /// The seam between the host and where units run.

@@ -9,6 +9,16 @@
 //! stderr past that is dropped. Ending a process (close, the timeout, the
 //! executor stopping) always ends its whole group, then reaps it.
 //!
+//! A box extension beyond the dax wire: `process.start` with `tty: {rows,
+//! cols}` gives the process a new pseudo-terminal as its stdin, stdout,
+//! stderr and controlling terminal (its own session, so job control and ^C
+//! work as in a terminal); its output is read as fd 1 (fd 2 is at end of file
+//! at once), a write goes to the terminal's input, closeStdin types ^D, and
+//! [`RESIZE_METHOD`] changes its size. Only box's own client (`box run -t`)
+//! sends it; a dax client never does, and gets pipes as before. The terminal
+//! is opened in the unit's own devpts, by the executor, so the process keeps
+//! every layer of its confinement.
+//!
 //! Not here: the per-session table split (one `Processes` per session is the
 //! server's choice), landlock for children (`sandbox`).
 
@@ -31,6 +41,8 @@ use super::Context;
 
 /// The method prefix the process methods share.
 pub(crate) const METHOD_PREFIX: &str = "agentworkspace/process.";
+/// box's extension: resize a process's terminal (`{id, rows, cols}`).
+pub(crate) const RESIZE_METHOD: &str = "box/process.resize";
 
 /// The most processes open at once (`MaxProcesses`).
 pub(crate) const MAX_PROCESSES: usize = 32;
@@ -90,11 +102,16 @@ struct Exit {
     error: Option<String>,
 }
 
+/// Where a process's input goes: its stdin pipe, or its terminal's master.
+type Input = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
 /// One running (or exited, not yet closed) process.
 struct Process {
     /// The group leader's pid, which is the group id.
     group: u32,
-    stdin: tokio::sync::Mutex<Option<tokio::process::ChildStdin>>,
+    stdin: tokio::sync::Mutex<Option<Input>>,
+    /// The master side of the process's terminal, when it was started with one.
+    tty: Option<std::os::fd::OwnedFd>,
     stdin_closed: CancellationToken,
     stdout: Arc<Stream>,
     stderr: Option<Arc<Stream>>,
@@ -231,6 +248,23 @@ struct StartParams {
     timeout_ms: i64,
     #[serde(default)]
     stderr: bool,
+    /// box's extension: a terminal of this size instead of pipes.
+    #[serde(default)]
+    tty: Option<TtySize>,
+}
+
+/// A terminal's size, in characters.
+#[derive(Deserialize, Clone, Copy)]
+struct TtySize {
+    rows: u16,
+    cols: u16,
+}
+
+#[derive(Deserialize)]
+struct ResizeParams {
+    id: String,
+    rows: u16,
+    cols: u16,
 }
 
 #[derive(Deserialize)]
@@ -313,6 +347,21 @@ impl Processes {
         }
     }
 
+    /// Answer [`RESIZE_METHOD`]: set the size of a process's terminal (its
+    /// foreground group gets SIGWINCH from the kernel).
+    pub fn resize(&self, params: Value) -> Result<Value, ProcessError> {
+        let params: ResizeParams = parse("resize", params)?;
+        let process = self.get(&params.id)?;
+        let Some(master) = &process.tty else {
+            return Err(error(
+                "the process has no terminal; start it with tty: {rows, cols} to resize it",
+            ));
+        };
+        set_size(master, params.rows, params.cols)
+            .map_err(|problem| error(format!("resize the terminal: {problem}")))?;
+        Ok(json!({}))
+    }
+
     /// End every process (stdin closed, grace, TERM, KILL) and refuse new starts.
     pub async fn shutdown(&self) {
         let processes: Vec<Arc<Process>> = {
@@ -383,34 +432,69 @@ impl Processes {
             // set what it needs.
             .envs(box_scrub::git_neutralisation())
             .envs(env)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(if params.stderr {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .process_group(0)
             .kill_on_drop(true);
-        let mut child = command
-            .spawn()
-            .map_err(|problem| error(format!("start {program}: {problem}")))?;
+        let tty = match params.tty {
+            Some(size) => Some(
+                Terminal::open(size)
+                    .map_err(|problem| error(format!("start {program}: a terminal: {problem}")))?,
+            ),
+            None => None,
+        };
+        match &tty {
+            Some(terminal) => terminal
+                .attach(&mut command)
+                .map_err(|problem| error(format!("start {program}: a terminal: {problem}")))?,
+            None => {
+                command
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(if params.stderr {
+                        Stdio::piped()
+                    } else {
+                        Stdio::null()
+                    })
+                    .process_group(0);
+            }
+        }
+        let spawned = command.spawn();
+        // The command holds the terminal's other side: dropped now, so the
+        // master reads end of file once the process and its children let go.
+        drop(command);
+        let mut child = spawned.map_err(|problem| error(format!("start {program}: {problem}")))?;
         let Some(group) = child.id() else {
             return Err(error(format!(
                 "start {program}: it exited before it could be tracked"
             )));
         };
         let stdout = Arc::new(Stream::default());
-        if let Some(pipe) = child.stdout.take() {
-            tokio::spawn(Arc::clone(&stdout).pump(pipe, Full::Wait));
-        }
-        let stderr = child.stderr.take().map(|pipe| {
-            let stream = Arc::new(Stream::default());
-            tokio::spawn(Arc::clone(&stream).pump(pipe, Full::Drop));
-            stream
-        });
+        let (stdin, stderr, master): (Option<Input>, _, _) = match tty {
+            Some(terminal) => {
+                let (reader, writer) = terminal
+                    .streams()
+                    .map_err(|problem| error(format!("start {program}: a terminal: {problem}")))?;
+                tokio::spawn(Arc::clone(&stdout).pump(reader, Full::Wait));
+                // Standard error is the same terminal: fd 2 has nothing of its own.
+                let stderr = params.stderr.then(|| {
+                    let stream = Stream::default();
+                    stream.lock().eof = true;
+                    Arc::new(stream)
+                });
+                (Some(Box::new(writer)), stderr, Some(terminal.master))
+            }
+            None => {
+                if let Some(pipe) = child.stdout.take() {
+                    tokio::spawn(Arc::clone(&stdout).pump(pipe, Full::Wait));
+                }
+                let stderr = child.stderr.take().map(|pipe| {
+                    let stream = Arc::new(Stream::default());
+                    tokio::spawn(Arc::clone(&stream).pump(pipe, Full::Drop));
+                    stream
+                });
+                let stdin = child.stdin.take().map(|pipe| Box::new(pipe) as Input);
+                (stdin, stderr, None)
+            }
+        };
         let (exit_sender, exit) = watch::channel(None);
-        let stdin = child.stdin.take();
         tokio::spawn(async move {
             let exit = match child.wait().await {
                 Ok(status) => Exit {
@@ -427,6 +511,7 @@ impl Processes {
         let process = Arc::new(Process {
             group,
             stdin: tokio::sync::Mutex::new(stdin),
+            tty: master,
             stdin_closed: CancellationToken::new(),
             stdout,
             stderr,
@@ -552,7 +637,16 @@ impl Process {
 
     async fn close_stdin(&self) {
         self.stdin_closed.cancel();
-        self.stdin.lock().await.take();
+        let mut stdin = self.stdin.lock().await;
+        // A terminal has no end of its input to close (closing the master
+        // would hang it up): end of file is typed, as a user would.
+        if self.tty.is_some()
+            && let Some(input) = stdin.as_mut()
+        {
+            let _ =
+                tokio::time::timeout(Duration::from_millis(100), input.write_all(&[EOF_KEY])).await;
+        }
+        stdin.take();
     }
 
     fn exited(&self) -> Option<Exit> {
@@ -672,6 +766,91 @@ impl Drop for Processes {
             }
         }
     }
+}
+
+/// ^D: end of file, typed at a terminal.
+const EOF_KEY: u8 = 0x04;
+
+/// A new pseudo-terminal in the unit's devpts, both ends close-on-exec so no
+/// other child inherits them.
+struct Terminal {
+    master: std::os::fd::OwnedFd,
+    slave: std::os::fd::OwnedFd,
+}
+
+impl Terminal {
+    fn open(size: TtySize) -> std::io::Result<Self> {
+        use nix::fcntl::OFlag;
+        let flags = OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+        let master = nix::pty::posix_openpt(flags)?;
+        nix::pty::grantpt(&master)?;
+        nix::pty::unlockpt(&master)?;
+        let name = nix::pty::ptsname_r(&master)?;
+        let slave = nix::fcntl::open(name.as_str(), flags, nix::sys::stat::Mode::empty())?;
+        let master = std::os::fd::OwnedFd::from(master);
+        set_size(&master, size.rows, size.cols)?;
+        Ok(Self { master, slave })
+    }
+
+    /// Make the terminal `command`'s stdin, stdout, stderr and controlling
+    /// terminal, in a session of its own (so its group is its pid, as with
+    /// `process_group(0)`, and ending the group ends it).
+    fn attach(&self, command: &mut tokio::process::Command) -> std::io::Result<()> {
+        command
+            .stdin(Stdio::from(self.slave.try_clone()?))
+            .stdout(Stdio::from(self.slave.try_clone()?))
+            .stderr(Stdio::from(self.slave.try_clone()?));
+        // SAFETY: the closure runs in the forked child before exec and calls
+        // only async-signal-safe functions (setsid, ioctl), allocating nothing.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // fd 0 is the terminal by now: std sets up stdio before this runs.
+                if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ok(())
+    }
+
+    /// The master's output and input as async streams (each its own dup;
+    /// `self.slave` is dropped here, the child holds its own copies).
+    fn streams(
+        &self,
+    ) -> std::io::Result<(
+        tokio::net::unix::pipe::Receiver,
+        tokio::net::unix::pipe::Sender,
+    )> {
+        // A pty master is not a FIFO, but reads and writes on it and polls it
+        // the same way, which is all the unchecked constructors need.
+        let reader =
+            tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(self.master.try_clone()?)?;
+        let writer =
+            tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(self.master.try_clone()?)?;
+        Ok((reader, writer))
+    }
+}
+
+/// Set the size of the terminal whose master is `master`.
+fn set_size(master: &std::os::fd::OwnedFd, rows: u16, cols: u16) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one `winsize` through the pointer, which is
+    // valid for the call; the fd is open for as long as `master` is borrowed.
+    let result = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+    if result < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Send `signal` to the process group led by `leader` (a child started with

@@ -17,7 +17,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 
-use super::process::{METHOD_PREFIX, Processes};
+use super::process::{METHOD_PREFIX, Processes, RESIZE_METHOD};
 use super::tools::{self, EXTENSION, TOOLS};
 use super::{Context, ToolOutcome, batch, files, stamp, workspace};
 
@@ -360,6 +360,15 @@ impl ServerHandler for Executor {
                 .processes
                 .handle(op, params.unwrap_or(Value::Object(Map::new())))
                 .await
+                .map(CustomResult::new)
+                .map_err(|error| McpError::new(ErrorCode::INTERNAL_ERROR, error.0, None));
+        }
+        if method == RESIZE_METHOD {
+            return self
+                .shared
+                .session()
+                .processes
+                .resize(params.unwrap_or(Value::Object(Map::new())))
                 .map(CustomResult::new)
                 .map_err(|error| McpError::new(ErrorCode::INTERNAL_ERROR, error.0, None));
         }

@@ -90,6 +90,9 @@ pub struct RunConfig {
     pub env: Vec<String>,
     /// Forward box's stdin to the command (else the command reads EOF at once).
     pub stdin: bool,
+    /// Give the command a terminal (`-t`): box's extension `tty` on
+    /// `process.start`; this terminal raw while stdin is forwarded from it.
+    pub tty: bool,
     /// The command and its arguments.
     pub command: Vec<String>,
 }

@@ -4,6 +4,12 @@
 //! its stdout and stderr streamed as they come, its status passed on, the
 //! units removed.
 //!
+//! With `tty`, the command gets a terminal of its own in its unit (the
+//! executor's `tty` extension): its output is that terminal's, stdin typed
+//! at this terminal goes to it byte by byte (this terminal raw for the
+//! while, restored on every way out), and its size follows this terminal's
+//! (`box/process.resize` on SIGWINCH).
+//!
 //! Exit codes: the command's status; 125 when box itself failed (like
 //! `docker run`), so a failing command and a failing box are told apart.
 
@@ -217,41 +223,66 @@ async fn run_command(
             }),
         )
         .await?;
-    let started = client
-        .call(
-            "agentworkspace/process.start",
-            json!({"args": args.command, "env": args.env, "stderr": true}),
-        )
-        .await?;
+    let mut start = json!({"args": args.command, "env": args.env, "stderr": !args.tty});
+    if args.tty {
+        let (rows, cols) = terminal::size().unwrap_or(terminal::DEFAULT_SIZE);
+        start["tty"] = json!({"rows": rows, "cols": cols});
+    }
+    let started = client.call("agentworkspace/process.start", start).await?;
     let id = started
         .get("id")
         .and_then(Value::as_str)
         .ok_or("agentworkspace/process.start: the answer has no process id")?
         .to_owned();
+    // Keys typed here go to the command's terminal as they are (^C included),
+    // until this guard is dropped: on return, on error, and when a signal
+    // ends the run (the caller drops this future).
+    let _raw = if args.tty && args.stdin {
+        terminal::Raw::enter().map_err(|error| format!("-t: {error}"))?
+    } else {
+        None
+    };
     let output = async {
+        if args.tty {
+            // The terminal joins stderr to stdout, as a terminal does.
+            return pump(client, &id, 1, tokio::io::stdout()).await;
+        }
         let (stdout, stderr) = tokio::join!(
             pump(client, &id, 1, tokio::io::stdout()),
             pump(client, &id, 2, tokio::io::stderr())
         );
         stdout.and(stderr)
     };
+    let resizing = async {
+        if args.tty {
+            follow_size(client, &id).await;
+        }
+    };
+    tokio::pin!(output, resizing);
+    let mut resized = false;
     if args.stdin {
         // Output ends when the command does; stdin is not waited for past
         // that (a command that never reads it must not hang on it).
         let feeding = feed(client, &id, tokio::io::stdin());
-        tokio::pin!(output, feeding);
+        tokio::pin!(feeding);
         let mut fed = false;
         loop {
             tokio::select! {
                 output = &mut output => break output?,
                 () = &mut feeding, if !fed => fed = true,
+                () = &mut resizing, if !resized => resized = true,
             }
         }
     } else {
         client
             .call("agentworkspace/process.closeStdin", json!({"id": id}))
             .await?;
-        output.await?;
+        loop {
+            tokio::select! {
+                output = &mut output => break output?,
+                () = &mut resizing, if !resized => resized = true,
+            }
+        }
     }
     let waited = client
         .call("agentworkspace/process.wait", json!({"id": id}))
@@ -268,6 +299,95 @@ async fn run_command(
         Err(_) => {
             eprintln!("box run: the command was killed by a signal (status {status})");
             Ok(ExitCode::from(255))
+        }
+    }
+}
+
+/// Send this terminal's size to the command's terminal each time it changes
+/// (SIGWINCH), for as long as the command runs.
+async fn follow_size(client: &Client, id: &str) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut changes) = signal(SignalKind::window_change()) else {
+        tracing::debug!("no SIGWINCH handler: the command's terminal keeps its first size");
+        return;
+    };
+    while changes.recv().await.is_some() {
+        let Some((rows, cols)) = terminal::size() else {
+            continue;
+        };
+        if let Err(error) = client
+            .call(
+                "box/process.resize",
+                json!({"id": id, "rows": rows, "cols": cols}),
+            )
+            .await
+        {
+            tracing::debug!(%error, "the command's terminal was not resized");
+            return;
+        }
+    }
+}
+
+/// This process's terminal: its size, and raw mode.
+mod terminal {
+    use nix::sys::termios::{self, SetArg, Termios};
+
+    /// The size a terminal gets when box has none to copy (stdio redirected).
+    pub(super) const DEFAULT_SIZE: (u16, u16) = (24, 80);
+
+    /// The size (rows, cols) of the first of stdout, stdin, stderr that is a terminal.
+    pub(super) fn size() -> Option<(u16, u16)> {
+        [libc::STDOUT_FILENO, libc::STDIN_FILENO, libc::STDERR_FILENO]
+            .into_iter()
+            .find_map(|fd| {
+                let mut size = libc::winsize {
+                    ws_row: 0,
+                    ws_col: 0,
+                    ws_xpixel: 0,
+                    ws_ypixel: 0,
+                };
+                // SAFETY: TIOCGWINSZ writes one `winsize` through the pointer,
+                // which is valid and exclusive for the call; a standard fd
+                // that is not a terminal only makes the call fail.
+                let result = unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut size) };
+                (result == 0 && size.ws_row > 0 && size.ws_col > 0)
+                    .then_some((size.ws_row, size.ws_col))
+            })
+    }
+
+    /// Stdin in raw mode (no echo, no line editing, no signals from keys:
+    /// every byte goes to the command's terminal, which does all that);
+    /// the settings before are put back when this is dropped.
+    pub(super) struct Raw {
+        before: Termios,
+    }
+
+    impl Raw {
+        /// Raw mode, or `None` when stdin is not a terminal.
+        pub(super) fn enter() -> Result<Option<Self>, String> {
+            use std::io::IsTerminal as _;
+            if !std::io::stdin().is_terminal() {
+                return Ok(None);
+            }
+            let before = termios::tcgetattr(std::io::stdin())
+                .map_err(|error| format!("reading the terminal's settings: {error}"))?;
+            let mut raw = before.clone();
+            termios::cfmakeraw(&mut raw);
+            termios::tcsetattr(std::io::stdin(), SetArg::TCSANOW, &raw)
+                .map_err(|error| format!("making the terminal raw: {error}"))?;
+            tracing::debug!("the terminal is raw");
+            Ok(Some(Self { before }))
+        }
+    }
+
+    impl Drop for Raw {
+        fn drop(&mut self) {
+            if let Err(error) = termios::tcsetattr(std::io::stdin(), SetArg::TCSANOW, &self.before)
+            {
+                eprintln!(
+                    "box run: the terminal's settings could not be restored ({error}); run `stty sane`"
+                );
+            }
         }
     }
 }

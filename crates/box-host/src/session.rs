@@ -643,6 +643,7 @@ impl Session {
                 workspace_masks: &workspace_masks,
                 objects: objects.as_ref(),
                 progress: progress.as_ref(),
+                parent: None,
             },
         )
         .await
@@ -1200,7 +1201,10 @@ impl Session {
             }
             return Ok(Route::Unit(index, message, Rewrite::None));
         }
-        if method.starts_with("agentworkspace/process.") && method != "agentworkspace/process.start"
+        // `box/process.resize` (box's terminal extension) names a process as
+        // the others do, so it goes where they go.
+        if (method.starts_with("agentworkspace/process.") || method == "box/process.resize")
+            && method != "agentworkspace/process.start"
         {
             let target = params(&message)
                 .and_then(|p| p.get("id"))
@@ -1594,6 +1598,7 @@ impl Session {
                 StartWiring {
                     workspace_masks: &masks,
                     objects: objects.as_ref(),
+                    parent: Some(&ask.from),
                     ..StartWiring::default()
                 },
             )
@@ -1639,6 +1644,7 @@ impl Session {
                 }
             };
             let mut envelope = unit.envelope;
+            envelope.parent = Some(ask.from.clone());
             let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
             envelope.limits.set_start_timeout_ms(millis);
             tracing::info!(%session, unit = %name, from = %ask.from, mode = fork::mode_name(forked.mode_used), took_ms = clock.elapsed().as_millis() as u64, "forked a workspace unit");

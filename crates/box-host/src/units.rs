@@ -287,6 +287,8 @@ pub struct StartWiring<'a> {
     pub objects: Option<&'a ObjectsWiring>,
     /// Where a client that sent a progress token hears the start's progress.
     pub progress: Option<&'a Arc<InitProgress>>,
+    /// The unit a `box/fork` child was forked from.
+    pub parent: Option<&'a str>,
 }
 
 /// Start every unit of `specs` concurrently, each in a task of its own, the
@@ -306,6 +308,7 @@ pub async fn start_units(
         workspace_masks,
         objects,
         progress,
+        parent,
     } = wire;
     let deadline = tokio::time::Instant::now() + timeout;
     // Each egress unit's proxy listens before its unit starts; dropped (stopped,
@@ -338,6 +341,7 @@ pub async fn start_units(
             wiring.masks = workspace_masks.to_vec();
         }
         wiring.progress = progress.map(|progress| progress.for_unit(&spec.name));
+        wiring.parent = parent.map(str::to_owned);
         let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
             let result = config.backend.start_wired(&label, &spec, &wiring).await;

@@ -57,6 +57,9 @@ pub struct Envelope {
     /// workspace unit's only; never values).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub persisted_credentials: Vec<PersistedCredential>,
+    /// The unit a `box/fork` child was forked from (the host sets it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
     /// The unit's lease, where box's init holds one in the unit: how long
     /// the unit outlives its host's last renewal. Absent where nothing in
     /// the unit enforces a lease.

@@ -222,6 +222,7 @@ impl Backend for FakeBackend {
                             profile: session.profile.clone(),
                             created: String::new(),
                             state: "running".to_owned(),
+                            parent: None,
                         },
                         kill: Some(kill_tx),
                     },
@@ -333,6 +334,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         git_neutralised: false,
         secrets: Vec::new(),
         persisted_credentials: Vec::new(),
+        parent: None,
         lifecycle: None,
         state: UnitState::Running,
     }

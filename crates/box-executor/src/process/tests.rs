@@ -392,3 +392,109 @@ async fn a_process_starts_in_a_directory_inside() {
     let refused = call(&processes, "start", json!({"args": ["pwd"], "dir": "/etc"})).await;
     assert!(refused.unwrap_err().starts_with("dir: "));
 }
+
+/// Read `fd` until the output so far contains `wanted` (or end of file).
+async fn read_until(processes: &Processes, id: &str, wanted: &str) -> String {
+    let mut all = Vec::new();
+    loop {
+        let result = call(processes, "read", json!({"id": id, "fd": 1}))
+            .await
+            .unwrap();
+        if let Some(data) = result.get("data") {
+            all.extend(BASE64.decode(data.as_str().unwrap()).unwrap());
+        }
+        let text = String::from_utf8_lossy(&all).into_owned();
+        if text.contains(wanted) || result.get("eof") == Some(&json!(true)) {
+            return text;
+        }
+    }
+}
+
+/// box's extension: `tty: {rows, cols}` gives the process a terminal of its
+/// own (a controlling one, of the size asked), which `box/process.resize`
+/// resizes; input typed at it arrives, and closeStdin types ^D.
+#[tokio::test]
+async fn a_process_with_a_terminal_sees_it_and_its_size() {
+    let (_temp, processes) = processes(&[]);
+    let script = "tty; stty size; read line; echo got:$line; stty size; \
+                  (: > /dev/tty) 2>/dev/null && echo controlling-tty; \
+                  cat; echo cat-ended";
+    let id = start(
+        &processes,
+        json!({"args": ["sh", "-c", script], "stderr": true, "tty": {"rows": 24, "cols": 80}}),
+    )
+    .await;
+    let first = tokio::time::timeout(
+        Duration::from_secs(10),
+        read_until(&processes, &id, "24 80"),
+    )
+    .await
+    .unwrap();
+    assert!(first.contains("/dev/pts/"), "{first:?}");
+    assert!(first.contains("24 80"), "{first:?}");
+    assert_eq!(
+        processes
+            .resize(json!({"id": id, "rows": 40, "cols": 100}))
+            .map_err(|problem| problem.0),
+        Ok(json!({}))
+    );
+    call(
+        &processes,
+        "write",
+        json!({"id": id, "data": BASE64.encode("hello\n")}),
+    )
+    .await
+    .unwrap();
+    let second = tokio::time::timeout(
+        Duration::from_secs(10),
+        read_until(&processes, &id, "40 100"),
+    )
+    .await
+    .unwrap();
+    assert!(second.contains("got:hello"), "{second:?}");
+    assert!(second.contains("40 100"), "{second:?}");
+    let second = if second.contains("controlling-tty") {
+        second
+    } else {
+        second + &read_until(&processes, &id, "controlling-tty").await
+    };
+    assert!(second.contains("controlling-tty"), "{second:?}");
+    // Standard error is the terminal too: fd 2 has nothing of its own.
+    assert_eq!(
+        call(&processes, "read", json!({"id": id, "fd": 2})).await,
+        Ok(json!({"eof": true}))
+    );
+    // closeStdin types ^D: `cat` sees end of file and the script ends.
+    call(&processes, "closeStdin", json!({"id": id}))
+        .await
+        .unwrap();
+    let rest = tokio::time::timeout(Duration::from_secs(10), read_all(&processes, &id, 1))
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&rest).contains("cat-ended"),
+        "{rest:?}"
+    );
+    assert_eq!(
+        call(&processes, "wait", json!({"id": id})).await,
+        Ok(json!({"status": 0}))
+    );
+    call(&processes, "close", json!({"id": id})).await.unwrap();
+}
+
+/// A process without a terminal cannot be resized; the error says how to get one.
+#[tokio::test]
+async fn resizing_a_process_without_a_terminal_is_refused() {
+    let (_temp, processes) = processes(&[]);
+    let id = start(&processes, json!({"args": ["sleep", "5"]})).await;
+    let refused = processes
+        .resize(json!({"id": id, "rows": 40, "cols": 100}))
+        .map_err(|problem| problem.0);
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|why| why.contains("tty: {rows, cols}")),
+        "{refused:?}"
+    );
+    call(&processes, "close", json!({"id": id})).await.unwrap();
+}
