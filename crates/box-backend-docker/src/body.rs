@@ -305,6 +305,10 @@ pub fn container_body(
         (labels::UNIT.to_owned(), spec.name.clone()),
         (labels::PROFILE.to_owned(), session.profile.clone()),
         (labels::CREATED.to_owned(), created.to_owned()),
+        (
+            labels::LEASE_MS.to_owned(),
+            spec.lease.as_millis().to_string(),
+        ),
     ]);
 
     let mut mounts = vec![Mount {
@@ -702,6 +706,16 @@ pub fn envelope_from_inspect(
         lifecycle,
         state,
     }
+}
+
+/// The lease of a listed unit: its label, else (a unit made before the
+/// label) its init's `--lease-ms` in the command the engine lists.
+pub(crate) fn listed_lease_ms(label: Option<&str>, command: Option<&str>) -> Option<u64> {
+    if let Some(lease_ms) = label.and_then(|label| label.parse().ok()) {
+        return Some(lease_ms);
+    }
+    let words: Vec<String> = command?.split_whitespace().map(str::to_owned).collect();
+    applied_lease(&words).map(|lifecycle| lifecycle.lease_ms)
 }
 
 /// The lease the unit's init was started with, read from the entrypoint the

@@ -518,6 +518,7 @@ impl LocalBackend {
             created: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
             state: "running".to_owned(),
             parent: None,
+            lease_ms,
         };
         let record = LocalUnit {
             info,
