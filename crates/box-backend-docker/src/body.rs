@@ -1121,6 +1121,22 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_listed_units_lease_is_its_label_else_its_inits_command_line() {
+        assert_eq!(listed_lease_ms(Some("2000"), None), Some(2000));
+        assert_eq!(
+            listed_lease_ms(
+                None,
+                Some(
+                    "/.box/box init --socket /.box/run/unit.sock --unit u --lease-ms 7000 -- /.box/box execute"
+                )
+            ),
+            Some(7000)
+        );
+        assert_eq!(listed_lease_ms(Some("junk"), Some("sleep infinity")), None);
+        assert_eq!(listed_lease_ms(None, None), None);
+    }
+
+    #[test]
     fn labels_and_name_identify_the_unit() {
         let labels = body().labels.unwrap_or_default();
         let mut pairs: Vec<_> = labels.into_iter().collect();
@@ -1130,6 +1146,7 @@ pub(crate) mod tests {
             vec![
                 ("box.created".to_owned(), "2026-01-01T00:00:00Z".to_owned()),
                 ("box.instance".to_owned(), "inst1".to_owned()),
+                ("box.lease-ms".to_owned(), "30000".to_owned()),
                 ("box.profile".to_owned(), "default".to_owned()),
                 ("box.session".to_owned(), "s1".to_owned()),
                 ("box.unit".to_owned(), "workspace".to_owned()),
