@@ -54,8 +54,12 @@ pub(crate) mod helper {
     /// The lease as the helper holds it.
     #[derive(Debug)]
     pub(crate) struct LeaseWatch {
-        /// The connection to the host; `None` once the host closed it.
+        /// The connection to the host; `None` once it failed.
         connection: Option<OwnedFd>,
+        /// The host closed its end (it let the unit go): no more renewals,
+        /// but the connection stays open for the lapse's report, which the
+        /// host still reads.
+        renewals_ended: bool,
         ttl: Duration,
         deadline: Duration,
     }
@@ -79,6 +83,7 @@ pub(crate) mod helper {
             let ttl = Duration::from_millis(spec.ttl_ms);
             Ok(Self {
                 connection: Some(OwnedFd::from(stream)),
+                renewals_ended: false,
                 ttl,
                 deadline: boottime_now() + ttl,
             })
@@ -108,7 +113,10 @@ pub(crate) mod helper {
                         revents: 0,
                     },
                     libc::pollfd {
-                        fd: self.connection.as_ref().map_or(-1, AsRawFd::as_raw_fd),
+                        fd: match &self.connection {
+                            Some(connection) if !self.renewals_ended => connection.as_raw_fd(),
+                            _ => -1,
+                        },
                         events: libc::POLLIN,
                         revents: 0,
                     },
@@ -137,11 +145,11 @@ pub(crate) mod helper {
                     };
                     if read > 0 {
                         self.deadline = boottime_now() + self.ttl;
-                    } else if read == 0
-                        || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)
-                    {
+                    } else if read == 0 {
                         // The host let the unit go: no more renewals, the
                         // deadline stands.
+                        self.renewals_ended = true;
+                    } else if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
                         self.connection = None;
                     }
                 }
