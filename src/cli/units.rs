@@ -74,7 +74,7 @@ pub enum UnitsCommand {
 /// `box gc`.
 #[derive(Debug, Clone, clap::Args)]
 #[command(
-    after_help = "Examples:\n  box gc\n  box gc --instance box-12345\n  box gc --all-instances"
+    after_help = "A dead host's running unit is left while the lease its host renewed may still be live (its own init ends it); a later gc removes whatever outlives that.\n\nExamples:\n  box gc\n  box gc --instance box-12345\n  box gc --all-instances"
 )]
 pub struct GcArgs {
     /// Also remove units of instances not known on this machine (another
