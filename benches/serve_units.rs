@@ -1381,14 +1381,58 @@ fn cpu_of(pid: u32) -> Duration {
     Duration::from_millis(ticks * 1000 / hz)
 }
 
-/// An idle `box serve --listen` (docker) with N sessions (one unit each)
-/// whose lease is `BOX_BENCH_LEASE` (default 3s, renewed every second):
-/// `box serve`'s CPU and the engine calls over an idle window
-/// (`BOX_BENCH_LEASE_WINDOW_S`, default 60), before the sessions (the idle
-/// host) and with them (the renewals), through a counting proxy in front of
-/// the engine's socket.
-async fn lease_figures(workspace: &Path) {
-    let units = env_number("BOX_BENCH_LEASE_UNITS", 50);
+/// The processes whose parent is `pid`.
+fn child_pids(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|entry| {
+                    let child = entry.file_name().to_str()?.parse::<u32>().ok()?;
+                    let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+                    let ppid = stat
+                        .rsplit_once(')')
+                        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                        .and_then(|ppid| ppid.parse::<u32>().ok())?;
+                    (ppid == pid).then_some(child)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The processes that hold the units' leases: each docker unit's init (its
+/// container's first process), each local unit's sandbox helper (a child of
+/// `box serve`).
+fn lease_holders(backend: &str, instance: &str, serve: u32) -> Vec<u32> {
+    if backend != "docker" {
+        return child_pids(serve);
+    }
+    let ids = containers(&format!("label=box.instance={instance}"));
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    let output = Command::new("docker")
+        .args(["inspect", "-f", "{{.State.Pid}}"])
+        .args(&ids)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|pid| pid.trim().parse().ok())
+        .collect()
+}
+
+/// An idle `box serve --listen` (`BOX_BENCH_LEASE_BACKENDS`, default
+/// `docker,local`) with N sessions (`BOX_BENCH_LEASE_UNITS`, default 200;
+/// one unit each) whose lease is `BOX_BENCH_LEASE` (default 3s, renewed
+/// every second): over an idle window (`BOX_BENCH_LEASE_WINDOW_S`, default
+/// 60), before the sessions (the idle host) and with them (the renewals),
+/// `box serve`'s CPU, the lease holders' CPU (docker: the units' inits;
+/// local: the sandbox helpers) and, for docker, the engine calls, counted by
+/// a proxy in front of the engine's socket.
+async fn lease_figures(backend: &str, workspace: &Path) {
+    let units = env_number("BOX_BENCH_LEASE_UNITS", 200);
     let window = Duration::from_secs(env_number("BOX_BENCH_LEASE_WINDOW_S", 60) as u64);
     let lease = std::env::var("BOX_BENCH_LEASE").unwrap_or_else(|_| "3s".to_owned());
     let profiles = tempfile::tempdir().unwrap();
@@ -1398,10 +1442,10 @@ async fn lease_figures(workspace: &Path) {
     )
     .unwrap();
     let engine = CountingEngine::start();
-    let instance = format!("{}-lease", label());
+    let instance = format!("{}-lease-{backend}", label());
     let address = free_address();
     let server = Server::spawn(
-        box_serve("docker", workspace, &instance)
+        box_serve(backend, workspace, &instance)
             .arg("--listen")
             .arg(address.to_string())
             .args(["--max-sessions", &(units + 8).to_string()])
@@ -1414,24 +1458,40 @@ async fn lease_figures(workspace: &Path) {
     wait_listening(address).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let measure = |what: &str| {
-        let (cpu, calls) = (cpu_of(pid), engine.requests());
+        let holders = lease_holders(backend, &instance, pid);
+        let held = |holders: &[u32]| holders.iter().map(|pid| cpu_of(*pid)).sum::<Duration>();
+        let (cpu, calls, held_cpu) = (cpu_of(pid), engine.requests(), held(&holders));
         std::thread::sleep(window);
-        let (cpu, calls) = (cpu_of(pid) - cpu, engine.requests() - calls);
+        let (cpu, calls, held_cpu) = (
+            cpu_of(pid) - cpu,
+            engine.requests() - calls,
+            held(&holders).saturating_sub(held_cpu),
+        );
         let per_minute = 60.0 / window.as_secs_f64();
         println!(
-            "lease, docker, {what}: box serve CPU {:.3} s/min, engine calls {:.1}/min ({:.0} s window)",
+            "lease, {backend}, {what}: box serve CPU {:.3} s/min, lease holders' CPU {:.3} s/min ({} of them), engine calls {:.1}/min ({:.0} s window)",
             cpu.as_secs_f64() * per_minute,
+            held_cpu.as_secs_f64() * per_minute,
+            holders.len(),
             calls as f64 * per_minute,
             window.as_secs_f64(),
         );
     };
     tokio::task::block_in_place(|| measure("idle host, no units"));
     let mut sessions = Vec::new();
+    let started = Instant::now();
     for _ in 0..units {
         sessions.push(http_initialize(address).await);
     }
-    let live = containers(&format!("label=box.instance={instance}")).len();
-    assert_eq!(live, units, "every session's unit runs");
+    println!(
+        "lease, {backend}: {units} sessions started one after another in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        units_of(backend, &instance, pid),
+        units,
+        "every session's unit runs"
+    );
     // Let the starts' own engine traffic settle.
     tokio::time::sleep(Duration::from_secs(2)).await;
     tokio::task::block_in_place(|| {
@@ -1439,8 +1499,11 @@ async fn lease_figures(workspace: &Path) {
             "{units} idle units, lease {lease} (renewed every third of it)"
         ))
     });
-    let live = containers(&format!("label=box.instance={instance}")).len();
-    assert_eq!(live, units, "renewed units outlive the window");
+    assert_eq!(
+        units_of(backend, &instance, pid),
+        units,
+        "renewed units outlive the window"
+    );
     for session in &sessions {
         http_delete(address, session).await;
     }
@@ -1484,8 +1547,15 @@ fn main() {
             egress_figures("docker");
         }
     }
-    if docker.is_some() && wanted.iter().any(|w| w == "lease") {
-        runtime.block_on(lease_figures(workspace.path()));
+    if wanted.iter().any(|w| w == "lease") {
+        let backends =
+            std::env::var("BOX_BENCH_LEASE_BACKENDS").unwrap_or_else(|_| "docker,local".to_owned());
+        for backend in backends.split(',') {
+            if backend == "docker" && docker.is_none() {
+                continue;
+            }
+            runtime.block_on(lease_figures(backend, workspace.path()));
+        }
     }
     if docker.is_some() && wants("runtime") {
         runtime_figures(workspace.path());

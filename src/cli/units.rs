@@ -74,7 +74,7 @@ pub enum UnitsCommand {
 /// `box gc`.
 #[derive(Debug, Clone, clap::Args)]
 #[command(
-    after_help = "Examples:\n  box gc\n  box gc --instance box-12345\n  box gc --all-instances"
+    after_help = "A dead host's running unit is left while the lease its host renewed may still be live (its own init ends it); a later gc removes whatever outlives that.\n\nExamples:\n  box gc\n  box gc --instance box-12345\n  box gc --all-instances"
 )]
 pub struct GcArgs {
     /// Also remove units of instances not known on this machine (another
@@ -332,7 +332,8 @@ fn print_units(units: &[UnitInfo]) {
 ///
 /// The rule: a live host (its instance lock held) owns its units and removes
 /// its sessions' units itself, so they are never collected. A dead host's
-/// (lock file left, nobody holding it) units are all orphans. An instance
+/// (lock file left, nobody holding it) units are all orphans, collected once
+/// their lease has surely lapsed (`instance::lease_may_be_live`). An instance
 /// with no lock file here is collected only when named with `--instance`
 /// or with `--all-instances`.
 pub fn collectable(liveness: Liveness, named: bool, all_instances: bool) -> bool {
@@ -358,6 +359,15 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
         }
         let mut doomed = Vec::new();
         let mut forget = Vec::new();
+        // A named dead instance with no unit left (they ended with their
+        // lease) leaves only its lock file.
+        if let Some(id) = &args.instance
+            && !by_instance.contains_key(id)
+            && instance::liveness(&dir, id) == Liveness::Dead
+        {
+            forget.push(id.clone());
+        }
+        let now = std::time::SystemTime::now();
         for (id, units) in by_instance {
             let named = args.instance.as_deref() == Some(id.as_str());
             if args.instance.is_some() && !named && !args.all_instances {
@@ -365,8 +375,37 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
             }
             let live = instance::liveness(&dir, &id);
             if collectable(live, named, args.all_instances) {
-                doomed.extend(units);
-                forget.push(id);
+                // A dead host's unit may still hold a lease it renewed
+                // before it died: its own init ends it; gc only catches
+                // what outlives that.
+                let last_alive = match live {
+                    Liveness::Dead => instance::heartbeat(&dir, &id),
+                    _ => None,
+                };
+                let (waiting, gone): (Vec<_>, Vec<_>) = units.into_iter().partition(|unit| {
+                    last_alive.is_some_and(|last_alive| {
+                        instance::lease_may_be_live(&unit.state, unit.lease_ms, last_alive, now)
+                            .is_some()
+                    })
+                });
+                for unit in &waiting {
+                    let by = last_alive.and_then(|last_alive| {
+                        instance::lease_may_be_live(&unit.state, unit.lease_ms, last_alive, now)
+                    });
+                    eprintln!(
+                        "box gc: left {} (instance {id}, unit {}): its host died, but the lease it renewed may still be live; its init ends it by {} at the latest, and a later `box gc` removes whatever is left",
+                        unit.id.get(..12).unwrap_or(&unit.id),
+                        unit.unit,
+                        by.map(|by| humantime::format_rfc3339_seconds(by).to_string())
+                            .unwrap_or_default(),
+                    );
+                }
+                doomed.extend(gone);
+                // Its lock file says when it was last alive: kept while a
+                // unit waits on it.
+                if waiting.is_empty() {
+                    forget.push(id);
+                }
             } else if named {
                 eprintln!(
                     "box gc: instance {id} is alive; its host removes its own sessions' units"

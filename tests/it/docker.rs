@@ -716,17 +716,45 @@ async fn docker_instances_never_touch_each_other() {
         .unwrap();
     let locks = tempfile::tempdir().unwrap();
     let _b_alive = InstanceLock::acquire(locks.path(), &b.label.instance).unwrap();
-    std::fs::write(
-        locks.path().join(format!("{}.lock", c.label.instance)),
-        "1\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(box_bin())
-        .arg("gc")
-        .env("BOX_INSTANCE_DIR", locks.path())
-        .env_remove("BOX_INSTANCE")
-        .output()
+    let c_lock = locks.path().join(format!("{}.lock", c.label.instance));
+    std::fs::write(&c_lock, "1\n").unwrap();
+    let gc = || {
+        std::process::Command::new(box_bin())
+            .arg("gc")
+            .env("BOX_INSTANCE_DIR", locks.path())
+            .env_remove("BOX_INSTANCE")
+            .output()
+            .unwrap()
+    };
+    // C died just now (its lock file's heartbeat is fresh) and c1's lease
+    // (30 s, renewed by this test) may be live: left to its init.
+    let out = gc();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("left {}", &c1.envelope.id[..12])),
+        "{stderr}"
+    );
+    assert!(stderr.contains("lease"), "{stderr}");
+    assert_eq!(
+        backend
+            .list_instance(&c.label.instance)
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "gc removed a unit whose lease may be live"
+    );
+    assert!(c_lock.exists(), "the dead host's heartbeat is kept");
+    // C last alive an hour ago: any lease it renewed has lapsed, so a unit
+    // still running outlived it (its init failed): the safety net removes it.
+    std::fs::File::options()
+        .write(true)
+        .open(&c_lock)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(3600))
         .unwrap();
+    let out = gc();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -2562,6 +2590,71 @@ fn docker_gc_leaves_a_live_hosts_units() {
     assert!(answer.to_string().contains("still"), "{answer}");
     assert!(served.hang_up().success());
     assert_eq!(containers_labelled(&label), Vec::<String>::new());
+}
+
+/// Issue 12: `box gc` right after `kill -9` of a host leaves its unit, whose
+/// lease may still be live, to its init (saying so), and the unit is gone
+/// within its lease all the same; a later gc finds nothing and forgets the
+/// dead host's lock file.
+#[test]
+fn docker_gc_leaves_a_killed_hosts_unit_to_its_lease() {
+    use nix::sys::signal::{Signal, kill};
+    if tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine())
+        .is_none()
+    {
+        return;
+    }
+    let profiles = lease_profile_dir("short", "3s");
+    let instance = Instance::new("gcdead");
+    let ws = workspace();
+    let profiles_arg = profiles.path().to_string_lossy().into_owned();
+    let mut served = Served::start(
+        &instance.label.instance,
+        ws.path(),
+        &["--profiles", &profiles_arg, "--profile", "short"],
+    );
+    let label = format!("box.instance={}", instance.label.instance);
+    let before = containers_labelled(&label);
+    assert_eq!(before.len(), 1);
+    kill(
+        nix::unistd::Pid::from_raw(served.child.id() as i32),
+        Signal::SIGKILL,
+    )
+    .unwrap();
+    served.child.wait().unwrap();
+    let gc = || {
+        std::process::Command::new(box_bin())
+            .args(["gc", "--instance", &instance.label.instance])
+            .output()
+            .unwrap()
+    };
+    let out = gc();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("left {}", &before[0][..12])),
+        "{stderr}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).is_empty(),
+        "gc removed a unit whose lease may be live: {out:?}"
+    );
+    match until_no_container(&label, Duration::from_secs(3 + 5)) {
+        Ok(took) => eprintln!("the killed host's unit ended itself {took:?} after the gc"),
+        Err(left) => panic!("units left 8 s after their host was killed: {left:?}"),
+    }
+    let out = gc();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        boxhost::backend::instance::liveness(
+            &boxhost::backend::instance::default_dir(),
+            &instance.label.instance
+        ),
+        boxhost::backend::instance::Liveness::Unknown,
+        "the dead host's lock file is forgotten once nothing waits on it"
+    );
 }
 
 /// Issue 12: with box's init as its first process, a unit needs nothing of

@@ -1162,3 +1162,328 @@ allow_dangerous = ["private-destinations"]
     );
     assert_eq!(containers_of(&instance).await, Vec::<String>::new());
 }
+
+/// The processes on this machine whose command line is `sleep MARKER`.
+fn sleeps_with(marker: &str) -> Vec<u32> {
+    let wanted = format!("sleep {marker}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            (cmdline.trim_end() == wanted).then_some(pid)
+        })
+        .collect()
+}
+
+/// Issue 12, item 4: a local unit holds a lease as a docker unit does. The
+/// envelope reports it; a live host keeps its unit past several leases; a
+/// host stopped (SIGSTOP) past the lease loses it (the sandbox helper ends
+/// every process of the unit, a background process included), and once
+/// continued the host answers the next call with the unit's end naming the
+/// lapsed lease, never a hang.
+#[test]
+fn local_a_host_stopped_past_the_lease_loses_its_unit_and_says_so() {
+    use nix::sys::signal::{Signal, kill};
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("short.toml"),
+        "extends = \"default\"\n\n[lifecycle]\nlease = \"2s\"\n",
+    )
+    .unwrap();
+    let instance = format!("e2e-lease-{}", std::process::id());
+    let workspace = tempfile::tempdir().unwrap();
+    let mut served = Served::start_with(
+        "local",
+        &instance,
+        workspace.path(),
+        &[
+            "--profiles",
+            profiles.path().to_str().unwrap(),
+            "--profile",
+            "short",
+        ],
+    );
+    let units = served.initialized["result"]["capabilities"]["experimental"]
+        ["io.github.christopherdavenport.dax/executor"]["box"]["units"]
+        .clone();
+    assert_eq!(
+        units[0]["lifecycle"],
+        json!({"leaseMs": 2000}),
+        "the envelope reports the lease: {units}"
+    );
+    // A marker process in the unit, detached from the call.
+    let marker = format!("97{}", std::process::id());
+    served.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {
+            "command": format!("setsid sleep {marker} >/dev/null 2>&1 < /dev/null &")}}}));
+    let answer = served.answer(1, Duration::from_secs(30));
+    assert!(answer.get("result").is_some(), "{answer}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sleeps_with(&marker).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the marker never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Past two leases: a live host renews, its unit stays.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(sleeps_with(&marker).len(), 1, "a renewed unit lives on");
+    served.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "echo still"}}}));
+    let answer = served.answer(2, Duration::from_secs(30));
+    assert!(answer.to_string().contains("still"), "{answer}");
+
+    let pid = nix::unistd::Pid::from_raw(served.child.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let stopped = std::time::Instant::now();
+    let gone = loop {
+        if sleeps_with(&marker).is_empty() {
+            break Some(stopped.elapsed());
+        }
+        if stopped.elapsed() > Duration::from_secs(2 + 2) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    kill(pid, Signal::SIGCONT).unwrap();
+    let took = gone.unwrap_or_else(|| {
+        panic!("the unit's processes were still there 4 s into a 2 s lease of a stopped host")
+    });
+    eprintln!("the stopped host's local unit was gone {took:?} after the stop");
+    served.send(&json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "echo hi"}}}));
+    let answer = served.answer(3, Duration::from_secs(30));
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("unit workspace"), "{answer}");
+    assert!(message.contains("lease lapsed"), "{answer}");
+    assert!(served.hang_up().success());
+}
+
+/// A directory holding one profile, `NAME.toml`: `default` with a lease of
+/// `lease`.
+fn lease_profiles(name: &str, lease: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(format!("{name}.toml")),
+        format!("extends = \"default\"\n\n[lifecycle]\nlease = \"{lease}\"\n"),
+    )
+    .unwrap();
+    dir
+}
+
+/// Wait until `present` is empty, for at most `wait`: how long it took, or
+/// what was still there.
+fn until_empty<T>(wait: Duration, present: impl Fn() -> Vec<T>) -> Result<Duration, Vec<T>> {
+    let start = std::time::Instant::now();
+    loop {
+        let left = present();
+        if left.is_empty() {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > wait {
+            return Err(left);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Wait until a `sleep MARKER` runs, for at most `wait`.
+fn until_marker(marker: &str, wait: Duration) -> bool {
+    let start = std::time::Instant::now();
+    while sleeps_with(marker).is_empty() {
+        if start.elapsed() > wait {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
+/// The containers, running or not, labelled `label` (the docker CLI: no box
+/// process involved).
+fn containers_labelled(label: &str) -> Vec<String> {
+    let output = Command::new("docker")
+        .args(["ps", "-aq", "--no-trunc", "--filter"])
+        .arg(format!("label={label}"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Issue 12: `kill -9` of `box serve` leaves nothing of its local unit (the
+/// helper dies with its host: parent-death signal), well within the lease:
+/// the process table is polled for a marker started in the unit, detached
+/// from its call.
+#[test]
+fn local_a_killed_hosts_unit_leaves_no_process() {
+    use nix::sys::signal::{Signal, kill};
+    let profiles = lease_profiles("short", "3s");
+    let instance = format!("e2e-kill9-{}", std::process::id());
+    let workspace = tempfile::tempdir().unwrap();
+    let mut served = Served::start_with(
+        "local",
+        &instance,
+        workspace.path(),
+        &[
+            "--profiles",
+            profiles.path().to_str().unwrap(),
+            "--profile",
+            "short",
+        ],
+    );
+    let marker = format!("96{}", std::process::id());
+    served.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {
+            "command": format!("setsid sleep {marker} >/dev/null 2>&1 < /dev/null &")}}}));
+    let answer = served.answer(1, Duration::from_secs(30));
+    assert!(answer.get("result").is_some(), "{answer}");
+    assert!(
+        until_marker(&marker, Duration::from_secs(10)),
+        "the marker never started"
+    );
+    kill(
+        nix::unistd::Pid::from_raw(served.child.id() as i32),
+        Signal::SIGKILL,
+    )
+    .unwrap();
+    served.child.wait().unwrap();
+    match until_empty(Duration::from_secs(3 + 5), || sleeps_with(&marker)) {
+        Ok(took) => eprintln!("the killed host's local unit was gone {took:?} after the kill"),
+        Err(left) => panic!("processes of the unit left 8 s after its host was killed: {left:?}"),
+    }
+}
+
+/// How a test ends a host the way CI runners and scripts do.
+#[derive(Debug, Clone, Copy)]
+enum Interrupt {
+    /// `timeout -s SIGNAL N box ...`: the signal to box, then to timeout's
+    /// process group.
+    Timeout(&'static str),
+    /// SIGKILL to the host's process group at once (a cancelled CI job).
+    GroupKill,
+}
+
+/// Issue 12: `box run` and `box serve`, ended by `timeout` (SIGTERM or
+/// SIGKILL) or by a SIGKILL of their process group, leave no unit and no
+/// process of it once the lease (3 s) has passed: a SIGTERM lets the host
+/// remove its units itself, a SIGKILL leaves them to their lease (docker:
+/// box's init; local: the helper's parent-death signal).
+fn interrupted_hosts_leave_nothing_after_the_lease(backend: &str) {
+    use std::os::unix::process::CommandExt as _;
+    // Long enough for a unit to start under load: a docker unit's engine
+    // calls take longer than a local one's fork.
+    let start_within = if backend == "docker" { 10 } else { 4 };
+    let workspace = tempfile::tempdir().unwrap();
+    let mut case = 0;
+    for host in ["run", "serve"] {
+        for interrupt in [
+            Interrupt::Timeout("TERM"),
+            Interrupt::Timeout("KILL"),
+            Interrupt::GroupKill,
+        ] {
+            case += 1;
+            let what = format!("{backend}, box {host}, {interrupt:?}");
+            // A profile of its own: its docker units carry its name.
+            let name = format!("int-{}-{case}", std::process::id());
+            let profiles = lease_profiles(&name, "3s");
+            let marker = format!("95{}{case}", std::process::id());
+            let mut command = match interrupt {
+                Interrupt::Timeout(signal) => {
+                    let mut timeout = Command::new("timeout");
+                    timeout
+                        .args(["-s", signal, &start_within.to_string()])
+                        .arg(box_bin());
+                    timeout
+                }
+                Interrupt::GroupKill => {
+                    let mut direct = Command::new(box_bin());
+                    direct.process_group(0);
+                    direct
+                }
+            };
+            command
+                .args([host, "--backend", backend, "--profile", &name, "--profiles"])
+                .arg(profiles.path())
+                .arg("--workspace")
+                .arg(workspace.path())
+                .env("RUST_LOG", "error")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            if host == "run" {
+                command.args(["--", "sleep", &marker]);
+            } else {
+                command.args(["--instance", &format!("e2e-{name}")]);
+            }
+            let mut child = command.spawn().unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            if host == "serve" {
+                for message in [
+                    json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                        "protocolVersion": "2025-06-18", "capabilities": {},
+                        "clientInfo": {"name": "end_to_end", "version": "1"}}}),
+                    json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+                    json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                        "params": {"name": "bash", "arguments": {
+                            "command": format!("sleep {marker}")}}}),
+                ] {
+                    writeln!(stdin, "{message}").unwrap();
+                }
+                stdin.flush().unwrap();
+            }
+            assert!(
+                until_marker(&marker, Duration::from_secs(start_within - 1)),
+                "{what}: the unit's command never started"
+            );
+            if let Interrupt::GroupKill = interrupt {
+                let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
+                nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL).unwrap();
+            }
+            let status = child.wait().unwrap();
+            drop(stdin);
+            let label = format!("box.profile={name}");
+            let left = until_empty(Duration::from_secs(3 + 5), || {
+                let mut left: Vec<String> = sleeps_with(&marker)
+                    .into_iter()
+                    .map(|pid| format!("process {pid}"))
+                    .collect();
+                if backend == "docker" {
+                    left.extend(containers_labelled(&label));
+                }
+                left
+            });
+            match left {
+                Ok(took) => eprintln!("{what}: {status}, nothing left {took:?} after its end"),
+                Err(left) => {
+                    if backend == "docker" {
+                        let _ = Command::new("docker")
+                            .args(["rm", "-f"])
+                            .args(containers_labelled(&label))
+                            .output();
+                    }
+                    panic!("{what}: {status}, left 8 s after its end: {left:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn local_interrupted_hosts_leave_nothing_after_the_lease() {
+    interrupted_hosts_leave_nothing_after_the_lease("local");
+}
+
+#[test]
+fn docker_interrupted_hosts_leave_nothing_after_the_lease() {
+    if !backends().contains(&"docker") {
+        return;
+    }
+    interrupted_hosts_leave_nothing_after_the_lease("docker");
+}

@@ -2257,3 +2257,71 @@ fn box_run_it_forwards_keys_and_resizes_and_restores_the_terminal() {
         run.output
     );
 }
+
+/// Issue 12: a local unit whose host lets its lease go (the renewal dropped,
+/// as a stopped or hung host stops renewing) ends within the lease, every
+/// process with it (a grandchild in its own session included), and its end
+/// says why; a renewed unit outlives several leases first. Both of the
+/// helper's ways to hold the lease: outside the unit's pid namespace, and as
+/// the subreaper supervisor without one.
+async fn let_go_ends_within_the_lease(backend: LocalBackend, name: &str) {
+    let mut spec = unit_spec(Path::new("/nonexistent"));
+    spec.source = WorkspaceSource::Empty;
+    spec.lease = Duration::from_secs(1);
+    let marker = format!("94{}{}", name.len(), std::process::id());
+    let script = format!("setsid sleep {marker} & sleep {marker}");
+    let command = vec![OsString::from("/bin/sh"), "-c".into(), script.into()];
+    let started = backend
+        .start_command(&session(name), &spec, command)
+        .await
+        .unwrap();
+    assert_eq!(
+        started.envelope.lifecycle,
+        Some(boxhost::backend::AppliedLifecycle { lease_ms: 1000 }),
+        "the envelope reports the lease"
+    );
+    let id = started.envelope.id.clone();
+    let boxhost::backend::StartedUnit {
+        ended, renewal, io, ..
+    } = started;
+    assert!(renewal.is_some(), "a local unit's lease is renewed");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while processes_with(&marker).len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Renewed past three leases: alive.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(processes_with(&marker).len(), 2, "a renewed unit lives on");
+    let let_go = std::time::Instant::now();
+    drop(renewal);
+    let end = tokio::time::timeout(Duration::from_secs(1 + 5), ended)
+        .await
+        .expect("the unit ended within its lease plus 5 s");
+    eprintln!("{name}: let go, ended after {:?}", let_go.elapsed());
+    assert!(end.reason.contains("lease lapsed"), "{}", end.reason);
+    assert_eq!(processes_with(&marker), Vec::<String>::new());
+    drop(io);
+    backend.remove(&id).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_local_unit_let_go_ends_within_its_lease() {
+    if !require_landlock() {
+        return;
+    }
+    let_go_ends_within_the_lease(backend(), "letgo").await;
+}
+
+#[tokio::test]
+async fn a_local_unit_let_go_ends_within_its_lease_without_a_pid_namespace() {
+    if !require_landlock() {
+        return;
+    }
+    let backend = LocalBackend::with_options(LocalOptions {
+        box_exe: box_bin(),
+        namespaces: Requirement::Off,
+        landlock_min_abi: 1,
+        temp_root: boxhost::backend::local::default_temp_root(),
+    });
+    let_go_ends_within_the_lease(backend, "letgo-flat").await;
+}

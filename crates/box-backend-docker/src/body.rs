@@ -305,6 +305,10 @@ pub fn container_body(
         (labels::UNIT.to_owned(), spec.name.clone()),
         (labels::PROFILE.to_owned(), session.profile.clone()),
         (labels::CREATED.to_owned(), created.to_owned()),
+        (
+            labels::LEASE_MS.to_owned(),
+            spec.lease.as_millis().to_string(),
+        ),
     ]);
 
     let mut mounts = vec![Mount {
@@ -702,6 +706,16 @@ pub fn envelope_from_inspect(
         lifecycle,
         state,
     }
+}
+
+/// The lease of a listed unit: its label, else (a unit made before the
+/// label) its init's `--lease-ms` in the command the engine lists.
+pub(crate) fn listed_lease_ms(label: Option<&str>, command: Option<&str>) -> Option<u64> {
+    if let Some(lease_ms) = label.and_then(|label| label.parse().ok()) {
+        return Some(lease_ms);
+    }
+    let words: Vec<String> = command?.split_whitespace().map(str::to_owned).collect();
+    applied_lease(&words).map(|lifecycle| lifecycle.lease_ms)
 }
 
 /// The lease the unit's init was started with, read from the entrypoint the
@@ -1107,6 +1121,22 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_listed_units_lease_is_its_label_else_its_inits_command_line() {
+        assert_eq!(listed_lease_ms(Some("2000"), None), Some(2000));
+        assert_eq!(
+            listed_lease_ms(
+                None,
+                Some(
+                    "/.box/box init --socket /.box/run/unit.sock --unit u --lease-ms 7000 -- /.box/box execute"
+                )
+            ),
+            Some(7000)
+        );
+        assert_eq!(listed_lease_ms(Some("junk"), Some("sleep infinity")), None);
+        assert_eq!(listed_lease_ms(None, None), None);
+    }
+
+    #[test]
     fn labels_and_name_identify_the_unit() {
         let labels = body().labels.unwrap_or_default();
         let mut pairs: Vec<_> = labels.into_iter().collect();
@@ -1116,6 +1146,7 @@ pub(crate) mod tests {
             vec![
                 ("box.created".to_owned(), "2026-01-01T00:00:00Z".to_owned()),
                 ("box.instance".to_owned(), "inst1".to_owned()),
+                ("box.lease-ms".to_owned(), "30000".to_owned()),
                 ("box.profile".to_owned(), "default".to_owned()),
                 ("box.session".to_owned(), "s1".to_owned()),
                 ("box.unit".to_owned(), "workspace".to_owned()),

@@ -752,6 +752,10 @@ fn unit_info(container: ContainerSummary) -> UnitInfo {
         state: container
             .state
             .map_or_else(|| "unknown".to_owned(), |s| s.to_string()),
+        lease_ms: body::listed_lease_ms(
+            labels.get(labels::LEASE_MS).map(String::as_str),
+            container.command.as_deref(),
+        ),
     }
 }
 

@@ -56,6 +56,9 @@ use box_confine::{self as sandbox, CapabilitySets, ConfineError, LandlockOutcome
 use box_policy::executor::ExecutorSpec;
 use box_policy::plan::Requirement;
 
+use crate::lease::EXIT_LEASE_LAPSED;
+use crate::lease::helper::{LeaseWatch, Woken};
+
 /// The helper's exit code when it refuses or fails before CMD runs (as `env`
 /// and `docker run` use 125 for their own failures).
 pub const REFUSED_EXIT: u8 = 125;
@@ -196,6 +199,23 @@ pub struct SandboxSpec {
     /// never in an `execve`): it writes them to `secrets_dir`.
     #[serde(default)]
     pub secret_values: SecretValues,
+    /// The unit's lease, held by the helper outside the unit's confinement:
+    /// absent for a `box sandbox` run by hand (no host to renew it).
+    #[serde(default)]
+    pub lease: Option<SpecLease>,
+}
+
+/// Where the helper gets its lease renewals, and how long one lasts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpecLease {
+    /// The host's listening socket, in the abstract namespace (no file: the
+    /// helper connects before it enters any namespace; the host accepts only
+    /// the helper's pid).
+    pub socket: String,
+    /// The lease in milliseconds: the unit ends this long after the last
+    /// renewal (a byte on the connection).
+    pub ttl_ms: u64,
 }
 
 /// How an egress unit reaches the host's proxy.
@@ -281,6 +301,9 @@ pub struct Applied {
     /// The secrets tmpfs is mounted (`secrets_dir`).
     #[serde(default)]
     pub secrets_mounted: bool,
+    /// The lease the helper holds on the unit, in milliseconds.
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
     /// The rlimits as read back (soft values).
     pub rlimits: Rlimits,
 }
@@ -372,8 +395,17 @@ pub fn run(args: SandboxArgs, executor: ExecutorEntry) -> anyhow::Result<ExitCod
             anyhow::bail!("reading the sandbox spec: {message}");
         }
     };
+    // Before any namespace: the host's socket is in the host's network
+    // namespace, and the connection is the helper's, never the unit's.
+    let lease = match spec.lease.as_ref().map(LeaseWatch::connect).transpose() {
+        Ok(lease) => lease,
+        Err(message) => {
+            let report = failed("taking the unit's lease", message);
+            return Ok(refuse(&spec, &report, &mut reporter));
+        }
+    };
     let parent = args.parent.and_then(|pid| i32::try_from(pid).ok());
-    match sandbox(&spec, &args.command, parent, &mut reporter) {
+    match sandbox(&spec, &args.command, parent, &mut reporter, lease) {
         Ok(code) => Ok(code),
         Err(report) => Ok(refuse(&spec, &report, &mut reporter)),
     }
@@ -513,6 +545,7 @@ fn sandbox(
     command: &[OsString],
     parent: Option<i32>,
     reporter: &mut Reporter,
+    lease: Option<LeaseWatch>,
 ) -> Result<ExitCode, Report> {
     use nix::unistd::{Gid, Uid, getegid, geteuid};
     let program = resolve_program(command, &spec.env, &spec.cwd)?;
@@ -737,13 +770,24 @@ fn sandbox(
         landlock_tcp_ports: Vec::new(),
         egress_bound,
         secrets_mounted,
+        lease_ms: lease
+            .as_ref()
+            .map(|lease| u64::try_from(lease.ttl().as_millis()).unwrap_or(u64::MAX)),
         rlimits: spec.rlimits,
     };
     // Nothing above can leak a core; nothing below should either.
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
 
     if !pid_namespace {
-        return supervise(spec, &program, command, &mut applied, deny_tcp, reporter);
+        return supervise(
+            spec,
+            &program,
+            command,
+            &mut applied,
+            deny_tcp,
+            reporter,
+            lease,
+        );
     }
     // 3. The pid namespace takes effect for our children: fork its init.
     // The init tells us through this pipe which signal killed CMD, if one did
@@ -758,6 +802,8 @@ fn sandbox(
         )),
         0 => {
             drop(signal_read);
+            // The lease is the helper's, never the unit's.
+            drop(lease);
             let code = init(
                 spec,
                 &program,
@@ -773,14 +819,35 @@ fn sandbox(
             drop(signal_write);
             reporter.close();
             release_stdio();
-            Ok(wait_for_init(child, File::from(signal_read)))
+            Ok(wait_for_init(
+                &spec.unit,
+                child,
+                File::from(signal_read),
+                lease,
+            ))
         }
     }
 }
 
 /// The helper outside the pid namespace: wait for the init and end the way
-/// CMD ended: its exit code, or killed by its signal.
-fn wait_for_init(child: libc::pid_t, mut signal_pipe: File) -> ExitCode {
+/// CMD ended: its exit code, or killed by its signal. When the lease lapses
+/// first, kill the init (which ends every process in the namespace) and exit
+/// [`EXIT_LEASE_LAPSED`].
+fn wait_for_init(
+    unit: &str,
+    child: libc::pid_t,
+    mut signal_pipe: File,
+    lease: Option<LeaseWatch>,
+) -> ExitCode {
+    use std::os::fd::AsRawFd;
+    if let Some(mut lease) = lease {
+        // The pipe reads (a byte, or end of file) once the init has ended.
+        if lease.wait(signal_pipe.as_raw_fd()) == Woken::Lapsed {
+            let _ = nix::sys::signal::kill(Pid::from_raw(child), Signal::SIGKILL);
+            wait_pid(child);
+            return lapsed(unit, &lease);
+        }
+    }
     let status = wait_pid(child);
     let mut byte = [0u8; 1];
     let cmd_signal = match signal_pipe.read(&mut byte) {
@@ -796,6 +863,17 @@ fn wait_for_init(child: libc::pid_t, mut signal_pipe: File) -> ExitCode {
         die_by(signal);
     }
     ExitCode::from(u8::try_from(libc::WEXITSTATUS(status)).unwrap_or(REFUSED_EXIT))
+}
+
+/// Say the unit ended for its lapsed lease (to the host over the lease's
+/// connection, and in its log) and give the exit code that says so.
+fn lapsed(unit: &str, lease: &LeaseWatch) -> ExitCode {
+    lease.report_lapse();
+    eprintln!(
+        "box sandbox: unit {unit}: its lease lapsed (no renewal from the host within {:?}): ended every process of the unit",
+        lease.ttl()
+    );
+    ExitCode::from(EXIT_LEASE_LAPSED)
 }
 
 /// End this process by `signal`, its default disposition restored first.
@@ -928,8 +1006,10 @@ fn supervise(
     applied: &mut Applied,
     deny_tcp: bool,
     reporter: &mut Reporter,
+    mut lease: Option<LeaseWatch>,
 ) -> Result<ExitCode, Report> {
     use nix::sys::signal::{SigSet, Signal};
+    use std::os::fd::AsRawFd;
     confine(spec, program, applied, deny_tcp)?;
     prctl::set_child_subreaper(true)
         .map_err(|errno| failed("becoming the unit's subreaper", std::io::Error::from(errno)))?;
@@ -951,6 +1031,8 @@ fn supervise(
     if child == 0 {
         // The command starts with no signal blocked, and dies with the helper.
         let _ = signals.thread_unblock();
+        // The lease is the helper's, never the unit's.
+        drop(lease.take());
         // One landlock layer more, so nothing in the unit can signal (kill)
         // its supervisor and so escape removal. Kernels before landlock ABI 6
         // cannot; there the unit could.
@@ -968,7 +1050,22 @@ fn supervise(
     }
     reporter.close();
     release_stdio();
+    // Signals as an fd, so the wait can also take the lease's renewals.
+    // Created after the fork (the command must not inherit it); a signal
+    // that came before is pending, and read from it all the same.
+    let mut signal_fd = if lease.is_some() {
+        Some(
+            nix::sys::signalfd::SignalFd::with_flags(
+                &signals,
+                nix::sys::signalfd::SfdFlags::SFD_CLOEXEC,
+            )
+            .map_err(|errno| failed("watching signals", errno))?,
+        )
+    } else {
+        None
+    };
     let mut ended = None;
+    let mut lapse = false;
     loop {
         // Reap whatever has ended; note CMD's status.
         loop {
@@ -983,11 +1080,24 @@ fn supervise(
         if ended.is_some() {
             break;
         }
-        if let Ok(Signal::SIGTERM) = signals.wait() {
+        if let (Some(lease), Some(signal_fd)) = (lease.as_mut(), signal_fd.as_mut()) {
+            if lease.wait(signal_fd.as_raw_fd()) == Woken::Lapsed {
+                lapse = true;
+                break;
+            }
+            if let Ok(Some(info)) = signal_fd.read_signal()
+                && i32::try_from(info.ssi_signo) == Ok(libc::SIGTERM)
+            {
+                break;
+            }
+        } else if let Ok(Signal::SIGTERM) = signals.wait() {
             break;
         }
     }
     kill_children();
+    if lapse && let Some(lease) = &lease {
+        return Ok(lapsed(&spec.unit, lease));
+    }
     let _ = signals.thread_unblock();
     let Some(status) = ended else {
         // Removed: end as the signal asked.

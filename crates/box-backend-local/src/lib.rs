@@ -45,6 +45,7 @@
 //! mounts); the envelope's `root` says which.
 
 mod helper;
+mod lease;
 mod private;
 
 use std::collections::HashMap;
@@ -294,6 +295,14 @@ impl LocalBackend {
             tracing::info!(unit, ?missing, "variables to pass are not set on the host");
         }
         let mut sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options, egress)?;
+        // The unit's lease: the helper connects here before it confines
+        // anything, and ends the unit when the renewals stop.
+        let lease_socket = lease::host::LeaseSocket::bind()
+            .map_err(|error| other("listening for the unit's lease", error.to_string()))?;
+        sandbox_spec.lease = Some(helper::SpecLease {
+            socket: lease_socket.name().to_owned(),
+            ttl_ms: u64::try_from(spec.lease.as_millis()).unwrap_or(u64::MAX),
+        });
         // A unit that is the host's uid 0 gets the host's root-only files
         // covered. Finding them (a check of the last walk, or a walk) runs
         // while the helper is being executed.
@@ -468,6 +477,13 @@ impl LocalBackend {
             Ok(applied) => applied,
             Err(error) => return Err(undo(error).await),
         };
+        let connection = match lease_socket.accept(pid, CONFINE_TIMEOUT).await {
+            Ok(connection) => connection,
+            Err(message) => return Err(undo(other("taking the unit's lease", message)).await),
+        };
+        let (lease_reader, lease_writer) = connection.into_split();
+        let renewal = lease::host::renew(lease_writer, spec.lease);
+        let lease_ms = applied.lease_ms;
         let removed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let ended = {
             let mut exited = exited_rx.clone();
@@ -477,7 +493,12 @@ impl LocalBackend {
                     Ok(status) => status.flatten(),
                     Err(_) => None,
                 };
-                unit_end(status, removed.load(std::sync::atomic::Ordering::SeqCst))
+                let lapsed = lease_ms.filter(|_| lease::host::lapsed(&lease_reader));
+                unit_end(
+                    status,
+                    removed.load(std::sync::atomic::Ordering::SeqCst),
+                    lapsed,
+                )
             }
             .boxed()
         };
@@ -497,6 +518,7 @@ impl LocalBackend {
             created: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
             state: "running".to_owned(),
             parent: None,
+            lease_ms,
         };
         let record = LocalUnit {
             info,
@@ -513,7 +535,7 @@ impl LocalBackend {
                 stdout: Box::pin(stdout),
             },
             ended,
-            renewal: None,
+            renewal: Some(renewal),
         })
     }
 
@@ -1049,6 +1071,8 @@ pub(crate) fn sandbox_spec(
                 .map(|(name, value)| (format!("{SECRET_VALUE_PREFIX}{name}"), value.clone()))
                 .collect(),
         ),
+        // Set by the start, which listens for the helper.
+        lease: None,
     })
 }
 
@@ -1187,7 +1211,9 @@ pub(crate) fn envelope(
         secrets: Vec::new(),
         persisted_credentials: Vec::new(),
         parent: None,
-        lifecycle: None,
+        lifecycle: applied
+            .lease_ms
+            .map(|lease_ms| box_backend::AppliedLifecycle { lease_ms }),
         state: UnitState::Running,
     }
 }
@@ -1206,7 +1232,9 @@ fn delivered_secrets(spec: &UnitSpec) -> Vec<DeliveredSecret> {
 
 /// How a unit ended, from the helper's wait status (the helper ends the way
 /// the executor did: same exit code, or killed by the same signal).
-fn unit_end(status: Option<ExitStatus>, removed: bool) -> UnitEnd {
+/// `lapsed`: the helper said it ended the unit because its lease (of that
+/// many milliseconds) lapsed.
+fn unit_end(status: Option<ExitStatus>, removed: bool, lapsed: Option<u64>) -> UnitEnd {
     let (code, signal) = match status {
         Some(status) => (status.code(), status.signal()),
         None => (None, None),
@@ -1222,7 +1250,12 @@ fn unit_end(status: Option<ExitStatus>, removed: bool) -> UnitEnd {
             (code, None) => code.map(i64::from),
         },
         oom_killed: false,
-        reason: if removed {
+        reason: if let Some(lease_ms) = lapsed {
+            format!(
+                "the unit ended because its lease lapsed: its host did not renew it within {} (the host was stopped, hung or too busy)",
+                humantime::format_duration(Duration::from_millis(lease_ms))
+            )
+        } else if removed {
             format!("the unit was removed ({cause})")
         } else {
             cause

@@ -96,6 +96,7 @@ fn applied() -> Applied {
         landlock_tcp_ports: Vec::new(),
         egress_bound: false,
         secrets_mounted: false,
+        lease_ms: None,
         rlimits: Rlimits::from_limits(&unit_spec(WorkspaceSource::Empty).limits),
     }
 }
@@ -375,10 +376,10 @@ fn pids_are_reported_unbound_for_host_root() {
 
 #[test]
 fn a_signal_ends_with_code_minus_one_and_its_name() {
-    let end = unit_end(Some(ExitStatus::from_raw(9)), false);
+    let end = unit_end(Some(ExitStatus::from_raw(9)), false, None);
     assert_eq!(end.exit_code, Some(-1));
     assert_eq!(end.reason, "the executor was killed by SIGKILL (9)");
-    let end = unit_end(Some(ExitStatus::from_raw(3 << 8)), true);
+    let end = unit_end(Some(ExitStatus::from_raw(3 << 8)), true, None);
     assert_eq!(end.exit_code, Some(3));
     assert_eq!(
         end.reason,

@@ -7,10 +7,18 @@
 //! that lock, *dead* when the file exists but nobody does, and *unknown* when
 //! there is no file (another boot, or another machine on the same engine).
 //! The default directory is /run/box/instances (cleared at boot).
+//!
+//! A live host also refreshes its lock file's modification time every
+//! [`HEARTBEAT`], so once it is dead the file says when it was last alive:
+//! a unit it renewed cannot hold a live lease past that time plus the
+//! heartbeat plus the unit's lease ([`lease_may_be_live`]). `box gc` and the
+//! start-up sweep leave such a unit to its own init until then.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime};
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
@@ -48,12 +56,22 @@ pub fn new_id() -> String {
     format!("{boot}-{}-{:06x}", std::process::id(), suffix & 0xff_ffff)
 }
 
+/// How often a live host refreshes its lock file's modification time.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// Added to every bound on a dead host's last sign of life: a heartbeat
+/// thread that ran late, clocks read a moment apart.
+const HEARTBEAT_SLACK: Duration = Duration::from_secs(2);
+
 /// A held instance: alive while this value lives.
 #[derive(Debug)]
 pub struct InstanceLock {
     id: String,
     path: PathBuf,
     _lock: Flock<File>,
+    /// Dropped with the lock, which ends the heartbeat thread.
+    _heartbeat: mpsc::Sender<()>,
+    previous_heartbeat: Option<SystemTime>,
 }
 
 /// Why an instance could not be claimed.
@@ -120,14 +138,38 @@ impl InstanceLock {
             }
             Err((_, errno)) => return Err(io(std::io::Error::from(errno))),
         };
+        // A dead predecessor's last sign of life, before this host's own.
+        let previous_heartbeat = lock
+            .metadata()
+            .ok()
+            .filter(|metadata| metadata.len() > 0)
+            .and_then(|metadata| metadata.modified().ok());
         // The pid, for a human looking at the directory; liveness is the lock.
         let _ = lock.set_len(0);
         let _ = writeln!(lock, "{}", std::process::id());
+        let beat = lock.try_clone().map_err(io)?;
+        let (heartbeat, stop) = mpsc::channel::<()>();
+        std::thread::Builder::new()
+            .name("box-heartbeat".to_owned())
+            .spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(HEARTBEAT) {
+                    let _ = beat.set_modified(SystemTime::now());
+                }
+            })
+            .map_err(io)?;
         Ok(Self {
             id: id.to_owned(),
             path,
             _lock: lock,
+            _heartbeat: heartbeat,
+            previous_heartbeat,
         })
+    }
+
+    /// When the host that held this id before (dead, or this would not have
+    /// been claimed) was last alive, if one left its file.
+    pub fn previous_heartbeat(&self) -> Option<SystemTime> {
+        self.previous_heartbeat
     }
 
     /// The instance id.
@@ -169,6 +211,38 @@ pub fn liveness(dir: &Path, id: &str) -> Liveness {
     }
 }
 
+/// When instance `id`'s host was last seen alive: its lock file's
+/// modification time, which a live host refreshes every [`HEARTBEAT`].
+pub fn heartbeat(dir: &Path, id: &str) -> Option<SystemTime> {
+    if !valid(id) {
+        return None;
+    }
+    std::fs::metadata(lock_path(dir, id))
+        .and_then(|metadata| metadata.modified())
+        .ok()
+}
+
+/// Whether a unit of a dead host may still hold a live lease, and if so the
+/// time by which it has lapsed at the latest: its host renewed it at most
+/// until it died, which was within a [`HEARTBEAT`] of `last_alive`.
+///
+/// A unit that is not running holds nothing (its init is gone); a unit with
+/// no recorded lease (`lease_ms` `None`: made before leases, or by a backend
+/// whose units die with their host) has nothing to wait for. Either is
+/// collectable at once.
+pub fn lease_may_be_live(
+    state: &str,
+    lease_ms: Option<u64>,
+    last_alive: SystemTime,
+    now: SystemTime,
+) -> Option<SystemTime> {
+    if state != "running" {
+        return None;
+    }
+    let lapsed_by = last_alive + HEARTBEAT + HEARTBEAT_SLACK + Duration::from_millis(lease_ms?);
+    (now < lapsed_by).then_some(lapsed_by)
+}
+
 /// Remove a dead instance's lock file (after its units are gone).
 pub fn forget(dir: &Path, id: &str) {
     if valid(id) && liveness(dir, id) == Liveness::Dead {
@@ -201,6 +275,52 @@ mod tests {
         assert_eq!(liveness(dir.path(), "c3"), Liveness::Dead);
         forget(dir.path(), "c3");
         assert_eq!(liveness(dir.path(), "c3"), Liveness::Unknown);
+    }
+
+    #[test]
+    fn a_live_host_refreshes_its_heartbeat_and_a_successor_sees_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = InstanceLock::acquire(dir.path(), "h1").unwrap();
+        assert_eq!(held.previous_heartbeat(), None, "a fresh file has none");
+        let old = SystemTime::now() - Duration::from_secs(3600);
+        File::options()
+            .write(true)
+            .open(dir.path().join("h1.lock"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        assert_eq!(heartbeat(dir.path(), "h1"), Some(old));
+        std::thread::sleep(HEARTBEAT + Duration::from_millis(500));
+        let beat = heartbeat(dir.path(), "h1").unwrap();
+        assert!(beat > old + Duration::from_secs(3000), "{beat:?}");
+        drop(held);
+        // Dead (a lock file left, nobody holding it): the successor reads it.
+        let dead = dir.path().join("h2.lock");
+        std::fs::write(&dead, "1\n").unwrap();
+        File::options()
+            .write(true)
+            .open(&dead)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let next = InstanceLock::acquire(dir.path(), "h2").unwrap();
+        assert_eq!(next.previous_heartbeat(), Some(old));
+    }
+
+    #[test]
+    fn a_dead_hosts_running_unit_is_left_until_its_lease_has_surely_lapsed() {
+        let died = SystemTime::now();
+        let lease = Some(30_000);
+        let by = died + HEARTBEAT + HEARTBEAT_SLACK + Duration::from_secs(30);
+        assert_eq!(lease_may_be_live("running", lease, died, died), Some(by));
+        assert_eq!(
+            lease_may_be_live("running", lease, died, by - Duration::from_secs(1)),
+            Some(by)
+        );
+        assert_eq!(lease_may_be_live("running", lease, died, by), None);
+        assert_eq!(lease_may_be_live("exited", lease, died, died), None);
+        assert_eq!(lease_may_be_live("created", lease, died, died), None);
+        assert_eq!(lease_may_be_live("running", None, died, died), None);
     }
 
     #[test]

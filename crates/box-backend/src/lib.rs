@@ -44,6 +44,10 @@ pub mod labels {
     pub const CREATED: &str = "box.created";
     /// The unit a fork was made from (only on a `box/fork` child).
     pub const PARENT: &str = "box.parent";
+    /// The unit's lease in milliseconds (its length, set at creation: never
+    /// a deadline), so `box gc` can tell when a dead host's unit may still
+    /// hold a live one.
+    pub const LEASE_MS: &str = "box.lease-ms";
 }
 
 /// A backend's failure; every variant names the unit.
@@ -332,6 +336,10 @@ pub struct UnitInfo {
     /// `box.parent`: the unit a `box/fork` child was forked from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
+    /// `box.lease-ms`: the lease the unit holds, when something in it
+    /// enforces one (docker units).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_ms: Option<u64>,
 }
 
 /// The seam between the host and where units run.

@@ -235,9 +235,13 @@ pub fn host_facts(workspace: Option<&PathBuf>) -> anyhow::Result<HostFacts> {
 /// How long the sweep of orphaned units at start may take.
 const SWEEP_WAIT: Duration = Duration::from_secs(30);
 
-/// Remove every unit labelled with this host's instance: at start none of them
-/// can belong to a live session. Other instances' units are never touched.
-pub async fn sweep_orphans(config: &HostConfig) {
+/// Remove every unit labelled with this host's instance (at start none of them
+/// can belong to a live session) and those of dead hosts, once their lease
+/// has surely lapsed: until then their own init ends them (or a host with
+/// their state takes them back). `own_last_alive` is when the host that held
+/// this instance id before was last alive, if one did. Live and unknown
+/// instances' units are never touched.
+pub async fn sweep_orphans(config: &HostConfig, own_last_alive: Option<std::time::SystemTime>) {
     let units = match config.backend.list().await {
         Ok(units) => units,
         Err(error) => {
@@ -248,15 +252,27 @@ pub async fn sweep_orphans(config: &HostConfig) {
     // Ours (a predecessor that held this id crashed) and those of hosts whose
     // instance lock is left with nobody holding it (they died): none of these
     // can belong to a live session. Live and unknown instances are left alone.
-    use box_backend::instance::{Liveness, default_dir, liveness};
+    use box_backend::instance::{Liveness, default_dir, heartbeat, lease_may_be_live, liveness};
     let dir = default_dir();
+    let now = std::time::SystemTime::now();
     let mut dead = std::collections::BTreeSet::new();
+    let mut waiting = std::collections::BTreeSet::new();
     let mut orphans = Vec::new();
     for unit in units {
-        if unit.instance == config.instance {
-            orphans.push(unit.id);
+        let last_alive = if unit.instance == config.instance {
+            own_last_alive
         } else if liveness(&dir, &unit.instance) == Liveness::Dead {
-            dead.insert(unit.instance);
+            dead.insert(unit.instance.clone());
+            heartbeat(&dir, &unit.instance)
+        } else {
+            continue;
+        };
+        let live_lease = last_alive
+            .and_then(|last_alive| lease_may_be_live(&unit.state, unit.lease_ms, last_alive, now));
+        if let Some(by) = live_lease {
+            tracing::info!(unit = %unit.id, instance = %unit.instance, by = %humantime::format_rfc3339_seconds(by), "left a dead host's unit to its lease, which may still be live");
+            waiting.insert(unit.instance);
+        } else {
             orphans.push(unit.id);
         }
     }
@@ -264,8 +280,9 @@ pub async fn sweep_orphans(config: &HostConfig) {
         tracing::info!(count = orphans.len(), instance = %config.instance, "removing orphaned units of this instance and of dead hosts");
         units::remove_units(config.backend.as_ref(), &orphans).await;
     }
-    for instance in dead {
-        box_backend::instance::forget(&dir, &instance);
+    // A lock file that says when a waiting unit's host was last alive stays.
+    for instance in dead.difference(&waiting) {
+        box_backend::instance::forget(&dir, instance);
     }
 }
 
@@ -465,9 +482,12 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
     }
     let config = Arc::new(config);
     // Bounded: an engine that stalls must not keep the host from serving.
-    if tokio::time::timeout(SWEEP_WAIT, sweep_orphans(&config))
-        .await
-        .is_err()
+    if tokio::time::timeout(
+        SWEEP_WAIT,
+        sweep_orphans(&config, instance.previous_heartbeat()),
+    )
+    .await
+    .is_err()
     {
         tracing::warn!(
             "sweeping orphaned units took longer than {}; serving without it (`box gc` removes them later)",

@@ -223,6 +223,7 @@ impl Backend for FakeBackend {
                             created: String::new(),
                             state: "running".to_owned(),
                             parent: None,
+                            lease_ms: None,
                         },
                         kill: Some(kill_tx),
                     },
