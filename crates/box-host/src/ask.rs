@@ -29,6 +29,42 @@ pub(super) struct Ask {
     pub profile: Option<String>,
     /// `box.tighten`: the tightenings, as sent (`null` for none).
     pub tighten: Value,
+    /// `box.reattach`: the session to reattach to after its host restarted.
+    pub reattach: Option<Reattach>,
+}
+
+/// `box.reattach: {session, secret}`: what the initialize answer's
+/// `box.session` gave the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Reattach {
+    /// The session id.
+    pub session: String,
+    /// The reattach secret.
+    pub secret: String,
+}
+
+/// Read `box.reattach` from the box ask; the error names the field.
+fn read_reattach(field: &str, value: Option<&Value>) -> Result<Option<Reattach>, String> {
+    let object = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(object)) => object,
+        Some(other) => {
+            return Err(format!(
+                "{field}.box.reattach: must be an object {{session, secret}}, got {other}"
+            ));
+        }
+    };
+    let text = |name: &str| match object.get(name) {
+        Some(Value::String(text)) if !text.is_empty() => Ok(text.clone()),
+        other => Err(format!(
+            "{field}.box.reattach.{name}: must be a non-empty string (from the initialize answer's box.session), got {}",
+            other.map_or_else(|| "nothing".to_owned(), Value::to_string)
+        )),
+    };
+    Ok(Some(Reattach {
+        session: text("session")?,
+        secret: text("secret")?,
+    }))
 }
 
 /// Read the client's ask from initialize's params; the error names the field.
@@ -50,8 +86,8 @@ pub(super) fn read_ask(params: Option<&Map<String, Value>>) -> Result<Ask, Strin
             format!("{field}.maxReadBytes: must be a non-negative integer, got {value}")
         })?),
     };
-    let (profile, tighten) = match ask.get("box") {
-        None | Some(Value::Null) => (None, Value::Null),
+    let (profile, tighten, reattach) = match ask.get("box") {
+        None | Some(Value::Null) => (None, Value::Null, None),
         Some(Value::Object(ask_box)) => {
             let profile = match ask_box.get("profile") {
                 None | Some(Value::Null) => None,
@@ -65,6 +101,7 @@ pub(super) fn read_ask(params: Option<&Map<String, Value>>) -> Result<Ask, Strin
             (
                 profile,
                 ask_box.get("tighten").cloned().unwrap_or(Value::Null),
+                read_reattach(&field, ask_box.get("reattach"))?,
             )
         }
         Some(other) => return Err(format!("{field}.box: must be an object, got {other}")),
@@ -73,6 +110,7 @@ pub(super) fn read_ask(params: Option<&Map<String, Value>>) -> Result<Ask, Strin
         max_read_bytes,
         profile,
         tighten,
+        reattach,
     })
 }
 
@@ -341,9 +379,25 @@ mod tests {
                 max_read_bytes: Some(5),
                 profile: Some("ci".to_owned()),
                 tighten: json!({"network": {"mode": "none"}}),
+                reattach: None,
             })
         );
         assert_eq!(read_ask(json!({}).as_object()), Ok(Ask::default()));
+        let reattach = json!({"capabilities": {"experimental": {EXECUTOR_KEY: {
+            "box": {"reattach": {"session": "s1", "secret": "k"}}
+        }}}});
+        assert_eq!(
+            read_ask(reattach.as_object()).unwrap().reattach,
+            Some(Reattach {
+                session: "s1".to_owned(),
+                secret: "k".to_owned()
+            })
+        );
+        let bad = json!({"capabilities": {"experimental": {EXECUTOR_KEY: {
+            "box": {"reattach": {"session": "s1"}}
+        }}}});
+        let error = read_ask(bad.as_object()).unwrap_err();
+        assert!(error.contains(".box.reattach.secret"), "{error}");
         let bad =
             json!({"capabilities": {"experimental": {EXECUTOR_KEY: {"box": {"profile": 3}}}}});
         let error = read_ask(bad.as_object()).unwrap_err();
@@ -380,6 +434,7 @@ mod tests {
             max_read_bytes,
             profile: profile.map(str::to_owned),
             tighten,
+            reattach: None,
         }
     }
 

@@ -20,6 +20,7 @@ mod redact;
 pub mod router;
 mod run;
 pub mod session;
+pub mod state;
 pub mod units;
 
 use std::path::PathBuf;
@@ -65,6 +66,9 @@ pub struct ServeConfig {
     /// How `box/fork` and `box/merge` run git: confined by the binary
     /// (`box confine`). `None`: forks are copies.
     pub fork_git: Option<box_fork::Git>,
+    /// Where sessions' identities are kept for reattach (`--state`); `None`
+    /// keeps nothing.
+    pub state: Option<PathBuf>,
 }
 
 /// What `box run` asks of the host, as plain values (the binary turns its
@@ -137,6 +141,12 @@ pub struct HostConfig {
     pub fork_git: Option<box_fork::Git>,
     /// Where forked workspaces live, per instance and session (see `fork`).
     pub fork_dir: std::path::PathBuf,
+    /// Where sessions' identities are persisted (`box serve --state`);
+    /// `None`: nothing is kept, no session can be reattached.
+    pub state: Option<state::Store>,
+    /// Sessions of a dead host whose units this host re-adopted at start,
+    /// waiting for their clients to reattach.
+    pub reattachable: state::Reattachable,
 }
 
 impl HostConfig {
@@ -158,8 +168,17 @@ impl HostConfig {
             runtime_dir: egress::default_runtime_dir(),
             fork_git: None,
             fork_dir: default_fork_dir(),
+            state: None,
+            reattachable: state::Reattachable::default(),
         }
     }
+}
+
+/// Where `box serve` keeps sessions' identities by default:
+/// `$XDG_STATE_HOME/box/sessions`, else `~/.local/state/box/sessions`
+/// (`/var/lib/box/sessions` for root).
+pub fn default_state_dir() -> PathBuf {
+    default_fork_dir().with_file_name("sessions")
 }
 
 /// Where forked workspaces live: `$XDG_STATE_HOME/box/forks`, else
@@ -238,6 +257,12 @@ const SWEEP_WAIT: Duration = Duration::from_secs(30);
 /// Remove every unit labelled with this host's instance: at start none of them
 /// can belong to a live session. Other instances' units are never touched.
 pub async fn sweep_orphans(config: &HostConfig) {
+    sweep_orphans_except(config, &std::collections::HashSet::new()).await;
+}
+
+/// [`sweep_orphans`], leaving the units whose backend ids are in `keep` (a
+/// persisted session's: re-adopted, or left to their lease).
+pub async fn sweep_orphans_except(config: &HostConfig, keep: &std::collections::HashSet<String>) {
     let units = match config.backend.list().await {
         Ok(units) => units,
         Err(error) => {
@@ -253,6 +278,9 @@ pub async fn sweep_orphans(config: &HostConfig) {
     let mut dead = std::collections::BTreeSet::new();
     let mut orphans = Vec::new();
     for unit in units {
+        if keep.contains(&unit.id) {
+            continue;
+        }
         if unit.instance == config.instance {
             orphans.push(unit.id);
         } else if liveness(&dir, &unit.instance) == Liveness::Dead {
@@ -463,9 +491,27 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
         config.audit =
             Some(audit::Audit::open(path).with_context(|| format!("--audit {}", path.display()))?);
     }
+    if let Some(dir) = &serve.state {
+        config.state = Some(state::Store::open(dir).map_err(|why| anyhow::anyhow!(why))?);
+    }
     let config = Arc::new(config);
+    // Before the sweep, which leaves every persisted unit alone.
+    let persisted = state::adopt_all(&config).await;
+    if !config.reattachable.is_empty() {
+        // A session nobody comes back for does not keep its units forever.
+        let waiting = config.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(state::REATTACH_WINDOW).await;
+            for adopted in waiting.reattachable.take_all() {
+                tracing::warn!(session = %adopted.record.session, "no client reattached within {}; its units are left to their leases", humantime::format_duration(state::REATTACH_WINDOW));
+                if let Some(store) = &waiting.state {
+                    store.remove(&adopted.record.session);
+                }
+            }
+        });
+    }
     // Bounded: an engine that stalls must not keep the host from serving.
-    if tokio::time::timeout(SWEEP_WAIT, sweep_orphans(&config))
+    if tokio::time::timeout(SWEEP_WAIT, sweep_orphans_except(&config, &persisted))
         .await
         .is_err()
     {

@@ -31,6 +31,7 @@ use super::ask::{
 };
 use super::redact::{self, SessionRedactor};
 use super::router::{Router, UnitMessage};
+use super::state;
 use super::units::{
     ExecutorLink, FIRST_REQUEST_ID, InitProgress, StartWiring, Tracked, UnitEvent, describe_end,
     initialize_executor, link_unit, remove_until_gone, start_units,
@@ -483,6 +484,9 @@ impl Session {
         let ask = read_ask(client_params)
             .and_then(|ask| merge_ask(ask, &self.transport_ask))
             .map_err(StartError::params)?;
+        if let Some(reattach) = ask.reattach.clone() {
+            return self.reattach(client_params, &ask, reattach, version);
+        }
         let profile_name = ask
             .profile
             .clone()
@@ -752,6 +756,7 @@ impl Session {
         let envelopes: Vec<&Envelope> = units.iter().map(|unit| &unit.envelope).collect();
         let mut result = initialize_result(&plan, &envelopes, workspace, &initialized, version);
         redactor.message(&mut result);
+        self.persist(&plan, &ask, version, &units, &initialized, &mut result);
         let _ = self.version.set(version);
         tracing::info!(
             session = %self.id,
@@ -780,6 +785,259 @@ impl Session {
                 profile,
                 tighten: ask.tighten.clone(),
                 masks,
+            },
+            result,
+        ))
+    }
+
+    /// Keep the session's identity in the state directory (`--state`) and
+    /// give the client its reattach secret in `result` (`box.session`). A
+    /// session whose identity cannot be kept runs on without one (logged).
+    fn persist(
+        &self,
+        plan: &Plan,
+        ask: &super::ask::Ask,
+        version: &str,
+        units: &[Unit],
+        initialized: &[super::units::ExecutorStart],
+        result: &mut Value,
+    ) {
+        let Some(store) = &self.config.state else {
+            return;
+        };
+        let (secret, secret_sha256) = state::new_secret();
+        let kind = self.config.backend.kind();
+        let record = state::SessionRecord {
+            version: state::VERSION,
+            session: self.id.clone(),
+            instance: self.config.instance.clone(),
+            secret_sha256,
+            profile: plan.profile.clone(),
+            tighten: ask.tighten.clone(),
+            plan_digest: state::plan_digest(plan),
+            protocol_version: version.to_owned(),
+            initialize: result.clone(),
+            units: units
+                .iter()
+                .zip(initialized)
+                .map(|(unit, initialized)| state::UnitRecord {
+                    name: unit.spec.name.clone(),
+                    backend: kind.as_str().to_owned(),
+                    id: unit.envelope.id.clone(),
+                    identity: format!("{}/{}/{}", self.config.instance, self.id, unit.spec.name),
+                    image_id: unit.envelope.image_id.clone(),
+                    image_digest: unit.envelope.image_digest.clone(),
+                    run_dir: self.config.runtime_dir.join("units"),
+                    envelope: serde_json::to_value(&unit.envelope).unwrap_or(Value::Null),
+                    tools: initialized.tools.clone(),
+                })
+                .collect(),
+        };
+        // Each unit's run directory, as its backend reported it.
+        let mut record = record;
+        for (unit, persisted) in units.iter().zip(record.units.iter_mut()) {
+            match unit._renewal.as_ref().and_then(|renewal| renewal.run_dir()) {
+                Some(dir) => persisted.run_dir = dir.to_owned(),
+                None => {
+                    tracing::debug!(session = %self.id, unit = %unit.spec.name, "a unit without a run directory cannot be reattached; keeping no identity");
+                    return;
+                }
+            }
+        }
+        match store.write(&record) {
+            Ok(()) => set_box_field(result, "session", json!({"id": self.id, "secret": secret})),
+            Err(why) => {
+                tracing::warn!(session = %self.id, %why, "the session's identity is not kept; it cannot be reattached after a restart");
+            }
+        }
+    }
+
+    /// Reattach to a session a dead host served, whose units this host
+    /// re-adopted at start: the secret proven, the client's ask the same as
+    /// persisted, every unit live. Refused loudly otherwise, naming what
+    /// differs; the units are never replaced by fresh ones.
+    fn reattach(
+        &self,
+        client_params: Option<&serde_json::Map<String, Value>>,
+        ask: &super::ask::Ask,
+        reattach: super::ask::Reattach,
+        version: &'static str,
+    ) -> Result<(Live, Value), StartError> {
+        let refuse = |message: String| StartError {
+            code: code::INVALID_PARAMS,
+            message,
+            data: Some(json!({"field": "box.reattach"})),
+        };
+        if reattach.session != self.id {
+            return Err(refuse(format!(
+                "box.reattach.session: `{}` is not this session (`{}`); over HTTP, initialize without an Mcp-Session-Id header and box answers with the reattached id",
+                reattach.session, self.id
+            )));
+        }
+        let Some(adopted) = self.config.reattachable.take(&self.id) else {
+            return Err(refuse(format!(
+                "box.reattach: no session `{}` waits to be reattached on this host (it ended, was never kept, its host is alive, or its units were lost); initialize a new session",
+                self.id
+            )));
+        };
+        if !state::secret_matches(&reattach.secret, &adopted.record.secret_sha256) {
+            // An attacker guessing must not end the session for its owner.
+            self.config.reattachable.insert(adopted);
+            return Err(refuse(format!(
+                "box.reattach.secret: not the secret of session `{}`",
+                self.id
+            )));
+        }
+        let forget = || {
+            if let Some(store) = &self.config.state {
+                store.remove(&self.id);
+            }
+        };
+        // The client's ask must be the session's: what differs is named, and
+        // the session keeps waiting for an ask that matches.
+        let record = &adopted.record;
+        let differs = match (&ask.profile, &ask.tighten) {
+            (Some(profile), _) if profile != &record.profile => Some(format!(
+                "box.profile: the session runs profile `{}`, the reattach asks for `{profile}`",
+                record.profile
+            )),
+            (_, tighten) if !tighten.is_null() && tighten != &record.tighten => Some(format!(
+                "box.tighten: the session runs with tightening {}, the reattach asks for {tighten}",
+                record.tighten
+            )),
+            _ if version != record.protocol_version => Some(format!(
+                "protocolVersion: the session's executors speak {}, the reattach agreed {version}; ask for {}",
+                record.protocol_version, record.protocol_version
+            )),
+            _ => None,
+        };
+        if let Some(differs) = differs {
+            self.config.reattachable.insert(adopted);
+            return Err(refuse(differs));
+        }
+        let state::Adopted {
+            record,
+            plan,
+            profile,
+            units: started,
+        } = adopted;
+        let started = match started {
+            Ok(started) => started,
+            Err(why) => {
+                forget();
+                return Err(refuse(format!(
+                    "session `{}` cannot be reattached: {why}; its units are left to their leases",
+                    self.id
+                )));
+            }
+        };
+        for spec in &plan.units {
+            if let WorkspaceSource::Host(path) = &spec.source
+                && !path.is_dir()
+            {
+                forget();
+                return Err(refuse(format!(
+                    "unit {}: its workspace {} is gone; the session cannot be reattached and its units are left to their leases",
+                    spec.name,
+                    path.display()
+                )));
+            }
+        }
+        let secrets = redact::session_secrets(&plan, &(self.config.environment)());
+        let redactor = SessionRedactor::new(&self.id, secrets).map_err(|why| {
+            StartError::internal(format!("building the session's redactor: {why}"))
+        })?;
+        let label = SessionLabel {
+            instance: self.config.instance.clone(),
+            session: self.id.clone(),
+            profile: plan.profile.clone(),
+        };
+        let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
+        let mut tasks = JoinSet::new();
+        let mut units = Vec::new();
+        for (index, ((unit, spec), persisted)) in started
+            .into_iter()
+            .zip(plan.units.iter().cloned())
+            .zip(&record.units)
+            .enumerate()
+        {
+            let key = self.config.ledger.starting(&self.id, &spec.name);
+            self.config.ledger.started(key, &unit.envelope.id);
+            let link = ExecutorLink::new(unit.io.stdin, unit.io.stdout);
+            let writer = link_unit(index, link, unit.ended, &events_tx, &mut tasks);
+            units.push(Unit {
+                key,
+                spec,
+                envelope: unit.envelope,
+                writer: Some(writer),
+                ended: None,
+                closed: false,
+                close_reason: None,
+                tools: persisted.tools.clone(),
+                _renewal: unit.renewal,
+                fork: None,
+                removed: false,
+            });
+        }
+        let workspace = units
+            .iter()
+            .position(|unit| unit.spec.role == Role::Workspace);
+        let mut result = record.initialize.clone();
+        let envelopes: Vec<Value> = units
+            .iter()
+            .map(|unit| {
+                let mut envelope = serde_json::to_value(&unit.envelope).unwrap_or(Value::Null);
+                envelope["reattached"] = json!(true);
+                envelope
+            })
+            .collect();
+        set_box_field(&mut result, "units", json!(envelopes));
+        set_box_field(&mut result, "reattached", json!(true));
+        set_box_field(
+            &mut result,
+            "session",
+            json!({"id": self.id, "secret": reattach.secret}),
+        );
+        redactor.message(&mut result);
+        // This host serves the session now: a later restart finds it here.
+        if let Some(store) = &self.config.state {
+            let mut kept = record.clone();
+            kept.instance = self.config.instance.clone();
+            if let Err(why) = store.write(&kept) {
+                tracing::warn!(session = %self.id, %why, "updating the session's identity");
+            }
+        }
+        let _ = self.version.set(version);
+        tracing::info!(session = %self.id, profile = %plan.profile, units = units.len(), "session reattached");
+        let executor_params = executor_initialize_params(client_params, ask, version);
+        let count = units.len();
+        // Ids the dead host used may still be answered by the units: this
+        // host's start far above them (seconds since the epoch, shifted), so
+        // a late answer never matches a request of this host's.
+        let first_id = FIRST_REQUEST_ID
+            + (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_secs())
+                << 20);
+        Ok((
+            Live {
+                plan,
+                units,
+                workspace,
+                router: Router::new(count, first_id),
+                events_tx,
+                events_rx,
+                tasks,
+                last_activity: Instant::now(),
+                started: Instant::now(),
+                redactor,
+                egress: Vec::new(),
+                executor_params,
+                label,
+                next_fork: 1,
+                profile,
+                tighten: record.tighten.clone(),
+                masks: None,
             },
             result,
         ))
@@ -1944,6 +2202,10 @@ impl Session {
     /// End the session: answer what is in flight, close every executor's input
     /// (their processes end), wait a little for them, then remove every unit.
     async fn finish(&self, live: &mut Live, why: &str) {
+        // Ending normally: nothing is left to reattach to.
+        if let Some(store) = &self.config.state {
+            store.remove(&self.id);
+        }
         for unit in 0..live.units.len() {
             for forward in live.router.take_all(unit) {
                 self.record(live, unit, &forward.tag, "session_ended");
@@ -2092,6 +2354,19 @@ fn rewrite_answer(rewrite: &Rewrite, response: &mut Value) {
 /// Whether a forwarded request gets the profile's per-call deadline. The
 /// process methods that wait on the process (read, write, wait) are long polls
 /// by design and are bounded by the process, not by a call deadline.
+/// Sets `field` in the initialize result's box answer
+/// (`capabilities.experimental[EXECUTOR_KEY].box`).
+fn set_box_field(result: &mut Value, field: &str, value: Value) {
+    if let Some(answer) = result
+        .pointer_mut("/capabilities/experimental")
+        .and_then(|experimental| experimental.get_mut(EXECUTOR_KEY))
+        .and_then(|executor| executor.get_mut("box"))
+        .and_then(Value::as_object_mut)
+    {
+        answer.insert(field.to_owned(), value);
+    }
+}
+
 fn has_deadline(method: &str) -> bool {
     !matches!(
         method,

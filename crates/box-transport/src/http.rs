@@ -497,6 +497,24 @@ fn check_version(headers: &HeaderMap, need: Version) -> Result<(), Response> {
     ))
 }
 
+/// The session a client asks to reattach to after its host restarted
+/// (`box.reattach.session` in the executor capability's ask): the session
+/// keeps its `Mcp-Session-Id`. Only an id box could have minted is taken;
+/// the host checks the secret and answers whether it is the client's.
+fn reattach_id(message: &Value) -> Option<String> {
+    let id = message
+        .pointer("/params/capabilities/experimental")?
+        .get(box_jsonrpc::EXECUTOR_KEY)?
+        .pointer("/box/reattach/session")?
+        .as_str()?;
+    (!id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_'))
+    .then(|| id.to_owned())
+}
+
 fn mint_session_id() -> String {
     let mut bytes = [0u8; 32];
     rand::fill(&mut bytes);
@@ -673,7 +691,19 @@ async fn post_message(
     let Some(session_id) = session_header(&headers) else {
         return match kind {
             Some(Kind::Request { id, method }) if method == "initialize" => match ask {
-                Ok(ask) => initialize(&state, id, message, ask).await,
+                Ok(ask) => match reattach_id(&message) {
+                    Some(session_id) if state.lookup(&session_id).is_some() => json_response(
+                        StatusCode::OK,
+                        error_response(
+                            id,
+                            code::INVALID_PARAMS,
+                            format!(
+                                "box.reattach.session: session `{session_id}` is live on this host; send its requests with its Mcp-Session-Id instead of reattaching"
+                            ),
+                        ),
+                    ),
+                    reattach => initialize(&state, id, message, ask, reattach).await,
+                },
                 // Answered as the host answers a bad capability ask.
                 Err(why) => json_response(
                     StatusCode::OK,
@@ -817,6 +847,7 @@ async fn initialize(
     id: Value,
     message: Value,
     ask: TransportAsk,
+    reattach: Option<String>,
 ) -> Response {
     let Ok(permit) = state.permits.clone().try_acquire_owned() else {
         return json_response(
@@ -831,7 +862,7 @@ async fn initialize(
             ),
         );
     };
-    let session_id = mint_session_id();
+    let session_id = reattach.unwrap_or_else(mint_session_id);
     let (general_tx, general_rx) = mpsc::channel(GENERAL_QUEUE);
     let handle =
         state

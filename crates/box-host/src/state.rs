@@ -1,0 +1,562 @@
+//! Persisted session identities (`box serve --state DIR`): what a later host
+//! process needs to re-adopt a session's live units and serve the same
+//! session id to a client that proves it holds the session's reattach secret.
+//!
+//! One file per session, `<session id>.json`, written atomically (a temporary
+//! file in the same directory, fsync, rename, fsync of the directory); the
+//! directory is 0700 and each file 0600, both the host user's. A file that is
+//! not valid JSON, of another version, not owned by this user, readable or
+//! writable by others, or whose name and content disagree is logged and
+//! ignored, never trusted. The file holds no secret: the reattach secret as a
+//! SHA-256 digest only, and no unit key (a unit's key is read back from the
+//! engine, which holds it in the container's configuration anyway).
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::Digest as _;
+
+use box_backend::StartedUnit;
+use box_policy::plan::Plan;
+use box_policy::profile::Profile;
+
+/// The state file's format version; a file of any other is ignored.
+pub const VERSION: u32 = 1;
+
+/// A session's persisted identity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionRecord {
+    /// [`VERSION`].
+    pub version: u32,
+    /// The session id (HTTP's `Mcp-Session-Id`).
+    pub session: String,
+    /// The instance id of the host serving it: a later host re-adopts the
+    /// session only once that host is dead (its instance lock is free) or
+    /// when it is that instance itself.
+    pub instance: String,
+    /// SHA-256 of the reattach secret, hex.
+    pub secret_sha256: String,
+    /// The profile's name.
+    pub profile: String,
+    /// The tightening the session asked, as sent (`null` for none).
+    pub tighten: Value,
+    /// SHA-256 of the resolved plan as JSON ([`plan_digest`]).
+    pub plan_digest: String,
+    /// The protocol version the session's executors were initialized at.
+    pub protocol_version: String,
+    /// The initialize result the client got, without `box.session`.
+    pub initialize: Value,
+    /// The session's units, in the plan's order.
+    pub units: Vec<UnitRecord>,
+}
+
+/// One unit of a persisted session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UnitRecord {
+    /// Its name in the plan.
+    pub name: String,
+    /// The backend that runs it.
+    pub backend: String,
+    /// The backend's id (container id).
+    pub id: String,
+    /// Its identity in its init's proofs.
+    pub identity: String,
+    /// The image id its container was created from.
+    pub image_id: String,
+    /// The image's registry digest, when known.
+    pub image_digest: Option<String>,
+    /// Its run directory on the host.
+    pub run_dir: PathBuf,
+    /// The envelope reported at start.
+    pub envelope: Value,
+    /// Its tool list, read before anything ran in it.
+    pub tools: Option<Value>,
+}
+
+/// SHA-256 of a plan as JSON, hex: equal plans, equal digests.
+pub fn plan_digest(plan: &Plan) -> String {
+    let text = serde_json::to_vec(&plan.to_json()).unwrap_or_default();
+    hex::encode(sha2::Sha256::digest(&text))
+}
+
+/// A new reattach secret (128 random bits, hex) and its SHA-256 digest.
+pub fn new_secret() -> (String, String) {
+    let secret = format!("{:032x}", rand::random::<u128>());
+    let digest = secret_digest(&secret);
+    (secret, digest)
+}
+
+/// SHA-256 of `secret`, hex.
+pub fn secret_digest(secret: &str) -> String {
+    hex::encode(sha2::Sha256::digest(secret.as_bytes()))
+}
+
+/// Whether `secret` is the one whose digest is `digest`, compared in time
+/// independent of where they differ.
+pub fn secret_matches(secret: &str, digest: &str) -> bool {
+    let given = secret_digest(secret);
+    given.len() == digest.len()
+        && given
+            .bytes()
+            .zip(digest.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+/// Whether `id` may name a state file (the ids box mints are hex).
+fn file_safe(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_')
+}
+
+/// The state directory.
+#[derive(Debug, Clone)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating) `dir`, mode 0700; refuses a directory of another
+    /// user's or one others may write.
+    pub fn open(dir: &Path) -> Result<Self, String> {
+        std::fs::create_dir_all(dir)
+            .map_err(|error| format!("--state {}: creating it: {error}", dir.display()))?;
+        let metadata = std::fs::metadata(dir)
+            .map_err(|error| format!("--state {}: {error}", dir.display()))?;
+        let uid = nix::unistd::geteuid().as_raw();
+        if metadata.uid() != uid {
+            return Err(format!(
+                "--state {}: owned by uid {}, not this user ({uid}); use a directory of your own",
+                dir.display(),
+                metadata.uid()
+            ));
+        }
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|error| format!("--state {}: setting mode 0700: {error}", dir.display()))?;
+        Ok(Self {
+            dir: dir.to_owned(),
+        })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path_of(&self, session: &str) -> Option<PathBuf> {
+        file_safe(session).then(|| self.dir.join(format!("{session}.json")))
+    }
+
+    /// Writes `record` atomically, mode 0600.
+    pub fn write(&self, record: &SessionRecord) -> Result<(), String> {
+        let path = self.path_of(&record.session).ok_or_else(|| {
+            format!(
+                "session id `{}` cannot name a state file (letters, digits, - and _ only)",
+                record.session
+            )
+        })?;
+        let text = serde_json::to_vec_pretty(record)
+            .map_err(|error| format!("encoding the session's state: {error}"))?;
+        let temporary = self.dir.join(format!(
+            ".{}.{:016x}.tmp",
+            record.session,
+            rand::random::<u64>()
+        ));
+        let written = (|| -> std::io::Result<()> {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&temporary)?;
+            file.write_all(&text)?;
+            file.sync_all()?;
+            std::fs::rename(&temporary, &path)?;
+            std::fs::File::open(&self.dir)?.sync_all()
+        })();
+        written.map_err(|error| {
+            let _ = std::fs::remove_file(&temporary);
+            format!("writing {}: {error}", path.display())
+        })
+    }
+
+    /// Removes `session`'s file (it ended normally); a missing one is fine.
+    pub fn remove(&self, session: &str) {
+        if let Some(path) = self.path_of(session)
+            && let Err(error) = std::fs::remove_file(&path)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %path.display(), %error, "removing a session's state file");
+        }
+    }
+
+    /// Every record that can be trusted; each other file is logged and
+    /// skipped (left in place for whoever wants to look at it).
+    pub fn load(&self) -> Vec<SessionRecord> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(error) => {
+                tracing::warn!(dir = %self.dir.display(), %error, "reading the state directory");
+                return Vec::new();
+            }
+        };
+        let uid = nix::unistd::geteuid().as_raw();
+        let mut records = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Some(name) = path.file_name().and_then(|name| name.to_str()) else {
+                continue;
+            };
+            let Some(session) = name.strip_suffix(".json") else {
+                continue;
+            };
+            if name.starts_with('.') {
+                continue;
+            }
+            match read_record(&path, session, uid) {
+                Ok(record) => records.push(record),
+                Err(why) => {
+                    tracing::warn!(path = %path.display(), %why, "ignoring a session state file");
+                }
+            }
+        }
+        records
+    }
+}
+
+fn read_record(path: &Path, session: &str, uid: u32) -> Result<SessionRecord, String> {
+    let metadata = std::fs::symlink_metadata(path).map_err(|error| error.to_string())?;
+    if !metadata.file_type().is_file() {
+        return Err("not a regular file".to_owned());
+    }
+    if metadata.uid() != uid {
+        return Err(format!(
+            "owned by uid {}, not this user ({uid})",
+            metadata.uid()
+        ));
+    }
+    if metadata.mode() & 0o077 != 0 {
+        return Err(format!(
+            "mode {:o}: others may read or write it (box writes 0600)",
+            metadata.mode() & 0o777
+        ));
+    }
+    let text = std::fs::read(path).map_err(|error| error.to_string())?;
+    let version = serde_json::from_slice::<Value>(&text)
+        .map_err(|error| format!("not valid JSON: {error}"))?
+        .get("version")
+        .and_then(Value::as_u64);
+    if version != Some(u64::from(VERSION)) {
+        return Err(format!(
+            "version {version:?}, this box reads version {VERSION} only"
+        ));
+    }
+    let record: SessionRecord =
+        serde_json::from_slice(&text).map_err(|error| format!("not a session record: {error}"))?;
+    if record.session != session {
+        return Err(format!(
+            "names session `{}`, not the `{session}` of its file name",
+            record.session
+        ));
+    }
+    Ok(record)
+}
+
+/// A persisted session whose units a starting host re-adopted (or failed
+/// to), waiting for its client to reattach.
+pub struct Adopted {
+    /// What was persisted.
+    pub record: SessionRecord,
+    /// The plan, resolved again from the persisted profile and tightening.
+    pub plan: Plan,
+    /// The profile it was resolved from.
+    pub profile: Profile,
+    /// The units, re-adopted in the plan's order (their leases renewed from
+    /// now on); or why the session cannot be reattached (its units are left
+    /// to their leases).
+    pub units: Result<Vec<StartedUnit>, String>,
+}
+
+/// Sessions waiting to be reattached, by session id.
+#[derive(Default)]
+pub struct Reattachable(Mutex<HashMap<String, Adopted>>);
+
+impl Reattachable {
+    /// Adds `adopted`.
+    pub fn insert(&self, adopted: Adopted) {
+        if let Ok(mut map) = self.0.lock() {
+            map.insert(adopted.record.session.clone(), adopted);
+        }
+    }
+
+    /// Takes the session `id`'s entry.
+    pub fn take(&self, id: &str) -> Option<Adopted> {
+        self.0.lock().ok()?.remove(id)
+    }
+
+    /// How many sessions wait.
+    pub fn len(&self) -> usize {
+        self.0.lock().map(|map| map.len()).unwrap_or(0)
+    }
+
+    /// Takes every entry.
+    pub fn take_all(&self) -> Vec<Adopted> {
+        self.0
+            .lock()
+            .map(|mut map| map.drain().map(|(_, adopted)| adopted).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether none waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// How long a host keeps renewing the leases of a re-adopted session its
+/// client has not reattached to; then the units are left to their leases.
+pub const REATTACH_WINDOW: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How long a re-adopted unit's init gets to reconnect (it retries every
+/// 250 ms to 1 s while its lease runs).
+const RECONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// At a host's start: for every trusted record in its state directory,
+/// resolve the plan again and re-adopt the units (concurrently, sessions
+/// and units alike), each waiting in [`crate::HostConfig::reattachable`]
+/// for its client. Returns the backend ids of every persisted unit, which
+/// the start-up sweep must leave alone (they are either re-adopted or left
+/// to their lease).
+pub async fn adopt_all(config: &crate::HostConfig) -> std::collections::HashSet<String> {
+    let Some(store) = &config.state else {
+        return Default::default();
+    };
+    let records = store.load();
+    let ids = records
+        .iter()
+        .flat_map(|record| record.units.iter().map(|unit| unit.id.clone()))
+        .collect();
+    let adopted =
+        futures::future::join_all(records.into_iter().map(|record| adopt(config, record))).await;
+    for adopted in adopted.into_iter().flatten() {
+        match &adopted.units {
+            Ok(units) => {
+                tracing::info!(session = %adopted.record.session, units = units.len(), "re-adopted a persisted session's units; waiting for its client to reattach")
+            }
+            Err(why) => {
+                tracing::warn!(session = %adopted.record.session, %why, "a persisted session cannot be reattached; its units are left to their leases")
+            }
+        }
+        config.reattachable.insert(adopted);
+    }
+    ids
+}
+
+async fn adopt(config: &crate::HostConfig, record: SessionRecord) -> Option<Adopted> {
+    use box_backend::instance::{Liveness, default_dir, liveness};
+    // A live host's session is its own: binding its units' sockets would
+    // take them from under it.
+    if record.instance != config.instance
+        && liveness(&default_dir(), &record.instance) != Liveness::Dead
+    {
+        tracing::debug!(session = %record.session, instance = %record.instance, "a persisted session's host is not known dead; leaving it");
+        return None;
+    }
+    let profile = match config.catalog.load(&record.profile) {
+        Ok(profile) => profile,
+        Err(error) => {
+            tracing::warn!(session = %record.session, profile = %record.profile, %error, "a persisted session's profile no longer loads");
+            return None;
+        }
+    };
+    let plan = match (config.resolve)(&profile, &record.tighten, &config.facts) {
+        Ok(plan) => plan,
+        Err(error) => {
+            tracing::warn!(session = %record.session, %error, "a persisted session's plan no longer resolves");
+            return None;
+        }
+    };
+    let units = adopt_units(config, &record, &plan).await;
+    Some(Adopted {
+        record,
+        plan,
+        profile,
+        units,
+    })
+}
+
+async fn adopt_units(
+    config: &crate::HostConfig,
+    record: &SessionRecord,
+    plan: &Plan,
+) -> Result<Vec<StartedUnit>, String> {
+    let digest = plan_digest(plan);
+    if digest != record.plan_digest {
+        return Err(format!(
+            "profile `{}` resolves to another plan than the session started with (plan digest {} then, {} now): the profile or the host's facts changed",
+            record.profile, record.plan_digest, digest
+        ));
+    }
+    if plan.workspace_fork.is_some() {
+        return Err(
+            "a session on a forked workspace (source = \"fork\") cannot be reattached yet"
+                .to_owned(),
+        );
+    }
+    if let Some(unit) = plan
+        .units
+        .iter()
+        .find(|unit| unit.network.mode == box_policy::plan::NetworkMode::Egress)
+    {
+        return Err(format!(
+            "unit {}: an egress unit's proxy does not survive its host, so it cannot be reattached yet",
+            unit.name
+        ));
+    }
+    if plan.units.len() != record.units.len() {
+        return Err(format!(
+            "the plan has {} unit(s), the session persisted {}",
+            plan.units.len(),
+            record.units.len()
+        ));
+    }
+    let label = box_backend::SessionLabel {
+        instance: config.instance.clone(),
+        session: record.session.clone(),
+        profile: plan.profile.clone(),
+    };
+    let kind = config.backend.kind();
+    let mut asks = Vec::new();
+    for (spec, unit) in plan.units.iter().zip(&record.units) {
+        if unit.name != spec.name || unit.backend != kind.as_str() {
+            return Err(format!(
+                "unit {} on the {} backend was persisted, the plan and this host have unit {} on the {} backend",
+                unit.name,
+                unit.backend,
+                spec.name,
+                kind.as_str()
+            ));
+        }
+        let names = |key: &str| -> Vec<String> {
+            unit.envelope
+                .get(key)
+                .and_then(Value::as_array)
+                .map(|names| {
+                    names
+                        .iter()
+                        .filter_map(|name| name.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        asks.push(box_backend::AdoptUnit {
+            id: unit.id.clone(),
+            identity: unit.identity.clone(),
+            run_dir: unit.run_dir.clone(),
+            image_id: Some(unit.image_id.clone()).filter(|id| !id.is_empty()),
+            image_digest: unit.image_digest.clone(),
+            env_passed: names("envPassed"),
+            env_scrubbed: names("envScrubbed"),
+            timeout: RECONNECT_WAIT,
+        });
+    }
+    let results = futures::future::join_all(
+        plan.units
+            .iter()
+            .zip(&asks)
+            .map(|(spec, ask)| config.backend.adopt(&label, spec, ask)),
+    )
+    .await;
+    let mut units = Vec::new();
+    let mut lost = Vec::new();
+    for result in results {
+        match result {
+            Ok(unit) => units.push(unit),
+            Err(error) => lost.push(error.to_string()),
+        }
+    }
+    if !lost.is_empty() {
+        // The units that were re-adopted are dropped with `units`: their
+        // renewals stop and they end within their lease.
+        return Err(format!("lost: {}", lost.join("; ")));
+    }
+    Ok(units)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(session: &str) -> SessionRecord {
+        SessionRecord {
+            version: VERSION,
+            session: session.to_owned(),
+            instance: "i".to_owned(),
+            secret_sha256: secret_digest("s"),
+            profile: "default".to_owned(),
+            tighten: Value::Null,
+            plan_digest: "d".to_owned(),
+            protocol_version: "2025-06-18".to_owned(),
+            initialize: serde_json::json!({}),
+            units: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn records_round_trip_with_private_modes_and_go_when_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state")).unwrap();
+        store.write(&record("abc")).unwrap();
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().mode() & 0o777;
+        assert_eq!(mode(store.dir()), 0o700);
+        assert_eq!(mode(&store.dir().join("abc.json")), 0o600);
+        assert_eq!(store.load(), vec![record("abc")]);
+        store.remove("abc");
+        assert_eq!(store.load(), Vec::new());
+    }
+
+    #[test]
+    fn corrupt_foreign_or_mismatched_files_are_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.write(&record("good")).unwrap();
+        let write = |name: &str, text: &str, mode: u32| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        write("bad.json", "{not json", 0o600);
+        let mut other = serde_json::to_value(record("v2")).unwrap();
+        other["version"] = serde_json::json!(2);
+        write("v2.json", &other.to_string(), 0o600);
+        write(
+            "open.json",
+            &serde_json::to_string(&record("open")).unwrap(),
+            0o644,
+        );
+        write(
+            "renamed.json",
+            &serde_json::to_string(&record("else")).unwrap(),
+            0o600,
+        );
+        assert_eq!(store.load(), vec![record("good")]);
+    }
+
+    #[test]
+    fn secrets_are_128_bits_and_compared_by_digest() {
+        let (secret, digest) = new_secret();
+        assert_eq!(secret.len(), 32);
+        assert!(secret_matches(&secret, &digest));
+        assert!(!secret_matches("wrong", &digest));
+        assert!(!file_safe("../x") && file_safe("ab-12_C"));
+    }
+}

@@ -1,0 +1,383 @@
+//! Issue 12: a session survives `kill -9` of its `box serve --listen` host.
+//! A new host started with the same `--state` re-adopts the live units, and
+//! the client that re-initializes with `box.reattach {session, secret}` gets
+//! the same `Mcp-Session-Id`, its unit's `/tmp` and its background process;
+//! a wrong secret, a changed profile or a removed container is refused,
+//! naming why.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine as _;
+use box_jsonrpc::EXECUTOR_KEY;
+use boxhost::backend::docker::DockerBackend;
+use serde_json::{Value, json};
+
+use crate::serve::post;
+use crate::support::{box_bin, under_ci};
+
+/// Whether the Docker engine answers and has box's base image; under CI
+/// their absence is a failure.
+async fn docker() -> bool {
+    let problem = match DockerBackend::connect().await {
+        Ok(backend) if backend.has_image("box-base:bookworm").await => return true,
+        Ok(_) => "box-base:bookworm is missing (scripts/images.sh)".to_owned(),
+        Err(error) => error.to_string(),
+    };
+    assert!(!under_ci(), "CI needs a Docker engine: {problem}");
+    eprintln!("\n*** DOCKER REATTACH TESTS NOT RUN: {problem} ***\n");
+    false
+}
+
+/// Where every host of one test keeps its state and finds its profiles.
+struct Setup {
+    instance: String,
+    port: u16,
+    state: tempfile::TempDir,
+    profiles: tempfile::TempDir,
+    workspace: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new(name: &str) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let profiles = tempfile::tempdir().unwrap();
+        write_profile(profiles.path(), 300);
+        Self {
+            instance: format!("e2e-reattach-{name}-{}", std::process::id()),
+            port,
+            state: tempfile::tempdir().unwrap(),
+            profiles,
+            workspace: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn address(&self) -> SocketAddr {
+        format!("127.0.0.1:{}", self.port).parse().unwrap()
+    }
+
+    /// A `box serve --listen` host with this setup's state, ready to answer.
+    async fn serve(&self) -> Child {
+        let mut child = Command::new(box_bin())
+            .args(["serve", "--backend", "docker", "--instance", &self.instance])
+            .arg("--profiles")
+            .arg(self.profiles.path())
+            .arg("--state")
+            .arg(self.state.path().join("sessions"))
+            .arg("--workspace")
+            .arg(self.workspace.path())
+            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        for _ in 0..300 {
+            if tokio::net::TcpStream::connect(self.address()).await.is_ok() {
+                return child;
+            }
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("box serve did not listen on {}", self.address());
+    }
+
+    async fn initialize(&self, ask: Value) -> (Option<String>, Value) {
+        let message = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {"experimental": {EXECUTOR_KEY: {"box": ask}}},
+            "clientInfo": {"name": "reattach", "version": "1"}}});
+        let reply = post(self.address(), None, &[], &message).await;
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        let session = reply.header("mcp-session-id").map(str::to_owned);
+        let answer = reply.json();
+        if let Some(session) = &session {
+            let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+            post(self.address(), Some(session), &[], &ready).await;
+        }
+        (session, answer)
+    }
+
+    async fn call(&self, session: &str, id: u64, method: &str, params: Value) -> Value {
+        post(
+            self.address(),
+            Some(session),
+            &[],
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .await
+        .json()
+    }
+
+    async fn bash(&self, session: &str, id: u64, command: &str) -> String {
+        let answer = self
+            .call(
+                session,
+                id,
+                "tools/call",
+                json!({"name": "bash", "arguments": {"command": command}}),
+            )
+            .await;
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("bash {command}: {answer}"))
+            .to_owned()
+    }
+}
+
+/// A profile whose plan depends on `pids`.
+fn write_profile(dir: &Path, pids: u32) {
+    std::fs::write(
+        dir.join("re.toml"),
+        format!(
+            "description = \"reattach tests\"\nextends = \"default\"\n\n[limits]\npids = {pids}\n"
+        ),
+    )
+    .unwrap();
+}
+
+fn kill9(child: &mut Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+fn stop(child: &mut Child) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    child.wait().unwrap();
+}
+
+/// The session's `box.session` from an initialize answer.
+fn box_answer(answer: &Value) -> &Value {
+    &answer["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"]
+}
+
+async fn remove_containers(instance: &str) {
+    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
+    let filters = std::collections::HashMap::from([(
+        "label".to_owned(),
+        vec![format!("box.instance={instance}")],
+    )]);
+    let options =
+        boxhost::backend::docker::bollard::query_parameters::ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
+    for container in docker.list_containers(Some(options)).await.unwrap() {
+        if let Some(id) = container.id {
+            let _ = docker
+                .remove_container(
+                    &id,
+                    Some(boxhost::backend::docker::bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).build()),
+                )
+                .await;
+        }
+    }
+}
+
+fn decode(read: &Value) -> String {
+    let data = read["result"]["data"].as_str().unwrap_or_default();
+    String::from_utf8_lossy(
+        &base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap(),
+    )
+    .into_owned()
+}
+
+/// The whole path: kill -9, restart with the same state, a wrong secret
+/// refused (and the session still reattachable), then the right one: same
+/// session id, `reattached: true`, the `/tmp` file there, the background
+/// process's output since the restart readable and `process.wait` answering.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_survives_kill_9_of_its_host_and_reattaches() {
+    if !docker().await {
+        return;
+    }
+    let setup = Setup::new("path");
+    let mut host = setup.serve().await;
+    let (session, answer) = setup.initialize(json!({"profile": "re"})).await;
+    let session = session.unwrap_or_else(|| panic!("{answer}"));
+    let identity = box_answer(&answer)["session"].clone();
+    assert_eq!(identity["id"], json!(session), "{answer}");
+    let secret = identity["secret"].as_str().unwrap().to_owned();
+    assert!(secret.len() >= 32, "{secret}");
+    // The state file holds the secret's digest, never the secret.
+    let file = setup
+        .state
+        .path()
+        .join("sessions")
+        .join(format!("{session}.json"));
+    let kept = std::fs::read_to_string(&file).unwrap();
+    assert!(!kept.contains(&secret), "{kept}");
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    setup
+        .bash(&session, 1, "echo kept > /tmp/survivor.txt")
+        .await;
+    let started = setup
+        .call(
+            &session,
+            2,
+            "agentworkspace/process.start",
+            json!({"args": ["sh", "-c", "i=0; while [ $i -lt 40 ]; do echo line$i; i=$((i+1)); sleep 0.2; done"]}),
+        )
+        .await;
+    let process = started["result"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{started}"))
+        .to_owned();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // What was printed before the restart is read now, so what is read after
+    // it was printed since.
+    let before = setup
+        .call(
+            &session,
+            3,
+            "agentworkspace/process.read",
+            json!({"id": process, "fd": 1}),
+        )
+        .await;
+    assert!(decode(&before).contains("line0"), "{before}");
+
+    kill9(&mut host);
+    let mut host = setup.serve().await;
+
+    let (none, refused) = setup
+        .initialize(json!({"reattach": {"session": session, "secret": "0".repeat(32)}}))
+        .await;
+    assert_eq!(none, None, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("box.reattach.secret"), "{refused}");
+
+    let (again, answer) = setup
+        .initialize(json!({"reattach": {"session": session, "secret": secret}}))
+        .await;
+    assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
+    let units = box_answer(&answer)["units"].as_array().unwrap().clone();
+    assert!(!units.is_empty(), "{answer}");
+    assert!(
+        units.iter().all(|unit| unit["reattached"] == json!(true)),
+        "{answer}"
+    );
+    assert_eq!(box_answer(&answer)["reattached"], json!(true), "{answer}");
+
+    let tmp = setup.bash(&session, 10, "cat /tmp/survivor.txt").await;
+    assert!(tmp.contains("kept"), "{tmp}");
+    let after = setup
+        .call(
+            &session,
+            11,
+            "agentworkspace/process.read",
+            json!({"id": process, "fd": 1}),
+        )
+        .await;
+    let text = decode(&after);
+    assert!(
+        text.contains("line") && !text.contains("line0\n"),
+        "output since the restart: {after}"
+    );
+    let waited = setup
+        .call(
+            &session,
+            12,
+            "agentworkspace/process.wait",
+            json!({"id": process}),
+        )
+        .await;
+    assert!(waited.get("result").is_some(), "{waited}");
+
+    // A normal end removes the units and the state file.
+    let reply = crate::serve::http(
+        setup.address(),
+        "DELETE",
+        "/mcp",
+        &[("Mcp-Session-Id", &session)],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert!(!file.exists());
+    stop(&mut host);
+    remove_containers(&setup.instance).await;
+}
+
+/// After a restart, a session whose profile changed and one whose container
+/// was removed are each refused naming why; neither gets fresh units.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_profile_or_a_removed_container_refuses_reattach() {
+    if !docker().await {
+        return;
+    }
+    let setup = Setup::new("refused");
+    let mut host = setup.serve().await;
+    let (changed, changed_answer) = setup.initialize(json!({"profile": "re"})).await;
+    let changed = changed.unwrap_or_else(|| panic!("{changed_answer}"));
+    let changed_secret = box_answer(&changed_answer)["session"]["secret"].clone();
+    let (removed, removed_answer) = setup.initialize(json!({})).await;
+    let removed = removed.unwrap_or_else(|| panic!("{removed_answer}"));
+    let removed_secret = box_answer(&removed_answer)["session"]["secret"].clone();
+    let removed_id = box_answer(&removed_answer)["units"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    kill9(&mut host);
+    write_profile(setup.profiles.path(), 301);
+    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
+    docker
+        .remove_container(
+            &removed_id,
+            Some(
+                boxhost::backend::docker::bollard::query_parameters::RemoveContainerOptionsBuilder::new()
+                    .force(true)
+                    .build(),
+            ),
+        )
+        .await
+        .unwrap();
+    let mut host = setup.serve().await;
+
+    let (none, refused) = setup
+        .initialize(json!({"reattach": {"session": changed, "secret": changed_secret}}))
+        .await;
+    assert_eq!(none, None, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("profile `re`") && message.contains("plan digest"),
+        "{refused}"
+    );
+
+    let (none, refused) = setup
+        .initialize(json!({"reattach": {"session": removed, "secret": removed_secret}}))
+        .await;
+    assert_eq!(none, None, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&removed_id) && message.contains("gone"),
+        "{refused}"
+    );
+    stop(&mut host);
+    remove_containers(&setup.instance).await;
+}
