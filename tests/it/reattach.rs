@@ -381,3 +381,65 @@ async fn a_changed_profile_or_a_removed_container_refuses_reattach() {
     stop(&mut host);
     remove_containers(&setup.instance).await;
 }
+
+/// BENCHMARKS.md, "Reattach": 50 sessions on docker, `kill -9` of their
+/// host, a new host with the same state: the time from spawning it until
+/// all 50 have reattached (and until each has answered a `bash` call),
+/// against the time the same 50 sessions took to start, in the same run.
+/// Run: `CI=true cargo nextest run --workspace -E 'test(/reattach_of_50/)' --run-ignored only --no-capture`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: 50 docker units"]
+async fn bench_reattach_of_50_sessions() {
+    if !docker().await {
+        return;
+    }
+    const SESSIONS: usize = 50;
+    let setup = std::sync::Arc::new(Setup::new("bench"));
+    let mut host = setup.serve().await;
+    let clock = std::time::Instant::now();
+    let started = futures::future::join_all((0..SESSIONS).map(|_| {
+        let setup = setup.clone();
+        async move { setup.initialize(json!({})).await }
+    }))
+    .await;
+    let start_all = clock.elapsed();
+    let sessions: Vec<(String, Value)> = started
+        .into_iter()
+        .map(|(session, answer)| {
+            let secret = box_answer(&answer)["session"]["secret"].clone();
+            (session.unwrap_or_else(|| panic!("{answer}")), secret)
+        })
+        .collect();
+    kill9(&mut host);
+
+    let clock = std::time::Instant::now();
+    let mut host = setup.serve().await;
+    let listening = clock.elapsed();
+    let reattached = futures::future::join_all(sessions.iter().map(|(session, secret)| {
+        let setup = setup.clone();
+        async move {
+            let (again, answer) = setup
+                .initialize(json!({"reattach": {"session": session, "secret": secret}}))
+                .await;
+            assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
+        }
+    }))
+    .await;
+    let reattach_all = clock.elapsed();
+    assert_eq!(reattached.len(), SESSIONS);
+    futures::future::join_all(sessions.iter().map(|(session, _)| {
+        let setup = setup.clone();
+        async move {
+            let out = setup.bash(session, 1, "echo up").await;
+            assert!(out.contains("up"), "{out}");
+        }
+    }))
+    .await;
+    let answering = clock.elapsed();
+    println!(
+        "BENCH reattach of {SESSIONS} sessions: listening after {listening:?}, all reattached after {reattach_all:?}, all answered a bash call after {answering:?}; baseline: the same {SESSIONS} sessions started fresh in {start_all:?}; ratio reattach/start {:.3}",
+        reattach_all.as_secs_f64() / start_all.as_secs_f64()
+    );
+    stop(&mut host);
+    remove_containers(&setup.instance).await;
+}

@@ -496,20 +496,7 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
     }
     let config = Arc::new(config);
     // Before the sweep, which leaves every persisted unit alone.
-    let persisted = state::adopt_all(&config).await;
-    if !config.reattachable.is_empty() {
-        // A session nobody comes back for does not keep its units forever.
-        let waiting = config.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(state::REATTACH_WINDOW).await;
-            for adopted in waiting.reattachable.take_all() {
-                tracing::warn!(session = %adopted.record.session, "no client reattached within {}; its units are left to their leases", humantime::format_duration(state::REATTACH_WINDOW));
-                if let Some(store) = &waiting.state {
-                    store.remove(&adopted.record.session);
-                }
-            }
-        });
-    }
+    let persisted = state::adopt_all(&config);
     // Bounded: an engine that stalls must not keep the host from serving.
     if tokio::time::timeout(SWEEP_WAIT, sweep_orphans_except(&config, &persisted))
         .await

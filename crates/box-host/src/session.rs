@@ -485,6 +485,8 @@ impl Session {
             .and_then(|ask| merge_ask(ask, &self.transport_ask))
             .map_err(StartError::params)?;
         if let Some(reattach) = ask.reattach.clone() {
+            // Its units may still be being re-adopted.
+            self.config.reattachable.settled(&reattach.session).await;
             return self.reattach(client_params, &ask, reattach, version);
         }
         let profile_name = ask

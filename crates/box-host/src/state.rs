@@ -286,31 +286,67 @@ pub struct Adopted {
     pub units: Result<Vec<StartedUnit>, String>,
 }
 
-/// Sessions waiting to be reattached, by session id.
+/// Sessions waiting to be reattached, by session id, and those whose units
+/// are still being re-adopted (a reattach waits for them).
 #[derive(Default)]
-pub struct Reattachable(Mutex<HashMap<String, Adopted>>);
+pub struct Reattachable {
+    ready: Mutex<HashMap<String, Adopted>>,
+    adopting: Mutex<std::collections::HashSet<String>>,
+    settled: tokio::sync::Notify,
+}
 
 impl Reattachable {
-    /// Adds `adopted`.
+    /// Adds `adopted` (its adoption has settled).
     pub fn insert(&self, adopted: Adopted) {
-        if let Ok(mut map) = self.0.lock() {
-            map.insert(adopted.record.session.clone(), adopted);
+        let id = adopted.record.session.clone();
+        if let Ok(mut map) = self.ready.lock() {
+            map.insert(id.clone(), adopted);
+        }
+        self.settle(&id);
+    }
+
+    /// Marks `id` as being re-adopted.
+    pub fn adopting(&self, id: &str) {
+        if let Ok(mut set) = self.adopting.lock() {
+            set.insert(id.to_owned());
+        }
+    }
+
+    /// `id`'s adoption has settled (with an entry or without one).
+    pub fn settle(&self, id: &str) {
+        if let Ok(mut set) = self.adopting.lock() {
+            set.remove(id);
+        }
+        self.settled.notify_waiters();
+    }
+
+    /// Waits until `id` is not being re-adopted any more.
+    pub async fn settled(&self, id: &str) {
+        loop {
+            let notified = self.settled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let waiting = self.adopting.lock().is_ok_and(|set| set.contains(id));
+            if !waiting {
+                return;
+            }
+            notified.await;
         }
     }
 
     /// Takes the session `id`'s entry.
     pub fn take(&self, id: &str) -> Option<Adopted> {
-        self.0.lock().ok()?.remove(id)
+        self.ready.lock().ok()?.remove(id)
     }
 
     /// How many sessions wait.
     pub fn len(&self) -> usize {
-        self.0.lock().map(|map| map.len()).unwrap_or(0)
+        self.ready.lock().map(|map| map.len()).unwrap_or(0)
     }
 
     /// Takes every entry.
     pub fn take_all(&self) -> Vec<Adopted> {
-        self.0
+        self.ready
             .lock()
             .map(|mut map| map.drain().map(|(_, adopted)| adopted).collect())
             .unwrap_or_default()
@@ -332,11 +368,12 @@ const RECONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// At a host's start: for every trusted record in its state directory,
 /// resolve the plan again and re-adopt the units (concurrently, sessions
-/// and units alike), each waiting in [`crate::HostConfig::reattachable`]
-/// for its client. Returns the backend ids of every persisted unit, which
-/// the start-up sweep must leave alone (they are either re-adopted or left
-/// to their lease).
-pub async fn adopt_all(config: &crate::HostConfig) -> std::collections::HashSet<String> {
+/// and units alike, in a task of its own, so the host serves meanwhile),
+/// each session then waiting in [`crate::HostConfig::reattachable`] for its
+/// client; a reattach that comes first waits for its session's adoption.
+/// Returns the backend ids of every persisted unit, which the start-up sweep
+/// must leave alone (they are either re-adopted or left to their lease).
+pub fn adopt_all(config: &std::sync::Arc<crate::HostConfig>) -> std::collections::HashSet<String> {
     let Some(store) = &config.state else {
         return Default::default();
     };
@@ -345,19 +382,42 @@ pub async fn adopt_all(config: &crate::HostConfig) -> std::collections::HashSet<
         .iter()
         .flat_map(|record| record.units.iter().map(|unit| unit.id.clone()))
         .collect();
-    let adopted =
-        futures::future::join_all(records.into_iter().map(|record| adopt(config, record))).await;
-    for adopted in adopted.into_iter().flatten() {
-        match &adopted.units {
-            Ok(units) => {
-                tracing::info!(session = %adopted.record.session, units = units.len(), "re-adopted a persisted session's units; waiting for its client to reattach")
+    for record in &records {
+        config.reattachable.adopting(&record.session);
+    }
+    let config = config.clone();
+    tokio::spawn(async move {
+        let clock = std::time::Instant::now();
+        let count = records.len();
+        futures::future::join_all(records.into_iter().map(|record| {
+            let config = &config;
+            async move {
+                let session = record.session.clone();
+                match adopt(config, record).await {
+                    Some(adopted) => {
+                        match &adopted.units {
+                            Ok(units) => tracing::info!(%session, units = units.len(), "re-adopted a persisted session's units; waiting for its client to reattach"),
+                            Err(why) => tracing::warn!(%session, %why, "a persisted session cannot be reattached; its units are left to their leases"),
+                        }
+                        config.reattachable.insert(adopted);
+                    }
+                    None => config.reattachable.settle(&session),
+                }
             }
-            Err(why) => {
-                tracing::warn!(session = %adopted.record.session, %why, "a persisted session cannot be reattached; its units are left to their leases")
+        }))
+        .await;
+        if count > 0 {
+            tracing::info!(sessions = count, elapsed = ?clock.elapsed(), "persisted sessions settled");
+        }
+        // A session nobody comes back for does not keep its units forever.
+        tokio::time::sleep(REATTACH_WINDOW).await;
+        for adopted in config.reattachable.take_all() {
+            tracing::warn!(session = %adopted.record.session, "no client reattached within {}; its units are left to their leases", humantime::format_duration(REATTACH_WINDOW));
+            if let Some(store) = &config.state {
+                store.remove(&adopted.record.session);
             }
         }
-        config.reattachable.insert(adopted);
-    }
+    });
     ids
 }
 
