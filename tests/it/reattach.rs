@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Stdio as Pipes};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -74,7 +74,7 @@ impl Setup {
             .arg(self.workspace.path())
             .args(["--listen", &format!("127.0.0.1:{}", self.port)])
             .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
+            .stdin(Pipes::null())
             .spawn()
             .unwrap();
         for _ in 0..300 {
@@ -442,4 +442,136 @@ async fn bench_reattach_of_50_sessions() {
     );
     stop(&mut host);
     remove_containers(&setup.instance).await;
+}
+
+/// `box serve` over stdio with `--state`: one JSON-RPC line per message.
+struct Stdio {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<Value>,
+}
+
+impl Stdio {
+    fn serve(setup: &Setup) -> Self {
+        use std::io::BufRead as _;
+        let mut child = Command::new(box_bin())
+            .args(["serve", "--backend", "docker"])
+            .arg("--state")
+            .arg(setup.state.path().join("sessions"))
+            .arg("--workspace")
+            .arg(setup.workspace.path())
+            .env("RUST_LOG", "info")
+            .stdin(Pipes::piped())
+            .stdout(Pipes::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(value) = serde_json::from_str(&line) {
+                    let _ = tx.send(value);
+                }
+            }
+        });
+        Self {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    fn send(&mut self, message: &Value) {
+        use std::io::Write as _;
+        writeln!(self.stdin, "{message}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn call(&mut self, id: u64, method: &str, params: Value) -> Value {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        loop {
+            let message = self
+                .lines
+                .recv_timeout(Duration::from_secs(90))
+                .unwrap_or_else(|_| panic!("no answer to {method}"));
+            if message["id"] == json!(id) {
+                return message;
+            }
+        }
+    }
+
+    fn initialize(&mut self, ask: Value) -> Value {
+        let answer = self.call(
+            0,
+            "initialize",
+            json!({"protocolVersion": "2025-06-18",
+                "capabilities": {"experimental": {EXECUTOR_KEY: {"box": ask}}},
+                "clientInfo": {"name": "reattach", "version": "1"}}),
+        );
+        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        answer
+    }
+}
+
+/// Over stdio: a new `box serve --state DIR` process given the reattach ask
+/// in its initialize serves the session whose host was killed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stdio_session_reattaches_in_a_new_serve_process() {
+    if !docker().await {
+        return;
+    }
+    let setup = Setup::new("stdio");
+    let mut first = Stdio::serve(&setup);
+    let answer = tokio::task::block_in_place(|| first.initialize(json!({})));
+    let identity = box_answer(&answer)["session"].clone();
+    let session = identity["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .to_owned();
+    let wrote = tokio::task::block_in_place(|| {
+        first.call(
+            1,
+            "tools/call",
+            json!({"name": "bash", "arguments": {"command": "echo stdio-kept > /tmp/kept.txt"}}),
+        )
+    });
+    assert!(wrote.get("result").is_some(), "{wrote}");
+    kill9(&mut first.child);
+
+    let mut second = Stdio::serve(&setup);
+    let answer = tokio::task::block_in_place(|| {
+        second.initialize(json!({"reattach": {"session": session, "secret": identity["secret"]}}))
+    });
+    assert_eq!(box_answer(&answer)["reattached"], json!(true), "{answer}");
+    assert_eq!(
+        box_answer(&answer)["session"]["id"],
+        json!(session),
+        "{answer}"
+    );
+    let read = tokio::task::block_in_place(|| {
+        second.call(
+            2,
+            "tools/call",
+            json!({"name": "bash", "arguments": {"command": "cat /tmp/kept.txt"}}),
+        )
+    });
+    assert!(
+        read["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|text| text.contains("stdio-kept")),
+        "{read}"
+    );
+    // End of input ends the session normally: its units and its state go.
+    drop(second.stdin);
+    assert!(second.child.wait().unwrap().success());
+    assert!(
+        !setup
+            .state
+            .path()
+            .join("sessions")
+            .join(format!("{session}.json"))
+            .exists()
+    );
 }

@@ -497,24 +497,6 @@ fn check_version(headers: &HeaderMap, need: Version) -> Result<(), Response> {
     ))
 }
 
-/// The session a client asks to reattach to after its host restarted
-/// (`box.reattach.session` in the executor capability's ask): the session
-/// keeps its `Mcp-Session-Id`. Only an id box could have minted is taken;
-/// the host checks the secret and answers whether it is the client's.
-fn reattach_id(message: &Value) -> Option<String> {
-    let id = message
-        .pointer("/params/capabilities/experimental")?
-        .get(box_jsonrpc::EXECUTOR_KEY)?
-        .pointer("/box/reattach/session")?
-        .as_str()?;
-    (!id.is_empty()
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_'))
-    .then(|| id.to_owned())
-}
-
 fn mint_session_id() -> String {
     let mut bytes = [0u8; 32];
     rand::fill(&mut bytes);
@@ -691,7 +673,7 @@ async fn post_message(
     let Some(session_id) = session_header(&headers) else {
         return match kind {
             Some(Kind::Request { id, method }) if method == "initialize" => match ask {
-                Ok(ask) => match reattach_id(&message) {
+                Ok(ask) => match crate::reattach_id(&message) {
                     Some(session_id) if state.lookup(&session_id).is_some() => json_response(
                         StatusCode::OK,
                         error_response(
