@@ -260,8 +260,24 @@ async fn a_session_survives_kill_9_of_its_host_and_reattaches() {
         )
         .await;
     assert!(decode(&before).contains("line0"), "{before}");
+    // A call in flight when the host dies: reported after the reattach as
+    // of unknown outcome, by the client's id.
+    let (address, waiting_session, waiting_process) =
+        (setup.address(), session.clone(), process.clone());
+    let in_flight = tokio::spawn(async move {
+        post(
+            address,
+            Some(&waiting_session),
+            &[],
+            &json!({"jsonrpc": "2.0", "id": "in-flight", "method": "agentworkspace/process.wait",
+                "params": {"id": waiting_process}}),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
 
     kill9(&mut host);
+    in_flight.abort();
     let mut host = setup.serve().await;
 
     let (none, refused) = setup
@@ -282,6 +298,11 @@ async fn a_session_survives_kill_9_of_its_host_and_reattaches() {
         "{answer}"
     );
     assert_eq!(box_answer(&answer)["reattached"], json!(true), "{answer}");
+    assert_eq!(
+        box_answer(&answer)["unknownOutcome"],
+        json!([{"id": "in-flight", "unit": "workspace", "method": "agentworkspace/process.wait"}]),
+        "{answer}"
+    );
 
     let tmp = setup.bash(&session, 10, "cat /tmp/survivor.txt").await;
     assert!(tmp.contains("kept"), "{tmp}");

@@ -299,6 +299,8 @@ struct Tag {
     /// A process method whose answer carries output (`read`, `close`): the
     /// process id as the unit knows it, and the fd read.
     process: Option<(String, u8)>,
+    /// Its id at the unit, once forwarded (the call journal's key).
+    unit_id: Option<u64>,
 }
 
 /// How an answer is changed on its way back.
@@ -390,6 +392,8 @@ struct Live {
     /// narrows further.
     profile: box_policy::profile::Profile,
     tighten: Value,
+    /// The journal of calls in flight, when the session's identity is kept.
+    journal: Option<state::Journal>,
 }
 
 enum Route {
@@ -758,7 +762,10 @@ impl Session {
         let envelopes: Vec<&Envelope> = units.iter().map(|unit| &unit.envelope).collect();
         let mut result = initialize_result(&plan, &envelopes, workspace, &initialized, version);
         redactor.message(&mut result);
-        self.persist(&plan, &ask, version, &units, &initialized, &mut result);
+        let kept = self.persist(&plan, &ask, version, &units, &initialized, &mut result);
+        let journal = kept
+            .then(|| self.config.state.as_ref()?.journal(&self.id))
+            .flatten();
         let _ = self.version.set(version);
         tracing::info!(
             session = %self.id,
@@ -787,6 +794,7 @@ impl Session {
                 profile,
                 tighten: ask.tighten.clone(),
                 masks,
+                journal,
             },
             result,
         ))
@@ -803,9 +811,9 @@ impl Session {
         units: &[Unit],
         initialized: &[super::units::ExecutorStart],
         result: &mut Value,
-    ) {
+    ) -> bool {
         let Some(store) = &self.config.state else {
-            return;
+            return false;
         };
         let (secret, secret_sha256) = state::new_secret();
         let kind = self.config.backend.kind();
@@ -842,14 +850,18 @@ impl Session {
                 Some(dir) => persisted.run_dir = dir.to_owned(),
                 None => {
                     tracing::debug!(session = %self.id, unit = %unit.spec.name, "a unit without a run directory cannot be reattached; keeping no identity");
-                    return;
+                    return false;
                 }
             }
         }
         match store.write(&record) {
-            Ok(()) => set_box_field(result, "session", json!({"id": self.id, "secret": secret})),
+            Ok(()) => {
+                set_box_field(result, "session", json!({"id": self.id, "secret": secret}));
+                true
+            }
             Err(why) => {
                 tracing::warn!(session = %self.id, %why, "the session's identity is not kept; it cannot be reattached after a restart");
+                false
             }
         }
     }
@@ -995,6 +1007,15 @@ impl Session {
             .collect();
         set_box_field(&mut result, "units", json!(envelopes));
         set_box_field(&mut result, "reattached", json!(true));
+        // The calls in flight when the host died: their outcome is unknown
+        // (they may have run, in part or in full); said by the client's id.
+        let store = self.config.state.as_ref();
+        let unknown = store.map_or_else(Vec::new, |store| store.unsettled(&self.id, &record.units));
+        if !unknown.is_empty() {
+            tracing::info!(session = %self.id, calls = unknown.len(), "calls in flight at the restart have an unknown outcome");
+        }
+        set_box_field(&mut result, "unknownOutcome", json!(unknown));
+        let journal = store.and_then(|store| store.journal(&self.id));
         set_box_field(
             &mut result,
             "session",
@@ -1040,6 +1061,7 @@ impl Session {
                 profile,
                 tighten: record.tighten.clone(),
                 masks: None,
+                journal,
             },
             result,
         ))
@@ -1322,8 +1344,16 @@ impl Session {
             overdue: false,
             rewrite,
             process,
+            unit_id: None,
         };
+        let client_id = upstream.get("id").cloned().unwrap_or(Value::Null);
         let (unit_id, upstream) = live.router.forward(unit, upstream, reply, tag);
+        if let Some(tag) = live.router.tag_mut(unit, unit_id) {
+            tag.unit_id = Some(unit_id);
+        }
+        if let Some(journal) = &live.journal {
+            journal.sent(unit, unit_id, &client_id, &method);
+        }
         if let Err(why) = send_to_unit(&live.units[unit], upstream) {
             if let Some(forward) = live.router.take(unit, unit_id) {
                 self.record(live, unit, &forward.tag, "unit_unavailable");
@@ -2176,6 +2206,9 @@ impl Session {
     fn record(&self, live: &Live, unit: usize, tag: &Tag, outcome: &str) {
         if let Some(deadline) = &tag.deadline {
             deadline.abort();
+        }
+        if let (Some(journal), Some(unit_id)) = (&live.journal, tag.unit_id) {
+            journal.done(unit, unit_id);
         }
         let duration = tag.started.elapsed();
         // Counted under a tool the unit listed at start, or `other`: a

@@ -189,14 +189,79 @@ impl Store {
         })
     }
 
-    /// Removes `session`'s file (it ended normally); a missing one is fine.
+    /// Removes `session`'s files (it ended normally); missing ones are fine.
     pub fn remove(&self, session: &str) {
-        if let Some(path) = self.path_of(session)
-            && let Err(error) = std::fs::remove_file(&path)
-            && error.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(path = %path.display(), %error, "removing a session's state file");
+        let paths = [self.path_of(session), self.journal_of(session)];
+        for path in paths.into_iter().flatten() {
+            if let Err(error) = std::fs::remove_file(&path)
+                && error.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %path.display(), %error, "removing a session's state file");
+            }
         }
+    }
+
+    fn journal_of(&self, session: &str) -> Option<PathBuf> {
+        file_safe(session).then(|| self.dir.join(format!("{session}.calls")))
+    }
+
+    /// A new, empty journal of `session`'s calls in flight (0600).
+    pub fn journal(&self, session: &str) -> Option<Journal> {
+        let path = self.journal_of(session)?;
+        let opened = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path);
+        match opened {
+            Ok(file) => Some(Journal(file)),
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "opening the session's call journal; calls in flight at a restart will not be reported");
+                None
+            }
+        }
+    }
+
+    /// The calls `session`'s journal shows sent and never settled: those in
+    /// flight when its host died, `{id, unit, method}` each (the client's
+    /// id), in the order they were sent.
+    pub fn unsettled(&self, session: &str, units: &[UnitRecord]) -> Vec<Value> {
+        let Some(text) = self
+            .journal_of(session)
+            .and_then(|path| std::fs::read_to_string(path).ok())
+        else {
+            return Vec::new();
+        };
+        let mut open: Vec<(u64, u64, Value)> = Vec::new();
+        for line in text.lines() {
+            // A line cut short by the host's death is no evidence of anything.
+            let Ok(entry) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            let at = |key: &str| {
+                let pair = entry.get(key)?.as_array()?;
+                Some((pair.first()?.as_u64()?, pair.get(1)?.as_u64()?))
+            };
+            if let Some((unit, unit_id)) = at("sent") {
+                let name = usize::try_from(unit)
+                    .ok()
+                    .and_then(|index| units.get(index))
+                    .map_or_else(String::new, |unit| unit.name.clone());
+                open.push((
+                    unit,
+                    unit_id,
+                    serde_json::json!({
+                        "id": entry.get("id").cloned().unwrap_or(Value::Null),
+                        "unit": name,
+                        "method": entry.get("method").cloned().unwrap_or(Value::Null),
+                    }),
+                ));
+            } else if let Some(done) = at("done") {
+                open.retain(|(unit, unit_id, _)| (*unit, *unit_id) != done);
+            }
+        }
+        open.into_iter().map(|(_, _, call)| call).collect()
     }
 
     /// Every record that can be trusted; each other file is logged and
@@ -269,6 +334,37 @@ fn read_record(path: &Path, session: &str, uid: u32) -> Result<SessionRecord, St
         ));
     }
     Ok(record)
+}
+
+/// A session's journal of calls in flight: a line when a call is sent to a
+/// unit (the client's id, the unit, its id there, the method; never the
+/// arguments) and one when it settles, so a later host can tell a
+/// reattached client which calls had an unknown outcome. Lines are written
+/// without fsync: they must survive the host process's death, which the
+/// page cache does, not the machine's.
+#[derive(Debug)]
+pub struct Journal(std::fs::File);
+
+impl Journal {
+    /// A call `unit_id` to unit `unit` for the client's `id`.
+    pub fn sent(&self, unit: usize, unit_id: u64, id: &Value, method: &str) {
+        self.line(&serde_json::json!({"sent": [unit, unit_id], "id": id, "method": method}));
+    }
+
+    /// Call `unit_id` to unit `unit` settled (answered, timed out,
+    /// cancelled, its unit gone).
+    pub fn done(&self, unit: usize, unit_id: u64) {
+        self.line(&serde_json::json!({"done": [unit, unit_id]}));
+    }
+
+    fn line(&self, entry: &Value) {
+        let mut line = entry.to_string().into_bytes();
+        line.push(b'\n');
+        // One write per line: appended whole or, at a crash, cut short.
+        if let Err(error) = (&self.0).write_all(&line) {
+            tracing::debug!(%error, "writing the session's call journal");
+        }
+    }
 }
 
 /// A persisted session whose units a starting host re-adopted (or failed
@@ -609,6 +705,42 @@ mod tests {
             0o600,
         );
         assert_eq!(store.load(), vec![record("good")]);
+    }
+
+    #[test]
+    fn the_journal_names_the_calls_never_settled() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let journal = store.journal("s").unwrap();
+        journal.sent(0, 2, &serde_json::json!(7), "tools/call");
+        journal.sent(0, 3, &serde_json::json!("b"), "agentworkspace/process.wait");
+        journal.done(0, 2);
+        let unit = UnitRecord {
+            name: "workspace".to_owned(),
+            backend: "docker".to_owned(),
+            id: "c".to_owned(),
+            identity: "i".to_owned(),
+            image_id: String::new(),
+            image_digest: None,
+            run_dir: PathBuf::new(),
+            envelope: Value::Null,
+            tools: None,
+        };
+        // A line cut short at the host's death is skipped.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("s.calls"))
+            .unwrap()
+            .write_all(b"{\"done\": [0,")
+            .unwrap();
+        assert_eq!(
+            store.unsettled("s", &[unit]),
+            vec![
+                serde_json::json!({"id": "b", "unit": "workspace", "method": "agentworkspace/process.wait"})
+            ]
+        );
+        store.remove("s");
+        assert!(!dir.path().join("s.calls").exists());
     }
 
     #[test]
