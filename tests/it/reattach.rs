@@ -92,11 +92,19 @@ impl Setup {
     }
 
     async fn initialize(&self, ask: Value) -> (Option<String>, Value) {
+        self.initialize_with(ask, &[]).await
+    }
+
+    async fn initialize_with(
+        &self,
+        ask: Value,
+        headers: &[(&str, &str)],
+    ) -> (Option<String>, Value) {
         let message = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18",
             "capabilities": {"experimental": {EXECUTOR_KEY: {"box": ask}}},
             "clientInfo": {"name": "reattach", "version": "1"}}});
-        let reply = post(self.address(), None, &[], &message).await;
+        let reply = post(self.address(), None, headers, &message).await;
         assert_eq!(
             reply.status,
             200,
@@ -390,8 +398,10 @@ async fn a_changed_profile_or_a_removed_container_refuses_reattach() {
         "{refused}"
     );
 
+    // The header form of the ask.
+    let header = format!("{removed}:{}", removed_secret.as_str().unwrap());
     let (none, refused) = setup
-        .initialize(json!({"reattach": {"session": removed, "secret": removed_secret}}))
+        .initialize_with(json!({}), &[("Box-Reattach", &header)])
         .await;
     assert_eq!(none, None, "{refused}");
     let message = refused["error"]["message"].as_str().unwrap_or_default();

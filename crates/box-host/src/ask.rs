@@ -189,6 +189,31 @@ pub(super) fn merge_ask(capability: Ask, transport: &TransportAsk) -> Result<Ask
             _ => ask.max_read_bytes = Some(bytes),
         }
     }
+    if let Some(part) = &transport.reattach {
+        let text = bounded("box.reattach", part)?;
+        let Some((session, secret)) = text
+            .split_once(':')
+            .filter(|(session, secret)| !session.is_empty() && !secret.is_empty())
+        else {
+            return Err(format!(
+                "box.reattach: {}: must be SESSION:SECRET (the initialize answer's box.session id and secret)",
+                part.source
+            ));
+        };
+        let asked = Reattach {
+            session: session.trim().to_owned(),
+            secret: secret.trim().to_owned(),
+        };
+        match &ask.reattach {
+            Some(capability) if capability != &asked => {
+                return Err(format!(
+                    "box.reattach: {} and the capability's box.reattach name different sessions or secrets; ask in one place, or the same in both",
+                    part.source
+                ));
+            }
+            _ => ask.reattach = Some(asked),
+        }
+    }
     Ok(ask)
 }
 
@@ -447,6 +472,7 @@ mod tests {
             profile: profile.map(|text| AskPart::new(text, "the path /mcp/p/x")),
             tighten: tighten.map(|text| AskPart::new(text, "the Box-Tighten header")),
             max_read_bytes: bytes.map(|text| AskPart::new(text, "the Box-Max-Read-Bytes header")),
+            reattach: None,
         }
     }
 
@@ -496,6 +522,36 @@ mod tests {
             ),
             Ok(asked)
         );
+    }
+
+    #[test]
+    fn a_reattach_header_is_the_capabilitys_reattach() {
+        let header = TransportAsk {
+            reattach: Some(AskPart::new("s1:k", "the Box-Reattach header")),
+            ..TransportAsk::default()
+        };
+        let asked = merge_ask(Ask::default(), &header).unwrap();
+        assert_eq!(
+            asked.reattach,
+            Some(Reattach {
+                session: "s1".to_owned(),
+                secret: "k".to_owned()
+            })
+        );
+        let bad = TransportAsk {
+            reattach: Some(AskPart::new("s1", "the Box-Reattach header")),
+            ..TransportAsk::default()
+        };
+        let error = merge_ask(Ask::default(), &bad).unwrap_err();
+        assert!(error.contains("SESSION:SECRET"), "{error}");
+        let other = Ask {
+            reattach: Some(Reattach {
+                session: "s2".to_owned(),
+                secret: "k".to_owned(),
+            }),
+            ..Ask::default()
+        };
+        assert!(merge_ask(other, &header).is_err());
     }
 
     #[test]

@@ -74,6 +74,8 @@ const VERSION_HEADER: &str = "mcp-protocol-version";
 const PROFILE_HEADER: &str = "box-profile";
 const TIGHTEN_HEADER: &str = "box-tighten";
 const MAX_READ_BYTES_HEADER: &str = "box-max-read-bytes";
+/// `SESSION:SECRET`: reattach to a session after its host restarted.
+const REATTACH_HEADER: &str = "box-reattach";
 /// How many unrelated server→client messages wait for a session's GET stream.
 const GENERAL_QUEUE: usize = 64;
 /// How long a DELETE waits for its session's units to be removed, by default.
@@ -600,6 +602,7 @@ fn transport_ask(path_profile: Option<&str>, headers: &HeaderMap) -> Result<Tran
         profile,
         tighten: ask_header(headers, TIGHTEN_HEADER, "Box-Tighten")?,
         max_read_bytes: ask_header(headers, MAX_READ_BYTES_HEADER, "Box-Max-Read-Bytes")?,
+        reattach: ask_header(headers, REATTACH_HEADER, "Box-Reattach")?,
     })
 }
 
@@ -673,7 +676,13 @@ async fn post_message(
     let Some(session_id) = session_header(&headers) else {
         return match kind {
             Some(Kind::Request { id, method }) if method == "initialize" => match ask {
-                Ok(ask) => match crate::reattach_id(&message) {
+                Ok(ask) => match crate::reattach_id(&message).or_else(|| {
+                    // The header form, `SESSION:SECRET`.
+                    let part = ask.reattach.as_ref()?;
+                    let (id, _) = part.text.split_once(':')?;
+                    let id = id.trim();
+                    crate::plausible_session_id(id).then(|| id.to_owned())
+                }) {
                     Some(session_id) if state.lookup(&session_id).is_some() => json_response(
                         StatusCode::OK,
                         error_response(
@@ -1358,6 +1367,7 @@ mod tests {
                 profile: Some(AskPart::new("ci", "the path /mcp/p/ci")),
                 tighten: Some(AskPart::new(r#"{"servers": []}"#, "the Box-Tighten header")),
                 max_read_bytes: Some(AskPart::new("4096", "the Box-Max-Read-Bytes header")),
+                reattach: None,
             }
         );
         assert!(transport_ask(None, &HeaderMap::new()).unwrap().is_empty());
@@ -1401,6 +1411,7 @@ mod tests {
             profile: Some(AskPart::new("ci", "the path /mcp/p/ci")),
             tighten: Some(AskPart::new("{}", "the Box-Tighten header")),
             max_read_bytes: None,
+            reattach: None,
         };
         assert_eq!(same_ask(&started, &started), Ok(()));
         assert_eq!(same_ask(&started, &TransportAsk::default()), Ok(()));

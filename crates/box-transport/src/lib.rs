@@ -112,12 +112,16 @@ pub(crate) fn reattach_id(message: &Value) -> Option<String> {
         .get(box_jsonrpc::EXECUTOR_KEY)?
         .pointer("/box/reattach/session")?
         .as_str()?;
-    (!id.is_empty()
+    plausible_session_id(id).then(|| id.to_owned())
+}
+
+/// Whether `id` could be a session id box minted (letters, digits, `-`, `_`).
+pub(crate) fn plausible_session_id(id: &str) -> bool {
+    !id.is_empty()
         && id.len() <= 128
         && id
             .bytes()
-            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_'))
-    .then(|| id.to_owned())
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_')
 }
 
 /// A JSON-RPC batch handed to its session (2025-03-26 sessions only).
