@@ -491,7 +491,7 @@ impl Session {
         if let Some(reattach) = ask.reattach.clone() {
             // Its units may still be being re-adopted.
             self.config.reattachable.settled(&reattach.session).await;
-            return self.reattach(client_params, &ask, reattach, version);
+            return self.reattach(client_params, &ask, reattach, version).await;
         }
         let profile_name = ask
             .profile
@@ -826,6 +826,7 @@ impl Session {
             tighten: ask.tighten.clone(),
             plan_digest: state::plan_digest(plan),
             protocol_version: version.to_owned(),
+            started_unix_ms: state::unix_ms(),
             initialize: result.clone(),
             units: units
                 .iter()
@@ -870,7 +871,7 @@ impl Session {
     /// re-adopted at start: the secret proven, the client's ask the same as
     /// persisted, every unit live. Refused loudly otherwise, naming what
     /// differs; the units are never replaced by fresh ones.
-    fn reattach(
+    async fn reattach(
         &self,
         client_params: Option<&serde_json::Map<String, Value>>,
         ask: &super::ask::Ask,
@@ -957,7 +958,24 @@ impl Session {
                 )));
             }
         }
-        let secrets = redact::session_secrets(&plan, &(self.config.environment)());
+        let mut secrets = redact::session_secrets(&plan, &(self.config.environment)());
+        // The credentials persisted in the workspace, read again: they are
+        // redacted from what the units send as they were before the restart.
+        if let Some(path) = plan
+            .units
+            .iter()
+            .find_map(|unit| match (&unit.role, &unit.source) {
+                (Role::Workspace, WorkspaceSource::Host(path)) => Some(path.clone()),
+                _ => None,
+            })
+        {
+            let session = self.id.clone();
+            let persisted =
+                tokio::task::spawn_blocking(move || redact::scan_persisted(&session, &path))
+                    .await
+                    .unwrap_or_default();
+            secrets.extend(persisted.secrets);
+        }
         let redactor = SessionRedactor::new(&self.id, secrets).map_err(|why| {
             StartError::internal(format!("building the session's redactor: {why}"))
         })?;
@@ -1037,6 +1055,9 @@ impl Session {
         // Ids the dead host used may still be answered by the units: this
         // host's start far above them (seconds since the epoch, shifted), so
         // a late answer never matches a request of this host's.
+        // Its lifetime counts from its first start, not from the restart.
+        let age = Duration::from_millis(state::unix_ms().saturating_sub(record.started_unix_ms));
+        let started = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
         let first_id = FIRST_REQUEST_ID
             + (std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -1052,7 +1073,7 @@ impl Session {
                 events_rx,
                 tasks,
                 last_activity: Instant::now(),
-                started: Instant::now(),
+                started,
                 redactor,
                 egress: Vec::new(),
                 executor_params,

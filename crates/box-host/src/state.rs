@@ -50,6 +50,9 @@ pub struct SessionRecord {
     pub plan_digest: String,
     /// The protocol version the session's executors were initialized at.
     pub protocol_version: String,
+    /// When the session started (milliseconds since the Unix epoch): its
+    /// lifetime counts from here across restarts.
+    pub started_unix_ms: u64,
     /// The initialize result the client got, without `box.session`.
     pub initialize: Value,
     /// The session's units, in the plan's order.
@@ -84,6 +87,15 @@ pub struct UnitRecord {
 pub fn plan_digest(plan: &Plan) -> String {
     let text = serde_json::to_vec(&plan.to_json()).unwrap_or_default();
     hex::encode(sha2::Sha256::digest(&text))
+}
+
+/// Now, in milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
 }
 
 /// A new reattach secret (128 random bits, hex) and its SHA-256 digest.
@@ -662,6 +674,7 @@ mod tests {
             tighten: Value::Null,
             plan_digest: "d".to_owned(),
             protocol_version: "2025-06-18".to_owned(),
+            started_unix_ms: 0,
             initialize: serde_json::json!({}),
             units: Vec::new(),
         }
