@@ -606,3 +606,58 @@ async fn a_stdio_session_reattaches_in_a_new_serve_process() {
             .exists()
     );
 }
+
+/// SIGHUP hands the kept sessions to the next process: a call in flight is
+/// answered by the old process, which then exits 0 leaving the units; a new
+/// `box serve` with the same state serves the same session id.
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_hands_sessions_to_the_next_process() {
+    if !docker().await {
+        return;
+    }
+    let setup = Setup::new("hup");
+    let mut host = setup.serve().await;
+    let (session, answer) = setup.initialize(json!({})).await;
+    let session = session.unwrap_or_else(|| panic!("{answer}"));
+    let secret = box_answer(&answer)["session"]["secret"].clone();
+    setup
+        .bash(&session, 1, "echo handed > /tmp/handed.txt")
+        .await;
+    let (address, calling) = (setup.address(), session.clone());
+    let in_flight = tokio::spawn(async move {
+        post(
+            address,
+            Some(&calling),
+            &[],
+            &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "bash", "arguments": {"command": "sleep 1; echo finished"}}}),
+        )
+        .await
+        .json()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(host.id() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let answered = in_flight.await.unwrap();
+    assert!(
+        answered["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|text| text.contains("finished")),
+        "the old process answers its call in flight: {answered}"
+    );
+    assert!(host.wait().unwrap().success());
+
+    let mut host = setup.serve().await;
+    let (again, answer) = setup
+        .initialize(json!({"reattach": {"session": session, "secret": secret}}))
+        .await;
+    assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
+    assert_eq!(box_answer(&answer)["unknownOutcome"], json!([]), "{answer}");
+    let kept = setup.bash(&session, 3, "cat /tmp/handed.txt").await;
+    assert!(kept.contains("handed"), "{kept}");
+    stop(&mut host);
+    remove_containers(&setup.instance).await;
+}

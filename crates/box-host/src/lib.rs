@@ -147,6 +147,11 @@ pub struct HostConfig {
     /// Sessions of a dead host whose units this host re-adopted at start,
     /// waiting for their clients to reattach.
     pub reattachable: state::Reattachable,
+    /// SIGHUP: the host hands its kept sessions to the next process instead
+    /// of ending them.
+    pub handoff: std::sync::atomic::AtomicBool,
+    /// Sessions handed off (their calls drained, their units left).
+    pub parked: std::sync::atomic::AtomicUsize,
 }
 
 impl HostConfig {
@@ -170,6 +175,8 @@ impl HostConfig {
             fork_dir: default_fork_dir(),
             state: None,
             reattachable: state::Reattachable::default(),
+            handoff: std::sync::atomic::AtomicBool::new(false),
+            parked: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 }
@@ -338,12 +345,21 @@ fn watch_signals(shutdown: CancellationToken, config: Arc<HostConfig>) -> anyhow
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     tokio::spawn(async move {
         let mut first: Option<tokio::time::Instant> = None;
         loop {
             let code = tokio::select! {
                 _ = term.recv() => 143,
                 _ = interrupt.recv() => 130,
+                _ = hangup.recv(), if first.is_none() && config.state.is_some() => {
+                    first = Some(tokio::time::Instant::now());
+                    tracing::info!("SIGHUP: handing the kept sessions to the next `box serve --state` process: their calls drain, then this process exits leaving their units");
+                    config.handoff.store(true, std::sync::atomic::Ordering::SeqCst);
+                    shutdown.cancel();
+                    tokio::spawn(exit_when_handed_off(config.clone()));
+                    continue;
+                }
             };
             match first {
                 None => {
@@ -371,6 +387,20 @@ fn watch_signals(shutdown: CancellationToken, config: Arc<HostConfig>) -> anyhow
         }
     });
     Ok(())
+}
+
+/// After a SIGHUP: exit once every session is handed off (parked) or ended,
+/// bounded by the drain and the end wait.
+async fn exit_when_handed_off(config: Arc<HostConfig>) {
+    let deadline = tokio::time::Instant::now() + config.drain + END_WAIT;
+    loop {
+        let parked = config.parked.load(std::sync::atomic::Ordering::SeqCst);
+        if parked >= config.metrics.session_tasks() || tokio::time::Instant::now() >= deadline {
+            tracing::info!(sessions = parked, "handed off; exiting");
+            std::process::exit(0);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Remove, once, every unit the ledger knows the id of; those confirmed gone

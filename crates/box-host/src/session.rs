@@ -470,6 +470,26 @@ impl Session {
             }
         };
         let why = self.serve(&mut live, &mut inbound).await;
+        if self.host.is_cancelled()
+            && live.journal.is_some()
+            && self
+                .config
+                .handoff
+                .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            // SIGHUP: its calls drained, the session is left to the next
+            // host (its units, its state file); this process exits holding
+            // them, so nothing closes an executor's input.
+            tracing::info!(session = %self.id, "session handed off: its units are left for the next host to re-adopt");
+            drain(
+                &mut inbound,
+                "the host is handing its sessions to a new process; reattach",
+            );
+            self.config
+                .parked
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::future::pending::<()>().await;
+        }
         tracing::info!(session = %self.id, why = %why, "session ending");
         drain(&mut inbound, &why);
         self.finish(&mut live, &why).await;
