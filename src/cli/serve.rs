@@ -73,6 +73,11 @@ pub struct ServeArgs {
     /// ~/.local/state/box/sessions); on stdio: none.
     #[arg(long, value_name = "DIR|none")]
     pub state: Option<PathBuf>,
+    /// Take over from the `box serve` already serving this address (or
+    /// --instance): it is sent SIGHUP, lets its calls finish and exits
+    /// leaving its sessions' units, which this process re-adopts.
+    #[arg(long, requires = "listen")]
+    pub takeover: bool,
 }
 
 impl ServeArgs {
@@ -95,6 +100,7 @@ impl ServeArgs {
                 None if self.listen.is_some() => Some(host::default_state_dir()),
                 None => None,
             },
+            takeover: self.takeover,
         }
     }
 

@@ -64,7 +64,13 @@ impl Setup {
 
     /// A `box serve --listen` host with this setup's state, ready to answer.
     async fn serve(&self) -> Child {
-        let mut child = Command::new(box_bin())
+        let child = self.spawn(&[]);
+        self.answering(child).await
+    }
+
+    /// A `box serve --listen` host with this setup's state and `extra` flags.
+    fn spawn(&self, extra: &[&str]) -> Child {
+        Command::new(box_bin())
             .args(["serve", "--backend", "docker", "--instance", &self.instance])
             .arg("--profiles")
             .arg(self.profiles.path())
@@ -73,10 +79,15 @@ impl Setup {
             .arg("--workspace")
             .arg(self.workspace.path())
             .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(extra)
             .env("RUST_LOG", "info")
             .stdin(Pipes::null())
             .spawn()
-            .unwrap();
+            .unwrap()
+    }
+
+    /// `child`, once the address answers.
+    async fn answering(&self, mut child: Child) -> Child {
         for _ in 0..300 {
             if tokio::net::TcpStream::connect(self.address()).await.is_ok() {
                 return child;
@@ -659,5 +670,35 @@ async fn sighup_hands_sessions_to_the_next_process() {
     let kept = setup.bash(&session, 3, "cat /tmp/handed.txt").await;
     assert!(kept.contains("handed"), "{kept}");
     stop(&mut host);
+    remove_containers(&setup.instance).await;
+}
+
+/// `box serve --takeover` on the same address: the live host is sent SIGHUP,
+/// hands off and exits; the new one serves the same session.
+#[tokio::test(flavor = "multi_thread")]
+async fn takeover_replaces_the_live_host_without_losing_its_session() {
+    if !docker().await {
+        return;
+    }
+    let setup = Setup::new("takeover");
+    let mut old = setup.serve().await;
+    let (session, answer) = setup.initialize(json!({})).await;
+    let session = session.unwrap_or_else(|| panic!("{answer}"));
+    let secret = box_answer(&answer)["session"]["secret"].clone();
+    setup.bash(&session, 1, "echo over > /tmp/over.txt").await;
+
+    let new = setup.spawn(&["--takeover"]);
+    assert!(
+        old.wait().unwrap().success(),
+        "the old host hands off and exits 0"
+    );
+    let mut new = setup.answering(new).await;
+    let (again, answer) = setup
+        .initialize(json!({"reattach": {"session": session, "secret": secret}}))
+        .await;
+    assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
+    let kept = setup.bash(&session, 2, "cat /tmp/over.txt").await;
+    assert!(kept.contains("over"), "{kept}");
+    stop(&mut new);
     remove_containers(&setup.instance).await;
 }

@@ -169,6 +169,20 @@ pub fn liveness(dir: &Path, id: &str) -> Liveness {
     }
 }
 
+/// The pid the holder of instance `id` wrote into its lock file (for a
+/// human, and for `box serve --takeover`, which signals it); `None` when
+/// there is no file or no pid in it. Whether it is alive is [`liveness`].
+pub fn holder_pid(dir: &Path, id: &str) -> Option<i32> {
+    if !valid(id) {
+        return None;
+    }
+    std::fs::read_to_string(lock_path(dir, id))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Remove a dead instance's lock file (after its units are gone).
 pub fn forget(dir: &Path, id: &str) {
     if valid(id) && liveness(dir, id) == Liveness::Dead {

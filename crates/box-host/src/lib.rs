@@ -69,6 +69,9 @@ pub struct ServeConfig {
     /// Where sessions' identities are kept for reattach (`--state`); `None`
     /// keeps nothing.
     pub state: Option<PathBuf>,
+    /// Take over from the live host of the same instance (`--takeover`):
+    /// SIGHUP it, wait for it to hand off and exit, then start.
+    pub takeover: bool,
 }
 
 /// What `box run` asks of the host, as plain values (the binary turns its
@@ -470,7 +473,16 @@ pub(crate) fn claim_instance(
     listen: Option<&str>,
 ) -> anyhow::Result<box_backend::instance::InstanceLock> {
     use box_backend::instance;
-    let id = match (requested, listen) {
+    let id = instance_id(requested, listen);
+    instance::InstanceLock::acquire(&instance::default_dir(), &id)
+        .with_context(|| format!("claiming instance `{id}`"))
+}
+
+/// The instance id a host claims: the one asked for, one per listen address
+/// on HTTP, a fresh one otherwise.
+fn instance_id(requested: Option<&str>, listen: Option<&str>) -> String {
+    use box_backend::instance;
+    match (requested, listen) {
         (Some(id), _) => id.to_owned(),
         // An ephemeral port names no lasting host: two such hosts are two
         // instances, not one claimed twice.
@@ -489,9 +501,58 @@ pub(crate) fn claim_instance(
             format!("http-{address}")
         }
         (None, None) => instance::new_id(),
-    };
-    instance::InstanceLock::acquire(&instance::default_dir(), &id)
-        .with_context(|| format!("claiming instance `{id}`"))
+    }
+}
+
+/// How long `--takeover` waits for the host it signalled to hand off and exit.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(60);
+
+/// `box serve --takeover`: the live host of this instance (the same listen
+/// address, or `--instance`) is sent SIGHUP, and the instance is claimed
+/// once it has handed its sessions off and exited; with no live host, it is
+/// claimed at once.
+async fn take_over(serve: &ServeConfig) -> anyhow::Result<box_backend::instance::InstanceLock> {
+    use box_backend::instance;
+    if serve.listen.is_none() || serve.state.is_none() {
+        anyhow::bail!(
+            "--takeover needs --listen and a state directory (--state): the sessions are handed over through it"
+        );
+    }
+    let mut signalled = None;
+    let deadline = tokio::time::Instant::now() + TAKEOVER_WAIT;
+    loop {
+        match claim_instance(serve.instance.as_deref(), serve.listen.as_deref()) {
+            Ok(lock) => {
+                if let Some(pid) = signalled {
+                    tracing::info!(pid, "took over from the previous host");
+                }
+                return Ok(lock);
+            }
+            Err(error) => {
+                if signalled.is_none() {
+                    let id = instance_id(serve.instance.as_deref(), serve.listen.as_deref());
+                    let Some(pid) = instance::holder_pid(&instance::default_dir(), &id) else {
+                        return Err(error
+                            .context("--takeover: no pid of the live host in its instance lock"));
+                    };
+                    tracing::info!(pid, instance = %id, "--takeover: asking the live host to hand its sessions off (SIGHUP)");
+                    nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGHUP,
+                    )
+                    .with_context(|| format!("--takeover: signalling the live host, pid {pid}"))?;
+                    signalled = Some(pid);
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(error.context(format!(
+                        "--takeover: the live host did not hand off and exit within {}",
+                        humantime::format_duration(TAKEOVER_WAIT)
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
 
 /// A host ready to serve sessions: what they share, the token that ends
@@ -515,7 +576,11 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
     config.default_profile = serve.profile.clone();
     config.drain = serve.drain;
     config.fork_git = serve.fork_git.clone();
-    let instance = claim_instance(serve.instance.as_deref(), serve.listen.as_deref())?;
+    let instance = if serve.takeover {
+        take_over(&serve).await?
+    } else {
+        claim_instance(serve.instance.as_deref(), serve.listen.as_deref())?
+    };
     config.instance = instance.id().to_owned();
     if let Some(path) = &serve.audit {
         config.audit =
