@@ -283,20 +283,22 @@ async fn a_session_survives_kill_9_of_its_host_and_reattaches() {
     // of unknown outcome, by the client's id.
     let (address, waiting_session, waiting_process) =
         (setup.address(), session.clone(), process.clone());
-    let in_flight = tokio::spawn(async move {
-        post(
-            address,
-            Some(&waiting_session),
-            &[],
-            &json!({"jsonrpc": "2.0", "id": "in-flight", "method": "agentworkspace/process.wait",
-                "params": {"id": waiting_process}}),
-        )
+    // A raw request whose connection dies with the host (no reply is read).
+    let body = json!({"jsonrpc": "2.0", "id": "in-flight", "method": "agentworkspace/process.wait",
+        "params": {"id": waiting_process}})
+    .to_string();
+    let mut in_flight = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {waiting_session}\r\nMCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut in_flight, request.as_bytes())
         .await
-    });
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     kill9(&mut host);
-    in_flight.abort();
+    drop(in_flight);
     let mut host = setup.serve().await;
 
     let (none, refused) = setup
@@ -382,9 +384,25 @@ async fn a_changed_profile_or_a_removed_container_refuses_reattach() {
         .as_str()
         .unwrap()
         .to_owned();
+    // A session on a host directory of its own, removed while the host is down.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let gone_path = elsewhere.path().join("work");
+    std::fs::create_dir(&gone_path).unwrap();
+    std::fs::write(
+        setup.profiles.path().join("gone.toml"),
+        format!(
+            "description = \"a workspace that goes\"\nextends = \"default\"\n\n[workspace]\nsource = \"{}\"\n",
+            gone_path.display()
+        ),
+    )
+    .unwrap();
+    let (gone, gone_answer) = setup.initialize(json!({"profile": "gone"})).await;
+    let gone = gone.unwrap_or_else(|| panic!("{gone_answer}"));
+    let gone_secret = box_answer(&gone_answer)["session"]["secret"].clone();
 
     kill9(&mut host);
     write_profile(setup.profiles.path(), 301);
+    std::fs::remove_dir_all(&gone_path).unwrap();
     let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
     docker
         .remove_container(
@@ -419,6 +437,16 @@ async fn a_changed_profile_or_a_removed_container_refuses_reattach() {
     assert!(
         message.contains(&removed_id) && message.contains("gone"),
         "{refused}"
+    );
+
+    let (none, refused) = setup
+        .initialize(json!({"reattach": {"session": gone, "secret": gone_secret}}))
+        .await;
+    assert_eq!(none, None, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&gone_path.display().to_string()),
+        "the refusal names the missing workspace: {refused}"
     );
     stop(&mut host);
     remove_containers(&setup.instance).await;

@@ -952,12 +952,14 @@ impl Session {
         }
         let state::Adopted {
             record,
+            units: reattached,
+        } = adopted;
+        let state::Reattached {
             plan,
             profile,
             units: started,
-        } = adopted;
-        let started = match started {
-            Ok(started) => started,
+        } = match reattached {
+            Ok(reattached) => reattached,
             Err(why) => {
                 forget();
                 return Err(refuse(format!(
@@ -971,6 +973,7 @@ impl Session {
                 && !path.is_dir()
             {
                 forget();
+                state::leave_to_lease(started);
                 return Err(refuse(format!(
                     "unit {}: its workspace {} is gone; the session cannot be reattached and its units are left to their leases",
                     spec.name,

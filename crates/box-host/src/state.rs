@@ -16,6 +16,7 @@ use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -384,14 +385,44 @@ impl Journal {
 pub struct Adopted {
     /// What was persisted.
     pub record: SessionRecord,
+    /// The session, re-adopted; or why it cannot be reattached (its units
+    /// are left to their leases).
+    pub units: Result<Reattached, String>,
+}
+
+/// A persisted session whose every unit was re-adopted.
+pub struct Reattached {
     /// The plan, resolved again from the persisted profile and tightening.
     pub plan: Plan,
     /// The profile it was resolved from.
     pub profile: Profile,
-    /// The units, re-adopted in the plan's order (their leases renewed from
-    /// now on); or why the session cannot be reattached (its units are left
-    /// to their leases).
-    pub units: Result<Vec<StartedUnit>, String>,
+    /// The units, in the plan's order (their leases renewed from now on).
+    pub units: Vec<StartedUnit>,
+}
+
+/// Let re-adopted units go without ending them: their renewals stop at once,
+/// and their executors' input is held open until their leases have lapsed
+/// (dropping it would close the executor's stdin and end the unit now), so
+/// each unit ends by its lease, as a refused reattach promises.
+pub fn leave_to_lease(units: Vec<StartedUnit>) {
+    for unit in units {
+        let StartedUnit {
+            envelope,
+            io,
+            renewal,
+            ended: _,
+        } = unit;
+        drop(renewal);
+        let lease = envelope
+            .lifecycle
+            .map_or(Duration::from_secs(30), |lifecycle| {
+                Duration::from_millis(lifecycle.lease_ms)
+            });
+        tokio::spawn(async move {
+            tokio::time::sleep(lease * 2 + Duration::from_secs(5)).await;
+            drop(io);
+        });
+    }
 }
 
 /// Sessions waiting to be reattached, by session id, and those whose units
@@ -504,7 +535,7 @@ pub fn adopt_all(config: &std::sync::Arc<crate::HostConfig>) -> std::collections
                 match adopt(config, record).await {
                     Some(adopted) => {
                         match &adopted.units {
-                            Ok(units) => tracing::info!(%session, units = units.len(), "re-adopted a persisted session's units; waiting for its client to reattach"),
+                            Ok(reattached) => tracing::info!(%session, units = reattached.units.len(), "re-adopted a persisted session's units; waiting for its client to reattach"),
                             Err(why) => tracing::warn!(%session, %why, "a persisted session cannot be reattached; its units are left to their leases"),
                         }
                         config.reattachable.insert(adopted);
@@ -520,6 +551,9 @@ pub fn adopt_all(config: &std::sync::Arc<crate::HostConfig>) -> std::collections
         // A session nobody comes back for does not keep its units forever.
         tokio::time::sleep(REATTACH_WINDOW).await;
         for adopted in config.reattachable.take_all() {
+            if let Ok(reattached) = adopted.units {
+                leave_to_lease(reattached.units);
+            }
             tracing::warn!(session = %adopted.record.session, "no client reattached within {}; its units are left to their leases", humantime::format_duration(REATTACH_WINDOW));
             if let Some(store) = &config.state {
                 store.remove(&adopted.record.session);
@@ -539,27 +573,26 @@ async fn adopt(config: &crate::HostConfig, record: SessionRecord) -> Option<Adop
         tracing::debug!(session = %record.session, instance = %record.instance, "a persisted session's host is not known dead; leaving it");
         return None;
     }
-    let profile = match config.catalog.load(&record.profile) {
-        Ok(profile) => profile,
-        Err(error) => {
-            tracing::warn!(session = %record.session, profile = %record.profile, %error, "a persisted session's profile no longer loads");
-            return None;
-        }
+    let units = match config.catalog.load(&record.profile) {
+        Err(error) => Err(format!(
+            "profile `{}` no longer loads: {error}",
+            record.profile
+        )),
+        Ok(profile) => match (config.resolve)(&profile, &record.tighten, &config.facts) {
+            Err(error) => Err(format!(
+                "profile `{}` with the session's tightening no longer resolves: {error}",
+                record.profile
+            )),
+            Ok(plan) => adopt_units(config, &record, &plan)
+                .await
+                .map(|units| Reattached {
+                    plan,
+                    profile,
+                    units,
+                }),
+        },
     };
-    let plan = match (config.resolve)(&profile, &record.tighten, &config.facts) {
-        Ok(plan) => plan,
-        Err(error) => {
-            tracing::warn!(session = %record.session, %error, "a persisted session's plan no longer resolves");
-            return None;
-        }
-    };
-    let units = adopt_units(config, &record, &plan).await;
-    Some(Adopted {
-        record,
-        plan,
-        profile,
-        units,
-    })
+    Some(Adopted { record, units })
 }
 
 async fn adopt_units(
@@ -653,8 +686,8 @@ async fn adopt_units(
         }
     }
     if !lost.is_empty() {
-        // The units that were re-adopted are dropped with `units`: their
-        // renewals stop and they end within their lease.
+        // The others are not kept alive for a session that cannot be served.
+        leave_to_lease(units);
         return Err(format!("lost: {}", lost.join("; ")));
     }
     Ok(units)
