@@ -572,6 +572,18 @@ impl Stdio {
         }
     }
 
+    fn wait_for(&mut self, wanted: impl Fn(&Value) -> bool) -> Value {
+        loop {
+            let message = self
+                .lines
+                .recv_timeout(Duration::from_secs(90))
+                .expect("the awaited message came");
+            if wanted(&message) {
+                return message;
+            }
+        }
+    }
+
     fn initialize(&mut self, ask: Value) -> Value {
         let answer = self.call(
             0,
@@ -608,6 +620,27 @@ async fn a_stdio_session_reattaches_in_a_new_serve_process() {
         )
     });
     assert!(wrote.get("result").is_some(), "{wrote}");
+    // A call in flight when the host dies: reported as unknown outcome, and
+    // its answer, when the unit gives it, reaches the client late.
+    first.send(&json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "touch /tmp/started; sleep 3; echo late-answer"}}}));
+    // Killed only once the call runs in the unit.
+    let mut probe = 6;
+    loop {
+        let seen = tokio::task::block_in_place(|| {
+            first.call(
+                probe,
+                "tools/call",
+                json!({"name": "bash", "arguments": {"command": "test -e /tmp/started && echo running"}}),
+            )
+        });
+        if seen.to_string().contains("running") {
+            break;
+        }
+        assert!(probe < 200, "the call never started: {seen}");
+        probe += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
     kill9(&mut first.child);
 
     let mut second = Stdio::serve(&setup);
@@ -619,6 +652,21 @@ async fn a_stdio_session_reattaches_in_a_new_serve_process() {
         box_answer(&answer)["session"]["id"],
         json!(session),
         "{answer}"
+    );
+    assert_eq!(
+        box_answer(&answer)["unknownOutcome"],
+        json!([{"id": 5, "unit": "workspace", "method": "tools/call"}]),
+        "{answer}"
+    );
+    let late = tokio::task::block_in_place(|| {
+        second.wait_for(|message| message["method"] == json!("notifications/box/lateAnswer"))
+    });
+    assert_eq!(late["params"]["call"]["id"], json!(5), "{late}");
+    assert!(
+        late["params"]["response"]["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|text| text.contains("late-answer")),
+        "{late}"
     );
     let read = tokio::task::block_in_place(|| {
         second.call(

@@ -394,6 +394,9 @@ struct Live {
     tighten: Value,
     /// The journal of calls in flight, when the session's identity is kept.
     journal: Option<state::Journal>,
+    /// After a reattach: the calls the dead host sent and never saw
+    /// answered, by unit and id at the unit.
+    late: std::collections::HashMap<(usize, u64), Value>,
 }
 
 enum Route {
@@ -815,6 +818,7 @@ impl Session {
                 tighten: ask.tighten.clone(),
                 masks,
                 journal,
+                late: Default::default(),
             },
             result,
         ))
@@ -1051,7 +1055,16 @@ impl Session {
         // The calls in flight when the host died: their outcome is unknown
         // (they may have run, in part or in full); said by the client's id.
         let store = self.config.state.as_ref();
-        let unknown = store.map_or_else(Vec::new, |store| store.unsettled(&self.id, &record.units));
+        let unsettled = store.map_or_else(Vec::new, |store| {
+            store.unsettled_calls(&self.id, &record.units)
+        });
+        let unknown: Vec<Value> = unsettled.iter().map(|(_, _, call)| call.clone()).collect();
+        // Their answers, should the units still give them, reach the client
+        // as `notifications/box/lateAnswer` (this host's ids start far above).
+        let late: std::collections::HashMap<(usize, u64), Value> = unsettled
+            .into_iter()
+            .map(|(unit, unit_id, call)| ((unit, unit_id), call))
+            .collect();
         if !unknown.is_empty() {
             tracing::info!(session = %self.id, calls = unknown.len(), "calls in flight at the restart have an unknown outcome");
         }
@@ -1106,6 +1119,7 @@ impl Session {
                 tighten: record.tighten.clone(),
                 masks: None,
                 journal,
+                late,
             },
             result,
         ))
@@ -1627,9 +1641,38 @@ impl Session {
         }
     }
 
+    /// A unit's answer to a call the dead host sent before a reattach: sent to
+    /// the client as `notifications/box/lateAnswer {call, response}` (the
+    /// response under the client's id, redacted); `None` then, else the
+    /// message to route.
+    fn late_answer(&self, live: &mut Live, unit: usize, mut message: Value) -> Option<Value> {
+        if live.late.is_empty() || message.get("method").is_some() {
+            return Some(message);
+        }
+        let Some(call) = message
+            .get("id")
+            .and_then(Value::as_u64)
+            .and_then(|id| live.late.remove(&(unit, id)))
+        else {
+            return Some(message);
+        };
+        live.redactor.unit_message(unit, &mut message);
+        message["id"] = call["id"].clone();
+        let note = jsonrpc::notification(
+            "notifications/box/lateAnswer",
+            json!({"call": call, "response": message}),
+        );
+        let _ = self.general.try_send(note);
+        None
+    }
+
     fn on_unit(&self, live: &mut Live, event: UnitEvent) {
         match event {
-            UnitEvent::Message(unit, message) => match live.router.from_unit(unit, message) {
+            UnitEvent::Message(unit, message) => match self
+                .late_answer(live, unit, message)
+                .map(|message| live.router.from_unit(unit, message))
+                .unwrap_or(UnitMessage::Done)
+            {
                 UnitMessage::Answer {
                     forward,
                     mut response,

@@ -240,6 +240,15 @@ impl Store {
     /// flight when its host died, `{id, unit, method}` each (the client's
     /// id), in the order they were sent.
     pub fn unsettled(&self, session: &str, units: &[UnitRecord]) -> Vec<Value> {
+        self.unsettled_calls(session, units)
+            .into_iter()
+            .map(|(_, _, call)| call)
+            .collect()
+    }
+
+    /// [`Store::unsettled`], each with the unit's index and the call's id at
+    /// the unit (where a late answer would come from).
+    pub fn unsettled_calls(&self, session: &str, units: &[UnitRecord]) -> Vec<(usize, u64, Value)> {
         let Some(text) = self
             .journal_of(session)
             .and_then(|path| std::fs::read_to_string(path).ok())
@@ -274,7 +283,9 @@ impl Store {
                 open.retain(|(unit, unit_id, _)| (*unit, *unit_id) != done);
             }
         }
-        open.into_iter().map(|(_, _, call)| call).collect()
+        open.into_iter()
+            .filter_map(|(unit, unit_id, call)| Some((usize::try_from(unit).ok()?, unit_id, call)))
+            .collect()
     }
 
     /// Every record that can be trusted; each other file is logged and
@@ -606,6 +617,19 @@ async fn adopt_units(
             "profile `{}` resolves to another plan than the session started with (plan digest {} then, {} now): the profile or the host's facts changed",
             record.profile, record.plan_digest, digest
         ));
+    }
+    // Before anything is adopted: a unit whose workspace is gone is not
+    // worth keeping alive.
+    for spec in &plan.units {
+        if let box_policy::plan::WorkspaceSource::Host(path) = &spec.source
+            && !path.is_dir()
+        {
+            return Err(format!(
+                "unit {}: its workspace {} is gone",
+                spec.name,
+                path.display()
+            ));
+        }
     }
     if plan.workspace_fork.is_some() {
         return Err(
