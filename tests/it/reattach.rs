@@ -38,6 +38,10 @@ struct Setup {
     state: tempfile::TempDir,
     profiles: tempfile::TempDir,
     workspace: tempfile::TempDir,
+    /// The hosts' instance locks, apart from other tests' hosts: a host
+    /// starting elsewhere on this machine sweeps a dead instance's units,
+    /// which would race these tests' re-adoption (docs/security.md).
+    instances: tempfile::TempDir,
 }
 
 impl Setup {
@@ -55,6 +59,7 @@ impl Setup {
             state: tempfile::tempdir().unwrap(),
             profiles,
             workspace: tempfile::tempdir().unwrap(),
+            instances: tempfile::tempdir().unwrap(),
         }
     }
 
@@ -81,6 +86,7 @@ impl Setup {
             .args(["--listen", &format!("127.0.0.1:{}", self.port)])
             .args(extra)
             .env("RUST_LOG", "info")
+            .env("BOX_INSTANCE_DIR", self.instances.path())
             .stdin(Pipes::null())
             .spawn()
             .unwrap()
@@ -531,6 +537,7 @@ impl Stdio {
             .arg("--workspace")
             .arg(setup.workspace.path())
             .env("RUST_LOG", "info")
+            .env("BOX_INSTANCE_DIR", setup.instances.path())
             .stdin(Pipes::piped())
             .stdout(Pipes::piped())
             .spawn()
