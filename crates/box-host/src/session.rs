@@ -909,7 +909,7 @@ impl Session {
         };
         if reattach.session != self.id {
             return Err(refuse(format!(
-                "box.reattach.session: `{}` is not this session (`{}`); over HTTP, initialize without an Mcp-Session-Id header and box answers with the reattached id",
+                "box.reattach.session: `{}` is not this session (`{}`); reattach with an initialize that carries no Mcp-Session-Id (HTTP) or is the first message of a new `box serve --state` (stdio)",
                 reattach.session, self.id
             )));
         }
