@@ -67,6 +67,17 @@ pub struct ServeArgs {
     /// At SIGTERM, how long calls in flight get to finish before units are removed (e.g. 10s).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain: Duration,
+    /// Where sessions' identities are kept, so a restarted `box serve` can
+    /// re-adopt their units and its clients reattach (`none`: keep
+    /// nothing). Default with --listen: $XDG_STATE_HOME/box/sessions (or
+    /// ~/.local/state/box/sessions); on stdio: none.
+    #[arg(long, value_name = "DIR|none")]
+    pub state: Option<PathBuf>,
+    /// Take over from the `box serve` already serving this address (or
+    /// --instance): it is sent SIGHUP, lets its calls finish and exits
+    /// leaving its sessions' units, which this process re-adopts.
+    #[arg(long, requires = "listen")]
+    pub takeover: bool,
 }
 
 impl ServeArgs {
@@ -83,6 +94,13 @@ impl ServeArgs {
             audit: self.audit.clone(),
             drain: self.drain,
             fork_git: crate::cli::confine::fork_git(),
+            state: match &self.state {
+                Some(dir) if dir.as_os_str() == "none" => None,
+                Some(dir) => Some(dir.clone()),
+                None if self.listen.is_some() => Some(host::default_state_dir()),
+                None => None,
+            },
+            takeover: self.takeover,
         }
     }
 

@@ -18,6 +18,8 @@ mod local;
 mod profile;
 /// Any OCI image: pulled from a real local registry, pinned and verified, refused with the remedy; images without glibc.
 mod pull;
+/// Sessions surviving `kill -9` of their `box serve --listen` host: state, reattach, refusals.
+mod reattach;
 /// Secrets through `box serve` on Docker: files, never in `docker inspect`, redacted for the client.
 mod secrets;
 /// `box serve` and `box run` end to end, over stdio and HTTP, on both backends.

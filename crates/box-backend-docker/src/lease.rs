@@ -44,6 +44,12 @@ impl RunDir {
         Ok(made)
     }
 
+    /// The run directory of a unit another host process started, taken
+    /// over (removed when dropped, like one this host made).
+    pub(crate) fn adopt(path: &Path) -> Self {
+        Self(path.to_owned())
+    }
+
     pub(crate) fn path(&self) -> &Path {
         &self.0
     }
@@ -70,26 +76,27 @@ pub(crate) struct Pending {
     pub(crate) secrets: Option<Vec<(String, String)>>,
 }
 
-/// Renew `lease` (of `ttl`) every third of it until the channel ends or the
-/// returned [`Renewal`] is dropped; the run directory and the listener live
-/// as long as the renewals.
+/// Renew `lease` (of `ttl`) at `epoch` every third of it until the channel
+/// ends or the returned [`Renewal`] is dropped; the run directory and the
+/// listener live as long as the renewals.
 pub(crate) fn renew(
     lease: Lease,
-    ttl: Duration,
+    (ttl, epoch): (Duration, u64),
     run_dir: RunDir,
     listener: UnitListener,
     unit: String,
 ) -> Renewal {
+    let path = run_dir.path().to_owned();
     let task = tokio::spawn(async move {
         let _held = (run_dir, listener);
         let interval = Lease::renew_interval(ttl);
         loop {
             tokio::time::sleep(interval).await;
-            if let Err(error) = lease.renew(ttl, EPOCH).await {
+            if let Err(error) = lease.renew(ttl, epoch).await {
                 tracing::debug!(unit, %error, "stopped renewing the unit's lease");
                 break;
             }
         }
     });
-    Renewal::new(task.abort_handle())
+    Renewal::with_run_dir(task.abort_handle(), path)
 }

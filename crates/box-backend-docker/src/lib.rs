@@ -36,7 +36,7 @@ pub mod runc;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
@@ -54,8 +54,8 @@ pub use pull::{PullEvent, PullSink, PullTally, Pulled, Puller, missing_image_rem
 
 use box_backend::environment::{Own, STANDARD_PATH, UnitEnvironment, unit_environment};
 use box_backend::{
-    Backend, BackendError, BackendKind, ExecutorIo, SessionLabel, StartedUnit, Unenforceable,
-    UnitEnd, UnitInfo, UnitWiring, labels,
+    AdoptUnit, Backend, BackendError, BackendKind, ExecutorIo, SessionLabel, StartedUnit,
+    Unenforceable, UnitEnd, UnitInfo, UnitWiring, labels,
 };
 use box_policy::executor::{SECRETS_DIR, SECRETS_ON_STDIN_VAR};
 use box_policy::plan::{NetworkMode, Requirement, UnitSpec};
@@ -572,7 +572,7 @@ impl DockerBackend {
         } = connected;
         let renewal = lease::renew(
             held,
-            spec.lease,
+            (spec.lease, lease::EPOCH),
             channel.run_dir,
             channel.listener,
             name.clone(),
@@ -589,6 +589,183 @@ impl DockerBackend {
             envelope,
             io: ExecutorIo {
                 stdin: Box::pin(io::stdin(Box::pin(writer), name)),
+                stdout: Box::pin(reader),
+            },
+            ended,
+            renewal: Some(renewal),
+        })
+    }
+}
+
+impl DockerBackend {
+    /// [`Backend::adopt`]: the container is checked against what was
+    /// persisted (running, box's labels for this session and unit, the same
+    /// image), its key read back from the engine (the container's
+    /// configuration holds it in `KEY_ENV`; the state file never does), the
+    /// same run-directory socket bound again, the init's connection accepted
+    /// and the lease renewed above the dead host's epoch before anything else.
+    async fn adopt_unit(
+        &self,
+        session: &SessionLabel,
+        spec: &UnitSpec,
+        unit: &AdoptUnit,
+    ) -> Result<StartedUnit, BackendError> {
+        let name = spec.name.as_str();
+        let refused = |doing: &str, message: String| BackendError::Other {
+            unit: name.to_owned(),
+            doing: doing.to_owned(),
+            message,
+        };
+        let inspect = match self.docker.inspect_container(&unit.id, None).await {
+            Ok(inspect) => inspect,
+            Err(e) if status_of(&e) == Some(404) => {
+                return Err(refused(
+                    "re-adopting the unit",
+                    format!(
+                        "its container {} is gone (removed, or its lease lapsed)",
+                        unit.id
+                    ),
+                ));
+            }
+            Err(e) => {
+                return Err(refused(
+                    "inspecting the unit's container",
+                    engine_message(&e),
+                ));
+            }
+        };
+        if inspect.state.as_ref().and_then(|state| state.running) != Some(true) {
+            return Err(refused(
+                "re-adopting the unit",
+                format!(
+                    "its container {} is not running (its lease lapsed, or it was stopped)",
+                    unit.id
+                ),
+            ));
+        }
+        let config = inspect.config.clone().unwrap_or_default();
+        let labels = config.labels.clone().unwrap_or_default();
+        for (label, want) in [
+            (labels::SESSION, session.session.as_str()),
+            (labels::UNIT, name),
+        ] {
+            let have = labels.get(label).map(String::as_str).unwrap_or("");
+            if have != want {
+                return Err(refused(
+                    "re-adopting the unit",
+                    format!(
+                        "container {} has label {label}=`{have}`, not `{want}`: it is not the unit persisted",
+                        unit.id
+                    ),
+                ));
+            }
+        }
+        let image_id = inspect.image.clone().unwrap_or_default();
+        if let Some(want) = &unit.image_id
+            && &image_id != want
+        {
+            return Err(refused(
+                "re-adopting the unit",
+                format!(
+                    "container {} runs image {image_id}, not {want} as persisted",
+                    unit.id
+                ),
+            ));
+        }
+        let prefix = format!("{}=", box_init::protocol::KEY_ENV);
+        let key = config
+            .env
+            .as_ref()
+            .and_then(|env| env.iter().find_map(|entry| entry.strip_prefix(&prefix)))
+            .ok_or_else(|| {
+                refused(
+                    "re-adopting the unit",
+                    format!(
+                        "container {} holds no {} in its configuration",
+                        unit.id,
+                        box_init::protocol::KEY_ENV
+                    ),
+                )
+            })
+            .and_then(|hex| {
+                box_init::protocol::UnitKey::from_hex(hex)
+                    .map_err(|e| refused("reading the unit's key", e.to_string()))
+            })?;
+        let run_dir = lease::RunDir::adopt(&unit.run_dir);
+        let listener = box_init::host::bind(run_dir.path())
+            .map_err(|e| refused("listening for the unit's init again", e.to_string()))?;
+        let log_name = format!("{}/{}", session.session, name);
+        // Its stderr again (the init's and the executor's log lines).
+        if let Ok(attached) = self
+            .docker
+            .attach_container(
+                &unit.id,
+                Some(AttachContainerOptions {
+                    stream: true,
+                    stdout: true,
+                    stderr: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+        {
+            let _ = io::pump(attached.output, log_name.clone());
+        }
+        let waiter = waiter(self.docker.clone(), unit.id.clone());
+        let connected = listener
+            .accept(&key, &unit.identity, unit.timeout)
+            .await
+            .map_err(|e| refused("reconnecting to the unit's init", e.to_string()))?;
+        // Fence off any earlier host first: nothing is relayed before this.
+        let epoch = connected.state.epoch + 1;
+        connected
+            .lease
+            .renew_confirmed(spec.lease, epoch, Duration::from_secs(5))
+            .await
+            .map_err(|e| refused("renewing the unit's lease", e.to_string()))?;
+        let image_user = match self.docker.inspect_image(&image_id).await {
+            Ok(image) => image.config.and_then(|c| c.user).unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let mut envelope = body::envelope_from_inspect(
+            spec,
+            &inspect,
+            &image_user,
+            &self.facts,
+            unit.env_passed.clone(),
+            unit.env_scrubbed.clone(),
+        );
+        envelope.image_digest = unit.image_digest.clone();
+        if self.executor_command.is_none() {
+            body::add_executor_confinement(&mut envelope, spec);
+            envelope.secrets = delivered_secrets(spec);
+        }
+        let box_init::host::UnitChannel {
+            reader,
+            writer,
+            lease: held,
+            ended: channel_ended,
+            state: _,
+        } = connected;
+        let renewal = lease::renew(
+            held,
+            (spec.lease, epoch),
+            run_dir,
+            listener,
+            log_name.clone(),
+        );
+        let ended = ended(
+            unit.id.clone(),
+            name.to_owned(),
+            spec.limits.memory_bytes,
+            spec.lease,
+            channel_ended,
+            waiter,
+        );
+        Ok(StartedUnit {
+            envelope,
+            io: ExecutorIo {
+                stdin: Box::pin(io::stdin(Box::pin(writer), log_name)),
                 stdout: Box::pin(reader),
             },
             ended,
@@ -680,6 +857,15 @@ impl Backend for DockerBackend {
         wiring: &'a UnitWiring,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
         Box::pin(self.start_unit(session, spec, wiring))
+    }
+
+    fn adopt<'a>(
+        &'a self,
+        session: &'a SessionLabel,
+        spec: &'a UnitSpec,
+        unit: &'a AdoptUnit,
+    ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
+        Box::pin(self.adopt_unit(session, spec, unit))
     }
 
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {

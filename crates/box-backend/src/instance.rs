@@ -72,6 +72,8 @@ pub struct InstanceLock {
     /// Dropped with the lock, which ends the heartbeat thread.
     _heartbeat: mpsc::Sender<()>,
     previous_heartbeat: Option<SystemTime>,
+    /// Leave the file when dropped (see [`InstanceLock::adopt`]).
+    keep_file: bool,
 }
 
 /// Why an instance could not be claimed.
@@ -163,7 +165,19 @@ impl InstanceLock {
             _lock: lock,
             _heartbeat: heartbeat,
             previous_heartbeat,
+            keep_file: false,
         })
+    }
+
+    /// Claim a *dead* host's `id` for the units of it this host re-adopted
+    /// (they keep its label): while held, that instance is alive to every
+    /// sweep and `box gc`. Dropped, the file stays with its last heartbeat,
+    /// so units still running on their leases are judged by it as any dead
+    /// host's are, never taken for an unknown host's.
+    pub fn adopt(dir: &Path, id: &str) -> Result<Self, InstanceError> {
+        let mut lock = Self::acquire(dir, id)?;
+        lock.keep_file = true;
+        Ok(lock)
     }
 
     /// When the host that held this id before (dead, or this would not have
@@ -181,6 +195,13 @@ impl InstanceLock {
 impl Drop for InstanceLock {
     fn drop(&mut self) {
         // A clean exit leaves no file; the lock itself is released on close.
+        if self.keep_file {
+            let _ = std::fs::File::options()
+                .write(true)
+                .open(&self.path)
+                .and_then(|file| file.set_modified(SystemTime::now()));
+            return;
+        }
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -241,6 +262,20 @@ pub fn lease_may_be_live(
     }
     let lapsed_by = last_alive + HEARTBEAT + HEARTBEAT_SLACK + Duration::from_millis(lease_ms?);
     (now < lapsed_by).then_some(lapsed_by)
+}
+
+/// The pid the holder of instance `id` wrote into its lock file (for a
+/// human, and for `box serve --takeover`, which signals it); `None` when
+/// there is no file or no pid in it. Whether it is alive is [`liveness`].
+pub fn holder_pid(dir: &Path, id: &str) -> Option<i32> {
+    if !valid(id) {
+        return None;
+    }
+    std::fs::read_to_string(lock_path(dir, id))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Remove a dead instance's lock file (after its units are gone).

@@ -254,14 +254,61 @@ pub struct StartedUnit {
     pub renewal: Option<Renewal>,
 }
 
+/// What a host persisted of a started unit, for a later host process to
+/// re-adopt it ([`Backend::adopt`]) while its lease is live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdoptUnit {
+    /// The backend's id (the container id).
+    pub id: String,
+    /// The unit's identity in its init's proofs (`instance/session/unit` of
+    /// the host that started it).
+    pub identity: String,
+    /// The unit's run directory on the host (its init reconnects to the
+    /// socket in it).
+    pub run_dir: std::path::PathBuf,
+    /// The image id the unit's container was created from (the envelope's
+    /// `image_id`); a container that now runs another is refused.
+    pub image_id: Option<String>,
+    /// The image's registry digest, as the start's envelope reported it.
+    pub image_digest: Option<String>,
+    /// The environment's names the envelope reported at start.
+    pub env_passed: Vec<String>,
+    /// The environment's names scrubbed at start.
+    pub env_scrubbed: Vec<String>,
+    /// How long to wait for the init to reconnect.
+    pub timeout: std::time::Duration,
+}
+
 /// The host's renewal of one unit's lease, running until dropped.
 #[derive(Debug)]
-pub struct Renewal(tokio::task::AbortHandle);
+pub struct Renewal(
+    tokio::task::AbortHandle,
+    Option<std::path::PathBuf>,
+    Option<std::sync::Arc<instance::InstanceLock>>,
+);
 
 impl Renewal {
     /// Renewals by `task`, stopped when this is dropped.
     pub fn new(task: tokio::task::AbortHandle) -> Self {
-        Self(task)
+        Self(task, None, None)
+    }
+
+    /// Renewals by `task` over the socket in `run_dir` (what a later host
+    /// binds again to re-adopt the unit: [`AdoptUnit::run_dir`]).
+    pub fn with_run_dir(task: tokio::task::AbortHandle, run_dir: std::path::PathBuf) -> Self {
+        Self(task, Some(run_dir), None)
+    }
+
+    /// These renewals also keep `instance` held (a dead host's, whose unit
+    /// this host re-adopted) for as long as they run.
+    pub fn holding(mut self, instance: std::sync::Arc<instance::InstanceLock>) -> Self {
+        self.2 = Some(instance);
+        self
+    }
+
+    /// The unit's run directory, where its backend has one.
+    pub fn run_dir(&self) -> Option<&std::path::Path> {
+        self.1.as_deref()
     }
 
     /// Whether renewals have stopped (the unit's channel ended, or another
@@ -410,6 +457,30 @@ pub trait Backend: Send + Sync {
             });
         }
         self.start(session, spec)
+    }
+
+    /// Re-adopt a live unit another (dead) host process started from `spec`:
+    /// reconnect to its executor without initializing it again, renew its
+    /// lease above the previous host's epoch, and report its envelope (with
+    /// `reattached` set). Never starts anything: a unit that is gone, whose
+    /// lease lapsed or that is not the one persisted is an error naming why.
+    fn adopt<'a>(
+        &'a self,
+        session: &'a SessionLabel,
+        spec: &'a UnitSpec,
+        unit: &'a AdoptUnit,
+    ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
+        let _ = (session, unit);
+        Box::pin(async move {
+            Err(BackendError::Unenforceable {
+                unit: spec.name.clone(),
+                control: "reattach".to_owned(),
+                why: format!(
+                    "the {} backend cannot re-adopt a unit another host process started",
+                    self.kind().as_str()
+                ),
+            })
+        })
     }
 
     /// Stop and remove the unit with backend id `id`; `Ok` if it is already gone.

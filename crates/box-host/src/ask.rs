@@ -29,6 +29,42 @@ pub(super) struct Ask {
     pub profile: Option<String>,
     /// `box.tighten`: the tightenings, as sent (`null` for none).
     pub tighten: Value,
+    /// `box.reattach`: the session to reattach to after its host restarted.
+    pub reattach: Option<Reattach>,
+}
+
+/// `box.reattach: {session, secret}`: what the initialize answer's
+/// `box.session` gave the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Reattach {
+    /// The session id.
+    pub session: String,
+    /// The reattach secret.
+    pub secret: String,
+}
+
+/// Read `box.reattach` from the box ask; the error names the field.
+fn read_reattach(field: &str, value: Option<&Value>) -> Result<Option<Reattach>, String> {
+    let object = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(object)) => object,
+        Some(other) => {
+            return Err(format!(
+                "{field}.box.reattach: must be an object {{session, secret}}, got {other}"
+            ));
+        }
+    };
+    let text = |name: &str| match object.get(name) {
+        Some(Value::String(text)) if !text.is_empty() => Ok(text.clone()),
+        other => Err(format!(
+            "{field}.box.reattach.{name}: must be a non-empty string (from the initialize answer's box.session), got {}",
+            other.map_or_else(|| "nothing".to_owned(), Value::to_string)
+        )),
+    };
+    Ok(Some(Reattach {
+        session: text("session")?,
+        secret: text("secret")?,
+    }))
 }
 
 /// Read the client's ask from initialize's params; the error names the field.
@@ -50,8 +86,8 @@ pub(super) fn read_ask(params: Option<&Map<String, Value>>) -> Result<Ask, Strin
             format!("{field}.maxReadBytes: must be a non-negative integer, got {value}")
         })?),
     };
-    let (profile, tighten) = match ask.get("box") {
-        None | Some(Value::Null) => (None, Value::Null),
+    let (profile, tighten, reattach) = match ask.get("box") {
+        None | Some(Value::Null) => (None, Value::Null, None),
         Some(Value::Object(ask_box)) => {
             let profile = match ask_box.get("profile") {
                 None | Some(Value::Null) => None,
@@ -65,6 +101,7 @@ pub(super) fn read_ask(params: Option<&Map<String, Value>>) -> Result<Ask, Strin
             (
                 profile,
                 ask_box.get("tighten").cloned().unwrap_or(Value::Null),
+                read_reattach(&field, ask_box.get("reattach"))?,
             )
         }
         Some(other) => return Err(format!("{field}.box: must be an object, got {other}")),
@@ -73,6 +110,7 @@ pub(super) fn read_ask(params: Option<&Map<String, Value>>) -> Result<Ask, Strin
         max_read_bytes,
         profile,
         tighten,
+        reattach,
     })
 }
 
@@ -149,6 +187,31 @@ pub(super) fn merge_ask(capability: Ask, transport: &TransportAsk) -> Result<Ask
                 ));
             }
             _ => ask.max_read_bytes = Some(bytes),
+        }
+    }
+    if let Some(part) = &transport.reattach {
+        let text = bounded("box.reattach", part)?;
+        let Some((session, secret)) = text
+            .split_once(':')
+            .filter(|(session, secret)| !session.is_empty() && !secret.is_empty())
+        else {
+            return Err(format!(
+                "box.reattach: {}: must be SESSION:SECRET (the initialize answer's box.session id and secret)",
+                part.source
+            ));
+        };
+        let asked = Reattach {
+            session: session.trim().to_owned(),
+            secret: secret.trim().to_owned(),
+        };
+        match &ask.reattach {
+            Some(capability) if capability != &asked => {
+                return Err(format!(
+                    "box.reattach: {} and the capability's box.reattach name different sessions or secrets; ask in one place, or the same in both",
+                    part.source
+                ));
+            }
+            _ => ask.reattach = Some(asked),
         }
     }
     Ok(ask)
@@ -341,9 +404,25 @@ mod tests {
                 max_read_bytes: Some(5),
                 profile: Some("ci".to_owned()),
                 tighten: json!({"network": {"mode": "none"}}),
+                reattach: None,
             })
         );
         assert_eq!(read_ask(json!({}).as_object()), Ok(Ask::default()));
+        let reattach = json!({"capabilities": {"experimental": {EXECUTOR_KEY: {
+            "box": {"reattach": {"session": "s1", "secret": "k"}}
+        }}}});
+        assert_eq!(
+            read_ask(reattach.as_object()).unwrap().reattach,
+            Some(Reattach {
+                session: "s1".to_owned(),
+                secret: "k".to_owned()
+            })
+        );
+        let bad = json!({"capabilities": {"experimental": {EXECUTOR_KEY: {
+            "box": {"reattach": {"session": "s1"}}
+        }}}});
+        let error = read_ask(bad.as_object()).unwrap_err();
+        assert!(error.contains(".box.reattach.secret"), "{error}");
         let bad =
             json!({"capabilities": {"experimental": {EXECUTOR_KEY: {"box": {"profile": 3}}}}});
         let error = read_ask(bad.as_object()).unwrap_err();
@@ -380,6 +459,7 @@ mod tests {
             max_read_bytes,
             profile: profile.map(str::to_owned),
             tighten,
+            reattach: None,
         }
     }
 
@@ -392,6 +472,7 @@ mod tests {
             profile: profile.map(|text| AskPart::new(text, "the path /mcp/p/x")),
             tighten: tighten.map(|text| AskPart::new(text, "the Box-Tighten header")),
             max_read_bytes: bytes.map(|text| AskPart::new(text, "the Box-Max-Read-Bytes header")),
+            reattach: None,
         }
     }
 
@@ -441,6 +522,36 @@ mod tests {
             ),
             Ok(asked)
         );
+    }
+
+    #[test]
+    fn a_reattach_header_is_the_capabilitys_reattach() {
+        let header = TransportAsk {
+            reattach: Some(AskPart::new("s1:k", "the Box-Reattach header")),
+            ..TransportAsk::default()
+        };
+        let asked = merge_ask(Ask::default(), &header).unwrap();
+        assert_eq!(
+            asked.reattach,
+            Some(Reattach {
+                session: "s1".to_owned(),
+                secret: "k".to_owned()
+            })
+        );
+        let bad = TransportAsk {
+            reattach: Some(AskPart::new("s1", "the Box-Reattach header")),
+            ..TransportAsk::default()
+        };
+        let error = merge_ask(Ask::default(), &bad).unwrap_err();
+        assert!(error.contains("SESSION:SECRET"), "{error}");
+        let other = Ask {
+            reattach: Some(Reattach {
+                session: "s2".to_owned(),
+                secret: "k".to_owned(),
+            }),
+            ..Ask::default()
+        };
+        assert!(merge_ask(other, &header).is_err());
     }
 
     #[test]

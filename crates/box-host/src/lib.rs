@@ -20,6 +20,7 @@ mod redact;
 pub mod router;
 mod run;
 pub mod session;
+pub mod state;
 pub mod units;
 
 use std::path::PathBuf;
@@ -65,6 +66,12 @@ pub struct ServeConfig {
     /// How `box/fork` and `box/merge` run git: confined by the binary
     /// (`box confine`). `None`: forks are copies.
     pub fork_git: Option<box_fork::Git>,
+    /// Where sessions' identities are kept for reattach (`--state`); `None`
+    /// keeps nothing.
+    pub state: Option<PathBuf>,
+    /// Take over from the live host of the same instance (`--takeover`):
+    /// SIGHUP it, wait for it to hand off and exit, then start.
+    pub takeover: bool,
 }
 
 /// What `box run` asks of the host, as plain values (the binary turns its
@@ -137,6 +144,17 @@ pub struct HostConfig {
     pub fork_git: Option<box_fork::Git>,
     /// Where forked workspaces live, per instance and session (see `fork`).
     pub fork_dir: std::path::PathBuf,
+    /// Where sessions' identities are persisted (`box serve --state`);
+    /// `None`: nothing is kept, no session can be reattached.
+    pub state: Option<state::Store>,
+    /// Sessions of a dead host whose units this host re-adopted at start,
+    /// waiting for their clients to reattach.
+    pub reattachable: state::Reattachable,
+    /// SIGHUP: the host hands its kept sessions to the next process instead
+    /// of ending them.
+    pub handoff: std::sync::atomic::AtomicBool,
+    /// Sessions handed off (their calls drained, their units left).
+    pub parked: std::sync::atomic::AtomicUsize,
 }
 
 impl HostConfig {
@@ -158,8 +176,19 @@ impl HostConfig {
             runtime_dir: egress::default_runtime_dir(),
             fork_git: None,
             fork_dir: default_fork_dir(),
+            state: None,
+            reattachable: state::Reattachable::default(),
+            handoff: std::sync::atomic::AtomicBool::new(false),
+            parked: std::sync::atomic::AtomicUsize::new(0),
         }
     }
+}
+
+/// Where `box serve` keeps sessions' identities by default:
+/// `$XDG_STATE_HOME/box/sessions`, else `~/.local/state/box/sessions`
+/// (`/var/lib/box/sessions` for root).
+pub fn default_state_dir() -> PathBuf {
+    default_fork_dir().with_file_name("sessions")
 }
 
 /// Where forked workspaces live: `$XDG_STATE_HOME/box/forks`, else
@@ -242,6 +271,16 @@ const SWEEP_WAIT: Duration = Duration::from_secs(30);
 /// this instance id before was last alive, if one did. Live and unknown
 /// instances' units are never touched.
 pub async fn sweep_orphans(config: &HostConfig, own_last_alive: Option<std::time::SystemTime>) {
+    sweep_orphans_except(config, own_last_alive, &std::collections::HashSet::new()).await;
+}
+
+/// [`sweep_orphans`], leaving the units whose backend ids are in `keep` (a
+/// persisted session's: re-adopted, or left to their lease).
+pub async fn sweep_orphans_except(
+    config: &HostConfig,
+    own_last_alive: Option<std::time::SystemTime>,
+    keep: &std::collections::HashSet<String>,
+) {
     let units = match config.backend.list().await {
         Ok(units) => units,
         Err(error) => {
@@ -259,6 +298,9 @@ pub async fn sweep_orphans(config: &HostConfig, own_last_alive: Option<std::time
     let mut waiting = std::collections::BTreeSet::new();
     let mut orphans = Vec::new();
     for unit in units {
+        if keep.contains(&unit.id) {
+            continue;
+        }
         let last_alive = if unit.instance == config.instance {
             own_last_alive
         } else if liveness(&dir, &unit.instance) == Liveness::Dead {
@@ -327,12 +369,21 @@ fn watch_signals(shutdown: CancellationToken, config: Arc<HostConfig>) -> anyhow
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     tokio::spawn(async move {
         let mut first: Option<tokio::time::Instant> = None;
         loop {
             let code = tokio::select! {
                 _ = term.recv() => 143,
                 _ = interrupt.recv() => 130,
+                _ = hangup.recv(), if first.is_none() && config.state.is_some() => {
+                    first = Some(tokio::time::Instant::now());
+                    tracing::info!("SIGHUP: handing the kept sessions to the next `box serve --state` process: their calls drain, then this process exits leaving their units");
+                    config.handoff.store(true, std::sync::atomic::Ordering::SeqCst);
+                    shutdown.cancel();
+                    tokio::spawn(exit_when_handed_off(config.clone()));
+                    continue;
+                }
             };
             match first {
                 None => {
@@ -360,6 +411,20 @@ fn watch_signals(shutdown: CancellationToken, config: Arc<HostConfig>) -> anyhow
         }
     });
     Ok(())
+}
+
+/// After a SIGHUP: exit once every session is handed off (parked) or ended,
+/// bounded by the drain and the end wait.
+async fn exit_when_handed_off(config: Arc<HostConfig>) {
+    let deadline = tokio::time::Instant::now() + config.drain + END_WAIT;
+    loop {
+        let parked = config.parked.load(std::sync::atomic::Ordering::SeqCst);
+        if parked >= config.metrics.session_tasks() || tokio::time::Instant::now() >= deadline {
+            tracing::info!(sessions = parked, "handed off; exiting");
+            std::process::exit(0);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Remove, once, every unit the ledger knows the id of; those confirmed gone
@@ -429,7 +494,16 @@ pub(crate) fn claim_instance(
     listen: Option<&str>,
 ) -> anyhow::Result<box_backend::instance::InstanceLock> {
     use box_backend::instance;
-    let id = match (requested, listen) {
+    let id = instance_id(requested, listen);
+    instance::InstanceLock::acquire(&instance::default_dir(), &id)
+        .with_context(|| format!("claiming instance `{id}`"))
+}
+
+/// The instance id a host claims: the one asked for, one per listen address
+/// on HTTP, a fresh one otherwise.
+fn instance_id(requested: Option<&str>, listen: Option<&str>) -> String {
+    use box_backend::instance;
+    match (requested, listen) {
         (Some(id), _) => id.to_owned(),
         // An ephemeral port names no lasting host: two such hosts are two
         // instances, not one claimed twice.
@@ -448,9 +522,58 @@ pub(crate) fn claim_instance(
             format!("http-{address}")
         }
         (None, None) => instance::new_id(),
-    };
-    instance::InstanceLock::acquire(&instance::default_dir(), &id)
-        .with_context(|| format!("claiming instance `{id}`"))
+    }
+}
+
+/// How long `--takeover` waits for the host it signalled to hand off and exit.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(60);
+
+/// `box serve --takeover`: the live host of this instance (the same listen
+/// address, or `--instance`) is sent SIGHUP, and the instance is claimed
+/// once it has handed its sessions off and exited; with no live host, it is
+/// claimed at once.
+async fn take_over(serve: &ServeConfig) -> anyhow::Result<box_backend::instance::InstanceLock> {
+    use box_backend::instance;
+    if serve.listen.is_none() || serve.state.is_none() {
+        anyhow::bail!(
+            "--takeover needs --listen and a state directory (--state): the sessions are handed over through it"
+        );
+    }
+    let mut signalled = None;
+    let deadline = tokio::time::Instant::now() + TAKEOVER_WAIT;
+    loop {
+        match claim_instance(serve.instance.as_deref(), serve.listen.as_deref()) {
+            Ok(lock) => {
+                if let Some(pid) = signalled {
+                    tracing::info!(pid, "took over from the previous host");
+                }
+                return Ok(lock);
+            }
+            Err(error) => {
+                if signalled.is_none() {
+                    let id = instance_id(serve.instance.as_deref(), serve.listen.as_deref());
+                    let Some(pid) = instance::holder_pid(&instance::default_dir(), &id) else {
+                        return Err(error
+                            .context("--takeover: no pid of the live host in its instance lock"));
+                    };
+                    tracing::info!(pid, instance = %id, "--takeover: asking the live host to hand its sessions off (SIGHUP)");
+                    nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGHUP,
+                    )
+                    .with_context(|| format!("--takeover: signalling the live host, pid {pid}"))?;
+                    signalled = Some(pid);
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(error.context(format!(
+                        "--takeover: the live host did not hand off and exit within {}",
+                        humantime::format_duration(TAKEOVER_WAIT)
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
 
 /// A host ready to serve sessions: what they share, the token that ends
@@ -474,17 +597,26 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
     config.default_profile = serve.profile.clone();
     config.drain = serve.drain;
     config.fork_git = serve.fork_git.clone();
-    let instance = claim_instance(serve.instance.as_deref(), serve.listen.as_deref())?;
+    let instance = if serve.takeover {
+        take_over(&serve).await?
+    } else {
+        claim_instance(serve.instance.as_deref(), serve.listen.as_deref())?
+    };
     config.instance = instance.id().to_owned();
     if let Some(path) = &serve.audit {
         config.audit =
             Some(audit::Audit::open(path).with_context(|| format!("--audit {}", path.display()))?);
     }
+    if let Some(dir) = &serve.state {
+        config.state = Some(state::Store::open(dir).map_err(|why| anyhow::anyhow!(why))?);
+    }
     let config = Arc::new(config);
+    // Before the sweep, which leaves every persisted unit alone.
+    let persisted = state::adopt_all(&config);
     // Bounded: an engine that stalls must not keep the host from serving.
     if tokio::time::timeout(
         SWEEP_WAIT,
-        sweep_orphans(&config, instance.previous_heartbeat()),
+        sweep_orphans_except(&config, instance.previous_heartbeat(), &persisted),
     )
     .await
     .is_err()

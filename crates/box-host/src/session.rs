@@ -31,6 +31,7 @@ use super::ask::{
 };
 use super::redact::{self, SessionRedactor};
 use super::router::{Router, UnitMessage};
+use super::state;
 use super::units::{
     ExecutorLink, FIRST_REQUEST_ID, InitProgress, StartWiring, Tracked, UnitEvent, describe_end,
     initialize_executor, link_unit, remove_until_gone, start_units,
@@ -298,6 +299,8 @@ struct Tag {
     /// A process method whose answer carries output (`read`, `close`): the
     /// process id as the unit knows it, and the fd read.
     process: Option<(String, u8)>,
+    /// Its id at the unit, once forwarded (the call journal's key).
+    unit_id: Option<u64>,
 }
 
 /// How an answer is changed on its way back.
@@ -389,6 +392,11 @@ struct Live {
     /// narrows further.
     profile: box_policy::profile::Profile,
     tighten: Value,
+    /// The journal of calls in flight, when the session's identity is kept.
+    journal: Option<state::Journal>,
+    /// After a reattach: the calls the dead host sent and never saw
+    /// answered, by unit and id at the unit.
+    late: std::collections::HashMap<(usize, u64), Value>,
 }
 
 enum Route {
@@ -465,6 +473,26 @@ impl Session {
             }
         };
         let why = self.serve(&mut live, &mut inbound).await;
+        if self.host.is_cancelled()
+            && live.journal.is_some()
+            && self
+                .config
+                .handoff
+                .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            // SIGHUP: its calls drained, the session is left to the next
+            // host (its units, its state file); this process exits holding
+            // them, so nothing closes an executor's input.
+            tracing::info!(session = %self.id, "session handed off: its units are left for the next host to re-adopt");
+            drain(
+                &mut inbound,
+                "the host is handing its sessions to a new process; reattach",
+            );
+            self.config
+                .parked
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::future::pending::<()>().await;
+        }
         tracing::info!(session = %self.id, why = %why, "session ending");
         drain(&mut inbound, &why);
         self.finish(&mut live, &why).await;
@@ -483,6 +511,11 @@ impl Session {
         let ask = read_ask(client_params)
             .and_then(|ask| merge_ask(ask, &self.transport_ask))
             .map_err(StartError::params)?;
+        if let Some(reattach) = ask.reattach.clone() {
+            // Its units may still be being re-adopted.
+            self.config.reattachable.settled(&reattach.session).await;
+            return self.reattach(client_params, &ask, reattach, version).await;
+        }
         let profile_name = ask
             .profile
             .clone()
@@ -752,6 +785,10 @@ impl Session {
         let envelopes: Vec<&Envelope> = units.iter().map(|unit| &unit.envelope).collect();
         let mut result = initialize_result(&plan, &envelopes, workspace, &initialized, version);
         redactor.message(&mut result);
+        let kept = self.persist(&plan, &ask, version, &units, &initialized, &mut result);
+        let journal = kept
+            .then(|| self.config.state.as_ref()?.journal(&self.id))
+            .flatten();
         let _ = self.version.set(version);
         tracing::info!(
             session = %self.id,
@@ -780,6 +817,309 @@ impl Session {
                 profile,
                 tighten: ask.tighten.clone(),
                 masks,
+                journal,
+                late: Default::default(),
+            },
+            result,
+        ))
+    }
+
+    /// Keep the session's identity in the state directory (`--state`) and
+    /// give the client its reattach secret in `result` (`box.session`). A
+    /// session whose identity cannot be kept runs on without one (logged).
+    fn persist(
+        &self,
+        plan: &Plan,
+        ask: &super::ask::Ask,
+        version: &str,
+        units: &[Unit],
+        initialized: &[super::units::ExecutorStart],
+        result: &mut Value,
+    ) -> bool {
+        let Some(store) = &self.config.state else {
+            return false;
+        };
+        let (secret, secret_sha256) = state::new_secret();
+        let kind = self.config.backend.kind();
+        let record = state::SessionRecord {
+            version: state::VERSION,
+            session: self.id.clone(),
+            instance: self.config.instance.clone(),
+            secret_sha256,
+            profile: plan.profile.clone(),
+            tighten: ask.tighten.clone(),
+            plan_digest: state::plan_digest(plan),
+            protocol_version: version.to_owned(),
+            started_unix_ms: state::unix_ms(),
+            initialize: result.clone(),
+            units: units
+                .iter()
+                .zip(initialized)
+                .map(|(unit, initialized)| state::UnitRecord {
+                    name: unit.spec.name.clone(),
+                    backend: kind.as_str().to_owned(),
+                    id: unit.envelope.id.clone(),
+                    identity: format!("{}/{}/{}", self.config.instance, self.id, unit.spec.name),
+                    image_id: unit.envelope.image_id.clone(),
+                    image_digest: unit.envelope.image_digest.clone(),
+                    run_dir: self.config.runtime_dir.join("units"),
+                    envelope: serde_json::to_value(&unit.envelope).unwrap_or(Value::Null),
+                    tools: initialized.tools.clone(),
+                })
+                .collect(),
+        };
+        // Each unit's run directory, as its backend reported it.
+        let mut record = record;
+        for (unit, persisted) in units.iter().zip(record.units.iter_mut()) {
+            match unit._renewal.as_ref().and_then(|renewal| renewal.run_dir()) {
+                Some(dir) => persisted.run_dir = dir.to_owned(),
+                None => {
+                    tracing::debug!(session = %self.id, unit = %unit.spec.name, "a unit without a run directory cannot be reattached; keeping no identity");
+                    return false;
+                }
+            }
+        }
+        match store.write(&record) {
+            Ok(()) => {
+                set_box_field(result, "session", json!({"id": self.id, "secret": secret}));
+                true
+            }
+            Err(why) => {
+                tracing::warn!(session = %self.id, %why, "the session's identity is not kept; it cannot be reattached after a restart");
+                false
+            }
+        }
+    }
+
+    /// Reattach to a session a dead host served, whose units this host
+    /// re-adopted at start: the secret proven, the client's ask the same as
+    /// persisted, every unit live. Refused loudly otherwise, naming what
+    /// differs; the units are never replaced by fresh ones.
+    async fn reattach(
+        &self,
+        client_params: Option<&serde_json::Map<String, Value>>,
+        ask: &super::ask::Ask,
+        reattach: super::ask::Reattach,
+        version: &'static str,
+    ) -> Result<(Live, Value), StartError> {
+        let refuse = |message: String| StartError {
+            code: code::INVALID_PARAMS,
+            message,
+            data: Some(json!({"field": "box.reattach"})),
+        };
+        if reattach.session != self.id {
+            return Err(refuse(format!(
+                "box.reattach.session: `{}` is not this session (`{}`); reattach with an initialize that carries no Mcp-Session-Id (HTTP) or is the first message of a new `box serve --state` (stdio)",
+                reattach.session, self.id
+            )));
+        }
+        let Some(adopted) = self.config.reattachable.take(&self.id) else {
+            return Err(refuse(format!(
+                "box.reattach: no session `{}` waits to be reattached on this host (it ended, was never kept, its host is alive, or its units were lost); initialize a new session",
+                self.id
+            )));
+        };
+        if !state::secret_matches(&reattach.secret, &adopted.record.secret_sha256) {
+            // An attacker guessing must not end the session for its owner.
+            self.config.reattachable.insert(adopted);
+            return Err(refuse(format!(
+                "box.reattach.secret: not the secret of session `{}`",
+                self.id
+            )));
+        }
+        let forget = || {
+            if let Some(store) = &self.config.state {
+                store.remove(&self.id);
+            }
+        };
+        // The client's ask must be the session's: what differs is named, and
+        // the session keeps waiting for an ask that matches.
+        let record = &adopted.record;
+        let differs = match (&ask.profile, &ask.tighten) {
+            (Some(profile), _) if profile != &record.profile => Some(format!(
+                "box.profile: the session runs profile `{}`, the reattach asks for `{profile}`",
+                record.profile
+            )),
+            (_, tighten) if !tighten.is_null() && tighten != &record.tighten => Some(format!(
+                "box.tighten: the session runs with tightening {}, the reattach asks for {tighten}",
+                record.tighten
+            )),
+            _ if version != record.protocol_version => Some(format!(
+                "protocolVersion: the session's executors speak {}, the reattach agreed {version}; ask for {}",
+                record.protocol_version, record.protocol_version
+            )),
+            _ => None,
+        };
+        if let Some(differs) = differs {
+            self.config.reattachable.insert(adopted);
+            return Err(refuse(differs));
+        }
+        let state::Adopted {
+            record,
+            units: reattached,
+        } = adopted;
+        let state::Reattached {
+            plan,
+            profile,
+            units: started,
+        } = match reattached {
+            Ok(reattached) => reattached,
+            Err(why) => {
+                forget();
+                return Err(refuse(format!(
+                    "session `{}` cannot be reattached: {why}; its units are left to their leases",
+                    self.id
+                )));
+            }
+        };
+        for spec in &plan.units {
+            if let WorkspaceSource::Host(path) = &spec.source
+                && !path.is_dir()
+            {
+                forget();
+                state::leave_to_lease(started);
+                return Err(refuse(format!(
+                    "unit {}: its workspace {} is gone; the session cannot be reattached and its units are left to their leases",
+                    spec.name,
+                    path.display()
+                )));
+            }
+        }
+        let mut secrets = redact::session_secrets(&plan, &(self.config.environment)());
+        // The credentials persisted in the workspace, read again: they are
+        // redacted from what the units send as they were before the restart.
+        if let Some(path) = plan
+            .units
+            .iter()
+            .find_map(|unit| match (&unit.role, &unit.source) {
+                (Role::Workspace, WorkspaceSource::Host(path)) => Some(path.clone()),
+                _ => None,
+            })
+        {
+            let session = self.id.clone();
+            let persisted =
+                tokio::task::spawn_blocking(move || redact::scan_persisted(&session, &path))
+                    .await
+                    .unwrap_or_default();
+            secrets.extend(persisted.secrets);
+        }
+        let redactor = SessionRedactor::new(&self.id, secrets).map_err(|why| {
+            StartError::internal(format!("building the session's redactor: {why}"))
+        })?;
+        let label = SessionLabel {
+            instance: self.config.instance.clone(),
+            session: self.id.clone(),
+            profile: plan.profile.clone(),
+        };
+        let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
+        let mut tasks = JoinSet::new();
+        let mut units = Vec::new();
+        for (index, ((unit, spec), persisted)) in started
+            .into_iter()
+            .zip(plan.units.iter().cloned())
+            .zip(&record.units)
+            .enumerate()
+        {
+            let key = self.config.ledger.starting(&self.id, &spec.name);
+            self.config.ledger.started(key, &unit.envelope.id);
+            let link = ExecutorLink::new(unit.io.stdin, unit.io.stdout);
+            let writer = link_unit(index, link, unit.ended, &events_tx, &mut tasks);
+            units.push(Unit {
+                key,
+                spec,
+                envelope: unit.envelope,
+                writer: Some(writer),
+                ended: None,
+                closed: false,
+                close_reason: None,
+                tools: persisted.tools.clone(),
+                _renewal: unit.renewal,
+                fork: None,
+                removed: false,
+            });
+        }
+        let workspace = units
+            .iter()
+            .position(|unit| unit.spec.role == Role::Workspace);
+        let mut result = record.initialize.clone();
+        let envelopes: Vec<Value> = units
+            .iter()
+            .map(|unit| {
+                let mut envelope = serde_json::to_value(&unit.envelope).unwrap_or(Value::Null);
+                envelope["reattached"] = json!(true);
+                envelope
+            })
+            .collect();
+        set_box_field(&mut result, "units", json!(envelopes));
+        set_box_field(&mut result, "reattached", json!(true));
+        // The calls in flight when the host died: their outcome is unknown
+        // (they may have run, in part or in full); said by the client's id.
+        let store = self.config.state.as_ref();
+        let unsettled = store.map_or_else(Vec::new, |store| {
+            store.unsettled_calls(&self.id, &record.units)
+        });
+        let unknown: Vec<Value> = unsettled.iter().map(|(_, _, call)| call.clone()).collect();
+        // Their answers, should the units still give them, reach the client
+        // as `notifications/box/lateAnswer` (this host's ids start far above).
+        let late: std::collections::HashMap<(usize, u64), Value> = unsettled
+            .into_iter()
+            .map(|(unit, unit_id, call)| ((unit, unit_id), call))
+            .collect();
+        if !unknown.is_empty() {
+            tracing::info!(session = %self.id, calls = unknown.len(), "calls in flight at the restart have an unknown outcome");
+        }
+        set_box_field(&mut result, "unknownOutcome", json!(unknown));
+        let journal = store.and_then(|store| store.journal(&self.id));
+        set_box_field(
+            &mut result,
+            "session",
+            json!({"id": self.id, "secret": reattach.secret}),
+        );
+        redactor.message(&mut result);
+        // This host serves the session now: a later restart finds it here.
+        if let Some(store) = &self.config.state {
+            let mut kept = record.clone();
+            kept.instance = self.config.instance.clone();
+            if let Err(why) = store.write(&kept) {
+                tracing::warn!(session = %self.id, %why, "updating the session's identity");
+            }
+        }
+        let _ = self.version.set(version);
+        tracing::info!(session = %self.id, profile = %plan.profile, units = units.len(), "session reattached");
+        let executor_params = executor_initialize_params(client_params, ask, version);
+        let count = units.len();
+        // Ids the dead host used may still be answered by the units: this
+        // host's start far above them (seconds since the epoch, shifted), so
+        // a late answer never matches a request of this host's.
+        // Its lifetime counts from its first start, not from the restart.
+        let age = Duration::from_millis(state::unix_ms().saturating_sub(record.started_unix_ms));
+        let started = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
+        let first_id = FIRST_REQUEST_ID
+            + (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_secs())
+                << 20);
+        Ok((
+            Live {
+                plan,
+                units,
+                workspace,
+                router: Router::new(count, first_id),
+                events_tx,
+                events_rx,
+                tasks,
+                last_activity: Instant::now(),
+                started,
+                redactor,
+                egress: Vec::new(),
+                executor_params,
+                label,
+                next_fork: 1,
+                profile,
+                tighten: record.tighten.clone(),
+                masks: None,
+                journal,
+                late,
             },
             result,
         ))
@@ -1062,8 +1402,16 @@ impl Session {
             overdue: false,
             rewrite,
             process,
+            unit_id: None,
         };
+        let client_id = upstream.get("id").cloned().unwrap_or(Value::Null);
         let (unit_id, upstream) = live.router.forward(unit, upstream, reply, tag);
+        if let Some(tag) = live.router.tag_mut(unit, unit_id) {
+            tag.unit_id = Some(unit_id);
+        }
+        if let Some(journal) = &live.journal {
+            journal.sent(unit, unit_id, &client_id, &method);
+        }
         if let Err(why) = send_to_unit(&live.units[unit], upstream) {
             if let Some(forward) = live.router.take(unit, unit_id) {
                 self.record(live, unit, &forward.tag, "unit_unavailable");
@@ -1293,9 +1641,38 @@ impl Session {
         }
     }
 
+    /// A unit's answer to a call the dead host sent before a reattach: sent to
+    /// the client as `notifications/box/lateAnswer {call, response}` (the
+    /// response under the client's id, redacted); `None` then, else the
+    /// message to route.
+    fn late_answer(&self, live: &mut Live, unit: usize, mut message: Value) -> Option<Value> {
+        if live.late.is_empty() || message.get("method").is_some() {
+            return Some(message);
+        }
+        let Some(call) = message
+            .get("id")
+            .and_then(Value::as_u64)
+            .and_then(|id| live.late.remove(&(unit, id)))
+        else {
+            return Some(message);
+        };
+        live.redactor.unit_message(unit, &mut message);
+        message["id"] = call["id"].clone();
+        let note = jsonrpc::notification(
+            "notifications/box/lateAnswer",
+            json!({"call": call, "response": message}),
+        );
+        let _ = self.general.try_send(note);
+        None
+    }
+
     fn on_unit(&self, live: &mut Live, event: UnitEvent) {
         match event {
-            UnitEvent::Message(unit, message) => match live.router.from_unit(unit, message) {
+            UnitEvent::Message(unit, message) => match self
+                .late_answer(live, unit, message)
+                .map(|message| live.router.from_unit(unit, message))
+                .unwrap_or(UnitMessage::Done)
+            {
                 UnitMessage::Answer {
                     forward,
                     mut response,
@@ -1917,6 +2294,9 @@ impl Session {
         if let Some(deadline) = &tag.deadline {
             deadline.abort();
         }
+        if let (Some(journal), Some(unit_id)) = (&live.journal, tag.unit_id) {
+            journal.done(unit, unit_id);
+        }
         let duration = tag.started.elapsed();
         // Counted under a tool the unit listed at start, or `other`: a
         // client's made-up names never become series.
@@ -1944,6 +2324,10 @@ impl Session {
     /// End the session: answer what is in flight, close every executor's input
     /// (their processes end), wait a little for them, then remove every unit.
     async fn finish(&self, live: &mut Live, why: &str) {
+        // Ending normally: nothing is left to reattach to.
+        if let Some(store) = &self.config.state {
+            store.remove(&self.id);
+        }
         for unit in 0..live.units.len() {
             for forward in live.router.take_all(unit) {
                 self.record(live, unit, &forward.tag, "session_ended");
@@ -2092,6 +2476,19 @@ fn rewrite_answer(rewrite: &Rewrite, response: &mut Value) {
 /// Whether a forwarded request gets the profile's per-call deadline. The
 /// process methods that wait on the process (read, write, wait) are long polls
 /// by design and are bounded by the process, not by a call deadline.
+/// Sets `field` in the initialize result's box answer
+/// (`capabilities.experimental[EXECUTOR_KEY].box`).
+fn set_box_field(result: &mut Value, field: &str, value: Value) {
+    if let Some(answer) = result
+        .pointer_mut("/capabilities/experimental")
+        .and_then(|experimental| experimental.get_mut(EXECUTOR_KEY))
+        .and_then(|executor| executor.get_mut("box"))
+        .and_then(Value::as_object_mut)
+    {
+        answer.insert(field.to_owned(), value);
+    }
+}
+
 fn has_deadline(method: &str) -> bool {
     !matches!(
         method,

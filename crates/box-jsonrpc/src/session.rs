@@ -30,12 +30,18 @@ pub struct TransportAsk {
     pub tighten: Option<AskPart>,
     /// The read limit, as decimal text.
     pub max_read_bytes: Option<AskPart>,
+    /// The session to reattach to, `SESSION:SECRET` (HTTP's `Box-Reattach`;
+    /// read at initialize only).
+    pub reattach: Option<AskPart>,
 }
 
 impl TransportAsk {
     /// Whether nothing was asked.
     pub fn is_empty(&self) -> bool {
-        self.profile.is_none() && self.tighten.is_none() && self.max_read_bytes.is_none()
+        self.profile.is_none()
+            && self.tighten.is_none()
+            && self.max_read_bytes.is_none()
+            && self.reattach.is_none()
     }
 }
 

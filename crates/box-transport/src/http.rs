@@ -74,6 +74,8 @@ const VERSION_HEADER: &str = "mcp-protocol-version";
 const PROFILE_HEADER: &str = "box-profile";
 const TIGHTEN_HEADER: &str = "box-tighten";
 const MAX_READ_BYTES_HEADER: &str = "box-max-read-bytes";
+/// `SESSION:SECRET`: reattach to a session after its host restarted.
+const REATTACH_HEADER: &str = "box-reattach";
 /// How many unrelated server→client messages wait for a session's GET stream.
 const GENERAL_QUEUE: usize = 64;
 /// How long a DELETE waits for its session's units to be removed, by default.
@@ -600,6 +602,7 @@ fn transport_ask(path_profile: Option<&str>, headers: &HeaderMap) -> Result<Tran
         profile,
         tighten: ask_header(headers, TIGHTEN_HEADER, "Box-Tighten")?,
         max_read_bytes: ask_header(headers, MAX_READ_BYTES_HEADER, "Box-Max-Read-Bytes")?,
+        reattach: ask_header(headers, REATTACH_HEADER, "Box-Reattach")?,
     })
 }
 
@@ -673,7 +676,25 @@ async fn post_message(
     let Some(session_id) = session_header(&headers) else {
         return match kind {
             Some(Kind::Request { id, method }) if method == "initialize" => match ask {
-                Ok(ask) => initialize(&state, id, message, ask).await,
+                Ok(ask) => match crate::reattach_id(&message).or_else(|| {
+                    // The header form, `SESSION:SECRET`.
+                    let part = ask.reattach.as_ref()?;
+                    let (id, _) = part.text.split_once(':')?;
+                    let id = id.trim();
+                    crate::plausible_session_id(id).then(|| id.to_owned())
+                }) {
+                    Some(session_id) if state.lookup(&session_id).is_some() => json_response(
+                        StatusCode::OK,
+                        error_response(
+                            id,
+                            code::INVALID_PARAMS,
+                            format!(
+                                "box.reattach.session: session `{session_id}` is live on this host; send its requests with its Mcp-Session-Id instead of reattaching"
+                            ),
+                        ),
+                    ),
+                    reattach => initialize(&state, id, message, ask, reattach).await,
+                },
                 // Answered as the host answers a bad capability ask.
                 Err(why) => json_response(
                     StatusCode::OK,
@@ -817,6 +838,7 @@ async fn initialize(
     id: Value,
     message: Value,
     ask: TransportAsk,
+    reattach: Option<String>,
 ) -> Response {
     let Ok(permit) = state.permits.clone().try_acquire_owned() else {
         return json_response(
@@ -831,7 +853,7 @@ async fn initialize(
             ),
         );
     };
-    let session_id = mint_session_id();
+    let session_id = reattach.unwrap_or_else(mint_session_id);
     let (general_tx, general_rx) = mpsc::channel(GENERAL_QUEUE);
     let handle =
         state
@@ -1345,6 +1367,7 @@ mod tests {
                 profile: Some(AskPart::new("ci", "the path /mcp/p/ci")),
                 tighten: Some(AskPart::new(r#"{"servers": []}"#, "the Box-Tighten header")),
                 max_read_bytes: Some(AskPart::new("4096", "the Box-Max-Read-Bytes header")),
+                reattach: None,
             }
         );
         assert!(transport_ask(None, &HeaderMap::new()).unwrap().is_empty());
@@ -1388,6 +1411,7 @@ mod tests {
             profile: Some(AskPart::new("ci", "the path /mcp/p/ci")),
             tighten: Some(AskPart::new("{}", "the Box-Tighten header")),
             max_read_bytes: None,
+            reattach: None,
         };
         assert_eq!(same_ask(&started, &started), Ok(()));
         assert_eq!(same_ask(&started, &TransportAsk::default()), Ok(()));

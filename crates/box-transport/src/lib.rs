@@ -99,6 +99,31 @@ pub async fn forward_reply(mut stream: ReplyStream, out: mpsc::Sender<Value>) {
     }
 }
 
+/// The session a client asks to reattach to after its host restarted
+/// (`box.reattach.session` in the executor capability's ask): the session
+/// keeps its `Mcp-Session-Id`. Only an id box could have minted is taken;
+/// the host checks the secret and answers whether it is the client's.
+pub(crate) fn reattach_id(message: &Value) -> Option<String> {
+    if message.get("method").and_then(Value::as_str) != Some("initialize") {
+        return None;
+    }
+    let id = message
+        .pointer("/params/capabilities/experimental")?
+        .get(box_jsonrpc::EXECUTOR_KEY)?
+        .pointer("/box/reattach/session")?
+        .as_str()?;
+    plausible_session_id(id).then(|| id.to_owned())
+}
+
+/// Whether `id` could be a session id box minted (letters, digits, `-`, `_`).
+pub(crate) fn plausible_session_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_')
+}
+
 /// A JSON-RPC batch handed to its session (2025-03-26 sessions only).
 pub(crate) struct Batch {
     /// Answers already known: the refusals of members that are not messages.

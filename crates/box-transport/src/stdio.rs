@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{SessionFactory, TransportAsk};
 use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
+use box_jsonrpc::session::SessionHandle;
 use box_jsonrpc::{Kind, MessageError, classify, code, error_response, refusal};
 
 /// How many messages may wait for stdout.
@@ -156,15 +157,20 @@ pub async fn serve_on(
             }
         }
     });
-    let mut session_id = [0u8; 16];
-    rand::fill(&mut session_id);
-    let session = sessions.open(hex::encode(session_id), ask, out_tx.clone(), &shutdown);
+    // Opened at the first message: an initialize that reattaches (after a
+    // restart of `box serve --state`) names the session's id.
+    let mut opened: Option<SessionHandle> = None;
     let mut reader = LineReader::new(input, MAX_MESSAGE_BYTES);
     let in_flight = tokio_util::task::TaskTracker::new();
     let mut at_eof = false;
     loop {
         let line = tokio::select! {
-            () = session.ended() => break,
+            () = async {
+                match &opened {
+                    Some(session) => session.ended().await,
+                    None => std::future::pending().await,
+                }
+            } => break,
             // The session is ending too (a child of `shutdown`); stop reading.
             () = shutdown.cancelled() => break,
             line = reader.next() => line,
@@ -203,6 +209,14 @@ pub async fn serve_on(
                 continue;
             }
         };
+        let session = opened.get_or_insert_with(|| {
+            let id = crate::reattach_id(&message).unwrap_or_else(|| {
+                let mut session_id = [0u8; 16];
+                rand::fill(&mut session_id);
+                hex::encode(session_id)
+            });
+            sessions.open(id, ask.clone(), out_tx.clone(), &shutdown)
+        });
         match classify(&message) {
             Ok(Kind::Request { .. }) => {
                 let Ok(stream) = session.request(message).await else {
@@ -233,7 +247,7 @@ pub async fn serve_on(
                     let _ = out_tx.send(empty).await;
                     continue;
                 }
-                let Ok(batch) = crate::route_batch(&session, messages).await else {
+                let Ok(batch) = crate::route_batch(session, messages).await else {
                     break;
                 };
                 in_flight.spawn(answer_batch(batch, out_tx.clone()));
@@ -247,15 +261,17 @@ pub async fn serve_on(
     if at_eof {
         let _ = tokio::time::timeout(EOF_GRACE, in_flight.wait()).await;
     }
-    session.end();
-    // Bounded: an engine that stalls must not keep the host for ever; what is
-    // left then is named as the host exits.
-    let wait = sessions.end_wait();
-    if tokio::time::timeout(wait, session.ended()).await.is_err() {
-        tracing::error!(
-            "the session's units are not confirmed removed after {}; exiting",
-            humantime::format_duration(wait)
-        );
+    if let Some(session) = opened {
+        session.end();
+        // Bounded: an engine that stalls must not keep the host for ever; what is
+        // left then is named as the host exits.
+        let wait = sessions.end_wait();
+        if tokio::time::timeout(wait, session.ended()).await.is_err() {
+            tracing::error!(
+                "the session's units are not confirmed removed after {}; exiting",
+                humantime::format_duration(wait)
+            );
+        }
     }
     drop(out_tx);
     let _ = tokio::time::timeout(FLUSH_GRACE, writer).await;

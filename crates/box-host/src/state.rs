@@ -1,0 +1,874 @@
+//! Persisted session identities (`box serve --state DIR`): what a later host
+//! process needs to re-adopt a session's live units and serve the same
+//! session id to a client that proves it holds the session's reattach secret.
+//!
+//! One file per session, `<session id>.json`, written atomically (a temporary
+//! file in the same directory, fsync, rename, fsync of the directory); the
+//! directory is 0700 and each file 0600, both the host user's. A file that is
+//! not valid JSON, of another version, not owned by this user, readable or
+//! writable by others, or whose name and content disagree is logged and
+//! ignored, never trusted. The file holds no secret: the reattach secret as a
+//! SHA-256 digest only, and no unit key (a unit's key is read back from the
+//! engine, which holds it in the container's configuration anyway).
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::Digest as _;
+
+use box_backend::StartedUnit;
+use box_policy::plan::Plan;
+use box_policy::profile::Profile;
+
+/// The state file's format version; a file of any other is ignored.
+pub const VERSION: u32 = 1;
+
+/// A session's persisted identity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionRecord {
+    /// [`VERSION`].
+    pub version: u32,
+    /// The session id (HTTP's `Mcp-Session-Id`).
+    pub session: String,
+    /// The instance id of the host serving it: a later host re-adopts the
+    /// session only once that host is dead (its instance lock is free) or
+    /// when it is that instance itself.
+    pub instance: String,
+    /// SHA-256 of the reattach secret, hex.
+    pub secret_sha256: String,
+    /// The profile's name.
+    pub profile: String,
+    /// The tightening the session asked, as sent (`null` for none).
+    pub tighten: Value,
+    /// SHA-256 of the resolved plan as JSON ([`plan_digest`]).
+    pub plan_digest: String,
+    /// The protocol version the session's executors were initialized at.
+    pub protocol_version: String,
+    /// When the session started (milliseconds since the Unix epoch): its
+    /// lifetime counts from here across restarts.
+    pub started_unix_ms: u64,
+    /// The initialize result the client got, without `box.session`.
+    pub initialize: Value,
+    /// The session's units, in the plan's order.
+    pub units: Vec<UnitRecord>,
+}
+
+/// One unit of a persisted session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UnitRecord {
+    /// Its name in the plan.
+    pub name: String,
+    /// The backend that runs it.
+    pub backend: String,
+    /// The backend's id (container id).
+    pub id: String,
+    /// Its identity in its init's proofs.
+    pub identity: String,
+    /// The image id its container was created from.
+    pub image_id: String,
+    /// The image's registry digest, when known.
+    pub image_digest: Option<String>,
+    /// Its run directory on the host.
+    pub run_dir: PathBuf,
+    /// The envelope reported at start.
+    pub envelope: Value,
+    /// Its tool list, read before anything ran in it.
+    pub tools: Option<Value>,
+}
+
+/// SHA-256 of a plan as JSON, hex: equal plans, equal digests.
+pub fn plan_digest(plan: &Plan) -> String {
+    let text = serde_json::to_vec(&plan.to_json()).unwrap_or_default();
+    hex::encode(sha2::Sha256::digest(&text))
+}
+
+/// Now, in milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
+/// A new reattach secret (128 random bits, hex) and its SHA-256 digest.
+pub fn new_secret() -> (String, String) {
+    let secret = format!("{:032x}", rand::random::<u128>());
+    let digest = secret_digest(&secret);
+    (secret, digest)
+}
+
+/// SHA-256 of `secret`, hex.
+pub fn secret_digest(secret: &str) -> String {
+    hex::encode(sha2::Sha256::digest(secret.as_bytes()))
+}
+
+/// Whether `secret` is the one whose digest is `digest`, compared in time
+/// independent of where they differ.
+pub fn secret_matches(secret: &str, digest: &str) -> bool {
+    let given = secret_digest(secret);
+    given.len() == digest.len()
+        && given
+            .bytes()
+            .zip(digest.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+/// Whether `id` may name a state file (the ids box mints are hex).
+fn file_safe(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_')
+}
+
+/// The state directory.
+#[derive(Debug, Clone)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating) `dir`, mode 0700; refuses a directory of another
+    /// user's or one others may write.
+    pub fn open(dir: &Path) -> Result<Self, String> {
+        std::fs::create_dir_all(dir)
+            .map_err(|error| format!("--state {}: creating it: {error}", dir.display()))?;
+        let metadata = std::fs::metadata(dir)
+            .map_err(|error| format!("--state {}: {error}", dir.display()))?;
+        let uid = nix::unistd::geteuid().as_raw();
+        if metadata.uid() != uid {
+            return Err(format!(
+                "--state {}: owned by uid {}, not this user ({uid}); use a directory of your own",
+                dir.display(),
+                metadata.uid()
+            ));
+        }
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|error| format!("--state {}: setting mode 0700: {error}", dir.display()))?;
+        Ok(Self {
+            dir: dir.to_owned(),
+        })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path_of(&self, session: &str) -> Option<PathBuf> {
+        file_safe(session).then(|| self.dir.join(format!("{session}.json")))
+    }
+
+    /// Writes `record` atomically, mode 0600.
+    pub fn write(&self, record: &SessionRecord) -> Result<(), String> {
+        let path = self.path_of(&record.session).ok_or_else(|| {
+            format!(
+                "session id `{}` cannot name a state file (letters, digits, - and _ only)",
+                record.session
+            )
+        })?;
+        let text = serde_json::to_vec_pretty(record)
+            .map_err(|error| format!("encoding the session's state: {error}"))?;
+        let temporary = self.dir.join(format!(
+            ".{}.{:016x}.tmp",
+            record.session,
+            rand::random::<u64>()
+        ));
+        let written = (|| -> std::io::Result<()> {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&temporary)?;
+            file.write_all(&text)?;
+            file.sync_all()?;
+            std::fs::rename(&temporary, &path)?;
+            std::fs::File::open(&self.dir)?.sync_all()
+        })();
+        written.map_err(|error| {
+            let _ = std::fs::remove_file(&temporary);
+            format!("writing {}: {error}", path.display())
+        })
+    }
+
+    /// Removes `session`'s files (it ended normally); missing ones are fine.
+    pub fn remove(&self, session: &str) {
+        let paths = [self.path_of(session), self.journal_of(session)];
+        for path in paths.into_iter().flatten() {
+            if let Err(error) = std::fs::remove_file(&path)
+                && error.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %path.display(), %error, "removing a session's state file");
+            }
+        }
+    }
+
+    fn journal_of(&self, session: &str) -> Option<PathBuf> {
+        file_safe(session).then(|| self.dir.join(format!("{session}.calls")))
+    }
+
+    /// A new, empty journal of `session`'s calls in flight (0600).
+    pub fn journal(&self, session: &str) -> Option<Journal> {
+        let path = self.journal_of(session)?;
+        let opened = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path);
+        match opened {
+            Ok(file) => Some(Journal(file)),
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "opening the session's call journal; calls in flight at a restart will not be reported");
+                None
+            }
+        }
+    }
+
+    /// The calls `session`'s journal shows sent and never settled: those in
+    /// flight when its host died, `{id, unit, method}` each (the client's
+    /// id), in the order they were sent.
+    pub fn unsettled(&self, session: &str, units: &[UnitRecord]) -> Vec<Value> {
+        self.unsettled_calls(session, units)
+            .into_iter()
+            .map(|(_, _, call)| call)
+            .collect()
+    }
+
+    /// [`Store::unsettled`], each with the unit's index and the call's id at
+    /// the unit (where a late answer would come from).
+    pub fn unsettled_calls(&self, session: &str, units: &[UnitRecord]) -> Vec<(usize, u64, Value)> {
+        let Some(text) = self
+            .journal_of(session)
+            .and_then(|path| std::fs::read_to_string(path).ok())
+        else {
+            return Vec::new();
+        };
+        let mut open: Vec<(u64, u64, Value)> = Vec::new();
+        for line in text.lines() {
+            // A line cut short by the host's death is no evidence of anything.
+            let Ok(entry) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            let at = |key: &str| {
+                let pair = entry.get(key)?.as_array()?;
+                Some((pair.first()?.as_u64()?, pair.get(1)?.as_u64()?))
+            };
+            if let Some((unit, unit_id)) = at("sent") {
+                let name = usize::try_from(unit)
+                    .ok()
+                    .and_then(|index| units.get(index))
+                    .map_or_else(String::new, |unit| unit.name.clone());
+                open.push((
+                    unit,
+                    unit_id,
+                    serde_json::json!({
+                        "id": entry.get("id").cloned().unwrap_or(Value::Null),
+                        "unit": name,
+                        "method": entry.get("method").cloned().unwrap_or(Value::Null),
+                    }),
+                ));
+            } else if let Some(done) = at("done") {
+                open.retain(|(unit, unit_id, _)| (*unit, *unit_id) != done);
+            }
+        }
+        open.into_iter()
+            .filter_map(|(unit, unit_id, call)| Some((usize::try_from(unit).ok()?, unit_id, call)))
+            .collect()
+    }
+
+    /// Every record that can be trusted; each other file is logged and
+    /// skipped (left in place for whoever wants to look at it).
+    pub fn load(&self) -> Vec<SessionRecord> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(error) => {
+                tracing::warn!(dir = %self.dir.display(), %error, "reading the state directory");
+                return Vec::new();
+            }
+        };
+        let uid = nix::unistd::geteuid().as_raw();
+        let mut records = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Some(name) = path.file_name().and_then(|name| name.to_str()) else {
+                continue;
+            };
+            let Some(session) = name.strip_suffix(".json") else {
+                continue;
+            };
+            if name.starts_with('.') {
+                continue;
+            }
+            match read_record(&path, session, uid) {
+                Ok(record) => records.push(record),
+                Err(why) => {
+                    tracing::warn!(path = %path.display(), %why, "ignoring a session state file");
+                }
+            }
+        }
+        records
+    }
+}
+
+fn read_record(path: &Path, session: &str, uid: u32) -> Result<SessionRecord, String> {
+    let metadata = std::fs::symlink_metadata(path).map_err(|error| error.to_string())?;
+    if !metadata.file_type().is_file() {
+        return Err("not a regular file".to_owned());
+    }
+    if metadata.uid() != uid {
+        return Err(format!(
+            "owned by uid {}, not this user ({uid})",
+            metadata.uid()
+        ));
+    }
+    if metadata.mode() & 0o077 != 0 {
+        return Err(format!(
+            "mode {:o}: others may read or write it (box writes 0600)",
+            metadata.mode() & 0o777
+        ));
+    }
+    let text = std::fs::read(path).map_err(|error| error.to_string())?;
+    let version = serde_json::from_slice::<Value>(&text)
+        .map_err(|error| format!("not valid JSON: {error}"))?
+        .get("version")
+        .and_then(Value::as_u64);
+    if version != Some(u64::from(VERSION)) {
+        return Err(format!(
+            "version {version:?}, this box reads version {VERSION} only"
+        ));
+    }
+    let record: SessionRecord =
+        serde_json::from_slice(&text).map_err(|error| format!("not a session record: {error}"))?;
+    if record.session != session {
+        return Err(format!(
+            "names session `{}`, not the `{session}` of its file name",
+            record.session
+        ));
+    }
+    Ok(record)
+}
+
+/// A session's journal of calls in flight: a line when a call is sent to a
+/// unit (the client's id, the unit, its id there, the method; never the
+/// arguments) and one when it settles, so a later host can tell a
+/// reattached client which calls had an unknown outcome. Lines are written
+/// without fsync: they must survive the host process's death, which the
+/// page cache does, not the machine's.
+#[derive(Debug)]
+pub struct Journal(std::fs::File);
+
+impl Journal {
+    /// A call `unit_id` to unit `unit` for the client's `id`.
+    pub fn sent(&self, unit: usize, unit_id: u64, id: &Value, method: &str) {
+        self.line(&serde_json::json!({"sent": [unit, unit_id], "id": id, "method": method}));
+    }
+
+    /// Call `unit_id` to unit `unit` settled (answered, timed out,
+    /// cancelled, its unit gone).
+    pub fn done(&self, unit: usize, unit_id: u64) {
+        self.line(&serde_json::json!({"done": [unit, unit_id]}));
+    }
+
+    fn line(&self, entry: &Value) {
+        let mut line = entry.to_string().into_bytes();
+        line.push(b'\n');
+        // One write per line: appended whole or, at a crash, cut short.
+        if let Err(error) = (&self.0).write_all(&line) {
+            tracing::debug!(%error, "writing the session's call journal");
+        }
+    }
+}
+
+/// A persisted session whose units a starting host re-adopted (or failed
+/// to), waiting for its client to reattach.
+pub struct Adopted {
+    /// What was persisted.
+    pub record: SessionRecord,
+    /// The session, re-adopted; or why it cannot be reattached (its units
+    /// are left to their leases).
+    pub units: Result<Reattached, String>,
+}
+
+/// A persisted session whose every unit was re-adopted.
+pub struct Reattached {
+    /// The plan, resolved again from the persisted profile and tightening.
+    pub plan: Plan,
+    /// The profile it was resolved from.
+    pub profile: Profile,
+    /// The units, in the plan's order (their leases renewed from now on).
+    pub units: Vec<StartedUnit>,
+}
+
+/// Let re-adopted units go without ending them: their renewals stop at once,
+/// and their executors' input is held open until their leases have lapsed
+/// (dropping it would close the executor's stdin and end the unit now), so
+/// each unit ends by its lease, as a refused reattach promises.
+pub fn leave_to_lease(units: Vec<StartedUnit>) {
+    for unit in units {
+        let StartedUnit {
+            envelope,
+            io,
+            renewal,
+            ended: _,
+        } = unit;
+        drop(renewal);
+        let lease = envelope
+            .lifecycle
+            .map_or(Duration::from_secs(30), |lifecycle| {
+                Duration::from_millis(lifecycle.lease_ms)
+            });
+        tokio::spawn(async move {
+            tokio::time::sleep(lease * 2 + Duration::from_secs(5)).await;
+            drop(io);
+        });
+    }
+}
+
+/// Sessions waiting to be reattached, by session id, and those whose units
+/// are still being re-adopted (a reattach waits for them).
+#[derive(Default)]
+pub struct Reattachable {
+    ready: Mutex<HashMap<String, Adopted>>,
+    adopting: Mutex<std::collections::HashSet<String>>,
+    settled: tokio::sync::Notify,
+}
+
+impl Reattachable {
+    /// Adds `adopted` (its adoption has settled).
+    pub fn insert(&self, adopted: Adopted) {
+        let id = adopted.record.session.clone();
+        if let Ok(mut map) = self.ready.lock() {
+            map.insert(id.clone(), adopted);
+        }
+        self.settle(&id);
+    }
+
+    /// Marks `id` as being re-adopted.
+    pub fn adopting(&self, id: &str) {
+        if let Ok(mut set) = self.adopting.lock() {
+            set.insert(id.to_owned());
+        }
+    }
+
+    /// `id`'s adoption has settled (with an entry or without one).
+    pub fn settle(&self, id: &str) {
+        if let Ok(mut set) = self.adopting.lock() {
+            set.remove(id);
+        }
+        self.settled.notify_waiters();
+    }
+
+    /// Waits until `id` is not being re-adopted any more.
+    pub async fn settled(&self, id: &str) {
+        loop {
+            let notified = self.settled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let waiting = self.adopting.lock().is_ok_and(|set| set.contains(id));
+            if !waiting {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Takes the session `id`'s entry.
+    pub fn take(&self, id: &str) -> Option<Adopted> {
+        self.ready.lock().ok()?.remove(id)
+    }
+
+    /// How many sessions wait.
+    pub fn len(&self) -> usize {
+        self.ready.lock().map(|map| map.len()).unwrap_or(0)
+    }
+
+    /// Takes every entry.
+    pub fn take_all(&self) -> Vec<Adopted> {
+        self.ready
+            .lock()
+            .map(|mut map| map.drain().map(|(_, adopted)| adopted).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether none waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// How long a host keeps renewing the leases of a re-adopted session its
+/// client has not reattached to; then the units are left to their leases.
+pub const REATTACH_WINDOW: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How long a re-adopted unit's init gets to reconnect (it retries every
+/// 250 ms to 1 s while its lease runs).
+const RECONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// At a host's start: for every trusted record in its state directory,
+/// resolve the plan again and re-adopt the units (concurrently, sessions
+/// and units alike, in a task of its own, so the host serves meanwhile),
+/// each session then waiting in [`crate::HostConfig::reattachable`] for its
+/// client; a reattach that comes first waits for its session's adoption.
+/// Returns the backend ids of every persisted unit, which the start-up sweep
+/// must leave alone (they are either re-adopted or left to their lease).
+pub fn adopt_all(config: &std::sync::Arc<crate::HostConfig>) -> std::collections::HashSet<String> {
+    let Some(store) = &config.state else {
+        return Default::default();
+    };
+    let records = store.load();
+    let ids = records
+        .iter()
+        .flat_map(|record| record.units.iter().map(|unit| unit.id.clone()))
+        .collect();
+    for record in &records {
+        config.reattachable.adopting(&record.session);
+    }
+    let config = config.clone();
+    tokio::spawn(async move {
+        let clock = std::time::Instant::now();
+        let count = records.len();
+        futures::future::join_all(records.into_iter().map(|record| {
+            let config = &config;
+            async move {
+                let session = record.session.clone();
+                match adopt(config, record).await {
+                    Some(adopted) => {
+                        match &adopted.units {
+                            Ok(reattached) => tracing::info!(%session, units = reattached.units.len(), "re-adopted a persisted session's units; waiting for its client to reattach"),
+                            Err(why) => tracing::warn!(%session, %why, "a persisted session cannot be reattached; its units are left to their leases"),
+                        }
+                        config.reattachable.insert(adopted);
+                    }
+                    None => config.reattachable.settle(&session),
+                }
+            }
+        }))
+        .await;
+        if count > 0 {
+            tracing::info!(sessions = count, elapsed = ?clock.elapsed(), "persisted sessions settled");
+        }
+        // A session nobody comes back for does not keep its units forever.
+        tokio::time::sleep(REATTACH_WINDOW).await;
+        for adopted in config.reattachable.take_all() {
+            if let Ok(reattached) = adopted.units {
+                leave_to_lease(reattached.units);
+            }
+            tracing::warn!(session = %adopted.record.session, "no client reattached within {}; its units are left to their leases", humantime::format_duration(REATTACH_WINDOW));
+            if let Some(store) = &config.state {
+                store.remove(&adopted.record.session);
+            }
+        }
+    });
+    ids
+}
+
+/// The dead hosts' instances this host holds because it re-adopted their
+/// units (which keep their instance's label): each held while any of those
+/// units' renewals runs ([`box_backend::Renewal::holding`]).
+static HELD_INSTANCES: std::sync::LazyLock<
+    Mutex<HashMap<String, std::sync::Weak<box_backend::instance::InstanceLock>>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// Instance `id` held for re-adopted units: the hold this host already has,
+/// or the dead instance's lock claimed now; `None` when its host is not
+/// known dead (a live host's session is its own: binding its units' sockets
+/// would take them from under it).
+fn hold_instance(id: &str) -> Option<Arc<box_backend::instance::InstanceLock>> {
+    use box_backend::instance::{InstanceLock, Liveness, default_dir, liveness};
+    let mut held = HELD_INSTANCES
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner());
+    if let Some(lock) = held.get(id).and_then(std::sync::Weak::upgrade) {
+        return Some(lock);
+    }
+    let dir = default_dir();
+    if liveness(&dir, id) != Liveness::Dead {
+        return None;
+    }
+    // Claiming it is the check that it is still dead.
+    match InstanceLock::adopt(&dir, id) {
+        Ok(lock) => {
+            let lock = Arc::new(lock);
+            held.insert(id.to_owned(), Arc::downgrade(&lock));
+            Some(lock)
+        }
+        Err(error) => {
+            tracing::debug!(instance = id, %error, "a dead host's instance could not be held");
+            None
+        }
+    }
+}
+
+async fn adopt(config: &crate::HostConfig, record: SessionRecord) -> Option<Adopted> {
+    // Units of another (dead) instance keep its label: holding it keeps
+    // every sweep and `box gc` from taking them for a dead host's leftovers
+    // once the old host's lease bound has passed.
+    let held = if record.instance == config.instance {
+        None
+    } else {
+        match hold_instance(&record.instance) {
+            Some(lock) => Some(lock),
+            None => {
+                tracing::debug!(session = %record.session, instance = %record.instance, "a persisted session's host is not known dead; leaving it");
+                return None;
+            }
+        }
+    };
+    let units = match config.catalog.load(&record.profile) {
+        Err(error) => Err(format!(
+            "profile `{}` no longer loads: {error}",
+            record.profile
+        )),
+        Ok(profile) => match (config.resolve)(&profile, &record.tighten, &config.facts) {
+            Err(error) => Err(format!(
+                "profile `{}` with the session's tightening no longer resolves: {error}",
+                record.profile
+            )),
+            Ok(plan) => adopt_units(config, &record, &plan).await.map(|mut units| {
+                if let Some(held) = &held {
+                    for unit in &mut units {
+                        unit.renewal = unit
+                            .renewal
+                            .take()
+                            .map(|renewal| renewal.holding(Arc::clone(held)));
+                    }
+                }
+                Reattached {
+                    plan,
+                    profile,
+                    units,
+                }
+            }),
+        },
+    };
+    Some(Adopted { record, units })
+}
+
+async fn adopt_units(
+    config: &crate::HostConfig,
+    record: &SessionRecord,
+    plan: &Plan,
+) -> Result<Vec<StartedUnit>, String> {
+    let digest = plan_digest(plan);
+    if digest != record.plan_digest {
+        return Err(format!(
+            "profile `{}` resolves to another plan than the session started with (plan digest {} then, {} now): the profile or the host's facts changed",
+            record.profile, record.plan_digest, digest
+        ));
+    }
+    // Before anything is adopted: a unit whose workspace is gone is not
+    // worth keeping alive.
+    for spec in &plan.units {
+        if let box_policy::plan::WorkspaceSource::Host(path) = &spec.source
+            && !path.is_dir()
+        {
+            return Err(format!(
+                "unit {}: its workspace {} is gone",
+                spec.name,
+                path.display()
+            ));
+        }
+    }
+    if plan.workspace_fork.is_some() {
+        return Err(
+            "a session on a forked workspace (source = \"fork\") cannot be reattached yet"
+                .to_owned(),
+        );
+    }
+    if let Some(unit) = plan
+        .units
+        .iter()
+        .find(|unit| unit.network.mode == box_policy::plan::NetworkMode::Egress)
+    {
+        return Err(format!(
+            "unit {}: an egress unit's proxy does not survive its host, so it cannot be reattached yet",
+            unit.name
+        ));
+    }
+    if plan.units.len() != record.units.len() {
+        return Err(format!(
+            "the plan has {} unit(s), the session persisted {}",
+            plan.units.len(),
+            record.units.len()
+        ));
+    }
+    let label = box_backend::SessionLabel {
+        instance: config.instance.clone(),
+        session: record.session.clone(),
+        profile: plan.profile.clone(),
+    };
+    let kind = config.backend.kind();
+    let mut asks = Vec::new();
+    for (spec, unit) in plan.units.iter().zip(&record.units) {
+        if unit.name != spec.name || unit.backend != kind.as_str() {
+            return Err(format!(
+                "unit {} on the {} backend was persisted, the plan and this host have unit {} on the {} backend",
+                unit.name,
+                unit.backend,
+                spec.name,
+                kind.as_str()
+            ));
+        }
+        let names = |key: &str| -> Vec<String> {
+            unit.envelope
+                .get(key)
+                .and_then(Value::as_array)
+                .map(|names| {
+                    names
+                        .iter()
+                        .filter_map(|name| name.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        asks.push(box_backend::AdoptUnit {
+            id: unit.id.clone(),
+            identity: unit.identity.clone(),
+            run_dir: unit.run_dir.clone(),
+            image_id: Some(unit.image_id.clone()).filter(|id| !id.is_empty()),
+            image_digest: unit.image_digest.clone(),
+            env_passed: names("envPassed"),
+            env_scrubbed: names("envScrubbed"),
+            timeout: RECONNECT_WAIT,
+        });
+    }
+    let results = futures::future::join_all(
+        plan.units
+            .iter()
+            .zip(&asks)
+            .map(|(spec, ask)| config.backend.adopt(&label, spec, ask)),
+    )
+    .await;
+    let mut units = Vec::new();
+    let mut lost = Vec::new();
+    for result in results {
+        match result {
+            Ok(unit) => units.push(unit),
+            Err(error) => lost.push(error.to_string()),
+        }
+    }
+    if !lost.is_empty() {
+        // The others are not kept alive for a session that cannot be served.
+        leave_to_lease(units);
+        return Err(format!("lost: {}", lost.join("; ")));
+    }
+    Ok(units)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(session: &str) -> SessionRecord {
+        SessionRecord {
+            version: VERSION,
+            session: session.to_owned(),
+            instance: "i".to_owned(),
+            secret_sha256: secret_digest("s"),
+            profile: "default".to_owned(),
+            tighten: Value::Null,
+            plan_digest: "d".to_owned(),
+            protocol_version: "2025-06-18".to_owned(),
+            started_unix_ms: 0,
+            initialize: serde_json::json!({}),
+            units: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn records_round_trip_with_private_modes_and_go_when_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state")).unwrap();
+        store.write(&record("abc")).unwrap();
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().mode() & 0o777;
+        assert_eq!(mode(store.dir()), 0o700);
+        assert_eq!(mode(&store.dir().join("abc.json")), 0o600);
+        assert_eq!(store.load(), vec![record("abc")]);
+        store.remove("abc");
+        assert_eq!(store.load(), Vec::new());
+    }
+
+    #[test]
+    fn corrupt_foreign_or_mismatched_files_are_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.write(&record("good")).unwrap();
+        let write = |name: &str, text: &str, mode: u32| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        write("bad.json", "{not json", 0o600);
+        let mut other = serde_json::to_value(record("v2")).unwrap();
+        other["version"] = serde_json::json!(2);
+        write("v2.json", &other.to_string(), 0o600);
+        write(
+            "open.json",
+            &serde_json::to_string(&record("open")).unwrap(),
+            0o644,
+        );
+        write(
+            "renamed.json",
+            &serde_json::to_string(&record("else")).unwrap(),
+            0o600,
+        );
+        assert_eq!(store.load(), vec![record("good")]);
+    }
+
+    #[test]
+    fn the_journal_names_the_calls_never_settled() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let journal = store.journal("s").unwrap();
+        journal.sent(0, 2, &serde_json::json!(7), "tools/call");
+        journal.sent(0, 3, &serde_json::json!("b"), "agentworkspace/process.wait");
+        journal.done(0, 2);
+        let unit = UnitRecord {
+            name: "workspace".to_owned(),
+            backend: "docker".to_owned(),
+            id: "c".to_owned(),
+            identity: "i".to_owned(),
+            image_id: String::new(),
+            image_digest: None,
+            run_dir: PathBuf::new(),
+            envelope: Value::Null,
+            tools: None,
+        };
+        // A line cut short at the host's death is skipped.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("s.calls"))
+            .unwrap()
+            .write_all(b"{\"done\": [0,")
+            .unwrap();
+        assert_eq!(
+            store.unsettled("s", &[unit]),
+            vec![
+                serde_json::json!({"id": "b", "unit": "workspace", "method": "agentworkspace/process.wait"})
+            ]
+        );
+        store.remove("s");
+        assert!(!dir.path().join("s.calls").exists());
+    }
+
+    #[test]
+    fn secrets_are_128_bits_and_compared_by_digest() {
+        let (secret, digest) = new_secret();
+        assert_eq!(secret.len(), 32);
+        assert!(secret_matches(&secret, &digest));
+        assert!(!secret_matches("wrong", &digest));
+        assert!(!file_safe("../x") && file_safe("ab-12_C"));
+    }
+}

@@ -1,0 +1,860 @@
+//! Issue 12: a session survives `kill -9` of its `box serve --listen` host.
+//! A new host started with the same `--state` re-adopts the live units, and
+//! the client that re-initializes with `box.reattach {session, secret}` gets
+//! the same `Mcp-Session-Id`, its unit's `/tmp` and its background process;
+//! a wrong secret, a changed profile or a removed container is refused,
+//! naming why.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio as Pipes};
+use std::time::Duration;
+
+use base64::Engine as _;
+use box_jsonrpc::EXECUTOR_KEY;
+use boxhost::backend::docker::DockerBackend;
+use serde_json::{Value, json};
+
+use crate::serve::post;
+use crate::support::{box_bin, under_ci};
+
+/// Whether the Docker engine answers and has box's base image; under CI
+/// their absence is a failure.
+async fn docker() -> bool {
+    let problem = match DockerBackend::connect().await {
+        Ok(backend) if backend.has_image("box-base:bookworm").await => return true,
+        Ok(_) => "box-base:bookworm is missing (scripts/images.sh)".to_owned(),
+        Err(error) => error.to_string(),
+    };
+    assert!(!under_ci(), "CI needs a Docker engine: {problem}");
+    eprintln!("\n*** DOCKER REATTACH TESTS NOT RUN: {problem} ***\n");
+    false
+}
+
+/// Where every host of one test keeps its state and finds its profiles.
+struct Setup {
+    instance: String,
+    port: u16,
+    state: tempfile::TempDir,
+    profiles: tempfile::TempDir,
+    workspace: tempfile::TempDir,
+    /// The hosts' instance locks, apart from other tests' hosts: a host
+    /// starting elsewhere on this machine sweeps a dead instance's units,
+    /// which would race these tests' re-adoption (docs/security.md).
+    instances: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new(name: &str) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let profiles = tempfile::tempdir().unwrap();
+        write_profile(profiles.path(), 300);
+        Self {
+            instance: format!("e2e-reattach-{name}-{}", std::process::id()),
+            port,
+            state: tempfile::tempdir().unwrap(),
+            profiles,
+            workspace: tempfile::tempdir().unwrap(),
+            instances: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn address(&self) -> SocketAddr {
+        format!("127.0.0.1:{}", self.port).parse().unwrap()
+    }
+
+    /// A `box serve --listen` host with this setup's state, ready to answer.
+    async fn serve(&self) -> Child {
+        let child = self.spawn(&[]);
+        self.answering(child).await
+    }
+
+    /// A `box serve --listen` host with this setup's state and `extra` flags.
+    fn spawn(&self, extra: &[&str]) -> Child {
+        self.spawn_as(&self.instance, extra)
+    }
+
+    /// [`spawn`](Self::spawn) under instance id `instance`.
+    fn spawn_as(&self, instance: &str, extra: &[&str]) -> Child {
+        Command::new(box_bin())
+            .args(["serve", "--backend", "docker", "--instance", instance])
+            .arg("--profiles")
+            .arg(self.profiles.path())
+            .arg("--state")
+            .arg(self.state.path().join("sessions"))
+            .arg("--workspace")
+            .arg(self.workspace.path())
+            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .env("BOX_INSTANCE_DIR", self.instances.path())
+            .stdin(Pipes::null())
+            .spawn()
+            .unwrap()
+    }
+
+    /// `child`, once the address answers.
+    async fn answering(&self, mut child: Child) -> Child {
+        for _ in 0..300 {
+            if tokio::net::TcpStream::connect(self.address()).await.is_ok() {
+                return child;
+            }
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("box serve did not listen on {}", self.address());
+    }
+
+    async fn initialize(&self, ask: Value) -> (Option<String>, Value) {
+        self.initialize_with(ask, &[]).await
+    }
+
+    async fn initialize_with(
+        &self,
+        ask: Value,
+        headers: &[(&str, &str)],
+    ) -> (Option<String>, Value) {
+        let message = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {"experimental": {EXECUTOR_KEY: {"box": ask}}},
+            "clientInfo": {"name": "reattach", "version": "1"}}});
+        let reply = post(self.address(), None, headers, &message).await;
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        let session = reply.header("mcp-session-id").map(str::to_owned);
+        let answer = reply.json();
+        if let Some(session) = &session {
+            let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+            post(self.address(), Some(session), &[], &ready).await;
+        }
+        (session, answer)
+    }
+
+    async fn call(&self, session: &str, id: u64, method: &str, params: Value) -> Value {
+        post(
+            self.address(),
+            Some(session),
+            &[],
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .await
+        .json()
+    }
+
+    async fn bash(&self, session: &str, id: u64, command: &str) -> String {
+        let answer = self
+            .call(
+                session,
+                id,
+                "tools/call",
+                json!({"name": "bash", "arguments": {"command": command}}),
+            )
+            .await;
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("bash {command}: {answer}"))
+            .to_owned()
+    }
+}
+
+/// A profile whose plan depends on `pids`.
+fn write_profile(dir: &Path, pids: u32) {
+    std::fs::write(
+        dir.join("re.toml"),
+        format!(
+            "description = \"reattach tests\"\nextends = \"default\"\n\n[limits]\npids = {pids}\n"
+        ),
+    )
+    .unwrap();
+}
+
+fn kill9(child: &mut Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+fn stop(child: &mut Child) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    child.wait().unwrap();
+}
+
+/// The session's `box.session` from an initialize answer.
+fn box_answer(answer: &Value) -> &Value {
+    &answer["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"]
+}
+
+async fn remove_containers(instance: &str) {
+    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
+    let filters = std::collections::HashMap::from([(
+        "label".to_owned(),
+        vec![format!("box.instance={instance}")],
+    )]);
+    let options =
+        boxhost::backend::docker::bollard::query_parameters::ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
+    for container in docker.list_containers(Some(options)).await.unwrap() {
+        if let Some(id) = container.id {
+            let _ = docker
+                .remove_container(
+                    &id,
+                    Some(boxhost::backend::docker::bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).build()),
+                )
+                .await;
+        }
+    }
+}
+
+fn decode(read: &Value) -> String {
+    let data = read["result"]["data"].as_str().unwrap_or_default();
+    String::from_utf8_lossy(
+        &base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap(),
+    )
+    .into_owned()
+}
+
+/// The whole path: kill -9, restart with the same state, a wrong secret
+/// refused (and the session still reattachable), then the right one: same
+/// session id, `reattached: true`, the `/tmp` file there, the background
+/// process's output since the restart readable and `process.wait` answering.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_survives_kill_9_of_its_host_and_reattaches() {
+    if !docker().await {
+        return;
+    }
+    let setup = Setup::new("path");
+    let mut host = setup.serve().await;
+    let (session, answer) = setup.initialize(json!({"profile": "re"})).await;
+    let session = session.unwrap_or_else(|| panic!("{answer}"));
+    let identity = box_answer(&answer)["session"].clone();
+    assert_eq!(identity["id"], json!(session), "{answer}");
+    let secret = identity["secret"].as_str().unwrap().to_owned();
+    assert!(secret.len() >= 32, "{secret}");
+    // The state file holds the secret's digest, never the secret.
+    let file = setup
+        .state
+        .path()
+        .join("sessions")
+        .join(format!("{session}.json"));
+    let kept = std::fs::read_to_string(&file).unwrap();
+    assert!(!kept.contains(&secret), "{kept}");
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    setup
+        .bash(&session, 1, "echo kept > /tmp/survivor.txt")
+        .await;
+    let started = setup
+        .call(
+            &session,
+            2,
+            "agentworkspace/process.start",
+            json!({"args": ["sh", "-c", "i=0; while [ $i -lt 40 ]; do echo line$i; i=$((i+1)); sleep 0.2; done"]}),
+        )
+        .await;
+    let process = started["result"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{started}"))
+        .to_owned();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // What was printed before the restart is read now, so what is read after
+    // it was printed since.
+    let before = setup
+        .call(
+            &session,
+            3,
+            "agentworkspace/process.read",
+            json!({"id": process, "fd": 1}),
+        )
+        .await;
+    assert!(decode(&before).contains("line0"), "{before}");
+    // A call in flight when the host dies: reported after the reattach as
+    // of unknown outcome, by the client's id.
+    let (address, waiting_session, waiting_process) =
+        (setup.address(), session.clone(), process.clone());
+    // A raw request whose connection dies with the host (no reply is read).
+    let body = json!({"jsonrpc": "2.0", "id": "in-flight", "method": "agentworkspace/process.wait",
+        "params": {"id": waiting_process}})
+    .to_string();
+    let mut in_flight = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {waiting_session}\r\nMCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut in_flight, request.as_bytes())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    kill9(&mut host);
+    drop(in_flight);
+    let mut host = setup.serve().await;
+
+    let (none, refused) = setup
+        .initialize(json!({"reattach": {"session": session, "secret": "0".repeat(32)}}))
+        .await;
+    assert_eq!(none, None, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("box.reattach.secret"), "{refused}");
+
+    let (again, answer) = setup
+        .initialize(json!({"reattach": {"session": session, "secret": secret}}))
+        .await;
+    assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
+    let units = box_answer(&answer)["units"].as_array().unwrap().clone();
+    assert!(!units.is_empty(), "{answer}");
+    assert!(
+        units.iter().all(|unit| unit["reattached"] == json!(true)),
+        "{answer}"
+    );
+    assert_eq!(box_answer(&answer)["reattached"], json!(true), "{answer}");
+    assert_eq!(
+        box_answer(&answer)["unknownOutcome"],
+        json!([{"id": "in-flight", "unit": "workspace", "method": "agentworkspace/process.wait"}]),
+        "{answer}"
+    );
+
+    let tmp = setup.bash(&session, 10, "cat /tmp/survivor.txt").await;
+    assert!(tmp.contains("kept"), "{tmp}");
+    let after = setup
+        .call(
+            &session,
+            11,
+            "agentworkspace/process.read",
+            json!({"id": process, "fd": 1}),
+        )
+        .await;
+    let text = decode(&after);
+    assert!(
+        text.contains("line") && !text.contains("line0\n"),
+        "output since the restart: {after}"
+    );
+    let waited = setup
+        .call(
+            &session,
+            12,
+            "agentworkspace/process.wait",
+            json!({"id": process}),
+        )
+        .await;
+    assert!(waited.get("result").is_some(), "{waited}");
+
+    // A normal end removes the units and the state file.
+    let reply = crate::serve::http(
+        setup.address(),
+        "DELETE",
+        "/mcp",
+        &[("Mcp-Session-Id", &session)],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert!(!file.exists());
+    stop(&mut host);
+    remove_containers(&setup.instance).await;
+}
+
+/// After a restart, a session whose profile changed and one whose container
+/// was removed are each refused naming why; neither gets fresh units.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_profile_or_a_removed_container_refuses_reattach() {
+    if !docker().await {
+        return;
+    }
+    let setup = Setup::new("refused");
+    let mut host = setup.serve().await;
+    let (changed, changed_answer) = setup.initialize(json!({"profile": "re"})).await;
+    let changed = changed.unwrap_or_else(|| panic!("{changed_answer}"));
+    let changed_secret = box_answer(&changed_answer)["session"]["secret"].clone();
+    let (removed, removed_answer) = setup.initialize(json!({})).await;
+    let removed = removed.unwrap_or_else(|| panic!("{removed_answer}"));
+    let removed_secret = box_answer(&removed_answer)["session"]["secret"].clone();
+    let removed_id = box_answer(&removed_answer)["units"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A session on a host directory of its own, removed while the host is down.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let gone_path = elsewhere.path().join("work");
+    std::fs::create_dir(&gone_path).unwrap();
+    std::fs::write(
+        setup.profiles.path().join("gone.toml"),
+        format!(
+            "description = \"a workspace that goes\"\nextends = \"default\"\n\n[workspace]\nsource = \"{}\"\n",
+            gone_path.display()
+        ),
+    )
+    .unwrap();
+    let (gone, gone_answer) = setup.initialize(json!({"profile": "gone"})).await;
+    let gone = gone.unwrap_or_else(|| panic!("{gone_answer}"));
+    let gone_secret = box_answer(&gone_answer)["session"]["secret"].clone();
+
+    kill9(&mut host);
+    write_profile(setup.profiles.path(), 301);
+    std::fs::remove_dir_all(&gone_path).unwrap();
+    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
+    docker
+        .remove_container(
+            &removed_id,
+            Some(
+                boxhost::backend::docker::bollard::query_parameters::RemoveContainerOptionsBuilder::new()
+                    .force(true)
+                    .build(),
+            ),
+        )
+        .await
+        .unwrap();
+    let mut host = setup.serve().await;
+
+    let (none, refused) = setup
+        .initialize(json!({"reattach": {"session": changed, "secret": changed_secret}}))
+        .await;
+    assert_eq!(none, None, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("profile `re`") && message.contains("plan digest"),
+        "{refused}"
+    );
+
+    // The header form of the ask.
+    let header = format!("{removed}:{}", removed_secret.as_str().unwrap());
+    let (none, refused) = setup
+        .initialize_with(json!({}), &[("Box-Reattach", &header)])
+        .await;
+    assert_eq!(none, None, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&removed_id) && message.contains("gone"),
+        "{refused}"
+    );
+
+    let (none, refused) = setup
+        .initialize(json!({"reattach": {"session": gone, "secret": gone_secret}}))
+        .await;
+    assert_eq!(none, None, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&gone_path.display().to_string()),
+        "the refusal names the missing workspace: {refused}"
+    );
+    stop(&mut host);
+    remove_containers(&setup.instance).await;
+}
+
+/// BENCHMARKS.md, "Reattach": 50 sessions on docker, `kill -9` of their
+/// host, a new host with the same state: the time from spawning it until
+/// all 50 have reattached (and until each has answered a `bash` call),
+/// against the time the same 50 sessions took to start, in the same run.
+/// Run: `CI=true cargo nextest run --workspace -E 'test(/reattach_of_50/)' --run-ignored only --no-capture`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: 50 docker units"]
+async fn bench_reattach_of_50_sessions() {
+    if !docker().await {
+        return;
+    }
+    const SESSIONS: usize = 50;
+    let setup = std::sync::Arc::new(Setup::new("bench"));
+    let mut host = setup.serve().await;
+    let clock = std::time::Instant::now();
+    let started = futures::future::join_all((0..SESSIONS).map(|_| {
+        let setup = setup.clone();
+        async move { setup.initialize(json!({})).await }
+    }))
+    .await;
+    let start_all = clock.elapsed();
+    let sessions: Vec<(String, Value)> = started
+        .into_iter()
+        .map(|(session, answer)| {
+            let secret = box_answer(&answer)["session"]["secret"].clone();
+            (session.unwrap_or_else(|| panic!("{answer}")), secret)
+        })
+        .collect();
+    kill9(&mut host);
+
+    let clock = std::time::Instant::now();
+    let mut host = setup.serve().await;
+    let listening = clock.elapsed();
+    let reattached = futures::future::join_all(sessions.iter().map(|(session, secret)| {
+        let setup = setup.clone();
+        async move {
+            let (again, answer) = setup
+                .initialize(json!({"reattach": {"session": session, "secret": secret}}))
+                .await;
+            assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
+        }
+    }))
+    .await;
+    let reattach_all = clock.elapsed();
+    assert_eq!(reattached.len(), SESSIONS);
+    futures::future::join_all(sessions.iter().map(|(session, _)| {
+        let setup = setup.clone();
+        async move {
+            let out = setup.bash(session, 1, "echo up").await;
+            assert!(out.contains("up"), "{out}");
+        }
+    }))
+    .await;
+    let answering = clock.elapsed();
+    println!(
+        "BENCH reattach of {SESSIONS} sessions: listening after {listening:?}, all reattached after {reattach_all:?}, all answered a bash call after {answering:?}; baseline: the same {SESSIONS} sessions started fresh in {start_all:?}; ratio reattach/start {:.3}",
+        reattach_all.as_secs_f64() / start_all.as_secs_f64()
+    );
+    stop(&mut host);
+    remove_containers(&setup.instance).await;
+}
+
+/// `box serve` over stdio with `--state`: one JSON-RPC line per message.
+struct Stdio {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<Value>,
+}
+
+impl Stdio {
+    fn serve(setup: &Setup) -> Self {
+        use std::io::BufRead as _;
+        let mut child = Command::new(box_bin())
+            .args(["serve", "--backend", "docker"])
+            .arg("--state")
+            .arg(setup.state.path().join("sessions"))
+            .arg("--workspace")
+            .arg(setup.workspace.path())
+            .env("RUST_LOG", "info")
+            .env("BOX_INSTANCE_DIR", setup.instances.path())
+            .stdin(Pipes::piped())
+            .stdout(Pipes::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(value) = serde_json::from_str(&line) {
+                    let _ = tx.send(value);
+                }
+            }
+        });
+        Self {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    fn send(&mut self, message: &Value) {
+        use std::io::Write as _;
+        writeln!(self.stdin, "{message}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn call(&mut self, id: u64, method: &str, params: Value) -> Value {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        loop {
+            let message = self
+                .lines
+                .recv_timeout(Duration::from_secs(90))
+                .unwrap_or_else(|_| panic!("no answer to {method}"));
+            if message["id"] == json!(id) {
+                return message;
+            }
+        }
+    }
+
+    fn wait_for(&mut self, wanted: impl Fn(&Value) -> bool) -> Value {
+        loop {
+            let message = self
+                .lines
+                .recv_timeout(Duration::from_secs(90))
+                .expect("the awaited message came");
+            if wanted(&message) {
+                return message;
+            }
+        }
+    }
+
+    fn initialize(&mut self, ask: Value) -> Value {
+        let answer = self.call(
+            0,
+            "initialize",
+            json!({"protocolVersion": "2025-06-18",
+                "capabilities": {"experimental": {EXECUTOR_KEY: {"box": ask}}},
+                "clientInfo": {"name": "reattach", "version": "1"}}),
+        );
+        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        answer
+    }
+}
+
+/// Over stdio: a new `box serve --state DIR` process given the reattach ask
+/// in its initialize serves the session whose host was killed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stdio_session_reattaches_in_a_new_serve_process() {
+    if !docker().await {
+        return;
+    }
+    let setup = Setup::new("stdio");
+    let mut first = Stdio::serve(&setup);
+    let answer = tokio::task::block_in_place(|| first.initialize(json!({})));
+    let identity = box_answer(&answer)["session"].clone();
+    let session = identity["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .to_owned();
+    let wrote = tokio::task::block_in_place(|| {
+        first.call(
+            1,
+            "tools/call",
+            json!({"name": "bash", "arguments": {"command": "echo stdio-kept > /tmp/kept.txt"}}),
+        )
+    });
+    assert!(wrote.get("result").is_some(), "{wrote}");
+    // A call in flight when the host dies: reported as unknown outcome, and
+    // its answer, when the unit gives it, reaches the client late.
+    first.send(&json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "touch /tmp/started; sleep 3; echo late-answer"}}}));
+    // Killed only once the call runs in the unit.
+    let mut probe = 6;
+    loop {
+        let seen = tokio::task::block_in_place(|| {
+            first.call(
+                probe,
+                "tools/call",
+                json!({"name": "bash", "arguments": {"command": "test -e /tmp/started && echo running"}}),
+            )
+        });
+        if seen.to_string().contains("running") {
+            break;
+        }
+        assert!(probe < 200, "the call never started: {seen}");
+        probe += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    kill9(&mut first.child);
+
+    let mut second = Stdio::serve(&setup);
+    let answer = tokio::task::block_in_place(|| {
+        second.initialize(json!({"reattach": {"session": session, "secret": identity["secret"]}}))
+    });
+    assert_eq!(box_answer(&answer)["reattached"], json!(true), "{answer}");
+    assert_eq!(
+        box_answer(&answer)["session"]["id"],
+        json!(session),
+        "{answer}"
+    );
+    assert_eq!(
+        box_answer(&answer)["unknownOutcome"],
+        json!([{"id": 5, "unit": "workspace", "method": "tools/call"}]),
+        "{answer}"
+    );
+    let late = tokio::task::block_in_place(|| {
+        second.wait_for(|message| message["method"] == json!("notifications/box/lateAnswer"))
+    });
+    assert_eq!(late["params"]["call"]["id"], json!(5), "{late}");
+    assert!(
+        late["params"]["response"]["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|text| text.contains("late-answer")),
+        "{late}"
+    );
+    let read = tokio::task::block_in_place(|| {
+        second.call(
+            2,
+            "tools/call",
+            json!({"name": "bash", "arguments": {"command": "cat /tmp/kept.txt"}}),
+        )
+    });
+    assert!(
+        read["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|text| text.contains("stdio-kept")),
+        "{read}"
+    );
+    // End of input ends the session normally: its units and its state go.
+    drop(second.stdin);
+    assert!(second.child.wait().unwrap().success());
+    assert!(
+        !setup
+            .state
+            .path()
+            .join("sessions")
+            .join(format!("{session}.json"))
+            .exists()
+    );
+}
+
+/// SIGHUP hands the kept sessions to the next process: a call in flight is
+/// answered by the old process, which then exits 0 leaving the units; a new
+/// `box serve` with the same state serves the same session id.
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_hands_sessions_to_the_next_process() {
+    if !docker().await {
+        return;
+    }
+    let setup = Setup::new("hup");
+    let mut host = setup.serve().await;
+    let (session, answer) = setup.initialize(json!({})).await;
+    let session = session.unwrap_or_else(|| panic!("{answer}"));
+    let secret = box_answer(&answer)["session"]["secret"].clone();
+    setup
+        .bash(&session, 1, "echo handed > /tmp/handed.txt")
+        .await;
+    let (address, calling) = (setup.address(), session.clone());
+    let in_flight = tokio::spawn(async move {
+        post(
+            address,
+            Some(&calling),
+            &[],
+            &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "bash", "arguments": {"command": "sleep 1; echo finished"}}}),
+        )
+        .await
+        .json()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(host.id() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let answered = in_flight.await.unwrap();
+    assert!(
+        answered["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|text| text.contains("finished")),
+        "the old process answers its call in flight: {answered}"
+    );
+    assert!(host.wait().unwrap().success());
+
+    let mut host = setup.serve().await;
+    let (again, answer) = setup
+        .initialize(json!({"reattach": {"session": session, "secret": secret}}))
+        .await;
+    assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
+    assert_eq!(box_answer(&answer)["unknownOutcome"], json!([]), "{answer}");
+    let kept = setup.bash(&session, 3, "cat /tmp/handed.txt").await;
+    assert!(kept.contains("handed"), "{kept}");
+    stop(&mut host);
+    remove_containers(&setup.instance).await;
+}
+
+/// `box serve --takeover` on the same address: the live host is sent SIGHUP,
+/// hands off and exits; the new one serves the same session.
+#[tokio::test(flavor = "multi_thread")]
+async fn takeover_replaces_the_live_host_without_losing_its_session() {
+    if !docker().await {
+        return;
+    }
+    let setup = Setup::new("takeover");
+    let mut old = setup.serve().await;
+    let (session, answer) = setup.initialize(json!({})).await;
+    let session = session.unwrap_or_else(|| panic!("{answer}"));
+    let secret = box_answer(&answer)["session"]["secret"].clone();
+    setup.bash(&session, 1, "echo over > /tmp/over.txt").await;
+
+    let new = setup.spawn(&["--takeover"]);
+    assert!(
+        old.wait().unwrap().success(),
+        "the old host hands off and exits 0"
+    );
+    let mut new = setup.answering(new).await;
+    let (again, answer) = setup
+        .initialize(json!({"reattach": {"session": session, "secret": secret}}))
+        .await;
+    assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
+    let kept = setup.bash(&session, 2, "cat /tmp/over.txt").await;
+    assert!(kept.contains("over"), "{kept}");
+    stop(&mut new);
+    remove_containers(&setup.instance).await;
+}
+
+/// A successor under another instance id re-adopts a dead host's session
+/// and, while it renews the units (which keep the dead instance's label),
+/// holds that instance: every sweep and `box gc` sees it alive, so the units
+/// are never taken for a dead host's leftovers once the old host's lease
+/// bound has passed. When the successor ends the session, the hold goes.
+#[tokio::test(flavor = "multi_thread")]
+async fn adopting_a_dead_hosts_session_holds_its_instance() {
+    use boxhost::backend::instance::{Liveness, liveness};
+    if !docker().await {
+        return;
+    }
+    let setup = Setup::new("held");
+    let mut host = setup.serve().await;
+    let (session, answer) = setup.initialize(json!({"profile": "re"})).await;
+    let session = session.unwrap_or_else(|| panic!("{answer}"));
+    let secret = box_answer(&answer)["session"]["secret"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    setup.bash(&session, 1, "echo kept > /tmp/held.txt").await;
+    kill9(&mut host);
+    let dead = setup.instance.clone();
+    assert_eq!(liveness(setup.instances.path(), &dead), Liveness::Dead);
+
+    let successor = format!("{dead}-next");
+    let spawned = setup.spawn_as(&successor, &[]);
+    let mut host = setup.answering(spawned).await;
+    let (again, answer) = setup
+        .initialize(json!({"reattach": {"session": session, "secret": secret}}))
+        .await;
+    assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
+    assert_eq!(
+        liveness(setup.instances.path(), &dead),
+        Liveness::Alive,
+        "the successor holds the dead host's instance while it renews its units"
+    );
+    // `box gc` of that instance, as a CI runner's cleanup would run it:
+    // refused or a no-op, never the live session's unit.
+    let gc = Command::new(box_bin())
+        .args(["gc", "--instance", &dead])
+        .env("BOX_INSTANCE_DIR", setup.instances.path())
+        .output()
+        .unwrap();
+    let tmp = setup.bash(&session, 2, "cat /tmp/held.txt").await;
+    assert!(
+        tmp.contains("kept"),
+        "{tmp}; gc said: {}",
+        String::from_utf8_lossy(&gc.stderr)
+    );
+
+    let reply = crate::serve::http(
+        setup.address(),
+        "DELETE",
+        "/mcp",
+        &[("Mcp-Session-Id", &session)],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_ne!(
+        liveness(setup.instances.path(), &dead),
+        Liveness::Alive,
+        "the hold ends with the last re-adopted unit"
+    );
+    stop(&mut host);
+    remove_containers(&dead).await;
+}
