@@ -681,6 +681,8 @@ async fn http_sessions_on_forked_workspaces_are_isolated_and_merge_back() {
         ])
         .arg("--workspace")
         .arg(ws)
+        .arg("--audit")
+        .arg(state.path().join("audit.jsonl"))
         .env("RUST_LOG", "warn")
         .env("XDG_STATE_HOME", state.path())
         .stdin(Stdio::null())
@@ -775,6 +777,60 @@ async fn http_sessions_on_forked_workspaces_are_isolated_and_merge_back() {
         "{still_b}"
     );
     assert_eq!(stored_forks(state.path()).len(), 2);
+
+    // A child of A's workspace: the audit log and the metrics show it with
+    // its parent; discarded, it leaves the unit counts as they were.
+    let forked = post(
+        address,
+        Some(&a),
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "box/fork", "params": {"mode": "copy"}}),
+    )
+    .await
+    .json();
+    let fork_unit = forked["result"]["unit"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{forked}"))
+        .to_owned();
+    let in_child = post(
+        address,
+        Some(&a),
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+            "params": {"name": "bash", "arguments": {"command": "ls"}, "_meta": {"box/unit": fork_unit}}}),
+    )
+    .await
+    .json();
+    assert!(in_child.get("result").is_some(), "{in_child}");
+    let discarded = post(
+        address,
+        Some(&a),
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 5, "method": "box/discard", "params": {"unit": fork_unit}}),
+    )
+    .await
+    .json();
+    assert_eq!(discarded["result"]["discarded"], json!(true), "{discarded}");
+    let audit = std::fs::read_to_string(state.path().join("audit.jsonl")).unwrap();
+    let child_lines: Vec<Value> = audit
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|line| line["unit"] == json!(fork_unit))
+        .collect();
+    assert!(
+        !child_lines.is_empty() && child_lines.iter().all(|line| line["parent"] == "workspace"),
+        "{audit}"
+    );
+    let metrics = http(address, "GET", "/metrics", &[], b"").await;
+    let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+    for want in [
+        "box_sessions_active 2",
+        "box_units{state=\"running\"} 2",
+        "box_forks_total{parent=\"workspace\"} 1",
+        "box_merges_total{outcome=\"merged\"} 1",
+    ] {
+        assert!(metrics.contains(want), "{want} in:\n{metrics}");
+    }
 
     for session in &sessions {
         let reply = http(

@@ -17,6 +17,9 @@ pub struct Record<'a> {
     pub session: &'a str,
     /// The unit's name.
     pub unit: &'a str,
+    /// What the unit was forked from (a `box/fork` child's parent unit, or
+    /// the host directory of a `source = "fork"` workspace); `None` otherwise.
+    pub parent: Option<&'a str>,
     /// The tool's name.
     pub tool: &'a str,
     /// The sha256 (hex) of the arguments' compact JSON.
@@ -49,7 +52,7 @@ impl Audit {
 
     /// Append one record; a failure is logged, never the call's.
     pub fn record(&self, record: &Record<'_>) {
-        let line = json!({
+        let mut line = json!({
             "time": now(),
             "session": record.session,
             "unit": record.unit,
@@ -58,6 +61,10 @@ impl Audit {
             "durationMs": record.duration.as_millis() as u64,
             "outcome": record.outcome,
         });
+        // Only a fork's lines carry it; the others are as they were.
+        if let Some(parent) = record.parent {
+            line["parent"] = json!(parent);
+        }
         self.append(&line);
     }
 

@@ -91,6 +91,19 @@ struct EgressLabels {
     reason: &'static str,
 }
 
+/// A fork's label: what it was forked from, `workspace` (a session's
+/// workspace unit) or `fork` (another child).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ForkLabels {
+    parent: &'static str,
+}
+
+/// A merge's label: `merged`, `refused` (a conflict, a bad ask) or `failed`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MergeLabels {
+    outcome: &'static str,
+}
+
 /// A unit count's label.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UnitLabels {
@@ -111,6 +124,8 @@ pub struct Metrics {
     call_duration: Histogram,
     unit_start_duration: Histogram,
     egress: Family<EgressLabels, Counter>,
+    forks: Family<ForkLabels, Counter>,
+    merges: Family<MergeLabels, Counter>,
     /// Session tasks running, started or not (what shutdown waits for).
     tasks: AtomicUsize,
 }
@@ -173,6 +188,18 @@ impl Default for Metrics {
             "Egress attempts through units' proxies, by outcome and refusal or failure reason",
             egress.clone(),
         );
+        let forks = Family::<ForkLabels, Counter>::default();
+        registry.register(
+            "box_forks",
+            "Child units started by box/fork, by what they were forked from (workspace, or fork: another child)",
+            forks.clone(),
+        );
+        let merges = Family::<MergeLabels, Counter>::default();
+        registry.register(
+            "box_merges",
+            "box/merge requests, by outcome (merged, refused: a conflict or a bad ask, failed)",
+            merges.clone(),
+        );
         registry.register(
             "box_build",
             "This box's version",
@@ -189,6 +216,8 @@ impl Default for Metrics {
             call_duration,
             unit_start_duration,
             egress,
+            forks,
+            merges,
             tasks: AtomicUsize::new(0),
         }
     }
@@ -209,6 +238,30 @@ impl Metrics {
         self.sessions_active.inc();
         self.units_running.inc_by(count(units));
         self.unit_start_duration.observe(latency.as_secs_f64());
+    }
+
+    /// A fork joined its session (a running unit of it, not a session),
+    /// forked from `parent` (`workspace` or `fork`), taking `latency`.
+    pub fn fork_started(&self, latency: Duration, parent: &'static str) {
+        self.units_running.inc();
+        self.unit_start_duration.observe(latency.as_secs_f64());
+        self.forks.get_or_create(&ForkLabels { parent }).inc();
+    }
+
+    /// A fork was discarded (`box/discard`); `ended`: it had ended on its
+    /// own before (and was counted so then).
+    pub fn fork_discarded(&self, ended: bool) {
+        if ended {
+            self.units_ended.dec();
+        } else {
+            self.units_running.dec();
+        }
+        self.units_removed.inc();
+    }
+
+    /// A `box/merge` ended with `outcome` (`merged`, `refused`, `failed`).
+    pub fn merge(&self, outcome: &'static str) {
+        self.merges.get_or_create(&MergeLabels { outcome }).inc();
     }
 
     /// A unit of a live session ended on its own (died, was killed).

@@ -2025,7 +2025,13 @@ impl Session {
             let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
             envelope.limits.set_start_timeout_ms(millis);
             tracing::info!(%session, unit = %name, from = %ask.from, mode = fork::mode_name(forked.mode_used), took_ms = clock.elapsed().as_millis() as u64, "forked a workspace unit");
-            config.metrics.unit_start(clock.elapsed(), 1);
+            // A fork of the workspace unit, or of another child.
+            let parent_kind = if ask.from == "workspace" {
+                "workspace"
+            } else {
+                "fork"
+            };
+            config.metrics.fork_started(clock.elapsed(), parent_kind);
             let started = ForkStarted {
                 id,
                 reply,
@@ -2135,6 +2141,8 @@ impl Session {
         };
         let Some(child) = child else { return };
         let config = self.config.clone();
+        // The merge runs off the session task, with its own handle.
+        let counted = self.config.clone();
         self.background.spawn(async move {
             let merged =
                 tokio::task::spawn_blocking(move || fork::merge(&config, &unit, &child, theirs))
@@ -2147,9 +2155,17 @@ impl Session {
                         ))
                     });
             match merged {
-                Ok(result) => reply.answer(result_response(id, result)),
+                Ok(result) => {
+                    counted.metrics.merge("merged");
+                    reply.answer(result_response(id, result));
+                }
                 Err((code, message, data)) => {
-                    reply.answer(error_response_with_data(id, code, message, data))
+                    counted.metrics.merge(if code == code::INTERNAL_ERROR {
+                        "failed"
+                    } else {
+                        "refused"
+                    });
+                    reply.answer(error_response_with_data(id, code, message, data));
                 }
             }
         });
@@ -2198,6 +2214,9 @@ impl Session {
             ));
         }
         let state = &mut live.units[index];
+        self.config
+            .metrics
+            .fork_discarded(state.envelope.state == UnitState::Ended);
         state.removed = true;
         // Not wanted any more: its lease is no longer renewed.
         state._renewal = None;
@@ -2313,6 +2332,10 @@ impl Session {
             audit.record(&super::audit::Record {
                 session: &self.id,
                 unit: &live.units[unit].spec.name,
+                parent: live.units[unit]
+                    .fork
+                    .as_ref()
+                    .map(|fork| fork.parent.as_str()),
                 tool,
                 arguments_sha256: tag.arguments_digest.as_deref().unwrap_or(""),
                 duration,
