@@ -98,6 +98,33 @@ fn python_sdk_drives_serve_over_http_on_every_backend() {
     sdk_over("serve_http.py");
 }
 
+/// Issue 11 with an unmodified client: the Python SDK forks, works in the
+/// child, merges and discards, over stdio and HTTP, on every backend.
+#[test]
+fn python_sdk_forks_merges_and_discards_on_every_backend() {
+    let Some(python) = crate::support::python_with_mcp() else {
+        return;
+    };
+    for backend in backends() {
+        for transport in ["stdio", "http"] {
+            let workspace = tempfile::tempdir().unwrap();
+            let workspace = workspace.path().to_str().unwrap();
+            run_script(
+                &python,
+                "fork_sdk.py",
+                &[
+                    "--backend",
+                    backend,
+                    "--workspace",
+                    workspace,
+                    "--transport",
+                    transport,
+                ],
+            );
+        }
+    }
+}
+
 /// The Python SDK, unmodified, asks for profile `ci` and a tightening without
 /// box's capability (headers, the path, `serve --profile --tighten`); the
 /// unit's environment shows the profile (`CI=true`), the envelopes the
