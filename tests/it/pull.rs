@@ -92,7 +92,11 @@ impl Drop for Registry {
 }
 
 /// An image of this test's own in `registry`: a unique layer on [`BASE`],
-/// pushed, then removed from the engine (its unique layer with it).
+/// pushed, then removed from the engine (its unique layer with it). The layer
+/// holds 1 MiB of random bytes: the engine reports a layer's download in
+/// bytes only when it is big enough to be read in more than one piece (a
+/// layer of a few bytes can go from "Pulling fs layer" straight to
+/// "Download complete", and then a pull has no byte count to report).
 struct Pushed {
     /// `ADDRESS/box-pull-test-SUFFIX`.
     repository: String,
@@ -109,7 +113,10 @@ impl Pushed {
         let tag = "v1".to_owned();
         let tagged = format!("{repository}:{tag}");
         let context = tempfile::tempdir().unwrap();
-        std::fs::write(context.path().join("unique"), format!("{suffix}\n")).unwrap();
+        let mut unique = vec![0u8; 1 << 20];
+        unique.fill_with(rand::random::<u8>);
+        unique.extend_from_slice(format!("\n{suffix}\n").as_bytes());
+        std::fs::write(context.path().join("unique"), unique).unwrap();
         std::fs::write(
             context.path().join("Dockerfile"),
             format!("FROM {BASE}\nCOPY unique /etc/box-pull-test\n"),
