@@ -15,7 +15,7 @@
 //!
 //! How a host uses it: claim an instance (`instance::InstanceLock::acquire(
 //! &instance::default_dir(), &instance::new_id())`, held for the host's life),
-//! `DockerBackend::connect()`, `sweep_orphans(&backend, lock.id())` once at
+//! `DockerBackend::connect()`, `box_host::sweep_orphans` once at
 //! start, then the host's `start_units` per session and `Backend::remove` of each
 //! unit when the session ends; `StartedUnit::ended` tells it why a unit died.
 //!

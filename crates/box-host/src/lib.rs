@@ -269,14 +269,9 @@ const SWEEP_WAIT: Duration = Duration::from_secs(30);
 /// has surely lapsed: until then their own init ends them (or a host with
 /// their state takes them back). `own_last_alive` is when the host that held
 /// this instance id before was last alive, if one did. Live and unknown
-/// instances' units are never touched.
-pub async fn sweep_orphans(config: &HostConfig, own_last_alive: Option<std::time::SystemTime>) {
-    sweep_orphans_except(config, own_last_alive, &std::collections::HashSet::new()).await;
-}
-
-/// [`sweep_orphans`], leaving the units whose backend ids are in `keep` (a
-/// persisted session's: re-adopted, or left to their lease).
-pub async fn sweep_orphans_except(
+/// instances' units are never touched, nor those whose backend ids are in
+/// `keep` (a persisted session's: re-adopted, or left to their lease).
+pub async fn sweep_orphans(
     config: &HostConfig,
     own_last_alive: Option<std::time::SystemTime>,
     keep: &std::collections::HashSet<String>,
@@ -616,7 +611,7 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
     // Bounded: an engine that stalls must not keep the host from serving.
     if tokio::time::timeout(
         SWEEP_WAIT,
-        sweep_orphans_except(&config, instance.previous_heartbeat(), &persisted),
+        sweep_orphans(&config, instance.previous_heartbeat(), &persisted),
     )
     .await
     .is_err()

@@ -690,7 +690,7 @@ async fn orphans_of_this_instance_are_swept_and_others_kept() {
         .await
         .unwrap();
     let theirs = fake.start(&label("other"), &plan.units[0]).await.unwrap();
-    super::sweep_orphans(&config, None).await;
+    super::sweep_orphans(&config, None, &std::collections::HashSet::new()).await;
     assert_eq!(fake.live_units(), vec![theirs.envelope.id.clone()]);
     assert!(fake.record(|record| record.removed.contains(&mine.envelope.id)));
 }
