@@ -15,8 +15,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::task::JoinSet;
 
-use crate::http::pump;
 use crate::proxy::is_momentary;
+use crate::splice::relay;
 
 /// The loopback port a unit's bridge listens on unless told otherwise (the
 /// conventional HTTP proxy port).
@@ -60,8 +60,8 @@ async fn forward(client: TcpStream, proxy_socket: PathBuf) {
     // failing ends the connection. There is nothing to report: the proxy reports.
     let (mut up, mut down) = (0, 0);
     let _ = tokio::try_join!(
-        pump(&mut client_reader, &mut proxy_writer, None, &mut up),
-        pump(&mut proxy_reader, &mut client_writer, None, &mut down),
+        relay(&mut client_reader, &mut proxy_writer, None, &mut up),
+        relay(&mut proxy_reader, &mut client_writer, None, &mut down),
     );
 }
 

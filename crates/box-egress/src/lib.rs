@@ -37,6 +37,7 @@ mod limit;
 mod policy;
 mod proxy;
 mod rules;
+mod splice;
 mod tls;
 
 pub use address::{AddressRange, METADATA_ADDRESSES, check_address, classify, embedded_ipv4};

@@ -41,6 +41,7 @@ use crate::http::{
 use crate::limit::TokenBucket;
 use crate::policy::{Limits, Options, Policy, UnitIdentity};
 use crate::rules::Rule;
+use crate::splice;
 use crate::tls::{Hello, HelloError, HelloParser, MAX_CLIENT_HELLO, starts_like_tls};
 
 /// Where the proxy sends its events. Called once per attempt, from the connection's
@@ -449,7 +450,7 @@ async fn tunnel(
             .map_err(|error| TunnelEnd::Io(format!("unit to upstream: {error}")))
     };
     let download = async {
-        http::pump(
+        splice::relay(
             &mut upstream_reader,
             writer,
             shared.down.as_ref(),

@@ -43,6 +43,26 @@ impl Drop for EgressProxy {
     }
 }
 
+/// The runtime every egress proxy of this process runs on: threads of their own,
+/// so a unit's bulk download never waits behind its session's calls (a stdio
+/// host runs its session on one thread) and a busy session never slows the
+/// download (BENCHMARKS.md, Egress, through a unit).
+fn proxy_runtime() -> Result<tokio::runtime::Handle, String> {
+    static RUNTIME: std::sync::OnceLock<Result<tokio::runtime::Runtime, String>> =
+        std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .thread_name("box-egress")
+                .enable_all()
+                .build()
+                .map_err(|error| format!("starting the egress proxies' runtime: {error}"))
+        })
+        .as_ref()
+        .map(|runtime| runtime.handle().clone())
+        .map_err(Clone::clone)
+}
+
 /// Where the host keeps its sockets (`box_backend::default_runtime_dir`).
 pub fn default_runtime_dir() -> PathBuf {
     box_backend::default_runtime_dir()
@@ -74,8 +94,7 @@ impl EgressProxy {
             listener
                 .set_nonblocking(true)
                 .map_err(|error| format!("{}: {error}", socket.display()))?;
-            tokio::net::UnixListener::from_std(listener)
-                .map_err(|error| format!("{}: {error}", socket.display()))
+            Ok::<_, String>((listener, socket))
         })();
         let listener = match started {
             Ok(listener) => listener,
@@ -96,7 +115,16 @@ impl EgressProxy {
         let reporter = config.clone();
         let events: box_egress::EventSink = Arc::new(move |event: Event| report(&reporter, &event));
         let name = spec.name.clone();
-        let task = tokio::spawn(async move {
+        let (listener, socket) = listener;
+        let task = proxy_runtime()?.spawn(async move {
+            // Registered with the proxies' runtime, whose reactor polls it.
+            let listener = match tokio::net::UnixListener::from_std(listener) {
+                Ok(listener) => listener,
+                Err(error) => {
+                    tracing::error!(unit = %name, socket = %socket.display(), %error, "the egress proxy cannot listen");
+                    return;
+                }
+            };
             if let Err(error) = box_egress::serve(listener, unit, events).await {
                 tracing::error!(unit = %name, %error, "the egress proxy stopped");
             }
