@@ -18,6 +18,7 @@
 //! few bytes that could begin a secret until the next read (or the end of the
 //! stream) decides them.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::Path;
@@ -44,6 +45,28 @@ pub(crate) struct SessionRedactor {
     /// Progress messages (bash's output since the last report) per unit and
     /// progress token: consecutive reports are consecutive output.
     progress: HashMap<(usize, String), TextStreamRedactor>,
+    /// Kept between files-resource answers that hold secrets.
+    scratch: Scratch,
+}
+
+/// The decoded and the redacted bytes of a files-resource answer, kept
+/// between answers: a MiB allocated afresh for each is a MiB of page faults
+/// each time (most of what redacting one cost through the host).
+#[derive(Default)]
+struct Scratch {
+    decoded: Vec<u8>,
+    redacted: Vec<u8>,
+}
+
+impl Scratch {
+    /// The most a session keeps between answers.
+    const KEPT: usize = 4 << 20;
+
+    fn trim(&mut self) {
+        if self.decoded.capacity() + self.redacted.capacity() > Self::KEPT {
+            *self = Self::default();
+        }
+    }
 }
 
 /// Where a secret value came from, for the redactor's name.
@@ -184,6 +207,7 @@ impl SessionRedactor {
             redactor: (!redactor.is_empty()).then(|| Arc::new(redactor)),
             streams: HashMap::new(),
             progress: HashMap::new(),
+            scratch: Scratch::default(),
         })
     }
 
@@ -235,8 +259,8 @@ impl SessionRedactor {
     /// it finds one are the bytes decoded, redacted and encoded again (so the
     /// client still decodes them) instead of the marker landing inside the
     /// base64. The rest of the answer is redacted like any other.
-    pub(crate) fn resource_read(&self, response: &mut Value) {
-        let Some(redactor) = &self.redactor else {
+    pub(crate) fn resource_read(&mut self, response: &mut Value) {
+        let Some(redactor) = self.redactor.clone() else {
             return;
         };
         let mut texts = Vec::new();
@@ -255,8 +279,9 @@ impl SessionRedactor {
                 let text = if !redactor.finds_any(text.as_bytes()) {
                     text
                 } else {
-                    redact_document_data(redactor, &text)
-                        .unwrap_or_else(|| redactor.redact(&text).into_owned())
+                    let redacted = redact_document_data(&redactor, &text, &mut self.scratch);
+                    self.scratch.trim();
+                    redacted.unwrap_or_else(|| redactor.redact(&text).into_owned())
                 };
                 texts.push((index, text));
             }
@@ -323,32 +348,45 @@ impl SessionRedactor {
     }
 }
 
+/// A files-resource document as the executor writes it: its `data` (base64)
+/// borrowed from the text, the rest as parsed.
+#[derive(serde::Deserialize)]
+struct Document<'t> {
+    #[serde(borrow)]
+    data: Cow<'t, str>,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, Value>,
+}
+
 /// `text`, a JSON document with a base64 `data`, with the secrets in the
 /// decoded bytes redacted and encoded again; `None` when it is not one.
-/// The data is written straight after the rest of the document (base64 needs
-/// no JSON escaping), so the MiB of it is encoded once and never serialized
-/// again: on a 768 KiB file that is most of what this costs.
-fn redact_document_data(redactor: &Redactor, text: &str) -> Option<String> {
-    let mut document: Value = serde_json::from_str(text).ok()?;
-    let object = document.as_object_mut()?;
-    let Some(Value::String(data)) = object.remove("data") else {
-        return None;
-    };
-    // SIMD base64 (`base64-simd`): a leaky MiB is decoded and encoded again
-    // whole, and that is most of what redacting it costs.
-    let bytes = base64_simd::STANDARD.decode_to_vec(data.as_bytes()).ok()?;
-    drop(data);
-    // Whatever else the document holds as any text; not the new data again.
-    redactor.redact_json(&mut document);
-    let rest = document.to_string();
+/// Every MiB-sized step reuses memory the session already has, since fresh
+/// pages are most of what a MiB costs: the data is decoded into and redacted
+/// into `scratch`, and encoded straight after the rest of the document
+/// (base64 needs no JSON escaping), never serialized again.
+fn redact_document_data(redactor: &Redactor, text: &str, scratch: &mut Scratch) -> Option<String> {
+    let Document { data, rest } = serde_json::from_str::<Document<'_>>(text).ok()?;
+    scratch.decoded.clear();
+    base64_simd::STANDARD
+        .decode_append(data.as_bytes(), &mut scratch.decoded)
+        .ok()?;
+    // Whatever else the document holds as any text; not the data again.
+    let mut rest = Value::Object(rest);
+    redactor.redact_json(&mut rest);
+    let rest = rest.to_string();
     let head = rest.strip_suffix('}')?;
-    let mut out = String::with_capacity(rest.len() + bytes.len() * 4 / 3 + 16);
+    let redacted: &[u8] = if redactor.redact_bytes_into(&scratch.decoded, &mut scratch.redacted) {
+        &scratch.redacted
+    } else {
+        &scratch.decoded
+    };
+    let mut out = String::with_capacity(head.len() + redacted.len() * 4 / 3 + 16);
     out.push_str(head);
     if head != "{" {
         out.push(',');
     }
     out.push_str("\"data\":\"");
-    base64_simd::STANDARD.encode_append(redactor.redact_bytes(&bytes), &mut out);
+    base64_simd::STANDARD.encode_append(redacted, &mut out);
     out.push_str("\"}");
     Some(out)
 }
@@ -489,7 +527,7 @@ mod tests {
 
     #[test]
     fn a_file_resource_read_keeps_its_base64_decodable() {
-        let redactor = redactor();
+        let mut redactor = redactor();
         let document = json!({"data": BASE64.encode(format!("key={TOKEN}\n"))}).to_string();
         let mut answer = json!({"jsonrpc": "2.0", "id": 1, "result": {"contents": [
             {"uri": "agentworkspace:///read?path=k", "mimeType": "application/json", "text": document}

@@ -370,13 +370,28 @@ impl Redactor {
     /// `[REDACTED:NAME]`; borrowed, byte-identical, when nothing matched.
     /// Regions are not widened to UTF-8 character boundaries.
     pub fn redact_bytes<'b>(&self, bytes: &'b [u8]) -> Cow<'b, [u8]> {
+        let mut out = Vec::new();
+        match self.redact_bytes_into(bytes, &mut out) {
+            true => Cow::Owned(out),
+            false => Cow::Borrowed(bytes),
+        }
+    }
+
+    /// [`redact_bytes`] written into `out` (cleared first), so a caller that
+    /// redacts large buffers again and again keeps one allocation instead of
+    /// faulting in fresh pages each time. `false`, `out` left empty, when
+    /// nothing matched.
+    ///
+    /// [`redact_bytes`]: Self::redact_bytes
+    pub fn redact_bytes_into(&self, bytes: &[u8], out: &mut Vec<u8>) -> bool {
+        out.clear();
         let regions = self.regions(bytes, search::Units::Bytes, search::Ending::Final);
         if regions.is_empty() {
-            return Cow::Borrowed(bytes);
+            return false;
         }
-        let mut out = Vec::with_capacity(bytes.len());
-        self.write_redacted(bytes, &regions, bytes.len(), &mut out);
-        Cow::Owned(out)
+        out.reserve(bytes.len());
+        self.write_redacted(bytes, &regions, bytes.len(), out);
+        true
     }
 
     /// Every string in `value` redacted in place, object keys included (they
