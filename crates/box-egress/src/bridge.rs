@@ -54,6 +54,7 @@ async fn forward(client: TcpStream, proxy_socket: PathBuf) {
             return unreachable(&mut client, &proxy_socket, &error).await;
         }
     };
+    crate::splice::widen_send_buffer(&proxy);
     let (mut client_reader, mut client_writer) = client.into_split();
     let (mut proxy_reader, mut proxy_writer) = proxy.into_split();
     // Each direction ends at its end of stream and passes the half-close on; either

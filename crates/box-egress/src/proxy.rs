@@ -93,6 +93,7 @@ pub async fn serve(listener: UnixListener, unit: Unit, events: EventSink) -> io:
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    splice::widen_send_buffer(&stream);
                     connections.spawn(connection(stream, shared.clone()));
                 }
                 Err(error) if is_momentary(&error) => {

@@ -25,6 +25,21 @@ use crate::limit::TokenBucket;
 /// host whose `fs.pipe-max-size` refuses it keeps the default).
 const CHUNK: usize = 1024 * 1024;
 
+/// The send buffer asked for on the Unix socket between a unit's bridge and
+/// its proxy (the kernel caps it at `net.core.wmem_max`).
+const UNIX_SEND_BUFFER: usize = 4 << 20;
+
+/// Let the Unix hop between bridge and proxy hold a few MiB in flight: with
+/// the default (about 200 KiB) the sender stalls until the other side is
+/// scheduled, and a download through a unit left a core idle.
+pub(crate) fn widen_send_buffer(stream: &UnixStream) {
+    if let Err(error) =
+        nix::sys::socket::setsockopt(stream, nix::sys::socket::sockopt::SndBuf, &UNIX_SEND_BUFFER)
+    {
+        tracing::debug!(%error, "widening the egress socket's send buffer");
+    }
+}
+
 /// One end of a tunnel: a socket tokio polls.
 #[derive(Clone, Copy)]
 pub(crate) enum Socket<'a> {
