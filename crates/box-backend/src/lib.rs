@@ -166,14 +166,6 @@ pub struct ObjectsWiring {
 impl ObjectsWiring {
     /// Where a backend that mounts them at a fixed place (docker) shows them.
     pub const DIR_IN_UNIT: &str = "/.box/objects";
-
-    /// Where a unit that `place` describes sees these objects.
-    pub fn in_unit(&self, place: &ObjectsPlace) -> std::path::PathBuf {
-        match place {
-            ObjectsPlace::HostPath => self.host.clone(),
-            ObjectsPlace::At(path) => path.clone(),
-        }
-    }
 }
 
 /// Where a unit sees a `worktree` fork's borrowed git objects: what the
