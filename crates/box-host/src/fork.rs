@@ -386,6 +386,62 @@ pub fn mode_name(mode: Mechanism) -> &'static str {
 mod tests {
     use super::*;
 
+    /// Worktree is possible where the host has a confined git runner and the
+    /// backend says where a unit sees the borrowed objects; the backend's
+    /// place is what the child's alternates name; otherwise auto is copy and
+    /// worktree is refused with the backend's reason.
+    #[test]
+    fn the_backend_says_where_borrowed_objects_appear() {
+        use box_testkit::fake::{FakeBackend, FakeOptions};
+        let spec = box_policy::plan::UnitSpec::workspace(
+            "box-base:bookworm",
+            box_policy::plan::WorkspaceSource::Host(PathBuf::from("/src/project")),
+        );
+        let host = |place: Option<ObjectsPlace>, git: bool| {
+            let fake = FakeBackend::new(FakeOptions {
+                objects_place: place,
+                ..FakeOptions::default()
+            });
+            let mut config = HostConfig::new(
+                Arc::new(fake),
+                box_policy::profile::Catalog::new(Vec::new()),
+                crate::tests::facts(),
+            );
+            if git {
+                config.fork_git = Some(box_fork::Git::new(Vec::<(String, String)>::new()));
+            }
+            config
+        };
+        let at = ObjectsPlace::At(PathBuf::from("/.box/objects"));
+        for place in [ObjectsPlace::HostPath, at.clone()] {
+            let config = host(Some(place.clone()), true);
+            for asked in [Mode::Auto, Mode::Worktree] {
+                assert_eq!(
+                    effective_mode(&config, &spec, asked),
+                    Ok(Effective {
+                        mode: asked,
+                        objects: Some(place.clone()),
+                    })
+                );
+            }
+        }
+        let copy = Ok(Effective {
+            mode: Mode::Copy,
+            objects: None,
+        });
+        let cannot = host(None, true);
+        assert_eq!(effective_mode(&cannot, &spec, Mode::Auto), copy);
+        let refused = effective_mode(&cannot, &spec, Mode::Worktree).unwrap_err();
+        assert!(
+            refused.contains("read-only in the unit (the fake backend was given no place"),
+            "{refused}"
+        );
+        let no_git = host(Some(at), false);
+        assert_eq!(effective_mode(&no_git, &spec, Mode::Auto), copy);
+        let refused = effective_mode(&no_git, &spec, Mode::Worktree).unwrap_err();
+        assert!(refused.contains("confined git runner"), "{refused}");
+    }
+
     #[test]
     fn fork_params_are_checked_and_named() {
         let ask = |params: Value| {
