@@ -48,8 +48,20 @@ impl Served {
     }
 
     fn start_on(backend: &str, instance: &str, workspace: &Path, state: &Path) -> Self {
+        Self::start_with(backend, instance, workspace, state, &[])
+    }
+
+    /// With more `box serve` arguments (`--profiles`, `--profile`).
+    fn start_with(
+        backend: &str,
+        instance: &str,
+        workspace: &Path,
+        state: &Path,
+        more: &[&std::ffi::OsStr],
+    ) -> Self {
         let mut child = Command::new(box_bin())
             .args(["serve", "--backend", backend, "--instance", instance])
+            .args(more)
             .arg("--workspace")
             .arg(workspace)
             .env("RUST_LOG", "warn")
@@ -992,6 +1004,113 @@ fn copy_forks_work_on_the_local_backend() {
     let status = served.hang_up();
     assert!(status.success(), "{status}");
     assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
+}
+
+/// `source = "fork"` with `fork_mode = "worktree"` on the local backend: the
+/// session's workspace unit starts on its own worktree of the host
+/// directory (HEAD plus the uncommitted work), reads the history it borrows,
+/// cannot write into the directory's objects, and its commit reaches neither
+/// the directory's refs nor its objects; `box/merge {"unit": "workspace"}`
+/// lands its files.
+#[test]
+fn a_forked_workspace_in_worktree_mode_on_the_local_backend() {
+    let workspace = tempfile::tempdir().unwrap();
+    let canaries = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    let ws = workspace.path();
+    hostile_repository(ws, canaries.path());
+    std::fs::write(
+        profiles.path().join("forked.toml"),
+        "description = \"each session on its own worktree\"\nextends = \"default\"\n\n[workspace]\nsource = \"fork\"\nfork_mode = \"worktree\"\n",
+    )
+    .unwrap();
+    let parent_head = git(ws, &["rev-parse", "HEAD"]);
+    let parent_refs = git(ws, &["for-each-ref", "--format=%(refname)", "refs/heads"]);
+    let objects = std::fs::canonicalize(ws.join(".git/objects")).unwrap();
+    let before = snapshot(&objects);
+    let instance = format!("e2e-fork-source-local-{}", std::process::id());
+    let mut served = Served::start_with(
+        "local",
+        &instance,
+        ws,
+        state.path(),
+        &[
+            "--profiles".as_ref(),
+            profiles.path().as_os_str(),
+            "--profile".as_ref(),
+            "forked".as_ref(),
+        ],
+    );
+    let seen = served.bash(
+        None,
+        "cat changed.txt untracked.txt; git log --format=%s -1; cat .git/objects/info/alternates",
+    );
+    assert_eq!(
+        seen.lines().take(4).collect::<Vec<_>>(),
+        [
+            "dirty in the parent",
+            "untracked",
+            "base",
+            objects.to_str().unwrap()
+        ],
+        "{seen}"
+    );
+    let attack = served.bash(
+        None,
+        &format!(
+            "touch '{o}/planted'; echo touch=$?; echo evil | GIT_OBJECT_DIRECTORY='{o}' git hash-object -w --stdin; echo hash=$?",
+            o = objects.display()
+        ),
+    );
+    for refused in ["touch", "hash"] {
+        assert!(
+            attack.contains(&format!("{refused}=")) && !attack.contains(&format!("{refused}=0")),
+            "{refused} wrote into the host directory's objects: {attack}"
+        );
+    }
+    let committed = served.bash(
+        None,
+        "printf 'from the session\\n' > session.txt && git add -A >/dev/null 2>&1 && git -c user.name=c -c user.email=c@c commit -qm session >/dev/null 2>&1; git rev-parse HEAD",
+    );
+    assert_ne!(committed.trim(), parent_head, "{committed}");
+    assert_eq!(git(ws, &["rev-parse", "HEAD"]), parent_head);
+    assert_eq!(
+        git(ws, &["for-each-ref", "--format=%(refname)", "refs/heads"]),
+        parent_refs
+    );
+    assert_eq!(
+        snapshot(&objects),
+        before,
+        "the host directory's objects changed"
+    );
+    assert!(!ws.join("session.txt").exists());
+    let merged = served.ok("box/merge", json!({"unit": "workspace"}));
+    assert!(
+        merged["merged"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("session.txt")),
+        "{merged}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("session.txt")).unwrap(),
+        "from the session\n"
+    );
+    assert_eq!(git(ws, &["rev-parse", "HEAD"]), parent_head);
+    let status = served.hang_up();
+    assert!(status.success(), "{status}");
+    assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
+    let fired: Vec<_> = std::fs::read_dir(canaries.path())
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.file_name())
+        .collect();
+    assert_eq!(
+        fired,
+        Vec::<std::ffi::OsString>::new(),
+        "hostile git configuration ran"
+    );
 }
 
 /// Two merges into one parent sent at once are serialized, and both land
