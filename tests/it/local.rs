@@ -619,7 +619,8 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
 /// reads history through it under landlock, but nothing in the unit can write
 /// there: `touch`, `mkdir`, `rm`, and git told to write its objects there all
 /// fail, the mount is read-only, and the parent's objects are unchanged. The
-/// child's own objects stay writable. Without a mount namespace of its own
+/// child's own objects stay writable; nothing else of the parent (its files,
+/// the rest of its `.git`) comes into sight. Without a mount namespace of its own
 /// the backend refuses to wire them.
 #[tokio::test]
 async fn borrowed_objects_are_readable_and_never_writable() {
@@ -684,7 +685,8 @@ async fn borrowed_objects_are_readable_and_never_writable() {
          echo evil | GIT_OBJECT_DIRECTORY=\"$objects\" git hash-object -w --stdin; echo hash=$?; \
          echo own | git hash-object -w --stdin >/dev/null; echo own=$?; \
          echo child >> a.txt && git add a.txt && git -c user.name=c -c user.email=c@c commit -qm child; echo commit=$?; \
-         echo mount=$(grep -F \" $objects \" /proc/self/mountinfo | tail -n1 | cut -d' ' -f6)",
+         echo mount=$(grep -F \" $objects \" /proc/self/mountinfo | tail -n1 | cut -d' ' -f6); \
+         echo git-dir=$(ls -A \"$objects/..\" 2>&1); echo parent=$(ls -A \"$objects/../..\" 2>&1)",
         objects = objects.display()
     );
     let probe = probe_wired(&backend(), "objects", &spec, &wiring, &script).await;
@@ -708,6 +710,18 @@ async fn borrowed_objects_are_readable_and_never_writable() {
         mount.split(',').any(|option| option == "ro"),
         "the objects' mount is not read-only: {output}"
     );
+    // Only the objects come into sight: not the parent's other files, nor
+    // the rest of its `.git` (config, hooks, refs).
+    let listed = |name: &str| {
+        output
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .unwrap_or_default()
+    };
+    for hidden in ["config", "HEAD", "hooks", "refs"] {
+        assert!(!listed("git-dir=").contains(hidden), "{output}");
+    }
+    assert!(!listed("parent=").contains("a.txt"), "{output}");
     assert_eq!(snapshot(&objects), before, "the parent's objects changed");
     assert_eq!(
         host_git(&parent, &["for-each-ref", "--format=%(refname)"]),
