@@ -1,6 +1,7 @@
 //! `box/fork` end to end (issue 11): the latency a client sees from sending
-//! `box/fork` to `box serve` (stdio, docker backend) to its answer (the fork
-//! made, the child's container started, its executor initialized and joined
+//! `box/fork` to `box serve` (stdio, docker backend, or the one
+//! BOX_FORK_SERVE_BACKEND names) to its answer (the fork made, the child's
+//! unit started, its executor initialized and joined
 //! to the session), in copy and in worktree mode, on a generated git
 //! repository; then `box/discard` (container and storage removed). Baseline,
 //! same run, alternating: a whole session start (`box serve` spawned,
@@ -39,10 +40,10 @@ struct Served {
 
 impl Served {
     /// Spawn `box serve` and initialize; the time to the answer.
-    fn start(instance: &str, workspace: &Path, state: &Path) -> (Self, Duration) {
+    fn start(backend: &str, instance: &str, workspace: &Path, state: &Path) -> (Self, Duration) {
         let clock = Instant::now();
         let mut child = Command::new(BOX)
-            .args(["serve", "--backend", "docker", "--instance", instance])
+            .args(["serve", "--backend", backend, "--instance", instance])
             .arg("--workspace")
             .arg(workspace)
             .env("RUST_LOG", "warn")
@@ -158,11 +159,12 @@ fn repository(dir: &Path, files: usize) {
 fn main() {
     let files = env_number("BOX_FORK_SERVE_FILES", 2000);
     let rounds = env_number("BOX_FORK_SERVE_ROUNDS", 5);
+    let backend = std::env::var("BOX_FORK_SERVE_BACKEND").unwrap_or_else(|_| "docker".to_owned());
     let workspace = tempfile::tempdir().unwrap();
     let state = tempfile::tempdir().unwrap();
     repository(workspace.path(), files);
     let instance = format!("bench-fork-{}", std::process::id());
-    let (mut served, _) = Served::start(&instance, workspace.path(), state.path());
+    let (mut served, _) = Served::start(&backend, &instance, workspace.path(), state.path());
     let mut session_starts = Vec::new();
     let mut forks: [(&str, Vec<Duration>); 2] = [("copy", Vec::new()), ("worktree", Vec::new())];
     let mut discards = Vec::new();
@@ -182,6 +184,7 @@ fn main() {
         assert!(status.success());
         std::fs::remove_dir_all(&target).unwrap();
         let (other, took) = Served::start(
+            &backend,
             &format!("{instance}-baseline"),
             workspace.path(),
             state.path(),
@@ -206,7 +209,7 @@ fn main() {
     served.end();
     let base = median(&session_starts);
     println!(
-        "box/fork end to end, docker, {files} files, {rounds} rounds: median (fastest), ratio to a session start"
+        "box/fork end to end, {backend}, {files} files, {rounds} rounds: median (fastest), ratio to a session start"
     );
     println!(
         "session start (spawn + initialize): {:.0} ms ({:.0})",

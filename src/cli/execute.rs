@@ -55,6 +55,10 @@ pub struct ExecuteArgs {
     /// on 127.0.0.1:3128, where children's HTTP_PROXY/HTTPS_PROXY/ALL_PROXY point.
     #[arg(long, value_name = "PATH")]
     pub egress_socket: Option<PathBuf>,
+    /// A directory this process and its children may also read, never write (box sets this: a
+    /// worktree fork's borrowed git objects); repeat for more.
+    #[arg(long, value_name = "DIR")]
+    pub read: Vec<PathBuf>,
 }
 
 impl ExecuteArgs {
@@ -72,6 +76,7 @@ impl ExecuteArgs {
             secrets: box_policy::executor::parse_secrets(&self.secrets)?,
             root: self.root,
             egress_socket: self.egress_socket,
+            read: self.read,
         })
     }
 }
@@ -123,6 +128,10 @@ mod tests {
                 },
             ],
             egress_socket: Some(PathBuf::from("/.box/egress/proxy.sock")),
+            read: vec![
+                PathBuf::from("/.box/objects"),
+                PathBuf::from("/srv/repo, with a comma/.git/objects"),
+            ],
         };
         for spec in [full, ExecutorSpec::new("/w")] {
             let argv = std::iter::once("box".to_owned()).chain(spec.to_args());

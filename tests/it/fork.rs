@@ -1,6 +1,7 @@
 //! `box/fork`, `box/merge` and `box/discard` through `box serve` on Docker
-//! (issue 11): children in copy and worktree mode, isolation both ways, a
-//! child's commit kept from the parent's refs, merges (modified, added,
+//! and the local backend (issue 11): children in copy and worktree mode,
+//! isolation both ways, a child's commit kept from the parent's refs and
+//! objects, the borrowed objects never writable from the child, merges (modified, added,
 //! deleted, binary), a conflicting merge that changes nothing, discard and
 //! session end removing the child's container and storage, hostile git
 //! configuration that never fires.
@@ -47,8 +48,20 @@ impl Served {
     }
 
     fn start_on(backend: &str, instance: &str, workspace: &Path, state: &Path) -> Self {
+        Self::start_with(backend, instance, workspace, state, &[])
+    }
+
+    /// With more `box serve` arguments (`--profiles`, `--profile`).
+    fn start_with(
+        backend: &str,
+        instance: &str,
+        workspace: &Path,
+        state: &Path,
+        more: &[&std::ffi::OsStr],
+    ) -> Self {
         let mut child = Command::new(box_bin())
             .args(["serve", "--backend", backend, "--instance", instance])
+            .args(more)
             .arg("--workspace")
             .arg(workspace)
             .env("RUST_LOG", "warn")
@@ -312,17 +325,49 @@ fn stored_forks(state: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// Fork in copy and in worktree mode: each child sees the parent's state,
-/// its writes stay its own until merged, the parent's stay the parent's; a
-/// commit in the worktree child never reaches the parent's refs; the merge
-/// carries modified, added, deleted and binary files; no hook, filter,
-/// fsmonitor or diff driver of the parent ever runs.
+/// Fork in copy and in worktree mode on docker: see [`forks_in_both_modes`].
 #[tokio::test(flavor = "multi_thread")]
 async fn forks_in_both_modes_are_isolated_and_merge_back() {
     if !docker() {
         return;
     }
-    let instance = format!("e2e-fork-{}", std::process::id());
+    forks_in_both_modes("docker").await;
+}
+
+/// The same on the local backend: a worktree child sees the parent's objects
+/// at their host path, bound read-only in its own mount namespace.
+#[tokio::test(flavor = "multi_thread")]
+async fn forks_in_both_modes_are_isolated_and_merge_back_on_the_local_backend() {
+    forks_in_both_modes("local").await;
+}
+
+/// Every entry beneath `dir` with its size and modification time.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).unwrap().flatten() {
+            let metadata = entry.metadata().unwrap();
+            if metadata.is_dir() {
+                pending.push(entry.path());
+            }
+            found.push((entry.path(), metadata.len(), metadata.modified().unwrap()));
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Fork in copy and in worktree mode on `backend`: each child sees the
+/// parent's state, its writes stay its own until merged, the parent's stay
+/// the parent's; a commit in the worktree child never reaches the parent's
+/// refs, and its git reads the history it borrows but cannot write into the
+/// parent's objects (the attacker's `touch`, `rm` and git told to write
+/// there all fail, the parent's objects unchanged); the merge carries
+/// modified, added, deleted and binary files; no hook, filter, fsmonitor or
+/// diff driver of the parent ever runs.
+async fn forks_in_both_modes(backend: &str) {
+    let instance = format!("e2e-fork-{backend}-{}", std::process::id());
     let workspace = tempfile::tempdir().unwrap();
     let canaries = tempfile::tempdir().unwrap();
     let state = tempfile::tempdir().unwrap();
@@ -330,7 +375,9 @@ async fn forks_in_both_modes_are_isolated_and_merge_back() {
     hostile_repository(ws, canaries.path());
     let parent_head = git(ws, &["rev-parse", "HEAD"]);
     let parent_refs = git(ws, &["for-each-ref", "--format=%(refname)", "refs/heads"]);
-    let mut served = tokio::task::block_in_place(|| Served::start(&instance, ws, state.path()));
+    let parent_objects = ws.join(".git/objects");
+    let mut served =
+        tokio::task::block_in_place(|| Served::start_on(backend, &instance, ws, state.path()));
 
     for mode in ["copy", "worktree"] {
         let forked = tokio::task::block_in_place(|| {
@@ -343,6 +390,8 @@ async fn forks_in_both_modes_are_isolated_and_merge_back() {
         assert_eq!(forked["mode"], json!(mode), "{forked}");
         assert!(forked["envelope"]["name"].is_string(), "{forked}");
         assert!(forked.get("advisory").is_none(), "{forked}");
+        assert_eq!(forked["envelope"]["backend"], json!(backend), "{forked}");
+        assert_eq!(forked["envelope"]["parent"], json!("workspace"), "{forked}");
         let listed =
             tokio::task::block_in_place(|| served.ok("agentworkspace/servers.list", json!({})));
         assert!(
@@ -354,7 +403,9 @@ async fn forks_in_both_modes_are_isolated_and_merge_back() {
                     && server["fork"]["parent"] == json!("workspace")),
             "{listed}"
         );
-        assert_eq!(containers(&instance, Some(&unit)).await.len(), 1, "{unit}");
+        if backend == "docker" {
+            assert_eq!(containers(&instance, Some(&unit)).await.len(), 1, "{unit}");
+        }
 
         let seen = tokio::task::block_in_place(|| {
             served.bash(
@@ -401,7 +452,12 @@ async fn forks_in_both_modes_are_isolated_and_merge_back() {
         });
         assert!(child_sees.contains("status=2"), "{mode}: {child_sees}");
 
+        if mode == "worktree" {
+            borrowed_objects_stay_the_parents(&mut served, &unit, &forked, &parent_objects);
+        }
+
         // A commit in the child stays in the child.
+        let objects_before = snapshot(&parent_objects);
         let committed = tokio::task::block_in_place(|| {
             served.bash(
                 Some(&unit),
@@ -418,6 +474,11 @@ async fn forks_in_both_modes_are_isolated_and_merge_back() {
             git(ws, &["for-each-ref", "--format=%(refname)", "refs/heads"]),
             parent_refs,
             "{mode}: a child's branch reached the parent"
+        );
+        assert_eq!(
+            snapshot(&parent_objects),
+            objects_before,
+            "{mode}: the child's commit wrote into the parent's objects"
         );
 
         // The parent changed changed.txt since the fork? No: only its own
@@ -460,10 +521,12 @@ async fn forks_in_both_modes_are_isolated_and_merge_back() {
         let discarded =
             tokio::task::block_in_place(|| served.ok("box/discard", json!({"unit": unit})));
         assert_eq!(discarded["discarded"], json!(true), "{discarded}");
-        assert_eq!(
-            containers(&instance, Some(&unit)).await,
-            Vec::<String>::new()
-        );
+        if backend == "docker" {
+            assert_eq!(
+                containers(&instance, Some(&unit)).await,
+                Vec::<String>::new()
+            );
+        }
         assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
         let gone = tokio::task::block_in_place(|| {
             served.call(
@@ -495,7 +558,59 @@ async fn forks_in_both_modes_are_isolated_and_merge_back() {
         Vec::<std::ffi::OsString>::new(),
         "hostile git configuration ran"
     );
-    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+    if backend == "docker" {
+        assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+    }
+}
+
+/// In a worktree child: its git reads the history it borrows through its
+/// alternates, the answer says what it shares and where the unit sees it,
+/// and nothing the child does writes into the parent's objects.
+fn borrowed_objects_stay_the_parents(
+    served: &mut Served,
+    unit: &str,
+    forked: &Value,
+    parent_objects: &Path,
+) {
+    let history = tokio::task::block_in_place(|| {
+        served.bash(
+            Some(unit),
+            "git log --format=%s -1; git cat-file -p HEAD:kept.txt; cat .git/objects/info/alternates",
+        )
+    });
+    let mut lines = history.lines();
+    assert_eq!(lines.next(), Some("base"), "{history}");
+    assert_eq!(lines.next(), Some("kept"), "{history}");
+    let in_unit = lines.next().unwrap_or_default().to_owned();
+    assert!(in_unit.starts_with('/'), "{history}");
+    let shares = forked["shares"].as_str().unwrap_or_default();
+    assert!(
+        shares.contains("git objects, read-only") && shares.contains(&in_unit),
+        "{forked}"
+    );
+    let before = snapshot(parent_objects);
+    let attack = tokio::task::block_in_place(|| {
+        served.bash(
+            Some(unit),
+            &format!(
+                "o='{in_unit}'; touch \"$o/planted\"; echo touch=$?; mkdir \"$o/zz\"; echo mkdir=$?; \
+                 rm -f \"$o\"/pack/* \"$o\"/??/*; echo rm=$?; \
+                 echo evil | GIT_OBJECT_DIRECTORY=\"$o\" git hash-object -w --stdin; echo hash=$?; \
+                 git --git-dir=\"$o/..\" update-ref refs/heads/escaped HEAD; echo ref=$?"
+            ),
+        )
+    });
+    for refused in ["touch", "mkdir", "rm", "hash", "ref"] {
+        assert!(
+            attack.contains(&format!("{refused}=")) && !attack.contains(&format!("{refused}=0")),
+            "{refused} wrote into the parent's repository: {attack}"
+        );
+    }
+    assert_eq!(
+        snapshot(parent_objects),
+        before,
+        "the parent's objects changed"
+    );
 }
 
 /// A merge refused for a path both sides changed changes nothing and names
@@ -853,8 +968,9 @@ async fn http_sessions_on_forked_workspaces_are_isolated_and_merge_back() {
     assert!(child.wait().unwrap().success());
 }
 
-/// On the local backend a fork is a copy (worktree needs a backend that
-/// mounts the parent's objects): isolated, merged back, removed.
+/// On the local backend a repository without a commit forks as a copy
+/// (`auto`; `worktree` is refused naming why): isolated, merged back,
+/// removed.
 #[test]
 fn copy_forks_work_on_the_local_backend() {
     let workspace = tempfile::tempdir().unwrap();
@@ -872,7 +988,7 @@ fn copy_forks_work_on_the_local_backend() {
         refused["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("worktree needs"),
+            .contains("no commit yet"),
         "{refused}"
     );
     served.bash(Some(&unit), "echo child > a.txt && echo new > b.txt");
@@ -888,6 +1004,113 @@ fn copy_forks_work_on_the_local_backend() {
     let status = served.hang_up();
     assert!(status.success(), "{status}");
     assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
+}
+
+/// `source = "fork"` with `fork_mode = "worktree"` on the local backend: the
+/// session's workspace unit starts on its own worktree of the host
+/// directory (HEAD plus the uncommitted work), reads the history it borrows,
+/// cannot write into the directory's objects, and its commit reaches neither
+/// the directory's refs nor its objects; `box/merge {"unit": "workspace"}`
+/// lands its files.
+#[test]
+fn a_forked_workspace_in_worktree_mode_on_the_local_backend() {
+    let workspace = tempfile::tempdir().unwrap();
+    let canaries = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    let ws = workspace.path();
+    hostile_repository(ws, canaries.path());
+    std::fs::write(
+        profiles.path().join("forked.toml"),
+        "description = \"each session on its own worktree\"\nextends = \"default\"\n\n[workspace]\nsource = \"fork\"\nfork_mode = \"worktree\"\n",
+    )
+    .unwrap();
+    let parent_head = git(ws, &["rev-parse", "HEAD"]);
+    let parent_refs = git(ws, &["for-each-ref", "--format=%(refname)", "refs/heads"]);
+    let objects = std::fs::canonicalize(ws.join(".git/objects")).unwrap();
+    let before = snapshot(&objects);
+    let instance = format!("e2e-fork-source-local-{}", std::process::id());
+    let mut served = Served::start_with(
+        "local",
+        &instance,
+        ws,
+        state.path(),
+        &[
+            "--profiles".as_ref(),
+            profiles.path().as_os_str(),
+            "--profile".as_ref(),
+            "forked".as_ref(),
+        ],
+    );
+    let seen = served.bash(
+        None,
+        "cat changed.txt untracked.txt; git log --format=%s -1; cat .git/objects/info/alternates",
+    );
+    assert_eq!(
+        seen.lines().take(4).collect::<Vec<_>>(),
+        [
+            "dirty in the parent",
+            "untracked",
+            "base",
+            objects.to_str().unwrap()
+        ],
+        "{seen}"
+    );
+    let attack = served.bash(
+        None,
+        &format!(
+            "touch '{o}/planted'; echo touch=$?; echo evil | GIT_OBJECT_DIRECTORY='{o}' git hash-object -w --stdin; echo hash=$?",
+            o = objects.display()
+        ),
+    );
+    for refused in ["touch", "hash"] {
+        assert!(
+            attack.contains(&format!("{refused}=")) && !attack.contains(&format!("{refused}=0")),
+            "{refused} wrote into the host directory's objects: {attack}"
+        );
+    }
+    let committed = served.bash(
+        None,
+        "printf 'from the session\\n' > session.txt && git add -A >/dev/null 2>&1 && git -c user.name=c -c user.email=c@c commit -qm session >/dev/null 2>&1; git rev-parse HEAD",
+    );
+    assert_ne!(committed.trim(), parent_head, "{committed}");
+    assert_eq!(git(ws, &["rev-parse", "HEAD"]), parent_head);
+    assert_eq!(
+        git(ws, &["for-each-ref", "--format=%(refname)", "refs/heads"]),
+        parent_refs
+    );
+    assert_eq!(
+        snapshot(&objects),
+        before,
+        "the host directory's objects changed"
+    );
+    assert!(!ws.join("session.txt").exists());
+    let merged = served.ok("box/merge", json!({"unit": "workspace"}));
+    assert!(
+        merged["merged"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("session.txt")),
+        "{merged}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("session.txt")).unwrap(),
+        "from the session\n"
+    );
+    assert_eq!(git(ws, &["rev-parse", "HEAD"]), parent_head);
+    let status = served.hang_up();
+    assert!(status.success(), "{status}");
+    assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
+    let fired: Vec<_> = std::fs::read_dir(canaries.path())
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.file_name())
+        .collect();
+    assert_eq!(
+        fired,
+        Vec::<std::ffi::OsString>::new(),
+        "hostile git configuration ran"
+    );
 }
 
 /// Two merges into one parent sent at once are serialized, and both land

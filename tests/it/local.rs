@@ -556,10 +556,10 @@ async fn egress_and_its_wiring_go_together() {
 }
 
 /// What the local backend cannot wire (a masked file for
-/// `on_persisted_credentials = "hide"`, a worktree fork's borrowed objects) is
-/// refused by name, never started without.
+/// `on_persisted_credentials = "hide"`) is refused by name, never started
+/// without.
 #[tokio::test]
-async fn hidden_files_and_borrowed_objects_are_refused_not_ignored() {
+async fn hidden_files_are_refused_not_ignored() {
     let workspace = tempfile::tempdir().unwrap();
     let spec = unit_spec(workspace.path());
     let masked = UnitWiring {
@@ -578,18 +578,173 @@ async fn hidden_files_and_borrowed_objects_are_refused_not_ignored() {
         matches!(&error, BackendError::Unenforceable { control, .. } if control.contains("hide")),
         "{error}"
     );
-    let borrowed = UnitWiring {
+}
+
+/// A git command run by the test itself, on the host; its trimmed stdout.
+fn host_git(dir: &Path, args: &[&str]) -> String {
+    let output = std::process::Command::new("git")
+        .current_dir(dir)
+        .args(args)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// Every entry beneath `dir` with its size and modification time.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).unwrap().flatten() {
+            let metadata = entry.metadata().unwrap();
+            if metadata.is_dir() {
+                pending.push(entry.path());
+            }
+            found.push((entry.path(), metadata.len(), metadata.modified().unwrap()));
+        }
+    }
+    found.sort();
+    found
+}
+
+/// A worktree fork's borrowed objects (issue 11): the unit sees the parent's
+/// objects directory at its host path (what the child's alternates name) and
+/// reads history through it under landlock, but nothing in the unit can write
+/// there: `touch`, `mkdir`, `rm`, and git told to write its objects there all
+/// fail, the mount is read-only, and the parent's objects are unchanged. The
+/// child's own objects stay writable; nothing else of the parent (its files,
+/// the rest of its `.git`) comes into sight. Without a mount namespace of its own
+/// the backend refuses to wire them.
+#[tokio::test]
+async fn borrowed_objects_are_readable_and_never_writable() {
+    if !require_landlock() {
+        return;
+    }
+    let parent_dir = tempfile::tempdir().unwrap();
+    let parent = std::fs::canonicalize(parent_dir.path()).unwrap();
+    host_git(&parent, &["init", "-q", "-b", "main"]);
+    std::fs::write(parent.join("a.txt"), "committed in the parent\n").unwrap();
+    host_git(&parent, &["add", "a.txt"]);
+    host_git(
+        &parent,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "base",
+        ],
+    );
+    let objects = parent.join(".git/objects");
+    // The child borrows the parent's objects by its alternates, as box-fork's
+    // worktree child does on this backend.
+    let child_dir = tempfile::tempdir().unwrap();
+    let child = std::fs::canonicalize(child_dir.path())
+        .unwrap()
+        .join("child");
+    host_git(
+        &parent,
+        &[
+            "clone",
+            "-q",
+            "--shared",
+            parent.to_str().unwrap(),
+            child.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(
+        std::fs::read_to_string(child.join(".git/objects/info/alternates"))
+            .unwrap()
+            .trim(),
+        objects.to_str().unwrap()
+    );
+    let before = snapshot(&objects);
+    let spec = unit_spec(&child);
+    let wiring = UnitWiring {
         objects: Some(boxhost::backend::ObjectsWiring {
-            host: workspace.path().to_path_buf(),
+            host: objects.clone(),
         }),
         ..UnitWiring::default()
     };
-    let error = backend()
-        .start_wired(&session("objects-unwired"), &spec, &borrowed)
+    let script = format!(
+        "objects='{objects}'; \
+         echo log=$(git log --format=%s -1); \
+         echo show=$(git show HEAD:a.txt); \
+         touch \"$objects/planted\"; echo touch=$?; \
+         mkdir \"$objects/zz\"; echo mkdir=$?; \
+         rm -f \"$objects\"/pack/* \"$objects\"/??/*; echo rm=$?; \
+         echo evil | GIT_OBJECT_DIRECTORY=\"$objects\" git hash-object -w --stdin; echo hash=$?; \
+         echo own | git hash-object -w --stdin >/dev/null; echo own=$?; \
+         echo child >> a.txt && git add a.txt && git -c user.name=c -c user.email=c@c commit -qm child; echo commit=$?; \
+         echo mount=$(grep -F \" $objects \" /proc/self/mountinfo | tail -n1 | cut -d' ' -f6); \
+         echo git-dir=$(ls -A \"$objects/..\" 2>&1); echo parent=$(ls -A \"$objects/../..\" 2>&1)",
+        objects = objects.display()
+    );
+    let probe = probe_wired(&backend(), "objects", &spec, &wiring, &script).await;
+    let output = &probe.output;
+    assert!(output.contains("log=base"), "{output}");
+    assert!(output.contains("show=committed in the parent"), "{output}");
+    for refused in ["touch", "mkdir", "rm", "hash"] {
+        assert!(
+            !output.contains(&format!("{refused}=0")),
+            "{refused} wrote into the borrowed objects: {output}"
+        );
+    }
+    assert!(output.contains("own=0"), "{output}");
+    assert!(output.contains("commit=0"), "{output}");
+    // The topmost mount at the path (the helper's read-only bind).
+    let mount = output
+        .lines()
+        .find_map(|line| line.strip_prefix("mount="))
+        .unwrap_or_default();
+    assert!(
+        mount.split(',').any(|option| option == "ro"),
+        "the objects' mount is not read-only: {output}"
+    );
+    // Only the objects come into sight: not the parent's other files, nor
+    // the rest of its `.git` (config, hooks, refs).
+    let listed = |name: &str| {
+        output
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .unwrap_or_default()
+    };
+    for hidden in ["config", "HEAD", "hooks", "refs"] {
+        assert!(!listed("git-dir=").contains(hidden), "{output}");
+    }
+    assert!(!listed("parent=").contains("a.txt"), "{output}");
+    assert_eq!(snapshot(&objects), before, "the parent's objects changed");
+    assert_eq!(
+        host_git(&parent, &["for-each-ref", "--format=%(refname)"]),
+        "refs/heads/main"
+    );
+
+    // No mount namespace, no read-only bind: refused, never started without.
+    let flat = LocalBackend::with_options(LocalOptions {
+        box_exe: box_bin(),
+        namespaces: Requirement::Off,
+        landlock_min_abi: 1,
+        temp_root: boxhost::backend::local::default_temp_root(),
+    });
+    let error = flat
+        .start_wired(&session("objects-flat"), &spec, &wiring)
         .await
         .err()
         .unwrap();
-    assert!(error.to_string().contains("mode copy"), "{error}");
+    assert!(
+        matches!(&error, BackendError::Unenforceable { control, why, .. }
+            if control.contains("borrowed git objects") && why.contains("no namespaces")),
+        "{error}"
+    );
 }
 
 /// On a root host RLIMIT_NPROC does not bind uid 0, so the unit runs as nobody.

@@ -129,6 +129,13 @@ pub fn executor_argv(spec: &UnitSpec, wiring: &UnitWiring) -> Vec<String> {
             .egress
             .as_ref()
             .map(|_| EgressWiring::socket_in_unit()),
+        // The borrowed objects must stay readable under the executor's own
+        // landlock layer, or the child's git could not read its history.
+        read: wiring
+            .objects
+            .iter()
+            .map(|_| ObjectsWiring::DIR_IN_UNIT.into())
+            .collect(),
         ..spec.executor_spec(&spec.root, PlaceKind::Container)
     };
     std::iter::once(EXECUTOR_PATH.to_owned())

@@ -54,8 +54,8 @@ pub use pull::{PullEvent, PullSink, PullTally, Pulled, Puller, missing_image_rem
 
 use box_backend::environment::{Own, STANDARD_PATH, UnitEnvironment, unit_environment};
 use box_backend::{
-    AdoptUnit, Backend, BackendError, BackendKind, ExecutorIo, SessionLabel, StartedUnit,
-    Unenforceable, UnitEnd, UnitInfo, UnitWiring, labels,
+    AdoptUnit, Backend, BackendError, BackendKind, ExecutorIo, ObjectsPlace, ObjectsWiring,
+    SessionLabel, StartedUnit, Unenforceable, UnitEnd, UnitInfo, UnitWiring, labels,
 };
 use box_policy::executor::{SECRETS_DIR, SECRETS_ON_STDIN_VAR};
 use box_policy::plan::{NetworkMode, Requirement, UnitSpec};
@@ -777,6 +777,12 @@ impl DockerBackend {
 impl Backend for DockerBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Docker
+    }
+
+    /// A worktree fork's borrowed objects: bind-mounted read-only at one
+    /// place in every container (`body::mount_objects`).
+    fn objects_place(&self, _spec: &UnitSpec) -> Result<ObjectsPlace, String> {
+        Ok(ObjectsPlace::At(ObjectsWiring::DIR_IN_UNIT.into()))
     }
 
     /// Landlock required where the host kernel has none. An egress allow list is

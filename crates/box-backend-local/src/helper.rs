@@ -203,6 +203,13 @@ pub struct SandboxSpec {
     /// absent for a `box sandbox` run by hand (no host to renew it).
     #[serde(default)]
     pub lease: Option<SpecLease>,
+    /// A worktree fork's borrowed git objects (the parent repository's
+    /// objects directory): kept in sight at its host path, which the child's
+    /// alternates name, and bound read-only there. Needs the unit's own mount
+    /// namespace (refused without: the host's directory would be writable
+    /// wherever landlock is not enforced).
+    #[serde(default)]
+    pub objects: Option<PathBuf>,
 }
 
 /// Where the helper gets its lease renewals, and how long one lasts.
@@ -298,6 +305,10 @@ pub struct Applied {
     /// The egress proxy's socket directory is bound into the unit read-only.
     #[serde(default)]
     pub egress_bound: bool,
+    /// A worktree fork's borrowed git objects are bound into the unit
+    /// read-only (`objects`).
+    #[serde(default)]
+    pub objects_bound: bool,
     /// The secrets tmpfs is mounted (`secrets_dir`).
     #[serde(default)]
     pub secrets_mounted: bool,
@@ -646,6 +657,7 @@ fn sandbox(
     let mut concealed = 0;
     let mut own_ptys = false;
     let mut egress_bound = false;
+    let mut objects_bound = false;
     let mut secrets_mounted = false;
     if mount_namespace {
         let mut keep: Vec<PathBuf> = spec.write.iter().chain(&spec.read).cloned().collect();
@@ -656,12 +668,25 @@ fn sandbox(
         if let Some(egress) = &spec.egress {
             keep.push(egress.socket_dir.clone());
         }
+        keep.extend(spec.objects.iter().cloned());
         (hidden, unhidden) =
             hide_host(&keep).map_err(|error| failed("hiding the host's directories", error))?;
         if let Some(egress) = &spec.egress {
             bind_read_only(&egress.socket_dir)
                 .map_err(|error| failed("binding the egress proxy's socket read-only", error))?;
             egress_bound = true;
+        }
+        if let Some(objects) = &spec.objects {
+            bind_read_only(objects).map_err(|error| {
+                failed(
+                    format!(
+                        "binding the parent's git objects ({}) read-only",
+                        objects.display()
+                    ),
+                    error,
+                )
+            })?;
+            objects_bound = true;
         }
         if let Some(dir) = &spec.secrets_dir {
             secrets_mounted = mount_secrets(dir, &hidden)?;
@@ -711,6 +736,19 @@ fn sandbox(
             )
         };
         return Err(refused("network egress", why));
+    }
+    if spec.objects.is_some() && !objects_bound {
+        return Err(refused(
+            crate::BORROWED_OBJECTS,
+            format!(
+                "no mount namespace of its own, so they could not be bound read-only ({})",
+                if shared("mount") {
+                    "the unit shares the host's mount namespace".to_owned()
+                } else {
+                    failures.join("; ")
+                }
+            ),
+        ));
     }
     if spec.secrets_dir.is_some() && !secrets_mounted {
         return Err(refused(
@@ -769,6 +807,7 @@ fn sandbox(
         ip_sockets_denied: false,
         landlock_tcp_ports: Vec::new(),
         egress_bound,
+        objects_bound,
         secrets_mounted,
         lease_ms: lease
             .as_ref()

@@ -70,7 +70,7 @@ pub use helper::{ExecutorEntry, REFUSED_EXIT, SandboxArgs};
 use box_backend::environment::{self, UnitEnvironment};
 use box_backend::{
     Backend, BackendError, DeliveredSecret, EgressWiring, Envelope, ExecutorIo, Hardening,
-    SessionLabel, StartedUnit, Unenforceable, UnitEnd, UnitInfo, UnitWiring,
+    ObjectsPlace, SessionLabel, StartedUnit, Unenforceable, UnitEnd, UnitInfo, UnitWiring,
 };
 use box_confine::Rlimits;
 use box_policy::envelope::{
@@ -87,6 +87,9 @@ pub fn sandbox(
 ) -> anyhow::Result<std::process::ExitCode> {
     helper::run(args, executor)
 }
+
+/// The control a worktree fork's borrowed objects are refused under.
+const BORROWED_OBJECTS: &str = "a worktree fork's borrowed git objects";
 
 /// How long a unit may take to confine itself and report.
 const CONFINE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -188,7 +191,7 @@ impl LocalBackend {
     }
 
     /// [`start_command`](Self::start_command) with what the host wires in
-    /// (the egress proxy's socket).
+    /// (the egress proxy's socket, a worktree fork's borrowed git objects).
     pub async fn start_command_wired(
         &self,
         session: &SessionLabel,
@@ -217,6 +220,18 @@ impl LocalBackend {
                 });
             }
             _ => {}
+        }
+        // The borrowed objects are bound read-only in the unit's own mount
+        // namespace; without one they would be the host's, writable where
+        // landlock is not enforced.
+        if wiring.objects.is_some()
+            && let Err(why) = self.objects_place(spec)
+        {
+            return Err(BackendError::Unenforceable {
+                unit: spec.name.clone(),
+                control: BORROWED_OBJECTS.to_owned(),
+                why,
+            });
         }
         if let Err(refusals) = self.check(spec)
             && let Some(first) = refusals.into_iter().next()
@@ -247,10 +262,9 @@ impl LocalBackend {
             narrowed = delivered;
             &narrowed
         };
-        let egress = wiring.egress.as_ref();
         let executor = command.is_empty();
         let command = if executor {
-            executor_command(&self.options.box_exe, spec, &layout, egress)
+            executor_command(&self.options.box_exe, spec, &layout, wiring)
         } else {
             command
         };
@@ -260,7 +274,7 @@ impl LocalBackend {
                 spec,
                 &layout,
                 (command, executor),
-                (environment, egress),
+                (environment, wiring),
                 &mut guard,
             )
             .await?;
@@ -281,7 +295,7 @@ impl LocalBackend {
         layout: &Layout,
         // CMD, and whether it is box's executor (which delivers the secrets).
         (command, executor): (Vec<OsString>, bool),
-        (environment, egress): (UnitEnvironment, Option<&EgressWiring>),
+        (environment, wiring): (UnitEnvironment, &UnitWiring),
         guard: &mut StartGuard,
     ) -> Result<StartedUnit, BackendError> {
         let unit = spec.name.clone();
@@ -294,7 +308,7 @@ impl LocalBackend {
             let missing = &environment.missing;
             tracing::info!(unit, ?missing, "variables to pass are not set on the host");
         }
-        let mut sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options, egress)?;
+        let mut sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options, wiring)?;
         // The unit's lease: the helper connects here before it confines
         // anything, and ends the unit when the renewals stop.
         let lease_socket = lease::host::LeaseSocket::bind()
@@ -627,6 +641,28 @@ impl Backend for LocalBackend {
         }
     }
 
+    /// A worktree fork's borrowed objects are seen at their host path: the
+    /// helper keeps that directory in the unit's view (every other host
+    /// directory is an empty tmpfs there) and binds it back read-only. That
+    /// needs the unit's own mount namespace.
+    fn objects_place(&self, spec: &UnitSpec) -> Result<ObjectsPlace, String> {
+        let why = if self.options.namespaces == Requirement::Off {
+            "this backend is set to make no namespaces"
+        } else if spec
+            .security
+            .host_namespaces
+            .iter()
+            .any(|namespace| namespace == "mount")
+        {
+            "the unit shares the host's mount namespace (security.host_namespaces)"
+        } else {
+            return Ok(ObjectsPlace::HostPath);
+        };
+        Err(format!(
+            "the local backend binds the parent's git objects read-only into a unit's own mount namespace, and {why}"
+        ))
+    }
+
     fn start<'a>(
         &'a self,
         session: &'a SessionLabel,
@@ -654,12 +690,6 @@ impl Backend for LocalBackend {
             return refuse(
                 "on_persisted_credentials = \"hide\"",
                 "the local backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend",
-            );
-        }
-        if wiring.objects.is_some() {
-            return refuse(
-                "a worktree fork's borrowed git objects",
-                "the local backend cannot mount the parent's git objects into a unit; fork with mode copy",
             );
         }
         self.start_command_wired(session, spec, wiring, Vec::new())
@@ -1001,7 +1031,7 @@ pub(crate) fn sandbox_spec(
     layout: &Layout,
     environment: &UnitEnvironment,
     options: &LocalOptions,
-    egress: Option<&EgressWiring>,
+    wiring: &UnitWiring,
 ) -> Result<SandboxSpec, BackendError> {
     if let Err(refusals) = check_spec(spec, None)
         && let Some(first) = refusals.into_iter().next()
@@ -1036,6 +1066,10 @@ pub(crate) fn sandbox_spec(
     write.push(layout.temp.clone());
     // Host devices the operator allowed, beside the minimal set.
     write.extend(spec.security.devices.iter().cloned());
+    // A worktree fork's borrowed objects: readable, never writable (the
+    // helper binds them back read-only too).
+    let objects = wiring.objects.as_ref().map(|objects| objects.host.clone());
+    read.extend(objects.iter().cloned());
     Ok(SandboxSpec {
         unit: spec.name.clone(),
         write,
@@ -1057,7 +1091,9 @@ pub(crate) fn sandbox_spec(
         seccomp: SpecRequirement::BestEffort,
         conceal: Vec::new(),
         share,
-        egress: egress
+        egress: wiring
+            .egress
+            .as_ref()
             .filter(|_| spec.network.mode == NetworkMode::Egress)
             .map(|wiring| SpecEgress {
                 socket_dir: wiring.socket_dir.clone(),
@@ -1073,6 +1109,7 @@ pub(crate) fn sandbox_spec(
         ),
         // Set by the start, which listens for the helper.
         lease: None,
+        objects,
     })
 }
 
@@ -1084,12 +1121,21 @@ pub(crate) fn executor_command(
     box_exe: &Path,
     spec: &UnitSpec,
     layout: &Layout,
-    egress: Option<&EgressWiring>,
+    wiring: &UnitWiring,
 ) -> Vec<OsString> {
     let root = layout.workspace.as_ref().unwrap_or(&layout.tmp);
     let mut executor = spec.executor_spec(root, PlaceKind::Local);
-    // The socket's directory is seen inside the unit at its host path.
-    executor.egress_socket = egress.map(|wiring| wiring.socket_dir.join(EgressWiring::SOCKET));
+    // The socket's directory, and a worktree fork's borrowed objects, are
+    // seen inside the unit at their host paths.
+    executor.egress_socket = wiring
+        .egress
+        .as_ref()
+        .map(|egress| egress.socket_dir.join(EgressWiring::SOCKET));
+    executor.read = wiring
+        .objects
+        .iter()
+        .map(|objects| objects.host.clone())
+        .collect();
     std::iter::once(box_exe.into())
         .chain(executor.to_args().into_iter().map(OsString::from))
         .collect()

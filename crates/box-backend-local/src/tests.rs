@@ -4,6 +4,7 @@ use std::time::Duration;
 use pretty_assertions::assert_eq;
 
 use super::*;
+use box_backend::ObjectsWiring;
 use box_confine::{CapabilitySets, LandlockOutcome};
 use box_policy::envelope::BackendKind;
 use box_policy::plan::{Limits, Network, Role, Security, UserIds};
@@ -95,6 +96,7 @@ fn applied() -> Applied {
         ip_sockets_denied: false,
         landlock_tcp_ports: Vec::new(),
         egress_bound: false,
+        objects_bound: false,
         secrets_mounted: false,
         lease_ms: None,
         rlimits: Rlimits::from_limits(&unit_spec(WorkspaceSource::Empty).limits),
@@ -111,7 +113,7 @@ fn a_writable_workspace_and_the_temp_are_the_only_writes() {
         &layout,
         &UnitEnvironment::default(),
         &options(),
-        None,
+        &UnitWiring::default(),
     )
     .unwrap();
     assert_eq!(
@@ -144,7 +146,7 @@ fn a_read_only_workspace_is_only_read() {
         &layout(&source),
         &UnitEnvironment::default(),
         &options(),
-        None,
+        &UnitWiring::default(),
     )
     .unwrap();
     assert_eq!(sandbox.write, vec![PathBuf::from("/tmp/box-local-s-u")]);
@@ -165,13 +167,16 @@ fn an_egress_unit_is_network_none_plus_the_proxys_socket() {
     spec.network.allow = vec!["example.com".to_owned()];
     spec.network.max_connections = 64;
     let layout = layout(&WorkspaceSource::Empty);
-    let wiring = egress_wiring();
+    let wiring = UnitWiring {
+        egress: Some(egress_wiring()),
+        ..UnitWiring::default()
+    };
     let sandbox = sandbox_spec(
         &spec,
         &layout,
         &UnitEnvironment::default(),
         &options(),
-        Some(&wiring),
+        &wiring,
     )
     .unwrap();
     assert_eq!(sandbox.network, SpecNetwork::None);
@@ -190,7 +195,7 @@ fn an_egress_unit_is_network_none_plus_the_proxys_socket() {
             .any(|path| path.starts_with("/run/box"))
     );
     assert!(!sandbox.read.iter().any(|path| path.starts_with("/run/box")));
-    let command = executor_command(Path::new("/opt/box/box"), &spec, &layout, Some(&wiring));
+    let command = executor_command(Path::new("/opt/box/box"), &spec, &layout, &wiring);
     let command: Vec<_> = command.iter().map(|arg| arg.to_string_lossy()).collect();
     let at = command
         .iter()
@@ -235,6 +240,66 @@ fn an_egress_unit_is_network_none_plus_the_proxys_socket() {
     assert_eq!(applied_envelope.network.proxy, None);
 }
 
+/// A worktree fork's borrowed objects: readable (never writable) under the
+/// helper's landlock and the executor's, bound read-only by the helper, seen
+/// at their host path (what the child's alternates name); only where the
+/// unit gets a mount namespace of its own.
+#[test]
+fn borrowed_objects_are_read_only_at_their_host_path() {
+    let source = WorkspaceSource::Host(PathBuf::from("/state/forks/i/s/fork-1"));
+    let spec = unit_spec(source.clone());
+    let layout = layout(&source);
+    let objects = PathBuf::from("/src/project/.git/objects");
+    let wiring = UnitWiring {
+        objects: Some(ObjectsWiring {
+            host: objects.clone(),
+        }),
+        ..UnitWiring::default()
+    };
+    let sandbox = sandbox_spec(
+        &spec,
+        &layout,
+        &UnitEnvironment::default(),
+        &options(),
+        &wiring,
+    )
+    .unwrap();
+    assert_eq!(sandbox.objects, Some(objects.clone()));
+    assert!(sandbox.read.contains(&objects), "{:?}", sandbox.read);
+    assert!(
+        !sandbox.write.iter().any(|path| objects.starts_with(path)),
+        "{:?}",
+        sandbox.write
+    );
+    let command = executor_command(Path::new("/opt/box/box"), &spec, &layout, &wiring);
+    let command: Vec<_> = command.iter().map(|arg| arg.to_string_lossy()).collect();
+    let at = command.iter().position(|arg| arg == "--read").unwrap();
+    assert_eq!(command[at + 1], "/src/project/.git/objects");
+    // Nothing borrowed, nothing named.
+    let plain = sandbox_spec(
+        &spec,
+        &layout,
+        &UnitEnvironment::default(),
+        &options(),
+        &UnitWiring::default(),
+    )
+    .unwrap();
+    assert_eq!(plain.objects, None);
+
+    let backend = LocalBackend::with_options(options());
+    assert_eq!(backend.objects_place(&spec), Ok(ObjectsPlace::HostPath));
+    let mut shared = spec.clone();
+    shared.security.host_namespaces = vec!["mount".to_owned()];
+    let why = backend.objects_place(&shared).unwrap_err();
+    assert!(why.contains("shares the host's mount namespace"), "{why}");
+    let flat = LocalBackend::with_options(LocalOptions {
+        namespaces: Requirement::Off,
+        ..options()
+    });
+    let why = flat.objects_place(&spec).unwrap_err();
+    assert!(why.contains("no namespaces"), "{why}");
+}
+
 #[test]
 fn an_egress_unit_sharing_the_hosts_network_is_refused() {
     let mut spec = unit_spec(WorkspaceSource::Empty);
@@ -253,7 +318,12 @@ fn no_workspace_means_no_file_tools() {
     let spec = unit_spec(WorkspaceSource::None);
     let layout = layout(&WorkspaceSource::None);
     assert_eq!(layout.workspace, None);
-    let command = executor_command(Path::new("/opt/box/box"), &spec, &layout, None);
+    let command = executor_command(
+        Path::new("/opt/box/box"),
+        &spec,
+        &layout,
+        &UnitWiring::default(),
+    );
     let command: Vec<_> = command.iter().map(|arg| arg.to_string_lossy()).collect();
     let expected = vec![
         "/opt/box/box",
@@ -319,7 +389,14 @@ fn the_envelope_is_what_was_applied() {
         missing: Vec::new(),
         secrets: Vec::new(),
     };
-    let sandbox = sandbox_spec(&spec, &layout, &environment, &options(), None).unwrap();
+    let sandbox = sandbox_spec(
+        &spec,
+        &layout,
+        &environment,
+        &options(),
+        &UnitWiring::default(),
+    )
+    .unwrap();
     let envelope = envelope(&spec, &sandbox, &applied(), &environment, "42", &layout);
     assert_eq!(envelope.backend, BackendKind::Local);
     assert_eq!(envelope.id, "42");
@@ -357,7 +434,7 @@ fn pids_are_reported_unbound_for_host_root() {
         &layout,
         &UnitEnvironment::default(),
         &options(),
-        None,
+        &UnitWiring::default(),
     )
     .unwrap();
     let mut applied = applied();
@@ -396,7 +473,7 @@ fn capabilities_granted_back_are_refused_naming_them() {
         &layout(&WorkspaceSource::Empty),
         &UnitEnvironment::default(),
         &options(),
-        None,
+        &UnitWiring::default(),
     )
     .unwrap_err();
     assert!(
@@ -422,7 +499,14 @@ fn secrets_reach_the_executor_on_its_spec_never_its_command_line() {
             ("API_KEY".to_owned(), "api-value-5678".to_owned()),
         ],
     };
-    let sandbox = sandbox_spec(&spec, &layout, &environment, &options(), None).unwrap();
+    let sandbox = sandbox_spec(
+        &spec,
+        &layout,
+        &environment,
+        &options(),
+        &UnitWiring::default(),
+    )
+    .unwrap();
     assert_eq!(sandbox.secrets_dir, Some(PathBuf::from("/run/secrets")));
     assert_eq!(
         sandbox.secret_values.0,
@@ -439,7 +523,12 @@ fn secrets_reach_the_executor_on_its_spec_never_its_command_line() {
     assert!(!format!("{:?}", sandbox.env).contains("deploy-value"));
     assert!(!format!("{sandbox:?}").contains("deploy-value"));
     assert!(!format!("{sandbox:?}").contains("api-value"));
-    let command = executor_command(Path::new("/opt/box/box"), &spec, &layout, None);
+    let command = executor_command(
+        Path::new("/opt/box/box"),
+        &spec,
+        &layout,
+        &UnitWiring::default(),
+    );
     let command: Vec<_> = command.iter().map(|arg| arg.to_string_lossy()).collect();
     assert!(
         !command.iter().any(|arg| arg.contains("-value-")),
@@ -481,7 +570,7 @@ fn a_privileged_unit_is_refused_and_host_namespaces_are_shared() {
         &layout,
         &UnitEnvironment::default(),
         &options(),
-        None,
+        &UnitWiring::default(),
     )
     .unwrap_err();
     assert!(error.to_string().contains("privileged"), "{error}");
@@ -493,7 +582,7 @@ fn a_privileged_unit_is_refused_and_host_namespaces_are_shared() {
         &layout,
         &UnitEnvironment::default(),
         &options(),
-        None,
+        &UnitWiring::default(),
     )
     .unwrap();
     assert_eq!(sandbox.share, vec!["net"]);
@@ -505,7 +594,7 @@ fn a_privileged_unit_is_refused_and_host_namespaces_are_shared() {
         &layout,
         &UnitEnvironment::default(),
         &options(),
-        None,
+        &UnitWiring::default(),
     )
     .unwrap_err();
     assert!(error.to_string().contains("host namespace time"), "{error}");

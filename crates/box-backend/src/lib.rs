@@ -153,8 +153,8 @@ pub fn default_runtime_dir() -> std::path::PathBuf {
 }
 
 /// A `worktree` fork's child repository borrows its parent's git objects:
-/// the parent's objects directory, mounted read-only at
-/// [`ObjectsWiring::DIR_IN_UNIT`], which the child's
+/// the parent's objects directory, seen read-only in the unit where the
+/// backend says ([`Backend::objects_place`]), which the child's
 /// `.git/objects/info/alternates` names. The child's own objects, refs,
 /// index and config are its own; these are only readable.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,8 +164,21 @@ pub struct ObjectsWiring {
 }
 
 impl ObjectsWiring {
-    /// Where the objects appear inside the unit.
+    /// Where a backend that mounts them at a fixed place (docker) shows them.
     pub const DIR_IN_UNIT: &str = "/.box/objects";
+}
+
+/// Where a unit sees a `worktree` fork's borrowed git objects: what the
+/// child's alternates must name, decided by the backend before the fork is
+/// made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObjectsPlace {
+    /// At their host path (a unit that sees the host's directories where they
+    /// are: the local backend binds them back read-only there).
+    HostPath,
+    /// At this path in the unit, whatever the host path (a bind mount's
+    /// target: docker's [`ObjectsWiring::DIR_IN_UNIT`]).
+    At(std::path::PathBuf),
 }
 
 /// One report of a start's progress: what is happening, and bytes done of
@@ -457,6 +470,18 @@ pub trait Backend: Send + Sync {
             });
         }
         self.start(session, spec)
+    }
+
+    /// Where a unit of `spec` would see a `worktree` fork's borrowed git
+    /// objects ([`UnitWiring::objects`]), or why this backend cannot show
+    /// them read-only in such a unit (the host then forks by copy, or
+    /// refuses a fork that asked for worktree, with this reason). Pure.
+    fn objects_place(&self, spec: &UnitSpec) -> Result<ObjectsPlace, String> {
+        let _ = spec;
+        Err(format!(
+            "the {} backend cannot mount the parent's git objects into a unit",
+            self.kind().as_str()
+        ))
     }
 
     /// Re-adopt a live unit another (dead) host process started from `spec`:

@@ -119,11 +119,13 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
     if !git_config.is_empty() {
         tracing::debug!(removed = ?git_config, "GIT_CONFIG_* variables scrubbed from children's environment");
     }
-    let extra_read: Vec<PathBuf> = if spec.secrets.is_empty() {
-        Vec::new()
-    } else {
-        vec![PathBuf::from(SECRETS_DIR)]
-    };
+    // The secrets' tmpfs, and what the backend bound in read-only for the
+    // tools (a worktree fork's borrowed git objects, which its git must read).
+    let extra_read: Vec<PathBuf> = (!spec.secrets.is_empty())
+        .then(|| PathBuf::from(SECRETS_DIR))
+        .into_iter()
+        .chain(args.read.iter().cloned())
+        .collect();
     // The bridge connects to the proxy's socket after confinement, once per
     // connection: landlock must leave its directory connectable (ABI 9 mediates it).
     let unix_connect: Vec<PathBuf> = args

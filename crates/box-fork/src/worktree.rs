@@ -389,9 +389,19 @@ fn build(
     Ok(Forked {
         mode_used: Mechanism::Worktree,
         shares: format!(
-            "the parent repository's git objects, read-only, through the child's objects/info/alternates ({} on the host, {} in the unit); the base commit is pinned in the parent as {}; the child's refs, index, config and hooks are its own and it writes its own objects",
-            repository.objects.display(),
-            objects_in_unit.display(),
+            "the parent repository's git objects, read-only, through the child's objects/info/alternates ({}); the base commit is pinned in the parent as {}; the child's refs, index, config and hooks are its own and it writes its own objects",
+            if objects_in_unit == repository.objects {
+                format!(
+                    "{}, at the same path in the unit",
+                    repository.objects.display()
+                )
+            } else {
+                format!(
+                    "{} on the host, {} in the unit",
+                    repository.objects.display(),
+                    objects_in_unit.display()
+                )
+            },
             pin.reference
         ),
         objects: Some(ObjectsMount {

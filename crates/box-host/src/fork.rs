@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
-use box_backend::ObjectsWiring;
+use box_backend::ObjectsPlace;
 use box_fork::{Base, Mechanism, Mode};
 use box_jsonrpc::{code, params};
 
@@ -231,25 +231,44 @@ impl box_fork::Confine for NoGit {
     }
 }
 
-/// The mode to fork with on this host: worktree needs the confined git
-/// runner and a backend that mounts the parent's objects (docker).
-pub fn effective_mode(config: &HostConfig, asked: Mode) -> Result<Mode, String> {
-    let worktree_possible =
-        config.fork_git.is_some() && config.backend.kind() == box_backend::BackendKind::Docker;
-    match asked {
-        Mode::Worktree if !worktree_possible => Err(format!(
-            "box/fork: mode: worktree needs {} on this host; fork with mode copy",
-            if config.fork_git.is_none() {
-                "a confined git runner (none is configured)".to_owned()
-            } else {
-                format!(
-                    "a backend that mounts the parent's git objects (docker), not {}",
-                    config.backend.kind().as_str()
-                )
-            }
+/// How to fork on this host: the mechanism, and for worktree where a unit of
+/// the backend sees the parent's objects (what the child's alternates name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Effective {
+    /// The mechanism asked of box-fork (`Auto` only where worktree is possible).
+    pub mode: Mode,
+    /// Where the unit sees the borrowed objects; `None` when the fork cannot
+    /// be a worktree.
+    pub objects: Option<ObjectsPlace>,
+}
+
+/// The mode to fork `spec`'s workspace with on this host: worktree needs the
+/// confined git runner and a backend that shows the parent's objects
+/// read-only in a unit of `spec` (the backend says where:
+/// [`Backend::objects_place`](box_backend::Backend::objects_place)).
+pub fn effective_mode(
+    config: &HostConfig,
+    spec: &box_policy::plan::UnitSpec,
+    asked: Mode,
+) -> Result<Effective, String> {
+    let place = match &config.fork_git {
+        None => Err("a confined git runner (none is configured)".to_owned()),
+        Some(_) => config.backend.objects_place(spec).map_err(|why| {
+            format!("a backend that shows the parent's git objects read-only in the unit ({why})")
+        }),
+    };
+    match (asked, place) {
+        (Mode::Worktree, Err(needs)) => Err(format!(
+            "box/fork: mode: worktree needs {needs} on this host; fork with mode copy"
         )),
-        Mode::Auto if !worktree_possible => Ok(Mode::Copy),
-        mode => Ok(mode),
+        (Mode::Auto | Mode::Copy, Err(_)) => Ok(Effective {
+            mode: Mode::Copy,
+            objects: None,
+        }),
+        (mode, Ok(place)) => Ok(Effective {
+            mode,
+            objects: Some(place),
+        }),
     }
 }
 
@@ -259,13 +278,17 @@ pub fn make_fork(
     parent: &Path,
     child: &Path,
     ask: &ForkAsk,
-    mode: Mode,
+    effective: &Effective,
 ) -> Result<box_fork::Forked, String> {
     let options = box_fork::Options {
-        mode,
+        mode: effective.mode,
         dirty: ask.dirty,
         writable: ask.writable,
-        objects_in_unit: Some(PathBuf::from(ObjectsWiring::DIR_IN_UNIT)),
+        // box-fork's `None` is the parent's host path.
+        objects_in_unit: match &effective.objects {
+            Some(ObjectsPlace::At(path)) => Some(path.clone()),
+            Some(ObjectsPlace::HostPath) | None => None,
+        },
     };
     box_fork::fork(&git(config), parent, child, &options)
         .map_err(|error| format!("box/fork: forking {}: {error}", ask.from))
@@ -362,6 +385,62 @@ pub fn mode_name(mode: Mechanism) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Worktree is possible where the host has a confined git runner and the
+    /// backend says where a unit sees the borrowed objects; the backend's
+    /// place is what the child's alternates name; otherwise auto is copy and
+    /// worktree is refused with the backend's reason.
+    #[test]
+    fn the_backend_says_where_borrowed_objects_appear() {
+        use box_testkit::fake::{FakeBackend, FakeOptions};
+        let spec = box_policy::plan::UnitSpec::workspace(
+            "box-base:bookworm",
+            box_policy::plan::WorkspaceSource::Host(PathBuf::from("/src/project")),
+        );
+        let host = |place: Option<ObjectsPlace>, git: bool| {
+            let fake = FakeBackend::new(FakeOptions {
+                objects_place: place,
+                ..FakeOptions::default()
+            });
+            let mut config = HostConfig::new(
+                Arc::new(fake),
+                box_policy::profile::Catalog::new(Vec::new()),
+                crate::tests::facts(),
+            );
+            if git {
+                config.fork_git = Some(box_fork::Git::new(Vec::<(String, String)>::new()));
+            }
+            config
+        };
+        let at = ObjectsPlace::At(PathBuf::from("/.box/objects"));
+        for place in [ObjectsPlace::HostPath, at.clone()] {
+            let config = host(Some(place.clone()), true);
+            for asked in [Mode::Auto, Mode::Worktree] {
+                assert_eq!(
+                    effective_mode(&config, &spec, asked),
+                    Ok(Effective {
+                        mode: asked,
+                        objects: Some(place.clone()),
+                    })
+                );
+            }
+        }
+        let copy = Ok(Effective {
+            mode: Mode::Copy,
+            objects: None,
+        });
+        let cannot = host(None, true);
+        assert_eq!(effective_mode(&cannot, &spec, Mode::Auto), copy);
+        let refused = effective_mode(&cannot, &spec, Mode::Worktree).unwrap_err();
+        assert!(
+            refused.contains("read-only in the unit (the fake backend was given no place"),
+            "{refused}"
+        );
+        let no_git = host(Some(at), false);
+        assert_eq!(effective_mode(&no_git, &spec, Mode::Auto), copy);
+        let refused = effective_mode(&no_git, &spec, Mode::Worktree).unwrap_err();
+        assert!(refused.contains("confined git runner"), "{refused}");
+    }
 
     #[test]
     fn fork_params_are_checked_and_named() {

@@ -1151,7 +1151,7 @@ impl Session {
             box_policy::profile::ForkMode::Worktree => box_fork::Mode::Worktree,
             box_policy::profile::ForkMode::Copy => box_fork::Mode::Copy,
         };
-        let mode = fork::effective_mode(&self.config, asked)
+        let mode = fork::effective_mode(&self.config, spec, asked)
             .map_err(|why| StartError::params(format!("workspace.fork_mode: {why}")))?;
         let ask = fork::ForkAsk {
             from: "workspace".to_owned(),
@@ -1168,7 +1168,7 @@ impl Session {
                 (self.config.clone(), parent_path.clone(), child_path.clone());
             tokio::task::spawn_blocking(move || {
                 fork::make_private_dir(&session_dir)
-                    .and_then(|()| fork::make_fork(&config, &parent_path, &child_path, &ask, mode))
+                    .and_then(|()| fork::make_fork(&config, &parent_path, &child_path, &ask, &mode))
             })
             .await
             .unwrap_or_else(|join| Err(format!("the fork failed: {join}")))
@@ -1864,7 +1864,9 @@ impl Session {
                 ),
             );
         }
-        let mode = match fork::effective_mode(&self.config, ask.mode) {
+        // The child's spec is the parent's, or narrower: what the backend
+        // can wire into the parent's kind of unit it can into the child's.
+        let mode = match fork::effective_mode(&self.config, &parent.spec, ask.mode) {
             Ok(mode) => mode,
             Err(why) => return refuse(reply, id, why),
         };
@@ -1924,7 +1926,7 @@ impl Session {
                 );
                 tokio::task::spawn_blocking(move || {
                     fork::make_private_dir(&session_dir)
-                        .and_then(|()| fork::make_fork(&config, &parent_path, &child_path, &ask, mode))
+                        .and_then(|()| fork::make_fork(&config, &parent_path, &child_path, &ask, &mode))
                 })
                 .await
                 .unwrap_or_else(|join| Err(format!("box/fork: the fork failed: {join}")))

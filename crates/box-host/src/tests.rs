@@ -1271,7 +1271,8 @@ async fn a_fork_that_cannot_be_given_is_refused_naming_why_and_starts_nothing() 
     assert!(response.get("result").is_some(), "{response}");
     let (_, response) = client.call(json!(1), "box/fork", json!({})).await;
     refused(&response, "read-only");
-    // Worktree needs the docker backend and a confined git runner.
+    // Worktree needs a confined git runner and a backend that shows the
+    // parent's objects in a unit (the fake has neither here).
     let (_, response) = client
         .call(
             json!(2),

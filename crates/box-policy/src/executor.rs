@@ -159,6 +159,10 @@ pub struct ExecutorSpec {
     /// bridges it to a loopback port and points its children's proxy variables
     /// there. `None`: no egress.
     pub egress_socket: Option<PathBuf>,
+    /// Directories the executor and its children may read (never write)
+    /// besides the root and the system's: a `worktree` fork's borrowed git
+    /// objects, which the child's alternates name (`--read DIR`, repeated).
+    pub read: Vec<PathBuf>,
 }
 
 /// A command line that is not an executor's, or has a bad flag.
@@ -203,6 +207,7 @@ impl ExecutorSpec {
             bash_output: BashOutput::default(),
             secrets: Vec::new(),
             egress_socket: None,
+            read: Vec::new(),
         }
     }
 
@@ -260,6 +265,10 @@ impl ExecutorSpec {
         if let Some(socket) = &self.egress_socket {
             flag("--egress-socket", socket.to_string_lossy().into_owned());
         }
+        // One flag per directory: a path may hold any character but NUL.
+        for dir in &self.read {
+            flag("--read", dir.to_string_lossy().into_owned());
+        }
         args
     }
 
@@ -304,6 +313,7 @@ impl ExecutorSpec {
                 "--bash-output" => spec.bash_output = choice(flag, value)?,
                 "--secrets" => spec.secrets.extend(parse_secrets(value)?),
                 "--egress-socket" => spec.egress_socket = Some(PathBuf::from(value)),
+                "--read" => spec.read.push(PathBuf::from(value)),
                 other => return Err(SpecError::UnknownFlag(other.to_owned())),
             }
         }
@@ -380,6 +390,10 @@ mod tests {
                 },
             ],
             egress_socket: Some(PathBuf::from("/.box/egress/proxy.sock")),
+            read: vec![
+                PathBuf::from("/.box/objects"),
+                PathBuf::from("/srv/repo, with a comma/.git/objects"),
+            ],
         }
     }
 

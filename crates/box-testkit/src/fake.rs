@@ -39,6 +39,9 @@ pub struct FakeOptions {
     pub fail_unit: Option<String>,
     /// Wait this long in every start.
     pub start_delay: Duration,
+    /// Where its units would see a worktree fork's borrowed objects
+    /// (`Backend::objects_place`); `None`: refused, as by default.
+    pub objects_place: Option<box_backend::ObjectsPlace>,
 }
 
 /// What the fake saw.
@@ -182,6 +185,13 @@ impl Backend for FakeBackend {
 
     fn check(&self, _spec: &UnitSpec) -> Result<(), Vec<box_backend::Unenforceable>> {
         Ok(())
+    }
+
+    fn objects_place(&self, _spec: &UnitSpec) -> Result<box_backend::ObjectsPlace, String> {
+        self.options
+            .objects_place
+            .clone()
+            .ok_or_else(|| "the fake backend was given no place for them".to_owned())
     }
 
     fn start<'a>(
