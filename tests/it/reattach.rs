@@ -33,6 +33,8 @@ async fn docker() -> bool {
 
 /// Where every host of one test keeps its state and finds its profiles.
 struct Setup {
+    /// `docker` or `local`.
+    backend: &'static str,
     instance: String,
     port: u16,
     state: tempfile::TempDir,
@@ -46,6 +48,11 @@ struct Setup {
 
 impl Setup {
     fn new(name: &str) -> Self {
+        Self::on("docker", name)
+    }
+
+    /// A setup whose hosts run `backend`'s units.
+    fn on(backend: &'static str, name: &str) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -54,7 +61,8 @@ impl Setup {
         let profiles = tempfile::tempdir().unwrap();
         write_profile(profiles.path(), 300);
         Self {
-            instance: format!("e2e-reattach-{name}-{}", std::process::id()),
+            backend,
+            instance: format!("e2e-reattach-{backend}-{name}-{}", std::process::id()),
             port,
             state: tempfile::tempdir().unwrap(),
             profiles,
@@ -65,6 +73,45 @@ impl Setup {
 
     fn address(&self) -> SocketAddr {
         format!("127.0.0.1:{}", self.port).parse().unwrap()
+    }
+
+    /// Remove one unit by its backend id, as an operator would while its
+    /// host is down.
+    async fn remove_unit(&self, id: &str) {
+        use boxhost::backend::Backend as _;
+        if self.backend == "docker" {
+            let docker =
+                boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
+            docker
+                .remove_container(
+                    id,
+                    Some(
+                        boxhost::backend::docker::bollard::query_parameters::RemoveContainerOptionsBuilder::new()
+                            .force(true)
+                            .build(),
+                    ),
+                )
+                .await
+                .unwrap();
+        } else {
+            let local = boxhost::backend::local::LocalBackend::new(box_bin());
+            local.remove(id).await.unwrap();
+        }
+    }
+
+    /// Remove whatever units of this setup's instance are left (a refused
+    /// session's, left to their leases by the host).
+    async fn remove_units(&self) {
+        use boxhost::backend::Backend as _;
+        if self.backend == "docker" {
+            remove_containers(&self.instance).await;
+        } else {
+            let local = boxhost::backend::local::LocalBackend::new(box_bin());
+            // A refused session's units are left to their leases.
+            let units = local.list_instance(&self.instance).await.unwrap();
+            let report = local.remove_units(units).await;
+            assert!(report.failed.is_empty(), "{:?}", report.failed);
+        }
     }
 
     /// A `box serve --listen` host with this setup's state, ready to answer.
@@ -81,7 +128,7 @@ impl Setup {
     /// [`spawn`](Self::spawn) under instance id `instance`.
     fn spawn_as(&self, instance: &str, extra: &[&str]) -> Child {
         Command::new(box_bin())
-            .args(["serve", "--backend", "docker", "--instance", instance])
+            .args(["serve", "--backend", self.backend, "--instance", instance])
             .arg("--profiles")
             .arg(self.profiles.path())
             .arg("--state")
@@ -241,7 +288,17 @@ async fn a_session_survives_kill_9_of_its_host_and_reattaches() {
     if !docker().await {
         return;
     }
-    let setup = Setup::new("path");
+    survives_kill_9_and_reattaches(Setup::new("path")).await;
+}
+
+/// The same path on the local backend: the unit's helper outlives its host,
+/// and the new host re-adopts it through its run directory.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_session_survives_kill_9_of_its_host_and_reattaches() {
+    survives_kill_9_and_reattaches(Setup::on("local", "path")).await;
+}
+
+async fn survives_kill_9_and_reattaches(setup: Setup) {
     let mut host = setup.serve().await;
     let (session, answer) = setup.initialize(json!({"profile": "re"})).await;
     let session = session.unwrap_or_else(|| panic!("{answer}"));
@@ -264,7 +321,7 @@ async fn a_session_survives_kill_9_of_its_host_and_reattaches() {
     );
 
     setup
-        .bash(&session, 1, "echo kept > /tmp/survivor.txt")
+        .bash(&session, 1, "echo kept > ${TMPDIR:-/tmp}/survivor.txt")
         .await;
     let started = setup
         .call(
@@ -336,7 +393,9 @@ async fn a_session_survives_kill_9_of_its_host_and_reattaches() {
         "{answer}"
     );
 
-    let tmp = setup.bash(&session, 10, "cat /tmp/survivor.txt").await;
+    let tmp = setup
+        .bash(&session, 10, "cat ${TMPDIR:-/tmp}/survivor.txt")
+        .await;
     assert!(tmp.contains("kept"), "{tmp}");
     let after = setup
         .call(
@@ -373,7 +432,7 @@ async fn a_session_survives_kill_9_of_its_host_and_reattaches() {
     assert_eq!(reply.status, 200);
     assert!(!file.exists());
     stop(&mut host);
-    remove_containers(&setup.instance).await;
+    setup.remove_units().await;
 }
 
 /// After a restart, a session whose profile changed and one whose container
@@ -383,7 +442,17 @@ async fn a_changed_profile_or_a_removed_container_refuses_reattach() {
     if !docker().await {
         return;
     }
-    let setup = Setup::new("refused");
+    changed_or_removed_refuses_reattach(Setup::new("refused")).await;
+}
+
+/// The same refusals on the local backend, the unit removed through the
+/// backend (`box units rm` does the same) while its host is down.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_changed_profile_or_a_removed_unit_refuses_reattach() {
+    changed_or_removed_refuses_reattach(Setup::on("local", "refused")).await;
+}
+
+async fn changed_or_removed_refuses_reattach(setup: Setup) {
     let mut host = setup.serve().await;
     let (changed, changed_answer) = setup.initialize(json!({"profile": "re"})).await;
     let changed = changed.unwrap_or_else(|| panic!("{changed_answer}"));
@@ -414,18 +483,7 @@ async fn a_changed_profile_or_a_removed_container_refuses_reattach() {
     kill9(&mut host);
     write_profile(setup.profiles.path(), 301);
     std::fs::remove_dir_all(&gone_path).unwrap();
-    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
-    docker
-        .remove_container(
-            &removed_id,
-            Some(
-                boxhost::backend::docker::bollard::query_parameters::RemoveContainerOptionsBuilder::new()
-                    .force(true)
-                    .build(),
-            ),
-        )
-        .await
-        .unwrap();
+    setup.remove_unit(&removed_id).await;
     let mut host = setup.serve().await;
 
     let (none, refused) = setup
@@ -460,7 +518,7 @@ async fn a_changed_profile_or_a_removed_container_refuses_reattach() {
         "the refusal names the missing workspace: {refused}"
     );
     stop(&mut host);
-    remove_containers(&setup.instance).await;
+    setup.remove_units().await;
 }
 
 /// BENCHMARKS.md, "Reattach": 50 sessions on docker, `kill -9` of their
