@@ -1375,16 +1375,62 @@ fn local_a_killed_hosts_unit_leaves_no_process() {
         until_marker(&marker, Duration::from_secs(10)),
         "the marker never started"
     );
+    // The unit's id is its helper's pid.
+    let helper = served.initialized["result"]["capabilities"]["experimental"]
+        ["io.github.christopherdavenport.dax/executor"]["box"]["units"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     kill(
         nix::unistd::Pid::from_raw(served.child.id() as i32),
         Signal::SIGKILL,
     )
     .unwrap();
     served.child.wait().unwrap();
-    match until_empty(Duration::from_secs(3 + 5), || sleeps_with(&marker)) {
+    let gc = || {
+        std::process::Command::new(box_bin())
+            .args(["gc", "--instance", &instance])
+            .output()
+            .unwrap()
+    };
+    // Right after the kill the unit's lease may be live: gc sees the unit
+    // (from its run directory) and leaves it to its helper.
+    let out = gc();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("left {helper}")), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).is_empty(),
+        "gc removed a unit whose lease may be live: {out:?}"
+    );
+    match until_empty(Duration::from_secs(3 + 5), || {
+        let mut left: Vec<String> = sleeps_with(&marker)
+            .into_iter()
+            .map(|pid| format!("process {pid}"))
+            .collect();
+        // No box process is left either: the helper ends with the unit.
+        if Path::new(&format!("/proc/{helper}")).exists() {
+            left.push(format!("helper {helper}"));
+        }
+        left
+    }) {
         Ok(took) => eprintln!("the killed host's local unit was gone {took:?} after the kill"),
         Err(left) => panic!("processes of the unit left 8 s after its host was killed: {left:?}"),
     }
+    // Its helper gone, the unit is listed as ended: gc removes what it left
+    // (its run directory), and nothing of the instance is listed any more.
+    let out = gc();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("removed {helper}")),
+        "{out:?}"
+    );
+    let backend = boxhost::backend::local::LocalBackend::new(box_bin());
+    let listed = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        use boxhost::backend::Backend as _;
+        backend.list_instance(&instance).await.unwrap()
+    });
+    assert!(listed.is_empty(), "{listed:?}");
 }
 
 /// How a test ends a host the way CI runners and scripts do.
