@@ -532,8 +532,20 @@ async fn bench_reattach_of_50_sessions() {
     if !docker().await {
         return;
     }
+    reattach_of_50_sessions(Setup::new("bench")).await;
+}
+
+/// The same on the local backend.
+/// Run: `CI=true cargo nextest run --test it -E 'test(/local_reattach_of_50/)' --run-ignored only --no-capture`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: 50 local units"]
+async fn bench_local_reattach_of_50_sessions() {
+    reattach_of_50_sessions(Setup::on("local", "bench")).await;
+}
+
+async fn reattach_of_50_sessions(setup: Setup) {
     const SESSIONS: usize = 50;
-    let setup = std::sync::Arc::new(Setup::new("bench"));
+    let setup = std::sync::Arc::new(setup);
     let mut host = setup.serve().await;
     let clock = std::time::Instant::now();
     let started = futures::future::join_all((0..SESSIONS).map(|_| {
@@ -576,11 +588,12 @@ async fn bench_reattach_of_50_sessions() {
     .await;
     let answering = clock.elapsed();
     println!(
-        "BENCH reattach of {SESSIONS} sessions: listening after {listening:?}, all reattached after {reattach_all:?}, all answered a bash call after {answering:?}; baseline: the same {SESSIONS} sessions started fresh in {start_all:?}; ratio reattach/start {:.3}",
+        "BENCH {} reattach of {SESSIONS} sessions: listening after {listening:?}, all reattached after {reattach_all:?}, all answered a bash call after {answering:?}; baseline: the same {SESSIONS} sessions started fresh in {start_all:?}; ratio reattach/start {:.3}",
+        setup.backend,
         reattach_all.as_secs_f64() / start_all.as_secs_f64()
     );
     stop(&mut host);
-    remove_containers(&setup.instance).await;
+    setup.remove_units().await;
 }
 
 /// `box serve` over stdio with `--state`: one JSON-RPC line per message.
