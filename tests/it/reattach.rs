@@ -521,6 +521,46 @@ async fn changed_or_removed_refuses_reattach(setup: Setup) {
     setup.remove_units().await;
 }
 
+/// A local unit whose lease lapsed while its host was dead (its helper ended
+/// it, and nothing of it runs) is not re-adopted: the reattach is refused,
+/// never answered by fresh units.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_unit_whose_lease_lapsed_is_not_reattached() {
+    let setup = Setup::on("local", "lapsed");
+    std::fs::write(
+        setup.profiles.path().join("short.toml"),
+        "description = \"a short lease\"\nextends = \"default\"\n\n[lifecycle]\nlease = \"1s\"\n",
+    )
+    .unwrap();
+    let mut host = setup.serve().await;
+    let (session, answer) = setup.initialize(json!({"profile": "short"})).await;
+    let session = session.unwrap_or_else(|| panic!("{answer}"));
+    let secret = box_answer(&answer)["session"]["secret"].clone();
+    let helper = box_answer(&answer)["units"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    kill9(&mut host);
+    // The lease (1 s) lapses: the helper ends the unit and itself.
+    let deadline = std::time::Instant::now() + Duration::from_secs(1 + 5);
+    while Path::new(&format!("/proc/{helper}")).exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unit's helper outlived its lease by 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut host = setup.serve().await;
+    let (none, refused) = setup
+        .initialize(json!({"reattach": {"session": session, "secret": secret}}))
+        .await;
+    assert_eq!(none, None, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&session), "{refused}");
+    stop(&mut host);
+    setup.remove_units().await;
+}
+
 /// BENCHMARKS.md, "Reattach": 50 sessions on docker, `kill -9` of their
 /// host, a new host with the same state: the time from spawning it until
 /// all 50 have reattached (and until each has answered a `bash` call),
@@ -607,7 +647,7 @@ impl Stdio {
     fn serve(setup: &Setup) -> Self {
         use std::io::BufRead as _;
         let mut child = Command::new(box_bin())
-            .args(["serve", "--backend", "docker"])
+            .args(["serve", "--backend", setup.backend])
             .arg("--state")
             .arg(setup.state.path().join("sessions"))
             .arg("--workspace")
@@ -687,7 +727,16 @@ async fn a_stdio_session_reattaches_in_a_new_serve_process() {
     if !docker().await {
         return;
     }
-    let setup = Setup::new("stdio");
+    stdio_session_reattaches(Setup::new("stdio")).await;
+}
+
+/// The same over stdio on the local backend.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_stdio_session_reattaches_in_a_new_serve_process() {
+    stdio_session_reattaches(Setup::on("local", "stdio")).await;
+}
+
+async fn stdio_session_reattaches(setup: Setup) {
     let mut first = Stdio::serve(&setup);
     let answer = tokio::task::block_in_place(|| first.initialize(json!({})));
     let identity = box_answer(&answer)["session"].clone();
@@ -699,14 +748,14 @@ async fn a_stdio_session_reattaches_in_a_new_serve_process() {
         first.call(
             1,
             "tools/call",
-            json!({"name": "bash", "arguments": {"command": "echo stdio-kept > /tmp/kept.txt"}}),
+            json!({"name": "bash", "arguments": {"command": "echo stdio-kept > ${TMPDIR:-/tmp}/kept.txt"}}),
         )
     });
     assert!(wrote.get("result").is_some(), "{wrote}");
     // A call in flight when the host dies: reported as unknown outcome, and
     // its answer, when the unit gives it, reaches the client late.
     first.send(&json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
-        "params": {"name": "bash", "arguments": {"command": "touch /tmp/started; sleep 3; echo late-answer"}}}));
+        "params": {"name": "bash", "arguments": {"command": "touch ${TMPDIR:-/tmp}/started; sleep 3; echo late-answer"}}}));
     // Killed only once the call runs in the unit.
     let mut probe = 6;
     loop {
@@ -714,7 +763,7 @@ async fn a_stdio_session_reattaches_in_a_new_serve_process() {
             first.call(
                 probe,
                 "tools/call",
-                json!({"name": "bash", "arguments": {"command": "test -e /tmp/started && echo running"}}),
+                json!({"name": "bash", "arguments": {"command": "test -e ${TMPDIR:-/tmp}/started && echo running"}}),
             )
         });
         if seen.to_string().contains("running") {
@@ -755,7 +804,7 @@ async fn a_stdio_session_reattaches_in_a_new_serve_process() {
         second.call(
             2,
             "tools/call",
-            json!({"name": "bash", "arguments": {"command": "cat /tmp/kept.txt"}}),
+            json!({"name": "bash", "arguments": {"command": "cat ${TMPDIR:-/tmp}/kept.txt"}}),
         )
     });
     assert!(
@@ -785,13 +834,22 @@ async fn sighup_hands_sessions_to_the_next_process() {
     if !docker().await {
         return;
     }
-    let setup = Setup::new("hup");
+    sighup_hands_sessions(Setup::new("hup")).await;
+}
+
+/// The same handover on the local backend.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_sighup_hands_sessions_to_the_next_process() {
+    sighup_hands_sessions(Setup::on("local", "hup")).await;
+}
+
+async fn sighup_hands_sessions(setup: Setup) {
     let mut host = setup.serve().await;
     let (session, answer) = setup.initialize(json!({})).await;
     let session = session.unwrap_or_else(|| panic!("{answer}"));
     let secret = box_answer(&answer)["session"]["secret"].clone();
     setup
-        .bash(&session, 1, "echo handed > /tmp/handed.txt")
+        .bash(&session, 1, "echo handed > ${TMPDIR:-/tmp}/handed.txt")
         .await;
     let (address, calling) = (setup.address(), session.clone());
     let in_flight = tokio::spawn(async move {
@@ -826,10 +884,12 @@ async fn sighup_hands_sessions_to_the_next_process() {
         .await;
     assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
     assert_eq!(box_answer(&answer)["unknownOutcome"], json!([]), "{answer}");
-    let kept = setup.bash(&session, 3, "cat /tmp/handed.txt").await;
+    let kept = setup
+        .bash(&session, 3, "cat ${TMPDIR:-/tmp}/handed.txt")
+        .await;
     assert!(kept.contains("handed"), "{kept}");
     stop(&mut host);
-    remove_containers(&setup.instance).await;
+    setup.remove_units().await;
 }
 
 /// `box serve --takeover` on the same address: the live host is sent SIGHUP,
@@ -839,12 +899,23 @@ async fn takeover_replaces_the_live_host_without_losing_its_session() {
     if !docker().await {
         return;
     }
-    let setup = Setup::new("takeover");
+    takeover_replaces_the_live_host(Setup::new("takeover")).await;
+}
+
+/// The same takeover on the local backend.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_takeover_replaces_the_live_host_without_losing_its_session() {
+    takeover_replaces_the_live_host(Setup::on("local", "takeover")).await;
+}
+
+async fn takeover_replaces_the_live_host(setup: Setup) {
     let mut old = setup.serve().await;
     let (session, answer) = setup.initialize(json!({})).await;
     let session = session.unwrap_or_else(|| panic!("{answer}"));
     let secret = box_answer(&answer)["session"]["secret"].clone();
-    setup.bash(&session, 1, "echo over > /tmp/over.txt").await;
+    setup
+        .bash(&session, 1, "echo over > ${TMPDIR:-/tmp}/over.txt")
+        .await;
 
     let new = setup.spawn(&["--takeover"]);
     assert!(
@@ -856,10 +927,12 @@ async fn takeover_replaces_the_live_host_without_losing_its_session() {
         .initialize(json!({"reattach": {"session": session, "secret": secret}}))
         .await;
     assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
-    let kept = setup.bash(&session, 2, "cat /tmp/over.txt").await;
+    let kept = setup
+        .bash(&session, 2, "cat ${TMPDIR:-/tmp}/over.txt")
+        .await;
     assert!(kept.contains("over"), "{kept}");
     stop(&mut new);
-    remove_containers(&setup.instance).await;
+    setup.remove_units().await;
 }
 
 /// A successor under another instance id re-adopts a dead host's session
