@@ -1344,10 +1344,12 @@ fn containers_labelled(label: &str) -> Vec<String> {
         .collect()
 }
 
-/// Issue 12: `kill -9` of `box serve` leaves nothing of its local unit (the
-/// helper dies with its host: parent-death signal), well within the lease:
-/// the process table is polled for a marker started in the unit, detached
-/// from its call.
+/// Issue 12: `kill -9` of `box serve` leaves nothing of its local unit
+/// within the lease plus 5 s (the sandbox helper ends it when no renewal
+/// comes, then itself): the process table is polled for a marker started in
+/// the unit, detached from its call, and for the helper. `box gc` right
+/// after the kill leaves the unit (its lease may be live), and once it has
+/// ended removes its run directory.
 #[test]
 fn local_a_killed_hosts_unit_leaves_no_process() {
     use nix::sys::signal::{Signal, kill};
@@ -1418,13 +1420,11 @@ fn local_a_killed_hosts_unit_leaves_no_process() {
         Err(left) => panic!("processes of the unit left 8 s after its host was killed: {left:?}"),
     }
     // Its helper gone, the unit is listed as ended: gc removes what it left
-    // (its run directory), and nothing of the instance is listed any more.
+    // (its run directory; unless another host's start-up sweep, which
+    // judges the same way, got there first), and nothing of the instance is
+    // listed any more.
     let out = gc();
     assert!(out.status.success(), "{out:?}");
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains(&format!("removed {helper}")),
-        "{out:?}"
-    );
     let backend = boxhost::backend::local::LocalBackend::new(box_bin());
     let listed = tokio::runtime::Runtime::new().unwrap().block_on(async {
         use boxhost::backend::Backend as _;
@@ -1447,7 +1447,7 @@ enum Interrupt {
 /// SIGKILL) or by a SIGKILL of their process group, leave no unit and no
 /// process of it once the lease (3 s) has passed: a SIGTERM lets the host
 /// remove its units itself, a SIGKILL leaves them to their lease (docker:
-/// box's init; local: the helper's parent-death signal).
+/// box's init; local: the sandbox helper, which runs the same supervisor).
 fn interrupted_hosts_leave_nothing_after_the_lease(backend: &str) {
     use std::os::unix::process::CommandExt as _;
     // Long enough for a unit to start under load: a docker unit's engine
