@@ -948,6 +948,15 @@ fn hold_unit(child: libc::pid_t, init: InitHold, stdin: OwnedFd, stdout: OwnedFd
         return ExitCode::from(REFUSED_EXIT);
     }
     drop(init.dir);
+    // box-init's own log lines (a refused peer, a lapse), as JSON on the
+    // unit's stderr, which the host re-emits at their level. Set here,
+    // after the init was forked, so nothing of the unit inherits it.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .json()
+        .try_init();
     let config = box_init::InitConfig {
         socket: PathBuf::from(box_init::protocol::SOCKET_NAME),
         unit: init.spec.unit,
