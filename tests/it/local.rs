@@ -2342,3 +2342,48 @@ async fn a_local_unit_let_go_ends_within_its_lease_without_a_pid_namespace() {
     });
     let_go_ends_within_the_lease(backend, "letgo-flat").await;
 }
+
+/// Issue 12: the unit's key, which proves the host to the unit's helper and
+/// the helper to the host, stays out of the unit: its run directory (socket,
+/// key, record) is hidden by the unit's mount namespace, and landlock never
+/// grants it where there is none. A process of the unit that looks for
+/// every run directory under the host's runtime directory finds no key.
+#[tokio::test]
+async fn the_unit_key_and_the_run_directory_are_out_of_reach() {
+    if !require_landlock() {
+        return;
+    }
+    let units = boxhost::backend::default_runtime_dir().join("units");
+    let script = format!(
+        "for dir in {units}/*; do cat \"$dir/key\" && echo read-a-key; done; \
+         ls {units} >/dev/null 2>&1 && echo listed-run-dirs; echo done",
+        units = units.display()
+    );
+    let workspace = tempfile::tempdir().unwrap();
+    let spec = unit_spec(workspace.path());
+    let flat = LocalBackend::with_options(LocalOptions {
+        box_exe: box_bin(),
+        namespaces: Requirement::Off,
+        landlock_min_abi: 1,
+        temp_root: boxhost::backend::local::default_temp_root(),
+    });
+    for (backend, name) in [(backend(), "keyless"), (flat, "keyless-flat")] {
+        let probe = probe_with(&backend, name, &spec, &script).await;
+        assert!(probe.output.contains("done"), "{name}: {}", probe.output);
+        assert!(
+            !probe.output.contains("read-a-key"),
+            "{name}: {}",
+            probe.output
+        );
+        assert!(
+            !probe.output.contains("listed-run-dirs"),
+            "{name}: {}",
+            probe.output
+        );
+        let hex_word = probe
+            .output
+            .split_whitespace()
+            .any(|word| word.len() == 64 && word.chars().all(|c| c.is_ascii_hexdigit()));
+        assert!(!hex_word, "{name}: a key in {}", probe.output);
+    }
+}
