@@ -707,11 +707,17 @@ impl LocalBackend {
         dirs.iter().flat_map(|dir| lease::run_dirs(dir)).collect()
     }
 
-    /// The run directory and record of unit `id`.
+    /// The run directory and record of unit `id`: the one whose helper lives,
+    /// if any (an id is a pid, which an ended unit's leftover record may
+    /// share with a live one).
     fn recorded(&self, id: &str) -> Option<(PathBuf, lease::Record)> {
-        self.recorded_all()
+        let mut found: Vec<_> = self
+            .recorded_all()
             .into_iter()
-            .find(|(_, record)| record.id == id)
+            .filter(|(_, record)| record.id == id)
+            .collect();
+        found.sort_by_key(|(_, record)| !record.helper_alive());
+        found.into_iter().next()
     }
 
     /// [`Backend::adopt`]: the run directory's record checked against what
