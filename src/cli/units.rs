@@ -23,8 +23,8 @@ async fn lasting_backend() -> anyhow::Result<Arc<dyn Backend>> {
         .map_err(|why| anyhow::anyhow!("docker: {why}"))
 }
 
-/// `box units`: the units box started on the docker engine (a local unit
-/// ends with its host, so only docker's outlive the process that started them).
+/// `box units`: the units box started on the docker engine (`box gc` also
+/// covers local units, which outlive their host by their lease).
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = UNITS_EXAMPLES)]
 pub struct UnitsArgs {
@@ -344,16 +344,41 @@ pub fn collectable(liveness: Liveness, named: bool, all_instances: bool) -> bool
     }
 }
 
-/// Run `box gc`.
+/// The backends whose units can outlive the process that started them:
+/// docker when its engine answers, and local (a local unit outlives its host
+/// by its lease; its run directory's record says so). At least one.
+async fn lasting_backends() -> anyhow::Result<Vec<Arc<dyn Backend>>> {
+    let registry = crate::backends::registry();
+    let mut backends = Vec::new();
+    let mut why = Vec::new();
+    for name in ["docker", "local"] {
+        match registry.connect(name).await {
+            Ok(backend) => backends.push(backend),
+            Err(error) => why.push(format!("{name}: {error}")),
+        }
+    }
+    if backends.is_empty() {
+        anyhow::bail!("no backend answers: {}", why.join("; "));
+    }
+    for reason in &why {
+        eprintln!("box gc: skipping {reason}");
+    }
+    Ok(backends)
+}
+
+/// Run `box gc`: over docker's units and the local backend's alike.
 pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
     let dir = instance::default_dir();
     let (removed, failed) = runtime()?.block_on(async {
-        let backend = lasting_backend().await?;
-        let units = backend.list().await?;
-        let mut by_instance: BTreeMap<String, Vec<UnitInfo>> = BTreeMap::new();
+        let backends = lasting_backends().await?;
+        let mut units = Vec::new();
+        for (index, backend) in backends.iter().enumerate() {
+            units.extend(backend.list().await?.into_iter().map(|unit| (index, unit)));
+        }
+        let mut by_instance: BTreeMap<String, Vec<(usize, UnitInfo)>> = BTreeMap::new();
         for unit in units {
             by_instance
-                .entry(unit.instance.clone())
+                .entry(unit.1.instance.clone())
                 .or_default()
                 .push(unit);
         }
@@ -382,13 +407,13 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
                     Liveness::Dead => instance::heartbeat(&dir, &id),
                     _ => None,
                 };
-                let (waiting, gone): (Vec<_>, Vec<_>) = units.into_iter().partition(|unit| {
+                let (waiting, gone): (Vec<_>, Vec<_>) = units.into_iter().partition(|(_, unit)| {
                     last_alive.is_some_and(|last_alive| {
                         instance::lease_may_be_live(&unit.state, unit.lease_ms, last_alive, now)
                             .is_some()
                     })
                 });
-                for unit in &waiting {
+                for (_, unit) in &waiting {
                     let by = last_alive.and_then(|last_alive| {
                         instance::lease_may_be_live(&unit.state, unit.lease_ms, last_alive, now)
                     });
@@ -412,11 +437,24 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
                 );
             }
         }
-        let report = backend.remove_units(doomed).await;
+        let (mut removed, mut failed) = (Vec::new(), Vec::new());
+        for (index, backend) in backends.iter().enumerate() {
+            let theirs: Vec<UnitInfo> = doomed
+                .iter()
+                .filter(|(of, _)| *of == index)
+                .map(|(_, unit)| unit.clone())
+                .collect();
+            if theirs.is_empty() {
+                continue;
+            }
+            let report = backend.remove_units(theirs).await;
+            removed.extend(report.removed);
+            failed.extend(report.failed);
+        }
         for id in forget {
             instance::forget(&dir, &id);
         }
-        anyhow::Ok((report.removed, report.failed))
+        anyhow::Ok((removed, failed))
     })?;
     for unit in &removed {
         println!(

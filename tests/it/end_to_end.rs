@@ -1344,10 +1344,12 @@ fn containers_labelled(label: &str) -> Vec<String> {
         .collect()
 }
 
-/// Issue 12: `kill -9` of `box serve` leaves nothing of its local unit (the
-/// helper dies with its host: parent-death signal), well within the lease:
-/// the process table is polled for a marker started in the unit, detached
-/// from its call.
+/// Issue 12: `kill -9` of `box serve` leaves nothing of its local unit
+/// within the lease plus 5 s (the sandbox helper ends it when no renewal
+/// comes, then itself): the process table is polled for a marker started in
+/// the unit, detached from its call, and for the helper. `box gc` right
+/// after the kill leaves the unit (its lease may be live), and once it has
+/// ended removes its run directory.
 #[test]
 fn local_a_killed_hosts_unit_leaves_no_process() {
     use nix::sys::signal::{Signal, kill};
@@ -1375,16 +1377,60 @@ fn local_a_killed_hosts_unit_leaves_no_process() {
         until_marker(&marker, Duration::from_secs(10)),
         "the marker never started"
     );
+    // The unit's id is its helper's pid.
+    let helper = served.initialized["result"]["capabilities"]["experimental"]
+        ["io.github.christopherdavenport.dax/executor"]["box"]["units"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     kill(
         nix::unistd::Pid::from_raw(served.child.id() as i32),
         Signal::SIGKILL,
     )
     .unwrap();
     served.child.wait().unwrap();
-    match until_empty(Duration::from_secs(3 + 5), || sleeps_with(&marker)) {
+    let gc = || {
+        std::process::Command::new(box_bin())
+            .args(["gc", "--instance", &instance])
+            .output()
+            .unwrap()
+    };
+    // Right after the kill the unit's lease may be live: gc sees the unit
+    // (from its run directory) and leaves it to its helper.
+    let out = gc();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("left {helper}")), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).is_empty(),
+        "gc removed a unit whose lease may be live: {out:?}"
+    );
+    match until_empty(Duration::from_secs(3 + 5), || {
+        let mut left: Vec<String> = sleeps_with(&marker)
+            .into_iter()
+            .map(|pid| format!("process {pid}"))
+            .collect();
+        // No box process is left either: the helper ends with the unit.
+        if Path::new(&format!("/proc/{helper}")).exists() {
+            left.push(format!("helper {helper}"));
+        }
+        left
+    }) {
         Ok(took) => eprintln!("the killed host's local unit was gone {took:?} after the kill"),
         Err(left) => panic!("processes of the unit left 8 s after its host was killed: {left:?}"),
     }
+    // Its helper gone, the unit is listed as ended: gc removes what it left
+    // (its run directory; unless another host's start-up sweep, which
+    // judges the same way, got there first), and nothing of the instance is
+    // listed any more.
+    let out = gc();
+    assert!(out.status.success(), "{out:?}");
+    let backend = boxhost::backend::local::LocalBackend::new(box_bin());
+    let listed = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        use boxhost::backend::Backend as _;
+        backend.list_instance(&instance).await.unwrap()
+    });
+    assert!(listed.is_empty(), "{listed:?}");
 }
 
 /// How a test ends a host the way CI runners and scripts do.
@@ -1401,7 +1447,7 @@ enum Interrupt {
 /// SIGKILL) or by a SIGKILL of their process group, leave no unit and no
 /// process of it once the lease (3 s) has passed: a SIGTERM lets the host
 /// remove its units itself, a SIGKILL leaves them to their lease (docker:
-/// box's init; local: the helper's parent-death signal).
+/// box's init; local: the sandbox helper, which runs the same supervisor).
 fn interrupted_hosts_leave_nothing_after_the_lease(backend: &str) {
     use std::os::unix::process::CommandExt as _;
     // Long enough for a unit to start under load: a docker unit's engine

@@ -33,6 +33,8 @@ async fn docker() -> bool {
 
 /// Where every host of one test keeps its state and finds its profiles.
 struct Setup {
+    /// `docker` or `local`.
+    backend: &'static str,
     instance: String,
     port: u16,
     state: tempfile::TempDir,
@@ -46,6 +48,11 @@ struct Setup {
 
 impl Setup {
     fn new(name: &str) -> Self {
+        Self::on("docker", name)
+    }
+
+    /// A setup whose hosts run `backend`'s units.
+    fn on(backend: &'static str, name: &str) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -54,7 +61,8 @@ impl Setup {
         let profiles = tempfile::tempdir().unwrap();
         write_profile(profiles.path(), 300);
         Self {
-            instance: format!("e2e-reattach-{name}-{}", std::process::id()),
+            backend,
+            instance: format!("e2e-reattach-{backend}-{name}-{}", std::process::id()),
             port,
             state: tempfile::tempdir().unwrap(),
             profiles,
@@ -65,6 +73,45 @@ impl Setup {
 
     fn address(&self) -> SocketAddr {
         format!("127.0.0.1:{}", self.port).parse().unwrap()
+    }
+
+    /// Remove one unit by its backend id, as an operator would while its
+    /// host is down.
+    async fn remove_unit(&self, id: &str) {
+        use boxhost::backend::Backend as _;
+        if self.backend == "docker" {
+            let docker =
+                boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
+            docker
+                .remove_container(
+                    id,
+                    Some(
+                        boxhost::backend::docker::bollard::query_parameters::RemoveContainerOptionsBuilder::new()
+                            .force(true)
+                            .build(),
+                    ),
+                )
+                .await
+                .unwrap();
+        } else {
+            let local = boxhost::backend::local::LocalBackend::new(box_bin());
+            local.remove(id).await.unwrap();
+        }
+    }
+
+    /// Remove whatever units of this setup's instance are left (a refused
+    /// session's, left to their leases by the host).
+    async fn remove_units(&self) {
+        use boxhost::backend::Backend as _;
+        if self.backend == "docker" {
+            remove_containers(&self.instance).await;
+        } else {
+            let local = boxhost::backend::local::LocalBackend::new(box_bin());
+            // A refused session's units are left to their leases.
+            let units = local.list_instance(&self.instance).await.unwrap();
+            let report = local.remove_units(units).await;
+            assert!(report.failed.is_empty(), "{:?}", report.failed);
+        }
     }
 
     /// A `box serve --listen` host with this setup's state, ready to answer.
@@ -81,7 +128,7 @@ impl Setup {
     /// [`spawn`](Self::spawn) under instance id `instance`.
     fn spawn_as(&self, instance: &str, extra: &[&str]) -> Child {
         Command::new(box_bin())
-            .args(["serve", "--backend", "docker", "--instance", instance])
+            .args(["serve", "--backend", self.backend, "--instance", instance])
             .arg("--profiles")
             .arg(self.profiles.path())
             .arg("--state")
@@ -241,7 +288,17 @@ async fn a_session_survives_kill_9_of_its_host_and_reattaches() {
     if !docker().await {
         return;
     }
-    let setup = Setup::new("path");
+    survives_kill_9_and_reattaches(Setup::new("path")).await;
+}
+
+/// The same path on the local backend: the unit's helper outlives its host,
+/// and the new host re-adopts it through its run directory.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_session_survives_kill_9_of_its_host_and_reattaches() {
+    survives_kill_9_and_reattaches(Setup::on("local", "path")).await;
+}
+
+async fn survives_kill_9_and_reattaches(setup: Setup) {
     let mut host = setup.serve().await;
     let (session, answer) = setup.initialize(json!({"profile": "re"})).await;
     let session = session.unwrap_or_else(|| panic!("{answer}"));
@@ -264,7 +321,7 @@ async fn a_session_survives_kill_9_of_its_host_and_reattaches() {
     );
 
     setup
-        .bash(&session, 1, "echo kept > /tmp/survivor.txt")
+        .bash(&session, 1, "echo kept > ${TMPDIR:-/tmp}/survivor.txt")
         .await;
     let started = setup
         .call(
@@ -336,7 +393,9 @@ async fn a_session_survives_kill_9_of_its_host_and_reattaches() {
         "{answer}"
     );
 
-    let tmp = setup.bash(&session, 10, "cat /tmp/survivor.txt").await;
+    let tmp = setup
+        .bash(&session, 10, "cat ${TMPDIR:-/tmp}/survivor.txt")
+        .await;
     assert!(tmp.contains("kept"), "{tmp}");
     let after = setup
         .call(
@@ -373,7 +432,7 @@ async fn a_session_survives_kill_9_of_its_host_and_reattaches() {
     assert_eq!(reply.status, 200);
     assert!(!file.exists());
     stop(&mut host);
-    remove_containers(&setup.instance).await;
+    setup.remove_units().await;
 }
 
 /// After a restart, a session whose profile changed and one whose container
@@ -383,7 +442,17 @@ async fn a_changed_profile_or_a_removed_container_refuses_reattach() {
     if !docker().await {
         return;
     }
-    let setup = Setup::new("refused");
+    changed_or_removed_refuses_reattach(Setup::new("refused")).await;
+}
+
+/// The same refusals on the local backend, the unit removed through the
+/// backend (`box units rm` does the same) while its host is down.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_changed_profile_or_a_removed_unit_refuses_reattach() {
+    changed_or_removed_refuses_reattach(Setup::on("local", "refused")).await;
+}
+
+async fn changed_or_removed_refuses_reattach(setup: Setup) {
     let mut host = setup.serve().await;
     let (changed, changed_answer) = setup.initialize(json!({"profile": "re"})).await;
     let changed = changed.unwrap_or_else(|| panic!("{changed_answer}"));
@@ -414,18 +483,7 @@ async fn a_changed_profile_or_a_removed_container_refuses_reattach() {
     kill9(&mut host);
     write_profile(setup.profiles.path(), 301);
     std::fs::remove_dir_all(&gone_path).unwrap();
-    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
-    docker
-        .remove_container(
-            &removed_id,
-            Some(
-                boxhost::backend::docker::bollard::query_parameters::RemoveContainerOptionsBuilder::new()
-                    .force(true)
-                    .build(),
-            ),
-        )
-        .await
-        .unwrap();
+    setup.remove_unit(&removed_id).await;
     let mut host = setup.serve().await;
 
     let (none, refused) = setup
@@ -460,7 +518,47 @@ async fn a_changed_profile_or_a_removed_container_refuses_reattach() {
         "the refusal names the missing workspace: {refused}"
     );
     stop(&mut host);
-    remove_containers(&setup.instance).await;
+    setup.remove_units().await;
+}
+
+/// A local unit whose lease lapsed while its host was dead (its helper ended
+/// it, and nothing of it runs) is not re-adopted: the reattach is refused,
+/// never answered by fresh units.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_unit_whose_lease_lapsed_is_not_reattached() {
+    let setup = Setup::on("local", "lapsed");
+    std::fs::write(
+        setup.profiles.path().join("short.toml"),
+        "description = \"a short lease\"\nextends = \"default\"\n\n[lifecycle]\nlease = \"1s\"\n",
+    )
+    .unwrap();
+    let mut host = setup.serve().await;
+    let (session, answer) = setup.initialize(json!({"profile": "short"})).await;
+    let session = session.unwrap_or_else(|| panic!("{answer}"));
+    let secret = box_answer(&answer)["session"]["secret"].clone();
+    let helper = box_answer(&answer)["units"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    kill9(&mut host);
+    // The lease (1 s) lapses: the helper ends the unit and itself.
+    let deadline = std::time::Instant::now() + Duration::from_secs(1 + 5);
+    while Path::new(&format!("/proc/{helper}")).exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unit's helper outlived its lease by 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut host = setup.serve().await;
+    let (none, refused) = setup
+        .initialize(json!({"reattach": {"session": session, "secret": secret}}))
+        .await;
+    assert_eq!(none, None, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&session), "{refused}");
+    stop(&mut host);
+    setup.remove_units().await;
 }
 
 /// BENCHMARKS.md, "Reattach": 50 sessions on docker, `kill -9` of their
@@ -474,8 +572,20 @@ async fn bench_reattach_of_50_sessions() {
     if !docker().await {
         return;
     }
+    reattach_of_50_sessions(Setup::new("bench")).await;
+}
+
+/// The same on the local backend.
+/// Run: `CI=true cargo nextest run --test it -E 'test(/local_reattach_of_50/)' --run-ignored only --no-capture`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: 50 local units"]
+async fn bench_local_reattach_of_50_sessions() {
+    reattach_of_50_sessions(Setup::on("local", "bench")).await;
+}
+
+async fn reattach_of_50_sessions(setup: Setup) {
     const SESSIONS: usize = 50;
-    let setup = std::sync::Arc::new(Setup::new("bench"));
+    let setup = std::sync::Arc::new(setup);
     let mut host = setup.serve().await;
     let clock = std::time::Instant::now();
     let started = futures::future::join_all((0..SESSIONS).map(|_| {
@@ -518,11 +628,12 @@ async fn bench_reattach_of_50_sessions() {
     .await;
     let answering = clock.elapsed();
     println!(
-        "BENCH reattach of {SESSIONS} sessions: listening after {listening:?}, all reattached after {reattach_all:?}, all answered a bash call after {answering:?}; baseline: the same {SESSIONS} sessions started fresh in {start_all:?}; ratio reattach/start {:.3}",
+        "BENCH {} reattach of {SESSIONS} sessions: listening after {listening:?}, all reattached after {reattach_all:?}, all answered a bash call after {answering:?}; baseline: the same {SESSIONS} sessions started fresh in {start_all:?}; ratio reattach/start {:.3}",
+        setup.backend,
         reattach_all.as_secs_f64() / start_all.as_secs_f64()
     );
     stop(&mut host);
-    remove_containers(&setup.instance).await;
+    setup.remove_units().await;
 }
 
 /// `box serve` over stdio with `--state`: one JSON-RPC line per message.
@@ -536,7 +647,7 @@ impl Stdio {
     fn serve(setup: &Setup) -> Self {
         use std::io::BufRead as _;
         let mut child = Command::new(box_bin())
-            .args(["serve", "--backend", "docker"])
+            .args(["serve", "--backend", setup.backend])
             .arg("--state")
             .arg(setup.state.path().join("sessions"))
             .arg("--workspace")
@@ -616,7 +727,16 @@ async fn a_stdio_session_reattaches_in_a_new_serve_process() {
     if !docker().await {
         return;
     }
-    let setup = Setup::new("stdio");
+    stdio_session_reattaches(Setup::new("stdio")).await;
+}
+
+/// The same over stdio on the local backend.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_stdio_session_reattaches_in_a_new_serve_process() {
+    stdio_session_reattaches(Setup::on("local", "stdio")).await;
+}
+
+async fn stdio_session_reattaches(setup: Setup) {
     let mut first = Stdio::serve(&setup);
     let answer = tokio::task::block_in_place(|| first.initialize(json!({})));
     let identity = box_answer(&answer)["session"].clone();
@@ -628,14 +748,14 @@ async fn a_stdio_session_reattaches_in_a_new_serve_process() {
         first.call(
             1,
             "tools/call",
-            json!({"name": "bash", "arguments": {"command": "echo stdio-kept > /tmp/kept.txt"}}),
+            json!({"name": "bash", "arguments": {"command": "echo stdio-kept > ${TMPDIR:-/tmp}/kept.txt"}}),
         )
     });
     assert!(wrote.get("result").is_some(), "{wrote}");
     // A call in flight when the host dies: reported as unknown outcome, and
     // its answer, when the unit gives it, reaches the client late.
     first.send(&json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
-        "params": {"name": "bash", "arguments": {"command": "touch /tmp/started; sleep 3; echo late-answer"}}}));
+        "params": {"name": "bash", "arguments": {"command": "touch ${TMPDIR:-/tmp}/started; sleep 3; echo late-answer"}}}));
     // Killed only once the call runs in the unit.
     let mut probe = 6;
     loop {
@@ -643,7 +763,7 @@ async fn a_stdio_session_reattaches_in_a_new_serve_process() {
             first.call(
                 probe,
                 "tools/call",
-                json!({"name": "bash", "arguments": {"command": "test -e /tmp/started && echo running"}}),
+                json!({"name": "bash", "arguments": {"command": "test -e ${TMPDIR:-/tmp}/started && echo running"}}),
             )
         });
         if seen.to_string().contains("running") {
@@ -684,7 +804,7 @@ async fn a_stdio_session_reattaches_in_a_new_serve_process() {
         second.call(
             2,
             "tools/call",
-            json!({"name": "bash", "arguments": {"command": "cat /tmp/kept.txt"}}),
+            json!({"name": "bash", "arguments": {"command": "cat ${TMPDIR:-/tmp}/kept.txt"}}),
         )
     });
     assert!(
@@ -714,13 +834,22 @@ async fn sighup_hands_sessions_to_the_next_process() {
     if !docker().await {
         return;
     }
-    let setup = Setup::new("hup");
+    sighup_hands_sessions(Setup::new("hup")).await;
+}
+
+/// The same handover on the local backend.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_sighup_hands_sessions_to_the_next_process() {
+    sighup_hands_sessions(Setup::on("local", "hup")).await;
+}
+
+async fn sighup_hands_sessions(setup: Setup) {
     let mut host = setup.serve().await;
     let (session, answer) = setup.initialize(json!({})).await;
     let session = session.unwrap_or_else(|| panic!("{answer}"));
     let secret = box_answer(&answer)["session"]["secret"].clone();
     setup
-        .bash(&session, 1, "echo handed > /tmp/handed.txt")
+        .bash(&session, 1, "echo handed > ${TMPDIR:-/tmp}/handed.txt")
         .await;
     let (address, calling) = (setup.address(), session.clone());
     let in_flight = tokio::spawn(async move {
@@ -755,10 +884,12 @@ async fn sighup_hands_sessions_to_the_next_process() {
         .await;
     assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
     assert_eq!(box_answer(&answer)["unknownOutcome"], json!([]), "{answer}");
-    let kept = setup.bash(&session, 3, "cat /tmp/handed.txt").await;
+    let kept = setup
+        .bash(&session, 3, "cat ${TMPDIR:-/tmp}/handed.txt")
+        .await;
     assert!(kept.contains("handed"), "{kept}");
     stop(&mut host);
-    remove_containers(&setup.instance).await;
+    setup.remove_units().await;
 }
 
 /// `box serve --takeover` on the same address: the live host is sent SIGHUP,
@@ -768,12 +899,23 @@ async fn takeover_replaces_the_live_host_without_losing_its_session() {
     if !docker().await {
         return;
     }
-    let setup = Setup::new("takeover");
+    takeover_replaces_the_live_host(Setup::new("takeover")).await;
+}
+
+/// The same takeover on the local backend.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_takeover_replaces_the_live_host_without_losing_its_session() {
+    takeover_replaces_the_live_host(Setup::on("local", "takeover")).await;
+}
+
+async fn takeover_replaces_the_live_host(setup: Setup) {
     let mut old = setup.serve().await;
     let (session, answer) = setup.initialize(json!({})).await;
     let session = session.unwrap_or_else(|| panic!("{answer}"));
     let secret = box_answer(&answer)["session"]["secret"].clone();
-    setup.bash(&session, 1, "echo over > /tmp/over.txt").await;
+    setup
+        .bash(&session, 1, "echo over > ${TMPDIR:-/tmp}/over.txt")
+        .await;
 
     let new = setup.spawn(&["--takeover"]);
     assert!(
@@ -785,10 +927,12 @@ async fn takeover_replaces_the_live_host_without_losing_its_session() {
         .initialize(json!({"reattach": {"session": session, "secret": secret}}))
         .await;
     assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
-    let kept = setup.bash(&session, 2, "cat /tmp/over.txt").await;
+    let kept = setup
+        .bash(&session, 2, "cat ${TMPDIR:-/tmp}/over.txt")
+        .await;
     assert!(kept.contains("over"), "{kept}");
     stop(&mut new);
-    remove_containers(&setup.instance).await;
+    setup.remove_units().await;
 }
 
 /// A successor under another instance id re-adopts a dead host's session

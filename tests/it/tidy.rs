@@ -64,7 +64,13 @@ fn crates_depend_only_on_what_the_architecture_allows() {
         ),
         (
             "box-backend-local",
-            &["box-backend", "box-policy", "box-confine", "box-scrub"],
+            &[
+                "box-backend",
+                "box-policy",
+                "box-confine",
+                "box-scrub",
+                "box-init",
+            ],
         ),
         (
             "box-host",

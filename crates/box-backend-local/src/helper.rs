@@ -1,5 +1,5 @@
-//! The sandbox helper: `box sandbox --spec-stdin --report-stdout --parent PID
-//! -- CMD…`, run as the local backend's child. It confines itself, then
+//! The sandbox helper: `box sandbox --spec-stdin --report-stdout [--parent
+//! PID] -- CMD…`, run as the local backend's child. It confines itself, then
 //! `execve`s CMD (the executor, or a probe in tests), in this order:
 //!
 //! 1. switch to the unit's user (only when started as root and asked to);
@@ -13,24 +13,31 @@
 //!    that shows it;
 //! 3. with a pid namespace, fork a minimal init (pid 1: a new session, a
 //!    fresh `/proc` with Docker's masked kernel files masked, reaps orphans,
-//!    ends the namespace when CMD ends);
-//! 4. in the init (else in the helper itself, which then stays as the unit's
-//!    supervisor and subreaper): rlimits, no_new_privs, landlock, capabilities
-//!    dropped, box's seccomp filter, all inherited by CMD;
+//!    ends the namespace when CMD ends); a host's unit (`init` in the spec)
+//!    gets that init without a pid namespace too (the unit's subreaper);
+//! 4. in the init (else, for a unit run by hand without a pid namespace, in
+//!    the helper itself, which then stays as the unit's supervisor and
+//!    subreaper): rlimits, no_new_privs, landlock, capabilities dropped,
+//!    box's seccomp filter, all inherited by CMD;
 //! 5. report what was applied, read back from the kernel, as one JSON line,
 //!    then fork CMD (in a new session, no controlling terminal) and `execve`
 //!    it; when CMD is this binary's own `box execute`, the forked child runs
 //!    the executor itself instead of executing the same binary again
 //!    ([`run_executor_here`]: same confinement, one exec fewer per start).
 //!
-//! The wire with the backend is CMD's own stdio, used before CMD runs: the
-//! spec arrives first on stdin (`LENGTH\n` then the JSON, read without
-//! buffering past it), the report leaves first on stdout (one line); after
-//! that both are CMD's. No extra fds are passed, so the host spawns the helper
-//! without `pre_exec`. The helper and the init let go of stdin and stdout once
-//! CMD has them, so the host sees CMD's end of them as soon as CMD ends; the
-//! helper then ends the way CMD did (same exit code, or killed by the same
-//! signal, which the init passes back through a pipe).
+//! The wire with the backend: the spec arrives first on stdin (`LENGTH\n`
+//! then the JSON, read without buffering past it), the report leaves first
+//! on stdout (one line). For a host's unit (`init` in the spec) the helper
+//! then lets go of both and runs box-init's supervisor
+//! (`box_init::supervise`) over the init, whose stdin and stdout are pipes
+//! to the helper: the lease, the relay of CMD's stdio to the host's socket
+//! in the unit's run directory (reconnecting while no host is there), the
+//! unit's end on a lapse. Run by hand, both stay CMD's own, and the helper
+//! and the init let go of them once CMD has them, so the caller sees CMD's
+//! end of them as soon as CMD ends; the helper then ends the way CMD did
+//! (same exit code, or killed by the same signal, which the init passes
+//! back through a pipe). No extra fds are passed either way, so the host
+//! spawns the helper without `pre_exec`.
 //!
 //! A control the spec requires that cannot be applied is reported as
 //! `refused` (naming it), CMD never runs, and the helper exits 125.
@@ -55,9 +62,6 @@ use serde::{Deserialize, Serialize};
 use box_confine::{self as sandbox, CapabilitySets, ConfineError, LandlockOutcome, Rlimits};
 use box_policy::executor::ExecutorSpec;
 use box_policy::plan::Requirement;
-
-use crate::lease::EXIT_LEASE_LAPSED;
-use crate::lease::helper::{LeaseWatch, Woken};
 
 /// The helper's exit code when it refuses or fails before CMD runs (as `env`
 /// and `docker run` use 125 for their own failures).
@@ -199,10 +203,12 @@ pub struct SandboxSpec {
     /// never in an `execve`): it writes them to `secrets_dir`.
     #[serde(default)]
     pub secret_values: SecretValues,
-    /// The unit's lease, held by the helper outside the unit's confinement:
-    /// absent for a `box sandbox` run by hand (no host to renew it).
+    /// The unit's init side (box-init's supervisor, run by the helper outside
+    /// the unit's confinement): its lease and the channel to its host.
+    /// Absent for a `box sandbox` run by hand (no host to renew it; CMD's
+    /// stdio is then the helper's own).
     #[serde(default)]
-    pub lease: Option<SpecLease>,
+    pub init: Option<SpecInit>,
     /// A worktree fork's borrowed git objects (the parent repository's
     /// objects directory): kept in sight at its host path, which the child's
     /// alternates name, and bound read-only there. Needs the unit's own mount
@@ -212,17 +218,71 @@ pub struct SandboxSpec {
     pub objects: Option<PathBuf>,
 }
 
-/// Where the helper gets its lease renewals, and how long one lasts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+impl SandboxSpec {
+    /// This spec without what must not rest in a file: the unit's
+    /// environment, the secrets' values and the unit key (what a run
+    /// directory's record keeps to rebuild the envelope).
+    pub(crate) fn kept(&self) -> Self {
+        let mut kept = self.clone();
+        kept.env.clear();
+        kept.secret_values = SecretValues::default();
+        kept.init = None;
+        kept
+    }
+}
+
+/// How the helper reaches its host: box-init's protocol over the socket in
+/// the unit's run directory, which a later host binds again to re-adopt it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SpecLease {
-    /// The host's listening socket, in the abstract namespace (no file: the
-    /// helper connects before it enters any namespace; the host accepts only
-    /// the helper's pid).
-    pub socket: String,
-    /// The lease in milliseconds: the unit ends this long after the last
-    /// renewal (a byte on the connection).
+pub struct SpecInit {
+    /// The unit's run directory on the host (the host listens on
+    /// `host.sock` in it). Opened before any namespace and reached through
+    /// that handle only: the unit never sees it.
+    pub run_dir: PathBuf,
+    /// The unit's identity in the proofs (`instance/session/unit`).
+    pub unit: String,
+    /// The unit key, hex (it travels on the helper's private stdin only).
+    pub key: String,
+    /// The first lease in milliseconds: the unit ends this long after the
+    /// last renewal.
     pub ttl_ms: u64,
+}
+
+impl std::fmt::Debug for SpecInit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpecInit")
+            .field("run_dir", &self.run_dir)
+            .field("unit", &self.unit)
+            .field("ttl_ms", &self.ttl_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The init side, ready before any namespace: the spec, the key, and a
+/// handle on the run directory.
+struct InitHold {
+    spec: SpecInit,
+    key: box_init::protocol::UnitKey,
+    dir: OwnedFd,
+}
+
+impl InitHold {
+    fn open(spec: &SpecInit) -> Result<Self, String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let key = box_init::protocol::UnitKey::from_hex(&spec.key)
+            .map_err(|error| format!("the unit key: {error}"))?;
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(&spec.run_dir)
+            .map_err(|error| format!("opening {}: {error}", spec.run_dir.display()))?;
+        Ok(Self {
+            spec: spec.clone(),
+            key,
+            dir: OwnedFd::from(dir),
+        })
+    }
 }
 
 /// How an egress unit reaches the host's proxy.
@@ -406,17 +466,17 @@ pub fn run(args: SandboxArgs, executor: ExecutorEntry) -> anyhow::Result<ExitCod
             anyhow::bail!("reading the sandbox spec: {message}");
         }
     };
-    // Before any namespace: the host's socket is in the host's network
-    // namespace, and the connection is the helper's, never the unit's.
-    let lease = match spec.lease.as_ref().map(LeaseWatch::connect).transpose() {
-        Ok(lease) => lease,
+    // Before any namespace: the run directory is hidden in the unit's mount
+    // namespace, and this handle is the helper's, never the unit's.
+    let init = match spec.init.as_ref().map(InitHold::open).transpose() {
+        Ok(init) => init,
         Err(message) => {
-            let report = failed("taking the unit's lease", message);
+            let report = failed("opening the unit's run directory", message);
             return Ok(refuse(&spec, &report, &mut reporter));
         }
     };
     let parent = args.parent.and_then(|pid| i32::try_from(pid).ok());
-    match sandbox(&spec, &args.command, parent, &mut reporter, lease) {
+    match sandbox(&spec, &args.command, parent, &mut reporter, init) {
         Ok(code) => Ok(code),
         Err(report) => Ok(refuse(&spec, &report, &mut reporter)),
     }
@@ -556,7 +616,7 @@ fn sandbox(
     command: &[OsString],
     parent: Option<i32>,
     reporter: &mut Reporter,
-    lease: Option<LeaseWatch>,
+    init_side: Option<InitHold>,
 ) -> Result<ExitCode, Report> {
     use nix::unistd::{Gid, Uid, getegid, geteuid};
     let program = resolve_program(command, &spec.env, &spec.cwd)?;
@@ -809,30 +869,58 @@ fn sandbox(
         egress_bound,
         objects_bound,
         secrets_mounted,
-        lease_ms: lease
-            .as_ref()
-            .map(|lease| u64::try_from(lease.ttl().as_millis()).unwrap_or(u64::MAX)),
+        lease_ms: init_side.as_ref().map(|init| init.spec.ttl_ms),
         rlimits: spec.rlimits,
     };
     // Nothing above can leak a core; nothing below should either.
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
 
-    if !pid_namespace {
-        return supervise(
-            spec,
-            &program,
-            command,
-            &mut applied,
-            deny_tcp,
-            reporter,
-            lease,
-        );
-    }
-    // 3. The pid namespace takes effect for our children: fork its init.
-    // The init tells us through this pipe which signal killed CMD, if one did
-    // (pid 1 cannot die of a signal it raises itself).
-    let (signal_read, signal_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|errno| failed("making the init's status pipe", errno))?;
+    let Some(init_side) = init_side else {
+        if !pid_namespace {
+            return supervise(spec, &program, command, &mut applied, deny_tcp, reporter);
+        }
+        // 3. The pid namespace takes effect for our children: fork its init.
+        // The init tells us through this pipe which signal killed CMD, if one
+        // did (pid 1 cannot die of a signal it raises itself).
+        let (signal_read, signal_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|errno| failed("making the init's status pipe", errno))?;
+        // SAFETY: the helper is single-threaded, so the child may run any code.
+        return match unsafe { libc::fork() } {
+            -1 => Err(failed(
+                "forking the unit's init",
+                std::io::Error::last_os_error(),
+            )),
+            0 => {
+                drop(signal_read);
+                let code = init(
+                    spec,
+                    &program,
+                    command,
+                    &mut applied,
+                    deny_tcp,
+                    reporter,
+                    Some(signal_write),
+                );
+                std::process::exit(code)
+            }
+            child => {
+                drop(signal_write);
+                reporter.close();
+                release_stdio();
+                Ok(wait_for_init(child, File::from(signal_read)))
+            }
+        };
+    };
+    // 3'. A host's unit: the init (pid 1 of the pid namespace, or without
+    // one the unit's subreaper) gets CMD's stdio as pipes to this helper,
+    // which holds the lease and relays them to the host's socket with
+    // box-init's supervisor, so the unit outlives its host by its lease and
+    // a later host can re-adopt it.
+    let cloexec = nix::fcntl::OFlag::O_CLOEXEC;
+    let (stdin_read, stdin_write) =
+        nix::unistd::pipe2(cloexec).map_err(|errno| failed("making the unit's stdin", errno))?;
+    let (stdout_read, stdout_write) =
+        nix::unistd::pipe2(cloexec).map_err(|errno| failed("making the unit's stdout", errno))?;
     // SAFETY: the helper is single-threaded, so the child may run any code.
     match unsafe { libc::fork() } {
         -1 => Err(failed(
@@ -840,9 +928,21 @@ fn sandbox(
             std::io::Error::last_os_error(),
         )),
         0 => {
-            drop(signal_read);
-            // The lease is the helper's, never the unit's.
-            drop(lease);
+            // The run directory and the key are the helper's, never the unit's.
+            drop(init_side);
+            use std::os::fd::AsRawFd;
+            // SAFETY: dup2 onto fds 0 and 1, which the pipes' ends replace
+            // (dup2 leaves the copies without close-on-exec).
+            let duplicated = unsafe {
+                libc::dup2(stdin_read.as_raw_fd(), 0) == 0
+                    && libc::dup2(stdout_write.as_raw_fd(), 1) == 1
+            };
+            drop((stdin_read, stdin_write, stdout_read, stdout_write));
+            if !duplicated {
+                let error = std::io::Error::last_os_error();
+                refuse(spec, &failed("wiring the unit's stdio", error), reporter);
+                std::process::exit(i32::from(REFUSED_EXIT));
+            }
             let code = init(
                 spec,
                 &program,
@@ -850,43 +950,73 @@ fn sandbox(
                 &mut applied,
                 deny_tcp,
                 reporter,
-                signal_write,
+                None,
             );
             std::process::exit(code)
         }
         child => {
-            drop(signal_write);
+            drop((stdin_read, stdout_write));
             reporter.close();
             release_stdio();
-            Ok(wait_for_init(
-                &spec.unit,
-                child,
-                File::from(signal_read),
-                lease,
-            ))
+            Ok(hold_unit(child, init_side, stdin_write, stdout_read))
         }
     }
 }
 
-/// The helper outside the pid namespace: wait for the init and end the way
-/// CMD ended: its exit code, or killed by its signal. When the lease lapses
-/// first, kill the init (which ends every process in the namespace) and exit
-/// [`EXIT_LEASE_LAPSED`].
-fn wait_for_init(
-    unit: &str,
-    child: libc::pid_t,
-    mut signal_pipe: File,
-    lease: Option<LeaseWatch>,
-) -> ExitCode {
+/// The helper of a host's unit, outside its confinement: box-init's
+/// supervisor over the init (`child`), holding the lease and relaying CMD's
+/// stdio to the host's socket in the run directory, reached relative to this
+/// process's working directory (the run directory's handle), so no path of
+/// the host need be visible in the unit's mount namespace. Ends the way
+/// box-init does: the init's exit code, or [`box_init::EXIT_LEASE_LAPSED`]
+/// once it ended the unit for a lapsed lease.
+fn hold_unit(child: libc::pid_t, init: InitHold, stdin: OwnedFd, stdout: OwnedFd) -> ExitCode {
     use std::os::fd::AsRawFd;
-    if let Some(mut lease) = lease {
-        // The pipe reads (a byte, or end of file) once the init has ended.
-        if lease.wait(signal_pipe.as_raw_fd()) == Woken::Lapsed {
-            let _ = nix::sys::signal::kill(Pid::from_raw(child), Signal::SIGKILL);
-            wait_pid(child);
-            return lapsed(unit, &lease);
-        }
+    // The key is in this process's memory and the unit's processes may have
+    // its uid: nothing of the unit may read it (ptrace, /proc/PID/mem).
+    let _ = prctl::set_dumpable(false);
+    // SAFETY: fchdir on a directory handle this process holds.
+    if unsafe { libc::fchdir(init.dir.as_raw_fd()) } != 0 {
+        let error = std::io::Error::last_os_error();
+        eprintln!(
+            "box sandbox: unit {}: entering its run directory: {error}",
+            init.spec.unit
+        );
+        let _ = nix::sys::signal::kill(Pid::from_raw(child), Signal::SIGKILL);
+        wait_pid(child);
+        return ExitCode::from(REFUSED_EXIT);
     }
+    drop(init.dir);
+    // box-init's own log lines (a refused peer, a lapse), as JSON on the
+    // unit's stderr, which the host re-emits at their level. Set here,
+    // after the init was forked, so nothing of the unit inherits it.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .json()
+        .try_init();
+    let config = box_init::InitConfig {
+        socket: PathBuf::from(box_init::protocol::SOCKET_NAME),
+        unit: init.spec.unit,
+        lease: std::time::Duration::from_millis(init.spec.ttl_ms),
+        bridges: Vec::new(),
+        executor_env: Vec::new(),
+        // Started already (the forked init), never spawned by box-init.
+        executor: vec![OsString::from("box-sandbox-init")],
+    };
+    let started = box_init::Started {
+        pid: child,
+        stdin,
+        stdout,
+    };
+    let code = box_init::supervise(config, init.key, started);
+    ExitCode::from(u8::try_from(code).unwrap_or(REFUSED_EXIT))
+}
+
+/// The helper outside the pid namespace of a unit run by hand: wait for the
+/// init and end the way CMD ended: its exit code, or killed by its signal.
+fn wait_for_init(child: libc::pid_t, mut signal_pipe: File) -> ExitCode {
     let status = wait_pid(child);
     let mut byte = [0u8; 1];
     let cmd_signal = match signal_pipe.read(&mut byte) {
@@ -902,17 +1032,6 @@ fn wait_for_init(
         die_by(signal);
     }
     ExitCode::from(u8::try_from(libc::WEXITSTATUS(status)).unwrap_or(REFUSED_EXIT))
-}
-
-/// Say the unit ended for its lapsed lease (to the host over the lease's
-/// connection, and in its log) and give the exit code that says so.
-fn lapsed(unit: &str, lease: &LeaseWatch) -> ExitCode {
-    lease.report_lapse();
-    eprintln!(
-        "box sandbox: unit {unit}: its lease lapsed (no renewal from the host within {:?}): ended every process of the unit",
-        lease.ttl()
-    );
-    ExitCode::from(EXIT_LEASE_LAPSED)
 }
 
 /// End this process by `signal`, its default disposition restored first.
@@ -955,7 +1074,14 @@ fn wait_pid(pid: libc::pid_t) -> libc::c_int {
 /// init is as confined as CMD, which inherits all of it through fork and
 /// exec), report, fork CMD, reap every orphan until CMD ends, report how it
 /// ended. When this process exits the kernel kills everything left in the
-/// namespace, so nothing outlives the unit.
+/// namespace, so nothing outlives the unit. SIGTERM (the helper forwarding a
+/// removal) ends it at once.
+///
+/// Without a pid namespace (a host's unit only: a unit run by hand has the
+/// helper as its supervisor, [`supervise`]) it is the unit's subreaper
+/// instead, CMD cannot signal it or the helper (landlock's scope), and what
+/// is left when it ends is re-parented to the helper, whose box-init
+/// supervisor kills it.
 ///
 /// Confining before the fork also means the report does not wait for CMD's
 /// process to be scheduled: one process handoff fewer on the start path.
@@ -966,12 +1092,18 @@ fn init(
     applied: &mut Applied,
     deny_tcp: bool,
     reporter: &mut Reporter,
-    signal_pipe: OwnedFd,
+    signal_pipe: Option<OwnedFd>,
 ) -> i32 {
     // The helper is single-threaded, so "parent thread" is the helper itself.
     let _ = prctl::set_pdeathsig(Signal::SIGKILL);
     new_session();
-    if applied.namespaces.iter().any(|name| name == "mount") {
+    let pid_namespace = applied.namespaces.iter().any(|name| name == "pid");
+    if !pid_namespace && let Err(errno) = prctl::set_child_subreaper(true) {
+        let report = failed("becoming the unit's subreaper", std::io::Error::from(errno));
+        refuse(spec, &report, reporter);
+        return i32::from(REFUSED_EXIT);
+    }
+    if pid_namespace && applied.namespaces.iter().any(|name| name == "mount") {
         use nix::mount::MsFlags;
         // A fresh /proc shows only the unit's processes. Refused inside some
         // containers (masked /proc paths); then the host's /proc stays, and
@@ -1002,6 +1134,11 @@ fn init(
         return i32::from(REFUSED_EXIT);
     }
     if child == 0 {
+        if !pid_namespace {
+            // Nothing in the unit may signal its init or helper away.
+            sandbox::scope_away_from_parent();
+            let _ = prctl::set_pdeathsig(Signal::SIGKILL);
+        }
         run_executor_here(program, command, &spec.env, &spec.secret_values);
         let error = exec(program, command, &spec.env);
         let report = failed(format!("executing {}", program.to_string_lossy()), error);
@@ -1009,7 +1146,17 @@ fn init(
         // The shell's convention for a command that could not be executed.
         std::process::exit(127);
     }
-    let mut signal_pipe = File::from(signal_pipe);
+    // After the fork, so CMD starts with the default disposition (the
+    // executor runs in the forked child without an exec that would reset it).
+    // SAFETY: installing a handler that only calls _exit, which is
+    // async-signal-safe.
+    unsafe {
+        libc::signal(
+            libc::SIGTERM,
+            end_on_term as *const () as libc::sighandler_t,
+        )
+    };
+    let mut signal_pipe = signal_pipe.map(File::from);
     reporter.close();
     release_stdio();
     let status = loop {
@@ -1023,11 +1170,20 @@ fn init(
     };
     if libc::WIFSIGNALED(status) {
         let signal = libc::WTERMSIG(status);
-        let _ = signal_pipe.write_all(&[u8::try_from(signal).unwrap_or(0)]);
+        if let Some(pipe) = signal_pipe.as_mut() {
+            let _ = pipe.write_all(&[u8::try_from(signal).unwrap_or(0)]);
+        }
         128 + signal
     } else {
         libc::WEXITSTATUS(status)
     }
+}
+
+/// The unit's init on SIGTERM: end now (with a pid namespace the kernel then
+/// ends every process in it; without one the helper kills what is left).
+extern "C" fn end_on_term(_: libc::c_int) {
+    // SAFETY: _exit is async-signal-safe.
+    unsafe { libc::_exit(128 + libc::SIGTERM) }
 }
 
 /// Steps 4 and 5 without a pid namespace. The helper confines itself,
@@ -1045,10 +1201,8 @@ fn supervise(
     applied: &mut Applied,
     deny_tcp: bool,
     reporter: &mut Reporter,
-    mut lease: Option<LeaseWatch>,
 ) -> Result<ExitCode, Report> {
     use nix::sys::signal::{SigSet, Signal};
-    use std::os::fd::AsRawFd;
     confine(spec, program, applied, deny_tcp)?;
     prctl::set_child_subreaper(true)
         .map_err(|errno| failed("becoming the unit's subreaper", std::io::Error::from(errno)))?;
@@ -1070,8 +1224,6 @@ fn supervise(
     if child == 0 {
         // The command starts with no signal blocked, and dies with the helper.
         let _ = signals.thread_unblock();
-        // The lease is the helper's, never the unit's.
-        drop(lease.take());
         // One landlock layer more, so nothing in the unit can signal (kill)
         // its supervisor and so escape removal. Kernels before landlock ABI 6
         // cannot; there the unit could.
@@ -1089,22 +1241,7 @@ fn supervise(
     }
     reporter.close();
     release_stdio();
-    // Signals as an fd, so the wait can also take the lease's renewals.
-    // Created after the fork (the command must not inherit it); a signal
-    // that came before is pending, and read from it all the same.
-    let mut signal_fd = if lease.is_some() {
-        Some(
-            nix::sys::signalfd::SignalFd::with_flags(
-                &signals,
-                nix::sys::signalfd::SfdFlags::SFD_CLOEXEC,
-            )
-            .map_err(|errno| failed("watching signals", errno))?,
-        )
-    } else {
-        None
-    };
     let mut ended = None;
-    let mut lapse = false;
     loop {
         // Reap whatever has ended; note CMD's status.
         loop {
@@ -1119,24 +1256,11 @@ fn supervise(
         if ended.is_some() {
             break;
         }
-        if let (Some(lease), Some(signal_fd)) = (lease.as_mut(), signal_fd.as_mut()) {
-            if lease.wait(signal_fd.as_raw_fd()) == Woken::Lapsed {
-                lapse = true;
-                break;
-            }
-            if let Ok(Some(info)) = signal_fd.read_signal()
-                && i32::try_from(info.ssi_signo) == Ok(libc::SIGTERM)
-            {
-                break;
-            }
-        } else if let Ok(Signal::SIGTERM) = signals.wait() {
+        if let Ok(Signal::SIGTERM) = signals.wait() {
             break;
         }
     }
     kill_children();
-    if lapse && let Some(lease) = &lease {
-        return Ok(lapsed(&spec.unit, lease));
-    }
     let _ = signals.thread_unblock();
     let Some(status) = ended else {
         // Removed: end as the signal asked.

@@ -1,268 +1,211 @@
-//! A local unit's lease: the host renews it over a Unix socket, the sandbox
-//! helper (outside the unit's confinement: the pid namespace's parent, or the
-//! supervisor without one) holds the deadline on `CLOCK_BOOTTIME` and ends
-//! the unit when it passes, so a stopped (SIGSTOP), hung or suspended host
-//! loses its units within the lease as a docker host does. A dead host's
-//! units end at once (parent-death signal).
+//! A local unit's run directory, its lease and its channel, on the host.
 //!
-//! The wire: the host listens on an abstract socket with a random name, given
-//! to the helper in its spec (over its private stdin); the helper connects
-//! before it enters any namespace, and the host accepts only a connection
-//! whose peer is the helper's pid. A renewal is one byte from the host; the
-//! host closing its end stops renewals (the unit then ends within its lease).
-//! The helper writes [`LAPSED`] back before it ends a unit for a lapse, so
-//! the host can tell that end from an executor's own exit code.
+//! The unit's helper runs box-init's supervisor (`box_init::supervise`)
+//! outside the unit's confinement: it holds the lease on `CLOCK_BOOTTIME`
+//! and relays the executor's stdio over the socket the host listens on in
+//! the unit's run directory (`box_init::host::bind`), exactly the protocol a
+//! docker unit's init speaks. The host renews every third of the lease: a
+//! Unix socket write. When the host stops renewing (it died, hung, was
+//! stopped, or let the unit go) the helper ends the unit within the lease;
+//! a new host that binds the same directory again while the lease runs gets
+//! the unit back ([`Record`] says which unit it is, the key file proves it).
+//!
+//! The run directory (`RUNTIME/units/<random>`, mode 0711; its parent 0700)
+//! holds:
+//! - `host.sock`: the host's listening socket;
+//! - `key`: the unit key (0600), for a later host's proofs; it never enters
+//!   the unit, whose mount namespace hides the directory and whose landlock
+//!   rules never grant it (the helper reaches the socket through a directory
+//!   handle it opened before any namespace);
+//! - `local.json`: the [`Record`], what `list`, `box gc` and a later host's
+//!   adopt read (no secret in it).
 
+use std::io::Write as _;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The byte the helper sends when it ended the unit for a lapsed lease.
-pub(crate) const LAPSED: u8 = b'L';
+use box_backend::{Renewal, UnitInfo};
+use box_init::host::{Lease, UnitListener};
+use serde::{Deserialize, Serialize};
 
-/// The byte the host sends to renew.
-pub(crate) const RENEW: u8 = b'r';
+use crate::helper::{Applied, SandboxSpec};
 
-/// The helper's exit code when the lease lapsed (as box's init's).
-pub(crate) const EXIT_LEASE_LAPSED: u8 = 75;
+/// The lease epoch of the host that started the unit (a later host renews
+/// above the epoch the helper reports).
+pub(crate) const EPOCH: u64 = 1;
 
-/// `CLOCK_BOOTTIME` now: it keeps counting while the machine is suspended.
-pub(crate) fn boottime_now() -> Duration {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
+/// The record's file name in a run directory.
+pub(crate) const RECORD: &str = "local.json";
+
+/// The key's file name in a run directory.
+pub(crate) const KEY: &str = "key";
+
+/// What a run directory says of its unit, for `list`, `box gc`, removal and
+/// a later host's adopt. Written once, after the unit confined itself.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Record {
+    /// The unit's id (the helper's pid, as the envelope says).
+    pub id: String,
+    /// `box.instance` of the host that started it.
+    pub instance: String,
+    /// Its session.
+    pub session: String,
+    /// Its name in the session.
+    pub unit: String,
+    /// The session's profile.
+    pub profile: String,
+    /// When it was started (RFC 3339).
+    pub created: String,
+    /// The unit a fork was made from.
+    #[serde(default)]
+    pub parent: Option<String>,
+    /// The lease in milliseconds.
+    pub lease_ms: u64,
+    /// The helper's pid and its start time (`/proc/PID/stat`'s 22nd field,
+    /// clock ticks since boot): a pid reused by another process is never
+    /// taken for the unit's helper.
+    pub helper: u32,
+    /// The helper's start time.
+    pub helper_start: u64,
+    /// The unit's private temp directory, removed with it.
+    pub temp: PathBuf,
+    /// The executor's root when the workspace is the host's or empty.
+    pub workspace: Option<PathBuf>,
+    /// Whether CMD is box's executor (which writes the secrets).
+    pub executor: bool,
+    /// The helper's spec without the environment, the secrets and the key
+    /// (what the envelope is rebuilt from).
+    pub spec: SandboxSpec,
+    /// What the helper reported it applied.
+    pub applied: Applied,
+}
+
+impl Record {
+    /// The unit as `list` shows it; `state`: `running` while its helper
+    /// lives.
+    pub(crate) fn info(&self, state: &str) -> UnitInfo {
+        UnitInfo {
+            id: self.id.clone(),
+            instance: self.instance.clone(),
+            session: self.session.clone(),
+            unit: self.unit.clone(),
+            profile: self.profile.clone(),
+            created: self.created.clone(),
+            state: state.to_owned(),
+            parent: self.parent.clone(),
+            lease_ms: Some(self.lease_ms),
+        }
+    }
+
+    /// Read `run_dir`'s record.
+    pub(crate) fn read(run_dir: &Path) -> Result<Self, String> {
+        let path = run_dir.join(RECORD);
+        let text = std::fs::read(&path).map_err(|error| format!("{}: {error}", path.display()))?;
+        serde_json::from_slice(&text).map_err(|error| format!("{}: {error}", path.display()))
+    }
+
+    /// Write it into `run_dir` (0600, replaced atomically).
+    pub(crate) fn write(&self, run_dir: &Path) -> Result<(), String> {
+        let json = serde_json::to_vec(self).map_err(|error| error.to_string())?;
+        write_private(&run_dir.join(RECORD), &json)
+    }
+
+    /// Whether the unit's helper is still the process it names.
+    pub(crate) fn helper_alive(&self) -> bool {
+        start_time(self.helper) == Some(self.helper_start)
+    }
+}
+
+/// Write `bytes` to `path`, readable by the host's user only, atomically.
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let staged = path.with_extension("new");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&staged)
+        .map_err(|error| format!("{}: {error}", staged.display()))?;
+    file.write_all(bytes)
+        .map_err(|error| format!("{}: {error}", staged.display()))?;
+    std::fs::rename(&staged, path).map_err(|error| format!("{}: {error}", path.display()))
+}
+
+/// A process's start time (clock ticks since boot), `None` when it is gone.
+pub(crate) fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After the name: state is field 3, start time field 22.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if fields
+        .first()
+        .is_some_and(|state| *state == "Z" || *state == "X")
+    {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// The run directories' parent under `runtime_dir` (shared with the docker
+/// backend's, which hold no record).
+pub(crate) fn units_dir(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join("units")
+}
+
+/// A new run directory under `runtime_dir/units` (itself 0700): mode 0711,
+/// searchable but not listable, so a helper that switched to the unit's
+/// user (a root host) still reaches the socket through its handle; the key
+/// and the record in it are 0600, the host's user's.
+pub(crate) fn create_run_dir(runtime_dir: &Path) -> Result<PathBuf, String> {
+    let parent = units_dir(runtime_dir);
+    std::fs::create_dir_all(&parent)
+        .map_err(|error| format!("creating {}: {error}", parent.display()))?;
+    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o700))
+        .map_err(|error| format!("{}: {error}", parent.display()))?;
+    let dir = parent.join(format!("{:032x}", rand::random::<u128>()));
+    std::fs::create_dir(&dir).map_err(|error| format!("creating {}: {error}", dir.display()))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+        .map_err(|error| format!("{}: {error}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Every run directory under `runtime_dir/units` that holds a local record.
+pub(crate) fn run_dirs(runtime_dir: &Path) -> Vec<(PathBuf, Record)> {
+    let Ok(entries) = std::fs::read_dir(units_dir(runtime_dir)) else {
+        return Vec::new();
     };
-    // SAFETY: clock_gettime writes into a local timespec.
-    let result = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
-    if result != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(
-        u64::try_from(now.tv_sec).unwrap_or(0),
-        u32::try_from(now.tv_nsec).unwrap_or(0),
-    )
+    entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.join(RECORD).exists())
+        .filter_map(|path| Record::read(&path).ok().map(|record| (path, record)))
+        .collect()
 }
 
-/// The helper's side.
-pub(crate) mod helper {
-    use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-    use std::os::linux::net::SocketAddrExt as _;
-    use std::os::unix::net::{SocketAddr, UnixStream};
-    use std::time::Duration;
-
-    use super::{LAPSED, boottime_now};
-    use crate::helper::SpecLease;
-
-    /// The lease as the helper holds it.
-    #[derive(Debug)]
-    pub(crate) struct LeaseWatch {
-        /// The connection to the host; `None` once it failed.
-        connection: Option<OwnedFd>,
-        /// The host closed its end (it let the unit go): no more renewals,
-        /// but the connection stays open for the lapse's report, which the
-        /// host still reads.
-        renewals_ended: bool,
-        ttl: Duration,
-        deadline: Duration,
-    }
-
-    /// What ended a wait.
-    #[derive(Debug, PartialEq, Eq)]
-    pub(crate) enum Woken {
-        /// The watched fd is readable (or hung up).
-        Ready,
-        /// The lease lapsed.
-        Lapsed,
-    }
-
-    impl LeaseWatch {
-        /// Connect to the host's socket; the lease runs from now.
-        pub(crate) fn connect(spec: &SpecLease) -> Result<Self, String> {
-            let address = SocketAddr::from_abstract_name(spec.socket.as_bytes())
-                .map_err(|error| format!("the lease socket's name: {error}"))?;
-            let stream = UnixStream::connect_addr(&address)
-                .map_err(|error| format!("connecting to the host's lease socket: {error}"))?;
-            let ttl = Duration::from_millis(spec.ttl_ms);
-            Ok(Self {
-                connection: Some(OwnedFd::from(stream)),
-                renewals_ended: false,
-                ttl,
-                deadline: boottime_now() + ttl,
-            })
-        }
-
-        /// The lease's length.
-        pub(crate) fn ttl(&self) -> Duration {
-            self.ttl
-        }
-
-        /// Wait until `fd` is readable, taking renewals meanwhile, or until
-        /// the lease lapses.
-        pub(crate) fn wait(&mut self, fd: RawFd) -> Woken {
-            let mut buffer = [0u8; 64];
-            loop {
-                let now = boottime_now();
-                if now >= self.deadline {
-                    return Woken::Lapsed;
-                }
-                let left = self.deadline - now;
-                // Rounded up, so a wake never comes before the deadline.
-                let timeout = i32::try_from(left.as_millis() + 1).unwrap_or(i32::MAX);
-                let mut fds = [
-                    libc::pollfd {
-                        fd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    },
-                    libc::pollfd {
-                        fd: match &self.connection {
-                            Some(connection) if !self.renewals_ended => connection.as_raw_fd(),
-                            _ => -1,
-                        },
-                        events: libc::POLLIN,
-                        revents: 0,
-                    },
-                ];
-                // SAFETY: poll on a local array of two pollfds (a negative fd
-                // is ignored by the kernel).
-                let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
-                if ready < 0 {
-                    // EINTR (a signal the helper does not block): look again.
-                    continue;
-                }
-                if fds[0].revents != 0 {
-                    return Woken::Ready;
-                }
-                if fds[1].revents != 0 {
-                    let Some(connection) = self.connection.as_ref() else {
-                        continue;
-                    };
-                    // SAFETY: read into a local buffer of its length.
-                    let read = unsafe {
-                        libc::read(
-                            connection.as_raw_fd(),
-                            buffer.as_mut_ptr().cast(),
-                            buffer.len(),
-                        )
-                    };
-                    if read > 0 {
-                        self.deadline = boottime_now() + self.ttl;
-                    } else if read == 0 {
-                        // The host let the unit go: no more renewals, the
-                        // deadline stands.
-                        self.renewals_ended = true;
-                    } else if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                        self.connection = None;
-                    }
-                }
+/// Renew `lease` (of `ttl`) at `epoch` every third of it until the channel
+/// ends or the returned [`Renewal`] is dropped (then the helper ends the
+/// unit when the lease runs out). The listener lives as long as the
+/// renewals; the run directory stays (removal, or `box gc` once the unit
+/// ended, removes it).
+pub(crate) fn renew(
+    lease: Lease,
+    (ttl, epoch): (Duration, u64),
+    run_dir: PathBuf,
+    listener: UnitListener,
+    unit: String,
+) -> Renewal {
+    let task = tokio::spawn(async move {
+        let _held = listener;
+        let interval = Lease::renew_interval(ttl);
+        loop {
+            tokio::time::sleep(interval).await;
+            if let Err(error) = lease.renew(ttl, epoch).await {
+                tracing::debug!(unit, %error, "stopped renewing the unit's lease");
+                break;
             }
         }
-
-        /// Tell the host the unit ended for a lapse (it may be stopped: the
-        /// byte waits in the socket).
-        pub(crate) fn report_lapse(&self) {
-            if let Some(connection) = &self.connection {
-                // SAFETY: send of one byte from a local; MSG_NOSIGNAL, so a
-                // closed peer is an error, never SIGPIPE.
-                unsafe {
-                    libc::send(
-                        connection.as_raw_fd(),
-                        std::ptr::from_ref(&LAPSED).cast(),
-                        1,
-                        libc::MSG_NOSIGNAL,
-                    )
-                };
-            }
-        }
-    }
-}
-
-/// The host's side.
-pub(crate) mod host {
-    use std::os::linux::net::SocketAddrExt as _;
-    use std::os::unix::net::SocketAddr;
-    use std::time::Duration;
-
-    use box_backend::Renewal;
-    use tokio::io::AsyncWriteExt as _;
-    use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-    use tokio::net::{UnixListener, UnixStream};
-
-    use super::{LAPSED, RENEW};
-
-    /// The host's listening socket for one unit's helper.
-    pub(crate) struct LeaseSocket {
-        listener: UnixListener,
-        name: String,
-    }
-
-    impl LeaseSocket {
-        /// Listen on a fresh random abstract name.
-        pub(crate) fn bind() -> std::io::Result<Self> {
-            let name = format!("box-lease-{:032x}", rand::random::<u128>());
-            let address = SocketAddr::from_abstract_name(name.as_bytes())?;
-            let listener = std::os::unix::net::UnixListener::bind_addr(&address)?;
-            listener.set_nonblocking(true)?;
-            Ok(Self {
-                listener: UnixListener::from_std(listener)?,
-                name,
-            })
-        }
-
-        /// The name the helper connects to.
-        pub(crate) fn name(&self) -> &str {
-            &self.name
-        }
-
-        /// The helper's connection (peer pid `helper`); others are dropped.
-        /// The helper connects before it reports, so after its report this
-        /// answers at once.
-        pub(crate) async fn accept(
-            self,
-            helper: u32,
-            timeout: Duration,
-        ) -> Result<UnixStream, String> {
-            let wait = async {
-                loop {
-                    let (stream, _) =
-                        self.listener.accept().await.map_err(|error| {
-                            format!("accepting the helper's connection: {error}")
-                        })?;
-                    let peer = stream.peer_cred().ok().and_then(|cred| cred.pid());
-                    if peer.and_then(|pid| u32::try_from(pid).ok()) == Some(helper) {
-                        return Ok(stream);
-                    }
-                    tracing::warn!(
-                        ?peer,
-                        helper,
-                        "refused a connection to a unit's lease socket: not its helper"
-                    );
-                }
-            };
-            tokio::time::timeout(timeout, wait).await.map_err(|_| {
-                format!("the sandbox helper did not connect to its lease socket within {timeout:?}")
-            })?
-        }
-    }
-
-    /// Renew every third of `ttl` until a write fails or the returned
-    /// [`Renewal`] is dropped (which closes the host's end: the helper then
-    /// ends the unit when the lease runs out).
-    pub(crate) fn renew(mut writer: OwnedWriteHalf, ttl: Duration) -> Renewal {
-        let task = tokio::spawn(async move {
-            let interval = ttl / 3;
-            loop {
-                tokio::time::sleep(interval).await;
-                if writer.write_all(&[RENEW]).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Renewal::new(task.abort_handle())
-    }
-
-    /// Whether the helper, now ended, said it ended the unit for a lapse: it
-    /// writes the byte before it exits, so after its exit the byte is there.
-    pub(crate) fn lapsed(reader: &OwnedReadHalf) -> bool {
-        let mut byte = [0u8; 1];
-        matches!(reader.try_read(&mut byte), Ok(1) if byte[0] == LAPSED)
-    }
+    });
+    Renewal::with_run_dir(task.abort_handle(), run_dir)
 }

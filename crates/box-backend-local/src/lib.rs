@@ -1,41 +1,65 @@
-//! The local backend: a unit is a child process of the host, confined by the
-//! sandbox helper (`box sandbox`, hidden; see `helper`) that then runs
+//! The local backend: a unit is a process tree started by the host, confined
+//! by the sandbox helper (`box sandbox`, hidden; see `helper`) that then runs
 //! `box execute` (in its forked child, without executing box again). Used
 //! where no Docker engine answers.
 //!
 //! What it owns: building the helper's spec from a unit spec (pure), the
-//! unit's private temp directory (created per unit, removed with it), the
-//! helper process (spec in on its stdin, report out on its stdout, before the
-//! executor's protocol), and the envelope, which is built from what the
+//! unit's private temp directory and run directory (created per unit,
+//! removed with it), the helper process (spec in on its stdin, report out on
+//! its stdout; the executor's protocol then over the run directory's socket,
+//! see `lease`), and the envelope, which is built from what the
 //! helper *reports it applied*, read back from the kernel, never from what
 //! was asked.
 //!
 //! Process tree of one unit:
 //!
 //! ```text
-//! host ── box sandbox (own process group; dies with the host: PR_SET_PDEATHSIG)
-//!           └─ init, pid 1 of the unit's pid namespace (reaps; its exit ends the namespace)
-//!                └─ box execute (confined: rlimits, no_new_privs, landlock, no
-//!                   capabilities, seccomp; the init is confined the same way)
+//! host ┄┄ box sandbox (the helper: own process group, no parent-death signal;
+//!   ┆       outside the unit's confinement; box-init's supervisor: holds the
+//!   ┆       lease, relays CMD's stdio to the host's socket in the unit's run
+//!   ┆       directory, ends the unit when the lease lapses; a child subreaper)
+//!   ┆       └─ init, pid 1 of the unit's pid namespace (reaps; its exit ends the
+//!   ┆          namespace; SIGTERM ends it), or without one the unit's subreaper
+//!   ┆            └─ box execute (confined: rlimits, no_new_privs, landlock, no
+//!   ┆               capabilities, seccomp; the init is confined the same way)
+//!   └┄┄ the run directory's socket (`RUNTIME/units/<random>/host.sock`):
+//!       box-init's protocol, the unit key's proofs both ways
 //! ```
+//!
+//! A unit outlives its host: when the host dies (or is stopped, or lets the
+//! unit go) nobody renews the lease, and the helper kills the init (and with
+//! it every process of the unit: the pid namespace, or as subreaper every
+//! descendant) within the lease, reports the lapse if a host is connected,
+//! and exits. A new host that binds the same run directory again while the
+//! lease runs re-adopts the unit ([`Backend::adopt`]): the helper reconnects
+//! every 250 ms to 1 s, both sides prove the unit key, and the new host
+//! renews above the old epoch. The run directory holds the socket, the key
+//! (0600) and a record (`local.json`: the unit's labels, its helper's pid
+//! and start time, what the helper applied), from which `list` sees the
+//! units of every host process (dead ones included), so `box gc` and the
+//! host's sweep can remove them once their lease has surely lapsed. The
+//! helper reaches the socket through a handle on the run directory opened
+//! before any namespace: the unit's mount namespace hides the directory and
+//! its landlock rules never grant it, so nothing in the unit reads the key.
+//! The unit's stderr is a pipe to the host that started it: after that host
+//! died, what the unit writes there is lost (EPIPE).
 //!
 //! What a unit sees of the host: the system directories (read-only), its
 //! workspace and its private temp directory; every other host directory is
 //! an empty tmpfs, which is what keeps host Unix sockets (Docker, SSH agent)
 //! out of reach on kernels whose landlock cannot refuse a `connect`.
 //!
-//! Without a pid namespace the helper confines itself and stays as the
-//! executor's parent and the unit's subreaper.
+//! Removal sends the helper SIGTERM, which it forwards to the unit's init;
+//! the init ends at once (with a pid namespace, every process in it with it)
+//! and the helper kills whatever is left of the unit before it reports and
+//! goes; SIGKILL to the helper's group is the backstop (the init carries a
+//! parent-death signal from the helper, so the unit still ends, though
+//! without a pid namespace processes that left the init's tree can stay).
 //!
-//! `list` reads an in-memory registry: local units are children of this host
-//! and die with it (parent-death signal on the helper, namespace teardown), so
-//! there is nothing of another instance's to find and nothing to sweep after
-//! a crash. Removal sends the helper SIGTERM, then the unit's process group
-//! SIGKILL. With a pid namespace the helper's death ends the namespace and
-//! every process in it; without one the helper is the unit's subreaper and
-//! kills every process of the unit (whatever group or session it moved to)
-//! before it ends. A unit whose helper is SIGKILLed directly, without a pid
-//! namespace, can leave such processes behind.
+//! A `box sandbox` run by hand (no `init` in its spec) holds no lease and
+//! keeps the old shape: with `--parent` it dies with that process, and
+//! without a pid namespace the helper confines itself and stays as CMD's
+//! parent and the unit's subreaper.
 //!
 //! A workspace source `None` starts the executor with its root at an empty
 //! directory in the unit's private temp (and, for a workspace unit, `--no-fs`
@@ -69,8 +93,9 @@ pub use helper::{ExecutorEntry, REFUSED_EXIT, SandboxArgs};
 
 use box_backend::environment::{self, UnitEnvironment};
 use box_backend::{
-    Backend, BackendError, DeliveredSecret, EgressWiring, Envelope, ExecutorIo, Hardening,
-    ObjectsPlace, SessionLabel, StartedUnit, Unenforceable, UnitEnd, UnitInfo, UnitWiring,
+    AdoptUnit, Backend, BackendError, DeliveredSecret, EgressWiring, Envelope, ExecutorIo,
+    Hardening, ObjectsPlace, SessionLabel, StartedUnit, Unenforceable, UnitEnd, UnitInfo,
+    UnitWiring,
 };
 use box_confine::Rlimits;
 use box_policy::envelope::{
@@ -128,6 +153,10 @@ pub fn default_temp_root() -> PathBuf {
 /// The local sandboxed-process backend.
 pub struct LocalBackend {
     options: LocalOptions,
+    /// Where run directories are looked for by `list` (`box gc`, the
+    /// sweep): the default runtime directory, and every one a start was
+    /// wired with.
+    runtime_dirs: Mutex<Vec<PathBuf>>,
     /// The host kernel's landlock ABI, read once at construction.
     landlock_abi: u32,
     units: Mutex<HashMap<String, LocalUnit>>,
@@ -136,12 +165,14 @@ pub struct LocalBackend {
     private_files: Arc<Mutex<Option<CheckedWalk>>>,
 }
 
-/// A started unit, as the registry keeps it.
+/// A started (or re-adopted) unit, as the registry keeps it.
 struct LocalUnit {
     info: UnitInfo,
     /// The helper's pid, which is also its process group.
     group: i32,
     temp: PathBuf,
+    /// Its run directory (the socket, the key, the record).
+    run_dir: PathBuf,
     /// The helper's wait status once reaped (`Some(None)`: reaped, status unknown).
     exited: watch::Receiver<Option<Option<ExitStatus>>>,
     removed: Arc<std::sync::atomic::AtomicBool>,
@@ -162,6 +193,7 @@ impl LocalBackend {
     pub fn with_options(options: LocalOptions) -> Self {
         Self {
             options,
+            runtime_dirs: Mutex::new(vec![box_backend::default_runtime_dir()]),
             landlock_abi: box_confine::landlock_abi(),
             units: Mutex::new(HashMap::new()),
             private_files: Arc::new(Mutex::new(None)),
@@ -239,9 +271,29 @@ impl LocalBackend {
             return Err(first.into());
         }
         let layout = Layout::name(&self.options.temp_root, session, spec)?;
+        let runtime_dir = wiring
+            .runtime_dir
+            .clone()
+            .unwrap_or_else(box_backend::default_runtime_dir);
+        {
+            let mut dirs = self
+                .runtime_dirs
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !dirs.contains(&runtime_dir) {
+                dirs.push(runtime_dir.clone());
+            }
+        }
+        let run_dir =
+            lease::create_run_dir(&runtime_dir).map_err(|message| BackendError::Other {
+                unit: spec.name.clone(),
+                doing: "making the unit's run directory".to_owned(),
+                message,
+            })?;
         // From here on, a failure or a dropped future undoes the start.
         let mut guard = StartGuard {
             temp: layout.temp.clone(),
+            run_dir: run_dir.clone(),
             group: None,
             finished: false,
         };
@@ -279,12 +331,6 @@ impl LocalBackend {
             )
             .await?;
         guard.finished = true;
-        // A fork says which unit it came from, for `box units ls`.
-        if let Some(parent) = &wiring.parent
-            && let Some(record) = self.registry().get_mut(&started.envelope.id)
-        {
-            record.info.parent = Some(parent.clone());
-        }
         Ok(started)
     }
 
@@ -295,9 +341,14 @@ impl LocalBackend {
         layout: &Layout,
         // CMD, and whether it is box's executor (which delivers the secrets).
         (command, executor): (Vec<OsString>, bool),
+        // With what the host wires into it (egress, borrowed objects, the
+        // unit it was forked from, for `box units ls`).
         (environment, wiring): (UnitEnvironment, &UnitWiring),
+        // Also holds the unit's run directory.
         guard: &mut StartGuard,
     ) -> Result<StartedUnit, BackendError> {
+        let run_dir = guard.run_dir.clone();
+        let run_dir = run_dir.as_path();
         let unit = spec.name.clone();
         let other = |doing: &str, message: String| BackendError::Other {
             unit: unit.clone(),
@@ -309,12 +360,19 @@ impl LocalBackend {
             tracing::info!(unit, ?missing, "variables to pass are not set on the host");
         }
         let mut sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options, wiring)?;
-        // The unit's lease: the helper connects here before it confines
-        // anything, and ends the unit when the renewals stop.
-        let lease_socket = lease::host::LeaseSocket::bind()
-            .map_err(|error| other("listening for the unit's lease", error.to_string()))?;
-        sandbox_spec.lease = Some(helper::SpecLease {
-            socket: lease_socket.name().to_owned(),
+        // The unit's init side: the helper holds the lease and relays the
+        // executor's stdio to this socket with box-init's protocol, proving
+        // the unit's key, and ends the unit when the renewals stop.
+        let listener = box_init::host::bind(run_dir)
+            .map_err(|error| other("listening for the unit's helper", error.to_string()))?;
+        let key = box_init::protocol::UnitKey::generate();
+        lease::write_private(&run_dir.join(lease::KEY), key.to_hex().as_bytes())
+            .map_err(|message| other("keeping the unit's key", message))?;
+        let identity = format!("{}/{}/{}", session.instance, session.session, unit);
+        sandbox_spec.init = Some(helper::SpecInit {
+            run_dir: run_dir.to_owned(),
+            unit: identity.clone(),
+            key: key.to_hex(),
             ttl_ms: u64::try_from(spec.lease.as_millis()).unwrap_or(u64::MAX),
         });
         // A unit that is the host's uid 0 gets the host's root-only files
@@ -325,17 +383,17 @@ impl LocalBackend {
             tokio::task::spawn_blocking(move || private_files(&state))
         });
 
-        // The helper reads its spec from stdin and reports on stdout, before
-        // either carries the executor's protocol: no extra fds, so no
-        // `pre_exec`, so the spawn stays a cheap vfork-style `posix_spawn`
-        // whatever the host's size.
+        // The helper reads its spec from stdin and reports on stdout; then
+        // the executor's protocol goes over the run directory's socket. No
+        // extra fds, so no `pre_exec`, so the spawn stays a cheap
+        // vfork-style `posix_spawn` whatever the host's size. No `--parent`:
+        // the unit outlives this host by its lease, so a later one can
+        // re-adopt it.
         let mut helper = std::process::Command::new(&self.options.box_exe);
         helper
             .arg("sandbox")
             .arg("--spec-stdin")
             .arg("--report-stdout")
-            .arg("--parent")
-            .arg(std::process::id().to_string())
             .arg("--")
             .args(&command)
             .env_clear()
@@ -346,8 +404,8 @@ impl LocalBackend {
             .process_group(0);
         let (spawned_tx, spawned_rx) = tokio::sync::oneshot::channel();
         let (exited_tx, exited_rx) = watch::channel(None);
-        // The thread that spawns the helper is its parent as far as the
-        // parent-death signal goes, so it lives exactly as long as the unit.
+        // The thread that spawns the helper waits for it (while this host
+        // lives), so its exit status is known.
         std::thread::Builder::new()
             .name(format!("box-local-{unit}"))
             // It only spawns and waits: a small stack keeps a host with many
@@ -425,7 +483,7 @@ impl LocalBackend {
         let (mut stdin, stdout) = match attached {
             Ok(attached) => attached,
             Err(error) => {
-                return Err(undo(other("attaching the executor's stdio", error.to_string())).await);
+                return Err(undo(other("attaching the helper's stdio", error.to_string())).await);
             }
         };
         // The directories are made while the helper is being executed (the
@@ -454,11 +512,12 @@ impl LocalBackend {
         if let Err(error) = tokio::io::AsyncWriteExt::write_all(&mut stdin, &message).await {
             return Err(undo(other("sending the sandbox spec", error.to_string())).await);
         }
-        // The first line on stdout is the helper's report; what follows (and
-        // anything this reader buffered past it) is the executor's.
+        drop(stdin);
+        // The one line on stdout is the helper's report.
         let mut stdout = tokio::io::BufReader::new(stdout);
         let mut line = String::new();
         let first = tokio::time::timeout(CONFINE_TIMEOUT, stdout.read_line(&mut line)).await;
+        drop(stdout);
         let applied = match first {
             Ok(Ok(0)) => Err(other(
                 "confining the unit",
@@ -491,62 +550,90 @@ impl LocalBackend {
             Ok(applied) => applied,
             Err(error) => return Err(undo(error).await),
         };
-        let connection = match lease_socket.accept(pid, CONFINE_TIMEOUT).await {
-            Ok(connection) => connection,
-            Err(message) => return Err(undo(other("taking the unit's lease", message)).await),
-        };
-        let (lease_reader, lease_writer) = connection.into_split();
-        let renewal = lease::host::renew(lease_writer, spec.lease);
-        let lease_ms = applied.lease_ms;
-        let removed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let ended = {
+        // The helper connects right after its report; a helper that ends
+        // first ends the wait.
+        let accepted = {
             let mut exited = exited_rx.clone();
-            let removed = Arc::clone(&removed);
-            async move {
-                let status = match exited.wait_for(Option::is_some).await {
-                    Ok(status) => status.flatten(),
-                    Err(_) => None,
-                };
-                let lapsed = lease_ms.filter(|_| lease::host::lapsed(&lease_reader));
-                unit_end(
-                    status,
-                    removed.load(std::sync::atomic::Ordering::SeqCst),
-                    lapsed,
-                )
+            tokio::select! {
+                accepted = listener.accept(&key, &identity, CONFINE_TIMEOUT) => {
+                    accepted.map_err(|error| error.to_string())
+                }
+                _ = exited.wait_for(Option::is_some) => {
+                    Err("the helper ended before it connected (see the host's log)".to_owned())
+                }
             }
-            .boxed()
         };
+        let connected = match accepted {
+            Ok(connected) => connected,
+            Err(message) => {
+                return Err(undo(other("connecting to the unit's helper", message)).await);
+            }
+        };
+        let lease_ms = applied.lease_ms;
         let id = pid.to_string();
+        let created = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+        let record = lease::Record {
+            id: id.clone(),
+            instance: session.instance.clone(),
+            session: session.session.clone(),
+            unit: unit.clone(),
+            profile: session.profile.clone(),
+            created,
+            parent: wiring.parent.clone(),
+            lease_ms: lease_ms.unwrap_or_default(),
+            helper: pid,
+            helper_start: lease::start_time(pid).unwrap_or_default(),
+            temp: layout.temp.clone(),
+            workspace: layout.workspace.clone(),
+            executor,
+            spec: sandbox_spec.kept(),
+            applied: applied.clone(),
+        };
+        if let Err(message) = record.write(run_dir) {
+            return Err(undo(other("recording the unit", message)).await);
+        }
+        let removed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let box_init::host::UnitChannel {
+            reader,
+            writer,
+            lease: held,
+            ended: channel_ended,
+            state: _,
+        } = connected;
+        let log_name = format!("{}/{}", session.session, unit);
+        let renewal = lease::renew(
+            held,
+            (spec.lease, lease::EPOCH),
+            run_dir.to_owned(),
+            listener,
+            log_name,
+        );
+        let ended = unit_ended(
+            channel_ended,
+            exited_rx.clone(),
+            Arc::clone(&removed),
+            lease_ms,
+        );
         let mut envelope = envelope(spec, &sandbox_spec, &applied, &environment, &id, layout);
         // Only box's executor writes the secrets (a stand-in command gets the
         // tmpfs, empty).
         if executor && applied.secrets_mounted {
             envelope.secrets = delivered_secrets(spec);
         }
-        let info = UnitInfo {
-            id: id.clone(),
-            instance: session.instance.clone(),
-            session: session.session.clone(),
-            unit: unit.clone(),
-            profile: session.profile.clone(),
-            created: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
-            state: "running".to_owned(),
-            parent: None,
-            lease_ms,
-        };
-        let record = LocalUnit {
-            info,
+        let local = LocalUnit {
+            info: record.info("running"),
             group,
             temp: layout.temp.clone(),
+            run_dir: run_dir.to_owned(),
             exited: exited_rx,
             removed,
         };
-        self.registry().insert(id, record);
+        self.registry().insert(id, local);
         Ok(StartedUnit {
             envelope,
             io: ExecutorIo {
-                stdin: Box::pin(stdin),
-                stdout: Box::pin(stdout),
+                stdin: Box::pin(stdin_closing(writer, unit.clone())),
+                stdout: Box::pin(reader),
             },
             ended,
             renewal: Some(renewal),
@@ -562,31 +649,51 @@ impl LocalBackend {
     }
 
     async fn remove_unit(&self, id: &str) -> Result<(), BackendError> {
-        let Some(record) = self.registry().remove(id) else {
-            return Ok(());
+        let record = self.registry().remove(id);
+        let record = match record {
+            Some(record) => record,
+            // A unit of another host process (dead, or this one's before a
+            // restart), found by its run directory: `box gc`, the sweep.
+            None => match self.recorded(id) {
+                Some((run_dir, found)) => LocalUnit {
+                    info: found.info("running"),
+                    group: i32::try_from(found.helper).unwrap_or(i32::MAX),
+                    temp: found.temp.clone(),
+                    run_dir,
+                    exited: watch_exit(found.helper, found.helper_start),
+                    removed: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+                },
+                None => return Ok(()),
+            },
         };
         record
             .removed
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let mut exited = record.exited.clone();
-        // SIGTERM to the helper first: without a pid namespace it is the
-        // unit's supervisor and kills every process of the unit before it
-        // goes (with one, it simply dies and the namespace goes with it).
-        // SIGKILL to the whole group is the backstop.
-        // The helper we spawned; ESRCH (gone) is fine.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(record.group),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+        let alive = || exited_now(&record.exited).is_none();
+        // SIGTERM to the helper first: it forwards it to the unit's init,
+        // which ends (with a pid namespace, every process in it with it),
+        // and kills what is left before it reports and goes. SIGKILL to the
+        // helper's group is the backstop. ESRCH (gone) is fine; a helper
+        // already seen ended is not signalled (its pid may be another's).
+        if alive() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(record.group),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
         let terminated = tokio::time::timeout(TERM_GRACE, exited.wait_for(Option::is_some))
             .await
             .is_ok();
-        kill_group(record.group);
+        if !terminated {
+            kill_group(record.group);
+        }
         let reaped = terminated
             || tokio::time::timeout(REAP_TIMEOUT, exited.wait_for(Option::is_some))
                 .await
                 .is_ok();
         let removed = remove_dir(&record.temp);
+        let _ = remove_dir(&record.run_dir);
         if !reaped {
             return Err(BackendError::Other {
                 unit: record.info.unit,
@@ -604,6 +711,235 @@ impl LocalBackend {
             message: error.to_string(),
         })
     }
+
+    /// Every run directory with a local record, in the runtime directories
+    /// this backend knows.
+    fn recorded_all(&self) -> Vec<(PathBuf, lease::Record)> {
+        let dirs = self
+            .runtime_dirs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        dirs.iter().flat_map(|dir| lease::run_dirs(dir)).collect()
+    }
+
+    /// The run directory and record of unit `id`: the one whose helper lives,
+    /// if any (an id is a pid, which an ended unit's leftover record may
+    /// share with a live one).
+    fn recorded(&self, id: &str) -> Option<(PathBuf, lease::Record)> {
+        let mut found: Vec<_> = self
+            .recorded_all()
+            .into_iter()
+            .filter(|(_, record)| record.id == id)
+            .collect();
+        found.sort_by_key(|(_, record)| !record.helper_alive());
+        found.into_iter().next()
+    }
+
+    /// [`Backend::adopt`]: the run directory's record checked against what
+    /// was persisted (the same unit id, session and unit, its helper still
+    /// the process recorded), its key read from the run directory, the
+    /// socket bound again, the helper's connection accepted with the same
+    /// proofs a docker unit's init gives, and the lease renewed above the
+    /// previous host's epoch before anything else.
+    async fn adopt_unit(
+        &self,
+        session: &SessionLabel,
+        spec: &UnitSpec,
+        unit: &AdoptUnit,
+    ) -> Result<StartedUnit, BackendError> {
+        let name = spec.name.as_str();
+        let refused = |doing: &str, message: String| BackendError::Other {
+            unit: name.to_owned(),
+            doing: doing.to_owned(),
+            message,
+        };
+        let record = lease::Record::read(&unit.run_dir).map_err(|why| {
+            refused(
+                "re-adopting the unit",
+                format!(
+                    "unit {} is gone: its run directory's record cannot be read ({why}): removed, or its lease lapsed",
+                    unit.id
+                ),
+            )
+        })?;
+        for (what, have, want) in [
+            ("id", record.id.as_str(), unit.id.as_str()),
+            ("session", record.session.as_str(), session.session.as_str()),
+            ("unit", record.unit.as_str(), name),
+        ] {
+            if have != want {
+                return Err(refused(
+                    "re-adopting the unit",
+                    format!(
+                        "the run directory {} holds {what} `{have}`, not `{want}`: it is not the unit persisted",
+                        unit.run_dir.display()
+                    ),
+                ));
+            }
+        }
+        if !record.helper_alive() {
+            return Err(refused(
+                "re-adopting the unit",
+                format!(
+                    "unit {} is gone: its helper (pid {}) has ended (removed, or its lease lapsed)",
+                    unit.id, record.helper
+                ),
+            ));
+        }
+        let key = std::fs::read_to_string(unit.run_dir.join(lease::KEY))
+            .map_err(|error| refused("reading the unit's key", error.to_string()))
+            .and_then(|hex| {
+                box_init::protocol::UnitKey::from_hex(hex.trim())
+                    .map_err(|error| refused("reading the unit's key", error.to_string()))
+            })?;
+        let listener = box_init::host::bind(&unit.run_dir)
+            .map_err(|error| refused("listening for the unit's helper again", error.to_string()))?;
+        let exited = watch_exit(record.helper, record.helper_start);
+        let accepted = {
+            let mut exited = exited.clone();
+            tokio::select! {
+                accepted = listener.accept(&key, &unit.identity, unit.timeout) => {
+                    accepted.map_err(|error| error.to_string())
+                }
+                _ = exited.wait_for(Option::is_some) => {
+                    Err(format!("unit {} ended (its lease lapsed) before its helper reconnected", unit.id))
+                }
+            }
+        };
+        let connected =
+            accepted.map_err(|message| refused("reconnecting to the unit's helper", message))?;
+        // Fence off any earlier host first: nothing is relayed before this.
+        let epoch = connected.state.epoch + 1;
+        connected
+            .lease
+            .renew_confirmed(spec.lease, epoch, Duration::from_secs(5))
+            .await
+            .map_err(|error| refused("renewing the unit's lease", error.to_string()))?;
+        let layout = Layout {
+            tmp: record.temp.join("tmp"),
+            home: record.temp.join("home"),
+            temp: record.temp.clone(),
+            workspace: record.workspace.clone(),
+        };
+        let mut envelope = envelope_from_parts(
+            spec,
+            &record.spec,
+            &record.applied,
+            (unit.env_passed.clone(), unit.env_scrubbed.clone()),
+            &record.id,
+            &layout,
+        );
+        if record.executor && record.applied.secrets_mounted {
+            envelope.secrets = delivered_secrets(spec);
+        }
+        let removed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let box_init::host::UnitChannel {
+            reader,
+            writer,
+            lease: held,
+            ended: channel_ended,
+            state: _,
+        } = connected;
+        let renewal = lease::renew(
+            held,
+            (spec.lease, epoch),
+            unit.run_dir.clone(),
+            listener,
+            format!("{}/{}", session.session, name),
+        );
+        let ended = unit_ended(
+            channel_ended,
+            exited.clone(),
+            Arc::clone(&removed),
+            Some(record.lease_ms),
+        );
+        let local = LocalUnit {
+            info: record.info("running"),
+            group: i32::try_from(record.helper).unwrap_or(i32::MAX),
+            temp: record.temp.clone(),
+            run_dir: unit.run_dir.clone(),
+            exited,
+            removed,
+        };
+        self.registry().insert(record.id.clone(), local);
+        Ok(StartedUnit {
+            envelope,
+            io: ExecutorIo {
+                stdin: Box::pin(stdin_closing(writer, name.to_owned())),
+                stdout: Box::pin(reader),
+            },
+            ended,
+            renewal: Some(renewal),
+        })
+    }
+}
+
+/// Bytes of the executor's stdin buffered between the host and the channel.
+const STDIN_BUFFER: usize = 64 * 1024;
+
+/// A writer for the executor's stdin over the channel: when the host drops
+/// it (or shuts it down), the executor's stdin is closed after what was
+/// written (the channel's close message), so the executor reads EOF, as it
+/// did when its stdin was a pipe from the host.
+fn stdin_closing(mut input: box_init::host::McpWriter, unit: String) -> tokio::io::DuplexStream {
+    use tokio::io::AsyncWriteExt as _;
+    let (writer, mut reader) = tokio::io::duplex(STDIN_BUFFER);
+    tokio::spawn(async move {
+        if let Err(error) = tokio::io::copy(&mut reader, &mut input).await {
+            tracing::debug!(unit, %error, "writing to the executor's stdin");
+        }
+        let _ = input.shutdown().await;
+    });
+    writer
+}
+
+/// The end of a unit's helper as far as is known now.
+fn exited_now(exited: &watch::Receiver<Option<Option<ExitStatus>>>) -> Option<Option<ExitStatus>> {
+    *exited.borrow()
+}
+
+/// Watch a helper this process did not start (no wait status: `Some(None)`
+/// once it has ended), through a pidfd, else by polling its start time.
+fn watch_exit(pid: u32, start: u64) -> watch::Receiver<Option<Option<ExitStatus>>> {
+    use std::os::fd::FromRawFd as _;
+    let (sender, receiver) = watch::channel(None);
+    let raw = i32::try_from(pid).unwrap_or(i32::MAX);
+    // SAFETY: pidfd_open with integer arguments; a non-negative result is a
+    // new fd this process owns.
+    let opened = unsafe { libc::syscall(libc::SYS_pidfd_open, raw, 0) };
+    let pidfd = i32::try_from(opened)
+        .ok()
+        .filter(|fd| *fd >= 0)
+        // SAFETY: the fd was just opened and is owned by nobody else.
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
+    // Checked after the pidfd, so the pidfd is the recorded process's.
+    if lease::start_time(pid) != Some(start) {
+        let _ = sender.send(Some(None));
+        return receiver;
+    }
+    tokio::spawn(async move {
+        let watched = pidfd.and_then(|fd| {
+            // SAFETY: the `OwnedFd` is moved into the `AsyncFd` and stays open,
+            // the same fd, for as long as it lives.
+            unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+            }
+            .ok()
+        });
+        match watched {
+            Some(fd) => {
+                let _ = fd.readable().await;
+            }
+            None => {
+                while lease::start_time(pid) == Some(start) {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        let _ = sender.send(Some(None));
+    });
+    receiver
 }
 
 impl Backend for LocalBackend {
@@ -700,8 +1036,20 @@ impl Backend for LocalBackend {
         self.remove_unit(id).boxed()
     }
 
+    fn adopt<'a>(
+        &'a self,
+        session: &'a SessionLabel,
+        spec: &'a UnitSpec,
+        unit: &'a AdoptUnit,
+    ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
+        self.adopt_unit(session, spec, unit).boxed()
+    }
+
+    /// This process's units, and every unit with a run directory of another
+    /// host process (dead or alive: the host's sweep and `box gc` judge
+    /// which may go), `running` while its helper lives.
     fn list(&self) -> BoxFuture<'_, Result<Vec<UnitInfo>, BackendError>> {
-        let units = self
+        let (mut units, ours): (Vec<UnitInfo>, Vec<PathBuf>) = self
             .registry()
             .values()
             .map(|record| {
@@ -709,9 +1057,19 @@ impl Backend for LocalBackend {
                 if record.exited.borrow().is_some() {
                     "ended".clone_into(&mut info.state);
                 }
-                info
+                (info, record.run_dir.clone())
             })
-            .collect();
+            .unzip();
+        for (run_dir, record) in self.recorded_all() {
+            if !ours.contains(&run_dir) {
+                let state = if record.helper_alive() {
+                    "running"
+                } else {
+                    "ended"
+                };
+                units.push(record.info(state));
+            }
+        }
         futures::future::ready(Ok(units)).boxed()
     }
 }
@@ -761,6 +1119,7 @@ fn printable(text: &str) -> String {
 /// and removes the unit's temp directory.
 struct StartGuard {
     temp: PathBuf,
+    run_dir: PathBuf,
     group: Option<i32>,
     finished: bool,
 }
@@ -773,8 +1132,10 @@ impl Drop for StartGuard {
         if let Some(group) = self.group {
             kill_group(group);
         }
-        if let Err(error) = remove_dir(&self.temp) {
-            tracing::warn!(path = %self.temp.display(), %error, "removing a unit's temp directory");
+        for dir in [&self.temp, &self.run_dir] {
+            if let Err(error) = remove_dir(dir) {
+                tracing::warn!(path = %dir.display(), %error, "removing a unit's directory");
+            }
         }
     }
 }
@@ -1108,7 +1469,7 @@ pub(crate) fn sandbox_spec(
                 .collect(),
         ),
         // Set by the start, which listens for the helper.
-        lease: None,
+        init: None,
         objects,
     })
 }
@@ -1147,6 +1508,20 @@ pub(crate) fn envelope(
     sandbox_spec: &SandboxSpec,
     applied: &Applied,
     environment: &UnitEnvironment,
+    id: &str,
+    layout: &Layout,
+) -> Envelope {
+    let names = (environment.passed(), environment.scrubbed.clone());
+    envelope_from_parts(spec, sandbox_spec, applied, names, id, layout)
+}
+
+/// [`envelope`] from the environment's names (passed, scrubbed), as a run
+/// directory's record and the persisted state keep them. Pure.
+pub(crate) fn envelope_from_parts(
+    spec: &UnitSpec,
+    sandbox_spec: &SandboxSpec,
+    applied: &Applied,
+    (env_passed, env_scrubbed): (Vec<String>, Vec<String>),
     id: &str,
     layout: &Layout,
 ) -> Envelope {
@@ -1220,8 +1595,6 @@ pub(crate) fn envelope(
         not_applied,
         start_timeout_ms: None,
     });
-    let env_passed = environment.passed();
-    let env_scrubbed = environment.scrubbed.clone();
     Envelope {
         name: spec.name.clone(),
         role: spec.role,
@@ -1274,6 +1647,55 @@ fn delivered_secrets(spec: &UnitSpec) -> Vec<DeliveredSecret> {
             as_env: spec.env_secrets_as_env.contains(name),
         })
         .collect()
+}
+
+/// How a unit ended, from its channel: the helper's report (box-init's
+/// `EndReport`) when it sent one, else the helper's wait status (a unit this
+/// host started) or its end seen through `exited`.
+fn unit_ended(
+    channel: box_init::host::Ended,
+    mut exited: watch::Receiver<Option<Option<ExitStatus>>>,
+    removed: Arc<std::sync::atomic::AtomicBool>,
+    lease_ms: Option<u64>,
+) -> BoxFuture<'static, UnitEnd> {
+    use box_init::protocol::EndReason;
+    async move {
+        let end = channel.wait().await;
+        let removed_now = || removed.load(std::sync::atomic::Ordering::SeqCst);
+        match end {
+            box_init::host::UnitEnd::Reported(report) => {
+                let status = report.executor.map(|exit| match exit {
+                    box_init::protocol::ExitReport::Signal(signal) => ExitStatus::from_raw(signal),
+                    // The unit's init ends with 128 + the signal that killed CMD.
+                    box_init::protocol::ExitReport::Code(code) if code > 128 && code < 128 + 65 => {
+                        ExitStatus::from_raw(code - 128)
+                    }
+                    box_init::protocol::ExitReport::Code(code) => {
+                        ExitStatus::from_raw((code & 0xff) << 8)
+                    }
+                });
+                let lapsed =
+                    (report.reason == EndReason::LeaseLapsed).then(|| lease_ms.unwrap_or_default());
+                let removed = removed_now() || report.reason == EndReason::Terminated;
+                unit_end(status, removed, lapsed)
+            }
+            box_init::host::UnitEnd::Released => UnitEnd {
+                exit_code: None,
+                oom_killed: false,
+                reason: "the unit was released to another host".to_owned(),
+            },
+            box_init::host::UnitEnd::Disconnected => {
+                // The helper died without a report (killed): its status, when
+                // it comes.
+                let status = tokio::time::timeout(REAP_TIMEOUT, exited.wait_for(Option::is_some))
+                    .await
+                    .ok()
+                    .and_then(|status| status.ok().and_then(|status| status.flatten()));
+                unit_end(status, removed_now(), None)
+            }
+        }
+    }
+    .boxed()
 }
 
 /// How a unit ended, from the helper's wait status (the helper ends the way

@@ -608,3 +608,80 @@ fn unit_stderr_is_logged_with_its_control_characters_escaped() {
         "\\u{1b}]52;c;AAAA\\u{7}"
     );
 }
+
+/// A run directory's record keeps what rebuilds the envelope, never the
+/// environment's values, the secrets or the unit key; the envelope a later
+/// host rebuilds from it is the one the start reported.
+#[test]
+fn the_record_keeps_no_secret_and_rebuilds_the_envelope() {
+    let spec = unit_spec(WorkspaceSource::Empty);
+    let layout = layout(&WorkspaceSource::Empty);
+    let environment = UnitEnvironment {
+        vars: vec![("TOKENISH".to_owned(), "value-of-a-var".to_owned())],
+        scrubbed: vec!["GITHUB_TOKEN".to_owned()],
+        missing: Vec::new(),
+        secrets: vec![("API".to_owned(), "secret-value".to_owned())],
+    };
+    let mut sandbox = sandbox_spec(
+        &spec,
+        &layout,
+        &environment,
+        &options(),
+        &UnitWiring::default(),
+    )
+    .unwrap();
+    sandbox.init = Some(helper::SpecInit {
+        run_dir: "/run/box/units/x".into(),
+        unit: "i/s/workspace".to_owned(),
+        key: "ab".repeat(32),
+        ttl_ms: 30_000,
+    });
+    assert!(!format!("{:?}", sandbox.init).contains(&"ab".repeat(32)));
+    let record = lease::Record {
+        id: "42".to_owned(),
+        instance: "i".to_owned(),
+        session: "s".to_owned(),
+        unit: "workspace".to_owned(),
+        profile: "default".to_owned(),
+        created: "2026-01-01T00:00:00Z".to_owned(),
+        parent: None,
+        lease_ms: 30_000,
+        helper: 42,
+        helper_start: 7,
+        temp: layout.temp.clone(),
+        workspace: layout.workspace.clone(),
+        executor: true,
+        spec: sandbox.kept(),
+        applied: applied(),
+    };
+    let json = serde_json::to_string(&record).unwrap();
+    for kept_out in ["value-of-a-var", "secret-value", &"ab".repeat(32)] {
+        assert!(!json.contains(kept_out), "{kept_out} in {json}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    record.write(dir.path()).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(dir.path().join(lease::RECORD))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let read = lease::Record::read(dir.path()).unwrap();
+    let names = (environment.passed(), environment.scrubbed.clone());
+    assert_eq!(
+        envelope_from_parts(&spec, &read.spec, &read.applied, names, "42", &layout),
+        envelope(&spec, &sandbox, &applied(), &environment, "42", &layout)
+    );
+    assert_eq!(read.info("running").lease_ms, Some(30_000));
+}
+
+#[test]
+fn a_helper_is_known_by_its_pid_and_start_time() {
+    let me = std::process::id();
+    let start = lease::start_time(me).unwrap();
+    assert_eq!(lease::start_time(me), Some(start));
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    assert_eq!(lease::start_time(pid), None, "an ended, reaped process");
+}

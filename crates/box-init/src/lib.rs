@@ -73,7 +73,7 @@ pub mod line;
 pub mod protocol;
 
 pub use config::{Bridge, InitConfig};
-pub use init::run;
+pub use init::{Started, run, supervise};
 
 /// The init's exit code when the lease lapsed.
 pub const EXIT_LEASE_LAPSED: i32 = 75;

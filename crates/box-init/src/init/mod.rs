@@ -139,7 +139,55 @@ pub fn run(config: InitConfig) -> i32 {
         }
     };
     let code = runtime.block_on(async move {
-        match Supervisor::start(config, key, pid1) {
+        match Supervisor::start(config, key, pid1, None) {
+            Ok(supervisor) => supervisor.run().await,
+            Err(error) => {
+                tracing::error!("box init: {error}");
+                EXIT_START_FAILED
+            }
+        }
+    });
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    code
+}
+
+/// A unit's first process started by someone else (the local backend's
+/// sandbox helper forks it, confined, before it calls [`supervise`]): its
+/// pid, and the host-side ends of its stdin and stdout.
+#[derive(Debug)]
+pub struct Started {
+    /// The process's pid; it is a child of the caller.
+    pub pid: i32,
+    /// Its stdin (the caller's write end of the pipe).
+    pub stdin: OwnedFd,
+    /// Its stdout (the caller's read end of the pipe).
+    pub stdout: OwnedFd,
+}
+
+/// Runs the init's supervisor over `started` instead of spawning the
+/// executor: the lease, the relay to the host's socket (`config.socket`,
+/// which may be relative to the working directory), reaping and the signal
+/// duties, exactly as [`run`] does; `config.executor` is not used. The caller
+/// holds `key` (never in an environment) and has made itself non-dumpable;
+/// this process becomes a child subreaper. Call it before any thread starts.
+/// Returns the exit code.
+pub fn supervise(config: InitConfig, key: UnitKey, started: Started) -> i32 {
+    if let Err(error) = nix::sys::prctl::set_child_subreaper(true) {
+        tracing::error!(%error, "box init: cannot become a child subreaper");
+        return EXIT_START_FAILED;
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            tracing::error!(%error, "box init: cannot start the runtime");
+            return EXIT_START_FAILED;
+        }
+    };
+    let code = runtime.block_on(async move {
+        match Supervisor::start(config, key, false, Some(started)) {
             Ok(supervisor) => supervisor.run().await,
             Err(error) => {
                 tracing::error!("box init: {error}");
@@ -206,7 +254,12 @@ struct Supervisor {
 
 impl Supervisor {
     /// Everything up to the loop: handlers, bridges, the executor, the tasks.
-    fn start(config: InitConfig, key: UnitKey, pid1: bool) -> Result<Self, String> {
+    fn start(
+        config: InitConfig,
+        key: UnitKey,
+        pid1: bool,
+        started: Option<Started>,
+    ) -> Result<Self, String> {
         let lease = Lease::new(lease::boottime_now(), config.lease);
         // Handlers first, so no SIGCHLD or SIGTERM after the spawn is missed.
         let install = |kind: SignalKind, name: &str| {
@@ -218,7 +271,16 @@ impl Supervisor {
             interrupt: install(SignalKind::interrupt(), "SIGINT")?,
         };
         bridge::start(&config.bridges).map_err(|error| error.to_string())?;
-        let (executor, stdin, stdout) = spawn_executor(&config)?;
+        let (executor, stdin, stdout) = match started {
+            None => spawn_executor(&config)?,
+            Some(Started { pid, stdin, stdout }) => {
+                let stdin = pipe::Sender::from_owned_fd(stdin)
+                    .map_err(|error| format!("the unit's stdin: {error}"))?;
+                let stdout = pipe::Receiver::from_owned_fd(stdout)
+                    .map_err(|error| format!("the unit's stdout: {error}"))?;
+                (Pid::from_raw(pid), stdin, stdout)
+            }
+        };
         tracing::info!(
             unit = config.unit,
             pid = executor.as_raw(),

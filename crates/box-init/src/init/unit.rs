@@ -98,7 +98,15 @@ impl Reaper {
             }
             self.reap_until_gone().await
         } else {
-            let killed = self.kill_descendants().await;
+            // The executor by its pid first: `/proc` need not show it (the
+            // local helper's supervisor sees the unit's own `/proc`, where
+            // the init it started has no parent), and its end takes a pid
+            // namespace with it.
+            let mut killed = HashSet::new();
+            if self.executor_exit.is_none() && kill(self.executor, Signal::SIGKILL).is_ok() {
+                killed.insert(self.executor);
+            }
+            let killed = self.kill_descendants(killed).await;
             self.reap_until_gone().await;
             killed
         };
@@ -106,8 +114,9 @@ impl Reaper {
         killed
     }
 
-    async fn kill_descendants(&mut self) -> u32 {
-        let mut killed = HashSet::new();
+    /// Kills every descendant, round after round; returns how many were
+    /// killed, counting those in `killed` already.
+    async fn kill_descendants(&mut self, mut killed: HashSet<Pid>) -> u32 {
         for _ in 0..KILL_ROUNDS {
             let alive = descendants_of(Pid::this());
             if alive.is_empty() {
