@@ -20,6 +20,8 @@ mod profile;
 mod pull;
 /// Sessions surviving `kill -9` of their `box serve --listen` host: state, reattach, refusals.
 mod reattach;
+/// Sessions with an egress unit surviving `kill -9` of their host: the proxy served again in the unit's socket directory.
+mod reattach_egress;
 /// Secrets through `box serve` on Docker: files, never in `docker inspect`, redacted for the client.
 mod secrets;
 /// `box serve` and `box run` end to end, over stdio and HTTP, on both backends.

@@ -22,7 +22,8 @@ use serde_json::{Value, json};
 use super::HostConfig;
 
 /// The proxy of one running unit. Dropping it stops the proxy (ending every
-/// connection it carries) and removes its socket directory.
+/// connection it carries) and removes its socket directory, unless the session
+/// was handed to another host ([`EgressProxy::keep_dir`]).
 #[derive(Debug)]
 pub struct EgressProxy {
     /// The unit's name in its session.
@@ -30,11 +31,16 @@ pub struct EgressProxy {
     dir: PathBuf,
     task: tokio::task::JoinHandle<()>,
     policy: PolicyHandle,
+    /// Handed off ([`EgressProxy::keep_dir`]): the directory stays.
+    keep: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for EgressProxy {
     fn drop(&mut self) {
         self.task.abort();
+        if self.keep.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         if let Err(error) = std::fs::remove_dir_all(&self.dir)
             && error.kind() != std::io::ErrorKind::NotFound
         {
@@ -73,9 +79,6 @@ impl EgressProxy {
     /// its socket bound and served before the unit starts, so the unit's first
     /// connection finds it.
     pub fn start(config: &Arc<HostConfig>, session: &str, spec: &UnitSpec) -> Result<Self, String> {
-        let policy = policy_of(spec)?;
-        let bound = policy.allow.clone();
-        let handle = PolicyHandle::new(policy, bound).map_err(|error| error.to_string())?;
         let parent = config.runtime_dir.join("egress");
         create_private_dir(&parent)?;
         let dir = parent.join(format!("{:032x}", rand::random::<u128>()));
@@ -83,9 +86,93 @@ impl EgressProxy {
             .map_err(|error| format!("creating {}: {error}", dir.display()))?;
         // The unit's user (any uid) must reach the socket through the mount; the
         // directory is mounted into this unit only and holds nothing else.
+        if let Err(error) = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)) {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(format!(
+                "starting the egress proxy: {}: {error}",
+                dir.display()
+            ));
+        }
+        Self::serve_in(config, session, spec, dir.clone()).inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&dir);
+        })
+    }
+
+    /// Serve the proxy of `spec` again in `dir`, the socket directory a dead
+    /// (or handed-off) host started it in and the unit still has mounted: a
+    /// fresh socket at the same path, so the unit's bridge, which connects
+    /// per connection, reaches this host from now on. The directory must be
+    /// the host's own (a directory, not a link, owned by this user, mode
+    /// 0755 as [`EgressProxy::start`] made it); it is never created here, as
+    /// a fresh one would not be the one the unit sees.
+    pub fn adopt(
+        config: &Arc<HostConfig>,
+        session: &str,
+        spec: &UnitSpec,
+        dir: &Path,
+    ) -> Result<Self, String> {
+        use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+        let refuse = |why: String| {
+            Err(format!(
+                "unit {}: its egress socket directory {} {why}",
+                spec.name,
+                dir.display()
+            ))
+        };
+        let meta = match std::fs::symlink_metadata(dir) {
+            Ok(meta) => meta,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return refuse(
+                    "is gone (the unit's proxy cannot be served where the unit looks for it)"
+                        .to_owned(),
+                );
+            }
+            Err(error) => return refuse(format!("cannot be read: {error}")),
+        };
+        if !meta.file_type().is_dir() {
+            return refuse("is not a directory".to_owned());
+        }
+        let uid = nix::unistd::geteuid().as_raw();
+        if meta.uid() != uid {
+            return refuse(format!(
+                "is owned by uid {}, not by this host's uid {uid}",
+                meta.uid()
+            ));
+        }
+        if meta.mode() & 0o7777 != 0o755 {
+            return refuse(format!(
+                "has mode {:04o}, not the 0755 the host makes it with",
+                meta.mode() & 0o7777
+            ));
+        }
+        // The dead host's socket: nothing listens on it any more.
+        let socket = dir.join(EgressWiring::SOCKET);
+        match std::fs::symlink_metadata(&socket) {
+            Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(&socket)
+                .map_err(|error| format!("removing the stale {}: {error}", socket.display()))?,
+            Ok(_) => {
+                return refuse(format!(
+                    "holds {} that is not a socket",
+                    EgressWiring::SOCKET
+                ));
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return refuse(format!("cannot be read: {error}")),
+        }
+        Self::serve_in(config, session, spec, dir.to_owned())
+    }
+
+    /// Bind the socket in `dir` (which exists) and serve the proxy there.
+    fn serve_in(
+        config: &Arc<HostConfig>,
+        session: &str,
+        spec: &UnitSpec,
+        dir: PathBuf,
+    ) -> Result<Self, String> {
+        let policy = policy_of(spec)?;
+        let bound = policy.allow.clone();
+        let handle = PolicyHandle::new(policy, bound).map_err(|error| error.to_string())?;
         let started = (|| {
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
-                .map_err(|error| format!("{}: {error}", dir.display()))?;
             let socket = dir.join(EgressWiring::SOCKET);
             let listener = std::os::unix::net::UnixListener::bind(&socket)
                 .map_err(|error| format!("binding {}: {error}", socket.display()))?;
@@ -98,10 +185,8 @@ impl EgressProxy {
         })();
         let listener = match started {
             Ok(listener) => listener,
-            Err(error) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(format!("starting the egress proxy: {error}"));
-            }
+            // The caller decides about the directory: an adopted one stays.
+            Err(error) => return Err(format!("starting the egress proxy: {error}")),
         };
         let unit = box_egress::Unit {
             identity: UnitIdentity {
@@ -134,7 +219,20 @@ impl EgressProxy {
             dir,
             task,
             policy: handle,
+            keep: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// The socket directory (persisted with the session, for a later host to
+    /// serve the proxy in again).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The session is handed to another host: dropping this proxy must leave
+    /// its directory, which the unit has mounted and the next host serves in.
+    pub fn keep_dir(&self) {
+        self.keep.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// What the backend mounts into the unit.

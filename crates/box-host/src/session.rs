@@ -484,6 +484,11 @@ impl Session {
             // host (its units, its state file); this process exits holding
             // them, so nothing closes an executor's input.
             tracing::info!(session = %self.id, "session handed off: its units are left for the next host to re-adopt");
+            // Their egress directories too: the units have them mounted and
+            // the next host serves their proxies there.
+            for proxy in &live.egress {
+                proxy.keep_dir();
+            }
             drain(
                 &mut inbound,
                 "the host is handing its sessions to a new process; reattach",
@@ -785,7 +790,15 @@ impl Session {
         let envelopes: Vec<&Envelope> = units.iter().map(|unit| &unit.envelope).collect();
         let mut result = initialize_result(&plan, &envelopes, workspace, &initialized, version);
         redactor.message(&mut result);
-        let kept = self.persist(&plan, &ask, version, &units, &initialized, &mut result);
+        let kept = self.persist(
+            &plan,
+            &ask,
+            version,
+            &units,
+            &initialized,
+            &egress,
+            &mut result,
+        );
         let journal = kept
             .then(|| self.config.state.as_ref()?.journal(&self.id))
             .flatten();
@@ -827,6 +840,10 @@ impl Session {
     /// Keep the session's identity in the state directory (`--state`) and
     /// give the client its reattach secret in `result` (`box.session`). A
     /// session whose identity cannot be kept runs on without one (logged).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "each is one part of what a session keeps; bundling them would only rename them"
+    )]
     fn persist(
         &self,
         plan: &Plan,
@@ -834,6 +851,7 @@ impl Session {
         version: &str,
         units: &[Unit],
         initialized: &[super::units::ExecutorStart],
+        egress: &[super::egress::EgressProxy],
         result: &mut Value,
     ) -> bool {
         let Some(store) = &self.config.state else {
@@ -865,6 +883,12 @@ impl Session {
                     run_dir: self.config.runtime_dir.join("units"),
                     envelope: serde_json::to_value(&unit.envelope).unwrap_or(Value::Null),
                     tools: initialized.tools.clone(),
+                    // The directory its unit has mounted: a later host serves
+                    // the proxy there again.
+                    egress_dir: egress
+                        .iter()
+                        .find(|proxy| proxy.unit == unit.spec.name)
+                        .map(|proxy| proxy.dir().to_owned()),
                 })
                 .collect(),
         };
@@ -962,6 +986,7 @@ impl Session {
             plan,
             profile,
             units: started,
+            egress,
         } = match reattached {
             Ok(reattached) => reattached,
             Err(why) => {
@@ -1047,6 +1072,15 @@ impl Session {
             .map(|unit| {
                 let mut envelope = serde_json::to_value(&unit.envelope).unwrap_or(Value::Null);
                 envelope["reattached"] = json!(true);
+                if unit.spec.network.mode == box_policy::plan::NetworkMode::Egress
+                    && let Some(network) = envelope.get_mut("network")
+                {
+                    // A `box/network.set` narrowing is not persisted: the new
+                    // proxy enforces the profile's list, and says so.
+                    network["restored"] = json!(
+                        "the egress proxy was served again by this host with the profile's allow list: a narrowing made with box/network.set before the restart is not kept; narrow it again"
+                    );
+                }
                 envelope
             })
             .collect();
@@ -1111,7 +1145,7 @@ impl Session {
                 last_activity: Instant::now(),
                 started,
                 redactor,
-                egress: Vec::new(),
+                egress,
                 executor_params,
                 label,
                 next_fork: 1,

@@ -82,6 +82,11 @@ pub struct UnitRecord {
     pub envelope: Value,
     /// Its tool list, read before anything ran in it.
     pub tools: Option<Value>,
+    /// Its egress proxy's socket directory (network mode `egress`), which the
+    /// unit has mounted: a later host serves the proxy there again. Absent
+    /// in records of hosts that kept none (they cannot reattach egress units).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_dir: Option<PathBuf>,
 }
 
 /// SHA-256 of a plan as JSON, hex: equal plans, equal digests.
@@ -409,6 +414,9 @@ pub struct Reattached {
     pub profile: Profile,
     /// The units, in the plan's order (their leases renewed from now on).
     pub units: Vec<StartedUnit>,
+    /// The egress units' proxies, served again in their socket directories
+    /// (with the profile's list: a `box/network.set` narrowing is not kept).
+    pub egress: Vec<crate::egress::EgressProxy>,
 }
 
 /// Let re-adopted units go without ending them: their renewals stop at once,
@@ -611,7 +619,10 @@ fn hold_instance(id: &str) -> Option<Arc<box_backend::instance::InstanceLock>> {
     }
 }
 
-async fn adopt(config: &crate::HostConfig, record: SessionRecord) -> Option<Adopted> {
+async fn adopt(
+    config: &std::sync::Arc<crate::HostConfig>,
+    record: SessionRecord,
+) -> Option<Adopted> {
     // Units of another (dead) instance keep its label: holding it keeps
     // every sweep and `box gc` from taking them for a dead host's leftovers
     // once the old host's lease bound has passed.
@@ -636,31 +647,34 @@ async fn adopt(config: &crate::HostConfig, record: SessionRecord) -> Option<Adop
                 "profile `{}` with the session's tightening no longer resolves: {error}",
                 record.profile
             )),
-            Ok(plan) => adopt_units(config, &record, &plan).await.map(|mut units| {
-                if let Some(held) = &held {
-                    for unit in &mut units {
-                        unit.renewal = unit
-                            .renewal
-                            .take()
-                            .map(|renewal| renewal.holding(Arc::clone(held)));
+            Ok(plan) => adopt_units(config, &record, &plan)
+                .await
+                .map(|(mut units, egress)| {
+                    if let Some(held) = &held {
+                        for unit in &mut units {
+                            unit.renewal = unit
+                                .renewal
+                                .take()
+                                .map(|renewal| renewal.holding(Arc::clone(held)));
+                        }
                     }
-                }
-                Reattached {
-                    plan,
-                    profile,
-                    units,
-                }
-            }),
+                    Reattached {
+                        plan,
+                        profile,
+                        units,
+                        egress,
+                    }
+                }),
         },
     };
     Some(Adopted { record, units })
 }
 
 async fn adopt_units(
-    config: &crate::HostConfig,
+    config: &std::sync::Arc<crate::HostConfig>,
     record: &SessionRecord,
     plan: &Plan,
-) -> Result<Vec<StartedUnit>, String> {
+) -> Result<(Vec<StartedUnit>, Vec<crate::egress::EgressProxy>), String> {
     let digest = plan_digest(plan);
     if digest != record.plan_digest {
         return Err(format!(
@@ -687,16 +701,6 @@ async fn adopt_units(
                 .to_owned(),
         );
     }
-    if let Some(unit) = plan
-        .units
-        .iter()
-        .find(|unit| unit.network.mode == box_policy::plan::NetworkMode::Egress)
-    {
-        return Err(format!(
-            "unit {}: an egress unit's proxy does not survive its host, so it cannot be reattached yet",
-            unit.name
-        ));
-    }
     if plan.units.len() != record.units.len() {
         return Err(format!(
             "the plan has {} unit(s), the session persisted {}",
@@ -709,6 +713,27 @@ async fn adopt_units(
         session: record.session.clone(),
         profile: plan.profile.clone(),
     };
+    // Each egress unit's proxy is served again, in the directory the unit has
+    // mounted, before its unit is adopted: the unit's bridge connects per
+    // connection and finds this host's proxy from now on.
+    let mut egress = Vec::new();
+    for (spec, unit) in plan.units.iter().zip(&record.units) {
+        if spec.network.mode != box_policy::plan::NetworkMode::Egress {
+            continue;
+        }
+        let Some(dir) = &unit.egress_dir else {
+            return Err(format!(
+                "unit {}: its egress socket directory was not persisted (the session was kept by an older host), so its proxy cannot be served where the unit looks for it",
+                spec.name
+            ));
+        };
+        egress.push(crate::egress::EgressProxy::adopt(
+            config,
+            &record.session,
+            spec,
+            dir,
+        )?);
+    }
     let kind = config.backend.kind();
     let mut asks = Vec::new();
     for (spec, unit) in plan.units.iter().zip(&record.units) {
@@ -764,7 +789,7 @@ async fn adopt_units(
         leave_to_lease(units);
         return Err(format!("lost: {}", lost.join("; ")));
     }
-    Ok(units)
+    Ok((units, egress))
 }
 
 #[cfg(test)]
@@ -845,6 +870,7 @@ mod tests {
             run_dir: PathBuf::new(),
             envelope: Value::Null,
             tools: None,
+            egress_dir: None,
         };
         // A line cut short at the host's death is skipped.
         std::fs::OpenOptions::new()
