@@ -421,3 +421,51 @@ async fn gone_directory_refuses(setup: Setup) {
     stop(&mut host);
     setup.remove_units().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_hands_an_egress_session_to_the_next_process() {
+    if !docker().await {
+        return;
+    }
+    sighup_hands_egress(Setup::on("docker", "hup")).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_sighup_hands_an_egress_session_to_the_next_process() {
+    require_curl();
+    sighup_hands_egress(Setup::on("local", "hup")).await;
+}
+
+/// SIGHUP: the old process exits leaving the unit's socket directory (the
+/// unit has it mounted), and the next one fetches through it.
+async fn sighup_hands_egress(setup: Setup) {
+    let mut host = setup.serve().await;
+    let (session, secret, dir) = setup.start_session().await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(host.id()).unwrap()),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    assert!(host.wait().unwrap().success());
+    assert!(
+        dir.is_dir(),
+        "the handed-off session keeps its egress directory: {}",
+        dir.display()
+    );
+
+    let mut host = setup.serve().await;
+    let (again, answer) = setup
+        .initialize(json!({"reattach": {"session": session, "secret": secret}}))
+        .await;
+    assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
+    let allowed = setup.fetch(&session, 10, "allowed.test").await;
+    assert!(
+        allowed.contains("hello-reattached-egress") && allowed.contains("status=200"),
+        "{}: {allowed}",
+        setup.backend
+    );
+    let denied = setup.fetch(&session, 11, "denied.test").await;
+    assert!(denied.contains("status=403"), "{}: {denied}", setup.backend);
+    stop(&mut host);
+    setup.remove_units().await;
+}

@@ -438,4 +438,58 @@ mod tests {
             assert_eq!(policy, proxy, "{inner} within {outer}");
         }
     }
+
+    /// Reattach's half of the proxy: a handed-off proxy leaves its directory; a
+    /// new one is served there (the stale socket replaced) and removes it when
+    /// it ends; a directory that is gone, a link, or not 0755 is refused by
+    /// path, and never created.
+    #[tokio::test]
+    async fn a_proxy_is_served_again_only_in_the_hosts_own_directory() {
+        use std::os::unix::fs::MetadataExt as _;
+        let runtime = tempfile::tempdir().unwrap();
+        let mut config = HostConfig::new(
+            Arc::new(box_testkit::fake::FakeBackend::default()),
+            box_policy::profile::Catalog::only(Vec::new()),
+            crate::tests::facts(),
+        );
+        config.runtime_dir = runtime.path().to_owned();
+        let config = Arc::new(config);
+        let profile = config.catalog.load("default").unwrap();
+        let plan = box_policy::plan::resolve(&profile, &Value::Null, &config.facts).unwrap();
+        let mut spec = plan.units[0].clone();
+        spec.network.mode = NetworkMode::Egress;
+        spec.network.allow = vec!["example.test".to_owned()];
+
+        let first = EgressProxy::start(&config, "s", &spec).unwrap();
+        let dir = first.dir().to_owned();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o7777, 0o755);
+        first.keep_dir();
+        drop(first);
+        assert!(dir.join(EgressWiring::SOCKET).exists(), "handed off: kept");
+
+        let again = EgressProxy::adopt(&config, "s", &spec, &dir).unwrap();
+        std::os::unix::net::UnixStream::connect(dir.join(EgressWiring::SOCKET))
+            .expect("the new proxy listens where the unit connects");
+        drop(again);
+        assert!(!dir.exists(), "a session that ends removes its directory");
+
+        let error = EgressProxy::adopt(&config, "s", &spec, &dir).unwrap_err();
+        assert!(
+            error.contains(&dir.display().to_string()) && error.contains("gone"),
+            "{error}"
+        );
+        assert!(!dir.exists(), "never created afresh");
+
+        let open = runtime.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let error = EgressProxy::adopt(&config, "s", &spec, &open).unwrap_err();
+        assert!(error.contains("mode 0777"), "{error}");
+
+        let link = runtime.path().join("link");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink(&open, &link).unwrap();
+        let error = EgressProxy::adopt(&config, "s", &spec, &link).unwrap_err();
+        assert!(error.contains("not a directory"), "{error}");
+    }
 }

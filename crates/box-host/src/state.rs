@@ -889,6 +889,22 @@ mod tests {
         assert!(!dir.path().join("s.calls").exists());
     }
 
+    /// Records written before egress units were reattached (no `egressDir`)
+    /// still load; the field is written only when there is one.
+    #[test]
+    fn unit_records_without_an_egress_directory_still_load() {
+        let old = serde_json::json!({"name": "workspace", "backend": "docker", "id": "c",
+            "identity": "i", "imageId": "", "imageDigest": null, "runDir": "/r",
+            "envelope": null, "tools": null});
+        let unit: UnitRecord = serde_json::from_value(old.clone()).unwrap();
+        assert_eq!(unit.egress_dir, None);
+        assert_eq!(serde_json::to_value(&unit).unwrap(), old);
+        let mut with = old;
+        with["egressDir"] = serde_json::json!("/run/box/egress/x");
+        let unit: UnitRecord = serde_json::from_value(with).unwrap();
+        assert_eq!(unit.egress_dir, Some(PathBuf::from("/run/box/egress/x")));
+    }
+
     #[test]
     fn secrets_are_128_bits_and_compared_by_digest() {
         let (secret, digest) = new_secret();
