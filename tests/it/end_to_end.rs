@@ -3,16 +3,15 @@
 //! and HTTP, `box run`'s streams and status, session isolation, a unit killed
 //! mid-call, and a client hang-up removing its units.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use boxhost::backend::docker::DockerBackend;
 use serde_json::{Value, json};
 
-use crate::support::{box_bin, repo_root, under_ci};
+use crate::support::{Served, box_bin, containers, repo_root, serve_command, under_ci};
 
 /// The backends this machine runs: local always, docker when its engine answers
 /// (under CI a missing engine is a failure, never a skip).
@@ -215,118 +214,11 @@ fn box_run_streams_output_and_passes_the_status_on_every_backend() {
     }
 }
 
-/// A `box serve` over stdio, driven by hand-written JSON-RPC lines.
-struct Served {
-    child: Child,
-    lines: mpsc::Receiver<Value>,
-    /// The answer to initialize.
-    initialized: Value,
-}
-
-impl Served {
-    fn start(backend: &str, instance: &str, workspace: &Path) -> Self {
-        Self::start_with(backend, instance, workspace, &[])
-    }
-
-    fn start_with(backend: &str, instance: &str, workspace: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(box_bin())
-            .args([
-                "serve",
-                "--backend",
-                backend,
-                "--instance",
-                instance,
-                "--workspace",
-            ])
-            .arg(workspace)
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (send, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Ok(value) = serde_json::from_str(&line)
-                    && send.send(value).is_err()
-                {
-                    break;
-                }
-            }
-        });
-        let mut served = Self {
-            child,
-            lines,
-            initialized: Value::Null,
-        };
-        served.send(
-            &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "end_to_end", "version": "1"}}}),
-        );
-        let answer = served.answer(0, Duration::from_secs(60));
-        assert!(answer.get("result").is_some(), "initialize: {answer}");
-        served.initialized = answer;
-        served.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-        served
-    }
-
-    fn send(&mut self, message: &Value) {
-        let stdin = self.child.stdin.as_mut().unwrap();
-        writeln!(stdin, "{message}").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    fn answer(&self, id: i64, within: Duration) -> Value {
-        let deadline = std::time::Instant::now() + within;
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let message = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no answer to request {id} within {within:?}"));
-            if message["id"] == json!(id) {
-                return message;
-            }
-        }
-    }
-
-    /// Hang up (stdin EOF) and wait for the host to exit.
-    fn hang_up(mut self) -> std::process::ExitStatus {
-        drop(self.child.stdin.take());
-        for _ in 0..600 {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        panic!("box serve did not exit within 60 s of its client hanging up");
-    }
-}
-
-/// The containers labelled with `instance`.
-async fn containers_of(instance: &str) -> Vec<String> {
-    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
-    let filters = std::collections::HashMap::from([(
-        "label".to_owned(),
-        vec![format!("box.instance={instance}")],
-    )]);
-    let options =
-        boxhost::backend::docker::bollard::query_parameters::ListContainersOptionsBuilder::new()
-            .all(true)
-            .filters(&filters)
-            .build();
-    docker
-        .list_containers(Some(options))
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|container| container.id)
-        .collect()
+/// A `box serve` over stdio on `backend`, with `extra` flags, initialized.
+fn serve(backend: &str, instance: &str, workspace: &Path, extra: &[&str]) -> Served {
+    let mut command = serve_command(backend, instance, workspace);
+    command.args(extra);
+    Served::start(command)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -336,8 +228,8 @@ async fn a_unit_killed_mid_call_answers_with_its_cause_and_nothing_is_left() {
     }
     let instance = format!("e2e-kill-{}", std::process::id());
     let workspace = tempfile::tempdir().unwrap();
-    let mut served = Served::start("docker", &instance, workspace.path());
-    let units = containers_of(&instance).await;
+    let mut served = serve("docker", &instance, workspace.path(), &[]);
+    let units = containers(&instance, None).await;
     assert_eq!(units.len(), 1, "one workspace unit: {units:?}");
     served.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "bash", "arguments": {"command": "sleep 60"}}}));
@@ -372,7 +264,7 @@ async fn a_unit_killed_mid_call_answers_with_its_cause_and_nothing_is_left() {
         "box serve exits 0 when its client hangs up: {status}"
     );
     assert_eq!(
-        containers_of(&instance).await,
+        containers(&instance, None).await,
         Vec::<String>::new(),
         "no unit outlives its session"
     );
@@ -383,13 +275,13 @@ async fn a_client_hang_up_removes_the_units() {
     for backend in backends() {
         let instance = format!("e2e-hangup-{backend}-{}", std::process::id());
         let workspace = tempfile::tempdir().unwrap();
-        let mut served = Served::start(backend, &instance, workspace.path());
+        let mut served = serve(backend, &instance, workspace.path(), &[]);
         served.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
             "params": {"name": "bash", "arguments": {"command": "echo alive"}}}));
         let answer = tokio::task::block_in_place(|| served.answer(1, Duration::from_secs(30)));
         assert!(answer.to_string().contains("alive"), "{backend}: {answer}");
         if backend == "docker" {
-            assert_eq!(containers_of(&instance).await.len(), 1);
+            assert_eq!(containers(&instance, None).await.len(), 1);
         }
         let status = tokio::task::block_in_place(|| served.hang_up());
         assert!(
@@ -397,7 +289,7 @@ async fn a_client_hang_up_removes_the_units() {
             "{backend}: box serve exits 0 at hang-up: {status}"
         );
         if backend == "docker" {
-            assert_eq!(containers_of(&instance).await, Vec::<String>::new());
+            assert_eq!(containers(&instance, None).await, Vec::<String>::new());
         }
         // Local units are processes of the host's own: none may survive it.
         let root = workspace.path().to_string_lossy().into_owned();
@@ -429,7 +321,7 @@ async fn a_server_unit_is_listed_started_and_driven_with_namespaced_ids() {
     for backend in backends() {
         let instance = format!("e2e-server-{backend}-{}", std::process::id());
         let workspace = tempfile::tempdir().unwrap();
-        let mut served = Served::start_with(
+        let mut served = serve(
             backend,
             &instance,
             workspace.path(),
@@ -442,7 +334,7 @@ async fn a_server_unit_is_listed_started_and_driven_with_namespaced_ids() {
         );
         if backend == "docker" {
             assert_eq!(
-                containers_of(&instance).await.len(),
+                containers(&instance, None).await.len(),
                 2,
                 "workspace and server units"
             );
@@ -493,7 +385,7 @@ async fn a_server_unit_is_listed_started_and_driven_with_namespaced_ids() {
         let status = tokio::task::block_in_place(|| served.hang_up());
         assert!(status.success(), "{backend}: {status}");
         if backend == "docker" {
-            assert_eq!(containers_of(&instance).await, Vec::<String>::new());
+            assert_eq!(containers(&instance, None).await, Vec::<String>::new());
         }
     }
 }
@@ -685,7 +577,7 @@ fn a_unit_without_bash_says_so_and_its_other_tools_work() {
     std::fs::write(workspace.path().join("hello.txt"), "hi from the host\n").unwrap();
     let instance = format!("e2e-nobash-{}", std::process::id());
     let profiles_arg = profiles.path().to_str().unwrap();
-    let mut served = Served::start_with(
+    let mut served = serve(
         "docker",
         &instance,
         workspace.path(),
@@ -766,7 +658,7 @@ allow_dangerous = ["private-destinations"]
     let instance = format!("e2e-egress-{backend}-{}", std::process::id());
     let workspace = tempfile::tempdir().unwrap();
     let mut served = tokio::task::block_in_place(|| {
-        Served::start_with(
+        serve(
             backend,
             &instance,
             workspace.path(),
@@ -993,7 +885,7 @@ allow_dangerous = ["private-destinations"]
         "{lines:?}"
     );
     if backend == "docker" {
-        assert_eq!(containers_of(&instance).await, Vec::<String>::new());
+        assert_eq!(containers(&instance, None).await, Vec::<String>::new());
     }
 }
 
@@ -1083,7 +975,7 @@ allow_dangerous = ["private-destinations"]
     let instance = format!("e2e-fetch-{}", std::process::id());
     let workspace = tempfile::tempdir().unwrap();
     let mut served = tokio::task::block_in_place(|| {
-        Served::start_with(
+        serve(
             "docker",
             &instance,
             workspace.path(),
@@ -1187,7 +1079,7 @@ allow_dangerous = ["private-destinations"]
                 && line["decision"]["outcome"] == json!("refused")),
         "{audit}"
     );
-    assert_eq!(containers_of(&instance).await, Vec::<String>::new());
+    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
 }
 
 /// The processes on this machine whose command line is `sleep MARKER`.
@@ -1222,7 +1114,7 @@ fn local_a_host_stopped_past_the_lease_loses_its_unit_and_says_so() {
     .unwrap();
     let instance = format!("e2e-lease-{}", std::process::id());
     let workspace = tempfile::tempdir().unwrap();
-    let mut served = Served::start_with(
+    let mut served = serve(
         "local",
         &instance,
         workspace.path(),
@@ -1356,7 +1248,7 @@ fn local_a_killed_hosts_unit_leaves_no_process() {
     let profiles = lease_profiles("short", "3s");
     let instance = format!("e2e-kill9-{}", std::process::id());
     let workspace = tempfile::tempdir().unwrap();
-    let mut served = Served::start_with(
+    let mut served = serve(
         "local",
         &instance,
         workspace.path(),

@@ -6,16 +6,14 @@
 //! session end removing the child's container and storage, hostile git
 //! configuration that never fires.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::Command;
 
 use boxhost::backend::docker::DockerBackend;
 use serde_json::{Value, json};
 
-use crate::support::{box_bin, under_ci};
+use crate::support::{HttpHost, Served, box_bin, containers, serve_command, under_ci};
 
 /// Whether the Docker engine answers; under CI a missing engine is a failure.
 fn docker() -> bool {
@@ -35,189 +33,18 @@ fn docker() -> bool {
     }
 }
 
-/// A `box serve` over stdio whose forks live under `state`.
-struct Served {
-    child: Child,
-    lines: mpsc::Receiver<Value>,
-    next: i64,
-}
-
-impl Served {
-    fn start(instance: &str, workspace: &Path, state: &Path) -> Self {
-        Self::start_on("docker", instance, workspace, state)
-    }
-
-    fn start_on(backend: &str, instance: &str, workspace: &Path, state: &Path) -> Self {
-        Self::start_with(backend, instance, workspace, state, &[])
-    }
-
-    /// With more `box serve` arguments (`--profiles`, `--profile`).
-    fn start_with(
-        backend: &str,
-        instance: &str,
-        workspace: &Path,
-        state: &Path,
-        more: &[&std::ffi::OsStr],
-    ) -> Self {
-        let mut child = Command::new(box_bin())
-            .args(["serve", "--backend", backend, "--instance", instance])
-            .args(more)
-            .arg("--workspace")
-            .arg(workspace)
-            .env("RUST_LOG", "warn")
-            .env("XDG_STATE_HOME", state)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (send, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Ok(value) = serde_json::from_str(&line)
-                    && send.send(value).is_err()
-                {
-                    break;
-                }
-            }
-        });
-        let mut served = Self {
-            child,
-            lines,
-            next: 1,
-        };
-        let answer = served.call(
-            "initialize",
-            json!({"protocolVersion": "2025-06-18", "capabilities": {},
-                "clientInfo": {"name": "fork", "version": "1"}}),
-        );
-        assert!(answer.get("result").is_some(), "initialize: {answer}");
-        let stdin = served.child.stdin.as_mut().unwrap();
-        writeln!(
-            stdin,
-            "{}",
-            json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        )
-        .unwrap();
-        served
-    }
-
-    /// One request; its whole answer.
-    fn call(&mut self, method: &str, params: Value) -> Value {
-        let id = self.next;
-        self.next += 1;
-        let stdin = self.child.stdin.as_mut().unwrap();
-        writeln!(
-            stdin,
-            "{}",
-            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
-        )
-        .unwrap();
-        stdin.flush().unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let message = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no answer to {method} within 120 s"));
-            if message["id"] == json!(id) {
-                return message;
-            }
-        }
-    }
-
-    /// Send requests without waiting; then every answer, in the order asked.
-    fn call_all(&mut self, calls: &[(&str, Value)]) -> Vec<Value> {
-        let first = self.next;
-        let stdin = self.child.stdin.as_mut().unwrap();
-        for (method, params) in calls {
-            let id = self.next;
-            self.next += 1;
-            writeln!(
-                stdin,
-                "{}",
-                json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
-            )
-            .unwrap();
-        }
-        stdin.flush().unwrap();
-        let mut answers: Vec<Option<Value>> = vec![None; calls.len()];
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
-        while answers.iter().any(Option::is_none) {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let message = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no answers to {calls:?} within 120 s"));
-            if let Some(index) = message["id"]
-                .as_i64()
-                .and_then(|id| usize::try_from(id - first).ok())
-                .filter(|index| *index < calls.len())
-            {
-                answers[index] = Some(message);
-            }
-        }
-        answers.into_iter().flatten().collect()
-    }
-
-    /// A result, or a panic naming the error.
-    fn ok(&mut self, method: &str, params: Value) -> Value {
-        let answer = self.call(method, params.clone());
-        answer
-            .get("result")
-            .cloned()
-            .unwrap_or_else(|| panic!("{method} {params}: {answer}"))
-    }
-
-    /// The bash tool in `unit` (`None`: the workspace unit); its output.
-    fn bash(&mut self, unit: Option<&str>, command: &str) -> String {
-        let mut params = json!({"name": "bash", "arguments": {"command": command}});
-        if let Some(unit) = unit {
-            params["_meta"] = json!({"box/unit": unit});
-        }
-        let result = self.ok("tools/call", params);
-        result["content"][0]["text"]
-            .as_str()
-            .unwrap_or_else(|| panic!("bash {command}: {result}"))
-            .to_owned()
-    }
-
-    /// Hang up and wait for the host to exit.
-    fn hang_up(mut self) -> std::process::ExitStatus {
-        drop(self.child.stdin.take());
-        for _ in 0..900 {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        panic!("box serve did not exit within 90 s of its client hanging up");
-    }
-}
-
-/// The containers labelled with `instance` (and, if given, unit `unit`).
-async fn containers(instance: &str, unit: Option<&str>) -> Vec<String> {
-    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
-    let mut labels = vec![format!("box.instance={instance}")];
-    if let Some(unit) = unit {
-        labels.push(format!("box.unit={unit}"));
-    }
-    let filters = std::collections::HashMap::from([("label".to_owned(), labels)]);
-    let options =
-        boxhost::backend::docker::bollard::query_parameters::ListContainersOptionsBuilder::new()
-            .all(true)
-            .filters(&filters)
-            .build();
-    docker
-        .list_containers(Some(options))
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|container| container.id)
-        .collect()
+/// A `box serve` over stdio on `backend` whose forks live under `state`,
+/// with `more` flags (`--profiles`, `--profile`).
+fn serve(
+    backend: &str,
+    instance: &str,
+    workspace: &Path,
+    state: &Path,
+    more: &[&std::ffi::OsStr],
+) -> Served {
+    let mut command = serve_command(backend, instance, workspace);
+    command.args(more).env("XDG_STATE_HOME", state);
+    Served::start(command)
 }
 
 fn git(dir: &Path, args: &[&str]) -> String {
@@ -377,7 +204,7 @@ async fn forks_in_both_modes(backend: &str) {
     let parent_refs = git(ws, &["for-each-ref", "--format=%(refname)", "refs/heads"]);
     let parent_objects = ws.join(".git/objects");
     let mut served =
-        tokio::task::block_in_place(|| Served::start_on(backend, &instance, ws, state.path()));
+        tokio::task::block_in_place(|| serve(backend, &instance, ws, state.path(), &[]));
 
     for mode in ["copy", "worktree"] {
         let forked = tokio::task::block_in_place(|| {
@@ -627,7 +454,8 @@ async fn a_conflicting_merge_changes_nothing_and_session_end_removes_children() 
     let ws = workspace.path();
     std::fs::write(ws.join("both.txt"), "base\n").unwrap();
     std::fs::write(ws.join("other.txt"), "base\n").unwrap();
-    let mut served = tokio::task::block_in_place(|| Served::start(&instance, ws, state.path()));
+    let mut served =
+        tokio::task::block_in_place(|| serve("docker", &instance, ws, state.path(), &[]));
     let forked = tokio::task::block_in_place(|| served.ok("box/fork", json!({})));
     // Not a repository: auto is a copy.
     assert_eq!(forked["mode"], json!("copy"), "{forked}");
@@ -779,52 +607,21 @@ async fn http_sessions_on_forked_workspaces_are_isolated_and_merge_back() {
         "description = \"each session on its own fork\"\nextends = \"default\"\n\n[workspace]\nsource = \"fork\"\nfork_mode = \"copy\"\n",
     )
     .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = Command::new(box_bin())
-        .args(["serve", "--backend", "docker", "--instance", &instance])
+    let host = HttpHost::on_a_free_port();
+    let mut command = serve_command("docker", &instance, ws);
+    command
         .arg("--profiles")
         .arg(profiles.path())
-        .args([
-            "--profile",
-            "forked",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .arg("--workspace")
-        .arg(ws)
+        .args(["--profile", "forked"])
         .arg("--audit")
         .arg(state.path().join("audit.jsonl"))
-        .env("RUST_LOG", "warn")
-        .env("XDG_STATE_HOME", state.path())
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let address: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    for _ in 0..100 {
-        if tokio::net::TcpStream::connect(address).await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "fork", "version": "1"}}});
+        .env("XDG_STATE_HOME", state.path());
+    let mut child = host.serve(command).await;
+    let address = host.address();
     let mut sessions = Vec::new();
     for _ in 0..2 {
-        let reply = post(address, None, &[], &initialize).await;
-        assert_eq!(
-            reply.status,
-            200,
-            "{}",
-            String::from_utf8_lossy(&reply.body)
-        );
-        let session = reply.header("mcp-session-id").unwrap().to_owned();
-        let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-        post(address, Some(&session), &[], &ready).await;
-        sessions.push(session);
+        let (session, answer) = host.initialize(json!({}), &[]).await;
+        sessions.push(session.unwrap_or_else(|| panic!("no session id: {answer}")));
     }
     let bash = |session: String, command: &'static str| async move {
         let reply = post(
@@ -979,7 +776,7 @@ fn copy_forks_work_on_the_local_backend() {
     git(ws, &["init", "-q", "-b", "main"]);
     std::fs::write(ws.join("a.txt"), "parent\n").unwrap();
     let instance = format!("e2e-fork-local-{}", std::process::id());
-    let mut served = Served::start_on("local", &instance, ws, state.path());
+    let mut served = serve("local", &instance, ws, state.path(), &[]);
     let forked = served.ok("box/fork", json!({}));
     assert_eq!(forked["mode"], json!("copy"), "{forked}");
     let unit = forked["unit"].as_str().unwrap().to_owned();
@@ -1030,7 +827,7 @@ fn a_forked_workspace_in_worktree_mode_on_the_local_backend() {
     let objects = std::fs::canonicalize(ws.join(".git/objects")).unwrap();
     let before = snapshot(&objects);
     let instance = format!("e2e-fork-source-local-{}", std::process::id());
-    let mut served = Served::start_with(
+    let mut served = serve(
         "local",
         &instance,
         ws,
@@ -1128,7 +925,8 @@ async fn concurrent_merges_both_land_and_a_degraded_fork_says_so() {
     for name in ["a.txt", "b.txt"] {
         std::fs::write(ws.join(name), "base\n").unwrap();
     }
-    let mut served = tokio::task::block_in_place(|| Served::start(&instance, ws, state.path()));
+    let mut served =
+        tokio::task::block_in_place(|| serve("docker", &instance, ws, state.path(), &[]));
     let mut units = Vec::new();
     for (file, added) in [("a.txt", "from-one.txt"), ("b.txt", "from-two.txt")] {
         let forked = tokio::task::block_in_place(|| served.ok("box/fork", json!({"mode": "copy"})));
@@ -1201,7 +999,8 @@ async fn concurrent_merges_both_land_and_a_degraded_fork_says_so() {
     std::fs::write(dir.join("README.md"), "uncommitted\n").unwrap();
     std::fs::write(dir.join(".git/index"), b"DIRC garbage").unwrap();
     let instance = format!("e2e-fork-degraded-{}", std::process::id());
-    let mut served = tokio::task::block_in_place(|| Served::start(&instance, dir, state.path()));
+    let mut served =
+        tokio::task::block_in_place(|| serve("docker", &instance, dir, state.path(), &[]));
     let forked = tokio::task::block_in_place(|| {
         served.ok("box/fork", json!({"mode": "worktree", "dirty": true}))
     });

@@ -26,7 +26,8 @@ mod reattach_egress;
 mod secrets;
 /// `box serve` and `box run` end to end, over stdio and HTTP, on both backends.
 mod serve;
-/// Helpers shared by every area: the built `box`, temp workspaces, the Python client.
+/// Helpers shared by every area: the built `box`, temp workspaces, the Python client,
+/// `box serve` driven over stdio (`Served`) and over HTTP (`HttpHost`).
 mod support;
 /// The repository itself: ARCHITECTURE.md names every module.
 mod tidy;

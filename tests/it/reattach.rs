@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio as Pipes};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -16,7 +16,7 @@ use boxhost::backend::docker::DockerBackend;
 use serde_json::{Value, json};
 
 use crate::serve::post;
-use crate::support::{box_bin, under_ci};
+use crate::support::{HttpHost, Served, box_bin, containers, under_ci};
 
 /// Whether the Docker engine answers and has box's base image; under CI
 /// their absence is a failure.
@@ -36,7 +36,8 @@ struct Setup {
     /// `docker` or `local`.
     backend: &'static str,
     instance: String,
-    port: u16,
+    /// Where its hosts listen, one after another.
+    host: HttpHost,
     state: tempfile::TempDir,
     profiles: tempfile::TempDir,
     workspace: tempfile::TempDir,
@@ -53,17 +54,12 @@ impl Setup {
 
     /// A setup whose hosts run `backend`'s units.
     fn on(backend: &'static str, name: &str) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
         let profiles = tempfile::tempdir().unwrap();
         write_profile(profiles.path(), 300);
         Self {
             backend,
             instance: format!("e2e-reattach-{backend}-{name}-{}", std::process::id()),
-            port,
+            host: HttpHost::on_a_free_port(),
             state: tempfile::tempdir().unwrap(),
             profiles,
             workspace: tempfile::tempdir().unwrap(),
@@ -72,7 +68,7 @@ impl Setup {
     }
 
     fn address(&self) -> SocketAddr {
-        format!("127.0.0.1:{}", self.port).parse().unwrap()
+        self.host.address()
     }
 
     /// Remove one unit by its backend id, as an operator would while its
@@ -127,37 +123,33 @@ impl Setup {
 
     /// [`spawn`](Self::spawn) under instance id `instance`.
     fn spawn_as(&self, instance: &str, extra: &[&str]) -> Child {
-        Command::new(box_bin())
-            .args(["serve", "--backend", self.backend, "--instance", instance])
+        let mut command = self.command();
+        command
+            .args(["--instance", instance])
             .arg("--profiles")
             .arg(self.profiles.path())
+            .args(extra);
+        self.host.spawn(command)
+    }
+
+    /// `box serve` on this setup's backend, state, workspace and instance
+    /// locks (no instance id, no profiles: a stdio host's own).
+    fn command(&self) -> Command {
+        let mut command = Command::new(box_bin());
+        command
+            .args(["serve", "--backend", self.backend])
             .arg("--state")
             .arg(self.state.path().join("sessions"))
             .arg("--workspace")
             .arg(self.workspace.path())
-            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
-            .args(extra)
             .env("RUST_LOG", "info")
-            .env("BOX_INSTANCE_DIR", self.instances.path())
-            .stdin(Pipes::null())
-            .spawn()
-            .unwrap()
+            .env("BOX_INSTANCE_DIR", self.instances.path());
+        command
     }
 
     /// `child`, once the address answers.
-    async fn answering(&self, mut child: Child) -> Child {
-        for _ in 0..300 {
-            if tokio::net::TcpStream::connect(self.address()).await.is_ok() {
-                return child;
-            }
-            if child.try_wait().unwrap().is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("box serve did not listen on {}", self.address());
+    async fn answering(&self, child: Child) -> Child {
+        self.host.answering(child).await
     }
 
     async fn initialize(&self, ask: Value) -> (Option<String>, Value) {
@@ -169,24 +161,12 @@ impl Setup {
         ask: Value,
         headers: &[(&str, &str)],
     ) -> (Option<String>, Value) {
-        let message = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {"experimental": {EXECUTOR_KEY: {"box": ask}}},
-            "clientInfo": {"name": "reattach", "version": "1"}}});
-        let reply = post(self.address(), None, headers, &message).await;
-        assert_eq!(
-            reply.status,
-            200,
-            "{}",
-            String::from_utf8_lossy(&reply.body)
-        );
-        let session = reply.header("mcp-session-id").map(str::to_owned);
-        let answer = reply.json();
-        if let Some(session) = &session {
-            let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-            post(self.address(), Some(session), &[], &ready).await;
-        }
-        (session, answer)
+        self.host
+            .initialize(
+                json!({"experimental": {EXECUTOR_KEY: {"box": ask}}}),
+                headers,
+            )
+            .await
     }
 
     async fn call(&self, session: &str, id: u64, method: &str, params: Value) -> Value {
@@ -248,24 +228,13 @@ fn box_answer(answer: &Value) -> &Value {
 
 async fn remove_containers(instance: &str) {
     let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
-    let filters = std::collections::HashMap::from([(
-        "label".to_owned(),
-        vec![format!("box.instance={instance}")],
-    )]);
-    let options =
-        boxhost::backend::docker::bollard::query_parameters::ListContainersOptionsBuilder::new()
-            .all(true)
-            .filters(&filters)
-            .build();
-    for container in docker.list_containers(Some(options)).await.unwrap() {
-        if let Some(id) = container.id {
-            let _ = docker
-                .remove_container(
-                    &id,
-                    Some(boxhost::backend::docker::bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).build()),
-                )
-                .await;
-        }
+    for id in containers(instance, None).await {
+        let _ = docker
+            .remove_container(
+                &id,
+                Some(boxhost::backend::docker::bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).build()),
+            )
+            .await;
     }
 }
 
@@ -636,88 +605,15 @@ async fn reattach_of_50_sessions(setup: Setup) {
     setup.remove_units().await;
 }
 
-/// `box serve` over stdio with `--state`: one JSON-RPC line per message.
-struct Stdio {
-    child: Child,
-    stdin: std::process::ChildStdin,
-    lines: std::sync::mpsc::Receiver<Value>,
+/// `box serve` over stdio with this setup's `--state`, not yet initialized
+/// (the test asks for its session in initialize).
+fn serve_stdio(setup: &Setup) -> Served {
+    Served::spawn(setup.command())
 }
 
-impl Stdio {
-    fn serve(setup: &Setup) -> Self {
-        use std::io::BufRead as _;
-        let mut child = Command::new(box_bin())
-            .args(["serve", "--backend", setup.backend])
-            .arg("--state")
-            .arg(setup.state.path().join("sessions"))
-            .arg("--workspace")
-            .arg(setup.workspace.path())
-            .env("RUST_LOG", "info")
-            .env("BOX_INSTANCE_DIR", setup.instances.path())
-            .stdin(Pipes::piped())
-            .stdout(Pipes::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Ok(value) = serde_json::from_str(&line) {
-                    let _ = tx.send(value);
-                }
-            }
-        });
-        Self {
-            child,
-            stdin,
-            lines,
-        }
-    }
-
-    fn send(&mut self, message: &Value) {
-        use std::io::Write as _;
-        writeln!(self.stdin, "{message}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    fn call(&mut self, id: u64, method: &str, params: Value) -> Value {
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
-        loop {
-            let message = self
-                .lines
-                .recv_timeout(Duration::from_secs(90))
-                .unwrap_or_else(|_| panic!("no answer to {method}"));
-            if message["id"] == json!(id) {
-                return message;
-            }
-        }
-    }
-
-    fn wait_for(&mut self, wanted: impl Fn(&Value) -> bool) -> Value {
-        loop {
-            let message = self
-                .lines
-                .recv_timeout(Duration::from_secs(90))
-                .expect("the awaited message came");
-            if wanted(&message) {
-                return message;
-            }
-        }
-    }
-
-    fn initialize(&mut self, ask: Value) -> Value {
-        let answer = self.call(
-            0,
-            "initialize",
-            json!({"protocolVersion": "2025-06-18",
-                "capabilities": {"experimental": {EXECUTOR_KEY: {"box": ask}}},
-                "clientInfo": {"name": "reattach", "version": "1"}}),
-        );
-        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-        answer
-    }
+/// `initialize` asking `ask` under box's capability key.
+fn initialize_stdio(served: &mut Served, ask: Value) -> Value {
+    served.initialize(json!({"experimental": {EXECUTOR_KEY: {"box": ask}}}))
 }
 
 /// Over stdio: a new `box serve --state DIR` process given the reattach ask
@@ -737,15 +633,15 @@ async fn local_a_stdio_session_reattaches_in_a_new_serve_process() {
 }
 
 async fn stdio_session_reattaches(setup: Setup) {
-    let mut first = Stdio::serve(&setup);
-    let answer = tokio::task::block_in_place(|| first.initialize(json!({})));
+    let mut first = serve_stdio(&setup);
+    let answer = tokio::task::block_in_place(|| initialize_stdio(&mut first, json!({})));
     let identity = box_answer(&answer)["session"].clone();
     let session = identity["id"]
         .as_str()
         .unwrap_or_else(|| panic!("{answer}"))
         .to_owned();
     let wrote = tokio::task::block_in_place(|| {
-        first.call(
+        first.request(
             1,
             "tools/call",
             json!({"name": "bash", "arguments": {"command": "echo stdio-kept > ${TMPDIR:-/tmp}/kept.txt"}}),
@@ -760,7 +656,7 @@ async fn stdio_session_reattaches(setup: Setup) {
     let mut probe = 6;
     loop {
         let seen = tokio::task::block_in_place(|| {
-            first.call(
+            first.request(
                 probe,
                 "tools/call",
                 json!({"name": "bash", "arguments": {"command": "test -e ${TMPDIR:-/tmp}/started && echo running"}}),
@@ -775,9 +671,12 @@ async fn stdio_session_reattaches(setup: Setup) {
     }
     kill9(&mut first.child);
 
-    let mut second = Stdio::serve(&setup);
+    let mut second = serve_stdio(&setup);
     let answer = tokio::task::block_in_place(|| {
-        second.initialize(json!({"reattach": {"session": session, "secret": identity["secret"]}}))
+        initialize_stdio(
+            &mut second,
+            json!({"reattach": {"session": session, "secret": identity["secret"]}}),
+        )
     });
     assert_eq!(box_answer(&answer)["reattached"], json!(true), "{answer}");
     assert_eq!(
@@ -791,7 +690,11 @@ async fn stdio_session_reattaches(setup: Setup) {
         "{answer}"
     );
     let late = tokio::task::block_in_place(|| {
-        second.wait_for(|message| message["method"] == json!("notifications/box/lateAnswer"))
+        second
+            .wait_for(Duration::from_secs(90), |message| {
+                message["method"] == json!("notifications/box/lateAnswer")
+            })
+            .expect("the late answer came")
     });
     assert_eq!(late["params"]["call"]["id"], json!(5), "{late}");
     assert!(
@@ -801,7 +704,7 @@ async fn stdio_session_reattaches(setup: Setup) {
         "{late}"
     );
     let read = tokio::task::block_in_place(|| {
-        second.call(
+        second.request(
             2,
             "tools/call",
             json!({"name": "bash", "arguments": {"command": "cat ${TMPDIR:-/tmp}/kept.txt"}}),
@@ -814,7 +717,7 @@ async fn stdio_session_reattaches(setup: Setup) {
         "{read}"
     );
     // End of input ends the session normally: its units and its state go.
-    drop(second.stdin);
+    drop(second.child.stdin.take());
     assert!(second.child.wait().unwrap().success());
     assert!(
         !setup

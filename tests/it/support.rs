@@ -4,6 +4,12 @@
 
 use std::path::PathBuf;
 
+mod http_host;
+mod served;
+
+pub use http_host::HttpHost;
+pub use served::{Served, serve_command};
+
 /// The `box` binary cargo built for these tests.
 pub fn box_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_box"))
@@ -72,6 +78,28 @@ pub async fn docker_answers() -> bool {
             false
         }
     }
+}
+
+/// The containers labelled with `instance` (and, if given, unit `unit`).
+pub async fn containers(instance: &str, unit: Option<&str>) -> Vec<String> {
+    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
+    let mut labels = vec![format!("box.instance={instance}")];
+    if let Some(unit) = unit {
+        labels.push(format!("box.unit={unit}"));
+    }
+    let filters = std::collections::HashMap::from([("label".to_owned(), labels)]);
+    let options =
+        boxhost::backend::docker::bollard::query_parameters::ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
+    docker
+        .list_containers(Some(options))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|container| container.id)
+        .collect()
 }
 
 /// What `box ARGS` printed on a terminal and how it exited: run under a

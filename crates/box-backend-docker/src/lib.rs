@@ -549,16 +549,51 @@ impl DockerBackend {
             .inspect_container(id, None)
             .await
             .map_err(|e| other("inspecting the container", e))?;
+        Ok(self.started(Connected {
+            spec,
+            id,
+            log_name: name,
+            inspect: &inspect,
+            image_user,
+            image_digest,
+            env: (env_passed, env_scrubbed),
+            channel: connected,
+            epoch: lease::EPOCH,
+            run_dir: channel.run_dir,
+            listener: channel.listener,
+            waiter,
+        }))
+    }
+
+    /// A unit whose init has connected, started or re-adopted, made a
+    /// [`StartedUnit`] the one way: its envelope read back from `inspect` and
+    /// completed with the executor's confinement and secrets (a stand-in
+    /// command gets only what the engine applied), its lease renewed from
+    /// `epoch` on, and the future of its end.
+    fn started(&self, unit: Connected<'_>) -> StartedUnit {
+        let Connected {
+            spec,
+            id,
+            log_name,
+            inspect,
+            image_user,
+            image_digest,
+            env: (env_passed, env_scrubbed),
+            channel,
+            epoch,
+            run_dir,
+            listener,
+            waiter,
+        } = unit;
         let mut envelope = body::envelope_from_inspect(
             spec,
-            &inspect,
+            inspect,
             image_user,
             &self.facts,
             env_passed,
             env_scrubbed,
         );
         envelope.image_digest = image_digest;
-        // A stand-in command (tests) gets only what the engine applied.
         if self.executor_command.is_none() {
             body::add_executor_confinement(&mut envelope, spec);
             envelope.secrets = delivered_secrets(spec);
@@ -569,32 +604,56 @@ impl DockerBackend {
             lease: held,
             ended: channel_ended,
             state: _,
-        } = connected;
+        } = channel;
         let renewal = lease::renew(
             held,
-            (spec.lease, lease::EPOCH),
-            channel.run_dir,
-            channel.listener,
-            name.clone(),
+            (spec.lease, epoch),
+            run_dir,
+            listener,
+            log_name.clone(),
         );
         let ended = ended(
             id.to_owned(),
-            unit.to_owned(),
+            spec.name.clone(),
             spec.limits.memory_bytes,
             spec.lease,
             channel_ended,
             waiter,
         );
-        Ok(StartedUnit {
+        StartedUnit {
             envelope,
             io: ExecutorIo {
-                stdin: Box::pin(io::stdin(Box::pin(writer), name)),
+                stdin: Box::pin(io::stdin(Box::pin(writer), log_name)),
                 stdout: Box::pin(reader),
             },
             ended,
             renewal: Some(renewal),
-        })
+        }
     }
+}
+
+/// What [`DockerBackend::started`] finishes a unit from: a start and a
+/// re-adoption differ only in these (the lease's epoch, where the run
+/// directory and listener came from, the container's id and names).
+struct Connected<'a> {
+    spec: &'a UnitSpec,
+    /// The container's id.
+    id: &'a str,
+    /// The unit in log lines: `session/unit`.
+    log_name: String,
+    inspect: &'a bollard::models::ContainerInspectResponse,
+    image_user: &'a str,
+    image_digest: Option<String>,
+    /// What the envelope reports of the environment: the variables passed
+    /// and those scrubbed.
+    env: (Vec<String>, Vec<String>),
+    /// The init's authenticated connection.
+    channel: box_init::host::UnitChannel,
+    /// The lease's epoch to renew at: above any earlier host's.
+    epoch: u64,
+    run_dir: lease::RunDir,
+    listener: box_init::host::UnitListener,
+    waiter: tokio::sync::oneshot::Receiver<Exited>,
 }
 
 impl DockerBackend {
@@ -727,50 +786,20 @@ impl DockerBackend {
             Ok(image) => image.config.and_then(|c| c.user).unwrap_or_default(),
             Err(_) => String::new(),
         };
-        let mut envelope = body::envelope_from_inspect(
+        Ok(self.started(Connected {
             spec,
-            &inspect,
-            &image_user,
-            &self.facts,
-            unit.env_passed.clone(),
-            unit.env_scrubbed.clone(),
-        );
-        envelope.image_digest = unit.image_digest.clone();
-        if self.executor_command.is_none() {
-            body::add_executor_confinement(&mut envelope, spec);
-            envelope.secrets = delivered_secrets(spec);
-        }
-        let box_init::host::UnitChannel {
-            reader,
-            writer,
-            lease: held,
-            ended: channel_ended,
-            state: _,
-        } = connected;
-        let renewal = lease::renew(
-            held,
-            (spec.lease, epoch),
+            id: &unit.id,
+            log_name,
+            inspect: &inspect,
+            image_user: &image_user,
+            image_digest: unit.image_digest.clone(),
+            env: (unit.env_passed.clone(), unit.env_scrubbed.clone()),
+            channel: connected,
+            epoch,
             run_dir,
             listener,
-            log_name.clone(),
-        );
-        let ended = ended(
-            unit.id.clone(),
-            name.to_owned(),
-            spec.limits.memory_bytes,
-            spec.lease,
-            channel_ended,
             waiter,
-        );
-        Ok(StartedUnit {
-            envelope,
-            io: ExecutorIo {
-                stdin: Box::pin(io::stdin(Box::pin(writer), log_name)),
-                stdout: Box::pin(reader),
-            },
-            ended,
-            renewal: Some(renewal),
-        })
+        }))
     }
 }
 

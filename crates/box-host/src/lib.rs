@@ -150,6 +150,8 @@ pub struct HostConfig {
     /// Sessions of a dead host whose units this host re-adopted at start,
     /// waiting for their clients to reattach.
     pub reattachable: state::Reattachable,
+    /// The dead hosts' instances this host holds for the units it re-adopted.
+    pub held_instances: state::HeldInstances,
     /// SIGHUP: the host hands its kept sessions to the next process instead
     /// of ending them.
     pub handoff: std::sync::atomic::AtomicBool,
@@ -178,6 +180,7 @@ impl HostConfig {
             fork_dir: default_fork_dir(),
             state: None,
             reattachable: state::Reattachable::default(),
+            held_instances: state::HeldInstances::default(),
             handoff: std::sync::atomic::AtomicBool::new(false),
             parked: std::sync::atomic::AtomicUsize::new(0),
         }

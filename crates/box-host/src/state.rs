@@ -584,20 +584,25 @@ pub fn adopt_all(config: &std::sync::Arc<crate::HostConfig>) -> std::collections
 
 /// The dead hosts' instances this host holds because it re-adopted their
 /// units (which keep their instance's label): each held while any of those
-/// units' renewals runs ([`box_backend::Renewal::holding`]).
-static HELD_INSTANCES: std::sync::LazyLock<
+/// units' renewals runs ([`box_backend::Renewal::holding`]). One per host
+/// (`HostConfig::held_instances`), not per process: a second host in the
+/// same process (tests) must claim a dead instance itself, never borrow the
+/// first host's hold.
+#[derive(Default)]
+pub struct HeldInstances(
     Mutex<HashMap<String, std::sync::Weak<box_backend::instance::InstanceLock>>>,
-> = std::sync::LazyLock::new(Default::default);
+);
 
 /// Instance `id` held for re-adopted units: the hold this host already has,
 /// or the dead instance's lock claimed now; `None` when its host is not
 /// known dead (a live host's session is its own: binding its units' sockets
 /// would take them from under it).
-fn hold_instance(id: &str) -> Option<Arc<box_backend::instance::InstanceLock>> {
+fn hold_instance(
+    held: &HeldInstances,
+    id: &str,
+) -> Option<Arc<box_backend::instance::InstanceLock>> {
     use box_backend::instance::{InstanceLock, Liveness, default_dir, liveness};
-    let mut held = HELD_INSTANCES
-        .lock()
-        .unwrap_or_else(|poison| poison.into_inner());
+    let mut held = held.0.lock().unwrap_or_else(|poison| poison.into_inner());
     if let Some(lock) = held.get(id).and_then(std::sync::Weak::upgrade) {
         return Some(lock);
     }
@@ -629,7 +634,7 @@ async fn adopt(
     let held = if record.instance == config.instance {
         None
     } else {
-        match hold_instance(&record.instance) {
+        match hold_instance(&config.held_instances, &record.instance) {
             Some(lock) => Some(lock),
             None => {
                 tracing::debug!(session = %record.session, instance = %record.instance, "a persisted session's host is not known dead; leaving it");
