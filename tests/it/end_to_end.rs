@@ -11,7 +11,9 @@ use std::time::Duration;
 use boxhost::backend::docker::DockerBackend;
 use serde_json::{Value, json};
 
-use crate::support::{Served, box_bin, containers, repo_root, serve_command, under_ci};
+use crate::support::{
+    Served, box_bin, containers, http_server, repo_root, serve_command, under_ci,
+};
 
 /// The backends this machine runs: local always, docker when its engine answers
 /// (under CI a missing engine is a failure, never a skip).
@@ -463,35 +465,6 @@ fn box_run_forwards_stdin_and_takes_variables_on_every_backend() {
             String::from_utf8_lossy(&output.stderr)
         );
     }
-}
-
-/// A plain HTTP server on the host's loopback answering every request with
-/// `body`; its port.
-fn http_server(body: &'static str) -> u16 {
-    use std::io::Read as _;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            std::thread::spawn(move || {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    match stream.read(&mut byte) {
-                        Ok(1) => head.push(byte[0]),
-                        _ => return,
-                    }
-                }
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            });
-        }
-    });
-    port
 }
 
 /// An HTTPS server on the host's loopback (`openssl s_server -www`, a self-signed

@@ -7,15 +7,14 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio as Pipes};
-use std::time::Duration;
+use std::process::{Child, Command};
 
 use box_jsonrpc::EXECUTOR_KEY;
 use boxhost::backend::docker::DockerBackend;
 use serde_json::{Value, json};
 
 use crate::serve::post;
-use crate::support::{box_bin, under_ci};
+use crate::support::{HttpHost, box_bin, http_server, under_ci};
 
 /// Whether the Docker engine answers and has the test tools image (curl);
 /// under CI their absence is a failure.
@@ -30,40 +29,11 @@ async fn docker() -> bool {
     false
 }
 
-/// A plain HTTP server on the host's loopback answering every request with
-/// `body`; its port.
-fn http_server(body: &'static str) -> u16 {
-    use std::io::{Read as _, Write as _};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            std::thread::spawn(move || {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    match stream.read(&mut byte) {
-                        Ok(1) => head.push(byte[0]),
-                        _ => return,
-                    }
-                }
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            });
-        }
-    });
-    port
-}
-
 /// Every host of one test: its state, profiles, audit log and address.
 struct Setup {
     backend: &'static str,
     instance: String,
-    port: u16,
+    host: HttpHost,
     /// The test HTTP server's port (`allowed.test` and `denied.test` are
     /// pinned to it).
     web: u16,
@@ -77,11 +47,6 @@ struct Setup {
 
 impl Setup {
     fn on(backend: &'static str, name: &str) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
         let web = http_server("hello-reattached-egress");
         let profiles = tempfile::tempdir().unwrap();
         std::fs::write(
@@ -107,7 +72,7 @@ allow_dangerous = ["private-destinations"]
         Self {
             backend,
             instance: format!("e2e-reegress-{backend}-{name}-{}", std::process::id()),
-            port,
+            host: HttpHost::on_a_free_port(),
             web,
             state: tempfile::tempdir().unwrap(),
             profiles,
@@ -117,7 +82,7 @@ allow_dangerous = ["private-destinations"]
     }
 
     fn address(&self) -> SocketAddr {
-        format!("127.0.0.1:{}", self.port).parse().unwrap()
+        self.host.address()
     }
 
     fn audit(&self) -> PathBuf {
@@ -126,7 +91,8 @@ allow_dangerous = ["private-destinations"]
 
     /// A `box serve --listen` host with this setup's state, once it answers.
     async fn serve(&self) -> Child {
-        let mut child = Command::new(box_bin())
+        let mut command = Command::new(box_bin());
+        command
             .args(["serve", "--backend", self.backend, "--instance"])
             .arg(&self.instance)
             .arg("--profiles")
@@ -137,45 +103,15 @@ allow_dangerous = ["private-destinations"]
             .arg(self.workspace.path())
             .arg("--audit")
             .arg(self.audit())
-            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
             .env("RUST_LOG", "info")
-            .env("BOX_INSTANCE_DIR", self.instances.path())
-            .stdin(Pipes::null())
-            .spawn()
-            .unwrap();
-        for _ in 0..300 {
-            if tokio::net::TcpStream::connect(self.address()).await.is_ok() {
-                return child;
-            }
-            if child.try_wait().unwrap().is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("box serve did not listen on {}", self.address());
+            .env("BOX_INSTANCE_DIR", self.instances.path());
+        self.host.serve(command).await
     }
 
     async fn initialize(&self, ask: Value) -> (Option<String>, Value) {
-        let message = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {"experimental": {EXECUTOR_KEY: {"box": ask}}},
-            "clientInfo": {"name": "reattach-egress", "version": "1"}}});
-        let reply = post(self.address(), None, &[], &message).await;
-        assert_eq!(
-            reply.status,
-            200,
-            "{}",
-            String::from_utf8_lossy(&reply.body)
-        );
-        let session = reply.header("mcp-session-id").map(str::to_owned);
-        let answer = reply.json();
-        if let Some(session) = &session {
-            let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-            post(self.address(), Some(session), &[], &ready).await;
-        }
-        (session, answer)
+        self.host
+            .initialize(json!({"experimental": {EXECUTOR_KEY: {"box": ask}}}), &[])
+            .await
     }
 
     async fn bash(&self, session: &str, id: u64, command: &str) -> String {
