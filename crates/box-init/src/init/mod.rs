@@ -124,6 +124,12 @@ pub fn run(config: InitConfig) -> i32 {
         }
     };
     let pid1 = std::process::id() == 1;
+    run_supervisor(config, key, pid1, None)
+}
+
+/// Become the unit's reaper (a subreaper unless pid 1) and run the
+/// supervisor on a runtime of its own until the unit ends; its exit code.
+fn run_supervisor(config: InitConfig, key: UnitKey, pid1: bool, started: Option<Started>) -> i32 {
     if !pid1 && let Err(error) = nix::sys::prctl::set_child_subreaper(true) {
         tracing::error!(%error, "box init: cannot become a child subreaper");
         return EXIT_START_FAILED;
@@ -139,7 +145,7 @@ pub fn run(config: InitConfig) -> i32 {
         }
     };
     let code = runtime.block_on(async move {
-        match Supervisor::start(config, key, pid1, None) {
+        match Supervisor::start(config, key, pid1, started) {
             Ok(supervisor) => supervisor.run().await,
             Err(error) => {
                 tracing::error!("box init: {error}");
@@ -172,31 +178,7 @@ pub struct Started {
 /// this process becomes a child subreaper. Call it before any thread starts.
 /// Returns the exit code.
 pub fn supervise(config: InitConfig, key: UnitKey, started: Started) -> i32 {
-    if let Err(error) = nix::sys::prctl::set_child_subreaper(true) {
-        tracing::error!(%error, "box init: cannot become a child subreaper");
-        return EXIT_START_FAILED;
-    }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            tracing::error!(%error, "box init: cannot start the runtime");
-            return EXIT_START_FAILED;
-        }
-    };
-    let code = runtime.block_on(async move {
-        match Supervisor::start(config, key, false, Some(started)) {
-            Ok(supervisor) => supervisor.run().await,
-            Err(error) => {
-                tracing::error!("box init: {error}");
-                EXIT_START_FAILED
-            }
-        }
-    });
-    runtime.shutdown_timeout(Duration::from_millis(100));
-    code
+    run_supervisor(config, key, false, Some(started))
 }
 
 struct Signals {
