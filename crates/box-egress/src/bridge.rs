@@ -1,5 +1,6 @@
-//! The in-unit half: a loopback TCP port that forwards every connection to the unit's
-//! proxy socket, and the environment that points tools at it.
+//! The in-unit half: a loopback TCP port whose connections reach the unit's proxy
+//! (handed to the proxy, or forwarded to its socket), and the environment that
+//! points tools at it.
 //!
 //! The bridge holds no policy. Any process in the unit can reach the bind-mounted
 //! socket directly, so everything is judged on the host side; the bridge exists only
@@ -11,10 +12,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::task::JoinSet;
+use tokio::time::{Instant, timeout};
 
+use crate::handoff::{self, Offer};
 use crate::proxy::is_momentary;
 use crate::splice::relay;
 
@@ -22,17 +25,91 @@ use crate::splice::relay;
 /// conventional HTTP proxy port).
 pub const BRIDGE_PORT: u16 = 3128;
 
-/// Forward every connection accepted on `listener` to the Unix socket at
-/// `proxy_socket`, until the returned future is dropped (which ends every connection).
-/// When the socket does not answer, the client gets a 502 naming it. Returns only when
-/// accepting fails for a reason other than a momentary shortage.
+/// How long the bridge relays before it offers its listener again, after the
+/// proxy socket did not answer or a handoff ended early.
+const OFFER_AGAIN: Duration = Duration::from_secs(1);
+
+/// The longest a proxy may take to answer an offer (a frozen host must not
+/// leave the unit's connections unaccepted).
+const OFFER_ANSWER: Duration = Duration::from_secs(5);
+
+/// Serve the unit's proxy port on `listener` until the returned future is
+/// dropped (which ends every connection it relays). First it hands the listener
+/// to the proxy at `proxy_socket` ([`crate::handoff`]), so the proxy accepts the
+/// unit's connections itself and no byte crosses this process; while the proxy
+/// does not hold it (the host restarting, a sandbox whose socket cannot carry
+/// descriptors), it forwards every connection to the socket. When the socket does
+/// not answer, the client gets a 502 naming it. Returns only when accepting fails
+/// for a reason other than a momentary shortage.
 pub async fn bridge(listener: TcpListener, proxy_socket: PathBuf) -> io::Result<()> {
     let mut connections = JoinSet::new();
+    let mut offering = true;
+    loop {
+        let mut relay_first = !offering;
+        if offering {
+            match timeout(OFFER_ANSWER, handoff::offer(&listener, &proxy_socket)).await {
+                Ok(Ok(control)) => {
+                    tracing::debug!(socket = %proxy_socket.display(), "egress bridge handed its listener to the proxy");
+                    let held = Instant::now();
+                    hold(control, &mut connections).await;
+                    tracing::debug!(socket = %proxy_socket.display(), "egress proxy gave the listener back; relaying");
+                    // A handoff that ends at once must not turn into a loop of offers.
+                    relay_first = held.elapsed() < OFFER_AGAIN;
+                }
+                Ok(Err(Offer::Declined(reason))) => {
+                    tracing::info!(socket = %proxy_socket.display(), %reason, "egress proxy declined the bridge's listener; relaying every connection");
+                    offering = false;
+                    relay_first = true;
+                }
+                Ok(Err(Offer::Unreachable(error))) => {
+                    tracing::debug!(socket = %proxy_socket.display(), %error, "egress proxy did not take the listener; relaying");
+                    relay_first = true;
+                }
+                Err(_) => {
+                    tracing::warn!(socket = %proxy_socket.display(), "egress proxy did not answer the listener's handoff within {OFFER_ANSWER:?}; relaying");
+                    relay_first = true;
+                }
+            }
+        }
+        if relay_first {
+            let until = offering.then(|| Instant::now() + OFFER_AGAIN);
+            accept(&listener, &proxy_socket, &mut connections, until).await?;
+        }
+    }
+}
+
+/// Wait while the proxy holds the listener, keeping the relayed connections
+/// that were open before it took it going.
+async fn hold(mut control: UnixStream, connections: &mut JoinSet<()>) {
+    let mut byte = [0; 1];
+    loop {
+        tokio::select! {
+            // The proxy sends nothing more: any byte, or the end, ends the handoff.
+            _ = control.read(&mut byte) => return,
+            Some(_) = connections.join_next() => {}
+        }
+    }
+}
+
+/// Accept and forward every connection, until `until` when given.
+async fn accept(
+    listener: &TcpListener,
+    proxy_socket: &Path,
+    connections: &mut JoinSet<()>,
+    until: Option<Instant>,
+) -> io::Result<()> {
+    let deadline = async {
+        match until {
+            Some(until) => tokio::time::sleep_until(until).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    connections.spawn(forward(stream, proxy_socket.clone()));
+                    connections.spawn(forward(stream, proxy_socket.to_owned()));
                 }
                 Err(error) if is_momentary(&error) => {
                     tracing::warn!(%error, "egress bridge cannot accept; retrying");
@@ -41,6 +118,7 @@ pub async fn bridge(listener: TcpListener, proxy_socket: PathBuf) -> io::Result<
                 Err(error) => return Err(error),
             },
             Some(_) = connections.join_next() => {}
+            () = &mut deadline => return Ok(()),
         }
     }
 }

@@ -112,6 +112,15 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
         }
     }
 
+    /// A reader whose first bytes were read already.
+    pub(crate) fn with_buffered(reader: R, buffer: Vec<u8>) -> Self {
+        Self {
+            reader,
+            buffer,
+            start: 0,
+        }
+    }
+
     /// What was read and not yet consumed.
     pub(crate) fn buffered(&self) -> &[u8] {
         &self.buffer[self.start..]

@@ -31,6 +31,7 @@
 mod address;
 mod bridge;
 mod event;
+mod handoff;
 mod host;
 mod http;
 mod limit;

@@ -24,15 +24,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use std::os::fd::OwnedFd;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout};
 
 use crate::address::{ResolveError, resolve};
 use crate::event::{Decision, Event, Failure, Refusal};
+use crate::handoff;
 use crate::host::{Host, HostName, parse_authority};
 use crate::http::{
     self, Body, HeadError, Inbound, RequestHead, TargetError, absolute_target, has_token,
@@ -41,7 +43,7 @@ use crate::http::{
 use crate::limit::TokenBucket;
 use crate::policy::{Limits, Options, Policy, UnitIdentity};
 use crate::rules::Rule;
-use crate::splice;
+use crate::splice::{self, Spliceable};
 use crate::tls::{Hello, HelloError, HelloParser, MAX_CLIENT_HELLO, starts_like_tls};
 
 /// Where the proxy sends its events. Called once per attempt, from the connection's
@@ -63,11 +65,21 @@ pub struct Unit {
 /// A TLS alert, fatal, `unrecognized_name` (RFC 6066 §3).
 const ALERT_UNRECOGNIZED_NAME: [u8; 7] = [21, 3, 3, 0, 2, 2, 112];
 
+/// How many listeners one unit may have handed over at once: its bridge hands
+/// one, and a second covers a bridge that offers again before this side saw
+/// the first handoff end.
+const MAX_LISTENERS: usize = 2;
+
+/// The most a connection's first read takes (a request head's start, or a
+/// handoff's preface).
+const FIRST_READ: usize = 4096;
+
 struct Shared {
     identity: UnitIdentity,
     policy: watch::Receiver<Arc<Policy>>,
     options: Options,
     connections: Arc<Semaphore>,
+    listeners: Arc<Semaphore>,
     max_connections: usize,
     up: Option<TokenBucket>,
     down: Option<TokenBucket>,
@@ -83,6 +95,7 @@ pub async fn serve(listener: UnixListener, unit: Unit, events: EventSink) -> io:
         policy: unit.policy,
         options: unit.options,
         connections: Arc::new(Semaphore::new(unit.limits.max_connections.get())),
+        listeners: Arc::new(Semaphore::new(MAX_LISTENERS)),
         max_connections: unit.limits.max_connections.get(),
         up: unit.limits.bytes_per_second.map(TokenBucket::new),
         down: unit.limits.bytes_per_second.map(TokenBucket::new),
@@ -94,7 +107,7 @@ pub async fn serve(listener: UnixListener, unit: Unit, events: EventSink) -> io:
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     splice::widen_send_buffer(&stream);
-                    connections.spawn(connection(stream, shared.clone()));
+                    connections.spawn(unix_connection(stream, shared.clone()));
                 }
                 Err(error) if is_momentary(&error) => {
                     tracing::warn!(session = %shared.identity.session, unit = %shared.identity.unit, %error, "egress proxy cannot accept; retrying");
@@ -183,10 +196,19 @@ impl Shared {
     }
 }
 
+/// The reading half of a client connection: the unit's Unix socket, or a TCP
+/// connection accepted on a listener the unit handed over.
+trait ClientReader: AsyncRead + Unpin + Send + 'static {}
+impl<T: AsyncRead + Unpin + Send + 'static> ClientReader for T {}
+
+/// The writing half of a client connection.
+trait ClientWriter: AsyncWrite + Spliceable + Unpin + Send + 'static {}
+impl<T: AsyncWrite + Spliceable + Unpin + Send + 'static> ClientWriter for T {}
+
 /// The client side of a connection.
-struct Client {
-    inbound: Inbound<OwnedReadHalf>,
-    writer: OwnedWriteHalf,
+struct Client<R, W> {
+    inbound: Inbound<R>,
+    writer: W,
 }
 
 /// An open upstream connection for plain HTTP, reused by the next request to the same
@@ -204,14 +226,100 @@ enum Next {
     Close,
 }
 
-async fn connection(stream: UnixStream, shared: Arc<Shared>) {
+/// A connection on the unit's socket: a client's, or the bridge handing over
+/// its listener ([`handoff`]), told apart by the first read.
+async fn unix_connection(stream: UnixStream, shared: Arc<Shared>) {
     // Counted from accept, so idle connections count against the limit too.
     let permit = shared.connections.clone().try_acquire_owned().ok();
+    let mut first = vec![0; FIRST_READ];
+    let read = timeout(
+        shared.options.head_timeout,
+        handoff::first_read(&stream, &mut first),
+    )
+    .await;
+    // Silent until the head timeout, or gone: nothing was attempted.
+    let Ok(Ok((read, fd))) = read else { return };
+    first.truncate(read);
+    if first == handoff::PREFACE {
+        drop(permit);
+        return take_listener(stream, fd, shared).await;
+    }
+    // A descriptor sent along with anything else is closed here, unused.
+    drop(fd);
     let (reader, writer) = stream.into_split();
-    let mut client = Client {
-        inbound: Inbound::new(reader),
+    let client = Client {
+        inbound: Inbound::with_buffered(reader, first),
         writer,
     };
+    connection(client, permit, shared).await;
+}
+
+/// Accept on the listener a unit's bridge handed over, for as long as the
+/// bridge keeps the handoff's connection open; every connection is served as
+/// one on the unit's socket would be.
+async fn take_listener(stream: UnixStream, fd: Option<OwnedFd>, shared: Arc<Shared>) {
+    let (mut control, mut answer_to) = stream.into_split();
+    let taken = match (fd, shared.listeners.clone().try_acquire_owned()) {
+        (None, _) => Err("no listener came with the handoff".to_owned()),
+        (_, Err(_)) => Err(format!(
+            "the unit has handed over {MAX_LISTENERS} listeners already"
+        )),
+        (Some(fd), Ok(slot)) => handoff::listener(fd).map(|listener| (listener, slot)),
+    };
+    let (listener, slot) = match taken {
+        Ok(taken) => taken,
+        Err(reason) => {
+            tracing::warn!(session = %shared.identity.session, unit = %shared.identity.unit, %reason, "egress listener handoff declined");
+            let answer = [handoff::DECLINED, reason.as_bytes(), b"\n"].concat();
+            let _ = answer_to.write_all(&answer).await;
+            return;
+        }
+    };
+    if answer_to.write_all(handoff::ACCEPTED).await.is_err() {
+        return;
+    }
+    tracing::debug!(session = %shared.identity.session, unit = %shared.identity.unit, "egress proxy accepts on the unit's listener");
+    let mut connections = JoinSet::new();
+    let mut byte = [0; 1];
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let permit = shared.connections.clone().try_acquire_owned().ok();
+                    let _ = stream.set_nodelay(true);
+                    let (reader, writer) = stream.into_split();
+                    let client = Client { inbound: Inbound::new(reader), writer };
+                    connections.spawn(connection(client, permit, shared.clone()));
+                }
+                Err(error) if is_momentary(&error) => {
+                    tracing::warn!(session = %shared.identity.session, unit = %shared.identity.unit, %error, "egress proxy cannot accept on the unit's listener; retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(error) => {
+                    tracing::warn!(session = %shared.identity.session, unit = %shared.identity.unit, %error, "egress proxy stops accepting on the unit's listener");
+                    break;
+                }
+            },
+            // The bridge sends nothing more: any byte, or the end, ends the handoff.
+            _ = control.read(&mut byte) => break,
+            Some(ended) = connections.join_next() => {
+                if let Err(error) = ended {
+                    tracing::error!(session = %shared.identity.session, unit = %shared.identity.unit, %error, "egress connection task failed");
+                }
+            }
+        }
+    }
+    // The bridge accepts from here on (its copy of the listener stays open);
+    // the connections this side accepted run to their end.
+    drop((listener, slot, control, answer_to));
+    while connections.join_next().await.is_some() {}
+}
+
+async fn connection<R: ClientReader, W: ClientWriter>(
+    mut client: Client<R, W>,
+    permit: Option<OwnedSemaphorePermit>,
+    shared: Arc<Shared>,
+) {
     let mut upstream: Option<Upstream> = None;
     loop {
         let started = Instant::now();
@@ -254,7 +362,12 @@ async fn connection(stream: UnixStream, shared: Arc<Shared>) {
 }
 
 /// Answer a refusal (the connection closes after it) and report it.
-async fn refuse(client: &mut Client, shared: &Shared, attempt: Attempt, refusal: Refusal) {
+async fn refuse<R: ClientReader, W: ClientWriter>(
+    client: &mut Client<R, W>,
+    shared: &Shared,
+    attempt: Attempt,
+    refusal: Refusal,
+) {
     let (code, phrase) = refusal.status();
     let target = match (attempt.host.as_str(), attempt.port) {
         ("", _) => String::new(),
@@ -270,8 +383,8 @@ async fn refuse(client: &mut Client, shared: &Shared, attempt: Attempt, refusal:
 }
 
 /// Answer 502 for an allowed attempt that could not reach upstream, and report it.
-async fn fail(
-    client: &mut Client,
+async fn fail<R: ClientReader, W: ClientWriter>(
+    client: &mut Client<R, W>,
     shared: &Shared,
     attempt: Attempt,
     rule: Rule,
@@ -349,8 +462,8 @@ async fn open(
     Err(Opening::Failed(Failure::Connect(last)))
 }
 
-async fn connect(
-    client: &mut Client,
+async fn connect<R: ClientReader, W: ClientWriter>(
+    client: &mut Client<R, W>,
     head: RequestHead,
     shared: &Shared,
     mut attempt: Attempt,
@@ -430,8 +543,8 @@ enum TunnelEnd {
     Io(String),
 }
 
-async fn tunnel(
-    client: &mut Client,
+async fn tunnel<R: ClientReader, W: ClientWriter>(
+    client: &mut Client<R, W>,
     upstream: TcpStream,
     check: &FirstFlight,
     shared: &Shared,
@@ -469,8 +582,8 @@ async fn tunnel(
 
 /// Inspect the tunnel's first bytes (left in the buffer to forward); the server name
 /// a ClientHello carried, if one came.
-async fn first_flight(
-    inbound: &mut Inbound<OwnedReadHalf>,
+async fn first_flight<R: ClientReader>(
+    inbound: &mut Inbound<R>,
     check: &FirstFlight,
     hello_timeout: Duration,
 ) -> Result<Option<String>, TunnelEnd> {
@@ -504,7 +617,9 @@ async fn first_flight(
     }
 }
 
-async fn read_hello(inbound: &mut Inbound<OwnedReadHalf>) -> Result<Option<String>, TunnelEnd> {
+async fn read_hello<R: ClientReader>(
+    inbound: &mut Inbound<R>,
+) -> Result<Option<String>, TunnelEnd> {
     let mut parser = HelloParser::default();
     loop {
         match parser.advance(inbound.buffered()) {
@@ -531,8 +646,8 @@ async fn read_hello(inbound: &mut Inbound<OwnedReadHalf>) -> Result<Option<Strin
     }
 }
 
-async fn plain(
-    client: &mut Client,
+async fn plain<R: ClientReader, W: ClientWriter>(
+    client: &mut Client<R, W>,
     head: &RequestHead,
     shared: &Shared,
     upstream: &mut Option<Upstream>,
@@ -714,8 +829,8 @@ enum ExchangeError {
 
 /// Forward one request and its response.
 #[allow(clippy::too_many_arguments)]
-async fn exchange(
-    client: &mut Client,
+async fn exchange<R: ClientReader, W: ClientWriter>(
+    client: &mut Client<R, W>,
     head: &RequestHead,
     upstream: &mut Upstream,
     request: &[u8],

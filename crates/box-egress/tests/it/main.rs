@@ -12,6 +12,8 @@ mod support;
 mod bridge;
 /// `CONNECT`: allowed and refused targets, addresses, TLS server names.
 mod connect;
+/// The bridge handing its listener to the proxy, and taking it back.
+mod handoff;
 /// Limits: connections at once, shared bandwidth.
 mod limits;
 /// Plain HTTP: origin-form forwarding, keep-alive, `Host` checks.

@@ -75,6 +75,15 @@ impl Setup {
     pub fn start(self) -> Proxy {
         let directory = tempfile::tempdir().unwrap();
         let socket = directory.path().join("egress.sock");
+        let mut proxy = self.start_at(socket);
+        proxy._directory = Some(directory);
+        proxy
+    }
+
+    /// A proxy on a socket at `socket`, whose directory the caller keeps (a
+    /// second proxy on the socket of one that ended, as a new host serves it).
+    pub fn start_at(self, socket: PathBuf) -> Proxy {
+        let _ = std::fs::remove_file(&socket);
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         let allow = AllowList::parse(&self.allow).unwrap();
         let bound = match &self.bound {
@@ -116,7 +125,7 @@ impl Setup {
         });
         let task = tokio::spawn(async move { serve(listener, unit, sink).await });
         Proxy {
-            _directory: directory,
+            _directory: None,
             socket,
             handle,
             events,
@@ -127,7 +136,7 @@ impl Setup {
 
 /// A running proxy.
 pub struct Proxy {
-    _directory: tempfile::TempDir,
+    _directory: Option<tempfile::TempDir>,
     pub socket: PathBuf,
     pub handle: PolicyHandle,
     events: mpsc::UnboundedReceiver<Event>,
