@@ -2401,6 +2401,14 @@ async fn docker_a_gvisor_unit_reports_what_its_probe_observes() {
         .err()
         .unwrap();
     assert!(error.to_string().contains("network"), "{error}");
+    // Egress under gVisor stalls downloads (docs/gvisor.md): refused, naming it.
+    let mut egress = unit.clone();
+    egress.network.mode = NetworkMode::Egress;
+    let error = backend.start(&instance.label, &egress).await.err().unwrap();
+    assert!(
+        error.to_string().contains("network egress") && error.to_string().contains("gVisor"),
+        "{error}"
+    );
 
     let mut started = backend.start(&instance.label, &unit).await.unwrap();
     let envelope = &started.envelope;

@@ -856,7 +856,17 @@ impl Backend for DockerBackend {
                 if spec.network.mode == NetworkMode::Bridge {
                     refuse(
                         "network bridge",
-                        "a gVisor (runsc) unit has no network of its own on this engine (runsc --network=none); use network none or egress",
+                        "a gVisor (runsc) unit has no network of its own on this engine (runsc --network=none); use network none",
+                    );
+                }
+                // Seen, not understood: a download through the bridge stalls for
+                // good after 0.4-2 MB under this engine's runsc (the same relay
+                // written with Python's asyncio in the same sandbox does not).
+                // A unit that hangs its tools is worse than one refused.
+                if spec.network.mode == NetworkMode::Egress {
+                    refuse(
+                        "network egress",
+                        "a download through the egress proxy stalls under gVisor (runsc) on this engine, after 0.4-2 MB (docs/gvisor.md); use network none, or the engine's default runtime",
                     );
                 }
             }
