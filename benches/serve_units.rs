@@ -618,7 +618,7 @@ fn egress_figures(backend: &str) {
     let _ = server.wait();
     let rate = |d: Duration| mib as f64 / d.as_secs_f64();
     println!(
-        "egress, {backend}: {mib} MiB over HTTPS from inside an egress unit (bridge + host proxy) median {:.0} MiB/s | curl on the host direct median {:.0} MiB/s | ratio {:.2} (goal >= 0.8), {rounds} rounds",
+        "egress, {backend}: {mib} MiB over HTTPS from inside an egress unit (its proxy port handed to the host proxy) median {:.0} MiB/s | curl on the host direct median {:.0} MiB/s | ratio {:.2} (goal >= 0.8), {rounds} rounds",
         rate(median(&proxied)),
         rate(median(&straight)),
         rate(median(&proxied)) / rate(median(&straight)),
