@@ -17,6 +17,7 @@ pub mod fork;
 mod hide;
 pub mod metrics;
 mod redact;
+pub use redact::ScratchPool;
 pub mod router;
 mod run;
 pub mod session;
@@ -157,6 +158,9 @@ pub struct HostConfig {
     pub handoff: std::sync::atomic::AtomicBool,
     /// Sessions handed off (their calls drained, their units left).
     pub parked: std::sync::atomic::AtomicUsize,
+    /// The memory files-resource answers holding secrets are redacted in,
+    /// shared by the sessions.
+    pub redact_scratch: Arc<redact::ScratchPool>,
 }
 
 impl HostConfig {
@@ -183,6 +187,7 @@ impl HostConfig {
             held_instances: state::HeldInstances::default(),
             handoff: std::sync::atomic::AtomicBool::new(false),
             parked: std::sync::atomic::AtomicUsize::new(0),
+            redact_scratch: Arc::default(),
         }
     }
 }

@@ -45,8 +45,8 @@ pub(crate) struct SessionRedactor {
     /// Progress messages (bash's output since the last report) per unit and
     /// progress token: consecutive reports are consecutive output.
     progress: HashMap<(usize, String), TextStreamRedactor>,
-    /// Kept between files-resource answers that hold secrets.
-    scratch: Scratch,
+    /// Lends the memory a files-resource answer holding secrets is redacted in.
+    scratch: Arc<ScratchPool>,
 }
 
 /// The decoded and the redacted bytes of a files-resource answer, kept
@@ -59,13 +59,54 @@ struct Scratch {
 }
 
 impl Scratch {
-    /// The most a session keeps between answers.
+    /// The most one scratch keeps between answers.
     const KEPT: usize = 4 << 20;
 
-    fn trim(&mut self) {
-        if self.decoded.capacity() + self.redacted.capacity() > Self::KEPT {
-            *self = Self::default();
+    fn bytes(&self) -> usize {
+        self.decoded.capacity() + self.redacted.capacity()
+    }
+}
+
+/// The host's scratch for redacting files-resource answers, lent to one
+/// answer at a time and kept between answers (`HostConfig::redact_scratch`).
+/// Kept by the host, not by each session, so what stays allocated is bounded
+/// by [`ScratchPool::KEPT`] scratches of at most [`Scratch::KEPT`] bytes,
+/// however many sessions once read a large file.
+#[derive(Default)]
+pub struct ScratchPool(std::sync::Mutex<Vec<Scratch>>);
+
+impl ScratchPool {
+    /// How many scratches the host keeps: as many answers redacted at once
+    /// as the host has cores to redact them on, on a small host.
+    const KEPT: usize = 2;
+
+    fn take(&self) -> Scratch {
+        self.0
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .pop()
+            .unwrap_or_default()
+    }
+
+    fn give(&self, scratch: Scratch) {
+        if scratch.bytes() > Scratch::KEPT {
+            return;
         }
+        let mut kept = self.0.lock().unwrap_or_else(|poison| poison.into_inner());
+        if kept.len() < Self::KEPT {
+            kept.push(scratch);
+        }
+    }
+
+    /// The bytes kept now.
+    #[cfg(test)]
+    fn kept(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .iter()
+            .map(Scratch::bytes)
+            .sum()
     }
 }
 
@@ -184,7 +225,11 @@ pub(crate) fn scan_persisted(session: &str, workspace: &Path) -> Persisted {
 impl SessionRedactor {
     /// A redactor over `secrets`; the values it cannot redact (too short,
     /// too long) are logged by name.
-    pub(crate) fn new(session: &str, secrets: Vec<Secret>) -> Result<Self, String> {
+    pub(crate) fn new(
+        session: &str,
+        secrets: Vec<Secret>,
+        scratch: Arc<ScratchPool>,
+    ) -> Result<Self, String> {
         let handed: Vec<String> = secrets
             .iter()
             .filter(|secret| secret.handed)
@@ -207,7 +252,7 @@ impl SessionRedactor {
             redactor: (!redactor.is_empty()).then(|| Arc::new(redactor)),
             streams: HashMap::new(),
             progress: HashMap::new(),
-            scratch: Scratch::default(),
+            scratch,
         })
     }
 
@@ -279,8 +324,9 @@ impl SessionRedactor {
                 let text = if !redactor.finds_any(text.as_bytes()) {
                     text
                 } else {
-                    let redacted = redact_document_data(&redactor, &text, &mut self.scratch);
-                    self.scratch.trim();
+                    let mut scratch = self.scratch.take();
+                    let redacted = redact_document_data(&redactor, &text, &mut scratch);
+                    self.scratch.give(scratch);
                     redacted.unwrap_or_else(|| redactor.redact(&text).into_owned())
                 };
                 texts.push((index, text));
@@ -429,6 +475,7 @@ mod tests {
                 value: TOKEN.as_bytes().to_vec(),
                 handed: true,
             }],
+            Arc::default(),
         )
         .unwrap()
     }
@@ -556,6 +603,64 @@ mod tests {
         assert_eq!(document["size"], 7);
         let bytes = BASE64.decode(document["data"].as_str().unwrap()).unwrap();
         assert_eq!(bytes, b"[REDACTED:API_TOKEN][REDACTED:API_TOKEN]");
+    }
+
+    /// A files-resource answer of `size` bytes holding the secret.
+    fn large_read(size: usize) -> Value {
+        let mut data = vec![b'x'; size];
+        data[size / 2..size / 2 + TOKEN.len()].copy_from_slice(TOKEN.as_bytes());
+        let document = json!({"data": BASE64.encode(&data)}).to_string();
+        json!({"jsonrpc": "2.0", "id": 1, "result": {"contents": [
+            {"uri": "agentworkspace:///read?path=k", "mimeType": "application/json", "text": document}
+        ]}})
+    }
+
+    #[test]
+    fn large_answers_are_redacted_in_the_hosts_bounded_scratch() {
+        let pool = Arc::new(ScratchPool::default());
+        let secret = || {
+            vec![Secret {
+                name: "API_TOKEN".to_owned(),
+                value: TOKEN.as_bytes().to_vec(),
+                handed: true,
+            }]
+        };
+        let mut sessions: Vec<SessionRedactor> = (0..5)
+            .map(|n| SessionRedactor::new(&format!("s{n}"), secret(), pool.clone()).unwrap())
+            .collect();
+        // Five sessions, one after another, each reading a MiB holding the secret:
+        // redacted every time, and one scratch serves them all.
+        for session in &mut sessions {
+            let mut answer = large_read(1 << 20);
+            session.resource_read(&mut answer);
+            let text = answer["result"]["contents"][0]["text"].as_str().unwrap();
+            let document: Value = serde_json::from_str(text).unwrap();
+            let bytes = BASE64.decode(document["data"].as_str().unwrap()).unwrap();
+            assert!(
+                bytes.windows(20).any(|w| w == b"[REDACTED:API_TOKEN]"),
+                "not redacted"
+            );
+            assert!(!bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()));
+        }
+        assert_eq!(
+            pool.0.lock().unwrap().len(),
+            1,
+            "one scratch serves them all"
+        );
+        let one = pool.kept();
+        assert!((1 << 20..=Scratch::KEPT).contains(&one), "{one} bytes kept");
+        // Never more than KEPT scratches, however many are lent at once.
+        let lent: Vec<Scratch> = (0..4).map(|_| pool.take()).collect();
+        for mut scratch in lent {
+            scratch.decoded.reserve(1 << 20);
+            pool.give(scratch);
+        }
+        assert_eq!(pool.0.lock().unwrap().len(), ScratchPool::KEPT);
+        // An answer larger than a kept scratch is redacted, and its memory let go.
+        let mut answer = large_read(3 << 20);
+        let before = pool.kept();
+        sessions[0].resource_read(&mut answer);
+        assert!(pool.kept() <= before, "a scratch over the bound was kept");
     }
 
     #[test]

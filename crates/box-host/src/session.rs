@@ -622,9 +622,10 @@ impl Session {
         // Built before any unit starts: a unit's first word is already redacted.
         let mut secrets = redact::session_secrets(&plan, &(self.config.environment)());
         secrets.extend(persisted.secrets);
-        let redactor = SessionRedactor::new(&self.id, secrets).map_err(|why| {
-            StartError::internal(format!("building the session's redactor: {why}"))
-        })?;
+        let redactor = SessionRedactor::new(&self.id, secrets, self.config.redact_scratch.clone())
+            .map_err(|why| {
+                StartError::internal(format!("building the session's redactor: {why}"))
+            })?;
         let label = SessionLabel {
             instance: self.config.instance.clone(),
             session: self.id.clone(),
@@ -1028,9 +1029,10 @@ impl Session {
                     .unwrap_or_default();
             secrets.extend(persisted.secrets);
         }
-        let redactor = SessionRedactor::new(&self.id, secrets).map_err(|why| {
-            StartError::internal(format!("building the session's redactor: {why}"))
-        })?;
+        let redactor = SessionRedactor::new(&self.id, secrets, self.config.redact_scratch.clone())
+            .map_err(|why| {
+                StartError::internal(format!("building the session's redactor: {why}"))
+            })?;
         let label = SessionLabel {
             instance: self.config.instance.clone(),
             session: self.id.clone(),
