@@ -621,6 +621,9 @@ async fn http_sessions_on_forked_workspaces_are_isolated_and_merge_back() {
     let mut sessions = Vec::new();
     for _ in 0..2 {
         let (session, answer) = host.initialize(json!({}), &[]).await;
+        let fork = &answer["result"]["capabilities"]["experimental"]["io.github.christopherdavenport.dax/executor"]
+            ["box"]["fork"];
+        assert_eq!(fork["mode"], "copy", "{answer}");
         sessions.push(session.unwrap_or_else(|| panic!("no session id: {answer}")));
     }
     let bash = |session: String, command: &'static str| async move {
@@ -838,6 +841,16 @@ fn a_forked_workspace_in_worktree_mode_on_the_local_backend() {
             "--profile".as_ref(),
             "forked".as_ref(),
         ],
+    );
+    // The initialize answer says the workspace is a fork, and what it shares.
+    let fork = &served.initialized["result"]["capabilities"]["experimental"]["io.github.christopherdavenport.dax/executor"]
+        ["box"]["fork"];
+    assert_eq!(fork["mode"], "worktree", "{fork}");
+    assert!(
+        fork["shares"]
+            .as_str()
+            .is_some_and(|shares| !shares.is_empty()),
+        "{fork}"
     );
     let seen = served.bash(
         None,

@@ -790,6 +790,19 @@ impl Session {
             .position(|unit| unit.spec.role == Role::Workspace);
         let envelopes: Vec<&Envelope> = units.iter().map(|unit| &unit.envelope).collect();
         let mut result = initialize_result(&plan, &envelopes, workspace, &initialized, version);
+        // A workspace on its own fork (`source = "fork"`) says so as `box/fork`
+        // answers: where from, how, and what it shares with the directory.
+        if let Some(fork) = workspace.and_then(|index| units[index].fork.as_ref()) {
+            set_box_field(
+                &mut result,
+                "fork",
+                json!({
+                    "from": fork.parent,
+                    "mode": fork::mode_name(fork.mode),
+                    "shares": fork.shares,
+                }),
+            );
+        }
         redactor.message(&mut result);
         let kept = self.persist(
             &plan,
