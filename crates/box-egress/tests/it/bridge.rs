@@ -19,7 +19,7 @@ async fn start_bridge(socket: &Path) -> (u16, tokio::task::JoinHandle<std::io::R
 }
 
 /// Run curl through the proxy at `bridge_port`; its stdout (`-w` appends the status).
-async fn curl(bridge_port: u16, args: &[&str]) -> String {
+pub(crate) async fn curl(bridge_port: u16, args: &[&str]) -> String {
     let mut command = Command::new("curl");
     command
         .args(["-sS", "--max-time", "10", "-w", " %{http_code}", "-x"])

@@ -7,7 +7,6 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use box_egress::bridge;
@@ -19,6 +18,7 @@ use rustix::net::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::bridge::curl;
 use crate::support::{ALLOWED, HttpUpstream, PATIENCE, Setup, decision, read_response, tool};
 
 /// What the bridge sends with its listener.
@@ -267,24 +267,12 @@ async fn the_proxy_takes_only_listening_tcp_sockets_two_at_most_and_judges_their
     drop(second);
 }
 
-/// Run curl through the proxy at `bridge_port`: its stdout, then the status.
-async fn curl(bridge_port: u16, url: &str) -> String {
-    let mut command = Command::new("curl");
-    command
-        .args(["-sS", "--max-time", "10", "-w", " %{http_code}", "-x"])
-        .arg(format!("http://127.0.0.1:{bridge_port}"))
-        .arg(url)
-        .env_clear();
-    let output = blocking(move || command.output().unwrap()).await;
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 /// Whether curl gets through with the proxy's socket moved away: only a proxy
 /// that holds the unit's listener answers then. The socket is put back.
 async fn served_without_the_socket(socket: &Path, bridge_port: u16, url: &str) -> bool {
     let away = socket.with_extension("away");
     std::fs::rename(socket, &away).unwrap();
-    let answer = curl(bridge_port, url).await;
+    let answer = curl(bridge_port, &[url]).await;
     std::fs::rename(&away, socket).unwrap();
     answer.ends_with(" 200")
 }
@@ -305,7 +293,7 @@ async fn a_units_connections_reach_the_proxy_on_its_listener_and_the_next_proxy_
     let bridge_port = listener.local_addr().unwrap().port();
     let bridge_task = tokio::spawn(bridge(listener, socket.clone()));
 
-    assert_eq!(curl(bridge_port, &url).await, "hello /handed 200");
+    assert_eq!(curl(bridge_port, &[&url]).await, "hello /handed 200");
     assert!(
         served_without_the_socket(&socket, bridge_port, &url).await,
         "the unit's connection went through the socket, not the handed listener"
@@ -316,7 +304,7 @@ async fn a_units_connections_reach_the_proxy_on_its_listener_and_the_next_proxy_
             format!("allowed {ALLOWED}:{port}")
         );
     }
-    let refused = curl(bridge_port, &format!("http://other.test:{port}/")).await;
+    let refused = curl(bridge_port, &[&format!("http://other.test:{port}/")]).await;
     assert!(refused.ends_with(" 403"), "{refused}");
     assert_eq!(decision(&proxy.event().await), "refused not-allowed");
 
@@ -335,6 +323,6 @@ async fn a_units_connections_reach_the_proxy_on_its_listener_and_the_next_proxy_
         decision(&next.event().await),
         format!("allowed {ALLOWED}:{port}")
     );
-    assert_eq!(curl(bridge_port, &url).await, "hello /handed 200");
+    assert_eq!(curl(bridge_port, &[&url]).await, "hello /handed 200");
     bridge_task.abort();
 }
