@@ -1135,7 +1135,16 @@ async fn http_shutdown_waits_for_sessions_still_starting_their_units() {
     ));
     let initializing =
         tokio::spawn(async move { post(address, None, &[], &initialize_message()).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Shut down once the session is starting its unit (a fixed sleep lost the
+    // race on a loaded machine: the request was not yet accepted).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fake.record(|record| record.starts.len()) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session never started its unit"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(20), served)
         .await
