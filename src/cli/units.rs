@@ -13,18 +13,9 @@ use std::sync::Arc;
 use box_backend::instance::{self, Liveness};
 use box_backend::{Backend, UnitInfo};
 
-/// The backend whose units outlive the process that started them, and so
-/// the one `box units` and `box gc` look at: docker (a local unit ends with
-/// its host).
-async fn lasting_backend() -> anyhow::Result<Arc<dyn Backend>> {
-    crate::backends::registry()
-        .connect("docker")
-        .await
-        .map_err(|why| anyhow::anyhow!("docker: {why}"))
-}
-
-/// `box units`: the units box started on the docker engine (`box gc` also
-/// covers local units, which outlive their host by their lease).
+/// `box units`: the units box started that are still there, on the docker
+/// engine and on the local backend (a local unit outlives its host by its
+/// lease), as `box gc` sees them.
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = UNITS_EXAMPLES)]
 pub struct UnitsArgs {
@@ -42,7 +33,7 @@ const UNITS_EXAMPLES: &str = "Examples:
 /// The `box units` subcommands.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum UnitsCommand {
-    /// List every box-labelled unit on the engine: id, instance, session, unit, profile, state.
+    /// List every unit box started that is still there (docker's and local ones): id, backend, instance, session, unit, profile, state.
     #[command(after_help = "Examples:\n  box units ls\n  box units ls --json")]
     Ls {
         /// Print JSON (the stable form).
@@ -202,29 +193,34 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// A unit as `box units` shows it: `UnitInfo` and the backend it runs on.
+fn shown(backends: &[Arc<dyn Backend>], (of, unit): &Listed) -> anyhow::Result<serde_json::Value> {
+    let mut shown = serde_json::to_value(unit)?;
+    shown["backend"] = serde_json::json!(backends[*of].kind().as_str());
+    Ok(shown)
+}
+
 /// Run `box units`.
 pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
     match args.command.unwrap_or(UnitsCommand::Ls { json: false }) {
         UnitsCommand::Ls { json } => {
-            let units = runtime()?.block_on(async {
-                let backend = lasting_backend().await?;
-                anyhow::Ok(backend.list().await?)
-            })?;
+            let (backends, units) = runtime()?.block_on(all_units("box units"))?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&units)?);
+                let shown = units
+                    .iter()
+                    .map(|listed| shown(&backends, listed))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                println!("{}", serde_json::to_string_pretty(&shown)?);
             } else {
-                print_units(&units);
+                print_units(&backends, &units);
             }
             Ok(ExitCode::SUCCESS)
         }
         UnitsCommand::Inspect { id } => {
-            let unit = runtime()?.block_on(async {
-                let backend = lasting_backend().await?;
-                let units = backend.list().await?;
-                anyhow::Ok(find_unit(&units, &id)?.clone())
-            })?;
-            let alive = instance::liveness(&instance::default_dir(), &unit.instance);
-            let mut shown = serde_json::to_value(&unit)?;
+            let (backends, units) = runtime()?.block_on(all_units("box units"))?;
+            let listed = find_unit(&units, &id)?;
+            let alive = instance::liveness(&instance::default_dir(), &listed.1.instance);
+            let mut shown = shown(&backends, listed)?;
             shown["host"] = serde_json::json!(match alive {
                 Liveness::Alive => "alive",
                 Liveness::Dead => "dead",
@@ -237,27 +233,63 @@ pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// A unit listed by one of the backends: the backend's index, and the unit.
+type Listed = (usize, UnitInfo);
+
+/// Every unit the lasting backends list, each with its backend's index.
+/// `command` names who says a backend was skipped.
+async fn all_units(command: &str) -> anyhow::Result<(Vec<Arc<dyn Backend>>, Vec<Listed>)> {
+    let backends = lasting_backends(command).await?;
+    let mut units = Vec::new();
+    for (index, backend) in backends.iter().enumerate() {
+        units.extend(backend.list().await?.into_iter().map(|unit| (index, unit)));
+    }
+    Ok((backends, units))
+}
+
+/// Remove `doomed`, each by the backend that listed it.
+async fn remove_listed(
+    backends: &[Arc<dyn Backend>],
+    doomed: Vec<Listed>,
+) -> (Vec<UnitInfo>, Vec<(UnitInfo, String)>) {
+    let (mut removed, mut failed) = (Vec::new(), Vec::new());
+    for (index, backend) in backends.iter().enumerate() {
+        let theirs: Vec<UnitInfo> = doomed
+            .iter()
+            .filter(|(of, _)| *of == index)
+            .map(|(_, unit)| unit.clone())
+            .collect();
+        if theirs.is_empty() {
+            continue;
+        }
+        let report = backend.remove_units(theirs).await;
+        removed.extend(report.removed);
+        failed.extend(report.failed);
+    }
+    (removed, failed)
+}
+
 /// The one unit whose id is `id` or starts with it.
-fn find_unit<'a>(units: &'a [UnitInfo], id: &str) -> anyhow::Result<&'a UnitInfo> {
+fn find_unit<'a>(units: &'a [Listed], id: &str) -> anyhow::Result<&'a Listed> {
     if id.is_empty() {
         anyhow::bail!("an empty unit id; give one as `box units ls` shows it");
     }
-    if let Some(unit) = units.iter().find(|unit| unit.id == id) {
-        return Ok(unit);
+    if let Some(listed) = units.iter().find(|(_, unit)| unit.id == id) {
+        return Ok(listed);
     }
-    let matching: Vec<&UnitInfo> = units
+    let matching: Vec<&Listed> = units
         .iter()
-        .filter(|unit| unit.id.starts_with(id))
+        .filter(|(_, unit)| unit.id.starts_with(id))
         .collect();
     match matching.as_slice() {
-        [unit] => Ok(unit),
+        [listed] => Ok(listed),
         [] => anyhow::bail!("no box unit has an id starting {id:?}; see `box units ls`"),
         several => anyhow::bail!(
             "{id:?} is the start of {} units' ids ({}); give more of the id",
             several.len(),
             several
                 .iter()
-                .map(|unit| unit.id.get(..12).unwrap_or(&unit.id))
+                .map(|(_, unit)| unit.id.get(..12).unwrap_or(&unit.id))
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
@@ -268,11 +300,11 @@ fn find_unit<'a>(units: &'a [UnitInfo], id: &str) -> anyhow::Result<&'a UnitInfo
 fn remove(ids: &[String], force: bool) -> anyhow::Result<ExitCode> {
     let dir = instance::default_dir();
     let (removed, failed) = runtime()?.block_on(async {
-        let backend = lasting_backend().await?;
-        let units = backend.list().await?;
-        let mut doomed: Vec<UnitInfo> = Vec::new();
+        let (backends, units) = all_units("box units rm").await?;
+        let mut doomed: Vec<Listed> = Vec::new();
         for id in ids {
-            let unit = find_unit(&units, id)?;
+            let listed = find_unit(&units, id)?;
+            let unit = &listed.1;
             if !force && instance::liveness(&dir, &unit.instance) == Liveness::Alive {
                 anyhow::bail!(
                     "unit {} ({}) belongs to instance {}, whose host is alive and removes it when its session ends; --force removes it now",
@@ -281,12 +313,11 @@ fn remove(ids: &[String], force: bool) -> anyhow::Result<ExitCode> {
                     unit.instance
                 );
             }
-            if !doomed.iter().any(|seen| seen.id == unit.id) {
-                doomed.push(unit.clone());
+            if !doomed.iter().any(|(_, seen)| seen.id == unit.id) {
+                doomed.push(listed.clone());
             }
         }
-        let report = backend.remove_units(doomed).await;
-        anyhow::Ok((report.removed, report.failed))
+        anyhow::Ok(remove_listed(&backends, doomed).await)
     })?;
     for unit in &removed {
         println!("{}", unit.id.get(..12).unwrap_or(&unit.id));
@@ -304,20 +335,21 @@ fn remove(ids: &[String], force: bool) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn print_units(units: &[UnitInfo]) {
+fn print_units(backends: &[Arc<dyn Backend>], units: &[Listed]) {
     println!(
-        "{:<12}  {:<24}  {:<20}  {:<12}  {:<10}  {:<8}  CREATED",
-        "ID", "INSTANCE", "SESSION", "UNIT", "PROFILE", "STATE"
+        "{:<12}  {:<7}  {:<24}  {:<20}  {:<12}  {:<10}  {:<8}  CREATED",
+        "ID", "BACKEND", "INSTANCE", "SESSION", "UNIT", "PROFILE", "STATE"
     );
-    for unit in units {
+    for (of, unit) in units {
         // A fork shows the unit it was made from: `fork-1<workspace`.
         let name = match &unit.parent {
             Some(parent) => format!("{}<{parent}", unit.unit),
             None => unit.unit.clone(),
         };
         println!(
-            "{:<12}  {:<24}  {:<20}  {:<12}  {:<10}  {:<8}  {}",
+            "{:<12}  {:<7}  {:<24}  {:<20}  {:<12}  {:<10}  {:<8}  {}",
             unit.id.get(..12).unwrap_or(&unit.id),
+            backends[*of].kind().as_str(),
             unit.instance,
             unit.session,
             name,
@@ -346,8 +378,9 @@ pub fn collectable(liveness: Liveness, named: bool, all_instances: bool) -> bool
 
 /// The backends whose units can outlive the process that started them:
 /// docker when its engine answers, and local (a local unit outlives its host
-/// by its lease; its run directory's record says so). At least one.
-async fn lasting_backends() -> anyhow::Result<Vec<Arc<dyn Backend>>> {
+/// by its lease; its run directory's record says so). At least one;
+/// `command` says which it skipped.
+async fn lasting_backends(command: &str) -> anyhow::Result<Vec<Arc<dyn Backend>>> {
     let registry = crate::backends::registry();
     let mut backends = Vec::new();
     let mut why = Vec::new();
@@ -361,7 +394,7 @@ async fn lasting_backends() -> anyhow::Result<Vec<Arc<dyn Backend>>> {
         anyhow::bail!("no backend answers: {}", why.join("; "));
     }
     for reason in &why {
-        eprintln!("box gc: skipping {reason}");
+        eprintln!("{command}: skipping {reason}");
     }
     Ok(backends)
 }
@@ -370,12 +403,8 @@ async fn lasting_backends() -> anyhow::Result<Vec<Arc<dyn Backend>>> {
 pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
     let dir = instance::default_dir();
     let (removed, failed) = runtime()?.block_on(async {
-        let backends = lasting_backends().await?;
-        let mut units = Vec::new();
-        for (index, backend) in backends.iter().enumerate() {
-            units.extend(backend.list().await?.into_iter().map(|unit| (index, unit)));
-        }
-        let mut by_instance: BTreeMap<String, Vec<(usize, UnitInfo)>> = BTreeMap::new();
+        let (backends, units) = all_units("box gc").await?;
+        let mut by_instance: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
         for unit in units {
             by_instance
                 .entry(unit.1.instance.clone())
@@ -437,20 +466,7 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
                 );
             }
         }
-        let (mut removed, mut failed) = (Vec::new(), Vec::new());
-        for (index, backend) in backends.iter().enumerate() {
-            let theirs: Vec<UnitInfo> = doomed
-                .iter()
-                .filter(|(of, _)| *of == index)
-                .map(|(_, unit)| unit.clone())
-                .collect();
-            if theirs.is_empty() {
-                continue;
-            }
-            let report = backend.remove_units(theirs).await;
-            removed.extend(report.removed);
-            failed.extend(report.failed);
-        }
+        let (removed, failed) = remove_listed(&backends, doomed).await;
         for id in forget {
             instance::forget(&dir, &id);
         }

@@ -1254,6 +1254,32 @@ fn local_a_killed_hosts_unit_leaves_no_process() {
     )
     .unwrap();
     served.child.wait().unwrap();
+    // `box units` lists the dead host's local unit, and says its host is dead.
+    let listed = std::process::Command::new(box_bin())
+        .args(["units", "ls", "--json"])
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "{listed:?}");
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let ours = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|unit| unit["instance"] == json!(instance))
+        .unwrap_or_else(|| panic!("box units ls does not list the local unit: {listed}"));
+    assert_eq!(ours["id"], json!(helper), "{ours}");
+    assert_eq!(ours["backend"], "local", "{ours}");
+    let inspected = std::process::Command::new(box_bin())
+        .args(["units", "inspect", &helper])
+        .output()
+        .unwrap();
+    assert!(inspected.status.success(), "{inspected:?}");
+    let inspected: Value = serde_json::from_slice(&inspected.stdout).unwrap();
+    assert_eq!(
+        (&inspected["backend"], &inspected["host"]),
+        (&json!("local"), &json!("dead")),
+        "{inspected}"
+    );
     let gc = || {
         std::process::Command::new(box_bin())
             .args(["gc", "--instance", &instance])
