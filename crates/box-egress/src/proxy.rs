@@ -231,6 +231,7 @@ enum Next {
 async fn unix_connection(stream: UnixStream, shared: Arc<Shared>) {
     // Counted from accept, so idle connections count against the limit too.
     let permit = shared.connections.clone().try_acquire_owned().ok();
+    let first_head = Instant::now() + shared.options.head_timeout;
     let mut first = vec![0; FIRST_READ];
     let read = timeout(
         shared.options.head_timeout,
@@ -251,7 +252,7 @@ async fn unix_connection(stream: UnixStream, shared: Arc<Shared>) {
         inbound: Inbound::with_buffered(reader, first),
         writer,
     };
-    connection(client, permit, shared).await;
+    connection(client, permit, shared, Some(first_head)).await;
 }
 
 /// Accept on the listener a unit's bridge handed over, for as long as the
@@ -289,7 +290,7 @@ async fn take_listener(stream: UnixStream, fd: Option<OwnedFd>, shared: Arc<Shar
                     let _ = stream.set_nodelay(true);
                     let (reader, writer) = stream.into_split();
                     let client = Client { inbound: Inbound::new(reader), writer };
-                    connections.spawn(connection(client, permit, shared.clone()));
+                    connections.spawn(connection(client, permit, shared.clone(), None));
                 }
                 Err(error) if is_momentary(&error) => {
                     tracing::warn!(session = %shared.identity.session, unit = %shared.identity.unit, %error, "egress proxy cannot accept on the unit's listener; retrying");
@@ -315,15 +316,22 @@ async fn take_listener(stream: UnixStream, fd: Option<OwnedFd>, shared: Arc<Shar
     while connections.join_next().await.is_some() {}
 }
 
+/// Serve `client`'s requests. The first head must be whole by `first_head`
+/// (counted from accept, where a first read already took some of the time);
+/// each later one gets the head timeout from when it is awaited.
 async fn connection<R: ClientReader, W: ClientWriter>(
     mut client: Client<R, W>,
     permit: Option<OwnedSemaphorePermit>,
     shared: Arc<Shared>,
+    mut first_head: Option<Instant>,
 ) {
     let mut upstream: Option<Upstream> = None;
     loop {
         let started = Instant::now();
-        let head = match timeout(shared.options.head_timeout, client.inbound.read_request()).await {
+        let limit = first_head.take().map_or(shared.options.head_timeout, |by| {
+            by.saturating_duration_since(started)
+        });
+        let head = match timeout(limit, client.inbound.read_request()).await {
             Err(_) if client.inbound.buffered().is_empty() => return,
             Err(_) => {
                 let attempt = Attempt::new("", started);

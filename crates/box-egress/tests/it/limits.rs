@@ -84,3 +84,28 @@ async fn bandwidth_is_capped_across_parallel_connections() {
         assert_eq!(event.bytes_down, RATE as u64);
     }
 }
+
+#[tokio::test]
+async fn a_request_head_must_be_whole_within_the_head_timeout_from_accept() {
+    use tokio::io::AsyncWriteExt;
+    let mut proxy = Setup::new(&[ALLOWED])
+        .head_timeout(Duration::from_secs(2))
+        .start();
+    let mut client = proxy.connect().await;
+    let accepted = Instant::now();
+    // A head that starts late and never ends: the first read (which tells a
+    // handoff from a request) must not restart the clock.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    client
+        .write_all(format!("GET http://{ALLOWED}/ HTTP/1.1\r\nHost: {ALLOWED}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let answer = String::from_utf8(read_to_end(&mut client).await).unwrap();
+    let took = accepted.elapsed();
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    assert!(
+        took < Duration::from_millis(3200),
+        "the 408 came {took:?} after accept, past the 2 s head timeout"
+    );
+    assert_eq!(decision(&proxy.event().await), "refused head-timeout");
+}

@@ -31,6 +31,7 @@ pub struct Setup {
     pub private: PrivateDestinations,
     pub limits: Limits,
     pub tls_ports: BTreeSet<u16>,
+    pub head_timeout: Option<Duration>,
 }
 
 impl Setup {
@@ -44,7 +45,13 @@ impl Setup {
             private: PrivateDestinations::Allowed,
             limits: Limits::default(),
             tls_ports: BTreeSet::new(),
+            head_timeout: None,
         }
+    }
+
+    pub fn head_timeout(mut self, limit: Duration) -> Self {
+        self.head_timeout = Some(limit);
+        self
     }
 
     pub fn tls_port(mut self, port: u16) -> Self {
@@ -116,6 +123,7 @@ impl Setup {
             options: Options {
                 tls_ports: self.tls_ports,
                 client_hello_timeout: Duration::from_secs(2),
+                head_timeout: self.head_timeout.unwrap_or(Options::default().head_timeout),
                 ..Options::default()
             },
         };
