@@ -22,11 +22,25 @@ pub struct UnitsArgs {
     /// What to do (default: ls).
     #[command(subcommand)]
     pub command: Option<UnitsCommand>,
+    /// Only this backend's units. Without it, docker's and local ones, and
+    /// an engine that does not answer is an error, never an empty list.
+    #[arg(long, global = true, value_enum, value_name = "NAME")]
+    pub backend: Option<UnitsBackend>,
+}
+
+/// The backends `box units` can look at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnitsBackend {
+    /// The docker engine's units.
+    Docker,
+    /// The local backend's units (a killed host's, until their lease ends).
+    Local,
 }
 
 const UNITS_EXAMPLES: &str = "Examples:
   box units ls
   box units ls --json
+  box units ls --backend local
   box units inspect 3f2a9c01b7d4
   box units rm 3f2a9c01b7d4";
 
@@ -200,11 +214,34 @@ fn shown(backends: &[Arc<dyn Backend>], (of, unit): &Listed) -> anyhow::Result<s
     Ok(shown)
 }
 
+/// Every unit of the backends `box units` was asked for, each of which must
+/// answer: a list that left out an engine's units would be a false one.
+async fn units_of(
+    only: Option<UnitsBackend>,
+) -> anyhow::Result<(Vec<Arc<dyn Backend>>, Vec<Listed>)> {
+    let names: &[&str] = match only {
+        Some(UnitsBackend::Docker) => &["docker"],
+        Some(UnitsBackend::Local) => &["local"],
+        None => &["docker", "local"],
+    };
+    let (backends, failed) = connect(names).await;
+    if !failed.is_empty() {
+        let hint = if only.is_none() {
+            "; `box units --backend local` looks at the local backend's units alone"
+        } else {
+            ""
+        };
+        anyhow::bail!("{}{hint}", failed.join("; "));
+    }
+    list(backends).await
+}
+
 /// Run `box units`.
 pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
+    let only = args.backend;
     match args.command.unwrap_or(UnitsCommand::Ls { json: false }) {
         UnitsCommand::Ls { json } => {
-            let (backends, units) = runtime()?.block_on(all_units("box units"))?;
+            let (backends, units) = runtime()?.block_on(units_of(only))?;
             if json {
                 let shown = units
                     .iter()
@@ -217,7 +254,7 @@ pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         UnitsCommand::Inspect { id } => {
-            let (backends, units) = runtime()?.block_on(all_units("box units"))?;
+            let (backends, units) = runtime()?.block_on(units_of(only))?;
             let listed = find_unit(&units, &id)?;
             let alive = instance::liveness(&instance::default_dir(), &listed.1.instance);
             let mut shown = shown(&backends, listed)?;
@@ -229,17 +266,17 @@ pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&shown)?);
             Ok(ExitCode::SUCCESS)
         }
-        UnitsCommand::Rm { ids, force } => remove(&ids, force),
+        UnitsCommand::Rm { ids, force } => remove(&ids, force, only),
     }
 }
 
 /// A unit listed by one of the backends: the backend's index, and the unit.
 type Listed = (usize, UnitInfo);
 
-/// Every unit the lasting backends list, each with its backend's index.
-/// `command` names who says a backend was skipped.
-async fn all_units(command: &str) -> anyhow::Result<(Vec<Arc<dyn Backend>>, Vec<Listed>)> {
-    let backends = lasting_backends(command).await?;
+/// Every unit `backends` list, each with its backend's index.
+async fn list(
+    backends: Vec<Arc<dyn Backend>>,
+) -> anyhow::Result<(Vec<Arc<dyn Backend>>, Vec<Listed>)> {
     let mut units = Vec::new();
     for (index, backend) in backends.iter().enumerate() {
         units.extend(backend.list().await?.into_iter().map(|unit| (index, unit)));
@@ -297,10 +334,10 @@ fn find_unit<'a>(units: &'a [Listed], id: &str) -> anyhow::Result<&'a Listed> {
 }
 
 /// `box units rm`: every id resolved before anything is removed.
-fn remove(ids: &[String], force: bool) -> anyhow::Result<ExitCode> {
+fn remove(ids: &[String], force: bool, only: Option<UnitsBackend>) -> anyhow::Result<ExitCode> {
     let dir = instance::default_dir();
     let (removed, failed) = runtime()?.block_on(async {
-        let (backends, units) = all_units("box units rm").await?;
+        let (backends, units) = units_of(only).await?;
         let mut doomed: Vec<Listed> = Vec::new();
         for id in ids {
             let listed = find_unit(&units, id)?;
@@ -378,32 +415,37 @@ pub fn collectable(liveness: Liveness, named: bool, all_instances: bool) -> bool
 
 /// The backends whose units can outlive the process that started them:
 /// docker when its engine answers, and local (a local unit outlives its host
-/// by its lease; its run directory's record says so). At least one;
-/// `command` says which it skipped.
-async fn lasting_backends(command: &str) -> anyhow::Result<Vec<Arc<dyn Backend>>> {
+/// by its lease; its run directory's record says so). At least one:
+/// `box gc` skips one that does not answer, saying so.
+async fn lasting_backends() -> anyhow::Result<Vec<Arc<dyn Backend>>> {
+    let (backends, why) = connect(&["docker", "local"]).await;
+    if backends.is_empty() {
+        anyhow::bail!("no backend answers: {}", why.join("; "));
+    }
+    for reason in &why {
+        eprintln!("box gc: skipping {reason}");
+    }
+    Ok(backends)
+}
+
+/// The backends named that answer, and why each other one did not.
+async fn connect(names: &[&str]) -> (Vec<Arc<dyn Backend>>, Vec<String>) {
     let registry = crate::backends::registry();
-    let mut backends = Vec::new();
-    let mut why = Vec::new();
-    for name in ["docker", "local"] {
+    let (mut backends, mut why) = (Vec::new(), Vec::new());
+    for name in names {
         match registry.connect(name).await {
             Ok(backend) => backends.push(backend),
             Err(error) => why.push(format!("{name}: {error}")),
         }
     }
-    if backends.is_empty() {
-        anyhow::bail!("no backend answers: {}", why.join("; "));
-    }
-    for reason in &why {
-        eprintln!("{command}: skipping {reason}");
-    }
-    Ok(backends)
+    (backends, why)
 }
 
 /// Run `box gc`: over docker's units and the local backend's alike.
 pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
     let dir = instance::default_dir();
     let (removed, failed) = runtime()?.block_on(async {
-        let (backends, units) = all_units("box gc").await?;
+        let (backends, units) = list(lasting_backends().await?).await?;
         let mut by_instance: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
         for unit in units {
             by_instance

@@ -1120,6 +1120,14 @@ fn docker_no_engine_is_a_clear_error() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no Docker engine answers"), "{stderr}");
+    assert!(stderr.contains("--backend local"), "{stderr}");
+    // Asked for the local backend's units alone, the engine is not needed.
+    let out = std::process::Command::new(box_bin())
+        .args(["units", "ls", "--backend", "local"])
+        .env("DOCKER_HOST", "unix:///nonexistent/box-dockertest.sock")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
 }
 
 /// The syscall probe: each line `name=errno` (0 = the call succeeded).
