@@ -45,33 +45,33 @@ pub async fn bridge(listener: TcpListener, proxy_socket: PathBuf) -> io::Result<
     let mut connections = JoinSet::new();
     let mut offering = true;
     loop {
-        let mut relay_first = !offering;
-        if offering {
-            match timeout(OFFER_ANSWER, handoff::offer(&listener, &proxy_socket)).await {
+        // Whether to relay for a while before the next offer (never ends
+        // once the proxy declined).
+        let relay = !offering
+            || match timeout(OFFER_ANSWER, handoff::offer(&listener, &proxy_socket)).await {
                 Ok(Ok(control)) => {
                     tracing::debug!(socket = %proxy_socket.display(), "egress bridge handed its listener to the proxy");
                     let held = Instant::now();
                     hold(control, &mut connections).await;
                     tracing::debug!(socket = %proxy_socket.display(), "egress proxy gave the listener back; relaying");
                     // A handoff that ends at once must not turn into a loop of offers.
-                    relay_first = held.elapsed() < OFFER_AGAIN;
+                    held.elapsed() < OFFER_AGAIN
                 }
                 Ok(Err(Offer::Declined(reason))) => {
                     tracing::info!(socket = %proxy_socket.display(), %reason, "egress proxy declined the bridge's listener; relaying every connection");
                     offering = false;
-                    relay_first = true;
+                    true
                 }
                 Ok(Err(Offer::Unreachable(error))) => {
                     tracing::debug!(socket = %proxy_socket.display(), %error, "egress proxy did not take the listener; relaying");
-                    relay_first = true;
+                    true
                 }
                 Err(_) => {
                     tracing::warn!(socket = %proxy_socket.display(), "egress proxy did not answer the listener's handoff within {OFFER_ANSWER:?}; relaying");
-                    relay_first = true;
+                    true
                 }
-            }
-        }
-        if relay_first {
+            };
+        if relay {
             let until = offering.then(|| Instant::now() + OFFER_AGAIN);
             accept(&listener, &proxy_socket, &mut connections, until).await?;
         }
