@@ -122,7 +122,13 @@ impl Served {
     }
 
     fn answer(&mut self, id: i64) -> Value {
+        self.answer_after(id).1
+    }
+
+    /// The answer to request `id`, and every message the host sent before it.
+    fn answer_after(&mut self, id: i64) -> (Vec<Value>, Value) {
         let deadline = Instant::now() + Duration::from_secs(90);
+        let mut before = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = self
@@ -130,9 +136,10 @@ impl Served {
                 .recv_timeout(left)
                 .unwrap_or_else(|_| panic!("no answer to request {id}"));
             let message: Value = serde_json::from_str(&line).unwrap();
-            if message["id"] == json!(id) {
-                return message;
+            if message["id"] == json!(id) && message.get("method").is_none() {
+                return (before, message);
             }
+            before.push(message);
         }
     }
 
@@ -276,6 +283,47 @@ fn secrets_are_files_and_redacted(backend: &'static str) {
     // and the tools cannot change what was delivered.
     assert!(out.contains("carriers=0"), "{out}");
     assert!(out.contains("read-only"), "{out}");
+
+    // Issue 22, item 1: a bash call's progress carries its output as it
+    // comes; the value in it is redacted, raw and in base64, as in the result.
+    served.send(&json!({"jsonrpc": "2.0", "id": 100, "method": "tools/call", "params": {
+        "name": "bash",
+        "arguments": {"command": format!(
+            "cat /run/secrets/{FILE}; echo; printf %s \"$(cat /run/secrets/{FILE})\" | base64; sleep 1.5"
+        )},
+        "_meta": {"progressToken": "secret-progress"},
+    }}));
+    let (before, answer) = served.answer_after(100);
+    let progress: Vec<&Value> = before
+        .iter()
+        .filter(|message| message["method"] == json!("notifications/progress"))
+        .collect();
+    assert!(
+        !progress.is_empty(),
+        "no progress before the answer: {before:?}"
+    );
+    let shown: String = progress
+        .iter()
+        .map(|message| {
+            assert_eq!(message["params"]["progressToken"], json!("secret-progress"));
+            message["params"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    for message in before.iter().chain([&answer]) {
+        let text = message.to_string();
+        assert!(
+            !text.contains(FILE_VALUE) && !text.contains(&BASE64.encode(FILE_VALUE)),
+            "the client got the value: {text}"
+        );
+    }
+    assert_eq!(
+        shown.matches(&format!("[REDACTED:{FILE}]")).count(),
+        2,
+        "raw and base64 in the progress: {shown:?}"
+    );
 
     // Process output read in small chunks: the value split across reads is
     // still redacted.

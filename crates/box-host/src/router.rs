@@ -1,10 +1,16 @@
 //! The routing tables of one session: which unit request answers which client
 //! request, which client token a unit's progress belongs to, which unit a
 //! server→client request came from.
+//!
+//! The router decides where a unit's message goes and never sends it there:
+//! every message for the client comes back to the session ([`UnitMessage`]),
+//! which redacts it first (`redact.rs`), so nothing a unit says reaches a
+//! client's stream unredacted.
 
 use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
 
 use box_jsonrpc::{Kind, ReplyTo, classify, id_key, params, params_mut};
 
@@ -38,14 +44,35 @@ pub enum UnitMessage<T> {
     /// A message for the client that belongs to no request (or whose request
     /// is gone): logs, list changes, a server→client request made between calls.
     General(Value),
-    /// Nothing more to do: an event was queued on its request's stream, or the
-    /// message was stale (an answer to a cancelled request, progress for a
-    /// finished one) and was dropped.
+    /// A message for the client that belongs to a request in flight (its
+    /// progress, a server→client request made during the call): to be put on
+    /// that request's stream once redacted.
+    Related {
+        /// The request's stream (over HTTP, the call's SSE response).
+        stream: mpsc::Sender<Value>,
+        /// The message, its ids already the client's.
+        message: Value,
+        /// What becomes of it when the stream cannot take it.
+        when_full: WhenFull,
+    },
+    /// Nothing more to do: the message was stale (an answer to a cancelled
+    /// request, progress for a finished one) and was dropped.
     Done,
     /// Not a JSON-RPC message; the unit is misbehaving.
     Invalid(String),
     /// An answer to send back to the unit (its request was refused).
     Refuse(Value),
+}
+
+/// What becomes of a [`UnitMessage::Related`] message its request's stream
+/// cannot take (a client that does not read, a stream already closed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Dropped: progress is lossy by design (a client that does not read
+    /// loses updates, not calls).
+    Drop,
+    /// Sent as a general message instead: a request must reach the client.
+    General,
 }
 
 /// The most server→client requests of one session waiting for the client's answers.
@@ -247,13 +274,11 @@ impl<T> Router<T> {
                 // elicitation during a call); over HTTP it then travels on that
                 // call's stream.
                 match self.units[unit].pending.values().next_back() {
-                    Some(forward) => {
-                        if forward.reply.event(message.clone()) {
-                            UnitMessage::Done
-                        } else {
-                            UnitMessage::General(message)
-                        }
-                    }
+                    Some(forward) => UnitMessage::Related {
+                        stream: forward.reply.events.clone(),
+                        message,
+                        when_full: WhenFull::General,
+                    },
                     None => UnitMessage::General(message),
                 }
             }
@@ -299,9 +324,11 @@ impl<T> Router<T> {
         if let Some(params) = params_mut(&mut message) {
             params.insert("progressToken".to_owned(), token);
         }
-        // Progress is lossy by design: a client that does not read loses updates, not calls.
-        forward.reply.event(message);
-        UnitMessage::Done
+        UnitMessage::Related {
+            stream: forward.reply.events.clone(),
+            message,
+            when_full: WhenFull::Drop,
+        }
     }
 }
 
@@ -363,7 +390,19 @@ mod tests {
         assert!(router.is_in_flight(&json!(7)));
 
         let progress = json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":id_b,"progress":1}});
-        assert!(matches!(router.from_unit(0, progress), UnitMessage::Done));
+        let UnitMessage::Related {
+            stream,
+            message,
+            when_full,
+        } = router.from_unit(0, progress)
+        else {
+            panic!("progress not related to its request");
+        };
+        assert_eq!(message["params"]["progressToken"], json!(7));
+        assert_eq!(when_full, WhenFull::Drop);
+        // The router hands the message back; nothing is on a stream yet.
+        assert!(stream_b.events.try_recv().is_err());
+        stream.try_send(message).unwrap();
         assert_eq!(
             stream_b.events.try_recv().unwrap()["params"]["progressToken"],
             json!(7)
@@ -429,7 +468,17 @@ mod tests {
             (),
         );
         let ask = json!({"jsonrpc":"2.0","id":0,"method":"elicitation/create","params":{}});
-        assert!(matches!(router.from_unit(1, ask), UnitMessage::Done));
+        let UnitMessage::Related {
+            stream: related,
+            message: sent,
+            when_full,
+        } = router.from_unit(1, ask)
+        else {
+            panic!("a request during a call not related to it");
+        };
+        assert_eq!(when_full, WhenFull::General);
+        assert!(stream.events.try_recv().is_err(), "the router sent it");
+        related.try_send(sent).unwrap();
         let sent = stream.events.try_recv().unwrap();
         let proxy_id = sent["id"].clone();
         assert_ne!(proxy_id, json!(0));

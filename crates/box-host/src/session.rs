@@ -30,7 +30,7 @@ use super::ask::{
     check_initialize, executor_initialize_params, initialize_result, merge_ask, read_ask,
 };
 use super::redact::{self, SessionRedactor};
-use super::router::{Router, UnitMessage};
+use super::router::{Router, UnitMessage, WhenFull};
 use super::state;
 use super::units::{
     ExecutorLink, FIRST_REQUEST_ID, InitProgress, StartWiring, Tracked, UnitEvent, describe_end,
@@ -1397,7 +1397,10 @@ impl Session {
             _ => {}
         }
         let (unit, upstream, rewrite) = match self.choose_unit(live, &method, message) {
-            Ok(Route::Answer(result)) => {
+            Ok(Route::Answer(mut result)) => {
+                // What the host answers itself may quote a unit (the tool list
+                // it read at start, a fork's end).
+                live.redactor.message(&mut result);
                 reply.answer(result_response(id, result));
                 return;
             }
@@ -1743,6 +1746,21 @@ impl Session {
                     }
                     rewrite_answer(&forward.tag.rewrite, &mut response);
                     forward.reply.answer(response);
+                }
+                UnitMessage::Related {
+                    stream,
+                    mut message,
+                    when_full,
+                } => {
+                    live.redactor.unit_message(unit, &mut message);
+                    if let Err(
+                        mpsc::error::TrySendError::Full(message)
+                        | mpsc::error::TrySendError::Closed(message),
+                    ) = stream.try_send(message)
+                        && when_full == WhenFull::General
+                    {
+                        let _ = self.general.try_send(message);
+                    }
                 }
                 UnitMessage::General(mut message) => {
                     live.redactor.unit_message(unit, &mut message);

@@ -1301,3 +1301,172 @@ async fn a_fork_that_cannot_be_given_is_refused_naming_why_and_starts_nothing() 
     refused(&response, "no unit `fork-9`");
     assert_eq!(fake.record(|record| record.starts.len()), 1);
 }
+
+/// The host's log lines while a test runs (this thread's, which a
+/// current-thread runtime's tasks share).
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// Capture this thread's log lines until the guard drops.
+    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Self::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || writer.clone())
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Issue 22, item 1: a secret value a unit sends toward the client reaches it
+/// redacted whatever kind of message carries it: a result, an error and its
+/// `data`, progress, a log, resource and list notifications, a request of the
+/// client made during a call and between calls, the tool list the host
+/// answers from, the cause of the unit's end; and the host's log lines about
+/// the unit never show it either.
+#[tokio::test]
+async fn a_secret_never_reaches_the_client_raw_through_any_kind_of_unit_message() {
+    const SECRET: &str = "leak-canary-5c0e1d2f3a4b9e8d";
+    const MARK: &str = "[REDACTED:CANARY_KEY]";
+    let (logs, _guard) = Logs::capture();
+    let fake = FakeBackend::new(FakeOptions {
+        leak_description: Some(format!("lists {SECRET}")),
+        ..FakeOptions::default()
+    });
+    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    config.resolve = |profile, tighten, host| {
+        one_unit(profile, tighten, host, |unit| {
+            unit.env_secrets = vec!["CANARY_KEY".to_owned()]
+        })
+    };
+    config.environment = || vec![("CANARY_KEY".into(), SECRET.into())];
+    let mut client = connect(Arc::new(config));
+    let init = client.initialize(json!({})).await;
+    assert!(init.get("result").is_some(), "{init}");
+    let mut seen: Vec<Value> = Vec::new();
+
+    let (_, tools) = client.call(json!(1), "tools/list", json!({})).await;
+    assert!(tools.to_string().contains(MARK), "{tools}");
+    seen.push(tools);
+
+    let leak = |id: i64, answer: &str| {
+        json!({"name": "leak", "arguments": {"value": SECRET, "as": answer},
+            "_meta": {"progressToken": format!("t{id}")}})
+    };
+    let mut general = Vec::new();
+    for (id, answer) in [(2, "result"), (3, "error")] {
+        let (events, response) = client.call(json!(id), "tools/call", leak(id, answer)).await;
+        let progress = events
+            .iter()
+            .find(|event| event["method"] == json!("notifications/progress"))
+            .unwrap_or_else(|| panic!("no progress on the call's stream: {events:?}"));
+        assert_eq!(progress["params"]["progressToken"], json!(format!("t{id}")));
+        assert!(progress.to_string().contains(MARK), "{progress}");
+        let asked = events
+            .iter()
+            .find(|event| event["method"] == json!("elicitation/create"))
+            .unwrap_or_else(|| panic!("no request on the call's stream: {events:?}"));
+        assert!(asked.to_string().contains(MARK), "{asked}");
+        if answer == "error" {
+            assert_eq!(
+                response["error"]["data"]["value"],
+                json!(MARK),
+                "{response}"
+            );
+            assert_eq!(
+                response["error"]["data"]["nested"][0],
+                json!(MARK),
+                "{response}"
+            );
+        } else {
+            assert_eq!(
+                response["result"]["structuredContent"]["value"],
+                json!(MARK)
+            );
+        }
+        seen.extend(events);
+        seen.push(response);
+        // The unit's last word is a request of the client between calls.
+        loop {
+            let message = tokio::time::timeout(WAIT, client.general.recv())
+                .await
+                .expect("the unit's messages between calls")
+                .unwrap();
+            let last = message["method"] == json!("roots/list");
+            general.push(message);
+            if last {
+                break;
+            }
+        }
+    }
+    for method in [
+        "notifications/message",
+        "notifications/resources/updated",
+        "roots/list",
+    ] {
+        let message = general
+            .iter()
+            .find(|message| message["method"] == json!(method))
+            .unwrap_or_else(|| panic!("no {method} on the general channel: {general:?}"));
+        assert!(message.to_string().contains(MARK), "{message}");
+    }
+    seen.extend(general);
+
+    // The unit ends with the value in its cause: the call in flight and the
+    // next one are told the cause, redacted.
+    let (_, died) = client.call(json!(4), "tools/call", leak(4, "die")).await;
+    assert!(
+        died["error"]["message"].as_str().unwrap().contains(MARK),
+        "{died}"
+    );
+    let (_, after) = client
+        .call(
+            json!(5),
+            "tools/call",
+            json!({"name": "echo", "arguments": {}}),
+        )
+        .await;
+    assert!(
+        after["error"]["message"].as_str().unwrap().contains(MARK),
+        "{after}"
+    );
+    seen.push(died);
+    seen.push(after);
+    while let Ok(message) = client.general.try_recv() {
+        seen.push(message);
+    }
+
+    let encoded = base64::engine::general_purpose::STANDARD.encode(SECRET);
+    for message in &seen {
+        let text = message.to_string();
+        assert!(
+            !text.contains(SECRET) && !text.contains(&encoded),
+            "the client got the value raw: {text}"
+        );
+    }
+    let logs = logs.text();
+    assert!(logs.contains("a unit announced a changed list"), "{logs}");
+    assert!(
+        logs.contains(MARK),
+        "the log names the unit's words, redacted: {logs}"
+    );
+    assert!(!logs.contains(SECRET), "the host logged the value: {logs}");
+}
