@@ -70,7 +70,9 @@ pub struct ServeArgs {
     /// Where sessions' identities are kept, so a restarted `box serve` can
     /// re-adopt their units and its clients reattach (`none`: keep
     /// nothing). Default with --listen: $XDG_STATE_HOME/box/sessions (or
-    /// ~/.local/state/box/sessions); on stdio: none.
+    /// ~/.local/state/box/sessions); on stdio: none. Created 0700; a
+    /// directory of another user's, or one its group or others may write,
+    /// is refused (box never changes its mode).
     #[arg(long, value_name = "DIR|none")]
     pub state: Option<PathBuf>,
     /// Take over from the `box serve` already serving this address (or

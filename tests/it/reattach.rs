@@ -729,6 +729,95 @@ async fn stdio_session_reattaches(setup: Setup) {
     );
 }
 
+/// Issue 22, item 3, from the attacker's side: while the host is down,
+/// links are planted in its state directory at a kept session's call
+/// journal and at the record of a session that does not exist, both
+/// pointing at a canary file of the host's user. The restarted host
+/// reattaches the session, serves a call and ends it: the canary is never
+/// written (the old host truncated it through the journal's link), and each
+/// link is refused with a WARN naming its path.
+#[tokio::test(flavor = "multi_thread")]
+async fn links_planted_in_the_state_directory_are_refused_at_a_restart() {
+    if !docker().await {
+        return;
+    }
+    planted_links_are_refused(Setup::new("planted")).await;
+}
+
+/// The same on the local backend.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_links_planted_in_the_state_directory_are_refused_at_a_restart() {
+    planted_links_are_refused(Setup::on("local", "planted")).await;
+}
+
+async fn planted_links_are_refused(setup: Setup) {
+    let mut first = serve_stdio(&setup);
+    let answer = tokio::task::block_in_place(|| initialize_stdio(&mut first, json!({})));
+    let identity = box_answer(&answer)["session"].clone();
+    let session = identity["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .to_owned();
+    let ran = tokio::task::block_in_place(|| {
+        first.request(
+            1,
+            "tools/call",
+            json!({"name": "bash", "arguments": {"command": "echo before"}}),
+        )
+    });
+    assert!(ran.get("result").is_some(), "{ran}");
+    kill9(&mut first.child);
+
+    let sessions = setup.state.path().join("sessions");
+    let journal = sessions.join(format!("{session}.calls"));
+    assert!(journal.is_file(), "the session kept no journal");
+    let canary = setup.state.path().join("canary");
+    std::fs::write(&canary, "canary: the host must never write this\n").unwrap();
+    std::fs::remove_file(&journal).unwrap();
+    std::os::unix::fs::symlink(&canary, &journal).unwrap();
+    let stray = sessions.join("0123456789abcdef0123456789abcdef.json");
+    std::os::unix::fs::symlink(&canary, &stray).unwrap();
+
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut command = setup.command();
+    command.stderr(log.reopen().unwrap());
+    let mut second = Served::spawn(command);
+    let answer = tokio::task::block_in_place(|| {
+        initialize_stdio(
+            &mut second,
+            json!({"reattach": {"session": session, "secret": identity["secret"]}}),
+        )
+    });
+    assert_eq!(box_answer(&answer)["reattached"], json!(true), "{answer}");
+    let ran = tokio::task::block_in_place(|| {
+        second.request(
+            2,
+            "tools/call",
+            json!({"name": "bash", "arguments": {"command": "echo after"}}),
+        )
+    });
+    assert!(ran.get("result").is_some(), "{ran}");
+    drop(second.child.stdin.take());
+    assert!(second.child.wait().unwrap().success());
+
+    assert_eq!(
+        std::fs::read_to_string(&canary).unwrap(),
+        "canary: the host must never write this\n",
+        "the host wrote through a planted link"
+    );
+    let log = std::fs::read_to_string(log.path()).unwrap();
+    for link in [&journal, &stray] {
+        let line = log
+            .lines()
+            .find(|line| line.contains(&link.display().to_string()))
+            .unwrap_or_else(|| panic!("{} not reported: {log}", link.display()));
+        assert!(line.contains("WARN"), "{line}");
+        assert!(line.contains("symbolic link"), "{line}");
+    }
+    // The stray link is left for whoever looks (only box's own files go).
+    assert!(std::fs::symlink_metadata(&stray).unwrap().is_symlink());
+}
+
 /// SIGHUP hands the kept sessions to the next process: a call in flight is
 /// answered by the old process, which then exits 0 leaving the units; a new
 /// `box serve` with the same state serves the same session id.

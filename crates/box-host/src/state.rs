@@ -3,21 +3,28 @@
 //! session id to a client that proves it holds the session's reattach secret.
 //!
 //! One file per session, `<session id>.json`, written atomically (a temporary
-//! file in the same directory, fsync, rename, fsync of the directory); the
-//! directory is 0700 and each file 0600, both the host user's. A file that is
-//! not valid JSON, of another version, not owned by this user, readable or
-//! writable by others, or whose name and content disagree is logged and
-//! ignored, never trusted. The file holds no secret: the reattach secret as a
+//! file in the same directory, fsync, rename, fsync of the directory), and its
+//! call journal, `<session id>.calls`. The directory must be the host user's
+//! and writable by no one else (it is created 0700; one that is not so is
+//! refused, never chmod-ed), and every file box writes there is created anew
+//! through the directory's descriptor, `O_EXCL | O_NOFOLLOW`, 0600: a link
+//! planted at one of its names is refused and logged, never followed. A file
+//! that is not valid JSON, of another version, not a regular file, not owned
+//! by this user, readable or writable by others, or whose name and content
+//! disagree is logged and ignored, never trusted. The file holds no secret: the reattach secret as a
 //! SHA-256 digest only, and no unit key (a unit's key is read back from the
 //! engine, which holds it in the container's configuration anyway).
 
 use std::collections::HashMap;
 use std::io::Write as _;
-use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::Mode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::Digest as _;
@@ -137,32 +144,118 @@ fn file_safe(id: &str) -> bool {
             .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_')
 }
 
-/// The state directory.
+/// The state directory, held open: every file in it is reached through the
+/// directory's descriptor (`openat`, `renameat`, `unlinkat`), so a directory
+/// swapped for another after the check still is not written.
 #[derive(Debug, Clone)]
 pub struct Store {
     dir: PathBuf,
+    fd: Arc<OwnedFd>,
+}
+
+/// Opening a file box creates in the state directory: a new file only
+/// (`O_EXCL`, so nothing planted under its name is opened), never through a
+/// symbolic link (`O_NOFOLLOW`), 0600.
+const CREATE: OFlag = OFlag::O_WRONLY
+    .union(OFlag::O_CREAT)
+    .union(OFlag::O_EXCL)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
+
+/// Opening a file box reads from the state directory: never through a
+/// symbolic link, and without waiting on a FIFO planted there.
+const READ: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_NONBLOCK)
+    .union(OFlag::O_CLOEXEC);
+
+/// A uid as people read it: `uid 1000 (alice)`, the name from
+/// `/etc/passwd` when it has one (box is a static binary: no NSS lookups).
+fn owner_name(uid: u32) -> String {
+    let name = std::fs::read_to_string("/etc/passwd")
+        .ok()
+        .and_then(|passwd| {
+            passwd.lines().find_map(|line| {
+                let mut fields = line.split(':');
+                let name = fields.next()?;
+                (fields.nth(1)?.parse::<u32>().ok()? == uid).then(|| name.to_owned())
+            })
+        });
+    match name {
+        Some(name) => format!("uid {uid} ({name})"),
+        None => format!("uid {uid}"),
+    }
+}
+
+/// What a name in the state directory is, when it is not box's regular file.
+fn kind_of(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFLNK => "a symbolic link",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFCHR | libc::S_IFBLK => "a device",
+        _ => "not a regular file",
+    }
+}
+
+/// Why a state directory owned by `uid` with `mode` is refused to the user
+/// `me`, if it is: another user's, or writable by the group or others (any
+/// of whom could plant a link that turns the host's writes on its own files).
+fn refusal(dir: &Path, uid: u32, mode: u32, me: u32) -> Option<String> {
+    let mode = mode & 0o7777;
+    if uid != me {
+        return Some(format!(
+            "--state {}: owned by {}, mode {mode:04o}, not by this user ({}): another user's directory could be made to plant or read the host's session records; use a directory of your own (`mkdir -m 700 DIR`), or leave --state to its default",
+            dir.display(),
+            owner_name(uid),
+            owner_name(me),
+        ));
+    }
+    let writers = match (mode & 0o020 != 0, mode & 0o002 != 0) {
+        (true, true) => "its group and every user",
+        (true, false) => "its group",
+        (false, true) => "every user",
+        (false, false) => return None,
+    };
+    Some(format!(
+        "--state {}: mode {mode:04o} (owned by {}) lets {writers} write it: whoever can could plant a link that turns the host's writes on files of its own; `chmod 700 {}`, or use a directory only you can write",
+        dir.display(),
+        owner_name(uid),
+        dir.display(),
+    ))
 }
 
 impl Store {
-    /// Opens (creating) `dir`, mode 0700; refuses a directory of another
-    /// user's or one others may write.
+    /// Opens `dir`, creating what is missing (mode 0700). Refuses a
+    /// directory owned by another user, or one its group or others may
+    /// write, naming its mode and owner and what to do; an existing
+    /// directory's mode is never changed.
     pub fn open(dir: &Path) -> Result<Self, String> {
-        std::fs::create_dir_all(dir)
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
             .map_err(|error| format!("--state {}: creating it: {error}", dir.display()))?;
-        let metadata = std::fs::metadata(dir)
+        let fd = nix::fcntl::open(
+            dir,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|error| format!("--state {}: opening it: {error}", dir.display()))?;
+        let stat = nix::sys::stat::fstat(&fd)
             .map_err(|error| format!("--state {}: {error}", dir.display()))?;
-        let uid = nix::unistd::geteuid().as_raw();
-        if metadata.uid() != uid {
-            return Err(format!(
-                "--state {}: owned by uid {}, not this user ({uid}); use a directory of your own",
-                dir.display(),
-                metadata.uid()
-            ));
+        if let Some(why) = refusal(
+            dir,
+            stat.st_uid,
+            stat.st_mode,
+            nix::unistd::geteuid().as_raw(),
+        ) {
+            return Err(why);
         }
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|error| format!("--state {}: setting mode 0700: {error}", dir.display()))?;
         Ok(Self {
             dir: dir.to_owned(),
+            fd: Arc::new(fd),
         })
     }
 
@@ -171,74 +264,152 @@ impl Store {
         &self.dir
     }
 
-    fn path_of(&self, session: &str) -> Option<PathBuf> {
-        file_safe(session).then(|| self.dir.join(format!("{session}.json")))
+    fn record_name(session: &str) -> Option<String> {
+        file_safe(session).then(|| format!("{session}.json"))
     }
 
-    /// Writes `record` atomically, mode 0600.
+    fn journal_name(session: &str) -> Option<String> {
+        file_safe(session).then(|| format!("{session}.calls"))
+    }
+
+    /// What is at `name` when it is not a regular file of this user's (a
+    /// link or anything else planted there); `None` when nothing is there or
+    /// it is box's.
+    fn planted(&self, name: &str) -> Option<String> {
+        let stat = nix::sys::stat::fstatat(&*self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+        if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Some(kind_of(stat.st_mode).to_owned());
+        }
+        let me = nix::unistd::geteuid().as_raw();
+        (stat.st_uid != me).then(|| format!("a file owned by {}", owner_name(stat.st_uid)))
+    }
+
+    /// A new file `name` (see [`CREATE`]).
+    fn create(&self, name: &str) -> std::io::Result<std::fs::File> {
+        nix::fcntl::openat(&*self.fd, name, CREATE, Mode::from_bits_truncate(0o600))
+            .map(std::fs::File::from)
+            .map_err(std::io::Error::from)
+    }
+
+    /// Writes `record` atomically, mode 0600: a new temporary file, fsync,
+    /// renamed over the record, fsync of the directory. Something other than
+    /// box's file at the record's name (a planted link) is refused, never
+    /// followed.
     pub fn write(&self, record: &SessionRecord) -> Result<(), String> {
-        let path = self.path_of(&record.session).ok_or_else(|| {
+        let name = Self::record_name(&record.session).ok_or_else(|| {
             format!(
                 "session id `{}` cannot name a state file (letters, digits, - and _ only)",
                 record.session
             )
         })?;
+        let path = self.dir.join(&name);
+        if let Some(what) = self.planted(&name) {
+            return Err(format!(
+                "{}: {what} is there, not box's record: refused, not followed; remove it (someone who can write the state directory put it there)",
+                path.display()
+            ));
+        }
         let text = serde_json::to_vec_pretty(record)
             .map_err(|error| format!("encoding the session's state: {error}"))?;
-        let temporary = self.dir.join(format!(
-            ".{}.{:016x}.tmp",
-            record.session,
-            rand::random::<u64>()
-        ));
+        let temporary = format!(".{}.{:016x}.tmp", record.session, rand::random::<u64>());
         let written = (|| -> std::io::Result<()> {
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&temporary)?;
+            let mut file = self.create(&temporary)?;
             file.write_all(&text)?;
             file.sync_all()?;
-            std::fs::rename(&temporary, &path)?;
-            std::fs::File::open(&self.dir)?.sync_all()
+            nix::fcntl::renameat(&*self.fd, temporary.as_str(), &*self.fd, name.as_str())?;
+            nix::unistd::fsync(&*self.fd)?;
+            Ok(())
         })();
         written.map_err(|error| {
-            let _ = std::fs::remove_file(&temporary);
+            let _ = nix::unistd::unlinkat(
+                &*self.fd,
+                temporary.as_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            );
             format!("writing {}: {error}", path.display())
         })
     }
 
     /// Removes `session`'s files (it ended normally); missing ones are fine.
+    /// A link planted at one of their names is removed, never followed.
     pub fn remove(&self, session: &str) {
-        let paths = [self.path_of(session), self.journal_of(session)];
-        for path in paths.into_iter().flatten() {
-            if let Err(error) = std::fs::remove_file(&path)
-                && error.kind() != std::io::ErrorKind::NotFound
+        let names = [Self::record_name(session), Self::journal_name(session)];
+        for name in names.into_iter().flatten() {
+            if let Err(error) = nix::unistd::unlinkat(
+                &*self.fd,
+                name.as_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            ) && error != nix::errno::Errno::ENOENT
             {
-                tracing::warn!(path = %path.display(), %error, "removing a session's state file");
+                tracing::warn!(path = %self.dir.join(&name).display(), %error, "removing a session's state file");
             }
         }
     }
 
-    fn journal_of(&self, session: &str) -> Option<PathBuf> {
-        file_safe(session).then(|| self.dir.join(format!("{session}.calls")))
-    }
-
-    /// A new, empty journal of `session`'s calls in flight (0600).
+    /// A new, empty journal of `session`'s calls in flight (0600), in place
+    /// of the one a reattach has read. Something other than box's journal at
+    /// its name (a planted link) is refused and logged, never followed: the
+    /// session then runs without a journal.
     pub fn journal(&self, session: &str) -> Option<Journal> {
-        let path = self.journal_of(session)?;
-        let opened = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&path);
-        match opened {
+        let name = Self::journal_name(session)?;
+        let path = self.dir.join(&name);
+        if let Some(what) = self.planted(&name) {
+            tracing::warn!(path = %path.display(), "{what} is at the session's call journal, not box's file: refused, not followed; calls in flight at a restart will not be reported (remove it; someone who can write the state directory put it there)");
+            return None;
+        }
+        match nix::unistd::unlinkat(
+            &*self.fd,
+            name.as_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        ) {
+            Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "removing the session's old call journal; calls in flight at a restart will not be reported");
+                return None;
+            }
+        }
+        match self.create(&name) {
             Ok(file) => Some(Journal(file)),
             Err(error) => {
-                tracing::warn!(path = %path.display(), %error, "opening the session's call journal; calls in flight at a restart will not be reported");
+                tracing::warn!(path = %path.display(), %error, "creating the session's call journal (refused if anything appeared at its name); calls in flight at a restart will not be reported");
                 None
             }
         }
+    }
+
+    /// The text of `name` if it is a regular file of this user's, others
+    /// unable to read or write it; else why not. Never through a link.
+    fn read(&self, name: &str) -> Result<Option<Vec<u8>>, String> {
+        let fd = match nix::fcntl::openat(&*self.fd, name, READ, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::ENOENT) => return Ok(None),
+            Err(nix::errno::Errno::ELOOP) => {
+                return Err("a symbolic link, not box's file: refused, not followed".to_owned());
+            }
+            Err(error) => return Err(error.to_string()),
+        };
+        let stat = nix::sys::stat::fstat(&fd).map_err(|error| error.to_string())?;
+        if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(format!("{}, not box's file", kind_of(stat.st_mode)));
+        }
+        let uid = nix::unistd::geteuid().as_raw();
+        if stat.st_uid != uid {
+            return Err(format!(
+                "owned by {}, not this user ({})",
+                owner_name(stat.st_uid),
+                owner_name(uid)
+            ));
+        }
+        if stat.st_mode & 0o077 != 0 {
+            return Err(format!(
+                "mode {:o}: others may read or write it (box writes 0600)",
+                stat.st_mode & 0o777
+            ));
+        }
+        let mut text = Vec::new();
+        std::io::Read::read_to_end(&mut std::fs::File::from(fd), &mut text)
+            .map_err(|error| error.to_string())?;
+        Ok(Some(text))
     }
 
     /// The calls `session`'s journal shows sent and never settled: those in
@@ -252,13 +423,19 @@ impl Store {
     }
 
     /// [`Store::unsettled`], each with the unit's index and the call's id at
-    /// the unit (where a late answer would come from).
+    /// the unit (where a late answer would come from). A journal that is not
+    /// box's (a planted link) is logged and not read.
     pub fn unsettled_calls(&self, session: &str, units: &[UnitRecord]) -> Vec<(usize, u64, Value)> {
-        let Some(text) = self
-            .journal_of(session)
-            .and_then(|path| std::fs::read_to_string(path).ok())
-        else {
+        let Some(name) = Self::journal_name(session) else {
             return Vec::new();
+        };
+        let text = match self.read(&name) {
+            Ok(Some(text)) => String::from_utf8_lossy(&text).into_owned(),
+            Ok(None) => return Vec::new(),
+            Err(why) => {
+                tracing::warn!(path = %self.dir.join(&name).display(), %why, "ignoring a session's call journal; the calls in flight at the restart are not reported");
+                return Vec::new();
+            }
         };
         let mut open: Vec<(u64, u64, Value)> = Vec::new();
         for line in text.lines() {
@@ -303,11 +480,10 @@ impl Store {
                 return Vec::new();
             }
         };
-        let uid = nix::unistd::geteuid().as_raw();
         let mut records = Vec::new();
         for entry in entries.flatten() {
-            let path = entry.path();
-            let Some(name) = path.file_name().and_then(|name| name.to_str()) else {
+            let file_name = entry.file_name();
+            let Some(name) = file_name.to_str() else {
                 continue;
             };
             let Some(session) = name.strip_suffix(".json") else {
@@ -316,53 +492,39 @@ impl Store {
             if name.starts_with('.') {
                 continue;
             }
-            match read_record(&path, session, uid) {
+            match self.read_record(name, session) {
                 Ok(record) => records.push(record),
                 Err(why) => {
-                    tracing::warn!(path = %path.display(), %why, "ignoring a session state file");
+                    tracing::warn!(path = %self.dir.join(name).display(), %why, "ignoring a session state file");
                 }
             }
         }
         records
     }
-}
 
-fn read_record(path: &Path, session: &str, uid: u32) -> Result<SessionRecord, String> {
-    let metadata = std::fs::symlink_metadata(path).map_err(|error| error.to_string())?;
-    if !metadata.file_type().is_file() {
-        return Err("not a regular file".to_owned());
+    fn read_record(&self, name: &str, session: &str) -> Result<SessionRecord, String> {
+        let text = self
+            .read(name)?
+            .ok_or_else(|| "gone while the directory was read".to_owned())?;
+        let version = serde_json::from_slice::<Value>(&text)
+            .map_err(|error| format!("not valid JSON: {error}"))?
+            .get("version")
+            .and_then(Value::as_u64);
+        if version != Some(u64::from(VERSION)) {
+            return Err(format!(
+                "version {version:?}, this box reads version {VERSION} only"
+            ));
+        }
+        let record: SessionRecord = serde_json::from_slice(&text)
+            .map_err(|error| format!("not a session record: {error}"))?;
+        if record.session != session {
+            return Err(format!(
+                "names session `{}`, not the `{session}` of its file name",
+                record.session
+            ));
+        }
+        Ok(record)
     }
-    if metadata.uid() != uid {
-        return Err(format!(
-            "owned by uid {}, not this user ({uid})",
-            metadata.uid()
-        ));
-    }
-    if metadata.mode() & 0o077 != 0 {
-        return Err(format!(
-            "mode {:o}: others may read or write it (box writes 0600)",
-            metadata.mode() & 0o777
-        ));
-    }
-    let text = std::fs::read(path).map_err(|error| error.to_string())?;
-    let version = serde_json::from_slice::<Value>(&text)
-        .map_err(|error| format!("not valid JSON: {error}"))?
-        .get("version")
-        .and_then(Value::as_u64);
-    if version != Some(u64::from(VERSION)) {
-        return Err(format!(
-            "version {version:?}, this box reads version {VERSION} only"
-        ));
-    }
-    let record: SessionRecord =
-        serde_json::from_slice(&text).map_err(|error| format!("not a session record: {error}"))?;
-    if record.session != session {
-        return Err(format!(
-            "names session `{}`, not the `{session}` of its file name",
-            record.session
-        ));
-    }
-    Ok(record)
 }
 
 /// A session's journal of calls in flight: a line when a call is sent to a
@@ -800,6 +962,7 @@ async fn adopt_units(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 
     fn record(session: &str) -> SessionRecord {
         SessionRecord {
@@ -892,6 +1055,136 @@ mod tests {
         );
         store.remove("s");
         assert!(!dir.path().join("s.calls").exists());
+    }
+
+    /// Issue 22, item 3: a state directory its group or every user may
+    /// write, or another user's, is refused naming its path, mode and owner
+    /// and what to do, and its mode is left as it was.
+    #[test]
+    fn a_state_directory_others_may_write_or_another_users_is_refused() {
+        let me = nix::unistd::geteuid().as_raw();
+        for (mode, says) in [
+            (0o777, "lets its group and every user write it"),
+            (0o770, "lets its group write it"),
+            (0o703, "lets every user write it"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let state = dir.path().join("state");
+            std::fs::create_dir(&state).unwrap();
+            std::fs::set_permissions(&state, std::fs::Permissions::from_mode(mode)).unwrap();
+            let why = Store::open(&state).unwrap_err();
+            assert!(why.contains(&state.display().to_string()), "{why}");
+            assert!(why.contains(&format!("mode {mode:04o}")), "{why}");
+            assert!(why.contains(says), "{why}");
+            assert!(why.contains(&format!("uid {me}")), "the owner: {why}");
+            assert!(why.contains("chmod 700"), "what to do: {why}");
+            let now = std::fs::metadata(&state).unwrap().mode() & 0o7777;
+            assert_eq!(now, mode, "the directory's mode was changed");
+        }
+        // Another user's directory, though only its owner may write it.
+        let dir = tempfile::tempdir().unwrap();
+        let state = if me == 0 {
+            let state = dir.path().join("state");
+            std::fs::create_dir(&state).unwrap();
+            std::os::unix::fs::chown(&state, Some(54321), Some(54321)).unwrap();
+            std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+            state
+        } else {
+            // Not root: the root directory is another user's.
+            PathBuf::from("/")
+        };
+        let owner = std::fs::metadata(&state).unwrap().uid();
+        let why = Store::open(&state).unwrap_err();
+        assert!(why.contains(&format!("owned by uid {owner}")), "{why}");
+        assert!(why.contains(&state.display().to_string()), "{why}");
+        assert!(why.contains("use a directory of your own"), "{why}");
+        // A directory box creates is 0700, its missing parents too.
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("a/b");
+        Store::open(&state).unwrap();
+        for path in [dir.path().join("a"), state] {
+            assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o700);
+        }
+    }
+
+    /// Issue 22, item 3, from the attacker's side: links planted at a
+    /// session's record, its journal and a record of no session, each
+    /// pointing at a canary the host's user owns: nothing box does follows
+    /// them (the canary is unchanged), each is refused and the journal's
+    /// refusal is logged naming the path.
+    #[test]
+    fn links_planted_in_the_state_directory_are_refused_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let store = Store::open(&state).unwrap();
+        let canary = dir.path().join("canary");
+        std::fs::write(&canary, "canary\n").unwrap();
+        std::fs::set_permissions(&canary, std::fs::Permissions::from_mode(0o600)).unwrap();
+        for name in ["s.calls", "s.json", "t.json"] {
+            std::os::unix::fs::symlink(&canary, state.join(name)).unwrap();
+        }
+        let fifo = state.join("f.json");
+        nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o600)).unwrap();
+
+        let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || LogWriter(writer.clone()))
+            .finish();
+        let journal = tracing::subscriber::with_default(subscriber, || {
+            assert_eq!(store.unsettled("s", &[]), Vec::<Value>::new());
+            // Loading does not hang on the FIFO and trusts none of them.
+            assert_eq!(store.load(), Vec::new());
+            store.journal("s")
+        });
+        assert!(journal.is_none(), "a journal through the link");
+        let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+        for name in ["s.calls", "s.json", "t.json", "f.json"] {
+            let path = state.join(name).display().to_string();
+            assert!(logs.contains(&path), "{name} not reported: {logs}");
+        }
+        assert!(logs.contains("a symbolic link"), "{logs}");
+        assert!(logs.contains("WARN"), "{logs}");
+
+        let why = store.write(&record("s")).unwrap_err();
+        assert!(why.contains("a symbolic link is there"), "{why}");
+        assert!(
+            why.contains(&state.join("s.json").display().to_string()),
+            "{why}"
+        );
+        assert_eq!(std::fs::read_to_string(&canary).unwrap(), "canary\n");
+        // The links are still links; nothing was written through them.
+        for name in ["s.calls", "s.json"] {
+            assert!(
+                std::fs::symlink_metadata(state.join(name))
+                    .unwrap()
+                    .is_symlink()
+            );
+        }
+        // A session that ends removes the links, never what they point at.
+        store.remove("s");
+        assert!(!state.join("s.calls").exists() && !state.join("s.json").exists());
+        assert_eq!(std::fs::read_to_string(&canary).unwrap(), "canary\n");
+        // Then the session's files are box's again.
+        store.write(&record("s")).unwrap();
+        assert!(store.journal("s").is_some());
+        let mode = |name: &str| std::fs::metadata(state.join(name)).unwrap().mode() & 0o777;
+        assert_eq!((mode("s.json"), mode("s.calls")), (0o600, 0o600));
+    }
+
+    /// Log lines into a shared buffer.
+    struct LogWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for LogWriter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
 
     /// Records written before egress units were reattached (no `egressDir`)
