@@ -12,7 +12,7 @@ use boxhost::backend::docker::DockerBackend;
 use serde_json::{Value, json};
 
 use crate::support::{
-    Served, box_bin, containers, http_server, repo_root, serve_command, under_ci,
+    FrozenCalls, Served, box_bin, containers, http_server, repo_root, serve_command, under_ci,
 };
 
 /// The backends this machine runs: local always, docker when its engine answers
@@ -1075,7 +1075,9 @@ fn sleeps_with(marker: &str) -> Vec<u32> {
 /// host stopped (SIGSTOP) past the lease loses it (the sandbox helper ends
 /// every process of the unit, a background process included), and once
 /// continued the host answers the next call with the unit's end naming the
-/// lapsed lease, never a hang.
+/// lapsed lease, never a hang. Calls in flight at the freeze whose commands
+/// finished before the lapse are answered with their results, the others
+/// as unknown outcome (issue 22, item 5).
 #[test]
 fn local_a_host_stopped_past_the_lease_loses_its_unit_and_says_so() {
     use nix::sys::signal::{Signal, kill};
@@ -1129,6 +1131,15 @@ fn local_a_host_stopped_past_the_lease_loses_its_unit_and_says_so() {
     let answer = served.answer(2, Duration::from_secs(30));
     assert!(answer.to_string().contains("still"), "{answer}");
 
+    // Issue 22, item 5: calls in flight when the host freezes; those that
+    // finish before the lease lapses are answered with their results.
+    let calls = FrozenCalls {
+        first: 10,
+        count: 5,
+    };
+    calls.send(|message| served.send(message));
+    calls.wait_started(workspace.path());
+
     let pid = nix::unistd::Pid::from_raw(served.child.id() as i32);
     kill(pid, Signal::SIGSTOP).unwrap();
     let stopped = std::time::Instant::now();
@@ -1146,6 +1157,11 @@ fn local_a_host_stopped_past_the_lease_loses_its_unit_and_says_so() {
         panic!("the unit's processes were still there 4 s into a 2 s lease of a stopped host")
     });
     eprintln!("the stopped host's local unit was gone {took:?} after the stop");
+    calls.check(workspace.path(), |wanted| {
+        served
+            .wait_for(Duration::from_secs(30), wanted)
+            .expect("the calls in flight at the freeze are answered")
+    });
     served.send(&json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
         "params": {"name": "bash", "arguments": {"command": "echo hi"}}}));
     let answer = served.answer(3, Duration::from_secs(30));

@@ -204,3 +204,109 @@ pub fn http_server(body: &'static str) -> u16 {
     });
     port
 }
+
+/// Issue 22, item 5: calls in flight while a test freezes its host past the
+/// unit's lease. [`FrozenCalls::send`] sends one bash call that never ends,
+/// then `count` that end half a second after they start (each leaving
+/// `.done-N` in the workspace as its last act); [`FrozenCalls::wait_started`]
+/// returns once the unit runs them all, the moment to freeze the host.
+pub struct FrozenCalls {
+    /// The id of the call that never ends; the others follow it.
+    pub first: i64,
+    /// How many calls end.
+    pub count: i64,
+}
+
+impl FrozenCalls {
+    /// The calls, as `send` sends them.
+    pub fn send(&self, mut send: impl FnMut(&serde_json::Value)) {
+        let call = |id: i64, command: String| {
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "bash", "arguments": {"command": command}}})
+        };
+        send(&call(
+            self.first,
+            format!(": > .started-{0}; sleep 60; echo never", self.first),
+        ));
+        for id in self.ids() {
+            send(&call(
+                id,
+                format!(": > .started-{id}; sleep 0.5; echo finished-{id}; : > .done-{id}"),
+            ));
+        }
+    }
+
+    fn ids(&self) -> std::ops::RangeInclusive<i64> {
+        self.first + 1..=self.first + self.count
+    }
+
+    /// Wait until every call runs in the unit (its `.started-N` is in `workspace`).
+    pub fn wait_started(&self, workspace: &std::path::Path) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        for id in self.first..=self.first + self.count {
+            while !workspace.join(format!(".started-{id}")).exists() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "call {id} never started in the unit"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+    }
+
+    /// Once the host resumed: every call whose command finished (its
+    /// `.done-N` is in `workspace`) is answered with its result, any other
+    /// with its outcome unknown, never as not run; at least one finished.
+    /// `next` gives the next message for which its argument holds (the
+    /// answers come in any order).
+    pub fn check(
+        &self,
+        workspace: &std::path::Path,
+        mut next: impl FnMut(&dyn Fn(&serde_json::Value) -> bool) -> serde_json::Value,
+    ) {
+        let ids: Vec<i64> = (self.first..=self.first + self.count).collect();
+        let mut answers = std::collections::BTreeMap::new();
+        while answers.len() < ids.len() {
+            let message = next(&|message| {
+                message.get("method").is_none()
+                    && message["id"].as_i64().is_some_and(|id| ids.contains(&id))
+            });
+            answers.insert(message["id"].as_i64().unwrap_or_default(), message);
+        }
+        let mut answer = |id: i64| answers.remove(&id).unwrap_or_default();
+        let unknown = |id: i64, answer: &serde_json::Value| {
+            assert_eq!(
+                answer["error"]["data"]["outcome"],
+                serde_json::json!("unknown"),
+                "call {id}: {answer}"
+            );
+            let message = answer["error"]["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains("outcome is unknown"),
+                "call {id}: {answer}"
+            );
+        };
+        let mut finished = 0;
+        for id in self.ids() {
+            let answer = answer(id);
+            if workspace.join(format!(".done-{id}")).exists() {
+                let text = answer["result"]["content"][0]["text"]
+                    .as_str()
+                    .unwrap_or_default();
+                assert!(
+                    text.contains(&format!("finished-{id}")),
+                    "call {id} finished in the unit, yet was answered: {answer}"
+                );
+                finished += 1;
+            } else {
+                unknown(id, &answer);
+            }
+        }
+        unknown(self.first, &answer(self.first));
+        assert!(finished > 0, "no call finished before the lease lapsed");
+        eprintln!(
+            "{finished} of {} calls finished before the lease lapsed",
+            self.count
+        );
+    }
+}

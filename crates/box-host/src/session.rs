@@ -56,6 +56,10 @@ const EVENT_QUEUE: usize = 256;
 /// After a unit's output closes, how long to wait for the backend to say why
 /// before answering its calls with what is known.
 const UNIT_END_GRACE: Duration = Duration::from_secs(2);
+/// After the backend says a unit ended, how long its output still gets to be
+/// read to its end (what the unit sent before it ended answers calls) before
+/// its calls are answered with the end.
+const UNIT_END_DRAIN: Duration = Duration::from_secs(2);
 /// At session end, how long executors get to end their processes and exit
 /// after their input closes, before their units are removed anyway.
 const SESSION_END_GRACE: Duration = Duration::from_secs(5);
@@ -325,6 +329,9 @@ struct Unit {
     closed: bool,
     /// Why its output closed.
     close_reason: Option<String>,
+    /// The backend's word that it ended, held until its output is read to
+    /// its end ([`UNIT_END_DRAIN`] at most).
+    draining: Option<UnitEnd>,
     /// Its tool list, read before anything ran in it.
     tools: Option<Value>,
     /// The renewal of its lease, held while the session wants the unit.
@@ -772,6 +779,7 @@ impl Session {
                 ended: None,
                 closed: false,
                 close_reason: None,
+                draining: None,
                 tools: initialized[index].tools.clone(),
                 _renewal: renewal,
                 fork: None,
@@ -1072,6 +1080,7 @@ impl Session {
                 ended: None,
                 closed: false,
                 close_reason: None,
+                draining: None,
                 tools: persisted.tools.clone(),
                 _renewal: unit.renewal,
                 fork: None,
@@ -1410,7 +1419,11 @@ impl Session {
                 return;
             }
         };
-        if let Some(why) = &live.units[unit].ended {
+        let pending = live.units[unit]
+            .draining
+            .as_ref()
+            .map(|end| live.redactor.text(&describe_end(end)).into_owned());
+        if let Some(why) = live.units[unit].ended.as_ref().or(pending.as_ref()) {
             let text = format!("unit {} ended: {why}", live.units[unit].spec.name);
             self.config
                 .metrics
@@ -1789,6 +1802,10 @@ impl Session {
                     return;
                 }
                 state.closed = true;
+                if let Some(end) = state.draining.take() {
+                    // Everything the unit sent before it ended has been routed.
+                    return self.unit_died(live, unit, describe_end(&end), Some(&end));
+                }
                 let why = live.redactor.text(&why).into_owned();
                 tracing::warn!(session = %self.id, unit = %state.spec.name, %why, "a unit's executor output ended");
                 let events = live.events_tx.clone();
@@ -1800,7 +1817,31 @@ impl Session {
                 state.close_reason = Some(why);
             }
             UnitEvent::Ended(unit, end) => {
-                self.unit_died(live, unit, describe_end(&end), Some(&end))
+                let Some(state) = live.units.get_mut(unit) else {
+                    return;
+                };
+                if state.closed || state.ended.is_some() {
+                    return self.unit_died(live, unit, describe_end(&end), Some(&end));
+                }
+                // The end can overtake the unit's last messages (an answer
+                // written before a lease lapsed waits in the unit's stream
+                // while a frozen host resumes): its output is read to its end
+                // first, so a call that finished is answered with its result.
+                state.draining = Some(end);
+                let events = live.events_tx.clone();
+                live.tasks.spawn(async move {
+                    tokio::time::sleep(UNIT_END_DRAIN).await;
+                    let _ = events.send(UnitEvent::Drained(unit)).await;
+                });
+            }
+            UnitEvent::Drained(unit) => {
+                if let Some(end) = live
+                    .units
+                    .get_mut(unit)
+                    .and_then(|state| state.draining.take())
+                {
+                    self.unit_died(live, unit, describe_end(&end), Some(&end));
+                }
             }
             UnitEvent::Grace(unit) => {
                 let cause = live
@@ -2185,6 +2226,7 @@ impl Session {
             ended: None,
             closed: false,
             close_reason: None,
+            draining: None,
             tools: started.tools,
             _renewal: started.renewal,
             fork: Some(started.child),
@@ -2361,17 +2403,24 @@ impl Session {
         state.writer = None;
         state.envelope.state = UnitState::Ended;
         let name = state.spec.name.clone();
+        // Everything the unit sent before its end has been routed: a call
+        // still in flight got no answer, but it may have run, in part or in
+        // full, before the unit ended; never said not to have run.
         let data = json!({
             "unit": name,
             "exitCode": end.and_then(|end| end.exit_code),
             "oomKilled": end.is_some_and(|end| end.oom_killed),
+            "outcome": "unknown",
         });
         for forward in live.router.take_all(unit) {
             self.record(live, unit, &forward.tag, "unit_ended");
             forward.reply.answer(error_response_with_data(
                 forward.client_id,
                 code::INTERNAL_ERROR,
-                format!("unit {name} ended: {cause}"),
+                format!(
+                    "unit {name} ended: {cause}; it had not answered this {}, which may have run, in part or in full: its outcome is unknown",
+                    forward.tag.method
+                ),
                 data.clone(),
             ));
         }
@@ -2432,6 +2481,10 @@ impl Session {
         }
         for unit in &mut live.units {
             unit.writer = None;
+            // Its calls are answered: nothing more to read before its end.
+            if let Some(end) = unit.draining.take() {
+                unit.ended = Some(describe_end(&end));
+            }
         }
         let deadline = tokio::time::Instant::now() + SESSION_END_GRACE;
         let mut joining = Vec::new();

@@ -427,6 +427,7 @@ async fn a_dying_unit_answers_every_request_in_flight_once_with_the_cause() {
         assert_eq!(message.matches("137").count(), 1, "{message}");
         assert_eq!(message.matches("OOM killer").count(), 1, "{message}");
         assert_eq!(response["error"]["data"]["oomKilled"], json!(true));
+        assert_eq!(response["error"]["data"]["outcome"], json!("unknown"));
     }
     assert!(started.elapsed() < Duration::from_secs(5));
     let (_, later) = client
@@ -434,6 +435,45 @@ async fn a_dying_unit_answers_every_request_in_flight_once_with_the_cause() {
         .await;
     let message = later["error"]["message"].as_str().unwrap();
     assert!(message.contains("unit workspace ended"), "{message}");
+}
+
+/// Issue 22, item 5: a unit's end can reach the session before what the unit
+/// wrote just before it (an answer in the engine's stream or box-init's relay
+/// while a frozen host resumes). A call the unit answered before it ended
+/// gets that answer; a call it never answered is told its outcome is
+/// unknown, never that it did not run; a later call is told the unit ended.
+#[tokio::test]
+async fn a_call_answered_just_before_its_unit_ended_gets_its_answer_the_rest_unknown() {
+    let fake = FakeBackend::new(FakeOptions {
+        output_delay: Duration::from_millis(300),
+        ..FakeOptions::default()
+    });
+    let client = connect(config(&fake));
+    let init = client.initialize(json!({})).await;
+    assert!(init.get("result").is_some(), "{init}");
+    let hung = client.tool(json!(1), "hang", json!({})).await;
+    let last = client.tool(json!(2), "last", json!({})).await;
+    let (_, answered) = collect(last).await;
+    assert_eq!(
+        answered["result"]["content"][0]["text"],
+        json!("last words"),
+        "{answered}"
+    );
+    let (_, unanswered) = collect(hung).await;
+    assert_eq!(
+        unanswered["error"]["data"]["outcome"],
+        json!("unknown"),
+        "{unanswered}"
+    );
+    let message = unanswered["error"]["message"].as_str().unwrap();
+    assert!(message.contains("lease lapsed"), "{message}");
+    assert!(message.contains("its outcome is unknown"), "{message}");
+    let (_, later) = client
+        .call(json!(3), "tools/call", json!({"name": "echo"}))
+        .await;
+    let message = later["error"]["message"].as_str().unwrap();
+    assert!(message.contains("unit workspace ended"), "{message}");
+    assert!(!message.contains("unknown"), "a call never sent: {message}");
 }
 
 /// Issue 8, item 12: a deadline that fires without an answer cannot say the

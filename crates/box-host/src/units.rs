@@ -40,6 +40,8 @@ pub enum UnitEvent {
     Ended(usize, UnitEnd),
     /// The grace after `Closed` passed without `Ended`.
     Grace(usize),
+    /// The drain after `Ended` passed without `Closed`.
+    Drained(usize),
     /// A forwarded request's deadline passed.
     Deadline(usize, u64),
     /// The settle after a deadline passed without the request's answer.

@@ -7,8 +7,10 @@
 //! cancellations seen, `mutate` changing its own tool list as a tampered
 //! executor would, `flood` sending a message longer than the host reads,
 //! `log` sending a log notification, `leak` sending a value through every kind
-//! of message a unit sends toward the client), `execution/facts` and the
-//! process methods minimally.
+//! of message a unit sends toward the client, `last` answering and then
+//! ending its unit), `execution/facts` and the process methods minimally. Its
+//! executors' output can reach the host late (`FakeOptions::output_delay`),
+//! so a unit's end overtakes what it wrote last.
 //!
 //! It lives in box-testkit, a dev-dependency only: no release binary has it.
 //! Its envelopes say `"backend": "fake"`, so it can never pass for an
@@ -47,6 +49,10 @@ pub struct FakeOptions {
     /// The description of the `leak` tool its executors list (a unit's own
     /// words, which the host answers `tools/list` with).
     pub leak_description: Option<String>,
+    /// How long each chunk of an executor's output takes to reach the host
+    /// (an engine's stream, a relay): its end then overtakes what it wrote
+    /// last, as a unit's end can at a real host.
+    pub output_delay: Duration,
 }
 
 /// What the fake saw.
@@ -223,6 +229,13 @@ impl Backend for FakeBackend {
             });
             let (host_stdin, executor_stdin) = tokio::io::duplex(64 << 10);
             let (executor_stdout, host_stdout) = tokio::io::duplex(64 << 10);
+            let (executor_stdout, host_stdout) = if self.options.output_delay.is_zero() {
+                (executor_stdout, host_stdout)
+            } else {
+                let (delayed_in, delayed_out) = tokio::io::duplex(64 << 10);
+                tokio::spawn(delay(host_stdout, delayed_in, self.options.output_delay));
+                (executor_stdout, delayed_out)
+            };
             let (kill_tx, kill_rx) = oneshot::channel();
             let (end_tx, end_rx) = oneshot::channel();
             self.with(|state| {
@@ -401,6 +414,24 @@ impl Executor {
     async fn handle(self: Arc<Self>, id: Value, method: String, params: Value) {
         if method == "tools/call" && params.get("name") == Some(&json!("leak")) {
             return self.leak(id, &params).await;
+        }
+        if method == "tools/call" && params.get("name") == Some(&json!("last")) {
+            // Answers, then the unit ends (its lease lapsed), as a unit whose
+            // call finished just before its end.
+            self.send(jsonrpc::result_response(
+                id,
+                json!({"content": [{"type": "text", "text": "last words"}], "isError": false}),
+            ))
+            .await;
+            let _ = self
+                .die
+                .send(UnitEnd {
+                    exit_code: Some(75),
+                    oom_killed: false,
+                    reason: format!("unit {} ended because its lease lapsed", self.unit),
+                })
+                .await;
+            return;
         }
         let answer = match method.as_str() {
             "initialize" => {
@@ -814,7 +845,33 @@ async fn run_executor(
         }
     };
     handlers.abort_all();
+    while handlers.join_next().await.is_some() {}
+    // What the executor wrote before it ended reaches its output before the
+    // end is told, as a unit's relay delivers it (unless the host stopped
+    // reading).
     drop(executor);
-    writer.abort();
+    let mut writer = writer;
+    if tokio::time::timeout(Duration::from_secs(1), &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
     let _ = end.send(outcome);
+}
+
+/// Copy `from` to `to`, each chunk `by` late; `to` ends when `from` does.
+async fn delay(mut from: tokio::io::DuplexStream, mut to: tokio::io::DuplexStream, by: Duration) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buffer = vec![0; 64 << 10];
+    loop {
+        let read = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(read) => read,
+        };
+        tokio::time::sleep(by).await;
+        if to.write_all(&buffer[..read]).await.is_err() {
+            return;
+        }
+    }
 }

@@ -9,7 +9,8 @@
 //!   whole line at a time, only while a host is connected (otherwise the
 //!   pipe's back-pressure holds the executor's output), and writes each line
 //!   with one write. A line whose write fails stays current and is sent whole
-//!   on the next connection; the host drops the half it got.
+//!   on the next connection; the host drops the half it got. The exit report
+//!   goes after the executor's last line.
 //!
 //! MCP lines are never parsed: one read and one write per line, one reused
 //! buffer on each side (the downlink copies a line once, into the queue).
@@ -181,7 +182,13 @@ pub(crate) async fn uplink(
     let mut connection: Option<(u64, OwnedWriteHalf)> = None;
     let mut report: Option<Vec<u8>> = None;
     loop {
-        if let (Some(line), Some((_, writer))) = (&report, &mut connection) {
+        // The report is the unit's last word: it follows every whole line the
+        // executor wrote. A lapse reports right after killing the executor,
+        // whose last lines (answers to calls that finished) may still be in
+        // the pipe; a host that read the report first would take them for
+        // lost. The killed executor's pipe ends at once, and the init waits
+        // for the report only so long.
+        if !output_open && let (Some(line), Some((_, writer))) = (&report, &mut connection) {
             if let Err(error) = writer.write_all(line).await {
                 tracing::info!(%error, "could not deliver the exit report");
             }
