@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use box_jsonrpc::session::SessionHandle;
-use box_transport::{SessionFactory, TransportAsk, UnitLeft};
+use box_transport::{Refusal, SessionFactory, TransportAsk, UnitLeft};
 use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -54,6 +54,21 @@ impl SessionFactory for HostSessions {
     /// Ready when the backend answers.
     fn readiness(&self) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(host::metrics::readiness(&self.config))
+    }
+
+    /// A refusal of the HTTP checks: a WARN line, an audit line and a count.
+    fn refused(&self, refusal: &Refusal) {
+        host::report_refusal(
+            &self.config,
+            &host::audit::Refusal {
+                reason: refusal.reason.as_str(),
+                detail: &refusal.detail,
+                session: None,
+                profile: None,
+                client: None,
+                http: Some((refusal.status, &refusal.path)),
+            },
+        );
     }
 
     fn units_left(&self, id: &str) -> Vec<UnitLeft> {

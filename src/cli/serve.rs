@@ -58,7 +58,10 @@ pub struct ServeArgs {
     /// This host's instance id in unit labels; default one per listen address (HTTP) or per process (stdio).
     #[arg(long, value_name = "ID")]
     pub instance: Option<String>,
-    /// Append one JSON line per tool call here (no argument values, no outputs).
+    /// Append one JSON line per tool call here (its profile, the client's
+    /// name and version, its outcome with a bash call's exit status; no
+    /// argument values, no outputs), per refused request or initialize, and
+    /// per egress attempt.
     #[arg(long, value_name = "FILE")]
     pub audit: Option<PathBuf>,
     /// Log format on stderr.

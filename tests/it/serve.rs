@@ -2714,3 +2714,139 @@ fn python_sdk_asks_through_headers_the_path_and_serve_flags() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Issue 22, items 14 and 15, through `box serve --listen` itself: a 401, a
+/// 403 and a refused `initialize` are each a WARN line on stderr, an audit
+/// line and a count in `box_sessions_refused{reason}`; `/healthz` and
+/// `/readyz` answer a probe without the bearer token.
+#[tokio::test(flavor = "multi_thread")]
+async fn http_refusals_are_logged_audited_and_counted_and_probes_need_no_token() {
+    use std::io::BufRead as _;
+    let directory = tempfile::tempdir().unwrap();
+    let token = "0123456789abcdef0123456789abcdef";
+    let token_file = directory.path().join("token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let audit = directory.path().join("audit.jsonl");
+    let mut child = box_command()
+        .env("RUST_LOG", "info")
+        .args(["serve", "--backend", "fake", "--listen", "127.0.0.1:0"])
+        .arg("--token-file")
+        .arg(&token_file)
+        .arg("--audit")
+        .arg(&audit)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let (address_tx, address_rx) = std::sync::mpsc::channel();
+    let log = Arc::new(std::sync::Mutex::new(String::new()));
+    let log_writer = log.clone();
+    std::thread::spawn(move || {
+        for line in stderr.lines() {
+            let Ok(line) = line else { break };
+            // The listen line names the address, whatever its wording.
+            if let Some(at) = line.find("127.0.0.1:") {
+                let port: String = line[at + 10..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                if port != "0" && !port.is_empty() {
+                    let _ = address_tx.send(format!("127.0.0.1:{port}"));
+                }
+            }
+            log_writer.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    let address: SocketAddr = address_rx
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let bearer = format!("Bearer {token}");
+
+    for probe in ["/healthz", "/readyz"] {
+        let reply = http(address, "GET", probe, &[], b"").await;
+        assert_eq!(reply.status, 200, "{probe} without the token: {reply:?}");
+    }
+    let message = initialize_message();
+    assert_eq!(post(address, None, &[], &message).await.status, 401);
+    let wrong = post(
+        address,
+        None,
+        &[("Authorization", "Bearer wrong-token-wrong-token")],
+        &message,
+    )
+    .await;
+    assert_eq!(wrong.status, 401);
+    let evil = post(
+        address,
+        None,
+        &[
+            ("Authorization", &bearer),
+            ("Origin", "https://evil.example"),
+        ],
+        &message,
+    )
+    .await;
+    assert_eq!(evil.status, 403);
+    let mut widening = message.clone();
+    widening["params"]["capabilities"] = json!({"experimental": {EXECUTOR_KEY: {"box": {"tighten": {"network": {"mode": "bridge"}}}}}});
+    let refused = post(address, None, &[("Authorization", &bearer)], &widening).await;
+    assert!(refused.json().get("error").is_some(), "{refused:?}");
+
+    let metrics = http(
+        address,
+        "GET",
+        "/metrics",
+        &[("Authorization", &bearer)],
+        b"",
+    )
+    .await;
+    let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+    for (reason, count) in [("unauthorized", 2), ("origin", 1), ("widening", 1)] {
+        let series = format!("box_sessions_refused_total{{reason=\"{reason}\"}} {count}");
+        assert!(metrics.contains(&series), "{series}: {metrics}");
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+
+    let lines: Vec<Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .filter(|line: &Value| line["kind"] == json!("refusal"))
+        .collect();
+    let seen: Vec<(&str, Option<u64>)> = lines
+        .iter()
+        .map(|line| (line["reason"].as_str().unwrap(), line["status"].as_u64()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("unauthorized", Some(401)),
+            ("unauthorized", Some(401)),
+            ("origin", Some(403)),
+            ("widening", None),
+        ],
+        "{lines:?}"
+    );
+    assert_eq!(lines[3]["client"], json!({"name": "raw", "version": "1"}));
+    assert_eq!(lines[3]["profile"], json!("default"));
+    let text = std::fs::read_to_string(&audit).unwrap();
+    assert!(!text.contains(token), "the audit log holds the token");
+    let log = log.lock().unwrap().clone();
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("WARN") && line.contains("refused"))
+        .collect();
+    assert_eq!(warned.len(), 4, "{log}");
+    assert!(warned[1].contains("a wrong bearer token"), "{log}");
+    assert!(warned[2].contains("evil.example"), "{log}");
+    assert!(!log.contains(token), "the log holds the token");
+}

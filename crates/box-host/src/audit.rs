@@ -1,6 +1,9 @@
 //! The audit log (`--audit FILE`): one JSON line per tool call with the time,
-//! session, unit, tool, a sha256 of the arguments, the duration and the
-//! outcome. Never argument values or outputs.
+//! session, profile, the client's name and version, unit, tool, a sha256 of
+//! the arguments, the duration and the outcome (with a `bash` call's exit
+//! status and the result's `isError`); one per refused session or request
+//! (`"kind": "refusal"`); one per egress attempt (`"kind": "egress"`). Never
+//! argument values or outputs.
 
 use std::io::Write as _;
 use std::path::Path;
@@ -10,11 +13,51 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+/// A client as its `initialize` named itself (`clientInfo`), each part at
+/// most [`ClientInfo::MAX`] characters: what a log or audit line says of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientInfo {
+    /// `clientInfo.name`.
+    pub name: String,
+    /// `clientInfo.version`.
+    pub version: String,
+}
+
+impl ClientInfo {
+    /// The most characters of a name or version kept.
+    pub const MAX: usize = 128;
+
+    /// The `clientInfo` of an `initialize` request, if it has one.
+    pub fn of_initialize(message: &Value) -> Option<Self> {
+        let info = message.pointer("/params/clientInfo")?;
+        let part = |key: &str| {
+            info.get(key)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .chars()
+                .take(Self::MAX)
+                .collect::<String>()
+        };
+        Some(Self {
+            name: part("name"),
+            version: part("version"),
+        })
+    }
+
+    fn to_json(&self) -> Value {
+        json!({"name": self.name, "version": self.version})
+    }
+}
+
 /// One tool call, as recorded.
 #[derive(Debug)]
 pub struct Record<'a> {
     /// The session id.
     pub session: &'a str,
+    /// The session's profile.
+    pub profile: &'a str,
+    /// The client, as its `initialize` named itself.
+    pub client: Option<&'a ClientInfo>,
     /// The unit's name.
     pub unit: &'a str,
     /// What the unit was forked from (a `box/fork` child's parent unit, or
@@ -26,8 +69,29 @@ pub struct Record<'a> {
     pub arguments_sha256: &'a str,
     /// How long the call took.
     pub duration: Duration,
-    /// ok, error, tool_error, timeout, cancelled, unit_ended, ...
+    /// ok, error, tool_error, failed, timeout, cancelled, unit_ended, ...
     pub outcome: &'a str,
+    /// A `bash` call's exit status, when it exited.
+    pub exit_status: Option<i64>,
+    /// The result's `isError`, when the call was answered with a result.
+    pub is_error: Option<bool>,
+}
+
+/// A session or a request refused before it was served.
+#[derive(Debug)]
+pub struct Refusal<'a> {
+    /// Why, from `metrics::REFUSALS`.
+    pub reason: &'a str,
+    /// What was wrong, for people.
+    pub detail: &'a str,
+    /// The session, when one was named.
+    pub session: Option<&'a str>,
+    /// The profile asked for, when the request got that far.
+    pub profile: Option<&'a str>,
+    /// The client, as its `initialize` named itself.
+    pub client: Option<&'a ClientInfo>,
+    /// The HTTP status and path, for a refusal of the HTTP transport.
+    pub http: Option<(u16, &'a str)>,
 }
 
 /// An append-only audit file.
@@ -55,15 +119,49 @@ impl Audit {
         let mut line = json!({
             "time": now(),
             "session": record.session,
+            "profile": record.profile,
             "unit": record.unit,
             "tool": record.tool,
             "argumentsSha256": record.arguments_sha256,
             "durationMs": record.duration.as_millis() as u64,
             "outcome": record.outcome,
         });
+        if let Some(client) = record.client {
+            line["client"] = client.to_json();
+        }
+        if let Some(status) = record.exit_status {
+            line["exitStatus"] = json!(status);
+        }
+        if let Some(is_error) = record.is_error {
+            line["isError"] = json!(is_error);
+        }
         // Only a fork's lines carry it; the others are as they were.
         if let Some(parent) = record.parent {
             line["parent"] = json!(parent);
+        }
+        self.append(&line);
+    }
+
+    /// Append one refusal (`"kind": "refusal"`).
+    pub fn refusal(&self, refusal: &Refusal<'_>) {
+        let mut line = json!({
+            "time": now(),
+            "kind": "refusal",
+            "reason": refusal.reason,
+            "detail": refusal.detail,
+        });
+        if let Some(session) = refusal.session {
+            line["session"] = json!(session);
+        }
+        if let Some(profile) = refusal.profile {
+            line["profile"] = json!(profile);
+        }
+        if let Some(client) = refusal.client {
+            line["client"] = client.to_json();
+        }
+        if let Some((status, path)) = refusal.http {
+            line["status"] = json!(status);
+            line["path"] = json!(path);
         }
         self.append(&line);
     }

@@ -331,6 +331,50 @@ pub async fn sweep_orphans(
     }
 }
 
+/// A session or a request refused before it was served: a WARN log line, an
+/// audit line (with `--audit`) and a count in `box_sessions_refused{reason}`,
+/// so an operator sees every refusal a client got.
+pub fn report_refusal(config: &HostConfig, refusal: &audit::Refusal<'_>) {
+    config.metrics.refused(refusal.reason);
+    if let Some(audit) = &config.audit {
+        audit.refusal(refusal);
+    }
+    let client = refusal
+        .client
+        .map(|client| format!("{} {}", client.name, client.version));
+    let detail = one_line(refusal.detail);
+    match refusal.http {
+        Some((status, path)) => tracing::warn!(
+            reason = refusal.reason,
+            status,
+            path = %one_line(path),
+            "refused a request: {detail}"
+        ),
+        None => tracing::warn!(
+            reason = refusal.reason,
+            session = refusal.session,
+            profile = refusal.profile,
+            client = client.as_deref().map(one_line),
+            "refused initialize: {detail}"
+        ),
+    }
+}
+
+/// `text` on one line: control characters (a client's newline) escaped, so
+/// a log line cannot be split or forged by what it quotes.
+pub fn one_line(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
 /// Start logging on stderr (stdout may be the protocol).
 pub fn init_logging(format: &str, default_level: &str) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

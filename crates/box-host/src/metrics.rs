@@ -60,15 +60,41 @@ pub const METHODS: [&str; 24] = [
 ];
 
 /// The outcomes a call is counted under; any other is counted as `other`.
-pub const OUTCOMES: [&str; 8] = [
+/// `failed`: a result that is not an error but says the work failed (a
+/// `bash` call that exited non-zero, was killed at its timeout or cancelled).
+pub const OUTCOMES: [&str; 9] = [
     "ok",
     "error",
     "tool_error",
+    "failed",
     "cancelled",
     "timeout",
     "unit_ended",
     "unit_unavailable",
     "session_ended",
+];
+
+/// Why a session or a request was refused before it was served
+/// (`box_sessions_refused{reason}`); any other is counted as `other`.
+/// The transport's: `unauthorized` (401), `origin` (403), `host` (421). The
+/// host's, for an `initialize`: `initialize` (malformed), `ask` (a box ask
+/// or `Box-*` header that does not read, or two that disagree), `profile`
+/// (one that does not load), `widening` (a tightening wider than the
+/// profile), `tightening` (one that is invalid), `workspace` (a workspace
+/// the profile may not have), `persisted_credentials` (`refuse`),
+/// `reattach` (a reattach that cannot be given).
+pub const REFUSALS: [&str; 11] = [
+    "unauthorized",
+    "origin",
+    "host",
+    "initialize",
+    "ask",
+    "profile",
+    "widening",
+    "tightening",
+    "workspace",
+    "persisted_credentials",
+    "reattach",
 ];
 
 /// How long `/readyz` waits for the backend to answer.
@@ -96,6 +122,12 @@ struct EgressLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ForkLabels {
     parent: &'static str,
+}
+
+/// A refusal's label, from [`REFUSALS`].
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    reason: &'static str,
 }
 
 /// A merge's label: `merged`, `refused` (a conflict, a bad ask) or `failed`.
@@ -126,6 +158,7 @@ pub struct Metrics {
     egress: Family<EgressLabels, Counter>,
     forks: Family<ForkLabels, Counter>,
     merges: Family<MergeLabels, Counter>,
+    refused: Family<RefusalLabels, Counter>,
     /// Session tasks running, started or not (what shutdown waits for).
     tasks: AtomicUsize,
 }
@@ -200,6 +233,12 @@ impl Default for Metrics {
             "box/merge requests, by outcome (merged, refused: a conflict or a bad ask, failed)",
             merges.clone(),
         );
+        let refused = Family::<RefusalLabels, Counter>::default();
+        registry.register(
+            "box_sessions_refused",
+            "Sessions and requests refused before they were served, by reason (unauthorized, origin, host: the HTTP checks; initialize, ask, profile, widening, tightening, workspace, persisted_credentials, reattach: a refused initialize)",
+            refused.clone(),
+        );
         registry.register(
             "box_build",
             "This box's version",
@@ -218,6 +257,7 @@ impl Default for Metrics {
             egress,
             forks,
             merges,
+            refused,
             tasks: AtomicUsize::new(0),
         }
     }
@@ -257,6 +297,13 @@ impl Metrics {
             self.units_running.dec();
         }
         self.units_removed.inc();
+    }
+
+    /// A session or a request was refused for `reason` (counted by name when
+    /// [`REFUSALS`] has it, else as `other`).
+    pub fn refused(&self, reason: &str) {
+        let reason = bounded(&REFUSALS, reason);
+        self.refused.get_or_create(&RefusalLabels { reason }).inc();
     }
 
     /// A `box/merge` ended with `outcome` (`merged`, `refused`, `failed`).

@@ -29,6 +29,7 @@ pub use super::ask::EXECUTOR_KEY;
 use super::ask::{
     check_initialize, executor_initialize_params, initialize_result, merge_ask, read_ask,
 };
+use super::audit::ClientInfo;
 use super::redact::{self, SessionRedactor};
 use super::router::{Router, UnitMessage, WhenFull};
 use super::state;
@@ -261,14 +262,20 @@ struct StartError {
     code: i64,
     message: String,
     data: Option<Value>,
+    /// What refused it (a label of `box_sessions_refused`, from
+    /// `metrics::REFUSALS`); `None` when it failed instead (its units did
+    /// not start).
+    refusal: Option<&'static str>,
 }
 
 impl StartError {
-    fn params(message: String) -> Self {
+    /// Refused for `reason` (from `metrics::REFUSALS`).
+    fn refused(reason: &'static str, message: String) -> Self {
         Self {
             code: code::INVALID_PARAMS,
             message,
             data: None,
+            refusal: Some(reason),
         }
     }
 
@@ -277,6 +284,7 @@ impl StartError {
             code: code::INTERNAL_ERROR,
             message,
             data: None,
+            refusal: None,
         }
     }
 
@@ -373,6 +381,8 @@ impl std::fmt::Debug for ForkStarted {
 /// A session after initialize: its units and its routing.
 struct Live {
     plan: Plan,
+    /// The client, as its `initialize` named itself (for the audit).
+    client: Option<ClientInfo>,
     units: Vec<Unit>,
     workspace: Option<usize>,
     router: Router<Tag>,
@@ -454,7 +464,8 @@ impl Session {
                     }
                     match method.as_str() {
                         "initialize" => match self.start(&message, &reply.events).await {
-                            Ok((live, result)) => {
+                            Ok((mut live, result)) => {
+                                live.client = ClientInfo::of_initialize(&message);
                                 reply.answer(result_response(id, result));
                                 if self.cancel.is_cancelled() {
                                     // Shutdown came during the start: end at once.
@@ -464,7 +475,10 @@ impl Session {
                                 }
                                 break live;
                             }
-                            Err(error) => reply.answer(error.into_response(id)),
+                            Err(error) => {
+                                self.report_start_failure(&message, &error);
+                                reply.answer(error.into_response(id));
+                            }
                         },
                         "ping" => reply.answer(result_response(id, json!({}))),
                         "server/discover" => reply.answer(discover_refusal(id)),
@@ -510,6 +524,38 @@ impl Session {
         self.finish(&mut live, &why).await;
     }
 
+    /// A refused `initialize` is a WARN line, an audit line and a count
+    /// ([`crate::report_refusal`]); one whose units failed is a WARN line.
+    fn report_start_failure(&self, message: &Value, error: &StartError) {
+        let client = ClientInfo::of_initialize(message);
+        let profile = read_ask(params(message))
+            .and_then(|ask| merge_ask(ask, &self.transport_ask))
+            .ok()
+            .map(|ask| {
+                ask.profile
+                    .unwrap_or_else(|| self.config.default_profile.clone())
+            });
+        match error.refusal {
+            Some(reason) => crate::report_refusal(
+                &self.config,
+                &crate::audit::Refusal {
+                    reason,
+                    detail: &error.message,
+                    session: Some(&self.id),
+                    profile: profile.as_deref(),
+                    client: client.as_ref(),
+                    http: None,
+                },
+            ),
+            None => tracing::warn!(
+                session = %self.id,
+                profile = profile.as_deref(),
+                "a session could not start: {}",
+                crate::one_line(&error.message)
+            ),
+        }
+    }
+
     /// Resolve, start and initialize; the initialize result for the client.
     async fn start(
         &self,
@@ -518,11 +564,13 @@ impl Session {
     ) -> Result<(Live, Value), StartError> {
         // Checked before anything is resolved or started: a malformed
         // initialize must not start units that then fail on it.
-        let version = negotiate_version(check_initialize(message).map_err(StartError::params)?);
+        let version = negotiate_version(
+            check_initialize(message).map_err(|why| StartError::refused("initialize", why))?,
+        );
         let client_params = params(message);
         let ask = read_ask(client_params)
             .and_then(|ask| merge_ask(ask, &self.transport_ask))
-            .map_err(StartError::params)?;
+            .map_err(|why| StartError::refused("ask", why))?;
         if let Some(reattach) = ask.reattach.clone() {
             // Its units may still be being re-adopted.
             self.config.reattachable.settled(&reattach.session).await;
@@ -533,21 +581,27 @@ impl Session {
             .clone()
             .unwrap_or_else(|| self.config.default_profile.clone());
         let profile = self.config.catalog.load(&profile_name).map_err(|error| {
-            StartError::params(format!("box.profile: profile `{profile_name}`: {error}"))
+            StartError::refused(
+                "profile",
+                format!("box.profile: profile `{profile_name}`: {error}"),
+            )
         })?;
         let mut plan =
             (self.config.resolve)(&profile, &ask.tighten, &self.config.facts).map_err(|error| {
-                let data = match &error {
+                let (data, reason) = match &error {
                     PlanError::Widening { field, .. } => {
-                        json!({"field": format!("tighten.{field}")})
+                        (json!({"field": format!("tighten.{field}")}), "widening")
                     }
-                    PlanError::Invalid(_) => json!({"field": "tighten"}),
-                    PlanError::DangerousWorkspace { .. } => json!({"field": "workspace.source"}),
+                    PlanError::Invalid(_) => (json!({"field": "tighten"}), "tightening"),
+                    PlanError::DangerousWorkspace { .. } => {
+                        (json!({"field": "workspace.source"}), "workspace")
+                    }
                 };
                 StartError {
                     code: code::INVALID_PARAMS,
                     message: error.to_string(),
                     data: Some(data),
+                    refusal: Some(reason),
                 }
             })?;
         // Before any unit starts: nothing in the workspace runs yet, so
@@ -594,6 +648,7 @@ impl Session {
                     "field": "workspace.on_persisted_credentials",
                     "persistedCredentials": persisted.reported,
                 })),
+                refusal: Some("persisted_credentials"),
             });
         }
         // `hide`: the workspace unit sees each such file masked, read-only.
@@ -621,6 +676,7 @@ impl Session {
                         plan.profile
                     ),
                     data: Some(json!({"field": "workspace.on_persisted_credentials"})),
+                    refusal: Some("persisted_credentials"),
                 })?;
                 Some(made)
             }
@@ -854,6 +910,7 @@ impl Session {
                 masks,
                 journal,
                 late: Default::default(),
+                client: None,
             },
             result,
         ))
@@ -952,6 +1009,7 @@ impl Session {
             code: code::INVALID_PARAMS,
             message,
             data: Some(json!({"field": "box.reattach"})),
+            refusal: Some("reattach"),
         };
         if reattach.session != self.id {
             return Err(refuse(format!(
@@ -1178,6 +1236,7 @@ impl Session {
                 masks: None,
                 journal,
                 late,
+                client: None,
             },
             result,
         ))
@@ -1209,8 +1268,9 @@ impl Session {
             box_policy::profile::ForkMode::Worktree => box_fork::Mode::Worktree,
             box_policy::profile::ForkMode::Copy => box_fork::Mode::Copy,
         };
-        let mode = fork::effective_mode(&self.config, spec, asked)
-            .map_err(|why| StartError::params(format!("workspace.fork_mode: {why}")))?;
+        let mode = fork::effective_mode(&self.config, spec, asked).map_err(|why| {
+            StartError::refused("workspace", format!("workspace.fork_mode: {why}"))
+        })?;
         let ask = fork::ForkAsk {
             from: "workspace".to_owned(),
             mode: asked,
@@ -1742,8 +1802,8 @@ impl Session {
                     forward,
                     mut response,
                 } => {
-                    let outcome = outcome_of(&response);
-                    self.record(live, unit, &forward.tag, outcome);
+                    let (outcome, details) = outcome_of(forward.tag.tool.as_deref(), &response);
+                    self.record_answer(live, unit, &forward.tag, outcome, details);
                     match (forward.tag.method.as_str(), &forward.tag.process) {
                         ("agentworkspace/process.read", Some((id, fd))) => live
                             .redactor
@@ -2428,6 +2488,19 @@ impl Session {
 
     /// Stop a call's timer and record it (metrics, audit).
     fn record(&self, live: &Live, unit: usize, tag: &Tag, outcome: &str) {
+        self.record_answer(live, unit, tag, outcome, AnswerDetails::default());
+    }
+
+    /// [`Self::record`] for a call its unit answered: the audit line says
+    /// what the answer said beyond its outcome.
+    fn record_answer(
+        &self,
+        live: &Live,
+        unit: usize,
+        tag: &Tag,
+        outcome: &str,
+        details: AnswerDetails,
+    ) {
         if let Some(deadline) = &tag.deadline {
             deadline.abort();
         }
@@ -2449,6 +2522,8 @@ impl Session {
         if let (Some(audit), Some(tool)) = (&self.config.audit, &tag.tool) {
             audit.record(&super::audit::Record {
                 session: &self.id,
+                profile: &live.plan.profile,
+                client: live.client.as_ref(),
                 unit: &live.units[unit].spec.name,
                 parent: live.units[unit]
                     .fork
@@ -2458,6 +2533,8 @@ impl Session {
                 arguments_sha256: tag.arguments_digest.as_deref().unwrap_or(""),
                 duration,
                 outcome,
+                exit_status: details.exit_status,
+                is_error: details.is_error,
             });
         }
     }
@@ -2662,12 +2739,59 @@ fn send_to_unit(unit: &Unit, message: Value) -> Result<(), String> {
 }
 
 /// The outcome word of an answer, for metrics and the audit log.
-fn outcome_of(response: &Value) -> &'static str {
+/// What the audit says of an answered call beyond its outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct AnswerDetails {
+    /// A `bash` call's exit status, when it exited.
+    exit_status: Option<i64>,
+    /// The result's `isError`, when the call was answered with a result.
+    is_error: Option<bool>,
+}
+
+/// How a call of `tool` that `response` answers ended: `error` (a JSON-RPC
+/// error), `tool_error` (`isError: true`), `failed` (a `bash` result whose
+/// command exited non-zero, was killed at its timeout or was cancelled: the
+/// executor says so only in the text's last line, `[exit N]`, `[killed
+/// after ...]`, `[canceled]`), else `ok`; and what the audit adds.
+fn outcome_of(tool: Option<&str>, response: &Value) -> (&'static str, AnswerDetails) {
     if response.get("error").is_some() {
-        "error"
-    } else if response.pointer("/result/isError") == Some(&Value::Bool(true)) {
-        "tool_error"
-    } else {
-        "ok"
+        return ("error", AnswerDetails::default());
     }
+    let is_error = response
+        .pointer("/result/isError")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let mut details = AnswerDetails {
+        exit_status: None,
+        is_error: Some(is_error),
+    };
+    if is_error {
+        return ("tool_error", details);
+    }
+    if tool != Some("bash") {
+        return ("ok", details);
+    }
+    let last_line = response
+        .pointer("/result/content")
+        .and_then(Value::as_array)
+        .and_then(|content| {
+            content
+                .iter()
+                .rev()
+                .find_map(|block| block.get("text").and_then(Value::as_str))
+        })
+        .and_then(|text| text.rsplit('\n').next())
+        .unwrap_or("");
+    if let Some(status) = last_line
+        .strip_prefix("[exit ")
+        .and_then(|rest| rest.strip_suffix(']'))
+        .and_then(|status| status.parse::<i64>().ok())
+    {
+        details.exit_status = Some(status);
+        return (if status == 0 { "ok" } else { "failed" }, details);
+    }
+    if last_line.starts_with("[killed after ") || last_line == "[canceled]" {
+        return ("failed", details);
+    }
+    ("ok", details)
 }

@@ -1345,7 +1345,7 @@ async fn a_fork_that_cannot_be_given_is_refused_naming_why_and_starts_nothing() 
 /// The host's log lines while a test runs (this thread's, which a
 /// current-thread runtime's tasks share).
 #[derive(Clone, Default)]
-struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+pub(crate) struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl std::io::Write for Logs {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
@@ -1360,7 +1360,7 @@ impl std::io::Write for Logs {
 
 impl Logs {
     /// Capture this thread's log lines until the guard drops.
-    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+    pub(crate) fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
         let logs = Self::default();
         let writer = logs.clone();
         let subscriber = tracing_subscriber::fmt()
@@ -1371,7 +1371,7 @@ impl Logs {
         (logs, tracing::subscriber::set_default(subscriber))
     }
 
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
 }
@@ -1509,4 +1509,174 @@ async fn a_secret_never_reaches_the_client_raw_through_any_kind_of_unit_message(
         "the log names the unit's words, redacted: {logs}"
     );
     assert!(!logs.contains(SECRET), "the host logged the value: {logs}");
+}
+
+/// The audit lines of `path`, parsed.
+fn audit_lines(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// Issue 22, item 14: a refused `initialize` (a widening, a bad profile, a
+/// bad header, a malformed box ask) is a WARN line, an audit line (with the
+/// profile asked and the client's name and version) and a count in
+/// `box_sessions_refused{reason}`; the session starts nothing.
+#[tokio::test]
+async fn a_refused_initialize_is_logged_audited_and_counted() {
+    let (logs, _guard) = Logs::capture();
+    let fake = FakeBackend::default();
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("audit.jsonl");
+    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    config.audit = Some(super::audit::Audit::open(&path).unwrap());
+    let config = Arc::new(config);
+    let refuse = |ask: Value, transport: super::TransportAsk| {
+        let config = config.clone();
+        async move {
+            let shutdown = CancellationToken::new();
+            let (general, _general) = mpsc::channel(8);
+            let session = super::spawn_session_asking(
+                config,
+                "s-refused".to_owned(),
+                general,
+                &shutdown,
+                transport,
+            );
+            let stream = session
+                .request(jsonrpc::request(
+                    json!(0),
+                    "initialize",
+                    initialize_params(ask),
+                ))
+                .await
+                .unwrap();
+            let (_, response) = collect(stream).await;
+            assert!(response.get("error").is_some(), "{response}");
+        }
+    };
+    refuse(
+        json!({"box": {"tighten": {"network": {"mode": "bridge"}}}}),
+        Default::default(),
+    )
+    .await;
+    refuse(
+        json!({"box": {"profile": "no-such-profile"}}),
+        Default::default(),
+    )
+    .await;
+    refuse(
+        json!({}),
+        super::TransportAsk {
+            tighten: Some(super::AskPart {
+                text: "{not json".to_owned(),
+                source: "the Box-Tighten header".to_owned(),
+            }),
+            ..Default::default()
+        },
+    )
+    .await;
+    refuse(json!({"box": {"profile": 7}}), Default::default()).await;
+    assert_eq!(fake.record(|record| record.starts.len()), 0);
+
+    let lines = audit_lines(&path);
+    let refusals: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|line| {
+            assert_eq!(line["kind"], json!("refusal"), "{line}");
+            assert_eq!(line["session"], json!("s-refused"), "{line}");
+            assert_eq!(
+                line["client"],
+                json!({"name": "test", "version": "1"}),
+                "{line}"
+            );
+            assert!(
+                line["detail"]
+                    .as_str()
+                    .is_some_and(|detail| !detail.is_empty())
+            );
+            (
+                line["reason"].as_str().unwrap(),
+                line["profile"].as_str().unwrap_or("-"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        refusals,
+        [
+            ("widening", "default"),
+            ("profile", "no-such-profile"),
+            ("ask", "-"),
+            ("ask", "-"),
+        ]
+    );
+    let metrics = config.metrics.render();
+    for (reason, count) in [("widening", 1), ("profile", 1), ("ask", 2)] {
+        let series = format!("box_sessions_refused_total{{reason=\"{reason}\"}} {count}");
+        assert!(metrics.contains(&series), "{series}: {metrics}");
+    }
+    let logs = logs.text();
+    let warned: Vec<&str> = logs
+        .lines()
+        .filter(|line| line.contains("WARN") && line.contains("refused"))
+        .collect();
+    assert_eq!(warned.len(), 4, "{logs}");
+    assert!(
+        warned[0].contains("reason=\"widening\"") || warned[0].contains("reason=widening"),
+        "{logs}"
+    );
+    assert!(
+        warned[2].contains("Box-Tighten"),
+        "the header is named: {logs}"
+    );
+}
+
+/// Issue 22, item 14: a call's audit line carries the session's profile,
+/// the client's name and version, and its real outcome: a `bash` call that
+/// exits 3 is `failed` with `exitStatus: 3` and `isError: false`, never
+/// `ok`; one that exits 0 is `ok`.
+#[tokio::test]
+async fn a_calls_audit_line_says_its_profile_client_and_real_outcome() {
+    let fake = FakeBackend::default();
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("audit.jsonl");
+    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    config.audit = Some(super::audit::Audit::open(&path).unwrap());
+    let config = Arc::new(config);
+    let client = connect(config.clone());
+    let init = client.initialize(json!({})).await;
+    assert!(init.get("result").is_some(), "{init}");
+    for (id, command) in [(1, "exit 3"), (2, "true")] {
+        let (_, answer) = collect(
+            client
+                .tool(json!(id), "bash", json!({"command": command}))
+                .await,
+        )
+        .await;
+        assert_eq!(answer["result"]["isError"], json!(false), "{answer}");
+    }
+    let lines = audit_lines(&path);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for line in &lines {
+        assert_eq!(line["profile"], json!("default"), "{line}");
+        assert_eq!(
+            line["client"],
+            json!({"name": "test", "version": "1"}),
+            "{line}"
+        );
+        assert_eq!(line["tool"], json!("bash"), "{line}");
+        assert_eq!(line["isError"], json!(false), "{line}");
+    }
+    assert_eq!(lines[0]["outcome"], json!("failed"), "{}", lines[0]);
+    assert_eq!(lines[0]["exitStatus"], json!(3), "{}", lines[0]);
+    assert_eq!(lines[1]["outcome"], json!("ok"), "{}", lines[1]);
+    assert_eq!(lines[1]["exitStatus"], json!(0), "{}", lines[1]);
+    let metrics = config.metrics.render();
+    assert!(
+        metrics
+            .contains("box_calls_total{method=\"tools/call\",tool=\"other\",outcome=\"failed\"} 1"),
+        "{metrics}"
+    );
 }

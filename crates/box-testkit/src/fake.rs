@@ -2,7 +2,8 @@
 //! are in-process fake executors over tokio duplex pipes. It records starts and
 //! removals, fails a named unit's start on cue, stalls starts and stalls or
 //! fails removals while a test says so (an engine that hangs), and its
-//! executors answer `initialize` with an executor capability, a few tools (`echo`, `slow` with
+//! executors answer `initialize` with an executor capability, a few tools (`echo`, `bash`
+//! ending its text with `[exit N]` as the executor's does, `slow` with
 //! progress, `hang`, `die`, `ask` with an elicitation, `cancelled` listing the
 //! cancellations seen, `mutate` changing its own tool list as a tampered
 //! executor would, `flood` sending a message longer than the host reads,
@@ -682,6 +683,21 @@ impl Executor {
         let text = |text: String| json!({"content": [{"type": "text", "text": text}], "isError": false, "extra": {"kept": true}});
         match name {
             "echo" => Ok(text(arguments.to_string())),
+            "bash" => {
+                // As the executor's: the output, then how it ended; exit
+                // status N for a command `exit N`.
+                let command = arguments
+                    .get("command")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let status: i64 = command
+                    .strip_prefix("exit ")
+                    .and_then(|status| status.trim().parse().ok())
+                    .unwrap_or(0);
+                Ok(
+                    json!({"content": [{"type": "text", "text": format!("ran {command}\n[exit {status}]")}], "isError": false}),
+                )
+            }
             "slow" => {
                 let steps = arguments.get("steps").and_then(Value::as_u64).unwrap_or(2);
                 let ms = arguments.get("ms").and_then(Value::as_u64).unwrap_or(20);

@@ -19,7 +19,10 @@
 //!
 //! Every request passes, in order: the Host check (421: DNS rebinding), the
 //! Origin check (403), the bearer token when one is configured (401 with
-//! `WWW-Authenticate`; compared in constant time; never read from the URL).
+//! `WWW-Authenticate`; compared in constant time; never read from the URL;
+//! not asked of `/healthz` and `/readyz`, which reveal nothing). Each such
+//! refusal is reported to the host ([`SessionFactory::refused`]), which logs,
+//! audits and counts it.
 //! An `Accept` that allows neither answer form gets 406. Bodies are bounded
 //! (413, before reading when the length is declared). The version `initialize`
 //! agreed to governs the rest: `MCP-Protocol-Version` is required from
@@ -57,7 +60,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::{AskPart, SessionFactory, TransportAsk};
+use crate::{AskPart, Refusal, RefusalReason, SessionFactory, TransportAsk};
 use box_jsonrpc::session::SessionHandle;
 use box_jsonrpc::{
     Kind, MessageError, ReplyStream, allows_batches, classify, code, discover_refusal,
@@ -397,18 +400,77 @@ fn token_matches(given: &str, expected: &str) -> bool {
         == 0
 }
 
-/// Host, Origin and bearer checks, in that order.
-fn check_request(options: &HttpOptions, headers: &HeaderMap) -> Result<(), Response> {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|value| value.to_str().ok());
-    match host {
+/// Whether a request must carry the bearer token (when one is configured).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Auth {
+    /// Everything but the probes.
+    Required,
+    /// `/healthz` and `/readyz`: they reveal nothing, and a probe (a load
+    /// balancer's, the kubelet's) carries no token.
+    Probe,
+}
+
+/// What the bearer token check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bearer {
+    /// No token is configured, or the request carries it.
+    Valid,
+    /// The request carries no token.
+    Missing,
+    /// The request carries another token.
+    Wrong,
+}
+
+fn bearer(options: &HttpOptions, headers: &HeaderMap) -> Bearer {
+    let Some(expected) = &options.token else {
+        return Bearer::Valid;
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| {
+            value
+                .strip_prefix("Bearer ")
+                .or_else(|| value.strip_prefix("bearer "))
+        });
+    match given {
+        None => Bearer::Missing,
+        Some(given) if token_matches(given.trim(), expected) => Bearer::Valid,
+        Some(_) => Bearer::Wrong,
+    }
+}
+
+/// A header value as a log may quote it: at most 200 bytes, escaped.
+fn quoted(value: &HeaderValue) -> String {
+    let text = String::from_utf8_lossy(value.as_bytes());
+    let cut: String = text.chars().take(200).collect();
+    format!("{cut:?}")
+}
+
+/// Host, Origin and (as `auth` says) bearer checks, in that order; a refusal
+/// is the answer and what the host is told of it.
+fn check_request(
+    options: &HttpOptions,
+    headers: &HeaderMap,
+    auth: Auth,
+) -> Result<(), (Response, RefusalReason, String)> {
+    let host = headers.get(header::HOST);
+    let host_text = host.and_then(|value| value.to_str().ok());
+    match host_text {
         Some(host) if host_is_allowed(options, host) => {}
         _ => {
-            return Err(refuse(
-                StatusCode::MISDIRECTED_REQUEST,
-                code::INVALID_REQUEST,
-                "the Host header names a host this server does not serve (DNS rebinding guard); see --allow-host",
+            let detail = match host {
+                Some(host) => format!("Host {} is not served here", quoted(host)),
+                None => "no Host header".to_owned(),
+            };
+            return Err((
+                refuse(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    code::INVALID_REQUEST,
+                    "the Host header names a host this server does not serve (DNS rebinding guard); see --allow-host",
+                ),
+                RefusalReason::Host,
+                detail,
             ));
         }
     }
@@ -417,42 +479,57 @@ fn check_request(options: &HttpOptions, headers: &HeaderMap) -> Result<(), Respo
             .to_str()
             .is_ok_and(|origin| origin_is_allowed(options, origin));
         if !allowed {
-            return Err(refuse(
-                StatusCode::FORBIDDEN,
-                code::INVALID_REQUEST,
-                "the Origin is not allowed; see --allow-origin",
+            return Err((
+                refuse(
+                    StatusCode::FORBIDDEN,
+                    code::INVALID_REQUEST,
+                    "the Origin is not allowed; see --allow-origin",
+                ),
+                RefusalReason::Origin,
+                format!("Origin {} is not allowed (--allow-origin)", quoted(origin)),
             ));
         }
     }
-    if let Some(expected) = &options.token {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| {
-                value
-                    .strip_prefix("Bearer ")
-                    .or_else(|| value.strip_prefix("bearer "))
-            });
-        let ok = given.is_some_and(|given| token_matches(given.trim(), expected));
-        if !ok {
-            let challenge = if given.is_some() {
-                "Bearer realm=\"box\", error=\"invalid_token\""
-            } else {
-                "Bearer realm=\"box\""
-            };
-            let mut response = refuse(
-                StatusCode::UNAUTHORIZED,
-                code::INVALID_REQUEST,
-                "a bearer token is required in the Authorization header (never in the URL)",
-            );
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static(challenge),
-            );
-            return Err(response);
-        }
+    if auth == Auth::Probe {
+        return Ok(());
     }
-    Ok(())
+    let (challenge, detail) = match bearer(options, headers) {
+        Bearer::Valid => return Ok(()),
+        Bearer::Missing => (
+            "Bearer realm=\"box\"",
+            "no bearer token in the Authorization header",
+        ),
+        Bearer::Wrong => (
+            "Bearer realm=\"box\", error=\"invalid_token\"",
+            "a wrong bearer token",
+        ),
+    };
+    let mut response = refuse(
+        StatusCode::UNAUTHORIZED,
+        code::INVALID_REQUEST,
+        "a bearer token is required in the Authorization header (never in the URL)",
+    );
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(challenge),
+    );
+    Err((response, RefusalReason::Unauthorized, detail.to_owned()))
+}
+
+impl AppState {
+    /// [`check_request`] for a request to `path`; a refusal is reported to
+    /// the host before it is answered.
+    fn check(&self, headers: &HeaderMap, path: &str, auth: Auth) -> Result<(), Response> {
+        check_request(&self.options, headers, auth).map_err(|(response, reason, detail)| {
+            self.sessions_factory.refused(&Refusal {
+                reason,
+                status: response.status().as_u16(),
+                path: path.to_owned(),
+                detail,
+            });
+            response
+        })
+    }
 }
 
 fn session_header(headers: &HeaderMap) -> Option<String> {
@@ -651,7 +728,11 @@ async fn post_message(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Err(response) = check_request(&state.options, &headers) {
+    let path = match &path_profile {
+        Some(profile) => format!("/mcp/p/{profile}"),
+        None => "/mcp".to_owned(),
+    };
+    if let Err(response) = state.check(&headers, &path, Auth::Required) {
         return response;
     }
     let accepts = Accepts::from_headers(&headers);
@@ -1049,7 +1130,7 @@ fn named_session(
     state: &AppState,
     headers: &HeaderMap,
 ) -> Result<(String, SessionHandle, GeneralSlot), Response> {
-    check_request(&state.options, headers)?;
+    state.check(headers, "/mcp", Auth::Required)?;
     let Some(session_id) = session_header(headers) else {
         return Err(refuse(
             StatusCode::BAD_REQUEST,
@@ -1149,7 +1230,7 @@ async fn delete_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> R
 }
 
 async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(response) = check_request(&state.options, &headers) {
+    if let Err(response) = state.check(&headers, "/metrics", Auth::Required) {
         return response;
     }
     let (content_type, text) = state.sessions_factory.metrics();
@@ -1166,18 +1247,21 @@ fn probe(status: StatusCode, text: String) -> Response {
         .into_response()
 }
 
-/// Liveness: the process answers. Behind the same checks as `/mcp`.
+/// Liveness: the process answers. Behind the Host and Origin checks of
+/// `/mcp`, not the bearer token: it reveals nothing, and a probe carries none.
 async fn healthz(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(response) = check_request(&state.options, &headers) {
+    if let Err(response) = state.check(&headers, "/healthz", Auth::Probe) {
         return response;
     }
     probe(StatusCode::OK, "ok\n".to_owned())
 }
 
 /// Readiness: not draining, and the host says its backend answers (503
-/// otherwise, with why). Behind the same checks as `/mcp`.
+/// otherwise). Behind the Host and Origin checks of `/mcp`, not the bearer
+/// token; why the backend does not answer is said only to a request that
+/// carries the token (it may name the engine's socket and the like).
 async fn readyz(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(response) = check_request(&state.options, &headers) {
+    if let Err(response) = state.check(&headers, "/readyz", Auth::Probe) {
         return response;
     }
     if state.shutdown.is_cancelled() {
@@ -1188,7 +1272,13 @@ async fn readyz(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
     }
     match state.sessions_factory.readiness().await {
         Ok(()) => probe(StatusCode::OK, "ready\n".to_owned()),
-        Err(why) => probe(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        Err(why) if bearer(&state.options, &headers) == Bearer::Valid => {
+            probe(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"))
+        }
+        Err(_) => probe(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready (the reason is given with the bearer token)\n".to_owned(),
+        ),
     }
 }
 
@@ -1196,8 +1286,14 @@ async fn readyz(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
 mod tests {
     use super::*;
 
-    /// A factory whose backend always answers; it never opens a session.
-    struct Ready;
+    /// A factory whose backend always answers; it never opens a session, and
+    /// keeps the refusals it is told of.
+    #[derive(Default)]
+    struct Ready {
+        refusals: Mutex<Vec<Refusal>>,
+        /// Why the backend does not answer, when it does not.
+        not_ready: Option<String>,
+    }
 
     impl SessionFactory for Ready {
         fn open(
@@ -1219,10 +1315,17 @@ mod tests {
             ("text/plain", String::new())
         }
         fn readiness(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
-            Box::pin(async { Ok(()) })
+            let ready = match &self.not_ready {
+                Some(why) => Err(why.clone()),
+                None => Ok(()),
+            };
+            Box::pin(async move { ready })
         }
         fn units_left(&self, _id: &str) -> Vec<crate::UnitLeft> {
             Vec::new()
+        }
+        fn refused(&self, refusal: &Refusal) {
+            self.refusals.lock().unwrap().push(refusal.clone());
         }
     }
 
@@ -1286,11 +1389,158 @@ mod tests {
         );
     }
 
+    fn state_of(factory: Arc<Ready>, options: HttpOptions) -> Arc<AppState> {
+        Arc::new(AppState {
+            sessions_factory: factory,
+            permits: Arc::new(Semaphore::new(options.max_sessions)),
+            options,
+            sessions: Mutex::new(HashMap::new()),
+            shutdown: CancellationToken::new(),
+        })
+    }
+
+    /// Issue 22, item 14: a 421, a 403 and a 401 are each reported to the
+    /// host once, with the reason, the status, the path and what was wrong
+    /// (never the token); a request that passes reports nothing.
+    #[tokio::test]
+    async fn every_refusal_is_reported_to_the_host() {
+        let factory = Arc::new(Ready::default());
+        let options = HttpOptions {
+            token: Some("the-token-0123456789".to_owned()),
+            ..HttpOptions::loopback()
+        };
+        let state = state_of(factory.clone(), options);
+        let headers = |pairs: &[(header::HeaderName, &str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                headers.insert(name.clone(), HeaderValue::from_str(value).unwrap());
+            }
+            headers
+        };
+        let cases = [
+            (
+                headers(&[(header::HOST, "evil.example")]),
+                StatusCode::MISDIRECTED_REQUEST,
+            ),
+            (
+                headers(&[
+                    (header::HOST, "127.0.0.1"),
+                    (header::ORIGIN, "https://evil.example"),
+                ]),
+                StatusCode::FORBIDDEN,
+            ),
+            (
+                headers(&[(header::HOST, "127.0.0.1")]),
+                StatusCode::UNAUTHORIZED,
+            ),
+            (
+                headers(&[
+                    (header::HOST, "127.0.0.1"),
+                    (header::AUTHORIZATION, "Bearer a-wrong-token-9876543210"),
+                ]),
+                StatusCode::UNAUTHORIZED,
+            ),
+        ];
+        for (headers, status) in cases {
+            let response = metrics(State(state.clone()), headers).await;
+            assert_eq!(response.status(), status);
+        }
+        let passing = headers(&[
+            (header::HOST, "127.0.0.1"),
+            (header::AUTHORIZATION, "Bearer the-token-0123456789"),
+        ]);
+        assert_eq!(
+            metrics(State(state.clone()), passing).await.status(),
+            StatusCode::OK
+        );
+        let seen = factory.refusals.lock().unwrap().clone();
+        let summary: Vec<(&str, u16, &str)> = seen
+            .iter()
+            .map(|refusal| {
+                (
+                    refusal.reason.as_str(),
+                    refusal.status,
+                    refusal.path.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("host", 421, "/metrics"),
+                ("origin", 403, "/metrics"),
+                ("unauthorized", 401, "/metrics"),
+                ("unauthorized", 401, "/metrics"),
+            ]
+        );
+        assert!(seen[0].detail.contains("\"evil.example\""), "{seen:?}");
+        assert!(seen[1].detail.contains("https://evil.example"), "{seen:?}");
+        assert_eq!(
+            seen[2].detail,
+            "no bearer token in the Authorization header"
+        );
+        assert_eq!(seen[3].detail, "a wrong bearer token");
+        for refusal in &seen {
+            assert!(!refusal.detail.contains("token-"), "{refusal:?}");
+        }
+    }
+
+    /// Issue 22, item 15: on a host with a bearer token, `/healthz` and
+    /// `/readyz` answer a probe without it (the Host and Origin checks
+    /// stay); why the host is not ready is told only with the token.
+    #[tokio::test]
+    async fn probes_answer_without_the_bearer_token() {
+        let options = HttpOptions {
+            token: Some("the-token-0123456789".to_owned()),
+            ..HttpOptions::loopback()
+        };
+        let mut host = HeaderMap::new();
+        host.insert(header::HOST, HeaderValue::from_static("127.0.0.1"));
+        let factory = Arc::new(Ready::default());
+        let state = state_of(factory.clone(), options.clone());
+        let alive = healthz(State(state.clone()), host.clone()).await;
+        assert_eq!(alive.status(), StatusCode::OK);
+        let ready = readyz(State(state.clone()), host.clone()).await;
+        assert_eq!(ready.status(), StatusCode::OK);
+        assert!(factory.refusals.lock().unwrap().is_empty());
+        // The Host check stays.
+        let mut evil = HeaderMap::new();
+        evil.insert(header::HOST, HeaderValue::from_static("evil.example"));
+        let refused = healthz(State(state), evil).await;
+        assert_eq!(refused.status(), StatusCode::MISDIRECTED_REQUEST);
+
+        let body = |response: Response| async move {
+            let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            String::from_utf8(bytes.to_vec()).unwrap()
+        };
+        let why = "the docker backend does not answer: /run/docker.sock";
+        let state = state_of(
+            Arc::new(Ready {
+                not_ready: Some(why.to_owned()),
+                ..Ready::default()
+            }),
+            options,
+        );
+        let anonymous = readyz(State(state.clone()), host.clone()).await;
+        assert_eq!(anonymous.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!body(anonymous).await.contains("docker.sock"));
+        let mut authorized = host;
+        authorized.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer the-token-0123456789"),
+        );
+        let told = readyz(State(state), authorized).await;
+        assert_eq!(told.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body(told).await.contains("docker.sock"));
+    }
+
     #[tokio::test]
     async fn readiness_is_refused_while_draining() {
         let options = HttpOptions::loopback();
         let state = Arc::new(AppState {
-            sessions_factory: Arc::new(Ready),
+            sessions_factory: Arc::new(Ready::default()),
             permits: Arc::new(Semaphore::new(options.max_sessions)),
             options,
             sessions: Mutex::new(HashMap::new()),

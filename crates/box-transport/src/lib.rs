@@ -58,6 +58,47 @@ pub trait SessionFactory: Send + Sync + 'static {
     /// The units of session `id` not yet confirmed removed, for a DELETE
     /// that waited too long.
     fn units_left(&self, id: &str) -> Vec<UnitLeft>;
+
+    /// A request the transport refused before any session saw it (its Host,
+    /// its Origin, its bearer token), once per request: the host makes it a
+    /// log line, an audit line and a count, so an operator sees it.
+    fn refused(&self, refusal: &Refusal);
+}
+
+/// A request the transport refused, as it reports it ([`SessionFactory::refused`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Why, from a fixed set.
+    pub reason: RefusalReason,
+    /// The HTTP status answered.
+    pub status: u16,
+    /// The request's path.
+    pub path: String,
+    /// What was wrong, for people: never a token, an Origin quoted with
+    /// its control characters escaped and at most 200 bytes of it.
+    pub detail: String,
+}
+
+/// Why the transport refused a request (a metric's label: a fixed set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalReason {
+    /// 401: no bearer token, or a wrong one.
+    Unauthorized,
+    /// 403: an Origin that is not allowed.
+    Origin,
+    /// 421: a Host this server does not serve (DNS rebinding).
+    Host,
+}
+
+impl RefusalReason {
+    /// The label: `unauthorized`, `origin`, `host`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unauthorized => "unauthorized",
+            Self::Origin => "origin",
+            Self::Host => "host",
+        }
+    }
 }
 
 /// A unit whose removal is not confirmed, as a transport reports it.
