@@ -347,7 +347,9 @@ fn host_addresses() -> BTreeSet<IpAddr> {
         .collect()
 }
 
-/// One attempt: an audit line, a metric, a debug log line.
+/// One attempt: an audit line, a metric, and a log line: WARN for a
+/// refusal (naming the host and why, so whoever runs the unit sees why its
+/// client got a 403), debug otherwise.
 fn report(config: &HostConfig, event: &Event) {
     let reason = match &event.decision {
         box_egress::Decision::Allowed { .. } => "",
@@ -357,6 +359,24 @@ fn report(config: &HostConfig, event: &Event) {
     config.metrics.egress(event.decision.outcome(), reason);
     if let Some(audit) = &config.audit {
         audit.egress(event);
+    }
+    if let box_egress::Decision::Refused(refusal) = &event.decision {
+        let host = crate::one_line(&event.host);
+        let target = match (host.is_empty(), event.port) {
+            (true, _) => "a request the proxy could not read".to_owned(),
+            (false, 0) => host.clone(),
+            (false, port) => format!("{host}:{port}"),
+        };
+        tracing::warn!(
+            session = %event.session,
+            unit = %event.unit,
+            host = %host,
+            port = event.port,
+            reason,
+            "egress to {target} refused: {}",
+            crate::one_line(&refusal.to_string())
+        );
+        return;
     }
     tracing::debug!(
         session = %event.session,
@@ -437,6 +457,77 @@ mod tests {
                 .is_within(&AllowList::parse([outer]).unwrap());
             assert_eq!(policy, proxy, "{inner} within {outer}");
         }
+    }
+
+    /// Issue 22, item 14: a refused attempt is a WARN line naming the
+    /// session, the unit, the host and port and why (so a `box run` user sees
+    /// why `curl` got a 403), besides its audit line and count; an allowed
+    /// one logs nothing at WARN.
+    #[test]
+    fn a_refused_attempt_is_a_warn_line_naming_the_host_and_why() {
+        let (logs, _guard) = crate::tests::Logs::capture();
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("audit.jsonl");
+        let mut config = HostConfig::new(
+            Arc::new(box_testkit::fake::FakeBackend::default()),
+            box_policy::profile::Catalog::only(Vec::new()),
+            crate::tests::facts(),
+        );
+        config.audit = Some(crate::audit::Audit::open(&path).unwrap());
+        let event = |host: &str, decision: box_egress::Decision| Event {
+            session: "s-egress".to_owned(),
+            unit: "workspace".to_owned(),
+            method: "CONNECT".to_owned(),
+            host: host.to_owned(),
+            port: 443,
+            sni: None,
+            address: None,
+            decision,
+            bytes_up: 0,
+            bytes_down: 0,
+            duration: std::time::Duration::ZERO,
+            error: None,
+        };
+        report(
+            &config,
+            &event(
+                "denied.example.org",
+                box_egress::Decision::Refused(box_egress::Refusal::NotAllowed),
+            ),
+        );
+        report(
+            &config,
+            &event(
+                "example.com",
+                box_egress::Decision::Allowed {
+                    rule: box_egress::Rule::parse("example.com").unwrap(),
+                },
+            ),
+        );
+        let logs = logs.text();
+        let warned: Vec<&str> = logs.lines().filter(|line| line.contains("WARN")).collect();
+        assert_eq!(warned.len(), 1, "{logs}");
+        let line = warned[0];
+        for says in [
+            "egress to denied.example.org:443 refused",
+            "s-egress",
+            "workspace",
+            box_egress::Refusal::NotAllowed.reason(),
+        ] {
+            assert!(line.contains(says), "{says}: {line}");
+        }
+        assert!(!logs.contains("example.com:443 refused"), "{logs}");
+        let audit = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(audit.lines().count(), 2, "{audit}");
+        assert!(audit.contains("\"refused\""), "{audit}");
+        let metrics = config.metrics.render();
+        assert!(
+            metrics.contains(&format!(
+                "box_egress_connections_total{{outcome=\"refused\",reason=\"{}\"}} 1",
+                box_egress::Refusal::NotAllowed.reason()
+            )),
+            "{metrics}"
+        );
     }
 
     /// Reattach's half of the proxy: a handed-off proxy leaves its directory; a
