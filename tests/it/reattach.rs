@@ -632,8 +632,32 @@ async fn local_a_stdio_session_reattaches_in_a_new_serve_process() {
     stdio_session_reattaches(Setup::on("local", "stdio")).await;
 }
 
+/// The profile of the stdio reattach tests: a secret the late answer prints
+/// (issue 22, item 1: a late answer is redacted like any other).
+const LATE_SECRET: (&str, &str) = ("BOX_E2E_LATE_SECRET", "late-secret-value-5e1f0a9c");
+
+/// `box serve` over stdio on profile `late` (the default plus
+/// [`LATE_SECRET`]), the secret in its environment.
+fn serve_stdio_late(setup: &Setup) -> Served {
+    std::fs::write(
+        setup.profiles.path().join("late.toml"),
+        format!(
+            "extends = \"default\"\n\n[env]\nsecrets = [\"{}\"]\n",
+            LATE_SECRET.0
+        ),
+    )
+    .unwrap();
+    let mut command = setup.command();
+    command
+        .arg("--profiles")
+        .arg(setup.profiles.path())
+        .args(["--profile", "late"])
+        .env(LATE_SECRET.0, LATE_SECRET.1);
+    Served::spawn(command)
+}
+
 async fn stdio_session_reattaches(setup: Setup) {
-    let mut first = serve_stdio(&setup);
+    let mut first = serve_stdio_late(&setup);
     let answer = tokio::task::block_in_place(|| initialize_stdio(&mut first, json!({})));
     let identity = box_answer(&answer)["session"].clone();
     let session = identity["id"]
@@ -651,7 +675,10 @@ async fn stdio_session_reattaches(setup: Setup) {
     // A call in flight when the host dies: reported as unknown outcome, and
     // its answer, when the unit gives it, reaches the client late.
     first.send(&json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
-        "params": {"name": "bash", "arguments": {"command": "touch ${TMPDIR:-/tmp}/started; sleep 3; echo late-answer"}}}));
+    "params": {"name": "bash", "arguments": {"command": format!(
+        "touch ${{TMPDIR:-/tmp}}/started; sleep 3; echo late-answer; cat /run/secrets/{}",
+        LATE_SECRET.0
+    )}}}));
     // Killed only once the call runs in the unit.
     let mut probe = 6;
     loop {
@@ -671,7 +698,7 @@ async fn stdio_session_reattaches(setup: Setup) {
     }
     kill9(&mut first.child);
 
-    let mut second = serve_stdio(&setup);
+    let mut second = serve_stdio_late(&setup);
     let answer = tokio::task::block_in_place(|| {
         initialize_stdio(
             &mut second,
@@ -700,9 +727,11 @@ async fn stdio_session_reattaches(setup: Setup) {
     assert!(
         late["params"]["response"]["result"]["content"][0]["text"]
             .as_str()
-            .is_some_and(|text| text.contains("late-answer")),
+            .is_some_and(|text| text.contains("late-answer")
+                && text.contains(&format!("[REDACTED:{}]", LATE_SECRET.0))),
         "{late}"
     );
+    assert!(!late.to_string().contains(LATE_SECRET.1), "{late}");
     let read = tokio::task::block_in_place(|| {
         second.request(
             2,
