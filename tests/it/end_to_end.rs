@@ -317,7 +317,7 @@ async fn a_server_unit_is_listed_started_and_driven_with_namespaced_ids() {
     // unit's process methods is what is under test, not MCP inside it.
     std::fs::write(
         profiles.path().join("with-echo.toml"),
-        "description = \"the default workspace plus an echo server\"\nextends = \"default\"\n\n[[server]]\nname = \"echo\"\nimage = \"box-base:bookworm\"\ncommand = [\"cat\"]\ndescription = \"echoes what it is sent\"\n",
+        "description = \"the default workspace plus an echo server\"\nextends = \"default\"\n\n[[server]]\nname = \"echo\"\nimage = \"box-base:bookworm\"\ncommand = [\"cat\"]\ndescription = \"echoes what it is sent\"\nlocal_userland = \"host\"\n",
     )
     .unwrap();
     for backend in backends() {
@@ -613,6 +613,7 @@ extends = "default"
 
 [workspace]
 image = "box-test-tools:latest"
+local_userland = "host"
 
 [network]
 mode = "egress"

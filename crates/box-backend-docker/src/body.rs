@@ -688,6 +688,7 @@ pub fn envelope_from_inspect(
         // The backend sets it from the image it verified.
         image_digest: None,
         runtime: Some(runtime),
+        userland: None,
         root: spec.root.to_string_lossy().into_owned(),
         user,
         network,

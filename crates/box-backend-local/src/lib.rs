@@ -102,7 +102,9 @@ use box_policy::envelope::{
     AppliedLimits, AppliedNetwork, BackendKind, EgressLimits, LocalNone, ProcessLimits, UnitState,
 };
 use box_policy::executor::{PlaceKind, SECRET_VALUE_PREFIX, SECRETS_DIR};
-use box_policy::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
+use box_policy::plan::{
+    LocalUserland, MountMode, NetworkMode, Requirement, Role, UnitSpec, WorkspaceSource,
+};
 
 /// Run the hidden `box sandbox` subcommand (the helper, in the unit's
 /// process); `executor` runs `box execute` in place when CMD is this binary's.
@@ -1316,8 +1318,10 @@ where
     environment::unit_environment(spec, host_vars, &own)
 }
 
-/// What the local backend cannot apply to `spec`, every one named: a
-/// privileged unit, a host namespace it does not know, an egress unit or
+/// What the local backend cannot apply to `spec`, every one named: an
+/// image (a unit runs on the host's own userland, which only the unit's
+/// `local_userland = "host"` accepts in place of its image), an engine's
+/// runtime, a privileged unit, a host namespace it does not know, an egress unit or
 /// secrets with the host's network or mount namespace shared, capabilities
 /// granted back, and landlock required where the kernel has none (judged
 /// only when `landlock_abi` is given; the helper judges it again where it
@@ -1331,6 +1335,28 @@ pub fn check_spec(spec: &UnitSpec, landlock_abi: Option<u32>) -> Result<(), Vec<
             why: why.to_owned(),
         })
     };
+    // Where the profile writes the unit's fields.
+    let (field, table) = match spec.role {
+        Role::Workspace => ("workspace".to_owned(), "[workspace]".to_owned()),
+        Role::Server => (
+            format!("server[{}]", spec.name),
+            format!("its [[server]] table (name = {:?})", spec.name),
+        ),
+    };
+    if spec.local_userland == LocalUserland::Refuse {
+        refuse(
+            format!("{field}.image {}", spec.image),
+            &format!(
+                "the local backend runs a unit on this host's own userland and cannot give it an image; use the docker backend (--backend docker), or, to run it on the host's userland instead, write local_userland = \"host\" under {table} in the profile"
+            ),
+        );
+    }
+    if let Some(runtime) = &spec.runtime {
+        refuse(
+            format!("{field}.runtime {runtime}"),
+            "the local backend has no OCI runtime (a unit is a sandboxed process tree on this host's kernel); use the docker backend (--backend docker), or remove runtime from the profile",
+        );
+    }
     if spec.security.privileged {
         refuse(
             "privileged".to_owned(),
@@ -1604,6 +1630,8 @@ pub(crate) fn envelope_from_parts(
         image_id: String::new(),
         image_digest: None,
         runtime: None,
+        // The local backend starts only units that may run here (check_spec).
+        userland: Some("host".to_owned()),
         root: layout
             .workspace
             .as_ref()

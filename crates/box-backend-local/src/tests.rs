@@ -17,6 +17,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
         pull: box_policy::plan::PullPolicy::Missing,
         pull_secret: None,
         runtime: None,
+        local_userland: box_policy::plan::LocalUserland::Host,
         source,
         root: PathBuf::from("/workspace"),
         mode: MountMode::ReadWrite,
@@ -684,4 +685,70 @@ fn a_helper_is_known_by_its_pid_and_start_time() {
     let pid = child.id();
     child.wait().unwrap();
     assert_eq!(lease::start_time(pid), None, "an ended, reaped process");
+}
+
+/// Issue 22, item 4: an image the local backend cannot give, and an engine's
+/// runtime, are refused naming the field, the backend and the fix, unless
+/// the unit's `local_userland = "host"` accepts the host's userland (which
+/// never excuses a runtime).
+#[test]
+fn an_image_or_runtime_the_local_backend_cannot_give_is_refused() {
+    let pin = "img@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let mut spec = unit_spec(WorkspaceSource::Empty);
+    spec.image = pin.to_owned();
+    assert_eq!(check_spec(&spec, Some(6)), Ok(()));
+    spec.local_userland = box_policy::plan::LocalUserland::Refuse;
+    let refusals = check_spec(&spec, Some(6)).unwrap_err();
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert_eq!(
+        refusals[0].to_string(),
+        format!(
+            "unit workspace: workspace.image {pin}: the local backend runs a unit on this host's own userland and cannot give it an image; use the docker backend (--backend docker), or, to run it on the host's userland instead, write local_userland = \"host\" under [workspace] in the profile"
+        )
+    );
+    let error = sandbox_spec(
+        &spec,
+        &layout(&WorkspaceSource::Empty),
+        &UnitEnvironment::default(),
+        &options(),
+        &UnitWiring::default(),
+    )
+    .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with(&format!("unit workspace: workspace.image {pin} is required but cannot be applied here: the local backend")),
+        "{error}"
+    );
+    let mut server = unit_spec(WorkspaceSource::None);
+    server.name = "fetch".to_owned();
+    server.role = Role::Server;
+    server.local_userland = box_policy::plan::LocalUserland::Refuse;
+    server.runtime = Some("runsc".to_owned());
+    let refusals = check_spec(&server, Some(6)).unwrap_err();
+    let controls: Vec<&str> = refusals
+        .iter()
+        .map(|refusal| refusal.control.as_str())
+        .collect();
+    assert_eq!(
+        controls,
+        [
+            "server[fetch].image box-base:bookworm",
+            "server[fetch].runtime runsc"
+        ]
+    );
+    assert!(
+        refusals[0]
+            .why
+            .contains("under its [[server]] table (name = \"fetch\")"),
+        "{refusals:?}"
+    );
+    assert!(refusals[1].why.contains("no OCI runtime"), "{refusals:?}");
+    server.local_userland = box_policy::plan::LocalUserland::Host;
+    let refusals = check_spec(&server, Some(6)).unwrap_err();
+    assert_eq!(
+        refusals.len(),
+        1,
+        "a runtime is refused whatever the userland: {refusals:?}"
+    );
 }

@@ -319,6 +319,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         image_id: String::new(),
         image_digest: None,
         runtime: None,
+        userland: None,
         root: spec.root.display().to_string(),
         user: String::new(),
         network: AppliedNetwork {
