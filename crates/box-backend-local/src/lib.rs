@@ -1709,7 +1709,7 @@ fn unit_ended(
             }
             box_init::host::UnitEnd::Released => UnitEnd {
                 exit_code: None,
-                oom_killed: false,
+                oom_killed: Some(false),
                 reason: "the unit was released to another host".to_owned(),
             },
             box_init::host::UnitEnd::Disconnected => {
@@ -1730,22 +1730,35 @@ fn unit_ended(
 /// the executor did: same exit code, or killed by the same signal).
 /// `lapsed`: the helper said it ended the unit because its lease (of that
 /// many milliseconds) lapsed.
+///
+/// A local unit has no memory cgroup of its own (its memory is bounded per
+/// process by rlimits, which fail an allocation rather than kill): its
+/// processes are in the host's cgroup, whose OOM kills box cannot tell from
+/// the host's own or another process's. So a SIGKILL nobody here sent is
+/// "cannot tell" (`oom_killed: None`); any other end rules the OOM killer
+/// out (it kills with SIGKILL only).
 fn unit_end(status: Option<ExitStatus>, removed: bool, lapsed: Option<u64>) -> UnitEnd {
     let (code, signal) = match status {
         Some(status) => (status.code(), status.signal()),
         None => (None, None),
     };
+    let sigkill = signal == Some(nix::sys::signal::Signal::SIGKILL as i32);
     let cause = match (code, signal) {
+        (_, Some(signal)) if sigkill && !removed && lapsed.is_none() => format!(
+            "the executor was killed by {}: from outside or by the kernel's OOM killer, which box cannot tell for a local unit (it has no memory cgroup of its own)",
+            signal_name(signal)
+        ),
         (_, Some(signal)) => format!("the executor was killed by {}", signal_name(signal)),
         (Some(code), None) => format!("the executor exited with code {code}"),
         (None, None) => "the executor ended for an unknown reason".to_owned(),
     };
+    let told = removed || lapsed.is_some() || (status.is_some() && !sigkill);
     UnitEnd {
         exit_code: match (code, signal) {
             (_, Some(_)) => Some(-1),
             (code, None) => code.map(i64::from),
         },
-        oom_killed: false,
+        oom_killed: told.then_some(false),
         reason: if let Some(lease_ms) = lapsed {
             format!(
                 "the unit ended because its lease lapsed: its host did not renew it within {} (the host was stopped, hung or too busy)",

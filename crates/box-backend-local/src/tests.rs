@@ -454,15 +454,48 @@ fn pids_are_reported_unbound_for_host_root() {
 
 #[test]
 fn a_signal_ends_with_code_minus_one_and_its_name() {
-    let end = unit_end(Some(ExitStatus::from_raw(9)), false, None);
+    let end = unit_end(Some(ExitStatus::from_raw(15)), false, None);
     assert_eq!(end.exit_code, Some(-1));
-    assert_eq!(end.reason, "the executor was killed by SIGKILL (9)");
+    assert_eq!(end.reason, "the executor was killed by SIGTERM (15)");
     let end = unit_end(Some(ExitStatus::from_raw(3 << 8)), true, None);
     assert_eq!(end.exit_code, Some(3));
     assert_eq!(
         end.reason,
         "the unit was removed (the executor exited with code 3)"
     );
+}
+
+/// Issue 22, item 6: a local unit has no memory cgroup of its own, so a
+/// SIGKILL nobody here sent is "cannot tell" (`oomKilled: null`), never "not
+/// the OOM killer"; every other end rules it out.
+#[test]
+fn a_local_sigkill_says_it_cannot_tell_the_oom_killer() {
+    let end = unit_end(Some(ExitStatus::from_raw(9)), false, None);
+    assert_eq!(end.exit_code, Some(-1));
+    assert_eq!(end.oom_killed, None);
+    assert_eq!(
+        end.reason,
+        "the executor was killed by SIGKILL (9): from outside or by the kernel's OOM killer, which box cannot tell for a local unit (it has no memory cgroup of its own)"
+    );
+    let removed = unit_end(Some(ExitStatus::from_raw(9)), true, None);
+    assert_eq!(removed.oom_killed, Some(false));
+    assert_eq!(
+        removed.reason,
+        "the unit was removed (the executor was killed by SIGKILL (9))"
+    );
+    assert_eq!(
+        unit_end(Some(ExitStatus::from_raw(9)), false, Some(1000)).oom_killed,
+        Some(false)
+    );
+    assert_eq!(
+        unit_end(Some(ExitStatus::from_raw(3 << 8)), false, None).oom_killed,
+        Some(false)
+    );
+    assert_eq!(
+        unit_end(Some(ExitStatus::from_raw(15)), false, None).oom_killed,
+        Some(false)
+    );
+    assert_eq!(unit_end(None, false, None).oom_killed, None);
 }
 
 #[test]
