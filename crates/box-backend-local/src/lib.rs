@@ -1325,7 +1325,7 @@ where
 /// secrets with the host's network or mount namespace shared, capabilities
 /// granted back, and landlock required where the kernel has none (judged
 /// only when `landlock_abi` is given; the helper judges it again where it
-/// confines). Pure; [`Backend::check`] and [`sandbox_spec`] both ask.
+/// confines). Pure; [`Backend::check`] and `sandbox_spec` both ask.
 pub fn check_spec(spec: &UnitSpec, landlock_abi: Option<u32>) -> Result<(), Vec<Unenforceable>> {
     let mut refusals = Vec::new();
     let mut refuse = |control: String, why: &str| {
