@@ -563,7 +563,7 @@ fn egress_figures(backend: &str) {
     std::fs::write(
         profiles.path().join("bench-egress.toml"),
         format!(
-            "description = \"egress bench\"\nextends = \"default\"\n[workspace]\nimage = \"box-test-tools:latest\"\n[network]\nmode = \"egress\"\nallow = [\"bulk.test:{port}\"]\nhosts = {{ \"bulk.test\" = \"127.0.0.1\" }}\n[operator]\nallow_dangerous = [\"private-destinations\"]\n"
+            "description = \"egress bench\"\nextends = \"default\"\n[workspace]\nimage = \"box-test-tools:latest\"\nlocal_userland = \"host\"\n[network]\nmode = \"egress\"\nallow = [\"bulk.test:{port}\"]\nhosts = {{ \"bulk.test\" = \"127.0.0.1\" }}\n[operator]\nallow_dangerous = [\"private-destinations\"]\n"
         ),
     )
     .unwrap();

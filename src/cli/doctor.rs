@@ -23,7 +23,8 @@ use crate::plan::{HostFacts, UserIds};
 on at least one backend with every protection it requires, as that backend's
 own start-time check judges it (docker: an engine, the profile's images,
 landlock when the profile requires it; local: user namespaces, landlock when
-required, what the local sandbox cannot apply refused); else box doctor exits 1
+required, what the local sandbox cannot apply refused: an image, unless the
+unit says local_userland = \"host\", and a runtime); else box doctor exits 1
 naming what is missing on each backend.")]
 pub struct DoctorArgs {
     /// Machine-readable output.

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde_json::{Value, json};
 
-use crate::plan::{self, HostFacts, PullPolicy, UserIds};
+use crate::plan::{self, HostFacts, LocalUserland, PullPolicy, UserIds};
 use crate::profile::{
     Catalog, Danger, LimitsPolicy, NetworkPolicy, Problem, Profile, ProfileError, Source,
     UserChoice, show_duration,
@@ -438,6 +438,10 @@ fn profile_json(profile: &Profile) -> Value {
     if let Some(runtime) = &profile.workspace.runtime {
         shown["workspace"]["runtime"] = json!(runtime);
     }
+    // Likewise a unit the local backend may run on the host's userland.
+    if profile.workspace.local_userland != LocalUserland::default() {
+        shown["workspace"]["local_userland"] = json!(profile.workspace.local_userland.as_str());
+    }
     // Likewise images to choose from and a pull policy other than the default.
     if !profile.workspace.images.is_empty() {
         shown["workspace"]["images"] = json!(profile.workspace.images);
@@ -451,6 +455,9 @@ fn profile_json(profile: &Profile) -> Value {
         }
         if server.pull != PullPolicy::default() {
             shown["servers"][index]["pull"] = json!(server.pull.as_str());
+        }
+        if server.local_userland != LocalUserland::default() {
+            shown["servers"][index]["local_userland"] = json!(server.local_userland.as_str());
         }
     }
     shown
@@ -509,6 +516,9 @@ fn show(profile: &Profile) -> String {
         }
         if workspace.pull != PullPolicy::default() {
             line(format!("pull         {}", workspace.pull.as_str()));
+        }
+        if workspace.local_userland == LocalUserland::Host {
+            line("local        runs on the host's own userland in place of the image (local_userland = \"host\")".to_owned());
         }
         line(format!("network      {}", network_text(&profile.network)));
         line(format!("limits       {}", limits_text(&profile.limits)));
@@ -576,6 +586,9 @@ fn show(profile: &Profile) -> String {
             "               limits {}",
             limits_text(&server.limits)
         ));
+        if server.local_userland == LocalUserland::Host {
+            line("               local: the host's own userland in place of the image".to_owned());
+        }
     }
     text
 }

@@ -485,12 +485,75 @@ async fn docker_memory_bomb_is_oom_killed_and_reported() {
     let end = tokio::time::timeout(Duration::from_secs(60), unit.ended)
         .await
         .expect("the unit's end was not reported in time");
-    assert!(end.oom_killed, "{end:?}");
+    assert_eq!(end.oom_killed, Some(true), "{end:?}");
     assert!(end.reason.contains("OOM killer"), "{end:?}");
     assert!(end.reason.contains(&(64u64 << 20).to_string()), "{end:?}");
 
     backend.remove(&id).await.unwrap();
     instance.assert_clean(&backend).await;
+}
+
+/// Issue 22, item 6: the executor's own OOM kill and the init's are told
+/// apart. An executor that is itself the OOM killer's choice is reported by
+/// the init, as the executor's; an init the OOM killer chose (its
+/// `oom_score_adj` raised to 1000 from the host) makes no report, the engine
+/// removes the unit at once, and the host tells it from the unit's memory
+/// cgroup, watched while it lived.
+#[tokio::test]
+async fn docker_the_executors_oom_kill_is_told_from_the_inits() {
+    let Some(backend) = engine().await else {
+        return;
+    };
+    let instance = Instance::new("oomwho");
+    let ws = workspace();
+    let mut small = spec("workspace", ws.path());
+    small.limits.memory_bytes = 64 << 20;
+    // `tail` of a stream with no newline keeps all of it in memory.
+    let executor = backend.clone().with_executor_command(
+        ["sh", "-c", "exec tail /dev/zero"]
+            .map(str::to_owned)
+            .to_vec(),
+    );
+    let unit = executor.start(&instance.label, &small).await.unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(60), unit.ended)
+        .await
+        .expect("the unit's end was not reported in time");
+    assert_eq!(end.oom_killed, Some(true), "{end:?}");
+    assert!(
+        end.reason.starts_with(
+            "the executor of unit workspace was killed by the kernel's OOM killer at its memory limit of 67108864 bytes"
+        ),
+        "{end:?}"
+    );
+    executor.remove(&unit.envelope.id).await.unwrap();
+
+    let init = backend.with_executor_command(
+        ["sh", "-c", "sleep 2; head -c 1G /dev/zero | tail"]
+            .map(str::to_owned)
+            .to_vec(),
+    );
+    let unit = init.start(&instance.label, &small).await.unwrap();
+    let pid = init
+        .client()
+        .inspect_container(&unit.envelope.id, None)
+        .await
+        .unwrap()
+        .state
+        .and_then(|state| state.pid)
+        .unwrap();
+    std::fs::write(format!("/proc/{pid}/oom_score_adj"), "1000").unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(60), unit.ended)
+        .await
+        .expect("the unit's end was not reported in time");
+    assert_eq!(end.oom_killed, Some(true), "{end:?}");
+    assert!(
+        end.reason.starts_with(
+            "unit workspace was killed by the kernel's OOM killer at its memory limit of 67108864 bytes: it chose box's init"
+        ),
+        "{end:?}"
+    );
+    init.remove(&unit.envelope.id).await.unwrap();
+    instance.assert_clean(&init).await;
 }
 
 /// Faults 4 and 18: a unit killed under a running exec is reported with its
@@ -536,7 +599,7 @@ async fn docker_unit_killed_mid_exec_is_reported() {
         .expect("the unit's end was not reported in time");
     assert!(started.elapsed() < Duration::from_secs(20));
     assert_eq!(end.exit_code, Some(137), "{end:?}");
-    assert!(!end.oom_killed);
+    assert_eq!(end.oom_killed, Some(false), "{end:?}");
     assert!(end.reason.contains("SIGKILL"), "{end:?}");
     assert!(end.reason.contains("docker kill"), "{end:?}");
     assert!(end.reason.contains("unit workspace"), "{end:?}");
@@ -1099,7 +1162,7 @@ async fn docker_executor_exit_is_reported_with_its_code() {
         .await
         .expect("the executor's end was not reported in time");
     assert_eq!(end.exit_code, Some(3), "{end:?}");
-    assert!(!end.oom_killed);
+    assert_eq!(end.oom_killed, Some(false), "{end:?}");
     assert_eq!(
         end.reason,
         "the executor of unit workspace exited with code 3"
@@ -1671,7 +1734,7 @@ async fn docker_stop_and_kill_are_described_once_with_their_cause() {
         assert!(reason.contains(signal), "{how}: {end:?}");
         assert!(reason.contains(&format!("docker {how}")), "{how}: {end:?}");
         assert_eq!(reason.matches("exit code").count(), 1, "{how}: {end:?}");
-        assert!(!end.oom_killed, "{how}: {end:?}");
+        assert_eq!(end.oom_killed, Some(false), "{how}: {end:?}");
         backend.remove(&id).await.unwrap();
     }
     instance.assert_clean(&backend).await;

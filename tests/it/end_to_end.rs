@@ -253,6 +253,13 @@ async fn a_unit_killed_mid_call_answers_with_its_cause_and_nothing_is_left() {
         message.contains("workspace"),
         "the error names the unit: {answer}"
     );
+    // Issue 22, item 6: a kill from outside is not an OOM kill.
+    assert!(message.contains("from outside"), "{answer}");
+    assert_eq!(
+        answer["error"]["data"]["oomKilled"],
+        json!(false),
+        "{answer}"
+    );
     served.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
         "params": {"name": "ls", "arguments": {}}}));
     let later = tokio::task::block_in_place(|| served.answer(2, Duration::from_secs(20)));
@@ -310,6 +317,64 @@ async fn a_client_hang_up_removes_the_units() {
     }
 }
 
+/// Issue 22, item 6, as reported: when the kernel's OOM killer picks the
+/// unit's init (box's first process; here its `oom_score_adj` is raised to
+/// 1000 from the host, as the report's was), the call in flight is told the
+/// OOM killer ended the unit (`oomKilled: true`), not "killed with SIGKILL
+/// from outside". The engine removes the unit at once (auto-remove), so the
+/// host must have read the unit's memory cgroup while it lived.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_init_killed_by_the_oom_killer_is_reported_as_an_oom_kill() {
+    if !backends().contains(&"docker") {
+        return;
+    }
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("small.toml"),
+        "extends = \"default\"\n\n[workspace]\nsource = \"empty\"\n\n[limits]\nmemory = \"64MiB\"\n",
+    )
+    .unwrap();
+    let instance = format!("e2e-oom-init-{}", std::process::id());
+    let workspace = tempfile::tempdir().unwrap();
+    let mut served = serve(
+        "docker",
+        &instance,
+        workspace.path(),
+        &[
+            "--profiles",
+            profiles.path().to_str().unwrap(),
+            "--profile",
+            "small",
+        ],
+    );
+    let units = containers(&instance, None).await;
+    assert_eq!(units.len(), 1, "one workspace unit: {units:?}");
+    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
+    let pid = docker
+        .inspect_container(&units[0], None)
+        .await
+        .unwrap()
+        .state
+        .and_then(|state| state.pid)
+        .unwrap();
+    std::fs::write(format!("/proc/{pid}/oom_score_adj"), "1000").unwrap();
+    served.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "head -c 1G /dev/zero | tail"}}}));
+    let answer = tokio::task::block_in_place(|| served.answer(1, Duration::from_secs(60)));
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("OOM killer"), "{answer}");
+    assert!(!message.contains("from outside"), "{answer}");
+    assert!(message.contains(&(64u64 << 20).to_string()), "{answer}");
+    assert_eq!(
+        answer["error"]["data"]["oomKilled"],
+        json!(true),
+        "{answer}"
+    );
+    let status = tokio::task::block_in_place(|| served.hang_up());
+    assert!(status.success(), "{status}");
+    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_server_unit_is_listed_started_and_driven_with_namespaced_ids() {
     let profiles = tempfile::tempdir().unwrap();
@@ -317,7 +382,7 @@ async fn a_server_unit_is_listed_started_and_driven_with_namespaced_ids() {
     // unit's process methods is what is under test, not MCP inside it.
     std::fs::write(
         profiles.path().join("with-echo.toml"),
-        "description = \"the default workspace plus an echo server\"\nextends = \"default\"\n\n[[server]]\nname = \"echo\"\nimage = \"box-base:bookworm\"\ncommand = [\"cat\"]\ndescription = \"echoes what it is sent\"\n",
+        "description = \"the default workspace plus an echo server\"\nextends = \"default\"\n\n[[server]]\nname = \"echo\"\nimage = \"box-base:bookworm\"\ncommand = [\"cat\"]\ndescription = \"echoes what it is sent\"\nlocal_userland = \"host\"\n",
     )
     .unwrap();
     for backend in backends() {
@@ -613,6 +678,7 @@ extends = "default"
 
 [workspace]
 image = "box-test-tools:latest"
+local_userland = "host"
 
 [network]
 mode = "egress"

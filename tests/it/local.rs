@@ -2244,7 +2244,7 @@ async fn the_same_profile_gives_the_same_environment_on_both_backends() {
     let profiles = tempfile::tempdir().unwrap();
     std::fs::write(
         profiles.path().join("p.toml"),
-        "[env]\nset = { UNIT_SET = \"from-profile\" }\npass = [\"LANG\", \"TERM\", \"UNIT_PASSED\", \"UNIT_ABSENT\"]\n",
+        "[workspace]\nlocal_userland = \"host\"\n[env]\nset = { UNIT_SET = \"from-profile\" }\npass = [\"LANG\", \"TERM\", \"UNIT_PASSED\", \"UNIT_ABSENT\"]\n",
     )
     .unwrap();
     let workspace = open_dir();
@@ -2541,4 +2541,130 @@ async fn the_unit_key_and_the_run_directory_are_out_of_reach() {
             .any(|word| word.len() == 64 && word.chars().all(|c| c.is_ascii_hexdigit()));
         assert!(!hex_word, "{name}: a key in {}", probe.output);
     }
+}
+
+/// A profile directory with `pinned.toml`: the default workspace with a
+/// pinned image of its own, and `extra` added under `[workspace]`.
+fn pinned_profile(extra: &str) -> tempfile::TempDir {
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("pinned.toml"),
+        format!(
+            "description = \"a pinned image\"\nextends = \"default\"\n\n[workspace]\nimage = \"{PINNED}\"\n{extra}"
+        ),
+    )
+    .unwrap();
+    profiles
+}
+
+const PINNED: &str =
+    "box-test-pinned@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+/// Issue 22, item 4, as reported: a profile with a pinned image ran on the
+/// local backend on the host's own userland, exit 0, no warning, its
+/// envelope saying `"image": ""`. The local backend refuses it, naming the
+/// field, the backend and the fix, and starts nothing.
+#[test]
+fn box_run_on_the_local_backend_refuses_an_image_it_cannot_give() {
+    let profiles = pinned_profile("");
+    let workspace = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(box_bin())
+        .args(["run", "--backend", "local", "--profiles"])
+        .arg(profiles.path())
+        .args(["--profile", "pinned", "--workspace"])
+        .arg(workspace.path())
+        .args(["--", "/bin/sh", "-c", "echo ran > ran"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_ne!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!("unit workspace: workspace.image {PINNED}")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("the local backend"), "{stderr}");
+    assert!(stderr.contains("local_userland = \"host\""), "{stderr}");
+    assert!(!workspace.path().join("ran").exists(), "the command ran");
+}
+
+/// Issue 22, item 4: a profile that says `local_userland = "host"` runs on the
+/// local backend, and its envelope says it runs the host's userland.
+#[test]
+fn a_unit_allowed_the_hosts_userland_says_so_in_its_envelope() {
+    if !require_landlock() {
+        return;
+    }
+    let profiles = pinned_profile("local_userland = \"host\"\n");
+    let workspace = tempfile::tempdir().unwrap();
+    let mut command = crate::support::serve_command(
+        "local",
+        &format!("userland-{}", std::process::id()),
+        workspace.path(),
+    );
+    command
+        .arg("--profiles")
+        .arg(profiles.path())
+        .args(["--profile", "pinned"]);
+    let served = crate::support::Served::start(command);
+    let envelope = &served.initialized["result"]["capabilities"]["experimental"]["io.github.christopherdavenport.dax/executor"]
+        ["box"]["units"][0];
+    assert_eq!(envelope["backend"], "local", "{envelope}");
+    assert_eq!(envelope["userland"], "host", "{envelope}");
+    assert_eq!(envelope["image"], "", "{envelope}");
+    assert!(served.hang_up().success());
+}
+
+/// Issue 22, item 4: `box doctor` judges such a profile not runnable on the
+/// local backend, and `--strict` fails naming why where no backend can run it.
+#[test]
+fn box_doctor_reports_an_image_the_local_backend_cannot_give() {
+    let config = tempfile::tempdir().unwrap();
+    let profiles = config.path().join("box/profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    // Never pulled and not on the engine: docker cannot run it either.
+    std::fs::write(
+        profiles.join("pinned.toml"),
+        format!("extends = \"default\"\n\n[workspace]\nimage = \"{PINNED}\"\npull = \"never\"\n"),
+    )
+    .unwrap();
+    let doctor = |args: &[&str]| {
+        std::process::Command::new(box_bin())
+            .arg("doctor")
+            .args(args)
+            .env("XDG_CONFIG_HOME", config.path())
+            .output()
+            .unwrap()
+    };
+    let output = doctor(&["--json"]);
+    assert!(output.status.success(), "{output:?}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let judged = |name: &str| {
+        report["profiles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|profile| profile["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not judged: {report:#}"))
+            .clone()
+    };
+    let local = judged("pinned")["local"].to_string();
+    assert!(
+        local.contains(&format!(
+            "unit workspace: workspace.image {PINNED}: the local backend"
+        )),
+        "{local}"
+    );
+    assert!(
+        !judged("default")["local"]
+            .to_string()
+            .contains("workspace.image"),
+        "{report:#}"
+    );
+    let output = doctor(&["--strict", "--profile", "pinned"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("local: unit workspace: workspace.image {PINNED}")),
+        "{stderr}"
+    );
 }

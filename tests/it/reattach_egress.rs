@@ -57,6 +57,7 @@ extends = "default"
 
 [workspace]
 image = "box-test-tools:latest"
+local_userland = "host"
 
 [network]
 mode = "egress"

@@ -16,7 +16,7 @@ use box_policy::executor::{ExecutorSpec, PlaceKind, SECRETS_DIR};
 
 use box_backend::{
     AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, EgressWiring, Envelope, Hardening,
-    ObjectsWiring, SessionLabel, UnitState, UnitWiring, labels,
+    ObjectsWiring, OomEvidence, SessionLabel, UnitState, UnitWiring, labels,
 };
 use box_policy::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
 
@@ -688,6 +688,7 @@ pub fn envelope_from_inspect(
         // The backend sets it from the image it verified.
         image_digest: None,
         runtime: Some(runtime),
+        userland: None,
         root: spec.root.to_string_lossy().into_owned(),
         user,
         network,
@@ -802,19 +803,20 @@ pub enum Ending {
 
 /// A `UnitEnd` naming the cause, from the container's final state: one
 /// sentence that says who ended, how (the exit code or the signal, once) and
-/// why, as far as the engine can tell.
+/// why, as far as the evidence tells.
 ///
 /// `exit_code` is the container's (for `Container`) or the executor's (for
-/// `Executor`); `oom_killed` is the engine's OOM flag for the container, or
-/// the unit's cgroup counter having moved. box's init reports every end it
-/// sees (the executor's exit, a stop signal, a lapsed lease); a container
-/// that ends without a report was killed: with 137 it was SIGKILLed (`docker
-/// kill`, or `docker stop` past its grace).
+/// `Executor`); `oom` is what the unit's memory cgroup, watched while the
+/// unit lived (`oom.rs`), says about the kernel's OOM killer. box's init
+/// reports every end it sees (the executor's exit, a stop signal, a lapsed
+/// lease); a container that ends without a report was killed: with 137 it
+/// was SIGKILLed, from outside (`docker kill`, or `docker stop` past its
+/// grace) or, where the cgroup saw it, by the OOM killer choosing the init.
 pub fn unit_end(
     unit: &str,
     ending: Ending,
     exit_code: Option<i64>,
-    oom_killed: bool,
+    oom: OomEvidence,
     memory_bytes: u64,
 ) -> UnitEndParts {
     let who = match ending {
@@ -822,14 +824,19 @@ pub fn unit_end(
         _ => format!("unit {unit}"),
     };
     let code = |code: i64| format!("exit code {code}");
-    let reason = if oom_killed {
-        match exit_code {
+    let reason = if oom == OomEvidence::Killed {
+        match (ending, exit_code) {
+            // No report: the init itself was killed, and the unit with it.
+            (Ending::Container | Ending::Gone, Some(137) | None) => format!(
+                "{who} was killed by the kernel's OOM killer at its memory limit of {memory_bytes} bytes: it chose box's init, the unit's first process, and the unit ended with it{}",
+                exit_code.map_or_else(String::new, |c| format!("; {}", code(c)))
+            ),
             // Killed itself (SIGKILL), or the engine flagged the container.
-            Some(137) | None => format!(
+            (_, Some(137) | None) => format!(
                 "{who} was killed by the kernel's OOM killer at its memory limit of {memory_bytes} bytes{}",
                 exit_code.map_or_else(String::new, |c| format!("; {}", code(c)))
             ),
-            Some(exit) => format!(
+            (_, Some(exit)) => format!(
                 "{who} exited with code {exit} after the kernel's OOM killer killed a process in the unit at its memory limit of {memory_bytes} bytes"
             ),
         }
@@ -847,14 +854,23 @@ pub fn unit_end(
             exit_code.map_or_else(String::new, |c| format!("; {}", code(c)))
         )
     } else {
+        let unknown = oom == OomEvidence::Unknown;
         match (ending, exit_code) {
             (_, Some(0)) => format!("{who} exited normally (code 0)"),
             (Ending::Container, Some(143)) => format!(
                 "{who} was stopped: its init got SIGTERM (`docker stop`, or a signal from outside the unit; {})",
                 code(143)
             ),
+            (Ending::Container, Some(137)) if unknown => format!(
+                "{who} was killed with SIGKILL: from outside (`docker kill`, or `docker stop` past its grace) or by the kernel's OOM killer, which box cannot tell here (the unit's memory cgroup was not readable from this host; {})",
+                code(137)
+            ),
             (Ending::Container, Some(137)) => format!(
                 "{who} was killed with SIGKILL from outside (`docker kill`, or `docker stop` past its grace; not the OOM killer; {})",
+                code(137)
+            ),
+            (_, Some(137)) if unknown => format!(
+                "{who} was killed with SIGKILL while its unit ran on (by the kernel's OOM killer or from inside the unit, which box cannot tell here: the unit's memory cgroup was not readable from this host; {})",
                 code(137)
             ),
             (_, Some(137)) => format!(
@@ -875,7 +891,7 @@ pub fn unit_end(
     };
     UnitEndParts {
         exit_code,
-        oom_killed,
+        oom_killed: oom.as_flag(),
         reason,
     }
 }
@@ -886,8 +902,8 @@ pub fn unit_end(
 pub struct UnitEndParts {
     /// The exit code.
     pub exit_code: Option<i64>,
-    /// OOM-killed.
-    pub oom_killed: bool,
+    /// OOM-killed: `Some(true)`, `Some(false)`, or `None` (cannot tell).
+    pub oom_killed: Option<bool>,
     /// The sentence.
     pub reason: String,
 }
@@ -1331,68 +1347,98 @@ pub(crate) mod tests {
         check(
             Ending::Container,
             Some(137),
-            true,
-            "unit ws was killed by the kernel's OOM killer at its memory limit of 1024 bytes; exit code 137",
+            OomEvidence::Killed,
+            "unit ws was killed by the kernel's OOM killer at its memory limit of 1024 bytes: it chose box's init, the unit's first process, and the unit ended with it; exit code 137",
         );
         check(
             Ending::Terminated,
             Some(143),
-            false,
+            OomEvidence::NotKilled,
             "unit ws was stopped: its init got SIGTERM or SIGINT (`docker stop`, or a signal from outside the unit); exit code 143",
         );
         check(
             Ending::LeaseLapsed { lease_ms: 3000 },
             Some(75),
-            false,
+            OomEvidence::NotKilled,
             "unit ws ended because its lease lapsed: its host did not renew it within 3s (the host was stopped, hung or too busy); exit code 75",
         );
         check(
             Ending::Executor,
             Some(3),
-            true,
+            OomEvidence::Killed,
             "the executor of unit ws exited with code 3 after the kernel's OOM killer killed a process in the unit at its memory limit of 1024 bytes",
         );
         check(
             Ending::Container,
             Some(137),
-            false,
+            OomEvidence::NotKilled,
             "unit ws was killed with SIGKILL from outside (`docker kill`, or `docker stop` past its grace; not the OOM killer; exit code 137)",
         );
         check(
             Ending::Container,
             Some(143),
-            false,
+            OomEvidence::NotKilled,
             "unit ws was stopped: its init got SIGTERM (`docker stop`, or a signal from outside the unit; exit code 143)",
         );
         check(
             Ending::Executor,
             Some(137),
-            false,
+            OomEvidence::NotKilled,
             "the executor of unit ws was killed with SIGKILL while its unit ran on (not the OOM killer; exit code 137)",
         );
         check(
             Ending::Executor,
             Some(139),
-            false,
+            OomEvidence::NotKilled,
             "the executor of unit ws was killed by signal 11 (SIGSEGV; exit code 139)",
         );
         check(
             Ending::Container,
             Some(3),
-            false,
+            OomEvidence::NotKilled,
             "unit ws exited with code 3",
         );
         check(
             Ending::Executor,
             Some(0),
-            false,
+            OomEvidence::NotKilled,
             "the executor of unit ws exited normally (code 0)",
         );
         check(
             Ending::Gone,
             None,
-            false,
+            OomEvidence::NotKilled,
             "unit ws is gone (removed, or the engine lost it)",
+        );
+        // Issue 22, item 6: the executor's own OOM kill is told from the init's.
+        check(
+            Ending::Executor,
+            Some(137),
+            OomEvidence::Killed,
+            "the executor of unit ws was killed by the kernel's OOM killer at its memory limit of 1024 bytes; exit code 137",
+        );
+        // Where the unit's cgroup could not be read, a SIGKILL says so.
+        check(
+            Ending::Container,
+            Some(137),
+            OomEvidence::Unknown,
+            "unit ws was killed with SIGKILL: from outside (`docker kill`, or `docker stop` past its grace) or by the kernel's OOM killer, which box cannot tell here (the unit's memory cgroup was not readable from this host; exit code 137)",
+        );
+        check(
+            Ending::Executor,
+            Some(137),
+            OomEvidence::Unknown,
+            "the executor of unit ws was killed with SIGKILL while its unit ran on (by the kernel's OOM killer or from inside the unit, which box cannot tell here: the unit's memory cgroup was not readable from this host; exit code 137)",
+        );
+        check(
+            Ending::Gone,
+            None,
+            OomEvidence::Killed,
+            "unit ws was killed by the kernel's OOM killer at its memory limit of 1024 bytes: it chose box's init, the unit's first process, and the unit ended with it",
+        );
+        assert_eq!(
+            unit_end("ws", Ending::Gone, None, OomEvidence::Unknown, 1).oom_killed,
+            None
         );
     }
 

@@ -31,6 +31,7 @@ pub mod body;
 pub mod doctor;
 mod io;
 mod lease;
+mod oom;
 pub mod pull;
 pub mod runc;
 
@@ -55,7 +56,7 @@ pub use pull::{PullEvent, PullSink, PullTally, Pulled, Puller, missing_image_rem
 use box_backend::environment::{Own, STANDARD_PATH, UnitEnvironment, unit_environment};
 use box_backend::{
     AdoptUnit, Backend, BackendError, BackendKind, ExecutorIo, ObjectsPlace, ObjectsWiring,
-    SessionLabel, StartedUnit, Unenforceable, UnitEnd, UnitInfo, UnitWiring, labels,
+    OomEvidence, SessionLabel, StartedUnit, Unenforceable, UnitEnd, UnitInfo, UnitWiring, labels,
 };
 use box_policy::executor::{SECRETS_DIR, SECRETS_ON_STDIN_VAR};
 use box_policy::plan::{NetworkMode, Requirement, UnitSpec};
@@ -612,13 +613,15 @@ impl DockerBackend {
             listener,
             log_name.clone(),
         );
+        // Watched from here on: the engine removes the unit's cgroup with it.
+        let init_pid = inspect.state.as_ref().and_then(|state| state.pid);
         let ended = ended(
-            id.to_owned(),
             spec.name.clone(),
             spec.limits.memory_bytes,
             spec.lease,
             channel_ended,
             waiter,
+            oom::OomWatch::start(id, init_pid),
         );
         StartedUnit {
             envelope,
@@ -1112,80 +1115,61 @@ fn waiter(docker: Docker, id: String) -> tokio::sync::oneshot::Receiver<Exited> 
 
 /// The future that resolves when the unit ends, with the cause: the init's
 /// report when it made one (the executor exited, the unit was stopped, the
-/// lease lapsed), else the container's end as the engine saw it (killed).
+/// lease lapsed), else the container's end as the engine saw it (killed),
+/// and whether the OOM killer did it as the unit's memory cgroup, watched
+/// while it lived, tells.
 fn ended(
-    id: String,
     unit: String,
     memory_bytes: u64,
     lease: std::time::Duration,
     channel: box_init::host::Ended,
     waiter: tokio::sync::oneshot::Receiver<Exited>,
+    oom: oom::OomWatch,
 ) -> BoxFuture<'static, UnitEnd> {
     use box_init::protocol::EndReason;
     Box::pin(async move {
-        let (ending, code, oom_now) = match channel.wait().await {
-            box_init::host::UnitEnd::Reported(report) => {
-                // Read at once: the unit's cgroup goes with its init, which
-                // exits right after its report.
-                let oom_now = cgroup_oom_kills(&id) > 0;
-                let (ending, code) = match report.reason {
-                    EndReason::ExecutorExited => (
-                        body::Ending::Executor,
-                        report.executor.map(|exit| i64::from(exit.as_exit_code())),
-                    ),
-                    EndReason::Terminated => {
-                        (body::Ending::Terminated, Some(i64::from(report.exit_code)))
-                    }
-                    EndReason::LeaseLapsed => (
-                        body::Ending::LeaseLapsed {
-                            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
-                        },
-                        Some(i64::from(report.exit_code)),
-                    ),
-                };
-                (ending, code, oom_now)
-            }
+        let end = channel.wait().await;
+        // Read at once: the unit's cgroup goes with its init.
+        let known = std::time::Instant::now();
+        oom.refresh();
+        let (ending, code) = match end {
+            box_init::host::UnitEnd::Reported(report) => match report.reason {
+                EndReason::ExecutorExited => (
+                    body::Ending::Executor,
+                    report.executor.map(|exit| i64::from(exit.as_exit_code())),
+                ),
+                EndReason::Terminated => {
+                    (body::Ending::Terminated, Some(i64::from(report.exit_code)))
+                }
+                EndReason::LeaseLapsed => (
+                    body::Ending::LeaseLapsed {
+                        lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+                    },
+                    Some(i64::from(report.exit_code)),
+                ),
+            },
             box_init::host::UnitEnd::Released | box_init::host::UnitEnd::Disconnected => {
                 match waiter.await.unwrap_or(Exited::Gone) {
-                    Exited::Code(code) => {
-                        (body::Ending::Container, code, cgroup_oom_kills(&id) > 0)
-                    }
-                    Exited::Gone => (body::Ending::Gone, None, false),
+                    Exited::Code(code) => (body::Ending::Container, code),
+                    Exited::Gone => (body::Ending::Gone, None),
                 }
             }
         };
-        // The cgroup's counter says OOM for a process the engine's flag does
-        // not cover; it never explains a clean exit.
-        let oom = code != Some(0) && oom_now;
-        let parts = body::unit_end(&unit, ending, code, oom, memory_bytes);
+        // A clean exit, a stop and a lapse are explained without the OOM
+        // killer; anything else is what the cgroup says.
+        let evidence = match (ending, code) {
+            (_, Some(0)) | (body::Ending::Terminated | body::Ending::LeaseLapsed { .. }, _) => {
+                OomEvidence::NotKilled
+            }
+            _ => oom.evidence(known),
+        };
+        let parts = body::unit_end(&unit, ending, code, evidence, memory_bytes);
         UnitEnd {
             exit_code: parts.exit_code,
             oom_killed: parts.oom_killed,
             reason: parts.reason,
         }
     })
-}
-
-/// OOM kills recorded in the container's cgroup (v2 or v1, systemd or
-/// cgroupfs driver), for an executor killed while the container lives on: the
-/// engine may only flag OOM on the container's own exit. 0 when unreadable
-/// (a remote engine).
-fn cgroup_oom_kills(id: &str) -> u64 {
-    let candidates = [
-        format!("/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.events"),
-        format!("/sys/fs/cgroup/docker/{id}/memory.events"),
-        format!("/sys/fs/cgroup/memory/docker/{id}/memory.oom_control"),
-        format!("/sys/fs/cgroup/memory/system.slice/docker-{id}.scope/memory.oom_control"),
-    ];
-    candidates
-        .iter()
-        .find_map(|path| std::fs::read_to_string(path).ok())
-        .and_then(|text| {
-            text.lines()
-                .find_map(|line| line.strip_prefix("oom_kill "))
-                .and_then(|n| n.trim().parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// The envelope's `secrets`: each one the executor was told to write.

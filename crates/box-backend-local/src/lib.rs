@@ -102,7 +102,9 @@ use box_policy::envelope::{
     AppliedLimits, AppliedNetwork, BackendKind, EgressLimits, LocalNone, ProcessLimits, UnitState,
 };
 use box_policy::executor::{PlaceKind, SECRET_VALUE_PREFIX, SECRETS_DIR};
-use box_policy::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
+use box_policy::plan::{
+    LocalUserland, MountMode, NetworkMode, Requirement, Role, UnitSpec, WorkspaceSource,
+};
 
 /// Run the hidden `box sandbox` subcommand (the helper, in the unit's
 /// process); `executor` runs `box execute` in place when CMD is this binary's.
@@ -1316,12 +1318,14 @@ where
     environment::unit_environment(spec, host_vars, &own)
 }
 
-/// What the local backend cannot apply to `spec`, every one named: a
-/// privileged unit, a host namespace it does not know, an egress unit or
+/// What the local backend cannot apply to `spec`, every one named: an
+/// image (a unit runs on the host's own userland, which only the unit's
+/// `local_userland = "host"` accepts in place of its image), an engine's
+/// runtime, a privileged unit, a host namespace it does not know, an egress unit or
 /// secrets with the host's network or mount namespace shared, capabilities
 /// granted back, and landlock required where the kernel has none (judged
 /// only when `landlock_abi` is given; the helper judges it again where it
-/// confines). Pure; [`Backend::check`] and [`sandbox_spec`] both ask.
+/// confines). Pure; [`Backend::check`] and `sandbox_spec` both ask.
 pub fn check_spec(spec: &UnitSpec, landlock_abi: Option<u32>) -> Result<(), Vec<Unenforceable>> {
     let mut refusals = Vec::new();
     let mut refuse = |control: String, why: &str| {
@@ -1331,6 +1335,28 @@ pub fn check_spec(spec: &UnitSpec, landlock_abi: Option<u32>) -> Result<(), Vec<
             why: why.to_owned(),
         })
     };
+    // Where the profile writes the unit's fields.
+    let (field, table) = match spec.role {
+        Role::Workspace => ("workspace".to_owned(), "[workspace]".to_owned()),
+        Role::Server => (
+            format!("server[{}]", spec.name),
+            format!("its [[server]] table (name = {:?})", spec.name),
+        ),
+    };
+    if spec.local_userland == LocalUserland::Refuse {
+        refuse(
+            format!("{field}.image {}", spec.image),
+            &format!(
+                "the local backend runs a unit on this host's own userland and cannot give it an image; use the docker backend (--backend docker), or, to run it on the host's userland instead, write local_userland = \"host\" under {table} in the profile"
+            ),
+        );
+    }
+    if let Some(runtime) = &spec.runtime {
+        refuse(
+            format!("{field}.runtime {runtime}"),
+            "the local backend has no OCI runtime (a unit is a sandboxed process tree on this host's kernel); use the docker backend (--backend docker), or remove runtime from the profile",
+        );
+    }
     if spec.security.privileged {
         refuse(
             "privileged".to_owned(),
@@ -1604,6 +1630,8 @@ pub(crate) fn envelope_from_parts(
         image_id: String::new(),
         image_digest: None,
         runtime: None,
+        // The local backend starts only units that may run here (check_spec).
+        userland: Some("host".to_owned()),
         root: layout
             .workspace
             .as_ref()
@@ -1681,7 +1709,7 @@ fn unit_ended(
             }
             box_init::host::UnitEnd::Released => UnitEnd {
                 exit_code: None,
-                oom_killed: false,
+                oom_killed: Some(false),
                 reason: "the unit was released to another host".to_owned(),
             },
             box_init::host::UnitEnd::Disconnected => {
@@ -1702,22 +1730,35 @@ fn unit_ended(
 /// the executor did: same exit code, or killed by the same signal).
 /// `lapsed`: the helper said it ended the unit because its lease (of that
 /// many milliseconds) lapsed.
+///
+/// A local unit has no memory cgroup of its own (its memory is bounded per
+/// process by rlimits, which fail an allocation rather than kill): its
+/// processes are in the host's cgroup, whose OOM kills box cannot tell from
+/// the host's own or another process's. So a SIGKILL nobody here sent is
+/// "cannot tell" (`oom_killed: None`); any other end rules the OOM killer
+/// out (it kills with SIGKILL only).
 fn unit_end(status: Option<ExitStatus>, removed: bool, lapsed: Option<u64>) -> UnitEnd {
     let (code, signal) = match status {
         Some(status) => (status.code(), status.signal()),
         None => (None, None),
     };
+    let sigkill = signal == Some(nix::sys::signal::Signal::SIGKILL as i32);
     let cause = match (code, signal) {
+        (_, Some(signal)) if sigkill && !removed && lapsed.is_none() => format!(
+            "the executor was killed by {}: from outside or by the kernel's OOM killer, which box cannot tell for a local unit (it has no memory cgroup of its own)",
+            signal_name(signal)
+        ),
         (_, Some(signal)) => format!("the executor was killed by {}", signal_name(signal)),
         (Some(code), None) => format!("the executor exited with code {code}"),
         (None, None) => "the executor ended for an unknown reason".to_owned(),
     };
+    let told = removed || lapsed.is_some() || (status.is_some() && !sigkill);
     UnitEnd {
         exit_code: match (code, signal) {
             (_, Some(_)) => Some(-1),
             (code, None) => code.map(i64::from),
         },
-        oom_killed: false,
+        oom_killed: told.then_some(false),
         reason: if let Some(lease_ms) = lapsed {
             format!(
                 "the unit ended because its lease lapsed: its host did not renew it within {} (the host was stopped, hung or too busy)",

@@ -17,6 +17,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
         pull: box_policy::plan::PullPolicy::Missing,
         pull_secret: None,
         runtime: None,
+        local_userland: box_policy::plan::LocalUserland::Host,
         source,
         root: PathBuf::from("/workspace"),
         mode: MountMode::ReadWrite,
@@ -453,15 +454,48 @@ fn pids_are_reported_unbound_for_host_root() {
 
 #[test]
 fn a_signal_ends_with_code_minus_one_and_its_name() {
-    let end = unit_end(Some(ExitStatus::from_raw(9)), false, None);
+    let end = unit_end(Some(ExitStatus::from_raw(15)), false, None);
     assert_eq!(end.exit_code, Some(-1));
-    assert_eq!(end.reason, "the executor was killed by SIGKILL (9)");
+    assert_eq!(end.reason, "the executor was killed by SIGTERM (15)");
     let end = unit_end(Some(ExitStatus::from_raw(3 << 8)), true, None);
     assert_eq!(end.exit_code, Some(3));
     assert_eq!(
         end.reason,
         "the unit was removed (the executor exited with code 3)"
     );
+}
+
+/// Issue 22, item 6: a local unit has no memory cgroup of its own, so a
+/// SIGKILL nobody here sent is "cannot tell" (`oomKilled: null`), never "not
+/// the OOM killer"; every other end rules it out.
+#[test]
+fn a_local_sigkill_says_it_cannot_tell_the_oom_killer() {
+    let end = unit_end(Some(ExitStatus::from_raw(9)), false, None);
+    assert_eq!(end.exit_code, Some(-1));
+    assert_eq!(end.oom_killed, None);
+    assert_eq!(
+        end.reason,
+        "the executor was killed by SIGKILL (9): from outside or by the kernel's OOM killer, which box cannot tell for a local unit (it has no memory cgroup of its own)"
+    );
+    let removed = unit_end(Some(ExitStatus::from_raw(9)), true, None);
+    assert_eq!(removed.oom_killed, Some(false));
+    assert_eq!(
+        removed.reason,
+        "the unit was removed (the executor was killed by SIGKILL (9))"
+    );
+    assert_eq!(
+        unit_end(Some(ExitStatus::from_raw(9)), false, Some(1000)).oom_killed,
+        Some(false)
+    );
+    assert_eq!(
+        unit_end(Some(ExitStatus::from_raw(3 << 8)), false, None).oom_killed,
+        Some(false)
+    );
+    assert_eq!(
+        unit_end(Some(ExitStatus::from_raw(15)), false, None).oom_killed,
+        Some(false)
+    );
+    assert_eq!(unit_end(None, false, None).oom_killed, None);
 }
 
 #[test]
@@ -684,4 +718,70 @@ fn a_helper_is_known_by_its_pid_and_start_time() {
     let pid = child.id();
     child.wait().unwrap();
     assert_eq!(lease::start_time(pid), None, "an ended, reaped process");
+}
+
+/// Issue 22, item 4: an image the local backend cannot give, and an engine's
+/// runtime, are refused naming the field, the backend and the fix, unless
+/// the unit's `local_userland = "host"` accepts the host's userland (which
+/// never excuses a runtime).
+#[test]
+fn an_image_or_runtime_the_local_backend_cannot_give_is_refused() {
+    let pin = "img@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let mut spec = unit_spec(WorkspaceSource::Empty);
+    spec.image = pin.to_owned();
+    assert_eq!(check_spec(&spec, Some(6)), Ok(()));
+    spec.local_userland = box_policy::plan::LocalUserland::Refuse;
+    let refusals = check_spec(&spec, Some(6)).unwrap_err();
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert_eq!(
+        refusals[0].to_string(),
+        format!(
+            "unit workspace: workspace.image {pin}: the local backend runs a unit on this host's own userland and cannot give it an image; use the docker backend (--backend docker), or, to run it on the host's userland instead, write local_userland = \"host\" under [workspace] in the profile"
+        )
+    );
+    let error = sandbox_spec(
+        &spec,
+        &layout(&WorkspaceSource::Empty),
+        &UnitEnvironment::default(),
+        &options(),
+        &UnitWiring::default(),
+    )
+    .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with(&format!("unit workspace: workspace.image {pin} is required but cannot be applied here: the local backend")),
+        "{error}"
+    );
+    let mut server = unit_spec(WorkspaceSource::None);
+    server.name = "fetch".to_owned();
+    server.role = Role::Server;
+    server.local_userland = box_policy::plan::LocalUserland::Refuse;
+    server.runtime = Some("runsc".to_owned());
+    let refusals = check_spec(&server, Some(6)).unwrap_err();
+    let controls: Vec<&str> = refusals
+        .iter()
+        .map(|refusal| refusal.control.as_str())
+        .collect();
+    assert_eq!(
+        controls,
+        [
+            "server[fetch].image box-base:bookworm",
+            "server[fetch].runtime runsc"
+        ]
+    );
+    assert!(
+        refusals[0]
+            .why
+            .contains("under its [[server]] table (name = \"fetch\")"),
+        "{refusals:?}"
+    );
+    assert!(refusals[1].why.contains("no OCI runtime"), "{refusals:?}");
+    server.local_userland = box_policy::plan::LocalUserland::Host;
+    let refusals = check_spec(&server, Some(6)).unwrap_err();
+    assert_eq!(
+        refusals.len(),
+        1,
+        "a runtime is refused whatever the userland: {refusals:?}"
+    );
 }

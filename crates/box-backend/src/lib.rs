@@ -244,12 +244,38 @@ impl EgressWiring {
 pub struct UnitEnd {
     /// The exit code, when there is one.
     pub exit_code: Option<i64>,
-    /// Whether the kernel's OOM killer ended it.
-    pub oom_killed: bool,
+    /// Whether the kernel's OOM killer ended it, as the evidence shows:
+    /// `Some(true)`, `Some(false)`, or `None` where the backend cannot tell
+    /// (a SIGKILL whose unit's memory cgroup it could not read). Sessions
+    /// get it as `oomKilled`: `true`, `false` or `null`.
+    pub oom_killed: Option<bool>,
     /// The whole sentence for the session: who ended, how (the exit code or
     /// the signal) and why (an OOM kill, a stop from outside), each said
     /// once; the host passes it on as it is.
     pub reason: String,
+}
+
+/// What a backend's evidence (a unit's memory cgroup, how it ended) says
+/// about the kernel's OOM killer and a unit's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OomEvidence {
+    /// The OOM killer ended it (or killed a process in it just before).
+    Killed,
+    /// The evidence rules the OOM killer out.
+    NotKilled,
+    /// Nothing here can tell (the unit's memory cgroup could not be read).
+    Unknown,
+}
+
+impl OomEvidence {
+    /// As [`UnitEnd::oom_killed`]: `Some(true)`, `Some(false)`, `None`.
+    pub fn as_flag(self) -> Option<bool> {
+        match self {
+            OomEvidence::Killed => Some(true),
+            OomEvidence::NotKilled => Some(false),
+            OomEvidence::Unknown => None,
+        }
+    }
 }
 
 /// A started unit.

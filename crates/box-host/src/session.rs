@@ -2469,7 +2469,8 @@ impl Session {
         let data = json!({
             "unit": name,
             "exitCode": end.and_then(|end| end.exit_code),
-            "oomKilled": end.is_some_and(|end| end.oom_killed),
+            // true, false, or null where the backend cannot tell (or no end came).
+            "oomKilled": end.and_then(|end| end.oom_killed),
             "outcome": "unknown",
         });
         for forward in live.router.take_all(unit) {

@@ -707,7 +707,7 @@ mod tests {
             "ws",
             box_backend_docker::body::Ending::Container,
             Some(137),
-            false,
+            box_backend::OomEvidence::NotKilled,
             1024,
         );
         let end = UnitEnd {
@@ -720,7 +720,7 @@ mod tests {
             "ws",
             box_backend_docker::body::Ending::Container,
             Some(137),
-            true,
+            box_backend::OomEvidence::Killed,
             1024,
         );
         let end = UnitEnd {

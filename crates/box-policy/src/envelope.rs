@@ -20,7 +20,8 @@ pub struct Envelope {
     pub backend: BackendKind,
     /// The backend's id for it (container id, pid).
     pub id: String,
-    /// The image asked for (empty on the local backend).
+    /// The image asked for (empty on the local backend, which runs no image:
+    /// see `userland`).
     pub image: String,
     /// The image's id (digest) as the engine resolved it.
     pub image_id: String,
@@ -34,6 +35,12 @@ pub struct Envelope {
     /// absent where there is no engine.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    /// `host` where the unit runs on the host's own userland (its programs,
+    /// libraries and `/etc`) in place of an image: a local unit, which its
+    /// profile's `local_userland = "host"` allowed. Absent where the unit runs
+    /// its image.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub userland: Option<String>,
     /// The workspace root inside the unit.
     pub root: String,
     /// "uid:gid" processes run as.

@@ -270,7 +270,7 @@ impl Backend for FakeBackend {
             let ended = async move {
                 end_rx.await.unwrap_or_else(|_| UnitEnd {
                     exit_code: None,
-                    oom_killed: false,
+                    oom_killed: Some(false),
                     reason: "the fake executor vanished".to_owned(),
                 })
             }
@@ -339,6 +339,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         image_id: String::new(),
         image_digest: None,
         runtime: None,
+        userland: None,
         root: spec.root.display().to_string(),
         user: String::new(),
         network: AppliedNetwork {
@@ -428,7 +429,7 @@ impl Executor {
                 .die
                 .send(UnitEnd {
                     exit_code: Some(75),
-                    oom_killed: false,
+                    oom_killed: Some(false),
                     reason: format!("unit {} ended because its lease lapsed", self.unit),
                 })
                 .await;
@@ -650,7 +651,7 @@ impl Executor {
                     .die
                     .send(UnitEnd {
                         exit_code: Some(1),
-                        oom_killed: false,
+                        oom_killed: Some(false),
                         reason: format!("unit {} ended saying {value}", self.unit),
                     })
                     .await;
@@ -720,7 +721,7 @@ impl Executor {
                     .die
                     .send(UnitEnd {
                         exit_code: Some(137),
-                        oom_killed: true,
+                        oom_killed: Some(true),
                         reason: format!(
                             "unit {} was killed by the kernel's OOM killer (exit code 137)",
                             self.unit
@@ -831,11 +832,11 @@ async fn run_executor(
     let mut reader = LineReader::new(stdin, 16 << 20);
     let outcome = loop {
         tokio::select! {
-            _ = &mut kill => break UnitEnd { exit_code: Some(137), oom_killed: false, reason: format!("unit {unit} was removed (exit code 137)") },
+            _ = &mut kill => break UnitEnd { exit_code: Some(137), oom_killed: Some(false), reason: format!("unit {unit} was removed (exit code 137)") },
             Some(end) = die_rx.recv() => break end,
             line = reader.next() => {
                 let Ok(Some(Line::Message(bytes))) = line else {
-                    break UnitEnd { exit_code: Some(0), oom_killed: false, reason: format!("the executor of unit {unit} exited normally when its input closed (code 0)") };
+                    break UnitEnd { exit_code: Some(0), oom_killed: Some(false), reason: format!("the executor of unit {unit} exited normally when its input closed (code 0)") };
                 };
                 let Ok(message) = serde_json::from_slice::<Value>(&bytes) else { continue };
                 match classify(&message) {

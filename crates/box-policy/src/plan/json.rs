@@ -5,7 +5,8 @@
 use serde_json::{Value, json};
 
 use super::{
-    Limits, Network, NetworkMode, Plan, PullPolicy, Role, Security, UnitSpec, WorkspaceSource,
+    Limits, LocalUserland, Network, NetworkMode, Plan, PullPolicy, Role, Security, UnitSpec,
+    WorkspaceSource,
 };
 
 impl Plan {
@@ -58,6 +59,10 @@ impl UnitSpec {
         // Only units that name a runtime show one; the others' JSON is unchanged.
         if let Some(runtime) = &self.runtime {
             unit["runtime"] = json!(runtime);
+        }
+        // Likewise a unit the local backend may run on the host's userland.
+        if self.local_userland != LocalUserland::default() {
+            unit["localUserland"] = json!(self.local_userland.as_str());
         }
         // Likewise a pull policy other than the default ("missing").
         if self.pull != PullPolicy::default() {

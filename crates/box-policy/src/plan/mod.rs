@@ -77,6 +77,29 @@ pub enum Requirement {
     Off,
 }
 
+/// What the local backend, which runs a unit on the host's own userland and
+/// can give it no image, does with a unit (`local_userland`). Declaration
+/// order is narrowing order: `Refuse` is the narrower.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum LocalUserland {
+    /// The local backend refuses the unit, naming its image.
+    #[default]
+    Refuse,
+    /// The local backend runs the unit on the host's own userland (its
+    /// programs, libraries and `/etc`) in place of its image.
+    Host,
+}
+
+impl LocalUserland {
+    /// Its name in profiles, tightenings and JSON: `refuse`, `host`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LocalUserland::Refuse => "refuse",
+            LocalUserland::Host => "host",
+        }
+    }
+}
+
 /// Where a unit's workspace comes from on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkspaceSource {
@@ -194,6 +217,9 @@ pub struct UnitSpec {
     pub pull_secret: Option<String>,
     /// The engine's OCI runtime (`runsc` for gVisor); `None`: the engine's default.
     pub runtime: Option<String>,
+    /// Whether the local backend may run the unit on the host's userland in
+    /// place of `image` (else it refuses the unit).
+    pub local_userland: LocalUserland,
     /// Where the workspace comes from on the host.
     pub source: WorkspaceSource,
     /// Where the workspace appears inside the unit.
@@ -418,6 +444,7 @@ impl UnitSpec {
             pull: PullPolicy::Missing,
             pull_secret: None,
             runtime: None,
+            local_userland: LocalUserland::Host,
             source,
             root: PathBuf::from("/workspace"),
             mode: MountMode::ReadWrite,
@@ -451,6 +478,7 @@ impl UnitSpec {
             |inner: &[String], outer: &[String]| inner.iter().all(|item| outer.contains(item));
         self.role == bound.role
             && self.image == bound.image
+            && self.local_userland <= bound.local_userland
             && self.source == bound.source
             && self.root == bound.root
             && self.mode <= bound.mode
@@ -559,6 +587,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             pull: profile.workspace.pull,
             pull_secret: profile.workspace.pull_secret.clone(),
             runtime: profile.workspace.runtime.clone(),
+            local_userland: profile.workspace.local_userland,
             source,
             root: root.clone(),
             mode: profile.workspace.mode,
@@ -583,6 +612,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             pull: server.pull,
             pull_secret: server.pull_secret.clone(),
             runtime: server.runtime.clone(),
+            local_userland: server.local_userland,
             source: WorkspaceSource::None,
             root: root.clone(),
             mode: MountMode::ReadOnly,

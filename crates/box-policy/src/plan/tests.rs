@@ -345,7 +345,7 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"workspace": {"source": "/"}}),
-            "tighten: workspace.source: unknown field; accepted here: mode, image",
+            "tighten: workspace.source: unknown field; accepted here: mode, image, local_userland",
         ),
         (
             json!({"workspace": {"mode": "rw"}}),
@@ -425,7 +425,7 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"workspace": {"mode": "rw", "cwd": "/proc/self/fd/7"}}),
-            "tighten: workspace.cwd: unknown field; accepted here: mode, image",
+            "tighten: workspace.cwd: unknown field; accepted here: mode, image, local_userland",
         ),
     ];
     for (ask, message) in cases {
@@ -903,4 +903,51 @@ fn a_session_chooses_its_image_from_the_profiles_set() {
             .unwrap_err()
             .contains("has no workspace unit")
     );
+}
+
+/// Issue 22, item 4: a session may narrow `local_userland` to `refuse`,
+/// never widen it; choosing another image than the profile's clears it (the
+/// leave was for that image); the plan shows it.
+#[test]
+fn local_userland_narrows_only_and_goes_with_the_image() {
+    let profile = profile(
+        "description = \"x\"\n[workspace]\nimage = \"a:1\"\nimages = [\"b:1\"]\nlocal_userland = \"host\"\n",
+    );
+    let userland = |tighten: Value| {
+        resolve_json(&profile, tighten).map(|plan| plan.workspace().unwrap().local_userland)
+    };
+    assert_eq!(userland(Value::Null), Ok(LocalUserland::Host));
+    assert_eq!(
+        userland(json!({"workspace": {"local_userland": "refuse"}})),
+        Ok(LocalUserland::Refuse)
+    );
+    assert_eq!(
+        userland(json!({"workspace": {"image": "a:1"}})),
+        Ok(LocalUserland::Host)
+    );
+    assert_eq!(
+        userland(json!({"workspace": {"image": "b:1"}})),
+        Ok(LocalUserland::Refuse)
+    );
+    assert_eq!(
+        userland(json!({"workspace": {"image": "b:1", "local_userland": "host"}})),
+        Err("tighten.workspace.local_userland: asked for \"host\", but profile `p` allows at most \"refuse\"".to_owned())
+    );
+    assert_eq!(
+        userland(json!({"workspace": {"local_userland": "maybe"}})),
+        Err("tighten: workspace.local_userland: \"maybe\" is not accepted; write \"refuse\" or \"host\"".to_owned())
+    );
+    let plan = resolve_json(&profile, Value::Null).unwrap();
+    assert_eq!(plan.to_json()["units"][0]["localUserland"], json!("host"));
+    let refused = profile_without_userland();
+    assert_eq!(
+        resolve_json(&refused, json!({"workspace": {"local_userland": "host"}})),
+        Err("tighten.workspace.local_userland: asked for \"host\", but profile `p` allows at most \"refuse\"".to_owned())
+    );
+    let plan = resolve_json(&refused, Value::Null).unwrap();
+    assert_eq!(plan.to_json()["units"][0].get("localUserland"), None);
+}
+
+fn profile_without_userland() -> Profile {
+    profile("description = \"x\"\n[workspace]\nimage = \"a:1\"\n")
 }

@@ -5,14 +5,14 @@
 //! clamped.
 //!
 //! The shape mirrors the profile:
-//! `{"workspace": {"mode", "image"}, "network": {"mode", "allow"}, "limits": {...},
+//! `{"workspace": {"mode", "image", "local_userland"}, "network": {"mode", "allow"}, "limits": {...},
 //!   "servers": [NAME...], "env": {"drop": [NAME...]}}`.
 
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::{MountMode, NetworkMode, PlanError};
+use super::{LocalUserland, MountMode, NetworkMode, PlanError};
 use crate::profile::{
     AllowEntry, ByteSize, CpuQuota, Profile, Source, check_env_name, parse_duration, show_duration,
 };
@@ -24,6 +24,8 @@ pub struct Tightening {
     pub workspace_mode: Option<MountMode>,
     /// The workspace unit's image: the profile's `image` or one of its `images`.
     pub workspace_image: Option<String>,
+    /// Whether the local backend may run the workspace unit on the host's userland.
+    pub workspace_local_userland: Option<LocalUserland>,
     /// The workspace unit's network.
     pub network: NetworkAsk,
     /// The workspace unit's limits.
@@ -67,7 +69,7 @@ pub struct LimitsAsk {
 }
 
 const TOP: &[&str] = &["workspace", "network", "limits", "servers", "env"];
-const WORKSPACE: &[&str] = &["mode", "image"];
+const WORKSPACE: &[&str] = &["mode", "image", "local_userland"];
 const NETWORK: &[&str] = &["mode", "allow"];
 const LIMITS: &[&str] = &[
     "memory",
@@ -204,6 +206,19 @@ impl Tightening {
                 crate::image::ImageRef::parse(image)
                     .map_err(|message| invalid("workspace.image", message))?;
                 tightening.workspace_image = Some(image.to_owned());
+            }
+            if let Some(userland) = fields.get("local_userland") {
+                tightening.workspace_local_userland =
+                    Some(match string(userland, "workspace.local_userland")? {
+                        "refuse" => LocalUserland::Refuse,
+                        "host" => LocalUserland::Host,
+                        other => {
+                            return Err(invalid(
+                                "workspace.local_userland",
+                                format!("{other:?} is not accepted; write \"refuse\" or \"host\""),
+                            ));
+                        }
+                    });
             }
         }
         if let Some(network) = top.get("network") {
@@ -368,7 +383,27 @@ pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, Pl
                 ),
             });
         }
+        // The profile's leave to run on the host's userland covers its own
+        // image: a session that chooses another one gets it or a refusal.
+        if *image != profile.workspace.image {
+            narrowed.workspace.local_userland = LocalUserland::Refuse;
+        }
         narrowed.workspace.image = image.clone();
+    }
+    if let Some(userland) = tightening.workspace_local_userland {
+        if profile.workspace.source == Source::None {
+            return Err(invalid(
+                "workspace.local_userland",
+                format!("profile `{}` has no workspace unit", profile.name),
+            ));
+        }
+        narrowed.workspace.local_userland = narrower(
+            profile,
+            "workspace.local_userland",
+            Some(userland),
+            narrowed.workspace.local_userland,
+            |userland| format!("\"{}\"", userland.as_str()),
+        )?;
     }
     let ask = &tightening.limits;
     if profile.workspace.source == Source::None {

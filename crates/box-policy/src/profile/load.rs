@@ -288,7 +288,8 @@ fn check_name(name: &str) -> Result<(), String> {
 
 /// `child` over `parent`: tables merge key by key, `[[server]]` entries merge
 /// by name (a child's server replaces the parent's of the same name), every
-/// other value is replaced whole.
+/// other value is replaced whole; `[workspace] local_userland` goes with the
+/// `image` beside it.
 fn merge(parent: Node, child: Node, top: bool) -> Node {
     let (Value::Table(mut entries), Value::Table(child_entries)) =
         (parent.value, child.value.clone())
@@ -301,6 +302,8 @@ fn merge(parent: Node, child: Node, top: bool) -> Node {
                 let (_, old) = entries.remove(index);
                 let merged = if top && key.name == "server" {
                     merge_servers(old, value)
+                } else if top && key.name == "workspace" {
+                    merge(without_inherited_userland(old, &value), value, false)
                 } else if matches!(old.value, Value::Table(_))
                     && matches!(value.value, Value::Table(_))
                 {
@@ -316,6 +319,29 @@ fn merge(parent: Node, child: Node, top: bool) -> Node {
     Node {
         value: Value::Table(entries),
         at: child.at,
+    }
+}
+
+/// The parent's `[workspace]` less its `local_userland` when the child sets
+/// `image` without one: leave to run on the host's userland was given for the
+/// parent's image, and a pinned image of the child's must not run on the host
+/// silently.
+fn without_inherited_userland(parent: Node, child: &Node) -> Node {
+    let sets_image = child.get("image").is_some() && child.get("local_userland").is_none();
+    match parent.value {
+        Value::Table(entries) if sets_image => Node {
+            value: Value::Table(
+                entries
+                    .into_iter()
+                    .filter(|(key, _)| key.name != "local_userland")
+                    .collect(),
+            ),
+            at: parent.at,
+        },
+        value => Node {
+            value,
+            at: parent.at,
+        },
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::value::{AllowEntry, ByteSize, CpuQuota};
 use crate::image::PullPolicy;
-use crate::plan::{MountMode, NetworkMode, Requirement, UserIds};
+use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, UserIds};
 
 /// A profile: everything a session's units may be and do. A session can only narrow it.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,6 +62,10 @@ pub struct Workspace {
     /// The engine's OCI runtime for this unit (`runsc` for gVisor); `None`: the
     /// engine's default.
     pub runtime: Option<String>,
+    /// Whether the local backend may run this unit on the host's userland in
+    /// place of `image`. Goes with `image`: a profile that sets `image`
+    /// without it does not inherit its parent's.
+    pub local_userland: LocalUserland,
     /// What a credential persisted in the workspace at session start does.
     pub on_persisted_credentials: OnPersisted,
     /// With `source = "fork"`: how each session's fork is made.
@@ -253,6 +257,8 @@ pub struct Server {
     pub limits: LimitsPolicy,
     /// The engine's OCI runtime for this unit; `None`: the engine's default.
     pub runtime: Option<String>,
+    /// Whether the local backend may run this unit on the host's userland.
+    pub local_userland: LocalUserland,
 }
 
 /// A dangerous ask a profile may make only when `[operator] allow_dangerous` names it.

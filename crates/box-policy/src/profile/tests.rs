@@ -138,6 +138,7 @@ write_guard = "off"
             on_persisted_credentials: super::OnPersisted::Report,
             fork_mode: super::ForkMode::Auto,
             runtime: Some("runsc".to_owned()),
+            local_userland: crate::plan::LocalUserland::Refuse,
         }
     );
     assert_eq!(profile.network.allow.len(), 2);
@@ -191,7 +192,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[workspace]\nimgae = \"x\"\n",
-            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, images, pull, pull_secret, root, source, mode, user, runtime, on_persisted_credentials, fork_mode",
+            "p.toml:2:1: workspace.imgae: unknown field; accepted here: image, images, pull, pull_secret, root, source, mode, user, runtime, local_userland, on_persisted_credentials, fork_mode",
         ),
         (
             "description = 5\n",
@@ -799,5 +800,75 @@ fn egress_settings_are_read_and_only_with_egress() {
             found.iter().any(|problem| problem.contains(expected)),
             "{text}: {found:?}"
         );
+    }
+}
+
+/// Issue 22, item 4: `local_userland` is read per unit, refused when it is
+/// neither word, and goes with the `image` beside it through `extends`.
+#[test]
+fn local_userland_goes_with_its_image() {
+    use crate::plan::LocalUserland::{Host, Refuse};
+    let minimal = load(&[("p", "description = \"x\"\n")], "p").unwrap();
+    assert_eq!(minimal.workspace.local_userland, Refuse);
+    let shipped = Catalog::only(Vec::new());
+    for name in ["default", "ci", "offline", "fetch"] {
+        let profile = shipped.load(name).unwrap();
+        assert_eq!(profile.workspace.local_userland, Host, "{name}");
+    }
+    assert_eq!(
+        shipped.load("fetch").unwrap().servers[0].local_userland,
+        Refuse
+    );
+    let pin = "img@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let userland_of = |child: &str| {
+        let profile = load(&[("p", child)], "p").unwrap();
+        profile.workspace.local_userland
+    };
+    // The parent's leave was for its image: a child with its own loses it...
+    assert_eq!(
+        userland_of(&format!(
+            "extends = \"default\"\n[workspace]\nimage = \"{pin}\"\n"
+        )),
+        Refuse
+    );
+    // ...unless it says so again, and one that keeps the image keeps it.
+    assert_eq!(
+        userland_of(&format!(
+            "extends = \"default\"\n[workspace]\nimage = \"{pin}\"\nlocal_userland = \"host\"\n"
+        )),
+        Host
+    );
+    assert_eq!(
+        userland_of("extends = \"default\"\n[workspace]\nmode = \"ro\"\n"),
+        Host
+    );
+    assert_eq!(
+        userland_of("extends = \"default\"\n[workspace]\nlocal_userland = \"refuse\"\n"),
+        Refuse
+    );
+    let server = load(
+        &[(
+            "p",
+            "[[server]]\nname = \"echo\"\nimage = \"box-base:bookworm\"\ncommand = [\"cat\"]\nlocal_userland = \"host\"\n",
+        )],
+        "p",
+    )
+    .unwrap();
+    assert_eq!(server.servers[0].local_userland, Host);
+    for (text, expected) in [
+        (
+            "[workspace]\nlocal_userland = \"image\"\n",
+            "p.toml:2:18: workspace.local_userland: \"image\" is not accepted; write \"refuse\" or \"host\"",
+        ),
+        (
+            "[workspace]\nlocal_userland = true\n",
+            "p.toml:2:18: workspace.local_userland: expected \"refuse\" or \"host\", got true (a boolean)",
+        ),
+        (
+            "[[server]]\nname = \"echo\"\nimage = \"i:1\"\ncommand = [\"cat\"]\nlocal_userland = \"yes\"\n",
+            "p.toml:5:18: server[echo].local_userland: \"yes\" is not accepted; write \"refuse\" or \"host\"",
+        ),
+    ] {
+        assert_eq!(problems(text), vec![expected.to_owned()], "{text}");
     }
 }

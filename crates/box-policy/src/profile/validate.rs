@@ -20,7 +20,7 @@ use super::value::{
     check_env_name, looks_like_credential, parse_count, parse_duration,
 };
 use crate::image::{ImageRef, PullPolicy};
-use crate::plan::{MountMode, NetworkMode, Requirement, UserIds};
+use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, UserIds};
 use danger::Asked;
 pub(crate) use danger::host_path_dangers;
 
@@ -48,6 +48,7 @@ pub(crate) const WORKSPACE: &[&str] = &[
     "mode",
     "user",
     "runtime",
+    "local_userland",
     "on_persisted_credentials",
     "fork_mode",
 ];
@@ -84,6 +85,7 @@ pub(crate) const SERVER: &[&str] = &[
     "pull",
     "pull_secret",
     "runtime",
+    "local_userland",
     "command",
     "description",
     "network",
@@ -370,6 +372,7 @@ impl Walk {
             Some(node) => self.runtime(node, "workspace.runtime").map(Some),
             None => Some(None),
         };
+        let local_userland = self.local_userland(fields.get("local_userland"), "workspace");
         let on_persisted_credentials = match fields.get("on_persisted_credentials") {
             Some(node) => self.choice(
                 node,
@@ -404,6 +407,7 @@ impl Walk {
             mode: mode?,
             user: user?,
             runtime: runtime?,
+            local_userland: local_userland?,
             on_persisted_credentials: on_persisted_credentials?,
             fork_mode: fork_mode?,
         })
@@ -451,6 +455,21 @@ impl Walk {
                 self.problem(node, field, message);
                 None
             }
+        }
+    }
+
+    /// `local_userland` of the unit at `unit` (`workspace`, `server[NAME]`).
+    fn local_userland(&mut self, node: Option<&Node>, unit: &str) -> Option<LocalUserland> {
+        match node {
+            Some(node) => self.choice(
+                node,
+                &join(unit, "local_userland"),
+                &[
+                    ("refuse", LocalUserland::Refuse),
+                    ("host", LocalUserland::Host),
+                ],
+            ),
+            None => Some(LocalUserland::default()),
         }
     }
 
@@ -1159,6 +1178,7 @@ impl Walk {
                 Some(node) => self.runtime(node, &join(&label, "runtime")).map(Some),
                 None => Some(None),
             };
+            let local_userland = self.local_userland(fields.get("local_userland"), &label);
             let pull = match fields.get("pull") {
                 Some(node) => self.pull(node, &join(&label, "pull")),
                 None => Some(PullPolicy::default()),
@@ -1185,6 +1205,7 @@ impl Walk {
                 Some(runtime),
                 Some(pull),
                 Some(pull_secret),
+                Some(local_userland),
             ) = (
                 name,
                 image,
@@ -1195,6 +1216,7 @@ impl Walk {
                 runtime,
                 pull,
                 pull_secret,
+                local_userland,
             ) {
                 servers.push(Server {
                     name,
@@ -1205,6 +1227,7 @@ impl Walk {
                     description,
                     network,
                     runtime,
+                    local_userland,
                     limits,
                 });
             }
