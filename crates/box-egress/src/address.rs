@@ -8,14 +8,20 @@
 //!
 //! Two tiers, decided here and printed in every refusal:
 //! - **never**: unspecified, link-local (all of 169.254/16 and fe80::/10), multicast,
-//!   reserved and documentation ranges, and the cloud metadata endpoints wherever they
-//!   live (`fd00:ec2::254` is in the unique-local range, `100.100.100.200` in the shared
+//!   the broadcast address, IPv6 outside global unicast (discard, unassigned space),
+//!   Teredo, and the cloud metadata endpoints wherever they live (`fd00:ec2::254` and
+//!   `fd20:ce::254` are in the unique-local range, `100.100.100.200` in the shared
 //!   range, `168.63.129.16` is public). Like OpenShell, metadata stays refused even
 //!   when the operator allows private destinations: no registry lives there, and it is
 //!   where a unit would find the host's cloud credentials.
-//! - **private destinations**: loopback, RFC 1918, shared (CGNAT), other special-purpose
-//!   ranges, unique-local, and the host's own addresses. Refused unless the operator's
-//!   `allow_dangerous` names `"private-destinations"`.
+//! - **private destinations**: loopback, RFC 1918, shared (CGNAT), benchmarking and
+//!   other special-purpose ranges, the documentation ranges (TEST-NETs, `2001:db8::/32`,
+//!   `3fff::/20`), 240/4 (reserved for future use), unique-local, and the host's own
+//!   addresses. Refused unless the operator's `allow_dangerous` names
+//!   `"private-destinations"`: none of them is the public internet, and each is used
+//!   by real networks (carrier-grade NAT, corporate and cloud networks that number
+//!   hosts in 240/4 or in a TEST-NET, test networks), where a registry may resolve
+//!   to one.
 //!
 //! A name is resolved once: a pin from `network.hosts` first, else the host's resolver.
 //! If any returned address is forbidden the whole name is refused (a rebinding answer
@@ -31,8 +37,9 @@ use serde::Serialize;
 use crate::host::Host;
 use crate::policy::{Policy, PrivateDestinations};
 
-/// The cloud metadata endpoints, refused always.
-pub const METADATA_ADDRESSES: [IpAddr; 6] = [
+/// The cloud metadata endpoints, refused always (those in link-local space are
+/// refused as link-local anyway; they are named here so a refusal says what they are).
+pub const METADATA_ADDRESSES: [IpAddr; 10] = [
     // AWS, GCP, Azure, OCI, DigitalOcean, OpenStack.
     IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254)),
     // AWS ECS task metadata and credentials.
@@ -43,8 +50,16 @@ pub const METADATA_ADDRESSES: [IpAddr; 6] = [
     IpAddr::V4(Ipv4Addr::new(168, 63, 129, 16)),
     // Oracle Cloud Classic.
     IpAddr::V4(Ipv4Addr::new(192, 0, 0, 192)),
+    // Scaleway.
+    IpAddr::V4(Ipv4Addr::new(169, 254, 42, 42)),
     // AWS over IPv6 (Nitro).
     IpAddr::V6(Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0254)),
+    // AWS EKS Pod Identity Agent over IPv6 (credentials).
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0023)),
+    // GCP over IPv6.
+    IpAddr::V6(Ipv6Addr::new(0xfd20, 0x00ce, 0, 0, 0, 0, 0, 0x0254)),
+    // Scaleway over IPv6.
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0x0042, 0, 0, 0, 0, 0, 0x0042)),
 ];
 
 /// Why an address may not be reached.
@@ -59,9 +74,13 @@ pub enum AddressRange {
     LinkLocal,
     /// 224/4, ff00::/8 (never).
     Multicast,
-    /// 240/4 with the broadcast address, documentation, discard, Teredo, and IPv6
-    /// outside global unicast 2000::/3 (never).
-    Reserved,
+    /// 255.255.255.255 (never).
+    Broadcast,
+    /// Teredo, 2001::/32: the far end is an IPv4 address the relay hides (never).
+    Tunnel,
+    /// IPv6 outside global unicast 2000::/3 (100::/64 discard-only, unassigned
+    /// space) (never).
+    Unroutable,
     /// 127/8, `::1` (private destinations).
     Loopback,
     /// 10/8, 172.16/12, 192.168/16 (private destinations).
@@ -69,8 +88,14 @@ pub enum AddressRange {
     /// 100.64/10, carrier-grade NAT (private destinations).
     Shared,
     /// 192.0.0/24, 198.18/15 benchmarking, 64:ff9b:1::/48 local NAT64, 2001:2::/48
-    /// (private destinations).
+    /// benchmarking (private destinations).
     SpecialPurpose,
+    /// The documentation ranges 192.0.2/24, 198.51.100/24, 203.0.113/24 (TEST-NET-1,
+    /// 2 and 3), 2001:db8::/32 and 3fff::/20 (private destinations).
+    Documentation,
+    /// 240/4 but the broadcast address, reserved for future use (private
+    /// destinations).
+    Reserved,
     /// fc00::/7 and the deprecated site-local fec0::/10 (private destinations).
     UniqueLocal,
     /// One of the host's own addresses (private destinations).
@@ -85,11 +110,15 @@ impl AddressRange {
             | Self::Unspecified
             | Self::LinkLocal
             | Self::Multicast
-            | Self::Reserved => false,
+            | Self::Broadcast
+            | Self::Tunnel
+            | Self::Unroutable => false,
             Self::Loopback
             | Self::Private
             | Self::Shared
             | Self::SpecialPurpose
+            | Self::Documentation
+            | Self::Reserved
             | Self::UniqueLocal
             | Self::HostAddress => true,
         }
@@ -102,11 +131,15 @@ impl AddressRange {
             Self::Unspecified => "unspecified",
             Self::LinkLocal => "link-local",
             Self::Multicast => "multicast",
-            Self::Reserved => "reserved",
+            Self::Broadcast => "broadcast",
+            Self::Tunnel => "tunnel",
+            Self::Unroutable => "unroutable",
             Self::Loopback => "loopback",
             Self::Private => "private",
             Self::Shared => "shared",
             Self::SpecialPurpose => "special-purpose",
+            Self::Documentation => "documentation",
+            Self::Reserved => "reserved",
             Self::UniqueLocal => "unique-local",
             Self::HostAddress => "host-address",
         }
@@ -120,11 +153,15 @@ impl fmt::Display for AddressRange {
             Self::Unspecified => "an unspecified address, refused always",
             Self::LinkLocal => "a link-local address, refused always",
             Self::Multicast => "a multicast address, refused always",
-            Self::Reserved => "a reserved address, refused always",
+            Self::Broadcast => "the broadcast address, refused always",
+            Self::Tunnel => "a Teredo tunnel address, refused always",
+            Self::Unroutable => "an address outside IPv6 global unicast, refused always",
             Self::Loopback => "a loopback address",
             Self::Private => "a private address",
             Self::Shared => "a shared (carrier-grade NAT) address",
             Self::SpecialPurpose => "a special-purpose address",
+            Self::Documentation => "a documentation (TEST-NET) address",
+            Self::Reserved => "a reserved (240/4) address",
             Self::UniqueLocal => "a unique-local address",
             Self::HostAddress => "one of the host's own addresses",
         };
@@ -185,8 +222,9 @@ fn classify_v4(address: Ipv4Addr) -> Option<AddressRange> {
         (192, 0, 0) => AddressRange::SpecialPurpose,
         (192, 168, _) => AddressRange::Private,
         (198, 18..=19, _) => AddressRange::SpecialPurpose,
-        (192, 0, 2) | (198, 51, 100) | (203, 0, 113) => AddressRange::Reserved,
+        (192, 0, 2) | (198, 51, 100) | (203, 0, 113) => AddressRange::Documentation,
         (224..=239, ..) => AddressRange::Multicast,
+        _ if address == Ipv4Addr::BROADCAST => AddressRange::Broadcast,
         (240..=255, ..) => AddressRange::Reserved,
         _ => return None,
     };
@@ -201,14 +239,15 @@ fn classify_v6(address: Ipv6Addr) -> Option<AddressRange> {
         [0x64, 0xff9b, 1, ..] => AddressRange::SpecialPurpose,
         [0x2001, 2, 0, ..] => AddressRange::SpecialPurpose,
         // Teredo: the far end is reached through a relay to an IPv4 address it hides.
-        [0x2001, 0, ..] => AddressRange::Reserved,
-        [0x2001, 0x0db8, ..] => AddressRange::Reserved,
+        [0x2001, 0, ..] => AddressRange::Tunnel,
+        [0x2001, 0x0db8, ..] => AddressRange::Documentation,
+        [first, ..] if first & 0xfff0 == 0x3ff0 => AddressRange::Documentation,
         [first, ..] if first & 0xfe00 == 0xfc00 => AddressRange::UniqueLocal,
         [first, ..] if first & 0xffc0 == 0xfe80 => AddressRange::LinkLocal,
         [first, ..] if first & 0xffc0 == 0xfec0 => AddressRange::UniqueLocal,
         [first, ..] if first & 0xff00 == 0xff00 => AddressRange::Multicast,
         // Everything else outside global unicast: 100::/64 discard, unassigned space.
-        [first, ..] if first & 0xe000 != 0x2000 => AddressRange::Reserved,
+        [first, ..] if first & 0xe000 != 0x2000 => AddressRange::Unroutable,
         _ => return None,
     };
     Some(range)
@@ -315,13 +354,14 @@ mod tests {
             ("192.168.1.1", Private),
             ("198.18.0.1", SpecialPurpose),
             ("198.19.255.255", SpecialPurpose),
-            ("192.0.2.1", Reserved),
-            ("198.51.100.1", Reserved),
-            ("203.0.113.1", Reserved),
+            ("192.0.2.1", Documentation),
+            ("198.51.100.1", Documentation),
+            ("203.0.113.1", Documentation),
             ("224.0.0.1", Multicast),
             ("239.255.255.250", Multicast),
             ("240.0.0.1", Reserved),
-            ("255.255.255.255", Reserved),
+            ("255.255.255.254", Reserved),
+            ("255.255.255.255", Broadcast),
             ("::", Unspecified),
             ("::1", Loopback),
             ("fc00::1", UniqueLocal),
@@ -330,18 +370,25 @@ mod tests {
             ("fe80::1", LinkLocal),
             ("febf::1", LinkLocal),
             ("ff02::1", Multicast),
-            ("100::1", Reserved),
-            ("2001:db8::1", Reserved),
-            ("2001:0:4136:e378:8000:63bf:3fff:fdd2", Reserved),
+            ("100::1", Unroutable),
+            ("2001:db8::1", Documentation),
+            ("3fff::1", Documentation),
+            ("3fff:fff:ffff::1", Documentation),
+            ("2001:0:4136:e378:8000:63bf:3fff:fdd2", Tunnel),
             ("64:ff9b:1::a", SpecialPurpose),
-            ("4000::1", Reserved),
+            ("2001:2::1", SpecialPurpose),
+            ("4000::1", Unroutable),
             // Metadata, wherever it lives.
             ("169.254.169.254", Metadata),
             ("169.254.170.2", Metadata),
             ("100.100.100.200", Metadata),
             ("168.63.129.16", Metadata),
             ("192.0.0.192", Metadata),
+            ("169.254.42.42", Metadata),
             ("fd00:ec2::254", Metadata),
+            ("fd00:ec2::23", Metadata),
+            ("fd20:ce::254", Metadata),
+            ("fd00:42::42", Metadata),
             // The same addresses dressed as IPv6.
             ("::ffff:169.254.169.254", Metadata),
             ("::ffff:a9fe:a9fe", Metadata),
@@ -359,6 +406,10 @@ mod tests {
             ("2002:c0a8:101::1", Private),
             ("::ffff:0.0.0.0", Unspecified),
             ("::ffff:224.0.0.1", Multicast),
+            ("::ffff:192.0.2.1", Documentation),
+            ("2002:cb00:7101::1", Documentation),
+            ("::ffff:100.100.100.200", Metadata),
+            ("64:ff9b::6464:64c8", Metadata),
         ] {
             assert_eq!(class(address), Some(expected), "{address}");
         }
@@ -382,6 +433,12 @@ mod tests {
             "::ffff:93.184.216.34",
             "2002:5db8:d822::1",
             "64:ff9b::5db8:d822",
+            // Just outside the documentation ranges.
+            "192.0.3.1",
+            "198.51.101.1",
+            "203.0.114.1",
+            "2001:db9::1",
+            "3fef:ffff::1",
         ] {
             assert_eq!(class(address), None, "{address}");
         }
@@ -399,9 +456,33 @@ mod tests {
             ("10.0.0.1", Ok(())),
             ("fd12::1", Ok(())),
             ("::ffff:127.0.0.1", Ok(())),
+            // Shared, benchmarking, documentation and reserved ranges, where real
+            // networks put registries: lifted by the same consent.
+            ("100.64.0.1", Ok(())),
+            ("100.100.100.199", Ok(())),
+            ("198.18.0.1", Ok(())),
+            ("192.0.2.10", Ok(())),
+            ("198.51.100.10", Ok(())),
+            ("203.0.113.10", Ok(())),
+            ("240.1.2.3", Ok(())),
+            ("2001:db8::10", Ok(())),
+            ("3fff::10", Ok(())),
+            ("2001:2::10", Ok(())),
+            ("::ffff:203.0.113.10", Ok(())),
+            ("fd00:ec2::253", Ok(())),
+            // Metadata stays refused, also inside the ranges the consent opens.
             ("169.254.169.254", Err(AddressRange::Metadata)),
             ("fd00:ec2::254", Err(AddressRange::Metadata)),
+            ("fd00:ec2::23", Err(AddressRange::Metadata)),
+            ("fd20:ce::254", Err(AddressRange::Metadata)),
+            ("fd00:42::42", Err(AddressRange::Metadata)),
             ("100.100.100.200", Err(AddressRange::Metadata)),
+            ("::ffff:100.100.100.200", Err(AddressRange::Metadata)),
+            ("64:ff9b::6464:64c8", Err(AddressRange::Metadata)),
+            ("2002:6464:64c8::1", Err(AddressRange::Metadata)),
+            ("255.255.255.255", Err(AddressRange::Broadcast)),
+            ("2001::1", Err(AddressRange::Tunnel)),
+            ("100::1", Err(AddressRange::Unroutable)),
             ("::ffff:169.254.169.254", Err(AddressRange::Metadata)),
             ("169.254.1.1", Err(AddressRange::LinkLocal)),
             ("0.0.0.0", Err(AddressRange::Unspecified)),

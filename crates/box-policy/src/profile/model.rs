@@ -276,7 +276,8 @@ pub enum Danger {
     Capabilities,
     /// Host devices.
     Devices,
-    /// Egress to loopback, private and unique-local addresses and the host's own.
+    /// Egress to loopback, private, shared, benchmarking, documentation, reserved and
+    /// unique-local addresses and the host's own (never link-local or metadata).
     PrivateDestinations,
 }
 
