@@ -2236,6 +2236,8 @@ fn session_environment(
 /// `envPassed` for the same profile, and the same variables seen from
 /// inside (docker adds only its image's `ENV` and `HOSTNAME`). The host's
 /// other variables (internal URLs, paths, box's own `RUST_LOG`) reach neither.
+/// What the profile sets reaches the unit's tools even where the scrubber
+/// would remove the name (`SSL_CERT_FILE`), as `envPassed` says.
 #[tokio::test]
 async fn the_same_profile_gives_the_same_environment_on_both_backends() {
     if !require_landlock() {
@@ -2244,7 +2246,7 @@ async fn the_same_profile_gives_the_same_environment_on_both_backends() {
     let profiles = tempfile::tempdir().unwrap();
     std::fs::write(
         profiles.path().join("p.toml"),
-        "[workspace]\nlocal_userland = \"host\"\n[env]\nset = { UNIT_SET = \"from-profile\" }\npass = [\"LANG\", \"TERM\", \"UNIT_PASSED\", \"UNIT_ABSENT\"]\n",
+        "[workspace]\nlocal_userland = \"host\"\n[env]\nset = { UNIT_SET = \"from-profile\", SSL_CERT_FILE = \"/profile/ca.pem\", GIT_SSL_CAINFO = \"/profile/ca.pem\" }\npass = [\"LANG\", \"TERM\", \"UNIT_PASSED\", \"UNIT_ABSENT\"]\n",
     )
     .unwrap();
     let workspace = open_dir();
@@ -2263,6 +2265,8 @@ async fn the_same_profile_gives_the_same_environment_on_both_backends() {
     let mut expected: Vec<String> = [
         "UNIT_PASSED",
         "UNIT_SET",
+        "SSL_CERT_FILE",
+        "GIT_SSL_CAINFO",
         "HOME",
         "LANG",
         "PATH",
@@ -2294,6 +2298,10 @@ async fn the_same_profile_gives_the_same_environment_on_both_backends() {
                 .map(|(_, value)| value.as_str())
         };
         assert_eq!(get("UNIT_SET"), Some("from-profile"), "{backend}");
+        // Names the scrubber removes from what a unit inherits reach its
+        // tools when the profile sets them (a CA bundle for TLS clients).
+        assert_eq!(get("SSL_CERT_FILE"), Some("/profile/ca.pem"), "{backend}");
+        assert_eq!(get("GIT_SSL_CAINFO"), Some("/profile/ca.pem"), "{backend}");
         assert_eq!(get("UNIT_PASSED"), Some("passed"), "{backend}");
         assert_eq!(get("TERM"), Some("dumb"), "{backend}");
         for (name, value) in &host {

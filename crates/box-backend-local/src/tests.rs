@@ -335,6 +335,9 @@ fn no_workspace_means_no_file_tools() {
         "local",
         "--landlock",
         "required",
+        "--pass-env",
+        // What the profile sets is kept in children's environment.
+        "GREETING",
     ];
     assert_eq!(command, expected);
 }

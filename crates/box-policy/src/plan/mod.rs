@@ -394,8 +394,8 @@ impl UnitSpec {
     /// How this unit's executor is started, rooted at `root` (where the
     /// backend put the workspace) in a place of `kind`: the plan's landlock
     /// requirement travels with it (so `required` fails closed inside too),
-    /// the names the plan hands through (and the secrets given as variables,
-    /// which the profile named explicitly) are exempt from the executor's own
+    /// the names the plan hands through and sets (and the secrets given as
+    /// variables, which the profile named explicitly) are exempt from the executor's own
     /// scrubbing, the secrets are named (their values travel apart, in the
     /// environment of the process that starts the executor), and the write
     /// guard follows the profile.
@@ -408,10 +408,16 @@ impl UnitSpec {
         ExecutorSpec {
             kind,
             landlock: self.security.landlock,
+            // What the profile sets is the operator's word, like what it
+            // passes: the executor keeps those names in its children's
+            // environment even where the scrubber would remove them from an
+            // inherited one (`SSL_CERT_FILE`, `GIT_SSL_CAINFO`), as the
+            // envelope's `envPassed` says. Hijackers (`LD_PRELOAD`) go anyway.
             pass_env: self
                 .env_pass
                 .iter()
                 .chain(&self.env_secrets_as_env)
+                .chain(self.env_set.keys())
                 .cloned()
                 .collect(),
             secrets: self
