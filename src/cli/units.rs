@@ -108,10 +108,13 @@ pub struct ImageArgs {
 pub enum ImageCommand {
     /// Build box's images, skipping those that exist: `base` (default) builds the unit
     /// images offline from a Debian mirror (box-rootfs:SUITE, then box-base:SUITE on it;
-    /// needs root); `fetch` builds box-fetch:latest, the `fetch` example profile's server.
+    /// needs root); `dev` builds box-dev:SUITE, the toolchain image (Python, Node, Rust,
+    /// Go, C) on box-base:SUITE from the same mirror; `fetch` builds box-fetch:latest,
+    /// the `fetch` example profile's server.
     #[command(after_help = "Examples:
   box image build
   box image build --force
+  box image build dev
   box image build fetch
   box image build --mirror http://ftp.de.debian.org/debian --suite bookworm
   BOX_IMAGE_MIRROR=http://mirror.internal/debian box image build")]
@@ -130,7 +133,7 @@ pub enum ImageCommand {
 /// `box image build`: the flags of the embedded build script, passed on.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct BuildArgs {
-    /// Which images: `base` (box-rootfs and box-base) or `fetch` (box-fetch:latest, on box-base).
+    /// Which images: `base` (box-rootfs and box-base), `dev` (box-dev, the toolchain image, on box-base) or `fetch` (box-fetch:latest, on box-base).
     #[arg(value_enum, default_value_t = BuildTarget::Base)]
     pub target: BuildTarget,
     /// Rebuild the images even if they exist.
@@ -156,6 +159,9 @@ pub enum BuildTarget {
     /// box-rootfs:SUITE and box-base:SUITE, the unit images.
     #[default]
     Base,
+    /// box-dev:SUITE, the toolchain image: box-base plus Python (venv, pip), Node (npm),
+    /// Rust (cargo), Go, a C toolchain and make, from the base image's Debian mirror.
+    Dev,
     /// box-fetch:latest, the `fetch` example profile's server (mcp-server-fetch on box-base).
     Fetch,
 }
@@ -174,6 +180,23 @@ impl BuildArgs {
         }
         if let Some(suite) = &self.suite {
             args.extend(["--base".into(), format!("box-base:{suite}").into()]);
+        }
+        Ok(args)
+    }
+
+    /// The dev build script's arguments, or why a flag does not apply to it.
+    fn dev_script_args(&self) -> anyhow::Result<Vec<std::ffi::OsString>> {
+        if self.mirror.is_some() || self.keyring.is_some() || self.no_check_gpg {
+            anyhow::bail!(
+                "--mirror, --keyring and --no-check-gpg are for `box image build base`; `dev` installs its packages from its base image's own apt sources (the mirror box-base was built from)"
+            );
+        }
+        let mut args: Vec<std::ffi::OsString> = Vec::new();
+        if self.force {
+            args.push("--force".into());
+        }
+        if let Some(suite) = &self.suite {
+            args.extend(["--suite".into(), suite.into()]);
         }
         Ok(args)
     }
@@ -547,6 +570,8 @@ const BUILD_SCRIPT: &str = include_str!("../../images/build.sh");
 const BASE_DOCKERFILE: &str = include_str!("../../images/base/Dockerfile");
 const FETCH_SCRIPT: &str = include_str!("../../images/fetch/build.sh");
 const FETCH_DOCKERFILE: &str = include_str!("../../images/fetch/Dockerfile");
+const DEV_SCRIPT: &str = include_str!("../../images/dev/build.sh");
+const DEV_DOCKERFILE: &str = include_str!("../../images/dev/Dockerfile");
 
 /// Run `box image`.
 pub fn image(args: ImageArgs) -> anyhow::Result<ExitCode> {
@@ -561,6 +586,7 @@ fn image_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
     let dir = std::env::temp_dir().join(format!("box-image-build-{}", std::process::id()));
     let (script, script_args) = match args.target {
         BuildTarget::Base => ("build.sh", args.script_args()),
+        BuildTarget::Dev => ("dev/build.sh", args.dev_script_args()?),
         BuildTarget::Fetch => ("fetch/build.sh", args.fetch_script_args()?),
     };
     write_build_tree(&dir)?;
@@ -579,9 +605,10 @@ fn image_build(args: &BuildArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The images `box image build` makes: the tag is the suite's.
-const BUILT_IMAGES: [&str; 3] = [
+const BUILT_IMAGES: [&str; 4] = [
     "box-rootfs:bookworm",
     "box-base:bookworm",
+    "box-dev:bookworm",
     "box-fetch:latest",
 ];
 
@@ -652,7 +679,10 @@ fn write_build_tree(dir: &Path) -> anyhow::Result<()> {
     let write = || -> std::io::Result<()> {
         std::fs::create_dir_all(dir.join("base"))?;
         std::fs::create_dir_all(dir.join("fetch"))?;
+        std::fs::create_dir_all(dir.join("dev"))?;
         std::fs::write(dir.join("build.sh"), BUILD_SCRIPT)?;
+        std::fs::write(dir.join("dev/build.sh"), DEV_SCRIPT)?;
+        std::fs::write(dir.join("dev/Dockerfile"), DEV_DOCKERFILE)?;
         std::fs::write(dir.join("base/Dockerfile"), BASE_DOCKERFILE)?;
         std::fs::write(dir.join("fetch/build.sh"), FETCH_SCRIPT)?;
         std::fs::write(dir.join("fetch/Dockerfile"), FETCH_DOCKERFILE)
@@ -691,5 +721,29 @@ mod tests {
         assert!(dir.path().join("fetch/Dockerfile").is_file());
         let fetch = std::fs::read_to_string(dir.path().join("fetch/build.sh")).unwrap();
         assert!(fetch.contains("mcp-server-fetch"));
+        let dev = std::fs::read_to_string(dir.path().join("dev/Dockerfile")).unwrap();
+        assert!(dev.contains("golang-go"), "{dev}");
+        assert!(dir.path().join("dev/build.sh").is_file());
+    }
+
+    #[test]
+    fn the_dev_build_takes_force_and_suite_and_refuses_mirror_flags() {
+        let args = BuildArgs {
+            target: BuildTarget::Dev,
+            force: true,
+            suite: Some("trixie".to_owned()),
+            ..BuildArgs::default()
+        };
+        assert_eq!(
+            args.dev_script_args().unwrap(),
+            ["--force", "--suite", "trixie"].map(std::ffi::OsString::from)
+        );
+        let mirror = BuildArgs {
+            target: BuildTarget::Dev,
+            mirror: Some("http://mirror.internal/debian".to_owned()),
+            ..BuildArgs::default()
+        };
+        let refused = mirror.dev_script_args().unwrap_err().to_string();
+        assert!(refused.contains("box image build base"), "{refused}");
     }
 }

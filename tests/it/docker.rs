@@ -1004,6 +1004,15 @@ fn docker_image_ls_names_the_images_and_their_profiles() {
                 && image["profiles"] == serde_json::json!(["fetch"])),
         "{listed:#}"
     );
+    // The toolchain image is box's own (scripts/images.sh built it).
+    assert!(
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|image| image["image"] == "box-dev:bookworm" && image["present"] == true),
+        "{listed:#}"
+    );
 }
 
 /// `box doctor --strict` passes where the default profile runs (a test

@@ -162,11 +162,12 @@ pub enum NotReady {
     Pull(PullError),
 }
 
-/// Box's own images (built by `box image build [fetch]` or
+/// Box's own images (built by `box image build [dev|fetch]` or
 /// `scripts/test-images.sh`), which are in no registry: never pulled.
 pub fn is_box_image(image: &str) -> bool {
     let name = image.split(['@', ':']).next().unwrap_or(image);
-    matches!(name, "box-base" | "box-rootfs" | "box-fetch") || name.starts_with("box-test-")
+    matches!(name, "box-base" | "box-rootfs" | "box-dev" | "box-fetch")
+        || name.starts_with("box-test-")
 }
 
 /// What puts a missing `image` on the engine: box's own images are built by
@@ -176,6 +177,8 @@ pub fn missing_image_remedy(image: &str, pull: PullPolicy) -> String {
     let name = image.split(['@', ':']).next().unwrap_or(image);
     match name {
         "box-base" | "box-rootfs" => format!("build it with `{}`", crate::body::BUILD_COMMAND),
+        // The toolchain image.
+        "box-dev" => format!("build it with `{} dev`", crate::body::BUILD_COMMAND),
         // The `fetch` example profile's server image.
         "box-fetch" => format!("build it with `{} fetch`", crate::body::BUILD_COMMAND),
         _ if name.starts_with("box-test-") => {
@@ -782,7 +785,12 @@ mod tests {
             missing_image_remedy("box-fetch:latest", PullPolicy::Missing)
                 .contains("`box image build fetch`")
         );
+        assert!(
+            missing_image_remedy("box-dev:bookworm", PullPolicy::Missing)
+                .contains("`box image build dev`")
+        );
         assert!(is_box_image("box-fetch:latest"));
+        assert!(is_box_image("box-dev:bookworm"));
         assert!(is_box_image("box-test-big:latest"));
         assert!(!is_box_image("localhost:5000/box-base:bookworm"));
     }
