@@ -22,6 +22,8 @@ mod pull;
 mod reattach;
 /// Sessions with an egress unit surviving `kill -9` of their host: the proxy served again in the unit's socket directory.
 mod reattach_egress;
+/// The package registry fixtures (PyPI, cargo, Go, npm, git over HTTPS) against real clients, and those clients through a unit's egress proxy.
+mod registries;
 /// Secrets through `box serve` on Docker: files, never in `docker inspect`, redacted for the client.
 mod secrets;
 /// `box serve` and `box run` end to end, over stdio and HTTP, on both backends.

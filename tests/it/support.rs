@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 mod http_host;
+pub mod registries;
 mod served;
 
 pub use http_host::HttpHost;

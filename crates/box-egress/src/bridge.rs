@@ -159,7 +159,9 @@ async fn unreachable(client: &mut TcpStream, proxy_socket: &Path, error: &io::Er
 }
 
 /// The variables that point a unit's tools at the bridge at `proxy` (a loopback
-/// address): the `*_PROXY` family in both cases, `NO_PROXY` for loopback, and the
+/// address): the `*_PROXY` family in both cases (pip, npm, cargo, Go and git
+/// read them and need nothing of their own: `tests/it/registries.rs`), `NO_PROXY`
+/// for loopback, and the
 /// extras some tools read instead (gRPC, Docker, rsync, gcloud) or need to honour
 /// the others at all (Node's built-in `fetch` ignores proxy variables without
 /// `NODE_USE_ENV_PROXY=1`, Node ≥ 24). The JVM reads none of these; a unit that runs
