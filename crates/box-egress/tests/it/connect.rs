@@ -2,6 +2,7 @@
 
 use box_egress::{Decision, PrivateDestinations, Refusal};
 use pretty_assertions::assert_eq;
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
 use crate::client_hello::ClientHello;
@@ -336,6 +337,7 @@ async fn metadata_is_refused_even_with_private_destinations() {
         "metadata.test",
         "metadata6.test",
         "alibaba.test",
+        "gcp6.test",
         "169.254.169.254",
         "[fd00:ec2::254]",
         "[::ffff:169.254.169.254]",
@@ -344,11 +346,13 @@ async fn metadata_is_refused_even_with_private_destinations() {
     .pin("metadata.test", "169.254.169.254")
     .pin("metadata6.test", "fd00:ec2::254")
     .pin("alibaba.test", "100.100.100.200")
+    .pin("gcp6.test", "fd20:ce::254")
     .start();
     for target in [
         "metadata.test:80",
         "metadata6.test:80",
         "alibaba.test:80",
+        "gcp6.test:80",
         "169.254.169.254:80",
         "[fd00:ec2::254]:80",
         "[::ffff:169.254.169.254]:80",
@@ -363,6 +367,82 @@ async fn metadata_is_refused_even_with_private_destinations() {
         );
         assert_eq!(decision(&proxy.event().await), "refused forbidden-address");
     }
+}
+
+/// Shared (carrier-grade NAT), documentation (TEST-NET) and reserved (240/4)
+/// addresses are where real networks put registries: refused without the
+/// operator's `private-destinations`, connected to with it, while the
+/// metadata address inside the shared range stays refused.
+#[tokio::test]
+async fn shared_documentation_and_reserved_addresses_are_private_destinations() {
+    let allow = [
+        "cgnat.test",
+        "testnet.test",
+        "testnet6.test",
+        "classe.test",
+        "alibaba.test",
+    ];
+    let pins = [
+        (
+            "cgnat.test",
+            "100.64.1.2",
+            "a shared (carrier-grade NAT) address",
+        ),
+        (
+            "testnet.test",
+            "203.0.113.10",
+            "a documentation (TEST-NET) address",
+        ),
+        (
+            "testnet6.test",
+            "2001:db8::10",
+            "a documentation (TEST-NET) address",
+        ),
+        ("classe.test", "240.1.2.3", "a reserved (240/4) address"),
+    ];
+    let setup = |private| {
+        let mut setup = Setup::new(&allow)
+            .private(private)
+            .pin("alibaba.test", "100.100.100.200")
+            .connect_timeout(Duration::from_millis(500));
+        for (name, address, _) in pins {
+            setup = setup.pin(name, address);
+        }
+        setup.start()
+    };
+    let mut refused = setup(PrivateDestinations::Refused);
+    for (name, _, range) in pins {
+        let mut stream = refused.connect().await;
+        let (status, body) = connect(&mut stream, &format!("{name}:80")).await;
+        assert_eq!(status, 403, "{name}: {body}");
+        assert!(body.contains(range), "{name}: {body}");
+        assert!(
+            body.contains("allow_dangerous = [\"private-destinations\"]"),
+            "{body}"
+        );
+        assert_eq!(
+            decision(&refused.event().await),
+            "refused forbidden-address"
+        );
+    }
+    // With the consent the proxy connects: whether anything answers there
+    // depends on the machine's network (a 200 or a 502), never a refusal.
+    let mut allowed = setup(PrivateDestinations::Allowed);
+    for (name, _, _) in pins {
+        let mut stream = allowed.connect().await;
+        let (status, body) = connect(&mut stream, &format!("{name}:80")).await;
+        assert!(status == 200 || status == 502, "{name}: {status} {body}");
+        drop(stream);
+        let event = allowed.event().await;
+        assert_ne!(event.decision.outcome(), "refused", "{name}: {event:?}");
+    }
+    let mut stream = allowed.connect().await;
+    let (status, body) = connect(&mut stream, "alibaba.test:80").await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains("a cloud metadata address, refused always"),
+        "{body}"
+    );
 }
 
 #[tokio::test]

@@ -32,6 +32,7 @@ pub struct Setup {
     pub limits: Limits,
     pub tls_ports: BTreeSet<u16>,
     pub head_timeout: Option<Duration>,
+    pub connect_timeout: Option<Duration>,
 }
 
 impl Setup {
@@ -46,11 +47,17 @@ impl Setup {
             limits: Limits::default(),
             tls_ports: BTreeSet::new(),
             head_timeout: None,
+            connect_timeout: None,
         }
     }
 
     pub fn head_timeout(mut self, limit: Duration) -> Self {
         self.head_timeout = Some(limit);
+        self
+    }
+
+    pub fn connect_timeout(mut self, limit: Duration) -> Self {
+        self.connect_timeout = Some(limit);
         self
     }
 
@@ -124,7 +131,9 @@ impl Setup {
                 tls_ports: self.tls_ports,
                 client_hello_timeout: Duration::from_secs(2),
                 head_timeout: self.head_timeout.unwrap_or(Options::default().head_timeout),
-                ..Options::default()
+                connect_timeout: self
+                    .connect_timeout
+                    .unwrap_or(Options::default().connect_timeout),
             },
         };
         let (sender, events) = mpsc::unbounded_channel();
