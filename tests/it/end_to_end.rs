@@ -532,6 +532,63 @@ fn box_run_forwards_stdin_and_takes_variables_on_every_backend() {
     }
 }
 
+/// `printf INPUT | timeout 60 box run -t ARGS` on `backend`: its exit code
+/// (124 when it hung until `timeout` ended it) and its output.
+fn box_run_t_piped(backend: &str, workspace: &Path, input: &str, args: &[&str]) -> (i32, String) {
+    let mut child = Command::new("timeout")
+        .arg("60")
+        .arg(box_bin())
+        .args(["run", "--backend", backend, "--workspace"])
+        .arg(workspace)
+        .arg("-t")
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}\nstderr: {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code().unwrap_or(-1), text)
+}
+
+/// Issue 22, item 9: `echo 'echo hi' | box run -t bash` runs the line and
+/// ends (the end of box's stdin reaches the command's terminal as ^D on an
+/// empty line, read as bash's line editor reads it), and a last line without
+/// its newline still ends `cat` (^D typed twice: the first only hands over
+/// the partial line). Several rounds: whether the ^D was typed before bash
+/// took the terminal out of line mode was a race.
+#[test]
+fn box_run_t_with_piped_stdin_ends_on_every_backend() {
+    for backend in backends() {
+        let workspace = tempfile::tempdir().unwrap();
+        for round in 0..3 {
+            let (status, output) =
+                box_run_t_piped(backend, workspace.path(), "echo hi\n", &["bash"]);
+            assert_eq!(status, 0, "{backend}, bash, round {round}: {output}");
+            assert!(
+                // A line of its own (bash may put escape sequences before it).
+                output.split(['\r', '\n']).any(|part| part == "hi"),
+                "{backend}, bash, round {round}: {output}"
+            );
+            let (status, output) = box_run_t_piped(backend, workspace.path(), "echo hi", &["cat"]);
+            assert_eq!(status, 0, "{backend}, cat, round {round}: {output}");
+            assert!(
+                output.contains("echo hi"),
+                "{backend}, cat, round {round}: {output}"
+            );
+        }
+    }
+}
+
 /// An HTTPS server on the host's loopback (`openssl s_server -www`, a self-signed
 /// certificate for `name` made in `dir`): its port and the process, killed on drop.
 fn https_server(dir: &Path, name: &str) -> (u16, KillOnDrop) {

@@ -13,8 +13,10 @@
 //! cols}` gives the process a new pseudo-terminal as its stdin, stdout,
 //! stderr and controlling terminal (its own session, so job control and ^C
 //! work as in a terminal); its output is read as fd 1 (fd 2 is at end of file
-//! at once), a write goes to the terminal's input, closeStdin types ^D, and
-//! [`RESIZE_METHOD`] changes its size. Only box's own client (`box run -t`)
+//! at once), a write goes to the terminal's input, closeStdin types the
+//! terminal's end-of-file key (^D) each time the process has read all typed
+//! before it (so it is read as one, whatever mode the terminal is in then),
+//! and [`RESIZE_METHOD`] changes its size. Only box's own client (`box run -t`)
 //! sends it; a dax client never does, and gets pipes as before. The terminal
 //! is opened in the unit's own devpts, by the executor, so the process keeps
 //! every layer of its confinement.
@@ -110,8 +112,8 @@ struct Process {
     /// The group leader's pid, which is the group id.
     group: u32,
     stdin: tokio::sync::Mutex<Option<Input>>,
-    /// The master side of the process's terminal, when it was started with one.
-    tty: Option<std::os::fd::OwnedFd>,
+    /// The process's terminal, when it was started with one.
+    tty: Option<Tty>,
     stdin_closed: CancellationToken,
     stdout: Arc<Stream>,
     stderr: Option<Arc<Stream>>,
@@ -352,7 +354,7 @@ impl Processes {
     pub fn resize(&self, params: Value) -> Result<Value, ProcessError> {
         let params: ResizeParams = parse("resize", params)?;
         let process = self.get(&params.id)?;
-        let Some(master) = &process.tty else {
+        let Some(Tty { master, .. }) = &process.tty else {
             return Err(error(
                 "the process has no terminal; start it with tty: {rows, cols} to resize it",
             ));
@@ -479,7 +481,11 @@ impl Processes {
                     stream.lock().eof = true;
                     Arc::new(stream)
                 });
-                (Some(Box::new(writer)), stderr, Some(terminal.master))
+                let tty = Tty {
+                    master: terminal.master,
+                    slave: terminal.slave_path,
+                };
+                (Some(Box::new(writer)), stderr, Some(tty))
             }
             None => {
                 if let Some(pipe) = child.stdout.take() {
@@ -637,16 +643,17 @@ impl Process {
 
     async fn close_stdin(&self) {
         self.stdin_closed.cancel();
-        let mut stdin = self.stdin.lock().await;
+        let input = self.stdin.lock().await.take();
         // A terminal has no end of its input to close (closing the master
-        // would hang it up): end of file is typed, as a user would.
-        if self.tty.is_some()
-            && let Some(input) = stdin.as_mut()
-        {
-            let _ =
-                tokio::time::timeout(Duration::from_millis(100), input.write_all(&[EOF_KEY])).await;
+        // would hang it up): end of file is typed, as a user would, by a
+        // task of its own that waits for the moments it is read as one.
+        if let (Some(tty), Some(input)) = (&self.tty, input) {
+            tokio::spawn(type_end_of_input(
+                tty.slave.clone(),
+                input,
+                self.exit.clone(),
+            ));
         }
-        stdin.take();
     }
 
     fn exited(&self) -> Option<Exit> {
@@ -768,14 +775,118 @@ impl Drop for Processes {
     }
 }
 
-/// ^D: end of file, typed at a terminal.
+/// ^D: end of file, typed at a terminal whose settings name no other key.
 const EOF_KEY: u8 = 0x04;
+/// How soon the end-of-input typist looks at the terminal again after it
+/// typed, and the longest it waits between looks while input is unread.
+const TYPIST_FIRST_LOOK: Duration = Duration::from_millis(5);
+const TYPIST_LONGEST_WAIT: Duration = Duration::from_millis(200);
+/// The most end-of-file keys typed at a terminal out of line mode, where a
+/// program reads them as keys (a line editor ends on one; a full-screen
+/// program may ignore them, and is not typed at for ever).
+const RAW_EOF_KEYS: u32 = 4;
+
+/// A process's terminal: its master, and the path of its other side (opened
+/// again only to look at the terminal: holding it open would keep the master
+/// from reading end of file once the process lets go).
+struct Tty {
+    master: std::os::fd::OwnedFd,
+    slave: PathBuf,
+}
+
+/// What the terminal's side the process reads looks like now.
+#[derive(Debug, PartialEq, Eq)]
+enum TerminalInput {
+    /// Typed input the process has not read yet.
+    Unread,
+    /// Nothing the process could read now (in line mode, a partial line may
+    /// wait for its end); `line_mode` when the terminal edits lines
+    /// (`ICANON`), with `eof` its end-of-file key.
+    Read { line_mode: bool, eof: u8 },
+}
+
+/// Look at the terminal whose process side is `slave`.
+fn look_at_terminal(slave: &std::path::Path) -> std::io::Result<TerminalInput> {
+    use nix::fcntl::OFlag;
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use nix::sys::termios::{LocalFlags, SpecialCharacterIndices, tcgetattr};
+    use std::os::fd::AsFd as _;
+    let flags = OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+    let side = nix::fcntl::open(slave, flags, nix::sys::stat::Mode::empty())?;
+    let mut fds = [PollFd::new(side.as_fd(), PollFlags::POLLIN)];
+    // In line mode, readable means a whole line (or a typed end of file) waits.
+    let waiting = poll(&mut fds, PollTimeout::ZERO)?;
+    if waiting > 0
+        && fds[0]
+            .revents()
+            .is_some_and(|events| events.contains(PollFlags::POLLIN))
+    {
+        return Ok(TerminalInput::Unread);
+    }
+    let settings = tcgetattr(&side)?;
+    let eof = settings.control_chars[SpecialCharacterIndices::VEOF as usize];
+    Ok(TerminalInput::Read {
+        line_mode: settings.local_flags.contains(LocalFlags::ICANON),
+        // 0 is `_POSIX_VDISABLE`: no key is end of file; ^D is what a user tries.
+        eof: if eof == 0 { EOF_KEY } else { eof },
+    })
+}
+
+/// After closeStdin on a terminal: type its end-of-file key each time the
+/// process has read all typed before, until the process exits.
+///
+/// Only then, because of how a terminal reads it. In line mode the key ends
+/// a read: at the start of a line the read returns nothing (end of file),
+/// after a partial line it hands the line over, and the next one is end of
+/// file. But a program that reads its terminal out of line mode (bash's and
+/// python's line editors do, while a line is typed, and go back to line mode
+/// while a command runs) reads an end of file typed in line mode and still
+/// unread when it switched as a NUL byte, not as the key: typed the moment
+/// stdin ended, the key was lost whenever the program had not yet taken the
+/// terminal (`echo 'echo hi' | box run -t bash` never ended). Typed each
+/// time all before it was read, every read after the end of input sees an
+/// end of file, as on a pipe: a NUL read by a line editor is followed by
+/// the key it ends on. Out of line mode at most [`RAW_EOF_KEYS`] are typed.
+async fn type_end_of_input(
+    slave: PathBuf,
+    mut input: Input,
+    mut exit: watch::Receiver<Option<Exit>>,
+) {
+    let mut pause = TYPIST_FIRST_LOOK;
+    let mut raw_keys = 0;
+    loop {
+        match look_at_terminal(&slave) {
+            // The terminal is gone (every process let go of it).
+            Err(_) => return,
+            Ok(TerminalInput::Unread) => pause = (pause * 2).min(TYPIST_LONGEST_WAIT),
+            Ok(TerminalInput::Read { line_mode, eof }) => {
+                if !line_mode {
+                    if raw_keys == RAW_EOF_KEYS {
+                        return;
+                    }
+                    raw_keys += 1;
+                }
+                match tokio::time::timeout(TYPIST_LONGEST_WAIT, input.write_all(&[eof])).await {
+                    Ok(Ok(())) => pause = TYPIST_FIRST_LOOK,
+                    Ok(Err(_)) => return,
+                    // Nothing was read, so the key is not needed yet.
+                    Err(_) => pause = TYPIST_LONGEST_WAIT,
+                }
+            }
+        }
+        tokio::select! {
+            _ = exit.wait_for(Option::is_some) => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+}
 
 /// A new pseudo-terminal in the unit's devpts, both ends close-on-exec so no
 /// other child inherits them.
 struct Terminal {
     master: std::os::fd::OwnedFd,
     slave: std::os::fd::OwnedFd,
+    slave_path: PathBuf,
 }
 
 impl Terminal {
@@ -789,7 +900,11 @@ impl Terminal {
         let slave = nix::fcntl::open(name.as_str(), flags, nix::sys::stat::Mode::empty())?;
         let master = std::os::fd::OwnedFd::from(master);
         set_size(&master, size.rows, size.cols)?;
-        Ok(Self { master, slave })
+        Ok(Self {
+            master,
+            slave,
+            slave_path: PathBuf::from(name),
+        })
     }
 
     /// Make the terminal `command`'s stdin, stdout, stderr and controlling

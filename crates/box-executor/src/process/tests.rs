@@ -482,6 +482,80 @@ async fn a_process_with_a_terminal_sees_it_and_its_size() {
     call(&processes, "close", json!({"id": id})).await.unwrap();
 }
 
+/// Issue 22, item 9: input and closeStdin sent before the process has taken
+/// its terminal out of line mode (as bash's line editor does once it starts)
+/// still end it: the end of file reaches it as the key, not as the NUL a
+/// key typed in line mode and read out of it becomes.
+#[tokio::test]
+async fn closing_a_terminal_s_stdin_reaches_a_program_that_left_line_mode() {
+    let (_temp, processes) = processes(&[]);
+    // Reads key by key out of line mode, as a line editor does, and ends on ^D.
+    let script = "sleep 0.5; stty -icanon -echo min 1; \
+                  while :; do key=$(dd bs=1 count=1 2>/dev/null | od -An -tx1 | tr -d ' \\n'); \
+                  echo \"key:$key\"; [ \"$key\" = 04 ] && exit 0; \
+                  [ -z \"$key\" ] && exit 3; done";
+    let id = start(
+        &processes,
+        json!({"args": ["sh", "-c", script], "tty": {"rows": 24, "cols": 80}}),
+    )
+    .await;
+    call(
+        &processes,
+        "write",
+        json!({"id": id, "data": BASE64.encode("x\n")}),
+    )
+    .await
+    .unwrap();
+    call(&processes, "closeStdin", json!({"id": id}))
+        .await
+        .unwrap();
+    let output = tokio::time::timeout(Duration::from_secs(10), read_all(&processes, &id, 1))
+        .await
+        .expect("the program never read an end of file");
+    let output = String::from_utf8_lossy(&output);
+    assert!(output.contains("key:78"), "{output:?}");
+    assert!(output.contains("key:04"), "{output:?}");
+    assert!(!output.contains("key:00"), "{output:?}");
+    assert_eq!(
+        call(&processes, "wait", json!({"id": id})).await,
+        Ok(json!({"status": 0}))
+    );
+    call(&processes, "close", json!({"id": id})).await.unwrap();
+}
+
+/// Issue 22, item 9: a last line without its newline, then closeStdin, ends
+/// `cat` on a terminal (the first ^D hands the partial line over, the
+/// second is the end of file).
+#[tokio::test]
+async fn closing_a_terminal_s_stdin_after_a_partial_line_ends_cat() {
+    let (_temp, processes) = processes(&[]);
+    let id = start(
+        &processes,
+        json!({"args": ["cat"], "tty": {"rows": 24, "cols": 80}}),
+    )
+    .await;
+    call(
+        &processes,
+        "write",
+        json!({"id": id, "data": BASE64.encode("partial")}),
+    )
+    .await
+    .unwrap();
+    call(&processes, "closeStdin", json!({"id": id}))
+        .await
+        .unwrap();
+    let output = tokio::time::timeout(Duration::from_secs(10), read_all(&processes, &id, 1))
+        .await
+        .expect("cat never read an end of file");
+    // The terminal's echo, then cat's copy.
+    assert_eq!(String::from_utf8_lossy(&output), "partialpartial");
+    assert_eq!(
+        call(&processes, "wait", json!({"id": id})).await,
+        Ok(json!({"status": 0}))
+    );
+    call(&processes, "close", json!({"id": id})).await.unwrap();
+}
+
 /// A process without a terminal cannot be resized; the error says how to get one.
 #[tokio::test]
 async fn resizing_a_process_without_a_terminal_is_refused() {
