@@ -28,7 +28,7 @@ const EXIT_CODES: &str = "Exit codes:
   2    the command line is wrong (the usage error is on stderr)
   box run exits with the command's own status, or:
   125  box itself failed (the command did not start, or its units were not removed)
-  130  interrupted by SIGINT or SIGTERM (the units are removed)
+  130  interrupted by SIGINT, 143 by SIGTERM (the units are removed)
   255  the command was killed by a signal";
 
 /// box: hardened, isolated units for AI agents' tool execution, behind one MCP host.

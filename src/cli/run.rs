@@ -61,7 +61,8 @@ carries the terminal's \\r\\n, and stderr is joined to stdout).
 Exit codes:
   N    the command's own status
   125  box itself failed (the command did not start, or its units were not removed)
-  130  interrupted by SIGINT or SIGTERM (the units are removed)
+  130  interrupted by SIGINT (^C), 143 by SIGTERM: the signal is passed on to
+       the command, then its units are removed at once
   255  the command was killed by a signal";
 
 impl From<RunArgs> for RunConfig {

@@ -589,6 +589,94 @@ fn box_run_t_with_piped_stdin_ends_on_every_backend() {
     }
 }
 
+/// Issue 22, item 10: SIGINT (Ctrl-C) or SIGTERM to `box run sleep` once the
+/// command runs: box exits 130 or 143 (as `docker run` does), and by then its
+/// unit is gone (docker: no container of the run's own profile; local: no
+/// sandbox helper of the run's workspace; on both, not the command), and its
+/// stderr has no WARN or ERROR line (nothing of the executor's internals).
+#[test]
+fn an_interrupted_box_run_exits_quietly_with_its_unit_removed_on_every_backend() {
+    use nix::sys::signal::{Signal, kill};
+    for backend in backends() {
+        for (signal, code) in [(Signal::SIGINT, 130), (Signal::SIGTERM, 143)] {
+            let what = format!("{backend}, {signal}");
+            // A profile of its own: its docker units carry its name.
+            let name = format!("intr-{}-{}", std::process::id(), signal as i32);
+            let profiles = lease_profiles(&name, "30s");
+            let workspace = tempfile::tempdir().unwrap();
+            let marker = format!("96{}{}", std::process::id(), signal as i32);
+            let mut child = Command::new(box_bin())
+                .args([
+                    "run",
+                    "--backend",
+                    backend,
+                    "--profile",
+                    &name,
+                    "--profiles",
+                ])
+                .arg(profiles.path())
+                .arg("--workspace")
+                .arg(workspace.path())
+                .args(["--", "sleep", &marker])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            assert!(
+                until_marker(&marker, Duration::from_secs(60)),
+                "{what}: the command never started"
+            );
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+            kill(pid, signal).unwrap();
+            // Bounded, so a box that never exits fails the test instead of hanging it.
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            let status = loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    break status;
+                }
+                if std::time::Instant::now() > deadline {
+                    let _ = child.kill();
+                    panic!("{what}: box run did not exit within 60 s of the signal");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            let mut left: Vec<String> = sleeps_with(&marker)
+                .into_iter()
+                .map(|pid| format!("the command, process {pid}"))
+                .collect();
+            if backend == "docker" {
+                left.extend(containers_labelled(&format!("box.profile={name}")));
+            } else {
+                let root = format!("--root {} ", workspace.path().display());
+                for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+                    let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                        continue;
+                    };
+                    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                    if cmdline.contains(" sandbox ") && cmdline.contains(&root) {
+                        left.push(format!("helper {}: {cmdline}", entry.file_name().display()));
+                    }
+                }
+            }
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+            if backend == "docker" && !left.is_empty() {
+                let _ = Command::new("docker")
+                    .args(["rm", "-f"])
+                    .args(containers_labelled(&format!("box.profile={name}")))
+                    .output();
+            }
+            assert_eq!(status.code(), Some(code), "{what}: {stderr}");
+            assert_eq!(left, Vec::<String>::new(), "{what}: left at exit; {stderr}");
+            assert!(
+                !stderr.contains("WARN") && !stderr.contains("ERROR"),
+                "{what}: noise on stderr: {stderr}"
+            );
+        }
+    }
+}
+
 /// An HTTPS server on the host's loopback (`openssl s_server -www`, a self-signed
 /// certificate for `name` made in `dir`): its port and the process, killed on drop.
 fn https_server(dir: &Path, name: &str) -> (u16, KillOnDrop) {

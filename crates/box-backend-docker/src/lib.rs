@@ -439,7 +439,7 @@ impl DockerBackend {
         {
             Ok(started) => Ok(started),
             Err(error) => {
-                if let Err(cleanup) = remove_container(&self.docker, &id).await {
+                if let Err(cleanup) = remove_container(&self.docker, &id, Takedown::Stop).await {
                     tracing::warn!(unit, id, error = %cleanup, "removing a unit whose start failed");
                 }
                 Err(error)
@@ -918,11 +918,26 @@ impl Backend for DockerBackend {
 
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
         Box::pin(async move {
-            remove_container(&self.docker, id)
+            remove_container(&self.docker, id, Takedown::Stop)
                 .await
                 .map_err(|e| BackendError::Other {
                     unit: id.to_owned(),
                     doing: "removing the container".to_owned(),
+                    message: engine_message(&e),
+                })
+        })
+    }
+
+    /// Removed by force (`docker rm -f`): the engine kills the unit's init,
+    /// PID 1 of its pid namespace, and every process of the unit goes with
+    /// it; no `docker stop` grace first.
+    fn remove_now<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            remove_container(&self.docker, id, Takedown::Kill)
+                .await
+                .map_err(|e| BackendError::Other {
+                    unit: id.to_owned(),
+                    doing: "removing the container by force".to_owned(),
                     message: engine_message(&e),
                 })
         })
@@ -993,9 +1008,23 @@ fn unit_info(container: ContainerSummary) -> UnitInfo {
     }
 }
 
-/// Stop (short grace) and remove; a missing container is success (CRI rule),
-/// and so is a removal already in progress.
-async fn remove_container(docker: &Docker, id: &str) -> Result<(), DockerError> {
+/// How a container is taken down before it is removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Takedown {
+    /// `docker stop` with a short grace ([`body::STOP_TIMEOUT_SECS`]): the
+    /// init is told (SIGTERM) and passes it on to the executor.
+    Stop,
+    /// None: the forced removal kills it.
+    Kill,
+}
+
+/// Take down (`takedown`) and remove; a missing container is success (CRI
+/// rule), and so is a removal already in progress.
+async fn remove_container(
+    docker: &Docker,
+    id: &str,
+    takedown: Takedown,
+) -> Result<(), DockerError> {
     // A bridge unit's session network goes with the session's last unit.
     let session_network = match docker.inspect_container(id, None).await {
         Ok(inspect) => inspect
@@ -1004,7 +1033,7 @@ async fn remove_container(docker: &Docker, id: &str) -> Result<(), DockerError> 
             .filter(|mode| mode.starts_with(body::SESSION_NETWORK_PREFIX)),
         Err(_) => None,
     };
-    remove_container_only(docker, id).await?;
+    remove_container_only(docker, id, takedown).await?;
     if let Some(network) = session_network {
         match docker.remove_network(&network).await {
             Ok(()) => {}
@@ -1017,15 +1046,23 @@ async fn remove_container(docker: &Docker, id: &str) -> Result<(), DockerError> 
     Ok(())
 }
 
-async fn remove_container_only(docker: &Docker, id: &str) -> Result<(), DockerError> {
-    let stop = StopContainerOptionsBuilder::new()
-        .t(i32::try_from(body::STOP_TIMEOUT_SECS).unwrap_or(2))
-        .build();
-    match docker.stop_container(id, Some(stop)).await {
-        // 304: already stopped; 404: already gone; 409: being removed.
-        Ok(()) => {}
-        Err(e) if matches!(status_of(&e), Some(304 | 404 | 409)) => {}
-        Err(e) => tracing::debug!(id, error = %e, "stopping before removal; removing by force"),
+async fn remove_container_only(
+    docker: &Docker,
+    id: &str,
+    takedown: Takedown,
+) -> Result<(), DockerError> {
+    if takedown == Takedown::Stop {
+        let stop = StopContainerOptionsBuilder::new()
+            .t(i32::try_from(body::STOP_TIMEOUT_SECS).unwrap_or(2))
+            .build();
+        match docker.stop_container(id, Some(stop)).await {
+            // 304: already stopped; 404: already gone; 409: being removed.
+            Ok(()) => {}
+            Err(e) if matches!(status_of(&e), Some(304 | 404 | 409)) => {}
+            Err(e) => {
+                tracing::debug!(id, error = %e, "stopping before removal; removing by force");
+            }
+        }
     }
     let remove = RemoveContainerOptionsBuilder::new()
         .force(true)

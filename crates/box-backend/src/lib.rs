@@ -537,6 +537,14 @@ pub trait Backend: Send + Sync {
     /// Stop and remove the unit with backend id `id`; `Ok` if it is already gone.
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>>;
 
+    /// Remove the unit with backend id `id` at once, its processes given no
+    /// grace to end (a user interrupted `box run`: nothing of the unit is
+    /// waited for); `Ok` if it is already gone. The default is
+    /// [`Backend::remove`], for a backend whose removal gives no grace.
+    fn remove_now<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+        self.remove(id)
+    }
+
     /// Every unit carrying box's labels (all instances).
     fn list(&self) -> BoxFuture<'_, Result<Vec<UnitInfo>, BackendError>>;
 

@@ -158,6 +158,11 @@ pub struct HostConfig {
     pub handoff: std::sync::atomic::AtomicBool,
     /// Sessions handed off (their calls drained, their units left).
     pub parked: std::sync::atomic::AtomicUsize,
+    /// Sessions end at once from now on: their executors get no grace once
+    /// their input is closed, and every unit is removed with
+    /// [`Backend::remove_now`] (`box run` interrupted: the user asked it to
+    /// stop, and waits for nothing of the unit).
+    pub end_at_once: std::sync::atomic::AtomicBool,
     /// The memory files-resource answers holding secrets are redacted in,
     /// shared by the sessions.
     pub redact_scratch: Arc<redact::ScratchPool>,
@@ -187,7 +192,17 @@ impl HostConfig {
             held_instances: state::HeldInstances::default(),
             handoff: std::sync::atomic::AtomicBool::new(false),
             parked: std::sync::atomic::AtomicUsize::new(0),
+            end_at_once: std::sync::atomic::AtomicBool::new(false),
             redact_scratch: Arc::default(),
+        }
+    }
+
+    /// How this host removes units now ([`Self::end_at_once`]).
+    pub fn removal(&self) -> units::Removal {
+        if self.end_at_once.load(std::sync::atomic::Ordering::SeqCst) {
+            units::Removal::AtOnce
+        } else {
+            units::Removal::Graceful
         }
     }
 }
@@ -323,7 +338,7 @@ pub async fn sweep_orphans(
     }
     if !orphans.is_empty() {
         tracing::info!(count = orphans.len(), instance = %config.instance, "removing orphaned units of this instance and of dead hosts");
-        units::remove_units(config.backend.as_ref(), &orphans).await;
+        units::remove_units(config.backend.as_ref(), &orphans, units::Removal::Graceful).await;
     }
     // A lock file that says when a waiting unit's host was last alive stays.
     for instance in dead.difference(&waiting) {
@@ -411,16 +426,23 @@ pub const END_WAIT: Duration = Duration::from_secs(30);
 /// Cancel `shutdown` at the first SIGTERM or SIGINT; signals within
 /// [`SIGNAL_WINDOW`] of it are the same request. A later one exits now, after
 /// at most [`EXIT_NOW_REMOVAL`] spent removing the units the ledger knows,
-/// naming each unit left and how to remove it.
-fn watch_signals(shutdown: CancellationToken, config: Arc<HostConfig>) -> anyhow::Result<()> {
+/// naming each unit left and how to remove it. Returns where the first
+/// signal's exit code (143 for SIGTERM, 130 for SIGINT) is set before
+/// `shutdown` is cancelled.
+fn watch_signals(
+    shutdown: CancellationToken,
+    config: Arc<HostConfig>,
+) -> anyhow::Result<Arc<std::sync::OnceLock<u8>>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    let first_code = Arc::new(std::sync::OnceLock::new());
+    let first_code_set = first_code.clone();
     tokio::spawn(async move {
         let mut first: Option<tokio::time::Instant> = None;
         loop {
-            let code = tokio::select! {
+            let code: u8 = tokio::select! {
                 _ = term.recv() => 143,
                 _ = interrupt.recv() => 130,
                 _ = hangup.recv(), if first.is_none() && config.state.is_some() => {
@@ -435,6 +457,7 @@ fn watch_signals(shutdown: CancellationToken, config: Arc<HostConfig>) -> anyhow
             match first {
                 None => {
                     first = Some(tokio::time::Instant::now());
+                    let _ = first_code_set.set(code);
                     tracing::info!(
                         "signal received: ending sessions and removing their units (a signal {} or more later exits at once)",
                         humantime::format_duration(SIGNAL_WINDOW)
@@ -452,12 +475,12 @@ fn watch_signals(shutdown: CancellationToken, config: Arc<HostConfig>) -> anyhow
                     let _ =
                         tokio::time::timeout(EXIT_NOW_REMOVAL, remove_known_units(&config)).await;
                     report_units_left(&config);
-                    std::process::exit(code);
+                    std::process::exit(code.into());
                 }
             }
         }
     });
-    Ok(())
+    Ok(first_code)
 }
 
 /// After a SIGHUP: exit once every session is handed off (parked) or ended,
@@ -479,7 +502,7 @@ async fn exit_when_handed_off(config: Arc<HostConfig>) {
 async fn remove_known_units(config: &HostConfig) {
     let known: Vec<units::Tracked> = config.ledger.tracked();
     let ids: Vec<String> = known.iter().map(|unit| unit.id.clone()).collect();
-    let failed = units::remove_units(config.backend.as_ref(), &ids).await;
+    let failed = units::remove_units(config.backend.as_ref(), &ids, config.removal()).await;
     for unit in known {
         if !failed.iter().any(|(id, _)| *id == unit.id) {
             config.ledger.gone(unit.key);

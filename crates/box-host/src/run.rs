@@ -10,6 +10,11 @@
 //! while, restored on every way out), and its size follows this terminal's
 //! (`box/process.resize` on SIGWINCH).
 //!
+//! Interrupted (SIGINT, SIGTERM), as `docker run` passes a signal on to its
+//! container, the command's process group gets it; then the session ends at
+//! once (its unit removed by force, nothing of it waited for) and box exits
+//! 130 (SIGINT) or 143 (SIGTERM) once the removal is confirmed, quietly.
+//!
 //! Exit codes: the command's status; 125 when box itself failed (like
 //! `docker run`), so a failing command and a failing box are told apart.
 
@@ -39,6 +44,13 @@ const BOX_FAILED: u8 = 125;
 const READ_CHUNK: u64 = 64 << 10;
 /// The most bytes of stdin sent in one process write (the executor takes up to 1 MiB).
 const WRITE_CHUNK: usize = 64 << 10;
+/// Interrupted: how long passing the signal on to the command may take
+/// before its unit is removed anyway (an executor that does not answer).
+const SIGNAL_WAIT: Duration = Duration::from_millis(200);
+/// SIGTERM's exit code, as a shell reports a command it ended (128 + 15).
+const TERMINATED: u8 = 143;
+/// SIGINT's (128 + 2).
+const INTERRUPTED: u8 = 130;
 
 /// A client of an in-process session.
 struct Client {
@@ -161,57 +173,75 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
     let backend = select_backend(&args.registry, &args.backend).await?;
     let mut config = HostConfig::new(backend, catalog, facts);
     config.default_profile = args.profile.clone();
-    // Interrupted, the command's calls are not waited for: the user asked it to stop.
-    config.drain = Duration::ZERO;
     let instance = claim_instance(None, None)?;
     config.instance = instance.id().to_owned();
     let config = Arc::new(config);
-    let shutdown = CancellationToken::new();
-    watch_signals(shutdown.clone(), config.clone())?;
+    // A signal does not end the session by itself: box run passes it on to
+    // the command first, then ends the session (`host` is never cancelled).
+    let host = CancellationToken::new();
+    let interrupt = CancellationToken::new();
+    let signal_code = watch_signals(interrupt.clone(), config.clone())?;
     let (general_tx, mut general_rx) = mpsc::channel(16);
     // Nothing general matters to a one-shot run; drain it so nothing waits.
     tokio::spawn(async move { while general_rx.recv().await.is_some() {} });
     let mut session_id = [0u8; 16];
     rand::fill(&mut session_id);
-    let session = spawn_session(
-        config.clone(),
-        hex::encode(session_id),
-        general_tx,
-        &shutdown,
-    );
+    let session = spawn_session(config.clone(), hex::encode(session_id), general_tx, &host);
     let client = Client {
         session: session.clone(),
         next_id: std::sync::atomic::AtomicU64::new(0),
     };
+    let started = std::sync::OnceLock::new();
     let outcome = tokio::select! {
-        outcome = run_command(&client, &args, tighten) => outcome,
-        // Interrupted: stop waiting for the command; ending the session ends it.
-        () = shutdown.cancelled() => Err("the command was stopped".to_owned()),
+        outcome = run_command(&client, &args, tighten, &started) => Some(outcome),
+        // Interrupted: stop waiting for the command (its calls are dropped).
+        () = interrupt.cancelled() => None,
     };
+    let interrupted = outcome
+        .is_none()
+        .then(|| signal_code.get().copied().unwrap_or(INTERRUPTED));
+    if let Some(code) = interrupted {
+        // The user asked it to stop: nothing of the unit is waited for.
+        config
+            .end_at_once
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(id) = started.get() {
+            let signal = if code == TERMINATED { "TERM" } else { "INT" };
+            let passed = tokio::time::timeout(
+                SIGNAL_WAIT,
+                client.call(
+                    "agentworkspace/process.signal",
+                    json!({"id": id, "signal": signal}),
+                ),
+            )
+            .await;
+            if !matches!(passed, Ok(Ok(_))) {
+                tracing::debug!(?passed, "the signal was not passed on to the command");
+            }
+        }
+    }
     session.end();
     // Bounded: an engine that stalls must not keep box for ever.
     let _ = tokio::time::timeout(END_WAIT, session.ended()).await;
+    // Names each unit left, and how to remove it.
     let left = report_units_left(&config);
-    match outcome {
-        Err(error) if shutdown.is_cancelled() => {
-            if left {
-                eprintln!("box run: interrupted ({error})");
-            } else {
-                eprintln!("box run: interrupted ({error}); the units were removed");
-            }
-            Ok(ExitCode::from(130))
-        }
+    match (interrupted, outcome) {
+        (Some(code), _) => Ok(ExitCode::from(code)),
         // The command ran, but box did not clean up after it: box failed.
-        _ if left => Ok(ExitCode::from(BOX_FAILED)),
-        Ok(status) => Ok(status),
-        Err(error) => Err(anyhow::anyhow!(error)),
+        (None, Some(_)) if left => Ok(ExitCode::from(BOX_FAILED)),
+        (None, Some(Ok(status))) => Ok(status),
+        (None, Some(Err(error))) => Err(anyhow::anyhow!(error)),
+        (None, None) => Err(anyhow::anyhow!("the command was stopped")),
     }
 }
 
+/// Start the command and stream it until it ends; its process id is put in
+/// `process` as soon as it has one (an interrupt passes its signal on to it).
 async fn run_command(
     client: &Client,
     args: &RunConfig,
     tighten: Value,
+    process: &std::sync::OnceLock<String>,
 ) -> Result<ExitCode, String> {
     client
         .call(
@@ -234,6 +264,7 @@ async fn run_command(
         .and_then(Value::as_str)
         .ok_or("agentworkspace/process.start: the answer has no process id")?
         .to_owned();
+    let _ = process.set(id.clone());
     // Keys typed here go to the command's terminal as they are (^C included),
     // until this guard is dropped: on return, on error, and when a signal
     // ends the run (the caller drops this future).

@@ -34,8 +34,8 @@ use super::redact::{self, SessionRedactor};
 use super::router::{Router, UnitMessage, WhenFull};
 use super::state;
 use super::units::{
-    ExecutorLink, FIRST_REQUEST_ID, InitProgress, StartWiring, Tracked, UnitEvent, describe_end,
-    initialize_executor, link_unit, remove_until_gone, start_units,
+    ExecutorLink, FIRST_REQUEST_ID, InitProgress, Removal, StartWiring, Tracked, UnitEvent,
+    describe_end, initialize_executor, link_unit, remove_until_gone, start_units,
 };
 use box_backend::{Envelope, SessionLabel, UnitEnd, UnitState};
 use box_jsonrpc::{
@@ -2564,7 +2564,12 @@ impl Session {
                 unit.ended = Some(describe_end(&end));
             }
         }
-        let deadline = tokio::time::Instant::now() + SESSION_END_GRACE;
+        // Ending at once, nothing of the units is waited for: they are removed now.
+        let grace = match self.config.removal() {
+            Removal::Graceful => SESSION_END_GRACE,
+            Removal::AtOnce => Duration::ZERO,
+        };
+        let deadline = tokio::time::Instant::now() + grace;
         let mut joining = Vec::new();
         while live.units.iter().any(|unit| unit.ended.is_none()) {
             let event = tokio::select! {

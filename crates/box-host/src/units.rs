@@ -425,11 +425,28 @@ pub fn remove_in_background(
     background.spawn(async move { remove_until_gone(&config, tracked).await });
 }
 
+/// How units are removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// [`Backend::remove`]: what the backend gives a unit's processes first.
+    Graceful,
+    /// [`Backend::remove_now`]: at once, nothing of the unit waited for.
+    AtOnce,
+}
+
 /// Remove units by backend id, concurrently, each attempt bounded by
 /// [`REMOVE_ATTEMPT`]; every failure is logged and returned with its id.
-pub async fn remove_units(backend: &dyn Backend, ids: &[String]) -> Vec<(String, String)> {
+pub async fn remove_units(
+    backend: &dyn Backend,
+    ids: &[String],
+    removal: Removal,
+) -> Vec<(String, String)> {
     let results = join_all(ids.iter().map(|id| async move {
-        match tokio::time::timeout(REMOVE_ATTEMPT, backend.remove(id)).await {
+        let removed = match removal {
+            Removal::Graceful => backend.remove(id),
+            Removal::AtOnce => backend.remove_now(id),
+        };
+        match tokio::time::timeout(REMOVE_ATTEMPT, removed).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(error)) => Err(error.to_string()),
             Err(_) => Err(format!(
@@ -456,7 +473,7 @@ pub async fn remove_until_gone(config: &HostConfig, mut units: Vec<Tracked>) {
     let mut backoff = REMOVE_BACKOFF;
     loop {
         let ids: Vec<String> = units.iter().map(|unit| unit.id.clone()).collect();
-        let failed = remove_units(config.backend.as_ref(), &ids).await;
+        let failed = remove_units(config.backend.as_ref(), &ids, config.removal()).await;
         units.retain(|unit| {
             let still = failed.iter().any(|(id, _)| *id == unit.id);
             if !still {
