@@ -18,6 +18,8 @@ mod local;
 mod profile;
 /// Any OCI image: pulled from a real local registry, pinned and verified, refused with the remedy; images without glibc.
 mod pull;
+/// The README's examples, run as written.
+mod readme;
 /// Sessions surviving `kill -9` of their `box serve --listen` host: state, reattach, refusals.
 mod reattach;
 /// Sessions with an egress unit surviving `kill -9` of their host: the proxy served again in the unit's socket directory.

@@ -167,3 +167,70 @@ fn crates_depend_only_on_what_the_architecture_allows() {
         );
     }
 }
+
+/// README prose is one sentence (or clause) per line, so no line runs past a
+/// screen in an editor or a diff; code blocks and tables are left as they are.
+#[test]
+fn readme_prose_lines_fit_a_screen() {
+    const WIDTH: usize = 400;
+    let readme = std::fs::read_to_string(crate::support::repo_root().join("README.md")).unwrap();
+    let mut fenced = false;
+    let long: Vec<String> = readme
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+                return false;
+            }
+            !fenced && !line.trim_start().starts_with('|') && line.chars().count() > WIDTH
+        })
+        .map(|(n, line)| format!("README.md:{}: {} characters", n + 1, line.chars().count()))
+        .collect();
+    assert!(
+        long.is_empty(),
+        "split these lines (at a sentence or a `;`):\n{}",
+        long.join("\n")
+    );
+}
+
+/// Examples name placeholder domains, never a real public package registry's host.
+#[test]
+fn docs_name_no_public_registry_hosts() {
+    const HOSTS: &[&str] = &[
+        "crates.io",
+        "pypi.org",
+        "pythonhosted.org",
+        "registry.npmjs.org",
+        "proxy.golang.org",
+        "github.com",
+        "docs.rs",
+        "python.org",
+    ];
+    let root = crate::support::repo_root();
+    let mut files = vec![root.join("README.md")];
+    for dir in ["docs", "profiles"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "md" || e == "toml") {
+                files.push(path);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            for host in HOSTS {
+                if line.contains(host) {
+                    found.push(format!("{}:{}: {host}", file.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "use example.com / example.org instead:\n{}",
+        found.join("\n")
+    );
+}
