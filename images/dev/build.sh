@@ -7,7 +7,7 @@ usage() {
     cat <<'USAGE'
 Usage: build.sh [--force] [--suite NAME] [--base IMAGE] [--tag IMAGE]
 
-Builds the toolchain unit image: box-base plus Python (venv, pip), Node (npm),
+Builds the toolchain unit image: box-base plus Python (venv, pip, pytest), Node (npm),
 Rust (cargo, rustc), Go, a C toolchain and make, git and curl, installed with
 apt inside the build from the Debian mirror the base image was built from (its
 own apt sources): nothing is pulled from a container registry. About 1.5 GB
@@ -53,22 +53,30 @@ TAG=${TAG:-box-dev:$SUITE}
 
 docker version --format '{{.Server.Version}}' >/dev/null 2>&1 \
     || die "no Docker engine answers (is dockerd running, and may this user use /var/run/docker.sock?)"
+HERE=$(cd "$(dirname "$0")" && pwd)
+# The recipe's digest, kept as a label: an image built from another recipe (an
+# older Dockerfile) is stale and rebuilt, so a checkout never runs on a dev
+# image that lacks what its Dockerfile installs.
+RECIPE=$(sha256sum "$HERE/Dockerfile" | cut -c1-16)
 if [ "$FORCE" = 0 ] && docker image inspect "$TAG" >/dev/null 2>&1; then
-    say "$TAG exists, skipping (--force rebuilds)"
-    exit 0
+    have=$(docker image inspect --format '{{ index .Config.Labels "box.recipe" }}' "$TAG" 2>/dev/null || true)
+    if [ "$have" = "$RECIPE" ]; then
+        say "$TAG exists, skipping (--force rebuilds)"
+        exit 0
+    fi
+    say "$TAG was built from another recipe (${have:-none} != $RECIPE): rebuilding"
 fi
 docker image inspect "$BASE" >/dev/null 2>&1 \
     || die "the base image $BASE is missing: build it with \`box image build\` first"
 
 STAGE=$(mktemp -d /tmp/box-dev-build.XXXXXX)
 trap 'rm -rf "$STAGE"' EXIT
-HERE=$(cd "$(dirname "$0")" && pwd)
 cp "$HERE/Dockerfile" "$STAGE/Dockerfile"
 
 say "building $TAG on $BASE (apt from the base image's mirror; a few minutes)"
 start=$(date +%s)
 # The classic builder: BuildKit may be absent, and nothing here needs it.
-if ! DOCKER_BUILDKIT=0 docker build --quiet --build-arg "BASE=$BASE" --tag "$TAG" "$STAGE" >"$STAGE/build.log" 2>&1; then
+if ! DOCKER_BUILDKIT=0 docker build --quiet --build-arg "BASE=$BASE" --label "box.recipe=$RECIPE" --tag "$TAG" "$STAGE" >"$STAGE/build.log" 2>&1; then
     cat "$STAGE/build.log" >&2
     die "docker build of $TAG failed (is the Debian mirror in $BASE's /etc/apt/sources.list reachable from a container?)"
 fi
