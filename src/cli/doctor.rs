@@ -50,9 +50,9 @@ pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     let report = runtime.block_on(report());
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", render(&report));
+        out!("{}", render(&report));
     }
     if args.strict
         && let Err(why) = strict(&report, &args.profile)

@@ -2,6 +2,10 @@
 //! and the wiring of the parts each command needs (`serve`: the host and a
 //! transport). Library modules never see clap.
 
+// First: its macros (`outln!`, `out!`) are then in scope in every command.
+#[macro_use]
+mod out;
+
 pub mod confine;
 pub mod doctor;
 pub mod execute;
@@ -144,7 +148,10 @@ pub fn main() -> ExitCode {
         Command::Image(args) => backend_cli::image(args),
         Command::Doctor(args) => crate::cli::doctor::doctor(args),
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut completed(), "box", &mut std::io::stdout());
+            // Generated whole first: clap_complete panics on a write error.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut completed(), "box", &mut script);
+            out::write_bytes(&script);
             Ok(ExitCode::SUCCESS)
         }
         Command::Sandbox(args) => crate::cli::sandbox::sandbox(args),

@@ -2,7 +2,6 @@
 //! made visible. Human output by default, `--json` for scripts; `check` prints
 //! every problem and exits non-zero when there is one.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -79,7 +78,6 @@ pub fn cli(args: ProfileArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let catalog = Catalog::new(args.profiles);
-    let mut out = std::io::stdout().lock();
     let text = match args.command {
         ProfileCommand::List { json } => list(&catalog, json),
         ProfileCommand::Show { name, json } => {
@@ -92,7 +90,7 @@ pub fn cli(args: ProfileArgs) -> anyhow::Result<ExitCode> {
         }
         ProfileCommand::Check { files, json } => {
             let (text, ok) = check(&catalog, &files, json);
-            write_out(&mut out, &text)?;
+            super::out::write_bytes(text.as_bytes());
             return Ok(if ok {
                 ExitCode::SUCCESS
             } else {
@@ -120,15 +118,8 @@ pub fn cli(args: ProfileArgs) -> anyhow::Result<ExitCode> {
             }
         }
     };
-    write_out(&mut out, &text)?;
+    super::out::write_bytes(text.as_bytes());
     Ok(ExitCode::SUCCESS)
-}
-
-fn write_out(out: &mut impl Write, text: &str) -> anyhow::Result<()> {
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => other.context("cannot write to stdout"),
-    }
 }
 
 fn pretty(value: &Value) -> String {

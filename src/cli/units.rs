@@ -270,7 +270,7 @@ pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
                     .iter()
                     .map(|listed| shown(&backends, listed))
                     .collect::<anyhow::Result<Vec<_>>>()?;
-                println!("{}", serde_json::to_string_pretty(&shown)?);
+                outln!("{}", serde_json::to_string_pretty(&shown)?);
             } else {
                 print_units(&backends, &units);
             }
@@ -286,7 +286,7 @@ pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
                 Liveness::Dead => "dead",
                 Liveness::Unknown => "unknown",
             });
-            println!("{}", serde_json::to_string_pretty(&shown)?);
+            outln!("{}", serde_json::to_string_pretty(&shown)?);
             Ok(ExitCode::SUCCESS)
         }
         UnitsCommand::Rm { ids, force } => remove(&ids, force, only),
@@ -380,7 +380,7 @@ fn remove(ids: &[String], force: bool, only: Option<UnitsBackend>) -> anyhow::Re
         anyhow::Ok(remove_listed(&backends, doomed).await)
     })?;
     for unit in &removed {
-        println!("{}", unit.id.get(..12).unwrap_or(&unit.id));
+        outln!("{}", unit.id.get(..12).unwrap_or(&unit.id));
     }
     for (unit, why) in &failed {
         eprintln!(
@@ -396,9 +396,15 @@ fn remove(ids: &[String], force: bool, only: Option<UnitsBackend>) -> anyhow::Re
 }
 
 fn print_units(backends: &[Arc<dyn Backend>], units: &[Listed]) {
-    println!(
+    outln!(
         "{:<12}  {:<7}  {:<24}  {:<20}  {:<12}  {:<10}  {:<8}  CREATED",
-        "ID", "BACKEND", "INSTANCE", "SESSION", "UNIT", "PROFILE", "STATE"
+        "ID",
+        "BACKEND",
+        "INSTANCE",
+        "SESSION",
+        "UNIT",
+        "PROFILE",
+        "STATE"
     );
     for (of, unit) in units {
         // A fork shows the unit it was made from: `fork-1<workspace`.
@@ -406,7 +412,7 @@ fn print_units(backends: &[Arc<dyn Backend>], units: &[Listed]) {
             Some(parent) => format!("{}<{parent}", unit.unit),
             None => unit.unit.clone(),
         };
-        println!(
+        outln!(
             "{:<12}  {:<7}  {:<24}  {:<20}  {:<12}  {:<10}  {:<8}  {}",
             unit.id.get(..12).unwrap_or(&unit.id),
             backends[*of].kind().as_str(),
@@ -538,7 +544,7 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
         anyhow::Ok((removed, failed))
     })?;
     for unit in &removed {
-        println!(
+        outln!(
             "removed {} (instance {}, session {}, unit {})",
             unit.id.get(..12).unwrap_or(&unit.id),
             unit.instance,
@@ -657,11 +663,11 @@ fn image_ls(json: bool) -> anyhow::Result<ExitCode> {
                 serde_json::json!({"image": image, "present": present, "profiles": profiles})
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&listed)?);
+        outln!("{}", serde_json::to_string_pretty(&listed)?);
     } else {
-        println!("{:<32}  {:<8}  PROFILES", "IMAGE", "PRESENT");
+        outln!("{:<32}  {:<8}  PROFILES", "IMAGE", "PRESENT");
         for ((image, profiles), present) in images.iter().zip(&present) {
-            println!(
+            outln!(
                 "{image:<32}  {:<8}  {}",
                 if *present { "yes" } else { "no" },
                 if profiles.is_empty() {

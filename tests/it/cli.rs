@@ -266,3 +266,47 @@ fn doctor_strict_judges_a_profile_box_cannot_find() {
     // --profile means nothing without --strict.
     assert_eq!(run(&["doctor", "--profile", "ci"]).status.code(), Some(2));
 }
+
+/// As ripgrep and other Unix tools: a reader that goes away
+/// (`box units ls | head -1`) ends the command quietly with 0, never a panic.
+#[test]
+fn a_closed_stdout_ends_every_command_quietly() {
+    let workspace = tempfile::tempdir().unwrap();
+    for args in [
+        &["units", "ls"][..],
+        &["units", "ls", "--json"],
+        &["units", "--backend", "local", "ls"],
+        &["doctor"],
+        &["doctor", "--json"],
+        &["profile", "list"],
+        &["profile", "list", "--json"],
+        &["profile", "show", "ci"],
+        &["profile", "show", "ci", "--json"],
+        &["profile", "resolve", "ci", "--json"],
+        &["profile", "check"],
+        &["image", "ls"],
+        &["image", "ls", "--json"],
+        &["completions", "bash"],
+        &["completions", "zsh"],
+        &["completions", "fish"],
+        &["--help"],
+        &["--version"],
+    ] {
+        // The reader end is dropped before box starts: its first write fails
+        // with EPIPE (box, like every Rust program, ignores SIGPIPE).
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let output = Command::new(box_bin())
+            .args(args)
+            .current_dir(workspace.path())
+            .stdout(writer)
+            .output()
+            .unwrap();
+        let text = stderr(&output);
+        assert!(
+            !text.contains("panicked") && !text.contains("Broken pipe"),
+            "{args:?}: {text}"
+        );
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {text}");
+    }
+}
