@@ -19,9 +19,10 @@ use crate::sessions::HostSessions;
 
 /// `box serve`: the host, over stdio or streamable HTTP.
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = SERVE_EXAMPLES)]
 pub struct ServeArgs {
     /// The profile a session gets when it names none.
-    #[arg(long, value_name = "NAME", default_value = "default")]
+    #[arg(long, value_name = "NAME", default_value = "default", add = clap_complete::ArgValueCandidates::new(crate::cli::complete::profile_names))]
     pub profile: String,
     /// Over stdio: tightenings the session asks for, as JSON or @FILE (as
     /// `box run --tighten`), for clients that cannot ask themselves. Not with
@@ -84,6 +85,15 @@ pub struct ServeArgs {
     #[arg(long, requires = "listen")]
     pub takeover: bool,
 }
+
+/// `box serve`'s examples, in its `--help`.
+const SERVE_EXAMPLES: &str = "Examples:
+  box serve
+  box serve --profile ci --workspace ~/src/project
+  box serve --tighten '{\"limits\": {\"memory\": \"1GiB\"}}'
+  box serve --listen 8080
+  box serve --listen 0.0.0.0:8080 --token-file /etc/box/token --allow-host box.example.com
+  box serve --profiles ./profiles --profile mine --audit /var/log/box/audit.jsonl";
 
 impl ServeArgs {
     /// What the host needs of these flags.
@@ -217,6 +227,7 @@ fn listen_address(value: &str) -> String {
 
 async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
     args.listen = args.listen.as_deref().map(listen_address);
+    crate::cli::check_profile_dirs(&args.profile_dirs)?;
     let stdio_ask = args.stdio_ask()?;
     let host = host::start(args.host_config()).await?;
     let sessions = Arc::new(HostSessions::new(host.config.clone()));

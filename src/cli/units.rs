@@ -61,7 +61,7 @@ pub enum UnitsCommand {
     )]
     Rm {
         /// The units' ids, or unique prefixes of them.
-        #[arg(value_name = "ID", required = true)]
+        #[arg(value_name = "ID", required = true, add = clap_complete::ArgValueCandidates::new(crate::cli::complete::unit_ids))]
         ids: Vec<String>,
         /// Also remove units whose host is alive (it would lose them mid-session).
         #[arg(long)]
@@ -71,7 +71,7 @@ pub enum UnitsCommand {
     #[command(after_help = "Examples:\n  box units inspect 3f2a9c01b7d4")]
     Inspect {
         /// The unit's id, or a unique prefix of it.
-        #[arg(value_name = "ID")]
+        #[arg(value_name = "ID", add = clap_complete::ArgValueCandidates::new(crate::cli::complete::unit_ids))]
         id: String,
     },
 }
@@ -122,11 +122,16 @@ pub enum ImageCommand {
     /// Pull an image from its registry (progress on stderr; a pinned digest verified).
     Pull(crate::cli::pull::PullArgs),
     /// List the images box and its profiles use, and whether the engine has each.
-    #[command(after_help = "Examples:\n  box image ls\n  box image ls --json")]
+    #[command(
+        after_help = "Examples:\n  box image ls\n  box image ls --json\n  box image ls --profiles ./profiles"
+    )]
     Ls {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// More directories of profiles, searched first (repeatable): their images are listed too.
+        #[arg(long = "profiles", value_name = "DIR")]
+        profile_dirs: Vec<PathBuf>,
     },
 }
 
@@ -584,7 +589,7 @@ pub fn image(args: ImageArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         ImageCommand::Build(build) => image_build(&build),
         ImageCommand::Pull(pull) => crate::cli::pull::pull(&pull),
-        ImageCommand::Ls { json } => image_ls(json),
+        ImageCommand::Ls { json, profile_dirs } => image_ls(json, &profile_dirs),
     }
 }
 
@@ -619,12 +624,11 @@ const BUILT_IMAGES: [&str; 4] = [
 ];
 
 /// Every image box builds or a profile names, with the profiles naming it.
-fn images_used() -> BTreeMap<String, Vec<String>> {
+fn images_used(catalog: &crate::profile::Catalog) -> BTreeMap<String, Vec<String>> {
     let mut images: BTreeMap<String, Vec<String>> = BUILT_IMAGES
         .iter()
         .map(|image| ((*image).to_owned(), Vec::new()))
         .collect();
-    let catalog = crate::profile::Catalog::new(Vec::new());
     for listed in catalog.list().into_iter().filter(|listed| !listed.hidden) {
         // A profile that does not load names no image; `box profile check` says why.
         let Ok(profile) = catalog.load(&listed.name) else {
@@ -643,8 +647,8 @@ fn images_used() -> BTreeMap<String, Vec<String>> {
     images
 }
 
-fn image_ls(json: bool) -> anyhow::Result<ExitCode> {
-    let images = images_used();
+fn image_ls(json: bool, profile_dirs: &[PathBuf]) -> anyhow::Result<ExitCode> {
+    let images = images_used(&crate::cli::catalog(profile_dirs)?);
     let present: Vec<bool> = runtime()?.block_on(async {
         let backend = box_backend_docker::DockerBackend::connect()
             .await

@@ -154,7 +154,7 @@ fn profile_resolve_json_matches_the_golden_plans() {
                 "resolve",
                 name,
                 "--json",
-                "--cwd",
+                "--workspace",
                 "/home/user/project",
                 "--caller",
                 "1000:1000",
@@ -306,7 +306,7 @@ fn profile_show_json_matches_the_golden_profiles() {
 }
 
 /// Issue 8, item 4: `box profile resolve` shows the refusal a session would
-/// get when `cwd` resolves to a system directory, from there or by `--cwd`.
+/// get when `cwd` resolves to a system directory, from there or by `--workspace` (or its old name `--cwd`).
 #[test]
 fn profile_resolve_refuses_a_cwd_in_a_system_directory() {
     let home = tempfile::tempdir().unwrap();
@@ -321,7 +321,7 @@ fn profile_resolve_refuses_a_cwd_in_a_system_directory() {
         profile_run(home.path(), &["resolve", "default", "--cwd", "/etc"]),
         profile_run(
             home.path(),
-            &["resolve", "default", "--cwd", "../../../../../../etc"],
+            &["resolve", "default", "--workspace", "../../../../../../etc"],
         ),
     ] {
         assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
