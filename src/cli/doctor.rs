@@ -303,9 +303,15 @@ pub fn render(report: &Value) -> String {
                 out.push_str(&format!(
                     "image         {image}: {}\n",
                     if present.as_bool() == Some(true) {
-                        "present"
+                        "present".to_owned()
                     } else {
-                        "missing (box image build)"
+                        format!(
+                            "missing ({})",
+                            box_backend_docker::missing_image_remedy(
+                                image,
+                                crate::plan::PullPolicy::Missing
+                            )
+                        )
                     }
                 ));
             }

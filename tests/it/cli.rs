@@ -479,3 +479,37 @@ fn every_command_that_resolves_profiles_takes_profiles_and_workspace() {
     assert_eq!(output.status.code(), Some(125), "{}", stderr(&output));
     assert!(stderr(&output).contains(&refusal), "{}", stderr(&output));
 }
+
+/// What is wrong with a `--listen` is named (a port out of range, one that
+/// is not a number), before any host starts; only a host that is not
+/// loopback is told as that.
+#[test]
+fn serve_names_what_is_wrong_with_a_listen_address() {
+    for (value, want) in [
+        (
+            "127.0.0.1:99999",
+            "box: --listen 127.0.0.1:99999: port 99999 is out of range; a port is 0 to 65535\n",
+        ),
+        (
+            "foo:bar",
+            "box: --listen foo:bar: the port \"bar\" is not a number; write HOST:PORT (127.0.0.1:8080, [::1]:8080, localhost:8080) or a bare port (8080)\n",
+        ),
+    ] {
+        let output = run(&["serve", "--listen", value]);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{value}: {}",
+            stderr(&output)
+        );
+        // Only the error: no host started (no log line before it).
+        assert_eq!(stderr(&output), want, "{value}");
+    }
+    let output = run(&["serve", "--listen", "box.example.com:8080"]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("--listen box.example.com:8080 is not a loopback address"),
+        "{}",
+        stderr(&output)
+    );
+}

@@ -2985,3 +2985,42 @@ fn docker_box_run_it_gives_the_command_a_terminal() {
         run.output
     );
 }
+
+/// A missing box image is built for the suite its tag names: `box image
+/// build` alone makes bookworm's, so the remedy says `--suite`.
+#[tokio::test]
+async fn docker_a_missing_box_image_names_the_build_of_its_suite() {
+    if engine().await.is_none() {
+        return;
+    }
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("other.toml"),
+        "extends = \"default\"\ndescription = \"another suite\"\n[workspace]\nimage = \"box-base:boxtestsuite\"\n",
+    )
+    .unwrap();
+    let ws = workspace();
+    let output = std::process::Command::new(box_bin())
+        .args([
+            "run",
+            "--backend",
+            "docker",
+            "--profile",
+            "other",
+            "--profiles",
+        ])
+        .arg(profiles.path())
+        .arg("--workspace")
+        .arg(ws.path())
+        .arg("true")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains(
+            "image box-base:boxtestsuite is missing; build it with `box image build --suite boxtestsuite`"
+        ),
+        "{stderr}"
+    );
+}
