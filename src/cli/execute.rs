@@ -16,6 +16,16 @@ fn names<T: FlagValue>() -> clap::builder::PossibleValuesParser {
 
 /// `box execute`: serve the executor over MCP on stdin/stdout.
 #[derive(Debug, Clone, clap::Args)]
+#[command(
+    after_help = "box serve and box run start it inside each unit with the plan's flags; run
+by hand it serves one MCP client on stdin/stdout with no unit around it (only
+its own landlock and seccomp layers).
+
+Examples:
+  box execute --root ~/src/project --kind local
+  box execute --root /workspace --kind container --ref box-base:bookworm --landlock required
+  box execute --root . --kind local --write-guard off --max-read-bytes 1048576"
+)]
 pub struct ExecuteArgs {
     /// The workspace root every tool acts beneath; must exist.
     #[arg(long, value_name = "DIR")]

@@ -61,7 +61,7 @@ pub enum UnitsCommand {
     )]
     Rm {
         /// The units' ids, or unique prefixes of them.
-        #[arg(value_name = "ID", required = true)]
+        #[arg(value_name = "ID", required = true, add = clap_complete::ArgValueCandidates::new(crate::cli::complete::unit_ids))]
         ids: Vec<String>,
         /// Also remove units whose host is alive (it would lose them mid-session).
         #[arg(long)]
@@ -71,7 +71,7 @@ pub enum UnitsCommand {
     #[command(after_help = "Examples:\n  box units inspect 3f2a9c01b7d4")]
     Inspect {
         /// The unit's id, or a unique prefix of it.
-        #[arg(value_name = "ID")]
+        #[arg(value_name = "ID", add = clap_complete::ArgValueCandidates::new(crate::cli::complete::unit_ids))]
         id: String,
     },
 }
@@ -122,11 +122,16 @@ pub enum ImageCommand {
     /// Pull an image from its registry (progress on stderr; a pinned digest verified).
     Pull(crate::cli::pull::PullArgs),
     /// List the images box and its profiles use, and whether the engine has each.
-    #[command(after_help = "Examples:\n  box image ls\n  box image ls --json")]
+    #[command(
+        after_help = "Examples:\n  box image ls\n  box image ls --json\n  box image ls --profiles ./profiles"
+    )]
     Ls {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// More directories of profiles, searched first (repeatable): their images are listed too.
+        #[arg(long = "profiles", value_name = "DIR")]
+        profile_dirs: Vec<PathBuf>,
     },
 }
 
@@ -270,7 +275,7 @@ pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
                     .iter()
                     .map(|listed| shown(&backends, listed))
                     .collect::<anyhow::Result<Vec<_>>>()?;
-                println!("{}", serde_json::to_string_pretty(&shown)?);
+                outln!("{}", serde_json::to_string_pretty(&shown)?);
             } else {
                 print_units(&backends, &units);
             }
@@ -286,7 +291,7 @@ pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
                 Liveness::Dead => "dead",
                 Liveness::Unknown => "unknown",
             });
-            println!("{}", serde_json::to_string_pretty(&shown)?);
+            outln!("{}", serde_json::to_string_pretty(&shown)?);
             Ok(ExitCode::SUCCESS)
         }
         UnitsCommand::Rm { ids, force } => remove(&ids, force, only),
@@ -380,7 +385,7 @@ fn remove(ids: &[String], force: bool, only: Option<UnitsBackend>) -> anyhow::Re
         anyhow::Ok(remove_listed(&backends, doomed).await)
     })?;
     for unit in &removed {
-        println!("{}", unit.id.get(..12).unwrap_or(&unit.id));
+        outln!("{}", unit.id.get(..12).unwrap_or(&unit.id));
     }
     for (unit, why) in &failed {
         eprintln!(
@@ -396,9 +401,15 @@ fn remove(ids: &[String], force: bool, only: Option<UnitsBackend>) -> anyhow::Re
 }
 
 fn print_units(backends: &[Arc<dyn Backend>], units: &[Listed]) {
-    println!(
+    outln!(
         "{:<12}  {:<7}  {:<24}  {:<20}  {:<12}  {:<10}  {:<8}  CREATED",
-        "ID", "BACKEND", "INSTANCE", "SESSION", "UNIT", "PROFILE", "STATE"
+        "ID",
+        "BACKEND",
+        "INSTANCE",
+        "SESSION",
+        "UNIT",
+        "PROFILE",
+        "STATE"
     );
     for (of, unit) in units {
         // A fork shows the unit it was made from: `fork-1<workspace`.
@@ -406,7 +417,7 @@ fn print_units(backends: &[Arc<dyn Backend>], units: &[Listed]) {
             Some(parent) => format!("{}<{parent}", unit.unit),
             None => unit.unit.clone(),
         };
-        println!(
+        outln!(
             "{:<12}  {:<7}  {:<24}  {:<20}  {:<12}  {:<10}  {:<8}  {}",
             unit.id.get(..12).unwrap_or(&unit.id),
             backends[*of].kind().as_str(),
@@ -538,7 +549,7 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
         anyhow::Ok((removed, failed))
     })?;
     for unit in &removed {
-        println!(
+        outln!(
             "removed {} (instance {}, session {}, unit {})",
             unit.id.get(..12).unwrap_or(&unit.id),
             unit.instance,
@@ -578,7 +589,7 @@ pub fn image(args: ImageArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         ImageCommand::Build(build) => image_build(&build),
         ImageCommand::Pull(pull) => crate::cli::pull::pull(&pull),
-        ImageCommand::Ls { json } => image_ls(json),
+        ImageCommand::Ls { json, profile_dirs } => image_ls(json, &profile_dirs),
     }
 }
 
@@ -613,12 +624,11 @@ const BUILT_IMAGES: [&str; 4] = [
 ];
 
 /// Every image box builds or a profile names, with the profiles naming it.
-fn images_used() -> BTreeMap<String, Vec<String>> {
+fn images_used(catalog: &crate::profile::Catalog) -> BTreeMap<String, Vec<String>> {
     let mut images: BTreeMap<String, Vec<String>> = BUILT_IMAGES
         .iter()
         .map(|image| ((*image).to_owned(), Vec::new()))
         .collect();
-    let catalog = crate::profile::Catalog::new(Vec::new());
     for listed in catalog.list().into_iter().filter(|listed| !listed.hidden) {
         // A profile that does not load names no image; `box profile check` says why.
         let Ok(profile) = catalog.load(&listed.name) else {
@@ -637,8 +647,8 @@ fn images_used() -> BTreeMap<String, Vec<String>> {
     images
 }
 
-fn image_ls(json: bool) -> anyhow::Result<ExitCode> {
-    let images = images_used();
+fn image_ls(json: bool, profile_dirs: &[PathBuf]) -> anyhow::Result<ExitCode> {
+    let images = images_used(&crate::cli::catalog(profile_dirs)?);
     let present: Vec<bool> = runtime()?.block_on(async {
         let backend = box_backend_docker::DockerBackend::connect()
             .await
@@ -657,11 +667,11 @@ fn image_ls(json: bool) -> anyhow::Result<ExitCode> {
                 serde_json::json!({"image": image, "present": present, "profiles": profiles})
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&listed)?);
+        outln!("{}", serde_json::to_string_pretty(&listed)?);
     } else {
-        println!("{:<32}  {:<8}  PROFILES", "IMAGE", "PRESENT");
+        outln!("{:<32}  {:<8}  PROFILES", "IMAGE", "PRESENT");
         for ((image, profiles), present) in images.iter().zip(&present) {
-            println!(
+            outln!(
                 "{image:<32}  {:<8}  {}",
                 if *present { "yes" } else { "no" },
                 if profiles.is_empty() {

@@ -284,7 +284,7 @@ pub enum PlanError {
     /// A `cwd` workspace resolved to a dangerous host path the profile's
     /// operator did not allow (the same rules as a path written out).
     #[error(
-        "workspace.source = \"cwd\" resolved to {path}, which {what}: refused as dangerous; start box in a project directory instead (`box run` and `box serve` also take --workspace DIR), or an operator who means it writes [operator] allow_dangerous = [\"{danger}\"] in profile `{profile}`"
+        "workspace.source = \"cwd\" resolved to {path}, which {what}: refused as dangerous; start box in a project directory or an empty one instead (`box run`, `box serve` and `box profile resolve` also take --workspace DIR); to give sessions {path} anyway, write a profile of your own that extends this one and allows it (extends = \"{profile}\" and [operator] allow_dangerous = [\"{danger}\"] in ~/.config/box/profiles/NAME.toml, then --profile NAME)"
     )]
     DangerousWorkspace {
         /// The profile.

@@ -319,14 +319,14 @@ fn env_drops_only() {
     assert_eq!(workspace.env_set.keys().collect::<Vec<_>>(), vec!["MODE"]);
     assert_eq!(workspace.env_pass, vec!["TERM"]);
     assert!(workspace.env_secrets.is_empty());
-    // Adding is not a field at all (A8).
+    // Adding is not a tightening (A8): the profile's own field is refused as one.
     assert_eq!(
         resolve_json(
             &profile,
             json!({"env": {"pass": ["AWS_SECRET_ACCESS_KEY"]}})
         )
         .unwrap_err(),
-        "tighten: env.pass: unknown field; accepted here: drop"
+        "tighten: env.pass: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: drop"
     );
     assert_eq!(
         resolve_json(&profile, json!({"env": {"drop": ["1X"]}})).unwrap_err(),
@@ -345,7 +345,7 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"workspace": {"source": "/"}}),
-            "tighten: workspace.source: unknown field; accepted here: mode, image, local_userland",
+            "tighten: workspace.source: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: mode, image, local_userland",
         ),
         (
             json!({"workspace": {"mode": "rw"}}),
@@ -365,7 +365,7 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"security": {"cap_add": ["SYS_ADMIN"]}}),
-            "tighten: security: unknown field; accepted here: workspace, network, limits, servers, env",
+            "tighten: security: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: workspace, network, limits, servers, env",
         ),
         (
             json!({"devices": ["/dev/kvm"]}),
@@ -381,7 +381,7 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"env": {"set": {"LD_PRELOAD": "/x.so"}}}),
-            "tighten: env.set: unknown field; accepted here: drop",
+            "tighten: env.set: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: drop",
         ),
         (
             json!([{"network": {"mode": "none"}}]),
@@ -422,6 +422,14 @@ fn hostile_tightenings_are_refused() {
         (
             json!({"servers": "all"}),
             "tighten: servers: expected an array of strings, got a string",
+        ),
+        (
+            json!({"workspace": {"user": "root"}}),
+            "tighten: workspace.user: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: mode, image, local_userland",
+        ),
+        (
+            json!({"network": {"max_connections": 4}}),
+            "tighten: network.max_connections: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: mode, allow",
         ),
         (
             json!({"workspace": {"mode": "rw", "cwd": "/proc/self/fd/7"}}),
@@ -838,11 +846,27 @@ fn a_cwd_resolving_to_a_dangerous_path_is_refused_like_the_path_itself() {
             error.contains(&format!("allow_dangerous = [\"{danger}\"]")),
             "{cwd}: {error}"
         );
+        // The next step is a profile of one's own, never an edit of this one.
+        assert!(
+            error.contains("write a profile of your own that extends this one")
+                && error.contains("extends = \"p\"")
+                && error.contains("--workspace DIR"),
+            "{cwd}: {error}"
+        );
         let allowed = format!("[operator]\nallow_dangerous = [\"{danger}\"]\n");
         assert_eq!(resolve_in(&allowed, cwd), Ok(()), "{cwd} allowed");
     }
+    // A home directory is told as one: root's too.
+    for cwd in ["/root", "/home/alice"] {
+        let error = resolve_in("description = \"x\"\n", cwd).unwrap_err();
+        assert!(
+            error.contains(&format!("resolved to {cwd}, which is a home directory")),
+            "{cwd}: {error}"
+        );
+    }
     for cwd in [
         "/home/alice/project",
+        "/root/project",
         "/tmp",
         "/tmp/x",
         "/srv/repo",
