@@ -903,7 +903,7 @@ async fn docker_units_inspect_and_rm() {
     let live_id = &live_unit.envelope.id;
     let dead_id = &dead_unit.envelope.id;
 
-    let out = units(&["inspect", &live_id[..12]]);
+    let out = units(&["inspect", "--json", &live_id[..12]]);
     assert!(
         out.status.success(),
         "{}",
@@ -913,7 +913,7 @@ async fn docker_units_inspect_and_rm() {
     assert_eq!(shown["id"], live_id.as_str());
     assert_eq!(shown["instance"], live.label.instance.as_str());
     assert_eq!(shown["host"], "alive");
-    let out = units(&["inspect", dead_id]);
+    let out = units(&["inspect", "--json", dead_id]);
     let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown["host"], "dead");
 

@@ -35,3 +35,5 @@ mod serve;
 mod support;
 /// The repository itself: ARCHITECTURE.md names every module.
 mod tidy;
+/// `box units` over units a real `box serve` started, on both backends: the table, filters, inspect.
+mod units;

@@ -316,6 +316,7 @@ pub fn container_body(
             labels::LEASE_MS.to_owned(),
             spec.lease.as_millis().to_string(),
         ),
+        (labels::IMAGE.to_owned(), spec.image.clone()),
     ]);
 
     let mut mounts = vec![Mount {
@@ -1168,6 +1169,7 @@ pub(crate) mod tests {
             pairs,
             vec![
                 ("box.created".to_owned(), "2026-01-01T00:00:00Z".to_owned()),
+                ("box.image".to_owned(), spec().image),
                 ("box.instance".to_owned(), "inst1".to_owned()),
                 ("box.lease-ms".to_owned(), "30000".to_owned()),
                 ("box.profile".to_owned(), "default".to_owned()),

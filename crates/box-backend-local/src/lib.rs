@@ -94,8 +94,8 @@ pub use helper::{ExecutorEntry, REFUSED_EXIT, SandboxArgs};
 use box_backend::environment::{self, UnitEnvironment};
 use box_backend::{
     AdoptUnit, Backend, BackendError, DeliveredSecret, EgressWiring, Envelope, ExecutorIo,
-    Hardening, ObjectsPlace, SessionLabel, StartedUnit, Unenforceable, UnitEnd, UnitInfo,
-    UnitWiring,
+    Hardening, ObjectsPlace, SessionLabel, StartedUnit, Unenforceable, UnitDetail, UnitEnd,
+    UnitInfo, UnitWiring,
 };
 use box_confine::Rlimits;
 use box_policy::envelope::{
@@ -572,7 +572,16 @@ impl LocalBackend {
             }
         };
         let lease_ms = applied.lease_ms;
-        let id = pid.to_string();
+        // Random, as a container's id is: unique, and never a pid another
+        // process may come to hold. Not the run directory's name, which the
+        // session that reads the envelope has no business knowing.
+        let id = format!("{:032x}", rand::random::<u128>());
+        let mut envelope = envelope(spec, &sandbox_spec, &applied, &environment, &id, layout);
+        // Only box's executor writes the secrets (a stand-in command gets the
+        // tmpfs, empty).
+        if executor && applied.secrets_mounted {
+            envelope.secrets = delivered_secrets(spec);
+        }
         let created = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         let record = lease::Record {
             id: id.clone(),
@@ -590,6 +599,7 @@ impl LocalBackend {
             executor,
             spec: sandbox_spec.kept(),
             applied: applied.clone(),
+            envelope: serde_json::to_value(&envelope).ok(),
         };
         if let Err(message) = record.write(run_dir) {
             return Err(undo(other("recording the unit", message)).await);
@@ -616,12 +626,6 @@ impl LocalBackend {
             Arc::clone(&removed),
             lease_ms,
         );
-        let mut envelope = envelope(spec, &sandbox_spec, &applied, &environment, &id, layout);
-        // Only box's executor writes the secrets (a stand-in command gets the
-        // tmpfs, empty).
-        if executor && applied.secrets_mounted {
-            envelope.secrets = delivered_secrets(spec);
-        }
         let local = LocalUnit {
             info: record.info("running"),
             group,
@@ -726,8 +730,8 @@ impl LocalBackend {
     }
 
     /// The run directory and record of unit `id`: the one whose helper lives,
-    /// if any (an id is a pid, which an ended unit's leftover record may
-    /// share with a live one).
+    /// if any (an older box's id is a pid, which an ended unit's leftover
+    /// record may share with a live one).
     fn recorded(&self, id: &str) -> Option<(PathBuf, lease::Record)> {
         let mut found: Vec<_> = self
             .recorded_all()
@@ -1045,6 +1049,21 @@ impl Backend for LocalBackend {
         unit: &'a AdoptUnit,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
         self.adopt_unit(session, spec, unit).boxed()
+    }
+
+    /// The unit's record: its workspace, its helper while it lives, the
+    /// envelope its start reported.
+    fn inspect<'a>(
+        &'a self,
+        unit: &'a UnitInfo,
+    ) -> BoxFuture<'a, Result<UnitDetail, BackendError>> {
+        let mut detail = UnitDetail::listed(unit.clone());
+        if let Some((_, record)) = self.recorded(&unit.id) {
+            detail.pid = record.helper_alive().then_some(record.helper);
+            detail.workspace = record.workspace.clone();
+            detail.envelope = record.envelope;
+        }
+        futures::future::ready(Ok(detail)).boxed()
     }
 
     /// This process's units, and every unit with a run directory of another

@@ -690,8 +690,22 @@ fn the_record_keeps_no_secret_and_rebuilds_the_envelope() {
         executor: true,
         spec: sandbox.kept(),
         applied: applied(),
+        envelope: serde_json::to_value(envelope(
+            &spec,
+            &sandbox,
+            &applied(),
+            &environment,
+            "42",
+            &layout,
+        ))
+        .ok(),
     };
     let json = serde_json::to_string(&record).unwrap();
+    // An older box's record, without the envelope, still reads.
+    let mut older: serde_json::Value = serde_json::from_str(&json).unwrap();
+    older.as_object_mut().unwrap().remove("envelope");
+    let older: lease::Record = serde_json::from_value(older).unwrap();
+    assert_eq!(older.envelope, None);
     for kept_out in ["value-of-a-var", "secret-value", &"ab".repeat(32)] {
         assert!(!json.contains(kept_out), "{kept_out} in {json}");
     }

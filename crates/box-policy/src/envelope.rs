@@ -18,7 +18,7 @@ pub struct Envelope {
     pub role: Role,
     /// The backend that runs it.
     pub backend: BackendKind,
-    /// The backend's id for it (container id, pid).
+    /// The backend's id for it (a container id; a local unit's random id).
     pub id: String,
     /// The image asked for (empty on the local backend, which runs no image:
     /// see `userland`).

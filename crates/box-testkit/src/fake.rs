@@ -253,6 +253,7 @@ impl Backend for FakeBackend {
                             state: "running".to_owned(),
                             parent: None,
                             lease_ms: None,
+                            image: Some(spec.image.clone()),
                         },
                         kill: Some(kill_tx),
                     },
