@@ -164,6 +164,16 @@ impl Drivers {
         }
     }
 
+    /// What the keys in `git config --name-only -z --get-regexp` output
+    /// (one per NUL) define.
+    pub fn from_config_keys(output: &[u8]) -> Self {
+        let mut drivers = Drivers::default();
+        for key in output.split(|byte| *byte == 0) {
+            drivers.add_key(&String::from_utf8_lossy(key));
+        }
+        drivers
+    }
+
     /// Everything `other` defines, added.
     pub fn merge(&mut self, other: &Drivers) {
         self.names.extend(other.names.iter().cloned());
@@ -258,11 +268,7 @@ pub fn configured_drivers(dir: &Path, env: &[(OsString, OsString)]) -> Result<Dr
     else {
         return Ok(Drivers::default());
     };
-    let mut drivers = Drivers::default();
-    for name in bytes.split(|byte| *byte == 0) {
-        drivers.add_key(&String::from_utf8_lossy(name));
-    }
-    Ok(drivers)
+    Ok(Drivers::from_config_keys(&bytes))
 }
 
 /// The user-level git configuration file that git, run with `env`, would read

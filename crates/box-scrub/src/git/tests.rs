@@ -389,6 +389,15 @@ fn ext_transport_is_refused() {
 }
 
 #[test]
+fn driver_names_come_from_config_keys() {
+    let output = b"filter.lfs.clean\0filter.lfs.smudge\0diff.my.driver.textconv\0merge.x.driver\0";
+    assert_eq!(
+        Drivers::from_config_keys(output).names,
+        ["lfs", "my.driver", "x"]
+    );
+}
+
+#[test]
 fn driver_names_are_the_subsection() {
     assert_eq!(driver_name("filter.a.b.clean").as_deref(), Some("a.b"));
     assert_eq!(driver_name("diff.x.textconv").as_deref(), Some("x"));
