@@ -45,7 +45,7 @@ fn crates_depend_only_on_what_the_architecture_allows() {
         ("box-confine", &["box-policy"]),
         ("box-redact", &[]),
         ("box-egress", &[]),
-        ("box-fork", &[]),
+        ("box-fork", &["box-scrub"]),
         ("box-init", &[]),
         (
             "box-executor",

@@ -286,45 +286,6 @@ impl<'a> Invocation<'a> {
     }
 }
 
-/// The `-c` overrides that stop the filter, diff and merge drivers named
-/// `drivers` from running a program: filters become `cat`, not required,
-/// without a long-running process; diff drivers lose textconv and command;
-/// merge drivers fail. The same values as box's `scrub::git` overrides.
-pub(crate) fn driver_overrides(drivers: &[String]) -> Vec<(String, String)> {
-    let mut config = Vec::with_capacity(drivers.len() * 7);
-    for driver in drivers {
-        for (section, key, value) in [
-            ("filter", "process", ""),
-            ("filter", "clean", "cat"),
-            ("filter", "smudge", "cat"),
-            ("filter", "required", "false"),
-            ("diff", "textconv", ""),
-            ("diff", "command", ""),
-            ("merge", "driver", "false"),
-        ] {
-            config.push((format!("{section}.{driver}.{key}"), value.to_owned()));
-        }
-    }
-    config
-}
-
-/// The driver names in `git config --name-only -z --get-regexp` output
-/// (`filter.<name>.clean` → `<name>`).
-pub(crate) fn driver_names(output: &[u8]) -> Vec<String> {
-    let mut names: Vec<String> = output
-        .split(|byte| *byte == 0 || *byte == b'\n')
-        .filter_map(|key| {
-            let key = std::str::from_utf8(key).ok()?.trim();
-            let (_, rest) = key.split_once('.')?;
-            let (name, _) = rest.rsplit_once('.')?;
-            (!name.is_empty()).then(|| name.to_owned())
-        })
-        .collect();
-    names.sort();
-    names.dedup();
-    names
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,13 +305,6 @@ mod tests {
             .map(|(name, _)| name.to_string_lossy().into_owned())
             .collect();
         assert_eq!(names, ["GIT_CONFIG_COUNT", "PATH"]);
-    }
-
-    #[test]
-    fn driver_names_come_from_config_keys() {
-        let output =
-            b"filter.lfs.clean\0filter.lfs.smudge\0diff.my.driver.textconv\0merge.x.driver\0";
-        assert_eq!(driver_names(output), ["lfs", "my.driver", "x"]);
     }
 
     #[test]

@@ -46,7 +46,7 @@ use nix::unistd::UnlinkatFlags;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, GitFailure, io_error};
-use crate::git::{Git, GitAccess, Invocation, driver_names, driver_overrides};
+use crate::git::{Git, GitAccess, Invocation};
 use crate::manifest::{self, Base, Mechanism, Pin};
 use crate::relpath::{RelPath, is_git_name};
 use crate::sys::{self, Copier, FileType};
@@ -520,7 +520,7 @@ fn parent_changes(git: &Git, parent: &Path, repository: &Repository) -> Result<V
         ],
         read_parent.clone(),
     )) {
-        Ok(output) => driver_names(&output),
+        Ok(output) => box_scrub::Drivers::from_config_keys(&output).names,
         // Exit 1: no such key.
         Err(error) if matches!(error.failure, GitFailure::Exit { code: Some(1), .. }) => Vec::new(),
         Err(error) => return Err(error.to_string()),
@@ -538,7 +538,8 @@ fn parent_changes(git: &Git, parent: &Path, repository: &Repository) -> Result<V
         read_parent,
     );
     status.work_tree = Some(parent);
-    status.config = driver_overrides(&drivers);
+    // box's own overrides for these drivers, the same the executor's git gets.
+    status.config = box_scrub::driver_overrides(&drivers);
     status.env = vec![("GIT_OPTIONAL_LOCKS", OsString::from("0"))];
     git.run(&status).map_err(|error| error.to_string())
 }

@@ -134,11 +134,12 @@ pub struct Drivers {
 }
 
 impl Drivers {
-    /// Record a configuration key (any case) if it defines a driver or
-    /// `diff.external`.
+    /// Record a configuration key if it defines a driver or `diff.external`.
+    /// Section and key match in any case; the driver's name (the subsection)
+    /// keeps its case, as git matches it (`[filter "LFS"]` is not `filter.lfs`).
     pub fn add_key(&mut self, key: &str) {
-        let key = key.trim().to_ascii_lowercase();
-        if key == "diff.external" {
+        let key = key.trim();
+        if key.eq_ignore_ascii_case("diff.external") {
             self.diff_external = true;
             return;
         }
@@ -148,17 +149,29 @@ impl Drivers {
         let Some((_, last)) = rest.rsplit_once('.') else {
             return;
         };
-        let defines = match section {
-            "filter" => matches!(last, "clean" | "smudge" | "process"),
-            "diff" => matches!(last, "textconv" | "command"),
+        let section = section.to_ascii_lowercase();
+        let last = last.to_ascii_lowercase();
+        let defines = match section.as_str() {
+            "filter" => matches!(last.as_str(), "clean" | "smudge" | "process"),
+            "diff" => matches!(last.as_str(), "textconv" | "command"),
             "merge" => last == "driver",
             _ => false,
         };
-        if defines && let Some(name) = driver_name(&key) {
+        if defines && let Some(name) = driver_name(key) {
             self.names.push(name);
             self.names.sort();
             self.names.dedup();
         }
+    }
+
+    /// What the keys in `git config --name-only -z --get-regexp` output
+    /// (one per NUL) define.
+    pub fn from_config_keys(output: &[u8]) -> Self {
+        let mut drivers = Drivers::default();
+        for key in output.split(|byte| *byte == 0) {
+            drivers.add_key(&String::from_utf8_lossy(key));
+        }
+        drivers
     }
 
     /// Everything `other` defines, added.
@@ -255,11 +268,7 @@ pub fn configured_drivers(dir: &Path, env: &[(OsString, OsString)]) -> Result<Dr
     else {
         return Ok(Drivers::default());
     };
-    let mut drivers = Drivers::default();
-    for name in bytes.split(|byte| *byte == 0) {
-        drivers.add_key(&String::from_utf8_lossy(name));
-    }
-    Ok(drivers)
+    Ok(Drivers::from_config_keys(&bytes))
 }
 
 /// The user-level git configuration file that git, run with `env`, would read

@@ -1,5 +1,5 @@
-//! Helpers: the neutralising git runner (the same set as box's
-//! `scrub::git`), a plain git for building fixtures, and tree snapshots.
+//! Helpers: the neutralising git runner (box's own set, from
+//! `box_scrub`), a plain git for building fixtures, and tree snapshots.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -17,84 +17,9 @@ fn empty_home() -> &'static Path {
     Path::new("/nonexistent/box-fork-home")
 }
 
-const HOOK_EVENTS: &[&str] = &[
-    "applypatch-msg",
-    "pre-applypatch",
-    "post-applypatch",
-    "pre-commit",
-    "pre-merge-commit",
-    "prepare-commit-msg",
-    "commit-msg",
-    "post-commit",
-    "pre-rebase",
-    "post-checkout",
-    "post-merge",
-    "pre-push",
-    "pre-receive",
-    "update",
-    "proc-receive",
-    "post-receive",
-    "post-update",
-    "reference-transaction",
-    "push-to-checkout",
-    "pre-auto-gc",
-    "post-rewrite",
-    "sendemail-validate",
-    "fsmonitor-watchman",
-    "post-index-change",
-];
-
-const CONFIG: &[(&str, &str)] = &[
-    ("core.fsmonitor", "false"),
-    ("core.pager", "cat"),
-    ("core.sshCommand", "ssh"),
-    ("core.hooksPath", "/dev/null"),
-    ("gpg.program", "/bin/false"),
-    ("gpg.openpgp.program", "/bin/false"),
-    ("gpg.x509.program", "/bin/false"),
-    ("gpg.ssh.program", "/bin/false"),
-    ("core.editor", "true"),
-    ("sequence.editor", "true"),
-    ("core.askPass", ""),
-    ("credential.helper", ""),
-    ("core.alternateRefsCommand", ""),
-    ("commit.gpgSign", "false"),
-    ("tag.gpgSign", "false"),
-    ("log.showSignature", "false"),
-    ("protocol.allow", "never"),
-    ("protocol.file.allow", "user"),
-    ("protocol.ext.allow", "never"),
-    ("submodule.recurse", "false"),
-    ("fetch.recurseSubmodules", "false"),
-    ("gc.auto", "0"),
-    ("maintenance.auto", "false"),
-    ("safe.bareRepository", "explicit"),
-];
-
-/// The environment box gives git: no system or global config, the command
-/// scope overrides of `scrub::git` (plus `drivers`' overrides, as box's
-/// `configured_drivers` would find them), prompts and pagers off.
-pub fn neutral_env(drivers: &[&str]) -> Vec<(String, String)> {
-    let mut config: Vec<(String, String)> = CONFIG
-        .iter()
-        .map(|(key, value)| ((*key).into(), (*value).into()))
-        .collect();
-    config.extend(
-        HOOK_EVENTS
-            .iter()
-            .map(|event| (format!("hook.{event}.enabled"), "false".into())),
-    );
-    for driver in drivers {
-        config.extend([
-            (format!("filter.{driver}.process"), String::new()),
-            (format!("filter.{driver}.clean"), "cat".into()),
-            (format!("filter.{driver}.smudge"), "cat".into()),
-            (format!("filter.{driver}.required"), "false".into()),
-            (format!("diff.{driver}.textconv"), String::new()),
-            (format!("diff.{driver}.command"), String::new()),
-            (format!("merge.{driver}.driver"), "false".into()),
-        ]);
-    }
+/// The environment box gives git (`box confine`'s): no system or global
+/// config, box's git neutralisation (`box_scrub`), prompts and pagers off.
+pub fn neutral_env() -> Vec<(String, String)> {
     let home = empty_home().display().to_string();
     let mut env = vec![
         ("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned()),
@@ -102,22 +27,14 @@ pub fn neutral_env(drivers: &[&str]) -> Vec<(String, String)> {
         ("XDG_CONFIG_HOME".to_owned(), home),
         ("GIT_CONFIG_NOSYSTEM".to_owned(), "1".to_owned()),
         ("GIT_CONFIG_GLOBAL".to_owned(), "/dev/null".to_owned()),
-        ("GIT_TERMINAL_PROMPT".to_owned(), "0".to_owned()),
-        ("GIT_PAGER".to_owned(), "cat".to_owned()),
-        ("GIT_EDITOR".to_owned(), "true".to_owned()),
-        ("GIT_NO_LAZY_FETCH".to_owned(), "1".to_owned()),
-        ("GIT_CONFIG_COUNT".to_owned(), config.len().to_string()),
     ];
-    for (index, (key, value)) in config.into_iter().enumerate() {
-        env.push((format!("GIT_CONFIG_KEY_{index}"), key));
-        env.push((format!("GIT_CONFIG_VALUE_{index}"), value));
-    }
+    env.extend(box_scrub::git_neutralisation());
     env
 }
 
 /// The runner the tests give the crate.
 pub fn neutral_git() -> Git {
-    Git::new(neutral_env(&[]))
+    Git::new(neutral_env())
 }
 
 /// Plain git for building fixtures (no system or global config, a fixed

@@ -299,6 +299,37 @@ fn attribute_drivers_do_not_run() {
     repo.check(&["checkout", "--", "f"], b"");
 }
 
+/// A subsection keeps its case (`[filter "LFS"]` is not `filter.lfs`), so a
+/// driver named in capitals is found, and overridden, under its own name.
+#[test]
+fn drivers_named_in_capitals_do_not_run() {
+    let repo = Repo::new();
+    std::fs::write(repo.dir.join(".gitattributes"), "* filter=LFS diff=LFS\n").unwrap();
+    repo.config("filter.LFS.clean", &repo.evil("clean"));
+    repo.config("diff.LFS.textconv", &repo.evil("textconv"));
+    assert_eq!(
+        configured_drivers(&repo.dir, &repo.base_env()).unwrap(),
+        Drivers {
+            names: vec!["LFS".to_owned()],
+            diff_external: false
+        }
+    );
+    repo.change();
+    repo.check(&["add", "-A"], b"");
+    repo.check(&["diff", "HEAD"], b"");
+    // Section and key are case-insensitive; only the subsection is not.
+    let mut drivers = Drivers::default();
+    drivers.add_key("FILTER.Mixed.Clean");
+    drivers.add_key("Diff.External");
+    assert_eq!(
+        drivers,
+        Drivers {
+            names: vec!["Mixed".to_owned()],
+            diff_external: true
+        }
+    );
+}
+
 #[test]
 fn credential_helpers_do_not_run() {
     let repo = Repo::new();
@@ -355,6 +386,15 @@ fn ext_transport_is_refused() {
     repo.check(&["ls-remote", &url], b"");
     repo.config("protocol.allow", "always");
     repo.check(&["ls-remote", &url], b"");
+}
+
+#[test]
+fn driver_names_come_from_config_keys() {
+    let output = b"filter.lfs.clean\0filter.lfs.smudge\0diff.my.driver.textconv\0merge.x.driver\0";
+    assert_eq!(
+        Drivers::from_config_keys(output).names,
+        ["lfs", "my.driver", "x"]
+    );
 }
 
 #[test]
