@@ -225,6 +225,16 @@ fn docs_name_no_public_registry_hosts() {
                 if line.contains(host) {
                     found.push(format!("{}:{}: {host}", file.display(), n + 1));
                 }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "use example.com / example.org instead:\n{}",
+        found.join("\n")
+    );
+}
+
 /// The commands write their output through `outln!`/`out!` (`cli/out.rs`),
 /// which end quietly on a closed pipe; `println!` would panic there.
 #[test]
@@ -251,7 +261,6 @@ fn commands_never_print_with_println() {
     }
     assert!(
         found.is_empty(),
-        "use example.com / example.org instead:\n{}",
         "use outln!/out! (src/cli/out.rs) instead:\n{}",
         found.join("\n")
     );
