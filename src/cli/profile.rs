@@ -420,6 +420,7 @@ fn profile_json(profile: &Profile) -> Value {
             "landlock": security.landlock.as_str(),
             "git": if security.neutralise_git { "neutralise" } else { "off" },
             "write_guard": if security.write_guard { "read-first" } else { "off" },
+            "tmp": security.tmp.as_str(),
             "privileged": security.privileged,
             "host_namespaces": security.host_namespaces,
             "devices": security.devices.iter().map(|path| path.display().to_string()).collect::<Vec<_>>(),
@@ -532,7 +533,7 @@ fn show(profile: &Profile) -> String {
     }
     let security = &profile.security;
     line(format!(
-        "security     capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}",
+        "security     capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}, tmp {}",
         security.capabilities.join(", "),
         security.read_only_root,
         security.landlock.as_str(),
@@ -546,6 +547,7 @@ fn show(profile: &Profile) -> String {
         } else {
             "off"
         },
+        security.tmp.as_str(),
     ));
     line(format!(
         "lifecycle    lease {}",
@@ -667,12 +669,13 @@ fn show_plan(plan: &plan::Plan) -> String {
                 unit.env_secrets.join(", ")
             ),
             format!(
-                "  security  capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}{}",
+                "  security  capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}, tmp {}{}",
                 security.capabilities.join(", "),
                 security.read_only_root,
                 security.landlock.as_str(),
                 if security.neutralise_git { "neutralise" } else { "off" },
                 if security.write_guard { "read-first" } else { "off" },
+                security.tmp.as_str(),
                 if security.privileged { ", PRIVILEGED" } else { "" },
             ),
             format!("  lifecycle lease {}", show_duration(unit.lease)),

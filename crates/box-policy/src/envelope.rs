@@ -313,6 +313,10 @@ pub struct ProcessLimits {
     pub file_size_bytes: u64,
     /// RLIMIT_CORE.
     pub core_bytes: u64,
+    /// The size of the unit's own `/tmp` (a tmpfs in its mount namespace);
+    /// absent where it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tmp_bytes: Option<u64>,
     /// What the plan asked that a process cannot be held to, in words.
     pub not_applied: Vec<String>,
     /// The start deadline the host enforced.
@@ -342,4 +346,9 @@ pub struct Hardening {
     pub namespaces: Vec<String>,
     /// Whether the unit's user is in a user namespace (remapped).
     pub user_namespace: bool,
+    /// Whether programs written to the unit's own `/tmp` may run (`exec`) or
+    /// not (`noexec`), as mounted; absent where the unit has no `/tmp` of its
+    /// own (a local unit without a mount namespace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tmp: Option<crate::plan::TmpMode>,
 }

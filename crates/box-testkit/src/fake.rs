@@ -360,6 +360,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
             landlock_enforced: false,
             namespaces: Vec::new(),
             user_namespace: false,
+            tmp: None,
         },
         env_passed: Vec::new(),
         env_scrubbed: Vec::new(),

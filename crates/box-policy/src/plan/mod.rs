@@ -62,6 +62,29 @@ pub enum MountMode {
     ReadWrite,
 }
 
+/// Whether programs may run from the unit's `/tmp` (`[security] tmp`).
+/// Declaration order is narrowing order: `NoExec` is the narrower.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TmpMode {
+    /// Mounted `noexec`: nothing written there runs (the strict choice).
+    NoExec,
+    /// Programs written there run (`nosuid`, `nodev` still): compilers and
+    /// test harnesses build into `/tmp`, and the workspace is executable anyway.
+    #[default]
+    Exec,
+}
+
+impl TmpMode {
+    /// Its name in profiles and JSON: `exec`, `noexec`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TmpMode::NoExec => "noexec",
+            TmpMode::Exec => "exec",
+        }
+    }
+}
+
 /// Whether a protection must be applied, may be skipped (and reported), or is off.
 /// Declaration order is narrowing order: `Required` is the strictest.
 #[derive(
@@ -192,6 +215,8 @@ pub struct Security {
     pub neutralise_git: bool,
     /// Whether overwriting an existing file needs an earlier read of it.
     pub write_guard: bool,
+    /// Whether programs may run from `/tmp`.
+    pub tmp: TmpMode,
     /// A privileged unit (only when the profile's operator allowed it).
     pub privileged: bool,
     /// Host namespaces shared (only when the profile's operator allowed it).
@@ -374,8 +399,11 @@ impl Plan {
 }
 
 impl Security {
-    /// The strictest hardening: nothing added back, read-only root, landlock
-    /// required, git neutralised, writes guarded, nothing of the host shared.
+    /// The default hardening, strict but for `/tmp`: nothing added back,
+    /// read-only root, landlock required, git neutralised, writes guarded,
+    /// nothing of the host shared; `/tmp` executable (`nosuid`, `nodev`), the
+    /// default, since `noexec` there protects nothing while the workspace is
+    /// executable.
     pub fn strict() -> Self {
         Self {
             capabilities: Vec::new(),
@@ -383,6 +411,7 @@ impl Security {
             landlock: Requirement::Required,
             neutralise_git: true,
             write_guard: true,
+            tmp: TmpMode::Exec,
             privileged: false,
             host_namespaces: Vec::new(),
             devices: Vec::new(),
@@ -565,6 +594,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
         landlock: profile.security.landlock,
         neutralise_git: profile.security.neutralise_git,
         write_guard: profile.security.write_guard,
+        tmp: profile.security.tmp,
         privileged: profile.security.privileged,
         host_namespaces: profile.security.host_namespaces.clone(),
         devices: profile.security.devices.clone(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::value::{AllowEntry, ByteSize, CpuQuota};
 use crate::image::PullPolicy;
-use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, UserIds};
+use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, TmpMode, UserIds};
 
 /// A profile: everything a session's units may be and do. A session can only narrow it.
 #[derive(Debug, Clone, PartialEq)]
@@ -228,6 +228,8 @@ pub struct SecurityPolicy {
     pub neutralise_git: bool,
     /// Overwriting an existing file needs an earlier read of it.
     pub write_guard: bool,
+    /// Whether programs may run from `/tmp`.
+    pub tmp: TmpMode,
     /// A privileged unit (dangerous).
     pub privileged: bool,
     /// Host namespaces shared with the unit (dangerous).
