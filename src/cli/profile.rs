@@ -112,7 +112,9 @@ pub fn cli(args: ProfileArgs) -> anyhow::Result<ExitCode> {
                 Some(text) => read_tightening(&text)?,
             };
             let host = host_facts(cwd, caller.as_deref())?;
-            let plan = plan::resolve(&profile, &tighten, &host)?;
+            // As a host resolves it: a root caller's `user = "host"` unit
+            // runs as the owner of its workspace.
+            let plan = crate::host::resolve_plan(&profile, &tighten, &host)?;
             if json {
                 pretty(&plan.to_json())
             } else {
@@ -184,7 +186,11 @@ fn host_facts(cwd: Option<PathBuf>, caller: Option<&str>) -> anyhow::Result<Host
             parsed.with_context(|| format!("--caller: {text:?} is not UID:GID, like 1000:1000"))?
         }
     };
-    Ok(HostFacts { cwd, caller })
+    Ok(HostFacts {
+        cwd,
+        caller,
+        workspace_owner: None,
+    })
 }
 
 fn list(catalog: &Catalog, json: bool) -> String {

@@ -4,7 +4,6 @@
 //! the local backend, probed from inside.
 
 use std::path::Path;
-use std::time::Duration;
 
 use serde_json::Value;
 
@@ -61,7 +60,7 @@ fn serve(backend: &str, workspace: &Path, profiles: &Path) -> Served {
 }
 
 /// The workspace unit's envelope.
-fn envelope(served: &Served) -> Value {
+fn envelope_of(served: &Served) -> Value {
     served.initialized["result"]["capabilities"]["experimental"][KEY]["box"]["units"][0].clone()
 }
 
@@ -89,7 +88,7 @@ fn tmp_is_executable_unless_the_profile_says_noexec(backend: &str) {
         let workspace = c_workspace();
         let profiles = profiles(&dev_profile(extra));
         let mut served = serve(backend, workspace.path(), profiles.path());
-        let envelope = envelope(&served);
+        let envelope = envelope_of(&served);
         let word = if exec { "exec" } else { "noexec" };
         assert_eq!(envelope["hardening"]["tmp"], word, "{envelope}");
         let out = served.bash(
@@ -131,6 +130,133 @@ fn local_tmp_is_executable_unless_the_profile_says_noexec() {
     }
 }
 
-/// Room for a unit's start on a loaded machine.
-#[allow(dead_code)]
-const START: Duration = Duration::from_secs(120);
+/// Whether this test runs as root (the rule it tests is a root caller's);
+/// said loudly when not.
+fn root_caller() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    eprintln!(
+        "\n*** NOT RUN: the rule is a root caller's, and these tests run as uid {} ***\n",
+        nix::unistd::geteuid()
+    );
+    false
+}
+
+/// Issue 23, item 3: a root caller's `user = "host"` unit runs as the owner
+/// of its workspace (files it writes keep that owner) and nothing warns; a
+/// root-owned workspace gets uid 0, and then the envelope says so with the
+/// remedies.
+fn a_root_callers_unit_runs_as_the_workspaces_owner(backend: &str) {
+    use std::os::unix::fs::MetadataExt as _;
+    let profiles = profiles("extends = \"default\"\n");
+    let owned = c_workspace();
+    std::os::unix::fs::chown(owned.path(), Some(1000), Some(1000)).unwrap();
+    let mut served = serve(backend, owned.path(), profiles.path());
+    let envelope = envelope_of(&served);
+    assert_eq!(envelope["user"], "1000:1000", "{envelope}");
+    assert!(envelope.get("rootUser").is_none(), "{envelope}");
+    let out = served.bash(None, "id -u; id -g; echo made > made-here");
+    assert_eq!(
+        out.lines().take(2).collect::<Vec<_>>(),
+        ["1000", "1000"],
+        "{out}"
+    );
+    let made = std::fs::metadata(owned.path().join("made-here")).unwrap();
+    assert_eq!((made.uid(), made.gid()), (1000, 1000), "{backend}");
+    assert!(served.hang_up().success());
+
+    let roots = c_workspace();
+    assert_eq!(std::fs::metadata(roots.path()).unwrap().uid(), 0);
+    let mut served = serve(backend, roots.path(), profiles.path());
+    let envelope = envelope_of(&served);
+    assert_eq!(envelope["user"], "0:0", "{envelope}");
+    let warning = envelope["rootUser"]["warning"].as_str().unwrap_or_default();
+    assert!(warning.contains("uid 0, the host's root"), "{envelope}");
+    let remedies = envelope["rootUser"]["remedies"].to_string();
+    for remedy in [
+        "user = \\\"1000:1000\\\"",
+        "userns-remap",
+        "rootless Docker",
+    ] {
+        assert!(remedies.contains(remedy), "{remedy}: {remedies}");
+    }
+    let out = served.bash(None, "id -u");
+    assert_eq!(out.lines().next(), Some("0"), "{out}");
+    assert!(served.hang_up().success());
+}
+
+#[test]
+fn docker_a_root_callers_unit_runs_as_the_workspaces_owner() {
+    if root_caller() && docker() {
+        a_root_callers_unit_runs_as_the_workspaces_owner("docker");
+    }
+}
+
+#[test]
+fn local_a_root_callers_unit_runs_as_the_workspaces_owner() {
+    if root_caller() && local() {
+        a_root_callers_unit_runs_as_the_workspaces_owner("local");
+    }
+}
+
+/// Issue 23, item 3: `box run` says it once on stderr when its unit runs as
+/// uid 0 (a root caller in a root-owned workspace), and not when the
+/// workspace is another user's; `box doctor` says the same, here.
+#[test]
+fn box_run_and_doctor_say_when_units_run_as_root() {
+    if !root_caller() || !local() {
+        return;
+    }
+    let run = |workspace: &Path| {
+        std::process::Command::new(crate::support::box_bin())
+            .args(["run", "--backend", "local", "--", "id", "-u"])
+            .current_dir(workspace)
+            .output()
+            .unwrap()
+    };
+    let roots = c_workspace();
+    let output = run(roots.path());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "0\n", "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("box run: warning: the unit's processes run as uid 0")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("remedies: a non-root user"), "{stderr}");
+    let owned = c_workspace();
+    std::os::unix::fs::chown(owned.path(), Some(1000), Some(1000)).unwrap();
+    let output = run(owned.path());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "1000\n",
+        "{stderr}"
+    );
+    assert!(!stderr.contains("uid 0"), "{stderr}");
+
+    let doctor = |workspace: &Path| {
+        let output = std::process::Command::new(crate::support::box_bin())
+            .args(["doctor"])
+            .current_dir(workspace)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let said = doctor(roots.path());
+    assert!(
+        said.contains("units of user = \"host\" profiles run as 0:0 here"),
+        "{said}"
+    );
+    assert!(
+        said.contains("WARNING       the unit's processes run as uid 0"),
+        "{said}"
+    );
+    assert!(said.contains("remedy      rootless Docker"), "{said}");
+    let said = doctor(owned.path());
+    assert!(said.contains("run as 1000:1000 here"), "{said}");
+    assert!(!said.contains("WARNING"), "{said}");
+}

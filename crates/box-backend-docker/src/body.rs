@@ -577,7 +577,10 @@ pub fn envelope_from_inspect(
         .filter(|u| !u.is_empty())
         .unwrap_or_else(|| image_user.to_owned());
     let user = normalise_user(&user);
-    let uid_is_root = user.split(':').next().is_some_and(|uid| uid == "0");
+    let uid_is_root = user
+        .split(':')
+        .next()
+        .is_some_and(|uid| uid == "0" || uid == "root");
 
     let security_opt = host.security_opt.clone().unwrap_or_default();
     let no_new_privileges = security_opt.iter().any(|o| {
@@ -735,6 +738,8 @@ pub fn envelope_from_inspect(
         parent: None,
         lifecycle,
         state,
+        // Remapped, the unit's uid 0 is an unprivileged uid of the host.
+        root_user: (uid_is_root && !user_namespace).then(box_policy::envelope::RootUser::new),
     }
 }
 

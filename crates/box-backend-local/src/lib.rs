@@ -1684,6 +1684,9 @@ pub(crate) fn envelope_from_parts(
             .lease_ms
             .map(|lease_ms| box_backend::AppliedLifecycle { lease_ms }),
         state: UnitState::Running,
+        // The unit's user namespace maps its ids to themselves: uid 0 in it
+        // is the host's root.
+        root_user: (applied.host_uid == 0).then(box_policy::envelope::RootUser::new),
     }
 }
 

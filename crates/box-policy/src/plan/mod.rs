@@ -286,6 +286,12 @@ pub struct HostFacts {
     pub cwd: PathBuf,
     /// The caller's ids, for `user = "host"`.
     pub caller: UserIds,
+    /// The owner (uid and gid) of the host directory the workspace comes
+    /// from (`cwd`, or the profile's host path), when known: a root caller's
+    /// `user = "host"` unit runs as it, so files keep their owner and
+    /// nothing runs as uid 0 by surprise. `None` (no host directory, or not
+    /// read): the caller's ids.
+    pub workspace_owner: Option<UserIds>,
 }
 
 /// Why a plan could not be made; every variant names what to change.
@@ -364,6 +370,19 @@ impl HostFacts {
                 uid: 1000,
                 gid: 1000,
             },
+            workspace_owner: None,
+        }
+    }
+
+    /// The user a `user = "host"` unit runs as: the caller, except that a
+    /// root caller's unit runs as the owner of its workspace when that owner
+    /// is not root (a CI job's container running box as root over a
+    /// checkout it does not own). uid 0 only when the caller is root and the
+    /// workspace is root's (or there is none).
+    pub fn host_user(&self) -> UserIds {
+        match self.workspace_owner {
+            Some(owner) if self.caller.uid == 0 && owner.uid != 0 => owner,
+            _ => self.caller,
         }
     }
 }
@@ -601,7 +620,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
     };
     let user = match profile.workspace.user {
         UserChoice::Ids(ids) => Some(ids),
-        UserChoice::Host => Some(host.caller),
+        UserChoice::Host => Some(host.host_user()),
         UserChoice::Image => None,
     };
     let root = profile.workspace.root.clone();

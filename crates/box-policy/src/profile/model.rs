@@ -38,6 +38,20 @@ pub struct Profile {
     pub dangerous: Vec<Danger>,
 }
 
+impl Profile {
+    /// The host directory a session's workspace comes from, where `cwd` is
+    /// the host's working directory: `cwd` itself (`cwd`, `fork`), the
+    /// profile's host path, or none (`empty`, `none`). Pure: the host reads
+    /// its owner ([`crate::plan::HostFacts::workspace_owner`]).
+    pub fn workspace_dir<'a>(&'a self, cwd: &'a std::path::Path) -> Option<&'a std::path::Path> {
+        match &self.workspace.source {
+            Source::Cwd | Source::Fork => Some(cwd),
+            Source::Host(path) => Some(path),
+            Source::Empty | Source::None => None,
+        }
+    }
+}
+
 /// The workspace unit as written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Workspace {
