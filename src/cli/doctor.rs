@@ -62,13 +62,7 @@ pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let host = match &args.workspace {
         Some(_) => crate::host::host_facts(args.workspace.as_ref())?,
         // A report still comes from a directory that was removed under us.
-        None => crate::host::host_facts(None).unwrap_or_else(|_| HostFacts {
-            cwd: "/".into(),
-            caller: crate::plan::UserIds {
-                uid: nix::unistd::getuid().as_raw(),
-                gid: nix::unistd::getgid().as_raw(),
-            },
-        }),
+        None => crate::host::host_facts(None).unwrap_or_else(|_| here()),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -146,6 +140,7 @@ pub async fn report(catalog: &Catalog, host: &HostFacts) -> Value {
         "docker": docker,
         "kernel": kernel,
         "local": local,
+        "user": unit_user(host),
         "profiles": profiles,
     })
 }
@@ -205,6 +200,37 @@ fn kernel_facts() -> Value {
     })
 }
 
+/// The host facts a session started here would get: this directory, this
+/// process's ids, and the directory's owner.
+fn here() -> HostFacts {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+    HostFacts {
+        workspace_owner: crate::host::owner_of(&cwd),
+        cwd,
+        caller: crate::plan::UserIds {
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+        },
+    }
+}
+
+/// Who a `user = "host"` unit started here runs as, and, when that is uid
+/// 0, the warning and its remedies (issue 23: no uid 0 by surprise).
+pub fn unit_user(facts: &HostFacts) -> Value {
+    let user = facts.host_user();
+    let mut shown = json!({
+        "caller": format!("{}:{}", facts.caller.uid, facts.caller.gid),
+        "workspace": facts.cwd.display().to_string(),
+        "workspaceOwner": facts.workspace_owner.map(|owner| format!("{}:{}", owner.uid, owner.gid)),
+        "unitUser": format!("{}:{}", user.uid, user.gid),
+    });
+    if user.uid == 0 {
+        let root = box_policy::envelope::RootUser::new();
+        shown["rootUser"] = json!({"warning": root.warning, "remedies": root.remedies});
+    }
+    shown
+}
+
 /// Whether each backend can run profile `name` here: the backends' own
 /// [`Backend::check`], the one judgement a start makes too, plus whether
 /// the engine has the images.
@@ -219,7 +245,7 @@ async fn profile_fit(
         Ok(profile) => profile,
         Err(error) => return json!({"name": name, "error": error.to_string()}),
     };
-    let plan = match crate::plan::resolve(&profile, &Value::Null, host) {
+    let plan = match crate::host::resolve_plan(&profile, &Value::Null, host) {
         Ok(plan) => plan,
         Err(error) => return json!({"name": name, "error": error.to_string()}),
     };
@@ -345,6 +371,26 @@ pub fn render(report: &Value) -> String {
             text(&local["egress"]["networkNamespace"]),
             text(&local["secrets"]),
         ));
+    }
+    let user = &report["user"];
+    if user.is_object() {
+        out.push_str(&format!(
+            "user          units of user = \"host\" profiles run as {} here (caller {}, {} owned by {})\n",
+            text(&user["unitUser"]),
+            text(&user["caller"]),
+            text(&user["workspace"]),
+            text(&user["workspaceOwner"]),
+        ));
+        if let Some(warning) = user["rootUser"]["warning"].as_str() {
+            out.push_str(&format!("WARNING       {warning}\n"));
+            for remedy in user["rootUser"]["remedies"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                out.push_str(&format!("  remedy      {}\n", text(remedy)));
+            }
+        }
     }
     for profile in report["profiles"].as_array().into_iter().flatten() {
         let fit = |v: &Value| match v {

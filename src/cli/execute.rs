@@ -69,6 +69,10 @@ pub struct ExecuteArgs {
     /// worktree fork's borrowed git objects); repeat for more.
     #[arg(long, value_name = "DIR")]
     pub read: Vec<PathBuf>,
+    /// A directory this process and its children may also write, besides --root and TMPDIR (box
+    /// sets this: the unit's home, its own /tmp, its volumes); repeat for more.
+    #[arg(long, value_name = "DIR")]
+    pub write: Vec<PathBuf>,
 }
 
 impl ExecuteArgs {
@@ -87,6 +91,7 @@ impl ExecuteArgs {
             root: self.root,
             egress_socket: self.egress_socket,
             read: self.read,
+            write: self.write,
         })
     }
 }
@@ -142,6 +147,7 @@ mod tests {
                 PathBuf::from("/.box/objects"),
                 PathBuf::from("/srv/repo, with a comma/.git/objects"),
             ],
+            write: vec![PathBuf::from("/home/box"), PathBuf::from("/tmp")],
         };
         for spec in [full, ExecutorSpec::new("/w")] {
             let argv = std::iter::once("box".to_owned()).chain(spec.to_args());

@@ -131,7 +131,9 @@ pub fn cli(args: ProfileArgs) -> anyhow::Result<ExitCode> {
                 Some(text) => read_tightening(&text)?,
             };
             let host = host_facts(workspace, caller.as_deref())?;
-            let plan = plan::resolve(&profile, &tighten, &host)?;
+            // As a host resolves it: a root caller's `user = "host"` unit
+            // runs as the owner of its workspace.
+            let plan = crate::host::resolve_plan(&profile, &tighten, &host)?;
             if json {
                 pretty(&plan.to_json())
             } else {
@@ -196,7 +198,11 @@ fn host_facts(cwd: Option<PathBuf>, caller: Option<&str>) -> anyhow::Result<Host
             parsed.with_context(|| format!("--caller: {text:?} is not UID:GID, like 1000:1000"))?
         }
     };
-    Ok(HostFacts { cwd, caller })
+    Ok(HostFacts {
+        cwd,
+        caller,
+        workspace_owner: None,
+    })
 }
 
 fn list(catalog: &Catalog, json: bool) -> String {
@@ -432,6 +438,7 @@ fn profile_json(profile: &Profile) -> Value {
             "landlock": security.landlock.as_str(),
             "git": if security.neutralise_git { "neutralise" } else { "off" },
             "write_guard": if security.write_guard { "read-first" } else { "off" },
+            "tmp": security.tmp.as_str(),
             "privileged": security.privileged,
             "host_namespaces": security.host_namespaces,
             "devices": security.devices.iter().map(|path| path.display().to_string()).collect::<Vec<_>>(),
@@ -544,7 +551,7 @@ fn show(profile: &Profile) -> String {
     }
     let security = &profile.security;
     line(format!(
-        "security     capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}",
+        "security     capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}, tmp {}",
         security.capabilities.join(", "),
         security.read_only_root,
         security.landlock.as_str(),
@@ -558,6 +565,7 @@ fn show(profile: &Profile) -> String {
         } else {
             "off"
         },
+        security.tmp.as_str(),
     ));
     line(format!(
         "lifecycle    lease {}",
@@ -679,12 +687,13 @@ fn show_plan(plan: &plan::Plan) -> String {
                 unit.env_secrets.join(", ")
             ),
             format!(
-                "  security  capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}{}",
+                "  security  capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}, tmp {}{}",
                 security.capabilities.join(", "),
                 security.read_only_root,
                 security.landlock.as_str(),
                 if security.neutralise_git { "neutralise" } else { "off" },
                 if security.write_guard { "read-first" } else { "off" },
+                security.tmp.as_str(),
                 if security.privileged { ", PRIVILEGED" } else { "" },
             ),
             format!("  lifecycle lease {}", show_duration(unit.lease)),

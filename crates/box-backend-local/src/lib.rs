@@ -87,7 +87,8 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 
 use helper::{
-    Applied, Report, SandboxSpec, SecretValues, SpecEgress, SpecNetwork, SpecRequirement, SpecUser,
+    Applied, Report, SandboxSpec, SecretValues, SpecEgress, SpecNetwork, SpecRequirement, SpecTmp,
+    SpecUser,
 };
 pub use helper::{ExecutorEntry, REFUSED_EXIT, SandboxArgs};
 
@@ -103,7 +104,7 @@ use box_policy::envelope::{
 };
 use box_policy::executor::{PlaceKind, SECRET_VALUE_PREFIX, SECRETS_DIR};
 use box_policy::plan::{
-    LocalUserland, MountMode, NetworkMode, Requirement, Role, UnitSpec, WorkspaceSource,
+    LocalUserland, MountMode, NetworkMode, Requirement, Role, TmpMode, UnitSpec, WorkspaceSource,
 };
 
 /// Run the hidden `box sandbox` subcommand (the helper, in the unit's
@@ -1516,6 +1517,10 @@ pub(crate) fn sandbox_spec(
         // Set by the start, which listens for the helper.
         init: None,
         objects,
+        tmp: Some(SpecTmp {
+            bytes: spec.limits.tmp_bytes,
+            exec: spec.security.tmp == TmpMode::Exec,
+        }),
     })
 }
 
@@ -1542,6 +1547,10 @@ pub(crate) fn executor_command(
         .iter()
         .map(|objects| objects.host.clone())
         .collect();
+    // The unit's home and its own /tmp (where TMPDIR points when the helper
+    // could mount one; without it the helper's landlock layer keeps the
+    // host's /tmp unwritable whatever this layer allows).
+    executor.write = vec![layout.home.clone(), PathBuf::from("/tmp")];
     std::iter::once(box_exe.into())
         .chain(executor.to_args().into_iter().map(OsString::from))
         .collect()
@@ -1608,8 +1617,13 @@ pub(crate) fn envelope_from_parts(
     let mut not_applied = vec![
         "cpus: the local backend has no cgroup".to_owned(),
         "memory: per process (RLIMIT_DATA, RLIMIT_AS), not for the unit as a whole".to_owned(),
-        "tmp: per file (RLIMIT_FSIZE), not a quota".to_owned(),
     ];
+    if applied.tmp.is_none() {
+        not_applied.push(
+            "tmp: the unit got no /tmp of its own (without a mount namespace of its own, or with the host's /tmp inside its workspace); TMPDIR is a private directory on the host's disk, bounded per file (RLIMIT_FSIZE), not a quota"
+                .to_owned(),
+        );
+    }
     for directory in &applied.unhidden {
         not_applied.push(format!(
             "host directory not hidden ({directory}): Unix sockets beneath it stay reachable where file permissions allow"
@@ -1637,6 +1651,7 @@ pub(crate) fn envelope_from_parts(
         nofile: applied.rlimits.nofile,
         file_size_bytes: applied.rlimits.fsize_bytes,
         core_bytes: applied.rlimits.core_bytes,
+        tmp_bytes: applied.tmp.map(|tmp| tmp.bytes),
         not_applied,
         start_timeout_ms: None,
     });
@@ -1669,6 +1684,13 @@ pub(crate) fn envelope_from_parts(
             landlock_enforced: applied.landlock.enforced,
             namespaces: applied.namespaces.clone(),
             user_namespace: has("user"),
+            tmp: applied.tmp.map(|tmp| {
+                if tmp.exec {
+                    TmpMode::Exec
+                } else {
+                    TmpMode::NoExec
+                }
+            }),
         },
         env_passed,
         env_scrubbed,
@@ -1681,6 +1703,9 @@ pub(crate) fn envelope_from_parts(
             .lease_ms
             .map(|lease_ms| box_backend::AppliedLifecycle { lease_ms }),
         state: UnitState::Running,
+        // The unit's user namespace maps its ids to themselves: uid 0 in it
+        // is the host's root.
+        root_user: (applied.host_uid == 0).then(box_policy::envelope::RootUser::new),
     }
 }
 

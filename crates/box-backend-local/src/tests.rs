@@ -47,6 +47,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
             landlock: Requirement::Required,
             neutralise_git: true,
             write_guard: true,
+            tmp: box_policy::plan::TmpMode::Exec,
             privileged: false,
             host_namespaces: Vec::new(),
             devices: Vec::new(),
@@ -99,6 +100,10 @@ fn applied() -> Applied {
         egress_bound: false,
         objects_bound: false,
         secrets_mounted: false,
+        tmp: Some(super::helper::SpecTmp {
+            bytes: 256 << 20,
+            exec: true,
+        }),
         lease_ms: None,
         rlimits: Rlimits::from_limits(&unit_spec(WorkspaceSource::Empty).limits),
     }
@@ -338,6 +343,11 @@ fn no_workspace_means_no_file_tools() {
         "--pass-env",
         // What the profile sets is kept in children's environment.
         "GREETING",
+        // The unit's home and its own /tmp are writable.
+        "--write",
+        "/tmp/box-local-s-u/home",
+        "--write",
+        "/tmp",
     ];
     assert_eq!(command, expected);
 }

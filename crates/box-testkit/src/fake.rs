@@ -361,6 +361,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
             landlock_enforced: false,
             namespaces: Vec::new(),
             user_namespace: false,
+            tmp: None,
         },
         env_passed: Vec::new(),
         env_scrubbed: Vec::new(),
@@ -370,6 +371,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         parent: None,
         lifecycle: None,
         state: UnitState::Running,
+        root_user: None,
     }
 }
 

@@ -521,6 +521,11 @@ fn users_and_sources_resolve_against_host_facts() {
     let host = HostFacts {
         cwd: PathBuf::from("/w"),
         caller: UserIds { uid: 7, gid: 8 },
+        // A non-root caller's unit is the caller's, whoever owns the workspace.
+        workspace_owner: Some(UserIds {
+            uid: 1000,
+            gid: 1000,
+        }),
     };
     let user = |text: &str| resolve(&profile(text), &Value::Null, &host).unwrap().units[0].user;
     assert_eq!(
@@ -818,6 +823,7 @@ fn a_cwd_resolving_to_a_dangerous_path_is_refused_like_the_path_itself() {
                 uid: 1000,
                 gid: 1000,
             },
+            workspace_owner: None,
         };
         resolve(&profile(text), &Value::Null, &host)
             .map(|_| ())
@@ -974,4 +980,48 @@ fn local_userland_narrows_only_and_goes_with_the_image() {
 
 fn profile_without_userland() -> Profile {
     profile("description = \"x\"\n[workspace]\nimage = \"a:1\"\n")
+}
+
+/// Issue 23, item 3: with `user = "host"`, a root caller's unit runs as the
+/// owner of its workspace when that owner is not root (servers too); uid 0
+/// only when the workspace is root's, there is none, or the profile writes
+/// `user = "0:0"`.
+#[test]
+fn a_root_callers_unit_runs_as_the_workspaces_owner() {
+    let root = UserIds { uid: 0, gid: 0 };
+    let owner = UserIds {
+        uid: 1000,
+        gid: 1001,
+    };
+    let host = |workspace_owner| HostFacts {
+        cwd: PathBuf::from("/w"),
+        caller: root,
+        workspace_owner,
+    };
+    let users = |text: &str, facts: &HostFacts| -> Vec<Option<UserIds>> {
+        resolve(&profile(text), &Value::Null, facts)
+            .unwrap()
+            .units
+            .iter()
+            .map(|unit| unit.user)
+            .collect()
+    };
+    let server = "[[server]]\nname = \"s\"\nimage = \"i:1\"\ncommand = [\"s\"]\n";
+    assert_eq!(
+        users(server, &host(Some(owner))),
+        vec![Some(owner), Some(owner)]
+    );
+    assert_eq!(
+        users(server, &host(Some(root))),
+        vec![Some(root), Some(root)]
+    );
+    assert_eq!(users(server, &host(None)), vec![Some(root), Some(root)]);
+    assert_eq!(
+        users("[workspace]\nuser = \"0:0\"\n", &host(Some(owner))),
+        vec![Some(root)]
+    );
+    assert_eq!(
+        users("[workspace]\nuser = \"image\"\n", &host(Some(owner))),
+        vec![None]
+    );
 }

@@ -20,7 +20,7 @@ use super::value::{
     check_env_name, looks_like_credential, parse_count, parse_duration,
 };
 use crate::image::{ImageRef, PullPolicy};
-use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, UserIds};
+use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, TmpMode, UserIds};
 use danger::Asked;
 pub(crate) use danger::host_path_dangers;
 
@@ -75,6 +75,7 @@ pub(crate) const SECURITY: &[&str] = &[
     "landlock",
     "git",
     "write_guard",
+    "tmp",
     "privileged",
     "host_namespaces",
     "devices",
@@ -989,6 +990,7 @@ impl Walk {
             landlock: Requirement::Required,
             neutralise_git: true,
             write_guard: true,
+            tmp: TmpMode::Exec,
             privileged: false,
             host_namespaces: Vec::new(),
             devices: Vec::new(),
@@ -1022,6 +1024,13 @@ impl Walk {
                 "write_guard" => self
                     .choice(node, &field, &[("read-first", true), ("off", false)])
                     .map(|flag| security.write_guard = flag),
+                "tmp" => self
+                    .choice(
+                        node,
+                        &field,
+                        &[("exec", TmpMode::Exec), ("noexec", TmpMode::NoExec)],
+                    )
+                    .map(|mode| security.tmp = mode),
                 "privileged" => self.boolean(node, &field).map(|flag| {
                     if flag {
                         self.dangers.push(Asked {
