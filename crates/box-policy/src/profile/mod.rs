@@ -20,8 +20,7 @@ pub use model::{
 };
 pub(crate) use validate::host_path_dangers;
 pub use value::{
-    AllowEntry, ByteSize, CpuQuota, REVIEWED_CAPABILITIES, check_env_name, parse_duration,
-    show_duration,
+    ByteSize, CpuQuota, REVIEWED_CAPABILITIES, check_env_name, parse_duration, show_duration,
 };
 
 #[cfg(test)]
