@@ -44,7 +44,7 @@ fn crates_depend_only_on_what_the_architecture_allows() {
         ("box-scrub", &["box-policy"]),
         ("box-confine", &["box-policy"]),
         ("box-redact", &[]),
-        ("box-egress", &[]),
+        ("box-egress", &["box-policy"]),
         ("box-fork", &["box-scrub"]),
         ("box-init", &[]),
         (

@@ -34,7 +34,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use serde::Serialize;
 
-use crate::host::Host;
+use crate::Host;
 use crate::policy::{Policy, PrivateDestinations};
 
 /// The cloud metadata endpoints, refused always (those in link-local space are

@@ -11,8 +11,7 @@ use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 
 use crate::address::AddressRange;
-use crate::host::HostError;
-use crate::rules::Rule;
+use crate::{HostError, Rule};
 
 /// One connection attempt, reported when it ends.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -11,8 +11,10 @@ use std::io;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::host::{Host, HostError, parse_authority};
+use box_policy::allow::parse_authority;
+
 use crate::limit::TokenBucket;
+use crate::{Host, HostError};
 
 /// The bound on a `CONNECT` request head.
 pub(crate) const CONNECT_HEAD_LIMIT: usize = 8 * 1024;

@@ -11,7 +11,8 @@
 //!
 //! What is decided where:
 //! - [`Rule`] and [`AllowList`]: the grammar, matching (which rule allowed a
-//!   destination) and narrowing ([`AllowList::is_within`]). Pure.
+//!   destination) and narrowing ([`AllowList::is_within`]). Pure; box-policy's
+//!   `allow` module, re-exported here, so the profile reads entries the same way.
 //! - [`Host`]: the one strict host parser (odd IPv4 spellings are refused, never names).
 //! - [`classify`] and [`check_address`]: which addresses are forbidden, after unwrapping
 //!   IPv6 forms that carry IPv4. Metadata endpoints and link-local stay refused even
@@ -32,21 +33,21 @@ mod address;
 mod bridge;
 mod event;
 mod handoff;
-mod host;
 mod http;
 mod limit;
 mod policy;
 mod proxy;
-mod rules;
 mod splice;
 mod tls;
 
 pub use address::{AddressRange, METADATA_ADDRESSES, check_address, classify, embedded_ipv4};
 pub use bridge::{BRIDGE_PORT, bridge, proxy_environment};
 pub use event::{Decision, Event, Failure, Refusal};
-pub use host::{Host, HostError, HostName};
 pub use policy::{
     Limits, NarrowingError, Options, Policy, PolicyHandle, PrivateDestinations, UnitIdentity,
 };
 pub use proxy::{EventSink, Unit, serve};
-pub use rules::{AllowList, DEFAULT_PORTS, Rule, RuleError, RuleHost, RulePorts};
+// The grammar is box-policy's, so the profile and the proxy read entries alike.
+pub use box_policy::allow::{
+    AllowList, DEFAULT_PORTS, Host, HostError, HostName, Rule, RuleError, RuleHost, RulePorts,
+};

@@ -15,8 +15,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::host::HostName;
-use crate::rules::{AllowList, Rule};
+use crate::{AllowList, HostName, Rule};
 
 /// Whether private destinations (loopback, RFC 1918, unique-local, the host's own
 /// addresses...) may be reached: the operator's `allow_dangerous = ["private-destinations"]`.

@@ -32,19 +32,21 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout};
 
+use box_policy::allow::parse_authority;
+
+use crate::Rule;
 use crate::address::{ResolveError, resolve};
 use crate::event::{Decision, Event, Failure, Refusal};
 use crate::handoff;
-use crate::host::{Host, HostName, parse_authority};
 use crate::http::{
     self, Body, HeadError, Inbound, RequestHead, TargetError, absolute_target, has_token,
     keeps_alive, request_body, response_body, send,
 };
 use crate::limit::TokenBucket;
 use crate::policy::{Limits, Options, Policy, UnitIdentity};
-use crate::rules::Rule;
 use crate::splice::{self, Spliceable};
 use crate::tls::{Hello, HelloError, HelloParser, MAX_CLIENT_HELLO, starts_like_tls};
+use crate::{Host, HostName};
 
 /// Where the proxy sends its events. Called once per attempt, from the connection's
 /// task, so it must not block: write a log line, bump a counter, or `try_send`.

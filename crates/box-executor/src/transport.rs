@@ -5,24 +5,21 @@
 //! response (with the line's `id` when one can be found without parsing it),
 //! so the client's request ends; the executor keeps serving.
 //!
-//! Pipes and sockets (what a client or `docker exec` hands the executor) are
-//! read and written non-blocking on the runtime itself, as `box serve` does
-//! (`transport/stdio.rs`): tokio's `Stdin`/`Stdout` do every read and write on
-//! the blocking pool, a thread hand-off each way per line that was most of a
-//! small call's cost. Terminals and files keep tokio's types.
+//! Lines are read with box-jsonrpc's framer (`lines::LineReader`), on the
+//! process's stdio as `box serve` opens it (`box_jsonrpc::stdio`).
 
 use std::collections::HashSet;
-use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use rmcp::RoleServer;
 use rmcp::model::{ClientNotification, ClientRequest, JsonRpcMessage, RequestId};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Mutex;
 
 use box_jsonrpc as jsonrpc;
+use box_jsonrpc::lines::{Line, LineReader};
 
 /// The longest line taken (rmcp's own default); longer lines are answered
 /// with an error and discarded as they stream in, never buffered whole.
@@ -34,103 +31,13 @@ const PARSE_ERROR: i64 = -32700;
 const INVALID_REQUEST: i64 = -32600;
 const INVALID_PARAMS: i64 = -32602;
 
-/// This process's stdin and stdout for the protocol, non-blocking where they
-/// are pipes or sockets; the guard puts their file status flags back as found
-/// (whoever comes after us in a shell pipeline may share the open pipe).
-pub(crate) fn stdio() -> (
-    Box<dyn AsyncRead + Unpin + Send>,
-    Box<dyn AsyncWrite + Unpin + Send>,
-    StdioModes,
-) {
-    let modes = StdioModes {
-        _stdin: FileMode::save(std::io::stdin()),
-        _stdout: FileMode::save(std::io::stdout()),
-    };
-    let reader: Box<dyn AsyncRead + Unpin + Send> = match nonblocking(std::io::stdin().as_fd()) {
-        Some(Stdio::Pipe(fd)) => match tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
-            Ok(pipe) => Box::new(pipe),
-            Err(_) => Box::new(tokio::io::stdin()),
-        },
-        Some(Stdio::Socket(socket)) => match tokio::net::UnixStream::from_std(socket) {
-            Ok(socket) => Box::new(socket),
-            Err(_) => Box::new(tokio::io::stdin()),
-        },
-        None => Box::new(tokio::io::stdin()),
-    };
-    let writer: Box<dyn AsyncWrite + Unpin + Send> = match nonblocking(std::io::stdout().as_fd()) {
-        Some(Stdio::Pipe(fd)) => match tokio::net::unix::pipe::Sender::from_owned_fd(fd) {
-            Ok(pipe) => Box::new(pipe),
-            Err(_) => Box::new(tokio::io::stdout()),
-        },
-        Some(Stdio::Socket(socket)) => match tokio::net::UnixStream::from_std(socket) {
-            Ok(socket) => Box::new(socket),
-            Err(_) => Box::new(tokio::io::stdout()),
-        },
-        None => Box::new(tokio::io::stdout()),
-    };
-    (reader, writer, modes)
-}
-
-/// stdin's and stdout's file status flags (`O_NONBLOCK`), restored on drop.
-pub(crate) struct StdioModes {
-    _stdin: FileMode<std::io::Stdin>,
-    _stdout: FileMode<std::io::Stdout>,
-}
-
-/// A file's status flags, restored on drop.
-struct FileMode<F: AsFd> {
-    file: F,
-    flags: Option<nix::fcntl::OFlag>,
-}
-
-impl<F: AsFd> FileMode<F> {
-    fn save(file: F) -> Self {
-        let flags = nix::fcntl::fcntl(file.as_fd(), nix::fcntl::FcntlArg::F_GETFL)
-            .ok()
-            .map(nix::fcntl::OFlag::from_bits_truncate);
-        Self { file, flags }
-    }
-}
-
-impl<F: AsFd> Drop for FileMode<F> {
-    fn drop(&mut self) {
-        if let Some(flags) = self.flags {
-            let _ = nix::fcntl::fcntl(self.file.as_fd(), nix::fcntl::FcntlArg::F_SETFL(flags));
-        }
-    }
-}
-
-enum Stdio {
-    Pipe(std::os::fd::OwnedFd),
-    Socket(std::os::unix::net::UnixStream),
-}
-
-/// A duplicate of `fd` when it is a pipe or a Unix socket, the socket set
-/// non-blocking (tokio's pipe constructors set a pipe so themselves); `None`
-/// for anything else, or when duplicating fails.
-fn nonblocking(fd: std::os::fd::BorrowedFd<'_>) -> Option<Stdio> {
-    use nix::sys::stat::{SFlag, fstat};
-    let kind = SFlag::from_bits_truncate(fstat(fd).ok()?.st_mode) & SFlag::S_IFMT;
-    let owned = fd.try_clone_to_owned().ok()?;
-    if kind == SFlag::S_IFIFO {
-        Some(Stdio::Pipe(owned))
-    } else if kind == SFlag::S_IFSOCK {
-        let socket = std::os::unix::net::UnixStream::from(owned);
-        socket.set_nonblocking(true).ok()?;
-        Some(Stdio::Socket(socket))
-    } else {
-        None
-    }
-}
+pub(crate) use box_jsonrpc::stdio::stdio;
 
 /// Newline-delimited JSON-RPC over a reader and a writer.
 pub(crate) struct LineTransport<R, W> {
-    reader: BufReader<R>,
+    /// Cancel-safe: a line read in part when rmcp drops a receive is kept.
+    reader: LineReader<R>,
     writer: Arc<Mutex<W>>,
-    /// The line being read (kept across cancelled receives).
-    line: Vec<u8>,
-    /// Bytes of the current line past the limit (being discarded).
-    overflow: usize,
     /// The ids of the client's requests not yet answered. rmcp keys its own
     /// bookkeeping by id, so a second request with an id in flight would run
     /// and take the first one's place: it is refused here instead, as
@@ -146,10 +53,8 @@ where
     /// Frame messages over `reader` and `writer`.
     pub fn new(reader: R, writer: W) -> Self {
         Self {
-            reader: BufReader::with_capacity(64 * 1024, reader),
+            reader: LineReader::new(reader, MAX_LINE_BYTES).keeping_head(ID_SCAN_BYTES),
             writer: Arc::new(Mutex::new(writer)),
-            line: Vec::new(),
-            overflow: 0,
             in_flight: Arc::default(),
         }
     }
@@ -188,61 +93,26 @@ where
         Ok(())
     }
 
-    /// Read up to the next newline, keeping at most the limit; `false` at EOF
-    /// or on a read error.
-    async fn read_line(&mut self) -> bool {
-        loop {
-            let available = match self.reader.fill_buf().await {
-                Ok(available) => available,
-                Err(error) => {
-                    tracing::warn!("reading stdin: {error}");
-                    return false;
-                }
-            };
-            if available.is_empty() {
-                return false;
-            }
-            let (chunk, done) = match available.iter().position(|byte| *byte == b'\n') {
-                Some(end) => (&available[..end], end + 1),
-                None => (available, available.len()),
-            };
-            let room = MAX_LINE_BYTES.saturating_sub(self.line.len());
-            let kept = if self.overflow > 0 {
-                chunk
-                    .len()
-                    .min(ID_SCAN_BYTES.saturating_sub(self.line.len()))
-            } else {
-                chunk.len().min(room)
-            };
-            self.line.extend_from_slice(&chunk[..kept]);
-            if chunk.len() > kept {
-                if self.overflow == 0 {
-                    self.line.truncate(ID_SCAN_BYTES);
-                }
-                self.overflow += chunk.len() - kept;
-            }
-            let found_newline = done > chunk.len();
-            self.reader.consume(done);
-            if found_newline {
-                return true;
-            }
-        }
-    }
-
     /// The message on the completed line, or the error answer it earns.
-    fn parse_line(&mut self) -> Result<Option<RxJsonRpcMessage<RoleServer>>, Option<Value>> {
-        let line = std::mem::take(&mut self.line);
-        let overflow = std::mem::replace(&mut self.overflow, 0);
-        let text = line.strip_suffix(b"\r").unwrap_or(&line);
-        let text = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(text);
-        if overflow > 0 {
-            let size = text.len() + overflow;
-            return Err(answer(
-                text,
-                INVALID_REQUEST,
-                format!("a message of {size} bytes or more; at most {MAX_LINE_BYTES} on one line"),
-            ));
-        }
+    fn parse_line(
+        &self,
+        line: Line,
+    ) -> Result<Option<RxJsonRpcMessage<RoleServer>>, Option<Value>> {
+        let line = match line {
+            Line::Message(line) => line,
+            Line::TooLong(size) => {
+                let head = self.reader.too_long_head();
+                let head = head.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(head);
+                return Err(answer(
+                    head,
+                    INVALID_REQUEST,
+                    format!(
+                        "a message of {size} bytes or more; at most {MAX_LINE_BYTES} on one line"
+                    ),
+                ));
+            }
+        };
+        let text = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&line);
         if text.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
         }
@@ -460,10 +330,15 @@ where
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
-            if !self.read_line().await {
-                return None;
-            }
-            let parsed = self.parse_line().and_then(|message| match message {
+            let line = match self.reader.next().await {
+                Ok(Some(line)) => line,
+                Ok(None) => return None,
+                Err(error) => {
+                    tracing::warn!("reading stdin: {error}");
+                    return None;
+                }
+            };
+            let parsed = self.parse_line(line).and_then(|message| match message {
                 Some(message) => match discover_probe(&message) {
                     // Answered here, as `box serve` answers it: rmcp would
                     // first demand 2026-07-28 `_meta` fields of the probe.
@@ -489,6 +364,50 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A line past the limit is answered with its id and its whole length,
+    /// without being kept, and the next line is served.
+    #[tokio::test]
+    async fn an_over_long_line_is_answered_with_its_id_and_length() {
+        use rmcp::transport::Transport;
+        use tokio::io::AsyncReadExt;
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let (server_read, server_write) = tokio::io::split(server);
+        let (mut client_read, mut client_write) = tokio::io::split(client);
+        let mut transport = LineTransport::new(server_read, server_write);
+        let mut long = br#"{"jsonrpc":"2.0","id":41,"method":"ping","params":{"pad":""#.to_vec();
+        long.resize(MAX_LINE_BYTES + 10, b'x');
+        long.extend_from_slice(b"\"}}\r\n");
+        let length = long.len() - 1;
+        let client = tokio::spawn(async move {
+            client_write.write_all(&long).await.unwrap();
+            client_write
+                .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":42,\"method\":\"ping\"}\n")
+                .await
+                .unwrap();
+            client_write
+        });
+        let Some(JsonRpcMessage::Request(request)) = transport.receive().await else {
+            panic!("the line after the long one is not served");
+        };
+        assert_eq!(request.id.into_json_value(), json!(42));
+        let mut answer = Vec::new();
+        while !answer.ends_with(b"\n") {
+            let mut byte = [0u8; 1];
+            client_read.read_exact(&mut byte).await.unwrap();
+            answer.push(byte[0]);
+        }
+        let answer: Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(answer["id"], json!(41));
+        assert_eq!(answer["error"]["code"], json!(INVALID_REQUEST));
+        assert_eq!(
+            answer["error"]["message"],
+            json!(format!(
+                "a message of {length} bytes or more; at most {MAX_LINE_BYTES} on one line"
+            ))
+        );
+        drop(client.await.unwrap());
+    }
 
     #[test]
     fn ids_are_found_without_parsing() {

@@ -399,7 +399,6 @@ pub(crate) fn create_private_dir(dir: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use box_policy::profile::AllowEntry;
 
     /// The backends point the unit at the port the executor's bridge listens on.
     #[test]
@@ -409,54 +408,6 @@ mod tests {
             EgressWiring::PROXY_URL,
             format!("http://127.0.0.1:{}", box_egress::BRIDGE_PORT)
         );
-    }
-
-    /// The profile's grammar (box-policy) and the proxy's (box-egress) read the same
-    /// entries the same way: what a profile accepts, the proxy accepts, and narrowing
-    /// agrees.
-    #[test]
-    fn the_profile_and_the_proxy_read_allow_entries_alike() {
-        let entries = [
-            "example.com",
-            "Example.COM.",
-            "*.example.com",
-            "example.com:8443",
-            "*.example.com:22",
-            "10.0.0.1",
-            "10.0.0.1:80",
-            "[::1]:8080",
-        ];
-        for text in entries {
-            let entry = AllowEntry::parse(text).unwrap();
-            let rule = box_egress::Rule::parse(&entry.to_string())
-                .unwrap_or_else(|error| panic!("{text}: {error}"));
-            assert_eq!(rule.to_string(), entry.to_string(), "{text}");
-        }
-        for bad in [
-            "*.com",
-            "127.1",
-            "a.123",
-            "a*.example.com",
-            "https://x.test",
-        ] {
-            assert!(AllowEntry::parse(bad).is_err(), "{bad}");
-            assert!(box_egress::Rule::parse(bad).is_err(), "{bad}");
-        }
-        for (inner, outer) in [
-            ("api.example.com", "*.example.com"),
-            ("example.com:443", "example.com"),
-            ("example.com:22", "example.com"),
-            ("example.com", "*.example.com"),
-            ("*.a.example.com", "*.example.com"),
-        ] {
-            let policy = AllowEntry::parse(inner)
-                .unwrap()
-                .is_within(&AllowEntry::parse(outer).unwrap());
-            let proxy = AllowList::parse([inner])
-                .unwrap()
-                .is_within(&AllowList::parse([outer]).unwrap());
-            assert_eq!(policy, proxy, "{inner} within {outer}");
-        }
     }
 
     /// Issue 22, item 14: a refused attempt is a WARN line naming the

@@ -2,17 +2,20 @@
 //!
 //! Owns the message vocabulary (classifying a raw `serde_json::Value` as a
 //! request, notification or response, building error answers, MCP's protocol
-//! versions), the one line framer (`lines`) and the channels between a
+//! versions), the one line framer (`lines`) and this process's stdio for it
+//! (`stdio`, non-blocking pipes and sockets), and the channels between a
 //! transport and a session (`session`: the handle a transport holds, the
 //! reply stream a session answers on). It never round-trips a message through typed structs:
 //! everything it does not route on is forwarded byte-for-byte as it came
 //! (unknown members, `_meta`, `experimental` capabilities), because typed MCP
 //! messages drop fields.
 //!
-//! It does no I/O of its own beyond the framer it hands a reader or writer.
+//! It does no I/O of its own beyond the framer it hands a reader or writer,
+//! and stdin and stdout opened for it.
 
 pub mod lines;
 pub mod session;
+pub mod stdio;
 
 use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};

@@ -3,7 +3,6 @@
 //! bounded. The session ends at stdin's end of file, or when the host shuts
 //! down; its units are removed before this returns.
 
-use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,11 +32,11 @@ pub async fn serve(
     ask: TransportAsk,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    // Non-blocking mode belongs to the open pipe, which whoever comes after
-    // us in a shell pipeline may share: it is put back as found.
-    let _stdin_mode = FileMode::save(std::io::stdin());
-    let _stdout_mode = FileMode::save(std::io::stdout());
-    serve_on(sessions, ask, stdin(), stdout(), shutdown).await
+    // Non-blocking on the runtime where they are pipes or sockets; the mode
+    // belongs to the open pipe, which whoever comes after us in a shell
+    // pipeline may share, so `_modes` puts it back as found.
+    let (input, output, _modes) = box_jsonrpc::stdio::stdio();
+    serve_on(sessions, ask, input, output, shutdown).await
 }
 
 /// Write a batch's events as they come, then its answers as one array line
@@ -56,87 +55,6 @@ async fn answer_batch(mut batch: crate::Batch, out: mpsc::Sender<Value>) {
     }
     if !batch.answers.is_empty() {
         let _ = out.send(Value::Array(batch.answers)).await;
-    }
-}
-
-/// A file's status flags (`O_NONBLOCK`), restored on drop.
-struct FileMode<F: AsFd> {
-    file: F,
-    flags: Option<nix::fcntl::OFlag>,
-}
-
-impl<F: AsFd> FileMode<F> {
-    fn save(file: F) -> Self {
-        let flags = nix::fcntl::fcntl(file.as_fd(), nix::fcntl::FcntlArg::F_GETFL)
-            .ok()
-            .map(nix::fcntl::OFlag::from_bits_truncate);
-        Self { file, flags }
-    }
-}
-
-impl<F: AsFd> Drop for FileMode<F> {
-    fn drop(&mut self) {
-        if let Some(flags) = self.flags {
-            let _ = nix::fcntl::fcntl(self.file.as_fd(), nix::fcntl::FcntlArg::F_SETFL(flags));
-        }
-    }
-}
-
-/// This process's stdin. A pipe or a socket (what an MCP client spawns us
-/// with) is read in non-blocking mode on the runtime itself: tokio's
-/// `Stdin` reads on the blocking pool, a thread hand-off each way per line
-/// that was a large part of a proxied call's added latency. Anything else (a
-/// terminal, a file) keeps tokio's `Stdin`.
-fn stdin() -> Box<dyn AsyncRead + Unpin + Send> {
-    match nonblocking(std::io::stdin().as_fd()) {
-        Some(Stdio::Pipe(fd)) => match tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
-            Ok(pipe) => Box::new(pipe),
-            Err(_) => Box::new(tokio::io::stdin()),
-        },
-        Some(Stdio::Socket(socket)) => match tokio::net::UnixStream::from_std(socket) {
-            Ok(socket) => Box::new(socket),
-            Err(_) => Box::new(tokio::io::stdin()),
-        },
-        None => Box::new(tokio::io::stdin()),
-    }
-}
-
-/// This process's stdout, as [`stdin`] (the blocking pool is kept for
-/// anything but a pipe or a socket).
-fn stdout() -> Box<dyn AsyncWrite + Unpin + Send> {
-    match nonblocking(std::io::stdout().as_fd()) {
-        Some(Stdio::Pipe(fd)) => match tokio::net::unix::pipe::Sender::from_owned_fd(fd) {
-            Ok(pipe) => Box::new(pipe),
-            Err(_) => Box::new(tokio::io::stdout()),
-        },
-        Some(Stdio::Socket(socket)) => match tokio::net::UnixStream::from_std(socket) {
-            Ok(socket) => Box::new(socket),
-            Err(_) => Box::new(tokio::io::stdout()),
-        },
-        None => Box::new(tokio::io::stdout()),
-    }
-}
-
-enum Stdio {
-    Pipe(std::os::fd::OwnedFd),
-    Socket(std::os::unix::net::UnixStream),
-}
-
-/// A duplicate of `fd` when it is a pipe or a Unix socket, the socket set
-/// non-blocking (tokio's pipe constructors set the pipe so themselves); `None`
-/// for anything else, or when duplicating fails.
-fn nonblocking(fd: std::os::fd::BorrowedFd<'_>) -> Option<Stdio> {
-    use nix::sys::stat::{SFlag, fstat};
-    let kind = SFlag::from_bits_truncate(fstat(fd).ok()?.st_mode) & SFlag::S_IFMT;
-    let owned = fd.try_clone_to_owned().ok()?;
-    if kind == SFlag::S_IFIFO {
-        Some(Stdio::Pipe(owned))
-    } else if kind == SFlag::S_IFSOCK {
-        let socket = std::os::unix::net::UnixStream::from(owned);
-        socket.set_nonblocking(true).ok()?;
-        Some(Stdio::Socket(socket))
-    } else {
-        None
     }
 }
 

@@ -558,15 +558,18 @@ impl Network {
         match (self.mode, bound.mode) {
             (NetworkMode::None, _) => true,
             (NetworkMode::Egress, NetworkMode::Bridge) => true,
-            (NetworkMode::Egress, NetworkMode::Egress) => self.allow.iter().all(|entry| {
-                let Ok(entry) = crate::profile::AllowEntry::parse(entry) else {
-                    return false;
-                };
-                bound.allow.iter().any(|outer| {
-                    crate::profile::AllowEntry::parse(outer)
-                        .is_ok_and(|outer| entry.is_within(&outer))
+            // An entry that does not parse is within nothing, and bounds nothing.
+            (NetworkMode::Egress, NetworkMode::Egress) => {
+                let bounds = crate::allow::AllowList::new(
+                    bound
+                        .allow
+                        .iter()
+                        .filter_map(|outer| crate::allow::Rule::parse(outer).ok()),
+                );
+                self.allow.iter().all(|entry| {
+                    crate::allow::Rule::parse(entry).is_ok_and(|entry| entry.is_within(&bounds))
                 })
-            }),
+            }
             (NetworkMode::Bridge, NetworkMode::Bridge) => true,
             (NetworkMode::Egress | NetworkMode::Bridge, NetworkMode::None)
             | (NetworkMode::Bridge, NetworkMode::Egress) => false,

@@ -222,6 +222,18 @@ fn network_narrows_only() {
             .allow,
         vec!["api.example.com:80"]
     );
+    // Narrowing is set inclusion, port by port (as the proxy narrows a running
+    // unit): a bare host is within a list that allows its two ports apart.
+    let ports_apart = profile(
+        "description = \"x\"\n[network]\nmode = \"egress\"\nallow = [\"example.com:443\", \"example.com:80\"]\n",
+    );
+    assert_eq!(
+        network(&ports_apart, json!({"allow": ["example.com"]}))
+            .unwrap()
+            .allow,
+        vec!["example.com"]
+    );
+    assert!(network(&ports_apart, json!({"allow": ["example.com:8080"]})).is_err());
     // A bare host is ports 80 and 443, so another port is wider.
     assert_eq!(
         network(&egress, json!({"allow": ["api.example.com:8443"]})).unwrap_err(),
@@ -284,7 +296,7 @@ fn network_narrows_only() {
     );
     assert_eq!(
         network(&egress, json!({"allow": ["http://example.com"]})).unwrap_err(),
-        "tighten: network.allow: \"http://example.com\" is not host[:port]; write host[:port], like \"example.com\", \"*.example.com\" or \"example.com:8443\" (no scheme, path or user)"
+        "tighten: network.allow: allow entry \"http://example.com\" has a scheme; write only the host; write host, *.suffix or host:port, like \"example.com\" (ports 80 and 443), \"*.example.com\" or \"example.com:8443\""
     );
 }
 

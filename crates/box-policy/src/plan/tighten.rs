@@ -13,8 +13,9 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use super::{LocalUserland, MountMode, NetworkMode, PlanError};
+use crate::allow::{AllowList, Rule};
 use crate::profile::{
-    AllowEntry, ByteSize, CpuQuota, Profile, Source, check_env_name, parse_duration, show_duration,
+    ByteSize, CpuQuota, Profile, Source, check_env_name, parse_duration, show_duration,
 };
 
 /// A parsed tightening: every field absent means "as the profile says".
@@ -42,7 +43,7 @@ pub struct NetworkAsk {
     /// How much network.
     pub mode: Option<NetworkMode>,
     /// For `egress`: a subset of the profile's allow list.
-    pub allow: Option<Vec<AllowEntry>>,
+    pub allow: Option<Vec<Rule>>,
 }
 
 /// The limits a session asks for.
@@ -254,7 +255,8 @@ impl Tightening {
                 let entries = strings(allow, "network.allow")?
                     .into_iter()
                     .map(|text| {
-                        AllowEntry::parse(text).map_err(|message| invalid("network.allow", message))
+                        Rule::parse(text)
+                            .map_err(|error| invalid("network.allow", error.to_string()))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 tightening.network.allow = Some(entries);
@@ -544,10 +546,10 @@ fn tighten_network(
                     "an empty allow list reaches nothing; ask mode \"none\" instead",
                 ));
             }
+            // Set inclusion, port by port, as the egress proxy narrows a running unit.
+            let bounds = AllowList::new(bound.allow.iter().cloned());
             if bound.mode == NetworkMode::Egress
-                && let Some(wider) = allow
-                    .iter()
-                    .find(|entry| !bound.allow.iter().any(|outer| entry.is_within(outer)))
+                && let Some(wider) = allow.iter().find(|entry| !entry.is_within(&bounds))
             {
                 return Err(PlanError::Widening {
                     profile: profile.name.clone(),
@@ -556,7 +558,7 @@ fn tighten_network(
                     bound: list(&bound.allow),
                 });
             }
-            let mut unique: Vec<AllowEntry> = Vec::new();
+            let mut unique: Vec<Rule> = Vec::new();
             for entry in allow {
                 if !unique.contains(entry) {
                     unique.push(entry.clone());

@@ -26,8 +26,7 @@ pub(crate) use validate::{
     WORKSPACE as WORKSPACE_FIELDS,
 };
 pub use value::{
-    AllowEntry, ByteSize, CpuQuota, REVIEWED_CAPABILITIES, check_env_name, parse_duration,
-    show_duration,
+    ByteSize, CpuQuota, REVIEWED_CAPABILITIES, check_env_name, parse_duration, show_duration,
 };
 
 #[cfg(test)]

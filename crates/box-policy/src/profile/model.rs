@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::value::{AllowEntry, ByteSize, CpuQuota};
+use super::value::{ByteSize, CpuQuota};
+use crate::allow::Rule;
 use crate::image::PullPolicy;
 use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, TmpMode, UserIds};
 
@@ -172,7 +173,7 @@ pub struct NetworkPolicy {
     /// How much network.
     pub mode: NetworkMode,
     /// For `egress`: what may be reached (empty otherwise).
-    pub allow: Vec<AllowEntry>,
+    pub allow: Vec<Rule>,
     /// For `egress`: names pinned to addresses, resolved by the host's proxy before
     /// its resolver (like `--add-host`): registries on a private network, tests.
     pub hosts: std::collections::BTreeMap<String, std::net::IpAddr>,

@@ -312,11 +312,11 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[network]\nmode = \"egress\"\nallow = [\"https://example.com\"]\n",
-            "p.toml:3:10: network.allow: \"https://example.com\" is not host[:port]; write host[:port], like \"example.com\", \"*.example.com\" or \"example.com:8443\" (no scheme, path or user)",
+            "p.toml:3:10: network.allow: allow entry \"https://example.com\" has a scheme; write only the host; write host, *.suffix or host:port, like \"example.com\" (ports 80 and 443), \"*.example.com\" or \"example.com:8443\"",
         ),
         (
             "[network]\nmode = \"egress\"\nallow = [\"example.com:99999\"]\n",
-            "p.toml:3:10: network.allow: \"example.com:99999\": \"99999\" is not a port (1 to 65535)",
+            "p.toml:3:10: network.allow: allow entry \"example.com:99999\" has a port that is not a number from 1 to 65535; write host, *.suffix or host:port, like \"example.com\" (ports 80 and 443), \"*.example.com\" or \"example.com:8443\"",
         ),
         (
             "[network]\nmode = \"egress\"\n",

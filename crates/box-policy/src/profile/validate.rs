@@ -16,9 +16,10 @@ use super::model::{
 };
 use super::tree::{Node, Value};
 use super::value::{
-    AllowEntry, ByteSize, CpuQuota, KNOWN_CAPABILITIES, NAMESPACES, REVIEWED_CAPABILITIES,
-    check_env_name, looks_like_credential, parse_count, parse_duration,
+    ByteSize, CpuQuota, KNOWN_CAPABILITIES, NAMESPACES, REVIEWED_CAPABILITIES, check_env_name,
+    looks_like_credential, parse_count, parse_duration,
 };
+use crate::allow::{HostName, Rule};
 use crate::image::{ImageRef, PullPolicy};
 use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, TmpMode, UserIds};
 use danger::Asked;
@@ -598,12 +599,14 @@ impl Walk {
         let allow = match fields.get("allow") {
             Some(node) => self
                 .strings(node, &allow_field, |text| {
-                    AllowEntry::parse(text).map(|entry| entry.to_string())
+                    Rule::parse(text)
+                        .map(|entry| entry.to_string())
+                        .map_err(|error| error.to_string())
                 })
                 .map(|entries| {
                     entries
                         .into_iter()
-                        .filter_map(|(text, _)| AllowEntry::parse(&text).ok())
+                        .filter_map(|(text, _)| Rule::parse(&text).ok())
                         .collect::<Vec<_>>()
                 }),
             None => Some(Vec::new()),
@@ -696,15 +699,10 @@ impl Walk {
         for (key, value) in entries {
             let name = &key.name;
             let entry_field = format!("{field}.{name}");
-            let pinned = match AllowEntry::parse(name) {
-                Ok(entry)
-                    if entry.port.is_none()
-                        && !entry.host.starts_with("*.")
-                        && entry.host.parse::<IpAddr>().is_err() =>
-                {
-                    entry.host
-                }
-                _ => {
+            // A name alone: no port, wildcard or address.
+            let pinned = match HostName::parse(name) {
+                Ok(pinned) => pinned.to_string(),
+                Err(_) => {
                     self.problem(value, &entry_field, format!("{name:?} is not a host name; pin names like \"registry.internal\" (no port, wildcard or address)"));
                     ok = false;
                     continue;

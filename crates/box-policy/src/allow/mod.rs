@@ -1,5 +1,7 @@
-//! The `network.allow` grammar: what one entry allows, whether a list allows a
-//! destination (and by which rule), and whether one list is within another.
+//! The `network.allow` grammar, the one reading of it in box: what one entry allows,
+//! whether a list allows a destination (and by which rule), and whether one list is
+//! within another. The profile, a session's tightening, the plan's narrowing and the
+//! host's egress proxy (`box-egress`, which re-exports it) all read entries here.
 //!
 //! An entry is one of
 //!
@@ -13,14 +15,15 @@
 //!
 //! Names are case-folded, lose one trailing dot and must be A-labels. A wildcard is only
 //! a whole first label and needs two labels after it (`*`, `*.com`, `a*.example.com`,
-//! `a.*.example.com` are refused). The grammar accepts what the profile's older
-//! `host[:port]` entries accepted, plus wildcards and a trailing dot, with two
-//! deliberate differences: a bare host means ports 80 and 443, not every port (a bare
-//! `github.com` must not open SSH), and a name whose last label is a number (`127.1`,
-//! `a.123`) is refused, because resolvers read those as IPv4 addresses.
+//! `a.*.example.com` are refused). A bare host means ports 80 and 443, not every port
+//! (a bare `github.com` must not open SSH), and a name whose last label is a number
+//! (`127.1`, `a.123`, `0x7f000001`) is refused, because resolvers read those as IPv4
+//! addresses.
 //!
 //! An empty list allows nothing. Whether a destination's *address* may be reached is a
-//! separate check (`address`), made after a rule matched.
+//! separate check (box-egress's `check_address`), made after a rule matched.
+
+mod host;
 
 use std::fmt;
 use std::net::IpAddr;
@@ -28,7 +31,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::host::{Host, HostError, HostName, split_authority};
+pub use host::{Host, HostError, HostName, parse_authority, split_authority};
 
 /// The ports a bare host (no `:port`) allows.
 pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
@@ -491,9 +494,10 @@ mod tests {
         assert!(error.to_string().contains("every host"), "{error}");
     }
 
+    /// The entries a profile's `network.allow` was tested with when the profile
+    /// read them with a grammar of its own, read the same way here.
     #[test]
-    fn the_older_profile_grammar_still_parses() {
-        // Every entry src/profile/value.rs AllowEntry accepts.
+    fn the_profiles_entries_parse_and_narrow() {
         for entry in [
             "Example.com:443",
             "[::1]:8080",
@@ -503,5 +507,39 @@ mod tests {
         ] {
             assert!(Rule::parse(entry).is_ok(), "{entry}");
         }
+        let entry = rule("Example.com:443");
+        assert_eq!(entry.to_string(), "example.com:443");
+        assert_eq!(rule("[::1]:8080").to_string(), "[::1]:8080");
+        assert_eq!(rule("10.0.0.1").ports(), RulePorts::Default);
+        for bad in [
+            "https://example.com",
+            "example.com:0",
+            "example.com:http",
+            "*.com",
+            "a*.example.com",
+            "a.*.example.com",
+            "127.1",
+            "a.123",
+            "",
+            "a b",
+            "example.com/path",
+            "[::1",
+            "host:1:2",
+        ] {
+            assert!(Rule::parse(bad).is_err(), "{bad}");
+        }
+        // A bare host is ports 80 and 443, not every port.
+        let within = |narrow: &str, wide: &str| rule(narrow).is_within(&list(&[wide]));
+        assert!(within("example.com:443", "example.com"));
+        assert!(!within("example.com", "example.com:443"));
+        assert!(!within("example.com:22", "example.com"));
+        assert!(!within("example.com:443", "example.org:443"));
+        // Wildcards: every name below the base, never the base itself.
+        assert_eq!(rule("*.Example.com.").to_string(), "*.example.com");
+        assert!(within("api.example.com", "*.example.com"));
+        assert!(within("*.api.example.com", "*.example.com"));
+        assert!(!within("example.com", "*.example.com"));
+        assert!(!within("*.example.com", "example.com"));
+        assert!(!within("badexample.com", "*.example.com"));
     }
 }

@@ -1,6 +1,7 @@
-//! The one strict host parser: every host the proxy sees (a `CONNECT` authority, an
-//! absolute URL, a `Host` header, an allow rule, a pinned name, a TLS server name)
-//! goes through [`Host::parse`], so no two places can disagree about what a text names.
+//! The one strict host parser: every host box judges (an allow rule or a pinned name in
+//! a profile, and in the egress proxy a `CONNECT` authority, an absolute URL, a `Host`
+//! header, a TLS server name) goes through [`Host::parse`], so no two places can
+//! disagree about what a text names.
 //!
 //! Strictness is the point. A name is ASCII letters, digits and hyphens in dot-separated
 //! labels (IDNA A-labels, never Unicode); an IPv4 address is four decimal numbers
@@ -167,10 +168,7 @@ impl HostError {
 
 /// Split `host[:port]` (IPv6 in brackets) and parse both halves; `default_port` is
 /// used when the port is absent, and a missing port with no default is an error.
-pub(crate) fn parse_authority(
-    text: &str,
-    default_port: Option<u16>,
-) -> Result<(Host, u16), HostError> {
+pub fn parse_authority(text: &str, default_port: Option<u16>) -> Result<(Host, u16), HostError> {
     let (host, port) = split_authority(text)?;
     let port = match (port, default_port) {
         (Some(port), _) | (None, Some(port)) => port,
@@ -185,7 +183,7 @@ pub(crate) fn parse_authority(
 }
 
 /// Split `host[:port]` into the host text and the port, if any.
-pub(crate) fn split_authority(text: &str) -> Result<(&str, Option<u16>), HostError> {
+pub fn split_authority(text: &str) -> Result<(&str, Option<u16>), HostError> {
     let (host, port) = if text.starts_with('[') {
         match text.find(']') {
             Some(end) => {
