@@ -36,13 +36,24 @@ const EXIT_CODES: &str = "Exit codes:
   130  interrupted by SIGINT, 143 by SIGTERM (the units are removed)
   255  the command was killed by a signal";
 
+/// How box logs, in `box --help` and `box serve --help`.
+pub(crate) const LOGGING: &str =
+    "Logging (box serve, box run): on stderr, never stdout; --log-format json
+for one JSON object a line. box serve logs at info, box run warnings only;
+-v (debug) and -vv (trace) show more of box's own lines, -q (warnings and
+errors), -qq (errors) and -qqq (nothing) less. Without -v or -q, BOX_LOG
+picks what is logged, in tracing's filter syntax (BOX_LOG=debug,
+BOX_LOG=info,box_host=debug); when BOX_LOG is unset, RUST_LOG is read.
+Units' executors log into the same stream as box_executor events, their
+fields as fields (BOX_LOG=info,box_executor=warn quiets them).";
+
 /// box: hardened, isolated units for AI agents' tool execution, behind one MCP host.
 #[derive(Debug, Parser)]
 #[command(
     name = "box",
     version = crate::VERSION,
     propagate_version = true,
-    after_help = EXIT_CODES
+    after_help = format!("{LOGGING}\n\n{EXIT_CODES}")
 )]
 struct Cli {
     #[command(subcommand)]
@@ -131,6 +142,45 @@ pub(crate) fn check_profile_dirs(dirs: &[std::path::PathBuf]) -> anyhow::Result<
         }
     }
     Ok(())
+}
+
+/// `-v`/`-q` of the commands that log (`box serve`, `box run`).
+#[derive(Debug, Clone, Copy, Default, clap::Args)]
+pub struct Verbosity {
+    /// Log more on stderr: -v debug, -vv trace (box's own lines; other crates' warnings only); over BOX_LOG and RUST_LOG.
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    pub verbose: u8,
+    /// Log less on stderr: -q warnings and errors, -qq errors only, -qqq nothing; over BOX_LOG and RUST_LOG.
+    #[arg(short = 'q', long = "quiet", action = clap::ArgAction::Count)]
+    pub quiet: u8,
+}
+
+/// Log levels from the quietest; `Verbosity` moves along them.
+const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+impl Verbosity {
+    /// The log filter -v/-q ask for, moved from the command's `default`
+    /// level; `None` when neither was given (BOX_LOG, RUST_LOG, then the
+    /// default decide). Above warnings only box's own lines are raised: its
+    /// dependencies' debug output is theirs to ask for through BOX_LOG.
+    pub fn filter(self, default: &str) -> Option<String> {
+        if self.verbose == 0 && self.quiet == 0 {
+            return None;
+        }
+        let at = LEVELS
+            .iter()
+            .position(|level| *level == default)
+            .unwrap_or(3);
+        let at = (at + usize::from(self.verbose))
+            .saturating_sub(usize::from(self.quiet))
+            .min(LEVELS.len() - 1);
+        let level = LEVELS[at];
+        Some(if at > 2 {
+            format!("warn,box={level}")
+        } else {
+            level.to_owned()
+        })
+    }
 }
 
 /// A closed choice of log format for `--log-format`.

@@ -28,6 +28,9 @@ pub struct RunArgs {
     /// Log format on stderr.
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// -v/-q: how much box logs (the command's own output is never touched).
+    #[command(flatten)]
+    pub verbosity: crate::cli::Verbosity,
     /// Set a variable for the command: NAME passes this shell's value, NAME=VALUE sets
     /// one; only variables the profile lets through (its env.pass and env.secrets), repeatable.
     #[arg(short = 'e', long = "env", value_name = "NAME[=VALUE]")]
@@ -78,6 +81,7 @@ impl From<RunArgs> for RunConfig {
             registry: crate::backends::registry(),
             workspace: args.workspace,
             log_format: args.log_format.as_str().to_owned(),
+            log_filter: args.verbosity.filter("warn"),
             env: args.env,
             stdin,
             tty: args.tty,

@@ -19,7 +19,7 @@ use crate::sessions::HostSessions;
 
 /// `box serve`: the host, over stdio or streamable HTTP.
 #[derive(Debug, Clone, clap::Args)]
-#[command(after_help = SERVE_EXAMPLES)]
+#[command(after_help = format!("{SERVE_EXAMPLES}\n\n{}", crate::cli::LOGGING))]
 pub struct ServeArgs {
     /// The profile a session gets when it names none.
     #[arg(long, value_name = "NAME", default_value = "default", add = clap_complete::ArgValueCandidates::new(crate::cli::complete::profile_names))]
@@ -68,6 +68,9 @@ pub struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// -v/-q: how much is logged.
+    #[command(flatten)]
+    pub verbosity: crate::cli::Verbosity,
     /// At SIGTERM, how long calls in flight get to finish before units are removed (e.g. 10s).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain: Duration,
@@ -205,7 +208,8 @@ impl ServeArgs {
 
 /// Run the host until its transport ends.
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    host::init_logging(args.log_format.as_str(), "info")?;
+    let asked = args.verbosity.filter("info");
+    host::init_logging(args.log_format.as_str(), asked.as_deref(), "info")?;
     let runtime = if args.listen.is_some() {
         host::runtime()?
     } else {
@@ -277,7 +281,9 @@ async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
         None => box_transport::stdio::serve(sessions, stdio_ask, shutdown).await?,
         Some((address, options)) => {
             let listener = http::bind(&address).await?;
-            tracing::info!(address = %listener.local_addr()?, "serving streamable HTTP at /mcp");
+            let address = listener.local_addr()?;
+            // The URL a client is given (an IPv6 address in brackets).
+            tracing::info!(%address, "serving MCP (streamable HTTP) at http://{address}/mcp");
             http::serve(sessions, options, listener, shutdown).await?;
         }
     }

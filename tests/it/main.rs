@@ -16,6 +16,8 @@ mod fork;
 mod livable;
 /// Units on the local sandboxed-process backend: hardening probed from inside.
 mod local;
+/// What box logs: the executor's events as fields, no Rust `Debug` text, the listen URL, -v/-q in help.
+mod logs;
 /// `box profile` on the command line: exit codes, messages, `--json` golden output.
 mod profile;
 /// Any OCI image: pulled from a real local registry, pinned and verified, refused with the remedy; images without glibc.

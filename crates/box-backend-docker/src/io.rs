@@ -95,10 +95,17 @@ fn log_lines(unit: &str, buffer: &mut Vec<u8>, flush: bool) {
     }
 }
 
-fn log_line(unit: &str, line: &[u8]) {
+/// Log one line of the unit named `session/unit` (a session id has no `/`),
+/// with the session and the unit as fields of their own, as the local
+/// backend logs them.
+fn log_line(name: &str, line: &[u8]) {
     let cut = &line[..line.len().min(STDERR_LINE_MAX)];
     let text = String::from_utf8_lossy(cut);
-    box_backend::executor_log::emit(unit, None, &text);
+    let (session, unit) = match name.split_once('/') {
+        Some((session, unit)) => (Some(session), unit),
+        None => (None, name),
+    };
+    box_backend::executor_log::emit(unit, session, &text);
 }
 
 #[cfg(test)]

@@ -289,7 +289,8 @@ impl DockerBackend {
         let environment = unit_env(spec, std::env::vars_os(), &image_env);
         if !environment.missing.is_empty() {
             let missing = &environment.missing;
-            tracing::info!(unit, ?missing, "variables to pass are not set on the host");
+            let missing = missing.join(", ");
+            tracing::info!(unit, %missing, "variables to pass are not set on the host");
         }
         let env_passed = environment.passed();
         let env_scrubbed = environment.scrubbed;
@@ -833,10 +834,11 @@ impl Backend for DockerBackend {
         if let Some(runtime) = &spec.runtime {
             if !self.facts.runtimes.contains_key(runtime) {
                 let listed: Vec<&str> = self.facts.runtimes.keys().map(String::as_str).collect();
+                let listed = listed.join(", ");
                 refuse(
                     "runtime",
                     &format!(
-                        "runtime {runtime:?} is not registered with the engine (it lists {listed:?}); register it in /etc/docker/daemon.json and reload dockerd (gVisor: scripts/runsc.sh, docs/gvisor.md)"
+                        "runtime `{runtime}` is not registered with the engine (it lists {listed}); register it in /etc/docker/daemon.json and reload dockerd (gVisor: scripts/runsc.sh, docs/gvisor.md)"
                     ),
                 );
             } else if self.facts.is_gvisor(runtime) {

@@ -103,7 +103,8 @@ pub enum PullError {
     },
     /// The engine's image does not carry the pinned digest.
     #[error(
-        "image {image} is pinned to {pinned}, but the engine's image {id} has digests {found:?}: refused (remove it with `docker rmi {id}` and start again to pull the pinned content)"
+        "image {image} is pinned to {pinned}, but the engine's image {id} has digests {}: refused (remove it with `docker rmi {id}` and start again to pull the pinned content)",
+        listed(.found)
     )]
     Unverified {
         /// As written.
@@ -700,6 +701,15 @@ pub fn credentials_in(text: &str, registry: &str) -> Option<DockerCredentials> {
         serveraddress: Some(registry.to_owned()),
         ..DockerCredentials::default()
     })
+}
+
+/// Digests in a message: `a, b`, or `none`.
+fn listed(digests: &[String]) -> String {
+    if digests.is_empty() {
+        "none".to_owned()
+    } else {
+        digests.join(", ")
+    }
 }
 
 #[cfg(test)]

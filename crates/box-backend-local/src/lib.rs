@@ -360,7 +360,8 @@ impl LocalBackend {
         };
         if !environment.missing.is_empty() {
             let missing = &environment.missing;
-            tracing::info!(unit, ?missing, "variables to pass are not set on the host");
+            let missing = missing.join(", ");
+            tracing::info!(unit, %missing, "variables to pass are not set on the host");
         }
         let mut sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options, wiring)?;
         // The unit's init side: the helper holds the lease and relays the

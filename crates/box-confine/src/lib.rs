@@ -266,7 +266,14 @@ pub fn apply_landlock(
         {
             Err(ConfineError::Unenforceable {
                 control: "landlock".to_owned(),
-                why: format!("only {status:?} on this kernel (landlock ABI {kernel_abi})"),
+                why: format!(
+                    "{} on this kernel (landlock ABI {kernel_abi})",
+                    match status {
+                        RulesetStatus::PartiallyEnforced => "only partly enforced",
+                        RulesetStatus::NotEnforced => "not enforced",
+                        RulesetStatus::FullyEnforced => "enforced",
+                    }
+                ),
             })
         }
         Ok(status) => Ok(LandlockOutcome {

@@ -114,10 +114,12 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
         .iter()
         .partition(|name| name.starts_with("GIT_CONFIG_"));
     if !removed.is_empty() {
-        tracing::info!(?removed, "variables scrubbed from children's environment");
+        let removed = names(&removed);
+        tracing::info!(%removed, "variables scrubbed from children's environment");
     }
     if !git_config.is_empty() {
-        tracing::debug!(removed = ?git_config, "GIT_CONFIG_* variables scrubbed from children's environment");
+        let removed = names(&git_config);
+        tracing::debug!(%removed, "GIT_CONFIG_* variables scrubbed from children's environment");
     }
     // The secrets' tmpfs, and what the backend bound in read-only for the
     // tools (a worktree fork's borrowed git objects, which its git must read).
@@ -156,7 +158,7 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
             Ok(report) => tracing::info!(
                 rules = report.rules,
                 instructions = report.instructions,
-                filters = ?report.filters,
+                filters = report.filters,
                 "box seccomp filter installed; executor not dumpable"
             ),
             Err(error) => anyhow::bail!("--seccomp on: {error}"),
@@ -295,8 +297,9 @@ fn deliver_secrets(
         }
     }
     if !secrets.is_empty() {
-        let names: Vec<&str> = secrets.iter().map(|secret| secret.name.as_str()).collect();
-        tracing::info!(?names, dir = %dir.display(), "secrets delivered as files");
+        let names: Vec<&String> = secrets.iter().map(|secret| &secret.name).collect();
+        let names = crate::names(&names);
+        tracing::info!(%names, dir = %dir.display(), "secrets delivered as files");
     }
     Ok(vars)
 }
@@ -373,10 +376,22 @@ async fn run(shared: Arc<server::Shared>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Logs go to stderr only: stdout is the protocol.
+/// Variable names as a log field's value: `A, B`.
+fn names(names: &[&String]) -> String {
+    names
+        .iter()
+        .map(|name| name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Logs go to stderr only: stdout is the protocol. rmcp's own warning on an
+/// error answer is off (it prints the error's Rust `Debug` form):
+/// `transport::ExecutorTransport::send` logs each error answer instead.
 fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BOX_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,box_executor=info"));
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BOX_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("warn,rmcp::service=error,box_executor=info")
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

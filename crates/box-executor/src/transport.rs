@@ -312,7 +312,18 @@ where
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let answered = match &item {
             JsonRpcMessage::Response(response) => Some(&response.id),
-            JsonRpcMessage::Error(error) => error.id.as_ref(),
+            JsonRpcMessage::Error(error) => {
+                // The client's to act on, logged for the operator in words
+                // (rmcp's own line prints the error's `Debug` form).
+                let id = error.id.as_ref().map(ToString::to_string);
+                tracing::info!(
+                    id,
+                    code = error.error.code.0,
+                    error = %error.error.message,
+                    "answered a request with an error"
+                );
+                error.id.as_ref()
+            }
             JsonRpcMessage::Request(_) | JsonRpcMessage::Notification(_) => None,
         };
         if let Some(id) = answered

@@ -120,6 +120,26 @@ pub enum SkipReason {
     Vanished,
 }
 
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SkipReason::LinkOutside { target } => write!(
+                f,
+                "a symbolic link out of the tree (to {})",
+                target.display()
+            ),
+            SkipReason::Link => f.write_str(
+                "a symbolic link in the uncommitted changes (the child has HEAD's version)",
+            ),
+            SkipReason::Irregular => f.write_str("not a regular file (a FIFO, socket or device)"),
+            SkipReason::Repository => {
+                f.write_str("a submodule or embedded repository in the uncommitted changes")
+            }
+            SkipReason::Vanished => f.write_str("it vanished or changed type while being copied"),
+        }
+    }
+}
+
 /// A path of the parent left out of the child.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Skipped {

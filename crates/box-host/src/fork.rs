@@ -364,7 +364,7 @@ pub fn merge(
             let skipped: Vec<Value> = merged
                 .skipped
                 .iter()
-                .map(|skip| json!({"path": skip.path.to_string_lossy(), "reason": format!("{:?}", skip.reason)}))
+                .map(|skip| json!({"path": skip.path.to_string_lossy(), "reason": skip.reason.to_string()}))
                 .collect();
             let mut result = json!({
                 "unit": unit,

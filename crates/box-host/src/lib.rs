@@ -93,6 +93,9 @@ pub struct RunConfig {
     pub workspace: Option<PathBuf>,
     /// Log format on stderr: text or json.
     pub log_format: String,
+    /// The log filter the command line asked for (`-v`/`-q`), over
+    /// `BOX_LOG` and `RUST_LOG`; `None`: those, else warnings.
+    pub log_filter: Option<String>,
     /// Variables for the command, `NAME` (the host's value) or `NAME=VALUE`;
     /// each must be one the resolved plan lets through (`env.pass`, `env.secrets`).
     pub env: Vec<String>,
@@ -422,10 +425,21 @@ pub fn one_line(text: &str) -> String {
         .collect()
 }
 
-/// Start logging on stderr (stdout may be the protocol).
-pub fn init_logging(format: &str, default_level: &str) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+/// The variable holding box's log filter (tracing's syntax: `debug`,
+/// `info,box_host=debug`); `RUST_LOG` is read when it is unset.
+pub const LOG_VAR: &str = "BOX_LOG";
+
+/// Start logging on stderr (stdout may be the protocol). The filter is the
+/// first of: `asked` (the command's -v/-q), `BOX_LOG`, `RUST_LOG`, then
+/// `default`. A `BOX_LOG` that is not a filter is refused naming it; a
+/// `RUST_LOG` that is not (it is other programs' too) is passed over.
+pub fn init_logging(format: &str, asked: Option<&str>, default: &str) -> anyhow::Result<()> {
+    let filter = log_filter(
+        asked,
+        std::env::var(LOG_VAR).ok().as_deref(),
+        std::env::var("RUST_LOG").ok().as_deref(),
+        default,
+    )?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         // Colour only on a terminal, and never when NO_COLOR is set (no-color.org).
@@ -442,6 +456,35 @@ pub fn init_logging(format: &str, default_level: &str) -> anyhow::Result<()> {
     // A second init (tests) keeps the first subscriber.
     let _ = result;
     Ok(())
+}
+
+/// The log filter [`init_logging`] uses, from what was asked and the
+/// variables' values. Pure.
+fn log_filter(
+    asked: Option<&str>,
+    box_log: Option<&str>,
+    rust_log: Option<&str>,
+    default: &str,
+) -> anyhow::Result<tracing_subscriber::EnvFilter> {
+    use tracing_subscriber::EnvFilter;
+    if let Some(asked) = asked {
+        return EnvFilter::try_new(asked)
+            .map_err(|error| anyhow::anyhow!("log filter {asked}: {error}"));
+    }
+    if let Some(text) = box_log.filter(|text| !text.trim().is_empty()) {
+        return EnvFilter::try_new(text).map_err(|error| {
+            anyhow::anyhow!(
+                "{LOG_VAR}={text}: not a log filter ({error}); write a level (`{LOG_VAR}=debug`) or directives (`{LOG_VAR}=info,box_host=debug`)"
+            )
+        });
+    }
+    if let Some(filter) = rust_log
+        .filter(|text| !text.trim().is_empty())
+        .and_then(|text| EnvFilter::try_new(text).ok())
+    {
+        return Ok(filter);
+    }
+    Ok(EnvFilter::new(default))
 }
 
 /// Signals that come within this long of the first are the same request:
@@ -753,7 +796,7 @@ impl Host {
 pub fn run(args: RunConfig) -> anyhow::Result<ExitCode> {
     // The command's own output is what a `box run` user reads: box speaks up
     // only for warnings and errors unless RUST_LOG asks for more.
-    init_logging(&args.log_format, "warn")?;
+    init_logging(&args.log_format, args.log_filter.as_deref(), "warn")?;
     let runtime = runtime()?;
     let result = runtime.block_on(run::run(args));
     runtime.shutdown_timeout(Duration::from_millis(200));
@@ -776,5 +819,44 @@ mod instance_tests {
         let held = super::claim_instance(None, Some(&port)).unwrap();
         assert!(super::claim_instance(None, Some(&port)).is_err());
         drop(held);
+    }
+}
+
+#[cfg(test)]
+mod logging_tests {
+    use super::log_filter;
+
+    fn chosen(asked: Option<&str>, box_log: Option<&str>, rust_log: Option<&str>) -> String {
+        log_filter(asked, box_log, rust_log, "info")
+            .unwrap()
+            .to_string()
+    }
+
+    #[test]
+    fn flags_then_box_log_then_rust_log_then_the_default() {
+        assert_eq!(
+            chosen(Some("warn,box=debug"), Some("trace"), Some("error")),
+            "box=debug,warn"
+        );
+        assert_eq!(
+            chosen(None, Some("box_host=debug"), Some("error")),
+            "box_host=debug"
+        );
+        assert_eq!(chosen(None, None, Some("error")), "error");
+        assert_eq!(chosen(None, Some(" "), None), "info");
+        // RUST_LOG is other programs' too: one box cannot read is passed over.
+        assert_eq!(chosen(None, None, Some("[")), "info");
+    }
+
+    #[test]
+    fn a_box_log_that_is_not_a_filter_is_refused_naming_it() {
+        let refused = log_filter(None, Some("info,box=loud"), None, "info")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.starts_with("BOX_LOG=info,box=loud: not a log filter"),
+            "{refused}"
+        );
+        assert!(refused.contains("BOX_LOG=debug"), "{refused}");
     }
 }

@@ -215,8 +215,15 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
                 ),
             )
             .await;
-            if !matches!(passed, Ok(Ok(_))) {
-                tracing::debug!(?passed, "the signal was not passed on to the command");
+            match passed {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "the signal was not passed on to the command");
+                }
+                Err(_) => tracing::debug!(
+                    "the signal was not passed on to the command: no answer within {}",
+                    humantime::format_duration(SIGNAL_WAIT)
+                ),
             }
         }
     }

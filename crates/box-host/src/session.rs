@@ -126,10 +126,25 @@ fn addressed_unit(live: &Live, asked: &Value) -> Result<usize, (i64, String)> {
                 .collect();
             Err((
                 code::INVALID_PARAMS,
-                format!("_meta.{UNIT_META}: no unit `{name}` in this session; units: {known:?}"),
+                format!(
+                    "_meta.{UNIT_META}: no unit `{name}` in this session; units: {}",
+                    named(&known)
+                ),
             ))
         }
     }
+}
+
+/// Unit names in an error: `` `a`, `b` ``, or `none`.
+fn named(names: &[&str]) -> String {
+    if names.is_empty() {
+        return "none".to_owned();
+    }
+    names
+        .iter()
+        .map(|name| format!("`{name}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `box/network.set {unit?, allow?}`: narrow a running egress unit's allow list,
@@ -163,7 +178,8 @@ fn network_set(live: &Live, message: &Value) -> Result<Value, (i64, String)> {
             .find(|proxy| proxy.unit == unit)
             .ok_or_else(|| {
                 invalid(format!(
-                    "unit `{unit}` has no egress network; units with egress: {egress:?}"
+                    "unit `{unit}` has no egress network; units with egress: {}",
+                    named(&egress)
                 ))
             })?,
         None => match live.egress.as_slice() {
@@ -175,7 +191,8 @@ fn network_set(live: &Live, message: &Value) -> Result<Value, (i64, String)> {
             }
             _ => {
                 return Err(invalid(format!(
-                    "several units have egress; name one with `unit`: {egress:?}"
+                    "several units have egress; name one with `unit`: {}",
+                    named(&egress)
                 )));
             }
         },
@@ -1638,8 +1655,9 @@ impl Session {
                     return Err((
                         code::INVALID_PARAMS,
                         format!(
-                            "agentworkspace/servers.start: no server `{name}` in profile `{}`; servers: {known:?}",
-                            live.plan.profile
+                            "agentworkspace/servers.start: no server `{name}` in profile `{}`; servers: {}",
+                            live.plan.profile,
+                            named(&known)
                         ),
                     ));
                 };
@@ -1985,8 +2003,9 @@ impl Session {
                 )
             } else {
                 format!(
-                    "box/fork: from: no workspace unit `{}` in this session; units: {known:?}",
-                    ask.from
+                    "box/fork: from: no workspace unit `{}` in this session; units: {}",
+                    ask.from,
+                    named(&known)
                 )
             };
             return refuse(reply, id, why);
@@ -2373,7 +2392,10 @@ impl Session {
             return reply.answer(error_response(
                 id,
                 code::INVALID_PARAMS,
-                format!("box/discard: unit {unit} has forks of its own, {children:?}; discard them first"),
+                format!(
+                    "box/discard: unit {unit} has forks of its own, {}; discard them first",
+                    named(&children)
+                ),
             ));
         }
         for forward in live.router.remove_unit(index) {
@@ -2435,14 +2457,17 @@ impl Session {
             }
             Some(index) if live.units[index].fork.is_some() => Ok(index),
             Some(index) if live.workspace == Some(index) => Err(format!(
-                "{method}: the workspace unit is not a fork (profile `{}` has workspace.source other than \"fork\"); forks: {forks:?}",
-                live.plan.profile
+                "{method}: the workspace unit is not a fork (profile `{}` has workspace.source other than \"fork\"); forks: {}",
+                live.plan.profile,
+                named(&forks)
             )),
             Some(_) => Err(format!(
-                "{method}: unit {unit} is not a fork of this session; forks: {forks:?}"
+                "{method}: unit {unit} is not a fork of this session; forks: {}",
+                named(&forks)
             )),
             None => Err(format!(
-                "{method}: no unit {unit} in this session; forks: {forks:?}"
+                "{method}: no unit {unit} in this session; forks: {}",
+                named(&forks)
             )),
         }
     }

@@ -727,7 +727,8 @@ pub fn adopt_all(config: &std::sync::Arc<crate::HostConfig>) -> std::collections
         }))
         .await;
         if count > 0 {
-            tracing::info!(sessions = count, elapsed = ?clock.elapsed(), "persisted sessions settled");
+            let elapsed_ms = u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX);
+            tracing::info!(sessions = count, elapsed_ms, "persisted sessions settled");
         }
         // A session nobody comes back for does not keep its units forever.
         tokio::time::sleep(REATTACH_WINDOW).await;

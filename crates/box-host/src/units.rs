@@ -485,7 +485,7 @@ pub async fn remove_until_gone(config: &HostConfig, mut units: Vec<Tracked>) {
             return;
         }
         tracing::warn!(
-            units = ?units.iter().map(|unit| &unit.id).collect::<Vec<_>>(),
+            units = %units.iter().map(|unit| unit.id.as_str()).collect::<Vec<_>>().join(", "),
             "units are not removed yet; trying again in {}",
             humantime::format_duration(backoff)
         );

@@ -55,7 +55,7 @@ pub enum HandshakeError {
     BadNonce,
     /// The peer's proof does not verify under the unit key: it does not hold
     /// the key (an impostor), or the keys differ.
-    #[error("the {0:?} proof does not verify under the unit key")]
+    #[error("the {0}'s proof does not verify under the unit key")]
     BadProof(Role),
 }
 

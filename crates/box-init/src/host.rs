@@ -132,7 +132,7 @@ impl std::fmt::Display for UnitEnd {
         match self {
             UnitEnd::Reported(report) => write!(
                 f,
-                "the unit ended ({:?}, init exit code {})",
+                "the unit ended ({}, init exit code {})",
                 report.reason, report.exit_code
             ),
             UnitEnd::Released => f.write_str("the unit was released to another host"),
@@ -342,7 +342,8 @@ async fn read_from_init(
                         Ok(InitMessage::Released {}) => break UnitEnd::Released,
                         Ok(InitMessage::Ended(report)) => break UnitEnd::Reported(report),
                         Ok(other) => {
-                            tracing::warn!(?other, "unexpected control message from a unit's init")
+                            let message = crate::protocol::kind_of(&other);
+                            tracing::warn!(%message, "unexpected control message from a unit's init")
                         }
                         Err(error) => {
                             tracing::warn!(%error, "unreadable control line from a unit's init")

@@ -137,6 +137,15 @@ pub enum Role {
     Host,
 }
 
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Role::Init => "unit's init",
+            Role::Host => "host",
+        })
+    }
+}
+
 impl Role {
     fn label(self) -> &'static [u8] {
         match self {
@@ -275,6 +284,33 @@ pub enum ExitReport {
     Signal(i32),
 }
 
+impl std::fmt::Display for ExitReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExitReport::Code(code) => write!(f, "exit code {code}"),
+            ExitReport::Signal(signal) => write!(f, "killed by {}", signal_name(*signal)),
+        }
+    }
+}
+
+/// A signal number as people know it: `SIGKILL`, else `signal 64`.
+pub fn signal_name(signal: i32) -> String {
+    nix::sys::signal::Signal::try_from(signal).map_or_else(
+        |_| format!("signal {signal}"),
+        |known| known.as_str().to_owned(),
+    )
+}
+
+/// A control message's kind, as the wire names it (`released`), for a log
+/// line: never its fields, which hold nonces and proofs.
+pub fn kind_of<T: Serialize>(message: &T) -> String {
+    match serde_json::to_value(message) {
+        Ok(serde_json::Value::Object(object)) => object.keys().next().cloned().unwrap_or_default(),
+        Ok(serde_json::Value::String(name)) => name,
+        _ => String::new(),
+    }
+}
+
 impl ExitReport {
     /// The shell's convention: the code, or 128 + the signal number.
     pub fn as_exit_code(self) -> i32 {
@@ -295,6 +331,16 @@ pub enum EndReason {
     LeaseLapsed,
     /// The init was asked to stop (SIGTERM or SIGINT, e.g. `docker stop`).
     Terminated,
+}
+
+impl std::fmt::Display for EndReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EndReason::ExecutorExited => "its executor exited",
+            EndReason::LeaseLapsed => "its lease lapsed",
+            EndReason::Terminated => "it was asked to stop",
+        })
+    }
 }
 
 /// The init's exit report.
@@ -350,6 +396,16 @@ pub enum ControlError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ends_and_messages_are_told_in_words_never_debug_text() {
+        assert_eq!(ExitReport::Code(2).to_string(), "exit code 2");
+        assert_eq!(ExitReport::Signal(9).to_string(), "killed by SIGKILL");
+        assert_eq!(ExitReport::Signal(99).to_string(), "killed by signal 99");
+        assert_eq!(EndReason::LeaseLapsed.to_string(), "its lease lapsed");
+        assert_eq!(Role::Host.to_string(), "host");
+        assert_eq!(kind_of(&InitMessage::Released {}), "released");
+    }
 
     #[test]
     fn a_proof_verifies_only_for_its_role_nonce_unit_and_key() {

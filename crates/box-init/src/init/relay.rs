@@ -114,10 +114,13 @@ pub(crate) async fn downlink(
                                 })
                                 .await;
                         }
-                        Ok(other) => tracing::warn!(
-                            ?other,
-                            "ignored an out-of-place control message from the host"
-                        ),
+                        Ok(other) => {
+                            let message = crate::protocol::kind_of(&other);
+                            tracing::warn!(
+                                %message,
+                                "ignored an out-of-place control message from the host"
+                            )
+                        }
                         Err(error) => {
                             tracing::warn!(%error, "ignored an unreadable control line from the host")
                         }

@@ -76,7 +76,13 @@ impl Reaper {
 
     fn note(&mut self, pid: Pid, exit: ExitReport) {
         if pid == self.executor {
-            tracing::info!(?exit, "the executor ended");
+            match exit {
+                ExitReport::Code(exit_code) => tracing::info!(exit_code, "the executor ended"),
+                ExitReport::Signal(signal) => {
+                    let signal = crate::protocol::signal_name(signal);
+                    tracing::info!(%signal, "the executor ended")
+                }
+            }
             self.executor_exit = Some(exit);
         }
     }
