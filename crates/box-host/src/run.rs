@@ -268,10 +268,8 @@ async fn run_command(
         .flatten()
         .any(|unit| unit.get("rootUser").is_some())
     {
-        eprintln!(
-            "box run: warning: {}",
-            box_policy::envelope::RootUser::new().line()
-        );
+        // A log event, so `--log-format json` keeps stderr one JSON object a line.
+        tracing::warn!("{}", box_policy::envelope::RootUser::new().line());
     }
     let mut start = json!({"args": args.command, "env": args.env, "stderr": !args.tty});
     if args.tty {
