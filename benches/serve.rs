@@ -44,6 +44,7 @@ fn facts() -> HostFacts {
             uid: 1000,
             gid: 1000,
         },
+        workspace_owner: None,
     }
 }
 

@@ -100,6 +100,7 @@ mod tests {
                 uid: 1000,
                 gid: 1000,
             },
+            workspace_owner: None,
         };
         let backend = Arc::new(box_testkit::fake::FakeBackend::default());
         let config = HostConfig::new(backend, crate::profile::Catalog::new(Vec::new()), facts);

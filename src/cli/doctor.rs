@@ -4,13 +4,15 @@
 
 use serde_json::{Value, json};
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use box_backend::Backend as _;
 use box_backend_docker::DockerBackend;
 use box_backend_local::LocalBackend;
 
-use crate::plan::{HostFacts, UserIds};
+use crate::plan::HostFacts;
+use crate::profile::Catalog;
 
 /// `box doctor`.
 #[derive(Debug, Clone, clap::Args)]
@@ -18,6 +20,8 @@ use crate::plan::{HostFacts, UserIds};
   box doctor
   box doctor --json
   box doctor --strict && box serve
+  box doctor --profiles ./profiles --strict --profile mine
+  box doctor --workspace ~/src/project --json
 
 --strict: the profile (--profile, default `default`) must be able to run here
 on at least one backend with every protection it requires, as that backend's
@@ -30,6 +34,14 @@ pub struct DoctorArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+    /// More directories of profiles, searched first (repeatable): judged
+    /// with the others.
+    #[arg(long = "profiles", value_name = "DIR")]
+    pub profile_dirs: Vec<PathBuf>,
+    /// The host directory a `cwd` workspace source means; default the
+    /// current directory (as `box serve` and `box run` take it).
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
     /// Exit 1 when no backend here can give --profile every protection it requires.
     #[arg(long)]
     pub strict: bool,
@@ -38,21 +50,28 @@ pub struct DoctorArgs {
         long,
         value_name = "NAME",
         default_value = "default",
-        requires = "strict"
+        requires = "strict",
+        add = clap_complete::ArgValueCandidates::new(crate::cli::complete::profile_names)
     )]
     pub profile: String,
 }
 
 /// Run `box doctor`.
 pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+    let catalog = crate::cli::catalog(&args.profile_dirs)?;
+    let host = match &args.workspace {
+        Some(_) => crate::host::host_facts(args.workspace.as_ref())?,
+        // A report still comes from a directory that was removed under us.
+        None => crate::host::host_facts(None).unwrap_or_else(|_| here()),
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let report = runtime.block_on(report());
+    let report = runtime.block_on(report(&catalog, &host));
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", render(&report));
+        out!("{}", render(&report));
     }
     if args.strict
         && let Err(why) = strict(&report, &args.profile)
@@ -96,8 +115,9 @@ pub fn strict(report: &Value, name: &str) -> Result<(), String> {
     ))
 }
 
-/// Gather the report.
-pub async fn report() -> Value {
+/// Gather the report: the machine's facts, and how each profile in
+/// `catalog` fits here, resolved with `host`'s directory and ids.
+pub async fn report(catalog: &Catalog, host: &HostFacts) -> Value {
     let kernel = kernel_facts();
     let (docker, backend) = match DockerBackend::connect().await {
         Ok(backend) => (
@@ -112,15 +132,15 @@ pub async fn report() -> Value {
     let mut profiles = Vec::new();
     // Every profile this host would resolve (the shipped ones and the
     // operator's), each once: the one a session would get by that name.
-    let catalog = crate::profile::Catalog::new(Vec::new());
     for listed in catalog.list().into_iter().filter(|listed| !listed.hidden) {
-        profiles.push(profile_fit(&listed.name, backend.as_ref()).await);
+        profiles.push(profile_fit(catalog, host, &listed.name, backend.as_ref()).await);
     }
     let local = local_facts(&kernel);
     json!({
         "docker": docker,
         "kernel": kernel,
         "local": local,
+        "user": unit_user(host),
         "profiles": profiles,
     })
 }
@@ -180,24 +200,52 @@ fn kernel_facts() -> Value {
     })
 }
 
+/// The host facts a session started here would get: this directory, this
+/// process's ids, and the directory's owner.
+fn here() -> HostFacts {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+    HostFacts {
+        workspace_owner: crate::host::owner_of(&cwd),
+        cwd,
+        caller: crate::plan::UserIds {
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+        },
+    }
+}
+
+/// Who a `user = "host"` unit started here runs as, and, when that is uid
+/// 0, the warning and its remedies (issue 23: no uid 0 by surprise).
+pub fn unit_user(facts: &HostFacts) -> Value {
+    let user = facts.host_user();
+    let mut shown = json!({
+        "caller": format!("{}:{}", facts.caller.uid, facts.caller.gid),
+        "workspace": facts.cwd.display().to_string(),
+        "workspaceOwner": facts.workspace_owner.map(|owner| format!("{}:{}", owner.uid, owner.gid)),
+        "unitUser": format!("{}:{}", user.uid, user.gid),
+    });
+    if user.uid == 0 {
+        let root = box_policy::envelope::RootUser::new();
+        shown["rootUser"] = json!({"warning": root.warning, "remedies": root.remedies});
+    }
+    shown
+}
+
 /// Whether each backend can run profile `name` here: the backends' own
 /// [`Backend::check`], the one judgement a start makes too, plus whether
 /// the engine has the images.
-async fn profile_fit(name: &str, docker: Option<&DockerBackend>) -> Value {
+async fn profile_fit(
+    catalog: &Catalog,
+    host: &HostFacts,
+    name: &str,
+    docker: Option<&DockerBackend>,
+) -> Value {
     let local = LocalBackend::current().map_err(|error| error.to_string());
-    let catalog = crate::profile::Catalog::new(Vec::new());
     let profile = match catalog.load(name) {
         Ok(profile) => profile,
         Err(error) => return json!({"name": name, "error": error.to_string()}),
     };
-    let host = HostFacts {
-        cwd: std::env::current_dir().unwrap_or_else(|_| "/".into()),
-        caller: UserIds {
-            uid: nix::unistd::getuid().as_raw(),
-            gid: nix::unistd::getgid().as_raw(),
-        },
-    };
-    let plan = match crate::plan::resolve(&profile, &Value::Null, &host) {
+    let plan = match crate::host::resolve_plan(&profile, &Value::Null, host) {
         Ok(plan) => plan,
         Err(error) => return json!({"name": name, "error": error.to_string()}),
     };
@@ -281,9 +329,15 @@ pub fn render(report: &Value) -> String {
                 out.push_str(&format!(
                     "image         {image}: {}\n",
                     if present.as_bool() == Some(true) {
-                        "present"
+                        "present".to_owned()
                     } else {
-                        "missing (box image build)"
+                        format!(
+                            "missing ({})",
+                            box_backend_docker::missing_image_remedy(
+                                image,
+                                crate::plan::PullPolicy::Missing
+                            )
+                        )
                     }
                 ));
             }
@@ -317,6 +371,26 @@ pub fn render(report: &Value) -> String {
             text(&local["egress"]["networkNamespace"]),
             text(&local["secrets"]),
         ));
+    }
+    let user = &report["user"];
+    if user.is_object() {
+        out.push_str(&format!(
+            "user          units of user = \"host\" profiles run as {} here (caller {}, {} owned by {})\n",
+            text(&user["unitUser"]),
+            text(&user["caller"]),
+            text(&user["workspace"]),
+            text(&user["workspaceOwner"]),
+        ));
+        if let Some(warning) = user["rootUser"]["warning"].as_str() {
+            out.push_str(&format!("WARNING       {warning}\n"));
+            for remedy in user["rootUser"]["remedies"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                out.push_str(&format!("  remedy      {}\n", text(remedy)));
+            }
+        }
     }
     for profile in report["profiles"].as_array().into_iter().flatten() {
         let fit = |v: &Value| match v {

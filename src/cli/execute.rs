@@ -16,6 +16,16 @@ fn names<T: FlagValue>() -> clap::builder::PossibleValuesParser {
 
 /// `box execute`: serve the executor over MCP on stdin/stdout.
 #[derive(Debug, Clone, clap::Args)]
+#[command(
+    after_help = "box serve and box run start it inside each unit with the plan's flags; run
+by hand it serves one MCP client on stdin/stdout with no unit around it (only
+its own landlock and seccomp layers).
+
+Examples:
+  box execute --root ~/src/project --kind local
+  box execute --root /workspace --kind container --ref box-base:bookworm --landlock required
+  box execute --root . --kind local --write-guard off --max-read-bytes 1048576"
+)]
 pub struct ExecuteArgs {
     /// The workspace root every tool acts beneath; must exist.
     #[arg(long, value_name = "DIR")]
@@ -59,6 +69,10 @@ pub struct ExecuteArgs {
     /// worktree fork's borrowed git objects); repeat for more.
     #[arg(long, value_name = "DIR")]
     pub read: Vec<PathBuf>,
+    /// A directory this process and its children may also write, besides --root and TMPDIR (box
+    /// sets this: the unit's home, its own /tmp, its volumes); repeat for more.
+    #[arg(long, value_name = "DIR")]
+    pub write: Vec<PathBuf>,
 }
 
 impl ExecuteArgs {
@@ -77,6 +91,7 @@ impl ExecuteArgs {
             root: self.root,
             egress_socket: self.egress_socket,
             read: self.read,
+            write: self.write,
         })
     }
 }
@@ -132,6 +147,7 @@ mod tests {
                 PathBuf::from("/.box/objects"),
                 PathBuf::from("/srv/repo, with a comma/.git/objects"),
             ],
+            write: vec![PathBuf::from("/home/box"), PathBuf::from("/tmp")],
         };
         for spec in [full, ExecutorSpec::new("/w")] {
             let argv = std::iter::once("box".to_owned()).chain(spec.to_args());

@@ -2,6 +2,11 @@
 //! and the wiring of the parts each command needs (`serve`: the host and a
 //! transport). Library modules never see clap.
 
+// First: its macros (`outln!`, `out!`) are then in scope in every command.
+#[macro_use]
+mod out;
+
+pub mod complete;
 pub mod confine;
 pub mod doctor;
 pub mod execute;
@@ -62,11 +67,19 @@ enum Command {
     Image(backend_cli::ImageArgs),
     /// Say which protections this machine can give, and which profiles can run here.
     Doctor(crate::cli::doctor::DoctorArgs),
-    /// Print a shell completion script for bash, zsh or fish.
-    #[command(after_help = "Examples:
-  box completions bash > /etc/bash_completion.d/box
-  box completions zsh > \"${fpath[1]}/_box\"
-  box completions fish > ~/.config/fish/completions/box.fish")]
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(
+        after_help = "The script asks box itself at each TAB, so profile names (--profile,
+box profile show NAME) and unit ids (box units inspect ID) are completed as
+they are now. Load it when the shell starts, so it always matches the box
+installed (a saved file must be saved again after upgrading box).
+
+Examples:
+  echo 'source <(box completions bash)' >> ~/.bashrc
+  echo 'source <(box completions zsh)' >> ~/.zshrc
+  echo 'box completions fish | source' > ~/.config/fish/completions/box.fish
+  box completions bash > /etc/bash_completion.d/box"
+    )]
     Completions {
         /// The shell.
         #[arg(value_enum)]
@@ -101,6 +114,25 @@ pub(crate) fn backend_parser() -> PossibleValuesParser {
     PossibleValuesParser::new(values)
 }
 
+/// The catalog of profiles a command resolves: `--profiles DIR`s first, then
+/// the standard places. A `--profiles` that is not a directory is refused
+/// (every command that takes it alike), not skipped.
+pub(crate) fn catalog(dirs: &[std::path::PathBuf]) -> anyhow::Result<crate::profile::Catalog> {
+    check_profile_dirs(dirs)?;
+    Ok(crate::profile::Catalog::new(dirs.to_vec()))
+}
+
+/// Refuse a `--profiles DIR` that is not a directory: a typo would
+/// otherwise be skipped silently and a shipped profile of the same name used.
+pub(crate) fn check_profile_dirs(dirs: &[std::path::PathBuf]) -> anyhow::Result<()> {
+    for dir in dirs {
+        if !dir.is_dir() {
+            anyhow::bail!("--profiles {}: not a directory", dir.display());
+        }
+    }
+    Ok(())
+}
+
 /// A closed choice of log format for `--log-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -129,6 +161,8 @@ pub fn main() -> ExitCode {
     } else {
         ColorChoice::Auto
     };
+    // A TAB in a shell that loaded `box completions SHELL` ends here.
+    complete::from_env(completed);
     let matches = Cli::command().color(color).get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
@@ -143,10 +177,10 @@ pub fn main() -> ExitCode {
         Command::Gc(args) => backend_cli::gc(args),
         Command::Image(args) => backend_cli::image(args),
         Command::Doctor(args) => crate::cli::doctor::doctor(args),
-        Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut completed(), "box", &mut std::io::stdout());
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Completions { shell } => complete::registration(shell).map(|script| {
+            out::write_bytes(&script);
+            ExitCode::SUCCESS
+        }),
         Command::Sandbox(args) => crate::cli::sandbox::sandbox(args),
         Command::Init(args) => crate::cli::init::init(args),
         Command::Confine(args) => crate::cli::confine::confine(args),

@@ -2,7 +2,6 @@
 //! made visible. Human output by default, `--json` for scripts; `check` prints
 //! every problem and exits non-zero when there is one.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -17,6 +16,12 @@ use crate::profile::{
 
 /// `box profile`: list, show, check and resolve profiles.
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = "Examples:
+  box profile list
+  box profile show ci
+  box profile check ./profiles/mine.toml
+  box profile resolve ci --tighten '{\"limits\": {\"memory\": \"1GiB\"}}'
+  box profile --profiles ./profiles resolve mine --workspace ~/src/project --json")]
 pub struct ProfileArgs {
     /// Search this directory for NAME.toml before the standard places (repeatable).
     #[arg(long = "profiles", value_name = "DIR", global = true)]
@@ -30,20 +35,33 @@ pub struct ProfileArgs {
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum ProfileCommand {
     /// List every profile box can find, in search order.
+    #[command(after_help = "Examples:
+  box profile list
+  box profile list --json
+  box profile --profiles ./profiles list")]
     List {
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
     /// Show a profile as resolved through `extends`, dangerous asks first.
+    #[command(after_help = "Examples:
+  box profile show default
+  box profile show ci --json
+  box profile --profiles ./profiles show mine")]
     Show {
         /// The profile's name.
+        #[arg(add = clap_complete::ArgValueCandidates::new(crate::cli::complete::profile_names))]
         name: String,
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
     /// Check profile files (or every profile box can find); exit 1 on any problem.
+    #[command(after_help = "Examples:
+  box profile check
+  box profile check ./profiles/mine.toml --json
+  box profile --profiles ./profiles check")]
     Check {
         /// The files to check (default: every profile box can find).
         files: Vec<PathBuf>,
@@ -52,15 +70,23 @@ pub enum ProfileCommand {
         json: bool,
     },
     /// Resolve a profile, narrowed by a tightening, into the plan a session would get.
+    #[command(after_help = "Examples:
+  box profile resolve default
+  box profile resolve ci --workspace ~/src/project --json
+  box profile resolve default --tighten '{\"network\": {\"allow\": []}}'
+  box profile resolve default --tighten @tighten.json --caller 1000:1000")]
     Resolve {
         /// The profile's name.
+        #[arg(add = clap_complete::ArgValueCandidates::new(crate::cli::complete::profile_names))]
         name: String,
         /// The tightening, as JSON or @FILE.
         #[arg(long, value_name = "JSON|@FILE")]
         tighten: Option<String>,
-        /// Resolve `source = "cwd"` as this directory (default: the working directory).
-        #[arg(long, value_name = "DIR")]
-        cwd: Option<PathBuf>,
+        /// The host directory a `cwd` workspace source means; default the current
+        /// directory (as `box serve` and `box run` take it).
+        // `--cwd` was its name before; kept, unlisted, for scripts.
+        #[arg(long, value_name = "DIR", alias = "cwd")]
+        workspace: Option<PathBuf>,
         /// Resolve `user = "host"` as these ids (default: the caller's).
         #[arg(long, value_name = "UID:GID")]
         caller: Option<String>,
@@ -72,14 +98,7 @@ pub enum ProfileCommand {
 
 /// Run a `box profile` subcommand.
 pub fn cli(args: ProfileArgs) -> anyhow::Result<ExitCode> {
-    // A mistyped directory would otherwise be skipped silently.
-    for dir in &args.profiles {
-        if !dir.is_dir() {
-            anyhow::bail!("--profiles {}: not a directory", dir.display());
-        }
-    }
-    let catalog = Catalog::new(args.profiles);
-    let mut out = std::io::stdout().lock();
+    let catalog = super::catalog(&args.profiles)?;
     let text = match args.command {
         ProfileCommand::List { json } => list(&catalog, json),
         ProfileCommand::Show { name, json } => {
@@ -92,7 +111,7 @@ pub fn cli(args: ProfileArgs) -> anyhow::Result<ExitCode> {
         }
         ProfileCommand::Check { files, json } => {
             let (text, ok) = check(&catalog, &files, json);
-            write_out(&mut out, &text)?;
+            super::out::write_bytes(text.as_bytes());
             return Ok(if ok {
                 ExitCode::SUCCESS
             } else {
@@ -102,7 +121,7 @@ pub fn cli(args: ProfileArgs) -> anyhow::Result<ExitCode> {
         ProfileCommand::Resolve {
             name,
             tighten,
-            cwd,
+            workspace,
             caller,
             json,
         } => {
@@ -111,8 +130,10 @@ pub fn cli(args: ProfileArgs) -> anyhow::Result<ExitCode> {
                 None => Value::Null,
                 Some(text) => read_tightening(&text)?,
             };
-            let host = host_facts(cwd, caller.as_deref())?;
-            let plan = plan::resolve(&profile, &tighten, &host)?;
+            let host = host_facts(workspace, caller.as_deref())?;
+            // As a host resolves it: a root caller's `user = "host"` unit
+            // runs as the owner of its workspace.
+            let plan = crate::host::resolve_plan(&profile, &tighten, &host)?;
             if json {
                 pretty(&plan.to_json())
             } else {
@@ -120,15 +141,8 @@ pub fn cli(args: ProfileArgs) -> anyhow::Result<ExitCode> {
             }
         }
     };
-    write_out(&mut out, &text)?;
+    super::out::write_bytes(text.as_bytes());
     Ok(ExitCode::SUCCESS)
-}
-
-fn write_out(out: &mut impl Write, text: &str) -> anyhow::Result<()> {
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => other.context("cannot write to stdout"),
-    }
 }
 
 fn pretty(value: &Value) -> String {
@@ -184,7 +198,11 @@ fn host_facts(cwd: Option<PathBuf>, caller: Option<&str>) -> anyhow::Result<Host
             parsed.with_context(|| format!("--caller: {text:?} is not UID:GID, like 1000:1000"))?
         }
     };
-    Ok(HostFacts { cwd, caller })
+    Ok(HostFacts {
+        cwd,
+        caller,
+        workspace_owner: None,
+    })
 }
 
 fn list(catalog: &Catalog, json: bool) -> String {
@@ -420,6 +438,7 @@ fn profile_json(profile: &Profile) -> Value {
             "landlock": security.landlock.as_str(),
             "git": if security.neutralise_git { "neutralise" } else { "off" },
             "write_guard": if security.write_guard { "read-first" } else { "off" },
+            "tmp": security.tmp.as_str(),
             "privileged": security.privileged,
             "host_namespaces": security.host_namespaces,
             "devices": security.devices.iter().map(|path| path.display().to_string()).collect::<Vec<_>>(),
@@ -532,7 +551,7 @@ fn show(profile: &Profile) -> String {
     }
     let security = &profile.security;
     line(format!(
-        "security     capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}",
+        "security     capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}, tmp {}",
         security.capabilities.join(", "),
         security.read_only_root,
         security.landlock.as_str(),
@@ -546,6 +565,7 @@ fn show(profile: &Profile) -> String {
         } else {
             "off"
         },
+        security.tmp.as_str(),
     ));
     line(format!(
         "lifecycle    lease {}",
@@ -667,12 +687,13 @@ fn show_plan(plan: &plan::Plan) -> String {
                 unit.env_secrets.join(", ")
             ),
             format!(
-                "  security  capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}{}",
+                "  security  capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}, tmp {}{}",
                 security.capabilities.join(", "),
                 security.read_only_root,
                 security.landlock.as_str(),
                 if security.neutralise_git { "neutralise" } else { "off" },
                 if security.write_guard { "read-first" } else { "off" },
+                security.tmp.as_str(),
                 if security.privileged { ", PRIVILEGED" } else { "" },
             ),
             format!("  lifecycle lease {}", show_duration(unit.lease)),

@@ -236,7 +236,7 @@ pub fn pull(args: &PullArgs) -> anyhow::Result<ExitCode> {
     let pulled = result?;
     let seconds = started.elapsed().as_secs_f64();
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "image": pulled.image,
@@ -258,7 +258,7 @@ pub fn pull(args: &PullArgs) -> anyhow::Result<ExitCode> {
             .map(|digest| format!(" digest {digest}"))
             .unwrap_or_default();
         eprintln!("{what} {} in {seconds:.1}s", pulled.image);
-        println!("{} id {}{digest}", pulled.image, pulled.id);
+        outln!("{} id {}{digest}", pulled.image, pulled.id);
     }
     Ok(ExitCode::SUCCESS)
 }

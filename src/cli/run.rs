@@ -11,7 +11,7 @@ use crate::host::{self, RunConfig};
 #[command(after_help = RUN_AFTER_HELP)]
 pub struct RunArgs {
     /// The profile to resolve.
-    #[arg(long, value_name = "NAME", default_value = "default")]
+    #[arg(long, value_name = "NAME", default_value = "default", add = clap_complete::ArgValueCandidates::new(crate::cli::complete::profile_names))]
     pub profile: String,
     /// More directories of profiles, searched first (repeatable).
     #[arg(long = "profiles", value_name = "DIR")]
@@ -94,6 +94,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         eprintln!(
             "box run: -it: the input device is not a TTY (stdin is a pipe or a file); drop -t to forward it as a stream"
         );
+        return Ok(ExitCode::from(125));
+    }
+    if let Err(error) = crate::cli::check_profile_dirs(&args.profile_dirs) {
+        eprintln!("box run: {error}");
         return Ok(ExitCode::from(125));
     }
     // A unit's image pulled before it starts shows its progress here, as

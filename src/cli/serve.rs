@@ -19,9 +19,10 @@ use crate::sessions::HostSessions;
 
 /// `box serve`: the host, over stdio or streamable HTTP.
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = SERVE_EXAMPLES)]
 pub struct ServeArgs {
     /// The profile a session gets when it names none.
-    #[arg(long, value_name = "NAME", default_value = "default")]
+    #[arg(long, value_name = "NAME", default_value = "default", add = clap_complete::ArgValueCandidates::new(crate::cli::complete::profile_names))]
     pub profile: String,
     /// Over stdio: tightenings the session asks for, as JSON or @FILE (as
     /// `box run --tighten`), for clients that cannot ask themselves. Not with
@@ -84,6 +85,15 @@ pub struct ServeArgs {
     #[arg(long, requires = "listen")]
     pub takeover: bool,
 }
+
+/// `box serve`'s examples, in its `--help`.
+const SERVE_EXAMPLES: &str = "Examples:
+  box serve
+  box serve --profile ci --workspace ~/src/project
+  box serve --tighten '{\"limits\": {\"memory\": \"1GiB\"}}'
+  box serve --listen 8080
+  box serve --listen 0.0.0.0:8080 --token-file /etc/box/token --allow-host box.example.com
+  box serve --profiles ./profiles --profile mine --audit /var/log/box/audit.jsonl";
 
 impl ServeArgs {
     /// What the host needs of these flags.
@@ -207,25 +217,66 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     result
 }
 
-/// `--listen` as a socket address: a bare port (`8080`, `:8080`) binds loopback.
-fn listen_address(value: &str) -> String {
-    match value.strip_prefix(':').unwrap_or(value).parse::<u16>() {
-        Ok(port) => format!("127.0.0.1:{port}"),
-        Err(_) => value.to_owned(),
+/// `--listen` as `HOST:PORT`: a bare port (`8080`, `:8080`) binds loopback.
+/// A port that is not one (`99999`, `bar`) or a value with no port is
+/// refused naming that, before anything is judged by its host.
+fn listen_address(value: &str) -> anyhow::Result<String> {
+    const FORMS: &str =
+        "write HOST:PORT (127.0.0.1:8080, [::1]:8080, localhost:8080) or a bare port (8080)";
+    let bare = value.strip_prefix(':').unwrap_or(value);
+    let (host, port) = if bare.chars().all(|c| c.is_ascii_digit()) && !bare.is_empty() {
+        ("127.0.0.1", bare)
+    } else {
+        match value.rsplit_once(':') {
+            // `::1` and other bare IPv6 addresses: the port is not separable.
+            Some((host, _)) if host.contains(':') && !host.starts_with('[') => {
+                anyhow::bail!(
+                    "--listen {value}: an IPv6 address takes brackets before its port; {FORMS}"
+                )
+            }
+            Some((host, port)) if !host.is_empty() => (host, port),
+            _ => anyhow::bail!("--listen {value}: no port; {FORMS}"),
+        }
+    };
+    match port.parse::<u16>() {
+        Ok(_) => {}
+        Err(_) if !port.is_empty() && port.chars().all(|c| c.is_ascii_digit()) => {
+            anyhow::bail!("--listen {value}: port {port} is out of range; a port is 0 to 65535")
+        }
+        Err(_) => {
+            anyhow::bail!("--listen {value}: the port {port:?} is not a number; {FORMS}")
+        }
     }
+    let ip = host
+        .strip_prefix('[')
+        .and_then(|inner| inner.strip_suffix(']'));
+    if let Some(ip) = ip
+        && ip.parse::<std::net::Ipv6Addr>().is_err()
+    {
+        anyhow::bail!("--listen {value}: {ip} is not an IPv6 address; {FORMS}");
+    }
+    if ip.is_none() && host.contains(['[', ']']) {
+        anyhow::bail!("--listen {value}: unbalanced brackets; {FORMS}");
+    }
+    Ok(format!("{host}:{port}"))
 }
 
 async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
-    args.listen = args.listen.as_deref().map(listen_address);
+    args.listen = args.listen.as_deref().map(listen_address).transpose()?;
+    crate::cli::check_profile_dirs(&args.profile_dirs)?;
     let stdio_ask = args.stdio_ask()?;
+    // Judged before the host starts: a refused flag leaves nothing behind.
+    let http = match &args.listen {
+        Some(address) => Some((address.clone(), args.http_options()?)),
+        None => None,
+    };
     let host = host::start(args.host_config()).await?;
     let sessions = Arc::new(HostSessions::new(host.config.clone()));
     let shutdown = host.shutdown.clone();
-    match &args.listen {
+    match http {
         None => box_transport::stdio::serve(sessions, stdio_ask, shutdown).await?,
-        Some(address) => {
-            let options = args.http_options()?;
-            let listener = http::bind(address).await?;
+        Some((address, options)) => {
+            let listener = http::bind(&address).await?;
             tracing::info!(address = %listener.local_addr()?, "serving streamable HTTP at /mcp");
             http::serve(sessions, options, listener, shutdown).await?;
         }
@@ -237,9 +288,48 @@ async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
 mod tests {
     #[test]
     fn a_bare_port_binds_loopback() {
-        assert_eq!(super::listen_address("8080"), "127.0.0.1:8080");
-        assert_eq!(super::listen_address(":8080"), "127.0.0.1:8080");
-        assert_eq!(super::listen_address("0.0.0.0:8080"), "0.0.0.0:8080");
-        assert_eq!(super::listen_address("[::1]:8080"), "[::1]:8080");
+        let listen = |value| super::listen_address(value).unwrap();
+        assert_eq!(listen("8080"), "127.0.0.1:8080");
+        assert_eq!(listen(":8080"), "127.0.0.1:8080");
+        assert_eq!(listen("0.0.0.0:8080"), "0.0.0.0:8080");
+        assert_eq!(listen("[::1]:8080"), "[::1]:8080");
+        assert_eq!(listen("localhost:0"), "localhost:0");
+        assert_eq!(listen("box.example.com:8080"), "box.example.com:8080");
+    }
+
+    /// Issue 22, item 13: what is wrong with a `--listen` is named, not
+    /// taken for a host that is not loopback.
+    #[test]
+    fn a_listen_address_that_is_not_one_is_refused_naming_its_fault() {
+        let refused = |value| super::listen_address(value).unwrap_err().to_string();
+        for (value, want) in [
+            (
+                "127.0.0.1:99999",
+                "--listen 127.0.0.1:99999: port 99999 is out of range; a port is 0 to 65535",
+            ),
+            (
+                "99999",
+                "--listen 99999: port 99999 is out of range; a port is 0 to 65535",
+            ),
+            (
+                "foo:bar",
+                "--listen foo:bar: the port \"bar\" is not a number; write HOST:PORT",
+            ),
+            (
+                "127.0.0.1:",
+                "--listen 127.0.0.1:: the port \"\" is not a number;",
+            ),
+            ("foo", "--listen foo: no port; write HOST:PORT"),
+            ("127.0.0.1", "--listen 127.0.0.1: no port;"),
+            (
+                "::1",
+                "--listen ::1: an IPv6 address takes brackets before its port;",
+            ),
+            ("[zz]:80", "--listen [zz]:80: zz is not an IPv6 address;"),
+        ] {
+            let error = refused(value);
+            assert!(error.starts_with(want), "{value}: {error}");
+            assert!(!error.contains("loopback"), "{value}: {error}");
+        }
     }
 }

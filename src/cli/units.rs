@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use std::sync::Arc;
 
 use box_backend::instance::{self, Liveness};
-use box_backend::{Backend, UnitInfo};
+use box_backend::{Backend, BackendKind, UnitDetail, UnitInfo};
 
 /// `box units`: the units box started that are still there, on the docker
 /// engine and on the local backend (a local unit outlives its host by its
@@ -37,22 +37,132 @@ pub enum UnitsBackend {
     Local,
 }
 
+impl UnitsBackend {
+    /// The backend kind it names.
+    fn kind(self) -> BackendKind {
+        match self {
+            UnitsBackend::Docker => BackendKind::Docker,
+            UnitsBackend::Local => BackendKind::Local,
+        }
+    }
+}
+
 const UNITS_EXAMPLES: &str = "Examples:
   box units ls
   box units ls --json
   box units ls --backend local
+  box units ls --filter session=4d5ff4617dcd94cf37c1ae6626b56a06
   box units inspect 3f2a9c01b7d4
   box units rm 3f2a9c01b7d4";
+
+/// `box units ls --filter`'s keys, as its errors name them.
+const FILTER_KEYS: &str = "backend, instance, profile, session";
+
+/// One `--filter KEY=VALUE`: which units `box units ls` shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnitFilter {
+    /// `backend=docker|local`.
+    Backend(UnitsBackend),
+    /// `instance=ID`: the host instance that started the unit.
+    Instance(String),
+    /// `session=ID`.
+    Session(String),
+    /// `profile=NAME`: the profile its session resolved.
+    Profile(String),
+}
+
+impl UnitFilter {
+    /// `KEY=VALUE`, or why not (clap puts the flag and the value before it).
+    fn parse(text: &str) -> Result<Self, String> {
+        let Some((key, value)) = text.split_once('=') else {
+            return Err(format!(
+                "write KEY=VALUE, like session=4d5ff461...; keys: {FILTER_KEYS}"
+            ));
+        };
+        if value.is_empty() {
+            return Err(format!("`{key}=` has no value; write {key}=VALUE"));
+        }
+        match key {
+            "backend" => <UnitsBackend as clap::ValueEnum>::from_str(value, false)
+                .map(UnitFilter::Backend)
+                .map_err(|_| format!("no backend `{value}`; choose docker or local")),
+            "instance" => Ok(UnitFilter::Instance(value.to_owned())),
+            "session" => Ok(UnitFilter::Session(value.to_owned())),
+            "profile" => Ok(UnitFilter::Profile(value.to_owned())),
+            other => Err(format!("unknown key `{other}`; known keys: {FILTER_KEYS}")),
+        }
+    }
+
+    /// Whether `unit`, of `backend`, is what this filter asks for.
+    fn matches(&self, backend: BackendKind, unit: &UnitInfo) -> bool {
+        match self {
+            UnitFilter::Backend(wanted) => wanted.kind() == backend,
+            UnitFilter::Instance(wanted) => &unit.instance == wanted,
+            UnitFilter::Session(wanted) => &unit.session == wanted,
+            UnitFilter::Profile(wanted) => &unit.profile == wanted,
+        }
+    }
+
+    /// The key this filter is of: values of one key are alternatives.
+    fn key(&self) -> &'static str {
+        match self {
+            UnitFilter::Backend(_) => "backend",
+            UnitFilter::Instance(_) => "instance",
+            UnitFilter::Session(_) => "session",
+            UnitFilter::Profile(_) => "profile",
+        }
+    }
+}
+
+/// Whether `unit` passes every filter, as `docker ps --filter`: values of
+/// one key are alternatives, different keys must all match.
+fn passes(filters: &[UnitFilter], backend: BackendKind, unit: &UnitInfo) -> bool {
+    filters.iter().all(|filter| {
+        filters
+            .iter()
+            .filter(|other| other.key() == filter.key())
+            .any(|other| other.matches(backend, unit))
+    })
+}
+
+/// The backends `box units` must ask: `--backend`'s, narrowed by the
+/// filters' `backend=` values (so a filter for local units needs no engine).
+fn backends_asked(only: Option<UnitsBackend>, filters: &[UnitFilter]) -> Vec<UnitsBackend> {
+    let filtered: Vec<UnitsBackend> = filters
+        .iter()
+        .filter_map(|filter| match filter {
+            UnitFilter::Backend(backend) => Some(*backend),
+            _ => None,
+        })
+        .collect();
+    [UnitsBackend::Docker, UnitsBackend::Local]
+        .into_iter()
+        .filter(|backend| only.is_none_or(|only| only == *backend))
+        .filter(|backend| filtered.is_empty() || filtered.contains(backend))
+        .collect()
+}
 
 /// The `box units` subcommands.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum UnitsCommand {
-    /// List every unit box started that is still there (docker's and local ones): id, backend, instance, session, unit, profile, state.
-    #[command(after_help = "Examples:\n  box units ls\n  box units ls --json")]
+    /// List every unit box started that is still there (docker's and local ones): id, backend, instance, session, unit, profile, image, state, age.
+    #[command(
+        after_help = "Filters (--filter KEY=VALUE, repeatable; values of one key are alternatives, different keys must all match):
+  backend=docker|local   instance=ID   session=ID   profile=NAME
+
+Examples:
+  box units ls
+  box units ls --json
+  box units ls --filter profile=ci --filter backend=local
+  box units ls --filter session=4d5ff4617dcd94cf37c1ae6626b56a06"
+    )]
     Ls {
         /// Print JSON (the stable form).
         #[arg(long)]
         json: bool,
+        /// Only units matching KEY=VALUE, KEY one of backend, instance, session, profile (repeatable).
+        #[arg(long = "filter", value_name = "KEY=VALUE", value_parser = UnitFilter::parse)]
+        filters: Vec<UnitFilter>,
     },
     /// Remove units by id (or a unique prefix of one, as `ls` shows); refuses a
     /// unit whose host is alive unless --force.
@@ -61,18 +171,24 @@ pub enum UnitsCommand {
     )]
     Rm {
         /// The units' ids, or unique prefixes of them.
-        #[arg(value_name = "ID", required = true)]
+        #[arg(value_name = "ID", required = true, add = clap_complete::ArgValueCandidates::new(crate::cli::complete::unit_ids))]
         ids: Vec<String>,
         /// Also remove units whose host is alive (it would lose them mid-session).
         #[arg(long)]
         force: bool,
     },
-    /// Show one unit as JSON: its labels, state, and whether its host is alive.
-    #[command(after_help = "Examples:\n  box units inspect 3f2a9c01b7d4")]
+    /// Show one unit: its labels and state, whether its host is alive, its image,
+    /// workspace and limits, and the envelope its backend reported at its start.
+    #[command(
+        after_help = "Examples:\n  box units inspect 3f2a9c01b7d4\n  box units inspect 3f2a --json"
+    )]
     Inspect {
         /// The unit's id, or a unique prefix of it.
-        #[arg(value_name = "ID")]
+        #[arg(value_name = "ID", add = clap_complete::ArgValueCandidates::new(crate::cli::complete::unit_ids))]
         id: String,
+        /// Print JSON (the stable form).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -122,11 +238,16 @@ pub enum ImageCommand {
     /// Pull an image from its registry (progress on stderr; a pinned digest verified).
     Pull(crate::cli::pull::PullArgs),
     /// List the images box and its profiles use, and whether the engine has each.
-    #[command(after_help = "Examples:\n  box image ls\n  box image ls --json")]
+    #[command(
+        after_help = "Examples:\n  box image ls\n  box image ls --json\n  box image ls --profiles ./profiles"
+    )]
     Ls {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// More directories of profiles, searched first (repeatable): their images are listed too.
+        #[arg(long = "profiles", value_name = "DIR")]
+        profile_dirs: Vec<PathBuf>,
     },
 }
 
@@ -241,52 +362,85 @@ fn shown(backends: &[Arc<dyn Backend>], (of, unit): &Listed) -> anyhow::Result<s
 /// answer: a list that left out an engine's units would be a false one.
 async fn units_of(
     only: Option<UnitsBackend>,
+    filters: &[UnitFilter],
 ) -> anyhow::Result<(Vec<Arc<dyn Backend>>, Vec<Listed>)> {
-    let names: &[&str] = match only {
-        Some(UnitsBackend::Docker) => &["docker"],
-        Some(UnitsBackend::Local) => &["local"],
-        None => &["docker", "local"],
-    };
-    let (backends, failed) = connect(names).await;
+    let names: Vec<&str> = backends_asked(only, filters)
+        .into_iter()
+        .map(|backend| backend.kind().as_str())
+        .collect();
+    let (backends, failed) = connect(&names).await;
     if !failed.is_empty() {
-        let hint = if only.is_none() {
+        let hint = if names.len() > 1 {
             "; `box units --backend local` looks at the local backend's units alone"
         } else {
             ""
         };
         anyhow::bail!("{}{hint}", failed.join("; "));
     }
-    list(backends).await
+    let (backends, mut units) = list(backends).await?;
+    units.retain(|(of, unit)| passes(filters, backends[*of].kind(), unit));
+    // A session's units together, as a session's host sees them.
+    units.sort_by(|(_, a), (_, b)| {
+        (&a.instance, &a.session, &a.created, &a.unit).cmp(&(
+            &b.instance,
+            &b.session,
+            &b.created,
+            &b.unit,
+        ))
+    });
+    Ok((backends, units))
 }
 
 /// Run `box units`.
 pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
     let only = args.backend;
-    match args.command.unwrap_or(UnitsCommand::Ls { json: false }) {
-        UnitsCommand::Ls { json } => {
-            let (backends, units) = runtime()?.block_on(units_of(only))?;
+    let command = args.command.unwrap_or(UnitsCommand::Ls {
+        json: false,
+        filters: Vec::new(),
+    });
+    match command {
+        UnitsCommand::Ls { json, filters } => {
+            let (backends, units) = runtime()?.block_on(units_of(only, &filters))?;
             if json {
                 let shown = units
                     .iter()
                     .map(|listed| shown(&backends, listed))
                     .collect::<anyhow::Result<Vec<_>>>()?;
-                println!("{}", serde_json::to_string_pretty(&shown)?);
+                outln!("{}", serde_json::to_string_pretty(&shown)?);
             } else {
-                print_units(&backends, &units);
+                let now = std::time::SystemTime::now();
+                let rows: Vec<Row> = units
+                    .iter()
+                    .map(|(of, unit)| row(backends[*of].kind(), unit, now))
+                    .collect();
+                out!("{}", table(&rows));
             }
             Ok(ExitCode::SUCCESS)
         }
-        UnitsCommand::Inspect { id } => {
-            let (backends, units) = runtime()?.block_on(units_of(only))?;
-            let listed = find_unit(&units, &id)?;
-            let alive = instance::liveness(&instance::default_dir(), &listed.1.instance);
-            let mut shown = shown(&backends, listed)?;
-            shown["host"] = serde_json::json!(match alive {
+        UnitsCommand::Inspect { id, json } => {
+            let (backends, detail) = runtime()?.block_on(async {
+                let (backends, units) = units_of(only, &[]).await?;
+                let (of, unit) = find_unit(&units, &id)?;
+                let detail = backends[*of].inspect(unit).await?;
+                anyhow::Ok((backends[*of].kind(), detail))
+            })?;
+            let alive = instance::liveness(&instance::default_dir(), &detail.info.instance);
+            let host = match alive {
                 Liveness::Alive => "alive",
                 Liveness::Dead => "dead",
                 Liveness::Unknown => "unknown",
-            });
-            println!("{}", serde_json::to_string_pretty(&shown)?);
+            };
+            if json {
+                let mut shown = serde_json::to_value(&detail)?;
+                shown["backend"] = serde_json::json!(backends.as_str());
+                shown["host"] = serde_json::json!(host);
+                outln!("{}", serde_json::to_string_pretty(&shown)?);
+            } else {
+                out!(
+                    "{}",
+                    inspected(backends, host, &detail, std::time::SystemTime::now())
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         UnitsCommand::Rm { ids, force } => remove(&ids, force, only),
@@ -360,7 +514,7 @@ fn find_unit<'a>(units: &'a [Listed], id: &str) -> anyhow::Result<&'a Listed> {
 fn remove(ids: &[String], force: bool, only: Option<UnitsBackend>) -> anyhow::Result<ExitCode> {
     let dir = instance::default_dir();
     let (removed, failed) = runtime()?.block_on(async {
-        let (backends, units) = units_of(only).await?;
+        let (backends, units) = units_of(only, &[]).await?;
         let mut doomed: Vec<Listed> = Vec::new();
         for id in ids {
             let listed = find_unit(&units, id)?;
@@ -380,7 +534,7 @@ fn remove(ids: &[String], force: bool, only: Option<UnitsBackend>) -> anyhow::Re
         anyhow::Ok(remove_listed(&backends, doomed).await)
     })?;
     for unit in &removed {
-        println!("{}", unit.id.get(..12).unwrap_or(&unit.id));
+        outln!("{}", unit.id.get(..12).unwrap_or(&unit.id));
     }
     for (unit, why) in &failed {
         eprintln!(
@@ -395,29 +549,277 @@ fn remove(ids: &[String], force: bool, only: Option<UnitsBackend>) -> anyhow::Re
     })
 }
 
-fn print_units(backends: &[Arc<dyn Backend>], units: &[Listed]) {
-    println!(
-        "{:<12}  {:<7}  {:<24}  {:<20}  {:<12}  {:<10}  {:<8}  CREATED",
-        "ID", "BACKEND", "INSTANCE", "SESSION", "UNIT", "PROFILE", "STATE"
-    );
-    for (of, unit) in units {
-        // A fork shows the unit it was made from: `fork-1<workspace`.
-        let name = match &unit.parent {
-            Some(parent) => format!("{}<{parent}", unit.unit),
-            None => unit.unit.clone(),
-        };
-        println!(
-            "{:<12}  {:<7}  {:<24}  {:<20}  {:<12}  {:<10}  {:<8}  {}",
-            unit.id.get(..12).unwrap_or(&unit.id),
-            backends[*of].kind().as_str(),
-            unit.instance,
-            unit.session,
-            name,
-            unit.profile,
-            unit.state,
-            unit.created
-        );
+/// One line of `box units ls`, its cells in [`COLUMNS`]' order.
+type Row = [String; COLUMNS.len()];
+
+/// `box units ls`' columns.
+const COLUMNS: [&str; 9] = [
+    "ID", "BACKEND", "INSTANCE", "SESSION", "UNIT", "PROFILE", "IMAGE", "STATE", "AGE",
+];
+
+/// How much of an id `box units` shows (as `docker ps`); `inspect`, `rm`
+/// and every filter take any unique prefix.
+const SHORT_ID: usize = 12;
+
+fn short_id(id: &str) -> &str {
+    id.get(..SHORT_ID).unwrap_or(id)
+}
+
+/// `unit`'s cells, its age reckoned at `now`.
+fn row(backend: BackendKind, unit: &UnitInfo, now: std::time::SystemTime) -> Row {
+    // A fork shows the unit it was made from: `fork-1<workspace`.
+    let name = match &unit.parent {
+        Some(parent) => format!("{}<{parent}", unit.unit),
+        None => unit.unit.clone(),
+    };
+    [
+        short_id(&unit.id).to_owned(),
+        backend.as_str().to_owned(),
+        unit.instance.clone(),
+        unit.session.clone(),
+        name,
+        unit.profile.clone(),
+        unit.image.clone().unwrap_or_default(),
+        unit.state.clone(),
+        age(&unit.created, now).unwrap_or_default(),
+    ]
+}
+
+/// `rows` under [`COLUMNS`], each column as wide as its widest cell (so no
+/// long session id shifts the columns after it), an empty cell shown `-`.
+fn table(rows: &[Row]) -> String {
+    let cell = |text: &str| -> String {
+        if text.is_empty() {
+            return "-".to_owned();
+        }
+        // Labels are anyone's to write on a container: nothing in one may
+        // move the cursor or break the line.
+        text.chars()
+            .flat_map(|c| {
+                if c.is_control() {
+                    c.escape_default().collect::<Vec<_>>()
+                } else {
+                    vec![c]
+                }
+            })
+            .collect()
+    };
+    let lines: Vec<Vec<String>> = std::iter::once(COLUMNS.map(str::to_owned))
+        .chain(rows.iter().cloned())
+        .map(|row| row.iter().map(|text| cell(text)).collect())
+        .collect();
+    let widths: Vec<usize> = (0..COLUMNS.len())
+        .map(|column| {
+            lines
+                .iter()
+                .map(|line| line[column].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for line in &lines {
+        let mut text = String::new();
+        for (column, cell) in line.iter().enumerate() {
+            text.push_str(cell);
+            if column + 1 < line.len() {
+                let pad = widths[column] - cell.chars().count() + 3;
+                text.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
     }
+    out
+}
+
+/// How long ago `created` (RFC 3339) was, at `now`, in its largest whole
+/// unit: `42s`, `5m`, `3h`, `2d`; `None` when it is not a time.
+fn age(created: &str, now: std::time::SystemTime) -> Option<String> {
+    let created = humantime::parse_rfc3339_weak(created).ok()?;
+    let secs = now.duration_since(created).unwrap_or_default().as_secs();
+    Some(match secs {
+        0..60 => format!("{secs}s"),
+        60..3600 => format!("{}m", secs / 60),
+        3600..172_800 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86_400),
+    })
+}
+
+/// `box units inspect` for people: the unit, then its image, workspace and
+/// limits, then the whole envelope as JSON.
+fn inspected(
+    backend: BackendKind,
+    host: &str,
+    detail: &UnitDetail,
+    now: std::time::SystemTime,
+) -> String {
+    let unit = &detail.info;
+    let envelope = detail.envelope.as_ref();
+    let none = || "-".to_owned();
+    let mut lines: Vec<(&str, String)> = vec![
+        ("id", unit.id.clone()),
+        ("backend", backend.as_str().to_owned()),
+        (
+            "unit",
+            match &unit.parent {
+                Some(parent) => format!("{} (a fork of {parent})", unit.unit),
+                None => unit.unit.clone(),
+            },
+        ),
+        ("session", unit.session.clone()),
+        ("instance", format!("{} (host {host})", unit.instance)),
+        ("profile", unit.profile.clone()),
+        ("state", unit.state.clone()),
+        (
+            "created",
+            match age(&unit.created, now) {
+                Some(age) => format!("{} ({age} ago)", unit.created),
+                None => unit.created.clone(),
+            },
+        ),
+    ];
+    let image = match (&unit.image, envelope.and_then(|e| e["userland"].as_str())) {
+        (_, Some(userland)) => format!("none: the {userland}'s own userland"),
+        (Some(image), None) => image.clone(),
+        (None, None) => none(),
+    };
+    lines.push(("image", image));
+    let root = envelope.and_then(|e| e["root"].as_str());
+    let workspace = match (&detail.workspace, root) {
+        (Some(host), Some(root)) if host.as_os_str() != root => {
+            format!("{} (at {root} in the unit)", host.display())
+        }
+        (Some(host), _) => host.display().to_string(),
+        (None, Some(root)) => format!("{root} in the unit (none of the host's)"),
+        (None, None) => none(),
+    };
+    lines.push(("workspace", workspace));
+    if let Some(pid) = detail.pid {
+        lines.push(("pid", pid.to_string()));
+    }
+    match envelope {
+        Some(envelope) => {
+            lines.push(("limits", limits(&envelope["limits"])));
+            if let Some(mode) = envelope["network"]["mode"].as_str() {
+                lines.push(("network", mode.to_owned()));
+            }
+        }
+        None => lines.push(("limits", none())),
+    }
+    let width = lines.iter().map(|(key, _)| key.len()).max().unwrap_or(0) + 2;
+    let mut out = String::new();
+    for (key, value) in &lines {
+        out.push_str(&format!("{:<width$}{value}\n", format!("{key}:")));
+    }
+    match envelope {
+        Some(envelope) => {
+            out.push_str("envelope (as reported at its start):\n");
+            outline(envelope, 1, &mut out);
+        }
+        None => out.push_str("envelope: not recorded (an older box started this unit)\n"),
+    }
+    out
+}
+
+/// `value` (an object) as indented `key: value` lines, a list of plain
+/// values on one line, for people; `--json` has the JSON.
+fn outline(value: &serde_json::Value, depth: usize, out: &mut String) {
+    let Some(object) = value.as_object() else {
+        return;
+    };
+    let indent = "  ".repeat(depth);
+    for (key, value) in object {
+        match value {
+            serde_json::Value::Object(_) => {
+                out.push_str(&format!("{indent}{key}:\n"));
+                outline(value, depth + 1, out);
+            }
+            serde_json::Value::Array(items) if items.iter().any(|item| item.is_object()) => {
+                out.push_str(&format!("{indent}{key}:\n"));
+                for item in items {
+                    out.push_str(&format!("{indent}  -\n"));
+                    outline(item, depth + 2, out);
+                }
+            }
+            serde_json::Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(plain).collect();
+                let shown = if items.is_empty() {
+                    "-".to_owned()
+                } else {
+                    items.join(", ")
+                };
+                out.push_str(&format!("{indent}{key}: {shown}\n"));
+            }
+            _ => out.push_str(&format!("{indent}{key}: {}\n", plain(value))),
+        }
+    }
+}
+
+/// A JSON scalar as people read it: a string without its quotes.
+fn plain(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(text) if text.is_empty() => "-".to_owned(),
+        serde_json::Value::String(text) => text.escape_default().to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// A camelCase key in words: `memorySwap` is `memory swap`.
+fn words(key: &str) -> String {
+    let mut out = String::new();
+    for c in key.chars() {
+        if c.is_ascii_uppercase() {
+            out.push(' ');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+/// An envelope's `limits` in words: sizes in binary units, times as
+/// durations, what was not applied after the rest.
+fn limits(limits: &serde_json::Value) -> String {
+    let Some(limits) = limits.as_object() else {
+        return "-".to_owned();
+    };
+    let mut shown = Vec::new();
+    let mut not_applied = Vec::new();
+    for (key, value) in limits {
+        if let Some(list) = value.as_array() {
+            not_applied.extend(list.iter().filter_map(|item| item.as_str()));
+            continue;
+        }
+        let text = if let (Some(name), Some(bytes)) = (key.strip_suffix("Bytes"), value.as_u64()) {
+            // ByteSize shows the largest exact unit, which for 0 is any.
+            let size = if bytes == 0 {
+                "0B".to_owned()
+            } else {
+                crate::profile::ByteSize(bytes).to_string()
+            };
+            format!("{} {size}", words(name))
+        } else if let (Some(name), Some(millis)) = (key.strip_suffix("Ms"), value.as_u64()) {
+            format!(
+                "{} {}",
+                words(name),
+                humantime::format_duration(std::time::Duration::from_millis(millis))
+            )
+        } else if value.is_null() {
+            continue;
+        } else {
+            format!("{} {value}", words(key))
+        };
+        shown.push(text);
+    }
+    let mut text = if shown.is_empty() {
+        "-".to_owned()
+    } else {
+        shown.join(", ")
+    };
+    if !not_applied.is_empty() {
+        text.push_str(&format!("; not applied: {}", not_applied.join("; ")));
+    }
+    text
 }
 
 /// Which instances' units `box gc` removes, given each instance's liveness.
@@ -538,7 +940,7 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
         anyhow::Ok((removed, failed))
     })?;
     for unit in &removed {
-        println!(
+        outln!(
             "removed {} (instance {}, session {}, unit {})",
             unit.id.get(..12).unwrap_or(&unit.id),
             unit.instance,
@@ -578,7 +980,7 @@ pub fn image(args: ImageArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         ImageCommand::Build(build) => image_build(&build),
         ImageCommand::Pull(pull) => crate::cli::pull::pull(&pull),
-        ImageCommand::Ls { json } => image_ls(json),
+        ImageCommand::Ls { json, profile_dirs } => image_ls(json, &profile_dirs),
     }
 }
 
@@ -613,12 +1015,11 @@ const BUILT_IMAGES: [&str; 4] = [
 ];
 
 /// Every image box builds or a profile names, with the profiles naming it.
-fn images_used() -> BTreeMap<String, Vec<String>> {
+fn images_used(catalog: &crate::profile::Catalog) -> BTreeMap<String, Vec<String>> {
     let mut images: BTreeMap<String, Vec<String>> = BUILT_IMAGES
         .iter()
         .map(|image| ((*image).to_owned(), Vec::new()))
         .collect();
-    let catalog = crate::profile::Catalog::new(Vec::new());
     for listed in catalog.list().into_iter().filter(|listed| !listed.hidden) {
         // A profile that does not load names no image; `box profile check` says why.
         let Ok(profile) = catalog.load(&listed.name) else {
@@ -637,8 +1038,8 @@ fn images_used() -> BTreeMap<String, Vec<String>> {
     images
 }
 
-fn image_ls(json: bool) -> anyhow::Result<ExitCode> {
-    let images = images_used();
+fn image_ls(json: bool, profile_dirs: &[PathBuf]) -> anyhow::Result<ExitCode> {
+    let images = images_used(&crate::cli::catalog(profile_dirs)?);
     let present: Vec<bool> = runtime()?.block_on(async {
         let backend = box_backend_docker::DockerBackend::connect()
             .await
@@ -657,11 +1058,11 @@ fn image_ls(json: bool) -> anyhow::Result<ExitCode> {
                 serde_json::json!({"image": image, "present": present, "profiles": profiles})
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&listed)?);
+        outln!("{}", serde_json::to_string_pretty(&listed)?);
     } else {
-        println!("{:<32}  {:<8}  PROFILES", "IMAGE", "PRESENT");
+        outln!("{:<32}  {:<8}  PROFILES", "IMAGE", "PRESENT");
         for ((image, profiles), present) in images.iter().zip(&present) {
-            println!(
+            outln!(
                 "{image:<32}  {:<8}  {}",
                 if *present { "yes" } else { "no" },
                 if profiles.is_empty() {
@@ -693,6 +1094,273 @@ fn write_build_tree(dir: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn unit(id: &str, session: &str, profile: &str) -> UnitInfo {
+        UnitInfo {
+            id: id.to_owned(),
+            instance: "box-1".to_owned(),
+            session: session.to_owned(),
+            unit: "workspace".to_owned(),
+            profile: profile.to_owned(),
+            created: "2026-01-01T00:00:00Z".to_owned(),
+            state: "running".to_owned(),
+            parent: None,
+            lease_ms: Some(30_000),
+            image: Some("box-base:bookworm".to_owned()),
+        }
+    }
+
+    /// Each line cut where each header starts: the cells, trimmed.
+    fn by_column(table: &str) -> Vec<Vec<String>> {
+        let header = table.lines().next().unwrap();
+        // Each header searched after the one before it (IMAGE holds AGE).
+        let mut starts: Vec<usize> = Vec::new();
+        for name in COLUMNS {
+            let from = starts.last().map_or(0, |start| start + 1);
+            starts.push(from + header[from..].find(name).unwrap());
+        }
+        table
+            .lines()
+            .map(|line| {
+                starts
+                    .iter()
+                    .enumerate()
+                    .map(|(index, start)| {
+                        let end = starts.get(index + 1).copied().unwrap_or(line.len());
+                        line.get(*start..end.min(line.len()))
+                            .unwrap_or_default()
+                            .trim()
+                            .to_owned()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn columns_are_as_wide_as_their_widest_cell_so_a_long_session_shifts_nothing() {
+        let now = humantime::parse_rfc3339("2026-01-01T00:05:00Z").unwrap();
+        let long = "f".repeat(64);
+        let mut forked = unit(&"b".repeat(64), "s1", "ci");
+        forked.unit = "fork-1".to_owned();
+        forked.parent = Some("workspace".to_owned());
+        forked.image = None;
+        forked.created = String::new();
+        let rows = [
+            row(
+                BackendKind::Docker,
+                &unit(&"a".repeat(64), &long, "default"),
+                now,
+            ),
+            row(BackendKind::Local, &forked, now),
+        ];
+        let table = table(&rows);
+        let read = by_column(&table);
+        assert_eq!(read[0], COLUMNS.map(str::to_owned).to_vec(), "{table}");
+        assert_eq!(
+            read[1],
+            [
+                &"a".repeat(12),
+                "docker",
+                "box-1",
+                &long,
+                "workspace",
+                "default",
+                "box-base:bookworm",
+                "running",
+                "5m"
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            "{table}"
+        );
+        assert_eq!(
+            read[2],
+            [
+                &"b".repeat(12),
+                "local",
+                "box-1",
+                "s1",
+                "fork-1<workspace",
+                "ci",
+                "-",
+                "running",
+                "-"
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            "{table}"
+        );
+        // Three spaces between columns, none at the ends of lines.
+        assert!(table.lines().all(|line| !line.ends_with(' ')), "{table}");
+        assert!(table.contains(&format!("{long}   workspace")), "{table}");
+    }
+
+    #[test]
+    fn a_label_cannot_break_a_line_of_the_table() {
+        let now = std::time::SystemTime::now();
+        let table = table(&[row(
+            BackendKind::Docker,
+            &unit("abc", "s\n\u{1b}[2J", "p"),
+            now,
+        )]);
+        assert_eq!(table.lines().count(), 2, "{table}");
+        assert!(table.contains("s\\n\\u{1b}[2J"), "{table}");
+    }
+
+    #[test]
+    fn ages_are_in_their_largest_whole_unit() {
+        let now = humantime::parse_rfc3339("2026-01-10T00:00:00Z").unwrap();
+        for (created, want) in [
+            ("2026-01-09T23:59:18Z", Some("42s")),
+            ("2026-01-09T23:55:00Z", Some("5m")),
+            ("2026-01-09T21:00:00Z", Some("3h")),
+            ("2026-01-08T00:00:00Z", Some("2d")),
+            ("2026-01-11T00:00:00Z", Some("0s")),
+            ("", None),
+            ("yesterday", None),
+        ] {
+            assert_eq!(age(created, now).as_deref(), want, "{created}");
+        }
+    }
+
+    #[test]
+    fn filters_of_one_key_are_alternatives_and_keys_must_all_match() {
+        let filters = |given: &[&str]| -> Vec<UnitFilter> {
+            given
+                .iter()
+                .map(|text| UnitFilter::parse(text).unwrap())
+                .collect()
+        };
+        let ci = unit("a1", "s1", "ci");
+        for (given, backend, want) in [
+            (&[][..], BackendKind::Docker, true),
+            (&["profile=ci"][..], BackendKind::Docker, true),
+            (&["profile=default"], BackendKind::Docker, false),
+            (
+                &["profile=default", "profile=ci"],
+                BackendKind::Docker,
+                true,
+            ),
+            (&["profile=ci", "session=s2"], BackendKind::Docker, false),
+            (
+                &["profile=ci", "session=s1", "instance=box-1"],
+                BackendKind::Docker,
+                true,
+            ),
+            (&["backend=local"], BackendKind::Docker, false),
+            (
+                &["backend=local", "backend=docker"],
+                BackendKind::Docker,
+                true,
+            ),
+            (&["backend=local", "session=s1"], BackendKind::Local, true),
+            // Whole values, never prefixes: a session id is exact.
+            (&["session=s"], BackendKind::Docker, false),
+        ] {
+            assert_eq!(
+                passes(&filters(given), backend, &ci),
+                want,
+                "{given:?} {backend:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_filter_key_is_refused_naming_the_known_ones() {
+        for (text, want) in [
+            (
+                "colour=red",
+                "unknown key `colour`; known keys: backend, instance, profile, session",
+            ),
+            ("session", "write KEY=VALUE"),
+            ("session=", "`session=` has no value"),
+            ("backend=kube", "no backend `kube`; choose docker or local"),
+        ] {
+            let refused = UnitFilter::parse(text).unwrap_err();
+            assert!(refused.contains(want), "{text}: {refused}");
+        }
+        assert_eq!(
+            UnitFilter::parse("session=a=b").unwrap(),
+            UnitFilter::Session("a=b".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_backend_filter_narrows_the_backends_asked() {
+        let backend = |name: &str| UnitFilter::parse(&format!("backend={name}")).unwrap();
+        let docker = UnitsBackend::Docker;
+        let local = UnitsBackend::Local;
+        assert_eq!(backends_asked(None, &[]), [docker, local]);
+        assert_eq!(backends_asked(None, &[backend("local")]), [local]);
+        assert_eq!(backends_asked(Some(docker), &[]), [docker]);
+        assert_eq!(backends_asked(Some(docker), &[backend("local")]), []);
+        assert_eq!(
+            backends_asked(None, &[backend("local"), backend("docker")]),
+            [docker, local]
+        );
+    }
+
+    #[test]
+    fn a_unit_is_found_by_its_id_or_a_unique_prefix_and_an_ambiguous_one_is_refused() {
+        let units: Vec<Listed> = ["3f2a9c01", "3f2b7d44", "8c1d0000"]
+            .into_iter()
+            .map(|id| (0, unit(id, "s", "p")))
+            .collect();
+        assert_eq!(find_unit(&units, "3f2a").unwrap().1.id, "3f2a9c01");
+        assert_eq!(find_unit(&units, "8").unwrap().1.id, "8c1d0000");
+        assert_eq!(find_unit(&units, "3f2b7d44").unwrap().1.id, "3f2b7d44");
+        let ambiguous = find_unit(&units, "3f2").unwrap_err().to_string();
+        assert!(
+            ambiguous
+                .contains("is the start of 2 units' ids (3f2a9c01, 3f2b7d44); give more of the id"),
+            "{ambiguous}"
+        );
+        let missing = find_unit(&units, "ff").unwrap_err().to_string();
+        assert!(
+            missing.contains("no box unit has an id starting"),
+            "{missing}"
+        );
+        assert!(find_unit(&units, "").is_err());
+    }
+
+    #[test]
+    fn inspect_shows_image_workspace_limits_and_the_envelope_in_words() {
+        let now = humantime::parse_rfc3339("2026-01-01T00:00:42Z").unwrap();
+        let detail = UnitDetail {
+            info: unit(&"a".repeat(64), "s1", "ci"),
+            workspace: Some("/home/me/project".into()),
+            pid: Some(4242),
+            envelope: Some(serde_json::json!({
+                "id": "a".repeat(64),
+                "root": "/workspace",
+                "network": {"mode": "none", "allow": []},
+                "limits": {"memoryBytes": 2_147_483_648_u64, "cpus": 2.0, "pids": 512,
+                    "tmpInodes": 65536, "coreBytes": 0, "startTimeoutMs": 30000,
+                    "notApplied": ["cpus: no cgroup"]},
+                "envPassed": ["HOME", "PATH"],
+            })),
+        };
+        let shown = inspected(BackendKind::Docker, "alive", &detail, now);
+        for line in [
+            "instance:  box-1 (host alive)",
+            "created:   2026-01-01T00:00:00Z (42s ago)",
+            "image:     box-base:bookworm",
+            "workspace: /home/me/project (at /workspace in the unit)",
+            "pid:       4242",
+            "limits:    memory 2GiB, cpus 2.0, pids 512, tmp inodes 65536, core 0B, start timeout 30s; not applied: cpus: no cgroup",
+            "network:   none",
+            "envelope (as reported at its start):",
+            "  network:\n    mode: none\n    allow: -",
+            "  envPassed: HOME, PATH",
+        ] {
+            assert!(shown.contains(line), "no {line:?} in\n{shown}");
+        }
+        let older = UnitDetail::listed(unit("b1", "s1", "ci"));
+        let shown = inspected(BackendKind::Docker, "dead", &older, now);
+        assert!(shown.contains("limits:    -"), "{shown}");
+        assert!(shown.contains("envelope: not recorded"), "{shown}");
+    }
 
     #[test]
     fn gc_never_collects_a_live_instance() {

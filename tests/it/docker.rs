@@ -903,7 +903,7 @@ async fn docker_units_inspect_and_rm() {
     let live_id = &live_unit.envelope.id;
     let dead_id = &dead_unit.envelope.id;
 
-    let out = units(&["inspect", &live_id[..12]]);
+    let out = units(&["inspect", "--json", &live_id[..12]]);
     assert!(
         out.status.success(),
         "{}",
@@ -913,9 +913,35 @@ async fn docker_units_inspect_and_rm() {
     assert_eq!(shown["id"], live_id.as_str());
     assert_eq!(shown["instance"], live.label.instance.as_str());
     assert_eq!(shown["host"], "alive");
-    let out = units(&["inspect", dead_id]);
+    let out = units(&["inspect", "--json", dead_id]);
     let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown["host"], "dead");
+
+    // A TAB after `box units inspect` offers the ids `ls` shows.
+    let offered = std::process::Command::new(box_bin())
+        .args(["--", "box", "units", "inspect", &live_id[..4]])
+        .env("BOX_COMPLETE", "bash")
+        .env("_CLAP_COMPLETE_INDEX", "3")
+        .env("_CLAP_IFS", "\n")
+        .output()
+        .unwrap();
+    let offered = String::from_utf8_lossy(&offered.stdout);
+    assert!(
+        offered.lines().any(|line| line == &live_id[..12]),
+        "{offered}"
+    );
+    let offered = std::process::Command::new(box_bin())
+        .args(["--", "box", "units", "rm", &dead_id[..12], ""])
+        .env("BOX_COMPLETE", "bash")
+        .env("_CLAP_COMPLETE_INDEX", "4")
+        .env("_CLAP_IFS", "\n")
+        .output()
+        .unwrap();
+    let offered = String::from_utf8_lossy(&offered.stdout);
+    assert!(
+        offered.lines().any(|line| line == &live_id[..12]),
+        "{offered}"
+    );
 
     let out = units(&["inspect", "zzzz"]);
     assert_eq!(out.status.code(), Some(1));
@@ -1013,6 +1039,60 @@ fn docker_image_ls_names_the_images_and_their_profiles() {
             .any(|image| image["image"] == "box-dev:bookworm" && image["present"] == true),
         "{listed:#}"
     );
+
+    // With --profiles, the operator's profiles' images too.
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("mine.toml"),
+        "extends = \"default\"\ndescription = \"mine\"\n[workspace]\nimage = \"example.com/mine:1\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(box_bin())
+        .args(["image", "ls", "--json", "--profiles"])
+        .arg(profiles.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|image| image["image"] == "example.com/mine:1"
+                && image["profiles"] == serde_json::json!(["mine"])
+                && image["present"] == false),
+        "{listed:#}"
+    );
+}
+
+/// The engine's commands end quietly with 0 when their reader has gone
+/// (`box units ls | head -1`), as the others do (cli.rs).
+#[tokio::test]
+async fn docker_a_closed_stdout_ends_units_and_image_ls_quietly() {
+    if engine().await.is_none() {
+        return;
+    }
+    for args in [
+        &["units", "ls"][..],
+        &["units", "ls", "--json"],
+        &["image", "ls"],
+        &["image", "ls", "--json"],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let output = std::process::Command::new(box_bin())
+            .args(args)
+            .stdout(writer)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !text.contains("panicked") && !text.contains("Broken pipe"),
+            "{args:?}: {text}"
+        );
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {text}");
+    }
 }
 
 /// `box doctor --strict` passes where the default profile runs (a test
@@ -2903,5 +2983,44 @@ fn docker_box_run_it_gives_the_command_a_terminal() {
         run.cooked_after,
         "the terminal was left raw: {}",
         run.output
+    );
+}
+
+/// A missing box image is built for the suite its tag names: `box image
+/// build` alone makes bookworm's, so the remedy says `--suite`.
+#[tokio::test]
+async fn docker_a_missing_box_image_names_the_build_of_its_suite() {
+    if engine().await.is_none() {
+        return;
+    }
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("other.toml"),
+        "extends = \"default\"\ndescription = \"another suite\"\n[workspace]\nimage = \"box-base:boxtestsuite\"\n",
+    )
+    .unwrap();
+    let ws = workspace();
+    let output = std::process::Command::new(box_bin())
+        .args([
+            "run",
+            "--backend",
+            "docker",
+            "--profile",
+            "other",
+            "--profiles",
+        ])
+        .arg(profiles.path())
+        .arg("--workspace")
+        .arg(ws.path())
+        .arg("true")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains(
+            "image box-base:boxtestsuite is missing; build it with `box image build --suite boxtestsuite`"
+        ),
+        "{stderr}"
     );
 }

@@ -1469,8 +1469,7 @@ fn local_a_killed_hosts_unit_leaves_no_process() {
         until_marker(&marker, Duration::from_secs(10)),
         "the marker never started"
     );
-    // The unit's id is its helper's pid.
-    let helper = served.initialized["result"]["capabilities"]["experimental"]
+    let id = served.initialized["result"]["capabilities"]["experimental"]
         ["io.github.christopherdavenport.dax/executor"]["box"]["units"][0]["id"]
         .as_str()
         .unwrap()
@@ -1494,10 +1493,10 @@ fn local_a_killed_hosts_unit_leaves_no_process() {
         .iter()
         .find(|unit| unit["instance"] == json!(instance))
         .unwrap_or_else(|| panic!("box units ls does not list the local unit: {listed}"));
-    assert_eq!(ours["id"], json!(helper), "{ours}");
+    assert_eq!(ours["id"], json!(id), "{ours}");
     assert_eq!(ours["backend"], "local", "{ours}");
     let inspected = std::process::Command::new(box_bin())
-        .args(["units", "inspect", &helper])
+        .args(["units", "inspect", "--json", &id])
         .output()
         .unwrap();
     assert!(inspected.status.success(), "{inspected:?}");
@@ -1507,6 +1506,10 @@ fn local_a_killed_hosts_unit_leaves_no_process() {
         (&json!("local"), &json!("dead")),
         "{inspected}"
     );
+    // The unit's helper, which outlives its host by the lease.
+    let helper = inspected["pid"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no helper pid: {inspected}"));
     let gc = || {
         std::process::Command::new(box_bin())
             .args(["gc", "--instance", &instance])
@@ -1518,7 +1521,7 @@ fn local_a_killed_hosts_unit_leaves_no_process() {
     let out = gc();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains(&format!("left {helper}")), "{stderr}");
+    assert!(stderr.contains(&format!("left {}", &id[..12])), "{stderr}");
     assert!(
         String::from_utf8_lossy(&out.stdout).is_empty(),
         "gc removed a unit whose lease may be live: {out:?}"

@@ -12,6 +12,8 @@ mod end_to_end;
 mod executor;
 /// `box/fork`, `box/merge` and `box/discard` through `box serve` on Docker.
 mod fork;
+/// Livable units: an executable /tmp, a writable home, who a unit runs as, volumes; docker and local.
+mod livable;
 /// Units on the local sandboxed-process backend: hardening probed from inside.
 mod local;
 /// `box profile` on the command line: exit codes, messages, `--json` golden output.
@@ -35,3 +37,5 @@ mod serve;
 mod support;
 /// The repository itself: ARCHITECTURE.md names every module.
 mod tidy;
+/// `box units` over units a real `box serve` started, on both backends: the table, filters, inspect.
+mod units;

@@ -154,7 +154,7 @@ fn profile_resolve_json_matches_the_golden_plans() {
                 "resolve",
                 name,
                 "--json",
-                "--cwd",
+                "--workspace",
                 "/home/user/project",
                 "--caller",
                 "1000:1000",
@@ -208,6 +208,11 @@ fn profile_resolve_refuses_a_widening_with_the_exact_message() {
         (
             r#"{"privileged": true}"#,
             "box: tighten: privileged: unknown field; accepted here: workspace, network, limits, servers, env\n",
+        ),
+        // A real field of the profile's that a session cannot tighten is told as one.
+        (
+            r#"{"workspace": {"user": "root"}}"#,
+            "box: tighten: workspace.user: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: mode, image, local_userland\n",
         ),
     ];
     for (ask, message) in cases {
@@ -306,7 +311,7 @@ fn profile_show_json_matches_the_golden_profiles() {
 }
 
 /// Issue 8, item 4: `box profile resolve` shows the refusal a session would
-/// get when `cwd` resolves to a system directory, from there or by `--cwd`.
+/// get when `cwd` resolves to a system directory, from there or by `--workspace` (or its old name `--cwd`).
 #[test]
 fn profile_resolve_refuses_a_cwd_in_a_system_directory() {
     let home = tempfile::tempdir().unwrap();
@@ -321,7 +326,7 @@ fn profile_resolve_refuses_a_cwd_in_a_system_directory() {
         profile_run(home.path(), &["resolve", "default", "--cwd", "/etc"]),
         profile_run(
             home.path(),
-            &["resolve", "default", "--cwd", "../../../../../../etc"],
+            &["resolve", "default", "--workspace", "../../../../../../etc"],
         ),
     ] {
         assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
@@ -337,4 +342,48 @@ fn profile_resolve_refuses_a_cwd_in_a_system_directory() {
         );
         assert!(stdout(&output).is_empty(), "{}", describe(&output));
     }
+}
+
+/// Run from a home directory (root's `/root` here), box says so and names
+/// a next step that works: a profile of one's own that extends the shipped
+/// one (which cannot be edited), or another directory.
+#[test]
+fn profile_resolve_from_a_home_directory_names_it_and_a_profile_that_works() {
+    let home = tempfile::tempdir().unwrap();
+    let output = profile_run(home.path(), &["resolve", "default", "--workspace", "/root"]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let text = stderr(&output);
+    assert!(
+        text.starts_with(
+            "box: workspace.source = \"cwd\" resolved to /root, which is a home directory (its keys, credentials and shell history with it): refused as dangerous;"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("system directory"), "{text}");
+    assert!(
+        text.contains("extends = \"default\" and [operator] allow_dangerous = [\"host-root\"] in ~/.config/box/profiles/NAME.toml, then --profile NAME"),
+        "{text}"
+    );
+    // The profile it describes, written where it says, resolves.
+    let profiles = home.path().join("config/box/profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    std::fs::write(
+        profiles.join("mine.toml"),
+        "extends = \"default\"\ndescription = \"mine\"\n[operator]\nallow_dangerous = [\"host-root\"]\n",
+    )
+    .unwrap();
+    let output = profile_run(home.path(), &["resolve", "mine", "--workspace", "/root"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    // So does the other way it names: an empty directory.
+    let empty = tempfile::tempdir().unwrap();
+    let output = profile_run(
+        home.path(),
+        &[
+            "resolve",
+            "default",
+            "--workspace",
+            empty.path().to_str().unwrap(),
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
 }

@@ -505,10 +505,18 @@ async fn local_a_unit_whose_lease_lapsed_is_not_reattached() {
     let (session, answer) = setup.initialize(json!({"profile": "short"})).await;
     let session = session.unwrap_or_else(|| panic!("{answer}"));
     let secret = box_answer(&answer)["session"]["secret"].clone();
-    let helper = box_answer(&answer)["units"][0]["id"]
+    let id = box_answer(&answer)["units"][0]["id"]
         .as_str()
         .unwrap()
         .to_owned();
+    // The unit's sandbox helper, as `box units inspect` names it.
+    let shown = Command::new(box_bin())
+        .args(["units", "inspect", "--json", "--backend", "local", &id])
+        .output()
+        .unwrap();
+    assert!(shown.status.success(), "{shown:?}");
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let helper = shown["pid"].as_u64().unwrap_or_else(|| panic!("{shown}"));
     kill9(&mut host);
     // The lease (1 s) lapses: the helper ends the unit and itself.
     let deadline = std::time::Instant::now() + Duration::from_secs(1 + 5);

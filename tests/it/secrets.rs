@@ -361,11 +361,11 @@ fn secrets_are_files_and_redacted(backend: &'static str) {
             assert!(!shown.contains(value), "docker inspect shows a secret");
         }
     } else {
-        // The unit's processes (the helper is the envelope's id; the init and
-        // the executor are its descendants): neither value on a command line
-        // or in an environment block, which is what /proc shows other
-        // processes of the same user (and root).
-        let helper: u32 = envelope["id"].as_str().unwrap().parse().unwrap();
+        // The unit's processes (the helper, as `box units inspect` names it;
+        // the init and the executor are its descendants): neither value on a
+        // command line or in an environment block, which is what /proc shows
+        // other processes of the same user (and root).
+        let helper = local_helper(envelope["id"].as_str().unwrap());
         let unit = descendants(helper);
         assert!(unit.len() >= 2, "helper and executor at least: {unit:?}");
         for pid in unit {
@@ -386,6 +386,18 @@ fn secrets_are_files_and_redacted(backend: &'static str) {
         }
     }
     served.hang_up();
+}
+
+/// The sandbox helper of local unit `id`, as `box units inspect` shows it.
+fn local_helper(id: &str) -> u32 {
+    let out = Command::new(box_bin())
+        .args(["units", "inspect", "--json", "--backend", "local", id])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pid = shown["pid"].as_u64().unwrap_or_else(|| panic!("{shown}"));
+    u32::try_from(pid).unwrap()
 }
 
 /// `pid` and every process below it.

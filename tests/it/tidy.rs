@@ -234,3 +234,34 @@ fn docs_name_no_public_registry_hosts() {
         found.join("\n")
     );
 }
+
+/// The commands write their output through `outln!`/`out!` (`cli/out.rs`),
+/// which end quietly on a closed pipe; `println!` would panic there.
+#[test]
+fn commands_never_print_with_println() {
+    let dir = repo_root().join("src/cli");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().is_some_and(|name| name == "out.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (number, line) in text.lines().enumerate() {
+            let code = line.replace("eprintln!(", "").replace("eprint!(", "");
+            if code.contains("println!(") || code.contains("print!(") {
+                found.push(format!(
+                    "{}:{}: {}",
+                    path.display(),
+                    number + 1,
+                    line.trim()
+                ));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "use outln!/out! (src/cli/out.rs) instead:\n{}",
+        found.join("\n")
+    );
+}

@@ -18,7 +18,7 @@ use box_backend::{
     AppliedLimits, AppliedNetwork, BackendKind, ContainerLimits, EgressWiring, Envelope, Hardening,
     ObjectsWiring, OomEvidence, SessionLabel, UnitState, UnitWiring, labels,
 };
-use box_policy::plan::{MountMode, NetworkMode, Requirement, UnitSpec, WorkspaceSource};
+use box_policy::plan::{MountMode, NetworkMode, Requirement, TmpMode, UnitSpec, WorkspaceSource};
 
 /// Where the host's own `box` binary appears inside every unit (read-only).
 pub const EXECUTOR_PATH: &str = "/.box/box";
@@ -266,12 +266,31 @@ pub fn tmpfs_inodes(size_bytes: u64) -> u64 {
     (size_bytes / 4096).max(1024)
 }
 
-/// The options of a unit's tmpfs of `size_bytes`, mounted `mode` (rw or ro).
-fn tmpfs_options(mode: &str, size_bytes: u64) -> String {
+/// The options of a unit's tmpfs of `size_bytes`, mounted `mode` (rw or
+/// ro), executable or not: the engine mounts a tmpfs `noexec` unless told
+/// `exec`, so the word is always written.
+fn tmpfs_options(mode: &str, exec: TmpMode, size_bytes: u64) -> String {
     format!(
-        "{mode},nosuid,nodev,size={size_bytes},nr_inodes={},mode=1777",
+        "{mode},nosuid,nodev,{},size={size_bytes},nr_inodes={},mode=1777",
+        exec.as_str(),
         tmpfs_inodes(size_bytes)
     )
+}
+
+/// Whether a tmpfs's `options` (as the engine reports them back) let
+/// programs run: only an explicit `exec` does, since the engine adds
+/// `noexec` to every tmpfs that does not say `exec`.
+pub fn tmpfs_exec(options: &str) -> TmpMode {
+    // The last word wins, as in mount(8).
+    options
+        .split(',')
+        .filter_map(|word| match word.trim() {
+            "exec" => Some(TmpMode::Exec),
+            "noexec" => Some(TmpMode::NoExec),
+            _ => None,
+        })
+        .next_back()
+        .unwrap_or(TmpMode::NoExec)
 }
 
 /// The most bytes of the secrets tmpfs: values come from environment
@@ -316,6 +335,7 @@ pub fn container_body(
             labels::LEASE_MS.to_owned(),
             spec.lease.as_millis().to_string(),
         ),
+        (labels::IMAGE.to_owned(), spec.image.clone()),
     ]);
 
     let mut mounts = vec![Mount {
@@ -328,14 +348,15 @@ pub fn container_body(
         bind_options: Some(private_bind()),
         ..Default::default()
     }];
-    // Size- and inode-limited, nosuid, nodev. Not noexec: the workspace is
-    // writable and executable anyway, so noexec here would only break
-    // compilers and test runners that build into /tmp. Empty files cost no
-    // size, so without an inode bound only the memory limit (minutes of slow
-    // reclaim, then the OOM killer's choice) would stop a D47 inode flood.
+    // Size- and inode-limited, nosuid, nodev. Executable unless the profile
+    // says `[security] tmp = "noexec"`: the workspace is writable and
+    // executable anyway, so noexec here would only break compilers and test
+    // runners that build into /tmp. Empty files cost no size, so without an
+    // inode bound only the memory limit (minutes of slow reclaim, then the
+    // OOM killer's choice) would stop a D47 inode flood.
     let mut tmpfs = HashMap::from([(
         "/tmp".to_owned(),
-        tmpfs_options("rw", spec.limits.tmp_bytes),
+        tmpfs_options("rw", spec.security.tmp, spec.limits.tmp_bytes),
     )]);
     match &spec.source {
         WorkspaceSource::Host(path) => mounts.push(Mount {
@@ -353,9 +374,10 @@ pub fn container_body(
                 MountMode::ReadOnly => "ro",
                 MountMode::ReadWrite => "rw",
             };
+            // Executable, as a host workspace is.
             tmpfs.insert(
                 spec.root.to_string_lossy().into_owned(),
-                tmpfs_options(ro, spec.limits.tmp_bytes),
+                tmpfs_options(ro, TmpMode::Exec, spec.limits.tmp_bytes),
             );
         }
         WorkspaceSource::None => {}
@@ -556,7 +578,10 @@ pub fn envelope_from_inspect(
         .filter(|u| !u.is_empty())
         .unwrap_or_else(|| image_user.to_owned());
     let user = normalise_user(&user);
-    let uid_is_root = user.split(':').next().is_some_and(|uid| uid == "0");
+    let uid_is_root = user
+        .split(':')
+        .next()
+        .is_some_and(|uid| uid == "0" || uid == "root");
 
     let security_opt = host.security_opt.clone().unwrap_or_default();
     let no_new_privileges = security_opt.iter().any(|o| {
@@ -704,6 +729,7 @@ pub fn envelope_from_inspect(
             landlock_enforced: false,
             namespaces,
             user_namespace,
+            tmp: tmp_options.map(|options| tmpfs_exec(options)),
         },
         env_passed,
         env_scrubbed,
@@ -713,6 +739,8 @@ pub fn envelope_from_inspect(
         parent: None,
         lifecycle,
         state,
+        // Remapped, the unit's uid 0 is an unprivileged uid of the host.
+        root_user: (uid_is_root && !user_namespace).then(box_policy::envelope::RootUser::new),
     }
 }
 
@@ -1023,7 +1051,7 @@ pub(crate) mod tests {
         assert_eq!(
             host.tmpfs.unwrap_or_default().get("/tmp").cloned(),
             Some(format!(
-                "rw,nosuid,nodev,size={},nr_inodes={},mode=1777",
+                "rw,nosuid,nodev,exec,size={},nr_inodes={},mode=1777",
                 64 << 20,
                 (64 << 20) / 4096
             ))
@@ -1168,6 +1196,7 @@ pub(crate) mod tests {
             pairs,
             vec![
                 ("box.created".to_owned(), "2026-01-01T00:00:00Z".to_owned()),
+                ("box.image".to_owned(), spec().image),
                 ("box.instance".to_owned(), "inst1".to_owned()),
                 ("box.lease-ms".to_owned(), "30000".to_owned()),
                 ("box.profile".to_owned(), "default".to_owned()),
@@ -1232,6 +1261,38 @@ pub(crate) mod tests {
         }
     }
 
+    /// Issue 23, item 2: `/tmp` says `exec` (the engine would add `noexec`
+    /// to a tmpfs that does not), or `noexec` when the profile asks; an
+    /// empty workspace is executable as a host one is.
+    #[test]
+    fn tmp_is_mounted_exec_unless_the_plan_says_noexec() {
+        let options = |spec: &UnitSpec| {
+            let body = container_body(
+                &session(),
+                spec,
+                Path::new("/usr/local/bin/box"),
+                "2025-01-01T00:00:00Z",
+                &[],
+                &init(),
+            );
+            body.host_config.unwrap().tmpfs.unwrap()
+        };
+        let mut spec = spec();
+        spec.source = WorkspaceSource::Empty;
+        let tmpfs = options(&spec);
+        assert_eq!(tmpfs_exec(&tmpfs["/tmp"]), TmpMode::Exec);
+        assert_eq!(tmpfs_exec(&tmpfs["/workspace"]), TmpMode::Exec);
+        spec.security.tmp = TmpMode::NoExec;
+        let tmpfs = options(&spec);
+        assert_eq!(tmpfs_exec(&tmpfs["/tmp"]), TmpMode::NoExec);
+        for word in ["nosuid", "nodev"] {
+            assert!(tmpfs["/tmp"].split(',').any(|o| o == word), "{tmpfs:?}");
+        }
+        // Read back: only an explicit `exec` is executable.
+        assert_eq!(tmpfs_exec("rw,nosuid,size=1"), TmpMode::NoExec);
+        assert_eq!(tmpfs_exec("noexec,exec"), TmpMode::Exec);
+    }
+
     #[test]
     fn envelope_reads_back_what_the_engine_applied() {
         let body = body();
@@ -1275,6 +1336,7 @@ pub(crate) mod tests {
                     .map(str::to_owned)
                     .to_vec(),
                 user_namespace: false,
+                tmp: Some(TmpMode::Exec),
             }
         );
         assert_eq!(

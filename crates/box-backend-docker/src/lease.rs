@@ -53,14 +53,61 @@ impl RunDir {
     pub(crate) fn path(&self) -> &Path {
         &self.0
     }
+
+    /// Keep `envelope` beside the directory for `box units inspect` (0600,
+    /// replaced whole). Beside it, not in it: the directory is mounted into
+    /// the unit, and holds only the socket. A failure costs only that view,
+    /// so it is logged, never the start's.
+    pub(crate) fn record_envelope(&self, envelope: &box_backend::Envelope) {
+        let path = envelope_path(&self.0);
+        let written = serde_json::to_vec(envelope)
+            .map_err(std::io::Error::other)
+            .and_then(|json| write_private(&path, &json));
+        if let Err(error) = written {
+            tracing::warn!(path = %path.display(), %error, "could not record the unit's envelope for `box units inspect`");
+        }
+    }
+}
+
+/// Where the envelope of the unit whose run directory is `run_dir` is kept.
+pub(crate) fn envelope_path(run_dir: &Path) -> PathBuf {
+    run_dir.with_extension("envelope.json")
+}
+
+/// The envelope recorded beside `run_dir`, if any.
+pub(crate) fn recorded_envelope(run_dir: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read(envelope_path(run_dir)).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+/// Write `bytes` to `path`, readable by the host's user only, atomically.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let staged = path.with_extension("new");
+    // A link planted at the staged name is refused, never followed.
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(&staged)?;
+    file.write_all(bytes)?;
+    std::fs::rename(&staged, path)
 }
 
 impl Drop for RunDir {
     fn drop(&mut self) {
-        if let Err(error) = std::fs::remove_dir_all(&self.0)
-            && error.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::debug!(dir = %self.0.display(), %error, "removing a unit's run directory");
+        for removed in [
+            std::fs::remove_dir_all(&self.0),
+            std::fs::remove_file(envelope_path(&self.0)),
+        ] {
+            if let Err(error) = removed
+                && error.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::debug!(dir = %self.0.display(), %error, "removing a unit's run directory");
+            }
         }
     }
 }

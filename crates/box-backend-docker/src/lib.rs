@@ -56,7 +56,8 @@ pub use pull::{PullEvent, PullSink, PullTally, Pulled, Puller, missing_image_rem
 use box_backend::environment::{Own, STANDARD_PATH, UnitEnvironment, unit_environment};
 use box_backend::{
     AdoptUnit, Backend, BackendError, BackendKind, ExecutorIo, ObjectsPlace, ObjectsWiring,
-    OomEvidence, SessionLabel, StartedUnit, Unenforceable, UnitEnd, UnitInfo, UnitWiring, labels,
+    OomEvidence, SessionLabel, StartedUnit, Unenforceable, UnitDetail, UnitEnd, UnitInfo,
+    UnitWiring, labels,
 };
 use box_policy::executor::{SECRETS_DIR, SECRETS_ON_STDIN_VAR};
 use box_policy::plan::{NetworkMode, Requirement, UnitSpec};
@@ -599,6 +600,7 @@ impl DockerBackend {
             body::add_executor_confinement(&mut envelope, spec);
             envelope.secrets = delivered_secrets(spec);
         }
+        run_dir.record_envelope(&envelope);
         let box_init::host::UnitChannel {
             reader,
             writer,
@@ -955,6 +957,53 @@ impl Backend for DockerBackend {
         })
     }
 
+    /// The container as the engine shows it now, and the envelope recorded
+    /// beside its run directory (the run directory's mount says which).
+    fn inspect<'a>(
+        &'a self,
+        unit: &'a UnitInfo,
+    ) -> BoxFuture<'a, Result<UnitDetail, BackendError>> {
+        Box::pin(async move {
+            let mut detail = UnitDetail::listed(unit.clone());
+            let inspected = match self.docker.inspect_container(&unit.id, None).await {
+                Ok(inspected) => inspected,
+                // Gone since it was listed (auto-removed): the listing is all.
+                Err(e) if status_of(&e) == Some(404) => return Ok(detail),
+                Err(e) => {
+                    return Err(BackendError::Other {
+                        unit: unit.unit.clone(),
+                        doing: "inspecting the container".to_owned(),
+                        message: engine_message(&e),
+                    });
+                }
+            };
+            let mounts = inspected
+                .host_config
+                .and_then(|host| host.mounts)
+                .unwrap_or_default();
+            let source_of = |target: &str| {
+                mounts
+                    .iter()
+                    .find(|mount| mount.target.as_deref() == Some(target))
+                    .and_then(|mount| mount.source.as_deref())
+                    .map(std::path::PathBuf::from)
+            };
+            detail.envelope = source_of(box_init::protocol::UNIT_RUN_DIR)
+                .and_then(|dir| lease::recorded_envelope(&dir));
+            let root = detail
+                .envelope
+                .as_ref()
+                .and_then(|envelope| envelope["root"].as_str());
+            detail.workspace = root.and_then(source_of);
+            detail.pid = inspected
+                .state
+                .and_then(|state| state.pid)
+                .and_then(|pid| u32::try_from(pid).ok())
+                .filter(|pid| *pid > 0);
+            Ok(detail)
+        })
+    }
+
     /// Filtered by the engine on the instance label.
     fn list_instance<'a>(
         &'a self,
@@ -1005,6 +1054,9 @@ fn unit_info(container: ContainerSummary) -> UnitInfo {
             labels.get(labels::LEASE_MS).map(String::as_str),
             container.command.as_deref(),
         ),
+        // A unit an older box started has no such label: the engine's name
+        // for the image it was created from (its id) is all there is.
+        image: labels.get(labels::IMAGE).cloned().or(container.image),
     }
 }
 

@@ -171,16 +171,38 @@ pub fn is_box_image(image: &str) -> bool {
 }
 
 /// What puts a missing `image` on the engine: box's own images are built by
-/// `box image build`, its test fixtures by `scripts/test-images.sh`; any other
-/// image is pulled (`box image pull`, or at start unless `pull = "never"`).
+/// `box image build` for the Debian suite their tag names, its test fixtures
+/// by `scripts/test-images.sh`; any other image is pulled (`box image pull`,
+/// or at start unless `pull = "never"`).
 pub fn missing_image_remedy(image: &str, pull: PullPolicy) -> String {
     let name = image.split(['@', ':']).next().unwrap_or(image);
+    let build = crate::body::BUILD_COMMAND;
+    // `box image build` tags box-rootfs, box-base and box-dev by the suite
+    // it builds (`--suite`, default bookworm): the tag says which to build.
+    let suite = box_image_tag(image);
     match name {
-        "box-base" | "box-rootfs" => format!("build it with `{}`", crate::body::BUILD_COMMAND),
-        // The toolchain image.
-        "box-dev" => format!("build it with `{} dev`", crate::body::BUILD_COMMAND),
-        // The `fetch` example profile's server image.
-        "box-fetch" => format!("build it with `{} fetch`", crate::body::BUILD_COMMAND),
+        "box-base" | "box-rootfs" | "box-dev" => {
+            let Some(suite) = suite.filter(|tag| is_suite_name(tag)) else {
+                return format!(
+                    "box builds {name} only tagged by a Debian suite ({name}:bookworm with `{build}{dev}`, {name}:SUITE with `{build}{dev} --suite SUITE`), and {image} names none: name a suite in the profile's image",
+                    dev = if name == "box-dev" { " dev" } else { "" },
+                );
+            };
+            if name == "box-dev" {
+                // The toolchain image is built on box-base of the same suite,
+                // which the first command builds if it is missing.
+                format!("build it with `{build} --suite {suite} && {build} dev --suite {suite}`")
+            } else {
+                format!("build it with `{build} --suite {suite}`")
+            }
+        }
+        // The `fetch` example profile's server image: always tagged latest.
+        "box-fetch" if suite.is_none_or(|tag| tag == "latest") => {
+            format!("build it with `{build} fetch`")
+        }
+        "box-fetch" => format!(
+            "`{build} fetch` builds only box-fetch:latest, not {image}: name box-fetch:latest in the profile's image"
+        ),
         _ if name.starts_with("box-test-") => {
             "build it with `scripts/test-images.sh` (box's test fixtures)".to_owned()
         }
@@ -191,6 +213,25 @@ pub fn missing_image_remedy(image: &str, pull: PullPolicy) -> String {
             "put it on the engine with `box image pull {image}` (or `docker pull {image}`), then start again"
         ),
     }
+}
+
+/// The tag of a box image named by name (`box-base:trixie` → `trixie`);
+/// `None` for a bare name (docker's `latest`) or a digest.
+fn box_image_tag(image: &str) -> Option<&str> {
+    if image.contains('@') {
+        return None;
+    }
+    image.split_once(':').map(|(_, tag)| tag)
+}
+
+/// Whether `tag` can be a Debian suite (`bookworm`, `trixie`, `sid`), the
+/// only tags `box image build` gives.
+fn is_suite_name(tag: &str) -> bool {
+    tag.starts_with(|c: char| c.is_ascii_lowercase())
+        && tag
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && tag != "latest"
 }
 
 /// The status line that carries the pulled manifest's digest.
@@ -773,9 +814,42 @@ mod tests {
         assert!(never.contains("\"never\""), "{never}");
         assert!(never.contains("box image pull rust:1.83"), "{never}");
         assert!(never.contains("docker pull rust:1.83"), "{never}");
+        // The suite is the tag's: box image build makes box-base:bookworm
+        // by default, so another suite's image needs --suite.
+        assert_eq!(
+            missing_image_remedy("box-base:bookworm", PullPolicy::Missing),
+            "build it with `box image build --suite bookworm`"
+        );
+        assert_eq!(
+            missing_image_remedy("box-base:trixie", PullPolicy::Missing),
+            "build it with `box image build --suite trixie`"
+        );
+        assert_eq!(
+            missing_image_remedy("box-rootfs:trixie", PullPolicy::Never),
+            "build it with `box image build --suite trixie`"
+        );
+        assert_eq!(
+            missing_image_remedy("box-dev:trixie", PullPolicy::Missing),
+            "build it with `box image build --suite trixie && box image build dev --suite trixie`"
+        );
+        // A tag no build makes is said to be one.
+        for image in [
+            "box-base",
+            "box-base:latest",
+            "box-base:1.0",
+            "box-base@sha256:ab",
+        ] {
+            let remedy = missing_image_remedy(image, PullPolicy::Missing);
+            assert!(
+                remedy.contains("only tagged by a Debian suite")
+                    && remedy.contains("--suite SUITE")
+                    && remedy.contains(image),
+                "{remedy}"
+            );
+        }
         assert!(
-            missing_image_remedy("box-base:bookworm", PullPolicy::Missing)
-                .contains("box image build")
+            missing_image_remedy("box-fetch:v2", PullPolicy::Missing)
+                .contains("builds only box-fetch:latest")
         );
         assert!(
             missing_image_remedy("box-test-musl:latest", PullPolicy::Never)
@@ -787,7 +861,7 @@ mod tests {
         );
         assert!(
             missing_image_remedy("box-dev:bookworm", PullPolicy::Missing)
-                .contains("`box image build dev`")
+                .contains("box image build dev --suite bookworm`")
         );
         assert!(is_box_image("box-fetch:latest"));
         assert!(is_box_image("box-dev:bookworm"));

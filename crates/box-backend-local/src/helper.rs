@@ -216,6 +216,24 @@ pub struct SandboxSpec {
     /// wherever landlock is not enforced).
     #[serde(default)]
     pub objects: Option<PathBuf>,
+    /// The unit's own `/tmp`: a tmpfs of this size in its mount namespace
+    /// (kept paths beneath the host's `/tmp` bound back into it), writable
+    /// by every user of the unit (mode 1777), where `TMPDIR` then points.
+    /// Without a mount namespace the unit keeps `TMPDIR` as given (its
+    /// private directory on the host) and the host's `/tmp` stays
+    /// unwritable.
+    #[serde(default)]
+    pub tmp: Option<SpecTmp>,
+}
+
+/// The unit's own `/tmp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpecTmp {
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Whether programs written there may run (`nosuid` and `nodev` always).
+    pub exec: bool,
 }
 
 impl SandboxSpec {
@@ -372,6 +390,10 @@ pub struct Applied {
     /// The secrets tmpfs is mounted (`secrets_dir`).
     #[serde(default)]
     pub secrets_mounted: bool,
+    /// The unit's own `/tmp` is mounted (`tmp`): its size in bytes and
+    /// whether it is executable.
+    #[serde(default)]
+    pub tmp: Option<SpecTmp>,
     /// The lease the helper holds on the unit, in milliseconds.
     #[serde(default)]
     pub lease_ms: Option<u64>,
@@ -719,6 +741,7 @@ fn sandbox(
     let mut egress_bound = false;
     let mut objects_bound = false;
     let mut secrets_mounted = false;
+    let mut tmp_mounted = false;
     if mount_namespace {
         let mut keep: Vec<PathBuf> = spec.write.iter().chain(&spec.read).cloned().collect();
         keep.push(spec.cwd.clone());
@@ -729,8 +752,8 @@ fn sandbox(
             keep.push(egress.socket_dir.clone());
         }
         keep.extend(spec.objects.iter().cloned());
-        (hidden, unhidden) =
-            hide_host(&keep).map_err(|error| failed("hiding the host's directories", error))?;
+        (hidden, unhidden, tmp_mounted) = hide_host(&keep, spec.tmp)
+            .map_err(|error| failed("hiding the host's directories", error))?;
         if let Some(egress) = &spec.egress {
             bind_read_only(&egress.socket_dir)
                 .map_err(|error| failed("binding the egress proxy's socket read-only", error))?;
@@ -757,6 +780,19 @@ fn sandbox(
         }
         own_ptys = mount_own_ptys();
     }
+    // The unit's own /tmp: its tools' temporary files go there (TMPDIR), and
+    // landlock lets them write it; the host's /tmp is never written.
+    let with_tmp;
+    let spec = if tmp_mounted {
+        let mut changed = spec.clone();
+        changed.env.retain(|(name, _)| name != "TMPDIR");
+        changed.env.push(("TMPDIR".to_owned(), "/tmp".to_owned()));
+        changed.write.push(PathBuf::from("/tmp"));
+        with_tmp = changed;
+        &with_tmp
+    } else {
+        spec
+    };
     try_enter("ipc", CloneFlags::CLONE_NEWIPC, wants_namespaces);
     let isolated = spec.network == SpecNetwork::None;
     let mut sys_mounted = false;
@@ -869,6 +905,7 @@ fn sandbox(
         egress_bound,
         objects_bound,
         secrets_mounted,
+        tmp: spec.tmp.filter(|_| tmp_mounted),
         lease_ms: init_side.as_ref().map(|init| init.spec.ttl_ms),
         rlimits: spec.rlimits,
     };
@@ -1444,8 +1481,13 @@ const SHOWN_TOP_LEVEL: &[&str] = &[
 /// `connect` to a Unix socket by path: the Docker socket, an SSH agent, D-Bus
 /// (C37, F69, G80). What is not there cannot be reached. A kept path that is
 /// itself a top-level directory stays in sight whole. Returns the hidden
-/// directories, and those that could not be hidden with why.
-fn hide_host(keep: &[PathBuf]) -> std::io::Result<(Vec<String>, Vec<String>)> {
+/// directories, those that could not be hidden with why, and whether the
+/// host's `/tmp` became the unit's own (`tmp`: a writable, sized tmpfs in
+/// place of the empty one).
+fn hide_host(
+    keep: &[PathBuf],
+    tmp: Option<SpecTmp>,
+) -> std::io::Result<(Vec<String>, Vec<String>, bool)> {
     use nix::mount::MsFlags;
     use std::os::unix::fs::OpenOptionsExt;
     let mut keep: Vec<PathBuf> = keep
@@ -1458,6 +1500,7 @@ fn hide_host(keep: &[PathBuf]) -> std::io::Result<(Vec<String>, Vec<String>)> {
         return Ok((
             Vec::new(),
             vec!["/: the unit's workspace is the host's root".to_owned()],
+            false,
         ));
     }
     keep.sort();
@@ -1504,16 +1547,41 @@ fn hide_host(keep: &[PathBuf]) -> std::io::Result<(Vec<String>, Vec<String>)> {
     // A directory that refuses the tmpfs (an automount, say) stays in sight,
     // and the envelope says so.
     let mut unhidden = Vec::new();
+    let mut tmp_mounted = false;
     hidden.retain(|top| {
+        // The host's /tmp becomes the unit's own: sized, writable by every
+        // user of the unit (sticky), executable unless the profile says not.
+        let own_tmp = tmp.filter(|_| top == Path::new("/tmp"));
+        let (flags, options) = match own_tmp {
+            Some(tmp) => (
+                if tmp.exec {
+                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV
+                } else {
+                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC
+                },
+                format!(
+                    "mode=1777,size={},nr_inodes={}",
+                    tmp.bytes,
+                    (tmp.bytes / 4096).max(1024)
+                ),
+            ),
+            None => (
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                "mode=0755,size=1m".to_owned(),
+            ),
+        };
         let mounted = nix::mount::mount(
             Some("tmpfs"),
             top,
             Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some("mode=0755,size=1m"),
+            flags,
+            Some(options.as_str()),
         );
         match mounted {
-            Ok(()) => true,
+            Ok(()) => {
+                tmp_mounted |= own_tmp.is_some();
+                true
+            }
             Err(errno) => {
                 unhidden.push(format!("{}: {errno}", top.display()));
                 false
@@ -1544,7 +1612,7 @@ fn hide_host(keep: &[PathBuf]) -> std::io::Result<(Vec<String>, Vec<String>)> {
         .iter()
         .map(|path| path.display().to_string())
         .collect();
-    Ok((hidden, unhidden))
+    Ok((hidden, unhidden, tmp_mounted))
 }
 
 /// Bind `path` onto itself (whether or not [`hide_host`] already bound it

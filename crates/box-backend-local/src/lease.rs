@@ -46,7 +46,8 @@ pub(crate) const KEY: &str = "key";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Record {
-    /// The unit's id (the helper's pid, as the envelope says).
+    /// The unit's id, as the envelope says: 128 random bits in hex (an
+    /// older box's record holds its helper's pid).
     pub id: String,
     /// `box.instance` of the host that started it.
     pub instance: String,
@@ -80,6 +81,10 @@ pub(crate) struct Record {
     pub spec: SandboxSpec,
     /// What the helper reported it applied.
     pub applied: Applied,
+    /// The envelope the start reported, for `box units inspect` (absent in
+    /// an older box's record).
+    #[serde(default)]
+    pub envelope: Option<serde_json::Value>,
 }
 
 impl Record {
@@ -96,6 +101,8 @@ impl Record {
             state: state.to_owned(),
             parent: self.parent.clone(),
             lease_ms: Some(self.lease_ms),
+            // The host's own userland, never an image (the envelope says so).
+            image: None,
         }
     }
 

@@ -87,15 +87,16 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 
 use helper::{
-    Applied, Report, SandboxSpec, SecretValues, SpecEgress, SpecNetwork, SpecRequirement, SpecUser,
+    Applied, Report, SandboxSpec, SecretValues, SpecEgress, SpecNetwork, SpecRequirement, SpecTmp,
+    SpecUser,
 };
 pub use helper::{ExecutorEntry, REFUSED_EXIT, SandboxArgs};
 
 use box_backend::environment::{self, UnitEnvironment};
 use box_backend::{
     AdoptUnit, Backend, BackendError, DeliveredSecret, EgressWiring, Envelope, ExecutorIo,
-    Hardening, ObjectsPlace, SessionLabel, StartedUnit, Unenforceable, UnitEnd, UnitInfo,
-    UnitWiring,
+    Hardening, ObjectsPlace, SessionLabel, StartedUnit, Unenforceable, UnitDetail, UnitEnd,
+    UnitInfo, UnitWiring,
 };
 use box_confine::Rlimits;
 use box_policy::envelope::{
@@ -103,7 +104,7 @@ use box_policy::envelope::{
 };
 use box_policy::executor::{PlaceKind, SECRET_VALUE_PREFIX, SECRETS_DIR};
 use box_policy::plan::{
-    LocalUserland, MountMode, NetworkMode, Requirement, Role, UnitSpec, WorkspaceSource,
+    LocalUserland, MountMode, NetworkMode, Requirement, Role, TmpMode, UnitSpec, WorkspaceSource,
 };
 
 /// Run the hidden `box sandbox` subcommand (the helper, in the unit's
@@ -572,7 +573,16 @@ impl LocalBackend {
             }
         };
         let lease_ms = applied.lease_ms;
-        let id = pid.to_string();
+        // Random, as a container's id is: unique, and never a pid another
+        // process may come to hold. Not the run directory's name, which the
+        // session that reads the envelope has no business knowing.
+        let id = format!("{:032x}", rand::random::<u128>());
+        let mut envelope = envelope(spec, &sandbox_spec, &applied, &environment, &id, layout);
+        // Only box's executor writes the secrets (a stand-in command gets the
+        // tmpfs, empty).
+        if executor && applied.secrets_mounted {
+            envelope.secrets = delivered_secrets(spec);
+        }
         let created = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         let record = lease::Record {
             id: id.clone(),
@@ -590,6 +600,7 @@ impl LocalBackend {
             executor,
             spec: sandbox_spec.kept(),
             applied: applied.clone(),
+            envelope: serde_json::to_value(&envelope).ok(),
         };
         if let Err(message) = record.write(run_dir) {
             return Err(undo(other("recording the unit", message)).await);
@@ -616,12 +627,6 @@ impl LocalBackend {
             Arc::clone(&removed),
             lease_ms,
         );
-        let mut envelope = envelope(spec, &sandbox_spec, &applied, &environment, &id, layout);
-        // Only box's executor writes the secrets (a stand-in command gets the
-        // tmpfs, empty).
-        if executor && applied.secrets_mounted {
-            envelope.secrets = delivered_secrets(spec);
-        }
         let local = LocalUnit {
             info: record.info("running"),
             group,
@@ -726,8 +731,8 @@ impl LocalBackend {
     }
 
     /// The run directory and record of unit `id`: the one whose helper lives,
-    /// if any (an id is a pid, which an ended unit's leftover record may
-    /// share with a live one).
+    /// if any (an older box's id is a pid, which an ended unit's leftover
+    /// record may share with a live one).
     fn recorded(&self, id: &str) -> Option<(PathBuf, lease::Record)> {
         let mut found: Vec<_> = self
             .recorded_all()
@@ -1045,6 +1050,21 @@ impl Backend for LocalBackend {
         unit: &'a AdoptUnit,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
         self.adopt_unit(session, spec, unit).boxed()
+    }
+
+    /// The unit's record: its workspace, its helper while it lives, the
+    /// envelope its start reported.
+    fn inspect<'a>(
+        &'a self,
+        unit: &'a UnitInfo,
+    ) -> BoxFuture<'a, Result<UnitDetail, BackendError>> {
+        let mut detail = UnitDetail::listed(unit.clone());
+        if let Some((_, record)) = self.recorded(&unit.id) {
+            detail.pid = record.helper_alive().then_some(record.helper);
+            detail.workspace = record.workspace.clone();
+            detail.envelope = record.envelope;
+        }
+        futures::future::ready(Ok(detail)).boxed()
     }
 
     /// This process's units, and every unit with a run directory of another
@@ -1497,6 +1517,10 @@ pub(crate) fn sandbox_spec(
         // Set by the start, which listens for the helper.
         init: None,
         objects,
+        tmp: Some(SpecTmp {
+            bytes: spec.limits.tmp_bytes,
+            exec: spec.security.tmp == TmpMode::Exec,
+        }),
     })
 }
 
@@ -1523,6 +1547,10 @@ pub(crate) fn executor_command(
         .iter()
         .map(|objects| objects.host.clone())
         .collect();
+    // The unit's home and its own /tmp (where TMPDIR points when the helper
+    // could mount one; without it the helper's landlock layer keeps the
+    // host's /tmp unwritable whatever this layer allows).
+    executor.write = vec![layout.home.clone(), PathBuf::from("/tmp")];
     std::iter::once(box_exe.into())
         .chain(executor.to_args().into_iter().map(OsString::from))
         .collect()
@@ -1589,8 +1617,13 @@ pub(crate) fn envelope_from_parts(
     let mut not_applied = vec![
         "cpus: the local backend has no cgroup".to_owned(),
         "memory: per process (RLIMIT_DATA, RLIMIT_AS), not for the unit as a whole".to_owned(),
-        "tmp: per file (RLIMIT_FSIZE), not a quota".to_owned(),
     ];
+    if applied.tmp.is_none() {
+        not_applied.push(
+            "tmp: the unit got no /tmp of its own (without a mount namespace of its own, or with the host's /tmp inside its workspace); TMPDIR is a private directory on the host's disk, bounded per file (RLIMIT_FSIZE), not a quota"
+                .to_owned(),
+        );
+    }
     for directory in &applied.unhidden {
         not_applied.push(format!(
             "host directory not hidden ({directory}): Unix sockets beneath it stay reachable where file permissions allow"
@@ -1618,6 +1651,7 @@ pub(crate) fn envelope_from_parts(
         nofile: applied.rlimits.nofile,
         file_size_bytes: applied.rlimits.fsize_bytes,
         core_bytes: applied.rlimits.core_bytes,
+        tmp_bytes: applied.tmp.map(|tmp| tmp.bytes),
         not_applied,
         start_timeout_ms: None,
     });
@@ -1650,6 +1684,13 @@ pub(crate) fn envelope_from_parts(
             landlock_enforced: applied.landlock.enforced,
             namespaces: applied.namespaces.clone(),
             user_namespace: has("user"),
+            tmp: applied.tmp.map(|tmp| {
+                if tmp.exec {
+                    TmpMode::Exec
+                } else {
+                    TmpMode::NoExec
+                }
+            }),
         },
         env_passed,
         env_scrubbed,
@@ -1662,6 +1703,9 @@ pub(crate) fn envelope_from_parts(
             .lease_ms
             .map(|lease_ms| box_backend::AppliedLifecycle { lease_ms }),
         state: UnitState::Running,
+        // The unit's user namespace maps its ids to themselves: uid 0 in it
+        // is the host's root.
+        root_user: (applied.host_uid == 0).then(box_policy::envelope::RootUser::new),
     }
 }
 

@@ -47,6 +47,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
             landlock: Requirement::Required,
             neutralise_git: true,
             write_guard: true,
+            tmp: box_policy::plan::TmpMode::Exec,
             privileged: false,
             host_namespaces: Vec::new(),
             devices: Vec::new(),
@@ -99,6 +100,10 @@ fn applied() -> Applied {
         egress_bound: false,
         objects_bound: false,
         secrets_mounted: false,
+        tmp: Some(super::helper::SpecTmp {
+            bytes: 256 << 20,
+            exec: true,
+        }),
         lease_ms: None,
         rlimits: Rlimits::from_limits(&unit_spec(WorkspaceSource::Empty).limits),
     }
@@ -338,6 +343,11 @@ fn no_workspace_means_no_file_tools() {
         "--pass-env",
         // What the profile sets is kept in children's environment.
         "GREETING",
+        // The unit's home and its own /tmp are writable.
+        "--write",
+        "/tmp/box-local-s-u/home",
+        "--write",
+        "/tmp",
     ];
     assert_eq!(command, expected);
 }
@@ -690,8 +700,22 @@ fn the_record_keeps_no_secret_and_rebuilds_the_envelope() {
         executor: true,
         spec: sandbox.kept(),
         applied: applied(),
+        envelope: serde_json::to_value(envelope(
+            &spec,
+            &sandbox,
+            &applied(),
+            &environment,
+            "42",
+            &layout,
+        ))
+        .ok(),
     };
     let json = serde_json::to_string(&record).unwrap();
+    // An older box's record, without the envelope, still reads.
+    let mut older: serde_json::Value = serde_json::from_str(&json).unwrap();
+    older.as_object_mut().unwrap().remove("envelope");
+    let older: lease::Record = serde_json::from_value(older).unwrap();
+    assert_eq!(older.envelope, None);
     for kept_out in ["value-of-a-var", "secret-value", &"ab".repeat(32)] {
         assert!(!json.contains(kept_out), "{kept_out} in {json}");
     }

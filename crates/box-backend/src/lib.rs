@@ -48,6 +48,9 @@ pub mod labels {
     /// a deadline), so `box gc` can tell when a dead host's unit may still
     /// hold a live one.
     pub const LEASE_MS: &str = "box.lease-ms";
+    /// The image as the unit's profile named it (the engine is handed the
+    /// image's id, which is all it would show).
+    pub const IMAGE: &str = "box.image";
 }
 
 /// A backend's failure; every variant names the unit.
@@ -426,6 +429,42 @@ pub struct UnitInfo {
     /// enforces one (docker units).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_ms: Option<u64>,
+    /// `box.image`: the image the unit runs, as its profile named it; absent
+    /// where the unit runs no image (a local unit runs the host's userland).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// One unit in detail, as `box units inspect` shows it: what
+/// [`Backend::list`] says of it, and what its backend recorded when it
+/// started the unit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitDetail {
+    /// The unit as listed.
+    #[serde(flatten)]
+    pub info: UnitInfo,
+    /// The host directory the unit's workspace is; absent when it is none of
+    /// the host's (an empty workspace, or none).
+    pub workspace: Option<std::path::PathBuf>,
+    /// The unit's first process as the host sees it (a docker unit's init,
+    /// a local unit's sandbox helper), while it runs.
+    pub pid: Option<u32>,
+    /// The envelope its backend reported when it started (or re-adopted)
+    /// the unit; absent when none was recorded (a unit an older box started).
+    pub envelope: Option<serde_json::Value>,
+}
+
+impl UnitDetail {
+    /// `info` with nothing more known of it.
+    pub fn listed(info: UnitInfo) -> Self {
+        Self {
+            info,
+            workspace: None,
+            pid: None,
+            envelope: None,
+        }
+    }
 }
 
 /// The seam between the host and where units run.
@@ -547,6 +586,16 @@ pub trait Backend: Send + Sync {
 
     /// Every unit carrying box's labels (all instances).
     fn list(&self) -> BoxFuture<'_, Result<Vec<UnitInfo>, BackendError>>;
+
+    /// `unit` (as [`list`](Self::list) gave it) in detail: its workspace, its
+    /// first process, the envelope recorded at its start. The default knows
+    /// only what the listing said.
+    fn inspect<'a>(
+        &'a self,
+        unit: &'a UnitInfo,
+    ) -> BoxFuture<'a, Result<UnitDetail, BackendError>> {
+        Box::pin(futures::future::ready(Ok(UnitDetail::listed(unit.clone()))))
+    }
 
     /// The units of one host instance.
     fn list_instance<'a>(

@@ -624,16 +624,19 @@ pub fn thread_count() -> Option<u64> {
 /// confinement would not cover the children they spawn; `Required` then
 /// refuses, `BestEffort` reports landlock as not enforced.
 pub fn confine_executor(root: &Path, landlock: Requirement) -> Result<Confinement, String> {
-    confine_executor_with(root, landlock, &[], &[])
+    confine_executor_with(root, landlock, &[], &[], &[])
 }
 
 /// [`confine_executor`], with `extra_read` readable too (the unit's
-/// `/run/secrets`), and the pathname Unix sockets beneath `unix_connect`
-/// connectable where landlock mediates that (the egress proxy's directory).
+/// `/run/secrets`), `extra_write` writable too (the unit's home, its own
+/// `/tmp`, its volumes), and the pathname Unix sockets beneath
+/// `unix_connect` connectable where landlock mediates that (the egress
+/// proxy's directory).
 pub fn confine_executor_with(
     root: &Path,
     landlock: Requirement,
     extra_read: &[PathBuf],
+    extra_write: &[PathBuf],
     unix_connect: &[PathBuf],
 ) -> Result<Confinement, String> {
     let threads = thread_count().unwrap_or(1);
@@ -652,7 +655,11 @@ pub fn confine_executor_with(
     if let Ok(exe) = std::env::current_exe() {
         extra_read.push(exe);
     }
-    let mut rules = landlock_rules(&extra_read, &[root.to_path_buf(), temp]);
+    let write: Vec<PathBuf> = [root.to_path_buf(), temp]
+        .into_iter()
+        .chain(extra_write.iter().cloned())
+        .collect();
+    let mut rules = landlock_rules(&extra_read, &write);
     rules.unix_connect = unix_connect.to_vec();
     let outcome = apply_landlock(&rules, landlock, 1).map_err(|error| error.to_string())?;
     Ok(Confinement {

@@ -133,8 +133,13 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
         .iter()
         .filter_map(|socket| socket.parent().map(Path::to_path_buf))
         .collect();
-    match box_confine::confine_executor_with(workspace.root(), landlock, &extra_read, &unix_connect)
-    {
+    match box_confine::confine_executor_with(
+        workspace.root(),
+        landlock,
+        &extra_read,
+        &args.write,
+        &unix_connect,
+    ) {
         Ok(confinement) => tracing::info!(
             landlock_abi = confinement.landlock_abi,
             landlock_enforced = confinement.landlock_enforced,

@@ -290,8 +290,37 @@ pub fn make_fork(
             Some(ObjectsPlace::HostPath) | None => None,
         },
     };
-    box_fork::fork(&git(config), parent, child, &options)
-        .map_err(|error| format!("box/fork: forking {}: {error}", ask.from))
+    let forked = box_fork::fork(&git(config), parent, child, &options)
+        .map_err(|error| format!("box/fork: forking {}: {error}", ask.from))?;
+    hand_to_owner(parent, child)
+        .map_err(|error| format!("box/fork: handing {} to its owner: {error}", ask.from))?;
+    Ok(forked)
+}
+
+/// A root host's fork is root's, but a root caller's unit runs as the owner
+/// of the directory it forks (`user = "host"`): the fork gets that owner, so
+/// the unit can write its own copy and files keep their owner. Links are
+/// changed themselves, never followed.
+fn hand_to_owner(parent: &Path, child: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let owner = std::fs::metadata(parent)?;
+    if owner.uid() == 0 {
+        return Ok(());
+    }
+    let (uid, gid) = (Some(owner.uid()), Some(owner.gid()));
+    let mut pending = vec![child.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        std::os::unix::fs::lchown(&path, uid, gid)?;
+        if std::fs::symlink_metadata(&path)?.is_dir() {
+            for entry in std::fs::read_dir(&path)? {
+                pending.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Remove a child's storage (blocking); logged when it fails.

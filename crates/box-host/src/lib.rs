@@ -177,7 +177,7 @@ impl HostConfig {
             default_profile: "default".to_owned(),
             facts,
             instance: format!("box-{}", std::process::id()),
-            resolve: box_policy::plan::resolve,
+            resolve: resolve_plan,
             executor_init_timeout: Duration::from_secs(60),
             metrics: metrics::Metrics::default(),
             audit: None,
@@ -275,13 +275,45 @@ pub fn host_facts(workspace: Option<&PathBuf>) -> anyhow::Result<HostFacts> {
             .with_context(|| format!("--workspace {}", dir.display()))?,
         None => std::env::current_dir().context("reading the current directory")?,
     };
+    let workspace_owner = owner_of(&cwd);
     Ok(HostFacts {
         cwd,
         caller: UserIds {
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
         },
+        workspace_owner,
     })
+}
+
+/// The owner of `dir` (following links, as the bind mount does), if it can
+/// be read.
+pub fn owner_of(dir: &std::path::Path) -> Option<UserIds> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(dir).ok().map(|metadata| UserIds {
+        uid: metadata.uid(),
+        gid: metadata.gid(),
+    })
+}
+
+/// `facts` with the owner of `profile`'s workspace directory read now (a
+/// long-lived host's directory may have changed hands since it started):
+/// what `user = "host"` means for a root caller.
+pub fn facts_for(facts: &HostFacts, profile: &Profile) -> HostFacts {
+    HostFacts {
+        workspace_owner: profile.workspace_dir(&facts.cwd).and_then(owner_of),
+        ..facts.clone()
+    }
+}
+
+/// [`box_policy::plan::resolve`] against [`facts_for`] the profile: how a
+/// host resolves a session's plan (the default [`HostConfig::resolve`]).
+pub fn resolve_plan(
+    profile: &Profile,
+    tighten: &serde_json::Value,
+    facts: &HostFacts,
+) -> Result<Plan, PlanError> {
+    box_policy::plan::resolve(profile, tighten, &facts_for(facts, profile))
 }
 
 /// How long the sweep of orphaned units at start may take.

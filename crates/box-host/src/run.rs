@@ -167,7 +167,7 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
     let profile = catalog
         .load(&args.profile)
         .map_err(|error| anyhow::anyhow!("--profile {}: {error}", args.profile))?;
-    let plan = box_policy::plan::resolve(&profile, &tighten, &facts)
+    let plan = crate::resolve_plan(&profile, &tighten, &facts)
         .map_err(|error| anyhow::anyhow!("{error}"))?;
     args.env = command_env(&args.env, &plan)?;
     let backend = select_backend(&args.registry, &args.backend).await?;
@@ -243,7 +243,7 @@ async fn run_command(
     tighten: Value,
     process: &std::sync::OnceLock<String>,
 ) -> Result<ExitCode, String> {
-    client
+    let initialized = client
         .call(
             "initialize",
             json!({
@@ -253,6 +253,19 @@ async fn run_command(
             }),
         )
         .await?;
+    // No uid 0 by surprise: said once, before the command's own output.
+    let units = &initialized["capabilities"]["experimental"][EXECUTOR_KEY]["box"]["units"];
+    if units
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|unit| unit.get("rootUser").is_some())
+    {
+        eprintln!(
+            "box run: warning: {}",
+            box_policy::envelope::RootUser::new().line()
+        );
+    }
     let mut start = json!({"args": args.command, "env": args.env, "stderr": !args.tty});
     if args.tty {
         let (rows, cols) = terminal::size().unwrap_or(terminal::DEFAULT_SIZE);

@@ -26,6 +26,7 @@ pub(crate) fn facts() -> HostFacts {
             uid: 1000,
             gid: 1000,
         },
+        workspace_owner: None,
     }
 }
 

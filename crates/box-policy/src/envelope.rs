@@ -18,7 +18,7 @@ pub struct Envelope {
     pub role: Role,
     /// The backend that runs it.
     pub backend: BackendKind,
-    /// The backend's id for it (container id, pid).
+    /// The backend's id for it (a container id; a local unit's random id).
     pub id: String,
     /// The image asked for (empty on the local backend, which runs no image:
     /// see `userland`).
@@ -74,6 +74,46 @@ pub struct Envelope {
     pub lifecycle: Option<AppliedLifecycle>,
     /// Where the unit is in its life.
     pub state: UnitState,
+    /// Set when the unit's processes run as uid 0 of the host (no
+    /// user-namespace remapping): what that means and what avoids it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub root_user: Option<RootUser>,
+}
+
+/// What an envelope says of a unit whose processes run as the host's uid 0.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RootUser {
+    /// What it means.
+    pub warning: String,
+    /// What avoids it.
+    pub remedies: Vec<String>,
+}
+
+impl RootUser {
+    /// The warning and its remedies, in the same words everywhere (the
+    /// envelope, `box run`, `box doctor`).
+    pub fn new() -> Self {
+        Self {
+            warning: "the unit's processes run as uid 0, the host's root: its capabilities are dropped and no_new_privs is set, but what it writes is root's, and an escape through the kernel or the engine would be root on the host".to_owned(),
+            remedies: vec![
+                "a non-root user: write [workspace] user = \"1000:1000\" in the profile, or give the workspace a non-root owner (with user = \"host\", a root caller's unit runs as the owner of its workspace)".to_owned(),
+                "the engine's user-namespace remapping (dockerd --userns-remap=default), which makes the unit's uid 0 an unprivileged uid of the host".to_owned(),
+                "rootless Docker (dockerd-rootless-setuptool.sh install), or box run by a non-root user".to_owned(),
+            ],
+        }
+    }
+
+    /// One line for a terminal: the warning, then the remedies.
+    pub fn line(&self) -> String {
+        format!("{}; remedies: {}", self.warning, self.remedies.join("; "))
+    }
+}
+
+impl Default for RootUser {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// The lease a unit's init enforces.
@@ -313,6 +353,10 @@ pub struct ProcessLimits {
     pub file_size_bytes: u64,
     /// RLIMIT_CORE.
     pub core_bytes: u64,
+    /// The size of the unit's own `/tmp` (a tmpfs in its mount namespace);
+    /// absent where it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tmp_bytes: Option<u64>,
     /// What the plan asked that a process cannot be held to, in words.
     pub not_applied: Vec<String>,
     /// The start deadline the host enforced.
@@ -342,4 +386,9 @@ pub struct Hardening {
     pub namespaces: Vec<String>,
     /// Whether the unit's user is in a user namespace (remapped).
     pub user_namespace: bool,
+    /// Whether programs written to the unit's own `/tmp` may run (`exec`) or
+    /// not (`noexec`), as mounted; absent where the unit has no `/tmp` of its
+    /// own (a local unit without a mount namespace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tmp: Option<crate::plan::TmpMode>,
 }

@@ -163,6 +163,10 @@ pub struct ExecutorSpec {
     /// besides the root and the system's: a `worktree` fork's borrowed git
     /// objects, which the child's alternates name (`--read DIR`, repeated).
     pub read: Vec<PathBuf>,
+    /// Directories the executor and its children may write besides the root
+    /// and `TMPDIR`: the unit's home, its own `/tmp`, its volumes (`--write
+    /// DIR`, repeated). The backend's own confinement still bounds them.
+    pub write: Vec<PathBuf>,
 }
 
 /// A command line that is not an executor's, or has a bad flag.
@@ -208,6 +212,7 @@ impl ExecutorSpec {
             secrets: Vec::new(),
             egress_socket: None,
             read: Vec::new(),
+            write: Vec::new(),
         }
     }
 
@@ -269,6 +274,9 @@ impl ExecutorSpec {
         for dir in &self.read {
             flag("--read", dir.to_string_lossy().into_owned());
         }
+        for dir in &self.write {
+            flag("--write", dir.to_string_lossy().into_owned());
+        }
         args
     }
 
@@ -314,6 +322,7 @@ impl ExecutorSpec {
                 "--secrets" => spec.secrets.extend(parse_secrets(value)?),
                 "--egress-socket" => spec.egress_socket = Some(PathBuf::from(value)),
                 "--read" => spec.read.push(PathBuf::from(value)),
+                "--write" => spec.write.push(PathBuf::from(value)),
                 other => return Err(SpecError::UnknownFlag(other.to_owned())),
             }
         }
@@ -394,6 +403,7 @@ mod tests {
                 PathBuf::from("/.box/objects"),
                 PathBuf::from("/srv/repo, with a comma/.git/objects"),
             ],
+            write: vec![PathBuf::from("/home/box"), PathBuf::from("/tmp")],
         }
     }
 

@@ -253,6 +253,7 @@ impl Backend for FakeBackend {
                             state: "running".to_owned(),
                             parent: None,
                             lease_ms: None,
+                            image: Some(spec.image.clone()),
                         },
                         kill: Some(kill_tx),
                     },
@@ -360,6 +361,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
             landlock_enforced: false,
             namespaces: Vec::new(),
             user_namespace: false,
+            tmp: None,
         },
         env_passed: Vec::new(),
         env_scrubbed: Vec::new(),
@@ -369,6 +371,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         parent: None,
         lifecycle: None,
         state: UnitState::Running,
+        root_user: None,
     }
 }
 

@@ -117,6 +117,7 @@ fn security_json(security: &Security) -> Value {
         "landlock": security.landlock.as_str(),
         "neutraliseGit": security.neutralise_git,
         "writeGuard": security.write_guard,
+        "tmp": security.tmp.as_str(),
         "privileged": security.privileged,
         "hostNamespaces": security.host_namespaces,
         "devices": security.devices.iter().map(|path| path.display().to_string()).collect::<Vec<_>>(),

@@ -62,6 +62,29 @@ pub enum MountMode {
     ReadWrite,
 }
 
+/// Whether programs may run from the unit's `/tmp` (`[security] tmp`).
+/// Declaration order is narrowing order: `NoExec` is the narrower.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TmpMode {
+    /// Mounted `noexec`: nothing written there runs (the strict choice).
+    NoExec,
+    /// Programs written there run (`nosuid`, `nodev` still): compilers and
+    /// test harnesses build into `/tmp`, and the workspace is executable anyway.
+    #[default]
+    Exec,
+}
+
+impl TmpMode {
+    /// Its name in profiles and JSON: `exec`, `noexec`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TmpMode::NoExec => "noexec",
+            TmpMode::Exec => "exec",
+        }
+    }
+}
+
 /// Whether a protection must be applied, may be skipped (and reported), or is off.
 /// Declaration order is narrowing order: `Required` is the strictest.
 #[derive(
@@ -192,6 +215,8 @@ pub struct Security {
     pub neutralise_git: bool,
     /// Whether overwriting an existing file needs an earlier read of it.
     pub write_guard: bool,
+    /// Whether programs may run from `/tmp`.
+    pub tmp: TmpMode,
     /// A privileged unit (only when the profile's operator allowed it).
     pub privileged: bool,
     /// Host namespaces shared (only when the profile's operator allowed it).
@@ -261,6 +286,12 @@ pub struct HostFacts {
     pub cwd: PathBuf,
     /// The caller's ids, for `user = "host"`.
     pub caller: UserIds,
+    /// The owner (uid and gid) of the host directory the workspace comes
+    /// from (`cwd`, or the profile's host path), when known: a root caller's
+    /// `user = "host"` unit runs as it, so files keep their owner and
+    /// nothing runs as uid 0 by surprise. `None` (no host directory, or not
+    /// read): the caller's ids.
+    pub workspace_owner: Option<UserIds>,
 }
 
 /// Why a plan could not be made; every variant names what to change.
@@ -284,7 +315,7 @@ pub enum PlanError {
     /// A `cwd` workspace resolved to a dangerous host path the profile's
     /// operator did not allow (the same rules as a path written out).
     #[error(
-        "workspace.source = \"cwd\" resolved to {path}, which {what}: refused as dangerous; start box in a project directory instead (`box run` and `box serve` also take --workspace DIR), or an operator who means it writes [operator] allow_dangerous = [\"{danger}\"] in profile `{profile}`"
+        "workspace.source = \"cwd\" resolved to {path}, which {what}: refused as dangerous; start box in a project directory or an empty one instead (`box run`, `box serve` and `box profile resolve` also take --workspace DIR); to give sessions {path} anyway, write a profile of your own that extends this one and allows it (extends = \"{profile}\" and [operator] allow_dangerous = [\"{danger}\"] in ~/.config/box/profiles/NAME.toml, then --profile NAME)"
     )]
     DangerousWorkspace {
         /// The profile.
@@ -339,6 +370,19 @@ impl HostFacts {
                 uid: 1000,
                 gid: 1000,
             },
+            workspace_owner: None,
+        }
+    }
+
+    /// The user a `user = "host"` unit runs as: the caller, except that a
+    /// root caller's unit runs as the owner of its workspace when that owner
+    /// is not root (a CI job's container running box as root over a
+    /// checkout it does not own). uid 0 only when the caller is root and the
+    /// workspace is root's (or there is none).
+    pub fn host_user(&self) -> UserIds {
+        match self.workspace_owner {
+            Some(owner) if self.caller.uid == 0 && owner.uid != 0 => owner,
+            _ => self.caller,
         }
     }
 }
@@ -374,8 +418,11 @@ impl Plan {
 }
 
 impl Security {
-    /// The strictest hardening: nothing added back, read-only root, landlock
-    /// required, git neutralised, writes guarded, nothing of the host shared.
+    /// The default hardening, strict but for `/tmp`: nothing added back,
+    /// read-only root, landlock required, git neutralised, writes guarded,
+    /// nothing of the host shared; `/tmp` executable (`nosuid`, `nodev`), the
+    /// default, since `noexec` there protects nothing while the workspace is
+    /// executable.
     pub fn strict() -> Self {
         Self {
             capabilities: Vec::new(),
@@ -383,6 +430,7 @@ impl Security {
             landlock: Requirement::Required,
             neutralise_git: true,
             write_guard: true,
+            tmp: TmpMode::Exec,
             privileged: false,
             host_namespaces: Vec::new(),
             devices: Vec::new(),
@@ -568,13 +616,14 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
         landlock: profile.security.landlock,
         neutralise_git: profile.security.neutralise_git,
         write_guard: profile.security.write_guard,
+        tmp: profile.security.tmp,
         privileged: profile.security.privileged,
         host_namespaces: profile.security.host_namespaces.clone(),
         devices: profile.security.devices.clone(),
     };
     let user = match profile.workspace.user {
         UserChoice::Ids(ids) => Some(ids),
-        UserChoice::Host => Some(host.caller),
+        UserChoice::Host => Some(host.host_user()),
         UserChoice::Image => None,
     };
     let root = profile.workspace.root.clone();

@@ -331,14 +331,14 @@ fn env_drops_only() {
     assert_eq!(workspace.env_set.keys().collect::<Vec<_>>(), vec!["MODE"]);
     assert_eq!(workspace.env_pass, vec!["TERM"]);
     assert!(workspace.env_secrets.is_empty());
-    // Adding is not a field at all (A8).
+    // Adding is not a tightening (A8): the profile's own field is refused as one.
     assert_eq!(
         resolve_json(
             &profile,
             json!({"env": {"pass": ["AWS_SECRET_ACCESS_KEY"]}})
         )
         .unwrap_err(),
-        "tighten: env.pass: unknown field; accepted here: drop"
+        "tighten: env.pass: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: drop"
     );
     assert_eq!(
         resolve_json(&profile, json!({"env": {"drop": ["1X"]}})).unwrap_err(),
@@ -357,7 +357,7 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"workspace": {"source": "/"}}),
-            "tighten: workspace.source: unknown field; accepted here: mode, image, local_userland",
+            "tighten: workspace.source: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: mode, image, local_userland",
         ),
         (
             json!({"workspace": {"mode": "rw"}}),
@@ -377,7 +377,7 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"security": {"cap_add": ["SYS_ADMIN"]}}),
-            "tighten: security: unknown field; accepted here: workspace, network, limits, servers, env",
+            "tighten: security: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: workspace, network, limits, servers, env",
         ),
         (
             json!({"devices": ["/dev/kvm"]}),
@@ -393,7 +393,7 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"env": {"set": {"LD_PRELOAD": "/x.so"}}}),
-            "tighten: env.set: unknown field; accepted here: drop",
+            "tighten: env.set: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: drop",
         ),
         (
             json!([{"network": {"mode": "none"}}]),
@@ -434,6 +434,14 @@ fn hostile_tightenings_are_refused() {
         (
             json!({"servers": "all"}),
             "tighten: servers: expected an array of strings, got a string",
+        ),
+        (
+            json!({"workspace": {"user": "root"}}),
+            "tighten: workspace.user: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: mode, image, local_userland",
+        ),
+        (
+            json!({"network": {"max_connections": 4}}),
+            "tighten: network.max_connections: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: mode, allow",
         ),
         (
             json!({"workspace": {"mode": "rw", "cwd": "/proc/self/fd/7"}}),
@@ -525,6 +533,11 @@ fn users_and_sources_resolve_against_host_facts() {
     let host = HostFacts {
         cwd: PathBuf::from("/w"),
         caller: UserIds { uid: 7, gid: 8 },
+        // A non-root caller's unit is the caller's, whoever owns the workspace.
+        workspace_owner: Some(UserIds {
+            uid: 1000,
+            gid: 1000,
+        }),
     };
     let user = |text: &str| resolve(&profile(text), &Value::Null, &host).unwrap().units[0].user;
     assert_eq!(
@@ -822,6 +835,7 @@ fn a_cwd_resolving_to_a_dangerous_path_is_refused_like_the_path_itself() {
                 uid: 1000,
                 gid: 1000,
             },
+            workspace_owner: None,
         };
         resolve(&profile(text), &Value::Null, &host)
             .map(|_| ())
@@ -850,11 +864,27 @@ fn a_cwd_resolving_to_a_dangerous_path_is_refused_like_the_path_itself() {
             error.contains(&format!("allow_dangerous = [\"{danger}\"]")),
             "{cwd}: {error}"
         );
+        // The next step is a profile of one's own, never an edit of this one.
+        assert!(
+            error.contains("write a profile of your own that extends this one")
+                && error.contains("extends = \"p\"")
+                && error.contains("--workspace DIR"),
+            "{cwd}: {error}"
+        );
         let allowed = format!("[operator]\nallow_dangerous = [\"{danger}\"]\n");
         assert_eq!(resolve_in(&allowed, cwd), Ok(()), "{cwd} allowed");
     }
+    // A home directory is told as one: root's too.
+    for cwd in ["/root", "/home/alice"] {
+        let error = resolve_in("description = \"x\"\n", cwd).unwrap_err();
+        assert!(
+            error.contains(&format!("resolved to {cwd}, which is a home directory")),
+            "{cwd}: {error}"
+        );
+    }
     for cwd in [
         "/home/alice/project",
+        "/root/project",
         "/tmp",
         "/tmp/x",
         "/srv/repo",
@@ -962,4 +992,48 @@ fn local_userland_narrows_only_and_goes_with_the_image() {
 
 fn profile_without_userland() -> Profile {
     profile("description = \"x\"\n[workspace]\nimage = \"a:1\"\n")
+}
+
+/// Issue 23, item 3: with `user = "host"`, a root caller's unit runs as the
+/// owner of its workspace when that owner is not root (servers too); uid 0
+/// only when the workspace is root's, there is none, or the profile writes
+/// `user = "0:0"`.
+#[test]
+fn a_root_callers_unit_runs_as_the_workspaces_owner() {
+    let root = UserIds { uid: 0, gid: 0 };
+    let owner = UserIds {
+        uid: 1000,
+        gid: 1001,
+    };
+    let host = |workspace_owner| HostFacts {
+        cwd: PathBuf::from("/w"),
+        caller: root,
+        workspace_owner,
+    };
+    let users = |text: &str, facts: &HostFacts| -> Vec<Option<UserIds>> {
+        resolve(&profile(text), &Value::Null, facts)
+            .unwrap()
+            .units
+            .iter()
+            .map(|unit| unit.user)
+            .collect()
+    };
+    let server = "[[server]]\nname = \"s\"\nimage = \"i:1\"\ncommand = [\"s\"]\n";
+    assert_eq!(
+        users(server, &host(Some(owner))),
+        vec![Some(owner), Some(owner)]
+    );
+    assert_eq!(
+        users(server, &host(Some(root))),
+        vec![Some(root), Some(root)]
+    );
+    assert_eq!(users(server, &host(None)), vec![Some(root), Some(root)]);
+    assert_eq!(
+        users("[workspace]\nuser = \"0:0\"\n", &host(Some(owner))),
+        vec![Some(root)]
+    );
+    assert_eq!(
+        users("[workspace]\nuser = \"image\"\n", &host(Some(owner))),
+        vec![None]
+    );
 }

@@ -103,11 +103,14 @@ fn kind(value: &Value) -> &'static str {
     }
 }
 
-/// An object's fields; refuses a non-object and every unknown key.
+/// An object's fields; refuses a non-object and every key not `accepted`,
+/// saying of one of the profile's own fields (`profile`, the same table in a
+/// profile) that a session cannot tighten it.
 fn object<'a>(
     value: &'a Value,
     field: &str,
     accepted: &[&str],
+    profile: &[&str],
 ) -> Result<&'a Map<String, Value>, PlanError> {
     let Value::Object(map) = value else {
         let prefix = if field.is_empty() {
@@ -128,13 +131,17 @@ fn object<'a>(
             } else {
                 format!("{field}.{key}")
             };
-            let hint = match (field, key.as_str()) {
-                ("", "image") => {
-                    "; a session chooses the workspace unit's image as workspace.image, from the profile's image and images".to_owned()
-                }
-                _ => format!("; accepted here: {}", accepted.join(", ")),
-            };
-            return Err(invalid(&path, format!("unknown field{hint}")));
+            let accepted = accepted.join(", ");
+            return Err(invalid(
+                &path,
+                match (field, key.as_str()) {
+                    ("", "image") => "unknown field; a session chooses the workspace unit's image as workspace.image, from the profile's image and images".to_owned(),
+                    _ if profile.contains(&key.as_str()) => format!(
+                        "a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: {accepted}"
+                    ),
+                    _ => format!("unknown field; accepted here: {accepted}"),
+                },
+            ));
         }
     }
     Ok(map)
@@ -187,9 +194,14 @@ impl Tightening {
         if value.is_null() {
             return Ok(tightening);
         }
-        let top = object(value, "", TOP)?;
+        let top = object(value, "", TOP, crate::profile::TOP_FIELDS)?;
         if let Some(workspace) = top.get("workspace") {
-            let fields = object(workspace, "workspace", WORKSPACE)?;
+            let fields = object(
+                workspace,
+                "workspace",
+                WORKSPACE,
+                crate::profile::WORKSPACE_FIELDS,
+            )?;
             if let Some(mode) = fields.get("mode") {
                 tightening.workspace_mode = Some(match string(mode, "workspace.mode")? {
                     "ro" => MountMode::ReadOnly,
@@ -223,7 +235,7 @@ impl Tightening {
             }
         }
         if let Some(network) = top.get("network") {
-            let fields = object(network, "network", NETWORK)?;
+            let fields = object(network, "network", NETWORK, crate::profile::NETWORK_FIELDS)?;
             if let Some(mode) = fields.get("mode") {
                 tightening.network.mode = Some(match string(mode, "network.mode")? {
                     "none" => NetworkMode::None,
@@ -251,7 +263,7 @@ impl Tightening {
             }
         }
         if let Some(limits) = top.get("limits") {
-            let fields = object(limits, "limits", LIMITS)?;
+            let fields = object(limits, "limits", LIMITS, crate::profile::LIMITS_FIELDS)?;
             let ask = &mut tightening.limits;
             for (name, value) in fields {
                 let field = format!("limits.{name}");
@@ -301,7 +313,7 @@ impl Tightening {
             tightening.servers = Some(names);
         }
         if let Some(env) = top.get("env") {
-            let fields = object(env, "env", ENV)?;
+            let fields = object(env, "env", ENV, crate::profile::ENV_FIELDS)?;
             if let Some(drop) = fields.get("drop") {
                 for name in strings(drop, "env.drop")? {
                     check_env_name(name).map_err(|message| invalid("env.drop", message))?;

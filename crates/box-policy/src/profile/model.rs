@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::value::{ByteSize, CpuQuota};
 use crate::allow::Rule;
 use crate::image::PullPolicy;
-use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, UserIds};
+use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, TmpMode, UserIds};
 
 /// A profile: everything a session's units may be and do. A session can only narrow it.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +37,20 @@ pub struct Profile {
     pub servers: Vec<Server>,
     /// Dangerous asks this profile makes, each allowed by name under `[operator]`.
     pub dangerous: Vec<Danger>,
+}
+
+impl Profile {
+    /// The host directory a session's workspace comes from, where `cwd` is
+    /// the host's working directory: `cwd` itself (`cwd`, `fork`), the
+    /// profile's host path, or none (`empty`, `none`). Pure: the host reads
+    /// its owner ([`crate::plan::HostFacts::workspace_owner`]).
+    pub fn workspace_dir<'a>(&'a self, cwd: &'a std::path::Path) -> Option<&'a std::path::Path> {
+        match &self.workspace.source {
+            Source::Cwd | Source::Fork => Some(cwd),
+            Source::Host(path) => Some(path),
+            Source::Empty | Source::None => None,
+        }
+    }
 }
 
 /// The workspace unit as written.
@@ -229,6 +243,8 @@ pub struct SecurityPolicy {
     pub neutralise_git: bool,
     /// Overwriting an existing file needs an earlier read of it.
     pub write_guard: bool,
+    /// Whether programs may run from `/tmp`.
+    pub tmp: TmpMode,
     /// A privileged unit (dangerous).
     pub privileged: bool,
     /// Host namespaces shared with the unit (dangerous).

@@ -360,7 +360,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[security]\nseccomp = \"unconfined\"\n",
-            "p.toml:2:1: security.seccomp: unknown field; accepted here: capabilities, read_only_root, landlock, git, write_guard, privileged, host_namespaces, devices",
+            "p.toml:2:1: security.seccomp: unknown field; accepted here: capabilities, read_only_root, landlock, git, write_guard, tmp, privileged, host_namespaces, devices",
         ),
         (
             "extends = \"nothere\"\n",
@@ -871,4 +871,30 @@ fn local_userland_goes_with_its_image() {
     ] {
         assert_eq!(problems(text), vec![expected.to_owned()], "{text}");
     }
+}
+
+/// Issue 23, item 2: `/tmp` is executable unless `[security] tmp` says
+/// `noexec`; the plan carries the choice.
+#[test]
+fn tmp_is_executable_unless_the_profile_says_noexec() {
+    use crate::plan::TmpMode;
+    let minimal = load(&[("p", "description = \"x\"\n")], "p").unwrap();
+    assert_eq!(minimal.security.tmp, TmpMode::Exec);
+    let strict = load(&[("p", "[security]\ntmp = \"noexec\"\n")], "p").unwrap();
+    assert_eq!(strict.security.tmp, TmpMode::NoExec);
+    let plan = crate::plan::resolve(
+        &strict,
+        &serde_json::Value::Null,
+        &crate::plan::HostFacts::fixed(),
+    )
+    .unwrap();
+    assert_eq!(plan.units[0].security.tmp, TmpMode::NoExec);
+    assert_eq!(plan.to_json()["units"][0]["security"]["tmp"], "noexec");
+    assert_eq!(
+        problems("[security]\ntmp = \"nosuid\"\n"),
+        vec![
+            "p.toml:2:7: security.tmp: \"nosuid\" is not accepted; write \"exec\" or \"noexec\""
+                .to_owned()
+        ]
+    );
 }

@@ -21,7 +21,7 @@ use super::value::{
 };
 use crate::allow::{HostName, Rule};
 use crate::image::{ImageRef, PullPolicy};
-use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, UserIds};
+use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, TmpMode, UserIds};
 use danger::Asked;
 pub(crate) use danger::host_path_dangers;
 
@@ -76,6 +76,7 @@ pub(crate) const SECURITY: &[&str] = &[
     "landlock",
     "git",
     "write_guard",
+    "tmp",
     "privileged",
     "host_namespaces",
     "devices",
@@ -987,6 +988,7 @@ impl Walk {
             landlock: Requirement::Required,
             neutralise_git: true,
             write_guard: true,
+            tmp: TmpMode::Exec,
             privileged: false,
             host_namespaces: Vec::new(),
             devices: Vec::new(),
@@ -1020,6 +1022,13 @@ impl Walk {
                 "write_guard" => self
                     .choice(node, &field, &[("read-first", true), ("off", false)])
                     .map(|flag| security.write_guard = flag),
+                "tmp" => self
+                    .choice(
+                        node,
+                        &field,
+                        &[("exec", TmpMode::Exec), ("noexec", TmpMode::NoExec)],
+                    )
+                    .map(|mode| security.tmp = mode),
                 "privileged" => self.boolean(node, &field).map(|flag| {
                     if flag {
                         self.dangers.push(Asked {

@@ -27,7 +27,6 @@ const SYSTEM_PATHS: &[(&str, bool)] = &[
     ("/lib", false),
     ("/lib64", false),
     ("/proc", true),
-    ("/root", false),
     ("/run", true),
     ("/sbin", false),
     ("/sys", true),
@@ -69,8 +68,9 @@ pub(crate) fn host_path_dangers(path: &Path) -> Vec<(Danger, &'static str)> {
     if is_system {
         return vec![(Danger::HostRoot, "is the host's root or a system directory")];
     }
-    // `/home/NAME` itself: every key, token and shell history of that user.
-    let is_home = path.parent() == Some(Path::new("/home"));
+    // `/home/NAME` and root's `/root` themselves: every key, token and shell
+    // history of that user (what is beneath them is a user's project).
+    let is_home = path.parent() == Some(Path::new("/home")) || path == Path::new("/root");
     if is_home {
         return vec![(
             Danger::HostRoot,
