@@ -9,7 +9,7 @@ use box_backend::{Backend, BackendKind, Registry};
 /// of what a binary was built with, made once in `main`.
 static INSTALLED: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
 
-/// Make `registry` the one this process chooses backends from (box-testkit's
+/// Make `registry` the one this process chooses backends from (the test-only
 /// `box-testhost` adds its fake backend this way); first call wins.
 pub fn install(registry: Registry) {
     let _ = INSTALLED.set(registry);

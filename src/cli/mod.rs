@@ -113,7 +113,7 @@ pub fn no_color() -> bool {
 }
 
 /// `--backend`'s choices: auto, then the backends this binary was built with
-/// (box-testkit's binary adds its fake), so help and completions list them.
+/// (box-testhost adds its fake), so help and completions list them.
 pub(crate) fn backend_parser() -> PossibleValuesParser {
     let mut values =
         vec![PossibleValue::new("auto").help("docker when its engine answers, else local")];
@@ -203,7 +203,7 @@ impl LogFormat {
 }
 
 /// Parse the command line and run the command (the `box` binary's `main`,
-/// and box-testkit's `box-testhost`'s after it installs its registry).
+/// and `box-testhost`'s after it installs its registry).
 pub fn main() -> ExitCode {
     // NO_COLOR is judged here; clap's `auto` then asks whether it is a terminal.
     let color = if no_color() {

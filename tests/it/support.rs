@@ -16,7 +16,7 @@ pub fn box_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_box"))
 }
 
-/// `box-testhost` (box-testkit): the `box` command line with the fake
+/// `box-testhost` (its own crate): the `box` command line with the fake
 /// backend (`--backend fake`), which the release `box` does not have. Cargo
 /// builds it beside `box` when the workspace's tests are built
 /// (`cargo nextest run --workspace`).
@@ -24,7 +24,7 @@ pub fn testhost_bin() -> PathBuf {
     let path = box_bin().with_file_name("box-testhost");
     assert!(
         path.exists(),
-        "{} is missing: build the workspace's tests (`cargo nextest run --workspace`) or `cargo build -p box-testkit`",
+        "{} is missing: build the workspace's tests (`cargo nextest run --workspace`) or `cargo build -p box-testhost`",
         path.display()
     );
     path

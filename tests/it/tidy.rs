@@ -33,8 +33,10 @@ fn architecture_names_every_module() {
 /// The workspace's dependency graph is the architecture (ARCHITECTURE.md,
 /// "Crates"): each member may depend only on the members listed for it, the
 /// libraries that define a boundary (bollard, axum, hyper, rmcp, clap) are
-/// each a dependency of exactly one member, and the test doubles are never a
-/// normal dependency.
+/// each a dependency of exactly one member, the test doubles are never a
+/// normal dependency (but of `box-testhost`, the test-only binary), and
+/// `box-testkit` never depends on the root package, so testing one crate with
+/// the fake does not build all of box.
 #[test]
 fn crates_depend_only_on_what_the_architecture_allows() {
     // member -> the workspace members it may depend on (normal dependencies).
@@ -132,7 +134,12 @@ fn crates_depend_only_on_what_the_architecture_allows() {
                     ));
                 }
             }
-            if target == "box-testkit" && !dev {
+            if target == "boxhost" && name == "box-testkit" {
+                wrong.push(
+                    "box-testkit depends on boxhost: testing any crate with the fake would build all of box (box's command line with the fake is box-testhost's)".to_owned(),
+                );
+            }
+            if target == "box-testkit" && !dev && name != "box-testhost" {
                 wrong.push(format!(
                     "{name} depends on box-testkit outside its dev-dependencies"
                 ));
@@ -146,8 +153,8 @@ fn crates_depend_only_on_what_the_architecture_allows() {
                         "{name} must not depend on {target} (allowed: {may:?})"
                     ));
                 }
-                // The binary wires everything; the test kit may use anything.
-                None if name != "boxhost" && name != "box-testkit" => {
+                // The binary wires everything; the test kit and the test host may use anything.
+                None if !["boxhost", "box-testkit", "box-testhost"].contains(&name) => {
                     wrong.push(format!("{name} is not in the architecture's table"));
                 }
                 _ => {}
@@ -166,6 +173,78 @@ fn crates_depend_only_on_what_the_architecture_allows() {
             "{lib} must be a dependency of {owner} alone"
         );
     }
+}
+
+/// Every member's manifest takes the workspace's lints (`[lints] workspace =
+/// true`) and each dependency's version from `[workspace.dependencies]`
+/// (`dep.workspace = true`, features added as needed), so one version of each
+/// library is built and one set of lints holds; and no manifest but
+/// box-backend-docker's lists bollard (the others reach it through
+/// `box_backend_docker::bollard`).
+#[test]
+fn manifests_take_the_workspaces_lints_and_versions() {
+    // Members that keep lints of their own, each with why. None today: a
+    // crate's stricter lints (box-egress's `forbid(unsafe_code)`) are crate
+    // attributes in its lib.rs.
+    const OWN_LINTS: &[(&str, &str)] = &[];
+    let root = repo_root();
+    let mut manifests = vec![root.join("Cargo.toml")];
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        manifests.push(entry.unwrap().path().join("Cargo.toml"));
+    }
+    manifests.sort();
+    let mut wrong = Vec::new();
+    for path in &manifests {
+        let shown = path.strip_prefix(&root).unwrap().display();
+        let manifest: toml::Table = std::fs::read_to_string(path).unwrap().parse().unwrap();
+        let name = manifest["package"]["name"].as_str().unwrap();
+        let workspace_lints = manifest
+            .get("lints")
+            .and_then(|lints| lints.get("workspace"))
+            .and_then(toml::Value::as_bool)
+            == Some(true);
+        if !workspace_lints && !OWN_LINTS.iter().any(|(member, _)| *member == name) {
+            wrong.push(format!(
+                "{shown}: write [lints] workspace = true (a stricter lint goes in lib.rs as #![...])"
+            ));
+        }
+        let kinds = ["dependencies", "dev-dependencies", "build-dependencies"];
+        let mut tables: Vec<(String, &toml::Table)> = kinds
+            .iter()
+            .filter_map(|kind| Some((kind.to_string(), manifest.get(*kind)?.as_table()?)))
+            .collect();
+        for (cfg, target) in manifest
+            .get("target")
+            .and_then(toml::Value::as_table)
+            .into_iter()
+            .flatten()
+        {
+            for kind in kinds {
+                if let Some(table) = target.get(kind).and_then(toml::Value::as_table) {
+                    tables.push((format!("target.{cfg}.{kind}"), table));
+                }
+            }
+        }
+        for (kind, table) in tables {
+            for (dependency, spec) in table {
+                if dependency == "bollard" && name != "box-backend-docker" {
+                    wrong.push(format!(
+                        "{shown}: [{kind}] lists bollard, which only box-backend-docker may; use box_backend_docker::bollard"
+                    ));
+                }
+                if spec.get("workspace").and_then(toml::Value::as_bool) != Some(true) {
+                    wrong.push(format!(
+                        "{shown}: [{kind}] {dependency} has a version of its own; write {dependency}.workspace = true (add it to [workspace.dependencies] first)"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "manifests that leave the workspace's settings:\n{}",
+        wrong.join("\n")
+    );
 }
 
 /// README prose is one sentence (or clause) per line, so no line runs past a

@@ -29,6 +29,10 @@
 //! other names the server's certificate covers), and ECH (whose outer server name is
 //! the CDN's; it never equals an allowed host, so it is refused).
 
+// Beyond the workspace's lints: no unsafe code at all, every public item documented.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
 mod address;
 mod bridge;
 mod event;

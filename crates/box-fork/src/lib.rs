@@ -20,6 +20,8 @@
 //! in copy mode or for a merge; nothing here runs a hook, filter or driver
 //! from either repository.
 
+// Beyond the workspace's lints: every public item documented.
+#![warn(missing_docs)]
 #![cfg(target_os = "linux")]
 
 mod copy;

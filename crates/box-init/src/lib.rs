@@ -64,6 +64,9 @@
 //!   [`renew_confirmed`](host::Lease::renew_confirmed); the old epoch is then
 //!   fenced off.
 
+// Beyond the workspace's lints: every public item documented.
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod handshake;
 pub mod host;

@@ -78,6 +78,10 @@
 //!   compression, encryption, two encodings nested. Masking is the last
 //!   line, not the control.
 
+// Beyond the workspace's lints: no unsafe code at all, every public item documented.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
 mod filter;
 mod forms;
 mod json;

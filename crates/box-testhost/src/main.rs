@@ -1,6 +1,7 @@
 //! `box-testhost`: the `box` command line with the fake backend registered
 //! (`--backend fake`), for integration tests that drive a real `box serve`
-//! process without an engine. Built only in this dev-only crate.
+//! process without an engine. A crate of its own (the fake is box-testkit's),
+//! so box-testkit never depends on the root package; no release carries it.
 
 use std::sync::Arc;
 
