@@ -224,6 +224,74 @@ fn the_client_may_lower_the_read_limit_but_not_raise_it() {
     );
 }
 
+/// Issue 22, item 7: a read limit that is not a positive integer is refused
+/// by `box execute` as `box serve` refuses it, with the same message naming
+/// the field; a good one is applied.
+#[test]
+fn a_bad_read_limit_is_refused_as_box_serve_refuses_it() {
+    let dir = workspace();
+    let key = "io.github.christopherdavenport.dax/executor";
+    let initialize = |asked: &Value| {
+        json!({"protocolVersion": "2025-11-25",
+               "capabilities": {"experimental": {key: {"maxReadBytes": asked}}},
+               "clientInfo": {"name": "it", "version": "1"}})
+    };
+    for asked in [
+        json!(-5),
+        json!("x"),
+        json!(0),
+        json!(1.5),
+        json!(true),
+        json!({}),
+    ] {
+        let mut executor = Executor::start(dir.path(), &[]);
+        let refused = executor
+            .request("initialize", initialize(&asked))
+            .expect_err("box execute refuses the read limit");
+        let message = refused["message"].as_str().unwrap_or_default();
+        assert_eq!(
+            message,
+            format!(
+                "capabilities.experimental[\"{key}\"].maxReadBytes: must be a positive integer (bytes), got {asked}"
+            ),
+            "{refused}"
+        );
+        assert_eq!(refused["code"], json!(-32602), "{refused}");
+        assert!(executor.finish().success());
+
+        // The same initialize through `box serve` (the fake backend).
+        let line = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": initialize(&asked)});
+        let mut serve = Command::new(support::testhost_bin())
+            .args(["serve", "--backend", "fake"])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = serve.stdin.take().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        drop(stdin);
+        let mut answer = String::new();
+        BufReader::new(serve.stdout.take().unwrap())
+            .read_line(&mut answer)
+            .unwrap();
+        let answer: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(answer["error"]["message"], json!(message), "{answer}");
+        assert_eq!(answer["error"]["code"], refused["code"], "{answer}");
+        wait_with_deadline(&mut serve, Duration::from_secs(30));
+    }
+    let (_executor, result) = Executor::ready(
+        dir.path(),
+        &[],
+        json!({"experimental": {key: {"maxReadBytes": 4096}}}),
+    );
+    assert_eq!(
+        result["capabilities"]["experimental"][key]["maxReadBytes"],
+        json!(4096)
+    );
+}
+
 #[test]
 fn tools_list_carries_the_reference_schemas_and_flags() {
     let dir = workspace();

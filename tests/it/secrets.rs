@@ -352,6 +352,8 @@ fn secrets_are_files_and_redacted(backend: &'static str) {
         format!("key: [REDACTED:{FILE}] done\n")
     );
 
+    wrapped_base64_never_reaches_the_client(&mut served);
+
     if backend == "docker" {
         // Nothing docker shows holds either value.
         let containers = served.containers();
@@ -398,6 +400,112 @@ fn local_helper(id: &str) -> u32 {
     let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let pid = shown["pid"].as_u64().unwrap_or_else(|| panic!("{shown}"));
     u32::try_from(pid).unwrap()
+}
+
+/// The stable run of the file secret's base64 at each of the three
+/// alignments: what must not reach the client, line breaks taken out.
+fn file_value_runs() -> Vec<String> {
+    (0..3)
+        .map(|alignment| {
+            let encoded = BASE64.encode(format!("{}{FILE_VALUE}", "x".repeat(alignment)));
+            let skip = (8 * alignment).div_ceil(6);
+            encoded[skip..skip + 8 * FILE_VALUE.len() / 6 - 2].to_owned()
+        })
+        .collect()
+}
+
+/// Issue 22, item 2: `base64` wraps at 76 columns (PEM and `base64 -w 64`
+/// at 64), so the value's encoding is cut by a line break once what comes
+/// before it takes the encoding near a line's end; at each alignment, with
+/// `\n` and `\r\n`, in a tool result, in process output read a few bytes at
+/// a time, and in a file read through the files resource, no piece of the
+/// wrapped encoding that decodes to the value reaches the client.
+fn wrapped_base64_never_reaches_the_client(served: &mut Served) {
+    let runs = file_value_runs();
+    let shows_value = |text: &str| {
+        let joined = text.replace(['\n', '\r'], "");
+        runs.iter().any(|run| joined.contains(run.as_str()))
+    };
+    // Prefixes of 47 to 49 bytes put the value across the first break at
+    // 76 columns, 40 to 42 across the first at 64: each at all three
+    // alignments.
+    let command = format!(
+        "for n in 47 48 49; do {{ head -c $n /dev/zero | tr '\\0' x; cat /run/secrets/{FILE}; }} | base64; done; \
+         for n in 40 41 42; do {{ head -c $n /dev/zero | tr '\\0' x; cat /run/secrets/{FILE}; }} | base64 -w 64; done; \
+         {{ head -c 48 /dev/zero | tr '\\0' x; cat /run/secrets/{FILE}; }} | base64 | sed 's/$/\r/'"
+    );
+    // The unredacted output really is cut: the check below would catch it.
+    let out = served.bash(
+        300,
+        &format!("{{ {command}; }} | tr 'A-Za-z' 'N-ZA-Mn-za-m'"),
+    );
+    assert!(
+        !out.contains("[REDACTED:"),
+        "the rotated output holds no form: {out}"
+    );
+    let out = served.bash(301, &command);
+    assert!(!shows_value(&out), "the client got the value: {out}");
+    assert_eq!(
+        out.matches(&format!("[REDACTED:{FILE}]")).count(),
+        7,
+        "one marker per encoding: {out}"
+    );
+
+    // The same output read through process.read, 7 bytes at a time.
+    let started = served.call(
+        302,
+        "agentworkspace/process.start",
+        json!({"args": ["sh", "-c", command]}),
+    );
+    let id = started["result"]["id"].as_str().unwrap().to_owned();
+    let mut output = Vec::new();
+    for request in 303..2000 {
+        let read = served.call(
+            request,
+            "agentworkspace/process.read",
+            json!({"id": id, "fd": 1, "max": 7}),
+        );
+        if let Some(data) = read["result"]["data"].as_str() {
+            output.extend(BASE64.decode(data).unwrap());
+        }
+        if read["result"]["eof"] == json!(true) {
+            break;
+        }
+    }
+    let output = String::from_utf8(output).unwrap();
+    assert!(!shows_value(&output), "the client got the value: {output}");
+    assert_eq!(
+        Some(output.as_str()),
+        out.strip_suffix("[exit 0]"),
+        "read in chunks as in one result"
+    );
+
+    // A file the unit wrote, read through the files resource.
+    served.bash(
+        2001,
+        &format!(
+            "{{ head -c 48 /dev/zero | tr '\\0' x; cat /run/secrets/{FILE}; }} | base64 > wrapped.txt"
+        ),
+    );
+    let read = served.call(
+        2002,
+        "resources/read",
+        json!({"uri": "agentworkspace:///read?path=wrapped.txt"}),
+    );
+    let text = read["result"]["contents"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{read}"));
+    let document: Value = serde_json::from_str(text).unwrap();
+    let bytes = BASE64
+        .decode(
+            document["data"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{read}")),
+        )
+        .unwrap();
+    let file = String::from_utf8(bytes).unwrap();
+    assert!(!shows_value(&file), "the client got the value: {file}");
+    assert!(file.contains(&format!("[REDACTED:{FILE}]")), "{file}");
 }
 
 /// `pid` and every process below it.

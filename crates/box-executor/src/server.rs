@@ -179,13 +179,18 @@ fn supported_versions() -> &'static [ProtocolVersion] {
     ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25)
 }
 
-/// The read limit a client asks for under the executor key, if any.
-fn asked_max_read_bytes(request: &InitializeRequestParams) -> Option<u64> {
-    let experimental = request.capabilities.experimental.as_ref()?;
-    experimental
-        .get(EXECUTOR_KEY)?
-        .get("maxReadBytes")?
-        .as_u64()
+/// The read limit a client asks for under the executor key, if any; one
+/// that is not a positive integer is refused as `box serve` refuses it
+/// (`box_jsonrpc::asked_max_read_bytes`), never taken for no ask.
+fn asked_max_read_bytes(request: &InitializeRequestParams) -> Result<Option<u64>, McpError> {
+    let asked = request
+        .capabilities
+        .experimental
+        .as_ref()
+        .and_then(|experimental| experimental.get(EXECUTOR_KEY))
+        .and_then(|ask| ask.get("maxReadBytes"));
+    box_jsonrpc::asked_max_read_bytes(asked)
+        .map_err(|why| McpError::new(ErrorCode::INVALID_PARAMS, why, None))
 }
 
 impl ServerHandler for Executor {
@@ -226,12 +231,9 @@ impl ServerHandler for Executor {
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, McpError> {
-        context.peer.set_peer_info(request.clone());
         let cap = self.shared.settings.max_read_bytes;
-        let effective = match asked_max_read_bytes(&request) {
-            Some(asked) if asked > 0 => asked.min(cap),
-            _ => cap,
-        };
+        let effective = asked_max_read_bytes(&request)?.map_or(cap, |asked| asked.min(cap));
+        context.peer.set_peer_info(request.clone());
         if self
             .shared
             .session

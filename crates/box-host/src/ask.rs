@@ -80,12 +80,7 @@ pub(super) fn read_ask(params: Option<&Map<String, Value>>) -> Result<Ask, Strin
     let Some(ask) = ask.as_object() else {
         return Err(format!("{field}: must be an object"));
     };
-    let max_read_bytes = match ask.get("maxReadBytes") {
-        None | Some(Value::Null) => None,
-        Some(value) => Some(value.as_u64().ok_or_else(|| {
-            format!("{field}.maxReadBytes: must be a non-negative integer, got {value}")
-        })?),
-    };
+    let max_read_bytes = box_jsonrpc::asked_max_read_bytes(ask.get("maxReadBytes"))?;
     let (profile, tighten, reattach) = match ask.get("box") {
         None | Some(Value::Null) => (None, Value::Null, None),
         Some(Value::Object(ask_box)) => {
@@ -427,12 +422,16 @@ mod tests {
             json!({"capabilities": {"experimental": {EXECUTOR_KEY: {"box": {"profile": 3}}}}});
         let error = read_ask(bad.as_object()).unwrap_err();
         assert!(error.contains(".box.profile"), "{error}");
-        let bad = json!({"capabilities": {"experimental": {EXECUTOR_KEY: {"maxReadBytes": -1}}}});
-        assert!(
-            read_ask(bad.as_object())
-                .unwrap_err()
-                .contains("maxReadBytes")
-        );
+        for asked in [json!(-1), json!(0), json!("4096"), json!(1.5)] {
+            let bad =
+                json!({"capabilities": {"experimental": {EXECUTOR_KEY: {"maxReadBytes": asked}}}});
+            assert_eq!(
+                read_ask(bad.as_object()).unwrap_err(),
+                format!(
+                    "capabilities.experimental[\"{EXECUTOR_KEY}\"].maxReadBytes: must be a positive integer (bytes), got {asked}"
+                )
+            );
+        }
     }
 
     #[test]

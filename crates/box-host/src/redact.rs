@@ -17,6 +17,11 @@
 //! still caught, and encoded again. The streaming redactor holds back the
 //! few bytes that could begin a secret until the next read (or the end of the
 //! stream) decides them.
+//!
+//! A files-resource answer carries the file's bytes as base64 too: they are
+//! decoded and searched (a file holding a value in base64, wrapped or not,
+//! is base64 of base64 in the answer, which no form of the value matches),
+//! and encoded again only when something was redacted.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -45,7 +50,7 @@ pub(crate) struct SessionRedactor {
     /// Progress messages (bash's output since the last report) per unit and
     /// progress token: consecutive reports are consecutive output.
     progress: HashMap<(usize, String), TextStreamRedactor>,
-    /// Lends the memory a files-resource answer holding secrets is redacted in.
+    /// Lends the memory a files-resource answer is decoded and redacted in.
     scratch: Arc<ScratchPool>,
 }
 
@@ -299,11 +304,13 @@ impl SessionRedactor {
     }
 
     /// An answer to `resources/read`: the files resource answers with a JSON
-    /// document whose `data` is the file's bytes in base64. The search for a
-    /// value's base64 forms runs over that text as over any other; only when
-    /// it finds one are the bytes decoded, redacted and encoded again (so the
-    /// client still decodes them) instead of the marker landing inside the
-    /// base64. The rest of the answer is redacted like any other.
+    /// document whose `data` is the file's bytes in base64. Those bytes are
+    /// decoded and searched: a search of the answer's text would see a file
+    /// holding a value in base64 (`base64 secret > file`, wrapped or not)
+    /// only as base64 of base64, which no form matches. When a value is
+    /// found, the bytes are redacted and encoded again (so the client still
+    /// decodes them) instead of the marker landing inside the base64. The
+    /// rest of the answer is redacted like any other.
     pub(crate) fn resource_read(&mut self, response: &mut Value) {
         let Some(redactor) = self.redactor.clone() else {
             return;
@@ -320,14 +327,14 @@ impl SessionRedactor {
                 let Some(Value::String(text)) = object.remove("text") else {
                     continue;
                 };
-                // The usual answer holds no secret: searched once, kept as is.
-                let text = if !redactor.finds_any(text.as_bytes()) {
-                    text
-                } else {
-                    let mut scratch = self.scratch.take();
-                    let redacted = redact_document_data(&redactor, &text, &mut scratch);
-                    self.scratch.give(scratch);
-                    redacted.unwrap_or_else(|| redactor.redact(&text).into_owned())
+                let mut scratch = self.scratch.take();
+                let redacted = redact_document(&redactor, &text, &mut scratch);
+                self.scratch.give(scratch);
+                let text = match redacted {
+                    // The usual answer holds no secret: kept as it came.
+                    Some(None) => text,
+                    Some(Some(rebuilt)) => rebuilt,
+                    None => redactor.redact(&text).into_owned(),
                 };
                 texts.push((index, text));
             }
@@ -405,12 +412,39 @@ struct Document<'t> {
 }
 
 /// `text`, a JSON document with a base64 `data`, with the secrets in the
-/// decoded bytes redacted and encoded again; `None` when it is not one.
-/// Every MiB-sized step reuses memory the session already has, since fresh
-/// pages are most of what a MiB costs: the data is decoded into and redacted
-/// into `scratch`, and encoded straight after the rest of the document
-/// (base64 needs no JSON escaping), never serialized again.
-fn redact_document_data(redactor: &Redactor, text: &str, scratch: &mut Scratch) -> Option<String> {
+/// decoded bytes (and in its other members) redacted and the bytes encoded
+/// again: `Some(None)` when there was nothing to redact, `None` when it is
+/// not such a document. Every MiB-sized step reuses memory the session
+/// already has, since fresh pages are most of what a MiB costs: the data is
+/// decoded into and redacted into `scratch`, and encoded straight after the
+/// rest of the document (base64 needs no JSON escaping), never serialized
+/// again.
+fn redact_document(
+    redactor: &Redactor,
+    text: &str,
+    scratch: &mut Scratch,
+) -> Option<Option<String>> {
+    // What the executor writes, `{"data":"..."}`, needs no parse: the data
+    // decodes as base64 only if it holds no quote or escape.
+    if let Some(data) = text
+        .strip_prefix("{\"data\":\"")
+        .and_then(|rest| rest.strip_suffix("\"}"))
+    {
+        scratch.decoded.clear();
+        if base64_simd::STANDARD
+            .decode_append(data.as_bytes(), &mut scratch.decoded)
+            .is_ok()
+        {
+            if !redactor.redact_bytes_into(&scratch.decoded, &mut scratch.redacted) {
+                return Some(None);
+            }
+            let mut out = String::with_capacity(scratch.redacted.len() * 4 / 3 + 16);
+            out.push_str("{\"data\":\"");
+            base64_simd::STANDARD.encode_append(&scratch.redacted, &mut out);
+            out.push_str("\"}");
+            return Some(Some(out));
+        }
+    }
     let Document { data, rest } = serde_json::from_str::<Document<'_>>(text).ok()?;
     scratch.decoded.clear();
     base64_simd::STANDARD
@@ -418,10 +452,14 @@ fn redact_document_data(redactor: &Redactor, text: &str, scratch: &mut Scratch) 
         .ok()?;
     // Whatever else the document holds as any text; not the data again.
     let mut rest = Value::Object(rest);
-    redactor.redact_json(&mut rest);
+    let in_rest = redactor.redact_json(&mut rest);
+    let in_data = redactor.redact_bytes_into(&scratch.decoded, &mut scratch.redacted);
+    if in_rest == 0 && !in_data {
+        return Some(None);
+    }
     let rest = rest.to_string();
     let head = rest.strip_suffix('}')?;
-    let redacted: &[u8] = if redactor.redact_bytes_into(&scratch.decoded, &mut scratch.redacted) {
+    let redacted: &[u8] = if in_data {
         &scratch.redacted
     } else {
         &scratch.decoded
@@ -434,7 +472,7 @@ fn redact_document_data(redactor: &Redactor, text: &str, scratch: &mut Scratch) 
     out.push_str("\"data\":\"");
     base64_simd::STANDARD.encode_append(redacted, &mut out);
     out.push_str("\"}");
-    Some(out)
+    Some(Some(out))
 }
 
 /// The bytes of the base64 string `result.field`, taken out of `response`
@@ -603,6 +641,52 @@ mod tests {
         assert_eq!(document["size"], 7);
         let bytes = BASE64.decode(document["data"].as_str().unwrap()).unwrap();
         assert_eq!(bytes, b"[REDACTED:API_TOKEN][REDACTED:API_TOKEN]");
+    }
+
+    #[test]
+    fn a_file_holding_the_value_in_base64_wrapped_or_not_is_redacted_in_a_resource_read() {
+        // Issue 22, item 2: what `base64 secret > file` wrote (wrapped at 76,
+        // after a prefix that puts the value across a line break at each
+        // alignment), read back through the files resource: the bytes of
+        // the answer are base64 of base64, so a search of the answer's text
+        // alone cannot see the value.
+        let runs: Vec<String> = (0..3u8)
+            .map(|alignment| {
+                let encoded = BASE64.encode(format!("{}{TOKEN}", "p".repeat(alignment.into())));
+                let skip = (8 * usize::from(alignment)).div_ceil(6);
+                encoded[skip..skip + 24].to_owned()
+            })
+            .collect();
+        for prefix_len in [0, 1, 2, 40, 41, 42, 50, 51, 52] {
+            for wrap in [None, Some(76), Some(64)] {
+                let encoded = BASE64.encode(format!("{}{TOKEN}\n", "p".repeat(prefix_len)));
+                let file = match wrap {
+                    None => format!("{encoded}\n"),
+                    Some(width) => encoded
+                        .as_bytes()
+                        .chunks(width)
+                        .map(|line| format!("{}\n", std::str::from_utf8(line).unwrap()))
+                        .collect(),
+                };
+                let mut redactor = redactor();
+                let document = json!({"data": BASE64.encode(&file)}).to_string();
+                let mut answer = json!({"jsonrpc": "2.0", "id": 1, "result": {"contents": [
+                    {"uri": "agentworkspace:///read?path=k", "mimeType": "application/json", "text": document}
+                ]}});
+                redactor.resource_read(&mut answer);
+                let text = answer["result"]["contents"][0]["text"].as_str().unwrap();
+                let document: Value = serde_json::from_str(text).unwrap();
+                let bytes = BASE64.decode(document["data"].as_str().unwrap()).unwrap();
+                let shown = String::from_utf8(bytes).unwrap().replace('\n', "");
+                for run in &runs {
+                    assert!(
+                        !shown.contains(run.as_str()),
+                        "prefix {prefix_len}, wrap {wrap:?}: {shown}"
+                    );
+                }
+                assert!(shown.contains("[REDACTED:API_TOKEN]"), "{shown}");
+            }
+        }
     }
 
     /// A files-resource answer of `size` bytes holding the secret.

@@ -57,6 +57,23 @@ pub fn sends_version_header(version: &str) -> bool {
 /// asks and the executor and host answer, in `capabilities.experimental`.
 pub const EXECUTOR_KEY: &str = "io.github.christopherdavenport.dax/executor";
 
+/// The read limit a client asks for in `initialize`, the value of
+/// `maxReadBytes` in its ask under [`EXECUTOR_KEY`]: `None` when absent or
+/// null, the limit when a positive integer, else refused with a message that
+/// names the field. `box serve` and `box execute` both read it here, so they
+/// accept and refuse the same values with the same words.
+pub fn asked_max_read_bytes(asked: Option<&Value>) -> Result<Option<u64>, String> {
+    match asked {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => match value.as_u64() {
+            Some(bytes) if bytes > 0 => Ok(Some(bytes)),
+            _ => Err(format!(
+                "capabilities.experimental[\"{EXECUTOR_KEY}\"].maxReadBytes: must be a positive integer (bytes), got {value}"
+            )),
+        },
+    }
+}
+
 /// JSON-RPC's and MCP's error codes box answers with.
 pub mod code {
     /// Bad JSON.

@@ -30,7 +30,11 @@ fn main() {
         "| output | secrets (forms) | build | memory | parse + write (baseline) | redact_json, 6 leaks | ratio | redact, no leak | ratio | stream, 64 KiB reads, 6 leaks | ratio |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    for (output_name, output) in [("source", source_text()), ("log", build_log())] {
+    for (output_name, output) in [
+        ("source", source_text()),
+        ("log", build_log()),
+        ("base64", wrapped_base64()),
+    ] {
         for (secret_count, shortest) in [(10, None), (100, None), (100, Some(8))] {
             let row = match shortest {
                 Some(len) => format!("{output_name} {secret_count} short{len}"),
@@ -252,6 +256,22 @@ fn build_log() -> String {
                 random.below(1000)
             )),
         }
+    }
+    truncate(text)
+}
+
+/// 1 MiB of what `base64 FILE` prints for a binary file: lines of 76
+/// characters, every break joinable, so the whole output is one chain
+/// searched twice (as it is and with its breaks taken out): the slowest
+/// case of the line-wrap search.
+fn wrapped_base64() -> String {
+    let mut random = Random(0xba5e);
+    let bytes: Vec<u8> = (0..MIB / 4 * 3).map(|_| random.next() as u8).collect();
+    let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
+    let mut text = String::with_capacity(MIB + MIB / 76 + 1);
+    for line in encoded.as_bytes().chunks(76) {
+        text.push_str(std::str::from_utf8(line).unwrap_or_default());
+        text.push('\n');
     }
     truncate(text)
 }

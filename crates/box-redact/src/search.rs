@@ -5,6 +5,7 @@ use std::cmp::Reverse;
 
 use crate::filter::Occurrence;
 use crate::forms::is_base64_char;
+use crate::wrap::{self, Chain, Wraps};
 use crate::{Redactor, has_bit};
 
 /// What a region's edges must respect.
@@ -47,49 +48,49 @@ struct Hit {
 impl Redactor {
     /// The regions of `haystack` to replace, sorted and disjoint.
     pub(crate) fn regions(&self, haystack: &[u8], units: Units, ending: Ending) -> Vec<Region> {
+        self.scan(haystack, units, ending).0
+    }
+
+    /// The regions of `haystack` to replace, sorted and disjoint, and its
+    /// wrapped lines (a stream decides how much to hold back from them).
+    /// Forms are searched in the haystack, then in each chain of wrapped
+    /// lines with the breaks taken out (`wrap`), so a form a line break cuts
+    /// is found too; such a region covers the breaks inside it.
+    pub(crate) fn scan(
+        &self,
+        haystack: &[u8],
+        units: Units,
+        ending: Ending,
+    ) -> (Vec<Region>, Wraps) {
         if self.patterns.is_empty() {
-            return Vec::new();
+            return (Vec::new(), Wraps::default());
         }
-        let mut hits = Vec::new();
-        for (id, found_start) in self.occurrences(haystack) {
-            let pattern = self.patterns[id as usize];
-            let mut start = found_start;
-            let mut end = found_start + self.pattern_bytes[id as usize].len();
-            let mut undecided = false;
-            let (left, right) = pattern.kind.widening();
-            for _ in 0..left {
-                match start.checked_sub(1).map(|before| haystack[before]) {
-                    Some(byte) if is_base64_char(byte) => start -= 1,
-                    _ => break,
+        let wraps = Wraps::find(haystack, ending == Ending::More);
+        let mut hits: Vec<Hit> = self
+            .occurrences(haystack)
+            .into_iter()
+            .map(|(id, found)| self.hit(haystack, id, found, ending))
+            .collect();
+        let (mut view, mut map) = (Vec::new(), Vec::new());
+        for chain in &wraps.chains {
+            self.search_chain(
+                haystack,
+                &wraps,
+                chain,
+                ending,
+                (&mut view, &mut map),
+                &mut hits,
+            );
+        }
+        if units == Units::Chars {
+            for hit in &mut hits {
+                while hit.start > 0 && !is_char_boundary(haystack, hit.start) {
+                    hit.start -= 1;
+                }
+                while !is_char_boundary(haystack, hit.end) {
+                    hit.end += 1;
                 }
             }
-            let mut padded = false;
-            for _ in 0..right {
-                match haystack.get(end) {
-                    Some(&b'=') => padded = true,
-                    Some(&byte) if !padded && is_base64_char(byte) => {}
-                    Some(_) => break,
-                    None => {
-                        undecided = ending == Ending::More;
-                        break;
-                    }
-                }
-                end += 1;
-            }
-            if units == Units::Chars {
-                while start > 0 && !is_char_boundary(haystack, start) {
-                    start -= 1;
-                }
-                while !is_char_boundary(haystack, end) {
-                    end += 1;
-                }
-            }
-            hits.push(Hit {
-                start,
-                end,
-                name: pattern.name,
-                undecided,
-            });
         }
         hits.sort_unstable_by_key(|hit| (hit.start, Reverse(hit.end)));
         let mut regions: Vec<Region> = Vec::new();
@@ -114,7 +115,117 @@ impl Redactor {
                 }),
             }
         }
-        regions
+        (regions, wraps)
+    }
+
+    /// The hits of `chain` that its breaks cut (the others the search of
+    /// the haystack finds): it is searched with its breaks taken out, in
+    /// segments of about `SEGMENT` bytes (so the copy stays small and in
+    /// cache however long the chain), each with enough of its neighbours
+    /// around it that every form starting in it is seen whole and widened
+    /// as in one piece.
+    fn search_chain(
+        &self,
+        haystack: &[u8],
+        wraps: &Wraps,
+        chain: &Chain,
+        ending: Ending,
+        (view, map): (&mut Vec<u8>, &mut Vec<(usize, usize)>),
+        hits: &mut Vec<Hit>,
+    ) {
+        const SEGMENT: usize = 32 * 1024;
+        let count = wraps.piece_count(chain);
+        let len = |index| wraps.piece(chain, index).len();
+        let mut first = 0;
+        while first < count {
+            let mut last = first;
+            let mut size = 0;
+            while last < count && size < SEGMENT {
+                size += len(last);
+                last += 1;
+            }
+            let mut left = first;
+            let mut before = 0;
+            while left > 0 && before < self.max_left_widening {
+                left -= 1;
+                before += len(left);
+            }
+            let mut right = last;
+            let mut after = 0;
+            while right < count && after < self.max_pattern_len + self.max_right_widening {
+                after += len(right);
+                right += 1;
+            }
+            let chain_len = wraps.view(
+                chain,
+                left..right,
+                (haystack, self.max_right_widening),
+                view,
+                map,
+            );
+            let segment = before..before + size;
+            first = last;
+            if chain_len < self.min_pattern_len {
+                continue;
+            }
+            for (id, found) in self.occurrences(view) {
+                // Only forms that start in this segment (the neighbours'
+                // own searches find theirs), and only inside the chain: one
+                // that reaches past it (a raw value ending in other
+                // characters) is cut by the break, and the haystack's own
+                // search finds it if it is whole.
+                if !segment.contains(&found)
+                    || found + self.pattern_bytes[id as usize].len() > chain_len
+                {
+                    continue;
+                }
+                let hit = self.hit(view, id, found, ending);
+                let start = wrap::original(map, hit.start);
+                let end = wrap::original(map, hit.end - 1) + 1;
+                // Inside one line and decided: the search of the haystack
+                // found the same.
+                if end - start == hit.end - hit.start && !hit.undecided {
+                    continue;
+                }
+                hits.push(Hit { start, end, ..hit });
+            }
+        }
+    }
+
+    /// The occurrence of pattern `id` at `found` in `haystack`, widened over
+    /// the base64 characters at its edges that carry some of the value's
+    /// bits and the padding after it.
+    fn hit(&self, haystack: &[u8], id: u32, found: usize, ending: Ending) -> Hit {
+        let pattern = self.patterns[id as usize];
+        let mut start = found;
+        let mut end = found + self.pattern_bytes[id as usize].len();
+        let mut undecided = false;
+        let (left, right) = pattern.kind.widening();
+        for _ in 0..left {
+            match start.checked_sub(1).map(|before| haystack[before]) {
+                Some(byte) if is_base64_char(byte) => start -= 1,
+                _ => break,
+            }
+        }
+        let mut padded = false;
+        for _ in 0..right {
+            match haystack.get(end) {
+                Some(&b'=') => padded = true,
+                Some(&byte) if !padded && is_base64_char(byte) => {}
+                Some(_) => break,
+                None => {
+                    undecided = ending == Ending::More;
+                    break;
+                }
+            }
+            end += 1;
+        }
+        Hit {
+            start,
+            end,
+            name: pattern.name,
+            undecided,
+        }
     }
 
     /// Every occurrence of every form in `haystack`: through the prefilter,
@@ -140,18 +251,24 @@ impl Redactor {
             .collect()
     }
 
-    /// Append `haystack[..upto]` to `out` with each region that ends by
-    /// `upto` replaced by its markers (the caller never cuts a region).
+    /// Append `haystack[from..upto]` to `out` with each region in it
+    /// replaced by its markers (the caller never cuts a region).
     pub(crate) fn write_redacted(
         &self,
         haystack: &[u8],
         regions: &[Region],
-        upto: usize,
+        (from, upto): (usize, usize),
         out: &mut Vec<u8>,
     ) {
-        let mut position = 0;
-        for region in regions.iter().take_while(|region| region.end <= upto) {
-            out.extend_from_slice(&haystack[position..region.start]);
+        let mut position = from;
+        for region in regions
+            .iter()
+            .skip_while(|region| region.end <= from)
+            .take_while(|region| region.end <= upto)
+        {
+            // `max`: a region begun in a stream's context (never found
+            // there) is written from where this release starts.
+            out.extend_from_slice(&haystack[position..region.start.max(position)]);
             for &name in &region.names {
                 out.extend_from_slice(b"[REDACTED:");
                 out.extend_from_slice(self.names[name as usize].as_bytes());
@@ -169,12 +286,16 @@ impl Redactor {
         &self,
         haystack: &str,
         regions: &[Region],
-        upto: usize,
+        (from, upto): (usize, usize),
         out: &mut String,
     ) {
-        let mut position = 0;
-        for region in regions.iter().take_while(|region| region.end <= upto) {
-            push_text(out, haystack, position, region.start);
+        let mut position = from;
+        for region in regions
+            .iter()
+            .skip_while(|region| region.end <= from)
+            .take_while(|region| region.end <= upto)
+        {
+            push_text(out, haystack, position, region.start.max(position));
             for &name in &region.names {
                 out.push_str("[REDACTED:");
                 out.push_str(&self.names[name as usize]);
@@ -199,6 +320,31 @@ impl Redactor {
             .take_while(|&&byte| is_base64_char(byte))
             .count();
         suffix + before
+    }
+
+    /// Where a stream must start holding back because of the chain of
+    /// wrapped lines `pending` ends in (its last run reaches the end, or a
+    /// pending break follows it): the `holdback` of that chain with its
+    /// breaks taken out, back in `pending`'s offsets. `None` when no chain
+    /// ends there or nothing of it need be held.
+    pub(crate) fn wrapped_holdback_start(&self, pending: &[u8], wraps: &Wraps) -> Option<usize> {
+        let chain = wraps
+            .chains
+            .last()
+            .filter(|chain| chain.pending || chain.end == pending.len())?;
+        // Its last pieces, enough for the longest form and its widening:
+        // they end where `pending` does.
+        let count = wraps.piece_count(chain);
+        let mut first = count;
+        let mut size = 0;
+        while first > 0 && size < self.max_pattern_len + self.max_left_widening {
+            first -= 1;
+            size += wraps.piece(chain, first).len();
+        }
+        let (mut view, mut map) = (Vec::new(), Vec::new());
+        wraps.view(chain, first..count, (pending, 0), &mut view, &mut map);
+        let held = self.holdback(&view);
+        (held > 0).then(|| wrap::original(&map, view.len() - held))
     }
 
     /// The length of the longest suffix of `pending` that is a proper prefix

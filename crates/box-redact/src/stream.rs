@@ -9,15 +9,24 @@
 //! (three at most) just before it that a base64 match would widen over, or
 //! the whole of a match whose widening needs bytes not yet seen. A chunk
 //! that ends a line or a word boundary holds nothing back; one that ends in
-//! letters or digits may hold up to three. `finish` releases the rest at the
-//! end of the stream. The concatenation of everything released equals
-//! [`Redactor::redact_bytes`] of the concatenated input (or
-//! [`Redactor::redact`] for text); a property test checks it.
+//! letters or digits may hold up to three. A chunk that ends a line of 48
+//! base64 characters (wrapped base64 may continue on the next) holds the
+//! break and the few characters before it a match may widen over, or more
+//! when a form may begin earlier in the lines it joins. After each release
+//! the stream keeps, as context and never releases again, the base64
+//! characters (48 at most) just before what it holds, so the next scan sees
+//! whether a break at its start ends a wrapped line. `finish` releases the
+//! rest at the end of the stream. The concatenation of everything released
+//! equals [`Redactor::redact_bytes`] of the concatenated input (or
+//! [`Redactor::redact`] for text); property tests check it, on wrapped text
+//! too.
 
 use std::sync::Arc;
 
 use crate::Redactor;
+use crate::forms::is_base64_char;
 use crate::search::{Ending, Region, Units};
+use crate::wrap::MIN_WRAP;
 
 /// Streaming redaction over bytes. Output may not be UTF-8 at chunk
 /// boundaries, so this works on bytes and may release part of a character
@@ -27,7 +36,10 @@ use crate::search::{Ending, Region, Units};
 #[derive(Debug)]
 pub struct StreamRedactor {
     redactor: Arc<Redactor>,
+    /// The context (released already), then what is held back.
     pending: Vec<u8>,
+    /// How many bytes of `pending` are context.
+    context: usize,
 }
 
 impl StreamRedactor {
@@ -36,24 +48,35 @@ impl StreamRedactor {
         StreamRedactor {
             redactor,
             pending: Vec::new(),
+            context: 0,
         }
     }
 
     /// Take the next chunk; returns the redacted bytes that are now safe to
     /// pass on (possibly none, possibly some of earlier chunks).
     pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
-        step(&self.redactor, &mut self.pending, chunk, Ending::More)
+        step(
+            &self.redactor,
+            (&mut self.pending, &mut self.context),
+            chunk,
+            Ending::More,
+        )
     }
 
     /// End of the stream: returns the rest, redacted. The stream is empty
     /// afterwards and may be used for a new one.
     pub fn finish(&mut self) -> Vec<u8> {
-        step(&self.redactor, &mut self.pending, &[], Ending::Final)
+        step(
+            &self.redactor,
+            (&mut self.pending, &mut self.context),
+            &[],
+            Ending::Final,
+        )
     }
 
     /// How many bytes are held back, waiting for the next chunk.
     pub fn held_back(&self) -> usize {
-        self.pending.len()
+        self.pending.len() - self.context
     }
 }
 
@@ -63,7 +86,10 @@ impl StreamRedactor {
 #[derive(Debug)]
 pub struct TextStreamRedactor {
     redactor: Arc<Redactor>,
+    /// The context (released already), then what is held back.
     pending: String,
+    /// How many bytes of `pending` are context.
+    context: usize,
 }
 
 impl TextStreamRedactor {
@@ -72,40 +98,60 @@ impl TextStreamRedactor {
         TextStreamRedactor {
             redactor,
             pending: String::new(),
+            context: 0,
         }
     }
 
     /// Take the next chunk; returns the redacted text that is now safe to
     /// pass on (possibly empty, possibly some of earlier chunks).
     pub fn push(&mut self, chunk: &str) -> String {
-        step_text(&self.redactor, &mut self.pending, chunk, Ending::More)
+        step_text(
+            &self.redactor,
+            (&mut self.pending, &mut self.context),
+            chunk,
+            Ending::More,
+        )
     }
 
     /// End of the stream: returns the rest, redacted. The stream is empty
     /// afterwards and may be used for a new one.
     pub fn finish(&mut self) -> String {
-        step_text(&self.redactor, &mut self.pending, "", Ending::Final)
+        step_text(
+            &self.redactor,
+            (&mut self.pending, &mut self.context),
+            "",
+            Ending::Final,
+        )
     }
 
     /// How many bytes are held back, waiting for the next chunk.
     pub fn held_back(&self) -> usize {
-        self.pending.len()
+        self.pending.len() - self.context
     }
 }
 
-/// The regions of `haystack` and how much of it can be released now.
+/// The regions of `haystack` and how much of it can be released now;
+/// `haystack[..from]` is context, released already.
 fn plan(
     redactor: &Redactor,
     haystack: &[u8],
+    from: usize,
     units: Units,
     ending: Ending,
 ) -> (Vec<Region>, usize) {
-    let regions = redactor.regions(haystack, units, ending);
+    let (regions, wraps) = redactor.scan(haystack, units, ending);
     let mut release = haystack.len();
     if ending == Ending::More {
         release -= redactor.holdback(haystack);
+        if let Some(start) = redactor.wrapped_holdback_start(haystack, &wraps) {
+            release = release.min(start);
+        }
         if let Some(undecided) = regions.iter().find(|region| region.undecided) {
             release = release.min(undecided.start);
+        }
+        // A break the text ends in is held with the line it may join.
+        if let Some(at) = wraps.breaks.last().filter(|at| at.pending) {
+            release = release.min(at.start);
         }
         // Never cut a region: hold all of it, so it is found again, whole,
         // with what follows.
@@ -125,39 +171,77 @@ fn plan(
             }
         }
     }
-    (regions, release)
+    // What was released cannot be held again (nothing above reaches back
+    // into the context: what could was held when it was the end).
+    (regions, release.max(from))
 }
 
-fn step(redactor: &Redactor, pending: &mut Vec<u8>, chunk: &[u8], ending: Ending) -> Vec<u8> {
+/// Where the context kept after releasing `haystack[..release]` starts: the
+/// base64 characters just before `release`, at most `MIN_WRAP`, so that the
+/// next scan sees whether a break at its start ends a wrapped line.
+fn context_start(haystack: &[u8], release: usize) -> usize {
+    release
+        - haystack[..release]
+            .iter()
+            .rev()
+            .take(MIN_WRAP)
+            .take_while(|&&byte| is_base64_char(byte))
+            .count()
+}
+
+fn step(
+    redactor: &Redactor,
+    (pending, context): (&mut Vec<u8>, &mut usize),
+    chunk: &[u8],
+    ending: Ending,
+) -> Vec<u8> {
     let mut buffer = std::mem::take(pending);
     let buffered = !buffer.is_empty();
     if buffered {
         buffer.extend_from_slice(chunk);
     }
     let haystack: &[u8] = if buffered { &buffer } else { chunk };
-    let (regions, release) = plan(redactor, haystack, Units::Bytes, ending);
-    let mut out = Vec::with_capacity(release);
-    redactor.write_redacted(haystack, &regions, release, &mut out);
+    let from = *context;
+    let (regions, release) = plan(redactor, haystack, from, Units::Bytes, ending);
+    let mut out = Vec::with_capacity(release - from);
+    redactor.write_redacted(haystack, &regions, (from, release), &mut out);
+    let keep = match ending {
+        Ending::More => context_start(haystack, release),
+        Ending::Final => haystack.len(),
+    };
+    *context = release.max(keep) - keep;
     if buffered {
-        buffer.drain(..release);
+        buffer.drain(..keep);
         *pending = buffer;
     } else {
-        *pending = chunk[release..].to_vec();
+        *pending = chunk[keep..].to_vec();
     }
     out
 }
 
-fn step_text(redactor: &Redactor, pending: &mut String, chunk: &str, ending: Ending) -> String {
+fn step_text(
+    redactor: &Redactor,
+    (pending, context): (&mut String, &mut usize),
+    chunk: &str,
+    ending: Ending,
+) -> String {
     let mut buffer = std::mem::take(pending);
     let buffered = !buffer.is_empty();
     if buffered {
         buffer.push_str(chunk);
     }
     let haystack: &str = if buffered { &buffer } else { chunk };
-    let (regions, release) = plan(redactor, haystack.as_bytes(), Units::Chars, ending);
-    let mut out = String::with_capacity(release);
-    redactor.write_redacted_text(haystack, &regions, release, &mut out);
-    // `plan` releases on a character boundary; `get` keeps this panic-free.
-    *pending = haystack.get(release..).unwrap_or_default().to_owned();
+    let from = *context;
+    let (regions, release) = plan(redactor, haystack.as_bytes(), from, Units::Chars, ending);
+    let mut out = String::with_capacity(release - from);
+    redactor.write_redacted_text(haystack, &regions, (from, release), &mut out);
+    // The context is ASCII and `plan` releases on a character boundary, so
+    // `keep` is one; `get` keeps this panic-free.
+    let keep = match ending {
+        Ending::More => context_start(haystack.as_bytes(), release),
+        Ending::Final => haystack.len(),
+    };
+    *context = release.max(keep) - keep;
+    *pending = haystack.get(keep..).unwrap_or_default().to_owned();
     out
 }

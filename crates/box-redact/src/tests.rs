@@ -615,3 +615,258 @@ fn a_value_over_the_maximum_is_redacted_by_its_lines_and_reported() {
     );
     assert_eq!(redactor.redact(&format!("<{line}>")), "<[REDACTED:BIG]>");
 }
+
+// Issue 22, item 2: base64 (and hex) wrapped across lines, as `base64`
+// (76 columns), PEM and `openssl base64` (64) and `xxd -p` (60) write it.
+
+/// `encoded` cut into lines of `width` characters ended by `eol`, with
+/// `indent` before each, as a wrapping encoder writes it.
+fn wrap(encoded: &str, width: usize, eol: &str, indent: &str) -> String {
+    encoded
+        .as_bytes()
+        .chunks(width)
+        .map(|line| format!("{indent}{}{eol}", std::str::from_utf8(line).unwrap()))
+        .collect()
+}
+
+/// `text` with its line breaks and the indentation after them taken out.
+fn unwrap_lines(text: &str) -> String {
+    text.split('\n')
+        .map(|line| line.trim_start_matches([' ', '\t']).trim_end_matches('\r'))
+        .collect()
+}
+
+/// Redacts `input` one-shot, asserts that streams give the same (one byte
+/// per write, in chunks of every size up to 80, in one chunk), and returns it.
+fn redacted_everywhere(redactor: &Arc<Redactor>, input: &str) -> String {
+    let one_shot = redactor.redact(input).into_owned();
+    assert_eq!(
+        &*redactor.redact_bytes(input.as_bytes()),
+        one_shot.as_bytes(),
+        "bytes"
+    );
+    for chunk_len in (1..=80).chain([input.len().max(1)]) {
+        let mut stream = redactor.stream();
+        let mut streamed: Vec<u8> = input
+            .as_bytes()
+            .chunks(chunk_len)
+            .flat_map(|chunk| stream.push(chunk))
+            .collect();
+        streamed.extend(stream.finish());
+        assert_eq!(
+            String::from_utf8(streamed).unwrap(),
+            one_shot,
+            "chunks of {chunk_len}"
+        );
+    }
+    let mut stream = redactor.text_stream();
+    let mut streamed = String::new();
+    let mut rest = input;
+    while !rest.is_empty() {
+        let mut cut = rest.len().min(7);
+        while !rest.is_char_boundary(cut) {
+            cut += 1;
+        }
+        streamed.push_str(&stream.push(&rest[..cut]));
+        rest = &rest[cut..];
+    }
+    streamed.push_str(&stream.finish());
+    assert_eq!(streamed, one_shot, "text in chunks of 7");
+    one_shot
+}
+
+/// The stable run of `value`'s base64 at each alignment, in both alphabets:
+/// what must not survive, line breaks taken out.
+fn base64_runs(value: &[u8]) -> Vec<String> {
+    (0..3)
+        .flat_map(|alignment| [false, true].map(move |url| (alignment, url)))
+        .filter_map(|(alignment, url)| crate::forms::base64_run(value, alignment, url))
+        .map(|run| String::from_utf8(run).unwrap())
+        .collect()
+}
+
+#[test]
+fn wrapped_base64_is_redacted_at_every_alignment_break_width_and_line_ending() {
+    let redactor = redactor(&[("T", TOKEN)]);
+    // Prefixes of 0 to 59 bytes put the value at each alignment and its
+    // encoding across each of the first lines' breaks.
+    let filler = "x-access-token:".repeat(4);
+    for prefix_len in 0..60 {
+        let prefix = &filler[..prefix_len];
+        // `base64 FILE` of a file holding the prefix, the value and a newline.
+        let plain = format!("{prefix}{TOKEN}\n");
+        for engine in [STANDARD, URL_SAFE] {
+            let encoded = engine.encode(&plain);
+            for width in [76, 64] {
+                for eol in ["\n", "\r\n"] {
+                    let wrapped = wrap(&encoded, width, eol, "");
+                    let input = format!("$ base64 key\n{wrapped}$ echo done\n");
+                    let output = redacted_everywhere(&redactor, &input);
+                    let case = format!("prefix {prefix_len}, width {width}, eol {eol:?}");
+                    // Exactly what the unwrapped encoding gives, line breaks
+                    // aside: the groups carrying the value replaced, once.
+                    assert_eq!(
+                        unwrap_lines(&output),
+                        unwrap_lines(&format!(
+                            "$ base64 key\n{}$ echo done\n",
+                            expected_base64(&encoded, prefix_len, TOKEN.len())
+                        )),
+                        "{case}: {output}"
+                    );
+                    assert_eq!(output.matches("[REDACTED:T]").count(), 1, "{case}");
+                    // The lines around it are kept as they were.
+                    assert!(output.starts_with("$ base64 key\n"), "{case}: {output}");
+                    assert!(output.ends_with(&format!("{eol}$ echo done\n")), "{case}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_pem_block_whose_body_holds_the_value_is_redacted_at_every_offset() {
+    let redactor = redactor(&[("T", TOKEN)]);
+    for offset in 0..70 {
+        // A DER-like body: binary bytes, the value, more binary bytes.
+        let mut der: Vec<u8> = (0..offset).map(|n| (n * 37 + 0x30) as u8).collect();
+        der.extend_from_slice(TOKEN.as_bytes());
+        der.extend((0..40).map(|n| (n * 91 + 7) as u8));
+        for eol in ["\n", "\r\n"] {
+            let pem = format!(
+                "-----BEGIN PRIVATE KEY-----{eol}{}-----END PRIVATE KEY-----{eol}",
+                wrap(&STANDARD.encode(&der), 64, eol, "")
+            );
+            let output = redacted_everywhere(&redactor, &pem);
+            let joined = unwrap_lines(&output);
+            for run in base64_runs(TOKEN.as_bytes()) {
+                assert!(!joined.contains(&run), "offset {offset}: {output}");
+            }
+            assert_eq!(output.matches("[REDACTED:T]").count(), 1, "{output}");
+            assert!(output.starts_with(&format!("-----BEGIN PRIVATE KEY-----{eol}")));
+            assert!(output.ends_with(&format!("{eol}-----END PRIVATE KEY-----{eol}")));
+        }
+    }
+}
+
+#[test]
+fn an_indented_pem_block_is_redacted() {
+    // A key in a YAML document: every line of the block indented.
+    let redactor = redactor(&[("T", TOKEN)]);
+    for offset in 0..48 {
+        let mut der = vec![0x30u8; offset];
+        der.extend_from_slice(TOKEN.as_bytes());
+        der.extend_from_slice(&[0x02; 30]);
+        let yaml = format!(
+            "tls.key: |\n    -----BEGIN PRIVATE KEY-----\n{}    -----END PRIVATE KEY-----\n",
+            wrap(&STANDARD.encode(&der), 64, "\n", "    ")
+        );
+        let output = redacted_everywhere(&redactor, &yaml);
+        let joined = unwrap_lines(&output);
+        for run in base64_runs(TOKEN.as_bytes()) {
+            assert!(!joined.contains(&run), "offset {offset}: {output}");
+        }
+    }
+}
+
+#[test]
+fn hex_wrapped_as_xxd_plain_writes_it_is_redacted() {
+    let redactor = redactor(&[("T", TOKEN)]);
+    for prefix_len in 0..40 {
+        let plain = format!("{}{TOKEN}\n", "p".repeat(prefix_len));
+        let hex: String = plain.bytes().map(|byte| format!("{byte:02x}")).collect();
+        let output = redacted_everywhere(&redactor, &wrap(&hex, 60, "\n", ""));
+        let token_hex: String = TOKEN.bytes().map(|byte| format!("{byte:02x}")).collect();
+        assert!(!unwrap_lines(&output).contains(&token_hex), "{output}");
+        assert!(output.contains("[REDACTED:T]"), "{output}");
+    }
+}
+
+#[test]
+fn ordinary_lines_are_not_joined_and_streams_hold_back_only_after_a_long_base64_run() {
+    let redactor = redactor(&[("T", TOKEN)]);
+    // Prose and code whose lines end in letters: untouched, nothing held.
+    let mut stream = redactor.stream();
+    for line in ["plain text\n", "fn main() {\n", "    let value = compute\n"] {
+        assert_eq!(stream.push(line.as_bytes()), line.as_bytes());
+        assert_eq!(stream.held_back(), 0, "{line:?}");
+    }
+    // A line that may be wrapped base64 (48 or more of its characters before
+    // the break) waits for the next line's first character: the break and
+    // the characters before it that a match may widen over, unless a form
+    // may begin earlier.
+    let line = format!("{}\n", "QUJDREVGR0hJSktMTU5PUFFSU1RVVldY".repeat(2));
+    let released = stream.push(line.as_bytes());
+    assert!(stream.held_back() <= 4, "held {}", stream.held_back());
+    let mut out = released;
+    out.extend(stream.push(b"$ next\n"));
+    out.extend(stream.finish());
+    assert_eq!(out, format!("{line}$ next\n").as_bytes());
+}
+
+fn wrap_widths() -> impl Strategy<Value = usize> {
+    prop_oneof![Just(76usize), Just(70), Just(64), Just(60), 48usize..120]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn wrapped_base64_never_survives_at_any_width(
+        value in secret_values(),
+        prefix in "[ -~]{0,90}",
+        suffix in "[ -~\n]{0,8}",
+        width in wrap_widths(),
+        crlf in any::<bool>(),
+        url in any::<bool>(),
+        before in texts(),
+        after in texts(),
+        chunk_len in 1usize..40,
+    ) {
+        let redactor = redactor(&[("S", &value)]);
+        let engine = if url { URL_SAFE } else { STANDARD };
+        let encoded = engine.encode(format!("{prefix}{value}{suffix}"));
+        let eol = if crlf { "\r\n" } else { "\n" };
+        let text = format!("{before}\n{}{after}", wrap(&encoded, width, eol, ""));
+        let redacted = redactor.redact(&text);
+        let alignment = u8::try_from(prefix.len() % 3).unwrap();
+        let run = crate::forms::base64_run(value.as_bytes(), alignment, url).unwrap();
+        let run = String::from_utf8(run).unwrap();
+        prop_assert!(!unwrap_lines(&redacted).contains(&run), "{run:?} survives in {redacted:?}");
+        let mut stream = redactor.stream();
+        let mut streamed: Vec<u8> =
+            text.as_bytes().chunks(chunk_len).flat_map(|chunk| stream.push(chunk)).collect();
+        streamed.extend(stream.finish());
+        prop_assert_eq!(&streamed[..], &*redactor.redact_bytes(text.as_bytes()));
+    }
+
+    #[test]
+    fn streams_agree_with_one_shot_redaction_on_wrapped_text(
+        values in proptest::collection::vec("[A-Za-z0-9+/=_ -]{8,20}", 1..3),
+        pieces in proptest::collection::vec(
+            ("[A-Za-z0-9+/=-]{0,60}", prop_oneof!["", "\n", "\r\n", "\n  ", " ", "=", "\r"], 0usize..6),
+            0..8,
+        ),
+        width in 48usize..64,
+        chunk_len in 1usize..24,
+    ) {
+        let secrets: Vec<(String, String)> =
+            values.iter().enumerate().map(|(index, value)| (format!("S{index}"), value.clone())).collect();
+        let redactor = Arc::new(Redactor::new(secrets).unwrap());
+        let values: Vec<Vec<u8>> = values.iter().map(|value| value.as_bytes().to_vec()).collect();
+        let pieces = pieces
+            .into_iter()
+            .map(|(noise, separator, pick)| (format!("{noise}{separator}").into_bytes(), pick))
+            .collect();
+        // Forms and noise, cut into lines as a wrapping encoder would.
+        let flat = spliced(&redactor, &values, pieces);
+        let mut input = Vec::new();
+        for line in flat.chunks(width) {
+            input.extend_from_slice(line);
+            input.push(b'\n');
+        }
+        let mut stream = redactor.stream();
+        let mut streamed: Vec<u8> = input.chunks(chunk_len).flat_map(|chunk| stream.push(chunk)).collect();
+        streamed.extend(stream.finish());
+        prop_assert_eq!(&streamed[..], &*redactor.redact_bytes(&input));
+    }
+}
