@@ -499,3 +499,73 @@ fn local_home_git_configuration_cannot_undo_the_neutralisation() {
         home_git_configuration_cannot_undo_the_neutralisation("local");
     }
 }
+
+/// Every directory the unit can create a file in, among every mount point
+/// it has (its writable places are mounts) and the usual directories of a
+/// root file system (landlock keeps `/` itself from being listed), but the
+/// kernel's (/proc, /sys, /dev).
+const WRITABLE_PROBE: &str = "{ awk '{ print $5 }' /proc/self/mountinfo; \
+     for d in / /bin /boot /etc /home /lib /lib64 /media /mnt /opt /root /run /sbin /srv /usr /usr/bin \
+       /usr/lib /usr/local /usr/local/bin /usr/share /var /var/tmp /var/lib /var/cache /var/log /var/mail \
+       /.box /.box/run /run/lock \"$HOME\" \"$PWD\"; do echo \"$d\"; done; } | sort -u | \
+     while read -r d; do [ -d \"$d\" ] && [ ! -L \"$d\" ] || continue; \
+     case \"$d\" in /proc|/proc/*|/sys|/sys/*|/dev|/dev/*) continue;; esac; \
+     f=\"$d/.box-probe-$$\"; if ( : > \"$f\" ) 2>/dev/null; then rm -f \"$f\"; echo \"writable $d\"; fi; done";
+
+/// Where the unit may write: its home, its /tmp, its workspace, and `more`
+/// (volumes); everything else of its file system stays read-only, probed
+/// from inside as uid 0 (so no permission bit hides a writable file system).
+fn only_home_tmp_and_workspace_are_writable(backend: &str, extra: &str, more: &[&str]) {
+    let workspace = c_workspace();
+    let profiles = profiles(&format!(
+        "extends = \"default\"\n[workspace]\nuser = \"0:0\"\n{extra}"
+    ));
+    let mut served = serve(backend, workspace.path(), profiles.path());
+    let envelope = envelope_of(&served);
+    assert_eq!(envelope["hardening"]["readOnlyRoot"], true, "{envelope}");
+    let root = envelope["root"].as_str().unwrap_or_default().to_owned();
+    let home = envelope["home"]["path"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let out = served.bash(None, WRITABLE_PROBE);
+    let writable: Vec<&str> = out
+        .lines()
+        .filter_map(|line| line.strip_prefix("writable "))
+        .collect();
+    let allowed: Vec<&str> = [root.as_str(), home.as_str(), "/tmp"]
+        .into_iter()
+        .chain(more.iter().copied())
+        .collect();
+    for dir in &writable {
+        assert!(
+            allowed
+                .iter()
+                .any(|place| Path::new(dir).starts_with(place)),
+            "{backend}: {dir} is writable: {out}"
+        );
+    }
+    for place in &allowed {
+        assert!(
+            writable.iter().any(|dir| dir == place),
+            "{backend}: {place} is not writable: {out}"
+        );
+    }
+    assert!(served.hang_up().success());
+}
+
+/// Issue 23: every protection holds with a livable unit: the root file
+/// system outside the home, /tmp and the workspace stays read-only.
+#[test]
+fn docker_only_home_tmp_and_workspace_are_writable() {
+    if docker() {
+        only_home_tmp_and_workspace_are_writable("docker", "", &[]);
+    }
+}
+
+#[test]
+fn local_only_home_tmp_and_workspace_are_writable() {
+    if root_caller() && local() {
+        only_home_tmp_and_workspace_are_writable("local", "", &[]);
+    }
+}
