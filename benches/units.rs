@@ -38,6 +38,7 @@ fn spec(workspace: &std::path::Path) -> UnitSpec {
             cpus: 1.0,
             pids: 256,
             tmp_bytes: 64 << 20,
+            home_bytes: 64 << 20,
             nofile: 1024,
             call_timeout: Duration::from_secs(60),
             idle: Duration::from_secs(600),

@@ -382,6 +382,7 @@ fn limits_json(limits: &LimitsPolicy) -> Value {
         "cpus": limits.cpus.cores(),
         "pids": limits.pids,
         "tmp": limits.tmp.to_string(),
+        "home": limits.home.to_string(),
         "nofile": limits.nofile,
         "call_timeout": show_duration(limits.call_timeout),
         "idle": show_duration(limits.idle),
@@ -484,11 +485,12 @@ fn profile_json(profile: &Profile) -> Value {
 
 fn limits_text(limits: &LimitsPolicy) -> String {
     format!(
-        "memory {}, cpus {}, pids {}, tmp {}, nofile {}, call_timeout {}, idle {}, lifetime {}, start_timeout {}",
+        "memory {}, cpus {}, pids {}, tmp {}, home {}, nofile {}, call_timeout {}, idle {}, lifetime {}, start_timeout {}",
         limits.memory,
         limits.cpus,
         limits.pids,
         limits.tmp,
+        limits.home,
         limits.nofile,
         show_duration(limits.call_timeout),
         show_duration(limits.idle),
@@ -670,10 +672,11 @@ fn show_plan(plan: &plan::Plan) -> String {
             format!("  user      {user}"),
             format!("  network   {network}"),
             format!(
-                "  limits    memory {}, cpus {cpus}, pids {}, tmp {}, nofile {}, call_timeout {}, idle {}, lifetime {}, start_timeout {}",
+                "  limits    memory {}, cpus {cpus}, pids {}, tmp {}, home {}, nofile {}, call_timeout {}, idle {}, lifetime {}, start_timeout {}",
                 ByteSize(limits.memory_bytes),
                 limits.pids,
                 ByteSize(limits.tmp_bytes),
+                ByteSize(limits.home_bytes),
                 limits.nofile,
                 show_duration(limits.call_timeout),
                 show_duration(limits.idle),

@@ -118,6 +118,7 @@ fn spec(name: &str, workspace: &Path) -> UnitSpec {
             cpus: 1.0,
             pids: 64,
             tmp_bytes: 16 << 20,
+            home_bytes: 64 << 20,
             nofile: 1024,
             call_timeout: Duration::from_secs(60),
             idle: Duration::from_secs(600),

@@ -42,6 +42,7 @@ fn limits() -> Limits {
         cpus: 1.0,
         pids: 64,
         tmp_bytes: 64 << 20,
+        home_bytes: 64 << 20,
         nofile: 256,
         call_timeout: Duration::from_secs(60),
         idle: Duration::from_secs(60),
@@ -2272,6 +2273,9 @@ async fn the_same_profile_gives_the_same_environment_on_both_backends() {
         "PATH",
         "TERM",
         "TMPDIR",
+        "XDG_CACHE_HOME",
+        "XDG_CONFIG_HOME",
+        "XDG_DATA_HOME",
     ]
     .into_iter()
     .map(str::to_owned)

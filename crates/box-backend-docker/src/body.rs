@@ -37,6 +37,37 @@ pub struct UnitInit {
     pub args: Vec<String>,
     /// The unit key, hex, for `box_init::protocol::KEY_ENV`.
     pub key: String,
+    /// The unit's home: a tmpfs of its own there, which the init fills with
+    /// what the image put there (`--home` in `args`).
+    pub home: UnitHome,
+}
+
+/// A docker unit's home.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitHome {
+    /// Where it is mounted ([`home_path`]).
+    pub path: String,
+    /// Its owner: the unit's user where its ids are known; `None` (an
+    /// image's user named, not numbered) makes it writable by every user of
+    /// the unit instead (mode 1777).
+    pub owner: Option<box_policy::plan::UserIds>,
+    /// Its size.
+    pub bytes: u64,
+}
+
+/// The options of the home's tmpfs: executable (tools install programs
+/// there: `pip install --user`, `cargo install`), `nosuid`, `nodev`, sized
+/// and inode-bounded like `/tmp`, private to the unit's user.
+pub fn home_tmpfs_options(home: &UnitHome) -> String {
+    let owner = match home.owner {
+        Some(ids) => format!("mode=0700,uid={},gid={}", ids.uid, ids.gid),
+        None => "mode=1777".to_owned(),
+    };
+    format!(
+        "rw,nosuid,nodev,exec,size={},nr_inodes={},{owner}",
+        home.bytes,
+        tmpfs_inodes(home.bytes)
+    )
 }
 
 /// The entrypoint of a unit: box's init from its mounted binary.
@@ -121,8 +152,8 @@ pub fn check_root(root: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The executor's command line inside a unit.
-pub fn executor_argv(spec: &UnitSpec, wiring: &UnitWiring) -> Vec<String> {
+/// The executor's command line inside a unit whose home is `home`.
+pub fn executor_argv(spec: &UnitSpec, wiring: &UnitWiring, home: &str) -> Vec<String> {
     let executor = ExecutorSpec {
         reference: Some(spec.image.clone()),
         egress_socket: wiring
@@ -136,6 +167,9 @@ pub fn executor_argv(spec: &UnitSpec, wiring: &UnitWiring) -> Vec<String> {
             .iter()
             .map(|_| ObjectsWiring::DIR_IN_UNIT.into())
             .collect(),
+        // The unit's home: its tools write their configuration and caches
+        // there (TMPDIR, /tmp, is the executor's own).
+        write: vec![home.into()],
         ..spec.executor_spec(&spec.root, PlaceKind::Container)
     };
     std::iter::once(EXECUTOR_PATH.to_owned())
@@ -229,6 +263,35 @@ pub fn mount_objects(body: &mut ContainerCreateBody, objects: &Path) {
         bind_options: Some(private_bind()),
         ..Default::default()
     });
+}
+
+/// The home of a unit whose image names none that can be used.
+pub const DEFAULT_HOME: &str = "/home/box";
+
+/// Where the unit's home is mounted (a tmpfs holding what the image put
+/// there): the image's `HOME`, unless that is no place for a mount of the
+/// unit's own (the root, not absolute or clean, under `/proc`, `/sys`,
+/// `/dev`, `/.box`, `/tmp` or `/run/secrets`, or overlapping the workspace,
+/// whose host directory must never get a mount point made in it); then
+/// [`DEFAULT_HOME`] (or `/.home` where the workspace is there).
+pub fn home_path(image_env: &[String], root: &Path) -> String {
+    let usable = |home: &Path| {
+        check_root(home).is_ok()
+            && !home.starts_with("/tmp")
+            && !home.starts_with(SECRETS_DIR)
+            && !home.starts_with(root)
+            && !root.starts_with(home)
+    };
+    let image = image_env
+        .iter()
+        .find_map(|entry| entry.strip_prefix("HOME="))
+        .map(|home| home.trim_end_matches('/'))
+        .filter(|home| usable(Path::new(home)));
+    match image {
+        Some(home) => home.to_owned(),
+        None if usable(Path::new(DEFAULT_HOME)) => DEFAULT_HOME.to_owned(),
+        None => "/.home".to_owned(),
+    }
 }
 
 /// The proxy address a unit's tools are pointed at.
@@ -385,6 +448,9 @@ pub fn container_body(
     if !spec.env_secrets.is_empty() {
         tmpfs.insert(SECRETS_DIR.to_owned(), secrets_tmpfs_options(spec));
     }
+    // A writable home on a read-only root, bounded, the unit's user's; its
+    // init fills it with the image's before anything else runs.
+    tmpfs.insert(init.home.path.clone(), home_tmpfs_options(&init.home));
     // The init's run directory: the host's socket, read-only (the socket is
     // connectable; nothing can be created beside it).
     mounts.push(Mount {
@@ -573,6 +639,22 @@ pub fn envelope_from_inspect(
     let host = inspect.host_config.clone().unwrap_or_default();
     let config = inspect.config.clone().unwrap_or_default();
     let lifecycle = config.entrypoint.as_deref().and_then(applied_lease);
+    // The home the init was told to fill, where a tmpfs of the unit's own is.
+    let home = config
+        .entrypoint
+        .as_deref()
+        .and_then(init_config)
+        .and_then(|config| config.home)
+        .map(|path| path.to_string_lossy().into_owned())
+        .filter(|path| {
+            host.tmpfs
+                .as_ref()
+                .is_some_and(|tmpfs| tmpfs.contains_key(path))
+        });
+    let home_bytes = home
+        .as_ref()
+        .and_then(|path| host.tmpfs.as_ref()?.get(path))
+        .and_then(|options| tmpfs_option(options, "size"));
     let user = config
         .user
         .filter(|u| !u.is_empty())
@@ -662,6 +744,7 @@ pub fn envelope_from_inspect(
         pids: host.pids_limit,
         tmp_bytes,
         tmp_inodes,
+        home_bytes,
         nofile,
         start_timeout_ms: None,
     });
@@ -739,6 +822,11 @@ pub fn envelope_from_inspect(
         parent: None,
         lifecycle,
         state,
+        // The backend says what the init filled it with.
+        home: home.map(|path| box_policy::envelope::AppliedHome {
+            path,
+            seeded_from: None,
+        }),
         // Remapped, the unit's uid 0 is an unprivileged uid of the host.
         root_user: (uid_is_root && !user_namespace).then(box_policy::envelope::RootUser::new),
     }
@@ -758,16 +846,21 @@ pub(crate) fn listed_lease_ms(label: Option<&str>, command: Option<&str>) -> Opt
 /// engine reports (`/.box/box init ... --lease-ms N ...`): absent when the
 /// unit's first process is not box's init.
 fn applied_lease(entrypoint: &[String]) -> Option<box_backend::AppliedLifecycle> {
+    let config = init_config(entrypoint)?;
+    Some(box_backend::AppliedLifecycle {
+        lease_ms: u64::try_from(config.lease.as_millis()).unwrap_or(u64::MAX),
+    })
+}
+
+/// The configuration of box's init from a unit's entrypoint, if it is one.
+fn init_config(entrypoint: &[String]) -> Option<box_init::InitConfig> {
     let [program, subcommand, args @ ..] = entrypoint else {
         return None;
     };
     if program != EXECUTOR_PATH || subcommand != "init" {
         return None;
     }
-    let config = box_init::InitConfig::parse_args(args.iter()).ok()?;
-    Some(box_backend::AppliedLifecycle {
-        lease_ms: u64::try_from(config.lease.as_millis()).unwrap_or(u64::MAX),
-    })
+    box_init::InitConfig::parse_args(args.iter()).ok()
 }
 
 /// `uid:gid` from Docker's user forms (`1000`, `1000:1000`, `box`); a name
@@ -979,6 +1072,7 @@ pub(crate) mod tests {
                 cpus: 1.5,
                 pids: 128,
                 tmp_bytes: 64 << 20,
+                home_bytes: 64 << 20,
                 nofile: 1024,
                 call_timeout: Duration::from_secs(60),
                 idle: Duration::from_secs(60),
@@ -1006,6 +1100,8 @@ pub(crate) mod tests {
                 "i/s1/workspace",
                 "--lease-ms",
                 "30000",
+                "--home",
+                "/home/box",
                 "--",
                 "/.box/box",
                 "execute",
@@ -1013,6 +1109,14 @@ pub(crate) mod tests {
             .map(str::to_owned)
             .to_vec(),
             key: "k".repeat(64),
+            home: UnitHome {
+                path: "/home/box".to_owned(),
+                owner: Some(box_policy::plan::UserIds {
+                    uid: 1000,
+                    gid: 1000,
+                }),
+                bytes: 32 << 20,
+            },
         }
     }
 
@@ -1102,7 +1206,7 @@ pub(crate) mod tests {
             tmpfs.get(SECRETS_DIR).map(String::as_str),
             Some("rw,nosuid,nodev,noexec,size=1048576,nr_inodes=1024,mode=0700,uid=1000,gid=1000")
         );
-        let argv = executor_argv(&unit, &UnitWiring::default());
+        let argv = executor_argv(&unit, &UnitWiring::default(), "/home/box");
         let at = argv.iter().position(|arg| arg == "--secrets").unwrap();
         assert_eq!(argv[at + 1], "DEPLOY_KEY,GH_TOKEN:env");
         // The values are never part of the body.
@@ -1168,7 +1272,8 @@ pub(crate) mod tests {
         let body = container_body(&session(), &none, Path::new("/b"), "t", &[], &init());
         let host = body.host_config.unwrap_or_default();
         assert_eq!(host.mounts.map(|m| m.len()), Some(2));
-        assert_eq!(host.tmpfs.map(|t| t.len()), Some(1));
+        // /tmp and the home.
+        assert_eq!(host.tmpfs.map(|t| t.len()), Some(2));
     }
 
     #[test]
@@ -1229,7 +1334,7 @@ pub(crate) mod tests {
         s.env_pass = vec!["A".to_owned(), "B".to_owned()];
         s.security.write_guard = false;
         assert_eq!(
-            executor_argv(&s, &UnitWiring::default()),
+            executor_argv(&s, &UnitWiring::default(), "/home/box"),
             [
                 "/.box/box",
                 "execute",
@@ -1242,7 +1347,9 @@ pub(crate) mod tests {
                 "--pass-env",
                 "A,B",
                 "--write-guard",
-                "off"
+                "off",
+                "--write",
+                "/home/box"
             ]
             .map(str::to_owned)
             .to_vec()
@@ -1344,6 +1451,7 @@ pub(crate) mod tests {
             serde_json::json!({
                 "memoryBytes": 512 << 20, "memorySwapBytes": 512 << 20, "cpus": 1.5,
                 "pids": 128, "tmpBytes": 64 << 20, "tmpInodes": (64 << 20) / 4096,
+                "homeBytes": 32 << 20,
                 "nofile": 1024,
             })
         );

@@ -29,6 +29,7 @@ pub use bollard;
 
 pub mod body;
 pub mod doctor;
+mod home;
 mod io;
 mod lease;
 mod oom;
@@ -285,6 +286,13 @@ impl DockerBackend {
             .and_then(|config| config.env.clone())
             .unwrap_or_default();
         let image_user = image.config.and_then(|c| c.user).unwrap_or_default();
+        // The unit's home: a tmpfs of its own where the image's HOME is,
+        // owned by the unit's user (where its ids are known).
+        let home = body::UnitHome {
+            path: body::home_path(&image_env, &spec.root),
+            owner: spec.user.or_else(|| numeric_user(&image_user)),
+            bytes: spec.limits.home_bytes,
+        };
 
         let environment = unit_env(spec, std::env::vars_os(), &image_env);
         if !environment.missing.is_empty() {
@@ -339,7 +347,7 @@ impl DockerBackend {
         let executor = self
             .executor_command
             .clone()
-            .unwrap_or_else(|| body::executor_argv(spec, wiring));
+            .unwrap_or_else(|| body::executor_argv(spec, wiring, &home.path));
         // The secrets' values reach the executor over the channel (its first
         // stdin line), never the container's configuration.
         let secrets_on_stdin = !stand_in && !secrets.is_empty();
@@ -349,6 +357,7 @@ impl DockerBackend {
             unit: identity.clone(),
             lease: spec.lease,
             bridges: Vec::new(),
+            home: Some(home.path.clone().into()),
             executor_env: if secrets_on_stdin {
                 vec![(SECRETS_ON_STDIN_VAR.into(), "1".into())]
             } else {
@@ -364,6 +373,7 @@ impl DockerBackend {
                 .map(|arg| arg.to_string_lossy().into_owned())
                 .collect(),
             key: key.to_hex(),
+            home,
         };
         let mut body = container_body(session, spec, &self.executor, &created, &env, &init);
         // A fork says which unit it came from, for `box units ls`.
@@ -421,6 +431,28 @@ impl DockerBackend {
             .id;
 
         // From here on, a failure removes what was created.
+        let seeded = home::seed(
+            &self.docker,
+            &id,
+            (image.id.as_deref().unwrap_or(&spec.image), &init.home.path),
+            &runtime_dir,
+            run_dir.path(),
+            init.home.bytes,
+        )
+        .await;
+        let seeded = match seeded {
+            Ok(seeded) => seeded,
+            Err(message) => {
+                if let Err(cleanup) = remove_container(&self.docker, &id, Takedown::Stop).await {
+                    tracing::warn!(unit, id, error = %cleanup, "removing a unit whose start failed");
+                }
+                return Err(BackendError::Other {
+                    unit: unit.to_owned(),
+                    doing: "filling the unit's home with the image's".to_owned(),
+                    message,
+                });
+            }
+        };
         let channel = lease::Pending {
             run_dir,
             listener,
@@ -439,7 +471,12 @@ impl DockerBackend {
             )
             .await
         {
-            Ok(started) => Ok(started),
+            Ok(mut started) => {
+                if let Some(home) = started.envelope.home.as_mut() {
+                    home.seeded_from = (seeded == home::Seeded::Image).then(|| "image".to_owned());
+                }
+                Ok(started)
+            }
             Err(error) => {
                 if let Err(cleanup) = remove_container(&self.docker, &id, Takedown::Stop).await {
                     tracing::warn!(unit, id, error = %cleanup, "removing a unit whose start failed");
@@ -1276,9 +1313,9 @@ pub fn delivered_secrets(spec: &UnitSpec) -> Vec<box_backend::DeliveredSecret> {
 }
 
 /// The unit's environment (`backend::environment`, as on every backend):
-/// box's own `PATH` and `HOME` are what the image's `ENV` says (the standard
-/// `PATH`, and `/tmp`, the one writable place under a read-only root, where
-/// it says nothing), `TMPDIR` is the unit's `/tmp`.
+/// box's own `PATH` is what the image's `ENV` says (the standard one where
+/// it says nothing), `HOME` the unit's home ([`body::home_path`]: a tmpfs
+/// holding what the image put there), `TMPDIR` the unit's `/tmp`.
 pub fn unit_env<I>(spec: &UnitSpec, host: I, image_env: &[String]) -> UnitEnvironment
 where
     I: IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
@@ -1290,11 +1327,21 @@ where
             .map(str::to_owned)
     };
     let own = Own {
-        home: image("HOME").unwrap_or_else(|| "/tmp".to_owned()),
+        home: body::home_path(image_env, &spec.root),
         path: image("PATH").unwrap_or_else(|| STANDARD_PATH.to_owned()),
         tmpdir: "/tmp".to_owned(),
     };
     unit_environment(spec, host, &own)
+}
+
+/// The ids of an image's user written as numbers (`1000:1000`; a bare uid
+/// has the image's passwd's gid, which only the image knows: `None`).
+fn numeric_user(user: &str) -> Option<box_policy::plan::UserIds> {
+    let (uid, gid) = user.split_once(':')?;
+    Some(box_policy::plan::UserIds {
+        uid: uid.parse().ok()?,
+        gid: gid.parse().ok()?,
+    })
 }
 
 /// The HTTP status of an engine error, if it was one.
@@ -1369,11 +1416,14 @@ mod tests {
         let image = ["PATH=/image/bin".to_owned(), "LANG=en".to_owned()];
         let environment = unit_env(&spec, host, &image);
         let want: Vec<(String, String)> = [
-            ("HOME", "/tmp"),
+            ("HOME", "/home/box"),
             ("LANG", "C.UTF-8"),
             ("PATH", "/image/bin"),
             ("TMPDIR", "/tmp"),
             ("TOKEN", "t"),
+            ("XDG_CACHE_HOME", "/home/box/.cache"),
+            ("XDG_CONFIG_HOME", "/home/box/.config"),
+            ("XDG_DATA_HOME", "/home/box/.local/share"),
         ]
         .iter()
         .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))

@@ -224,6 +224,35 @@ pub struct SandboxSpec {
     /// unwritable.
     #[serde(default)]
     pub tmp: Option<SpecTmp>,
+    /// The unit's home (`HOME`, a directory of the unit's private temp):
+    /// with a mount namespace, a tmpfs of this size mounted over it, so it is
+    /// bounded and never on the host's disk; then filled from `skel`, as a
+    /// new user's home is.
+    #[serde(default)]
+    pub home: Option<SpecHome>,
+}
+
+/// The unit's home.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpecHome {
+    /// Where it is (seen at the same path in the unit).
+    pub path: PathBuf,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// What a new home holds (`/etc/skel`), copied in; absent: nothing.
+    pub skel: Option<PathBuf>,
+}
+
+/// The unit's home as made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedHomeReport {
+    /// The tmpfs's size, where one was mounted (a mount namespace of the
+    /// unit's own); `None`: a directory on the host's disk.
+    pub bytes: Option<u64>,
+    /// The directory it was filled from, if any was copied.
+    pub seeded_from: Option<PathBuf>,
 }
 
 /// The unit's own `/tmp`.
@@ -394,6 +423,9 @@ pub struct Applied {
     /// whether it is executable.
     #[serde(default)]
     pub tmp: Option<SpecTmp>,
+    /// The unit's home (`home`), as made.
+    #[serde(default)]
+    pub home: Option<AppliedHomeReport>,
     /// The lease the helper holds on the unit, in milliseconds.
     #[serde(default)]
     pub lease_ms: Option<u64>,
@@ -780,6 +812,12 @@ fn sandbox(
         }
         own_ptys = mount_own_ptys();
     }
+    // The unit's home: bounded in its own mount namespace, then filled as a
+    // new user's home is (the helper is the unit's user by now).
+    let home = match &spec.home {
+        Some(home) => Some(make_home(home, mount_namespace)?),
+        None => None,
+    };
     // The unit's own /tmp: its tools' temporary files go there (TMPDIR), and
     // landlock lets them write it; the host's /tmp is never written.
     let with_tmp;
@@ -906,6 +944,7 @@ fn sandbox(
         objects_bound,
         secrets_mounted,
         tmp: spec.tmp.filter(|_| tmp_mounted),
+        home,
         lease_ms: init_side.as_ref().map(|init| init.spec.ttl_ms),
         rlimits: spec.rlimits,
     };
@@ -1038,6 +1077,7 @@ fn hold_unit(child: libc::pid_t, init: InitHold, stdin: OwnedFd, stdout: OwnedFd
         unit: init.spec.unit,
         lease: std::time::Duration::from_millis(init.spec.ttl_ms),
         bridges: Vec::new(),
+        home: None,
         executor_env: Vec::new(),
         // Started already (the forked init), never spawned by box-init.
         executor: vec![OsString::from("box-sandbox-init")],
@@ -1639,6 +1679,71 @@ fn bind_read_only(path: &Path) -> std::io::Result<()> {
             | MsFlags::MS_NOEXEC,
         None::<&str>,
     )?;
+    Ok(())
+}
+
+/// Make the unit's home: a tmpfs of `home.bytes` over its directory where
+/// the unit has a mount namespace of its own (private, executable: tools
+/// install programs there), then `home.skel` copied in.
+fn make_home(home: &SpecHome, mount_namespace: bool) -> Result<AppliedHomeReport, Report> {
+    use nix::mount::MsFlags;
+    let mut bytes = None;
+    if mount_namespace {
+        nix::mount::mount(
+            Some("tmpfs"),
+            &home.path,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(
+                format!(
+                    "mode=0700,size={},nr_inodes={}",
+                    home.bytes,
+                    (home.bytes / 4096).max(1024)
+                )
+                .as_str(),
+            ),
+        )
+        .map_err(|errno| {
+            failed(
+                format!("mounting the unit's home at {}", home.path.display()),
+                errno,
+            )
+        })?;
+        bytes = Some(home.bytes);
+    }
+    let mut seeded_from = None;
+    if let Some(skel) = home.skel.as_ref().filter(|skel| skel.is_dir()) {
+        copy_tree(skel, &home.path, 0).map_err(|error| {
+            failed(
+                format!("filling the unit's home from {}", skel.display()),
+                error,
+            )
+        })?;
+        seeded_from = Some(skel.clone());
+    }
+    Ok(AppliedHomeReport { bytes, seeded_from })
+}
+
+/// Copy the directories, regular files (with their modes) and symbolic links
+/// beneath `from` into `to`; anything else is left out, and so is what lies
+/// deeper than a skeleton ever does.
+fn copy_tree(from: &Path, to: &Path, depth: usize) -> std::io::Result<()> {
+    if depth > 16 {
+        return Ok(());
+    }
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let target = to.join(entry.file_name());
+        if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &target)?;
+        } else if kind.is_dir() {
+            std::fs::create_dir(&target)?;
+            copy_tree(&entry.path(), &target, depth + 1)?;
+        } else if kind.is_file() {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
     Ok(())
 }
 

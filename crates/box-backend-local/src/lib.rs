@@ -87,9 +87,13 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 
 use helper::{
-    Applied, Report, SandboxSpec, SecretValues, SpecEgress, SpecNetwork, SpecRequirement, SpecTmp,
-    SpecUser,
+    Applied, Report, SandboxSpec, SecretValues, SpecEgress, SpecHome, SpecNetwork, SpecRequirement,
+    SpecTmp, SpecUser,
 };
+
+/// What a new user's home holds (useradd's skeleton): a local unit's home
+/// starts with a copy of it.
+const SKEL: &str = "/etc/skel";
 pub use helper::{ExecutorEntry, REFUSED_EXIT, SandboxArgs};
 
 use box_backend::environment::{self, UnitEnvironment};
@@ -1522,6 +1526,13 @@ pub(crate) fn sandbox_spec(
             bytes: spec.limits.tmp_bytes,
             exec: spec.security.tmp == TmpMode::Exec,
         }),
+        // What a new user's home holds on the host whose userland the unit
+        // runs on; never the caller's own home.
+        home: Some(SpecHome {
+            path: layout.home.clone(),
+            bytes: spec.limits.home_bytes,
+            skel: Some(PathBuf::from(SKEL)),
+        }),
     })
 }
 
@@ -1619,6 +1630,13 @@ pub(crate) fn envelope_from_parts(
         "cpus: the local backend has no cgroup".to_owned(),
         "memory: per process (RLIMIT_DATA, RLIMIT_AS), not for the unit as a whole".to_owned(),
     ];
+    let home_bytes = applied.home.as_ref().and_then(|home| home.bytes);
+    if home_bytes.is_none() {
+        not_applied.push(
+            "home: no mount namespace of its own, so HOME is a private directory on the host's disk, bounded per file (RLIMIT_FSIZE), not a quota"
+                .to_owned(),
+        );
+    }
     if applied.tmp.is_none() {
         not_applied.push(
             "tmp: the unit got no /tmp of its own (without a mount namespace of its own, or with the host's /tmp inside its workspace); TMPDIR is a private directory on the host's disk, bounded per file (RLIMIT_FSIZE), not a quota"
@@ -1653,6 +1671,7 @@ pub(crate) fn envelope_from_parts(
         file_size_bytes: applied.rlimits.fsize_bytes,
         core_bytes: applied.rlimits.core_bytes,
         tmp_bytes: applied.tmp.map(|tmp| tmp.bytes),
+        home_bytes,
         not_applied,
         start_timeout_ms: None,
     });
@@ -1704,6 +1723,16 @@ pub(crate) fn envelope_from_parts(
             .lease_ms
             .map(|lease_ms| box_backend::AppliedLifecycle { lease_ms }),
         state: UnitState::Running,
+        home: applied
+            .home
+            .as_ref()
+            .map(|home| box_policy::envelope::AppliedHome {
+                path: layout.home.display().to_string(),
+                seeded_from: home
+                    .seeded_from
+                    .as_ref()
+                    .map(|skel| skel.display().to_string()),
+            }),
         // The unit's user namespace maps its ids to themselves: uid 0 in it
         // is the host's root.
         root_user: (applied.host_uid == 0).then(box_policy::envelope::RootUser::new),

@@ -31,6 +31,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
             cpus: 1.0,
             pids: 128,
             tmp_bytes: 64 << 20,
+            home_bytes: 64 << 20,
             nofile: 512,
             call_timeout: Duration::from_secs(60),
             idle: Duration::from_secs(60),
@@ -103,6 +104,10 @@ fn applied() -> Applied {
         tmp: Some(super::helper::SpecTmp {
             bytes: 256 << 20,
             exec: true,
+        }),
+        home: Some(super::helper::AppliedHomeReport {
+            bytes: Some(512 << 20),
+            seeded_from: Some(PathBuf::from("/etc/skel")),
         }),
         lease_ms: None,
         rlimits: Rlimits::from_limits(&unit_spec(WorkspaceSource::Empty).limits),

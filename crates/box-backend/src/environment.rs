@@ -1,8 +1,8 @@
 //! A unit's environment, computed the same way for every backend: what the
 //! plan lets through (the host variables `[env] pass` names, the
 //! git neutralisation, `[env] set`) on top of the few variables box itself
-//! sets in every unit ([`OWN_NAMES`]: `HOME`, `PATH`, `TMPDIR`), whose values
-//! the backend gives ([`Own`]). Nothing else of the host's environment is
+//! sets in every unit ([`OWN_NAMES`]: `HOME`, `PATH`, `TMPDIR`, and the XDG
+//! base directories inside `HOME`), whose values the backend gives ([`Own`]). Nothing else of the host's environment is
 //! looked at, so a unit never sees the host's internal URLs, paths or box's
 //! own settings, and the envelope's `envPassed` is the same list for the same
 //! profile on every backend.
@@ -20,7 +20,24 @@ use std::ffi::OsString;
 use box_policy::plan::UnitSpec;
 
 /// The variables box sets in every unit, whatever the profile (sorted).
-pub const OWN_NAMES: [&str; 3] = ["HOME", "PATH", "TMPDIR"];
+pub const OWN_NAMES: [&str; 6] = [
+    "HOME",
+    "PATH",
+    "TMPDIR",
+    "XDG_CACHE_HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+];
+
+/// The XDG base directories box sets, each inside the unit's writable home:
+/// the variable and its place beneath `HOME` (their defaults in the XDG
+/// base directory specification, written out so a tool that reads the
+/// variable and one that assumes the default agree).
+pub const XDG_DIRS: [(&str, &str); 3] = [
+    ("XDG_CACHE_HOME", ".cache"),
+    ("XDG_CONFIG_HOME", ".config"),
+    ("XDG_DATA_HOME", ".local/share"),
+];
 
 /// The `PATH` of a unit whose image names none, and of every local unit:
 /// the system directories, as Docker's own default.
@@ -96,6 +113,12 @@ where
     vars.insert("HOME".to_owned(), own.home.clone());
     vars.insert("PATH".to_owned(), own.path.clone());
     vars.insert("TMPDIR".to_owned(), own.tmpdir.clone());
+    for (name, beneath) in XDG_DIRS {
+        vars.insert(
+            name.to_owned(),
+            format!("{}/{beneath}", own.home.trim_end_matches('/')),
+        );
+    }
     let mut secrets = Vec::new();
     for (name, value) in scrubbed.kept {
         match (name.into_string(), value.into_string()) {
@@ -187,6 +210,9 @@ mod tests {
             ("PATH", STANDARD_PATH),
             ("TERM", "xterm"),
             ("TMPDIR", "/unit/tmp"),
+            ("XDG_CACHE_HOME", "/unit/home/.cache"),
+            ("XDG_CONFIG_HOME", "/unit/home/.config"),
+            ("XDG_DATA_HOME", "/unit/home/.local/share"),
         ]
         .iter()
         .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))

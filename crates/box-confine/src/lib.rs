@@ -717,6 +717,7 @@ mod tests {
             cpus: 1.0,
             pids: 64,
             tmp_bytes: 8 << 20,
+            home_bytes: 64 << 20,
             nofile: 256,
             call_timeout: Duration::from_secs(1),
             idle: Duration::from_secs(1),

@@ -151,6 +151,7 @@ async fn relay(lines: usize, shape: Shape) -> (Duration, Duration) {
         unit: UNIT.into(),
         lease: Duration::from_secs(60),
         bridges: Vec::new(),
+        home: None,
         executor_env: Vec::new(),
         executor: vec!["/bin/cat".into()],
     };

@@ -2,7 +2,7 @@
 //! the environment, [`crate::protocol::KEY_ENV`], read by [`crate::run`]).
 //!
 //! ```text
-//! box init --socket PATH --unit ID --lease-ms N
+//! box init --socket PATH --unit ID --lease-ms N [--home DIR]
 //!          [--bridge 127.0.0.1:PORT=UNIX_PATH]... [--env NAME=VALUE]...
 //!          -- EXECUTOR [ARG]...
 //! ```
@@ -38,6 +38,11 @@ pub struct InitConfig {
     pub lease: Duration,
     /// Bridges to start before the executor.
     pub bridges: Vec<Bridge>,
+    /// The unit's home (an empty tmpfs): before the executor starts, the
+    /// init unpacks into it what the image put there, which the host left as
+    /// [`crate::protocol::HOME_SEED`] beside the socket (absent or empty:
+    /// nothing to unpack).
+    pub home: Option<PathBuf>,
     /// Variables set for the executor on top of the init's own environment
     /// (minus the unit key, which no child ever sees).
     pub executor_env: Vec<(OsString, OsString)>,
@@ -56,7 +61,7 @@ pub enum ConfigError {
     NoValue(String),
     /// An option that `box init` does not have.
     #[error(
-        "box init: unknown option {0:?} (options: --socket, --unit, --lease-ms, --bridge, --env, then -- and the executor's command)"
+        "box init: unknown option {0:?} (options: --socket, --unit, --lease-ms, --home, --bridge, --env, then -- and the executor's command)"
     )]
     Unknown(String),
     /// A value that does not parse.
@@ -83,6 +88,7 @@ impl InitConfig {
         let mut unit = None;
         let mut lease = None;
         let mut bridges = Vec::new();
+        let mut home = None;
         let mut executor_env = Vec::new();
         let mut executor = Vec::new();
         while let Some(arg) = args.next() {
@@ -114,6 +120,13 @@ impl InitConfig {
                     lease = Some(Duration::from_millis(milliseconds));
                 }
                 Some("--bridge") => bridges.push(parse_bridge(&value("--bridge")?)?),
+                Some("--home") => {
+                    let given = PathBuf::from(value("--home")?);
+                    if !given.is_absolute() {
+                        return Err(invalid("--home", given.as_os_str(), "an absolute path"));
+                    }
+                    home = Some(given);
+                }
                 Some("--env") => {
                     let given = value("--env")?;
                     let bytes = given.as_bytes();
@@ -142,6 +155,7 @@ impl InitConfig {
             unit: unit.ok_or(ConfigError::Missing("--unit"))?,
             lease: lease.ok_or(ConfigError::Missing("--lease-ms"))?,
             bridges,
+            home,
             executor_env,
             executor,
         })
@@ -158,6 +172,9 @@ impl InitConfig {
             "--lease-ms".into(),
             self.lease.as_millis().to_string().into(),
         ];
+        if let Some(home) = &self.home {
+            args.extend(["--home".into(), home.clone().into()]);
+        }
         for bridge in &self.bridges {
             let mut spec = OsString::from(format!("{}=", bridge.listen));
             spec.push(&bridge.target);
@@ -229,6 +246,8 @@ mod tests {
             "s1/workspace",
             "--lease-ms",
             "30000",
+            "--home",
+            "/home/box",
             "--bridge",
             "127.0.0.1:3128=/.box/run/egress.sock",
             "--env",
@@ -252,6 +271,7 @@ mod tests {
                     listen: "127.0.0.1:3128".parse().unwrap(),
                     target: "/.box/run/egress.sock".into(),
                 }],
+                home: Some("/home/box".into()),
                 executor_env: vec![("A".into(), "b=c".into())],
                 executor: ["/box", "execute", "--root", "/workspace", "--", "--socket"]
                     .map(OsString::from)

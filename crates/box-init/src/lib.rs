@@ -17,6 +17,7 @@
 //! - [`handshake`]: both sides of a connection's mutual authentication;
 //! - [`config`]: the init's command line;
 //! - [`host`]: what the host calls: bind, accept, lease handle, MCP stdio;
+//! - [`home`]: a docker unit's home filled with the image's before the executor starts;
 //! - `init` (private): the init itself, behind [`run`].
 //!
 //! This crate knows nothing of MCP beyond "one JSON message per line", of
@@ -69,6 +70,7 @@
 
 pub mod config;
 pub mod handshake;
+pub mod home;
 pub mod host;
 mod init;
 pub mod lease;

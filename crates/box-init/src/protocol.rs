@@ -52,6 +52,12 @@ pub const SOCKET_NAME: &str = "host.sock";
 /// Where the run directory is mounted (read-only) inside a docker unit.
 pub const UNIT_RUN_DIR: &str = "/.box/run";
 
+/// The file in the run directory, beside the socket, holding what the image
+/// put in the unit's home: the engine's archive of it (a tar whose entries
+/// are `./NAME`), which the init unpacks into the unit's home
+/// ([`crate::InitConfig::home`]). Absent or empty: nothing to unpack.
+pub const HOME_SEED: &str = "home.tar";
+
 /// The longest line either side relays. The executor bounds what it reads
 /// (`maxReadBytes`), so a longer line is a fault; it is dropped whole, never
 /// relayed in part.

@@ -61,6 +61,7 @@ fn start(options: Options) -> Unit {
         unit: UNIT.into(),
         lease: options.lease,
         bridges: options.bridges,
+        home: None,
         executor_env: vec![("BOX_TEST_EXTRA".into(), "yes".into())],
         executor: options.executor.iter().map(Into::into).collect(),
     };

@@ -74,10 +74,27 @@ pub struct Envelope {
     pub lifecycle: Option<AppliedLifecycle>,
     /// Where the unit is in its life.
     pub state: UnitState,
+    /// The unit's home, writable and bounded (`limits.homeBytes`), where the
+    /// backend made one of the unit's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub home: Option<AppliedHome>,
     /// Set when the unit's processes run as uid 0 of the host (no
     /// user-namespace remapping): what that means and what avoids it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub root_user: Option<RootUser>,
+}
+
+/// The unit's own home, as made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedHome {
+    /// Where it is in the unit (`HOME`; the XDG base directories are beneath it).
+    pub path: String,
+    /// What it was filled with when the unit started: `image` (what the
+    /// image put at that path), or a directory of the host's (`/etc/skel`,
+    /// on the local backend); absent when it started empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seeded_from: Option<String>,
 }
 
 /// What an envelope says of a unit whose processes run as the host's uid 0.
@@ -330,6 +347,9 @@ pub struct ContainerLimits {
     pub tmp_bytes: Option<u64>,
     /// /tmp's inodes.
     pub tmp_inodes: Option<u64>,
+    /// The home's size (a tmpfs), where the unit has one of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub home_bytes: Option<u64>,
     /// Open files.
     pub nofile: Option<i64>,
     /// The start deadline the host enforced.
@@ -357,6 +377,10 @@ pub struct ProcessLimits {
     /// absent where it has none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tmp_bytes: Option<u64>,
+    /// The size of the unit's home (a tmpfs in its mount namespace); absent
+    /// where it is a directory on the host's disk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub home_bytes: Option<u64>,
     /// What the plan asked that a process cannot be held to, in words.
     pub not_applied: Vec<String>,
     /// The start deadline the host enforced.

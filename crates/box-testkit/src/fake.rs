@@ -371,6 +371,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         parent: None,
         lifecycle: None,
         state: UnitState::Running,
+        home: None,
         root_user: None,
     }
 }

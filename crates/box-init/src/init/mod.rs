@@ -123,6 +123,22 @@ pub fn run(config: InitConfig) -> i32 {
             return EXIT_START_FAILED;
         }
     };
+    // The unit's home, filled with the image's before anything of the unit
+    // runs: a home the image's tools cannot find their configuration in
+    // would fail later and less clearly, so a seed that does not unpack
+    // fails the start.
+    if let Some(home) = &config.home {
+        let seed = config.socket.with_file_name(protocol::HOME_SEED);
+        match crate::home::seed(&seed, home) {
+            Ok(entries) => {
+                tracing::debug!(entries, home = %home.display(), "box init: the image's home unpacked")
+            }
+            Err(error) => {
+                tracing::error!("box init: the unit's home: {error}");
+                return EXIT_START_FAILED;
+            }
+        }
+    }
     let pid1 = std::process::id() == 1;
     run_supervisor(config, key, pid1, None)
 }

@@ -102,6 +102,7 @@ fn limits_json(limits: &Limits) -> Value {
         "cpus": limits.cpus,
         "pids": limits.pids,
         "tmpBytes": limits.tmp_bytes,
+        "homeBytes": limits.home_bytes,
         "nofile": limits.nofile,
         "callTimeoutMs": millis(limits.call_timeout),
         "idleMs": millis(limits.idle),

@@ -154,6 +154,8 @@ pub struct Limits {
     pub pids: u64,
     /// Size of the tmpfs at /tmp, in bytes.
     pub tmp_bytes: u64,
+    /// Size of the unit's home (a tmpfs), in bytes.
+    pub home_bytes: u64,
     /// Most open files per process.
     pub nofile: u64,
     /// Deadline of one call.
@@ -509,6 +511,7 @@ impl UnitSpec {
                 cpus: 2.0,
                 pids: 512,
                 tmp_bytes: 256 << 20,
+                home_bytes: 512 << 20,
                 nofile: 4096,
                 call_timeout: Duration::from_secs(600),
                 idle: Duration::from_secs(1800),
@@ -584,6 +587,7 @@ impl Limits {
             && self.cpus <= bound.cpus
             && self.pids <= bound.pids
             && self.tmp_bytes <= bound.tmp_bytes
+            && self.home_bytes <= bound.home_bytes
             && self.nofile <= bound.nofile
             && self.call_timeout <= bound.call_timeout
             && self.idle <= bound.idle
@@ -750,6 +754,7 @@ fn limits_of(limits: &LimitsPolicy) -> Limits {
         cpus: limits.cpus.cores(),
         pids: limits.pids,
         tmp_bytes: limits.tmp.0,
+        home_bytes: limits.home.0,
         nofile: limits.nofile,
         call_timeout: limits.call_timeout,
         idle: limits.idle,

@@ -425,11 +425,11 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"limits": {"swap": "1GiB"}}),
-            "tighten: limits.swap: unknown field; accepted here: memory, cpus, pids, tmp, nofile, call_timeout, idle, lifetime, start_timeout",
+            "tighten: limits.swap: unknown field; accepted here: memory, cpus, pids, tmp, home, nofile, call_timeout, idle, lifetime, start_timeout",
         ),
         (
             json!({"limits": [[[[]]]]}),
-            "tighten: limits: expected an object with fields memory, cpus, pids, tmp, nofile, call_timeout, idle, lifetime, start_timeout, got an array",
+            "tighten: limits: expected an object with fields memory, cpus, pids, tmp, home, nofile, call_timeout, idle, lifetime, start_timeout, got an array",
         ),
         (
             json!({"servers": "all"}),
@@ -478,7 +478,7 @@ fn a_deep_tightening_is_refused() {
     }
     assert_eq!(
         resolve_json(&profile(EGRESS), nested).unwrap_err(),
-        "tighten: limits.limits: unknown field; accepted here: memory, cpus, pids, tmp, nofile, call_timeout, idle, lifetime, start_timeout"
+        "tighten: limits.limits: unknown field; accepted here: memory, cpus, pids, tmp, home, nofile, call_timeout, idle, lifetime, start_timeout"
     );
 }
 

@@ -57,6 +57,8 @@ pub struct LimitsAsk {
     pub pids: Option<u64>,
     /// The /tmp tmpfs.
     pub tmp: Option<ByteSize>,
+    /// The unit's home.
+    pub home: Option<ByteSize>,
     /// Open files per process.
     pub nofile: Option<u64>,
     /// Deadline of one call.
@@ -77,6 +79,7 @@ const LIMITS: &[&str] = &[
     "cpus",
     "pids",
     "tmp",
+    "home",
     "nofile",
     "call_timeout",
     "idle",
@@ -278,6 +281,7 @@ impl Tightening {
                 match name.as_str() {
                     "memory" => ask.memory = Some(size()?),
                     "tmp" => ask.tmp = Some(size()?),
+                    "home" => ask.home = Some(size()?),
                     "cpus" => {
                         let cores = value.as_f64().ok_or_else(|| {
                             invalid(
@@ -429,6 +433,7 @@ pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, Pl
             ("limits.cpus", ask.cpus.is_some()),
             ("limits.pids", ask.pids.is_some()),
             ("limits.tmp", ask.tmp.is_some()),
+            ("limits.home", ask.home.is_some()),
             ("limits.nofile", ask.nofile.is_some()),
             ("limits.call_timeout", ask.call_timeout.is_some()),
         ];
@@ -454,6 +459,7 @@ pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, Pl
     })?;
     limits.pids = narrower(profile, "limits.pids", ask.pids, bound.pids, number)?;
     limits.tmp = narrower(profile, "limits.tmp", ask.tmp, bound.tmp, size)?;
+    limits.home = narrower(profile, "limits.home", ask.home, bound.home, size)?;
     limits.nofile = narrower(profile, "limits.nofile", ask.nofile, bound.nofile, number)?;
     limits.call_timeout = narrower(
         profile,

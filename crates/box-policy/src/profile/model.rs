@@ -194,6 +194,8 @@ pub struct LimitsPolicy {
     pub pids: u64,
     /// Size of the /tmp tmpfs.
     pub tmp: ByteSize,
+    /// Size of the unit's home (a tmpfs holding what the image put there).
+    pub home: ByteSize,
     /// Most open files per process.
     pub nofile: u64,
     /// Deadline of one call.
@@ -357,6 +359,7 @@ pub(crate) mod defaults {
             cpus: CpuQuota(2000),
             pids: 512,
             tmp: ByteSize(256 << 20),
+            home: ByteSize(512 << 20),
             nofile: 4096,
             call_timeout: Duration::from_secs(600),
             idle: Duration::from_secs(1800),

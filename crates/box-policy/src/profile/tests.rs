@@ -105,6 +105,7 @@ memory = "512MiB"
 cpus = 0.5
 pids = 64
 tmp = "16MiB"
+home = "32MiB"
 nofile = 256
 call_timeout = "1m"
 idle = "5m"
@@ -149,6 +150,7 @@ write_guard = "off"
             cpus: CpuQuota(500),
             pids: 64,
             tmp: ByteSize(16 << 20),
+            home: ByteSize(32 << 20),
             nofile: 256,
             call_timeout: std::time::Duration::from_secs(60),
             idle: std::time::Duration::from_secs(300),
@@ -308,7 +310,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[[server]]\nname = \"b\"\nimage = \"b:1\"\ncommand = [\"b\"]\nlimits = { start_timeout = \"5s\" }\n",
-            "p.toml:5:12: server[b].limits.start_timeout: unknown field; accepted here: memory, cpus, pids, tmp, nofile, call_timeout",
+            "p.toml:5:12: server[b].limits.start_timeout: unknown field; accepted here: memory, cpus, pids, tmp, home, nofile, call_timeout",
         ),
         (
             "[network]\nmode = \"egress\"\nallow = [\"https://example.com\"]\n",
@@ -388,7 +390,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "[[server]]\nname = \"b\"\nimage = \"i\"\ncommand = [\"x\"]\nlimits = { idle = \"1h\" }\n",
-            "p.toml:5:12: server[b].limits.idle: unknown field; accepted here: memory, cpus, pids, tmp, nofile, call_timeout",
+            "p.toml:5:12: server[b].limits.idle: unknown field; accepted here: memory, cpus, pids, tmp, home, nofile, call_timeout",
         ),
         (
             "[[server]]\nname = \"b\"\nimage = \"i\"\ncommand = [\"x\"]\n[[server]]\nname = \"b\"\nimage = \"i\"\ncommand = [\"x\"]\n",

@@ -59,14 +59,22 @@ pub(crate) const LIMITS: &[&str] = &[
     "cpus",
     "pids",
     "tmp",
+    "home",
     "nofile",
     "call_timeout",
     "idle",
     "lifetime",
     "start_timeout",
 ];
-pub(crate) const SERVER_LIMITS: &[&str] =
-    &["memory", "cpus", "pids", "tmp", "nofile", "call_timeout"];
+pub(crate) const SERVER_LIMITS: &[&str] = &[
+    "memory",
+    "cpus",
+    "pids",
+    "tmp",
+    "home",
+    "nofile",
+    "call_timeout",
+];
 pub(crate) const ENV: &[&str] = &["set", "pass", "secrets"];
 /// The fields of a table entry of `env.secrets`.
 pub(crate) const SECRET: &[&str] = &["name", "as_env"];
@@ -750,6 +758,7 @@ impl Walk {
             let done = match *name {
                 "memory" => self.size(node, &path).map(|size| limits.memory = size),
                 "tmp" => self.size(node, &path).map(|size| limits.tmp = size),
+                "home" => self.size(node, &path).map(|size| limits.home = size),
                 "cpus" => self.cpus(node, &path).map(|cpus| limits.cpus = cpus),
                 "pids" => self.count(node, &path).map(|count| limits.pids = count),
                 "nofile" => self.count(node, &path).map(|count| limits.nofile = count),
