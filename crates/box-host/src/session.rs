@@ -15,6 +15,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use box_jsonrpc::lines::{Line, MAX_MESSAGE_BYTES, write_line};
 use box_jsonrpc::session::Inbound;
 pub use box_jsonrpc::session::{AskPart, SessionGone, SessionHandle, TransportAsk};
 
@@ -34,8 +35,8 @@ use super::redact::{self, SessionRedactor};
 use super::router::{Router, UnitMessage, WhenFull};
 use super::state;
 use super::units::{
-    ExecutorLink, FIRST_REQUEST_ID, InitProgress, Removal, StartWiring, Tracked, UnitEvent,
-    describe_end, initialize_executor, link_unit, remove_until_gone, start_units,
+    ExecutorLink, FIRST_REQUEST_ID, InitProgress, Removal, StartWiring, Tracked, UNIT_QUEUE,
+    describe_end, initialize_executor, remove_until_gone, start_units,
 };
 use box_backend::{Envelope, SessionLabel, UnitEnd, UnitState};
 use box_jsonrpc::{
@@ -2762,8 +2763,7 @@ fn send_to_unit(unit: &Unit, message: Value) -> Result<(), String> {
     writer.try_send(message).map_err(|error| match error {
         mpsc::error::TrySendError::Full(_) => format!(
             "unit {} is not reading its input ({} messages are waiting); try again later",
-            unit.spec.name,
-            super::units::UNIT_QUEUE
+            unit.spec.name, UNIT_QUEUE
         ),
         mpsc::error::TrySendError::Closed(_) => format!("unit {} ended", unit.spec.name),
     })
@@ -2825,4 +2825,84 @@ fn outcome_of(tool: Option<&str>, response: &Value) -> (&'static str, AnswerDeta
         return ("failed", details);
     }
     ("ok", details)
+}
+
+/// What a unit's link tasks tell the session task.
+#[derive(Debug)]
+pub(crate) enum UnitEvent {
+    /// A message from the unit's executor.
+    Message(usize, Value),
+    /// The executor's output ended (or broke); why.
+    Closed(usize, String),
+    /// The unit ended, with the backend's cause.
+    Ended(usize, UnitEnd),
+    /// The grace after `Closed` passed without `Ended`.
+    Grace(usize),
+    /// The drain after `Ended` passed without `Closed`.
+    Drained(usize),
+    /// A forwarded request's deadline passed.
+    Deadline(usize, u64),
+    /// The settle after a deadline passed without the request's answer.
+    Overdue(usize, u64),
+    /// A `box/fork` child started and initialized, to join the session.
+    Forked(Box<ForkStarted>),
+}
+
+/// Start the reader, writer and watcher tasks of unit `index`; returns the
+/// sender of its writer. Events go to `events`; the tasks live in `tasks`.
+fn link_unit(
+    index: usize,
+    link: ExecutorLink,
+    ended: futures::future::BoxFuture<'static, UnitEnd>,
+    events: &mpsc::Sender<UnitEvent>,
+    tasks: &mut JoinSet<()>,
+) -> mpsc::Sender<Value> {
+    let ExecutorLink {
+        mut reader,
+        mut writer,
+    } = link;
+    let (writer_tx, mut writer_rx) = mpsc::channel::<Value>(UNIT_QUEUE);
+    tasks.spawn(async move {
+        while let Some(message) = writer_rx.recv().await {
+            if let Err(error) = write_line(&mut writer, &message).await {
+                tracing::warn!(unit = index, %error, "writing to a unit's executor failed");
+                break;
+            }
+        }
+        // Dropping the writer closes the executor's stdin: it ends its processes and exits.
+        drop(writer);
+    });
+    let reader_events = events.clone();
+    tasks.spawn(async move {
+        let why = loop {
+            match reader.next().await {
+                Ok(None) => break "its executor closed its output".to_owned(),
+                Err(error) => break format!("reading its executor's output failed: {error}"),
+                Ok(Some(Line::TooLong(length))) => {
+                    break format!(
+                        "its executor sent a message of {length} bytes; at most {MAX_MESSAGE_BYTES}"
+                    );
+                }
+                Ok(Some(Line::Message(bytes))) => match serde_json::from_slice::<Value>(&bytes) {
+                    Ok(message) => {
+                        if reader_events
+                            .send(UnitEvent::Message(index, message))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Err(_) => break "its executor wrote something that is not JSON".to_owned(),
+                },
+            }
+        };
+        let _ = reader_events.send(UnitEvent::Closed(index, why)).await;
+    });
+    let ended_events = events.clone();
+    tasks.spawn(async move {
+        let end = ended.await;
+        let _ = ended_events.send(UnitEvent::Ended(index, end)).await;
+    });
+    writer_tx
 }

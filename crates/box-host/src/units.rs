@@ -13,8 +13,6 @@ use std::time::Duration;
 use futures::future::join_all;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
-use tokio::task::JoinSet;
 use tokio_util::task::TaskTracker;
 
 use super::HostConfig;
@@ -29,31 +27,10 @@ use super::egress::EgressProxy;
 /// stops reading fills it, and its next request is refused naming the unit.
 pub const UNIT_QUEUE: usize = 256;
 
-/// What a unit's link tasks tell the session task.
-#[derive(Debug)]
-pub enum UnitEvent {
-    /// A message from the unit's executor.
-    Message(usize, Value),
-    /// The executor's output ended (or broke); why.
-    Closed(usize, String),
-    /// The unit ended, with the backend's cause.
-    Ended(usize, UnitEnd),
-    /// The grace after `Closed` passed without `Ended`.
-    Grace(usize),
-    /// The drain after `Ended` passed without `Closed`.
-    Drained(usize),
-    /// A forwarded request's deadline passed.
-    Deadline(usize, u64),
-    /// The settle after a deadline passed without the request's answer.
-    Overdue(usize, u64),
-    /// A `box/fork` child started and initialized, to join the session.
-    Forked(Box<super::session::ForkStarted>),
-}
-
 /// An executor's stdio, framed.
 pub struct ExecutorLink {
-    reader: LineReader<Pin<Box<dyn AsyncRead + Send>>>,
-    writer: Pin<Box<dyn AsyncWrite + Send>>,
+    pub(crate) reader: LineReader<Pin<Box<dyn AsyncRead + Send>>>,
+    pub(crate) writer: Pin<Box<dyn AsyncWrite + Send>>,
 }
 
 impl ExecutorLink {
@@ -601,65 +578,6 @@ pub async fn initialize_executor(
     }
 }
 
-/// Start the reader, writer and watcher tasks of unit `index`; returns the
-/// sender of its writer. Events go to `events`; the tasks live in `tasks`.
-pub fn link_unit(
-    index: usize,
-    link: ExecutorLink,
-    ended: futures::future::BoxFuture<'static, UnitEnd>,
-    events: &mpsc::Sender<UnitEvent>,
-    tasks: &mut JoinSet<()>,
-) -> mpsc::Sender<Value> {
-    let ExecutorLink {
-        mut reader,
-        mut writer,
-    } = link;
-    let (writer_tx, mut writer_rx) = mpsc::channel::<Value>(UNIT_QUEUE);
-    tasks.spawn(async move {
-        while let Some(message) = writer_rx.recv().await {
-            if let Err(error) = write_line(&mut writer, &message).await {
-                tracing::warn!(unit = index, %error, "writing to a unit's executor failed");
-                break;
-            }
-        }
-        // Dropping the writer closes the executor's stdin: it ends its processes and exits.
-        drop(writer);
-    });
-    let reader_events = events.clone();
-    tasks.spawn(async move {
-        let why = loop {
-            match reader.next().await {
-                Ok(None) => break "its executor closed its output".to_owned(),
-                Err(error) => break format!("reading its executor's output failed: {error}"),
-                Ok(Some(Line::TooLong(length))) => {
-                    break format!(
-                        "its executor sent a message of {length} bytes; at most {MAX_MESSAGE_BYTES}"
-                    );
-                }
-                Ok(Some(Line::Message(bytes))) => match serde_json::from_slice::<Value>(&bytes) {
-                    Ok(message) => {
-                        if reader_events
-                            .send(UnitEvent::Message(index, message))
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                    Err(_) => break "its executor wrote something that is not JSON".to_owned(),
-                },
-            }
-        };
-        let _ = reader_events.send(UnitEvent::Closed(index, why)).await;
-    });
-    let ended_events = events.clone();
-    tasks.spawn(async move {
-        let end = ended.await;
-        let _ = ended_events.send(UnitEvent::Ended(index, end)).await;
-    });
-    writer_tx
-}
-
 /// A sentence for a unit's end. The backend's reason already says who
 /// ended, how (exit code or signal) and why (an OOM kill): each once.
 pub fn describe_end(end: &UnitEnd) -> String {
@@ -755,7 +673,7 @@ mod tests {
     /// with a total once every reporting unit knows its own.
     #[test]
     fn init_progress_sums_the_units_and_only_grows() {
-        let (events, _rx) = mpsc::channel(8);
+        let (events, _rx) = tokio::sync::mpsc::channel(8);
         let progress = InitProgress::new(json!("tok"), events);
         let report = |done, total: Option<u64>| box_backend::ProgressReport {
             message: "pulling img: 0/1 layers".to_owned(),
