@@ -24,6 +24,7 @@ mod answer;
 mod forks;
 mod handshake;
 mod live;
+mod methods;
 mod reattach;
 mod route;
 mod start;

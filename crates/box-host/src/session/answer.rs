@@ -293,9 +293,7 @@ impl Session {
                 live.units.get(unit).and_then(|unit| unit.tools.as_ref()),
             )
         });
-        self.config
-            .metrics
-            .call(&tag.method, tool, outcome, duration);
+        self.config.metrics.call(tag.label, tool, outcome, duration);
         if let (Some(audit), Some(tool)) = (&self.config.audit, &tag.tool) {
             audit.record(&crate::audit::Record {
                 session: &self.id,

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use super::handshake::StartError;
 use super::live::{Live, Unit, UnitEvent, link_unit};
+use super::methods::Request;
 use super::{Session, named};
 use crate::HostConfig;
 use crate::egress::EgressProxy;
@@ -154,7 +155,11 @@ impl Session {
     /// `box/fork`: check the ask here, then fork, start and initialize the
     /// child in a task of its own (the session goes on meanwhile); the child
     /// joins the session in [`Self::join_fork`], which answers.
-    pub(super) fn fork(&self, live: &mut Live, id: Value, message: &Value, reply: ReplyTo) {
+    pub(super) fn fork(&self, live: &mut Live, request: Request) {
+        let Request {
+            id, message, reply, ..
+        } = request;
+        let message = &message;
         let refuse = |reply: ReplyTo, id: Value, why: String| {
             reply.answer(error_response(id, code::INVALID_PARAMS, why));
         };
@@ -493,7 +498,11 @@ impl Session {
     /// `box/merge {unit, theirs?}`: the child's changes into its parent, all
     /// or nothing, off the session task (merges into one parent wait for
     /// each other host-wide).
-    pub(super) fn merge(&self, live: &mut Live, id: Value, message: &Value, reply: ReplyTo) {
+    pub(super) fn merge(&self, live: &mut Live, request: Request) {
+        let Request {
+            id, message, reply, ..
+        } = request;
+        let message = &message;
         let asked = fork::unit_param("box/merge", message, &["unit", "theirs"])
             .and_then(|unit| fork::theirs(message).map(|theirs| (unit, theirs)));
         let (unit, theirs) = match asked {
@@ -539,7 +548,11 @@ impl Session {
     /// `box/discard {unit}`: the child leaves the session at once (its calls
     /// in flight are answered), then its unit and storage are removed; the
     /// answer comes once both are gone.
-    pub(super) fn discard(&self, live: &mut Live, id: Value, message: &Value, reply: ReplyTo) {
+    pub(super) fn discard(&self, live: &mut Live, request: Request) {
+        let Request {
+            id, message, reply, ..
+        } = request;
+        let message = &message;
         let unit = match fork::unit_param("box/discard", message, &["unit"]) {
             Ok(unit) => unit,
             Err(why) => return reply.answer(error_response(id, code::INVALID_PARAMS, why)),

@@ -16,13 +16,14 @@
 
 use box_jsonrpc::session::Inbound;
 use box_jsonrpc::{
-    Kind, check_params, classify, code, discover_refusal, error_response, error_response_with_data,
+    Kind, check_params, classify, code, error_response, error_response_with_data,
     negotiate_version, params, result_response,
 };
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::live::Live;
+use super::methods::{self, Opening};
 use super::{EXECUTOR_KEY, Session, drain};
 use crate::ask::{check_initialize, merge_ask, read_ask};
 use crate::audit::ClientInfo;
@@ -96,8 +97,8 @@ impl Session {
                         reply.answer(error_response(id, code::INVALID_PARAMS, why));
                         continue;
                     }
-                    match method.as_str() {
-                        "initialize" => match self.open(&message, &reply.events).await {
+                    match methods::find(&method).opening {
+                        Opening::WayIn => match self.open(&message, &reply.events).await {
                             Ok((mut live, result)) => {
                                 live.client = ClientInfo::of_initialize(&message);
                                 reply.answer(result_response(id, result));
@@ -113,9 +114,8 @@ impl Session {
                                 reply.answer(error.into_response(id));
                             }
                         },
-                        "ping" => reply.answer(result_response(id, json!({}))),
-                        "server/discover" => reply.answer(discover_refusal(id)),
-                        _ => reply.answer(error_response(
+                        Opening::Answer(answer) => reply.answer(answer(id)),
+                        Opening::Refused => reply.answer(error_response(
                             id,
                             code::INVALID_REQUEST,
                             format!(

@@ -92,6 +92,8 @@ pub(super) struct Unit {
 #[derive(Debug)]
 pub(super) struct Tag {
     pub(super) method: String,
+    /// Its method's label in `box_calls`.
+    pub(super) label: &'static str,
     pub(super) tool: Option<String>,
     pub(super) arguments_digest: Option<String>,
     pub(super) started: Instant,

@@ -7,16 +7,15 @@ use std::time::{Duration, Instant};
 
 use box_jsonrpc::session::Inbound;
 use box_jsonrpc::{
-    Kind, ReplyTo, check_params, classify, code, discover_refusal, error_response, params,
-    params_mut, result_response,
+    Kind, ReplyTo, check_params, classify, code, error_response, params, params_mut,
 };
 use box_policy::plan::Role;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::live::{Live, Rewrite, Tag, UnitEvent, send_to_unit};
+use super::methods::{self, Open, Request};
 use super::{Session, UNIT_META, named, sleep_until};
-use crate::fork;
 use crate::units::describe_end;
 
 /// The most client requests one session may have in flight at once.
@@ -27,8 +26,11 @@ const MAX_IN_FLIGHT: usize = 256;
 /// and a session is not idle while they wait.
 const IDLE_SETTLE: Duration = Duration::from_secs(1);
 
-pub(super) enum Route {
-    Unit(usize, Value, Rewrite),
+/// Where [`unit_for`] sends a request.
+enum Route {
+    /// To this unit, as rewritten.
+    Unit(usize, Value),
+    /// Nowhere: the host answers with this result.
     Answer(Value),
 }
 
@@ -66,62 +68,6 @@ fn addressed_unit(live: &Live, asked: &Value) -> Result<usize, (i64, String)> {
                 ),
             ))
         }
-    }
-}
-
-/// `box/network.set {unit?, allow?}`: narrow a running egress unit's allow list,
-/// or restore it up to the profile's bound; without `allow`, only say what is in
-/// force. `unit` may be left out when one unit of the session has egress.
-fn network_set(live: &Live, message: &Value) -> Result<Value, (i64, String)> {
-    let invalid = |why: String| (code::INVALID_PARAMS, format!("box/network.set: {why}"));
-    let params = params(message);
-    let asked = match params.and_then(|p| p.get("unit")) {
-        None => None,
-        Some(Value::String(unit)) => Some(unit.as_str()),
-        Some(other) => return Err(invalid(format!("unit: expected a unit name, got {other}"))),
-    };
-    if let Some(unknown) = params.and_then(|p| {
-        p.keys()
-            .find(|key| !["unit", "allow", "_meta"].contains(&key.as_str()))
-    }) {
-        return Err(invalid(format!(
-            "unknown parameter `{unknown}`; it takes unit and allow"
-        )));
-    }
-    let egress: Vec<&str> = live
-        .egress
-        .iter()
-        .map(|proxy| proxy.unit.as_str())
-        .collect();
-    let proxy = match asked {
-        Some(unit) => live
-            .egress
-            .iter()
-            .find(|proxy| proxy.unit == unit)
-            .ok_or_else(|| {
-                invalid(format!(
-                    "unit `{unit}` has no egress network; units with egress: {}",
-                    named(&egress)
-                ))
-            })?,
-        None => match live.egress.as_slice() {
-            [only] => only,
-            [] => {
-                return Err(invalid(
-                    "no unit of this session has an egress network".to_owned(),
-                ));
-            }
-            _ => {
-                return Err(invalid(format!(
-                    "several units have egress; name one with `unit`: {}",
-                    named(&egress)
-                )));
-            }
-        },
-    };
-    match params.and_then(|p| p.get("allow")) {
-        None => Ok(proxy.describe()),
-        Some(allow) => proxy.set_network(allow).map_err(invalid),
     }
 }
 
@@ -224,12 +170,9 @@ impl Session {
     }
 
     /// One client request through the proxy's phases: *answer locally*
-    /// (malformed, `server/discover`, limits, and what [`Self::choose_unit`]
-    /// answers itself: `ping`, lists box owns), *choose the unit*
-    /// ([`Self::choose_unit`]), *rewrite the request* (the router's fresh id
-    /// and progress token, [`Router::forward`](crate::router::Router::forward)), then, when the unit answers,
-    /// *rewrite the answer* ([`Router::from_unit`](crate::router::Router::from_unit), `rewrite_answer`) and
-    /// *record* it ([`Self::record`]: metrics, audit).
+    /// (malformed, a probe, limits, and what the method table has the host
+    /// answer: `ping`, `box/fork`, ...), *choose the unit* for the rest
+    /// ([`Self::choose_unit`]), then [`Self::forward`] it.
     fn client_request(&self, live: &mut Live, message: Value, reply: ReplyTo) {
         let (id, method) = match classify(&message) {
             Ok(Kind::Request { id, method }) => (id, method),
@@ -246,8 +189,9 @@ impl Session {
             reply.answer(error_response(id, code::INVALID_PARAMS, why));
             return;
         }
-        if method == "server/discover" {
-            reply.answer(discover_refusal(id));
+        let entry = methods::find(&method);
+        if let Open::Probe(answer) = entry.open {
+            reply.answer(answer(id));
             return;
         }
         if live.router.in_flight() >= MAX_IN_FLIGHT {
@@ -268,26 +212,34 @@ impl Session {
             ));
             return;
         }
-        match method.as_str() {
-            "box/fork" => return self.fork(live, id, &message, reply),
-            "box/merge" => return self.merge(live, id, &message, reply),
-            "box/discard" => return self.discard(live, id, &message, reply),
-            _ => {}
-        }
-        let (unit, upstream, rewrite) = match self.choose_unit(live, &method, message) {
-            Ok(Route::Answer(mut result)) => {
-                // What the host answers itself may quote a unit (the tool list
-                // it read at start, a fork's end).
-                live.redactor.message(&mut result);
-                reply.answer(result_response(id, result));
-                return;
-            }
-            Ok(Route::Unit(unit, upstream, rewrite)) => (unit, upstream, rewrite),
-            Err((code, text)) => {
-                reply.answer(error_response(id, code, text));
-                return;
-            }
+        let request = Request {
+            id,
+            method,
+            message,
+            reply,
+            entry,
         };
+        match entry.open {
+            Open::Host(handler) => handler(self, live, request),
+            Open::Unit { empty } => self.choose_unit(live, request, empty),
+            Open::Probe(answer) => request.reply.answer(answer(request.id)),
+        }
+    }
+
+    /// Forward a request to unit `unit`: *rewrite the request* (the router's
+    /// fresh id and progress token, [`Router::forward`](crate::router::Router::forward)),
+    /// send it, start its deadline; when the unit answers, *rewrite the
+    /// answer* ([`Router::from_unit`](crate::router::Router::from_unit),
+    /// `rewrite_answer`) and *record* it ([`Self::record`]: metrics, audit).
+    pub(super) fn forward(&self, live: &mut Live, request: Request, unit: usize, rewrite: Rewrite) {
+        let Request {
+            id,
+            method,
+            message: upstream,
+            reply,
+            entry,
+        } = request;
+
         let pending = live.units[unit]
             .draining
             .as_ref()
@@ -296,7 +248,7 @@ impl Session {
             let text = format!("unit {} ended: {why}", live.units[unit].spec.name);
             self.config
                 .metrics
-                .call(&method, None, "unit_ended", Duration::ZERO);
+                .call(entry.label(), None, "unit_ended", Duration::ZERO);
             reply.answer(error_response(id, code::INTERNAL_ERROR, text));
             return;
         }
@@ -329,6 +281,7 @@ impl Session {
         };
         let tag = Tag {
             method: method.clone(),
+            label: entry.label(),
             tool,
             arguments_digest,
             started: Instant::now(),
@@ -355,7 +308,7 @@ impl Session {
             }
             return;
         }
-        if has_deadline(&method) {
+        if entry.deadline {
             let timeout = live.units[unit].spec.limits.call_timeout;
             let events = live.events_tx.clone();
             let handle = tokio::spawn(async move {
@@ -368,172 +321,18 @@ impl Session {
         }
     }
 
-    /// Which unit a request goes to, or the answer box gives itself.
-    fn choose_unit(
-        &self,
-        live: &Live,
-        method: &str,
-        mut message: Value,
-    ) -> Result<Route, (i64, String)> {
-        match method {
-            "ping" => return Ok(Route::Answer(json!({}))),
-            "initialize" => {
-                return Err((
-                    code::INVALID_REQUEST,
-                    "initialize: the session is already initialized".to_owned(),
-                ));
+    /// Route a request a unit answers: to the unit it is for, or answered by
+    /// the host where the host holds the answer (the tool list read at
+    /// start, an empty list in a session without a workspace unit).
+    fn choose_unit(&self, live: &mut Live, mut request: Request, empty: Option<&'static str>) {
+        let message = std::mem::take(&mut request.message);
+        match unit_for(live, &request.method, message, empty) {
+            Ok(Route::Unit(unit, message)) => {
+                request.message = message;
+                self.forward(live, request, unit, Rewrite::None);
             }
-            "agentworkspace/servers.list" => {
-                let mut servers: Vec<Value> = live
-                    .units
-                    .iter()
-                    .filter(|unit| unit.spec.role == Role::Server)
-                    .map(|unit| {
-                        json!({
-                            "name": unit.spec.name,
-                            "unit": unit.envelope.name,
-                            "description": unit.spec.description,
-                        })
-                    })
-                    .collect();
-                // Forks are listed with their parent; requests reach them
-                // with `_meta["box/unit"]`, not `servers.start`.
-                servers.extend(
-                    live.units
-                        .iter()
-                        .enumerate()
-                        .filter(|(index, unit)| !unit.removed && live.workspace != Some(*index))
-                        .filter_map(|(_, unit)| unit.fork.as_ref().map(|fork| (unit, fork)))
-                        .map(|(unit, fork)| {
-                            json!({
-                                "name": unit.spec.name,
-                                "unit": unit.envelope.name,
-                                "description": unit.spec.description,
-                                "fork": {
-                                    "parent": fork.parent,
-                                    "mode": fork::mode_name(fork.mode),
-                                    "label": fork.label,
-                                    "ended": unit.ended,
-                                },
-                            })
-                        }),
-                );
-                return Ok(Route::Answer(json!({"servers": servers})));
-            }
-            "agentworkspace/servers.start" => {
-                let name = params(&message)
-                    .and_then(|p| p.get("name"))
-                    .and_then(Value::as_str)
-                    .ok_or((
-                        code::INVALID_PARAMS,
-                        "agentworkspace/servers.start: `name` (a string) is required".to_owned(),
-                    ))?
-                    .to_owned();
-                let stderr = params(&message)
-                    .and_then(|p| p.get("stderr"))
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false);
-                let Some(index) = live
-                    .units
-                    .iter()
-                    .position(|unit| unit.spec.role == Role::Server && unit.spec.name == name)
-                else {
-                    let known: Vec<&str> = live
-                        .units
-                        .iter()
-                        .filter(|unit| unit.spec.role == Role::Server)
-                        .map(|unit| unit.spec.name.as_str())
-                        .collect();
-                    return Err((
-                        code::INVALID_PARAMS,
-                        format!(
-                            "agentworkspace/servers.start: no server `{name}` in profile `{}`; servers: {}",
-                            live.plan.profile,
-                            named(&known)
-                        ),
-                    ));
-                };
-                let command = live.units[index].spec.command.clone();
-                if let Some(object) = message.as_object_mut() {
-                    object.insert("method".to_owned(), json!("agentworkspace/process.start"));
-                    object.insert(
-                        "params".to_owned(),
-                        json!({"args": command, "stderr": stderr}),
-                    );
-                }
-                return Ok(Route::Unit(
-                    index,
-                    message,
-                    Rewrite::ProcessId { unit: name },
-                ));
-            }
-            "box/network.set" => return network_set(live, &message).map(Route::Answer),
-            _ => {}
-        }
-        if let Some(asked) = params(&message)
-            .and_then(|p| p.get("_meta"))
-            .and_then(|meta| meta.get(UNIT_META))
-        {
-            let index = addressed_unit(live, asked)?;
-            let paged = params(&message).is_some_and(|p| p.contains_key("cursor"));
-            if method == "tools/list"
-                && !paged
-                && let Some(tools) = &live.units[index].tools
-            {
-                return Ok(Route::Answer(tools.clone()));
-            }
-            return Ok(Route::Unit(index, message, Rewrite::None));
-        }
-        // `box/process.resize` (box's terminal extension) names a process as
-        // the others do, so it goes where they go.
-        if (method.starts_with("agentworkspace/process.") || method == "box/process.resize")
-            && method != "agentworkspace/process.start"
-        {
-            let target = params(&message)
-                .and_then(|p| p.get("id"))
-                .and_then(Value::as_str)
-                .and_then(|id| id.split_once(':'))
-                .and_then(|(unit, process)| {
-                    live.units
-                        .iter()
-                        .position(|candidate| {
-                            candidate.spec.role == Role::Server && candidate.spec.name == unit
-                        })
-                        .map(|index| (index, process.to_owned()))
-                });
-            if let Some((index, process)) = target {
-                if let Some(params) = params_mut(&mut message) {
-                    params.insert("id".to_owned(), json!(process));
-                }
-                return Ok(Route::Unit(index, message, Rewrite::None));
-            }
-        }
-        match live.workspace {
-            Some(index) => {
-                // The tool list read at start is the session's for its whole life
-                // (security case E67): a tampered executor cannot change it.
-                let paged = params(&message).is_some_and(|p| p.contains_key("cursor"));
-                if method == "tools/list"
-                    && !paged
-                    && let Some(tools) = &live.units[index].tools
-                {
-                    return Ok(Route::Answer(tools.clone()));
-                }
-                Ok(Route::Unit(index, message, Rewrite::None))
-            }
-            None => match method {
-                "tools/list" => Ok(Route::Answer(json!({"tools": []}))),
-                "resources/list" => Ok(Route::Answer(json!({"resources": []}))),
-                "resources/templates/list" => Ok(Route::Answer(json!({"resourceTemplates": []}))),
-                "prompts/list" => Ok(Route::Answer(json!({"prompts": []}))),
-                _ => Err((
-                    code::METHOD_NOT_FOUND,
-                    format!(
-                        "{method}: profile `{}` has no workspace unit (no file system), so nothing answers it",
-                        live.plan.profile
-                    ),
-                )),
-            },
+            Ok(Route::Answer(result)) => request.answer(live, Ok(result)),
+            Err(error) => request.answer(live, Err(error)),
         }
     }
 
@@ -577,14 +376,77 @@ impl Session {
     }
 }
 
-/// Whether a forwarded request gets the profile's per-call deadline. The
-/// process methods that wait on the process (read, write, wait) are long polls
-/// by design and are bounded by the process, not by a call deadline.
-fn has_deadline(method: &str) -> bool {
-    !matches!(
-        method,
-        "agentworkspace/process.read"
-            | "agentworkspace/process.write"
-            | "agentworkspace/process.wait"
-    )
+/// Which unit a request for a unit goes to, or the answer the host holds.
+fn unit_for(
+    live: &Live,
+    method: &str,
+    mut message: Value,
+    empty: Option<&'static str>,
+) -> Result<Route, (i64, String)> {
+    if let Some(asked) = params(&message)
+        .and_then(|p| p.get("_meta"))
+        .and_then(|meta| meta.get(UNIT_META))
+    {
+        let index = addressed_unit(live, asked)?;
+        let paged = params(&message).is_some_and(|p| p.contains_key("cursor"));
+        if method == "tools/list"
+            && !paged
+            && let Some(tools) = &live.units[index].tools
+        {
+            return Ok(Route::Answer(tools.clone()));
+        }
+        return Ok(Route::Unit(index, message));
+    }
+    // `box/process.resize` (box's terminal extension) names a process as
+    // the others do, so it goes where they go.
+    if (method.starts_with("agentworkspace/process.") || method == "box/process.resize")
+        && method != "agentworkspace/process.start"
+    {
+        let target = params(&message)
+            .and_then(|p| p.get("id"))
+            .and_then(Value::as_str)
+            .and_then(|id| id.split_once(':'))
+            .and_then(|(unit, process)| {
+                live.units
+                    .iter()
+                    .position(|candidate| {
+                        candidate.spec.role == Role::Server && candidate.spec.name == unit
+                    })
+                    .map(|index| (index, process.to_owned()))
+            });
+        if let Some((index, process)) = target {
+            if let Some(params) = params_mut(&mut message) {
+                params.insert("id".to_owned(), json!(process));
+            }
+            return Ok(Route::Unit(index, message));
+        }
+    }
+    match live.workspace {
+        Some(index) => {
+            // The tool list read at start is the session's for its whole life
+            // (security case E67): a tampered executor cannot change it.
+            let paged = params(&message).is_some_and(|p| p.contains_key("cursor"));
+            if method == "tools/list"
+                && !paged
+                && let Some(tools) = &live.units[index].tools
+            {
+                return Ok(Route::Answer(tools.clone()));
+            }
+            Ok(Route::Unit(index, message))
+        }
+        None => match empty {
+            Some(key) => {
+                let mut answer = serde_json::Map::new();
+                answer.insert(key.to_owned(), json!([]));
+                Ok(Route::Answer(Value::Object(answer)))
+            }
+            None => Err((
+                code::METHOD_NOT_FOUND,
+                format!(
+                    "{method}: profile `{}` has no workspace unit (no file system), so nothing answers it",
+                    live.plan.profile
+                ),
+            )),
+        },
+    }
 }
