@@ -275,7 +275,10 @@ async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let host = host::start(args.host_config()).await?;
-    let sessions = Arc::new(HostSessions::new(host.config.clone()));
+    let sessions = Arc::new(HostSessions::new(
+        host.config.clone(),
+        host.services.clone(),
+    ));
     let shutdown = host.shutdown.clone();
     match http {
         None => box_transport::stdio::serve(sessions, stdio_ask, shutdown).await?,

@@ -396,3 +396,36 @@ fn box_host_files_stay_under_a_thousand_lines() {
         long.join("\n")
     );
 }
+
+/// The host keeps no process-wide state: what its sessions share is the
+/// `Services` value the host owns (the egress proxies' runtime among it), so
+/// two hosts in one process share nothing and a host's state ends with it.
+#[test]
+fn box_host_has_no_static_state() {
+    let root = repo_root();
+    let mut found = Vec::new();
+    for (path, code) in production_code(&root.join("crates/box-host/src")) {
+        for (number, line) in code.lines().enumerate() {
+            let line = line.trim_start();
+            let declared = line
+                .strip_prefix("pub ")
+                .or_else(|| line.strip_prefix("pub(crate) "))
+                .unwrap_or(line);
+            if declared.starts_with("static ")
+                || line.contains("LazyLock")
+                || line.contains("thread_local!")
+            {
+                found.push(format!(
+                    "{}:{}: {line}",
+                    path.strip_prefix(&root).unwrap_or(&path).display(),
+                    number + 1
+                ));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "keep it in the host's `Services` instead:\n{}",
+        found.join("\n")
+    );
+}

@@ -22,7 +22,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 
-use super::HostConfig;
+use crate::Services;
 
 /// The `Content-Type` of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -382,9 +382,9 @@ pub fn tool_label<'a>(tool: &'a str, listed: Option<&Value>) -> &'a str {
 /// Whether the host can take new sessions: its backend answers (a listing of
 /// its units within a bound). The HTTP transport asks this for `/readyz`; it
 /// knows nothing of backends itself.
-pub async fn readiness(config: &HostConfig) -> Result<(), String> {
-    let backend = config.backend.kind();
-    match tokio::time::timeout(READY_TIMEOUT, config.backend.list()).await {
+pub async fn readiness(services: &Services) -> Result<(), String> {
+    let backend = services.backend.kind();
+    match tokio::time::timeout(READY_TIMEOUT, services.backend.list()).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(error)) => Err(format!("the {backend} backend does not answer: {error}")),
         Err(_) => Err(format!(

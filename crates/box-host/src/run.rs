@@ -31,8 +31,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::session::EXECUTOR_KEY;
 use super::{
-    END_WAIT, HostConfig, RunConfig, SessionHandle, claim_instance, host_facts, report_units_left,
-    select_backend, spawn_session, watch_signals,
+    END_WAIT, HostConfig, RunConfig, Services, SessionHandle, claim_instance, host_facts,
+    report_units_left, select_backend, spawn_session, watch_signals,
 };
 use box_jsonrpc as jsonrpc;
 use box_policy::plan::{Plan, Role};
@@ -171,7 +171,8 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
         .map_err(|error| anyhow::anyhow!("{error}"))?;
     args.env = command_env(&args.env, &plan)?;
     let backend = select_backend(&args.registry, &args.backend).await?;
-    let mut config = HostConfig::new(backend, catalog, facts);
+    let mut config = HostConfig::new(catalog, facts);
+    let services = Arc::new(Services::new(backend));
     config.default_profile = args.profile.clone();
     let instance = claim_instance(None, None)?;
     config.instance = instance.id().to_owned();
@@ -180,13 +181,19 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
     // the command first, then ends the session (`host` is never cancelled).
     let host = CancellationToken::new();
     let interrupt = CancellationToken::new();
-    let signal_code = watch_signals(interrupt.clone(), config.clone())?;
+    let signal_code = watch_signals(interrupt.clone(), config.clone(), services.clone())?;
     let (general_tx, mut general_rx) = mpsc::channel(16);
     // Nothing general matters to a one-shot run; drain it so nothing waits.
     tokio::spawn(async move { while general_rx.recv().await.is_some() {} });
     let mut session_id = [0u8; 16];
     rand::fill(&mut session_id);
-    let session = spawn_session(config.clone(), hex::encode(session_id), general_tx, &host);
+    let session = spawn_session(
+        config.clone(),
+        services.clone(),
+        hex::encode(session_id),
+        general_tx,
+        &host,
+    );
     let client = Client {
         session: session.clone(),
         next_id: std::sync::atomic::AtomicU64::new(0),
@@ -202,7 +209,7 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
         .then(|| signal_code.get().copied().unwrap_or(INTERRUPTED));
     if let Some(code) = interrupted {
         // The user asked it to stop: nothing of the unit is waited for.
-        config
+        services
             .end_at_once
             .store(true, std::sync::atomic::Ordering::SeqCst);
         if let Some(id) = started.get() {
@@ -231,7 +238,7 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
     // Bounded: an engine that stalls must not keep box for ever.
     let _ = tokio::time::timeout(END_WAIT, session.ended()).await;
     // Names each unit left, and how to remove it.
-    let left = report_units_left(&config);
+    let left = report_units_left(&config, &services);
     match (interrupted, outcome) {
         (Some(code), _) => Ok(ExitCode::from(code)),
         // The command ran, but box did not clean up after it: box failed.

@@ -41,10 +41,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::HostConfig;
 pub use crate::ask::EXECUTOR_KEY;
 use crate::fork::{self, ChildFork};
 use crate::units::{Removal, Tracked, describe_end, remove_until_gone};
+use crate::{HostConfig, Services};
 use live::{Live, UnitEvent};
 
 /// How many client messages may wait for the session task.
@@ -61,11 +61,19 @@ pub const UNIT_META: &str = "box/unit";
 /// called, or when `parent` is cancelled.
 pub fn spawn_session(
     config: Arc<HostConfig>,
+    services: Arc<Services>,
     id: String,
     general: mpsc::Sender<Value>,
     parent: &CancellationToken,
 ) -> SessionHandle {
-    spawn_session_asking(config, id, general, parent, TransportAsk::default())
+    spawn_session_asking(
+        config,
+        services,
+        id,
+        general,
+        parent,
+        TransportAsk::default(),
+    )
 }
 
 /// [`spawn_session`] for a session whose transport carried an ask (the HTTP
@@ -73,6 +81,7 @@ pub fn spawn_session(
 /// with the client's capability ask (`crate::ask::merge_ask`).
 pub fn spawn_session_asking(
     config: Arc<HostConfig>,
+    services: Arc<Services>,
     id: String,
     general: mpsc::Sender<Value>,
     parent: &CancellationToken,
@@ -90,11 +99,11 @@ pub fn spawn_session_asking(
         done.clone(),
         version.clone(),
     );
-    config.metrics.task_started();
+    services.metrics.task_started();
     tokio::spawn(async move {
-        let metrics_config = config.clone();
         let session = Session {
             config,
+            services: services.clone(),
             id,
             general,
             cancel,
@@ -104,7 +113,7 @@ pub fn spawn_session_asking(
             transport_ask,
         };
         session.run(inbound_rx).await;
-        metrics_config.metrics.task_ended();
+        services.metrics.task_ended();
         done.cancel();
     });
     handle
@@ -112,6 +121,7 @@ pub fn spawn_session_asking(
 
 struct Session {
     config: Arc<HostConfig>,
+    services: Arc<Services>,
     id: String,
     general: mpsc::Sender<Value>,
     cancel: CancellationToken,
@@ -150,7 +160,7 @@ impl Session {
         if self.host.is_cancelled()
             && live.journal.is_some()
             && self
-                .config
+                .services
                 .handoff
                 .load(std::sync::atomic::Ordering::SeqCst)
         {
@@ -167,7 +177,7 @@ impl Session {
                 &mut inbound,
                 "the host is handing its sessions to a new process; reattach",
             );
-            self.config
+            self.services
                 .parked
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             std::future::pending::<()>().await;
@@ -181,7 +191,7 @@ impl Session {
     /// (their processes end), wait a little for them, then remove every unit.
     async fn finish(&self, live: &mut Live, why: &str) {
         // Ending normally: nothing is left to reattach to.
-        if let Some(store) = &self.config.state {
+        if let Some(store) = &self.services.state {
             store.remove(&self.id);
         }
         for unit in 0..live.units.len() {
@@ -202,7 +212,7 @@ impl Session {
             }
         }
         // Ending at once, nothing of the units is waited for: they are removed now.
-        let grace = match self.config.removal() {
+        let grace = match self.services.removal() {
             Removal::Graceful => SESSION_END_GRACE,
             Removal::AtOnce => Duration::ZERO,
         };
@@ -287,7 +297,7 @@ impl Session {
         live.tasks.abort_all();
         // The session is over only once its units are confirmed gone: until
         // then it keeps its place, and the host names them if it exits first.
-        remove_until_gone(&self.config, tracked).await;
+        remove_until_gone(&self.services, tracked).await;
         if !children.is_empty() {
             // Children of children first (the newest first).
             let config = self.config.clone();
@@ -298,7 +308,7 @@ impl Session {
             })
             .await;
         }
-        self.config.metrics.session_ended(count, died);
+        self.services.metrics.session_ended(count, died);
         tracing::info!(session = %self.id, units = count, "session ended, units removed");
     }
 }

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::task::TaskTracker;
 
-use super::HostConfig;
+use crate::{HostConfig, Services};
 use box_backend::{Backend, BackendError, ObjectsWiring, SessionLabel, StartedUnit, UnitEnd};
 use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
 use box_jsonrpc::{self as jsonrpc, Kind, classify};
@@ -276,7 +276,8 @@ pub struct StartWiring<'a> {
 /// those whose start finishes later, and the failure names the units.
 /// `wire`: what the host wires in beyond each unit's egress proxy.
 pub async fn start_units(
-    config: &Arc<HostConfig>,
+    config: &HostConfig,
+    services: &Arc<Services>,
     label: &SessionLabel,
     specs: &[UnitSpec],
     timeout: Duration,
@@ -295,19 +296,20 @@ pub async fn start_units(
     let mut proxies = Vec::new();
     for spec in specs {
         if spec.network.mode == NetworkMode::Egress {
-            let proxy = EgressProxy::start(config, &label.session, spec).map_err(|message| {
-                StartFailure::Backend(BackendError::Other {
-                    unit: spec.name.clone(),
-                    doing: "starting its egress proxy".to_owned(),
-                    message,
-                })
-            })?;
+            let proxy =
+                EgressProxy::start(config, services, &label.session, spec).map_err(|message| {
+                    StartFailure::Backend(BackendError::Other {
+                        unit: spec.name.clone(),
+                        doing: "starting its egress proxy".to_owned(),
+                        message,
+                    })
+                })?;
             proxies.push(proxy);
         }
     }
     let mut starts = Vec::new();
     for spec in specs {
-        let key = config.ledger.starting(&label.session, &spec.name);
+        let key = services.ledger.starting(&label.session, &spec.name);
         let mut wiring = proxies
             .iter()
             .find(|proxy| proxy.unit == spec.name)
@@ -321,13 +323,13 @@ pub async fn start_units(
         }
         wiring.progress = progress.map(|progress| progress.for_unit(&spec.name));
         wiring.parent = parent.map(str::to_owned);
-        let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
+        let (services, label, spec) = (services.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
-            let result = config.backend.start_wired(&label, &spec, &wiring).await;
+            let result = services.backend.start_wired(&label, &spec, &wiring).await;
             match &result {
-                Ok(unit) => config.ledger.started(key, &unit.envelope.id),
+                Ok(unit) => services.ledger.started(key, &unit.envelope.id),
                 // A failed start undoes itself (the backend's contract).
-                Err(_) => config.ledger.gone(key),
+                Err(_) => services.ledger.gone(key),
             }
             result
         });
@@ -343,7 +345,7 @@ pub async fn start_units(
                 failure.get_or_insert(StartFailure::Backend(error));
             }
             Ok(Err(join)) => {
-                config.ledger.gone(key);
+                services.ledger.gone(key);
                 failure.get_or_insert(StartFailure::Backend(BackendError::Other {
                     unit: spec.name.clone(),
                     doing: "starting the unit".to_owned(),
@@ -356,10 +358,10 @@ pub async fn start_units(
     if failure.is_none() && late.is_empty() {
         return Ok((started, proxies));
     }
-    remove_in_background(config, started, background);
+    remove_in_background(services, started, background);
     let names: Vec<String> = late.iter().map(|(name, _, _)| name.clone()).collect();
     for (_, key, task) in late {
-        let config = config.clone();
+        let services = services.clone();
         background.spawn(async move {
             match task.await {
                 Ok(Ok(unit)) => {
@@ -368,10 +370,10 @@ pub async fn start_units(
                         id: unit.envelope.id.clone(),
                     };
                     drop(unit);
-                    remove_until_gone(&config, vec![tracked]).await;
+                    remove_until_gone(&services, vec![tracked]).await;
                 }
                 Ok(Err(_)) => {}
-                Err(_) => config.ledger.gone(key),
+                Err(_) => services.ledger.gone(key),
             }
         });
     }
@@ -384,7 +386,7 @@ pub async fn start_units(
 /// Remove `units` (their executors' stdio dropped first) in `background`,
 /// until confirmed.
 pub fn remove_in_background(
-    config: &Arc<HostConfig>,
+    services: &Arc<Services>,
     units: Vec<(u64, StartedUnit)>,
     background: &TaskTracker,
 ) {
@@ -398,8 +400,8 @@ pub fn remove_in_background(
             id: unit.envelope.id,
         })
         .collect();
-    let config = config.clone();
-    background.spawn(async move { remove_until_gone(&config, tracked).await });
+    let services = services.clone();
+    background.spawn(async move { remove_until_gone(&services, tracked).await });
 }
 
 /// How units are removed.
@@ -446,15 +448,15 @@ pub async fn remove_units(
 /// Remove `units` and tell the ledger of each removal confirmed; what fails
 /// is tried again, backing off, until every one is gone (the host's exit is
 /// what ends an engine that never answers: it then names them).
-pub async fn remove_until_gone(config: &HostConfig, mut units: Vec<Tracked>) {
+pub async fn remove_until_gone(services: &Services, mut units: Vec<Tracked>) {
     let mut backoff = REMOVE_BACKOFF;
     loop {
         let ids: Vec<String> = units.iter().map(|unit| unit.id.clone()).collect();
-        let failed = remove_units(config.backend.as_ref(), &ids, config.removal()).await;
+        let failed = remove_units(services.backend.as_ref(), &ids, services.removal()).await;
         units.retain(|unit| {
             let still = failed.iter().any(|(id, _)| *id == unit.id);
             if !still {
-                config.ledger.gone(unit.key);
+                services.ledger.gone(unit.key);
             }
             still
         });

@@ -234,7 +234,7 @@ impl Session {
         }
         let cause = live.redactor.text(&cause).into_owned();
         tracing::warn!(session = %self.id, unit = %state.spec.name, %cause, "a unit ended");
-        self.config.metrics.unit_ended();
+        self.services.metrics.unit_ended();
         state.ended = Some(cause.clone());
         state.writer = None;
         state.envelope.state = UnitState::Ended;
@@ -293,8 +293,10 @@ impl Session {
                 live.units.get(unit).and_then(|unit| unit.tools.as_ref()),
             )
         });
-        self.config.metrics.call(tag.label, tool, outcome, duration);
-        if let (Some(audit), Some(tool)) = (&self.config.audit, &tag.tool) {
+        self.services
+            .metrics
+            .call(tag.label, tool, outcome, duration);
+        if let (Some(audit), Some(tool)) = (&self.services.audit, &tag.tool) {
             audit.record(&crate::audit::Record {
                 session: &self.id,
                 profile: &live.plan.profile,

@@ -99,7 +99,8 @@ impl Session {
             box_policy::profile::ForkMode::Worktree => box_fork::Mode::Worktree,
             box_policy::profile::ForkMode::Copy => box_fork::Mode::Copy,
         };
-        let mode = fork::effective_mode(&self.config, spec, asked).map_err(|why| {
+        let backend = self.services.backend.as_ref();
+        let mode = fork::effective_mode(&self.config, backend, spec, asked).map_err(|why| {
             StartError::refused("workspace", format!("workspace.fork_mode: {why}"))
         })?;
         let ask = fork::ForkAsk {
@@ -233,7 +234,8 @@ impl Session {
         }
         // The child's spec is the parent's, or narrower: what the backend
         // can wire into the parent's kind of unit it can into the child's.
-        let mode = match fork::effective_mode(&self.config, &parent.spec, ask.mode) {
+        let backend = self.services.backend.as_ref();
+        let mode = match fork::effective_mode(&self.config, backend, &parent.spec, ask.mode) {
             Ok(mode) => mode,
             Err(why) => return refuse(reply, id, why),
         };
@@ -269,7 +271,7 @@ impl Session {
             Some(label) => format!("fork of {}: {label}", ask.from),
             None => format!("fork of {}", ask.from),
         };
-        let config = self.config.clone();
+        let (config, services) = (self.config.clone(), self.services.clone());
         let label = live.label.clone();
         let background = self.background.clone();
         let events = live.events_tx.clone();
@@ -337,6 +339,7 @@ impl Session {
             let timeout = spec.limits.start_timeout;
             let started = start_units(
                 &config,
+                &services,
                 &label,
                 std::slice::from_ref(&spec),
                 timeout,
@@ -380,7 +383,7 @@ impl Session {
                 Ok(start) => start.tools,
                 Err(why) => {
                     drop(link);
-                    remove_until_gone(&config, vec![tracked]).await;
+                    remove_until_gone(&services, vec![tracked]).await;
                     let _ = drop_storage(child).await;
                     return reply.answer(error_response(
                         id,
@@ -400,7 +403,7 @@ impl Session {
             } else {
                 "fork"
             };
-            config.metrics.fork_started(clock.elapsed(), parent_kind);
+            services.metrics.fork_started(clock.elapsed(), parent_kind);
             let started = ForkStarted {
                 id,
                 reply,
@@ -427,7 +430,7 @@ impl Session {
                     "box/fork: the session ended before the child joined it",
                 ));
                 drop(started.link);
-                remove_until_gone(&config, vec![tracked]).await;
+                remove_until_gone(&services, vec![tracked]).await;
                 let _ = drop_storage(started.child).await;
             }
         });
@@ -516,7 +519,7 @@ impl Session {
         let Some(child) = child else { return };
         let config = self.config.clone();
         // The merge runs off the session task, with its own handle.
-        let counted = self.config.clone();
+        let counted = self.services.clone();
         self.background.spawn(async move {
             let merged =
                 tokio::task::spawn_blocking(move || fork::merge(&config, &unit, &child, theirs))
@@ -595,7 +598,7 @@ impl Session {
             ));
         }
         let state = &mut live.units[index];
-        self.config
+        self.services
             .metrics
             .fork_discarded(state.envelope.state == UnitState::Ended);
         state.removed = true;
@@ -612,9 +615,9 @@ impl Session {
         };
         let child = state.fork.clone();
         live.egress.retain(|proxy| proxy.unit != unit);
-        let config = self.config.clone();
+        let (config, services) = (self.config.clone(), self.services.clone());
         self.background.spawn(async move {
-            remove_until_gone(&config, vec![tracked]).await;
+            remove_until_gone(&services, vec![tracked]).await;
             if let Some(child) = child {
                 let config = config.clone();
                 let _ = tokio::task::spawn_blocking(move || fork::remove_storage(&config, &child))

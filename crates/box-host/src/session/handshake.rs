@@ -147,7 +147,7 @@ impl Session {
         match ask.reattach.clone() {
             Some(reattach) => {
                 // Its units may still be being re-adopted.
-                self.config.reattachable.settled(&reattach.session).await;
+                self.services.reattachable.settled(&reattach.session).await;
                 self.reattach(client_params, &ask, reattach, version).await
             }
             None => self.start(client_params, &ask, version, events).await,
@@ -167,7 +167,7 @@ impl Session {
             });
         match error.refusal {
             Some(reason) => crate::report_refusal(
-                &self.config,
+                &self.services,
                 &crate::audit::Refusal {
                     reason,
                     detail: &error.message,

@@ -47,7 +47,7 @@ impl Session {
                 reattach.session, self.id
             )));
         }
-        let Some(adopted) = self.config.reattachable.take(&self.id) else {
+        let Some(adopted) = self.services.reattachable.take(&self.id) else {
             return Err(refuse(format!(
                 "box.reattach: no session `{}` waits to be reattached on this host (it ended, was never kept, its host is alive, or its units were lost); initialize a new session",
                 self.id
@@ -55,14 +55,14 @@ impl Session {
         };
         if !state::secret_matches(&reattach.secret, &adopted.record.secret_sha256) {
             // An attacker guessing must not end the session for its owner.
-            self.config.reattachable.insert(adopted);
+            self.services.reattachable.insert(adopted);
             return Err(refuse(format!(
                 "box.reattach.secret: not the secret of session `{}`",
                 self.id
             )));
         }
         let forget = || {
-            if let Some(store) = &self.config.state {
+            if let Some(store) = &self.services.state {
                 store.remove(&self.id);
             }
         };
@@ -85,7 +85,7 @@ impl Session {
             _ => None,
         };
         if let Some(differs) = differs {
-            self.config.reattachable.insert(adopted);
+            self.services.reattachable.insert(adopted);
             return Err(refuse(differs));
         }
         let state::Adopted {
@@ -138,10 +138,10 @@ impl Session {
                     .unwrap_or_default();
             secrets.extend(persisted.secrets);
         }
-        let redactor = SessionRedactor::new(&self.id, secrets, self.config.redact_scratch.clone())
-            .map_err(|why| {
-                StartError::internal(format!("building the session's redactor: {why}"))
-            })?;
+        let redactor =
+            SessionRedactor::new(&self.id, secrets, self.services.redact_scratch.clone()).map_err(
+                |why| StartError::internal(format!("building the session's redactor: {why}")),
+            )?;
         let label = SessionLabel {
             instance: self.config.instance.clone(),
             session: self.id.clone(),
@@ -156,8 +156,8 @@ impl Session {
             .zip(&record.units)
             .enumerate()
         {
-            let key = self.config.ledger.starting(&self.id, &spec.name);
-            self.config.ledger.started(key, &unit.envelope.id);
+            let key = self.services.ledger.starting(&self.id, &spec.name);
+            self.services.ledger.started(key, &unit.envelope.id);
             let link = ExecutorLink::new(unit.io.stdin, unit.io.stdout);
             let writer = link_unit(index, link, unit.ended, &events_tx, &mut tasks);
             units.push(Unit {
@@ -200,7 +200,7 @@ impl Session {
         set_box_field(&mut result, "reattached", json!(true));
         // The calls in flight when the host died: their outcome is unknown
         // (they may have run, in part or in full); said by the client's id.
-        let store = self.config.state.as_ref();
+        let store = self.services.state.as_ref();
         let unsettled = store.map_or_else(Vec::new, |store| {
             store.unsettled_calls(&self.id, &record.units)
         });
@@ -223,7 +223,7 @@ impl Session {
         );
         redactor.message(&mut result);
         // This host serves the session now: a later restart finds it here.
-        if let Some(store) = &self.config.state {
+        if let Some(store) = &self.services.state {
             let mut kept = record.clone();
             kept.instance = self.config.instance.clone();
             if let Err(why) = store.write(&kept) {

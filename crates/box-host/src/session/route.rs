@@ -246,7 +246,7 @@ impl Session {
             .map(|end| live.redactor.text(&describe_end(end)).into_owned());
         if let Some(why) = live.units[unit].ended.as_ref().or(pending.as_ref()) {
             let text = format!("unit {} ended: {why}", live.units[unit].spec.name);
-            self.config
+            self.services
                 .metrics
                 .call(entry.label(), None, "unit_ended", Duration::ZERO);
             reply.answer(error_response(id, code::INTERNAL_ERROR, text));
@@ -262,7 +262,7 @@ impl Session {
             .map(str::to_owned);
         // Only an audit log reads the digest; a SHA-256 of the arguments'
         // JSON is not free on every call.
-        let audited = self.config.audit.is_some();
+        let audited = self.services.audit.is_some();
         let arguments_digest = tool.as_ref().filter(|_| audited).map(|_| {
             crate::audit::digest(
                 params(&upstream)

@@ -149,10 +149,10 @@ impl Session {
         // Built before any unit starts: a unit's first word is already redacted.
         let mut secrets = redact::session_secrets(&plan, &(self.config.environment)());
         secrets.extend(persisted.secrets);
-        let redactor = SessionRedactor::new(&self.id, secrets, self.config.redact_scratch.clone())
-            .map_err(|why| {
-                StartError::internal(format!("building the session's redactor: {why}"))
-            })?;
+        let redactor =
+            SessionRedactor::new(&self.id, secrets, self.services.redact_scratch.clone()).map_err(
+                |why| StartError::internal(format!("building the session's redactor: {why}")),
+            )?;
         let label = SessionLabel {
             instance: self.config.instance.clone(),
             session: self.id.clone(),
@@ -201,6 +201,7 @@ impl Session {
             .unwrap_or_default();
         let (started, egress) = start_units(
             &self.config,
+            &self.services,
             &label,
             &plan.units,
             start_timeout,
@@ -263,9 +264,9 @@ impl Session {
                     drop(links);
                     drop(ends);
                     drop(renewals);
-                    let config = self.config.clone();
+                    let services = self.services.clone();
                     self.background
-                        .spawn(async move { remove_until_gone(&config, tracked).await });
+                        .spawn(async move { remove_until_gone(&services, tracked).await });
                     return Err(StartError::internal(format!(
                         "starting the session's units: unit {}: {why}",
                         spec.name
@@ -276,7 +277,7 @@ impl Session {
         let ids: Vec<String> = tracked.iter().map(|unit| unit.id.clone()).collect();
 
         // Counted once the session is up: a failed start leaves no session behind.
-        self.config
+        self.services
             .metrics
             .unit_start(start_clock.elapsed(), ids.len());
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
@@ -342,14 +343,14 @@ impl Session {
             &mut result,
         );
         let journal = kept
-            .then(|| self.config.state.as_ref()?.journal(&self.id))
+            .then(|| self.services.state.as_ref()?.journal(&self.id))
             .flatten();
         let _ = self.version.set(version);
         tracing::info!(
             session = %self.id,
             profile = %plan.profile,
             units = units.len(),
-            backend = %self.config.backend.kind(),
+            backend = %self.services.backend.kind(),
             "session started"
         );
         let count = units.len();
@@ -397,11 +398,11 @@ impl Session {
         egress: &[EgressProxy],
         result: &mut Value,
     ) -> bool {
-        let Some(store) = &self.config.state else {
+        let Some(store) = &self.services.state else {
             return false;
         };
         let (secret, secret_sha256) = state::new_secret();
-        let kind = self.config.backend.kind();
+        let kind = self.services.backend.kind();
         let record = state::SessionRecord {
             version: state::VERSION,
             session: self.id.clone(),
