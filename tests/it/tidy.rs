@@ -429,3 +429,34 @@ fn box_host_has_no_static_state() {
         found.join("\n")
     );
 }
+
+/// The process around the host is the binary's (`src/process.rs`,
+/// `src/run.rs`): the host library installs no logger or signal handler,
+/// touches no terminal and never exits the process.
+#[test]
+fn box_host_sets_up_no_process() {
+    const PROCESS: &[&str] = &[
+        "tracing_subscriber",
+        "tokio::signal",
+        "termios",
+        "process::exit",
+    ];
+    let root = repo_root();
+    let mut found = Vec::new();
+    for (path, code) in production_code(&root.join("crates/box-host/src")) {
+        for (number, line) in code.lines().enumerate() {
+            if let Some(what) = PROCESS.iter().find(|what| line.contains(*what)) {
+                found.push(format!(
+                    "{}:{}: {what}",
+                    path.strip_prefix(&root).unwrap_or(&path).display(),
+                    number + 1
+                ));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "this belongs to the binary (src/process.rs):\n{}",
+        found.join("\n")
+    );
+}

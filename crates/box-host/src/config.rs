@@ -1,7 +1,6 @@
-//! What a host is asked to be: `box serve`'s and `box run`'s plain
-//! configuration ([`ServeConfig`], [`RunConfig`], which the binary fills in
-//! from its flags) and the settings every session of a host shares
-//! ([`HostConfig`]). Nothing here changes once a host runs; what does is
+//! What a host is asked to be: `box serve`'s plain configuration
+//! ([`ServeConfig`], which the binary fills in from its flags) and the
+//! settings every session of a host shares ([`HostConfig`]). Nothing here changes once a host runs; what does is
 //! its [`crate::Services`].
 
 use std::path::PathBuf;
@@ -43,39 +42,6 @@ pub struct ServeConfig {
     /// Take over from the live host of the same instance (`--takeover`):
     /// SIGHUP it, wait for it to hand off and exit, then start.
     pub takeover: bool,
-}
-
-/// What `box run` asks of the host, as plain values (the binary turns its
-/// flags into this).
-#[derive(Debug, Clone)]
-pub struct RunConfig {
-    /// The profile to resolve.
-    pub profile: String,
-    /// More directories of profiles, searched first.
-    pub profile_dirs: Vec<PathBuf>,
-    /// Tightenings, as JSON or @FILE.
-    pub tighten: Option<String>,
-    /// The backends `backend` names one of (the binary's).
-    pub registry: box_backend::Registry,
-    /// Where units run: docker, local, or auto.
-    pub backend: String,
-    /// The host directory a `cwd` workspace source means; `None`: the current directory.
-    pub workspace: Option<PathBuf>,
-    /// Log format on stderr: text or json.
-    pub log_format: String,
-    /// The log filter the command line asked for (`-v`/`-q`), over
-    /// `BOX_LOG` and `RUST_LOG`; `None`: those, else warnings.
-    pub log_filter: Option<String>,
-    /// Variables for the command, `NAME` (the host's value) or `NAME=VALUE`;
-    /// each must be one the resolved plan lets through (`env.pass`, `env.secrets`).
-    pub env: Vec<String>,
-    /// Forward box's stdin to the command (else the command reads EOF at once).
-    pub stdin: bool,
-    /// Give the command a terminal (`-t`): box's extension `tty` on
-    /// `process.start`; this terminal raw while stdin is forwarded from it.
-    pub tty: bool,
-    /// The command and its arguments.
-    pub command: Vec<String>,
 }
 
 /// How a plan is resolved: `plan::resolve`, or a test's own.

@@ -1,22 +1,22 @@
 //! The host: a session's life, from the box ask at initialize to the removal of
-//! its units. `box serve` (a started [`Host`], whose sessions a transport
-//! serves) and `box run` (one command through a session of its own) start
-//! here, from plain configuration ([`ServeConfig`], [`RunConfig`]).
+//! its units. `box serve` starts a [`Host`] from plain configuration
+//! ([`ServeConfig`]), whose sessions a transport serves; `box run` (the
+//! binary's) spawns one session of its own with [`spawn_session`].
 //!
 //! Owns: the host's settings ([`HostConfig`], immutable) and its live
 //! services ([`Services`], one value the host owns and hands to every
 //! session), backend selection, the session task (`session`), starting and
-//! removing units (`units`), orphan sweeping, signals, metrics and the audit
-//! log. Does not own: HTTP and stdio framing (the transports, which it never
-//! names: the binary wires them to it), the command line (the binary's clap
-//! structs), what a unit is (the plan) or how one starts (the backends).
+//! removing units (`units`), orphan sweeping, metrics and the audit log.
+//! Does not own: HTTP and stdio framing (the transports, which it never
+//! names: the binary wires them to it), the process around it (its log, its
+//! runtime, its signals and its terminal are the binary's), the command line
+//! (the binary's clap structs), what a unit is (the plan) or how one starts
+//! (the backends).
 
 mod ask;
 pub mod audit;
 mod config;
-pub use config::{
-    HostConfig, ResolveFn, RunConfig, ServeConfig, default_fork_dir, default_state_dir,
-};
+pub use config::{HostConfig, ResolveFn, ServeConfig, default_fork_dir, default_state_dir};
 pub mod egress;
 pub mod fork;
 mod hide;
@@ -24,7 +24,6 @@ pub mod metrics;
 mod redact;
 pub use redact::ScratchPool;
 pub mod router;
-mod run;
 mod services;
 pub use services::Services;
 pub mod session;
@@ -243,157 +242,13 @@ pub fn one_line(text: &str) -> String {
         .collect()
 }
 
-/// The variable holding box's log filter (tracing's syntax: `debug`,
-/// `info,box_host=debug`); `RUST_LOG` is read when it is unset.
-pub const LOG_VAR: &str = "BOX_LOG";
-
-/// Start logging on stderr (stdout may be the protocol). The filter is the
-/// first of: `asked` (the command's -v/-q), `BOX_LOG`, `RUST_LOG`, then
-/// `default`. A `BOX_LOG` that is not a filter is refused naming it; a
-/// `RUST_LOG` that is not (it is other programs' too) is passed over.
-pub fn init_logging(format: &str, asked: Option<&str>, default: &str) -> anyhow::Result<()> {
-    let filter = log_filter(
-        asked,
-        std::env::var(LOG_VAR).ok().as_deref(),
-        std::env::var("RUST_LOG").ok().as_deref(),
-        default,
-    )?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        // Colour only on a terminal, and never when NO_COLOR is set (no-color.org).
-        .with_ansi(
-            std::io::IsTerminal::is_terminal(&std::io::stderr())
-                && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty()),
-        )
-        .with_writer(std::io::stderr);
-    let result = match format {
-        "text" => builder.try_init(),
-        "json" => builder.json().try_init(),
-        other => anyhow::bail!("--log-format {other}: choose text or json"),
-    };
-    // A second init (tests) keeps the first subscriber.
-    let _ = result;
-    Ok(())
-}
-
-/// The log filter [`init_logging`] uses, from what was asked and the
-/// variables' values. Pure.
-fn log_filter(
-    asked: Option<&str>,
-    box_log: Option<&str>,
-    rust_log: Option<&str>,
-    default: &str,
-) -> anyhow::Result<tracing_subscriber::EnvFilter> {
-    use tracing_subscriber::EnvFilter;
-    if let Some(asked) = asked {
-        return EnvFilter::try_new(asked)
-            .map_err(|error| anyhow::anyhow!("log filter {asked}: {error}"));
-    }
-    if let Some(text) = box_log.filter(|text| !text.trim().is_empty()) {
-        return EnvFilter::try_new(text).map_err(|error| {
-            anyhow::anyhow!(
-                "{LOG_VAR}={text}: not a log filter ({error}); write a level (`{LOG_VAR}=debug`) or directives (`{LOG_VAR}=info,box_host=debug`)"
-            )
-        });
-    }
-    if let Some(filter) = rust_log
-        .filter(|text| !text.trim().is_empty())
-        .and_then(|text| EnvFilter::try_new(text).ok())
-    {
-        return Ok(filter);
-    }
-    Ok(EnvFilter::new(default))
-}
-
-/// Signals that come within this long of the first are the same request:
-/// `timeout` and CI job cancellation signal both box and its process group,
-/// so one request often arrives as two signals.
-const SIGNAL_WINDOW: Duration = Duration::from_secs(1);
-/// When a later signal says "exit now", how long box still spends removing
-/// the units it knows before it exits naming those left.
-const EXIT_NOW_REMOVAL: Duration = Duration::from_secs(5);
 /// How long a host that is ending waits, after its calls' drain, for its
 /// sessions' units to be confirmed removed before it exits naming those left.
 pub const END_WAIT: Duration = Duration::from_secs(30);
 
-/// Cancel `shutdown` at the first SIGTERM or SIGINT; signals within
-/// [`SIGNAL_WINDOW`] of it are the same request. A later one exits now, after
-/// at most [`EXIT_NOW_REMOVAL`] spent removing the units the ledger knows,
-/// naming each unit left and how to remove it. Returns where the first
-/// signal's exit code (143 for SIGTERM, 130 for SIGINT) is set before
-/// `shutdown` is cancelled.
-fn watch_signals(
-    shutdown: CancellationToken,
-    config: Arc<HostConfig>,
-    services: Arc<Services>,
-) -> anyhow::Result<Arc<std::sync::OnceLock<u8>>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-    let first_code = Arc::new(std::sync::OnceLock::new());
-    let first_code_set = first_code.clone();
-    tokio::spawn(async move {
-        let mut first: Option<tokio::time::Instant> = None;
-        loop {
-            let code: u8 = tokio::select! {
-                _ = term.recv() => 143,
-                _ = interrupt.recv() => 130,
-                _ = hangup.recv(), if first.is_none() && services.state.is_some() => {
-                    first = Some(tokio::time::Instant::now());
-                    tracing::info!("SIGHUP: handing the kept sessions to the next `box serve --state` process: their calls drain, then this process exits leaving their units");
-                    services.handoff.store(true, std::sync::atomic::Ordering::SeqCst);
-                    shutdown.cancel();
-                    tokio::spawn(exit_when_handed_off(config.clone(), services.clone()));
-                    continue;
-                }
-            };
-            match first {
-                None => {
-                    first = Some(tokio::time::Instant::now());
-                    let _ = first_code_set.set(code);
-                    tracing::info!(
-                        "signal received: ending sessions and removing their units (a signal {} or more later exits at once)",
-                        humantime::format_duration(SIGNAL_WINDOW)
-                    );
-                    shutdown.cancel();
-                }
-                Some(at) if at.elapsed() < SIGNAL_WINDOW => {
-                    tracing::debug!("a repeated signal within the window: the same request");
-                }
-                Some(_) => {
-                    tracing::warn!(
-                        "second signal: exiting now, after removing what can be removed within {}",
-                        humantime::format_duration(EXIT_NOW_REMOVAL)
-                    );
-                    let _ =
-                        tokio::time::timeout(EXIT_NOW_REMOVAL, remove_known_units(&services)).await;
-                    report_units_left(&config, &services);
-                    std::process::exit(code.into());
-                }
-            }
-        }
-    });
-    Ok(first_code)
-}
-
-/// After a SIGHUP: exit once every session is handed off (parked) or ended,
-/// bounded by the drain and the end wait.
-async fn exit_when_handed_off(config: Arc<HostConfig>, services: Arc<Services>) {
-    let deadline = tokio::time::Instant::now() + config.drain + END_WAIT;
-    loop {
-        let parked = services.parked.load(std::sync::atomic::Ordering::SeqCst);
-        if parked >= services.metrics.session_tasks() || tokio::time::Instant::now() >= deadline {
-            tracing::info!(sessions = parked, "handed off; exiting");
-            std::process::exit(0);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Remove, once, every unit the ledger knows the id of; those confirmed gone
 /// leave it.
-async fn remove_known_units(services: &Services) {
+pub async fn remove_known_units(services: &Services) {
     let known: Vec<units::Tracked> = services.ledger.tracked();
     let ids: Vec<String> = known.iter().map(|unit| unit.id.clone()).collect();
     let failed = units::remove_units(services.backend.as_ref(), &ids, services.removal()).await;
@@ -406,7 +261,7 @@ async fn remove_known_units(services: &Services) {
 
 /// Say on stderr which units are not confirmed removed, each with how to
 /// remove it; whether any is.
-pub(crate) fn report_units_left(config: &HostConfig, services: &Services) -> bool {
+pub fn report_units_left(config: &HostConfig, services: &Services) -> bool {
     let left = services.ledger.left();
     if left.is_empty() {
         return false;
@@ -427,33 +282,13 @@ pub(crate) fn report_units_left(config: &HostConfig, services: &Services) -> boo
     true
 }
 
-/// The multi-threaded runtime (HTTP, `box run`).
-pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")
-}
-
-/// One thread for one session (stdio): every hop of a call (client line,
-/// session, unit writer, the engine's stream, the answer) is a task switch on
-/// this thread, not a wake of another worker through a futex, which is most
-/// of a proxied call's added latency on the multi-threaded runtime (measured
-/// in BENCHMARKS.md, Serve).
-pub fn single_session_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")
-}
-
 /// Claim this host's instance id for its whole life (a lock the kernel
 /// releases however the process dies), so `box gc` and the next host can tell
 /// a live host's units from orphans. The default is one id per listen address
 /// on HTTP (only one process can hold it, so units labelled with it at start
 /// are a crashed predecessor's), or a fresh one per process on stdio (two CI
 /// jobs on one runner never sweep each other).
-pub(crate) fn claim_instance(
+pub fn claim_instance(
     requested: Option<&str>,
     listen: Option<&str>,
 ) -> anyhow::Result<box_backend::instance::InstanceLock> {
@@ -541,21 +376,23 @@ async fn take_over(serve: &ServeConfig) -> anyhow::Result<box_backend::instance:
 }
 
 /// A host ready to serve sessions: what they share, the token that ends
-/// them all (a signal cancels it), and this host's claim on its instance id.
+/// them all, and this host's claim on its instance id.
 pub struct Host {
     /// What every session shares and never changes.
     pub config: Arc<HostConfig>,
     /// What every session shares and changes.
     pub services: Arc<Services>,
-    /// Cancelled at the first SIGTERM or SIGINT; sessions are its children.
+    /// Cancelled when the host is to end (the binary's signal handlers
+    /// cancel it); sessions are its children.
     pub shutdown: CancellationToken,
     /// Held until the host exits: while it is, this instance is alive.
     _instance: box_backend::instance::InstanceLock,
 }
 
 /// Start the host for `box serve`: its backend, its instance id, its audit
-/// log, the sweep of orphaned units and the signal handlers. A transport then
-/// serves sessions until it ends, and [`Host::finish`] says what is left.
+/// log, its state store (the sessions it keeps re-adopted) and the sweep of
+/// orphaned units. A transport then serves sessions until it ends (or
+/// [`Host::shutdown`] is cancelled), and [`Host::finish`] says what is left.
 pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
     let backend = select_backend(&serve.registry, &serve.backend).await?;
     let facts = host_facts(serve.workspace.as_ref())?;
@@ -599,12 +436,10 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
             humantime::format_duration(SWEEP_WAIT)
         );
     }
-    let shutdown = CancellationToken::new();
-    watch_signals(shutdown.clone(), config.clone(), services.clone())?;
     Ok(Host {
         config,
         services,
-        shutdown,
+        shutdown: CancellationToken::new(),
         _instance: instance,
     })
 }
@@ -619,17 +454,6 @@ impl Host {
         }
         ExitCode::SUCCESS
     }
-}
-
-/// Run one command through a session of its own; the exit code is the command's.
-pub fn run(args: RunConfig) -> anyhow::Result<ExitCode> {
-    // The command's own output is what a `box run` user reads: box speaks up
-    // only for warnings and errors unless RUST_LOG asks for more.
-    init_logging(&args.log_format, args.log_filter.as_deref(), "warn")?;
-    let runtime = runtime()?;
-    let result = runtime.block_on(run::run(args));
-    runtime.shutdown_timeout(Duration::from_millis(200));
-    result
 }
 
 #[cfg(test)]
@@ -648,44 +472,5 @@ mod instance_tests {
         let held = super::claim_instance(None, Some(&port)).unwrap();
         assert!(super::claim_instance(None, Some(&port)).is_err());
         drop(held);
-    }
-}
-
-#[cfg(test)]
-mod logging_tests {
-    use super::log_filter;
-
-    fn chosen(asked: Option<&str>, box_log: Option<&str>, rust_log: Option<&str>) -> String {
-        log_filter(asked, box_log, rust_log, "info")
-            .unwrap()
-            .to_string()
-    }
-
-    #[test]
-    fn flags_then_box_log_then_rust_log_then_the_default() {
-        assert_eq!(
-            chosen(Some("warn,box=debug"), Some("trace"), Some("error")),
-            "box=debug,warn"
-        );
-        assert_eq!(
-            chosen(None, Some("box_host=debug"), Some("error")),
-            "box_host=debug"
-        );
-        assert_eq!(chosen(None, None, Some("error")), "error");
-        assert_eq!(chosen(None, Some(" "), None), "info");
-        // RUST_LOG is other programs' too: one box cannot read is passed over.
-        assert_eq!(chosen(None, None, Some("[")), "info");
-    }
-
-    #[test]
-    fn a_box_log_that_is_not_a_filter_is_refused_naming_it() {
-        let refused = log_filter(None, Some("info,box=loud"), None, "info")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            refused.starts_with("BOX_LOG=info,box=loud: not a log filter"),
-            "{refused}"
-        );
-        assert!(refused.contains("BOX_LOG=debug"), "{refused}");
     }
 }
