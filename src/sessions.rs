@@ -61,7 +61,7 @@ impl SessionFactory for HostSessions {
 
     /// Ready when the backend answers.
     fn readiness(&self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(host::metrics::readiness(&self.services))
+        Box::pin(host::metrics::readiness(self.services.backend.as_ref()))
     }
 
     /// A refusal of the HTTP checks: a WARN line, an audit line and a count.

@@ -91,7 +91,7 @@ impl HostConfig {
             executor_init_timeout: Duration::from_secs(60),
             drain: Duration::from_secs(10),
             environment: || std::env::vars_os().collect(),
-            runtime_dir: crate::egress::default_runtime_dir(),
+            runtime_dir: box_backend::default_runtime_dir(),
             fork_git: None,
             fork_dir: default_fork_dir(),
         }
@@ -119,6 +119,6 @@ pub fn default_fork_dir() -> PathBuf {
             .join("box")
             .join("forks"),
         _ if nix::unistd::getuid().is_root() => PathBuf::from("/var/lib/box/forks"),
-        _ => crate::egress::default_runtime_dir().join("forks"),
+        _ => box_backend::default_runtime_dir().join("forks"),
     }
 }

@@ -22,8 +22,6 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 
-use crate::Services;
-
 /// The `Content-Type` of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
@@ -382,13 +380,13 @@ pub fn tool_label<'a>(tool: &'a str, listed: Option<&Value>) -> &'a str {
 /// Whether the host can take new sessions: its backend answers (a listing of
 /// its units within a bound). The HTTP transport asks this for `/readyz`; it
 /// knows nothing of backends itself.
-pub async fn readiness(services: &Services) -> Result<(), String> {
-    let backend = services.backend.kind();
-    match tokio::time::timeout(READY_TIMEOUT, services.backend.list()).await {
+pub async fn readiness(backend: &dyn box_backend::Backend) -> Result<(), String> {
+    let kind = backend.kind();
+    match tokio::time::timeout(READY_TIMEOUT, backend.list()).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(error)) => Err(format!("the {backend} backend does not answer: {error}")),
+        Ok(Err(error)) => Err(format!("the {kind} backend does not answer: {error}")),
         Err(_) => Err(format!(
-            "the {backend} backend did not answer within {}",
+            "the {kind} backend did not answer within {}",
             humantime::format_duration(READY_TIMEOUT)
         )),
     }
