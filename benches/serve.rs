@@ -27,7 +27,7 @@ use box_jsonrpc::lines::{Line, LineReader, write_line};
 use box_testkit::fake::FakeBackend;
 use box_transport::http::{HttpOptions, serve};
 use boxhost::backend::{Backend as _, SessionLabel};
-use boxhost::host::{HostConfig, spawn_session};
+use boxhost::host::{HostConfig, Services, spawn_session};
 use boxhost::plan::{HostFacts, UserIds};
 use boxhost::profile::Catalog;
 use boxhost::sessions::HostSessions;
@@ -48,8 +48,12 @@ fn facts() -> HostFacts {
     }
 }
 
-fn config(fake: &FakeBackend) -> HostConfig {
-    HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts())
+fn config() -> Arc<HostConfig> {
+    Arc::new(HostConfig::new(Catalog::new(Vec::new()), facts()))
+}
+
+fn services(fake: &FakeBackend) -> Arc<Services> {
+    Arc::new(Services::new(Arc::new(fake.clone())))
 }
 
 fn call(id: u64) -> Value {
@@ -110,7 +114,8 @@ async fn proxied_round_trips(calls: usize) -> Vec<Duration> {
     let shutdown = CancellationToken::new();
     let (general, _general_rx) = mpsc::channel(16);
     let session = spawn_session(
-        Arc::new(config(&fake)),
+        config(),
+        services(&fake),
         "bench".to_owned(),
         general,
         &shutdown,
@@ -223,7 +228,7 @@ async fn http_sessions(sessions: usize, calls: usize) {
         ..HttpOptions::loopback()
     };
     tokio::spawn(serve(
-        Arc::new(HostSessions::new(Arc::new(config(&fake)))),
+        Arc::new(HostSessions::new(config(), services(&fake))),
         options,
         listener,
         shutdown.clone(),

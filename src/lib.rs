@@ -15,6 +15,8 @@
 
 pub mod backends;
 pub mod cli;
+mod process;
+mod run;
 pub mod sessions;
 
 // The crates of the workspace, under the module names the rest of the binary

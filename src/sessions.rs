@@ -12,18 +12,19 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::host::{self, HostConfig};
+use crate::host::{self, HostConfig, Services};
 
 /// The host's sessions, as a transport opens and watches them.
 #[derive(Clone)]
 pub struct HostSessions {
     config: Arc<HostConfig>,
+    services: Arc<Services>,
 }
 
 impl HostSessions {
-    /// Sessions sharing `config`.
-    pub fn new(config: Arc<HostConfig>) -> Self {
-        Self { config }
+    /// Sessions sharing a host's settings and services.
+    pub fn new(config: Arc<HostConfig>, services: Arc<Services>) -> Self {
+        Self { config, services }
     }
 }
 
@@ -35,7 +36,14 @@ impl SessionFactory for HostSessions {
         general: mpsc::Sender<Value>,
         shutdown: &CancellationToken,
     ) -> SessionHandle {
-        host::spawn_session_asking(self.config.clone(), id, general, shutdown, ask)
+        host::spawn_session_asking(
+            self.config.clone(),
+            self.services.clone(),
+            id,
+            general,
+            shutdown,
+            ask,
+        )
     }
 
     /// The drain a session's calls get, then the wait for its units' removal.
@@ -44,22 +52,22 @@ impl SessionFactory for HostSessions {
     }
 
     fn sessions_running(&self) -> usize {
-        self.config.metrics.session_tasks()
+        self.services.metrics.session_tasks()
     }
 
     fn metrics(&self) -> (&'static str, String) {
-        (host::metrics::CONTENT_TYPE, self.config.metrics.render())
+        (host::metrics::CONTENT_TYPE, self.services.metrics.render())
     }
 
     /// Ready when the backend answers.
     fn readiness(&self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(host::metrics::readiness(&self.config))
+        Box::pin(host::metrics::readiness(self.services.backend.as_ref()))
     }
 
     /// A refusal of the HTTP checks: a WARN line, an audit line and a count.
     fn refused(&self, refusal: &Refusal) {
         host::report_refusal(
-            &self.config,
+            &self.services,
             &host::audit::Refusal {
                 reason: refusal.reason.as_str(),
                 detail: &refusal.detail,
@@ -72,8 +80,8 @@ impl SessionFactory for HostSessions {
     }
 
     fn units_left(&self, id: &str) -> Vec<UnitLeft> {
-        let kind = self.config.backend.kind();
-        self.config
+        let kind = self.services.backend.kind();
+        self.services
             .ledger
             .left_of(id)
             .into_iter()
@@ -103,8 +111,8 @@ mod tests {
             workspace_owner: None,
         };
         let backend = Arc::new(box_testkit::fake::FakeBackend::default());
-        let config = HostConfig::new(backend, crate::profile::Catalog::new(Vec::new()), facts);
-        let sessions = HostSessions::new(Arc::new(config));
+        let config = HostConfig::new(crate::profile::Catalog::new(Vec::new()), facts);
+        let sessions = HostSessions::new(Arc::new(config), Arc::new(Services::new(backend)));
         assert_eq!(sessions.readiness().await, Ok(()));
         assert_eq!(sessions.sessions_running(), 0);
         assert!(sessions.units_left("nobody").is_empty());

@@ -1,10 +1,10 @@
-//! `box run`: its flags, turned into the host's [`RunConfig`].
+//! `box run`: its flags, turned into a [`RunConfig`] (`run.rs` runs it).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::cli::LogFormat;
-use crate::host::{self, RunConfig};
+use crate::run::RunConfig;
 
 /// `box run`: one command in a fresh session's workspace unit.
 #[derive(Debug, Clone, clap::Args)]
@@ -108,7 +108,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // `docker run` does.
     let progress = crate::cli::pull::Progress::new(crate::cli::pull::Style::for_stderr());
     crate::backends::show_pull_progress(progress.sink());
-    let result = host::run(args.into());
+    let result = crate::run::run(args.into());
     progress.finish();
     result
 }

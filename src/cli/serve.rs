@@ -15,6 +15,7 @@ use box_transport::{AskPart, TransportAsk};
 
 use crate::cli::LogFormat;
 use crate::host::{self, ServeConfig};
+use crate::process;
 use crate::sessions::HostSessions;
 
 /// `box serve`: the host, over stdio or streamable HTTP.
@@ -209,11 +210,11 @@ impl ServeArgs {
 /// Run the host until its transport ends.
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let asked = args.verbosity.filter("info");
-    host::init_logging(args.log_format.as_str(), asked.as_deref(), "info")?;
+    process::init_logging(args.log_format.as_str(), asked.as_deref(), "info")?;
     let runtime = if args.listen.is_some() {
-        host::runtime()?
+        process::runtime()?
     } else {
-        host::single_session_runtime()?
+        process::single_session_runtime()?
     };
     let result = runtime.block_on(serve_async(args));
     // The stdio reader may sit in a blocking read of stdin; do not wait for it.
@@ -275,7 +276,15 @@ async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let host = host::start(args.host_config()).await?;
-    let sessions = Arc::new(HostSessions::new(host.config.clone()));
+    process::watch_signals(
+        host.shutdown.clone(),
+        host.config.clone(),
+        host.services.clone(),
+    )?;
+    let sessions = Arc::new(HostSessions::new(
+        host.config.clone(),
+        host.services.clone(),
+    ));
     let shutdown = host.shutdown.clone();
     match http {
         None => box_transport::stdio::serve(sessions, stdio_ask, shutdown).await?,

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use box_testkit::fake::FakeBackend;
 use box_transport::http::{HttpOptions, serve};
-use boxhost::host::HostConfig;
+use boxhost::host::{HostConfig, Services};
 use boxhost::plan::{HostFacts, Plan, PlanError, UserIds};
 use boxhost::profile::{Catalog, Profile};
 use boxhost::sessions::HostSessions;
@@ -60,15 +60,23 @@ impl Drop for Server {
     }
 }
 
+/// The sessions of a host with `config` whose units `fake` runs.
+fn host_sessions(config: HostConfig, fake: &FakeBackend) -> HostSessions {
+    HostSessions::new(
+        Arc::new(config),
+        Arc::new(Services::new(Arc::new(fake.clone()))),
+    )
+}
+
 async fn start_server(options: HttpOptions, resolve: boxhost::host::ResolveFn) -> Server {
     let fake = FakeBackend::default();
-    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    let mut config = HostConfig::new(Catalog::new(Vec::new()), facts());
     config.resolve = resolve;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     tokio::spawn(serve(
-        Arc::new(HostSessions::new(Arc::new(config))),
+        Arc::new(host_sessions(config, &fake)),
         options,
         listener,
         shutdown.clone(),
@@ -1124,12 +1132,12 @@ async fn http_shutdown_waits_for_sessions_still_starting_their_units() {
         start_delay: Duration::from_millis(400),
         ..Default::default()
     });
-    let config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    let config = HostConfig::new(Catalog::new(Vec::new()), facts());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let served = tokio::spawn(serve(
-        Arc::new(HostSessions::new(Arc::new(config))),
+        Arc::new(host_sessions(config, &fake)),
         HttpOptions::loopback(),
         listener,
         shutdown.clone(),
@@ -2044,10 +2052,10 @@ fn the_box_binary_has_no_fake_backend() {
 
 const STDIO_WAIT: Duration = Duration::from_secs(10);
 
-fn stdio_host_config(fake: &FakeBackend) -> Arc<HostConfig> {
-    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+fn stdio_host_sessions(fake: &FakeBackend) -> HostSessions {
+    let mut config = HostConfig::new(Catalog::new(Vec::new()), facts());
     config.instance = "test-instance".to_owned();
-    Arc::new(config)
+    host_sessions(config, fake)
 }
 
 fn stdio_initialize_params(ask: Value) -> Value {
@@ -2065,7 +2073,7 @@ async fn stdio_frames_lines_and_ends_the_session_at_end_of_file() {
     let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
     let (server_out, client_out) = tokio::io::duplex(1 << 20);
     let served = tokio::spawn(box_transport::stdio::serve_on(
-        Arc::new(HostSessions::new(stdio_host_config(&fake))),
+        Arc::new(stdio_host_sessions(&fake)),
         box_transport::TransportAsk::default(),
         server_in,
         server_out,
@@ -2127,7 +2135,7 @@ async fn stdio_refuses_an_over_long_line_and_reads_on() {
     let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
     let (server_out, client_out) = tokio::io::duplex(1 << 20);
     let served = tokio::spawn(box_transport::stdio::serve_on(
-        Arc::new(HostSessions::new(stdio_host_config(&fake))),
+        Arc::new(stdio_host_sessions(&fake)),
         box_transport::TransportAsk::default(),
         server_in,
         server_out,
@@ -2171,7 +2179,7 @@ async fn stdio_splits_batches_only_on_a_2025_03_26_session() {
     let (mut client_in, server_in) = tokio::io::duplex(1 << 20);
     let (server_out, client_out) = tokio::io::duplex(1 << 20);
     let served = tokio::spawn(box_transport::stdio::serve_on(
-        Arc::new(HostSessions::new(stdio_host_config(&fake))),
+        Arc::new(stdio_host_sessions(&fake)),
         box_transport::TransportAsk::default(),
         server_in,
         server_out,

@@ -344,3 +344,119 @@ fn commands_never_print_with_println() {
         found.join("\n")
     );
 }
+
+/// The production code of the files under `dir` (everything before a file's
+/// first `#[cfg(test)]`; `tests.rs` files are test code), by path.
+fn production_code(dir: &std::path::Path) -> Vec<(std::path::PathBuf, String)> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs")
+                && path.file_name().is_some_and(|name| name != "tests.rs")
+            {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let production = match text.find("#[cfg(test)]") {
+                    Some(at) => text[..at].to_owned(),
+                    None => text,
+                };
+                files.push((path, production));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// No production file of the host is over 1,000 lines: the session task is
+/// a handshake, a method table and a routing loop, each in a file of its own
+/// (ARCHITECTURE.md, `box-host`), and a file that outgrows this holds two
+/// things that change for different reasons.
+#[test]
+fn box_host_files_stay_under_a_thousand_lines() {
+    const MOST: usize = 1_000;
+    let root = repo_root();
+    let long: Vec<String> = production_code(&root.join("crates/box-host/src"))
+        .into_iter()
+        .filter(|(_, code)| code.lines().count() > MOST)
+        .map(|(path, code)| {
+            format!(
+                "{}: {} lines before #[cfg(test)]",
+                path.strip_prefix(&root).unwrap_or(&path).display(),
+                code.lines().count()
+            )
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "split these files by what they own (at most {MOST} production lines each):\n{}",
+        long.join("\n")
+    );
+}
+
+/// The host keeps no process-wide state: what its sessions share is the
+/// `Services` value the host owns (the egress proxies' runtime among it), so
+/// two hosts in one process share nothing and a host's state ends with it.
+#[test]
+fn box_host_has_no_static_state() {
+    let root = repo_root();
+    let mut found = Vec::new();
+    for (path, code) in production_code(&root.join("crates/box-host/src")) {
+        for (number, line) in code.lines().enumerate() {
+            let line = line.trim_start();
+            let declared = line
+                .strip_prefix("pub ")
+                .or_else(|| line.strip_prefix("pub(crate) "))
+                .unwrap_or(line);
+            if declared.starts_with("static ")
+                || line.contains("LazyLock")
+                || line.contains("thread_local!")
+            {
+                found.push(format!(
+                    "{}:{}: {line}",
+                    path.strip_prefix(&root).unwrap_or(&path).display(),
+                    number + 1
+                ));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "keep it in the host's `Services` instead:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The process around the host is the binary's (`src/process.rs`,
+/// `src/run.rs`): the host library installs no logger or signal handler,
+/// touches no terminal and never exits the process.
+#[test]
+fn box_host_sets_up_no_process() {
+    const PROCESS: &[&str] = &[
+        "tracing_subscriber",
+        "tokio::signal",
+        "termios",
+        "process::exit",
+    ];
+    let root = repo_root();
+    let mut found = Vec::new();
+    for (path, code) in production_code(&root.join("crates/box-host/src")) {
+        for (number, line) in code.lines().enumerate() {
+            if let Some(what) = PROCESS.iter().find(|what| line.contains(*what)) {
+                found.push(format!(
+                    "{}:{}: {what}",
+                    path.strip_prefix(&root).unwrap_or(&path).display(),
+                    number + 1
+                ));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "this belongs to the binary (src/process.rs):\n{}",
+        found.join("\n")
+    );
+}

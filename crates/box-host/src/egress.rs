@@ -19,7 +19,9 @@ use box_egress::{
 use box_policy::plan::{NetworkMode, UnitSpec};
 use serde_json::{Value, json};
 
-use super::HostConfig;
+use crate::audit::Audit;
+use crate::metrics::Metrics;
+use crate::{HostConfig, Services};
 
 /// The proxy of one running unit. Dropping it stops the proxy (ending every
 /// connection it carries) and removes its socket directory, unless the session
@@ -49,24 +51,39 @@ impl Drop for EgressProxy {
     }
 }
 
-/// The runtime every egress proxy of this process runs on: threads of their own,
-/// so a unit's bulk download never waits behind its session's calls (a stdio
-/// host runs its session on one thread) and a busy session never slows the
-/// download (BENCHMARKS.md, Egress, through a unit).
-fn proxy_runtime() -> Result<tokio::runtime::Handle, String> {
-    static RUNTIME: std::sync::OnceLock<Result<tokio::runtime::Runtime, String>> =
-        std::sync::OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .thread_name("box-egress")
-                .enable_all()
-                .build()
-                .map_err(|error| format!("starting the egress proxies' runtime: {error}"))
-        })
-        .as_ref()
-        .map(|runtime| runtime.handle().clone())
-        .map_err(Clone::clone)
+/// The runtime a host's egress proxies run on, started with the first one:
+/// threads of their own, so a unit's bulk download never waits behind its
+/// session's calls (a stdio host runs its session on one thread) and a busy
+/// session never slows the download (BENCHMARKS.md, Egress, through a
+/// unit). Owned by the host's [`crate::Services`]; dropped with them, its
+/// threads are told to stop without being waited for (a runtime may not be
+/// dropped, waiting, from async code).
+#[derive(Default)]
+pub struct ProxyRuntime(std::sync::OnceLock<Result<tokio::runtime::Runtime, String>>);
+
+impl ProxyRuntime {
+    /// A handle to the runtime, started now if it was not.
+    fn handle(&self) -> Result<tokio::runtime::Handle, String> {
+        self.0
+            .get_or_init(|| {
+                tokio::runtime::Builder::new_multi_thread()
+                    .thread_name("box-egress")
+                    .enable_all()
+                    .build()
+                    .map_err(|error| format!("starting the egress proxies' runtime: {error}"))
+            })
+            .as_ref()
+            .map(|runtime| runtime.handle().clone())
+            .map_err(Clone::clone)
+    }
+}
+
+impl Drop for ProxyRuntime {
+    fn drop(&mut self) {
+        if let Some(Ok(runtime)) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 /// Where the host keeps its sockets (`box_backend::default_runtime_dir`).
@@ -78,7 +95,12 @@ impl EgressProxy {
     /// Start the proxy of `spec` (a unit whose network is egress) for `session`:
     /// its socket bound and served before the unit starts, so the unit's first
     /// connection finds it.
-    pub fn start(config: &Arc<HostConfig>, session: &str, spec: &UnitSpec) -> Result<Self, String> {
+    pub fn start(
+        config: &HostConfig,
+        services: &Services,
+        session: &str,
+        spec: &UnitSpec,
+    ) -> Result<Self, String> {
         let parent = config.runtime_dir.join("egress");
         create_private_dir(&parent)?;
         let dir = parent.join(format!("{:032x}", rand::random::<u128>()));
@@ -93,7 +115,7 @@ impl EgressProxy {
                 dir.display()
             ));
         }
-        Self::serve_in(config, session, spec, dir.clone()).inspect_err(|_| {
+        Self::serve_in(services, session, spec, dir.clone()).inspect_err(|_| {
             let _ = std::fs::remove_dir_all(&dir);
         })
     }
@@ -106,7 +128,7 @@ impl EgressProxy {
     /// 0755 as [`EgressProxy::start`] made it); it is never created here, as
     /// a fresh one would not be the one the unit sees.
     pub fn adopt(
-        config: &Arc<HostConfig>,
+        services: &Services,
         session: &str,
         spec: &UnitSpec,
         dir: &Path,
@@ -159,12 +181,12 @@ impl EgressProxy {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
             Err(error) => return refuse(format!("cannot be read: {error}")),
         }
-        Self::serve_in(config, session, spec, dir.to_owned())
+        Self::serve_in(services, session, spec, dir.to_owned())
     }
 
     /// Bind the socket in `dir` (which exists) and serve the proxy there.
     fn serve_in(
-        config: &Arc<HostConfig>,
+        services: &Services,
         session: &str,
         spec: &UnitSpec,
         dir: PathBuf,
@@ -197,11 +219,14 @@ impl EgressProxy {
             limits: limits_of(spec),
             options: Options::default(),
         };
-        let reporter = config.clone();
-        let events: box_egress::EventSink = Arc::new(move |event: Event| report(&reporter, &event));
+        // What reports hold: the metrics and the audit log, not the services
+        // that own the runtime the proxy runs on.
+        let (metrics, audit) = (services.metrics.clone(), services.audit.clone());
+        let events: box_egress::EventSink =
+            Arc::new(move |event: Event| report(&metrics, audit.as_deref(), &event));
         let name = spec.name.clone();
         let (listener, socket) = listener;
-        let task = proxy_runtime()?.spawn(async move {
+        let task = services.egress_runtime.handle()?.spawn(async move {
             // Registered with the proxies' runtime, whose reactor polls it.
             let listener = match tokio::net::UnixListener::from_std(listener) {
                 Ok(listener) => listener,
@@ -350,14 +375,14 @@ fn host_addresses() -> BTreeSet<IpAddr> {
 /// One attempt: an audit line, a metric, and a log line: WARN for a
 /// refusal (naming the host and why, so whoever runs the unit sees why its
 /// client got a 403), debug otherwise.
-fn report(config: &HostConfig, event: &Event) {
+fn report(metrics: &Metrics, audit: Option<&Audit>, event: &Event) {
     let reason = match &event.decision {
         box_egress::Decision::Allowed { .. } => "",
         box_egress::Decision::Refused(refusal) => refusal.reason(),
         box_egress::Decision::Failed { failure, .. } => failure.reason(),
     };
-    config.metrics.egress(event.decision.outcome(), reason);
-    if let Some(audit) = &config.audit {
+    metrics.egress(event.decision.outcome(), reason);
+    if let Some(audit) = audit {
         audit.egress(event);
     }
     if let box_egress::Decision::Refused(refusal) = &event.decision {
@@ -419,12 +444,8 @@ mod tests {
         let (logs, _guard) = crate::tests::Logs::capture();
         let directory = tempfile::tempdir().unwrap();
         let path = directory.path().join("audit.jsonl");
-        let mut config = HostConfig::new(
-            Arc::new(box_testkit::fake::FakeBackend::default()),
-            box_policy::profile::Catalog::only(Vec::new()),
-            crate::tests::facts(),
-        );
-        config.audit = Some(crate::audit::Audit::open(&path).unwrap());
+        let mut services = Services::new(Arc::new(box_testkit::fake::FakeBackend::default()));
+        services.audit = Some(Arc::new(crate::audit::Audit::open(&path).unwrap()));
         let event = |host: &str, decision: box_egress::Decision| Event {
             session: "s-egress".to_owned(),
             unit: "workspace".to_owned(),
@@ -440,14 +461,16 @@ mod tests {
             error: None,
         };
         report(
-            &config,
+            &services.metrics,
+            services.audit.as_deref(),
             &event(
                 "denied.example.org",
                 box_egress::Decision::Refused(box_egress::Refusal::NotAllowed),
             ),
         );
         report(
-            &config,
+            &services.metrics,
+            services.audit.as_deref(),
             &event(
                 "example.com",
                 box_egress::Decision::Allowed {
@@ -471,7 +494,7 @@ mod tests {
         let audit = std::fs::read_to_string(&path).unwrap();
         assert_eq!(audit.lines().count(), 2, "{audit}");
         assert!(audit.contains("\"refused\""), "{audit}");
-        let metrics = config.metrics.render();
+        let metrics = services.metrics.render();
         assert!(
             metrics.contains(&format!(
                 "box_egress_connections_total{{outcome=\"refused\",reason=\"{}\"}} 1",
@@ -490,32 +513,31 @@ mod tests {
         use std::os::unix::fs::MetadataExt as _;
         let runtime = tempfile::tempdir().unwrap();
         let mut config = HostConfig::new(
-            Arc::new(box_testkit::fake::FakeBackend::default()),
             box_policy::profile::Catalog::only(Vec::new()),
             crate::tests::facts(),
         );
         config.runtime_dir = runtime.path().to_owned();
-        let config = Arc::new(config);
+        let services = Services::new(Arc::new(box_testkit::fake::FakeBackend::default()));
         let profile = config.catalog.load("default").unwrap();
         let plan = box_policy::plan::resolve(&profile, &Value::Null, &config.facts).unwrap();
         let mut spec = plan.units[0].clone();
         spec.network.mode = NetworkMode::Egress;
         spec.network.allow = vec!["example.test".to_owned()];
 
-        let first = EgressProxy::start(&config, "s", &spec).unwrap();
+        let first = EgressProxy::start(&config, &services, "s", &spec).unwrap();
         let dir = first.dir().to_owned();
         assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o7777, 0o755);
         first.keep_dir();
         drop(first);
         assert!(dir.join(EgressWiring::SOCKET).exists(), "handed off: kept");
 
-        let again = EgressProxy::adopt(&config, "s", &spec, &dir).unwrap();
+        let again = EgressProxy::adopt(&services, "s", &spec, &dir).unwrap();
         std::os::unix::net::UnixStream::connect(dir.join(EgressWiring::SOCKET))
             .expect("the new proxy listens where the unit connects");
         drop(again);
         assert!(!dir.exists(), "a session that ends removes its directory");
 
-        let error = EgressProxy::adopt(&config, "s", &spec, &dir).unwrap_err();
+        let error = EgressProxy::adopt(&services, "s", &spec, &dir).unwrap_err();
         assert!(
             error.contains(&dir.display().to_string()) && error.contains("gone"),
             "{error}"
@@ -525,13 +547,13 @@ mod tests {
         let open = runtime.path().join("open");
         std::fs::create_dir(&open).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let error = EgressProxy::adopt(&config, "s", &spec, &open).unwrap_err();
+        let error = EgressProxy::adopt(&services, "s", &spec, &open).unwrap_err();
         assert!(error.contains("mode 0777"), "{error}");
 
         let link = runtime.path().join("link");
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::os::unix::fs::symlink(&open, &link).unwrap();
-        let error = EgressProxy::adopt(&config, "s", &spec, &link).unwrap_err();
+        let error = EgressProxy::adopt(&services, "s", &spec, &link).unwrap_err();
         assert!(error.contains("not a directory"), "{error}");
     }
 }

@@ -248,12 +248,13 @@ pub struct Effective {
 /// [`Backend::objects_place`](box_backend::Backend::objects_place)).
 pub fn effective_mode(
     config: &HostConfig,
+    backend: &dyn box_backend::Backend,
     spec: &box_policy::plan::UnitSpec,
     asked: Mode,
 ) -> Result<Effective, String> {
     let place = match &config.fork_git {
         None => Err("a confined git runner (none is configured)".to_owned()),
-        Some(_) => config.backend.objects_place(spec).map_err(|why| {
+        Some(_) => backend.objects_place(spec).map_err(|why| {
             format!("a backend that shows the parent's git objects read-only in the unit ({why})")
         }),
     };
@@ -432,21 +433,20 @@ mod tests {
                 ..FakeOptions::default()
             });
             let mut config = HostConfig::new(
-                Arc::new(fake),
                 box_policy::profile::Catalog::new(Vec::new()),
                 crate::tests::facts(),
             );
             if git {
                 config.fork_git = Some(box_fork::Git::new(Vec::<(String, String)>::new()));
             }
-            config
+            (config, fake)
         };
         let at = ObjectsPlace::At(PathBuf::from("/.box/objects"));
         for place in [ObjectsPlace::HostPath, at.clone()] {
-            let config = host(Some(place.clone()), true);
+            let (config, fake) = host(Some(place.clone()), true);
             for asked in [Mode::Auto, Mode::Worktree] {
                 assert_eq!(
-                    effective_mode(&config, &spec, asked),
+                    effective_mode(&config, &fake, &spec, asked),
                     Ok(Effective {
                         mode: asked,
                         objects: Some(place.clone()),
@@ -458,16 +458,16 @@ mod tests {
             mode: Mode::Copy,
             objects: None,
         });
-        let cannot = host(None, true);
-        assert_eq!(effective_mode(&cannot, &spec, Mode::Auto), copy);
-        let refused = effective_mode(&cannot, &spec, Mode::Worktree).unwrap_err();
+        let (cannot, fake) = host(None, true);
+        assert_eq!(effective_mode(&cannot, &fake, &spec, Mode::Auto), copy);
+        let refused = effective_mode(&cannot, &fake, &spec, Mode::Worktree).unwrap_err();
         assert!(
             refused.contains("read-only in the unit (the fake backend was given no place"),
             "{refused}"
         );
-        let no_git = host(Some(at), false);
-        assert_eq!(effective_mode(&no_git, &spec, Mode::Auto), copy);
-        let refused = effective_mode(&no_git, &spec, Mode::Worktree).unwrap_err();
+        let (no_git, fake) = host(Some(at), false);
+        assert_eq!(effective_mode(&no_git, &fake, &spec, Mode::Auto), copy);
+        let refused = effective_mode(&no_git, &fake, &spec, Mode::Worktree).unwrap_err();
         assert!(refused.contains("confined git runner"), "{refused}");
     }
 

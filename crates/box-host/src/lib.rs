@@ -1,17 +1,22 @@
 //! The host: a session's life, from the box ask at initialize to the removal of
-//! its units. `box serve` (a started [`Host`], whose sessions a transport
-//! serves) and `box run` (one command through a session of its own) start
-//! here, from plain configuration ([`ServeConfig`], [`RunConfig`]).
+//! its units. `box serve` starts a [`Host`] from plain configuration
+//! ([`ServeConfig`]), whose sessions a transport serves; `box run` (the
+//! binary's) spawns one session of its own with [`spawn_session`].
 //!
-//! Owns: the host's configuration ([`HostConfig`]), backend selection, the
-//! session task (`session`), starting and removing units (`units`), orphan
-//! sweeping, signals, metrics and the audit log. Does not own: message routing
-//! (the proxy), HTTP and stdio framing (the transports, which it never
-//! names: the binary wires them to it), the command line (the binary's clap
-//! structs), what a unit is (the plan) or how one starts (the backends).
+//! Owns: the host's settings ([`HostConfig`], immutable) and its live
+//! services ([`Services`], one value the host owns and hands to every
+//! session), backend selection, the session task (`session`), starting and
+//! removing units (`units`), orphan sweeping, metrics and the audit log.
+//! Does not own: HTTP and stdio framing (the transports, which it never
+//! names: the binary wires them to it), the process around it (its log, its
+//! runtime, its signals and its terminal are the binary's), the command line
+//! (the binary's clap structs), what a unit is (the plan) or how one starts
+//! (the backends).
 
 mod ask;
 pub mod audit;
+mod config;
+pub use config::{HostConfig, ResolveFn, ServeConfig, default_fork_dir, default_state_dir};
 pub mod egress;
 pub mod fork;
 mod hide;
@@ -19,7 +24,8 @@ pub mod metrics;
 mod redact;
 pub use redact::ScratchPool;
 pub mod router;
-mod run;
+mod services;
+pub use services::Services;
 pub mod session;
 pub mod state;
 pub mod units;
@@ -39,201 +45,6 @@ use box_policy::profile::{Catalog, Profile};
 pub use session::{
     AskPart, SessionGone, SessionHandle, TransportAsk, spawn_session, spawn_session_asking,
 };
-
-/// What `box serve` asks of the host, as plain values (the binary turns its
-/// flags into this). The transport's own settings are not here: the host
-/// never sees the transport.
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
-    /// The profile a session gets when it names none.
-    pub profile: String,
-    /// More directories of profiles, searched first.
-    pub profile_dirs: Vec<PathBuf>,
-    /// Where units run: a backend's name, or auto.
-    pub backend: String,
-    /// The backends `backend` names one of (the binary's).
-    pub registry: box_backend::Registry,
-    /// The host directory a `cwd` workspace source means; `None`: the current directory.
-    pub workspace: Option<PathBuf>,
-    /// The socket address served over HTTP (the default instance id is one
-    /// per address); `None` on stdio.
-    pub listen: Option<String>,
-    /// This host's instance id in unit labels, when one is asked for.
-    pub instance: Option<String>,
-    /// Where the audit log is appended, when asked for.
-    pub audit: Option<PathBuf>,
-    /// At shutdown, how long calls in flight get to finish before units are removed.
-    pub drain: Duration,
-    /// How `box/fork` and `box/merge` run git: confined by the binary
-    /// (`box confine`). `None`: forks are copies.
-    pub fork_git: Option<box_fork::Git>,
-    /// Where sessions' identities are kept for reattach (`--state`); `None`
-    /// keeps nothing.
-    pub state: Option<PathBuf>,
-    /// Take over from the live host of the same instance (`--takeover`):
-    /// SIGHUP it, wait for it to hand off and exit, then start.
-    pub takeover: bool,
-}
-
-/// What `box run` asks of the host, as plain values (the binary turns its
-/// flags into this).
-#[derive(Debug, Clone)]
-pub struct RunConfig {
-    /// The profile to resolve.
-    pub profile: String,
-    /// More directories of profiles, searched first.
-    pub profile_dirs: Vec<PathBuf>,
-    /// Tightenings, as JSON or @FILE.
-    pub tighten: Option<String>,
-    /// The backends `backend` names one of (the binary's).
-    pub registry: box_backend::Registry,
-    /// Where units run: docker, local, or auto.
-    pub backend: String,
-    /// The host directory a `cwd` workspace source means; `None`: the current directory.
-    pub workspace: Option<PathBuf>,
-    /// Log format on stderr: text or json.
-    pub log_format: String,
-    /// The log filter the command line asked for (`-v`/`-q`), over
-    /// `BOX_LOG` and `RUST_LOG`; `None`: those, else warnings.
-    pub log_filter: Option<String>,
-    /// Variables for the command, `NAME` (the host's value) or `NAME=VALUE`;
-    /// each must be one the resolved plan lets through (`env.pass`, `env.secrets`).
-    pub env: Vec<String>,
-    /// Forward box's stdin to the command (else the command reads EOF at once).
-    pub stdin: bool,
-    /// Give the command a terminal (`-t`): box's extension `tty` on
-    /// `process.start`; this terminal raw while stdin is forwarded from it.
-    pub tty: bool,
-    /// The command and its arguments.
-    pub command: Vec<String>,
-}
-
-/// How a plan is resolved: `plan::resolve`, or a test's own.
-pub type ResolveFn = fn(&Profile, &serde_json::Value, &HostFacts) -> Result<Plan, PlanError>;
-
-/// Everything a session needs from its host; shared by every session.
-pub struct HostConfig {
-    /// Where units run.
-    pub backend: Arc<dyn Backend>,
-    /// The profiles.
-    pub catalog: Catalog,
-    /// The profile of a session that names none.
-    pub default_profile: String,
-    /// What `cwd` and `user = "host"` mean here.
-    pub facts: HostFacts,
-    /// This host's instance id (unit labels).
-    pub instance: String,
-    /// Profile + tightenings → plan.
-    pub resolve: ResolveFn,
-    /// How long an executor gets to answer initialize.
-    pub executor_init_timeout: Duration,
-    /// Counters for `/metrics`.
-    pub metrics: metrics::Metrics,
-    /// The audit log, when asked for.
-    pub audit: Option<audit::Audit>,
-    /// At shutdown, how long calls in flight get to finish before their units are removed.
-    pub drain: Duration,
-    /// Every unit asked for and not yet confirmed removed.
-    pub ledger: units::Ledger,
-    /// The host's environment, read at each session's start: the values of
-    /// the secrets its units are handed (as the backends read them) and of the
-    /// credentials the scrubber keeps from units, all redacted from what the
-    /// session receives. Tests give their own.
-    pub environment: fn() -> Vec<(std::ffi::OsString, std::ffi::OsString)>,
-    /// Where the host keeps its sockets (egress proxies), each in a directory of
-    /// its own that the unit it serves gets mounted.
-    pub runtime_dir: std::path::PathBuf,
-    /// How `box/fork` runs git (worktree mode): a runner the binary confines.
-    /// `None`: forks are copies.
-    pub fork_git: Option<box_fork::Git>,
-    /// Where forked workspaces live, per instance and session (see `fork`).
-    pub fork_dir: std::path::PathBuf,
-    /// Where sessions' identities are persisted (`box serve --state`);
-    /// `None`: nothing is kept, no session can be reattached.
-    pub state: Option<state::Store>,
-    /// Sessions of a dead host whose units this host re-adopted at start,
-    /// waiting for their clients to reattach.
-    pub reattachable: state::Reattachable,
-    /// The dead hosts' instances this host holds for the units it re-adopted.
-    pub held_instances: state::HeldInstances,
-    /// SIGHUP: the host hands its kept sessions to the next process instead
-    /// of ending them.
-    pub handoff: std::sync::atomic::AtomicBool,
-    /// Sessions handed off (their calls drained, their units left).
-    pub parked: std::sync::atomic::AtomicUsize,
-    /// Sessions end at once from now on: their executors get no grace once
-    /// their input is closed, and every unit is removed with
-    /// [`Backend::remove_now`] (`box run` interrupted: the user asked it to
-    /// stop, and waits for nothing of the unit).
-    pub end_at_once: std::sync::atomic::AtomicBool,
-    /// The memory files-resource answers holding secrets are redacted in,
-    /// shared by the sessions.
-    pub redact_scratch: Arc<redact::ScratchPool>,
-}
-
-impl HostConfig {
-    /// A configuration with box's defaults around `backend`.
-    pub fn new(backend: Arc<dyn Backend>, catalog: Catalog, facts: HostFacts) -> Self {
-        Self {
-            backend,
-            catalog,
-            default_profile: "default".to_owned(),
-            facts,
-            instance: format!("box-{}", std::process::id()),
-            resolve: resolve_plan,
-            executor_init_timeout: Duration::from_secs(60),
-            metrics: metrics::Metrics::default(),
-            audit: None,
-            drain: Duration::from_secs(10),
-            ledger: units::Ledger::default(),
-            environment: || std::env::vars_os().collect(),
-            runtime_dir: egress::default_runtime_dir(),
-            fork_git: None,
-            fork_dir: default_fork_dir(),
-            state: None,
-            reattachable: state::Reattachable::default(),
-            held_instances: state::HeldInstances::default(),
-            handoff: std::sync::atomic::AtomicBool::new(false),
-            parked: std::sync::atomic::AtomicUsize::new(0),
-            end_at_once: std::sync::atomic::AtomicBool::new(false),
-            redact_scratch: Arc::default(),
-        }
-    }
-
-    /// How this host removes units now ([`Self::end_at_once`]).
-    pub fn removal(&self) -> units::Removal {
-        if self.end_at_once.load(std::sync::atomic::Ordering::SeqCst) {
-            units::Removal::AtOnce
-        } else {
-            units::Removal::Graceful
-        }
-    }
-}
-
-/// Where `box serve` keeps sessions' identities by default:
-/// `$XDG_STATE_HOME/box/sessions`, else `~/.local/state/box/sessions`
-/// (`/var/lib/box/sessions` for root).
-pub fn default_state_dir() -> PathBuf {
-    default_fork_dir().with_file_name("sessions")
-}
-
-/// Where forked workspaces live: `$XDG_STATE_HOME/box/forks`, else
-/// `~/.local/state/box/forks`, else the runtime directory's `forks` (a disk,
-/// not a tmpfs, when it can: a fork is as large as its workspace).
-pub fn default_fork_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|dir| !dir.is_empty()) {
-        return PathBuf::from(dir).join("box").join("forks");
-    }
-    match std::env::var_os("HOME").filter(|home| !home.is_empty()) {
-        Some(home) if !nix::unistd::getuid().is_root() => PathBuf::from(home)
-            .join(".local")
-            .join("state")
-            .join("box")
-            .join("forks"),
-        _ if nix::unistd::getuid().is_root() => PathBuf::from("/var/lib/box/forks"),
-        _ => egress::default_runtime_dir().join("forks"),
-    }
-}
 
 /// Why no backend could be had.
 #[derive(Debug, thiserror::Error)]
@@ -331,10 +142,11 @@ const SWEEP_WAIT: Duration = Duration::from_secs(30);
 /// `keep` (a persisted session's: re-adopted, or left to their lease).
 pub async fn sweep_orphans(
     config: &HostConfig,
+    services: &Services,
     own_last_alive: Option<std::time::SystemTime>,
     keep: &std::collections::HashSet<String>,
 ) {
-    let units = match config.backend.list().await {
+    let units = match services.backend.list().await {
         Ok(units) => units,
         Err(error) => {
             tracing::warn!(%error, "listing units to sweep orphans failed");
@@ -373,7 +185,12 @@ pub async fn sweep_orphans(
     }
     if !orphans.is_empty() {
         tracing::info!(count = orphans.len(), instance = %config.instance, "removing orphaned units of this instance and of dead hosts");
-        units::remove_units(config.backend.as_ref(), &orphans, units::Removal::Graceful).await;
+        units::remove_units(
+            services.backend.as_ref(),
+            &orphans,
+            units::Removal::Graceful,
+        )
+        .await;
     }
     // A lock file that says when a waiting unit's host was last alive stays.
     for instance in dead.difference(&waiting) {
@@ -384,9 +201,9 @@ pub async fn sweep_orphans(
 /// A session or a request refused before it was served: a WARN log line, an
 /// audit line (with `--audit`) and a count in `box_sessions_refused{reason}`,
 /// so an operator sees every refusal a client got.
-pub fn report_refusal(config: &HostConfig, refusal: &audit::Refusal<'_>) {
-    config.metrics.refused(refusal.reason);
-    if let Some(audit) = &config.audit {
+pub fn report_refusal(services: &Services, refusal: &audit::Refusal<'_>) {
+    services.metrics.refused(refusal.reason);
+    if let Some(audit) = &services.audit {
         audit.refusal(refusal);
     }
     let client = refusal
@@ -425,174 +242,31 @@ pub fn one_line(text: &str) -> String {
         .collect()
 }
 
-/// The variable holding box's log filter (tracing's syntax: `debug`,
-/// `info,box_host=debug`); `RUST_LOG` is read when it is unset.
-pub const LOG_VAR: &str = "BOX_LOG";
-
-/// Start logging on stderr (stdout may be the protocol). The filter is the
-/// first of: `asked` (the command's -v/-q), `BOX_LOG`, `RUST_LOG`, then
-/// `default`. A `BOX_LOG` that is not a filter is refused naming it; a
-/// `RUST_LOG` that is not (it is other programs' too) is passed over.
-pub fn init_logging(format: &str, asked: Option<&str>, default: &str) -> anyhow::Result<()> {
-    let filter = log_filter(
-        asked,
-        std::env::var(LOG_VAR).ok().as_deref(),
-        std::env::var("RUST_LOG").ok().as_deref(),
-        default,
-    )?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        // Colour only on a terminal, and never when NO_COLOR is set (no-color.org).
-        .with_ansi(
-            std::io::IsTerminal::is_terminal(&std::io::stderr())
-                && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty()),
-        )
-        .with_writer(std::io::stderr);
-    let result = match format {
-        "text" => builder.try_init(),
-        "json" => builder.json().try_init(),
-        other => anyhow::bail!("--log-format {other}: choose text or json"),
-    };
-    // A second init (tests) keeps the first subscriber.
-    let _ = result;
-    Ok(())
-}
-
-/// The log filter [`init_logging`] uses, from what was asked and the
-/// variables' values. Pure.
-fn log_filter(
-    asked: Option<&str>,
-    box_log: Option<&str>,
-    rust_log: Option<&str>,
-    default: &str,
-) -> anyhow::Result<tracing_subscriber::EnvFilter> {
-    use tracing_subscriber::EnvFilter;
-    if let Some(asked) = asked {
-        return EnvFilter::try_new(asked)
-            .map_err(|error| anyhow::anyhow!("log filter {asked}: {error}"));
-    }
-    if let Some(text) = box_log.filter(|text| !text.trim().is_empty()) {
-        return EnvFilter::try_new(text).map_err(|error| {
-            anyhow::anyhow!(
-                "{LOG_VAR}={text}: not a log filter ({error}); write a level (`{LOG_VAR}=debug`) or directives (`{LOG_VAR}=info,box_host=debug`)"
-            )
-        });
-    }
-    if let Some(filter) = rust_log
-        .filter(|text| !text.trim().is_empty())
-        .and_then(|text| EnvFilter::try_new(text).ok())
-    {
-        return Ok(filter);
-    }
-    Ok(EnvFilter::new(default))
-}
-
-/// Signals that come within this long of the first are the same request:
-/// `timeout` and CI job cancellation signal both box and its process group,
-/// so one request often arrives as two signals.
-const SIGNAL_WINDOW: Duration = Duration::from_secs(1);
-/// When a later signal says "exit now", how long box still spends removing
-/// the units it knows before it exits naming those left.
-const EXIT_NOW_REMOVAL: Duration = Duration::from_secs(5);
 /// How long a host that is ending waits, after its calls' drain, for its
 /// sessions' units to be confirmed removed before it exits naming those left.
 pub const END_WAIT: Duration = Duration::from_secs(30);
 
-/// Cancel `shutdown` at the first SIGTERM or SIGINT; signals within
-/// [`SIGNAL_WINDOW`] of it are the same request. A later one exits now, after
-/// at most [`EXIT_NOW_REMOVAL`] spent removing the units the ledger knows,
-/// naming each unit left and how to remove it. Returns where the first
-/// signal's exit code (143 for SIGTERM, 130 for SIGINT) is set before
-/// `shutdown` is cancelled.
-fn watch_signals(
-    shutdown: CancellationToken,
-    config: Arc<HostConfig>,
-) -> anyhow::Result<Arc<std::sync::OnceLock<u8>>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-    let first_code = Arc::new(std::sync::OnceLock::new());
-    let first_code_set = first_code.clone();
-    tokio::spawn(async move {
-        let mut first: Option<tokio::time::Instant> = None;
-        loop {
-            let code: u8 = tokio::select! {
-                _ = term.recv() => 143,
-                _ = interrupt.recv() => 130,
-                _ = hangup.recv(), if first.is_none() && config.state.is_some() => {
-                    first = Some(tokio::time::Instant::now());
-                    tracing::info!("SIGHUP: handing the kept sessions to the next `box serve --state` process: their calls drain, then this process exits leaving their units");
-                    config.handoff.store(true, std::sync::atomic::Ordering::SeqCst);
-                    shutdown.cancel();
-                    tokio::spawn(exit_when_handed_off(config.clone()));
-                    continue;
-                }
-            };
-            match first {
-                None => {
-                    first = Some(tokio::time::Instant::now());
-                    let _ = first_code_set.set(code);
-                    tracing::info!(
-                        "signal received: ending sessions and removing their units (a signal {} or more later exits at once)",
-                        humantime::format_duration(SIGNAL_WINDOW)
-                    );
-                    shutdown.cancel();
-                }
-                Some(at) if at.elapsed() < SIGNAL_WINDOW => {
-                    tracing::debug!("a repeated signal within the window: the same request");
-                }
-                Some(_) => {
-                    tracing::warn!(
-                        "second signal: exiting now, after removing what can be removed within {}",
-                        humantime::format_duration(EXIT_NOW_REMOVAL)
-                    );
-                    let _ =
-                        tokio::time::timeout(EXIT_NOW_REMOVAL, remove_known_units(&config)).await;
-                    report_units_left(&config);
-                    std::process::exit(code.into());
-                }
-            }
-        }
-    });
-    Ok(first_code)
-}
-
-/// After a SIGHUP: exit once every session is handed off (parked) or ended,
-/// bounded by the drain and the end wait.
-async fn exit_when_handed_off(config: Arc<HostConfig>) {
-    let deadline = tokio::time::Instant::now() + config.drain + END_WAIT;
-    loop {
-        let parked = config.parked.load(std::sync::atomic::Ordering::SeqCst);
-        if parked >= config.metrics.session_tasks() || tokio::time::Instant::now() >= deadline {
-            tracing::info!(sessions = parked, "handed off; exiting");
-            std::process::exit(0);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Remove, once, every unit the ledger knows the id of; those confirmed gone
 /// leave it.
-async fn remove_known_units(config: &HostConfig) {
-    let known: Vec<units::Tracked> = config.ledger.tracked();
+pub async fn remove_known_units(services: &Services) {
+    let known: Vec<units::Tracked> = services.ledger.tracked();
     let ids: Vec<String> = known.iter().map(|unit| unit.id.clone()).collect();
-    let failed = units::remove_units(config.backend.as_ref(), &ids, config.removal()).await;
+    let failed = units::remove_units(services.backend.as_ref(), &ids, services.removal()).await;
     for unit in known {
         if !failed.iter().any(|(id, _)| *id == unit.id) {
-            config.ledger.gone(unit.key);
+            services.ledger.gone(unit.key);
         }
     }
 }
 
 /// Say on stderr which units are not confirmed removed, each with how to
 /// remove it; whether any is.
-pub(crate) fn report_units_left(config: &HostConfig) -> bool {
-    let left = config.ledger.left();
+pub fn report_units_left(config: &HostConfig, services: &Services) -> bool {
+    let left = services.ledger.left();
     if left.is_empty() {
         return false;
     }
-    let kind = config.backend.kind();
+    let kind = services.backend.kind();
     let mut text = format!(
         "box: {} unit{} of this host (instance {}) could not be confirmed removed before it exited:",
         left.len(),
@@ -608,33 +282,13 @@ pub(crate) fn report_units_left(config: &HostConfig) -> bool {
     true
 }
 
-/// The multi-threaded runtime (HTTP, `box run`).
-pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")
-}
-
-/// One thread for one session (stdio): every hop of a call (client line,
-/// session, unit writer, the engine's stream, the answer) is a task switch on
-/// this thread, not a wake of another worker through a futex, which is most
-/// of a proxied call's added latency on the multi-threaded runtime (measured
-/// in BENCHMARKS.md, Serve).
-pub fn single_session_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")
-}
-
 /// Claim this host's instance id for its whole life (a lock the kernel
 /// releases however the process dies), so `box gc` and the next host can tell
 /// a live host's units from orphans. The default is one id per listen address
 /// on HTTP (only one process can hold it, so units labelled with it at start
 /// are a crashed predecessor's), or a fresh one per process on stdio (two CI
 /// jobs on one runner never sweep each other).
-pub(crate) fn claim_instance(
+pub fn claim_instance(
     requested: Option<&str>,
     listen: Option<&str>,
 ) -> anyhow::Result<box_backend::instance::InstanceLock> {
@@ -722,23 +376,28 @@ async fn take_over(serve: &ServeConfig) -> anyhow::Result<box_backend::instance:
 }
 
 /// A host ready to serve sessions: what they share, the token that ends
-/// them all (a signal cancels it), and this host's claim on its instance id.
+/// them all, and this host's claim on its instance id.
 pub struct Host {
-    /// What every session shares.
+    /// What every session shares and never changes.
     pub config: Arc<HostConfig>,
-    /// Cancelled at the first SIGTERM or SIGINT; sessions are its children.
+    /// What every session shares and changes.
+    pub services: Arc<Services>,
+    /// Cancelled when the host is to end (the binary's signal handlers
+    /// cancel it); sessions are its children.
     pub shutdown: CancellationToken,
     /// Held until the host exits: while it is, this instance is alive.
     _instance: box_backend::instance::InstanceLock,
 }
 
 /// Start the host for `box serve`: its backend, its instance id, its audit
-/// log, the sweep of orphaned units and the signal handlers. A transport then
-/// serves sessions until it ends, and [`Host::finish`] says what is left.
+/// log, its state store (the sessions it keeps re-adopted) and the sweep of
+/// orphaned units. A transport then serves sessions until it ends (or
+/// [`Host::shutdown`] is cancelled), and [`Host::finish`] says what is left.
 pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
     let backend = select_backend(&serve.registry, &serve.backend).await?;
     let facts = host_facts(serve.workspace.as_ref())?;
-    let mut config = HostConfig::new(backend, Catalog::new(serve.profile_dirs.clone()), facts);
+    let mut config = HostConfig::new(Catalog::new(serve.profile_dirs.clone()), facts);
+    let mut services = Services::new(backend);
     config.default_profile = serve.profile.clone();
     config.drain = serve.drain;
     config.fork_git = serve.fork_git.clone();
@@ -749,19 +408,25 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
     };
     config.instance = instance.id().to_owned();
     if let Some(path) = &serve.audit {
-        config.audit =
-            Some(audit::Audit::open(path).with_context(|| format!("--audit {}", path.display()))?);
+        let audit =
+            audit::Audit::open(path).with_context(|| format!("--audit {}", path.display()))?;
+        services.audit = Some(Arc::new(audit));
     }
     if let Some(dir) = &serve.state {
-        config.state = Some(state::Store::open(dir).map_err(|why| anyhow::anyhow!(why))?);
+        services.state = Some(state::Store::open(dir).map_err(|why| anyhow::anyhow!(why))?);
     }
-    let config = Arc::new(config);
+    let (config, services) = (Arc::new(config), Arc::new(services));
     // Before the sweep, which leaves every persisted unit alone.
-    let persisted = state::adopt_all(&config);
+    let persisted = state::adopt_all(&config, &services);
     // Bounded: an engine that stalls must not keep the host from serving.
     if tokio::time::timeout(
         SWEEP_WAIT,
-        sweep_orphans(&config, instance.previous_heartbeat(), &persisted),
+        sweep_orphans(
+            &config,
+            &services,
+            instance.previous_heartbeat(),
+            &persisted,
+        ),
     )
     .await
     .is_err()
@@ -771,11 +436,10 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
             humantime::format_duration(SWEEP_WAIT)
         );
     }
-    let shutdown = CancellationToken::new();
-    watch_signals(shutdown.clone(), config.clone())?;
     Ok(Host {
         config,
-        shutdown,
+        services,
+        shutdown: CancellationToken::new(),
         _instance: instance,
     })
 }
@@ -785,22 +449,11 @@ impl Host {
     /// removed (each named on stderr with how to remove it). The instance id
     /// is released here.
     pub fn finish(self) -> ExitCode {
-        if report_units_left(&self.config) {
+        if report_units_left(&self.config, &self.services) {
             return ExitCode::FAILURE;
         }
         ExitCode::SUCCESS
     }
-}
-
-/// Run one command through a session of its own; the exit code is the command's.
-pub fn run(args: RunConfig) -> anyhow::Result<ExitCode> {
-    // The command's own output is what a `box run` user reads: box speaks up
-    // only for warnings and errors unless RUST_LOG asks for more.
-    init_logging(&args.log_format, args.log_filter.as_deref(), "warn")?;
-    let runtime = runtime()?;
-    let result = runtime.block_on(run::run(args));
-    runtime.shutdown_timeout(Duration::from_millis(200));
-    result
 }
 
 #[cfg(test)]
@@ -819,44 +472,5 @@ mod instance_tests {
         let held = super::claim_instance(None, Some(&port)).unwrap();
         assert!(super::claim_instance(None, Some(&port)).is_err());
         drop(held);
-    }
-}
-
-#[cfg(test)]
-mod logging_tests {
-    use super::log_filter;
-
-    fn chosen(asked: Option<&str>, box_log: Option<&str>, rust_log: Option<&str>) -> String {
-        log_filter(asked, box_log, rust_log, "info")
-            .unwrap()
-            .to_string()
-    }
-
-    #[test]
-    fn flags_then_box_log_then_rust_log_then_the_default() {
-        assert_eq!(
-            chosen(Some("warn,box=debug"), Some("trace"), Some("error")),
-            "box=debug,warn"
-        );
-        assert_eq!(
-            chosen(None, Some("box_host=debug"), Some("error")),
-            "box_host=debug"
-        );
-        assert_eq!(chosen(None, None, Some("error")), "error");
-        assert_eq!(chosen(None, Some(" "), None), "info");
-        // RUST_LOG is other programs' too: one box cannot read is passed over.
-        assert_eq!(chosen(None, None, Some("[")), "info");
-    }
-
-    #[test]
-    fn a_box_log_that_is_not_a_filter_is_refused_naming_it() {
-        let refused = log_filter(None, Some("info,box=loud"), None, "info")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            refused.starts_with("BOX_LOG=info,box=loud: not a log filter"),
-            "{refused}"
-        );
-        assert!(refused.contains("BOX_LOG=debug"), "{refused}");
     }
 }

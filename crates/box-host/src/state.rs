@@ -689,12 +689,15 @@ const RECONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// At a host's start: for every trusted record in its state directory,
 /// resolve the plan again and re-adopt the units (concurrently, sessions
 /// and units alike, in a task of its own, so the host serves meanwhile),
-/// each session then waiting in [`crate::HostConfig::reattachable`] for its
+/// each session then waiting in [`crate::Services::reattachable`] for its
 /// client; a reattach that comes first waits for its session's adoption.
 /// Returns the backend ids of every persisted unit, which the start-up sweep
 /// must leave alone (they are either re-adopted or left to their lease).
-pub fn adopt_all(config: &std::sync::Arc<crate::HostConfig>) -> std::collections::HashSet<String> {
-    let Some(store) = &config.state else {
+pub fn adopt_all(
+    config: &Arc<crate::HostConfig>,
+    services: &Arc<crate::Services>,
+) -> std::collections::HashSet<String> {
+    let Some(store) = &services.state else {
         return Default::default();
     };
     let records = store.load();
@@ -703,25 +706,25 @@ pub fn adopt_all(config: &std::sync::Arc<crate::HostConfig>) -> std::collections
         .flat_map(|record| record.units.iter().map(|unit| unit.id.clone()))
         .collect();
     for record in &records {
-        config.reattachable.adopting(&record.session);
+        services.reattachable.adopting(&record.session);
     }
-    let config = config.clone();
+    let (config, services) = (config.clone(), services.clone());
     tokio::spawn(async move {
         let clock = std::time::Instant::now();
         let count = records.len();
         futures::future::join_all(records.into_iter().map(|record| {
-            let config = &config;
+            let (config, services) = (&config, &services);
             async move {
                 let session = record.session.clone();
-                match adopt(config, record).await {
+                match adopt(config, services, record).await {
                     Some(adopted) => {
                         match &adopted.units {
                             Ok(reattached) => tracing::info!(%session, units = reattached.units.len(), "re-adopted a persisted session's units; waiting for its client to reattach"),
                             Err(why) => tracing::warn!(%session, %why, "a persisted session cannot be reattached; its units are left to their leases"),
                         }
-                        config.reattachable.insert(adopted);
+                        services.reattachable.insert(adopted);
                     }
-                    None => config.reattachable.settle(&session),
+                    None => services.reattachable.settle(&session),
                 }
             }
         }))
@@ -732,12 +735,12 @@ pub fn adopt_all(config: &std::sync::Arc<crate::HostConfig>) -> std::collections
         }
         // A session nobody comes back for does not keep its units forever.
         tokio::time::sleep(REATTACH_WINDOW).await;
-        for adopted in config.reattachable.take_all() {
+        for adopted in services.reattachable.take_all() {
             if let Ok(reattached) = adopted.units {
                 leave_to_lease(reattached.units);
             }
             tracing::warn!(session = %adopted.record.session, "no client reattached within {}; its units are left to their leases", humantime::format_duration(REATTACH_WINDOW));
-            if let Some(store) = &config.state {
+            if let Some(store) = &services.state {
                 store.remove(&adopted.record.session);
             }
         }
@@ -748,7 +751,7 @@ pub fn adopt_all(config: &std::sync::Arc<crate::HostConfig>) -> std::collections
 /// The dead hosts' instances this host holds because it re-adopted their
 /// units (which keep their instance's label): each held while any of those
 /// units' renewals runs ([`box_backend::Renewal::holding`]). One per host
-/// (`HostConfig::held_instances`), not per process: a second host in the
+/// (`Services::held_instances`), not per process: a second host in the
 /// same process (tests) must claim a dead instance itself, never borrow the
 /// first host's hold.
 #[derive(Default)]
@@ -788,7 +791,8 @@ fn hold_instance(
 }
 
 async fn adopt(
-    config: &std::sync::Arc<crate::HostConfig>,
+    config: &crate::HostConfig,
+    services: &crate::Services,
     record: SessionRecord,
 ) -> Option<Adopted> {
     // Units of another (dead) instance keep its label: holding it keeps
@@ -797,7 +801,7 @@ async fn adopt(
     let held = if record.instance == config.instance {
         None
     } else {
-        match hold_instance(&config.held_instances, &record.instance) {
+        match hold_instance(&services.held_instances, &record.instance) {
             Some(lock) => Some(lock),
             None => {
                 tracing::debug!(session = %record.session, instance = %record.instance, "a persisted session's host is not known dead; leaving it");
@@ -805,41 +809,43 @@ async fn adopt(
             }
         }
     };
-    let units = match config.catalog.load(&record.profile) {
-        Err(error) => Err(format!(
-            "profile `{}` no longer loads: {error}",
-            record.profile
-        )),
-        Ok(profile) => match (config.resolve)(&profile, &record.tighten, &config.facts) {
+    let units =
+        match config.catalog.load(&record.profile) {
             Err(error) => Err(format!(
-                "profile `{}` with the session's tightening no longer resolves: {error}",
+                "profile `{}` no longer loads: {error}",
                 record.profile
             )),
-            Ok(plan) => adopt_units(config, &record, &plan)
-                .await
-                .map(|(mut units, egress)| {
-                    if let Some(held) = &held {
-                        for unit in &mut units {
-                            unit.renewal = unit
-                                .renewal
-                                .take()
-                                .map(|renewal| renewal.holding(Arc::clone(held)));
+            Ok(profile) => match (config.resolve)(&profile, &record.tighten, &config.facts) {
+                Err(error) => Err(format!(
+                    "profile `{}` with the session's tightening no longer resolves: {error}",
+                    record.profile
+                )),
+                Ok(plan) => adopt_units(config, services, &record, &plan).await.map(
+                    |(mut units, egress)| {
+                        if let Some(held) = &held {
+                            for unit in &mut units {
+                                unit.renewal = unit
+                                    .renewal
+                                    .take()
+                                    .map(|renewal| renewal.holding(Arc::clone(held)));
+                            }
                         }
-                    }
-                    Reattached {
-                        plan,
-                        profile,
-                        units,
-                        egress,
-                    }
-                }),
-        },
-    };
+                        Reattached {
+                            plan,
+                            profile,
+                            units,
+                            egress,
+                        }
+                    },
+                ),
+            },
+        };
     Some(Adopted { record, units })
 }
 
 async fn adopt_units(
-    config: &std::sync::Arc<crate::HostConfig>,
+    config: &crate::HostConfig,
+    services: &crate::Services,
     record: &SessionRecord,
     plan: &Plan,
 ) -> Result<(Vec<StartedUnit>, Vec<crate::egress::EgressProxy>), String> {
@@ -896,13 +902,13 @@ async fn adopt_units(
             ));
         };
         egress.push(crate::egress::EgressProxy::adopt(
-            config,
+            services,
             &record.session,
             spec,
             dir,
         )?);
     }
-    let kind = config.backend.kind();
+    let kind = services.backend.kind();
     let mut asks = Vec::new();
     for (spec, unit) in plan.units.iter().zip(&record.units) {
         if unit.name != spec.name || unit.backend != kind.as_str() {
@@ -941,7 +947,7 @@ async fn adopt_units(
         plan.units
             .iter()
             .zip(&asks)
-            .map(|(spec, ask)| config.backend.adopt(&label, spec, ask)),
+            .map(|(spec, ask)| services.backend.adopt(&label, spec, ask)),
     )
     .await;
     let mut units = Vec::new();

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::session::EXECUTOR_KEY;
-use super::{HostConfig, ResolveFn, SessionHandle, spawn_session};
+use super::{HostConfig, ResolveFn, Services, SessionHandle, spawn_session};
 use box_jsonrpc::{self as jsonrpc, ReplyStream};
 use box_policy::plan::{HostFacts, Plan, PlanError, Role, UserIds};
 use box_policy::profile::{Catalog, Profile};
@@ -30,14 +30,40 @@ pub(crate) fn facts() -> HostFacts {
     }
 }
 
-pub(crate) fn config_with(fake: &FakeBackend, resolve: ResolveFn) -> Arc<HostConfig> {
-    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
-    config.resolve = resolve;
-    config.instance = "test-instance".to_owned();
-    Arc::new(config)
+/// A host's settings and services, as its sessions get them.
+#[derive(Clone)]
+pub(crate) struct TestHost {
+    pub(crate) config: Arc<HostConfig>,
+    pub(crate) services: Arc<Services>,
 }
 
-fn config(fake: &FakeBackend) -> Arc<HostConfig> {
+impl TestHost {
+    fn new(config: HostConfig, services: Services) -> Self {
+        Self {
+            config: Arc::new(config),
+            services: Arc::new(services),
+        }
+    }
+}
+
+/// box's default settings, with the test facts.
+fn settings() -> HostConfig {
+    HostConfig::new(Catalog::new(Vec::new()), facts())
+}
+
+/// Services around `fake`.
+fn services(fake: &FakeBackend) -> Services {
+    Services::new(Arc::new(fake.clone()))
+}
+
+pub(crate) fn config_with(fake: &FakeBackend, resolve: ResolveFn) -> TestHost {
+    let mut config = settings();
+    config.resolve = resolve;
+    config.instance = "test-instance".to_owned();
+    TestHost::new(config, services(fake))
+}
+
+fn config(fake: &FakeBackend) -> TestHost {
     config_with(fake, box_policy::plan::resolve)
 }
 
@@ -91,10 +117,16 @@ struct Client {
     _shutdown: CancellationToken,
 }
 
-fn connect(config: Arc<HostConfig>) -> Client {
+fn connect(host: TestHost) -> Client {
     let shutdown = CancellationToken::new();
     let (general_tx, general) = mpsc::channel(64);
-    let session = spawn_session(config, "s-test".to_owned(), general_tx, &shutdown);
+    let session = spawn_session(
+        host.config,
+        host.services,
+        "s-test".to_owned(),
+        general_tx,
+        &shutdown,
+    );
     Client {
         session,
         general,
@@ -552,7 +584,7 @@ async fn a_start_past_its_deadline_is_refused_naming_the_unit_and_what_starts_la
         !client.session.has_ended(),
         "the session ended while its unit's start went on"
     );
-    let left = config.ledger.left();
+    let left = config.services.ledger.left();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0].unit, "workspace");
     assert_eq!(left[0].id, None);
@@ -562,7 +594,7 @@ async fn a_start_past_its_deadline_is_refused_naming_the_unit_and_what_starts_la
         .unwrap();
     assert_eq!(fake.live_units(), Vec::<String>::new());
     assert_eq!(fake.record(|record| record.removed.len()), 1);
-    assert_eq!(config.ledger.left(), Vec::new());
+    assert_eq!(config.services.ledger.left(), Vec::new());
 }
 
 /// Issue 8, item 14: the start deadline is in every envelope's limits.
@@ -594,7 +626,7 @@ async fn a_session_ends_only_once_the_removal_of_its_units_is_confirmed() {
         !client.session.has_ended(),
         "the session ended with its unit still there"
     );
-    let left = config.ledger.left();
+    let left = config.services.ledger.left();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0].id, Some(fake.live_units()[0].clone()));
     fake.fail_removals(false);
@@ -602,7 +634,7 @@ async fn a_session_ends_only_once_the_removal_of_its_units_is_confirmed() {
         .await
         .unwrap();
     assert_eq!(fake.live_units(), Vec::<String>::new());
-    assert_eq!(config.ledger.left(), Vec::new());
+    assert_eq!(config.services.ledger.left(), Vec::new());
 }
 
 #[tokio::test]
@@ -731,7 +763,13 @@ async fn orphans_of_this_instance_are_swept_and_others_kept() {
         .await
         .unwrap();
     let theirs = fake.start(&label("other"), &plan.units[0]).await.unwrap();
-    super::sweep_orphans(&config, None, &std::collections::HashSet::new()).await;
+    super::sweep_orphans(
+        &config.config,
+        &config.services,
+        None,
+        &std::collections::HashSet::new(),
+    )
+    .await;
     assert_eq!(fake.live_units(), vec![theirs.envelope.id.clone()]);
     assert!(fake.record(|record| record.removed.contains(&mine.envelope.id)));
 }
@@ -801,9 +839,9 @@ async fn the_audit_log_records_tool_calls_without_their_values() {
     let fake = FakeBackend::default();
     let directory = tempfile::tempdir().unwrap();
     let path = directory.path().join("audit.jsonl");
-    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
-    config.audit = Some(super::audit::Audit::open(&path).unwrap());
-    let client = connect(Arc::new(config));
+    let mut services = services(&fake);
+    services.audit = Some(Arc::new(super::audit::Audit::open(&path).unwrap()));
+    let client = connect(TestHost::new(settings(), services));
     client.initialize(json!({})).await;
     let arguments = json!({"secret": "hunter2"});
     client
@@ -845,7 +883,7 @@ async fn metrics_count_sessions_units_and_calls() {
             json!({"name": "echo", "arguments": {}}),
         )
         .await;
-    let text = config.metrics.render();
+    let text = config.services.metrics.render();
     assert!(text.contains("box_sessions_active 1"), "{text}");
     assert!(text.contains("box_units{state=\"running\"} 1"), "{text}");
     assert!(
@@ -858,12 +896,12 @@ async fn metrics_count_sessions_units_and_calls() {
         "{text}"
     );
     collect(client.tool(json!(2), "die", json!({})).await).await;
-    let text = config.metrics.render();
+    let text = config.services.metrics.render();
     assert!(text.contains("box_units{state=\"ended\"} 1"), "{text}");
     assert!(text.contains("box_units{state=\"running\"} 0"), "{text}");
     client.session.end();
     client.session.ended().await;
-    let text = config.metrics.render();
+    let text = config.services.metrics.render();
     assert!(text.contains("box_sessions_active 0"), "{text}");
     assert!(text.contains("box_units{state=\"ended\"} 0"), "{text}");
     assert!(text.contains("box_units_removed_total 1"), "{text}");
@@ -896,7 +934,14 @@ async fn host_shutdown_lets_calls_in_flight_finish_then_removes_units() {
     let fake = FakeBackend::default();
     let shutdown = CancellationToken::new();
     let (general, _general_rx) = mpsc::channel(8);
-    let session = spawn_session(config(&fake), "drain".to_owned(), general, &shutdown);
+    let host = config(&fake);
+    let session = spawn_session(
+        host.config,
+        host.services,
+        "drain".to_owned(),
+        general,
+        &shutdown,
+    );
     let init = session
         .request(jsonrpc::request(
             json!(0),
@@ -1217,7 +1262,7 @@ async fn secret_values_are_redacted_from_results_and_chunked_process_output() {
     const DEPLOY: &str = "deploy-key-0123456789abcdef";
     const TOKEN: &str = "ghp_abcdefghijklmnopqrstuvwxyz0123456789";
     let fake = FakeBackend::default();
-    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    let mut config = settings();
     config.resolve = |profile, tighten, host| {
         one_unit(profile, tighten, host, |unit| {
             unit.env_secrets = vec!["DEPLOY_KEY".to_owned()]
@@ -1233,7 +1278,7 @@ async fn secret_values_are_redacted_from_results_and_chunked_process_output() {
         .map(|(name, value)| (name.into(), value.into()))
         .collect()
     };
-    let client = connect(Arc::new(config));
+    let client = connect(TestHost::new(config, services(&fake)));
     let init = client.initialize(json!({})).await;
     assert!(init.get("result").is_some(), "{init}");
 
@@ -1392,14 +1437,14 @@ async fn a_secret_never_reaches_the_client_raw_through_any_kind_of_unit_message(
         leak_description: Some(format!("lists {SECRET}")),
         ..FakeOptions::default()
     });
-    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
+    let mut config = settings();
     config.resolve = |profile, tighten, host| {
         one_unit(profile, tighten, host, |unit| {
             unit.env_secrets = vec!["CANARY_KEY".to_owned()]
         })
     };
     config.environment = || vec![("CANARY_KEY".into(), SECRET.into())];
-    let mut client = connect(Arc::new(config));
+    let mut client = connect(TestHost::new(config, services(&fake)));
     let init = client.initialize(json!({})).await;
     assert!(init.get("result").is_some(), "{init}");
     let mut seen: Vec<Value> = Vec::new();
@@ -1531,16 +1576,17 @@ async fn a_refused_initialize_is_logged_audited_and_counted() {
     let fake = FakeBackend::default();
     let directory = tempfile::tempdir().unwrap();
     let path = directory.path().join("audit.jsonl");
-    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
-    config.audit = Some(super::audit::Audit::open(&path).unwrap());
-    let config = Arc::new(config);
+    let mut services = services(&fake);
+    services.audit = Some(Arc::new(super::audit::Audit::open(&path).unwrap()));
+    let config = TestHost::new(settings(), services);
     let refuse = |ask: Value, transport: super::TransportAsk| {
         let config = config.clone();
         async move {
             let shutdown = CancellationToken::new();
             let (general, _general) = mpsc::channel(8);
             let session = super::spawn_session_asking(
-                config,
+                config.config,
+                config.services,
                 "s-refused".to_owned(),
                 general,
                 &shutdown,
@@ -1613,7 +1659,7 @@ async fn a_refused_initialize_is_logged_audited_and_counted() {
             ("ask", "-"),
         ]
     );
-    let metrics = config.metrics.render();
+    let metrics = config.services.metrics.render();
     for (reason, count) in [("widening", 1), ("profile", 1), ("ask", 2)] {
         let series = format!("box_sessions_refused_total{{reason=\"{reason}\"}} {count}");
         assert!(metrics.contains(&series), "{series}: {metrics}");
@@ -1643,9 +1689,9 @@ async fn a_calls_audit_line_says_its_profile_client_and_real_outcome() {
     let fake = FakeBackend::default();
     let directory = tempfile::tempdir().unwrap();
     let path = directory.path().join("audit.jsonl");
-    let mut config = HostConfig::new(Arc::new(fake.clone()), Catalog::new(Vec::new()), facts());
-    config.audit = Some(super::audit::Audit::open(&path).unwrap());
-    let config = Arc::new(config);
+    let mut services = services(&fake);
+    services.audit = Some(Arc::new(super::audit::Audit::open(&path).unwrap()));
+    let config = TestHost::new(settings(), services);
     let client = connect(config.clone());
     let init = client.initialize(json!({})).await;
     assert!(init.get("result").is_some(), "{init}");
@@ -1674,7 +1720,7 @@ async fn a_calls_audit_line_says_its_profile_client_and_real_outcome() {
     assert_eq!(lines[0]["exitStatus"], json!(3), "{}", lines[0]);
     assert_eq!(lines[1]["outcome"], json!("ok"), "{}", lines[1]);
     assert_eq!(lines[1]["exitStatus"], json!(0), "{}", lines[1]);
-    let metrics = config.metrics.render();
+    let metrics = config.services.metrics.render();
     assert!(
         metrics
             .contains("box_calls_total{method=\"tools/call\",tool=\"other\",outcome=\"failed\"} 1"),

@@ -13,11 +13,9 @@ use std::time::Duration;
 use futures::future::join_all;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
-use tokio::task::JoinSet;
 use tokio_util::task::TaskTracker;
 
-use super::HostConfig;
+use crate::{HostConfig, Services};
 use box_backend::{Backend, BackendError, ObjectsWiring, SessionLabel, StartedUnit, UnitEnd};
 use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
 use box_jsonrpc::{self as jsonrpc, Kind, classify};
@@ -29,31 +27,10 @@ use super::egress::EgressProxy;
 /// stops reading fills it, and its next request is refused naming the unit.
 pub const UNIT_QUEUE: usize = 256;
 
-/// What a unit's link tasks tell the session task.
-#[derive(Debug)]
-pub enum UnitEvent {
-    /// A message from the unit's executor.
-    Message(usize, Value),
-    /// The executor's output ended (or broke); why.
-    Closed(usize, String),
-    /// The unit ended, with the backend's cause.
-    Ended(usize, UnitEnd),
-    /// The grace after `Closed` passed without `Ended`.
-    Grace(usize),
-    /// The drain after `Ended` passed without `Closed`.
-    Drained(usize),
-    /// A forwarded request's deadline passed.
-    Deadline(usize, u64),
-    /// The settle after a deadline passed without the request's answer.
-    Overdue(usize, u64),
-    /// A `box/fork` child started and initialized, to join the session.
-    Forked(Box<super::session::ForkStarted>),
-}
-
 /// An executor's stdio, framed.
 pub struct ExecutorLink {
-    reader: LineReader<Pin<Box<dyn AsyncRead + Send>>>,
-    writer: Pin<Box<dyn AsyncWrite + Send>>,
+    pub(crate) reader: LineReader<Pin<Box<dyn AsyncRead + Send>>>,
+    pub(crate) writer: Pin<Box<dyn AsyncWrite + Send>>,
 }
 
 impl ExecutorLink {
@@ -299,7 +276,8 @@ pub struct StartWiring<'a> {
 /// those whose start finishes later, and the failure names the units.
 /// `wire`: what the host wires in beyond each unit's egress proxy.
 pub async fn start_units(
-    config: &Arc<HostConfig>,
+    config: &HostConfig,
+    services: &Arc<Services>,
     label: &SessionLabel,
     specs: &[UnitSpec],
     timeout: Duration,
@@ -318,19 +296,20 @@ pub async fn start_units(
     let mut proxies = Vec::new();
     for spec in specs {
         if spec.network.mode == NetworkMode::Egress {
-            let proxy = EgressProxy::start(config, &label.session, spec).map_err(|message| {
-                StartFailure::Backend(BackendError::Other {
-                    unit: spec.name.clone(),
-                    doing: "starting its egress proxy".to_owned(),
-                    message,
-                })
-            })?;
+            let proxy =
+                EgressProxy::start(config, services, &label.session, spec).map_err(|message| {
+                    StartFailure::Backend(BackendError::Other {
+                        unit: spec.name.clone(),
+                        doing: "starting its egress proxy".to_owned(),
+                        message,
+                    })
+                })?;
             proxies.push(proxy);
         }
     }
     let mut starts = Vec::new();
     for spec in specs {
-        let key = config.ledger.starting(&label.session, &spec.name);
+        let key = services.ledger.starting(&label.session, &spec.name);
         let mut wiring = proxies
             .iter()
             .find(|proxy| proxy.unit == spec.name)
@@ -344,13 +323,13 @@ pub async fn start_units(
         }
         wiring.progress = progress.map(|progress| progress.for_unit(&spec.name));
         wiring.parent = parent.map(str::to_owned);
-        let (config, label, spec) = (config.clone(), label.clone(), spec.clone());
+        let (services, label, spec) = (services.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
-            let result = config.backend.start_wired(&label, &spec, &wiring).await;
+            let result = services.backend.start_wired(&label, &spec, &wiring).await;
             match &result {
-                Ok(unit) => config.ledger.started(key, &unit.envelope.id),
+                Ok(unit) => services.ledger.started(key, &unit.envelope.id),
                 // A failed start undoes itself (the backend's contract).
-                Err(_) => config.ledger.gone(key),
+                Err(_) => services.ledger.gone(key),
             }
             result
         });
@@ -366,7 +345,7 @@ pub async fn start_units(
                 failure.get_or_insert(StartFailure::Backend(error));
             }
             Ok(Err(join)) => {
-                config.ledger.gone(key);
+                services.ledger.gone(key);
                 failure.get_or_insert(StartFailure::Backend(BackendError::Other {
                     unit: spec.name.clone(),
                     doing: "starting the unit".to_owned(),
@@ -379,10 +358,10 @@ pub async fn start_units(
     if failure.is_none() && late.is_empty() {
         return Ok((started, proxies));
     }
-    remove_in_background(config, started, background);
+    remove_in_background(services, started, background);
     let names: Vec<String> = late.iter().map(|(name, _, _)| name.clone()).collect();
     for (_, key, task) in late {
-        let config = config.clone();
+        let services = services.clone();
         background.spawn(async move {
             match task.await {
                 Ok(Ok(unit)) => {
@@ -391,10 +370,10 @@ pub async fn start_units(
                         id: unit.envelope.id.clone(),
                     };
                     drop(unit);
-                    remove_until_gone(&config, vec![tracked]).await;
+                    remove_until_gone(&services, vec![tracked]).await;
                 }
                 Ok(Err(_)) => {}
-                Err(_) => config.ledger.gone(key),
+                Err(_) => services.ledger.gone(key),
             }
         });
     }
@@ -407,7 +386,7 @@ pub async fn start_units(
 /// Remove `units` (their executors' stdio dropped first) in `background`,
 /// until confirmed.
 pub fn remove_in_background(
-    config: &Arc<HostConfig>,
+    services: &Arc<Services>,
     units: Vec<(u64, StartedUnit)>,
     background: &TaskTracker,
 ) {
@@ -421,8 +400,8 @@ pub fn remove_in_background(
             id: unit.envelope.id,
         })
         .collect();
-    let config = config.clone();
-    background.spawn(async move { remove_until_gone(&config, tracked).await });
+    let services = services.clone();
+    background.spawn(async move { remove_until_gone(&services, tracked).await });
 }
 
 /// How units are removed.
@@ -469,15 +448,15 @@ pub async fn remove_units(
 /// Remove `units` and tell the ledger of each removal confirmed; what fails
 /// is tried again, backing off, until every one is gone (the host's exit is
 /// what ends an engine that never answers: it then names them).
-pub async fn remove_until_gone(config: &HostConfig, mut units: Vec<Tracked>) {
+pub async fn remove_until_gone(services: &Services, mut units: Vec<Tracked>) {
     let mut backoff = REMOVE_BACKOFF;
     loop {
         let ids: Vec<String> = units.iter().map(|unit| unit.id.clone()).collect();
-        let failed = remove_units(config.backend.as_ref(), &ids, config.removal()).await;
+        let failed = remove_units(services.backend.as_ref(), &ids, services.removal()).await;
         units.retain(|unit| {
             let still = failed.iter().any(|(id, _)| *id == unit.id);
             if !still {
-                config.ledger.gone(unit.key);
+                services.ledger.gone(unit.key);
             }
             still
         });
@@ -601,65 +580,6 @@ pub async fn initialize_executor(
     }
 }
 
-/// Start the reader, writer and watcher tasks of unit `index`; returns the
-/// sender of its writer. Events go to `events`; the tasks live in `tasks`.
-pub fn link_unit(
-    index: usize,
-    link: ExecutorLink,
-    ended: futures::future::BoxFuture<'static, UnitEnd>,
-    events: &mpsc::Sender<UnitEvent>,
-    tasks: &mut JoinSet<()>,
-) -> mpsc::Sender<Value> {
-    let ExecutorLink {
-        mut reader,
-        mut writer,
-    } = link;
-    let (writer_tx, mut writer_rx) = mpsc::channel::<Value>(UNIT_QUEUE);
-    tasks.spawn(async move {
-        while let Some(message) = writer_rx.recv().await {
-            if let Err(error) = write_line(&mut writer, &message).await {
-                tracing::warn!(unit = index, %error, "writing to a unit's executor failed");
-                break;
-            }
-        }
-        // Dropping the writer closes the executor's stdin: it ends its processes and exits.
-        drop(writer);
-    });
-    let reader_events = events.clone();
-    tasks.spawn(async move {
-        let why = loop {
-            match reader.next().await {
-                Ok(None) => break "its executor closed its output".to_owned(),
-                Err(error) => break format!("reading its executor's output failed: {error}"),
-                Ok(Some(Line::TooLong(length))) => {
-                    break format!(
-                        "its executor sent a message of {length} bytes; at most {MAX_MESSAGE_BYTES}"
-                    );
-                }
-                Ok(Some(Line::Message(bytes))) => match serde_json::from_slice::<Value>(&bytes) {
-                    Ok(message) => {
-                        if reader_events
-                            .send(UnitEvent::Message(index, message))
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                    Err(_) => break "its executor wrote something that is not JSON".to_owned(),
-                },
-            }
-        };
-        let _ = reader_events.send(UnitEvent::Closed(index, why)).await;
-    });
-    let ended_events = events.clone();
-    tasks.spawn(async move {
-        let end = ended.await;
-        let _ = ended_events.send(UnitEvent::Ended(index, end)).await;
-    });
-    writer_tx
-}
-
 /// A sentence for a unit's end. The backend's reason already says who
 /// ended, how (exit code or signal) and why (an OOM kill): each once.
 pub fn describe_end(end: &UnitEnd) -> String {
@@ -755,7 +675,7 @@ mod tests {
     /// with a total once every reporting unit knows its own.
     #[test]
     fn init_progress_sums_the_units_and_only_grows() {
-        let (events, _rx) = mpsc::channel(8);
+        let (events, _rx) = tokio::sync::mpsc::channel(8);
         let progress = InitProgress::new(json!("tok"), events);
         let report = |done, total: Option<u64>| box_backend::ProgressReport {
             message: "pulling img: 0/1 layers".to_owned(),

@@ -17,7 +17,12 @@
 //!
 //! Exit codes: the command's status; 125 when box itself failed (like
 //! `docker run`), so a failing command and a failing box are told apart.
+//!
+//! It is the binary's, not the host library's: a client of the host (as the
+//! transports carry other clients to it) that owns this process's terminal
+//! and signals.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,14 +34,48 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::session::EXECUTOR_KEY;
-use super::{
-    END_WAIT, HostConfig, RunConfig, SessionHandle, claim_instance, host_facts, report_units_left,
-    select_backend, spawn_session, watch_signals,
+use crate::host::session::EXECUTOR_KEY;
+use crate::host::{
+    END_WAIT, HostConfig, Services, SessionHandle, claim_instance, host_facts, report_units_left,
+    select_backend, spawn_session,
 };
+use crate::process::{self, watch_signals};
 use box_jsonrpc as jsonrpc;
 use box_policy::plan::{Plan, Role};
 use box_policy::profile::Catalog;
+
+/// What `box run` is asked, as plain values (`cli/run.rs` turns its flags
+/// into this).
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// The profile to resolve.
+    pub profile: String,
+    /// More directories of profiles, searched first.
+    pub profile_dirs: Vec<PathBuf>,
+    /// Tightenings, as JSON or @FILE.
+    pub tighten: Option<String>,
+    /// The backends `backend` names one of (the binary's).
+    pub registry: box_backend::Registry,
+    /// Where units run: docker, local, or auto.
+    pub backend: String,
+    /// The host directory a `cwd` workspace source means; `None`: the current directory.
+    pub workspace: Option<PathBuf>,
+    /// Log format on stderr: text or json.
+    pub log_format: String,
+    /// The log filter the command line asked for (`-v`/`-q`), over
+    /// `BOX_LOG` and `RUST_LOG`; `None`: those, else warnings.
+    pub log_filter: Option<String>,
+    /// Variables for the command, `NAME` (the host's value) or `NAME=VALUE`;
+    /// each must be one the resolved plan lets through (`env.pass`, `env.secrets`).
+    pub env: Vec<String>,
+    /// Forward box's stdin to the command (else the command reads EOF at once).
+    pub stdin: bool,
+    /// Give the command a terminal (`-t`): box's extension `tty` on
+    /// `process.start`; this terminal raw while stdin is forwarded from it.
+    pub tty: bool,
+    /// The command and its arguments.
+    pub command: Vec<String>,
+}
 
 /// box's own failure, as `docker run` reports it.
 const BOX_FAILED: u8 = 125;
@@ -98,7 +137,18 @@ fn parse_tighten(tighten: Option<&str>) -> anyhow::Result<Value> {
     serde_json::from_str(&text).with_context(|| format!("{source}: not JSON"))
 }
 
-pub(super) async fn run(args: RunConfig) -> anyhow::Result<ExitCode> {
+/// Run one command through a session of its own; the exit code is the command's.
+pub fn run(args: RunConfig) -> anyhow::Result<ExitCode> {
+    // The command's own output is what a `box run` user reads: box speaks up
+    // only for warnings and errors unless RUST_LOG asks for more.
+    process::init_logging(&args.log_format, args.log_filter.as_deref(), "warn")?;
+    let runtime = process::runtime()?;
+    let result = runtime.block_on(run_session(args));
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    result
+}
+
+async fn run_session(args: RunConfig) -> anyhow::Result<ExitCode> {
     match run_inner(args).await {
         Ok(code) => Ok(code),
         Err(error) => {
@@ -167,11 +217,12 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
     let profile = catalog
         .load(&args.profile)
         .map_err(|error| anyhow::anyhow!("--profile {}: {error}", args.profile))?;
-    let plan = crate::resolve_plan(&profile, &tighten, &facts)
+    let plan = crate::host::resolve_plan(&profile, &tighten, &facts)
         .map_err(|error| anyhow::anyhow!("{error}"))?;
     args.env = command_env(&args.env, &plan)?;
     let backend = select_backend(&args.registry, &args.backend).await?;
-    let mut config = HostConfig::new(backend, catalog, facts);
+    let mut config = HostConfig::new(catalog, facts);
+    let services = Arc::new(Services::new(backend));
     config.default_profile = args.profile.clone();
     let instance = claim_instance(None, None)?;
     config.instance = instance.id().to_owned();
@@ -180,13 +231,19 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
     // the command first, then ends the session (`host` is never cancelled).
     let host = CancellationToken::new();
     let interrupt = CancellationToken::new();
-    let signal_code = watch_signals(interrupt.clone(), config.clone())?;
+    let signal_code = watch_signals(interrupt.clone(), config.clone(), services.clone())?;
     let (general_tx, mut general_rx) = mpsc::channel(16);
     // Nothing general matters to a one-shot run; drain it so nothing waits.
     tokio::spawn(async move { while general_rx.recv().await.is_some() {} });
     let mut session_id = [0u8; 16];
     rand::fill(&mut session_id);
-    let session = spawn_session(config.clone(), hex::encode(session_id), general_tx, &host);
+    let session = spawn_session(
+        config.clone(),
+        services.clone(),
+        hex::encode(session_id),
+        general_tx,
+        &host,
+    );
     let client = Client {
         session: session.clone(),
         next_id: std::sync::atomic::AtomicU64::new(0),
@@ -202,7 +259,7 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
         .then(|| signal_code.get().copied().unwrap_or(INTERRUPTED));
     if let Some(code) = interrupted {
         // The user asked it to stop: nothing of the unit is waited for.
-        config
+        services
             .end_at_once
             .store(true, std::sync::atomic::Ordering::SeqCst);
         if let Some(id) = started.get() {
@@ -231,7 +288,7 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
     // Bounded: an engine that stalls must not keep box for ever.
     let _ = tokio::time::timeout(END_WAIT, session.ended()).await;
     // Names each unit left, and how to remove it.
-    let left = report_units_left(&config);
+    let left = report_units_left(&config, &services);
     match (interrupted, outcome) {
         (Some(code), _) => Ok(ExitCode::from(code)),
         // The command ran, but box did not clean up after it: box failed.

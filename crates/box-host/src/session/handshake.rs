@@ -1,0 +1,204 @@
+//! Before a session is open: the handshake. No unit exists yet, so only
+//! `ping` and `server/discover` are answered (a probe never starts units);
+//! anything else is refused until a way in opens the session. The ways in,
+//! each ending in a [`Live`] session and the answer its client gets:
+//!
+//! - `initialize` without `box.reattach`: a fresh session
+//!   ([`Session::start`], `start.rs`), its workspace on a fork of its own
+//!   when the profile says `source = "fork"` (`forks.rs`);
+//! - `initialize` with `box.reattach`: a session a dead host served, whose
+//!   units this host re-adopted ([`Session::reattach`], `reattach.rs`).
+//!
+//! What every way in shares is read once in [`Session::open`]: the request
+//! checked (-32602 naming the field), the protocol version agreed, the box
+//! ask read and merged with the transport's. A refused way in is a WARN
+//! line, an audit line and a count ([`crate::report_refusal`]).
+
+use box_jsonrpc::session::Inbound;
+use box_jsonrpc::{
+    Kind, check_params, classify, code, error_response, error_response_with_data,
+    negotiate_version, params, result_response,
+};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::live::Live;
+use super::methods::{self, Opening};
+use super::{EXECUTOR_KEY, Session, drain};
+use crate::ask::{check_initialize, merge_ask, read_ask};
+use crate::audit::ClientInfo;
+
+/// Why a session could not start: the JSON-RPC error it answers initialize with.
+pub(super) struct StartError {
+    pub(super) code: i64,
+    pub(super) message: String,
+    pub(super) data: Option<Value>,
+    /// What refused it (a label of `box_sessions_refused`, from
+    /// `metrics::REFUSALS`); `None` when it failed instead (its units did
+    /// not start).
+    pub(super) refusal: Option<&'static str>,
+}
+
+impl StartError {
+    /// Refused for `reason` (from `metrics::REFUSALS`).
+    pub(super) fn refused(reason: &'static str, message: String) -> Self {
+        Self {
+            code: code::INVALID_PARAMS,
+            message,
+            data: None,
+            refusal: Some(reason),
+        }
+    }
+
+    pub(super) fn internal(message: String) -> Self {
+        Self {
+            code: code::INTERNAL_ERROR,
+            message,
+            data: None,
+            refusal: None,
+        }
+    }
+
+    pub(super) fn into_response(self, id: Value) -> Value {
+        match self.data {
+            Some(data) => error_response_with_data(id, self.code, self.message, data),
+            None => error_response(id, self.code, self.message),
+        }
+    }
+}
+
+impl Session {
+    /// Answer what comes before the session is open until a way in opens
+    /// it; `None` when the session ended first (its client left, it was
+    /// ended, the host shut down during its start).
+    pub(super) async fn handshake(&self, inbound: &mut mpsc::Receiver<Inbound>) -> Option<Live> {
+        let cancel = self.cancel.clone();
+        loop {
+            let message = tokio::select! {
+                () = cancel.cancelled() => {
+                    drain(inbound, "the session was ended");
+                    return None;
+                }
+                message = inbound.recv() => message,
+            };
+            match message {
+                None => return None,
+                Some(Inbound::Other(_)) => {}
+                Some(Inbound::Request(message, reply)) => {
+                    let Ok(Kind::Request { id, method }) = classify(&message) else {
+                        reply.answer(error_response(
+                            Value::Null,
+                            code::INVALID_REQUEST,
+                            "not a JSON-RPC request",
+                        ));
+                        continue;
+                    };
+                    if let Err(why) = check_params(&message) {
+                        reply.answer(error_response(id, code::INVALID_PARAMS, why));
+                        continue;
+                    }
+                    match methods::find(&method).opening {
+                        Opening::WayIn => match self.open(&message, &reply.events).await {
+                            Ok((mut live, result)) => {
+                                live.client = ClientInfo::of_initialize(&message);
+                                reply.answer(result_response(id, result));
+                                if self.cancel.is_cancelled() {
+                                    // Shutdown came during the start: end at once.
+                                    self.finish(&mut live, "the host is shutting down").await;
+                                    return None;
+                                }
+                                return Some(live);
+                            }
+                            Err(error) => {
+                                self.report_start_failure(&message, &error);
+                                reply.answer(error.into_response(id));
+                            }
+                        },
+                        Opening::Answer(answer) => reply.answer(answer(id)),
+                        Opening::Refused => reply.answer(error_response(
+                            id,
+                            code::INVALID_REQUEST,
+                            format!(
+                                "{method}: the session is not initialized; send initialize first"
+                            ),
+                        )),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Open the session with `message` (an `initialize`): what every way in
+    /// shares is read here, then the way its box ask names is taken.
+    async fn open(
+        &self,
+        message: &Value,
+        events: &mpsc::Sender<Value>,
+    ) -> Result<(Live, Value), StartError> {
+        // Checked before anything is resolved or started: a malformed
+        // initialize must not start units that then fail on it.
+        let version = negotiate_version(
+            check_initialize(message).map_err(|why| StartError::refused("initialize", why))?,
+        );
+        let client_params = params(message);
+        let ask = read_ask(client_params)
+            .and_then(|ask| merge_ask(ask, &self.transport_ask))
+            .map_err(|why| StartError::refused("ask", why))?;
+        match ask.reattach.clone() {
+            Some(reattach) => {
+                // Its units may still be being re-adopted.
+                self.services.reattachable.settled(&reattach.session).await;
+                self.reattach(client_params, &ask, reattach, version).await
+            }
+            None => self.start(client_params, &ask, version, events).await,
+        }
+    }
+
+    /// A refused `initialize` is a WARN line, an audit line and a count
+    /// ([`crate::report_refusal`]); one whose units failed is a WARN line.
+    fn report_start_failure(&self, message: &Value, error: &StartError) {
+        let client = ClientInfo::of_initialize(message);
+        let profile = read_ask(params(message))
+            .and_then(|ask| merge_ask(ask, &self.transport_ask))
+            .ok()
+            .map(|ask| {
+                ask.profile
+                    .unwrap_or_else(|| self.config.default_profile.clone())
+            });
+        match error.refusal {
+            Some(reason) => crate::report_refusal(
+                &self.services,
+                &crate::audit::Refusal {
+                    reason,
+                    detail: &error.message,
+                    session: Some(&self.id),
+                    profile: profile.as_deref(),
+                    client: client.as_ref(),
+                    http: None,
+                },
+            ),
+            None => tracing::warn!(
+                session = %self.id,
+                profile = profile.as_deref(),
+                "a session could not start: {}",
+                crate::one_line(&error.message)
+            ),
+        }
+    }
+}
+
+/// Whether a forwarded request gets the profile's per-call deadline. The
+/// process methods that wait on the process (read, write, wait) are long polls
+/// by design and are bounded by the process, not by a call deadline.
+/// Sets `field` in the initialize result's box answer
+/// (`capabilities.experimental[EXECUTOR_KEY].box`).
+pub(super) fn set_box_field(result: &mut Value, field: &str, value: Value) {
+    if let Some(answer) = result
+        .pointer_mut("/capabilities/experimental")
+        .and_then(|experimental| experimental.get_mut(EXECUTOR_KEY))
+        .and_then(|executor| executor.get_mut("box"))
+        .and_then(Value::as_object_mut)
+    {
+        answer.insert(field.to_owned(), value);
+    }
+}

@@ -1,0 +1,217 @@
+//! What an open session holds: its units ([`Unit`]), the proxy's record of
+//! each forwarded request ([`Tag`]), and the events its units' link tasks
+//! send the session task ([`UnitEvent`], [`link_unit`]).
+
+use std::time::Instant;
+
+use box_backend::{Envelope, SessionLabel, UnitEnd};
+use box_jsonrpc::lines::{Line, MAX_MESSAGE_BYTES, write_line};
+use box_policy::plan::{Plan, UnitSpec};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::task::{AbortHandle, JoinSet};
+
+use super::forks::ForkStarted;
+use crate::audit::ClientInfo;
+use crate::egress::EgressProxy;
+use crate::fork::ChildFork;
+use crate::hide::Masks;
+use crate::redact::SessionRedactor;
+use crate::router::Router;
+use crate::state;
+use crate::units::{ExecutorLink, UNIT_QUEUE};
+
+/// How many unit events may wait for the session task; a unit's reader waits
+/// when it is full (back-pressure onto that executor, not loss).
+pub(super) const EVENT_QUEUE: usize = 256;
+
+/// A session after initialize: its units and its routing.
+pub(super) struct Live {
+    pub(super) plan: Plan,
+    /// The client, as its `initialize` named itself (for the audit).
+    pub(super) client: Option<ClientInfo>,
+    pub(super) units: Vec<Unit>,
+    pub(super) workspace: Option<usize>,
+    pub(super) router: Router<Tag>,
+    pub(super) events_tx: mpsc::Sender<UnitEvent>,
+    pub(super) events_rx: mpsc::Receiver<UnitEvent>,
+    pub(super) tasks: JoinSet<()>,
+    pub(super) last_activity: Instant,
+    pub(super) started: Instant,
+    /// Every secret value the session's units were handed or the host
+    /// scrubbed, replaced in everything a unit sends toward the client.
+    pub(super) redactor: SessionRedactor,
+    /// The egress proxies of the units whose network is egress; they live as
+    /// long as the session's units.
+    pub(super) egress: Vec<EgressProxy>,
+    /// The workspace unit's masked copies (`on_persisted_credentials = "hide"`).
+    pub(super) masks: Option<Masks>,
+    /// How each executor is initialized (a fork's too).
+    pub(super) executor_params: Value,
+    /// The session's units' labels.
+    pub(super) label: SessionLabel,
+    /// The number of the next `box/fork` child.
+    pub(super) next_fork: u32,
+    /// The session's profile and its tightening, which a fork's `tighten`
+    /// narrows further.
+    pub(super) profile: box_policy::profile::Profile,
+    pub(super) tighten: Value,
+    /// The journal of calls in flight, when the session's identity is kept.
+    pub(super) journal: Option<state::Journal>,
+    /// After a reattach: the calls the dead host sent and never saw
+    /// answered, by unit and id at the unit.
+    pub(super) late: std::collections::HashMap<(usize, u64), Value>,
+}
+
+pub(super) struct Unit {
+    /// Its key in the host's ledger.
+    pub(super) key: u64,
+    pub(super) spec: UnitSpec,
+    pub(super) envelope: Envelope,
+    pub(super) writer: Option<mpsc::Sender<Value>>,
+    /// Why it ended, once it has.
+    pub(super) ended: Option<String>,
+    /// Its output closed (waiting for the backend's cause).
+    pub(super) closed: bool,
+    /// Why its output closed.
+    pub(super) close_reason: Option<String>,
+    /// The backend's word that it ended, held until its output is read to
+    /// its end (`UNIT_END_DRAIN` at most).
+    pub(super) draining: Option<UnitEnd>,
+    /// Its tool list, read before anything ran in it.
+    pub(super) tools: Option<Value>,
+    /// The renewal of its lease, held while the session wants the unit.
+    pub(super) _renewal: Option<box_backend::Renewal>,
+    /// A child made by `box/fork`: its fork.
+    pub(super) fork: Option<ChildFork>,
+    /// Discarded (`box/discard`): its removal is under way or done.
+    pub(super) removed: bool,
+}
+
+/// What the proxy keeps with a forwarded request.
+#[derive(Debug)]
+pub(super) struct Tag {
+    pub(super) method: String,
+    /// Its method's label in `box_calls`.
+    pub(super) label: &'static str,
+    pub(super) tool: Option<String>,
+    pub(super) arguments_digest: Option<String>,
+    pub(super) started: Instant,
+    /// The deadline's timer, then the settle's once it has fired.
+    pub(super) deadline: Option<AbortHandle>,
+    /// The deadline fired; the answer may still come within the settle.
+    pub(super) overdue: bool,
+    pub(super) rewrite: Rewrite,
+    /// A process method whose answer carries output (`read`, `close`): the
+    /// process id as the unit knows it, and the fd read.
+    pub(super) process: Option<(String, u8)>,
+    /// Its id at the unit, once forwarded (the call journal's key).
+    pub(super) unit_id: Option<u64>,
+}
+
+/// How an answer is changed on its way back.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Rewrite {
+    None,
+    /// A server unit's process id is namespaced `<unit>:<id>`.
+    ProcessId {
+        unit: String,
+    },
+}
+
+/// What a unit's link tasks tell the session task.
+#[derive(Debug)]
+pub(super) enum UnitEvent {
+    /// A message from the unit's executor.
+    Message(usize, Value),
+    /// The executor's output ended (or broke); why.
+    Closed(usize, String),
+    /// The unit ended, with the backend's cause.
+    Ended(usize, UnitEnd),
+    /// The grace after `Closed` passed without `Ended`.
+    Grace(usize),
+    /// The drain after `Ended` passed without `Closed`.
+    Drained(usize),
+    /// A forwarded request's deadline passed.
+    Deadline(usize, u64),
+    /// The settle after a deadline passed without the request's answer.
+    Overdue(usize, u64),
+    /// A `box/fork` child started and initialized, to join the session.
+    Forked(Box<ForkStarted>),
+}
+
+/// Start the reader, writer and watcher tasks of unit `index`; returns the
+/// sender of its writer. Events go to `events`; the tasks live in `tasks`.
+pub(super) fn link_unit(
+    index: usize,
+    link: ExecutorLink,
+    ended: futures::future::BoxFuture<'static, UnitEnd>,
+    events: &mpsc::Sender<UnitEvent>,
+    tasks: &mut JoinSet<()>,
+) -> mpsc::Sender<Value> {
+    let ExecutorLink {
+        mut reader,
+        mut writer,
+    } = link;
+    let (writer_tx, mut writer_rx) = mpsc::channel::<Value>(UNIT_QUEUE);
+    tasks.spawn(async move {
+        while let Some(message) = writer_rx.recv().await {
+            if let Err(error) = write_line(&mut writer, &message).await {
+                tracing::warn!(unit = index, %error, "writing to a unit's executor failed");
+                break;
+            }
+        }
+        // Dropping the writer closes the executor's stdin: it ends its processes and exits.
+        drop(writer);
+    });
+    let reader_events = events.clone();
+    tasks.spawn(async move {
+        let why = loop {
+            match reader.next().await {
+                Ok(None) => break "its executor closed its output".to_owned(),
+                Err(error) => break format!("reading its executor's output failed: {error}"),
+                Ok(Some(Line::TooLong(length))) => {
+                    break format!(
+                        "its executor sent a message of {length} bytes; at most {MAX_MESSAGE_BYTES}"
+                    );
+                }
+                Ok(Some(Line::Message(bytes))) => match serde_json::from_slice::<Value>(&bytes) {
+                    Ok(message) => {
+                        if reader_events
+                            .send(UnitEvent::Message(index, message))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Err(_) => break "its executor wrote something that is not JSON".to_owned(),
+                },
+            }
+        };
+        let _ = reader_events.send(UnitEvent::Closed(index, why)).await;
+    });
+    let ended_events = events.clone();
+    tasks.spawn(async move {
+        let end = ended.await;
+        let _ = ended_events.send(UnitEvent::Ended(index, end)).await;
+    });
+    writer_tx
+}
+
+/// Send a message to a unit's executor without waiting; the error names the unit.
+pub(super) fn send_to_unit(unit: &Unit, message: Value) -> Result<(), String> {
+    if let Some(why) = &unit.ended {
+        return Err(format!("unit {} ended: {why}", unit.spec.name));
+    }
+    let Some(writer) = &unit.writer else {
+        return Err(format!("unit {} ended", unit.spec.name));
+    };
+    writer.try_send(message).map_err(|error| match error {
+        mpsc::error::TrySendError::Full(_) => format!(
+            "unit {} is not reading its input ({} messages are waiting); try again later",
+            unit.spec.name, UNIT_QUEUE
+        ),
+        mpsc::error::TrySendError::Closed(_) => format!("unit {} ended", unit.spec.name),
+    })
+}

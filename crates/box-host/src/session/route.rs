@@ -1,0 +1,452 @@
+//! The routing loop of an open session: what its client sends goes to the
+//! unit it is for (chosen here), or is answered by the host; what its units
+//! send comes back through [`Session::on_unit`] (`answer.rs`). The loop
+//! also keeps the session's idle time and lifetime.
+
+use std::time::{Duration, Instant};
+
+use box_jsonrpc::session::Inbound;
+use box_jsonrpc::{
+    Kind, ReplyTo, check_params, classify, code, error_response, params, params_mut,
+};
+use box_policy::plan::Role;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::live::{Live, Rewrite, Tag, UnitEvent, send_to_unit};
+use super::methods::{self, Open, Request};
+use super::{Session, UNIT_META, named, sleep_until};
+use crate::units::describe_end;
+
+/// The most client requests one session may have in flight at once.
+const MAX_IN_FLIGHT: usize = 256;
+/// When the idle time has run out, how long what the client sent meanwhile
+/// still counts: a host frozen past the idle time finds its clients'
+/// requests waiting behind the timer (in sockets, in a transport's tasks),
+/// and a session is not idle while they wait.
+const IDLE_SETTLE: Duration = Duration::from_secs(1);
+
+/// Where [`unit_for`] sends a request.
+enum Route {
+    /// To this unit, as rewritten.
+    Unit(usize, Value),
+    /// Nowhere: the host answers with this result.
+    Answer(Value),
+}
+
+/// The unit `_meta["box/unit"]` names: a workspace unit (the session's, or a
+/// fork) still in the session.
+fn addressed_unit(live: &Live, asked: &Value) -> Result<usize, (i64, String)> {
+    let Some(name) = asked.as_str() else {
+        return Err((
+            code::INVALID_PARAMS,
+            format!("_meta.{UNIT_META}: expected a unit name, got {asked}"),
+        ));
+    };
+    let found = live
+        .units
+        .iter()
+        .position(|unit| unit.spec.role == Role::Workspace && unit.spec.name == name);
+    match found {
+        Some(index) if live.units[index].removed => Err((
+            code::INVALID_PARAMS,
+            format!("_meta.{UNIT_META}: unit `{name}` was discarded"),
+        )),
+        Some(index) => Ok(index),
+        None => {
+            let known: Vec<&str> = live
+                .units
+                .iter()
+                .filter(|unit| unit.spec.role == Role::Workspace && !unit.removed)
+                .map(|unit| unit.spec.name.as_str())
+                .collect();
+            Err((
+                code::INVALID_PARAMS,
+                format!(
+                    "_meta.{UNIT_META}: no unit `{name}` in this session; units: {}",
+                    named(&known)
+                ),
+            ))
+        }
+    }
+}
+
+impl Session {
+    /// Route messages until the session ends; why it ended.
+    pub(super) async fn route(
+        &self,
+        live: &mut Live,
+        inbound: &mut mpsc::Receiver<Inbound>,
+    ) -> String {
+        let limits = live
+            .workspace
+            .or(if live.units.is_empty() { None } else { Some(0) })
+            .map(|index| live.units[index].spec.limits.clone());
+        let idle = limits.as_ref().map(|limits| limits.idle);
+        let lifetime_end = limits
+            .as_ref()
+            .map(|limits| tokio::time::Instant::from_std(live.started + limits.lifetime));
+        // Once the idle time has run out: until when what the client sent
+        // meanwhile still counts (IDLE_SETTLE).
+        let mut idle_settle: Option<tokio::time::Instant> = None;
+        loop {
+            let idle_end = match idle {
+                Some(idle) if live.router.in_flight() == 0 => {
+                    Some(idle_settle.unwrap_or_else(|| {
+                        tokio::time::Instant::from_std(live.last_activity + idle)
+                    }))
+                }
+                _ => None,
+            };
+            tokio::select! {
+                () = self.cancel.cancelled() => {
+                    if self.host.is_cancelled() {
+                        self.drain_calls(live, inbound).await;
+                        return "the host is shutting down".to_owned();
+                    }
+                    return "the session was ended".to_owned();
+                }
+                message = inbound.recv() => {
+                    let Some(message) = message else {
+                        return "the client left".to_owned();
+                    };
+                    live.last_activity = Instant::now();
+                    idle_settle = None;
+                    self.on_client(live, message);
+                }
+                Some(event) = live.events_rx.recv() => {
+                    let busy = live.router.in_flight() > 0;
+                    self.on_unit(live, event);
+                    if busy && live.router.in_flight() == 0 {
+                        // Idle counts from the last answer too: a long call is not idleness.
+                        live.last_activity = Instant::now();
+                        idle_settle = None;
+                    }
+                }
+                () = sleep_until(idle_end) => {
+                    // Read what is waiting before judging the session idle.
+                    if let Ok(message) = inbound.try_recv() {
+                        live.last_activity = Instant::now();
+                        idle_settle = None;
+                        self.on_client(live, message);
+                        continue;
+                    }
+                    if idle_settle.is_none() {
+                        idle_settle = Some(tokio::time::Instant::now() + IDLE_SETTLE);
+                        continue;
+                    }
+                    return format!("idle for {}", humantime::format_duration(idle.unwrap_or_default()));
+                }
+                () = sleep_until(lifetime_end) => return "its lifetime ended".to_owned(),
+            }
+        }
+    }
+
+    /// Let the calls in flight finish, up to the host's drain time; new
+    /// requests are refused meanwhile.
+    async fn drain_calls(&self, live: &mut Live, inbound: &mut mpsc::Receiver<Inbound>) {
+        let deadline = tokio::time::Instant::now() + self.config.drain;
+        while live.router.in_flight() > 0 {
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => return,
+                Some(event) = live.events_rx.recv() => self.on_unit(live, event),
+                message = inbound.recv() => match message {
+                    Some(Inbound::Request(message, reply)) => {
+                        let id = message.get("id").cloned().unwrap_or(Value::Null);
+                        reply.answer(error_response(id, code::INTERNAL_ERROR, "the host is shutting down"));
+                    }
+                    Some(Inbound::Other(message)) => self.client_other(live, message),
+                    None => return,
+                },
+            }
+        }
+    }
+
+    fn on_client(&self, live: &mut Live, message: Inbound) {
+        match message {
+            Inbound::Request(message, reply) => self.client_request(live, message, reply),
+            Inbound::Other(message) => self.client_other(live, message),
+        }
+    }
+
+    /// One client request through the proxy's phases: *answer locally*
+    /// (malformed, a probe, limits, and what the method table has the host
+    /// answer: `ping`, `box/fork`, ...), *choose the unit* for the rest
+    /// ([`Self::choose_unit`]), then [`Self::forward`] it.
+    fn client_request(&self, live: &mut Live, message: Value, reply: ReplyTo) {
+        let (id, method) = match classify(&message) {
+            Ok(Kind::Request { id, method }) => (id, method),
+            Ok(_) | Err(_) => {
+                reply.answer(error_response(
+                    Value::Null,
+                    code::INVALID_REQUEST,
+                    "not a JSON-RPC request",
+                ));
+                return;
+            }
+        };
+        if let Err(why) = check_params(&message) {
+            reply.answer(error_response(id, code::INVALID_PARAMS, why));
+            return;
+        }
+        let entry = methods::find(&method);
+        if let Open::Probe(answer) = entry.open {
+            reply.answer(answer(id));
+            return;
+        }
+        if live.router.in_flight() >= MAX_IN_FLIGHT {
+            reply.answer(error_response(
+                id,
+                code::INTERNAL_ERROR,
+                format!("{MAX_IN_FLIGHT} requests are already in flight in this session; wait for some answers"),
+            ));
+            return;
+        }
+        if live.router.is_in_flight(&id) {
+            reply.answer(error_response(
+                id.clone(),
+                code::INVALID_REQUEST,
+                format!(
+                    "request id {id} is already in flight in this session; ids must not be reused"
+                ),
+            ));
+            return;
+        }
+        let request = Request {
+            id,
+            method,
+            message,
+            reply,
+            entry,
+        };
+        match entry.open {
+            Open::Host(handler) => handler(self, live, request),
+            Open::Unit { empty } => self.choose_unit(live, request, empty),
+            Open::Probe(answer) => request.reply.answer(answer(request.id)),
+        }
+    }
+
+    /// Forward a request to unit `unit`: *rewrite the request* (the router's
+    /// fresh id and progress token, [`Router::forward`](crate::router::Router::forward)),
+    /// send it, start its deadline; when the unit answers, *rewrite the
+    /// answer* ([`Router::from_unit`](crate::router::Router::from_unit),
+    /// `rewrite_answer`) and *record* it ([`Self::record`]: metrics, audit).
+    pub(super) fn forward(&self, live: &mut Live, request: Request, unit: usize, rewrite: Rewrite) {
+        let Request {
+            id,
+            method,
+            message: upstream,
+            reply,
+            entry,
+        } = request;
+
+        let pending = live.units[unit]
+            .draining
+            .as_ref()
+            .map(|end| live.redactor.text(&describe_end(end)).into_owned());
+        if let Some(why) = live.units[unit].ended.as_ref().or(pending.as_ref()) {
+            let text = format!("unit {} ended: {why}", live.units[unit].spec.name);
+            self.services
+                .metrics
+                .call(entry.label(), None, "unit_ended", Duration::ZERO);
+            reply.answer(error_response(id, code::INTERNAL_ERROR, text));
+            return;
+        }
+        let tool = (method == "tools/call")
+            .then(|| {
+                params(&upstream)
+                    .and_then(|p| p.get("name"))
+                    .and_then(Value::as_str)
+            })
+            .flatten()
+            .map(str::to_owned);
+        // Only an audit log reads the digest; a SHA-256 of the arguments'
+        // JSON is not free on every call.
+        let audited = self.services.audit.is_some();
+        let arguments_digest = tool.as_ref().filter(|_| audited).map(|_| {
+            crate::audit::digest(
+                params(&upstream)
+                    .and_then(|p| p.get("arguments"))
+                    .unwrap_or(&Value::Null),
+            )
+        });
+        let process = match method.as_str() {
+            "agentworkspace/process.read" | "agentworkspace/process.close" => params(&upstream)
+                .and_then(|p| {
+                    let id = p.get("id").and_then(Value::as_str)?.to_owned();
+                    let fd = p.get("fd").and_then(Value::as_u64).unwrap_or(1);
+                    Some((id, u8::try_from(fd).unwrap_or(u8::MAX)))
+                }),
+            _ => None,
+        };
+        let tag = Tag {
+            method: method.clone(),
+            label: entry.label(),
+            tool,
+            arguments_digest,
+            started: Instant::now(),
+            deadline: None,
+            overdue: false,
+            rewrite,
+            process,
+            unit_id: None,
+        };
+        let client_id = upstream.get("id").cloned().unwrap_or(Value::Null);
+        let (unit_id, upstream) = live.router.forward(unit, upstream, reply, tag);
+        if let Some(tag) = live.router.tag_mut(unit, unit_id) {
+            tag.unit_id = Some(unit_id);
+        }
+        if let Some(journal) = &live.journal {
+            journal.sent(unit, unit_id, &client_id, &method);
+        }
+        if let Err(why) = send_to_unit(&live.units[unit], upstream) {
+            if let Some(forward) = live.router.take(unit, unit_id) {
+                self.record(live, unit, &forward.tag, "unit_unavailable");
+                forward
+                    .reply
+                    .answer(error_response(forward.client_id, code::INTERNAL_ERROR, why));
+            }
+            return;
+        }
+        if entry.deadline {
+            let timeout = live.units[unit].spec.limits.call_timeout;
+            let events = live.events_tx.clone();
+            let handle = tokio::spawn(async move {
+                tokio::time::sleep(timeout).await;
+                let _ = events.send(UnitEvent::Deadline(unit, unit_id)).await;
+            });
+            if let Some(tag) = live.router.tag_mut(unit, unit_id) {
+                tag.deadline = Some(handle.abort_handle());
+            }
+        }
+    }
+
+    /// Route a request a unit answers: to the unit it is for, or answered by
+    /// the host where the host holds the answer (the tool list read at
+    /// start, an empty list in a session without a workspace unit).
+    fn choose_unit(&self, live: &mut Live, mut request: Request, empty: Option<&'static str>) {
+        let message = std::mem::take(&mut request.message);
+        match unit_for(live, &request.method, message, empty) {
+            Ok(Route::Unit(unit, message)) => {
+                request.message = message;
+                self.forward(live, request, unit, Rewrite::None);
+            }
+            Ok(Route::Answer(result)) => request.answer(live, Ok(result)),
+            Err(error) => request.answer(live, Err(error)),
+        }
+    }
+
+    fn client_other(&self, live: &mut Live, message: Value) {
+        match classify(&message) {
+            Ok(Kind::Response { .. }) => {
+                if let Some((unit, answer)) = live.router.client_response(message)
+                    && let Err(why) = send_to_unit(&live.units[unit], answer)
+                {
+                    tracing::warn!(session = %self.id, %why, "an answer to a unit's request was lost");
+                }
+            }
+            Ok(Kind::Notification { method }) => match method.as_str() {
+                "notifications/initialized" => {}
+                "notifications/cancelled" => {
+                    if let Some((unit, cancel, forward)) = live.router.client_cancel(message) {
+                        self.record(live, unit, &forward.tag, "cancelled");
+                        // The client expects no answer: dropping the reply ends its stream.
+                        drop(forward);
+                        let _ = send_to_unit(&live.units[unit], cancel);
+                    }
+                }
+                // Every executor may care that the client's roots changed.
+                "notifications/roots/list_changed" => {
+                    for unit in &live.units {
+                        if unit.ended.is_none() {
+                            let _ = send_to_unit(unit, message.clone());
+                        }
+                    }
+                }
+                // Anything else is the workspace unit's, like the requests: one
+                // unit's traffic never reaches another.
+                _ => {
+                    if let Some(index) = live.workspace {
+                        let _ = send_to_unit(&live.units[index], message);
+                    }
+                }
+            },
+            Ok(Kind::Request { .. }) | Err(_) => {}
+        }
+    }
+}
+
+/// Which unit a request for a unit goes to, or the answer the host holds.
+fn unit_for(
+    live: &Live,
+    method: &str,
+    mut message: Value,
+    empty: Option<&'static str>,
+) -> Result<Route, (i64, String)> {
+    if let Some(asked) = params(&message)
+        .and_then(|p| p.get("_meta"))
+        .and_then(|meta| meta.get(UNIT_META))
+    {
+        let index = addressed_unit(live, asked)?;
+        let paged = params(&message).is_some_and(|p| p.contains_key("cursor"));
+        if method == "tools/list"
+            && !paged
+            && let Some(tools) = &live.units[index].tools
+        {
+            return Ok(Route::Answer(tools.clone()));
+        }
+        return Ok(Route::Unit(index, message));
+    }
+    // `box/process.resize` (box's terminal extension) names a process as
+    // the others do, so it goes where they go.
+    if (method.starts_with("agentworkspace/process.") || method == "box/process.resize")
+        && method != "agentworkspace/process.start"
+    {
+        let target = params(&message)
+            .and_then(|p| p.get("id"))
+            .and_then(Value::as_str)
+            .and_then(|id| id.split_once(':'))
+            .and_then(|(unit, process)| {
+                live.units
+                    .iter()
+                    .position(|candidate| {
+                        candidate.spec.role == Role::Server && candidate.spec.name == unit
+                    })
+                    .map(|index| (index, process.to_owned()))
+            });
+        if let Some((index, process)) = target {
+            if let Some(params) = params_mut(&mut message) {
+                params.insert("id".to_owned(), json!(process));
+            }
+            return Ok(Route::Unit(index, message));
+        }
+    }
+    match live.workspace {
+        Some(index) => {
+            // The tool list read at start is the session's for its whole life
+            // (security case E67): a tampered executor cannot change it.
+            let paged = params(&message).is_some_and(|p| p.contains_key("cursor"));
+            if method == "tools/list"
+                && !paged
+                && let Some(tools) = &live.units[index].tools
+            {
+                return Ok(Route::Answer(tools.clone()));
+            }
+            Ok(Route::Unit(index, message))
+        }
+        None => match empty {
+            Some(key) => {
+                let mut answer = serde_json::Map::new();
+                answer.insert(key.to_owned(), json!([]));
+                Ok(Route::Answer(Value::Object(answer)))
+            }
+            None => Err((
+                code::METHOD_NOT_FOUND,
+                format!(
+                    "{method}: profile `{}` has no workspace unit (no file system), so nothing answers it",
+                    live.plan.profile
+                ),
+            )),
+        },
+    }
+}
