@@ -18,7 +18,7 @@ from mcp.client.stdio import StdioServerParameters
 EXECUTOR = "io.github.christopherdavenport.dax/executor"
 FACTS = "io.github.christopherdavenport.agenttool/facts"
 TOOL_META = "io.github.christopherdavenport.agenttool/tool"
-ORDER = ["read", "write", "edit", "glob", "grep", "ls", "bash"]
+ORDER = ["read", "write", "edit", "glob", "grep", "ls", "bash", "copy", "move", "remove"]
 MISMATCH = (
     "what this call touches changed since it was allowed "
     "(a path leads somewhere else now); ask again"
@@ -75,6 +75,17 @@ async def main(box, root):
         check(text_of(result) == "new/file.txt:1:hello\n", f"grep: {result}")
         result = await client.call_tool("ls", {})
         check(text_of(result) == "new/\nnotes.txt  12\nsrc/\n", f"ls: {result}")
+        # box's namespace tools (issue 23, item 8).
+        result = await client.call_tool("copy", {"source": "new/file.txt", "destination": "new/copy.txt"})
+        check(text_of(result) == "copied new/file.txt to new/copy.txt (6 bytes)", f"copy: {result}")
+        result = await client.call_tool("copy", {"source": "new/file.txt", "destination": "new/copy.txt"})
+        check(result.is_error and "already exists" in text_of(result), f"copy over: {result}")
+        result = await client.call_tool("move", {"source": "new/copy.txt", "destination": "new/moved.txt"})
+        check(text_of(result) == "moved new/copy.txt to new/moved.txt", f"move: {result}")
+        result = await client.call_tool("remove", {"path": "new/moved.txt"})
+        check(text_of(result) == "removed new/moved.txt", f"remove: {result}")
+        result = await client.call_tool("remove", {"path": "new"})
+        check(result.is_error and "not recursive" in text_of(result), f"remove a directory: {result}")
         result = await client.call_tool("read", {"path": "../outside"})
         check(result.is_error and "outside the workspace" in text_of(result), f"outside: {result}")
         result = await client.call_tool("read", {"path": "notes.txt", "Path": ".env"})

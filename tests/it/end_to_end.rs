@@ -1687,3 +1687,269 @@ fn docker_interrupted_hosts_leave_nothing_after_the_lease() {
     }
     interrupted_hosts_leave_nothing_after_the_lease("docker");
 }
+
+/// A tool call through `box serve`: `Ok(text)`, or `Err(text)` for an
+/// error result; a protocol error fails the test.
+fn tool(served: &mut Served, name: &str, arguments: Value) -> Result<String, String> {
+    let answer = served.call("tools/call", json!({"name": name, "arguments": arguments}));
+    let result = &answer["result"];
+    let text = result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{name} {arguments}: {answer}"))
+        .to_owned();
+    if result["isError"] == json!(true) {
+        Err(text)
+    } else {
+        Ok(text)
+    }
+}
+
+/// Issue 23, item 8: seed 003's namespace operations, served by the unit's
+/// executor under box's own extension, keep their narrow rules on every
+/// backend: an existing destination, a directory to remove, a link or a
+/// FIFO to copy, a file changed since it was read, a path out of the
+/// workspace; hostile names are taken and shown quoted. A `no-fs` session
+/// offers none of them.
+#[tokio::test(flavor = "multi_thread")]
+async fn copy_move_and_remove_keep_their_rules_on_every_backend() {
+    for backend in backends() {
+        let instance = format!("e2e-namespace-{backend}-{}", std::process::id());
+        let workspace = tempfile::tempdir().unwrap();
+        let root = workspace.path();
+        std::fs::write(root.join("a.txt"), "alpha\n").unwrap();
+        std::fs::create_dir_all(root.join("full/inner")).unwrap();
+        std::fs::write(root.join("full/inner/keep"), "keep\n").unwrap();
+        std::fs::create_dir(root.join("empty")).unwrap();
+        std::fs::write(root.join("line\nbreak"), "n\n").unwrap();
+        std::fs::write(root.join("-rf"), "dash\n").unwrap();
+        std::fs::write(root.join("résumé ✓"), "u\n").unwrap();
+        std::os::unix::fs::symlink("a.txt", root.join("link")).unwrap();
+        let mut served = tokio::task::block_in_place(|| serve(backend, &instance, root, &[]));
+        let result = tokio::task::block_in_place(|| {
+            let executor = served.initialized["result"]["capabilities"]["experimental"]
+                ["io.github.christopherdavenport.dax/executor"]
+                .clone();
+            assert_eq!(
+                executor["extensions"],
+                json!(["dax-coding", "box-namespace"]),
+                "{backend}: {executor}"
+            );
+            for name in ["copy", "move", "remove"] {
+                let listed = executor["tools"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|tool| tool["name"] == json!(name))
+                    .unwrap_or_else(|| panic!("{backend}: {name} not in {executor}"));
+                assert_eq!(
+                    listed,
+                    &json!({"name": name, "extension": "box-namespace", "facts": true}),
+                    "{backend}: not read-only"
+                );
+            }
+            let listed = served.call("tools/list", json!({}));
+            let names: Vec<&str> = listed["result"]["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|tool| tool["name"].as_str())
+                .collect();
+            for name in ["copy", "move", "remove"] {
+                assert!(names.contains(&name), "{backend}: {names:?}");
+            }
+
+            // Copy: a new file; never over an existing one, never a link, a
+            // directory or a FIFO.
+            assert_eq!(
+                tool(
+                    &mut served,
+                    "copy",
+                    json!({"source": "a.txt", "destination": "b.txt"})
+                ),
+                Ok("copied a.txt to b.txt (6 bytes)".to_owned())
+            );
+            assert_eq!(
+                std::fs::read_to_string(root.join("b.txt")).unwrap(),
+                "alpha\n"
+            );
+            let refused = tool(
+                &mut served,
+                "copy",
+                json!({"source": "a.txt", "destination": "b.txt"}),
+            )
+            .unwrap_err();
+            assert!(
+                refused.starts_with("b.txt already exists"),
+                "{backend}: {refused}"
+            );
+            tool(&mut served, "bash", json!({"command": "mkfifo pipe"})).unwrap();
+            for (source, says) in [
+                (
+                    "link",
+                    "link is a symbolic link; copy takes regular files only",
+                ),
+                (
+                    "full",
+                    "full is a directory; copy takes regular files only (it is not recursive)",
+                ),
+                (
+                    "pipe",
+                    "pipe is not a regular file (a FIFO, socket or device); copy takes regular files only",
+                ),
+            ] {
+                assert_eq!(
+                    tool(
+                        &mut served,
+                        "copy",
+                        json!({"source": source, "destination": "new"})
+                    ),
+                    Err(says.to_owned()),
+                    "{backend}"
+                );
+            }
+            assert!(!root.join("new").exists(), "{backend}");
+
+            // Move: never over an existing one.
+            assert_eq!(
+                tool(
+                    &mut served,
+                    "move",
+                    json!({"source": "b.txt", "destination": "empty/c.txt"})
+                ),
+                Ok("moved b.txt to empty/c.txt".to_owned())
+            );
+            let refused = tool(
+                &mut served,
+                "move",
+                json!({"source": "a.txt", "destination": "empty/c.txt"}),
+            )
+            .unwrap_err();
+            assert!(
+                refused.contains("move does not replace"),
+                "{backend}: {refused}"
+            );
+            assert_eq!(
+                std::fs::read_to_string(root.join("a.txt")).unwrap(),
+                "alpha\n"
+            );
+
+            // Remove: not recursive; a file only once read, and not once
+            // changed since.
+            let refused = tool(&mut served, "remove", json!({"path": "full"})).unwrap_err();
+            assert!(
+                refused.contains("remove is not recursive"),
+                "{backend}: {refused}"
+            );
+            assert!(root.join("full/inner/keep").exists(), "{backend}");
+            let refused = tool(&mut served, "remove", json!({"path": "a.txt"})).unwrap_err();
+            assert!(
+                refused.contains("has not been read"),
+                "{backend}: {refused}"
+            );
+            tool(&mut served, "read", json!({"path": "a.txt"})).unwrap();
+            tool(
+                &mut served,
+                "bash",
+                json!({"command": "echo changed >> a.txt"}),
+            )
+            .unwrap();
+            let refused = tool(&mut served, "remove", json!({"path": "a.txt"})).unwrap_err();
+            assert!(
+                refused.contains("changed since it was last read"),
+                "{backend}: {refused}"
+            );
+            assert!(root.join("a.txt").exists(), "{backend}");
+            tool(&mut served, "read", json!({"path": "a.txt"})).unwrap();
+            assert_eq!(
+                tool(&mut served, "remove", json!({"path": "a.txt"})),
+                Ok("removed a.txt".to_owned())
+            );
+            assert!(!root.join("a.txt").exists(), "{backend}");
+
+            // Out of the workspace: refused, whichever way.
+            for (name, arguments) in [
+                (
+                    "copy",
+                    json!({"source": "/etc/passwd", "destination": "stolen"}),
+                ),
+                (
+                    "copy",
+                    json!({"source": "empty/c.txt", "destination": "../planted"}),
+                ),
+                (
+                    "move",
+                    json!({"source": "empty/c.txt", "destination": "/tmp/planted"}),
+                ),
+                ("remove", json!({"path": "../x"})),
+            ] {
+                let refused = tool(&mut served, name, arguments.clone()).unwrap_err();
+                assert!(
+                    refused.contains("outside the workspace"),
+                    "{backend}: {arguments}: {refused}"
+                );
+            }
+            assert!(!root.join("stolen").exists(), "{backend}");
+
+            // Hostile names: a newline, a leading dash, unicode.
+            assert_eq!(
+                tool(
+                    &mut served,
+                    "copy",
+                    json!({"source": "\"line\\nbreak\"", "destination": "\"copy\\nof\""})
+                ),
+                Ok("copied \"line\\nbreak\" to \"copy\\nof\" (2 bytes)".to_owned())
+            );
+            assert_eq!(
+                std::fs::read_to_string(root.join("copy\nof")).unwrap(),
+                "n\n"
+            );
+            assert_eq!(
+                tool(
+                    &mut served,
+                    "move",
+                    json!({"source": "-rf", "destination": "--help"})
+                ),
+                Ok("moved -rf to --help".to_owned())
+            );
+            assert_eq!(
+                tool(
+                    &mut served,
+                    "move",
+                    json!({"source": "résumé ✓", "destination": "ünïcødé"})
+                ),
+                Ok("moved résumé ✓ to ünïcødé".to_owned())
+            );
+            assert!(
+                root.join("--help").exists() && root.join("ünïcødé").exists(),
+                "{backend}"
+            );
+            served.hang_up()
+        });
+        assert!(result.success(), "{backend}: box serve exits 0: {result}");
+    }
+
+    // No file system, no namespace tools.
+    let workspace = tempfile::tempdir().unwrap();
+    let instance = format!("e2e-namespace-nofs-{}", std::process::id());
+    let status = tokio::task::block_in_place(|| {
+        let mut served = serve(
+            "local",
+            &instance,
+            workspace.path(),
+            &["--profile", "no-fs"],
+        );
+        let shown = served.initialized.to_string();
+        for name in ["\"copy\"", "\"move\"", "\"remove\""] {
+            assert!(!shown.contains(name), "no-fs offers {name}: {shown}");
+        }
+        let listed = served.call("tools/list", json!({}));
+        assert_eq!(listed["result"]["tools"], json!([]), "{listed}");
+        let refused = served.call(
+            "tools/call",
+            json!({"name": "copy", "arguments": {"source": "a", "destination": "b"}}),
+        );
+        assert!(refused.get("error").is_some(), "{refused}");
+        served.hang_up()
+    });
+    assert!(status.success(), "{status}");
+}

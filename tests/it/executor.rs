@@ -175,7 +175,7 @@ fn initialize_advertises_the_executor_capability() {
         json!({
             "version": 1,
             "descriptor": {"kind": "container", "ref": "app-box", "root": root.to_str().unwrap()},
-            "extensions": ["dax-coding"],
+            "extensions": ["dax-coding", "box-namespace"],
             "tools": [
                 {"name": "read", "extension": "dax-coding", "readOnly": true, "facts": true},
                 {"name": "write", "extension": "dax-coding", "facts": true},
@@ -183,7 +183,10 @@ fn initialize_advertises_the_executor_capability() {
                 {"name": "glob", "extension": "dax-coding", "readOnly": true, "facts": true},
                 {"name": "grep", "extension": "dax-coding", "readOnly": true, "facts": true},
                 {"name": "ls", "extension": "dax-coding", "readOnly": true, "facts": true},
-                {"name": "bash", "extension": "dax-coding", "readOnly": true, "facts": true}
+                {"name": "bash", "extension": "dax-coding", "readOnly": true, "facts": true},
+                {"name": "copy", "extension": "box-namespace", "facts": true},
+                {"name": "move", "extension": "box-namespace", "facts": true},
+                {"name": "remove", "extension": "box-namespace", "facts": true}
             ],
             "files": {"uriTemplate": "agentworkspace:///{op}{?path}"},
             "start": {"maxProcesses": 32, "maxWriteBytes": 1048576, "maxReadBytes": 65536},
@@ -304,7 +307,9 @@ fn tools_list_carries_the_reference_schemas_and_flags() {
         .collect();
     assert_eq!(
         names,
-        ["read", "write", "edit", "glob", "grep", "ls", "bash"]
+        [
+            "read", "write", "edit", "glob", "grep", "ls", "bash", "copy", "move", "remove"
+        ]
     );
     for tool in tools {
         assert_eq!(

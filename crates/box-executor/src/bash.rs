@@ -289,7 +289,7 @@ fn bash_path() -> &'static str {
 /// as such, with what still works.
 fn start_failed(bash: &str, root: &Path, error: &std::io::Error) -> String {
     if error.kind() == std::io::ErrorKind::NotFound && !Path::new(bash).exists() {
-        return "bash: this unit's image has no bash (looked for /bin/bash, /usr/bin/bash, /usr/local/bin/bash and on PATH): the bash tool needs one; use an image with bash, or the tools that need nothing from the image (read, write, edit, glob, grep, ls)".to_owned();
+        return "bash: this unit's image has no bash (looked for /bin/bash, /usr/bin/bash, /usr/local/bin/bash and on PATH): the bash tool needs one; use an image with bash, or the tools that need nothing from the image (read, write, edit, glob, grep, ls, copy, move, remove)".to_owned();
     }
     format!("bash: cannot start {bash} in {}: {error}", root.display())
 }

@@ -1,5 +1,6 @@
 //! The executor: the MCP server that runs inside a unit (`box execute`). The
-//! seven tools, facts and stamps, the files resources, the process methods and
+//! tools (dax's seven and box's namespace operations), facts and stamps, the
+//! files resources, the process methods and
 //! batches, all confined beneath one workspace root. It is started from an
 //! [`ExecutorSpec`] and never sees the host: no backend, no session, no engine.
 //!

@@ -1,7 +1,8 @@
 //! File names in text: how a name or path is shown in tool output and error
 //! text, and how a path argument written in that form is taken back.
 //!
-//! One rule for every tool's text (ls, glob, grep, the errors of all seven),
+//! One rule for every tool's text (ls, glob, grep, copy, move, remove, the
+//! errors of all),
 //! the files resource's names and error messages, and the facts questions:
 //! a name is shown as it is unless it holds a byte that is not UTF-8, a
 //! control character (C0, DEL, C1), a line or paragraph separator, a

@@ -18,7 +18,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 
 use super::process::{METHOD_PREFIX, Processes, RESIZE_METHOD};
-use super::tools::{self, EXTENSION, TOOLS};
+use super::tools::{self, EXTENSIONS, TOOLS};
 use super::{Context, ToolOutcome, batch, files, stamp, workspace};
 
 /// The executor capability's key (client and server side).
@@ -129,7 +129,7 @@ impl Shared {
         let tools: Vec<Value> = TOOLS
             .iter()
             .map(|tool| {
-                let mut entry = json!({"name": tool.name, "extension": EXTENSION});
+                let mut entry = json!({"name": tool.name, "extension": tool.extension});
                 if tool.read_only {
                     entry["readOnly"] = json!(true);
                 }
@@ -140,7 +140,7 @@ impl Shared {
         json!({
             "version": 1,
             "descriptor": descriptor,
-            "extensions": [EXTENSION],
+            "extensions": EXTENSIONS,
             "tools": tools,
             "files": {"uriTemplate": files::URI_TEMPLATE},
             "start": {"maxProcesses": 32, "maxWriteBytes": 1_048_576, "maxReadBytes": 65_536},

@@ -1,9 +1,12 @@
-//! The seven dax-coding tools: their table (names, schemas, descriptions, flags,
-//! in run order), the checks every call passes (exact keys, types, the stamp),
-//! dispatch, and the file tools' facts claim. bash itself lives in `bash`.
+//! The tools: dax's seven (`dax-coding`) and box's namespace operations
+//! (`box-namespace`: copy, move, remove). Their table (names, extensions,
+//! schemas, descriptions, flags, in run order), the checks every call passes
+//! (exact keys, types, the stamp), dispatch, and the file tools' facts
+//! claim. bash itself lives in `bash`.
 
 mod edit;
 mod ls;
+mod namespace;
 mod read;
 mod search;
 
@@ -18,8 +21,15 @@ use super::{Context, Progress, ToolOutcome, bash, schema};
 /// The stamp argument every tool takes.
 pub(crate) const STAMP_KEY: &str = "dax_stamp";
 
-/// The extension that owns every tool here.
+/// dax's extension: the seven coding tools, as dax's executor serves them.
 pub(crate) const EXTENSION: &str = "dax-coding";
+
+/// box's own extension beside it: the namespace operations of seed 003.
+pub(crate) const NAMESPACE_EXTENSION: &str = "box-namespace";
+
+/// The extensions that own the tools, in load order (the capability's
+/// `extensions`).
+pub(crate) const EXTENSIONS: [&str; 2] = [EXTENSION, NAMESPACE_EXTENSION];
 
 /// The message a stamped file-tool call gets when its path now leads elsewhere.
 pub(crate) const STAMP_MISMATCH: &str = "what this call touches changed since it was allowed (a path leads somewhere else now); ask again";
@@ -53,6 +63,10 @@ pub(crate) struct Param {
 pub(crate) struct Spec {
     /// The tool's name.
     pub name: &'static str,
+    /// The extension that owns it.
+    pub extension: &'static str,
+    /// The arguments that name paths, in the order its facts claim them.
+    pub paths: &'static [&'static str],
     /// Its parameters, in schema order (the stamp last).
     pub params: &'static [Param],
     /// Read-only in the capability's sense (dax's ReadOnly list; bash too).
@@ -80,10 +94,17 @@ const fn param(name: &'static str, kind: Kind, required: bool, description: &'st
 const STAMP: Param = param(STAMP_KEY, Kind::String, false, "Set by dax; leave it out");
 const PATH_DESCRIPTION: &str = "File path, relative to the workspace or absolute inside it";
 
+const SOURCE_DESCRIPTION: &str =
+    "The path to take, relative to the workspace or absolute inside it";
+const DESTINATION_DESCRIPTION: &str =
+    "The new path, relative to the workspace or absolute inside it; nothing may be there yet";
+
 /// Every tool, in the order it runs in process (the capability's order).
-pub(crate) static TOOLS: [Spec; 7] = [
+pub(crate) static TOOLS: [Spec; 10] = [
     Spec {
         name: "read",
+        extension: EXTENSION,
+        paths: &["path"],
         params: &[
             param("path", Kind::String, true, PATH_DESCRIPTION),
             param(
@@ -108,6 +129,8 @@ pub(crate) static TOOLS: [Spec; 7] = [
     },
     Spec {
         name: "write",
+        extension: EXTENSION,
+        paths: &["path"],
         params: &[
             param("path", Kind::String, true, PATH_DESCRIPTION),
             param(
@@ -126,6 +149,8 @@ pub(crate) static TOOLS: [Spec; 7] = [
     },
     Spec {
         name: "edit",
+        extension: EXTENSION,
+        paths: &["path"],
         params: &[
             param("path", Kind::String, true, PATH_DESCRIPTION),
             param(
@@ -150,6 +175,8 @@ pub(crate) static TOOLS: [Spec; 7] = [
     },
     Spec {
         name: "glob",
+        extension: EXTENSION,
+        paths: &["path"],
         params: &[
             param(
                 "pattern",
@@ -179,6 +206,8 @@ pub(crate) static TOOLS: [Spec; 7] = [
     },
     Spec {
         name: "grep",
+        extension: EXTENSION,
+        paths: &["path"],
         params: &[
             param(
                 "pattern",
@@ -220,6 +249,8 @@ pub(crate) static TOOLS: [Spec; 7] = [
     },
     Spec {
         name: "ls",
+        extension: EXTENSION,
+        paths: &["path"],
         params: &[
             param(
                 "path",
@@ -237,6 +268,8 @@ pub(crate) static TOOLS: [Spec; 7] = [
     },
     Spec {
         name: "bash",
+        extension: EXTENSION,
+        paths: &[],
         params: &[
             param(
                 "command",
@@ -257,6 +290,55 @@ pub(crate) static TOOLS: [Spec; 7] = [
         parallel_safe: false,
         cheap: false,
         default_path: None,
+    },
+    Spec {
+        name: "copy",
+        extension: NAMESPACE_EXTENSION,
+        paths: &["source", "destination"],
+        params: &[
+            param("source", Kind::String, true, SOURCE_DESCRIPTION),
+            param("destination", Kind::String, true, DESTINATION_DESCRIPTION),
+            STAMP,
+        ],
+        read_only: false,
+        sequential: false,
+        parallel_safe: false,
+        cheap: false,
+        default_path: None,
+    },
+    Spec {
+        name: "move",
+        extension: NAMESPACE_EXTENSION,
+        paths: &["source", "destination"],
+        params: &[
+            param("source", Kind::String, true, SOURCE_DESCRIPTION),
+            param("destination", Kind::String, true, DESTINATION_DESCRIPTION),
+            STAMP,
+        ],
+        read_only: false,
+        sequential: false,
+        parallel_safe: false,
+        cheap: false,
+        default_path: None,
+    },
+    Spec {
+        name: "remove",
+        extension: NAMESPACE_EXTENSION,
+        paths: &["path"],
+        params: &[
+            param(
+                "path",
+                Kind::String,
+                true,
+                "The file, link or empty directory to remove, relative to the workspace or absolute inside it",
+            ),
+            STAMP,
+        ],
+        read_only: false,
+        sequential: false,
+        parallel_safe: false,
+        cheap: false,
+        default_path: Some(""),
     },
 ];
 
@@ -280,6 +362,9 @@ pub(crate) fn description(tool: &Spec, max_read_bytes: u64) -> String {
         "glob" => format!("Find files by glob pattern, e.g. **/*.go. Paths are relative to the search directory and sorted. Skips .git, node_modules, vendor and similar directories. {QUOTED_NAMES}"),
         "grep" => format!("Search file contents for a regular expression. Returns path:line:text, sorted by path. Skips binary files, .git, node_modules, vendor and similar directories. {QUOTED_NAMES}"),
         "ls" => format!("List the entries of one directory, sorted: directories end in /, files show their size in bytes. {QUOTED_NAMES}"),
+        "copy" => format!("Copy a regular file to a new path. The source must be a regular file (not a directory, link or device); the destination must not exist and its directory must. {QUOTED_NAMES}"),
+        "move" => format!("Move (rename) a file, directory or link to a new path. The destination must not exist and its directory must; a link is moved itself, never what it leads to. {QUOTED_NAMES}"),
+        "remove" => format!("Remove a file, a link (itself, never what it leads to) or an empty directory; not recursive. A file must have been read first and be unchanged since. {QUOTED_NAMES}"),
         _ => "Run a bash command in the working directory and return its combined output and exit code.".to_owned(),
     }
 }
@@ -390,6 +475,9 @@ fn run_file_tool(
         "glob" => search::glob(context, arguments, cancel),
         "grep" => search::grep(context, arguments, cancel),
         "ls" => ls::run(context, arguments),
+        "copy" => namespace::copy(context, arguments),
+        "move" => namespace::move_(context, arguments),
+        "remove" => namespace::remove(context, arguments),
         _ => Err(format!("unknown tool \"{name}\"")),
     };
     match outcome {
@@ -438,12 +526,20 @@ fn file_facts(
     })
 }
 
+/// What a file tool's call names: each of its path arguments, in order
+/// (copy and move claim their source, then their destination).
 fn file_calls(context: &Context, tool: &Spec, arguments: &Map<String, Value>) -> Vec<FactCall> {
-    let raw = match arguments.get("path").and_then(Value::as_str) {
-        Some(path) if !path.is_empty() => path,
-        _ => tool.default_path.unwrap_or(""),
-    };
-    context.workspace.path_facts(raw, "")
+    tool.paths
+        .iter()
+        .flat_map(|key| {
+            let raw = match arguments.get(*key).and_then(Value::as_str) {
+                Some(path) if !path.is_empty() => path,
+                _ if *key == "path" => tool.default_path.unwrap_or(""),
+                _ => "",
+            };
+            context.workspace.path_facts(raw, "")
+        })
+        .collect()
 }
 
 /// Whether `stamp` is this executor's stamp of the call's facts as they are now.

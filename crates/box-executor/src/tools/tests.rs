@@ -112,9 +112,31 @@ fn schemas_follow_the_reference() {
         listing_flags(spec("edit").unwrap()),
         json!({"facts": true, "replay": true})
     );
-    let names: Vec<&str> = TOOLS.iter().map(|tool| tool.name).collect();
+    let names: Vec<(&str, &str)> = TOOLS
+        .iter()
+        .map(|tool| (tool.name, tool.extension))
+        .collect();
     assert_eq!(
         names,
-        ["read", "write", "edit", "glob", "grep", "ls", "bash"]
+        [
+            ("read", "dax-coding"),
+            ("write", "dax-coding"),
+            ("edit", "dax-coding"),
+            ("glob", "dax-coding"),
+            ("grep", "dax-coding"),
+            ("ls", "dax-coding"),
+            ("bash", "dax-coding"),
+            ("copy", "box-namespace"),
+            ("move", "box-namespace"),
+            ("remove", "box-namespace"),
+        ]
+    );
+    assert_eq!(
+        Value::Object(input_schema(spec("copy").unwrap())),
+        json!({"type": "object", "properties": {
+            "source": {"type": "string", "description": "The path to take, relative to the workspace or absolute inside it"},
+            "destination": {"type": "string", "description": "The new path, relative to the workspace or absolute inside it; nothing may be there yet"},
+            "dax_stamp": {"type": "string", "description": "Set by dax; leave it out"}},
+         "required": ["source", "destination"]})
     );
 }
