@@ -442,6 +442,20 @@ fn profile_json(profile: &Profile) -> Value {
             "limits": limits_json(&server.limits),
         })).collect::<Vec<_>>(),
     });
+    // Only profiles with volumes show them; others' JSON is unchanged.
+    if !profile.volumes.is_empty() {
+        shown["volumes"] = json!(
+            profile
+                .volumes
+                .iter()
+                .map(|volume| json!({
+                    "name": volume.name,
+                    "path": volume.path.to_string(),
+                    "scope": volume.scope.as_str(),
+                }))
+                .collect::<Vec<_>>()
+        );
+    }
     // Only units that name a runtime show one; other profiles' JSON is unchanged.
     if let Some(runtime) = &profile.workspace.runtime {
         shown["workspace"]["runtime"] = json!(runtime);
@@ -469,6 +483,22 @@ fn profile_json(profile: &Profile) -> Value {
         }
     }
     shown
+}
+
+/// A volume in words, saying what its scope shares.
+fn volume_text(volume: &crate::plan::Volume) -> String {
+    use crate::plan::VolumeScope;
+    format!(
+        "{} at {} ({})",
+        volume.name,
+        volume.path,
+        match volume.scope {
+            VolumeScope::Session =>
+                "scope session: this session's units only, removed when it ends",
+            VolumeScope::Profile =>
+                "scope profile: shared by every session of this profile on this host, a channel between them",
+        }
+    )
 }
 
 fn limits_text(limits: &LimitsPolicy) -> String {
@@ -561,6 +591,9 @@ fn show(profile: &Profile) -> String {
         "lifecycle    lease {}",
         show_duration(profile.lifecycle.lease)
     ));
+    for volume in &profile.volumes {
+        line(format!("volume       {}", volume_text(volume)));
+    }
     if security.privileged {
         line("DANGEROUS    privileged = true".to_owned());
     }
@@ -689,6 +722,9 @@ fn show_plan(plan: &plan::Plan) -> String {
             ),
             format!("  lifecycle lease {}", show_duration(unit.lease)),
         ]);
+        for volume in &unit.volumes {
+            lines.push(format!("  volume    {}", volume_text(volume)));
+        }
         for line in lines {
             text.push_str(&line);
             text.push('\n');
