@@ -454,6 +454,20 @@ fn profile_json(profile: &Profile) -> Value {
             "limits": limits_json(&server.limits),
         })).collect::<Vec<_>>(),
     });
+    // Only profiles with volumes show them; others' JSON is unchanged.
+    if !profile.volumes.is_empty() {
+        shown["volumes"] = json!(
+            profile
+                .volumes
+                .iter()
+                .map(|volume| json!({
+                    "name": volume.name,
+                    "path": volume.path.to_string(),
+                    "scope": volume.scope.as_str(),
+                }))
+                .collect::<Vec<_>>()
+        );
+    }
     // Only units that name a runtime show one; other profiles' JSON is unchanged.
     if let Some(runtime) = &profile.workspace.runtime {
         shown["workspace"]["runtime"] = json!(runtime);
@@ -481,6 +495,22 @@ fn profile_json(profile: &Profile) -> Value {
         }
     }
     shown
+}
+
+/// A volume in words, saying what its scope shares.
+fn volume_text(volume: &crate::plan::Volume) -> String {
+    use crate::plan::VolumeScope;
+    format!(
+        "{} at {} ({})",
+        volume.name,
+        volume.path,
+        match volume.scope {
+            VolumeScope::Session =>
+                "scope session: this session's units only, removed when it ends",
+            VolumeScope::Profile =>
+                "scope profile: shared by every session of this profile on this host, a channel between them",
+        }
+    )
 }
 
 fn limits_text(limits: &LimitsPolicy) -> String {
@@ -573,6 +603,9 @@ fn show(profile: &Profile) -> String {
         "lifecycle    lease {}",
         show_duration(profile.lifecycle.lease)
     ));
+    for volume in &profile.volumes {
+        line(format!("volume       {}", volume_text(volume)));
+    }
     if security.privileged {
         line("DANGEROUS    privileged = true".to_owned());
     }
@@ -701,6 +734,9 @@ fn show_plan(plan: &plan::Plan) -> String {
             ),
             format!("  lifecycle lease {}", show_duration(unit.lease)),
         ]);
+        for volume in &unit.volumes {
+            lines.push(format!("  volume    {}", volume_text(volume)));
+        }
         for line in lines {
             text.push_str(&line);
             text.push('\n');

@@ -40,6 +40,99 @@ pub struct UnitInit {
     /// The unit's home: a tmpfs of its own there, which the init fills with
     /// what the image put there (`--home` in `args`).
     pub home: UnitHome,
+    /// The unit's volumes (those beneath the home are linked there by the
+    /// init: `--link` in `args`).
+    pub volumes: Vec<UnitVolume>,
+}
+
+/// Where volumes beneath the home are mounted; the init links each into the
+/// home (a mount point there would make the home's directories root's).
+pub const VOLUMES_DIR: &str = "/.box/volumes";
+
+/// A volume of a docker unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitVolume {
+    /// The profile's volume.
+    pub volume: box_policy::plan::Volume,
+    /// The engine's named volume.
+    pub engine_name: String,
+    /// Where it is mounted in the unit.
+    pub target: String,
+    /// Where the unit's tools see it (the target, or its link in the home).
+    pub seen_at: String,
+    /// For a volume beneath the home: its place relative to the home.
+    pub link: Option<std::path::PathBuf>,
+}
+
+impl UnitVolume {
+    /// `volume`, stored in the engine's `engine_name`, for a unit whose home
+    /// is `home`: beneath the home (`~/REL`, or an absolute path there) it is
+    /// mounted at [`VOLUMES_DIR`] and linked; elsewhere it is mounted where
+    /// the profile says.
+    pub fn place(volume: &box_policy::plan::Volume, engine_name: String, home: &str) -> Self {
+        use box_policy::plan::VolumePath;
+        let relative = match &volume.path {
+            VolumePath::Home(relative) => Some(relative.clone()),
+            VolumePath::Absolute(path) => path
+                .strip_prefix(home)
+                .ok()
+                .filter(|relative| relative.components().count() > 0)
+                .map(Path::to_path_buf),
+        };
+        match relative {
+            Some(relative) => Self {
+                volume: volume.clone(),
+                engine_name,
+                target: format!("{VOLUMES_DIR}/{}", volume.name),
+                seen_at: Path::new(home)
+                    .join(&relative)
+                    .to_string_lossy()
+                    .into_owned(),
+                link: Some(relative),
+            },
+            None => {
+                let target = volume.path.to_string();
+                Self {
+                    volume: volume.clone(),
+                    engine_name,
+                    seen_at: target.clone(),
+                    target,
+                    link: None,
+                }
+            }
+        }
+    }
+}
+
+/// The envelope's volumes: each of `volumes` the engine mounted (`inspect`),
+/// saying who shares it.
+pub fn applied_volumes(
+    volumes: &[UnitVolume],
+    inspect: &ContainerInspectResponse,
+    profile: &str,
+) -> Vec<box_policy::envelope::AppliedVolume> {
+    let mounted = inspect
+        .host_config
+        .as_ref()
+        .and_then(|host| host.mounts.as_ref());
+    volumes
+        .iter()
+        .filter(|unit| {
+            mounted.into_iter().flatten().any(|mount| {
+                mount.typ == Some(MountType::VOLUME)
+                    && mount.source.as_deref() == Some(unit.engine_name.as_str())
+                    && mount.target.as_deref() == Some(unit.target.as_str())
+            })
+        })
+        .map(|unit| box_policy::envelope::AppliedVolume {
+            name: unit.volume.name.clone(),
+            path: unit.seen_at.clone(),
+            scope: unit.volume.scope.as_str().to_owned(),
+            shared_with: (unit.volume.scope == box_policy::plan::VolumeScope::Profile)
+                .then(|| profile.to_owned()),
+            id: unit.engine_name.clone(),
+        })
+        .collect()
 }
 
 /// A docker unit's home.
@@ -152,8 +245,14 @@ pub fn check_root(root: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The executor's command line inside a unit whose home is `home`.
-pub fn executor_argv(spec: &UnitSpec, wiring: &UnitWiring, home: &str) -> Vec<String> {
+/// The executor's command line inside a unit whose home is `home` and whose
+/// volumes are mounted at `volumes`.
+pub fn executor_argv(
+    spec: &UnitSpec,
+    wiring: &UnitWiring,
+    home: &str,
+    volumes: &[String],
+) -> Vec<String> {
     let executor = ExecutorSpec {
         reference: Some(spec.image.clone()),
         egress_socket: wiring
@@ -169,7 +268,10 @@ pub fn executor_argv(spec: &UnitSpec, wiring: &UnitWiring, home: &str) -> Vec<St
             .collect(),
         // The unit's home: its tools write their configuration and caches
         // there (TMPDIR, /tmp, is the executor's own).
-        write: vec![home.into()],
+        write: std::iter::once(home)
+            .chain(volumes.iter().map(String::as_str))
+            .map(Into::into)
+            .collect(),
         ..spec.executor_spec(&spec.root, PlaceKind::Container)
     };
     std::iter::once(EXECUTOR_PATH.to_owned())
@@ -451,6 +553,21 @@ pub fn container_body(
     // A writable home on a read-only root, bounded, the unit's user's; its
     // init fills it with the image's before anything else runs.
     tmpfs.insert(init.home.path.clone(), home_tmpfs_options(&init.home));
+    // Volumes: storage that outlives the unit, each the engine's named
+    // volume (bound to box's own directory for it), never propagating.
+    for volume in &init.volumes {
+        mounts.push(Mount {
+            target: Some(volume.target.clone()),
+            source: Some(volume.engine_name.clone()),
+            typ: Some(MountType::VOLUME),
+            read_only: Some(false),
+            volume_options: Some(bollard::models::MountVolumeOptions {
+                no_copy: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
     // The init's run directory: the host's socket, read-only (the socket is
     // connectable; nothing can be created beside it).
     mounts.push(Mount {
@@ -822,6 +939,8 @@ pub fn envelope_from_inspect(
         parent: None,
         lifecycle,
         state,
+        // The backend says which of its volumes the engine mounted.
+        volumes: Vec::new(),
         // The backend says what the init filled it with.
         home: home.map(|path| box_policy::envelope::AppliedHome {
             path,
@@ -1117,6 +1236,7 @@ pub(crate) mod tests {
                 }),
                 bytes: 32 << 20,
             },
+            volumes: Vec::new(),
         }
     }
 
@@ -1206,7 +1326,7 @@ pub(crate) mod tests {
             tmpfs.get(SECRETS_DIR).map(String::as_str),
             Some("rw,nosuid,nodev,noexec,size=1048576,nr_inodes=1024,mode=0700,uid=1000,gid=1000")
         );
-        let argv = executor_argv(&unit, &UnitWiring::default(), "/home/box");
+        let argv = executor_argv(&unit, &UnitWiring::default(), "/home/box", &[]);
         let at = argv.iter().position(|arg| arg == "--secrets").unwrap();
         assert_eq!(argv[at + 1], "DEPLOY_KEY,GH_TOKEN:env");
         // The values are never part of the body.
@@ -1334,7 +1454,7 @@ pub(crate) mod tests {
         s.env_pass = vec!["A".to_owned(), "B".to_owned()];
         s.security.write_guard = false;
         assert_eq!(
-            executor_argv(&s, &UnitWiring::default(), "/home/box"),
+            executor_argv(&s, &UnitWiring::default(), "/home/box", &[]),
             [
                 "/.box/box",
                 "execute",

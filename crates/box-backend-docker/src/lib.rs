@@ -35,6 +35,7 @@ mod lease;
 mod oom;
 pub mod pull;
 pub mod runc;
+pub mod volumes;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -293,6 +294,27 @@ impl DockerBackend {
             owner: spec.user.or_else(|| numeric_user(&image_user)),
             bytes: spec.limits.home_bytes,
         };
+        // The unit's volumes: box's directory for each, the engine's named
+        // volume over it, and where the unit mounts it.
+        let store = box_backend::volumes::VolumeStore::default();
+        let mut unit_volumes = Vec::new();
+        for volume in &spec.volumes {
+            let prepared = store
+                .prepare(BackendKind::Docker, volume, session, home.owner)
+                .map_err(|message| BackendError::Other {
+                    unit: unit.to_owned(),
+                    doing: format!("preparing volume {}", volume.name),
+                    message,
+                })?;
+            let engine_name = volumes::ensure(&self.docker, &prepared, volume, session)
+                .await
+                .map_err(|e| other(&format!("creating volume {}", volume.name), e))?;
+            unit_volumes.push(body::UnitVolume::place(volume, engine_name, &home.path));
+        }
+        let volume_targets: Vec<String> = unit_volumes
+            .iter()
+            .map(|volume| volume.target.clone())
+            .collect();
 
         let environment = unit_env(spec, std::env::vars_os(), &image_env);
         if !environment.missing.is_empty() {
@@ -347,7 +369,7 @@ impl DockerBackend {
         let executor = self
             .executor_command
             .clone()
-            .unwrap_or_else(|| body::executor_argv(spec, wiring, &home.path));
+            .unwrap_or_else(|| body::executor_argv(spec, wiring, &home.path, &volume_targets));
         // The secrets' values reach the executor over the channel (its first
         // stdin line), never the container's configuration.
         let secrets_on_stdin = !stand_in && !secrets.is_empty();
@@ -358,6 +380,13 @@ impl DockerBackend {
             lease: spec.lease,
             bridges: Vec::new(),
             home: Some(home.path.clone().into()),
+            links: unit_volumes
+                .iter()
+                .filter_map(|volume| {
+                    let relative = volume.link.clone()?;
+                    Some((relative, volume.target.clone().into()))
+                })
+                .collect(),
             executor_env: if secrets_on_stdin {
                 vec![(SECRETS_ON_STDIN_VAR.into(), "1".into())]
             } else {
@@ -374,6 +403,7 @@ impl DockerBackend {
                 .collect(),
             key: key.to_hex(),
             home,
+            volumes: unit_volumes,
         };
         let mut body = container_body(session, spec, &self.executor, &created, &env, &init);
         // A fork says which unit it came from, for `box units ls`.
@@ -474,6 +504,16 @@ impl DockerBackend {
             Ok(mut started) => {
                 if let Some(home) = started.envelope.home.as_mut() {
                     home.seeded_from = (seeded == home::Seeded::Image).then(|| "image".to_owned());
+                }
+                if !init.volumes.is_empty() {
+                    // What the engine mounted, read back.
+                    let inspect = self
+                        .docker
+                        .inspect_container(&id, None)
+                        .await
+                        .unwrap_or_default();
+                    started.envelope.volumes =
+                        body::applied_volumes(&init.volumes, &inspect, &session.profile);
                 }
                 Ok(started)
             }
@@ -1116,15 +1156,30 @@ async fn remove_container(
     id: &str,
     takedown: Takedown,
 ) -> Result<(), DockerError> {
-    // A bridge unit's session network goes with the session's last unit.
-    let session_network = match docker.inspect_container(id, None).await {
-        Ok(inspect) => inspect
-            .host_config
-            .and_then(|host| host.network_mode)
-            .filter(|mode| mode.starts_with(body::SESSION_NETWORK_PREFIX)),
-        Err(_) => None,
+    // A bridge unit's session network, and its session's volumes, go with
+    // the session's last unit.
+    let (session_network, session_volumes) = match docker.inspect_container(id, None).await {
+        Ok(inspect) => {
+            let host = inspect.host_config.unwrap_or_default();
+            let volumes: Vec<String> = host
+                .mounts
+                .iter()
+                .flatten()
+                .filter(|mount| mount.typ == Some(bollard::models::MountType::VOLUME))
+                .filter_map(|mount| mount.source.clone())
+                .filter(|name| name.starts_with("box-s-"))
+                .collect();
+            let network = host
+                .network_mode
+                .filter(|mode| mode.starts_with(body::SESSION_NETWORK_PREFIX));
+            (network, volumes)
+        }
+        Err(_) => (None, Vec::new()),
     };
     remove_container_only(docker, id, takedown).await?;
+    for name in session_volumes {
+        remove_session_volume(docker, &name).await;
+    }
     if let Some(network) = session_network {
         match docker.remove_network(&network).await {
             Ok(()) => {}
@@ -1135,6 +1190,28 @@ async fn remove_container(
         }
     }
     Ok(())
+}
+
+/// Remove a session volume the removed unit mounted, unless another unit of
+/// the session still does (the engine refuses; that unit's removal comes
+/// back here), then its directory.
+async fn remove_session_volume(docker: &Docker, name: &str) {
+    match volumes::remove_engine_volume(docker, name).await {
+        Ok(true) => {
+            let store = box_backend::volumes::VolumeStore::default();
+            let listed = store.list().into_iter().find(|listed| {
+                listed.record.backend == BackendKind::Docker.as_str()
+                    && volumes::listed_engine_name(listed) == name
+            });
+            if let Some(listed) = listed
+                && let Err(error) = box_backend::volumes::remove(&listed)
+            {
+                tracing::debug!(volume = name, %error, "removing a session volume's directory");
+            }
+        }
+        Ok(false) => {}
+        Err(error) => tracing::debug!(volume = name, %error, "removing a session volume"),
+    }
 }
 
 async fn remove_container_only(

@@ -1078,6 +1078,7 @@ fn hold_unit(child: libc::pid_t, init: InitHold, stdin: OwnedFd, stdout: OwnedFd
         lease: std::time::Duration::from_millis(init.spec.ttl_ms),
         bridges: Vec::new(),
         home: None,
+        links: Vec::new(),
         executor_env: Vec::new(),
         // Started already (the forked init), never spawned by box-init.
         executor: vec![OsString::from("box-sandbox-init")],

@@ -1723,6 +1723,7 @@ pub(crate) fn envelope_from_parts(
             .lease_ms
             .map(|lease_ms| box_backend::AppliedLifecycle { lease_ms }),
         state: UnitState::Running,
+        volumes: Vec::new(),
         home: applied
             .home
             .as_ref()

@@ -56,6 +56,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
         command: Vec::new(),
         lease: Duration::from_secs(30),
         description: String::new(),
+        volumes: Vec::new(),
     }
 }
 

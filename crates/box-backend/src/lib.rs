@@ -14,6 +14,7 @@ pub mod environment;
 pub mod executor_log;
 pub mod instance;
 mod registry;
+pub mod volumes;
 
 pub use registry::{Connect, Registry};
 

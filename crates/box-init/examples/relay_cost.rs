@@ -152,6 +152,7 @@ async fn relay(lines: usize, shape: Shape) -> (Duration, Duration) {
         lease: Duration::from_secs(60),
         bridges: Vec::new(),
         home: None,
+        links: Vec::new(),
         executor_env: Vec::new(),
         executor: vec!["/bin/cat".into()],
     };

@@ -2,7 +2,7 @@
 //! the environment, [`crate::protocol::KEY_ENV`], read by [`crate::run`]).
 //!
 //! ```text
-//! box init --socket PATH --unit ID --lease-ms N [--home DIR]
+//! box init --socket PATH --unit ID --lease-ms N [--home DIR] [--link REL=TARGET]...
 //!          [--bridge 127.0.0.1:PORT=UNIX_PATH]... [--env NAME=VALUE]...
 //!          -- EXECUTOR [ARG]...
 //! ```
@@ -43,6 +43,11 @@ pub struct InitConfig {
     /// [`crate::protocol::HOME_SEED`] beside the socket (absent or empty:
     /// nothing to unpack).
     pub home: Option<PathBuf>,
+    /// Links the init makes in the home once it is filled, `REL` (relative
+    /// to the home) to `TARGET` (absolute): a volume mounted elsewhere
+    /// appears where the tools look (`~/.cache/pip`), while the home's
+    /// directories stay the unit's user's own.
+    pub links: Vec<(PathBuf, PathBuf)>,
     /// Variables set for the executor on top of the init's own environment
     /// (minus the unit key, which no child ever sees).
     pub executor_env: Vec<(OsString, OsString)>,
@@ -61,7 +66,7 @@ pub enum ConfigError {
     NoValue(String),
     /// An option that `box init` does not have.
     #[error(
-        "box init: unknown option {0:?} (options: --socket, --unit, --lease-ms, --home, --bridge, --env, then -- and the executor's command)"
+        "box init: unknown option {0:?} (options: --socket, --unit, --lease-ms, --home, --link, --bridge, --env, then -- and the executor's command)"
     )]
     Unknown(String),
     /// A value that does not parse.
@@ -89,6 +94,7 @@ impl InitConfig {
         let mut lease = None;
         let mut bridges = Vec::new();
         let mut home = None;
+        let mut links = Vec::new();
         let mut executor_env = Vec::new();
         let mut executor = Vec::new();
         while let Some(arg) = args.next() {
@@ -127,6 +133,25 @@ impl InitConfig {
                     }
                     home = Some(given);
                 }
+                Some("--link") => {
+                    let given = value("--link")?;
+                    let bytes = given.as_bytes();
+                    let why = "REL=TARGET: a relative path in the home, then an absolute one";
+                    let split = bytes
+                        .iter()
+                        .position(|&byte| byte == b'=')
+                        .ok_or_else(|| invalid("--link", &given, why))?;
+                    let relative = PathBuf::from(OsStr::from_bytes(&bytes[..split]));
+                    let target = PathBuf::from(OsStr::from_bytes(&bytes[split + 1..]));
+                    let clean = relative.components().count() > 0
+                        && relative
+                            .components()
+                            .all(|part| matches!(part, std::path::Component::Normal(_)));
+                    if !clean || !target.is_absolute() {
+                        return Err(invalid("--link", &given, why));
+                    }
+                    links.push((relative, target));
+                }
                 Some("--env") => {
                     let given = value("--env")?;
                     let bytes = given.as_bytes();
@@ -156,6 +181,7 @@ impl InitConfig {
             lease: lease.ok_or(ConfigError::Missing("--lease-ms"))?,
             bridges,
             home,
+            links,
             executor_env,
             executor,
         })
@@ -174,6 +200,12 @@ impl InitConfig {
         ];
         if let Some(home) = &self.home {
             args.extend(["--home".into(), home.clone().into()]);
+        }
+        for (relative, target) in &self.links {
+            let mut spec = relative.clone().into_os_string();
+            spec.push("=");
+            spec.push(target);
+            args.extend(["--link".into(), spec]);
         }
         for bridge in &self.bridges {
             let mut spec = OsString::from(format!("{}=", bridge.listen));
@@ -248,6 +280,8 @@ mod tests {
             "30000",
             "--home",
             "/home/box",
+            "--link",
+            ".cache/pip=/.box/volumes/pip",
             "--bridge",
             "127.0.0.1:3128=/.box/run/egress.sock",
             "--env",
@@ -272,6 +306,7 @@ mod tests {
                     target: "/.box/run/egress.sock".into(),
                 }],
                 home: Some("/home/box".into()),
+                links: vec![(".cache/pip".into(), "/.box/volumes/pip".into())],
                 executor_env: vec![("A".into(), "b=c".into())],
                 executor: ["/box", "execute", "--root", "/workspace", "--", "--socket"]
                     .map(OsString::from)

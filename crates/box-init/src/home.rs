@@ -61,6 +61,37 @@ pub fn seed(seed: &Path, home: &Path) -> Result<usize, String> {
     Ok(unpacked)
 }
 
+/// Link `home/relative` to `target` (a volume mounted elsewhere), making
+/// the directories above it in the home as the unit's user. An empty
+/// directory there (the image's) gives way; anything else is an error
+/// naming it, since the volume would not be where the profile says.
+pub fn link(home: &Path, relative: &Path, target: &Path) -> Result<(), String> {
+    let at = home.join(relative);
+    if let Some(parent) = at.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|error| format!("making {}: {error}", parent.display()))?;
+    }
+    match std::fs::symlink_metadata(&at) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(format!("{}: {error}", at.display())),
+        Ok(_) if std::fs::read_link(&at).is_ok_and(|pointed| pointed == target) => return Ok(()),
+        Ok(metadata) if metadata.is_dir() => std::fs::remove_dir(&at).map_err(|error| {
+            format!(
+                "the image's home already holds {} ({error}), where a volume goes; move the volume or empty that directory in the image",
+                at.display()
+            )
+        })?,
+        Ok(_) => {
+            return Err(format!(
+                "the image's home already holds {}, where a volume goes; move the volume or remove it from the image",
+                at.display()
+            ));
+        }
+    }
+    std::os::unix::fs::symlink(target, &at)
+        .map_err(|error| format!("linking {} to {}: {error}", at.display(), target.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +149,24 @@ mod tests {
 
     fn seed_home(seed: &Path, home: &Path) -> Result<usize, String> {
         super::seed(seed, home)
+    }
+
+    #[test]
+    fn a_volume_is_linked_where_the_tools_look() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let volume = dir.path().join("volume");
+        std::fs::create_dir_all(home.join(".cargo/registry")).unwrap();
+        std::fs::create_dir(&volume).unwrap();
+        for relative in [".cache/pip", ".cargo/registry"] {
+            link(&home, Path::new(relative), &volume).unwrap();
+            assert_eq!(std::fs::read_link(home.join(relative)).unwrap(), volume);
+            // Again: already so.
+            link(&home, Path::new(relative), &volume).unwrap();
+        }
+        std::fs::write(home.join(".npm"), b"a file").unwrap();
+        let refused = link(&home, Path::new(".npm"), &volume).unwrap_err();
+        assert!(refused.contains("already holds"), "{refused}");
     }
 
     #[test]

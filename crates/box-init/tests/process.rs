@@ -62,6 +62,7 @@ fn start(options: Options) -> Unit {
         lease: options.lease,
         bridges: options.bridges,
         home: None,
+        links: Vec::new(),
         executor_env: vec![("BOX_TEST_EXTRA".into(), "yes".into())],
         executor: options.executor.iter().map(Into::into).collect(),
     };

@@ -74,6 +74,9 @@ pub struct Envelope {
     pub lifecycle: Option<AppliedLifecycle>,
     /// Where the unit is in its life.
     pub state: UnitState,
+    /// The volumes mounted in the unit (storage that outlives it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<AppliedVolume>,
     /// The unit's home, writable and bounded (`limits.homeBytes`), where the
     /// backend made one of the unit's own.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -82,6 +85,27 @@ pub struct Envelope {
     /// user-namespace remapping): what that means and what avoids it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub root_user: Option<RootUser>,
+}
+
+/// A volume as mounted in a unit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedVolume {
+    /// Its name in the profile.
+    pub name: String,
+    /// Where the unit's tools see it.
+    pub path: String,
+    /// `session` (this session's units only, removed when it ends) or
+    /// `profile`.
+    pub scope: String,
+    /// For `profile` scope: the profile every session of which on this host
+    /// shares it. What one session writes there, the next reads: a channel
+    /// between those sessions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_with: Option<String>,
+    /// The backend's name for it (docker: the named volume; local: its
+    /// directory on the host).
+    pub id: String,
 }
 
 /// The unit's own home, as made.

@@ -371,6 +371,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         parent: None,
         lifecycle: None,
         state: UnitState::Running,
+        volumes: Vec::new(),
         home: None,
         root_user: None,
     }

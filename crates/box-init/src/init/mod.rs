@@ -138,6 +138,12 @@ pub fn run(config: InitConfig) -> i32 {
                 return EXIT_START_FAILED;
             }
         }
+        for (relative, target) in &config.links {
+            if let Err(error) = crate::home::link(home, relative, target) {
+                tracing::error!("box init: a volume in the unit's home: {error}");
+                return EXIT_START_FAILED;
+            }
+        }
     }
     let pid1 = std::process::id() == 1;
     run_supervisor(config, key, pid1, None)

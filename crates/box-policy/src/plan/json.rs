@@ -72,6 +72,19 @@ impl UnitSpec {
         if let Some(name) = &self.pull_secret {
             unit["pullSecret"] = json!(name);
         }
+        // Only units with volumes show them.
+        if !self.volumes.is_empty() {
+            unit["volumes"] = json!(
+                self.volumes
+                    .iter()
+                    .map(|volume| json!({
+                        "name": volume.name,
+                        "path": volume.path.to_string(),
+                        "scope": volume.scope.as_str(),
+                    }))
+                    .collect::<Vec<_>>()
+            );
+        }
         unit
     }
 }

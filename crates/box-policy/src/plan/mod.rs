@@ -85,6 +85,58 @@ impl TmpMode {
     }
 }
 
+/// How long a volume lives and who shares it (`[[volume]] scope`).
+/// Declaration order is narrowing order: `Session` is the narrower.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum VolumeScope {
+    /// The units of one session share it; it is removed when the session ends.
+    #[default]
+    Session,
+    /// Every session of the profile on this host shares it, and it outlives
+    /// them all (until `box volumes rm|prune`): a channel between them.
+    Profile,
+}
+
+impl VolumeScope {
+    /// Its name in profiles and JSON: `session`, `profile`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumeScope::Session => "session",
+            VolumeScope::Profile => "profile",
+        }
+    }
+}
+
+/// Where a volume appears in its unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumePath {
+    /// Beneath the unit's home (`~/REL`, REL relative and clean): the tools'
+    /// default places (`~/.cache/pip`, `~/.cargo/registry`).
+    Home(PathBuf),
+    /// An absolute path outside the home.
+    Absolute(PathBuf),
+}
+
+impl std::fmt::Display for VolumePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VolumePath::Home(relative) => write!(f, "~/{}", relative.display()),
+            VolumePath::Absolute(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// A volume: storage that outlives a unit (`[[volume]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Volume {
+    /// Its name within the profile.
+    pub name: String,
+    /// Where it appears in the unit.
+    pub path: VolumePath,
+    /// Who shares it and how long it lives.
+    pub scope: VolumeScope,
+}
+
 /// Whether a protection must be applied, may be skipped (and reported), or is off.
 /// Declaration order is narrowing order: `Required` is the strictest.
 #[derive(
@@ -279,6 +331,8 @@ pub struct UnitSpec {
     /// How long the unit outlives its host's last lease renewal (the
     /// profile's `lifecycle.lease`): box's init in the unit ends it then.
     pub lease: Duration,
+    /// The volumes mounted in the unit (the workspace unit's; none for servers).
+    pub volumes: Vec<Volume>,
 }
 
 /// Facts about the host a plan is resolved against (passed in, so `resolve` stays pure).
@@ -526,6 +580,7 @@ impl UnitSpec {
             command: Vec::new(),
             description: String::new(),
             lease: Duration::from_secs(30),
+            volumes: Vec::new(),
         }
     }
 
@@ -552,6 +607,10 @@ impl UnitSpec {
             && self.security == bound.security
             && self.command == bound.command
             && self.lease == bound.lease
+            && self
+                .volumes
+                .iter()
+                .all(|volume| bound.volumes.contains(volume))
     }
 }
 
@@ -664,6 +723,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             command: Vec::new(),
             description: profile.description.clone(),
             lease: profile.lifecycle.lease,
+            volumes: profile.volumes.clone(),
         });
     }
     for server in &profile.servers {
@@ -689,6 +749,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             command: server.command.clone(),
             description: server.description.clone(),
             lease: profile.lifecycle.lease,
+            volumes: Vec::new(),
         });
     }
     Ok(Plan {

@@ -353,7 +353,7 @@ fn hostile_tightenings_are_refused() {
     let cases: &[(Value, &str)] = &[
         (
             json!({"mounts": [{"source": "/var/run/docker.sock"}]}),
-            "tighten: mounts: unknown field; accepted here: workspace, network, limits, servers, env",
+            "tighten: mounts: unknown field; accepted here: workspace, network, limits, servers, volumes, env",
         ),
         (
             json!({"workspace": {"source": "/"}}),
@@ -373,15 +373,15 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"privileged": true}),
-            "tighten: privileged: unknown field; accepted here: workspace, network, limits, servers, env",
+            "tighten: privileged: unknown field; accepted here: workspace, network, limits, servers, volumes, env",
         ),
         (
             json!({"security": {"cap_add": ["SYS_ADMIN"]}}),
-            "tighten: security: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: workspace, network, limits, servers, env",
+            "tighten: security: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: workspace, network, limits, servers, volumes, env",
         ),
         (
             json!({"devices": ["/dev/kvm"]}),
-            "tighten: devices: unknown field; accepted here: workspace, network, limits, servers, env",
+            "tighten: devices: unknown field; accepted here: workspace, network, limits, servers, volumes, env",
         ),
         (
             json!({"workspace": {"image": "evil:latest"}}),
@@ -397,11 +397,11 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!([{"network": {"mode": "none"}}]),
-            "tighten: expected an object with fields workspace, network, limits, servers, env, got an array",
+            "tighten: expected an object with fields workspace, network, limits, servers, volumes, env, got an array",
         ),
         (
             json!("none"),
-            "tighten: expected an object with fields workspace, network, limits, servers, env, got a string",
+            "tighten: expected an object with fields workspace, network, limits, servers, volumes, env, got a string",
         ),
         (
             json!({"limits": {"memory": 2147483648_u64}}),

@@ -6,7 +6,7 @@
 //!
 //! The shape mirrors the profile:
 //! `{"workspace": {"mode", "image", "local_userland"}, "network": {"mode", "allow"}, "limits": {...},
-//!   "servers": [NAME...], "env": {"drop": [NAME...]}}`.
+//!   "servers": [NAME...], "volumes": [NAME...], "env": {"drop": [NAME...]}}`.
 
 use std::time::Duration;
 
@@ -33,6 +33,9 @@ pub struct Tightening {
     pub limits: LimitsAsk,
     /// The server units to keep (all when absent).
     pub servers: Option<Vec<String>>,
+    /// The volumes to keep (all when absent): a session can drop a volume,
+    /// never add one.
+    pub volumes: Option<Vec<String>>,
     /// Variables removed from the workspace unit (set, passed or secret).
     pub env_drop: Vec<String>,
 }
@@ -71,7 +74,14 @@ pub struct LimitsAsk {
     pub start_timeout: Option<Duration>,
 }
 
-const TOP: &[&str] = &["workspace", "network", "limits", "servers", "env"];
+const TOP: &[&str] = &[
+    "workspace",
+    "network",
+    "limits",
+    "servers",
+    "volumes",
+    "env",
+];
 const WORKSPACE: &[&str] = &["mode", "image", "local_userland"];
 const NETWORK: &[&str] = &["mode", "allow"];
 const LIMITS: &[&str] = &[
@@ -316,6 +326,15 @@ impl Tightening {
             }
             tightening.servers = Some(names);
         }
+        if let Some(volumes) = top.get("volumes") {
+            let mut names: Vec<String> = Vec::new();
+            for name in strings(volumes, "volumes")? {
+                if !names.iter().any(|seen| seen == name) {
+                    names.push(name.to_owned());
+                }
+            }
+            tightening.volumes = Some(names);
+        }
         if let Some(env) = top.get("env") {
             let fields = object(env, "env", ENV, crate::profile::ENV_FIELDS)?;
             if let Some(drop) = fields.get("drop") {
@@ -506,6 +525,24 @@ pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, Pl
         narrowed
             .servers
             .retain(|server| names.contains(&server.name));
+    }
+    if let Some(names) = &tightening.volumes {
+        let known: Vec<&str> = profile
+            .volumes
+            .iter()
+            .map(|volume| volume.name.as_str())
+            .collect();
+        if let Some(unknown) = names.iter().find(|name| !known.contains(&name.as_str())) {
+            return Err(PlanError::Widening {
+                profile: profile.name.clone(),
+                field: "volumes".to_owned(),
+                asked: format!("{unknown:?}"),
+                bound: list(&known),
+            });
+        }
+        narrowed
+            .volumes
+            .retain(|volume| names.contains(&volume.name));
     }
     for name in &tightening.env_drop {
         narrowed.env.set.remove(name);

@@ -286,8 +286,9 @@ fn check_name(name: &str) -> Result<(), String> {
     }
 }
 
-/// `child` over `parent`: tables merge key by key, `[[server]]` entries merge
-/// by name (a child's server replaces the parent's of the same name), every
+/// `child` over `parent`: tables merge key by key, `[[server]]` and
+/// `[[volume]]` entries merge by name (a child's replaces the parent's of the
+/// same name), every
 /// other value is replaced whole; `[workspace] local_userland` goes with the
 /// `image` beside it.
 fn merge(parent: Node, child: Node, top: bool) -> Node {
@@ -300,7 +301,7 @@ fn merge(parent: Node, child: Node, top: bool) -> Node {
         match entries.iter().position(|(seen, _)| seen.name == key.name) {
             Some(index) => {
                 let (_, old) = entries.remove(index);
-                let merged = if top && key.name == "server" {
+                let merged = if top && (key.name == "server" || key.name == "volume") {
                     merge_servers(old, value)
                 } else if top && key.name == "workspace" {
                     merge(without_inherited_userland(old, &value), value, false)

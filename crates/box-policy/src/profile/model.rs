@@ -35,6 +35,8 @@ pub struct Profile {
     pub lifecycle: LifecyclePolicy,
     /// Server units, in the order written.
     pub servers: Vec<Server>,
+    /// The workspace unit's volumes, in the order written.
+    pub volumes: Vec<crate::plan::Volume>,
     /// Dangerous asks this profile makes, each allowed by name under `[operator]`.
     pub dangerous: Vec<Danger>,
 }

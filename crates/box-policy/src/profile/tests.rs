@@ -190,7 +190,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "colour = \"red\"\n",
-            "p.toml:1:1: colour: unknown field; accepted here: description, extends, workspace, network, limits, env, security, lifecycle, server, operator",
+            "p.toml:1:1: colour: unknown field; accepted here: description, extends, workspace, network, limits, env, security, lifecycle, server, volume, operator",
         ),
         (
             "[workspace]\nimgae = \"x\"\n",
@@ -899,4 +899,103 @@ fn tmp_is_executable_unless_the_profile_says_noexec() {
                 .to_owned()
         ]
     );
+}
+
+/// Issue 23, item 4: `[[volume]]` tables are read (a path beneath the home
+/// or an absolute one, a scope), merge by name through `extends`, and
+/// reach the workspace unit's plan; a session can drop one, never add one.
+#[test]
+fn volumes_are_read_merged_and_only_dropped() {
+    use crate::plan::{Volume, VolumePath, VolumeScope};
+    let parent = "[[volume]]\nname = \"pip\"\npath = \"~/.cache/pip\"\nscope = \"profile\"\n\
+                  [[volume]]\nname = \"scratch\"\npath = \"/var/cache/box/scratch\"\n";
+    let child = "extends = \"parent\"\n[[volume]]\nname = \"pip\"\npath = \"~/.cache/pip2\"\n";
+    let profile = load(&[("parent", parent), ("p", child)], "p").unwrap();
+    assert_eq!(
+        profile.volumes,
+        vec![
+            Volume {
+                name: "pip".to_owned(),
+                path: VolumePath::Home(PathBuf::from(".cache/pip2")),
+                scope: VolumeScope::Session,
+            },
+            Volume {
+                name: "scratch".to_owned(),
+                path: VolumePath::Absolute(PathBuf::from("/var/cache/box/scratch")),
+                scope: VolumeScope::Session,
+            },
+        ]
+    );
+    let host = crate::plan::HostFacts::fixed();
+    let plan = crate::plan::resolve(&profile, &serde_json::Value::Null, &host).unwrap();
+    assert_eq!(plan.units[0].volumes, profile.volumes);
+    assert_eq!(
+        plan.to_json()["units"][0]["volumes"][0],
+        serde_json::json!({"name": "pip", "path": "~/.cache/pip2", "scope": "session"})
+    );
+    let kept = crate::plan::resolve(
+        &profile,
+        &serde_json::json!({"volumes": ["scratch"]}),
+        &host,
+    )
+    .unwrap();
+    assert_eq!(kept.units[0].volumes, profile.volumes[1..].to_vec());
+    assert!(kept.is_within(&plan));
+    assert_eq!(
+        crate::plan::resolve(&profile, &serde_json::json!({"volumes": ["extra"]}), &host)
+            .unwrap_err()
+            .to_string(),
+        "tighten.volumes: asked for \"extra\", but profile `p` allows at most [pip, scratch]"
+    );
+}
+
+/// Issue 23, item 4: a volume's name and path are checked: nothing in or
+/// around the kernel's places, box's own, /tmp, the secrets, the workspace
+/// or another volume.
+#[test]
+fn a_volume_goes_only_where_it_makes_sense() {
+    let volume = |path: &str| format!("[[volume]]\nname = \"v\"\npath = \"{path}\"\n");
+    for (text, expected) in [
+        (volume("relative/x"), "\"relative/x\" is not accepted; write \"~/\""),
+        (volume("~/../x"), "\"~/../x\" is not a path beneath the home"),
+        (volume("~/"), "\"~/\" is not a path beneath the home"),
+        (volume("/"), "\"/\" is not accepted"),
+        (volume("/proc/x"), "\"/proc/x\" is, or is inside or around, the kernel's /proc"),
+        (volume("/.box/v"), "is, or is inside or around, box's own /.box"),
+        (volume("/tmp/cache"), "is, or is inside or around, the unit's own /tmp"),
+        (volume("/run"), "\"/run\" is, or is inside or around, /run/secrets, where"),
+        (volume("/workspace/cache"), "\"/workspace/cache\" overlaps the workspace at /workspace"),
+        (volume("/srv"), "overlaps"),
+        (
+            "[[volume]]\nname = \"Pip\"\npath = \"~/p\"\n".to_owned(),
+            "\"Pip\" is not a volume name",
+        ),
+        (
+            "[[volume]]\nname = \"a\"\npath = \"~/.cargo\"\n[[volume]]\nname = \"b\"\npath = \"~/.cargo/registry\"\n".to_owned(),
+            "overlaps volume \"a\" at ~/.cargo",
+        ),
+        (
+            "[[volume]]\nname = \"a\"\npath = \"~/a\"\n[[volume]]\nname = \"a\"\npath = \"~/b\"\n".to_owned(),
+            "a volume named \"a\" is declared twice",
+        ),
+        (
+            "[[volume]]\nname = \"a\"\npath = \"~/a\"\nscope = \"host\"\n".to_owned(),
+            "\"host\" is not accepted; write \"session\" or \"profile\"",
+        ),
+        (
+            "[workspace]\nsource = \"none\"\n[[volume]]\nname = \"a\"\npath = \"~/a\"\n".to_owned(),
+            "source = \"none\" has none",
+        ),
+    ] {
+        let text = if text.contains("/srv") {
+            "[workspace]\nroot = \"/srv/ws\"\n[[volume]]\nname = \"v\"\npath = \"/srv\"\n".to_owned()
+        } else {
+            text
+        };
+        let found = problems(&text);
+        assert!(
+            found.iter().any(|problem| problem.contains(expected)),
+            "{text}: {found:?}"
+        );
+    }
 }
