@@ -1376,6 +1376,14 @@ pub fn check_spec(spec: &UnitSpec, landlock_abi: Option<u32>) -> Result<(), Vec<
             ),
         );
     }
+    // Volumes are mounted by the docker backend only, so far: refused here
+    // rather than started without the storage the profile promised.
+    for volume in &spec.volumes {
+        refuse(
+            format!("volume {:?}", volume.name),
+            "the local backend does not mount [[volume]] tables yet; use the docker backend (--backend docker), or a profile without them",
+        );
+    }
     if let Some(runtime) = &spec.runtime {
         refuse(
             format!("{field}.runtime {runtime}"),

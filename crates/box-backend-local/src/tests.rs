@@ -818,3 +818,17 @@ fn an_image_or_runtime_the_local_backend_cannot_give_is_refused() {
         "a runtime is refused whatever the userland: {refusals:?}"
     );
 }
+
+#[test]
+fn volumes_are_refused_rather_than_left_out() {
+    let mut spec = unit_spec(WorkspaceSource::Empty);
+    spec.volumes = vec![box_policy::plan::Volume {
+        name: "cache".to_owned(),
+        path: box_policy::plan::VolumePath::Absolute("/cache".into()),
+        scope: box_policy::plan::VolumeScope::Session,
+    }];
+    let refusals = check_spec(&spec, Some(3)).unwrap_err();
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert_eq!(refusals[0].control, "volume \"cache\"");
+    assert!(refusals[0].why.contains("--backend docker"), "{refusals:?}");
+}

@@ -93,7 +93,7 @@ pub enum VolumeScope {
     #[default]
     Session,
     /// Every session of the profile on this host shares it, and it outlives
-    /// them all (until `box volumes rm|prune`): a channel between them.
+    /// them all (until removed): a channel between them.
     Profile,
 }
 
