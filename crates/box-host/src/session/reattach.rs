@@ -7,7 +7,6 @@
 
 use std::time::{Duration, Instant};
 
-use box_backend::SessionLabel;
 use box_jsonrpc::code;
 use box_policy::plan::{Role, WorkspaceSource};
 use serde_json::{Map, Value, json};
@@ -18,7 +17,7 @@ use super::Session;
 use super::handshake::{StartError, set_box_field};
 use super::live::{EVENT_QUEUE, Live, Unit, link_unit};
 use crate::ask::{Ask, Reattach, executor_initialize_params};
-use crate::redact::{self, SessionRedactor};
+use crate::redact;
 use crate::router::Router;
 use crate::state;
 use crate::units::{ExecutorLink, FIRST_REQUEST_ID};
@@ -120,7 +119,7 @@ impl Session {
                 )));
             }
         }
-        let mut secrets = redact::session_secrets(&plan, &(self.config.environment)());
+        let mut persisted_secrets = Vec::new();
         // The credentials persisted in the workspace, read again: they are
         // redacted from what the units send as they were before the restart.
         if let Some(path) = plan
@@ -136,17 +135,9 @@ impl Session {
                 tokio::task::spawn_blocking(move || redact::scan_persisted(&session, &path))
                     .await
                     .unwrap_or_default();
-            secrets.extend(persisted.secrets);
+            persisted_secrets = persisted.secrets;
         }
-        let redactor =
-            SessionRedactor::new(&self.id, secrets, self.services.redact_scratch.clone()).map_err(
-                |why| StartError::internal(format!("building the session's redactor: {why}")),
-            )?;
-        let label = SessionLabel {
-            instance: self.config.instance.clone(),
-            session: self.id.clone(),
-            profile: plan.profile.clone(),
-        };
+        let (redactor, label) = self.redactor_and_label(&plan, persisted_secrets)?;
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
         let mut tasks = JoinSet::new();
         let mut units = Vec::new();

@@ -31,6 +31,29 @@ use crate::units::{
 };
 
 impl Session {
+    /// The session's redactor, knowing the plan's secrets, the host's
+    /// credentials and `persisted` (the workspace's persisted credentials),
+    /// and the label its units carry: what a fresh start and a reattach both
+    /// build before a unit speaks.
+    pub(super) fn redactor_and_label(
+        &self,
+        plan: &Plan,
+        persisted: Vec<redact::Secret>,
+    ) -> Result<(SessionRedactor, SessionLabel), StartError> {
+        let mut secrets = redact::session_secrets(plan, &(self.config.environment)());
+        secrets.extend(persisted);
+        let redactor =
+            SessionRedactor::new(&self.id, secrets, self.services.redact_scratch.clone()).map_err(
+                |why| StartError::internal(format!("building the session's redactor: {why}")),
+            )?;
+        let label = SessionLabel {
+            instance: self.config.instance.clone(),
+            session: self.id.clone(),
+            profile: plan.profile.clone(),
+        };
+        Ok((redactor, label))
+    }
+
     /// A fresh session: resolve its plan, start its units (all or nothing)
     /// and initialize their executors; the initialize result for the client.
     pub(super) async fn start(
@@ -147,17 +170,7 @@ impl Session {
             _ => None,
         };
         // Built before any unit starts: a unit's first word is already redacted.
-        let mut secrets = redact::session_secrets(&plan, &(self.config.environment)());
-        secrets.extend(persisted.secrets);
-        let redactor =
-            SessionRedactor::new(&self.id, secrets, self.services.redact_scratch.clone()).map_err(
-                |why| StartError::internal(format!("building the session's redactor: {why}")),
-            )?;
-        let label = SessionLabel {
-            instance: self.config.instance.clone(),
-            session: self.id.clone(),
-            profile: plan.profile.clone(),
-        };
+        let (redactor, label) = self.redactor_and_label(&plan, persisted.secrets)?;
         let start_clock = Instant::now();
         // The session's (every unit has the same): engine start and executor initialize.
         let start_timeout = plan
