@@ -1179,7 +1179,7 @@ fn docker_doctor_reports_engine_and_kernel() {
         .iter()
         .filter_map(|profile| profile["name"].as_str())
         .collect();
-    for shipped in ["default", "ci", "offline", "no-fs", "fetch"] {
+    for shipped in ["default", "ci", "offline", "no-fs", "fetch", "dev"] {
         assert!(
             judged.contains(&shipped),
             "{shipped} not judged: {report:#}"

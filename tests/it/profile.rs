@@ -39,7 +39,7 @@ fn profile_list_shows_every_shipped_profile() {
     let home = tempfile::tempdir().unwrap();
     let output = profile_run(home.path(), &["list"]);
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
-    for name in ["default", "ci", "offline", "no-fs", "fetch"] {
+    for name in ["default", "ci", "offline", "no-fs", "fetch", "dev"] {
         assert!(
             stdout(&output).contains(&format!("[shipped:{name}.toml]")),
             "{}",
@@ -48,7 +48,7 @@ fn profile_list_shows_every_shipped_profile() {
     }
     let output = profile_run(home.path(), &["list", "--json"]);
     let listed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(listed["profiles"].as_array().unwrap().len(), 5);
+    assert_eq!(listed["profiles"].as_array().unwrap().len(), 6);
     assert_eq!(listed["profiles"][0]["name"], "default");
     assert_eq!(listed["profiles"][0]["ok"], true);
 }
@@ -63,11 +63,11 @@ fn profile_check_of_the_shipped_profiles_passes() {
             .lines()
             .filter(|line| line.starts_with("ok "))
             .count(),
-        5
+        6
     );
     let shipped = repo_root().join("profiles");
     let mut args = vec!["check".to_owned()];
-    for name in ["default", "ci", "offline", "no-fs", "fetch"] {
+    for name in ["default", "ci", "offline", "no-fs", "fetch", "dev"] {
         args.push(shipped.join(format!("{name}.toml")).display().to_string());
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -140,14 +140,14 @@ fn profile_show_of_an_unknown_profile_fails_with_the_known_names() {
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
     assert_eq!(
         stderr(&output),
-        "box: no profile named \"nope\"; known: ci, default, fetch, no-fs, offline\n"
+        "box: no profile named \"nope\"; known: ci, default, dev, fetch, no-fs, offline\n"
     );
 }
 
 #[test]
 fn profile_resolve_json_matches_the_golden_plans() {
     let home = tempfile::tempdir().unwrap();
-    for name in ["default", "ci", "offline", "no-fs", "fetch"] {
+    for name in ["default", "ci", "offline", "no-fs", "fetch", "dev"] {
         let output = profile_run(
             home.path(),
             &[
@@ -293,7 +293,7 @@ fn profile_with_a_missing_profiles_directory_fails() {
 #[test]
 fn profile_show_json_matches_the_golden_profiles() {
     let home = tempfile::tempdir().unwrap();
-    for name in ["default", "ci", "offline", "no-fs", "fetch"] {
+    for name in ["default", "ci", "offline", "no-fs", "fetch", "dev"] {
         let output = profile_run(home.path(), &["show", name, "--json"]);
         assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
         let path = repo_root().join(format!("tests/golden/show-{name}.json"));

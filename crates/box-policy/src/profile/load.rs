@@ -16,6 +16,7 @@ pub const SHIPPED: &[(&str, &str)] = &[
     ("offline", include_str!("../../../../profiles/offline.toml")),
     ("no-fs", include_str!("../../../../profiles/no-fs.toml")),
     ("fetch", include_str!("../../../../profiles/fetch.toml")),
+    ("dev", include_str!("../../../../profiles/dev.toml")),
 ];
 
 /// Longest `extends` chain; deeper is a mistake, not a design.

@@ -366,7 +366,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "extends = \"nothere\"\n",
-            "p.toml:1:11: extends: no profile named \"nothere\" to extend; known: ci, default, fetch, no-fs, offline, p",
+            "p.toml:1:11: extends: no profile named \"nothere\" to extend; known: ci, default, dev, fetch, no-fs, offline, p",
         ),
         (
             "extends = \"p\"\n",
@@ -640,7 +640,7 @@ fn unknown_names_and_path_like_names_are_refused() {
     let catalog = Catalog::only(Vec::new());
     assert_eq!(
         catalog.load("nope").unwrap_err().to_string(),
-        "no profile named \"nope\"; known: ci, default, fetch, no-fs, offline"
+        "no profile named \"nope\"; known: ci, default, dev, fetch, no-fs, offline"
     );
     assert_eq!(
         catalog.load("../../etc/passwd").unwrap_err().to_string(),
@@ -813,7 +813,7 @@ fn local_userland_goes_with_its_image() {
     let minimal = load(&[("p", "description = \"x\"\n")], "p").unwrap();
     assert_eq!(minimal.workspace.local_userland, Refuse);
     let shipped = Catalog::only(Vec::new());
-    for name in ["default", "ci", "offline", "fetch"] {
+    for name in ["default", "ci", "offline", "fetch", "dev"] {
         let profile = shipped.load(name).unwrap();
         assert_eq!(profile.workspace.local_userland, Host, "{name}");
     }
