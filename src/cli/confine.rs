@@ -103,6 +103,10 @@ pub fn fork_git() -> Option<box_fork::Git> {
         ("PATH".to_owned(), "/usr/bin:/bin".to_owned()),
         ("HOME".to_owned(), "/nonexistent".to_owned()),
         ("LC_ALL".to_owned(), "C".to_owned()),
+        // Neither the host's system nor a user's global configuration reaches
+        // a fork's git: it reads the workspace and box's settings only.
+        ("GIT_CONFIG_NOSYSTEM".to_owned(), "1".to_owned()),
+        ("GIT_CONFIG_GLOBAL".to_owned(), "/dev/null".to_owned()),
     ];
     env.extend(box_scrub::git_neutralisation());
     Some(
