@@ -34,6 +34,10 @@
 //!   profile under the engine's default runtime (runc), alternating round by
 //!   round; both with `landlock = "best-effort"` (gVisor has none).
 //!
+//! - `before-call`: with `BOX_BENCH_BEFORE=PATH`, per-call round trips
+//!   through this build's `box serve` and the other binary's, local and
+//!   docker, interleaved in blocks (a restructuring's cost per call).
+//!
 //! `cargo bench --profile dev --bench serve_units [-- start|call|http|batch]`;
 //! BOX_BENCH_HTTP (default `docker:50,local:50,local:200`) picks the
 //! concurrency runs. Everything started here (containers labelled
@@ -821,6 +825,49 @@ fn call_figures(runtime: &tokio::runtime::Runtime, workspace: &Path) {
     assert!(left.is_empty(), "units left by {instance}: {left:?}");
 }
 
+/// Per-call through this build's `box serve` against `BOX_BENCH_BEFORE`'s,
+/// on `backend`: one session each, interleaved blocks of the same read, so a
+/// restructuring's cost per call shows as a ratio of the same run.
+fn before_call_figures(backend: &str, workspace: &Path, before: &Path) {
+    let calls = env_number("BOX_BENCH_CALLS", 1000);
+    let mut peers: Vec<(&str, Peer)> =
+        [("this build", Path::new(BOX)), ("BOX_BENCH_BEFORE", before)]
+            .into_iter()
+            .enumerate()
+            .map(|(index, (name, exe))| {
+                let instance = format!("{}-bcall-{backend}-{index}", label());
+                let mut peer = Peer::spawn(&mut box_serve_of(exe, backend, workspace, &instance));
+                peer.initialize();
+                (name, peer)
+            })
+            .collect();
+    for (_, peer) in &mut peers {
+        for _ in 0..50 {
+            peer.read("small.txt");
+        }
+    }
+    let mut times = vec![Vec::new(); peers.len()];
+    for _ in 0..calls / 50 {
+        for (index, (_, peer)) in peers.iter_mut().enumerate() {
+            for _ in 0..50 {
+                let started = Instant::now();
+                peer.read("small.txt");
+                times[index].push(started.elapsed());
+            }
+        }
+    }
+    let (now, then) = (&times[0], &times[1]);
+    println!(
+        "call, stdio, {backend}: {calls} tools/call read of a 20-line file, this build p50={:.0}us p99={:.0}us | BOX_BENCH_BEFORE p50={:.0}us p99={:.0}us | ratio p50={:.2} p99={:.2}",
+        micros(percentile(now, 0.5)),
+        micros(percentile(now, 0.99)),
+        micros(percentile(then, 0.5)),
+        micros(percentile(then, 0.99)),
+        micros(percentile(now, 0.5)) / micros(percentile(then, 0.5)),
+        micros(percentile(now, 0.99)) / micros(percentile(then, 0.99)),
+    );
+}
+
 fn mcp_proxy() -> Option<PathBuf> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-mcp-proxy/bin/mcp-proxy");
     path.exists().then_some(path)
@@ -1537,6 +1584,15 @@ fn main() {
     }
     if docker.is_some() && wants("call") {
         call_figures(&runtime, workspace.path());
+    }
+    // `-- before-call`: only with BOX_BENCH_BEFORE (a restructuring's cost).
+    if let Some(before) = std::env::var_os("BOX_BENCH_BEFORE").map(PathBuf::from)
+        && wanted.iter().any(|w| w == "before-call")
+    {
+        before_call_figures("local", workspace.path(), &before);
+        if docker.is_some() {
+            before_call_figures("docker", workspace.path(), &before);
+        }
     }
     if docker.is_some() && wants("batch") {
         batch_figures(workspace.path());
