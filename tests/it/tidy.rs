@@ -59,7 +59,7 @@ fn crates_depend_only_on_what_the_architecture_allows() {
                 "box-egress",
             ],
         ),
-        ("box-backend", &["box-policy", "box-scrub"]),
+        ("box-backend", &["box-policy", "box-scrub", "box-init"]),
         (
             "box-backend-docker",
             &["box-backend", "box-policy", "box-confine", "box-init"],

@@ -7,12 +7,15 @@
 //! the same trait. This crate is what every backend shares: the [`Backend`]
 //! trait, the pure [`Backend::check`] that start and `box doctor` both ask,
 //! listing and removing units by instance (`box units`, `box gc`, the host's
-//! sweep), the environment a unit gets, instance liveness, and the
-//! [`Registry`] the binary fills with the backends it was built with.
+//! sweep), the environment a unit gets, instance liveness, the host's side
+//! of a unit's life over box-init's channel ([`lifecycle`]: run directory,
+//! lease renewal, adopt, stdio relay), and the [`Registry`] the binary fills
+//! with the backends it was built with.
 
 pub mod environment;
 pub mod executor_log;
 pub mod instance;
+pub mod lifecycle;
 mod registry;
 pub mod volumes;
 
