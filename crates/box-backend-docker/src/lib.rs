@@ -885,6 +885,19 @@ impl Backend for DockerBackend {
         BackendKind::Docker
     }
 
+    /// Everything the host wires in is bind-mounted into the container (host
+    /// files, the egress socket's directory, borrowed objects); a unit's init
+    /// reconnects to a later host; volumes are the engine's.
+    fn capabilities(&self) -> box_backend::Capabilities {
+        box_backend::Capabilities {
+            host_files: true,
+            egress_socket: true,
+            worktree_objects: true,
+            adopt: true,
+            volumes: true,
+        }
+    }
+
     /// A worktree fork's borrowed objects: bind-mounted read-only at one
     /// place in every container (`body::mount_objects`).
     fn objects_place(&self, _spec: &UnitSpec) -> Result<ObjectsPlace, String> {

@@ -921,6 +921,20 @@ impl Backend for LocalBackend {
         BackendKind::Local
     }
 
+    /// The egress socket's directory and borrowed objects are bound back
+    /// at their host paths in the unit's mount namespace (`objects_place`
+    /// says for which specs); the helper's supervisor reconnects to a later
+    /// host. No host file over a workspace file, no volumes yet.
+    fn capabilities(&self) -> box_backend::Capabilities {
+        box_backend::Capabilities {
+            host_files: false,
+            egress_socket: true,
+            worktree_objects: true,
+            adopt: true,
+            volumes: false,
+        }
+    }
+
     fn check(&self, spec: &UnitSpec) -> Result<(), Vec<Unenforceable>> {
         let mut refusals = check_spec(spec, Some(self.landlock_abi))
             .err()
@@ -988,19 +1002,11 @@ impl Backend for LocalBackend {
         wiring: &'a UnitWiring,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
         // What this backend cannot wire is refused, never silently left out.
-        let refuse = |control: &str, why: &str| {
-            let refusal = BackendError::Unenforceable {
-                unit: spec.name.clone(),
-                control: control.to_owned(),
-                why: why.to_owned(),
-            };
-            futures::future::ready(Err(refusal)).boxed()
-        };
-        if !wiring.masks.is_empty() {
-            return refuse(
-                "on_persisted_credentials = \"hide\"",
-                "the local backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend",
-            );
+        if let Err(refusal) = self
+            .capabilities()
+            .refuse(self.kind(), &spec.name, wiring.wants())
+        {
+            return futures::future::ready(Err(refusal.into())).boxed();
         }
         self.start_command_wired(session, spec, wiring, Vec::new())
             .boxed()
