@@ -889,13 +889,25 @@ impl Backend for DockerBackend {
     /// files, the egress socket's directory, borrowed objects); a unit's init
     /// reconnects to a later host; volumes are the engine's.
     fn capabilities(&self) -> box_backend::Capabilities {
-        box_backend::Capabilities {
-            host_files: true,
-            egress_socket: true,
-            worktree_objects: true,
-            adopt: true,
-            volumes: true,
-        }
+        box_backend::Capabilities::ALL
+    }
+
+    /// An image a start pulls is no problem yet; one it will not pull (box's
+    /// own, or `pull = "never"`) must be on the engine.
+    fn ready<'a>(&'a self, spec: &'a UnitSpec) -> BoxFuture<'a, Result<(), Vec<String>>> {
+        Box::pin(async move {
+            let pulled = spec.pull != box_policy::image::PullPolicy::Never
+                && !pull::is_box_image(&spec.image);
+            if pulled || self.has_image(&spec.image).await {
+                return Ok(());
+            }
+            Err(vec![format!(
+                "unit {}: image {} missing; {}",
+                spec.name,
+                spec.image,
+                missing_image_remedy(&spec.image, spec.pull)
+            )])
+        })
     }
 
     /// A worktree fork's borrowed objects: bind-mounted read-only at one

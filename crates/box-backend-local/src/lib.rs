@@ -928,10 +928,8 @@ impl Backend for LocalBackend {
     fn capabilities(&self) -> box_backend::Capabilities {
         box_backend::Capabilities {
             host_files: false,
-            egress_socket: true,
-            worktree_objects: true,
-            adopt: true,
             volumes: false,
+            ..box_backend::Capabilities::ALL
         }
     }
 

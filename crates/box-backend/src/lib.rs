@@ -192,6 +192,16 @@ impl Capabilities {
         volumes: false,
     };
 
+    /// Everything: a backend that binds host paths into its units and
+    /// whose units run box's init (docker).
+    pub const ALL: Capabilities = Capabilities {
+        host_files: true,
+        egress_socket: true,
+        worktree_objects: true,
+        adopt: true,
+        volumes: true,
+    };
+
     /// The first of `wants` the `kind` backend cannot wire into `unit`, as
     /// the refusal a start gives (the same sentence from the host before
     /// anything starts, and from the backend's `start_wired`).
@@ -605,6 +615,15 @@ pub trait Backend: Send + Sync {
         self.start(session, spec)
     }
 
+    /// What a start of `spec` would find missing on the engine that
+    /// [`check`](Self::check) cannot see without asking it (docker: an image
+    /// it will not pull and does not have), each with what to do: `box
+    /// doctor` asks. The default finds nothing missing.
+    fn ready<'a>(&'a self, spec: &'a UnitSpec) -> BoxFuture<'a, Result<(), Vec<String>>> {
+        let _ = spec;
+        Box::pin(futures::future::ready(Ok(())))
+    }
+
     /// What this backend can do beyond [`start`](Self::start): the host
     /// asks before it wires anything in or re-adopts a unit. The default,
     /// [`Capabilities::NONE`], fits the trait's defaults.
@@ -736,15 +755,8 @@ mod tests {
             none.refuse(BackendKind::Local, "u", Wants::default()),
             Ok(())
         );
-        let all = Capabilities {
-            host_files: true,
-            egress_socket: true,
-            worktree_objects: true,
-            adopt: true,
-            volumes: true,
-        };
         assert_eq!(
-            all.refuse(BackendKind::Docker, "u", wants(true, true, true)),
+            Capabilities::ALL.refuse(BackendKind::Docker, "u", wants(true, true, true)),
             Ok(())
         );
         let wiring = UnitWiring {
