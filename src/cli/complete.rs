@@ -93,7 +93,8 @@ pub fn unit_ids() -> Vec<CompletionCandidate> {
     runtime.block_on(async {
         let registry = crate::backends::registry();
         let mut candidates = Vec::new();
-        for name in ["docker", "local"] {
+        let names: Vec<&str> = registry.kinds().map(|kind| kind.as_str()).collect();
+        for name in names {
             let listed = tokio::time::timeout(LIST_TIMEOUT, async {
                 let backend = registry.connect(name).await.ok()?;
                 backend.list().await.ok()

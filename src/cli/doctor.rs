@@ -7,9 +7,10 @@ use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use box_backend::Backend as _;
+use std::sync::Arc;
+
+use box_backend::{Backend, BackendKind};
 use box_backend_docker::DockerBackend;
-use box_backend_local::LocalBackend;
 
 use crate::plan::HostFacts;
 use crate::profile::Catalog;
@@ -98,42 +99,58 @@ pub fn strict(report: &Value, name: &str) -> Result<(), String> {
     if let Some(error) = profile["error"].as_str() {
         return Err(format!("profile {name}: {error}"));
     }
-    let fits = |backend: &str| profile[backend].as_str() == Some("yes");
-    if fits("docker") || fits("local") {
+    let fits = fits(profile);
+    if fits.iter().any(|(_, fit)| fit.as_str() == Some("yes")) {
         return Ok(());
     }
-    let why = |backend: &str| {
-        profile[backend]
-            .as_array()
-            .map(|why| why.iter().map(text).collect::<Vec<_>>().join("; "))
-            .unwrap_or_else(|| "?".to_owned())
-    };
+    let why: Vec<String> = fits
+        .iter()
+        .map(|(backend, fit)| {
+            let why = fit
+                .as_array()
+                .map(|why| why.iter().map(text).collect::<Vec<_>>().join("; "))
+                .unwrap_or_else(|| "?".to_owned());
+            format!("{backend}: {why}")
+        })
+        .collect();
     Err(format!(
-        "profile {name} cannot run here with the protections it requires: docker: {}; local: {}",
-        why("docker"),
-        why("local")
+        "profile {name} cannot run here with the protections it requires: {}",
+        why.join("; ")
     ))
+}
+
+/// A profile's fit on each backend the report judged it on (every key but
+/// its name and error: one per registered backend), by name.
+fn fits(profile: &Value) -> Vec<(&str, &Value)> {
+    profile
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(key, _)| !matches!(key.as_str(), "name" | "error"))
+        .map(|(key, fit)| (key.as_str(), fit))
+        .collect()
 }
 
 /// Gather the report: the machine's facts, and how each profile in
 /// `catalog` fits here, resolved with `host`'s directory and ids.
 pub async fn report(catalog: &Catalog, host: &HostFacts) -> Value {
     let kernel = kernel_facts();
-    let (docker, backend) = match DockerBackend::connect().await {
-        Ok(backend) => (
-            box_backend_docker::doctor::doctor_facts(&backend).await,
-            Some(backend),
-        ),
-        Err(error) => (
-            json!({"available": false, "error": error.to_string()}),
-            None,
-        ),
+    // The engine's own facts (its part of `box doctor`).
+    let docker = match DockerBackend::connect().await {
+        Ok(backend) => box_backend_docker::doctor::doctor_facts(&backend).await,
+        Err(error) => json!({"available": false, "error": error.to_string()}),
     };
+    // Every registered backend, connected once, judges every profile.
+    let registry = crate::backends::registry();
+    let mut backends = Vec::new();
+    for kind in registry.kinds() {
+        backends.push((kind, registry.connect(kind.as_str()).await));
+    }
     let mut profiles = Vec::new();
     // Every profile this host would resolve (the shipped ones and the
     // operator's), each once: the one a session would get by that name.
     for listed in catalog.list().into_iter().filter(|listed| !listed.hidden) {
-        profiles.push(profile_fit(catalog, host, &listed.name, backend.as_ref()).await);
+        profiles.push(profile_fit(catalog, host, &listed.name, &backends).await);
     }
     let local = local_facts(&kernel);
     json!({
@@ -231,16 +248,19 @@ pub fn unit_user(facts: &HostFacts) -> Value {
     shown
 }
 
-/// Whether each backend can run profile `name` here: the backends' own
-/// [`Backend::check`], the one judgement a start makes too, plus whether
-/// the engine has the images.
+/// A registered backend, connected, or why it could not be.
+type Connected = Result<Arc<dyn Backend>, String>;
+
+/// Whether each registered backend can run profile `name` here: the
+/// backend's own [`Backend::check`], the one judgement a start makes too,
+/// plus what its engine would be missing ([`Backend::ready`]: docker's
+/// images). A backend that does not connect says why, once.
 async fn profile_fit(
     catalog: &Catalog,
     host: &HostFacts,
     name: &str,
-    docker: Option<&DockerBackend>,
+    backends: &[(BackendKind, Connected)],
 ) -> Value {
-    let local = LocalBackend::current().map_err(|error| error.to_string());
     let profile = match catalog.load(name) {
         Ok(profile) => profile,
         Err(error) => return json!({"name": name, "error": error.to_string()}),
@@ -249,46 +269,30 @@ async fn profile_fit(
         Ok(plan) => plan,
         Err(error) => return json!({"name": name, "error": error.to_string()}),
     };
-    let mut on_docker: Vec<String> = Vec::new();
-    let mut on_local: Vec<String> = Vec::new();
-    for unit in &plan.units {
-        match docker {
-            None => on_docker.push("no Docker engine".to_owned()),
-            Some(backend) => {
-                // An image a start pulls is no problem yet; one it will not
-                // pull (box's own, or pull = "never") is.
-                let pulled = unit.pull != crate::plan::PullPolicy::Never
-                    && !box_backend_docker::pull::is_box_image(&unit.image);
-                if !pulled && !backend.has_image(&unit.image).await {
-                    on_docker.push(format!(
-                        "unit {}: image {} missing; {}",
-                        unit.name,
-                        unit.image,
-                        box_backend_docker::missing_image_remedy(&unit.image, unit.pull)
-                    ));
+    let mut fit = json!({"name": name});
+    for (kind, backend) in backends {
+        let mut why: Vec<String> = Vec::new();
+        match backend {
+            Err(error) => why.push(error.clone()),
+            Ok(backend) => {
+                for unit in &plan.units {
+                    if let Err(missing) = backend.ready(unit).await {
+                        why.extend(missing);
+                    }
+                    if let Err(refusals) = backend.check(unit) {
+                        why.extend(refusals.iter().map(ToString::to_string));
+                    }
                 }
             }
         }
-        if let Some(backend) = docker
-            && let Err(refusals) = backend.check(unit)
-        {
-            on_docker.extend(refusals.iter().map(ToString::to_string));
-        }
-        match &local {
-            Ok(local) => {
-                if let Err(refusals) = local.check(unit) {
-                    on_local.extend(refusals.iter().map(ToString::to_string));
-                }
-            }
-            Err(why) => on_local.push(why.clone()),
-        }
+        why.dedup();
+        fit[kind.as_str()] = if why.is_empty() {
+            json!("yes")
+        } else {
+            json!(why)
+        };
     }
-    on_docker.dedup();
-    json!({
-        "name": name,
-        "docker": if on_docker.is_empty() { json!("yes") } else { json!(on_docker) },
-        "local": if on_local.is_empty() { json!("yes") } else { json!(on_local) },
-    })
+    fit
 }
 
 /// The human form of the report.
@@ -407,11 +411,14 @@ pub fn render(report: &Value) -> String {
                 text(&profile["name"])
             ));
         } else {
+            let fits: Vec<String> = fits(profile)
+                .into_iter()
+                .map(|(backend, judged)| format!("{backend} {}", fit(judged)))
+                .collect();
             out.push_str(&format!(
-                "profile       {}: docker {}, local {}\n",
+                "profile       {}: {}\n",
                 text(&profile["name"]),
-                fit(&profile["docker"]),
-                fit(&profile["local"]),
+                fits.join(", ")
             ));
         }
     }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
+use clap::builder::TypedValueParser as _;
 
 use std::sync::Arc;
 
@@ -22,29 +23,38 @@ pub struct UnitsArgs {
     /// What to do (default: ls).
     #[command(subcommand)]
     pub command: Option<UnitsCommand>,
-    /// Only this backend's units. Without it, docker's and local ones, and
-    /// an engine that does not answer is an error, never an empty list.
-    #[arg(long, global = true, value_enum, value_name = "NAME")]
-    pub backend: Option<UnitsBackend>,
+    /// Only this backend's units (a name the binary registered: docker,
+    /// local). Without it, every registered backend's, and an engine that
+    /// does not answer is an error, never an empty list.
+    #[arg(long, global = true, value_parser = backend_name(), value_name = "NAME")]
+    pub backend: Option<BackendKind>,
 }
 
-/// The backends `box units` can look at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum UnitsBackend {
-    /// The docker engine's units.
-    Docker,
-    /// The local backend's units (a killed host's, until their lease ends).
-    Local,
+/// `--backend`'s values: the names of the backends this binary registered
+/// (`crate::backends`), so a new backend needs no change here.
+fn backend_name() -> impl clap::builder::TypedValueParser<Value = BackendKind> {
+    let registry = crate::backends::registry();
+    let names: Vec<&'static str> = registry.kinds().map(BackendKind::as_str).collect();
+    clap::builder::PossibleValuesParser::new(names).map(move |name| {
+        registry
+            .kinds()
+            .find(|kind| kind.as_str() == name)
+            .unwrap_or(BackendKind::Docker)
+    })
 }
 
-impl UnitsBackend {
-    /// The backend kind it names.
-    fn kind(self) -> BackendKind {
-        match self {
-            UnitsBackend::Docker => BackendKind::Docker,
-            UnitsBackend::Local => BackendKind::Local,
-        }
-    }
+/// The registered backend named `name`.
+fn registered(name: &str) -> Result<BackendKind, String> {
+    let registry = crate::backends::registry();
+    let found = registry.kinds().find(|kind| kind.as_str() == name);
+    found.ok_or_else(|| {
+        let names: Vec<&str> = registry.kinds().map(BackendKind::as_str).collect();
+        let choices = match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.join(""),
+        };
+        format!("no backend `{name}`; choose {choices}")
+    })
 }
 
 const UNITS_EXAMPLES: &str = "Examples:
@@ -61,8 +71,8 @@ const FILTER_KEYS: &str = "backend, instance, profile, session";
 /// One `--filter KEY=VALUE`: which units `box units ls` shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UnitFilter {
-    /// `backend=docker|local`.
-    Backend(UnitsBackend),
+    /// `backend=NAME` (`docker`, `local`).
+    Backend(BackendKind),
     /// `instance=ID`: the host instance that started the unit.
     Instance(String),
     /// `session=ID`.
@@ -83,9 +93,7 @@ impl UnitFilter {
             return Err(format!("`{key}=` has no value; write {key}=VALUE"));
         }
         match key {
-            "backend" => <UnitsBackend as clap::ValueEnum>::from_str(value, false)
-                .map(UnitFilter::Backend)
-                .map_err(|_| format!("no backend `{value}`; choose docker or local")),
+            "backend" => registered(value).map(UnitFilter::Backend),
             "instance" => Ok(UnitFilter::Instance(value.to_owned())),
             "session" => Ok(UnitFilter::Session(value.to_owned())),
             "profile" => Ok(UnitFilter::Profile(value.to_owned())),
@@ -96,7 +104,7 @@ impl UnitFilter {
     /// Whether `unit`, of `backend`, is what this filter asks for.
     fn matches(&self, backend: BackendKind, unit: &UnitInfo) -> bool {
         match self {
-            UnitFilter::Backend(wanted) => wanted.kind() == backend,
+            UnitFilter::Backend(wanted) => *wanted == backend,
             UnitFilter::Instance(wanted) => &unit.instance == wanted,
             UnitFilter::Session(wanted) => &unit.session == wanted,
             UnitFilter::Profile(wanted) => &unit.profile == wanted,
@@ -125,18 +133,22 @@ fn passes(filters: &[UnitFilter], backend: BackendKind, unit: &UnitInfo) -> bool
     })
 }
 
-/// The backends `box units` must ask: `--backend`'s, narrowed by the
-/// filters' `backend=` values (so a filter for local units needs no engine).
-fn backends_asked(only: Option<UnitsBackend>, filters: &[UnitFilter]) -> Vec<UnitsBackend> {
-    let filtered: Vec<UnitsBackend> = filters
+/// The backends `box units` must ask, of those registered (in the
+/// registry's order): `--backend`'s, narrowed by the filters' `backend=`
+/// values (so a filter for local units needs no engine).
+fn backends_asked(
+    registered: impl Iterator<Item = BackendKind>,
+    only: Option<BackendKind>,
+    filters: &[UnitFilter],
+) -> Vec<BackendKind> {
+    let filtered: Vec<BackendKind> = filters
         .iter()
         .filter_map(|filter| match filter {
             UnitFilter::Backend(backend) => Some(*backend),
             _ => None,
         })
         .collect();
-    [UnitsBackend::Docker, UnitsBackend::Local]
-        .into_iter()
+    registered
         .filter(|backend| only.is_none_or(|only| only == *backend))
         .filter(|backend| filtered.is_empty() || filtered.contains(backend))
         .collect()
@@ -361,12 +373,12 @@ fn shown(backends: &[Arc<dyn Backend>], (of, unit): &Listed) -> anyhow::Result<s
 /// Every unit of the backends `box units` was asked for, each of which must
 /// answer: a list that left out an engine's units would be a false one.
 async fn units_of(
-    only: Option<UnitsBackend>,
+    only: Option<BackendKind>,
     filters: &[UnitFilter],
 ) -> anyhow::Result<(Vec<Arc<dyn Backend>>, Vec<Listed>)> {
-    let names: Vec<&str> = backends_asked(only, filters)
+    let names: Vec<&str> = backends_asked(crate::backends::registry().kinds(), only, filters)
         .into_iter()
-        .map(|backend| backend.kind().as_str())
+        .map(BackendKind::as_str)
         .collect();
     let (backends, failed) = connect(&names).await;
     if !failed.is_empty() {
@@ -511,7 +523,7 @@ fn find_unit<'a>(units: &'a [Listed], id: &str) -> anyhow::Result<&'a Listed> {
 }
 
 /// `box units rm`: every id resolved before anything is removed.
-fn remove(ids: &[String], force: bool, only: Option<UnitsBackend>) -> anyhow::Result<ExitCode> {
+fn remove(ids: &[String], force: bool, only: Option<BackendKind>) -> anyhow::Result<ExitCode> {
     let dir = instance::default_dir();
     let (removed, failed) = runtime()?.block_on(async {
         let (backends, units) = units_of(only, &[]).await?;
@@ -838,12 +850,16 @@ pub fn collectable(liveness: Liveness, named: bool, all_instances: bool) -> bool
     }
 }
 
-/// The backends whose units can outlive the process that started them:
-/// docker when its engine answers, and local (a local unit outlives its host
-/// by its lease; its run directory's record says so). At least one:
-/// `box gc` skips one that does not answer, saying so.
+/// The registered backends, whose units can outlive the process that
+/// started them (docker's; local ones outlive their host by their lease,
+/// as their run directory's record says). At least one must answer:
+/// `box gc` skips one that does not, saying so.
 async fn lasting_backends() -> anyhow::Result<Vec<Arc<dyn Backend>>> {
-    let (backends, why) = connect(&["docker", "local"]).await;
+    let names: Vec<&str> = crate::backends::registry()
+        .kinds()
+        .map(BackendKind::as_str)
+        .collect();
+    let (backends, why) = connect(&names).await;
     if backends.is_empty() {
         anyhow::bail!("no backend answers: {}", why.join("; "));
     }
@@ -1289,15 +1305,24 @@ mod tests {
     #[test]
     fn a_backend_filter_narrows_the_backends_asked() {
         let backend = |name: &str| UnitFilter::parse(&format!("backend={name}")).unwrap();
-        let docker = UnitsBackend::Docker;
-        let local = UnitsBackend::Local;
-        assert_eq!(backends_asked(None, &[]), [docker, local]);
-        assert_eq!(backends_asked(None, &[backend("local")]), [local]);
-        assert_eq!(backends_asked(Some(docker), &[]), [docker]);
-        assert_eq!(backends_asked(Some(docker), &[backend("local")]), []);
+        let docker = BackendKind::Docker;
+        let local = BackendKind::Local;
+        let asked = |only, filters: &[UnitFilter]| {
+            backends_asked([docker, local].into_iter(), only, filters)
+        };
+        assert_eq!(asked(None, &[]), [docker, local]);
+        assert_eq!(asked(None, &[backend("local")]), [local]);
+        assert_eq!(asked(Some(docker), &[]), [docker]);
+        assert_eq!(asked(Some(docker), &[backend("local")]), []);
         assert_eq!(
-            backends_asked(None, &[backend("local"), backend("docker")]),
+            asked(None, &[backend("local"), backend("docker")]),
             [docker, local]
+        );
+        // Whatever the binary registered is asked, in the registry's order.
+        let fake = BackendKind::new("fake");
+        assert_eq!(
+            backends_asked([docker, local, fake].into_iter(), None, &[]),
+            [docker, local, fake]
         );
     }
 

@@ -59,7 +59,7 @@ fn crates_depend_only_on_what_the_architecture_allows() {
                 "box-egress",
             ],
         ),
-        ("box-backend", &["box-policy", "box-scrub"]),
+        ("box-backend", &["box-policy", "box-scrub", "box-init"]),
         (
             "box-backend-docker",
             &["box-backend", "box-policy", "box-confine", "box-init"],
@@ -457,6 +457,75 @@ fn box_host_sets_up_no_process() {
     assert!(
         found.is_empty(),
         "this belongs to the binary (src/process.rs):\n{}",
+        found.join("\n")
+    );
+}
+
+/// A unit's life over box-init's channel is driven in one place,
+/// `box_backend::lifecycle` (ARCHITECTURE.md, `box-backend`): no backend
+/// renews a lease, fences off an earlier host or takes a channel apart
+/// itself, so the docker and local backends cannot drift apart again and a
+/// new backend reuses what they use.
+#[test]
+fn only_box_backends_lifecycle_drives_a_units_channel() {
+    const DRIVING: &[&str] = &[
+        "renew_interval(",
+        "renew_confirmed(",
+        ".renew(",
+        "UnitChannel {",
+    ];
+    let root = repo_root();
+    let lifecycle = root.join("crates/box-backend/src/lifecycle.rs");
+    let mut found = Vec::new();
+    for dir in ["crates", "src"] {
+        for (path, code) in production_code(&root.join(dir)) {
+            if path == lifecycle || path.starts_with(root.join("crates/box-init")) {
+                continue;
+            }
+            for (number, line) in code.lines().enumerate() {
+                if DRIVING.iter().any(|driving| line.contains(driving)) {
+                    found.push(format!(
+                        "{}:{}: {}",
+                        path.strip_prefix(&root).unwrap_or(&path).display(),
+                        number + 1,
+                        line.trim()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "use box_backend::lifecycle (accept, reconnect, relay) instead:\n{}",
+        found.join("\n")
+    );
+}
+
+/// Backends are registered, not enumerated: the commands (`box units`,
+/// `box gc`, `box doctor`, the completions) take them from the binary's
+/// `Registry` (`src/backends.rs`), so a new backend is one crate and one
+/// registration, and no list of backend names is written out by hand.
+#[test]
+fn the_commands_list_backends_from_the_registry() {
+    let root = repo_root();
+    let mut found = Vec::new();
+    for (path, code) in production_code(&root.join("src")) {
+        for (number, line) in code.lines().enumerate() {
+            let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+            if compact.contains("\"docker\",\"local\"") || compact.contains("\"local\",\"docker\"")
+            {
+                found.push(format!(
+                    "{}:{}: {}",
+                    path.strip_prefix(&root).unwrap_or(&path).display(),
+                    number + 1,
+                    line.trim()
+                ));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "take the backends from crate::backends::registry() instead:\n{}",
         found.join("\n")
     );
 }

@@ -1,24 +1,19 @@
 //! The executor's output, re-buffered: bollard yields the exec's multiplexed
 //! stream as `LogOutput` frames; stdout bytes go to an `AsyncRead` the host
 //! reads the protocol from, stderr lines go to the log under the unit's name.
-//! The executor's stdin is a pipe too, so that the host dropping its end is
-//! an EOF the executor sees (dropping bollard's write half does not close it).
 
 use std::pin::Pin;
 
 use bollard::container::LogOutput;
 use bollard::errors::Error as DockerError;
 use futures::{Stream, StreamExt};
-use tokio::io::{AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::io::{AsyncWriteExt, DuplexStream};
 use tokio::sync::oneshot;
 
 /// Bytes of executor stdout buffered before the pump waits for the host to
 /// read: enough for several protocol messages, small enough that a flooding
 /// executor is held back by the host, not by the host's memory.
 const STDOUT_BUFFER: usize = 256 * 1024;
-
-/// Bytes of executor stdin buffered between the host and the exec.
-const STDIN_BUFFER: usize = 64 * 1024;
 
 /// The longest stderr line logged whole; longer ones are cut.
 const STDERR_LINE_MAX: usize = 4096;
@@ -33,20 +28,6 @@ pub(super) fn pump(
     let (done_tx, done_rx) = oneshot::channel();
     tokio::spawn(run(output, writer, unit, done_tx));
     (reader, done_rx)
-}
-
-/// A writer for the executor's stdin: what the host writes is copied into the
-/// exec; when the host drops it (or shuts it down), the exec's stdin is shut
-/// down, so the executor reads EOF.
-pub(super) fn stdin(mut input: Pin<Box<dyn AsyncWrite + Send>>, unit: String) -> DuplexStream {
-    let (writer, mut reader) = tokio::io::duplex(STDIN_BUFFER);
-    tokio::spawn(async move {
-        if let Err(error) = tokio::io::copy(&mut reader, &mut input).await {
-            tracing::debug!(unit, %error, "writing to the executor's stdin");
-        }
-        let _ = input.shutdown().await;
-    });
-    writer
 }
 
 async fn run(

@@ -39,7 +39,7 @@ pub mod volumes;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
@@ -56,10 +56,10 @@ pub use body::{EngineFacts, container_body};
 pub use pull::{PullEvent, PullSink, PullTally, Pulled, Puller, missing_image_remedy};
 
 use box_backend::environment::{Own, STANDARD_PATH, UnitEnvironment, unit_environment};
+use box_backend::lifecycle;
 use box_backend::{
-    AdoptUnit, Backend, BackendError, BackendKind, ExecutorIo, ObjectsPlace, ObjectsWiring,
-    OomEvidence, SessionLabel, StartedUnit, Unenforceable, UnitDetail, UnitEnd, UnitInfo,
-    UnitWiring, labels,
+    AdoptUnit, Backend, BackendError, BackendKind, ObjectsPlace, ObjectsWiring, OomEvidence,
+    SessionLabel, StartedUnit, Unenforceable, UnitDetail, UnitEnd, UnitInfo, UnitWiring, labels,
 };
 use box_policy::executor::{SECRETS_DIR, SECRETS_ON_STDIN_VAR};
 use box_policy::plan::{NetworkMode, Requirement, UnitSpec};
@@ -591,20 +591,27 @@ impl DockerBackend {
             .map_err(|e| other("starting the container", e))?;
         let waiter = waiter(self.docker.clone(), id.to_owned());
 
-        let accepted = tokio::select! {
-            accepted = channel.listener.accept(&channel.key, &channel.identity, spec.limits.start_timeout) => accepted,
-            _ = &mut output_done => {
-                return Err(BackendError::Other {
-                    unit: unit.to_owned(),
-                    doing: "starting the unit's init".to_owned(),
-                    message: "the unit ended before its init connected to the host (its log lines above say why)".to_owned(),
-                });
-            }
+        let output_ended = async {
+            let _ = (&mut output_done).await;
         };
-        let mut connected = accepted.map_err(|e| BackendError::Other {
-            unit: unit.to_owned(),
-            doing: "connecting to the unit's init".to_owned(),
-            message: e.to_string(),
+        let accepted = lifecycle::accept(
+            &channel.listener,
+            (&channel.key, &channel.identity),
+            spec.limits.start_timeout,
+            output_ended,
+        )
+        .await;
+        let mut connected = accepted.map_err(|unconnected| match unconnected {
+            lifecycle::Unconnected::Ended => BackendError::Other {
+                unit: unit.to_owned(),
+                doing: "starting the unit's init".to_owned(),
+                message: "the unit ended before its init connected to the host (its log lines above say why)".to_owned(),
+            },
+            lifecycle::Unconnected::Failed(message) => BackendError::Other {
+                unit: unit.to_owned(),
+                doing: "connecting to the unit's init".to_owned(),
+                message,
+            },
         })?;
         if let Some(secrets) = &channel.secrets {
             let values: std::collections::BTreeMap<&str, &str> = secrets
@@ -638,7 +645,7 @@ impl DockerBackend {
             image_digest,
             env: (env_passed, env_scrubbed),
             channel: connected,
-            epoch: lease::EPOCH,
+            epoch: lifecycle::START_EPOCH,
             run_dir: channel.run_dir,
             listener: channel.listener,
             waiter,
@@ -679,19 +686,13 @@ impl DockerBackend {
             envelope.secrets = delivered_secrets(spec);
         }
         run_dir.record_envelope(&envelope);
-        let box_init::host::UnitChannel {
-            reader,
-            writer,
-            lease: held,
-            ended: channel_ended,
-            state: _,
-        } = channel;
-        let renewal = lease::renew(
-            held,
+        // The run directory and the listener live as long as the renewals.
+        let relay = lifecycle::relay(
+            channel,
             (spec.lease, epoch),
-            run_dir,
-            listener,
-            log_name.clone(),
+            run_dir.path().to_owned(),
+            (run_dir, listener),
+            log_name,
         );
         // Watched from here on: the engine removes the unit's cgroup with it.
         let init_pid = inspect.state.as_ref().and_then(|state| state.pid);
@@ -699,18 +700,15 @@ impl DockerBackend {
             spec.name.clone(),
             spec.limits.memory_bytes,
             spec.lease,
-            channel_ended,
+            relay.ended,
             waiter,
             oom::OomWatch::start(id, init_pid),
         );
         StartedUnit {
             envelope,
-            io: ExecutorIo {
-                stdin: Box::pin(io::stdin(Box::pin(writer), log_name)),
-                stdout: Box::pin(reader),
-            },
+            io: relay.io,
             ended,
-            renewal: Some(renewal),
+            renewal: Some(relay.renewal),
         }
     }
 }
@@ -834,8 +832,6 @@ impl DockerBackend {
                     .map_err(|e| refused("reading the unit's key", e.to_string()))
             })?;
         let run_dir = lease::RunDir::adopt(&unit.run_dir);
-        let listener = box_init::host::bind(run_dir.path())
-            .map_err(|e| refused("listening for the unit's init again", e.to_string()))?;
         let log_name = format!("{}/{}", session.session, name);
         // Its stderr again (the init's and the executor's log lines).
         if let Ok(attached) = self
@@ -854,17 +850,15 @@ impl DockerBackend {
             let _ = io::pump(attached.output, log_name.clone());
         }
         let waiter = waiter(self.docker.clone(), unit.id.clone());
-        let connected = listener
-            .accept(&key, &unit.identity, unit.timeout)
-            .await
-            .map_err(|e| refused("reconnecting to the unit's init", e.to_string()))?;
-        // Fence off any earlier host first: nothing is relayed before this.
-        let epoch = connected.state.epoch + 1;
-        connected
-            .lease
-            .renew_confirmed(spec.lease, epoch, Duration::from_secs(5))
-            .await
-            .map_err(|e| refused("renewing the unit's lease", e.to_string()))?;
+        let (listener, connected, epoch) = lifecycle::reconnect(
+            run_dir.path(),
+            (&key, &unit.identity),
+            (unit.timeout, spec.lease),
+            "init",
+            std::future::pending(),
+        )
+        .await
+        .map_err(|why| refused(&why.doing, why.message))?;
         let image_user = match self.docker.inspect_image(&image_id).await {
             Ok(image) => image.config.and_then(|c| c.user).unwrap_or_default(),
             Err(_) => String::new(),
@@ -889,6 +883,31 @@ impl DockerBackend {
 impl Backend for DockerBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Docker
+    }
+
+    /// Everything the host wires in is bind-mounted into the container (host
+    /// files, the egress socket's directory, borrowed objects); a unit's init
+    /// reconnects to a later host; volumes are the engine's.
+    fn capabilities(&self) -> box_backend::Capabilities {
+        box_backend::Capabilities::ALL
+    }
+
+    /// An image a start pulls is no problem yet; one it will not pull (box's
+    /// own, or `pull = "never"`) must be on the engine.
+    fn ready<'a>(&'a self, spec: &'a UnitSpec) -> BoxFuture<'a, Result<(), Vec<String>>> {
+        Box::pin(async move {
+            let pulled = spec.pull != box_policy::image::PullPolicy::Never
+                && !pull::is_box_image(&spec.image);
+            if pulled || self.has_image(&spec.image).await {
+                return Ok(());
+            }
+            Err(vec![format!(
+                "unit {}: image {} missing; {}",
+                spec.name,
+                spec.image,
+                missing_image_remedy(&spec.image, spec.pull)
+            )])
+        })
     }
 
     /// A worktree fork's borrowed objects: bind-mounted read-only at one

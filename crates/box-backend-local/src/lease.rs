@@ -1,11 +1,12 @@
-//! A local unit's run directory, its lease and its channel, on the host.
+//! A local unit's run directory and its record, on the host.
 //!
 //! The unit's helper runs box-init's supervisor (`box_init::supervise`)
 //! outside the unit's confinement: it holds the lease on `CLOCK_BOOTTIME`
 //! and relays the executor's stdio over the socket the host listens on in
 //! the unit's run directory (`box_init::host::bind`), exactly the protocol a
-//! docker unit's init speaks. The host renews every third of the lease: a
-//! Unix socket write. When the host stops renewing (it died, hung, was
+//! docker unit's init speaks, driven by the same host side
+//! (`box_backend::lifecycle`: the renewal every third of the lease, a Unix
+//! socket write; the relay; a later host's reconnection). When the host stops renewing (it died, hung, was
 //! stopped, or let the unit go) the helper ends the unit within the lease;
 //! a new host that binds the same directory again while the lease runs gets
 //! the unit back ([`Record`] says which unit it is, the key file proves it).
@@ -20,20 +21,13 @@
 //! - `local.json`: the [`Record`], what `list`, `box gc` and a later host's
 //!   adopt read (no secret in it).
 
-use std::io::Write as _;
-use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use box_backend::{Renewal, UnitInfo};
-use box_init::host::{Lease, UnitListener};
+use box_backend::UnitInfo;
+use box_backend::lifecycle::{self, write_private};
 use serde::{Deserialize, Serialize};
 
 use crate::helper::{Applied, SandboxSpec};
-
-/// The lease epoch of the host that started the unit (a later host renews
-/// above the epoch the helper reports).
-pub(crate) const EPOCH: u64 = 1;
 
 /// The record's file name in a run directory.
 pub(crate) const RECORD: &str = "local.json";
@@ -125,21 +119,6 @@ impl Record {
     }
 }
 
-/// Write `bytes` to `path`, readable by the host's user only, atomically.
-pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let staged = path.with_extension("new");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&staged)
-        .map_err(|error| format!("{}: {error}", staged.display()))?;
-    file.write_all(bytes)
-        .map_err(|error| format!("{}: {error}", staged.display()))?;
-    std::fs::rename(&staged, path).map_err(|error| format!("{}: {error}", path.display()))
-}
-
 /// A process's start time (clock ticks since boot), `None` when it is gone.
 pub(crate) fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -155,32 +134,17 @@ pub(crate) fn start_time(pid: u32) -> Option<u64> {
     fields.get(19)?.parse().ok()
 }
 
-/// The run directories' parent under `runtime_dir` (shared with the docker
-/// backend's, which hold no record).
-pub(crate) fn units_dir(runtime_dir: &Path) -> PathBuf {
-    runtime_dir.join("units")
-}
-
 /// A new run directory under `runtime_dir/units` (itself 0700): mode 0711,
 /// searchable but not listable, so a helper that switched to the unit's
 /// user (a root host) still reaches the socket through its handle; the key
 /// and the record in it are 0600, the host's user's.
 pub(crate) fn create_run_dir(runtime_dir: &Path) -> Result<PathBuf, String> {
-    let parent = units_dir(runtime_dir);
-    std::fs::create_dir_all(&parent)
-        .map_err(|error| format!("creating {}: {error}", parent.display()))?;
-    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o700))
-        .map_err(|error| format!("{}: {error}", parent.display()))?;
-    let dir = parent.join(format!("{:032x}", rand::random::<u128>()));
-    std::fs::create_dir(&dir).map_err(|error| format!("creating {}: {error}", dir.display()))?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
-        .map_err(|error| format!("{}: {error}", dir.display()))?;
-    Ok(dir)
+    lifecycle::create_run_dir(runtime_dir, 0o711)
 }
 
 /// Every run directory under `runtime_dir/units` that holds a local record.
 pub(crate) fn run_dirs(runtime_dir: &Path) -> Vec<(PathBuf, Record)> {
-    let Ok(entries) = std::fs::read_dir(units_dir(runtime_dir)) else {
+    let Ok(entries) = std::fs::read_dir(lifecycle::units_dir(runtime_dir)) else {
         return Vec::new();
     };
     entries
@@ -189,30 +153,4 @@ pub(crate) fn run_dirs(runtime_dir: &Path) -> Vec<(PathBuf, Record)> {
         .filter(|path| path.join(RECORD).exists())
         .filter_map(|path| Record::read(&path).ok().map(|record| (path, record)))
         .collect()
-}
-
-/// Renew `lease` (of `ttl`) at `epoch` every third of it until the channel
-/// ends or the returned [`Renewal`] is dropped (then the helper ends the
-/// unit when the lease runs out). The listener lives as long as the
-/// renewals; the run directory stays (removal, or `box gc` once the unit
-/// ended, removes it).
-pub(crate) fn renew(
-    lease: Lease,
-    (ttl, epoch): (Duration, u64),
-    run_dir: PathBuf,
-    listener: UnitListener,
-    unit: String,
-) -> Renewal {
-    let task = tokio::spawn(async move {
-        let _held = listener;
-        let interval = Lease::renew_interval(ttl);
-        loop {
-            tokio::time::sleep(interval).await;
-            if let Err(error) = lease.renew(ttl, epoch).await {
-                tracing::debug!(unit, %error, "stopped renewing the unit's lease");
-                break;
-            }
-        }
-    });
-    Renewal::with_run_dir(task.abort_handle(), run_dir)
 }

@@ -97,10 +97,11 @@ const SKEL: &str = "/etc/skel";
 pub use helper::{ExecutorEntry, REFUSED_EXIT, SandboxArgs};
 
 use box_backend::environment::{self, UnitEnvironment};
+use box_backend::lifecycle;
 use box_backend::{
-    AdoptUnit, Backend, BackendError, DeliveredSecret, EgressWiring, Envelope, ExecutorIo,
-    Hardening, ObjectsPlace, SessionLabel, StartedUnit, Unenforceable, UnitDetail, UnitEnd,
-    UnitInfo, UnitWiring,
+    AdoptUnit, Backend, BackendError, DeliveredSecret, EgressWiring, Envelope, Hardening,
+    ObjectsPlace, SessionLabel, StartedUnit, Unenforceable, UnitDetail, UnitEnd, UnitInfo,
+    UnitWiring,
 };
 use box_confine::Rlimits;
 use box_policy::envelope::{
@@ -374,7 +375,7 @@ impl LocalBackend {
         let listener = box_init::host::bind(run_dir)
             .map_err(|error| other("listening for the unit's helper", error.to_string()))?;
         let key = box_init::protocol::UnitKey::generate();
-        lease::write_private(&run_dir.join(lease::KEY), key.to_hex().as_bytes())
+        lifecycle::write_private(&run_dir.join(lease::KEY), key.to_hex().as_bytes())
             .map_err(|message| other("keeping the unit's key", message))?;
         let identity = format!("{}/{}/{}", session.instance, session.session, unit);
         sandbox_spec.init = Some(helper::SpecInit {
@@ -562,18 +563,20 @@ impl LocalBackend {
         // first ends the wait.
         let accepted = {
             let mut exited = exited_rx.clone();
-            tokio::select! {
-                accepted = listener.accept(&key, &identity, CONFINE_TIMEOUT) => {
-                    accepted.map_err(|error| error.to_string())
-                }
-                _ = exited.wait_for(Option::is_some) => {
-                    Err("the helper ended before it connected (see the host's log)".to_owned())
-                }
-            }
+            let helper_ended = async move {
+                let _ = exited.wait_for(Option::is_some).await;
+            };
+            lifecycle::accept(&listener, (&key, &identity), CONFINE_TIMEOUT, helper_ended).await
         };
         let connected = match accepted {
             Ok(connected) => connected,
-            Err(message) => {
+            Err(unconnected) => {
+                let message = match unconnected {
+                    lifecycle::Unconnected::Ended => {
+                        "the helper ended before it connected (see the host's log)".to_owned()
+                    }
+                    lifecycle::Unconnected::Failed(message) => message,
+                };
                 return Err(undo(other("connecting to the unit's helper", message)).await);
             }
         };
@@ -611,23 +614,17 @@ impl LocalBackend {
             return Err(undo(other("recording the unit", message)).await);
         }
         let removed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let box_init::host::UnitChannel {
-            reader,
-            writer,
-            lease: held,
-            ended: channel_ended,
-            state: _,
-        } = connected;
-        let log_name = format!("{}/{}", session.session, unit);
-        let renewal = lease::renew(
-            held,
-            (spec.lease, lease::EPOCH),
+        // The listener lives as long as the renewals; the run directory
+        // stays (removal, or `box gc` once the unit ended, removes it).
+        let relay = lifecycle::relay(
+            connected,
+            (spec.lease, lifecycle::START_EPOCH),
             run_dir.to_owned(),
             listener,
-            log_name,
+            format!("{}/{}", session.session, unit),
         );
         let ended = unit_ended(
-            channel_ended,
+            relay.ended,
             exited_rx.clone(),
             Arc::clone(&removed),
             lease_ms,
@@ -643,12 +640,9 @@ impl LocalBackend {
         self.registry().insert(id, local);
         Ok(StartedUnit {
             envelope,
-            io: ExecutorIo {
-                stdin: Box::pin(stdin_closing(writer, unit.clone())),
-                stdout: Box::pin(reader),
-            },
+            io: relay.io,
             ended,
-            renewal: Some(renewal),
+            renewal: Some(relay.renewal),
         })
     }
 
@@ -805,29 +799,26 @@ impl LocalBackend {
                 box_init::protocol::UnitKey::from_hex(hex.trim())
                     .map_err(|error| refused("reading the unit's key", error.to_string()))
             })?;
-        let listener = box_init::host::bind(&unit.run_dir)
-            .map_err(|error| refused("listening for the unit's helper again", error.to_string()))?;
         let exited = watch_exit(record.helper, record.helper_start);
-        let accepted = {
+        let helper_ended = {
             let mut exited = exited.clone();
-            tokio::select! {
-                accepted = listener.accept(&key, &unit.identity, unit.timeout) => {
-                    accepted.map_err(|error| error.to_string())
-                }
-                _ = exited.wait_for(Option::is_some) => {
-                    Err(format!("unit {} ended (its lease lapsed) before its helper reconnected", unit.id))
-                }
+            async move {
+                let _ = exited.wait_for(Option::is_some).await;
+                format!(
+                    "unit {} ended (its lease lapsed) before its helper reconnected",
+                    unit.id
+                )
             }
         };
-        let connected =
-            accepted.map_err(|message| refused("reconnecting to the unit's helper", message))?;
-        // Fence off any earlier host first: nothing is relayed before this.
-        let epoch = connected.state.epoch + 1;
-        connected
-            .lease
-            .renew_confirmed(spec.lease, epoch, Duration::from_secs(5))
-            .await
-            .map_err(|error| refused("renewing the unit's lease", error.to_string()))?;
+        let (listener, connected, epoch) = lifecycle::reconnect(
+            &unit.run_dir,
+            (&key, &unit.identity),
+            (unit.timeout, spec.lease),
+            "helper",
+            helper_ended,
+        )
+        .await
+        .map_err(|why| refused(&why.doing, why.message))?;
         let layout = Layout {
             tmp: record.temp.join("tmp"),
             home: record.temp.join("home"),
@@ -846,22 +837,15 @@ impl LocalBackend {
             envelope.secrets = delivered_secrets(spec);
         }
         let removed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let box_init::host::UnitChannel {
-            reader,
-            writer,
-            lease: held,
-            ended: channel_ended,
-            state: _,
-        } = connected;
-        let renewal = lease::renew(
-            held,
+        let relay = lifecycle::relay(
+            connected,
             (spec.lease, epoch),
             unit.run_dir.clone(),
             listener,
             format!("{}/{}", session.session, name),
         );
         let ended = unit_ended(
-            channel_ended,
+            relay.ended,
             exited.clone(),
             Arc::clone(&removed),
             Some(record.lease_ms),
@@ -877,33 +861,11 @@ impl LocalBackend {
         self.registry().insert(record.id.clone(), local);
         Ok(StartedUnit {
             envelope,
-            io: ExecutorIo {
-                stdin: Box::pin(stdin_closing(writer, name.to_owned())),
-                stdout: Box::pin(reader),
-            },
+            io: relay.io,
             ended,
-            renewal: Some(renewal),
+            renewal: Some(relay.renewal),
         })
     }
-}
-
-/// Bytes of the executor's stdin buffered between the host and the channel.
-const STDIN_BUFFER: usize = 64 * 1024;
-
-/// A writer for the executor's stdin over the channel: when the host drops
-/// it (or shuts it down), the executor's stdin is closed after what was
-/// written (the channel's close message), so the executor reads EOF, as it
-/// did when its stdin was a pipe from the host.
-fn stdin_closing(mut input: box_init::host::McpWriter, unit: String) -> tokio::io::DuplexStream {
-    use tokio::io::AsyncWriteExt as _;
-    let (writer, mut reader) = tokio::io::duplex(STDIN_BUFFER);
-    tokio::spawn(async move {
-        if let Err(error) = tokio::io::copy(&mut reader, &mut input).await {
-            tracing::debug!(unit, %error, "writing to the executor's stdin");
-        }
-        let _ = input.shutdown().await;
-    });
-    writer
 }
 
 /// The end of a unit's helper as far as is known now.
@@ -957,6 +919,18 @@ fn watch_exit(pid: u32, start: u64) -> watch::Receiver<Option<Option<ExitStatus>
 impl Backend for LocalBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Local
+    }
+
+    /// The egress socket's directory and borrowed objects are bound back
+    /// at their host paths in the unit's mount namespace (`objects_place`
+    /// says for which specs); the helper's supervisor reconnects to a later
+    /// host. No host file over a workspace file, no volumes yet.
+    fn capabilities(&self) -> box_backend::Capabilities {
+        box_backend::Capabilities {
+            host_files: false,
+            volumes: false,
+            ..box_backend::Capabilities::ALL
+        }
     }
 
     fn check(&self, spec: &UnitSpec) -> Result<(), Vec<Unenforceable>> {
@@ -1026,19 +1000,11 @@ impl Backend for LocalBackend {
         wiring: &'a UnitWiring,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
         // What this backend cannot wire is refused, never silently left out.
-        let refuse = |control: &str, why: &str| {
-            let refusal = BackendError::Unenforceable {
-                unit: spec.name.clone(),
-                control: control.to_owned(),
-                why: why.to_owned(),
-            };
-            futures::future::ready(Err(refusal)).boxed()
-        };
-        if !wiring.masks.is_empty() {
-            return refuse(
-                "on_persisted_credentials = \"hide\"",
-                "the local backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend",
-            );
+        if let Err(refusal) = self
+            .capabilities()
+            .refuse(self.kind(), &spec.name, wiring.wants())
+        {
+            return futures::future::ready(Err(refusal.into())).boxed();
         }
         self.start_command_wired(session, spec, wiring, Vec::new())
             .boxed()

@@ -7,12 +7,15 @@
 //! the same trait. This crate is what every backend shares: the [`Backend`]
 //! trait, the pure [`Backend::check`] that start and `box doctor` both ask,
 //! listing and removing units by instance (`box units`, `box gc`, the host's
-//! sweep), the environment a unit gets, instance liveness, and the
-//! [`Registry`] the binary fills with the backends it was built with.
+//! sweep), the environment a unit gets, instance liveness, the host's side
+//! of a unit's life over box-init's channel ([`lifecycle`]: run directory,
+//! lease renewal, adopt, stdio relay), and the [`Registry`] the binary fills
+//! with the backends it was built with.
 
 pub mod environment;
 pub mod executor_log;
 pub mod instance;
+pub mod lifecycle;
 mod registry;
 pub mod volumes;
 
@@ -129,6 +132,111 @@ pub struct UnitWiring {
     pub progress: Option<StartProgress>,
     /// The unit this one was forked from (`box/fork`), for its labels.
     pub parent: Option<String>,
+}
+
+/// What a backend can do beyond starting a unit from its spec: what the host
+/// may wire into a unit, and what it may ask of one later. The host asks
+/// ([`Backend::capabilities`]) instead of assuming: it refuses a session
+/// before starting anything for it that the backend cannot take (no egress
+/// proxy started for a unit that could not reach it), and a backend's
+/// `start_wired` refuses the same way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Shows host files read-only in a unit over workspace files
+    /// ([`UnitWiring::masks`], `on_persisted_credentials = "hide"`).
+    pub host_files: bool,
+    /// Wires the host's egress proxy socket into a unit
+    /// ([`UnitWiring::egress`], network mode `egress`).
+    pub egress_socket: bool,
+    /// Shows a `worktree` fork's borrowed git objects in a unit
+    /// ([`UnitWiring::objects`]; where, and for which specs:
+    /// [`Backend::objects_place`]).
+    pub worktree_objects: bool,
+    /// Re-adopts a live unit another host process started ([`Backend::adopt`]:
+    /// a session reattached after a restart).
+    pub adopt: bool,
+    /// Mounts a spec's `[[volume]]`s.
+    pub volumes: bool,
+}
+
+/// What a unit's start asks to have wired in, as [`Capabilities`] names it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Wants {
+    /// The egress proxy's socket.
+    pub egress_socket: bool,
+    /// Host files over workspace files.
+    pub host_files: bool,
+    /// A worktree fork's borrowed objects.
+    pub worktree_objects: bool,
+}
+
+impl UnitWiring {
+    /// What this wiring asks of a backend.
+    pub fn wants(&self) -> Wants {
+        Wants {
+            egress_socket: self.egress.is_some(),
+            host_files: !self.masks.is_empty(),
+            worktree_objects: self.objects.is_some(),
+        }
+    }
+}
+
+impl Capabilities {
+    /// Nothing beyond a unit from its spec: what a backend that keeps the
+    /// trait's defaults can do.
+    pub const NONE: Capabilities = Capabilities {
+        host_files: false,
+        egress_socket: false,
+        worktree_objects: false,
+        adopt: false,
+        volumes: false,
+    };
+
+    /// Everything: a backend that binds host paths into its units and
+    /// whose units run box's init (docker).
+    pub const ALL: Capabilities = Capabilities {
+        host_files: true,
+        egress_socket: true,
+        worktree_objects: true,
+        adopt: true,
+        volumes: true,
+    };
+
+    /// The first of `wants` the `kind` backend cannot wire into `unit`, as
+    /// the refusal a start gives (the same sentence from the host before
+    /// anything starts, and from the backend's `start_wired`).
+    pub fn refuse(self, kind: BackendKind, unit: &str, wants: Wants) -> Result<(), Unenforceable> {
+        let refusal = |control: &str, why: String| Unenforceable {
+            unit: unit.to_owned(),
+            control: control.to_owned(),
+            why,
+        };
+        if wants.egress_socket && !self.egress_socket {
+            return Err(refusal(
+                "network egress allow list",
+                format!(
+                    "the {kind} backend cannot wire the host's egress proxy into a unit yet; use network mode none, or the docker backend"
+                ),
+            ));
+        }
+        if wants.host_files && !self.host_files {
+            return Err(refusal(
+                "on_persisted_credentials = \"hide\"",
+                format!(
+                    "the {kind} backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend"
+                ),
+            ));
+        }
+        if wants.worktree_objects && !self.worktree_objects {
+            return Err(refusal(
+                "a worktree fork's borrowed git objects",
+                format!(
+                    "the {kind} backend cannot mount the parent's git objects into a unit; fork with mode copy"
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One workspace file the unit sees replaced by a host file, read-only.
@@ -499,43 +607,28 @@ pub trait Backend: Send + Sync {
         spec: &'a UnitSpec,
         wiring: &'a UnitWiring,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
-        if wiring.egress.is_some() {
-            return Box::pin(async move {
-                Err(BackendError::Unenforceable {
-                    unit: spec.name.clone(),
-                    control: "network egress allow list".to_owned(),
-                    why: format!(
-                        "the {} backend cannot wire the host's egress proxy into a unit yet; use network mode none, or the docker backend",
-                        self.kind().as_str()
-                    ),
-                })
-            });
-        }
-        if !wiring.masks.is_empty() {
-            return Box::pin(async move {
-                Err(BackendError::Unenforceable {
-                    unit: spec.name.clone(),
-                    control: "on_persisted_credentials = \"hide\"".to_owned(),
-                    why: format!(
-                        "the {} backend cannot mask a workspace file inside a unit; use \"report\" or \"refuse\", or the docker backend",
-                        self.kind().as_str()
-                    ),
-                })
-            });
-        }
-        if wiring.objects.is_some() {
-            return Box::pin(async move {
-                Err(BackendError::Unenforceable {
-                    unit: spec.name.clone(),
-                    control: "a worktree fork's borrowed git objects".to_owned(),
-                    why: format!(
-                        "the {} backend cannot mount the parent's git objects into a unit; fork with mode copy",
-                        self.kind().as_str()
-                    ),
-                })
-            });
+        // This default knows only `start`: whatever is wired in is refused,
+        // never left out.
+        if let Err(refusal) = Capabilities::NONE.refuse(self.kind(), &spec.name, wiring.wants()) {
+            return Box::pin(futures::future::ready(Err(refusal.into())));
         }
         self.start(session, spec)
+    }
+
+    /// What a start of `spec` would find missing on the engine that
+    /// [`check`](Self::check) cannot see without asking it (docker: an image
+    /// it will not pull and does not have), each with what to do: `box
+    /// doctor` asks. The default finds nothing missing.
+    fn ready<'a>(&'a self, spec: &'a UnitSpec) -> BoxFuture<'a, Result<(), Vec<String>>> {
+        let _ = spec;
+        Box::pin(futures::future::ready(Ok(())))
+    }
+
+    /// What this backend can do beyond [`start`](Self::start): the host
+    /// asks before it wires anything in or re-adopts a unit. The default,
+    /// [`Capabilities::NONE`], fits the trait's defaults.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
     }
 
     /// Where a unit of `spec` would see a `worktree` fork's borrowed git
@@ -628,5 +721,51 @@ pub trait Backend: Send + Sync {
             }
             report
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_backend_cannot_wire_in_is_refused_naming_the_control() {
+        let wants = |egress_socket, host_files, worktree_objects| Wants {
+            egress_socket,
+            host_files,
+            worktree_objects,
+        };
+        let none = Capabilities::NONE;
+        let refused = |wants| none.refuse(BackendKind::Local, "u", wants).unwrap_err();
+        let egress = refused(wants(true, true, true));
+        assert_eq!(egress.control, "network egress allow list");
+        assert!(
+            egress.why.starts_with("the local backend cannot"),
+            "{egress}"
+        );
+        assert_eq!(
+            refused(wants(false, true, true)).control,
+            "on_persisted_credentials = \"hide\""
+        );
+        assert_eq!(
+            refused(wants(false, false, true)).control,
+            "a worktree fork's borrowed git objects"
+        );
+        assert_eq!(
+            none.refuse(BackendKind::Local, "u", Wants::default()),
+            Ok(())
+        );
+        assert_eq!(
+            Capabilities::ALL.refuse(BackendKind::Docker, "u", wants(true, true, true)),
+            Ok(())
+        );
+        let wiring = UnitWiring {
+            masks: vec![FileMask {
+                source: "/h".into(),
+                target: "f".into(),
+            }],
+            ..UnitWiring::default()
+        };
+        assert_eq!(wiring.wants(), wants(false, true, false));
     }
 }

@@ -909,6 +909,11 @@ async fn adopt_units(
         )?);
     }
     let kind = services.backend.kind();
+    if !services.backend.capabilities().adopt {
+        return Err(format!(
+            "the {kind} backend cannot re-adopt a unit another host process started"
+        ));
+    }
     let mut asks = Vec::new();
     for (spec, unit) in plan.units.iter().zip(&record.units) {
         if unit.name != spec.name || unit.backend != kind.as_str() {

@@ -298,6 +298,34 @@ async fn a_failed_unit_removes_the_others_and_the_error_names_it() {
     assert!(removed.iter().any(|id| id.contains("u3")));
 }
 
+/// The egress socket a backend cannot take (the fake keeps the trait's
+/// default capabilities) refuses the session before anything starts: no
+/// unit, and no egress proxy, is started for it.
+#[tokio::test]
+async fn what_the_backend_cannot_wire_in_refuses_the_start_before_any_unit() {
+    fn egress_server(
+        profile: &Profile,
+        tighten: &Value,
+        host: &HostFacts,
+    ) -> Result<Plan, PlanError> {
+        let mut plan = three_units(profile, tighten, host)?;
+        plan.units[1].network.mode = box_policy::plan::NetworkMode::Egress;
+        Ok(plan)
+    }
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, egress_server));
+    let response = client.initialize(json!({})).await;
+    let message = response["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("u2")
+            && message.contains("network egress allow list")
+            && message.contains("the fake backend cannot wire the host's egress proxy"),
+        "{response}"
+    );
+    assert_eq!(fake.record(|record| record.starts.len()), 0);
+    assert_eq!(fake.live_units(), Vec::<String>::new());
+}
+
 #[tokio::test]
 async fn ids_keep_their_type_and_sessions_are_isolated() {
     let fake = FakeBackend::default();

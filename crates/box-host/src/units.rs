@@ -290,6 +290,20 @@ pub async fn start_units(
         progress,
         parent,
     } = wire;
+    // Asked before anything starts: what a backend cannot take wired in
+    // refuses the start here, with no proxy started for it.
+    let (capabilities, kind) = (services.backend.capabilities(), services.backend.kind());
+    for spec in specs {
+        let workspace = spec.role == box_policy::plan::Role::Workspace;
+        let wants = box_backend::Wants {
+            egress_socket: spec.network.mode == NetworkMode::Egress,
+            host_files: workspace && !workspace_masks.is_empty(),
+            worktree_objects: workspace && objects.is_some(),
+        };
+        capabilities
+            .refuse(kind, &spec.name, wants)
+            .map_err(|refusal| StartFailure::Backend(refusal.into()))?;
+    }
     let deadline = tokio::time::Instant::now() + timeout;
     // Each egress unit's proxy listens before its unit starts; dropped (stopped,
     // its socket removed) if the session does not start.

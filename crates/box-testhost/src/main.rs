@@ -5,13 +5,15 @@
 
 use std::sync::Arc;
 
-use box_backend::{Backend, BackendKind};
+use box_backend::Backend;
 use box_testkit::fake::FakeBackend;
 
 fn main() -> std::process::ExitCode {
-    boxhost::backends::install(boxhost::backends::standard().with(BackendKind::Fake, || {
-        // The host logs which backend it uses, and every envelope says "fake".
-        Box::pin(async { Ok(Arc::new(FakeBackend::default()) as Arc<dyn Backend>) })
-    }));
+    boxhost::backends::install(
+        boxhost::backends::standard().with(box_testkit::fake::KIND, || {
+            // The host logs which backend it uses, and every envelope says "fake".
+            Box::pin(async { Ok(Arc::new(FakeBackend::default()) as Arc<dyn Backend>) })
+        }),
+    );
     boxhost::cli::main()
 }

@@ -37,6 +37,9 @@ use box_jsonrpc::lines::{Line, LineReader, write_line};
 use box_jsonrpc::{self as jsonrpc, Kind, classify, id_key};
 use box_policy::plan::UnitSpec;
 
+/// The fake's name: a backend names itself in its own crate.
+pub const KIND: BackendKind = BackendKind::new("fake");
+
 /// How the fake misbehaves.
 #[derive(Debug, Clone, Default)]
 pub struct FakeOptions {
@@ -192,7 +195,7 @@ impl FakeBackend {
 
 impl Backend for FakeBackend {
     fn kind(&self) -> BackendKind {
-        BackendKind::Fake
+        KIND
     }
 
     fn check(&self, _spec: &UnitSpec) -> Result<(), Vec<box_backend::Unenforceable>> {
@@ -334,7 +337,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
     Envelope {
         name: spec.name.clone(),
         role: spec.role,
-        backend: BackendKind::Fake,
+        backend: KIND,
         id: id.to_owned(),
         image: spec.image.clone(),
         image_id: String::new(),
