@@ -524,13 +524,76 @@ pub(crate) struct Limit {
     pub(crate) set: fn(&mut LimitsPolicy, LimitValue),
 }
 
-/// Declares `LimitsPolicy` and its table from one row per limit:
-/// `/// doc` `name: Type as Kind = default, scope, "README type", "README default", "plan key";`
+/// A limit's type in a plan (`plan::Limits`), by its kind: sizes in bytes,
+/// cores as a fraction, durations as they are.
+macro_rules! plan_type {
+    (Size) => {
+        u64
+    };
+    (Cpus) => {
+        f64
+    };
+    (Count) => {
+        u64
+    };
+    (Duration) => {
+        Duration
+    };
+}
+
+/// What a plan's limit is in, by its kind (a line of its documentation).
+macro_rules! plan_unit {
+    (Size) => {
+        "In bytes."
+    };
+    (Cpus) => {
+        "As a fraction of cores."
+    };
+    (Count) => {
+        "A whole number."
+    };
+    (Duration) => {
+        "A duration."
+    };
+}
+
+/// A limit's value in a plan, by its kind.
+macro_rules! plan_value {
+    (Size, $value:expr) => {
+        $value.0
+    };
+    (Cpus, $value:expr) => {
+        $value.cores()
+    };
+    (Count, $value:expr) => {
+        $value
+    };
+    (Duration, $value:expr) => {
+        $value
+    };
+}
+
+/// A plan's limit as JSON (`box profile resolve --json`), by its kind:
+/// numbers, durations in milliseconds.
+macro_rules! plan_json {
+    (Duration, $value:expr) => {
+        serde_json::json!(u64::try_from($value.as_millis()).unwrap_or(u64::MAX))
+    };
+    ($kind:ident, $value:expr) => {
+        serde_json::json!($value)
+    };
+}
+
+/// Declares every limit from one row each: the profile's `LimitsPolicy` and
+/// the plan's `Limits` (`plan_field`, the plan JSON's and the envelope's
+/// `key`), the default, whose it is, the README's type and default, and its
+/// row in `LIMIT_FIELDS`, from which it is read, shown, asked for and narrowed:
+/// `/// doc` `name: Type as Kind = default, Scope, "README type", "README default", plan_field "key";`
 macro_rules! limits {
     ($(
         $(#[doc = $doc:literal])*
         $name:ident: $ty:ty as $kind:ident = $default:expr, $scope:ident,
-            $readme_kind:literal, $readme_default:literal, $envelope:literal;
+            $readme_kind:literal, $readme_default:literal, $plan:ident $key:literal;
     )*) => {
         /// A unit's limits as written (declared in `fields.rs`, one row per limit).
         #[derive(Debug, Clone, PartialEq, Eq)]
@@ -543,12 +606,36 @@ macro_rules! limits {
             pub(crate) fn defaults() -> Self {
                 Self { $( $name: $default, )* }
             }
+
+            /// The limits in a plan.
+            pub(crate) fn plan(&self) -> Limits {
+                Limits { $( $plan: plan_value!($kind, self.$name), )* }
+            }
+        }
+
+        /// A unit's limits in a plan, in plain numbers (declared in
+        /// box-policy's `profile/fields.rs`, one row per limit).
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct Limits {
+            $( $(#[doc = $doc])* #[doc = ""] #[doc = plan_unit!($kind)] pub $plan: plan_type!($kind), )*
+        }
+
+        impl Limits {
+            /// Whether every limit of `self` is at most `bound`'s.
+            pub fn is_within(&self, bound: &Limits) -> bool {
+                true $( && self.$plan <= bound.$plan )*
+            }
+
+            /// As a plan's JSON gives them: `{"memoryBytes": ..., "callTimeoutMs": ...}`.
+            pub(crate) fn to_json(&self) -> serde_json::Value {
+                serde_json::json!({ $( $key: plan_json!($kind, self.$plan), )* })
+            }
         }
 
         /// `[limits]`, one row per limit.
         pub(crate) const LIMIT_FIELDS: &[Limit] = &[$(
             Limit {
-                field: field(stringify!($name), $readme_kind, $readme_default, AtMost, Some($envelope)),
+                field: field(stringify!($name), $readme_kind, $readme_default, AtMost, Some(concat!("limits.", $key))),
                 kind: LimitKind::$kind,
                 scope: Scope::$scope,
                 get: |limits| LimitValue::$kind(limits.$name),
@@ -565,33 +652,34 @@ macro_rules! limits {
             path: "limits",
             readme: ("`[limits]`", 1),
             fields: &[$(
-                field(stringify!($name), $readme_kind, $readme_default, AtMost, Some($envelope)),
+                field(stringify!($name), $readme_kind, $readme_default, AtMost, Some(concat!("limits.", $key))),
             )*],
         };
     };
 }
 
+#[rustfmt::skip]
 limits! {
     /// Memory (swap off).
-    memory: ByteSize as Size = ByteSize(2 << 30), Unit, "size", "`\"2GiB\"`", "limits.memoryBytes";
-    /// CPUs.
-    cpus: CpuQuota as Cpus = CpuQuota(2000), Unit, "number", "`2.0`", "limits.cpus";
+    memory: ByteSize as Size = ByteSize(2 << 30), Unit, "size", "`\"2GiB\"`", memory_bytes "memoryBytes";
+    /// CPUs, in cores.
+    cpus: CpuQuota as Cpus = CpuQuota(2000), Unit, "number", "`2.0`", cpus "cpus";
     /// Most processes and threads.
-    pids: u64 as Count = 512, Unit, "integer", "`512`", "limits.pids";
+    pids: u64 as Count = 512, Unit, "integer", "`512`", pids "pids";
     /// Size of the /tmp tmpfs.
-    tmp: ByteSize as Size = ByteSize(256 << 20), Unit, "size", "`\"256MiB\"`", "limits.tmpBytes";
+    tmp: ByteSize as Size = ByteSize(256 << 20), Unit, "size", "`\"256MiB\"`", tmp_bytes "tmpBytes";
     /// Size of the unit's home (a tmpfs holding what the image put there).
-    home: ByteSize as Size = ByteSize(512 << 20), Unit, "size", "`\"512MiB\"`", "limits.homeBytes";
+    home: ByteSize as Size = ByteSize(512 << 20), Unit, "size", "`\"512MiB\"`", home_bytes "homeBytes";
     /// Most open files per process.
-    nofile: u64 as Count = 4096, Unit, "integer", "`4096`", "limits.nofile";
+    nofile: u64 as Count = 4096, Unit, "integer", "`4096`", nofile "nofile";
     /// Deadline of one call.
-    call_timeout: Duration as Duration = Duration::from_secs(600), Unit, "duration", "`\"10m\"`", "limits.callTimeoutMs";
+    call_timeout: Duration as Duration = Duration::from_secs(600), Unit, "duration", "`\"10m\"`", call_timeout "callTimeoutMs";
     /// No request for this long ends the session.
-    idle: Duration as Duration = Duration::from_secs(1800), Session, "duration", "`\"30m\"`", "limits.idleMs";
+    idle: Duration as Duration = Duration::from_secs(1800), Session, "duration", "`\"30m\"`", idle "idleMs";
     /// The session ends after this long whatever happens.
-    lifetime: Duration as Duration = Duration::from_secs(8 * 3600), Session, "duration", "`\"8h\"`", "limits.lifetimeMs";
+    lifetime: Duration as Duration = Duration::from_secs(8 * 3600), Session, "duration", "`\"8h\"`", lifetime "lifetimeMs";
     /// Starting the session's units (engine and executor) must end within this.
-    start_timeout: Duration as Duration = Duration::from_secs(60), Session, "duration", "`\"1m\"`", "limits.startTimeoutMs";
+    start_timeout: Duration as Duration = Duration::from_secs(60), Session, "duration", "`\"1m\"`", start_timeout "startTimeoutMs";
 }
 
 impl Limit {

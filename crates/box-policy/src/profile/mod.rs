@@ -6,7 +6,7 @@
 //! `plan`. `box profile` lives in the binary.
 
 mod error;
-mod fields;
+pub(crate) mod fields;
 mod load;
 mod model;
 mod tree;
