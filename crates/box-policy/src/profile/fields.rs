@@ -620,6 +620,13 @@ macro_rules! limits {
             $( $(#[doc = $doc])* #[doc = ""] #[doc = plan_unit!($kind)] pub $plan: plan_type!($kind), )*
         }
 
+        /// The shipped `default` profile's limits.
+        impl Default for Limits {
+            fn default() -> Self {
+                LimitsPolicy::defaults().plan()
+            }
+        }
+
         impl Limits {
             /// Whether every limit of `self` is at most `bound`'s.
             pub fn is_within(&self, bound: &Limits) -> bool {
