@@ -43,7 +43,8 @@ fn spec(workspace: &std::path::Path) -> UnitSpec {
             call_timeout: Duration::from_secs(60),
             idle: Duration::from_secs(600),
             lifetime: Duration::from_secs(3600),
-            start_timeout: Duration::from_secs(60),
+            // The rest (the start deadline) as a shipped profile has them.
+            ..Limits::default()
         },
         security: Security {
             landlock: Requirement::BestEffort,

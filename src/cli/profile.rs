@@ -377,18 +377,7 @@ fn network_text(network: &NetworkPolicy) -> String {
 }
 
 fn limits_json(limits: &LimitsPolicy) -> Value {
-    json!({
-        "memory": limits.memory.to_string(),
-        "cpus": limits.cpus.cores(),
-        "pids": limits.pids,
-        "tmp": limits.tmp.to_string(),
-        "home": limits.home.to_string(),
-        "nofile": limits.nofile,
-        "call_timeout": show_duration(limits.call_timeout),
-        "idle": show_duration(limits.idle),
-        "lifetime": show_duration(limits.lifetime),
-        "start_timeout": show_duration(limits.start_timeout),
-    })
+    limits.show_json()
 }
 
 fn network_json(network: &NetworkPolicy) -> Value {
@@ -514,19 +503,7 @@ fn volume_text(volume: &crate::plan::Volume) -> String {
 }
 
 fn limits_text(limits: &LimitsPolicy) -> String {
-    format!(
-        "memory {}, cpus {}, pids {}, tmp {}, home {}, nofile {}, call_timeout {}, idle {}, lifetime {}, start_timeout {}",
-        limits.memory,
-        limits.cpus,
-        limits.pids,
-        limits.tmp,
-        limits.home,
-        limits.nofile,
-        show_duration(limits.call_timeout),
-        show_duration(limits.idle),
-        show_duration(limits.lifetime),
-        show_duration(limits.start_timeout)
-    )
+    limits.show_text()
 }
 
 fn show(profile: &Profile) -> String {

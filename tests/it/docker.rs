@@ -123,7 +123,8 @@ fn spec(name: &str, workspace: &Path) -> UnitSpec {
             call_timeout: Duration::from_secs(60),
             idle: Duration::from_secs(600),
             lifetime: Duration::from_secs(3600),
-            start_timeout: Duration::from_secs(60),
+            // The rest (the start deadline) as a shipped profile has them.
+            ..Limits::default()
         },
         env_set: [("BOX_TEST".to_owned(), "1".to_owned())].into(),
         security: Security {

@@ -47,7 +47,8 @@ fn limits() -> Limits {
         call_timeout: Duration::from_secs(60),
         idle: Duration::from_secs(60),
         lifetime: Duration::from_secs(60),
-        start_timeout: Duration::from_secs(60),
+        // The rest (the start deadline) as a shipped profile has them.
+        ..Limits::default()
     }
 }
 

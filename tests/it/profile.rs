@@ -144,6 +144,8 @@ fn profile_show_of_an_unknown_profile_fails_with_the_known_names() {
     );
 }
 
+/// `resolve --json` of every shipped profile is committed under tests/golden/;
+/// `BOX_UPDATE_GOLDEN=1` rewrites them.
 #[test]
 fn profile_resolve_json_matches_the_golden_plans() {
     let home = tempfile::tempdir().unwrap();
@@ -161,10 +163,17 @@ fn profile_resolve_json_matches_the_golden_plans() {
             ],
         );
         assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
-        let golden =
-            std::fs::read_to_string(repo_root().join(format!("tests/golden/resolve-{name}.json")))
-                .unwrap();
-        assert_eq!(stdout(&output), golden, "{name}");
+        let path = repo_root().join(format!("tests/golden/resolve-{name}.json"));
+        if std::env::var_os("BOX_UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, &output.stdout).unwrap();
+        }
+        let golden = std::fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(
+            stdout(&output),
+            golden,
+            "{} (BOX_UPDATE_GOLDEN=1 rewrites it)",
+            path.display()
+        );
     }
 }
 

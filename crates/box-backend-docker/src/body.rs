@@ -1196,7 +1196,8 @@ pub(crate) mod tests {
                 call_timeout: Duration::from_secs(60),
                 idle: Duration::from_secs(60),
                 lifetime: Duration::from_secs(600),
-                start_timeout: Duration::from_secs(60),
+                // The rest (the start deadline) as a shipped profile has them.
+                ..Limits::default()
             },
             security: Security {
                 landlock: Requirement::BestEffort,

@@ -36,7 +36,8 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
             call_timeout: Duration::from_secs(60),
             idle: Duration::from_secs(60),
             lifetime: Duration::from_secs(60),
-            start_timeout: Duration::from_secs(60),
+            // The rest (the start deadline) as a shipped profile has them.
+            ..Limits::default()
         },
         env_set: BTreeMap::from([("GREETING".to_owned(), "hi".to_owned())]),
         env_pass: Vec::new(),

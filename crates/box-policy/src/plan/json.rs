@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use super::{
-    Limits, LocalUserland, Network, NetworkMode, Plan, PullPolicy, Role, Security, UnitSpec,
+    LocalUserland, Network, NetworkMode, Plan, PullPolicy, Role, Security, UnitSpec,
     WorkspaceSource,
 };
 
@@ -44,7 +44,7 @@ impl UnitSpec {
             "mode": self.mode.as_str(),
             "user": self.user.map(|ids| format!("{}:{}", ids.uid, ids.gid)),
             "network": network_json(&self.network),
-            "limits": limits_json(&self.limits),
+            "limits": self.limits.to_json(),
             "env": {
                 "set": self.env_set,
                 "pass": self.env_pass,
@@ -107,21 +107,6 @@ fn network_json(network: &Network) -> Value {
 
 fn millis(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-fn limits_json(limits: &Limits) -> Value {
-    json!({
-        "memoryBytes": limits.memory_bytes,
-        "cpus": limits.cpus,
-        "pids": limits.pids,
-        "tmpBytes": limits.tmp_bytes,
-        "homeBytes": limits.home_bytes,
-        "nofile": limits.nofile,
-        "callTimeoutMs": millis(limits.call_timeout),
-        "idleMs": millis(limits.idle),
-        "lifetimeMs": millis(limits.lifetime),
-        "startTimeoutMs": millis(limits.start_timeout),
-    })
 }
 
 fn security_json(security: &Security) -> Value {

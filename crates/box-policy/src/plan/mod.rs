@@ -16,7 +16,7 @@ use std::time::Duration;
 pub use tighten::{LimitsAsk, NetworkAsk, Tightening, parse_tightening_text, tighten};
 
 pub use crate::image::PullPolicy;
-use crate::profile::{LimitsPolicy, NetworkPolicy, Profile, Source, UserChoice};
+use crate::profile::{NetworkPolicy, Profile, Source, UserChoice};
 
 /// Everything one session's units are: the resolved, validated, fully defaulted plan.
 #[derive(Debug, Clone, PartialEq)]
@@ -195,31 +195,8 @@ pub struct UserIds {
     pub gid: u32,
 }
 
-/// Resource limits, in plain numbers.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Limits {
-    /// Memory in bytes (swap off).
-    pub memory_bytes: u64,
-    /// CPUs, as a fraction of cores.
-    pub cpus: f64,
-    /// Most processes/threads.
-    pub pids: u64,
-    /// Size of the tmpfs at /tmp, in bytes.
-    pub tmp_bytes: u64,
-    /// Size of the unit's home (a tmpfs), in bytes.
-    pub home_bytes: u64,
-    /// Most open files per process.
-    pub nofile: u64,
-    /// Deadline of one call.
-    pub call_timeout: Duration,
-    /// No request for this long ends the session.
-    pub idle: Duration,
-    /// The session ends after this long whatever happens.
-    pub lifetime: Duration,
-    /// Starting the session's units (engine and executor) must end within
-    /// this; the session's, like idle and lifetime.
-    pub start_timeout: Duration,
-}
+// A unit's limits, declared with the profile's in `profile/fields.rs`.
+pub use crate::profile::fields::Limits;
 
 /// The unit's network.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -560,18 +537,7 @@ impl UnitSpec {
             mode: MountMode::ReadWrite,
             user: None,
             network: Network::none(),
-            limits: Limits {
-                memory_bytes: 2 << 30,
-                cpus: 2.0,
-                pids: 512,
-                tmp_bytes: 256 << 20,
-                home_bytes: 512 << 20,
-                nofile: 4096,
-                call_timeout: Duration::from_secs(600),
-                idle: Duration::from_secs(1800),
-                lifetime: Duration::from_secs(8 * 3600),
-                start_timeout: Duration::from_secs(60),
-            },
+            limits: crate::profile::LimitsPolicy::defaults().plan(),
             env_set: BTreeMap::new(),
             env_pass: Vec::new(),
             env_secrets: Vec::new(),
@@ -639,22 +605,6 @@ impl Network {
     }
 }
 
-impl Limits {
-    /// Whether every limit of `self` is at most `bound`'s.
-    pub fn is_within(&self, bound: &Limits) -> bool {
-        self.memory_bytes <= bound.memory_bytes
-            && self.cpus <= bound.cpus
-            && self.pids <= bound.pids
-            && self.tmp_bytes <= bound.tmp_bytes
-            && self.home_bytes <= bound.home_bytes
-            && self.nofile <= bound.nofile
-            && self.call_timeout <= bound.call_timeout
-            && self.idle <= bound.idle
-            && self.lifetime <= bound.lifetime
-            && self.start_timeout <= bound.start_timeout
-    }
-}
-
 /// Resolve `profile` narrowed by `tighten` (the JSON a session sends under
 /// `box.tighten`; `null` for none) into a plan.
 ///
@@ -714,7 +664,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             mode: profile.workspace.mode,
             user,
             network: network_of(&profile.network, &profile.dangerous),
-            limits: limits_of(&profile.limits),
+            limits: profile.limits.plan(),
             env_set: profile.env.set.clone(),
             env_pass: profile.env.pass.clone(),
             env_secrets: profile.env.secrets.clone(),
@@ -740,7 +690,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             mode: MountMode::ReadOnly,
             user,
             network: network_of(&server.network, &profile.dangerous),
-            limits: limits_of(&server.limits),
+            limits: server.limits.plan(),
             env_set: BTreeMap::new(),
             env_pass: Vec::new(),
             env_secrets: Vec::new(),
@@ -806,21 +756,6 @@ fn network_of(network: &NetworkPolicy, dangerous: &[crate::profile::Danger]) -> 
             0
         },
         bytes_per_second: network.bandwidth.filter(|_| egress).map(|size| size.0),
-    }
-}
-
-fn limits_of(limits: &LimitsPolicy) -> Limits {
-    Limits {
-        memory_bytes: limits.memory.0,
-        cpus: limits.cpus.cores(),
-        pids: limits.pids,
-        tmp_bytes: limits.tmp.0,
-        home_bytes: limits.home.0,
-        nofile: limits.nofile,
-        call_timeout: limits.call_timeout,
-        idle: limits.idle,
-        lifetime: limits.lifetime,
-        start_timeout: limits.start_timeout,
     }
 }
 

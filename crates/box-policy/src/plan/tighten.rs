@@ -8,14 +8,14 @@
 //! `{"workspace": {"mode", "image", "local_userland"}, "network": {"mode", "allow"}, "limits": {...},
 //!   "servers": [NAME...], "volumes": [NAME...], "env": {"drop": [NAME...]}}`.
 
-use std::time::Duration;
-
 use serde_json::{Map, Value};
 
 use super::{LocalUserland, MountMode, NetworkMode, PlanError};
 use crate::allow::{AllowList, Rule};
 use crate::profile::{
-    ByteSize, CpuQuota, Profile, Source, check_env_name, parse_duration, show_duration,
+    ByteSize, CpuQuota, ENV_FIELDS, LIMIT_FIELDS, LIMITS_FIELDS, LimitKind, LimitScope, LimitValue,
+    NETWORK_FIELDS, Profile, Source, TOP_FIELDS, Table, WORKSPACE_FIELDS, check_env_name,
+    parse_duration,
 };
 
 /// A parsed tightening: every field absent means "as the profile says".
@@ -49,29 +49,19 @@ pub struct NetworkAsk {
     pub allow: Option<Vec<Rule>>,
 }
 
-/// The limits a session asks for.
+/// The limits a session asks for: each limit asked, with its value (in the
+/// order asked; `LIMIT_FIELDS` says how each narrows).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct LimitsAsk {
-    /// Memory.
-    pub memory: Option<ByteSize>,
-    /// CPUs.
-    pub cpus: Option<CpuQuota>,
-    /// Processes and threads.
-    pub pids: Option<u64>,
-    /// The /tmp tmpfs.
-    pub tmp: Option<ByteSize>,
-    /// The unit's home.
-    pub home: Option<ByteSize>,
-    /// Open files per process.
-    pub nofile: Option<u64>,
-    /// Deadline of one call.
-    pub call_timeout: Option<Duration>,
-    /// Idle time that ends the session.
-    pub idle: Option<Duration>,
-    /// Lifetime of the session.
-    pub lifetime: Option<Duration>,
-    /// Deadline of starting the session's units.
-    pub start_timeout: Option<Duration>,
+pub struct LimitsAsk(Vec<(&'static str, LimitValue)>);
+
+impl LimitsAsk {
+    /// What the session asked of the limit `name`, if anything.
+    fn get(&self, name: &str) -> Option<LimitValue> {
+        self.0
+            .iter()
+            .find(|(asked, _)| *asked == name)
+            .map(|(_, value)| *value)
+    }
 }
 
 const TOP: &[&str] = &[
@@ -84,18 +74,6 @@ const TOP: &[&str] = &[
 ];
 const WORKSPACE: &[&str] = &["mode", "image", "local_userland"];
 const NETWORK: &[&str] = &["mode", "allow"];
-const LIMITS: &[&str] = &[
-    "memory",
-    "cpus",
-    "pids",
-    "tmp",
-    "home",
-    "nofile",
-    "call_timeout",
-    "idle",
-    "lifetime",
-    "start_timeout",
-];
 const ENV: &[&str] = &["drop"];
 
 /// The most entries a list in a tightening may have; more is an attack, not a session.
@@ -123,7 +101,7 @@ fn object<'a>(
     value: &'a Value,
     field: &str,
     accepted: &[&str],
-    profile: &[&str],
+    profile: &Table,
 ) -> Result<&'a Map<String, Value>, PlanError> {
     let Value::Object(map) = value else {
         let prefix = if field.is_empty() {
@@ -149,7 +127,7 @@ fn object<'a>(
                 &path,
                 match (field, key.as_str()) {
                     ("", "image") => "unknown field; a session chooses the workspace unit's image as workspace.image, from the profile's image and images".to_owned(),
-                    _ if profile.contains(&key.as_str()) => format!(
+                    _ if profile.names().contains(&key.as_str()) => format!(
                         "a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: {accepted}"
                     ),
                     _ => format!("unknown field; accepted here: {accepted}"),
@@ -207,14 +185,9 @@ impl Tightening {
         if value.is_null() {
             return Ok(tightening);
         }
-        let top = object(value, "", TOP, crate::profile::TOP_FIELDS)?;
+        let top = object(value, "", TOP, &TOP_FIELDS)?;
         if let Some(workspace) = top.get("workspace") {
-            let fields = object(
-                workspace,
-                "workspace",
-                WORKSPACE,
-                crate::profile::WORKSPACE_FIELDS,
-            )?;
+            let fields = object(workspace, "workspace", WORKSPACE, &WORKSPACE_FIELDS)?;
             if let Some(mode) = fields.get("mode") {
                 tightening.workspace_mode = Some(match string(mode, "workspace.mode")? {
                     "ro" => MountMode::ReadOnly,
@@ -248,7 +221,7 @@ impl Tightening {
             }
         }
         if let Some(network) = top.get("network") {
-            let fields = object(network, "network", NETWORK, crate::profile::NETWORK_FIELDS)?;
+            let fields = object(network, "network", NETWORK, &NETWORK_FIELDS)?;
             if let Some(mode) = fields.get("mode") {
                 tightening.network.mode = Some(match string(mode, "network.mode")? {
                     "none" => NetworkMode::None,
@@ -276,23 +249,22 @@ impl Tightening {
             }
         }
         if let Some(limits) = top.get("limits") {
-            let fields = object(limits, "limits", LIMITS, crate::profile::LIMITS_FIELDS)?;
-            let ask = &mut tightening.limits;
+            let fields = object(limits, "limits", &LIMITS_FIELDS.names(), &LIMITS_FIELDS)?;
             for (name, value) in fields {
                 let field = format!("limits.{name}");
-                let size = || {
-                    ByteSize::parse(string(value, &field)?)
-                        .map_err(|message| invalid(&field, message))
+                let Some(limit) = LIMIT_FIELDS.iter().find(|limit| limit.field.name == name) else {
+                    return Err(invalid(&field, "unknown field"));
                 };
-                let duration = || {
-                    parse_duration(string(value, &field)?)
-                        .map_err(|message| invalid(&field, message))
-                };
-                match name.as_str() {
-                    "memory" => ask.memory = Some(size()?),
-                    "tmp" => ask.tmp = Some(size()?),
-                    "home" => ask.home = Some(size()?),
-                    "cpus" => {
+                let text = || string(value, &field);
+                let asked = match limit.kind {
+                    LimitKind::Size => LimitValue::Size(
+                        ByteSize::parse(text()?).map_err(|message| invalid(&field, message))?,
+                    ),
+                    LimitKind::Duration => LimitValue::Duration(
+                        parse_duration(text()?).map_err(|message| invalid(&field, message))?,
+                    ),
+                    LimitKind::Count => LimitValue::Count(count(value, &field)?),
+                    LimitKind::Cpus => {
                         let cores = value.as_f64().ok_or_else(|| {
                             invalid(
                                 &field,
@@ -302,19 +274,13 @@ impl Tightening {
                                 ),
                             )
                         })?;
-                        ask.cpus = Some(
+                        LimitValue::Cpus(
                             CpuQuota::from_cores(cores)
                                 .map_err(|message| invalid(&field, message))?,
-                        );
+                        )
                     }
-                    "pids" => ask.pids = Some(count(value, &field)?),
-                    "nofile" => ask.nofile = Some(count(value, &field)?),
-                    "call_timeout" => ask.call_timeout = Some(duration()?),
-                    "idle" => ask.idle = Some(duration()?),
-                    "lifetime" => ask.lifetime = Some(duration()?),
-                    "start_timeout" => ask.start_timeout = Some(duration()?),
-                    _ => return Err(invalid(&field, "unknown field")),
-                }
+                };
+                tightening.limits.0.push((limit.field.name, asked));
             }
         }
         if let Some(servers) = top.get("servers") {
@@ -336,7 +302,7 @@ impl Tightening {
             tightening.volumes = Some(names);
         }
         if let Some(env) = top.get("env") {
-            let fields = object(env, "env", ENV, crate::profile::ENV_FIELDS)?;
+            let fields = object(env, "env", ENV, &ENV_FIELDS)?;
             if let Some(drop) = fields.get("drop") {
                 for name in strings(drop, "env.drop")? {
                     check_env_name(name).map_err(|message| invalid("env.drop", message))?;
@@ -446,16 +412,20 @@ pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, Pl
     if profile.workspace.source == Source::None {
         // These narrow the workspace unit; with none, honouring them silently
         // would leave the session wider than it asked.
-        let unit_only = [
-            ("network", tightening.network != NetworkAsk::default()),
-            ("limits.memory", ask.memory.is_some()),
-            ("limits.cpus", ask.cpus.is_some()),
-            ("limits.pids", ask.pids.is_some()),
-            ("limits.tmp", ask.tmp.is_some()),
-            ("limits.home", ask.home.is_some()),
-            ("limits.nofile", ask.nofile.is_some()),
-            ("limits.call_timeout", ask.call_timeout.is_some()),
-        ];
+        let network = (
+            "network".to_owned(),
+            tightening.network != NetworkAsk::default(),
+        );
+        let unit_limits = LIMIT_FIELDS
+            .iter()
+            .filter(|limit| limit.scope == LimitScope::Unit)
+            .map(|limit| {
+                (
+                    format!("limits.{}", limit.field.name),
+                    ask.get(limit.field.name).is_some(),
+                )
+            });
+        let unit_only: Vec<(String, bool)> = std::iter::once(network).chain(unit_limits).collect();
         if let Some((field, _)) = unit_only.iter().find(|(_, asked)| *asked) {
             return Err(invalid(
                 field,
@@ -467,46 +437,20 @@ pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, Pl
         }
     }
     narrowed.network = tighten_network(profile, &tightening.network)?;
-    let bound = &profile.limits;
-    let size = |size: &ByteSize| size.to_string();
-    let number = |number: &u64| number.to_string();
-    let duration = |duration: &Duration| show_duration(*duration);
-    let limits = &mut narrowed.limits;
-    limits.memory = narrower(profile, "limits.memory", ask.memory, bound.memory, size)?;
-    limits.cpus = narrower(profile, "limits.cpus", ask.cpus, bound.cpus, |cpus| {
-        cpus.to_string()
-    })?;
-    limits.pids = narrower(profile, "limits.pids", ask.pids, bound.pids, number)?;
-    limits.tmp = narrower(profile, "limits.tmp", ask.tmp, bound.tmp, size)?;
-    limits.home = narrower(profile, "limits.home", ask.home, bound.home, size)?;
-    limits.nofile = narrower(profile, "limits.nofile", ask.nofile, bound.nofile, number)?;
-    limits.call_timeout = narrower(
-        profile,
-        "limits.call_timeout",
-        ask.call_timeout,
-        bound.call_timeout,
-        duration,
-    )?;
-    limits.idle = narrower(profile, "limits.idle", ask.idle, bound.idle, duration)?;
-    limits.lifetime = narrower(
-        profile,
-        "limits.lifetime",
-        ask.lifetime,
-        bound.lifetime,
-        duration,
-    )?;
-    limits.start_timeout = narrower(
-        profile,
-        "limits.start_timeout",
-        ask.start_timeout,
-        bound.start_timeout,
-        duration,
-    )?;
-    // Idle, lifetime and the start deadline are the session's: every unit shares them.
-    for server in &mut narrowed.servers {
-        server.limits.idle = narrowed.limits.idle;
-        server.limits.lifetime = narrowed.limits.lifetime;
-        server.limits.start_timeout = narrowed.limits.start_timeout;
+    for limit in LIMIT_FIELDS {
+        let field = format!("limits.{}", limit.field.name);
+        let bound = (limit.get)(&profile.limits);
+        let narrowed_value =
+            narrower(profile, &field, ask.get(limit.field.name), bound, |value| {
+                value.text()
+            })?;
+        (limit.set)(&mut narrowed.limits, narrowed_value);
+        // The session's limits are every unit's.
+        if limit.scope == LimitScope::Session {
+            for server in &mut narrowed.servers {
+                (limit.set)(&mut server.limits, narrowed_value);
+            }
+        }
     }
     if let Some(names) = &tightening.servers {
         let known: Vec<&str> = profile

@@ -6,6 +6,7 @@
 //! `plan`. `box profile` lives in the binary.
 
 mod error;
+pub(crate) mod fields;
 mod load;
 mod model;
 mod tree;
@@ -15,16 +16,17 @@ mod value;
 pub use error::{Position, Problem, ProfileError};
 // A profile's own fields, so a tightening of one a session cannot tighten
 // is told as that, not as an unknown field.
+pub(crate) use fields::{
+    ENV as ENV_FIELDS, LIMIT_FIELDS, LIMITS as LIMITS_FIELDS, LimitKind, LimitValue,
+    NETWORK as NETWORK_FIELDS, Scope as LimitScope, TOP as TOP_FIELDS, Table,
+    WORKSPACE as WORKSPACE_FIELDS,
+};
 pub use load::{Catalog, Listed, SHIPPED};
 pub use model::{
     Danger, EnvPolicy, ForkMode, LimitsPolicy, NetworkPolicy, OnPersisted, Profile, SecurityPolicy,
     Server, Source, UserChoice, Workspace,
 };
 pub(crate) use validate::host_path_dangers;
-pub(crate) use validate::{
-    ENV as ENV_FIELDS, LIMITS as LIMITS_FIELDS, NETWORK as NETWORK_FIELDS, TOP as TOP_FIELDS,
-    WORKSPACE as WORKSPACE_FIELDS,
-};
 pub use value::{
     ByteSize, CpuQuota, REVIEWED_CAPABILITIES, check_env_name, parse_duration, show_duration,
 };

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::value::{ByteSize, CpuQuota};
+pub use super::fields::LimitsPolicy;
+use super::value::ByteSize;
 use crate::allow::Rule;
 use crate::image::PullPolicy;
 use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, TmpMode, UserIds};
@@ -185,31 +186,6 @@ pub struct NetworkPolicy {
     pub bandwidth: Option<ByteSize>,
 }
 
-/// A unit's limits as written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LimitsPolicy {
-    /// Memory (swap off).
-    pub memory: ByteSize,
-    /// CPUs.
-    pub cpus: CpuQuota,
-    /// Most processes and threads.
-    pub pids: u64,
-    /// Size of the /tmp tmpfs.
-    pub tmp: ByteSize,
-    /// Size of the unit's home (a tmpfs holding what the image put there).
-    pub home: ByteSize,
-    /// Most open files per process.
-    pub nofile: u64,
-    /// Deadline of one call.
-    pub call_timeout: Duration,
-    /// No request for this long ends the session.
-    pub idle: Duration,
-    /// The session ends after this long whatever happens.
-    pub lifetime: Duration,
-    /// Starting the session's units (engine and executor) must end within this.
-    pub start_timeout: Duration,
-}
-
 /// Every unit's lifecycle as written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LifecyclePolicy {
@@ -337,7 +313,6 @@ impl Danger {
 pub(crate) mod defaults {
     use std::time::Duration;
 
-    use super::super::value::{ByteSize, CpuQuota};
     use super::{LifecyclePolicy, LimitsPolicy};
 
     pub(crate) const IMAGE: &str = "box-base:bookworm";
@@ -356,17 +331,6 @@ pub(crate) mod defaults {
     }
 
     pub(crate) fn limits() -> LimitsPolicy {
-        LimitsPolicy {
-            memory: ByteSize(2 << 30),
-            cpus: CpuQuota(2000),
-            pids: 512,
-            tmp: ByteSize(256 << 20),
-            home: ByteSize(512 << 20),
-            nofile: 4096,
-            call_timeout: Duration::from_secs(600),
-            idle: Duration::from_secs(1800),
-            lifetime: Duration::from_secs(8 * 3600),
-            start_timeout: Duration::from_secs(60),
-        }
+        LimitsPolicy::defaults()
     }
 }

@@ -648,43 +648,208 @@ fn unknown_names_and_path_like_names_are_refused() {
     );
 }
 
+/// A README field table's rows: name, type and default, as written.
+type Rows = Vec<(String, String, String)>;
+
+/// The field tables of `profiles/README.md`, by section (the `### ` heading).
+fn readme_tables(readme: &str) -> Vec<(String, Vec<Rows>)> {
+    let mut sections: Vec<(String, Vec<Rows>)> = Vec::new();
+    let mut in_table = false;
+    for line in readme.lines() {
+        if let Some(heading) = line.strip_prefix("### ") {
+            sections.push((heading.to_owned(), Vec::new()));
+            in_table = false;
+        } else if line.starts_with("| field | type | default |") {
+            if let Some((_, tables)) = sections.last_mut() {
+                tables.push(Vec::new());
+                in_table = true;
+            }
+        } else if in_table && line.starts_with("| ") {
+            // Cells split at `|` not written `\|`.
+            let mut cells = Vec::new();
+            let mut cell = String::new();
+            let mut escaped = false;
+            for c in line.chars() {
+                match c {
+                    '|' if !escaped => cells.push(std::mem::take(&mut cell)),
+                    _ => cell.push(c),
+                }
+                escaped = c == '\\';
+            }
+            let cell = |index: usize| cells.get(index).map_or("", |c| c.trim()).to_owned();
+            let name = cell(1).trim_matches('`').to_owned();
+            if let Some((_, tables)) = sections.last_mut()
+                && let Some(table) = tables.last_mut()
+            {
+                table.push((name, cell(2), cell(3)));
+            }
+        } else if !line.starts_with("|-") {
+            in_table = false;
+        }
+    }
+    sections
+}
+
+/// The README's field tables say what `fields.rs` declares: every field of
+/// every table, with its type and default, and no field it does not have.
 #[test]
 fn the_readme_documents_every_field_and_danger() {
-    use super::validate::{
-        ENV, LIFECYCLE, LIMITS, NETWORK, OPERATOR, SECRET, SECURITY, SERVER, TOP, WORKSPACE,
-    };
+    use super::fields::{Limit, NETWORK, SERVER, TABLES};
     let readme = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../profiles/README.md"
     ))
     .unwrap();
-    let mut missing = Vec::new();
-    for fields in [
-        TOP, WORKSPACE, NETWORK, LIMITS, ENV, SECRET, SECURITY, LIFECYCLE, SERVER, OPERATOR,
-    ] {
-        for field in fields {
-            if !readme.contains(&format!("| `{field}` |"))
-                && !readme.contains(&format!("`[{field}]`"))
-                && !readme.contains(&format!("`[[{field}]]`"))
-            {
-                missing.push(*field);
+    let sections = readme_tables(&readme);
+    let mut wrong = Vec::new();
+    for table in TABLES {
+        let (heading, index) = table.readme;
+        let Some((_, tables)) = sections
+            .iter()
+            .find(|(title, _)| title.starts_with(heading))
+        else {
+            wrong.push(format!("no section `### {heading}`"));
+            continue;
+        };
+        let Some(rows) = tables.get(index - 1) else {
+            wrong.push(format!("no field table {index} under `### {heading}`"));
+            continue;
+        };
+        for field in table.fields {
+            if field.kind.starts_with("`[") {
+                // A table of its own: documented by its section.
+                if !sections
+                    .iter()
+                    .any(|(title, _)| title.starts_with(field.kind))
+                {
+                    wrong.push(format!("no section `### {}`", field.kind));
+                }
+                continue;
             }
+            let path = format!("{}.{}", table.path, field.name);
+            match rows.iter().find(|(name, _, _)| name == field.name) {
+                None => wrong.push(format!("{path}: no row")),
+                Some((_, kind, default)) => {
+                    if kind != field.kind {
+                        wrong.push(format!("{path}: type {kind:?}, declared {:?}", field.kind));
+                    }
+                    if default != field.default {
+                        wrong.push(format!(
+                            "{path}: default {default:?}, declared {:?}",
+                            field.default
+                        ));
+                    }
+                }
+            }
+        }
+        for (name, _, _) in rows {
+            if !table.fields.iter().any(|field| field.name == name) {
+                wrong.push(format!("{}.{name}: a row for no field", table.path));
+            }
+        }
+    }
+    // A server's `network` and `limits` rows name their fields.
+    let listed = |names: Vec<&str>| format!("`{{ {} }}`", names.join(", "));
+    for (name, names) in [
+        ("network", NETWORK.names()),
+        ("limits", Limit::unit_names()),
+    ] {
+        let kind = SERVER.field(name).map(|field| field.kind);
+        if kind != Some(listed(names.clone()).as_str()) {
+            wrong.push(format!(
+                "server.{name}: type {kind:?}, its fields {names:?}"
+            ));
         }
     }
     for danger in Danger::ALL {
         if !readme.contains(&format!("| `{}` |", danger.name())) {
-            missing.push(danger.name());
+            wrong.push(format!("danger {}: no row", danger.name()));
         }
     }
     for (name, _) in SHIPPED {
         if !readme.contains(&format!("| `{name}` |")) {
-            missing.push(name);
+            wrong.push(format!("shipped profile {name}: no row"));
         }
     }
     assert!(
-        missing.is_empty(),
-        "profiles/README.md does not document: {missing:?}"
+        wrong.is_empty(),
+        "profiles/README.md does not say what fields.rs declares:\n{}",
+        wrong.join("\n")
     );
+}
+
+/// A session may tighten exactly the fields of `[workspace]`, `[network]`
+/// and `[limits]` that `fields.rs` says it may; of the others it is told
+/// they are the profile's.
+#[test]
+fn a_session_tightens_the_fields_declared_tightenable() {
+    use super::fields::{LIMITS, NETWORK, Tighten, WORKSPACE};
+    let mut wrong = Vec::new();
+    for table in [&WORKSPACE, &NETWORK, &LIMITS] {
+        for field in table.fields {
+            let ask = serde_json::json!({ table.path: { field.name: null } });
+            let refused = match crate::plan::Tightening::parse(&ask) {
+                Ok(_) => false,
+                Err(error) => error.to_string().contains("which a session cannot tighten"),
+            };
+            if refused != (field.tighten == Tighten::No) {
+                wrong.push(format!(
+                    "{}.{} ({:?})",
+                    table.path, field.name, field.tighten
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "tightening disagrees with fields.rs: {wrong:?}"
+    );
+}
+
+/// Every envelope key a field declares is where a plan gives the field to a unit.
+#[test]
+fn every_fields_envelope_key_is_in_the_plan() {
+    use super::fields::{TABLES, Table};
+    let text = "[workspace]\nruntime = \"runsc\"\nlocal_userland = \"host\"\npull = \"always\"\npull_secret = \"AUTH\"\n\
+                [network]\nmode = \"egress\"\nallow = [\"example.com\"]\nhosts = { \"example.com\" = \"10.0.0.1\" }\nmax_connections = 8\nbandwidth = \"1MiB\"\n\
+                [env]\nsecrets = [{name = \"TOKEN\", as_env = true}]\n\
+                [[volume]]\nname = \"cache\"\npath = \"~/.cache\"\n\
+                [[server]]\nname = \"s\"\nimage = \"box-fetch:latest\"\ncommand = [\"s\"]\nruntime = \"runsc\"\npull = \"never\"\npull_secret = \"AUTH\"\nlocal_userland = \"host\"\n\
+                [operator]\nallow_dangerous = [\"private-destinations\"]\n";
+    let profile = load(&[("p", text)], "p").unwrap();
+    let plan = crate::plan::resolve(
+        &profile,
+        &serde_json::Value::Null,
+        &crate::plan::HostFacts::fixed(),
+    )
+    .unwrap()
+    .to_json();
+    let has = |unit: &serde_json::Value, key: &str| {
+        key.split('.')
+            .try_fold(unit, |value, part| {
+                let value = value.get(0).unwrap_or(value);
+                value.get(part)
+            })
+            .is_some()
+    };
+    let units = &plan["units"];
+    let mut missing = Vec::new();
+    for table in TABLES {
+        let unit: &Table = table;
+        let in_unit = if unit.path == "server" {
+            &units[1]
+        } else {
+            &units[0]
+        };
+        for field in unit.fields {
+            if let Some(key) = field.envelope
+                && !has(in_unit, key)
+            {
+                missing.push(format!("{}.{} as {key}", unit.path, field.name));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "not in the plan: {missing:?}\n{plan:#}");
 }
 
 proptest::proptest! {

@@ -11,9 +11,10 @@
 use std::path::Path;
 
 use super::super::error::{Position, Problem};
+use super::super::fields::OPERATOR;
 use super::super::model::Danger;
 use super::super::tree::Node;
-use super::{OPERATOR, Walk, one_of};
+use super::{Walk, one_of};
 
 /// Paths that are the host's root or a system directory, refused as a workspace
 /// (with everything beneath the ones marked `true`).
@@ -109,7 +110,7 @@ impl Walk {
         let Some(node) = node else {
             return Vec::new();
         };
-        let fields = self.table(node, "operator", OPERATOR);
+        let fields = self.table(node, "operator", &OPERATOR.names());
         let Some(list) = fields.get("allow_dangerous") else {
             return Vec::new();
         };

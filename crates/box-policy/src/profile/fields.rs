@@ -1,0 +1,722 @@
+//! Every field of a profile, declared once per table: its name, its type and
+//! default as `profiles/README.md` writes them, what a session's tightening
+//! may do with it, and the key a plan (`box profile resolve --json`) hands it
+//! to a unit under. Validation takes its unknown-field lists ("accepted
+//! here: ...") from these tables, tightening its "a profile's field, which a
+//! session cannot tighten" and the limits it narrows, `box profile show` the
+//! limits it prints, and a test holds the README's field tables to them.
+//!
+//! The limits are declared whole here ([`limits!`]): the `LimitsPolicy`
+//! struct, each limit's default, how it is read, shown, asked for and
+//! narrowed all come from one row.
+
+use std::time::Duration;
+
+use super::value::{ByteSize, CpuQuota};
+
+/// What a session's tightening (`box.tighten`) may do with a field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tighten {
+    /// Nothing: it is the profile's (a profile that extends this one can set
+    /// it); a session that asks is told it cannot tighten it.
+    No,
+    /// At most the profile's value, in the field's narrowing order.
+    AtMost,
+    /// One of the profile's choices, or a subset of its list.
+    Among,
+    /// Entries removed by name (`servers`, `volumes`, `env.drop`).
+    Drop,
+    /// A table a session narrows field by field.
+    Within,
+}
+
+/// One field of a profile table.
+#[derive(Debug)]
+// Beyond the name, read by the README's check (`profile/tests.rs`).
+#[cfg_attr(not(test), expect(dead_code))]
+pub(crate) struct Field {
+    /// Its key in the table.
+    pub(crate) name: &'static str,
+    /// Its type, as the README's type column writes it; a table of its own
+    /// is written as its heading (`` `[workspace]` ``).
+    pub(crate) kind: &'static str,
+    /// Its default, as the README's default column writes it.
+    pub(crate) default: &'static str,
+    /// What a session may do with it.
+    pub(crate) tighten: Tighten,
+    /// The key a plan gives a unit it under (`box profile resolve --json`),
+    /// the name the envelope reports what was applied under; `None`: it does
+    /// not reach a unit as itself.
+    pub(crate) envelope: Option<&'static str>,
+}
+
+/// A profile table: where it is, and its fields in the order a profile's
+/// errors list them.
+#[derive(Debug)]
+#[cfg_attr(not(test), expect(dead_code))]
+pub(crate) struct Table {
+    /// Its path in a profile (`""` for the top level, `env.secrets`).
+    pub(crate) path: &'static str,
+    /// The README's section (`### ` and this) and which field table in it (from 1).
+    pub(crate) readme: (&'static str, usize),
+    /// Its fields.
+    pub(crate) fields: &'static [Field],
+}
+
+impl Table {
+    /// Its field names, in order: the "accepted here" list.
+    pub(crate) fn names(&self) -> Vec<&'static str> {
+        self.fields.iter().map(|field| field.name).collect()
+    }
+
+    /// The field called `name`.
+    #[cfg(test)]
+    pub(crate) fn field(&self, name: &str) -> Option<&'static Field> {
+        self.fields.iter().find(|field| field.name == name)
+    }
+}
+
+const fn field(
+    name: &'static str,
+    kind: &'static str,
+    default: &'static str,
+    tighten: Tighten,
+    envelope: Option<&'static str>,
+) -> Field {
+    Field {
+        name,
+        kind,
+        default,
+        tighten,
+        envelope,
+    }
+}
+
+use Tighten::{Among, AtMost, Drop, No, Within};
+
+/// The top level.
+pub(crate) const TOP: Table = Table {
+    path: "",
+    readme: ("Top level", 1),
+    fields: &[
+        field("description", "string", "`\"\"`", No, Some("description")),
+        field("extends", "string", "none", No, None),
+        field("workspace", "`[workspace]`", "", Within, None),
+        field("network", "`[network]`", "", Within, Some("network")),
+        field("limits", "`[limits]`", "", Within, Some("limits")),
+        field("env", "`[env]`", "", Within, Some("env")),
+        field("security", "`[security]`", "", No, Some("security")),
+        field("lifecycle", "`[lifecycle]`", "", No, Some("lifecycle")),
+        field("server", "`[[server]]`", "", Drop, None),
+        field("volume", "`[[volume]]`", "", Drop, Some("volumes")),
+        field("operator", "`[operator]`", "", No, None),
+    ],
+};
+
+/// `[workspace]`.
+pub(crate) const WORKSPACE: Table = Table {
+    path: "workspace",
+    readme: ("`[workspace]`", 1),
+    fields: &[
+        field(
+            "image",
+            "string",
+            "`\"box-base:bookworm\"`",
+            Among,
+            Some("image"),
+        ),
+        field("images", "array of image references", "`[]`", No, None),
+        field(
+            "pull",
+            "`\"never\"` \\| `\"missing\"` \\| `\"always\"`",
+            "`\"missing\"`",
+            No,
+            Some("pull"),
+        ),
+        field("pull_secret", "string", "none", No, Some("pullSecret")),
+        field(
+            "root",
+            "absolute path",
+            "`\"/workspace\"`",
+            No,
+            Some("root"),
+        ),
+        field(
+            "source",
+            "`\"cwd\"` \\| `\"fork\"` \\| `\"empty\"` \\| `\"none\"` \\| absolute host path",
+            "`\"cwd\"`",
+            No,
+            Some("source"),
+        ),
+        field(
+            "mode",
+            "`\"rw\"` \\| `\"ro\"`",
+            "`\"rw\"`",
+            AtMost,
+            Some("mode"),
+        ),
+        field(
+            "user",
+            "`\"host\"` \\| `\"image\"` \\| `\"UID:GID\"`",
+            "`\"host\"`",
+            No,
+            Some("user"),
+        ),
+        field(
+            "runtime",
+            "runtime name",
+            "the engine's default (`runc`)",
+            No,
+            Some("runtime"),
+        ),
+        field(
+            "local_userland",
+            "`\"refuse\"` \\| `\"host\"`",
+            "`\"refuse\"`",
+            AtMost,
+            Some("localUserland"),
+        ),
+        // The plan's, not a unit's: `onPersistedCredentials` and `workspaceFork`.
+        field(
+            "on_persisted_credentials",
+            "`\"report\"` \\| `\"refuse\"` \\| `\"hide\"`",
+            "`\"report\"`",
+            No,
+            None,
+        ),
+        field(
+            "fork_mode",
+            "`\"auto\"` \\| `\"worktree\"` \\| `\"copy\"`",
+            "`\"auto\"`",
+            No,
+            None,
+        ),
+    ],
+};
+
+/// `[network]`, and a server's `network`.
+pub(crate) const NETWORK: Table = Table {
+    path: "network",
+    readme: ("`[network]`", 1),
+    fields: &[
+        field(
+            "mode",
+            "`\"none\"` \\| `\"egress\"` \\| `\"bridge\"`",
+            "`\"none\"`",
+            AtMost,
+            Some("network.mode"),
+        ),
+        field(
+            "allow",
+            "array of `host[:port]`",
+            "`[]`",
+            Among,
+            Some("network.allow"),
+        ),
+        field(
+            "hosts",
+            "table of name = IP address",
+            "`{}`",
+            No,
+            Some("network.hosts"),
+        ),
+        field(
+            "max_connections",
+            "whole number",
+            "`256` with `egress`",
+            No,
+            Some("network.maxConnections"),
+        ),
+        field(
+            "bandwidth",
+            "size per second (`\"10MiB\"`)",
+            "no cap",
+            No,
+            Some("network.bytesPerSecond"),
+        ),
+    ],
+};
+
+/// `[env]`.
+pub(crate) const ENV: Table = Table {
+    path: "env",
+    readme: ("`[env]`", 1),
+    fields: &[
+        field(
+            "set",
+            "table of `NAME = \"value\"`",
+            "`{}`",
+            Drop,
+            Some("env.set"),
+        ),
+        field("pass", "array of names", "`[]`", Drop, Some("env.pass")),
+        field(
+            "secrets",
+            "array of names or `{name, as_env}` tables",
+            "`[]`",
+            Drop,
+            Some("env.secrets"),
+        ),
+    ],
+};
+
+/// A table entry of `env.secrets`.
+pub(crate) const SECRET: Table = Table {
+    path: "env.secrets",
+    readme: ("`[env]`", 2),
+    fields: &[
+        field("name", "name", "required", No, None),
+        field("as_env", "boolean", "`false`", No, Some("env.secretsAsEnv")),
+    ],
+};
+
+/// `[security]`.
+pub(crate) const SECURITY: Table = Table {
+    path: "security",
+    readme: ("`[security]`", 1),
+    fields: &[
+        field(
+            "capabilities",
+            "array of names",
+            "`[]`",
+            No,
+            Some("security.capabilities"),
+        ),
+        field(
+            "read_only_root",
+            "bool",
+            "`true`",
+            No,
+            Some("security.readOnlyRoot"),
+        ),
+        field(
+            "landlock",
+            "`\"required\"` \\| `\"best-effort\"` \\| `\"off\"`",
+            "`\"required\"`",
+            No,
+            Some("security.landlock"),
+        ),
+        field(
+            "git",
+            "`\"neutralise\"` \\| `\"off\"`",
+            "`\"neutralise\"`",
+            No,
+            Some("security.neutraliseGit"),
+        ),
+        field(
+            "write_guard",
+            "`\"read-first\"` \\| `\"off\"`",
+            "`\"read-first\"`",
+            No,
+            Some("security.writeGuard"),
+        ),
+        field(
+            "tmp",
+            "`\"exec\"` \\| `\"noexec\"`",
+            "`\"exec\"`",
+            No,
+            Some("security.tmp"),
+        ),
+        field(
+            "privileged",
+            "bool",
+            "`false`",
+            No,
+            Some("security.privileged"),
+        ),
+        field(
+            "host_namespaces",
+            "array of `cgroup`, `ipc`, `net`, `pid`, `user`, `uts`",
+            "`[]`",
+            No,
+            Some("security.hostNamespaces"),
+        ),
+        field(
+            "devices",
+            "array of paths under `/dev`",
+            "`[]`",
+            No,
+            Some("security.devices"),
+        ),
+    ],
+};
+
+/// `[lifecycle]`.
+pub(crate) const LIFECYCLE: Table = Table {
+    path: "lifecycle",
+    readme: ("`[lifecycle]`", 1),
+    fields: &[field(
+        "lease",
+        "duration, `1s` to `1h`",
+        "`\"30s\"`",
+        No,
+        Some("lifecycle.leaseMs"),
+    )],
+};
+
+/// A `[[server]]` table.
+pub(crate) const SERVER: Table = Table {
+    path: "server",
+    readme: ("`[[server]]`", 1),
+    fields: &[
+        field("name", "string", "required", Drop, Some("name")),
+        field("image", "string", "required", No, Some("image")),
+        field(
+            "pull",
+            "`\"never\"` \\| `\"missing\"` \\| `\"always\"`",
+            "`\"missing\"`",
+            No,
+            Some("pull"),
+        ),
+        field("pull_secret", "string", "none", No, Some("pullSecret")),
+        field(
+            "runtime",
+            "runtime name",
+            "the engine's default",
+            No,
+            Some("runtime"),
+        ),
+        field(
+            "local_userland",
+            "`\"refuse\"` \\| `\"host\"`",
+            "`\"refuse\"`",
+            No,
+            Some("localUserland"),
+        ),
+        field(
+            "command",
+            "array of strings",
+            "required",
+            No,
+            Some("command"),
+        ),
+        field("description", "string", "`\"\"`", No, Some("description")),
+        field(
+            "network",
+            "`{ mode, allow, hosts, max_connections, bandwidth }`",
+            "`{ mode = \"none\" }`",
+            No,
+            Some("network"),
+        ),
+        field(
+            "limits",
+            "`{ memory, cpus, pids, tmp, home, nofile, call_timeout }`",
+            "the profile's `[limits]`",
+            No,
+            Some("limits"),
+        ),
+    ],
+};
+
+/// A `[[volume]]` table.
+pub(crate) const VOLUME: Table = Table {
+    path: "volume",
+    readme: ("`[[volume]]`", 1),
+    fields: &[
+        field("name", "string", "required", Drop, Some("volumes.name")),
+        field(
+            "path",
+            "`\"~/REL\"` \\| absolute path",
+            "required",
+            No,
+            Some("volumes.path"),
+        ),
+        field(
+            "scope",
+            "`\"session\"` \\| `\"profile\"`",
+            "`\"session\"`",
+            No,
+            Some("volumes.scope"),
+        ),
+    ],
+};
+
+/// `[operator]`.
+pub(crate) const OPERATOR: Table = Table {
+    path: "operator",
+    readme: ("`[operator]`", 1),
+    fields: &[field(
+        "allow_dangerous",
+        "array of the names above",
+        "`[]`",
+        No,
+        None,
+    )],
+};
+
+/// Every table, for the README's check.
+#[cfg(test)]
+pub(crate) const TABLES: [&Table; 11] = [
+    &TOP, &WORKSPACE, &NETWORK, &LIMITS, &ENV, &SECRET, &SECURITY, &LIFECYCLE, &SERVER, &VOLUME,
+    &OPERATOR,
+];
+
+/// A limit's value, of one of four kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum LimitValue {
+    /// A size (`"2GiB"`).
+    Size(ByteSize),
+    /// Cores (`2`, `0.5`).
+    Cpus(CpuQuota),
+    /// A whole number from 1.
+    Count(u64),
+    /// A duration (`"10m"`).
+    Duration(Duration),
+}
+
+impl LimitValue {
+    /// As `box profile show` and a refused tightening write it.
+    pub(crate) fn text(self) -> String {
+        match self {
+            LimitValue::Size(size) => size.to_string(),
+            LimitValue::Cpus(cpus) => cpus.to_string(),
+            LimitValue::Count(count) => count.to_string(),
+            LimitValue::Duration(duration) => super::value::show_duration(duration),
+        }
+    }
+
+    /// As `box profile show --json` writes it: cores and counts as numbers.
+    pub(crate) fn json(self) -> serde_json::Value {
+        match self {
+            LimitValue::Cpus(cpus) => serde_json::json!(cpus.cores()),
+            LimitValue::Count(count) => serde_json::json!(count),
+            LimitValue::Size(_) | LimitValue::Duration(_) => serde_json::json!(self.text()),
+        }
+    }
+}
+
+/// Which of the four kinds a limit is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LimitKind {
+    /// A size.
+    Size,
+    /// Cores.
+    Cpus,
+    /// A whole number.
+    Count,
+    /// A duration.
+    Duration,
+}
+
+/// Whose a limit is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// Each unit's: a server's `limits` may set its own.
+    Unit,
+    /// The session's (idle, lifetime, the start deadline): every unit shares
+    /// the profile's `[limits]` value, and a tightening of it narrows every unit.
+    Session,
+}
+
+/// One limit: its field, kind and scope, and how it is read from and written
+/// into a [`LimitsPolicy`].
+#[derive(Debug)]
+pub(crate) struct Limit {
+    /// The field.
+    pub(crate) field: Field,
+    /// Its kind.
+    pub(crate) kind: LimitKind,
+    /// Whose it is.
+    pub(crate) scope: Scope,
+    /// Its value in `limits`.
+    pub(crate) get: fn(&LimitsPolicy) -> LimitValue,
+    /// Set it in `limits` (a value of its kind).
+    pub(crate) set: fn(&mut LimitsPolicy, LimitValue),
+}
+
+/// A limit's type in a plan (`plan::Limits`), by its kind: sizes in bytes,
+/// cores as a fraction, durations as they are.
+macro_rules! plan_type {
+    (Size) => {
+        u64
+    };
+    (Cpus) => {
+        f64
+    };
+    (Count) => {
+        u64
+    };
+    (Duration) => {
+        Duration
+    };
+}
+
+/// What a plan's limit is in, by its kind (a line of its documentation).
+macro_rules! plan_unit {
+    (Size) => {
+        "In bytes."
+    };
+    (Cpus) => {
+        "As a fraction of cores."
+    };
+    (Count) => {
+        "A whole number."
+    };
+    (Duration) => {
+        "A duration."
+    };
+}
+
+/// A limit's value in a plan, by its kind.
+macro_rules! plan_value {
+    (Size, $value:expr) => {
+        $value.0
+    };
+    (Cpus, $value:expr) => {
+        $value.cores()
+    };
+    (Count, $value:expr) => {
+        $value
+    };
+    (Duration, $value:expr) => {
+        $value
+    };
+}
+
+/// A plan's limit as JSON (`box profile resolve --json`), by its kind:
+/// numbers, durations in milliseconds.
+macro_rules! plan_json {
+    (Duration, $value:expr) => {
+        serde_json::json!(u64::try_from($value.as_millis()).unwrap_or(u64::MAX))
+    };
+    ($kind:ident, $value:expr) => {
+        serde_json::json!($value)
+    };
+}
+
+/// Declares every limit from one row each: the profile's `LimitsPolicy` and
+/// the plan's `Limits` (`plan_field`, the plan JSON's and the envelope's
+/// `key`), the default, whose it is, the README's type and default, and its
+/// row in `LIMIT_FIELDS`, from which it is read, shown, asked for and narrowed:
+/// `/// doc` `name: Type as Kind = default, Scope, "README type", "README default", plan_field "key";`
+macro_rules! limits {
+    ($(
+        $(#[doc = $doc:literal])*
+        $name:ident: $ty:ty as $kind:ident = $default:expr, $scope:ident,
+            $readme_kind:literal, $readme_default:literal, $plan:ident $key:literal;
+    )*) => {
+        /// A unit's limits as written (declared in `fields.rs`, one row per limit).
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct LimitsPolicy {
+            $( $(#[doc = $doc])* pub $name: $ty, )*
+        }
+
+        impl LimitsPolicy {
+            /// Every limit's default: the strict ones.
+            pub(crate) fn defaults() -> Self {
+                Self { $( $name: $default, )* }
+            }
+
+            /// The limits in a plan.
+            pub(crate) fn plan(&self) -> Limits {
+                Limits { $( $plan: plan_value!($kind, self.$name), )* }
+            }
+        }
+
+        /// A unit's limits in a plan, in plain numbers (declared in
+        /// box-policy's `profile/fields.rs`, one row per limit).
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct Limits {
+            $( $(#[doc = $doc])* #[doc = ""] #[doc = plan_unit!($kind)] pub $plan: plan_type!($kind), )*
+        }
+
+        /// The shipped `default` profile's limits.
+        impl Default for Limits {
+            fn default() -> Self {
+                LimitsPolicy::defaults().plan()
+            }
+        }
+
+        impl Limits {
+            /// Whether every limit of `self` is at most `bound`'s.
+            pub fn is_within(&self, bound: &Limits) -> bool {
+                true $( && self.$plan <= bound.$plan )*
+            }
+
+            /// As a plan's JSON gives them: `{"memoryBytes": ..., "callTimeoutMs": ...}`.
+            pub(crate) fn to_json(&self) -> serde_json::Value {
+                serde_json::json!({ $( $key: plan_json!($kind, self.$plan), )* })
+            }
+        }
+
+        /// `[limits]`, one row per limit.
+        pub(crate) const LIMIT_FIELDS: &[Limit] = &[$(
+            Limit {
+                field: field(stringify!($name), $readme_kind, $readme_default, AtMost, Some(concat!("limits.", $key))),
+                kind: LimitKind::$kind,
+                scope: Scope::$scope,
+                get: |limits| LimitValue::$kind(limits.$name),
+                set: |limits, value| {
+                    if let LimitValue::$kind(value) = value {
+                        limits.$name = value;
+                    }
+                },
+            },
+        )*];
+
+        /// `[limits]` as a table.
+        pub(crate) const LIMITS: Table = Table {
+            path: "limits",
+            readme: ("`[limits]`", 1),
+            fields: &[$(
+                field(stringify!($name), $readme_kind, $readme_default, AtMost, Some(concat!("limits.", $key))),
+            )*],
+        };
+    };
+}
+
+#[rustfmt::skip]
+limits! {
+    /// Memory (swap off).
+    memory: ByteSize as Size = ByteSize(2 << 30), Unit, "size", "`\"2GiB\"`", memory_bytes "memoryBytes";
+    /// CPUs, in cores.
+    cpus: CpuQuota as Cpus = CpuQuota(2000), Unit, "number", "`2.0`", cpus "cpus";
+    /// Most processes and threads.
+    pids: u64 as Count = 512, Unit, "integer", "`512`", pids "pids";
+    /// Size of the /tmp tmpfs.
+    tmp: ByteSize as Size = ByteSize(256 << 20), Unit, "size", "`\"256MiB\"`", tmp_bytes "tmpBytes";
+    /// Size of the unit's home (a tmpfs holding what the image put there).
+    home: ByteSize as Size = ByteSize(512 << 20), Unit, "size", "`\"512MiB\"`", home_bytes "homeBytes";
+    /// Most open files per process.
+    nofile: u64 as Count = 4096, Unit, "integer", "`4096`", nofile "nofile";
+    /// Deadline of one call.
+    call_timeout: Duration as Duration = Duration::from_secs(600), Unit, "duration", "`\"10m\"`", call_timeout "callTimeoutMs";
+    /// No request for this long ends the session.
+    idle: Duration as Duration = Duration::from_secs(1800), Session, "duration", "`\"30m\"`", idle "idleMs";
+    /// The session ends after this long whatever happens.
+    lifetime: Duration as Duration = Duration::from_secs(8 * 3600), Session, "duration", "`\"8h\"`", lifetime "lifetimeMs";
+    /// Starting the session's units (engine and executor) must end within this.
+    start_timeout: Duration as Duration = Duration::from_secs(60), Session, "duration", "`\"1m\"`", start_timeout "startTimeoutMs";
+}
+
+impl Limit {
+    /// The limits each unit has of its own (a server's `limits` may set them).
+    pub(crate) fn unit_names() -> Vec<&'static str> {
+        LIMIT_FIELDS
+            .iter()
+            .filter(|limit| limit.scope == Scope::Unit)
+            .map(|limit| limit.field.name)
+            .collect()
+    }
+}
+
+impl LimitsPolicy {
+    /// Every limit as `box profile show` writes it: `memory 2GiB, cpus 2, ...`.
+    pub fn show_text(&self) -> String {
+        let shown: Vec<String> = LIMIT_FIELDS
+            .iter()
+            .map(|limit| format!("{} {}", limit.field.name, (limit.get)(self).text()))
+            .collect();
+        shown.join(", ")
+    }
+
+    /// Every limit as `box profile show --json` writes it, in the profile's
+    /// words: sizes and durations as written, cores and counts as numbers.
+    pub fn show_json(&self) -> serde_json::Value {
+        let shown: serde_json::Map<String, serde_json::Value> = LIMIT_FIELDS
+            .iter()
+            .map(|limit| (limit.field.name.to_owned(), (limit.get)(self).json()))
+            .collect();
+        serde_json::Value::Object(shown)
+    }
+}

@@ -1,0 +1,280 @@
+//! From a merged, located tree to a [`Profile`]: unknown fields, wrong types
+//! and impossible values are problems naming the file, line, column and field,
+//! what was given and what would be accepted. Every problem is collected, so
+//! `box profile check` can print them all. Dangerous asks are refused here
+//! unless `[operator] allow_dangerous` names them.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path};
+
+use super::error::Problem;
+use super::fields::{self, Scope};
+use super::model::{Danger, Profile, Source, defaults};
+use super::tree::{Node, Value};
+use crate::plan::NetworkMode;
+use danger::Asked;
+pub(crate) use danger::host_path_dangers;
+
+mod danger;
+mod env;
+mod limits;
+mod network;
+mod security;
+mod servers;
+mod volumes;
+mod workspace;
+
+/// Validate the merged tree of profile `name` (loaded from `origin`, extending `extends`).
+pub(crate) fn validate(
+    name: &str,
+    origin: &str,
+    extends: Vec<String>,
+    root: &Node,
+) -> Result<Profile, Vec<Problem>> {
+    let mut walk = Walk::default();
+    let top = walk.table(root, "", &fields::TOP.names());
+    let description = top
+        .get("description")
+        .and_then(|node| walk.string(node, "description"))
+        .unwrap_or_default();
+    if let Some(node) = top.get("extends") {
+        walk.string(node, "extends");
+    }
+    let workspace = walk.workspace(top.get("workspace"));
+    let network = walk.network(top.get("network"), "network");
+    let limits = walk.limits(
+        top.get("limits"),
+        "limits",
+        Scope::Session,
+        &defaults::limits(),
+    );
+    let env = walk.env(top.get("env"));
+    let security = walk.security(top.get("security"));
+    let lifecycle = walk.lifecycle(top.get("lifecycle"));
+    let servers = walk.servers(top.get("server"), &limits);
+    let volumes = walk.volumes(top.get("volume"), workspace.as_ref());
+    let allowed = walk.allowed_dangers(top.get("operator"));
+    let mut may_ask: Vec<Danger> = match workspace.as_ref().map(|workspace| &workspace.source) {
+        Some(Source::Cwd | Source::Fork) => danger::CWD_DANGERS.to_vec(),
+        Some(Source::Host(_) | Source::Empty | Source::None) | None => Vec::new(),
+    };
+    // Private destinations are a property of what the egress proxy may reach, so any
+    // egress unit may ask for them.
+    let any_egress = network
+        .iter()
+        .chain(servers.iter().map(|server| &server.network))
+        .any(|network| network.mode == NetworkMode::Egress);
+    if any_egress {
+        may_ask.push(Danger::PrivateDestinations);
+    }
+    let dangerous = walk.judge_dangers(allowed, &may_ask);
+    let (
+        Some(workspace),
+        Some(network),
+        Some(limits),
+        Some(env),
+        Some(security),
+        Some(lifecycle),
+        true,
+    ) = (
+        workspace,
+        network,
+        limits,
+        env,
+        security,
+        lifecycle,
+        walk.problems.is_empty(),
+    )
+    else {
+        let mut problems = walk.problems;
+        problems.sort_by(|a, b| {
+            (a.at.file.as_ref(), a.at.line, a.at.column).cmp(&(
+                b.at.file.as_ref(),
+                b.at.line,
+                b.at.column,
+            ))
+        });
+        return Err(problems);
+    };
+    Ok(Profile {
+        name: name.to_owned(),
+        description,
+        origin: origin.to_owned(),
+        extends,
+        workspace,
+        network,
+        limits,
+        env,
+        security,
+        lifecycle,
+        servers,
+        volumes,
+        dangerous,
+    })
+}
+
+/// The entries of a table node, by name (unknown ones already reported).
+struct Fields<'a> {
+    entries: BTreeMap<&'a str, &'a Node>,
+}
+
+impl<'a> Fields<'a> {
+    pub(super) fn get(&self, name: &str) -> Option<&'a Node> {
+        self.entries.get(name).copied()
+    }
+}
+
+#[derive(Default)]
+struct Walk {
+    problems: Vec<Problem>,
+    dangers: Vec<Asked>,
+}
+
+fn join(parent: &str, name: &str) -> String {
+    if parent.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{parent}.{name}")
+    }
+}
+
+fn one_of(choices: &[&str]) -> String {
+    let quoted: Vec<String> = choices
+        .iter()
+        .map(|choice| format!("\"{choice}\""))
+        .collect();
+    match quoted.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+impl Walk {
+    pub(super) fn problem(&mut self, node: &Node, field: &str, message: String) {
+        self.problems
+            .push(Problem::new(node.at.clone(), field, &message));
+    }
+
+    pub(super) fn wrong_type(&mut self, node: &Node, field: &str, expected: &str) {
+        self.problem(
+            node,
+            field,
+            format!(
+                "expected {expected}, got {} ({})",
+                node.value.shown(),
+                node.value.kind()
+            ),
+        );
+    }
+
+    /// A table's entries; reports a non-table and every unknown key.
+    pub(super) fn table<'a>(
+        &mut self,
+        node: &'a Node,
+        field: &str,
+        accepted: &[&str],
+    ) -> Fields<'a> {
+        let mut entries = BTreeMap::new();
+        let Value::Table(items) = &node.value else {
+            self.wrong_type(node, field, "a table");
+            return Fields { entries };
+        };
+        for (key, value) in items {
+            if accepted.contains(&key.name.as_str()) {
+                entries.insert(key.name.as_str(), value);
+            } else {
+                self.problems.push(Problem::new(
+                    key.at.clone(),
+                    &join(field, &key.name),
+                    &format!("unknown field; accepted here: {}", accepted.join(", ")),
+                ));
+            }
+        }
+        Fields { entries }
+    }
+
+    pub(super) fn string(&mut self, node: &Node, field: &str) -> Option<String> {
+        match &node.value {
+            Value::String(text) => Some(text.clone()),
+            _ => {
+                self.wrong_type(node, field, "a string");
+                None
+            }
+        }
+    }
+
+    pub(super) fn boolean(&mut self, node: &Node, field: &str) -> Option<bool> {
+        match node.value {
+            Value::Boolean(flag) => Some(flag),
+            _ => {
+                self.wrong_type(node, field, "true or false");
+                None
+            }
+        }
+    }
+
+    pub(super) fn choice<T: Copy>(
+        &mut self,
+        node: &Node,
+        field: &str,
+        choices: &[(&str, T)],
+    ) -> Option<T> {
+        let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+        let Value::String(text) = &node.value else {
+            self.wrong_type(node, field, &one_of(&names));
+            return None;
+        };
+        match choices.iter().find(|(name, _)| name == text) {
+            Some((_, value)) => Some(*value),
+            None => {
+                self.problem(
+                    node,
+                    field,
+                    format!("{text:?} is not accepted; write {}", one_of(&names)),
+                );
+                None
+            }
+        }
+    }
+
+    /// An array of strings, each checked by `check`; duplicates are problems.
+    pub(super) fn strings<'n>(
+        &mut self,
+        node: &'n Node,
+        field: &str,
+        check: impl Fn(&str) -> Result<String, String>,
+    ) -> Option<Vec<(String, &'n Node)>> {
+        let Value::Array(items) = &node.value else {
+            self.wrong_type(node, field, "an array of strings");
+            return None;
+        };
+        let mut out: Vec<(String, &'n Node)> = Vec::new();
+        for item in items {
+            let Value::String(text) = &item.value else {
+                self.wrong_type(item, field, "a string");
+                continue;
+            };
+            match check(text) {
+                Ok(value) if out.iter().any(|(seen, _)| *seen == value) => {
+                    self.problem(item, field, format!("{text:?} is listed twice"));
+                }
+                Ok(value) => out.push((value, item)),
+                Err(message) => self.problem(item, field, message),
+            }
+        }
+        // Invalid items are already problems, so the profile is refused; the
+        // valid ones still get their own checks (credentials, dangers).
+        Some(out)
+    }
+}
+
+/// Absolute, with no `.` or `..` parts (compared component-wise, never as a string prefix).
+fn is_clean_absolute(path: &Path) -> bool {
+    path.is_absolute()
+        && path
+            .components()
+            .all(|component| matches!(component, Component::RootDir | Component::Normal(_)))
+        && !path.to_string_lossy().contains("/./")
+        && !path.to_string_lossy().ends_with("/.")
+}
