@@ -745,6 +745,42 @@ impl LocalBackend {
         })
     }
 
+    /// The live units that mount `listed` (their records name its
+    /// directory, their helpers live).
+    pub fn volume_users(&self, listed: &box_backend::volumes::ListedVolume) -> Vec<UnitInfo> {
+        let data = listed.dir.join("data");
+        self.recorded_all()
+            .into_iter()
+            .filter(|(_, record)| {
+                record.helper_alive()
+                    && record.spec.volumes.iter().any(|volume| volume.data == data)
+            })
+            .map(|(_, record)| record.info("running"))
+            .collect()
+    }
+
+    /// Remove `listed`, unless a live unit holds its lock: then an error
+    /// naming the units that use it.
+    pub fn remove_volume(&self, listed: &box_backend::volumes::ListedVolume) -> Result<(), String> {
+        if box_backend::volumes::in_use_locally(listed) {
+            let users: Vec<String> = self
+                .volume_users(listed)
+                .iter()
+                .map(|unit| format!("unit {} of session {}", unit.unit, unit.session))
+                .collect();
+            let users = if users.is_empty() {
+                "a running unit".to_owned()
+            } else {
+                users.join(", ")
+            };
+            return Err(format!(
+                "volume {} ({}) is in use by {users}; end its session first (`box units ls` shows it)",
+                listed.record.name, listed.key
+            ));
+        }
+        box_backend::volumes::remove(listed)
+    }
+
     /// Every run directory with a local record, in the runtime directories
     /// this backend knows.
     fn recorded_all(&self) -> Vec<(PathBuf, lease::Record)> {
