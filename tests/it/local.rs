@@ -2915,7 +2915,7 @@ async fn without_a_mount_namespace_a_home_volume_is_linked_and_another_refused()
     };
     assert!(
         matches!(&error, BackendError::Unenforceable { control, why, .. }
-            if control == "volume \"scratch\"" && why.contains("no mount namespace")),
+            if control == "volume \"scratch\"" && why.contains("mount namespace of its own")),
         "{error}"
     );
 }

@@ -750,10 +750,10 @@ fn sandbox(
     // reached (box's private directories; the unit's user may not pass
     // them): a detached copy of its mount, attached later in the unit's
     // own mount namespace. Otherwise it is taken in that namespace.
-    let mut volume_trees: Vec<Option<OwnedFd>> = if geteuid().is_root() {
+    let mut volume_trees: Vec<Option<VolumeSource>> = if geteuid().is_root() {
         spec.volumes
             .iter()
-            .map(|volume| clone_tree(&volume.data).ok())
+            .map(|volume| clone_tree(&volume.data).ok().map(VolumeSource::Tree))
             .collect()
     } else {
         spec.volumes.iter().map(|_| None).collect()
@@ -860,7 +860,7 @@ fn sandbox(
         // are hidden: each volume's directory not taken yet.
         for (tree, volume) in volume_trees.iter_mut().zip(&spec.volumes) {
             if tree.is_none() {
-                *tree = Some(clone_tree(&volume.data).map_err(|error| {
+                *tree = Some(VolumeSource::take(&volume.data).map_err(|error| {
                     failed(
                         format!(
                             "taking volume {}'s directory ({})",
@@ -1810,6 +1810,52 @@ fn let_go_in_child(locks: Vec<nix::fcntl::Flock<File>>) {
     }
 }
 
+/// A volume's directory, taken while it can be reached.
+enum VolumeSource {
+    /// A detached copy of its mount ([`clone_tree`]), from any mount
+    /// namespace.
+    Tree(OwnedFd),
+    /// A handle on it in the unit's mount namespace, bound from
+    /// `/proc/self/fd` (kernels or sandboxes without `open_tree`).
+    Handle(OwnedFd),
+}
+
+impl VolumeSource {
+    /// `path`, in the unit's own mount namespace.
+    fn take(path: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        match clone_tree(path) {
+            Ok(tree) => Ok(Self::Tree(tree)),
+            Err(_) => {
+                let handle = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+                    .open(path)?;
+                Ok(Self::Handle(OwnedFd::from(handle)))
+            }
+        }
+    }
+
+    /// Mount it at `target`, in this process's mount namespace.
+    fn attach(&self, target: &Path) -> std::io::Result<()> {
+        match self {
+            Self::Tree(tree) => attach_tree(tree, target),
+            Self::Handle(handle) => {
+                use std::os::fd::AsRawFd as _;
+                let source = format!("/proc/self/fd/{}", handle.as_raw_fd());
+                nix::mount::mount(
+                    Some(source.as_str()),
+                    target,
+                    None::<&str>,
+                    nix::mount::MsFlags::MS_BIND | nix::mount::MsFlags::MS_REC,
+                    None::<&str>,
+                )?;
+                Ok(())
+            }
+        }
+    }
+}
+
 /// A detached copy of the mount at `path` (`open_tree` with
 /// `OPEN_TREE_CLONE`), attached elsewhere later with [`attach_tree`]: taken
 /// where `path` can be reached, attached where the unit sees it.
@@ -1872,7 +1918,7 @@ fn attach_tree(tree: &OwnedFd, target: &Path) -> std::io::Result<()> {
 /// host (which the unit's user must reach), and any other place is refused.
 fn attach_volumes(
     spec: &SandboxSpec,
-    trees: Vec<Option<OwnedFd>>,
+    trees: Vec<Option<VolumeSource>>,
     mount_namespace: bool,
     hidden: &[String],
 ) -> Result<Vec<AppliedVolumeReport>, Report> {
@@ -1915,7 +1961,7 @@ fn attach_volumes(
                     )
                 })?;
             }
-            attach_tree(&tree, target).map_err(|error| {
+            tree.attach(target).map_err(|error| {
                 failed(
                     format!("mounting volume {} at {}", volume.name, target.display()),
                     error,

@@ -1040,6 +1040,14 @@ impl Backend for LocalBackend {
                     "secrets need a mount namespace of its own (a private tmpfs at /run/secrets), and this backend is set to make none",
                 ));
             }
+            for volume in &spec.volumes {
+                if matches!(volume.path, VolumePath::Absolute(_)) {
+                    refusals.push(refuse(
+                        &format!("volume {:?}", volume.name),
+                        "a volume away from the home needs a mount namespace of its own to be mounted, and this backend is set to make none; give it a ~/ path",
+                    ));
+                }
+            }
         }
         if refusals.is_empty() {
             Ok(())
@@ -1539,6 +1547,21 @@ pub fn check_spec(spec: &UnitSpec, landlock_abi: Option<u32>) -> Result<(), Vec<
             "network egress allow list".to_owned(),
             "an egress unit's boundary is a network namespace of its own (only lo); it cannot share the host's",
         );
+    }
+    // Only a mount namespace of the unit's own can mount a volume away from
+    // its home (beneath the home, a link stands in for the mount).
+    if shares("mount") {
+        for volume in &spec.volumes {
+            if let VolumePath::Absolute(path) = &volume.path {
+                refuse(
+                    format!("volume {:?}", volume.name),
+                    &format!(
+                        "the unit shares the host's mount namespace, so nothing can be mounted at {}; give it a ~/ path, or do not share the mount namespace",
+                        path.display()
+                    ),
+                );
+            }
+        }
     }
     if !spec.env_secrets.is_empty() && shares("mount") {
         refuse(

@@ -836,6 +836,12 @@ fn volumes_are_mounted_where_the_profile_says_and_reported() {
         },
     ];
     assert_eq!(check_spec(&spec, Some(3)), Ok(()));
+    // Sharing the host's mount namespace, only the one beneath the home can be (linked).
+    let mut shared = spec.clone();
+    shared.security.host_namespaces = vec!["mount".to_owned()];
+    let refusals = check_spec(&shared, Some(3)).unwrap_err();
+    let controls: Vec<&str> = refusals.iter().map(|r| r.control.as_str()).collect();
+    assert_eq!(controls, vec!["volume \"scratch\""]);
     let mut layout = layout(&spec.source);
     let store = PathBuf::from("/state/box/volumes/local");
     layout.volumes = spec
