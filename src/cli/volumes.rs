@@ -130,7 +130,7 @@ Examples:
   box volumes rm p-dev-pip-cache p-dev-npm-cache --backend local")]
     Rm {
         /// The volumes' keys.
-        #[arg(value_name = "KEY", required = true)]
+        #[arg(value_name = "KEY", required = true, add = clap_complete::ArgValueCandidates::new(crate::cli::complete::volume_keys))]
         keys: Vec<String>,
         /// Only this backend's volume of each key.
         #[arg(long, value_name = "NAME", value_parser = ["docker", "local"])]

@@ -168,6 +168,18 @@ fn volumes_are_listed_removed_and_pruned(backend: &str) {
     // The next session reads what the first wrote.
     let output = place.run_unit(backend, "cat ~/.cache/thing/five");
     assert_eq!(String::from_utf8_lossy(&output.stdout), "12345");
+    // `box volumes rm` completes the keys.
+    let completed = place
+        .command(&["--", "box", "volumes", "rm", "p-"])
+        .env("BOX_COMPLETE", "bash")
+        .env("_CLAP_COMPLETE_INDEX", "3")
+        .env("_CLAP_IFS", "\n")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&completed.stdout).trim_end(),
+        "p-p-cache"
+    );
     // Filters.
     let other = if backend == "docker" {
         "local"
