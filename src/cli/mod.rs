@@ -84,9 +84,10 @@ enum Command {
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(
         after_help = "The script asks box itself at each TAB, so profile names (--profile,
-box profile show NAME) and unit ids (box units inspect ID) are completed as
-they are now. Load it when the shell starts, so it always matches the box
-installed (a saved file must be saved again after upgrading box).
+box profile show NAME), unit ids (box units inspect ID) and volume keys
+(box volumes rm KEY) are completed as they are now. Load it when the shell
+starts, so it always matches the box installed (a saved file must be saved
+again after upgrading box).
 
 Examples:
   echo 'source <(box completions bash)' >> ~/.bashrc
