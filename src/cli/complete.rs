@@ -80,6 +80,28 @@ pub fn profile_names() -> Vec<CompletionCandidate> {
 /// How long a TAB waits for the backends to list their units.
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The volumes `box volumes ls` shows, by key (for `box volumes rm KEY`),
+/// each with its backend, name, scope and profile; read from box's volume
+/// store, no engine asked.
+pub fn volume_keys() -> Vec<CompletionCandidate> {
+    let mut candidates: Vec<CompletionCandidate> = Vec::new();
+    for volume in box_backend::volumes::VolumeStore::default().list() {
+        if candidates
+            .iter()
+            .any(|seen| seen.get_value() == volume.key.as_str())
+        {
+            continue;
+        }
+        let record = &volume.record;
+        let help = format!(
+            "{} {} {} (profile {})",
+            record.backend, record.name, record.scope, record.profile
+        );
+        candidates.push(CompletionCandidate::new(volume.key.clone()).help(Some(help.into())));
+    }
+    candidates
+}
+
 /// The units `box units ls` shows, by the id it shows (docker's first 12
 /// hex digits), each with its session, unit and profile. A backend that does
 /// not answer in time adds nothing; a completer cannot report errors.

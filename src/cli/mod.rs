@@ -17,6 +17,7 @@ pub mod run;
 pub mod sandbox;
 pub mod serve;
 pub mod units;
+pub mod volumes;
 
 use std::process::ExitCode;
 
@@ -74,6 +75,8 @@ enum Command {
     Units(backend_cli::UnitsArgs),
     /// Remove units whose session is gone.
     Gc(backend_cli::GcArgs),
+    /// List, remove and prune volumes: the [[volume]] storage (caches) that outlives units.
+    Volumes(crate::cli::volumes::VolumesArgs),
     /// Build the unit images offline, pull any image from its registry, and list them.
     Image(backend_cli::ImageArgs),
     /// Say which protections this machine can give, and which profiles can run here.
@@ -81,9 +84,10 @@ enum Command {
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(
         after_help = "The script asks box itself at each TAB, so profile names (--profile,
-box profile show NAME) and unit ids (box units inspect ID) are completed as
-they are now. Load it when the shell starts, so it always matches the box
-installed (a saved file must be saved again after upgrading box).
+box profile show NAME), unit ids (box units inspect ID) and volume keys
+(box volumes rm KEY) are completed as they are now. Load it when the shell
+starts, so it always matches the box installed (a saved file must be saved
+again after upgrading box).
 
 Examples:
   echo 'source <(box completions bash)' >> ~/.bashrc
@@ -225,6 +229,7 @@ pub fn main() -> ExitCode {
         Command::Profile(args) => crate::cli::profile::cli(args),
         Command::Units(args) => backend_cli::units(args),
         Command::Gc(args) => backend_cli::gc(args),
+        Command::Volumes(args) => crate::cli::volumes::volumes(args),
         Command::Image(args) => backend_cli::image(args),
         Command::Doctor(args) => crate::cli::doctor::doctor(args),
         Command::Completions { shell } => complete::registration(shell).map(|script| {

@@ -2681,3 +2681,242 @@ fn box_doctor_reports_an_image_the_local_backend_cannot_give() {
         "{stderr}"
     );
 }
+
+/// A unit spec with `volumes`, its volumes kept in `store`.
+fn with_volumes(spec: &mut UnitSpec, volumes: &[(&str, &str, boxhost::plan::VolumeScope)]) {
+    use boxhost::plan::{Volume, VolumePath};
+    spec.volumes = volumes
+        .iter()
+        .map(|(name, path, scope)| Volume {
+            name: (*name).to_owned(),
+            path: match path.strip_prefix("~/") {
+                Some(relative) => VolumePath::Home(relative.into()),
+                None => VolumePath::Absolute(path.into()),
+            },
+            scope: *scope,
+        })
+        .collect();
+}
+
+fn volume_session(name: &str) -> SessionLabel {
+    SessionLabel {
+        profile: format!("volumes-{}", std::process::id()),
+        ..session(name)
+    }
+}
+
+/// Start `script` in a unit of `session` and return what it printed.
+async fn run_in(
+    backend: &LocalBackend,
+    session: &SessionLabel,
+    spec: &UnitSpec,
+    script: &str,
+) -> (Envelope, String) {
+    let script = format!("exec 2>&1; {script}");
+    let command: Vec<OsString> = vec!["/bin/sh".into(), "-c".into(), script.into()];
+    let started = backend
+        .start_command(session, spec, command)
+        .await
+        .unwrap_or_else(|error| panic!("starting a unit of {}: {error}", session.session));
+    let envelope = started.envelope.clone();
+    let mut io = started.io;
+    drop(io.stdin);
+    let mut output = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        io.stdout.read_to_string(&mut output),
+    )
+    .await
+    .expect("unit finished within 60s")
+    .unwrap();
+    backend.remove(&envelope.id).await.unwrap();
+    eprintln!("{} output:\n{output}", session.session);
+    (envelope, output)
+}
+
+/// A profile volume written in one session's unit is read by the next
+/// session's; a session volume is that session's alone and goes with it. As
+/// root, also for a unit that runs as another user (the volume's content is
+/// that user's, the home keeps its owner).
+#[tokio::test]
+async fn a_profile_volume_outlives_the_session_and_a_session_volume_goes_with_it() {
+    use boxhost::plan::VolumeScope;
+    if !require_landlock() {
+        return;
+    }
+    for as_nobody in [false, true] {
+        if as_nobody && !nix::unistd::geteuid().is_root() {
+            continue;
+        }
+        let state = tempfile::tempdir().unwrap();
+        let store = boxhost::backend::volumes::VolumeStore::new(state.path().to_path_buf());
+        let backend = backend().with_volume_store(store.clone());
+        let workspace = open_dir();
+        let mut spec = unit_spec(workspace.path());
+        if as_nobody {
+            unprivileged(&mut spec);
+        }
+        with_volumes(
+            &mut spec,
+            &[
+                ("pip-cache", "~/.cache/pip", VolumeScope::Profile),
+                ("scratch", "/var/cache/box-scratch", VolumeScope::Session),
+            ],
+        );
+        let tag = if as_nobody { "nobody" } else { "caller" };
+        let first = volume_session(&format!("vol-first-{tag}"));
+        let (envelope, output) = run_in(
+            &backend,
+            &first,
+            &spec,
+            "echo wheel > $HOME/.cache/pip/wheel && echo mine > /var/cache/box-scratch/mine \
+             && stat -c 'home %u' $HOME && stat -c 'cache %u' $HOME/.cache && stat -c 'data %u' $HOME/.cache/pip \
+             && echo wrote",
+        )
+        .await;
+        assert!(output.contains("wrote"), "{output}");
+        let uid = envelope.user.split(':').next().unwrap().to_owned();
+        for line in ["home", "cache", "data"] {
+            assert!(
+                output.contains(&format!("{line} {uid}\n")),
+                "{line} owned by {uid}: {output}"
+            );
+        }
+        let listed: Vec<(String, &str)> = envelope
+            .volumes
+            .iter()
+            .map(|volume| (volume.name.clone(), volume.scope.as_str()))
+            .collect();
+        assert_eq!(
+            listed,
+            vec![
+                ("pip-cache".to_owned(), "profile"),
+                ("scratch".to_owned(), "session")
+            ]
+        );
+        assert_eq!(
+            envelope.volumes[0].shared_with.as_deref(),
+            Some(first.profile.as_str())
+        );
+        assert_eq!(envelope.volumes[1].path, "/var/cache/box-scratch");
+        // The first session's unit is gone: its session volume with it.
+        let keys: Vec<String> = store.list().into_iter().map(|volume| volume.key).collect();
+        assert_eq!(
+            keys,
+            vec![format!("p-{}-pip-cache", first.profile)],
+            "{tag}"
+        );
+        let wheel = state.path().join("local").join(&keys[0]).join("data/wheel");
+        use std::os::unix::fs::MetadataExt as _;
+        assert_eq!(std::fs::metadata(&wheel).unwrap().uid().to_string(), uid);
+
+        let next = volume_session(&format!("vol-next-{tag}"));
+        let (_, output) = run_in(
+            &backend,
+            &next,
+            &spec,
+            "cat $HOME/.cache/pip/wheel; ls -A /var/cache/box-scratch; echo listed",
+        )
+        .await;
+        assert_eq!(output, "wheel\nlisted\n", "{tag}");
+        assert_eq!(store.list().len(), 1);
+    }
+}
+
+/// The helper holds a volume's lock while its unit lives: removal is
+/// refused until the unit is gone.
+#[tokio::test]
+async fn a_volume_in_use_is_not_removed() {
+    use boxhost::plan::VolumeScope;
+    if !require_landlock() {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let store = boxhost::backend::volumes::VolumeStore::new(state.path().to_path_buf());
+    let backend = backend().with_volume_store(store.clone());
+    let mut spec = unit_spec(Path::new("/nonexistent"));
+    spec.source = WorkspaceSource::Empty;
+    with_volumes(
+        &mut spec,
+        &[("cache", "~/.cache/thing", VolumeScope::Profile)],
+    );
+    let session = volume_session("vol-held");
+    let command = vec![OsString::from("/bin/sh"), "-c".into(), "sleep 60".into()];
+    let started = backend
+        .start_command(&session, &spec, command)
+        .await
+        .unwrap();
+    let volume = store.list().remove(0);
+    assert!(boxhost::backend::volumes::in_use_locally(&volume));
+    let refused = boxhost::backend::volumes::remove(&volume).unwrap_err();
+    assert!(refused.contains("in use by a running unit"), "{refused}");
+    assert!(volume.dir.join("data").is_dir());
+    backend.remove(&started.envelope.id).await.unwrap();
+    boxhost::backend::volumes::remove(&volume).unwrap();
+    assert!(store.list().is_empty());
+}
+
+/// Without a mount namespace a volume beneath the home is a link to its
+/// directory, and the envelope says so; one elsewhere is refused, naming it.
+#[tokio::test]
+async fn without_a_mount_namespace_a_home_volume_is_linked_and_another_refused() {
+    use boxhost::plan::VolumeScope;
+    if !require_landlock() {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let store = boxhost::backend::volumes::VolumeStore::new(state.path().to_path_buf());
+    let flat = LocalBackend::with_options(LocalOptions {
+        box_exe: box_bin(),
+        namespaces: Requirement::Off,
+        landlock_min_abi: 1,
+        temp_root: boxhost::backend::local::default_temp_root(),
+    })
+    .with_volume_store(store.clone());
+    let mut spec = unit_spec(Path::new("/nonexistent"));
+    spec.source = WorkspaceSource::Empty;
+    with_volumes(
+        &mut spec,
+        &[("cache", "~/.cache/thing", VolumeScope::Profile)],
+    );
+    let session = volume_session("vol-flat");
+    let (envelope, output) = run_in(
+        &flat,
+        &session,
+        &spec,
+        "echo kept > $HOME/.cache/thing/kept && echo wrote",
+    )
+    .await;
+    assert!(output.contains("wrote"), "{output}");
+    assert_eq!(envelope.volumes.len(), 1);
+    let boxhost::backend::AppliedLimits::Process(limits) = &envelope.limits else {
+        panic!("local limits are per process");
+    };
+    assert!(
+        limits
+            .not_applied
+            .iter()
+            .any(|line| line.starts_with("volume cache: no mount namespace")),
+        "{:?}",
+        limits.not_applied
+    );
+    let data = store.list().remove(0).dir.join("data");
+    assert_eq!(
+        std::fs::read_to_string(data.join("kept")).unwrap(),
+        "kept\n"
+    );
+
+    with_volumes(
+        &mut spec,
+        &[("scratch", "/var/cache/box-scratch", VolumeScope::Session)],
+    );
+    let command = vec![OsString::from("/bin/true")];
+    let Err(error) = flat.start_command(&session, &spec, command).await else {
+        panic!("a volume outside the home started without a mount namespace");
+    };
+    assert!(
+        matches!(&error, BackendError::Unenforceable { control, why, .. }
+            if control == "volume \"scratch\"" && why.contains("mount namespace of its own")),
+        "{error}"
+    );
+}

@@ -41,3 +41,5 @@ mod support;
 mod tidy;
 /// `box units` over units a real `box serve` started, on both backends: the table, filters, inspect.
 mod units;
+/// `box volumes ls|rm|prune` over the volumes `box run` leaves, on both backends.
+mod volumes;

@@ -100,3 +100,60 @@ pub async fn remove_engine_volume(docker: &Docker, name: &str) -> Result<bool, D
         Err(error) => Err(error),
     }
 }
+
+/// Who uses a volume, for the message that refuses its removal.
+pub(crate) fn users_text(users: &[box_backend::UnitInfo]) -> String {
+    if users.is_empty() {
+        return "a running unit".to_owned();
+    }
+    users
+        .iter()
+        .map(|unit| format!("unit {} of session {}", unit.unit, unit.session))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl crate::DockerBackend {
+    /// The units (containers, running or not) that mount `listed`'s named
+    /// volume: the engine refuses to remove it while one exists.
+    pub async fn volume_users(
+        &self,
+        listed: &ListedVolume,
+    ) -> Result<Vec<box_backend::UnitInfo>, String> {
+        let filters = HashMap::from([("volume".to_owned(), vec![listed_engine_name(listed)])]);
+        let options = bollard::query_parameters::ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let containers = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|error| crate::engine_message(&error))?;
+        Ok(containers.into_iter().map(crate::unit_info).collect())
+    }
+
+    /// Remove `listed`: the engine's named volume (refused, naming who uses
+    /// it, while a container mounts it), then box's directory for it.
+    pub async fn remove_volume(&self, listed: &ListedVolume) -> Result<(), String> {
+        let name = listed_engine_name(listed);
+        let removed = remove_engine_volume(&self.docker, &name)
+            .await
+            .map_err(|error| {
+                format!(
+                    "removing the engine's volume {name}: {}",
+                    crate::engine_message(&error)
+                )
+            })?;
+        if !removed {
+            let users = self.volume_users(listed).await.unwrap_or_default();
+            return Err(format!(
+                "volume {} ({}) is in use by {}; end its session first (`box units ls` shows it)",
+                listed.record.name,
+                listed.key,
+                users_text(&users)
+            ));
+        }
+        box_backend::volumes::remove(listed)
+    }
+}

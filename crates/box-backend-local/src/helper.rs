@@ -230,6 +230,44 @@ pub struct SandboxSpec {
     /// new user's home is.
     #[serde(default)]
     pub home: Option<SpecHome>,
+    /// The unit's volumes (`[[volume]]`): each one's directory on the host
+    /// mounted at its place in the unit's own mount namespace (without one,
+    /// a place beneath the home becomes a link to it), its lock held shared
+    /// by the helper for the unit's whole life.
+    #[serde(default)]
+    pub volumes: Vec<SpecVolume>,
+}
+
+/// A volume of the unit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpecVolume {
+    /// Its name in the profile (for messages and the envelope).
+    pub name: String,
+    /// `session` or `profile` (for the envelope).
+    pub scope: String,
+    /// For `profile` scope: the profile whose sessions share it (for the
+    /// envelope).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_with: Option<String>,
+    /// Its content's directory on the host (the store's `data`).
+    pub data: PathBuf,
+    /// The file held locked shared while the unit lives, so `box volumes rm`
+    /// (which takes it exclusive) never pulls it from under the unit.
+    pub lock: PathBuf,
+    /// Where the unit sees it.
+    pub target: PathBuf,
+}
+
+/// A volume as the helper made it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedVolumeReport {
+    /// Its name.
+    pub name: String,
+    /// A link to its directory on the host (no mount namespace of the
+    /// unit's own), not a mount.
+    pub linked: bool,
 }
 
 /// The unit's home.
@@ -426,6 +464,9 @@ pub struct Applied {
     /// The unit's home (`home`), as made.
     #[serde(default)]
     pub home: Option<AppliedHomeReport>,
+    /// The unit's volumes, as made (each of `volumes`, or the unit did not start).
+    #[serde(default)]
+    pub volumes: Vec<AppliedVolumeReport>,
     /// The lease the helper holds on the unit, in milliseconds.
     #[serde(default)]
     pub lease_ms: Option<u64>,
@@ -686,6 +727,37 @@ fn sandbox(
         }
         None => spec,
     };
+    // The volumes' locks, held shared by the helper for the unit's whole
+    // life; opened before the user changes (they are box's, 0600), never
+    // inherited by the unit (close-on-exec, and dropped in its processes).
+    let volume_locks = spec
+        .volumes
+        .iter()
+        .map(|volume| {
+            box_backend::volumes::hold_shared(&volume.lock).map_err(|error| {
+                failed(
+                    format!(
+                        "holding volume {}'s lock ({})",
+                        volume.name,
+                        volume.lock.display()
+                    ),
+                    error,
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, Report>>()?;
+    // As root, each volume's directory is taken now, while it can be
+    // reached (box's private directories; the unit's user may not pass
+    // them): a detached copy of its mount, attached later in the unit's
+    // own mount namespace. Otherwise it is taken in that namespace.
+    let mut volume_trees: Vec<Option<VolumeSource>> = if geteuid().is_root() {
+        spec.volumes
+            .iter()
+            .map(|volume| clone_tree(&volume.data).ok().map(VolumeSource::Tree))
+            .collect()
+    } else {
+        spec.volumes.iter().map(|_| None).collect()
+    };
     // 1. The user. Only root can become someone else.
     if let Some(user) = spec.user
         && (user.uid != geteuid().as_raw() || user.gid != getegid().as_raw())
@@ -784,6 +856,22 @@ fn sandbox(
             keep.push(egress.socket_dir.clone());
         }
         keep.extend(spec.objects.iter().cloned());
+        // In the unit's own mount namespace, before the host's directories
+        // are hidden: each volume's directory not taken yet.
+        for (tree, volume) in volume_trees.iter_mut().zip(&spec.volumes) {
+            if tree.is_none() {
+                *tree = Some(VolumeSource::take(&volume.data).map_err(|error| {
+                    failed(
+                        format!(
+                            "taking volume {}'s directory ({})",
+                            volume.name,
+                            volume.data.display()
+                        ),
+                        error,
+                    )
+                })?);
+            }
+        }
         (hidden, unhidden, tmp_mounted) = hide_host(&keep, spec.tmp)
             .map_err(|error| failed("hiding the host's directories", error))?;
         if let Some(egress) = &spec.egress {
@@ -817,6 +905,23 @@ fn sandbox(
     let home = match &spec.home {
         Some(home) => Some(make_home(home, mount_namespace)?),
         None => None,
+    };
+    // The volumes, once the home they may lie beneath is made.
+    let volumes = attach_volumes(spec, volume_trees, mount_namespace, &hidden)?;
+    let with_links;
+    let spec = if volumes.iter().any(|volume| volume.linked) {
+        // A link leads to the volume's directory on the host: landlock
+        // lets the unit write there.
+        let mut changed = spec.clone();
+        for (made, volume) in volumes.iter().zip(&spec.volumes) {
+            if made.linked {
+                changed.write.push(volume.data.clone());
+            }
+        }
+        with_links = changed;
+        &with_links
+    } else {
+        spec
     };
     // The unit's own /tmp: its tools' temporary files go there (TMPDIR), and
     // landlock lets them write it; the host's /tmp is never written.
@@ -945,6 +1050,7 @@ fn sandbox(
         secrets_mounted,
         tmp: spec.tmp.filter(|_| tmp_mounted),
         home,
+        volumes,
         lease_ms: init_side.as_ref().map(|init| init.spec.ttl_ms),
         rlimits: spec.rlimits,
     };
@@ -953,6 +1059,9 @@ fn sandbox(
 
     let Some(init_side) = init_side else {
         if !pid_namespace {
+            // The helper itself stays as the unit's supervisor, holding the
+            // volumes' locks until it ends.
+            let _held = volume_locks;
             return supervise(spec, &program, command, &mut applied, deny_tcp, reporter);
         }
         // 3. The pid namespace takes effect for our children: fork its init.
@@ -968,6 +1077,7 @@ fn sandbox(
             )),
             0 => {
                 drop(signal_read);
+                let_go_in_child(volume_locks);
                 let code = init(
                     spec,
                     &program,
@@ -983,6 +1093,7 @@ fn sandbox(
                 drop(signal_write);
                 reporter.close();
                 release_stdio();
+                let _held = volume_locks;
                 Ok(wait_for_init(child, File::from(signal_read)))
             }
         };
@@ -1004,8 +1115,10 @@ fn sandbox(
             std::io::Error::last_os_error(),
         )),
         0 => {
-            // The run directory and the key are the helper's, never the unit's.
+            // The run directory, the key and the volumes' locks are the
+            // helper's, never the unit's.
             drop(init_side);
+            let_go_in_child(volume_locks);
             use std::os::fd::AsRawFd;
             // SAFETY: dup2 onto fds 0 and 1, which the pipes' ends replace
             // (dup2 leaves the copies without close-on-exec).
@@ -1034,6 +1147,8 @@ fn sandbox(
             drop((stdin_read, stdout_write));
             reporter.close();
             release_stdio();
+            // Held while the unit lives: the helper ends with it.
+            let _held = volume_locks;
             Ok(hold_unit(child, init_side, stdin_write, stdout_read))
         }
     }
@@ -1681,6 +1796,223 @@ fn bind_read_only(path: &Path) -> std::io::Result<()> {
         None::<&str>,
     )?;
     Ok(())
+}
+
+/// Close the volumes' locks in a forked child of the helper without
+/// unlocking them (a lock's drop would unlock it for the helper too: the
+/// two share it), so nothing of the unit holds them.
+fn let_go_in_child(locks: Vec<nix::fcntl::Flock<File>>) {
+    use std::os::fd::AsRawFd as _;
+    for lock in locks {
+        let fd = lock.as_raw_fd();
+        std::mem::forget(lock);
+        let _ = nix::unistd::close(fd);
+    }
+}
+
+/// A volume's directory, taken while it can be reached.
+enum VolumeSource {
+    /// A detached copy of its mount ([`clone_tree`]), from any mount
+    /// namespace.
+    Tree(OwnedFd),
+    /// A handle on it in the unit's mount namespace, bound from
+    /// `/proc/self/fd` (kernels or sandboxes without `open_tree`).
+    Handle(OwnedFd),
+}
+
+impl VolumeSource {
+    /// `path`, in the unit's own mount namespace.
+    fn take(path: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        match clone_tree(path) {
+            Ok(tree) => Ok(Self::Tree(tree)),
+            Err(_) => {
+                let handle = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+                    .open(path)?;
+                Ok(Self::Handle(OwnedFd::from(handle)))
+            }
+        }
+    }
+
+    /// Mount it at `target`, in this process's mount namespace.
+    fn attach(&self, target: &Path) -> std::io::Result<()> {
+        match self {
+            Self::Tree(tree) => attach_tree(tree, target),
+            Self::Handle(handle) => {
+                use std::os::fd::AsRawFd as _;
+                let source = format!("/proc/self/fd/{}", handle.as_raw_fd());
+                nix::mount::mount(
+                    Some(source.as_str()),
+                    target,
+                    None::<&str>,
+                    nix::mount::MsFlags::MS_BIND | nix::mount::MsFlags::MS_REC,
+                    None::<&str>,
+                )?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A detached copy of the mount at `path` (`open_tree` with
+/// `OPEN_TREE_CLONE`), attached elsewhere later with [`attach_tree`]: taken
+/// where `path` can be reached, attached where the unit sees it.
+fn clone_tree(path: &Path) -> std::io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd as _;
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: open_tree (which nix does not wrap) with a NUL-terminated path
+    // that outlives the call; it returns a new fd or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let fd = i32::try_from(fd).map_err(|_| std::io::Error::from(std::io::ErrorKind::Other))?;
+    // SAFETY: a new fd this process owns and nothing else holds.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Attach the detached mount `tree` at `target` (`move_mount`), in this
+/// process's mount namespace.
+fn attach_tree(tree: &OwnedFd, target: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    let target = CString::new(target.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let empty = c"";
+    // SAFETY: move_mount (which nix does not wrap) with a held fd and
+    // NUL-terminated paths that outlive the call.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if result != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Put each of the unit's volumes at its place. In the unit's own mount
+/// namespace its directory is mounted there; the mount point is made as the
+/// unit's user (the home keeps its owner) beneath the unit's home or a host
+/// directory the namespace replaced, and never on the host's own file
+/// system (an existing directory elsewhere is mounted over; anything else
+/// is refused, naming the volume). Without a mount namespace, a place
+/// beneath the unit's home becomes a link to the volume's directory on the
+/// host (which the unit's user must reach), and any other place is refused.
+fn attach_volumes(
+    spec: &SandboxSpec,
+    trees: Vec<Option<VolumeSource>>,
+    mount_namespace: bool,
+    hidden: &[String],
+) -> Result<Vec<AppliedVolumeReport>, Report> {
+    let home = spec.home.as_ref().map(|home| home.path.as_path());
+    let beneath_home =
+        |target: &Path| home.is_some_and(|home| target.starts_with(home) && target != home);
+    let mut made = Vec::new();
+    for (volume, tree) in spec.volumes.iter().zip(trees) {
+        let control = format!("volume {:?}", volume.name);
+        let target = &volume.target;
+        if mount_namespace {
+            let Some(tree) = tree else {
+                return Err(failed(
+                    format!("taking volume {}'s directory", volume.name),
+                    "no copy of its mount was made",
+                ));
+            };
+            let inside_hidden = hidden
+                .iter()
+                .any(|top| target.starts_with(top) && target != Path::new(top));
+            if !target.is_dir() {
+                if !beneath_home(target) && !inside_hidden {
+                    return Err(refused(
+                        &control,
+                        format!(
+                            "{} does not exist, and its mount point would be made on the host's file system (only beneath the unit's home or a host directory the unit's mount namespace replaced: {})",
+                            target.display(),
+                            hidden.join(", ")
+                        ),
+                    ));
+                }
+                std::fs::create_dir_all(target).map_err(|error| {
+                    failed(
+                        format!(
+                            "creating volume {}'s place {}",
+                            volume.name,
+                            target.display()
+                        ),
+                        error,
+                    )
+                })?;
+            }
+            tree.attach(target).map_err(|error| {
+                failed(
+                    format!("mounting volume {} at {}", volume.name, target.display()),
+                    error,
+                )
+            })?;
+            made.push(AppliedVolumeReport {
+                name: volume.name.clone(),
+                linked: false,
+            });
+            continue;
+        }
+        if !beneath_home(target) {
+            return Err(refused(
+                &control,
+                format!(
+                    "the unit has no mount namespace of its own, so nothing can be mounted at {}; a volume beneath the home (~/...) is linked instead",
+                    target.display()
+                ),
+            ));
+        }
+        let reachable = nix::unistd::access(
+            &volume.data,
+            nix::unistd::AccessFlags::R_OK
+                | nix::unistd::AccessFlags::W_OK
+                | nix::unistd::AccessFlags::X_OK,
+        );
+        if let Err(errno) = reachable {
+            return Err(refused(
+                &control,
+                format!(
+                    "the unit has no mount namespace of its own, and its user cannot reach the volume's directory {} to link it ({errno})",
+                    volume.data.display()
+                ),
+            ));
+        }
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|error| failed(format!("creating {}", parent.display()), error))?;
+        }
+        std::os::unix::fs::symlink(&volume.data, target).map_err(|error| {
+            failed(
+                format!("linking volume {} at {}", volume.name, target.display()),
+                error,
+            )
+        })?;
+        made.push(AppliedVolumeReport {
+            name: volume.name.clone(),
+            linked: true,
+        });
+    }
+    Ok(made)
 }
 
 /// Make the unit's home: a tmpfs of `home.bytes` over its directory where

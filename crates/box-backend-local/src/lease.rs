@@ -82,6 +82,20 @@ pub(crate) struct Record {
 }
 
 impl Record {
+    /// The session whose session-scoped volumes the unit mounts, if it
+    /// mounts any.
+    pub(crate) fn session_volumes(&self) -> Option<box_backend::SessionLabel> {
+        self.spec
+            .volumes
+            .iter()
+            .any(|volume| volume.scope == box_policy::plan::VolumeScope::Session.as_str())
+            .then(|| box_backend::SessionLabel {
+                instance: self.instance.clone(),
+                session: self.session.clone(),
+                profile: self.profile.clone(),
+            })
+    }
+
     /// The unit as `list` shows it; `state`: `running` while its helper
     /// lives.
     pub(crate) fn info(&self, state: &str) -> UnitInfo {

@@ -88,7 +88,7 @@ use tokio::sync::watch;
 
 use helper::{
     Applied, Report, SandboxSpec, SecretValues, SpecEgress, SpecHome, SpecNetwork, SpecRequirement,
-    SpecTmp, SpecUser,
+    SpecTmp, SpecUser, SpecVolume,
 };
 
 /// What a new user's home holds (useradd's skeleton): a local unit's home
@@ -109,7 +109,8 @@ use box_policy::envelope::{
 };
 use box_policy::executor::{PlaceKind, SECRET_VALUE_PREFIX, SECRETS_DIR};
 use box_policy::plan::{
-    LocalUserland, MountMode, NetworkMode, Requirement, Role, TmpMode, UnitSpec, WorkspaceSource,
+    LocalUserland, MountMode, NetworkMode, Requirement, Role, TmpMode, UnitSpec, VolumePath,
+    VolumeScope, WorkspaceSource,
 };
 
 /// Run the hidden `box sandbox` subcommand (the helper, in the unit's
@@ -171,6 +172,8 @@ pub struct LocalBackend {
     /// The last walk for the host's root-only system files (`private`),
     /// used while every entry it judged is unchanged.
     private_files: Arc<Mutex<Option<CheckedWalk>>>,
+    /// Where units' volumes are kept.
+    volumes: box_backend::volumes::VolumeStore,
 }
 
 /// A started (or re-adopted) unit, as the registry keeps it.
@@ -184,6 +187,9 @@ struct LocalUnit {
     /// The helper's wait status once reaped (`Some(None)`: reaped, status unknown).
     exited: watch::Receiver<Option<Option<ExitStatus>>>,
     removed: Arc<std::sync::atomic::AtomicBool>,
+    /// The session whose session-scoped volumes the unit mounts: they go
+    /// with the session's last unit.
+    session_volumes: Option<SessionLabel>,
 }
 
 impl LocalBackend {
@@ -205,7 +211,16 @@ impl LocalBackend {
             landlock_abi: box_confine::landlock_abi(),
             units: Mutex::new(HashMap::new()),
             private_files: Arc::new(Mutex::new(None)),
+            volumes: box_backend::volumes::VolumeStore::default(),
         }
+    }
+
+    /// This backend with its units' volumes kept in `store` (by default
+    /// box's state directory's, [`box_backend::volumes::default_dir`]).
+    #[must_use]
+    pub fn with_volume_store(mut self, store: box_backend::volumes::VolumeStore) -> Self {
+        self.volumes = store;
+        self
     }
 
     /// A backend running this very binary (the `box` host).
@@ -278,7 +293,8 @@ impl LocalBackend {
         {
             return Err(first.into());
         }
-        let layout = Layout::name(&self.options.temp_root, session, spec)?;
+        let mut layout = Layout::name(&self.options.temp_root, session, spec)?;
+        layout.volumes = prepare_volumes(&self.volumes, session, spec)?;
         let runtime_dir = wiring
             .runtime_dir
             .clone()
@@ -636,6 +652,7 @@ impl LocalBackend {
             run_dir: run_dir.to_owned(),
             exited: exited_rx,
             removed,
+            session_volumes: record.session_volumes(),
         };
         self.registry().insert(id, local);
         Ok(StartedUnit {
@@ -668,6 +685,7 @@ impl LocalBackend {
                     run_dir,
                     exited: watch_exit(found.helper, found.helper_start),
                     removed: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+                    session_volumes: found.session_volumes(),
                 },
                 None => return Ok(()),
             },
@@ -700,6 +718,9 @@ impl LocalBackend {
                 .is_ok();
         let removed = remove_dir(&record.temp);
         let _ = remove_dir(&record.run_dir);
+        if reaped && let Some(session) = &record.session_volumes {
+            remove_session_volumes(&self.volumes, session);
+        }
         if !reaped {
             return Err(BackendError::Other {
                 unit: record.info.unit,
@@ -716,6 +737,42 @@ impl LocalBackend {
             doing: format!("removing {}", record.temp.display()),
             message: error.to_string(),
         })
+    }
+
+    /// The live units that mount `listed` (their records name its
+    /// directory, their helpers live).
+    pub fn volume_users(&self, listed: &box_backend::volumes::ListedVolume) -> Vec<UnitInfo> {
+        let data = listed.dir.join("data");
+        self.recorded_all()
+            .into_iter()
+            .filter(|(_, record)| {
+                record.helper_alive()
+                    && record.spec.volumes.iter().any(|volume| volume.data == data)
+            })
+            .map(|(_, record)| record.info("running"))
+            .collect()
+    }
+
+    /// Remove `listed`, unless a live unit holds its lock: then an error
+    /// naming the units that use it.
+    pub fn remove_volume(&self, listed: &box_backend::volumes::ListedVolume) -> Result<(), String> {
+        if box_backend::volumes::in_use_locally(listed) {
+            let users: Vec<String> = self
+                .volume_users(listed)
+                .iter()
+                .map(|unit| format!("unit {} of session {}", unit.unit, unit.session))
+                .collect();
+            let users = if users.is_empty() {
+                "a running unit".to_owned()
+            } else {
+                users.join(", ")
+            };
+            return Err(format!(
+                "volume {} ({}) is in use by {users}; end its session first (`box units ls` shows it)",
+                listed.record.name, listed.key
+            ));
+        }
+        box_backend::volumes::remove(listed)
     }
 
     /// Every run directory with a local record, in the runtime directories
@@ -824,6 +881,7 @@ impl LocalBackend {
             home: record.temp.join("home"),
             temp: record.temp.clone(),
             workspace: record.workspace.clone(),
+            volumes: Vec::new(),
         };
         let mut envelope = envelope_from_parts(
             spec,
@@ -857,6 +915,7 @@ impl LocalBackend {
             run_dir: unit.run_dir.clone(),
             exited,
             removed,
+            session_volumes: record.session_volumes(),
         };
         self.registry().insert(record.id.clone(), local);
         Ok(StartedUnit {
@@ -954,6 +1013,14 @@ impl Backend for LocalBackend {
                     "env.secrets",
                     "secrets need a mount namespace of its own (a private tmpfs at /run/secrets), and this backend is set to make none",
                 ));
+            }
+            for volume in &spec.volumes {
+                if matches!(volume.path, VolumePath::Absolute(_)) {
+                    refusals.push(refuse(
+                        &format!("volume {:?}", volume.name),
+                        "a volume away from the home needs a mount namespace of its own to be mounted, and this backend is set to make none; give it a ~/ path",
+                    ));
+                }
             }
         }
         if refusals.is_empty() {
@@ -1064,6 +1131,51 @@ impl Backend for LocalBackend {
             }
         }
         futures::future::ready(Ok(units)).boxed()
+    }
+}
+
+/// Make `spec`'s volumes ready in box's volume store for `session`: each
+/// one's directory, its content's handed to the unit's user.
+fn prepare_volumes(
+    store: &box_backend::volumes::VolumeStore,
+    session: &SessionLabel,
+    spec: &UnitSpec,
+) -> Result<Vec<LocalVolume>, BackendError> {
+    // The unit runs as its spec's user, else as box's own.
+    let owner = spec.user.or_else(|| {
+        Some(box_policy::plan::UserIds {
+            uid: nix::unistd::geteuid().as_raw(),
+            gid: nix::unistd::getegid().as_raw(),
+        })
+    });
+    spec.volumes
+        .iter()
+        .map(|volume| {
+            let prepared = store
+                .prepare(BackendKind::Local, volume, session, owner)
+                .map_err(|message| BackendError::Other {
+                    unit: spec.name.clone(),
+                    doing: format!("preparing volume {}", volume.name),
+                    message,
+                })?;
+            Ok(LocalVolume {
+                volume: volume.clone(),
+                prepared,
+                profile: session.profile.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Remove `session`'s session-scoped volumes that no unit holds any more
+/// (another unit of the session still holding one keeps it: its removal
+/// comes back here), as the docker backend does with the session's last
+/// unit.
+fn remove_session_volumes(store: &box_backend::volumes::VolumeStore, session: &SessionLabel) {
+    for listed in store.of_session(BackendKind::Local, session) {
+        if let Err(error) = box_backend::volumes::remove(&listed) {
+            tracing::debug!(volume = listed.key, %error, "removing a session volume");
+        }
     }
 }
 
@@ -1197,6 +1309,30 @@ pub(crate) struct Layout {
     pub home: PathBuf,
     /// The workspace, if the unit has one.
     pub workspace: Option<PathBuf>,
+    /// Its volumes, made ready in box's volume store (by the start; none
+    /// in a planned layout).
+    pub volumes: Vec<LocalVolume>,
+}
+
+/// A volume of a local unit: the profile's, and its directory in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LocalVolume {
+    /// The profile's volume.
+    pub volume: box_policy::plan::Volume,
+    /// Its directory and lock in the store.
+    pub prepared: box_backend::volumes::PreparedVolume,
+    /// The profile of the session it was made for.
+    pub profile: String,
+}
+
+impl LocalVolume {
+    /// Where the unit sees it: beneath the unit's home for `~/REL`.
+    fn target(&self, home: &Path) -> PathBuf {
+        match &self.volume.path {
+            VolumePath::Home(relative) => home.join(relative),
+            VolumePath::Absolute(path) => path.clone(),
+        }
+    }
 }
 
 impl Layout {
@@ -1212,6 +1348,7 @@ impl Layout {
             home: temp.join("home"),
             temp,
             workspace,
+            volumes: Vec::new(),
         }
     }
 
@@ -1342,14 +1479,6 @@ pub fn check_spec(spec: &UnitSpec, landlock_abi: Option<u32>) -> Result<(), Vec<
             ),
         );
     }
-    // Volumes are mounted by the docker backend only, so far: refused here
-    // rather than started without the storage the profile promised.
-    for volume in &spec.volumes {
-        refuse(
-            format!("volume {:?}", volume.name),
-            "the local backend does not mount [[volume]] tables yet; use the docker backend (--backend docker), or a profile without them",
-        );
-    }
     if let Some(runtime) = &spec.runtime {
         refuse(
             format!("{field}.runtime {runtime}"),
@@ -1384,6 +1513,21 @@ pub fn check_spec(spec: &UnitSpec, landlock_abi: Option<u32>) -> Result<(), Vec<
             "network egress allow list".to_owned(),
             "an egress unit's boundary is a network namespace of its own (only lo); it cannot share the host's",
         );
+    }
+    // Only a mount namespace of the unit's own can mount a volume away from
+    // its home (beneath the home, a link stands in for the mount).
+    if shares("mount") {
+        for volume in &spec.volumes {
+            if let VolumePath::Absolute(path) = &volume.path {
+                refuse(
+                    format!("volume {:?}", volume.name),
+                    &format!(
+                        "the unit shares the host's mount namespace, so nothing can be mounted at {}; give it a ~/ path, or do not share the mount namespace",
+                        path.display()
+                    ),
+                );
+            }
+        }
     }
     if !spec.env_secrets.is_empty() && shares("mount") {
         refuse(
@@ -1452,6 +1596,26 @@ pub(crate) fn sandbox_spec(
     write.push(layout.temp.clone());
     // Host devices the operator allowed, beside the minimal set.
     write.extend(spec.security.devices.iter().cloned());
+    // A volume elsewhere than beneath the home (which is writable already).
+    let volumes: Vec<SpecVolume> = layout
+        .volumes
+        .iter()
+        .map(|local| SpecVolume {
+            name: local.volume.name.clone(),
+            scope: local.volume.scope.as_str().to_owned(),
+            shared_with: (local.volume.scope == VolumeScope::Profile)
+                .then(|| local.profile.clone()),
+            data: local.prepared.data.clone(),
+            lock: local.prepared.lock.clone(),
+            target: local.target(&layout.home),
+        })
+        .collect();
+    write.extend(
+        volumes
+            .iter()
+            .filter(|volume| !volume.target.starts_with(&layout.home))
+            .map(|volume| volume.target.clone()),
+    );
     // A worktree fork's borrowed objects: readable, never writable (the
     // helper binds them back read-only too).
     let objects = wiring.objects.as_ref().map(|objects| objects.host.clone());
@@ -1507,6 +1671,7 @@ pub(crate) fn sandbox_spec(
             bytes: spec.limits.home_bytes,
             skel: Some(PathBuf::from(SKEL)),
         }),
+        volumes,
     })
 }
 
@@ -1537,6 +1702,17 @@ pub(crate) fn executor_command(
     // could mount one; without it the helper's landlock layer keeps the
     // host's /tmp unwritable whatever this layer allows).
     executor.write = vec![layout.home.clone(), PathBuf::from("/tmp")];
+    // Volumes: where the unit sees one outside its home, and its directory
+    // on the host, which a unit without a mount namespace reaches through a
+    // link (elsewhere that path is hidden, and a rule for a missing path is
+    // skipped; the helper's layer grants it only to a link).
+    for local in &layout.volumes {
+        let target = local.target(&layout.home);
+        if !target.starts_with(&layout.home) {
+            executor.write.push(target);
+        }
+        executor.write.push(local.prepared.data.clone());
+    }
     std::iter::once(box_exe.into())
         .chain(executor.to_args().into_iter().map(OsString::from))
         .collect()
@@ -1616,6 +1792,16 @@ pub(crate) fn envelope_from_parts(
             "tmp: the unit got no /tmp of its own (without a mount namespace of its own, or with the host's /tmp inside its workspace); TMPDIR is a private directory on the host's disk, bounded per file (RLIMIT_FSIZE), not a quota"
                 .to_owned(),
         );
+    }
+    for made in applied.volumes.iter().filter(|made| made.linked) {
+        if let Some(volume) = sandbox_spec.volumes.iter().find(|v| v.name == made.name) {
+            not_applied.push(format!(
+                "volume {}: no mount namespace of its own, so {} is a link to its directory on the host ({})",
+                volume.name,
+                volume.target.display(),
+                volume.data.display()
+            ));
+        }
     }
     for directory in &applied.unhidden {
         not_applied.push(format!(
@@ -1697,7 +1883,7 @@ pub(crate) fn envelope_from_parts(
             .lease_ms
             .map(|lease_ms| box_backend::AppliedLifecycle { lease_ms }),
         state: UnitState::Running,
-        volumes: Vec::new(),
+        volumes: applied_volumes(sandbox_spec, applied),
         home: applied
             .home
             .as_ref()
@@ -1712,6 +1898,25 @@ pub(crate) fn envelope_from_parts(
         // is the host's root.
         root_user: (applied.host_uid == 0).then(box_policy::envelope::RootUser::new),
     }
+}
+
+/// The envelope's volumes: each one the helper reported it made.
+fn applied_volumes(
+    sandbox_spec: &SandboxSpec,
+    applied: &Applied,
+) -> Vec<box_policy::envelope::AppliedVolume> {
+    sandbox_spec
+        .volumes
+        .iter()
+        .filter(|volume| applied.volumes.iter().any(|made| made.name == volume.name))
+        .map(|volume| box_policy::envelope::AppliedVolume {
+            name: volume.name.clone(),
+            path: volume.target.display().to_string(),
+            scope: volume.scope.clone(),
+            shared_with: volume.shared_with.clone(),
+            id: volume.data.display().to_string(),
+        })
+        .collect()
 }
 
 /// The envelope's `secrets`: each one the executor was told to write.

@@ -111,6 +111,7 @@ fn applied() -> Applied {
             bytes: Some(512 << 20),
             seeded_from: Some(PathBuf::from("/etc/skel")),
         }),
+        volumes: Vec::new(),
         lease_ms: None,
         rlimits: Rlimits::from_limits(&unit_spec(WorkspaceSource::Empty).limits),
     }
@@ -821,15 +822,133 @@ fn an_image_or_runtime_the_local_backend_cannot_give_is_refused() {
 }
 
 #[test]
-fn volumes_are_refused_rather_than_left_out() {
+fn volumes_are_mounted_where_the_profile_says_and_reported() {
     let mut spec = unit_spec(WorkspaceSource::Empty);
-    spec.volumes = vec![box_policy::plan::Volume {
-        name: "cache".to_owned(),
-        path: box_policy::plan::VolumePath::Absolute("/cache".into()),
-        scope: box_policy::plan::VolumeScope::Session,
-    }];
-    let refusals = check_spec(&spec, Some(3)).unwrap_err();
-    assert_eq!(refusals.len(), 1, "{refusals:?}");
-    assert_eq!(refusals[0].control, "volume \"cache\"");
-    assert!(refusals[0].why.contains("--backend docker"), "{refusals:?}");
+    spec.volumes = vec![
+        box_policy::plan::Volume {
+            name: "pip-cache".to_owned(),
+            path: box_policy::plan::VolumePath::Home(".cache/pip".into()),
+            scope: box_policy::plan::VolumeScope::Profile,
+        },
+        box_policy::plan::Volume {
+            name: "scratch".to_owned(),
+            path: box_policy::plan::VolumePath::Absolute("/var/cache/scratch".into()),
+            scope: box_policy::plan::VolumeScope::Session,
+        },
+    ];
+    assert_eq!(check_spec(&spec, Some(3)), Ok(()));
+    // Sharing the host's mount namespace, only the one beneath the home can be (linked).
+    let mut shared = spec.clone();
+    shared.security.host_namespaces = vec!["mount".to_owned()];
+    let refusals = check_spec(&shared, Some(3)).unwrap_err();
+    let controls: Vec<&str> = refusals.iter().map(|r| r.control.as_str()).collect();
+    assert_eq!(controls, vec!["volume \"scratch\""]);
+    let mut layout = layout(&spec.source);
+    let store = PathBuf::from("/state/box/volumes/local");
+    layout.volumes = spec
+        .volumes
+        .iter()
+        .map(|volume| LocalVolume {
+            volume: volume.clone(),
+            prepared: box_backend::volumes::PreparedVolume {
+                key: volume.name.clone(),
+                data: store.join(&volume.name).join("data"),
+                lock: store.join(&volume.name).join("lock"),
+            },
+            profile: "dev".to_owned(),
+        })
+        .collect();
+    let environment = unit_environment(Vec::new(), &spec, &layout);
+    let sandbox = sandbox_spec(
+        &spec,
+        &layout,
+        &environment,
+        &options(),
+        &UnitWiring::default(),
+    )
+    .unwrap();
+    let places: Vec<(&str, &Path, Option<&str>)> = sandbox
+        .volumes
+        .iter()
+        .map(|volume| {
+            (
+                volume.name.as_str(),
+                volume.target.as_path(),
+                volume.shared_with.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        places,
+        vec![
+            (
+                "pip-cache",
+                Path::new("/tmp/box-local-s-u/home/.cache/pip"),
+                Some("dev")
+            ),
+            ("scratch", Path::new("/var/cache/scratch"), None),
+        ]
+    );
+    // The place outside the home is writable; the one beneath it already is.
+    assert!(sandbox.write.contains(&PathBuf::from("/var/cache/scratch")));
+    assert!(!sandbox.write.iter().any(|path| path.starts_with(&store)));
+    let command = executor_command(
+        Path::new("/opt/box/box"),
+        &spec,
+        &layout,
+        &UnitWiring::default(),
+    );
+    let args: Vec<String> = command
+        .iter()
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
+    assert!(args.contains(&"/var/cache/scratch".to_owned()), "{args:?}");
+
+    // Mounted: listed. Linked (no mount namespace): listed, and said.
+    let mut applied = applied();
+    applied.volumes = vec![
+        super::helper::AppliedVolumeReport {
+            name: "pip-cache".to_owned(),
+            linked: true,
+        },
+        super::helper::AppliedVolumeReport {
+            name: "scratch".to_owned(),
+            linked: false,
+        },
+    ];
+    let envelope = envelope(&spec, &sandbox, &applied, &environment, "42", &layout);
+    let listed: Vec<(&str, &str, &str)> = envelope
+        .volumes
+        .iter()
+        .map(|volume| {
+            (
+                volume.name.as_str(),
+                volume.path.as_str(),
+                volume.scope.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        vec![
+            ("pip-cache", "/tmp/box-local-s-u/home/.cache/pip", "profile"),
+            ("scratch", "/var/cache/scratch", "session"),
+        ]
+    );
+    assert_eq!(envelope.volumes[0].shared_with.as_deref(), Some("dev"));
+    assert_eq!(
+        envelope.volumes[0].id,
+        "/state/box/volumes/local/pip-cache/data"
+    );
+    let AppliedLimits::Process(limits) = &envelope.limits else {
+        panic!("local limits are per process");
+    };
+    assert!(
+        limits
+            .not_applied
+            .iter()
+            .any(|line| line.starts_with("volume pip-cache: no mount namespace")),
+        "{:?}",
+        limits.not_applied
+    );
 }
