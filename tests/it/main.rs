@@ -24,6 +24,8 @@ mod profile;
 mod pull;
 /// The README's examples, run as written.
 mod readme;
+/// A real agent job in the `dev` profile (pip, cargo, go, npm, cc, git, fork and merge), and a second session's warm caches.
+mod real_job;
 /// Sessions surviving `kill -9` of their `box serve --listen` host: state, reattach, refusals.
 mod reattach;
 /// Sessions with an egress unit surviving `kill -9` of their host: the proxy served again in the unit's socket directory.

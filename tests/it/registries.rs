@@ -18,7 +18,7 @@ const DEV_USER: &str = "1000:1000";
 
 /// Whether the dev image is on an engine that answers; says loudly why not
 /// when it is not, and fails under CI, where scripts/test.sh built it.
-fn dev_image_present() -> bool {
+pub(crate) fn dev_image_present() -> bool {
     let present = Command::new("docker")
         .args(["image", "inspect", "--format", "{{.Id}}", DEV_IMAGE])
         .output();

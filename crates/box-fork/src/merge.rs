@@ -849,6 +849,8 @@ fn stage(parent: BorrowedFd<'_>, child: BorrowedFd<'_>, plan: &Plan) -> Result<(
             open_dir_of(parent, directory).map_err(|errno| io_failure(directory, errno))?;
         nix::sys::stat::mkdirat(&dir, name.as_slice(), Mode::from_bits_truncate(0o755))
             .map_err(|errno| io_failure(directory, errno))?;
+        sys::own_like_dir(dir.as_fd(), name.as_slice())
+            .map_err(|errno| io_failure(directory, errno))?;
     }
     let copier = Copier::default();
     let mut buffer = Vec::new();
@@ -871,6 +873,8 @@ fn stage(parent: BorrowedFd<'_>, child: BorrowedFd<'_>, plan: &Plan) -> Result<(
         if hash != operation.hash {
             return Err(Failure::Changed(Error::ChildChanged(path.to_path_buf())));
         }
+        sys::own_like_dir(dir.as_fd(), operation.temp.as_bytes())
+            .map_err(|errno| io_failure(path, errno))?;
         sys::set_mode_and_times(out.as_fd(), operation.mode, None)
             .map_err(|errno| io_failure(path, errno))?;
     }

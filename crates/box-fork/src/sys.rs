@@ -22,6 +22,7 @@ use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag};
 use nix::sys::time::TimeSpec;
+use nix::unistd::{Gid, Uid};
 use sha2::{Digest, Sha256};
 
 use crate::manifest::ContentHash;
@@ -283,6 +284,34 @@ pub(crate) fn create_at(dir: BorrowedFd<'_>, name: &[u8]) -> nix::Result<File> {
         Mode::from_bits_truncate(0o600),
     )
     .map(File::from)
+}
+
+/// The owner to give what is made in `dir`: `dir`'s, when this process is
+/// root and that is another user (a root host merging into a user's
+/// checkout leaves that user's files, not root's); `None` otherwise (not
+/// root, what this process makes is already the checkout owner's).
+pub(crate) fn owner_for(dir: BorrowedFd<'_>) -> nix::Result<Option<(Uid, Gid)>> {
+    let me = nix::unistd::geteuid();
+    if !me.is_root() {
+        return Ok(None);
+    }
+    let dir = nix::sys::stat::fstat(dir)?;
+    let owner = (Uid::from_raw(dir.st_uid), Gid::from_raw(dir.st_gid));
+    Ok((owner != (me, nix::unistd::getegid())).then_some(owner))
+}
+
+/// [`owner_for`] `dir` given to `name` in it (not following a link).
+pub(crate) fn own_like_dir(dir: BorrowedFd<'_>, name: &[u8]) -> nix::Result<()> {
+    match owner_for(dir)? {
+        Some((uid, gid)) => nix::unistd::fchownat(
+            dir,
+            name,
+            Some(uid),
+            Some(gid),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        ),
+        None => Ok(()),
+    }
 }
 
 /// Set the permission bits and the access and modification times of `file`.

@@ -477,3 +477,44 @@ fn a_merge_refuses_a_different_child_or_a_replaced_parent() {
     .unwrap_err();
     assert!(matches!(error, Error::ParentReplaced(_)), "{error}");
 }
+
+/// A root host merging into another user's checkout (a root caller's unit
+/// runs as the workspace's owner) leaves files and directories of that
+/// user, not root's: what the merge writes takes the owner of the directory
+/// it lands in.
+#[test]
+fn a_root_merge_into_a_users_checkout_leaves_that_users_files() {
+    use std::os::unix::fs::MetadataExt as _;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("\n*** NOT RUN: the rule is a root host's, and this test runs as non-root ***\n");
+        return;
+    }
+    let scratch = Scratch::new();
+    let parent = scratch.path("parent");
+    write(&parent, "kept.txt", "kept\n");
+    write(&parent, "src/lib.rs", "pub fn one() -> u32 { 1 }\n");
+    for path in [
+        parent.clone(),
+        parent.join("kept.txt"),
+        parent.join("src"),
+        parent.join("src/lib.rs"),
+    ] {
+        std::os::unix::fs::chown(&path, Some(1000), Some(1000)).unwrap();
+    }
+    let (child, mut forked) = fork_in(&scratch, &parent, "child", Mode::Copy);
+    write(&child, "src/lib.rs", "pub fn one() -> u32 { 2 }\n");
+    write(&child, "new/dir/added.txt", "added\n");
+    let merged = merge(
+        &child,
+        &parent,
+        &mut forked.base,
+        &MergeOptions::default(),
+        &scratch.path("locks"),
+    )
+    .unwrap();
+    assert_eq!(paths(&merged.merged), ["new/dir/added.txt", "src/lib.rs"]);
+    for path in ["src/lib.rs", "new", "new/dir", "new/dir/added.txt"] {
+        let meta = fs::symlink_metadata(parent.join(path)).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (1000, 1000), "{path}");
+    }
+}
