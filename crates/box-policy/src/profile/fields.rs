@@ -6,9 +6,9 @@
 //! session cannot tighten" and the limits it narrows, `box profile show` the
 //! limits it prints, and a test holds the README's field tables to them.
 //!
-//! The limits are declared whole here ([`limits!`]): the `LimitsPolicy`
-//! struct, each limit's default, how it is read, shown, asked for and
-//! narrowed all come from one row.
+//! The limits are declared whole here ([`limits!`]): the profile's
+//! `LimitsPolicy` and the plan's `Limits`, each limit's default, how it is
+//! read, shown, asked for, narrowed and given to a unit all come from one row.
 
 use std::time::Duration;
 
