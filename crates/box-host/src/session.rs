@@ -43,7 +43,8 @@ use tokio_util::task::TaskTracker;
 
 pub use crate::ask::EXECUTOR_KEY;
 use crate::fork::{self, ChildFork};
-use crate::units::{Removal, Tracked, describe_end, remove_until_gone};
+use crate::ledger::{Removal, Tracked};
+use crate::units::{describe_end, remove_until_gone};
 use crate::{HostConfig, Services};
 use live::{Live, UnitEvent};
 
