@@ -20,7 +20,7 @@
 //! and their docker named volumes are removed at the end. The local variant
 //! runs the host's own toolchains and says which the host lacks.
 
-use std::os::unix::fs::MetadataExt as _;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -167,11 +167,15 @@ allow_dangerous = ["private-destinations"]
             ),
         )
         .unwrap();
+        // box's state directory (volumes, forks) as a host's is: others may
+        // enter it, so a local unit of uid 1000 reaches its fork inside.
+        let state = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         Self {
             registries,
             workspace,
             profiles,
-            state: tempfile::tempdir().unwrap(),
+            state,
             profile,
             backend,
         }
@@ -465,7 +469,7 @@ fn docker_a_real_job_runs_and_a_second_session_finds_the_caches_warm() {
 /// (`local_userland = "host"`); steps of a tool the host lacks are said
 /// loudly and left out.
 #[test]
-#[ignore = "the local backend refuses units with [[volume]] tables until local volumes land (helper vol); run with --run-ignored once they do"]
+#[ignore = "the local backend refuses units with [[volume]] tables until local volumes land (branch vol), and a root host's local fork is not enterable by a uid-1000 unit (box/forks' parents are 0700 root); run with --run-ignored once both are fixed"]
 fn local_a_real_job_runs_and_a_second_session_finds_the_caches_warm() {
     if root_caller() && local() {
         a_real_job("local");
