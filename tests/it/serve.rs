@@ -1588,7 +1588,24 @@ fn execute_and_serve_answer_null_ids_and_discover_probes_alike() {
             .cloned()
             .collect()
     };
-    for id in [json!("d1"), json!("d2"), json!("d3")] {
+    // The stateless revision's discover: answered in its form by both, the
+    // executor's capability under box's key in its extensions.
+    for answers in [&executed, &served] {
+        let discovered = by_id(answers, json!("d2"));
+        assert_eq!(discovered.len(), 1, "{answers:?}");
+        let result = &discovered[0]["result"];
+        assert_eq!(
+            result["supportedVersions"],
+            json!(box_jsonrpc::era::all_versions())
+        );
+        assert_eq!(result["resultType"], json!("complete"));
+        assert!(
+            result["capabilities"]["extensions"][EXECUTOR_KEY].is_object(),
+            "{result}"
+        );
+    }
+    // A probe without the revision's `_meta` is of neither era: refused alike.
+    for id in [json!("d1"), json!("d3")] {
         let executed = by_id(&executed, id.clone());
         assert_eq!(executed, by_id(&served, id.clone()), "answers to {id}");
         assert_eq!(executed.len(), 1, "{id}: {executed:?}");

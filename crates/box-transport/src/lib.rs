@@ -115,7 +115,18 @@ pub struct UnitLeft {
 /// Copy a request's events and then its answer into `out`, in that order.
 /// Returns once the answer is sent, or the session dropped the request (a
 /// client cancellation: no answer is due).
-pub async fn forward_reply(mut stream: ReplyStream, out: mpsc::Sender<Value>) {
+pub async fn forward_reply(stream: ReplyStream, out: mpsc::Sender<Value>) {
+    forward_reply_of(stream, out, None).await;
+}
+
+/// [`forward_reply`], with the answer to a stateless request (`stateless`:
+/// its method) in the revision's form
+/// ([`box_jsonrpc::era::complete_result`]).
+pub(crate) async fn forward_reply_of(
+    mut stream: ReplyStream,
+    out: mpsc::Sender<Value>,
+    stateless: Option<&str>,
+) {
     loop {
         tokio::select! {
             biased;
@@ -131,7 +142,10 @@ pub async fn forward_reply(mut stream: ReplyStream, out: mpsc::Sender<Value>) {
                         return;
                     }
                 }
-                if let Ok(response) = response {
+                if let Ok(mut response) = response {
+                    if let Some(method) = stateless {
+                        box_jsonrpc::era::complete_result(method, &mut response);
+                    }
                     let _ = out.send(response).await;
                 }
                 return;

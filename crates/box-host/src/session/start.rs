@@ -389,6 +389,7 @@ impl Session {
                 journal,
                 late: Default::default(),
                 client: None,
+                handle: None,
             },
             result,
         ))
