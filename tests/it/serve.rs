@@ -2879,7 +2879,7 @@ async fn http_refusals_are_logged_audited_and_counted_and_probes_need_no_token()
 }
 
 /// `_meta` of a request of MCP 2026-07-28, with `extra` keys.
-fn stateless_meta(extra: Value) -> Value {
+pub(crate) fn stateless_meta(extra: Value) -> Value {
     let mut meta = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {},

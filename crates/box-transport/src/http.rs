@@ -1039,13 +1039,19 @@ async fn stateless(
         Err(why) => return refuse_with(StatusCode::BAD_REQUEST, id, code::INVALID_PARAMS, why),
     };
     if let Some(session_id) = handle {
-        let Some((session, _, session_ask)) = state.lookup_asked(&session_id) else {
+        let found = match state.lookup_asked(&session_id) {
+            Some(found) => Some(found),
+            // Not live here: a session a restarted host kept (`--state`)
+            // and re-adopted is reattached with the handle's secret.
+            None => reattach(state, &session_id, &message, &ask).await,
+        };
+        let Some((session, _, session_ask)) = found else {
             return refuse_with(
                 StatusCode::NOT_FOUND,
                 id,
                 code::INVALID_PARAMS,
                 format!(
-                    "box/session: no session `{session_id}` on this host (it ended, or never was); open one with box/session.open"
+                    "box/session: no session `{session_id}` on this host (it ended, or never was, or cannot be reattached); open one with box/session.open"
                 ),
             );
         };
@@ -1108,6 +1114,56 @@ async fn stateless(
         return json_response(StatusCode::OK, response);
     }
     box_jsonrpc::era::complete_result(&method, &mut response);
+    keep(state, session_id, &handle, ask, permit);
+    json_response(StatusCode::OK, response)
+}
+
+/// Reattach the session `session_id` a restarted host re-adopted, with the
+/// secret of the handle `message` carries (`box/session.open {reattach}`);
+/// the session, kept as one `box/session.open` opened, when the host
+/// agreed. Refused (a wrong secret, nothing to reattach): `None`.
+async fn reattach(
+    state: &Arc<AppState>,
+    session_id: &str,
+    message: &Value,
+    ask: &TransportAsk,
+) -> Option<(SessionHandle, GeneralSlot, TransportAsk)> {
+    let meta = box_jsonrpc::params(message)?.get("_meta")?;
+    let secret = meta.get(box_jsonrpc::era::SESSION_META)?.get("secret")?;
+    let mut open_meta = meta.clone();
+    if let Some(open_meta) = open_meta.as_object_mut() {
+        open_meta.remove(box_jsonrpc::era::SESSION_META);
+    }
+    let open = json!({"jsonrpc": "2.0", "id": "box-reattach", "method": "box/session.open",
+        "params": {"reattach": {"session": session_id, "secret": secret}, "_meta": open_meta}});
+    let permit = state.permits.clone().try_acquire_owned().ok()?;
+    let (general_tx, _) = mpsc::channel(1);
+    let handle = state.sessions_factory.open(
+        session_id.to_owned(),
+        ask.clone(),
+        general_tx,
+        &state.shutdown,
+    );
+    let answered = match handle.request(open).await {
+        Ok(stream) => stream.response.await.ok(),
+        Err(_) => None,
+    };
+    if answered.is_none_or(|response| response.get("result").is_none()) {
+        end_holding(handle, permit);
+        return None;
+    }
+    keep(state, session_id.to_owned(), &handle, ask.clone(), permit);
+    Some((handle, Arc::new(Mutex::new(None)), ask.clone()))
+}
+
+/// Keep `handle` as the live session `session_id` until it ends.
+fn keep(
+    state: &Arc<AppState>,
+    session_id: String,
+    handle: &SessionHandle,
+    ask: TransportAsk,
+    permit: OwnedSemaphorePermit,
+) {
     if let Ok(mut sessions) = state.sessions.lock() {
         sessions.insert(
             session_id.clone(),
@@ -1120,13 +1176,13 @@ async fn stateless(
         );
     }
     let watcher_state = state.clone();
+    let watched = handle.clone();
     tokio::spawn(async move {
-        handle.ended().await;
+        watched.ended().await;
         if let Ok(mut sessions) = watcher_state.sessions.lock() {
             sessions.remove(&session_id);
         }
     });
-    json_response(StatusCode::OK, response)
 }
 
 /// End a session served for one stateless request, holding its place under

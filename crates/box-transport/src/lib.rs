@@ -155,10 +155,20 @@ pub(crate) async fn forward_reply_of(
 }
 
 /// The session a client asks to reattach to after its host restarted
-/// (`box.reattach.session` in the executor capability's ask): the session
-/// keeps its `Mcp-Session-Id`. Only an id box could have minted is taken;
+/// (`box.reattach.session` in the executor capability's ask, or a stateless
+/// request's handle): the session keeps its id. Only an id box could have minted is taken;
 /// the host checks the secret and answers whether it is the client's.
 pub(crate) fn reattach_id(message: &Value) -> Option<String> {
+    // A stateless request's handle names its session: the first request a
+    // new `box serve --state` reads after a restart reattaches to it.
+    if box_jsonrpc::era::is_stateless(message) {
+        let id = message
+            .pointer("/params/_meta")?
+            .get(box_jsonrpc::era::SESSION_META)?
+            .get("id")?
+            .as_str()?;
+        return plausible_session_id(id).then(|| id.to_owned());
+    }
     if message.get("method").and_then(Value::as_str) != Some("initialize") {
         return None;
     }

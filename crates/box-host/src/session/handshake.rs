@@ -147,8 +147,12 @@ impl Session {
                                 .open(&stateless::implicit_open(&message), &reply.events)
                                 .await
                             {
-                                Ok((mut live, _)) => {
+                                Ok((mut live, result)) => {
                                     live.client = stateless::client_of(&message);
+                                    if stateless::carries_handle(&message) {
+                                        // Reattached: the handle's secret is the session's.
+                                        self.handle_answer(&mut live, &result);
+                                    }
                                     if self.cancel.is_cancelled() {
                                         reply.answer(error_response(
                                             id,

@@ -58,7 +58,7 @@ impl Session {
                                 "session": {
                                     "open": OPEN,
                                     "close": CLOSE,
-                                    "params": ["profile", "tighten", "maxReadBytes"],
+                                    "params": ["profile", "tighten", "maxReadBytes", "reattach"],
                                     "handle": {"meta": SESSION_META, "header": "Box-Session"},
                                 },
                             },
@@ -178,12 +178,11 @@ pub(super) fn initialize_params(
         _ => Map::new(),
     };
     if explicit {
-        if let Some(unknown) = asked
-            .keys()
-            .find(|key| !["profile", "tighten", "maxReadBytes", "_meta"].contains(&key.as_str()))
-        {
+        if let Some(unknown) = asked.keys().find(|key| {
+            !["profile", "tighten", "maxReadBytes", "reattach", "_meta"].contains(&key.as_str())
+        }) {
             return Err(format!(
-                "{OPEN}: unknown parameter `{unknown}`; it takes profile, tighten and maxReadBytes"
+                "{OPEN}: unknown parameter `{unknown}`; it takes profile, tighten, maxReadBytes and reattach"
             ));
         }
         let mut executor = Map::new();
@@ -191,7 +190,7 @@ pub(super) fn initialize_params(
             executor.insert("maxReadBytes".to_owned(), bytes.clone());
         }
         let mut ask_box = Map::new();
-        for key in ["profile", "tighten"] {
+        for key in ["profile", "tighten", "reattach"] {
             if let Some(value) = asked.get(key) {
                 ask_box.insert(key.to_owned(), value.clone());
             }
@@ -220,11 +219,45 @@ pub(super) fn initialize_params(
     Ok(converted)
 }
 
-/// The `initialize` a stateless request without a handle opens its session
-/// with ([`initialize_params`]; the transport's ask merged in as for any).
+/// The `initialize` a stateless request opens its session with when the
+/// session is not open yet ([`initialize_params`]; the transport's ask
+/// merged in as for any): without a handle a fresh session; with one, a
+/// reattach to the session the handle names (its host restarted, and this
+/// one kept its identity with `--state`), its secret the reattach secret.
 pub(super) fn implicit_open(message: &Value) -> Value {
-    let params = initialize_params(message, false).unwrap_or_default();
+    let mut params = initialize_params(message, false).unwrap_or_default();
+    let handle = box_jsonrpc::params(message)
+        .and_then(|params| params.get("_meta"))
+        .and_then(|meta| meta.get(SESSION_META));
+    if let Some(handle) = handle {
+        let reattach = json!({
+            "session": handle.get("id").cloned().unwrap_or(Value::Null),
+            "secret": handle.get("secret").cloned().unwrap_or(Value::Null),
+        });
+        let experimental = params
+            .entry("capabilities")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+            .map(|capabilities| {
+                capabilities
+                    .entry("experimental")
+                    .or_insert_with(|| json!({}))
+            });
+        if let Some(experimental) = experimental.and_then(Value::as_object_mut) {
+            experimental.insert(
+                EXECUTOR_KEY.to_owned(),
+                json!({"box": {"reattach": reattach}}),
+            );
+        }
+    }
     json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params})
+}
+
+/// Whether a request carries a handle (`_meta["box/session"]`).
+pub(super) fn carries_handle(message: &Value) -> bool {
+    params(message)
+        .and_then(|params| params.get("_meta"))
+        .is_some_and(|meta| meta.get(SESSION_META).is_some())
 }
 
 /// The client a stateless request names in its `_meta`.
