@@ -1059,7 +1059,7 @@ async fn stateless(
             return refuse_with(StatusCode::BAD_REQUEST, id, code::INVALID_REQUEST, why);
         }
         return match session.request(message).await {
-            Ok(stream) => answer_stateless(stream, accepts, method, None).await,
+            Ok(stream) => answer_of(stream, accepts, Some(&method)).await,
             Err(_) => session_gone(),
         };
     }
@@ -1391,7 +1391,13 @@ fn end_holding(handle: SessionHandle, permit: OwnedSemaphorePermit) {
 /// (as far as the client's `Accept` allows: a JSON-only client gets the
 /// answer alone, an SSE-only client always a stream). A request the client
 /// cancelled gets no JSON-RPC answer at all ([`unanswered`]).
-async fn answer(mut stream: ReplyStream, accepts: Accepts) -> Response {
+async fn answer(stream: ReplyStream, accepts: Accepts) -> Response {
+    answer_of(stream, accepts, None).await
+}
+
+/// [`answer`], with the answer to a stateless request (`stateless`: its
+/// method) in the revision's form.
+async fn answer_of(mut stream: ReplyStream, accepts: Accepts, stateless: Option<&str>) -> Response {
     let first = loop {
         let first = tokio::select! {
             biased;
@@ -1405,15 +1411,23 @@ async fn answer(mut stream: ReplyStream, accepts: Accepts) -> Response {
         }
     };
     let first = match first {
-        Err(Ok(response)) if accepts.json => return json_response(StatusCode::OK, response),
-        Err(Ok(response)) => response,
+        Err(Ok(mut response)) => {
+            if let Some(method) = stateless {
+                box_jsonrpc::era::complete_result(method, &mut response);
+            }
+            if accepts.json {
+                return json_response(StatusCode::OK, response);
+            }
+            response
+        }
         // Dropped unanswered: the client cancelled it (MCP: no response is sent).
         Err(Err(_)) => return unanswered(accepts),
         Ok(event) => event,
     };
     let (out_tx, out_rx) = mpsc::channel(box_jsonrpc::REPLY_EVENTS);
     let _ = out_tx.send(first).await;
-    tokio::spawn(crate::forward_reply(stream, out_tx));
+    let method = stateless.map(str::to_owned);
+    tokio::spawn(async move { crate::forward_reply_of(stream, out_tx, method.as_deref()).await });
     sse(out_rx)
 }
 
