@@ -3119,3 +3119,43 @@ fn stdio_serves_the_stateless_revision_and_never_logs_the_secret() {
     );
     assert!(!audited.contains(&secret), "the secret is in the audit log");
 }
+
+/// MCP 2026-07-28: closing a request's stream is its cancel. A handle's
+/// call whose client drops the connection is cancelled in its unit; in the
+/// handshake era a dropped stream cancels nothing
+/// (`http_a_cancelled_request_gets_no_answer` sends the cancel instead).
+#[tokio::test]
+async fn http_a_stateless_call_whose_stream_closes_is_cancelled() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let open = json!({"jsonrpc": "2.0", "id": 1, "method": "box/session.open",
+        "params": {"_meta": stateless_meta(json!({}))}});
+    let opened = post_stateless(&server, &open, &[]).await.json();
+    let handle = format!(
+        "{}:{}",
+        opened["result"]["id"].as_str().unwrap(),
+        opened["result"]["secret"].as_str().unwrap()
+    );
+    for (id, accept) in [
+        ("h1", "application/json"),
+        ("h2", "application/json, text/event-stream"),
+    ] {
+        let fake = server.fake.clone();
+        let before = fake.record(|record| record.cancelled.len());
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "hang", "arguments": {}, "_meta": stateless_meta(json!({}))}})
+        .to_string();
+        let mut stream = TcpStream::connect(server.address).await.unwrap();
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: {accept}\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: hang\r\nBox-Session: {handle}\r\nContent-Length: {}\r\n\r\n{body}",
+            server.address,
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(stream);
+        wait_until("the unit sees the closed stream's cancel", || {
+            fake.record(|record| record.cancelled.len()) > before
+        })
+        .await;
+    }
+}

@@ -1058,8 +1058,13 @@ async fn stateless(
         if let Err(why) = same_ask(&session_ask, &ask) {
             return refuse_with(StatusCode::BAD_REQUEST, id, code::INVALID_REQUEST, why);
         }
+        let cancel = crate::CancelOnClose {
+            session: session.clone(),
+            id: id.clone(),
+            armed: true,
+        };
         return match session.request(message).await {
-            Ok(stream) => answer_of(stream, accepts, Some(&method)).await,
+            Ok(stream) => answer_of(stream, accepts, Some((&method, cancel))).await,
             Err(_) => session_gone(),
         };
     }
@@ -1396,8 +1401,17 @@ async fn answer(stream: ReplyStream, accepts: Accepts) -> Response {
 }
 
 /// [`answer`], with the answer to a stateless request (`stateless`: its
-/// method) in the revision's form.
-async fn answer_of(mut stream: ReplyStream, accepts: Accepts, stateless: Option<&str>) -> Response {
+/// method) in the revision's form, and the request cancelled in its
+/// session when the client closes the stream before the answer.
+async fn answer_of(
+    mut stream: ReplyStream,
+    accepts: Accepts,
+    stateless: Option<(&str, crate::CancelOnClose)>,
+) -> Response {
+    let (method, mut cancel) = match stateless {
+        Some((method, cancel)) => (Some(method), Some(cancel)),
+        None => (None, None),
+    };
     let first = loop {
         let first = tokio::select! {
             biased;
@@ -1412,7 +1426,10 @@ async fn answer_of(mut stream: ReplyStream, accepts: Accepts, stateless: Option<
     };
     let first = match first {
         Err(Ok(mut response)) => {
-            if let Some(method) = stateless {
+            if let Some(cancel) = cancel.as_mut() {
+                cancel.armed = false;
+            }
+            if let Some(method) = method {
                 box_jsonrpc::era::complete_result(method, &mut response);
             }
             if accepts.json {
@@ -1421,13 +1438,23 @@ async fn answer_of(mut stream: ReplyStream, accepts: Accepts, stateless: Option<
             response
         }
         // Dropped unanswered: the client cancelled it (MCP: no response is sent).
-        Err(Err(_)) => return unanswered(accepts),
+        Err(Err(_)) => {
+            if let Some(cancel) = cancel.as_mut() {
+                cancel.armed = false;
+            }
+            return unanswered(accepts);
+        }
         Ok(event) => event,
     };
     let (out_tx, out_rx) = mpsc::channel(box_jsonrpc::REPLY_EVENTS);
     let _ = out_tx.send(first).await;
-    let method = stateless.map(str::to_owned);
-    tokio::spawn(async move { crate::forward_reply_of(stream, out_tx, method.as_deref()).await });
+    let method = method.map(str::to_owned);
+    tokio::spawn(async move {
+        let answered = crate::forward_reply_of(stream, out_tx, method.as_deref()).await;
+        if let Some(mut cancel) = cancel {
+            cancel.armed = !answered;
+        }
+    });
     sse(out_rx)
 }
 
