@@ -6,7 +6,8 @@
 It discovers box (server/discover: the executor capability under box's key in the revision's
 extensions, the profiles), opens a box session as a handle (box/session.open, sent with the SDK's
 raw request API: the SDK has no method of box's), lists the tools and runs bash with the handle in
-`_meta["box/session"]`, checks that a wrong secret is refused, and closes the session
+`_meta["box/session"]`, forks the workspace and merges the fork back through it, checks that a
+wrong secret is refused, and closes the session
 (box/session.close). The SDK's default mode ("auto") then finds 2026-07-28 served and calls without a
 handle: over stdio in the process's session, over HTTP in a unit removed after the call, while a
 handshake-era client (mode "legacy") works on the same endpoint at once. Over HTTP it then checks
@@ -28,6 +29,7 @@ import urllib.request
 from typing import Any, Literal
 
 import mcp.types as types
+from pydantic import TypeAdapter
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
@@ -50,6 +52,10 @@ class OpenRequest(types.Request[OpenParams, Literal["box/session.open"]]):
 class CloseRequest(types.Request[types.RequestParams, Literal["box/session.close"]]):
     method: Literal["box/session.close"] = "box/session.close"
     params: types.RequestParams
+
+
+BoxRequest = types.Request[dict[str, Any], str]
+ANSWER = TypeAdapter(dict[str, Any])
 
 
 class Opened(types.Result):
@@ -96,6 +102,15 @@ async def exercise(client: Client, options: argparse.Namespace) -> dict[str, Any
     text = text_of(result)
     if result.is_error or "kept" not in text or "hi" not in text:
         raise AssertionError(f"bash: expected the file the session wrote and hi, got {text!r}")
+
+    # Forks and merges through the handle, as a session-era client does them.
+    fork = await client.session.send_request(BoxRequest(method="box/fork", params={"mode": "copy", "_meta": meta}), ANSWER)
+    in_fork = {**meta, "box/unit": fork["unit"]}
+    await client.call_tool("write", {"path": "forked.txt", "content": "from the fork\n"}, meta=in_fork)
+    await client.session.send_request(BoxRequest(method="box/merge", params={"unit": fork["unit"], "_meta": meta}), ANSWER)
+    merged = await client.call_tool("read", {"path": "forked.txt"}, meta=meta)
+    if merged.is_error or "from the fork" not in text_of(merged):
+        raise AssertionError(f"box/merge through the handle: the workspace reads {text_of(merged)!r}")
 
     wrong = {"box/session": {"id": opened.id, "secret": "0" * 32}}
     try:
