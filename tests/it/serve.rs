@@ -2927,6 +2927,8 @@ async fn http_serves_the_stateless_revision_with_handles() {
         json!("box/session.open")
     );
     assert_eq!(server.fake.record(|record| record.starts.len()), 0);
+    // A 2025-06-18 client on the same endpoint, at the same time.
+    let legacy = initialize(&server).await;
 
     let open = json!({"jsonrpc": "2.0", "id": 2, "method": "box/session.open",
         "params": {"profile": "default", "_meta": stateless_meta(json!({}))}});
@@ -2945,7 +2947,7 @@ async fn http_serves_the_stateless_revision_with_handles() {
     );
     assert_eq!(opened["resultType"], json!("complete"));
     assert_eq!(opened["units"][0]["name"], json!("workspace"));
-    assert_eq!(server.fake.live_units().len(), 1);
+    assert_eq!(server.fake.live_units().len(), 2);
 
     // The handle as a header, then in `_meta`; the answer in the revision's form.
     let echo = |id: i64, meta: Value| {
@@ -2964,6 +2966,19 @@ async fn http_serves_the_stateless_revision_with_handles() {
         json!("{\"n\":3}")
     );
     assert_eq!(by_header.json()["result"]["resultType"], json!("complete"));
+    // The same request id in the 2025-06-18 session: each answered in its own.
+    let theirs = post(
+        server.address,
+        Some(&legacy),
+        &[],
+        &call(json!(3), "echo", json!({"era": "2025"})),
+    )
+    .await;
+    assert_eq!(
+        theirs.json()["result"]["content"][0]["text"],
+        json!("{\"era\":\"2025\"}")
+    );
+    assert!(theirs.json()["result"].get("resultType").is_none());
     let in_meta = echo(4, json!({"box/session": {"id": id, "secret": secret}}));
     let by_meta = post_stateless(&server, &in_meta, &[("Mcp-Name", "=?base64?ZWNobw==?=")]).await;
     assert_eq!(
@@ -3014,10 +3029,10 @@ async fn http_serves_the_stateless_revision_with_handles() {
         one_shot.json()["result"]["content"][0]["text"],
         json!("{\"n\":8}")
     );
-    assert_eq!(server.fake.record(|record| record.starts.len()), 2);
+    assert_eq!(server.fake.record(|record| record.starts.len()), 3);
     let fake = server.fake.clone();
     wait_until("the one-shot call's unit is removed", || {
-        fake.live_units().len() == 1
+        fake.live_units().len() == 2
     })
     .await;
 
@@ -3027,7 +3042,7 @@ async fn http_serves_the_stateless_revision_with_handles() {
     let reply = post_stateless(&server, &close, &[]).await;
     assert_eq!(reply.json()["result"]["resultType"], json!("complete"));
     wait_until("the closed session's units are removed", || {
-        fake.live_units().is_empty()
+        fake.live_units().len() == 1
     })
     .await;
     let reply = post_stateless(
