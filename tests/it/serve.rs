@@ -3173,4 +3173,29 @@ async fn http_a_stateless_call_whose_stream_closes_is_cancelled() {
         })
         .await;
     }
+    // Without a handle: the call's own session ends, and its unit goes.
+    for accept in ["application/json", "application/json, text/event-stream"] {
+        let body = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+            "name": "hang", "arguments": {}, "_meta": stateless_meta(json!({}))}})
+        .to_string();
+        let mut stream = TcpStream::connect(server.address).await.unwrap();
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: {accept}\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: hang\r\nContent-Length: {}\r\n\r\n{body}",
+            server.address,
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let fake = server.fake.clone();
+        wait_until("the one-shot call's unit starts", || {
+            fake.live_units().len() == 2
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(stream);
+        wait_until(
+            "the one-shot unit is removed when its stream closes",
+            || fake.live_units().len() == 1,
+        )
+        .await;
+    }
 }

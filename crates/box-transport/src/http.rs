@@ -1210,7 +1210,14 @@ async fn answer_stateless(
 ) -> Response {
     let (out_tx, mut out_rx) = mpsc::channel(box_jsonrpc::REPLY_EVENTS);
     tokio::spawn(async move {
-        crate::forward_reply_of(stream, out_tx, Some(&method)).await;
+        let watch = out_tx.clone();
+        // A client that closes the stream cancels the request (2026-07-28):
+        // its session ends, and with it the call in its unit.
+        tokio::select! {
+            _ = crate::forward_reply_of(stream, out_tx, Some(&method)) => {}
+            () = watch.closed() => {}
+        }
+        drop(watch);
         if let Some((handle, permit)) = one_shot {
             end_after(handle, permit);
         }
