@@ -1039,7 +1039,19 @@ async fn adopting_a_dead_hosts_session_holds_its_instance() {
 /// leaves it reattachable.
 #[tokio::test(flavor = "multi_thread")]
 async fn local_a_handle_survives_kill_9_of_its_host() {
-    let setup = Setup::on("local", "handle");
+    handle_survives_kill_9(Setup::on("local", "handle")).await;
+}
+
+/// The same with docker units.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handle_survives_kill_9_of_its_host() {
+    if !docker().await {
+        return;
+    }
+    handle_survives_kill_9(Setup::new("handle")).await;
+}
+
+async fn handle_survives_kill_9(setup: Setup) {
     let mut host = setup.serve().await;
     let stateless = |id: u64, method: &str, params: Value, handle: Option<&Value>| {
         let mut extra = json!({});
