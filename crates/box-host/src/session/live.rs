@@ -58,6 +58,9 @@ pub(super) struct Live {
     pub(super) plan: Plan,
     /// The client, as its `initialize` named itself (for the audit).
     pub(super) client: Option<ClientInfo>,
+    /// The SHA-256 of the handle's secret, for a session opened with
+    /// `box/session.open` (`stateless.rs`); `None` otherwise.
+    pub(super) handle: Option<String>,
     pub(super) units: Vec<Unit>,
     pub(super) workspace: Option<usize>,
     pub(super) router: Router<Tag>,

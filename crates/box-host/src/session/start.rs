@@ -390,6 +390,7 @@ impl Session {
                 journal,
                 late: Default::default(),
                 client: None,
+                handle: None,
             },
             result,
         ))
