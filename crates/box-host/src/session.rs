@@ -28,6 +28,7 @@ mod methods;
 mod reattach;
 mod route;
 mod start;
+mod stats;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

@@ -1,0 +1,209 @@
+//! A unit's resource usage (issue 27): `box/units.stats` through `box serve`
+//! and `box units ls --json` agree with what the unit's cgroup (docker) or
+//! its processes (local) say, for a unit running a known load.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::{Served, box_bin, serve_command, under_ci};
+
+/// The toolchain image: it has python3 (box-base has none).
+const DEV_IMAGE: &str = "box-dev:bookworm";
+
+const MIB: u64 = 1024 * 1024;
+
+/// The load: about a second of CPU, then 64 MiB written and held.
+const LOAD: &str = "import time\n\
+t = time.process_time()\n\
+while time.process_time() - t < 1.0: pass\n\
+held = b'x' * (64 << 20)\n\
+print('ready', flush=True)\n\
+time.sleep(300)\n";
+
+fn docker() -> bool {
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(crate::support::docker_answers())
+}
+
+fn local() -> bool {
+    if box_confine::landlock_abi() > 0 {
+        return true;
+    }
+    assert!(!under_ci(), "landlock is missing under CI");
+    eprintln!("\n*** LOCAL PART NOT RUN: this kernel has no landlock ***\n");
+    false
+}
+
+/// `box serve` on `backend` with a profile on the dev image.
+fn serve(backend: &str, instance: &str, workspace: &Path, profiles: &Path) -> Served {
+    std::fs::write(
+        profiles.join("p.toml"),
+        format!("extends = \"default\"\n[workspace]\nimage = \"{DEV_IMAGE}\"\nlocal_userland = \"host\"\n"),
+    )
+    .unwrap();
+    let mut command = serve_command(backend, instance, workspace);
+    command
+        .arg("--profiles")
+        .arg(profiles)
+        .args(["--profile", "p"]);
+    Served::start(command)
+}
+
+/// The workspace unit's entry in `box/units.stats`.
+fn stats(served: &mut Served) -> Value {
+    let result = served.ok("box/units.stats", json!({}));
+    let units = result["units"].as_array().cloned().unwrap_or_default();
+    assert_eq!(units.len(), 1, "{result}");
+    units[0].clone()
+}
+
+fn figure(entry: &Value, name: &str) -> u64 {
+    entry[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{name} in {entry}"))
+}
+
+/// The figures of a cgroup read by the test itself: (cpu usec, memory bytes).
+fn cgroup_figures(id: &str) -> (u64, u64) {
+    let read = |path: String| -> u64 {
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|error| panic!("{path}: {error}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let root = "/sys/fs/cgroup";
+    if Path::new(root).join("cgroup.controllers").exists() {
+        let dir = [
+            format!("{root}/system.slice/docker-{id}.scope"),
+            format!("{root}/docker/{id}"),
+        ]
+        .into_iter()
+        .find(|dir| Path::new(dir).is_dir())
+        .unwrap_or_else(|| panic!("no cgroup of {id}"));
+        let cpu = std::fs::read_to_string(format!("{dir}/cpu.stat")).unwrap();
+        let usec = cpu
+            .lines()
+            .find_map(|line| line.strip_prefix("usage_usec "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        (usec, read(format!("{dir}/memory.current")))
+    } else {
+        (
+            read(format!("{root}/cpuacct/docker/{id}/cpuacct.usage")) / 1000,
+            read(format!("{root}/memory/docker/{id}/memory.usage_in_bytes")),
+        )
+    }
+}
+
+fn usage_matches_the_units_own_figures(backend: &str) {
+    let workspace = tempfile::tempdir().unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    let instance = format!("stats-{backend}-{}", std::process::id());
+    let mut served = serve(backend, &instance, workspace.path(), profiles.path());
+    let idle = stats(&mut served);
+    let started = served.ok(
+        "agentworkspace/process.start",
+        json!({"args": ["python3", "-c", LOAD]}),
+    );
+    assert!(started.get("id").is_some(), "{started}");
+
+    // The load ran its second and holds its memory.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let loaded = loop {
+        let entry = stats(&mut served);
+        if entry["memoryBytes"].as_u64().unwrap_or(0) >= 64 * MIB
+            && entry["cpuUsec"].as_u64().unwrap_or(0) >= 1_000_000
+        {
+            break entry;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{backend}: no load seen: {entry} (idle: {idle})"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let id = loaded["id"].as_str().unwrap().to_owned();
+    assert!(figure(&loaded, "pids") >= 2, "{backend}: {loaded}");
+    assert!(
+        loaded["ioReadBytes"].is_u64() && loaded["ioWriteBytes"].is_u64(),
+        "{backend}: {loaded}"
+    );
+    // Settled: the load sleeps now, so the figures hold still.
+    std::thread::sleep(Duration::from_millis(500));
+    let answered = stats(&mut served);
+    let listed = box_units(&["ls", "--json"], backend, &id);
+    let top = box_units(&["top", "--once", "--json"], backend, &id);
+    let cpu = figure(&answered, "cpuUsec");
+    let memory = figure(&answered, "memoryBytes");
+    assert!(
+        (1_000_000..3_000_000).contains(&cpu),
+        "{backend}: a second's burn and an idle executor: {answered}"
+    );
+    for (what, other) in [("units ls", &listed), ("units top", &top)] {
+        let (c, m) = (figure(other, "cpuUsec"), figure(other, "memoryBytes"));
+        assert!(
+            c.abs_diff(cpu) < 200_000,
+            "{backend}: {what} {other} vs {answered}"
+        );
+        assert!(
+            m.abs_diff(memory) < 16 * MIB,
+            "{backend}: {what} {other} vs {answered}"
+        );
+    }
+    if backend == "docker" {
+        let (c, m) = cgroup_figures(&id);
+        assert!(c.abs_diff(cpu) < 200_000, "cgroup cpu {c} vs {answered}");
+        assert!(
+            m.abs_diff(memory) < 16 * MIB,
+            "cgroup memory {m} vs {answered}"
+        );
+        let peak = figure(&answered, "memoryPeakBytes");
+        assert!(peak >= memory, "{answered}");
+    } else {
+        // No cgroup of its own: the sum of its processes' resident sets,
+        // the load's 64 MiB among them; the peak is unknown.
+        assert!(memory < 64 * MIB + 256 * MIB, "{answered}");
+        assert!(answered["memoryPeakBytes"].is_null(), "{answered}");
+    }
+    assert!(served.hang_up().success());
+}
+
+/// `box units ARGS --backend BACKEND`'s entry for unit `id` (JSON).
+fn box_units(args: &[&str], backend: &str, id: &str) -> Value {
+    let out = std::process::Command::new(box_bin())
+        .arg("units")
+        .args(args)
+        .args(["--backend", backend])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    listed
+        .as_array()
+        .and_then(|units| units.iter().find(|unit| unit["id"] == json!(id)))
+        .cloned()
+        .unwrap_or_else(|| panic!("{id} not in {listed}"))
+}
+
+#[test]
+fn docker_usage_matches_the_cgroups_own_files() {
+    if docker() {
+        usage_matches_the_units_own_figures("docker");
+    }
+}
+
+#[test]
+fn local_usage_matches_its_processes() {
+    if local() {
+        usage_matches_the_units_own_figures("local");
+    }
+}
