@@ -207,3 +207,131 @@ fn local_usage_matches_its_processes() {
         usage_matches_the_units_own_figures("local");
     }
 }
+
+/// The value of the series `name{backend="BACKEND",profile="p"}` in a
+/// `/metrics` text.
+fn series(metrics: &str, name: &str, backend: &str) -> Option<f64> {
+    let prefix = format!("{name}{{backend=\"{backend}\",profile=\"p\"}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// The gauges of `box serve --listen` (sums per backend and profile, read
+/// every 5 s) agree with `box/units.stats` for a session of one loaded unit.
+async fn gauges_match_units_stats(backend: &str) {
+    use crate::serve::{http, post};
+    let workspace = tempfile::tempdir().unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("p.toml"),
+        format!("extends = \"default\"\n[workspace]\nimage = \"{DEV_IMAGE}\"\nlocal_userland = \"host\"\n"),
+    )
+    .unwrap();
+    let instance = format!("stats-gauges-{backend}-{}", std::process::id());
+    let host = crate::support::HttpHost::on_a_free_port();
+    let mut command = serve_command(backend, &instance, workspace.path());
+    command
+        .arg("--profiles")
+        .arg(profiles.path())
+        .args(["--profile", "p"]);
+    let mut child = host.serve(command).await;
+    let address = host.address();
+    let (session, answer) = host.initialize(json!({}), &[]).await;
+    let session = session.unwrap_or_else(|| panic!("no session id: {answer}"));
+    let call = |id: i64, method: &'static str, params: Value| {
+        let session = session.clone();
+        async move {
+            let reply = post(
+                address,
+                Some(&session),
+                &[],
+                &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+            )
+            .await;
+            reply.json()
+        }
+    };
+    let started = call(
+        1,
+        "agentworkspace/process.start",
+        json!({"args": ["python3", "-c", LOAD]}),
+    )
+    .await;
+    assert!(started["result"]["id"].is_string(), "{started}");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let loaded = loop {
+        let answer = call(2, "box/units.stats", json!({})).await;
+        let entry = answer["result"]["units"][0].clone();
+        if entry["memoryBytes"].as_u64().unwrap_or(0) >= 64 * MIB
+            && entry["cpuUsec"].as_u64().unwrap_or(0) >= 1_000_000
+        {
+            break entry;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{backend}: no load seen: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // The sampler reads every 5 s: wait for a reading taken under the load.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (memory, cpu, metrics) = loop {
+        let reply = http(address, "GET", "/metrics", &[], b"").await;
+        let metrics = String::from_utf8_lossy(&reply.body).into_owned();
+        let memory = series(&metrics, "box_units_memory_bytes", backend).unwrap_or(0.0);
+        let cpu = series(&metrics, "box_units_cpu_seconds", backend).unwrap_or(0.0);
+        if memory >= (64 * MIB) as f64 && cpu >= 1.0 {
+            break (memory, cpu, metrics);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{backend}: no loaded gauges: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let now = call(3, "box/units.stats", json!({})).await["result"]["units"][0].clone();
+    let stats_memory = figure(&now, "memoryBytes") as f64;
+    let stats_cpu = figure(&now, "cpuUsec") as f64 / 1e6;
+    assert!(
+        (memory - stats_memory).abs() < (16 * MIB) as f64,
+        "{backend}: {memory} vs {now} (loaded: {loaded})"
+    );
+    assert!((cpu - stats_cpu).abs() < 0.3, "{backend}: {cpu} vs {now}");
+    assert!(
+        series(&metrics, "box_units_pids", backend).unwrap_or(0.0) >= 2.0,
+        "{metrics}"
+    );
+    // No series names a unit or a session.
+    assert!(!metrics.contains(&session), "{metrics}");
+    let reply = http(
+        address,
+        "DELETE",
+        "/mcp",
+        &[("Mcp-Session-Id", &session)],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+#[tokio::test]
+async fn docker_gauges_match_units_stats() {
+    if crate::support::docker_answers().await {
+        gauges_match_units_stats("docker").await;
+    }
+}
+
+#[tokio::test]
+async fn local_gauges_match_units_stats() {
+    if local() {
+        gauges_match_units_stats("local").await;
+    }
+}
