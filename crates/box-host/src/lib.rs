@@ -13,6 +13,7 @@
 //! (the binary's clap structs), what a unit is (the plan) or how one starts
 //! (the backends).
 
+mod adopt;
 mod ask;
 pub mod audit;
 mod config;
@@ -20,6 +21,7 @@ pub use config::{HostConfig, ResolveFn, ServeConfig, default_fork_dir, default_s
 pub mod egress;
 pub mod fork;
 mod hide;
+pub mod ledger;
 pub mod metrics;
 mod redact;
 pub use redact::ScratchPool;
@@ -189,7 +191,7 @@ pub async fn sweep_orphans(
         units::remove_units(
             services.backend.as_ref(),
             &orphans,
-            units::Removal::Graceful,
+            ledger::Removal::Graceful,
         )
         .await;
     }
@@ -250,7 +252,7 @@ pub const END_WAIT: Duration = Duration::from_secs(30);
 /// Remove, once, every unit the ledger knows the id of; those confirmed gone
 /// leave it.
 pub async fn remove_known_units(services: &Services) {
-    let known: Vec<units::Tracked> = services.ledger.tracked();
+    let known: Vec<ledger::Tracked> = services.ledger.tracked();
     let ids: Vec<String> = known.iter().map(|unit| unit.id.clone()).collect();
     let failed = units::remove_units(services.backend.as_ref(), &ids, services.removal()).await;
     for unit in known {
@@ -418,7 +420,7 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
     }
     let (config, services) = (Arc::new(config), Arc::new(services));
     // Before the sweep, which leaves every persisted unit alone.
-    let persisted = state::adopt_all(&config, &services);
+    let persisted = adopt::adopt_all(&config, &services);
     // Bounded: an engine that stalls must not keep the host from serving.
     if tokio::time::timeout(
         SWEEP_WAIT,

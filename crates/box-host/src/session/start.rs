@@ -22,12 +22,13 @@ use super::live::{EVENT_QUEUE, Live, Unit, link_unit};
 use crate::ask::{Ask, executor_initialize_params, initialize_result};
 use crate::egress::EgressProxy;
 use crate::fork;
+use crate::ledger::Tracked;
 use crate::redact::{self, SessionRedactor};
 use crate::router::Router;
 use crate::state;
 use crate::units::{
-    ExecutorLink, ExecutorStart, FIRST_REQUEST_ID, InitProgress, StartWiring, Tracked,
-    initialize_executor, remove_until_gone, start_units,
+    ExecutorLink, ExecutorStart, FIRST_REQUEST_ID, InitProgress, StartWiring, initialize_executor,
+    remove_until_gone, start_units,
 };
 
 impl Session {
@@ -389,6 +390,7 @@ impl Session {
                 journal,
                 late: Default::default(),
                 client: None,
+                handle: None,
             },
             result,
         ))

@@ -11,33 +11,35 @@ use super::Session;
 use super::live::Live;
 use super::methods::Request;
 
-/// The method's handler: the units named, then read off the session's task.
-pub(super) fn units_stats(session: &Session, live: &mut Live, request: Request) {
-    let units = match chosen(live, &request.message) {
-        Ok(units) => units,
-        Err(error) => return request.answer(live, Err(error)),
-    };
-    let backend = session.services.backend.clone();
-    let Request { id, reply, .. } = request;
-    session.background.spawn(async move {
-        let mut entries = Vec::with_capacity(units.len());
-        for (unit, unit_id) in units {
-            let mut entry = json!({"unit": unit, "id": unit_id});
-            match backend.stats(&unit_id).await {
-                Ok(stats) => {
-                    if let (Some(object), Ok(Value::Object(figures))) =
-                        (entry.as_object_mut(), serde_json::to_value(stats))
-                    {
-                        object.extend(figures);
+impl Session {
+    /// The method's handler: the units named, then read off the session's task.
+    pub(super) fn units_stats(&self, live: &mut Live, request: Request) {
+        let units = match chosen(live, &request.message) {
+            Ok(units) => units,
+            Err(error) => return request.answer(live, Err(error)),
+        };
+        let backend = self.services.backend.clone();
+        let Request { id, reply, .. } = request;
+        self.background.spawn(async move {
+            let mut entries = Vec::with_capacity(units.len());
+            for (unit, unit_id) in units {
+                let mut entry = json!({"unit": unit, "id": unit_id});
+                match backend.stats(&unit_id).await {
+                    Ok(stats) => {
+                        if let (Some(object), Ok(Value::Object(figures))) =
+                            (entry.as_object_mut(), serde_json::to_value(stats))
+                        {
+                            object.extend(figures);
+                        }
                     }
+                    Err(error) => entry["error"] = json!(error.to_string()),
                 }
-                Err(error) => entry["error"] = json!(error.to_string()),
+                entries.push(entry);
             }
-            entries.push(entry);
-        }
-        // Figures, names and ids only: nothing here needs redacting.
-        reply.answer(result_response(id, json!({"units": entries})));
-    });
+            // Figures, names and ids only: nothing here needs redacting.
+            reply.answer(result_response(id, json!({"units": entries})));
+        });
+    }
 }
 
 /// The running units `message` asks about (all, or the one `unit` names),
