@@ -335,3 +335,113 @@ async fn local_gauges_match_units_stats() {
         gauges_match_units_stats("local").await;
     }
 }
+
+/// The tasks load: threads started until the pids limit refuses one, held
+/// 4 s; then the memory load: 16 MiB more each step until the OOM killer
+/// ends it.
+const LIMITS_LOAD: &str = r#"import threading, time
+stop = threading.Event()
+n = 0
+try:
+    while n < 500:
+        threading.Thread(target=stop.wait).start()
+        n += 1
+except RuntimeError:
+    pass
+print('threads', n, flush=True)
+time.sleep(4)
+stop.set()
+time.sleep(1)
+held = []
+while True:
+    held.append(b'x' * (16 << 20))
+    time.sleep(0.05)
+"#;
+
+/// Issue 27, limit events: a docker unit driven into its pids limit and
+/// its memory limit gets the session `notifications/box/unit` for each,
+/// the log a WARN line and the audit a `limit` line.
+#[test]
+fn docker_a_unit_at_its_limits_is_told_logged_and_audited() {
+    if !docker() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(workspace.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(workspace.path().join("load.py"), LIMITS_LOAD).unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("p.toml"),
+        format!("extends = \"default\"\n[workspace]\nimage = \"{DEV_IMAGE}\"\n[limits]\nmemory = \"256MiB\"\npids = 64\n"),
+    )
+    .unwrap();
+    let audit = state.path().join("audit.jsonl");
+    let log = state.path().join("stderr.log");
+    let instance = format!("stats-limits-{}", std::process::id());
+    let mut command = serve_command("docker", &instance, workspace.path());
+    command
+        .arg("--profiles")
+        .arg(profiles.path())
+        .args(["--profile", "p", "--audit"])
+        .arg(&audit)
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut served = Served::start(command);
+    served.send(&json!({"jsonrpc": "2.0", "id": 50, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "python3 /workspace/load.py; echo exit=$?"}}}));
+    let seen = std::sync::Mutex::new(Vec::new());
+    let answer = served
+        .wait_for(Duration::from_secs(120), |message| {
+            if message["method"] == "notifications/box/unit" {
+                seen.lock().unwrap().push(message["params"].clone());
+            }
+            message["id"] == json!(50)
+        })
+        .expect("the load's answer");
+    // The last readings' events may come just after the answer.
+    let _ = served.wait_for(Duration::from_secs(3), |message| {
+        if message["method"] == "notifications/box/unit" {
+            seen.lock().unwrap().push(message["params"].clone());
+        }
+        false
+    });
+    let seen = seen.into_inner().unwrap();
+    let output = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        output.contains("exit=137"),
+        "the OOM killer ended the load: {answer}"
+    );
+    let reached = |limit: &str| {
+        seen.iter()
+            .find(|event| event["limit"] == limit && event["state"] == "reached")
+            .cloned()
+            .unwrap_or_else(|| panic!("no {limit} reached in {seen:?} ({output})"))
+    };
+    let pids = reached("pids");
+    assert_eq!(pids["unit"], "workspace");
+    assert_eq!(pids["bound"], json!(64));
+    assert!(figure(&pids, "figure") >= 64, "{pids}");
+    let memory = reached("memory");
+    assert_eq!(memory["bound"], json!(256 * MIB));
+    assert!(served.hang_up().success());
+    let audit = std::fs::read_to_string(&audit).unwrap();
+    for limit in ["pids", "memory"] {
+        assert!(
+            audit.lines().any(|line| {
+                let line: Value = serde_json::from_str(line).unwrap();
+                line["kind"] == "limit" && line["limit"] == limit && line["state"] == "reached"
+            }),
+            "{limit} in {audit}"
+        );
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.lines()
+            .any(|line| line.contains("WARN") && line.contains("reached its pids limit")),
+        "{log}"
+    );
+}
