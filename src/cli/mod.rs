@@ -16,6 +16,7 @@ pub mod pull;
 pub mod run;
 pub mod sandbox;
 pub mod serve;
+mod top;
 pub mod units;
 pub mod volumes;
 

@@ -148,6 +148,21 @@ Examples:
         #[arg(long = "filter", value_name = "KEY=VALUE", value_parser = UnitFilter::parse)]
         filters: Vec<UnitFilter>,
     },
+    /// What each running unit uses, refreshed every second until interrupted: CPU time and share, memory now and at peak, tasks, block IO (from its cgroup; a local unit's from its processes).
+    #[command(
+        after_help = "Examples:\n  box units top\n  box units top --once\n  box units top --once --json --filter backend=docker"
+    )]
+    Top {
+        /// Print one frame and exit.
+        #[arg(long)]
+        once: bool,
+        /// Print JSON (with --once; the stable form).
+        #[arg(long, requires = "once")]
+        json: bool,
+        /// Only units matching KEY=VALUE, as `ls` takes (repeatable).
+        #[arg(long = "filter", value_name = "KEY=VALUE", value_parser = UnitFilter::parse)]
+        filters: Vec<UnitFilter>,
+    },
     /// Remove units by id (or a unique prefix of one, as `ls` shows); refuses a
     /// unit whose host is alive unless --force.
     #[command(
@@ -336,7 +351,10 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// A unit as `box units` shows it: `UnitInfo` and the backend it runs on.
-fn shown(backends: &[Arc<dyn Backend>], (of, unit): &Listed) -> anyhow::Result<serde_json::Value> {
+pub(super) fn shown(
+    backends: &[Arc<dyn Backend>],
+    (of, unit): &Listed,
+) -> anyhow::Result<serde_json::Value> {
     let mut shown = serde_json::to_value(unit)?;
     shown["backend"] = serde_json::json!(backends[*of].kind().as_str());
     Ok(shown)
@@ -344,7 +362,7 @@ fn shown(backends: &[Arc<dyn Backend>], (of, unit): &Listed) -> anyhow::Result<s
 
 /// Every unit of the backends `box units` was asked for, each of which must
 /// answer: a list that left out an engine's units would be a false one.
-async fn units_of(
+pub(super) async fn units_of(
     only: Option<BackendKind>,
     filters: &[UnitFilter],
 ) -> anyhow::Result<(Vec<Arc<dyn Backend>>, Vec<Listed>)> {
@@ -384,18 +402,35 @@ pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
     });
     match command {
         UnitsCommand::Ls { json, filters } => {
-            let (backends, units) = runtime()?.block_on(units_of(only, &filters))?;
+            let (backends, units, usage) = runtime()?.block_on(async {
+                let (backends, units) = units_of(only, &filters).await?;
+                let usage = super::top::usage(&backends, &units).await;
+                anyhow::Ok((backends, units, usage))
+            })?;
             if json {
                 let shown = units
                     .iter()
-                    .map(|listed| shown(&backends, listed))
+                    .zip(&usage)
+                    .map(|(listed, usage)| {
+                        let mut shown = shown(&backends, listed)?;
+                        super::top::add_usage(&mut shown, usage.as_ref());
+                        Ok(shown)
+                    })
                     .collect::<anyhow::Result<Vec<_>>>()?;
                 outln!("{}", serde_json::to_string_pretty(&shown)?);
             } else {
                 let now = std::time::SystemTime::now();
                 let rows: Vec<Row> = units
                     .iter()
-                    .map(|(of, unit)| row(backends[*of].kind(), unit, now))
+                    .zip(&usage)
+                    .map(|((of, unit), usage)| {
+                        let mut row = row(backends[*of].kind(), unit, now);
+                        if let Some(usage) = usage {
+                            row[9] = super::top::cpu_time(usage.cpu_usec);
+                            row[10] = super::top::bytes(usage.memory_bytes);
+                        }
+                        row
+                    })
                     .collect();
                 out!("{}", table(&rows));
             }
@@ -428,11 +463,16 @@ pub fn units(args: UnitsArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         UnitsCommand::Rm { ids, force } => remove(&ids, force, only),
+        UnitsCommand::Top {
+            once,
+            json,
+            filters,
+        } => super::top::top(only, &filters, once, json),
     }
 }
 
 /// A unit listed by one of the backends: the backend's index, and the unit.
-type Listed = (usize, UnitInfo);
+pub(super) type Listed = (usize, UnitInfo);
 
 /// Every unit `backends` list, each with its backend's index.
 async fn list(
@@ -537,8 +577,9 @@ fn remove(ids: &[String], force: bool, only: Option<BackendKind>) -> anyhow::Res
 type Row = [String; COLUMNS.len()];
 
 /// `box units ls`' columns.
-const COLUMNS: [&str; 9] = [
-    "ID", "BACKEND", "INSTANCE", "SESSION", "UNIT", "PROFILE", "IMAGE", "STATE", "AGE",
+const COLUMNS: [&str; 11] = [
+    "ID", "BACKEND", "INSTANCE", "SESSION", "UNIT", "PROFILE", "IMAGE", "STATE", "AGE", "CPU",
+    "MEM",
 ];
 
 /// How much of an id `box units` shows (as `docker ps`); `inspect`, `rm`
@@ -566,6 +607,8 @@ fn row(backend: BackendKind, unit: &UnitInfo, now: std::time::SystemTime) -> Row
         unit.image.clone().unwrap_or_default(),
         unit.state.clone(),
         age(&unit.created, now).unwrap_or_default(),
+        String::new(),
+        String::new(),
     ]
 }
 
@@ -1142,6 +1185,10 @@ mod tests {
             ),
             row(BackendKind::Local, &forked, now),
         ];
+        // A running unit's usage where its backend answers.
+        let mut rows = rows;
+        rows[0][9] = crate::cli::top::cpu_time(Some(1_020_000));
+        rows[0][10] = crate::cli::top::bytes(Some(64 << 20));
         let table = table(&rows);
         let read = by_column(&table);
         assert_eq!(read[0], COLUMNS.map(str::to_owned).to_vec(), "{table}");
@@ -1156,7 +1203,9 @@ mod tests {
                 "default",
                 "box-base:bookworm",
                 "running",
-                "5m"
+                "5m",
+                "1.02s",
+                "64.0MiB"
             ]
             .map(str::to_owned)
             .to_vec(),
@@ -1173,6 +1222,8 @@ mod tests {
                 "ci",
                 "-",
                 "running",
+                "-",
+                "-",
                 "-"
             ]
             .map(str::to_owned)

@@ -36,6 +36,8 @@ mod registries;
 mod secrets;
 /// `box serve` and `box run` end to end, over stdio and HTTP, on both backends.
 mod serve;
+/// A unit's resource usage: `box/units.stats` and `box units ls` against the cgroup's own files, docker and local.
+mod stats;
 /// Helpers shared by every area: the built `box`, temp workspaces, the Python client,
 /// `box serve` driven over stdio (`Served`) and over HTTP (`HttpHost`).
 mod support;

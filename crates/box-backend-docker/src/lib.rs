@@ -35,6 +35,7 @@ mod lease;
 mod oom;
 pub mod pull;
 pub mod runc;
+mod stats;
 pub mod volumes;
 
 use std::collections::HashMap;
@@ -1041,6 +1042,13 @@ impl Backend for DockerBackend {
                     message: engine_message(&e),
                 })
         })
+    }
+
+    fn stats<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<box_backend::stats::UnitStats, BackendError>> {
+        Box::pin(self.unit_stats(id))
     }
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<UnitInfo>, BackendError>> {

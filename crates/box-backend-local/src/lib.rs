@@ -1105,6 +1105,26 @@ impl Backend for LocalBackend {
         futures::future::ready(Ok(detail)).boxed()
     }
 
+    /// A local unit has no cgroup of its own: its usage is summed over its
+    /// helper's process tree in `/proc` (its memory's peak is unknown).
+    fn stats<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<box_backend::stats::UnitStats, BackendError>> {
+        let stats = match self.recorded(id) {
+            Some((_, record)) if record.helper_alive() => {
+                box_backend::stats::process_tree(Path::new("/proc"), record.helper)
+            }
+            _ => None,
+        };
+        futures::future::ready(stats.ok_or_else(|| BackendError::Other {
+            unit: id.to_owned(),
+            doing: "reading its resource usage".to_owned(),
+            message: "no such running local unit (see `box units ls --backend local`)".to_owned(),
+        }))
+        .boxed()
+    }
+
     /// This process's units, and every unit with a run directory of another
     /// host process (dead or alive: the host's sweep and `box gc` judge
     /// which may go), `running` while its helper lives.

@@ -17,6 +17,7 @@ pub mod executor_log;
 pub mod instance;
 pub mod lifecycle;
 mod registry;
+pub mod stats;
 pub mod volumes;
 
 pub use registry::{Connect, Registry};
@@ -689,6 +690,20 @@ pub trait Backend: Send + Sync {
         unit: &'a UnitInfo,
     ) -> BoxFuture<'a, Result<UnitDetail, BackendError>> {
         Box::pin(futures::future::ready(Ok(UnitDetail::listed(unit.clone()))))
+    }
+
+    /// What unit `id` uses now (CPU time, memory, tasks, block IO), read
+    /// from its cgroup or, without one, its processes; a figure it cannot
+    /// read is unknown. The default: this backend reports none.
+    fn stats<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<stats::UnitStats, BackendError>> {
+        Box::pin(futures::future::ready(Err(BackendError::Unenforceable {
+            unit: id.to_owned(),
+            control: "resource usage".to_owned(),
+            why: format!(
+                "the {} backend does not report a unit's usage",
+                self.kind().as_str()
+            ),
+        })))
     }
 
     /// The units of one host instance.

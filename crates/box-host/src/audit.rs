@@ -179,6 +179,17 @@ impl Audit {
         self.append(&line);
     }
 
+    /// Append one limit event (`"kind": "limit"`): a unit of `session` near
+    /// or at one of its limits, with the figure and the bound (`event`:
+    /// `{unit, limit, state, figure, bound}`).
+    pub fn limit(&self, session: &str, event: &Value) {
+        let mut line = json!({"time": now(), "kind": "limit", "session": session});
+        if let (Some(line), Some(fields)) = (line.as_object_mut(), event.as_object()) {
+            line.extend(fields.clone());
+        }
+        self.append(&line);
+    }
+
     fn append(&self, line: &Value) {
         let mut bytes = line.to_string().into_bytes();
         bytes.push(b'\n');

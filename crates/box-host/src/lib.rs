@@ -31,6 +31,7 @@ pub use services::Services;
 pub mod session;
 pub mod state;
 pub mod units;
+mod usage;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -438,10 +439,14 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
             humantime::format_duration(SWEEP_WAIT)
         );
     }
+    let shutdown = CancellationToken::new();
+    if serve.listen.is_some() {
+        usage::spawn(config.clone(), services.clone(), shutdown.clone());
+    }
     Ok(Host {
         config,
         services,
-        shutdown: CancellationToken::new(),
+        shutdown,
         _instance: instance,
     })
 }

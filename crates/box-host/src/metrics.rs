@@ -132,6 +132,8 @@ pub struct Metrics {
     refused: Family<RefusalLabels, Counter>,
     /// Session tasks running, started or not (what shutdown waits for).
     tasks: AtomicUsize,
+    /// What running units use, per backend and profile.
+    usage: UsageGauges,
 }
 
 const RUNNING: UnitLabels = UnitLabels { state: "running" };
@@ -210,6 +212,7 @@ impl Default for Metrics {
             "Sessions and requests refused before they were served, by reason (unauthorized, origin, host: the HTTP checks; initialize, ask, profile, widening, tightening, workspace, persisted_credentials, reattach: a refused initialize)",
             refused.clone(),
         );
+        let usage = UsageGauges::register(&mut registry);
         registry.register(
             "box_build",
             "This box's version",
@@ -230,6 +233,7 @@ impl Default for Metrics {
             merges,
             refused,
             tasks: AtomicUsize::new(0),
+            usage,
         }
     }
 }
@@ -336,6 +340,13 @@ impl Metrics {
         self.sessions_active.get()
     }
 
+    /// What the running units use now, summed per backend and profile (the
+    /// host's usage sampler's reading): each series set, and a pair no
+    /// longer running removed.
+    pub fn set_usage(&self, sums: &[(UsageKey, box_backend::stats::UnitStats)]) {
+        self.usage.set(sums);
+    }
+
     /// The exposition, in the Prometheus text format ([`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -421,5 +432,98 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# HELP box_calls_total "), "{text}");
+    }
+}
+
+/// A usage series' labels: the backend and the profile, both bounded (the
+/// host's backend, the catalog's profiles); never a unit or session id.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct UsageKey {
+    /// The backend's name.
+    pub backend: String,
+    /// The profile the units' sessions resolved.
+    pub profile: String,
+}
+
+/// The usage gauges, sums over the running units of one backend and profile.
+#[derive(Debug)]
+struct UsageGauges {
+    cpu: Family<UsageKey, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    memory: Family<UsageKey, Gauge>,
+    pids: Family<UsageKey, Gauge>,
+    read: Family<UsageKey, Gauge>,
+    written: Family<UsageKey, Gauge>,
+    /// The pairs set at the last reading.
+    seen: std::sync::Mutex<Vec<UsageKey>>,
+}
+
+impl UsageGauges {
+    fn register(registry: &mut Registry) -> Self {
+        let gauges = Self {
+            cpu: Family::default(),
+            memory: Family::default(),
+            pids: Family::default(),
+            read: Family::default(),
+            written: Family::default(),
+            seen: std::sync::Mutex::new(Vec::new()),
+        };
+        registry.register(
+            "box_units_cpu_seconds",
+            "CPU time the running units used so far, summed per backend and profile (from each unit's cgroup; a local unit's processes)",
+            gauges.cpu.clone(),
+        );
+        registry.register(
+            "box_units_memory_bytes",
+            "Memory the running units are charged for now, summed per backend and profile",
+            gauges.memory.clone(),
+        );
+        registry.register(
+            "box_units_pids",
+            "Tasks (processes and threads) of the running units now, summed per backend and profile",
+            gauges.pids.clone(),
+        );
+        registry.register(
+            "box_units_io_read_bytes",
+            "Bytes the running units read from block devices, summed per backend and profile",
+            gauges.read.clone(),
+        );
+        registry.register(
+            "box_units_io_write_bytes",
+            "Bytes the running units wrote to block devices, summed per backend and profile",
+            gauges.written.clone(),
+        );
+        gauges
+    }
+
+    fn set(&self, sums: &[(UsageKey, box_backend::stats::UnitStats)]) {
+        let gauge = |value: Option<u64>| i64::try_from(value.unwrap_or(0)).unwrap_or(i64::MAX);
+        for (key, stats) in sums {
+            self.cpu
+                .get_or_create(key)
+                .set(stats.cpu_usec.unwrap_or(0) as f64 / 1e6);
+            self.memory
+                .get_or_create(key)
+                .set(gauge(stats.memory_bytes));
+            self.pids.get_or_create(key).set(gauge(stats.pids));
+            self.read.get_or_create(key).set(gauge(stats.io_read_bytes));
+            self.written
+                .get_or_create(key)
+                .set(gauge(stats.io_write_bytes));
+        }
+        let mut seen = match self.seen.lock() {
+            Ok(seen) => seen,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        for gone in seen
+            .iter()
+            .filter(|key| !sums.iter().any(|(set, _)| set == *key))
+        {
+            self.cpu.remove(gone);
+            self.memory.remove(gone);
+            self.pids.remove(gone);
+            self.read.remove(gone);
+            self.written.remove(gone);
+        }
+        *seen = sums.iter().map(|(key, _)| key.clone()).collect();
     }
 }

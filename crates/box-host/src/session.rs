@@ -25,12 +25,14 @@
 mod answer;
 mod forks;
 mod handshake;
+mod limits;
 mod live;
 mod methods;
 mod reattach;
 mod route;
 mod start;
 mod stateless;
+mod stats;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

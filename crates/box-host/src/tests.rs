@@ -1755,3 +1755,56 @@ async fn a_calls_audit_line_says_its_profile_client_and_real_outcome() {
         "{metrics}"
     );
 }
+
+/// `box/units.stats` answers for each running unit of the session (the
+/// fake backend reports no usage: each entry says why), one when `unit`
+/// names it, and refuses an unknown unit or parameter naming what it takes.
+#[tokio::test]
+async fn units_stats_answers_per_unit_and_refuses_what_it_does_not_know() {
+    let fake = FakeBackend::default();
+    let client = connect(config_with(&fake, three_units));
+    let response = client.initialize(json!({})).await;
+    assert!(response.get("result").is_some(), "{response}");
+    let (_, all) = client.call(json!(1), "box/units.stats", json!({})).await;
+    let units = all["result"]["units"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let names: Vec<&str> = units.iter().filter_map(|u| u["unit"].as_str()).collect();
+    assert_eq!(names, ["workspace", "u2", "u3"], "{all}");
+    for unit in &units {
+        assert!(unit["id"].is_string(), "{all}");
+        assert!(
+            unit["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("does not report")),
+            "{all}"
+        );
+    }
+    let (_, one) = client
+        .call(json!(2), "box/units.stats", json!({"unit": "u2"}))
+        .await;
+    assert_eq!(
+        one["result"]["units"].as_array().map(Vec::len),
+        Some(1),
+        "{one}"
+    );
+    let (_, unknown) = client
+        .call(json!(3), "box/units.stats", json!({"unit": "nope"}))
+        .await;
+    assert_eq!(unknown["error"]["code"], json!(-32602), "{unknown}");
+    let message = unknown["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("nope") && message.contains("u3"),
+        "{unknown}"
+    );
+    let (_, bogus) = client
+        .call(json!(4), "box/units.stats", json!({"bogus": 1}))
+        .await;
+    assert!(
+        bogus["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`bogus`")),
+        "{bogus}"
+    );
+}

@@ -466,6 +466,9 @@ impl Session {
             fork: Some(started.child),
             removed: false,
         });
+        if let Some(child) = live.units.last() {
+            self.watch_limits(std::slice::from_ref(child));
+        }
         live.egress.extend(started.egress);
         started.reply.answer(result_response(started.id, result));
     }

@@ -160,6 +160,7 @@ pub(super) const METHODS: &[Method] = &[
     host("box/fork", Session::fork),
     host("box/merge", Session::merge),
     host("box/discard", Session::discard),
+    host("box/units.stats", Session::units_stats),
 ];
 
 /// A method the table does not name: the workspace unit's, with a deadline,

@@ -367,6 +367,7 @@ impl Session {
             backend = %self.services.backend.kind(),
             "session started"
         );
+        self.watch_limits(&units);
         let count = units.len();
         Ok((
             Live {

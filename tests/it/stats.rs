@@ -1,0 +1,447 @@
+//! A unit's resource usage (issue 27): `box/units.stats` through `box serve`
+//! and `box units ls --json` agree with what the unit's cgroup (docker) or
+//! its processes (local) say, for a unit running a known load.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::{Served, box_bin, serve_command, under_ci};
+
+/// The toolchain image: it has python3 (box-base has none).
+const DEV_IMAGE: &str = "box-dev:bookworm";
+
+const MIB: u64 = 1024 * 1024;
+
+/// The load: about a second of CPU, then 64 MiB written and held.
+const LOAD: &str = "import time\n\
+t = time.process_time()\n\
+while time.process_time() - t < 1.0: pass\n\
+held = b'x' * (64 << 20)\n\
+print('ready', flush=True)\n\
+time.sleep(300)\n";
+
+fn docker() -> bool {
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(crate::support::docker_answers())
+}
+
+fn local() -> bool {
+    if box_confine::landlock_abi() > 0 {
+        return true;
+    }
+    assert!(!under_ci(), "landlock is missing under CI");
+    eprintln!("\n*** LOCAL PART NOT RUN: this kernel has no landlock ***\n");
+    false
+}
+
+/// `box serve` on `backend` with a profile on the dev image.
+fn serve(backend: &str, instance: &str, workspace: &Path, profiles: &Path) -> Served {
+    std::fs::write(
+        profiles.join("p.toml"),
+        format!("extends = \"default\"\n[workspace]\nimage = \"{DEV_IMAGE}\"\nlocal_userland = \"host\"\n"),
+    )
+    .unwrap();
+    let mut command = serve_command(backend, instance, workspace);
+    command
+        .arg("--profiles")
+        .arg(profiles)
+        .args(["--profile", "p"]);
+    Served::start(command)
+}
+
+/// The workspace unit's entry in `box/units.stats`.
+fn stats(served: &mut Served) -> Value {
+    let result = served.ok("box/units.stats", json!({}));
+    let units = result["units"].as_array().cloned().unwrap_or_default();
+    assert_eq!(units.len(), 1, "{result}");
+    units[0].clone()
+}
+
+fn figure(entry: &Value, name: &str) -> u64 {
+    entry[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{name} in {entry}"))
+}
+
+/// The figures of a cgroup read by the test itself: (cpu usec, memory bytes).
+fn cgroup_figures(id: &str) -> (u64, u64) {
+    let read = |path: String| -> u64 {
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|error| panic!("{path}: {error}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let root = "/sys/fs/cgroup";
+    if Path::new(root).join("cgroup.controllers").exists() {
+        let dir = [
+            format!("{root}/system.slice/docker-{id}.scope"),
+            format!("{root}/docker/{id}"),
+        ]
+        .into_iter()
+        .find(|dir| Path::new(dir).is_dir())
+        .unwrap_or_else(|| panic!("no cgroup of {id}"));
+        let cpu = std::fs::read_to_string(format!("{dir}/cpu.stat")).unwrap();
+        let usec = cpu
+            .lines()
+            .find_map(|line| line.strip_prefix("usage_usec "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        (usec, read(format!("{dir}/memory.current")))
+    } else {
+        (
+            read(format!("{root}/cpuacct/docker/{id}/cpuacct.usage")) / 1000,
+            read(format!("{root}/memory/docker/{id}/memory.usage_in_bytes")),
+        )
+    }
+}
+
+fn usage_matches_the_units_own_figures(backend: &str) {
+    let workspace = tempfile::tempdir().unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    let instance = format!("stats-{backend}-{}", std::process::id());
+    let mut served = serve(backend, &instance, workspace.path(), profiles.path());
+    let idle = stats(&mut served);
+    let started = served.ok(
+        "agentworkspace/process.start",
+        json!({"args": ["python3", "-c", LOAD]}),
+    );
+    assert!(started.get("id").is_some(), "{started}");
+
+    // The load ran its second and holds its memory.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let loaded = loop {
+        let entry = stats(&mut served);
+        if entry["memoryBytes"].as_u64().unwrap_or(0) >= 64 * MIB
+            && entry["cpuUsec"].as_u64().unwrap_or(0) >= 1_000_000
+        {
+            break entry;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{backend}: no load seen: {entry} (idle: {idle})"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let id = loaded["id"].as_str().unwrap().to_owned();
+    assert!(figure(&loaded, "pids") >= 2, "{backend}: {loaded}");
+    assert!(
+        loaded["ioReadBytes"].is_u64() && loaded["ioWriteBytes"].is_u64(),
+        "{backend}: {loaded}"
+    );
+    // Settled: the load sleeps now, so the figures hold still.
+    std::thread::sleep(Duration::from_millis(500));
+    let answered = stats(&mut served);
+    let listed = box_units(&["ls", "--json"], backend, &id);
+    let top = box_units(&["top", "--once", "--json"], backend, &id);
+    let cpu = figure(&answered, "cpuUsec");
+    let memory = figure(&answered, "memoryBytes");
+    assert!(
+        (1_000_000..3_000_000).contains(&cpu),
+        "{backend}: a second's burn and an idle executor: {answered}"
+    );
+    for (what, other) in [("units ls", &listed), ("units top", &top)] {
+        let (c, m) = (figure(other, "cpuUsec"), figure(other, "memoryBytes"));
+        assert!(
+            c.abs_diff(cpu) < 200_000,
+            "{backend}: {what} {other} vs {answered}"
+        );
+        assert!(
+            m.abs_diff(memory) < 16 * MIB,
+            "{backend}: {what} {other} vs {answered}"
+        );
+    }
+    if backend == "docker" {
+        let (c, m) = cgroup_figures(&id);
+        assert!(c.abs_diff(cpu) < 200_000, "cgroup cpu {c} vs {answered}");
+        assert!(
+            m.abs_diff(memory) < 16 * MIB,
+            "cgroup memory {m} vs {answered}"
+        );
+        let peak = figure(&answered, "memoryPeakBytes");
+        assert!(peak >= memory, "{answered}");
+    } else {
+        // No cgroup of its own: the sum of its processes' resident sets,
+        // the load's 64 MiB among them; the peak is unknown.
+        assert!(memory < 64 * MIB + 256 * MIB, "{answered}");
+        assert!(answered["memoryPeakBytes"].is_null(), "{answered}");
+    }
+    assert!(served.hang_up().success());
+}
+
+/// `box units ARGS --backend BACKEND`'s entry for unit `id` (JSON).
+fn box_units(args: &[&str], backend: &str, id: &str) -> Value {
+    let out = std::process::Command::new(box_bin())
+        .arg("units")
+        .args(args)
+        .args(["--backend", backend])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    listed
+        .as_array()
+        .and_then(|units| units.iter().find(|unit| unit["id"] == json!(id)))
+        .cloned()
+        .unwrap_or_else(|| panic!("{id} not in {listed}"))
+}
+
+#[test]
+fn docker_usage_matches_the_cgroups_own_files() {
+    if docker() {
+        usage_matches_the_units_own_figures("docker");
+    }
+}
+
+#[test]
+fn local_usage_matches_its_processes() {
+    if local() {
+        usage_matches_the_units_own_figures("local");
+    }
+}
+
+/// The value of the series `name{backend="BACKEND",profile="p"}` in a
+/// `/metrics` text.
+fn series(metrics: &str, name: &str, backend: &str) -> Option<f64> {
+    let prefix = format!("{name}{{backend=\"{backend}\",profile=\"p\"}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// The gauges of `box serve --listen` (sums per backend and profile, read
+/// every 5 s) agree with `box/units.stats` for a session of one loaded unit.
+async fn gauges_match_units_stats(backend: &str) {
+    use crate::serve::{http, post};
+    let workspace = tempfile::tempdir().unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("p.toml"),
+        format!("extends = \"default\"\n[workspace]\nimage = \"{DEV_IMAGE}\"\nlocal_userland = \"host\"\n"),
+    )
+    .unwrap();
+    let instance = format!("stats-gauges-{backend}-{}", std::process::id());
+    let host = crate::support::HttpHost::on_a_free_port();
+    let mut command = serve_command(backend, &instance, workspace.path());
+    command
+        .arg("--profiles")
+        .arg(profiles.path())
+        .args(["--profile", "p"]);
+    let mut child = host.serve(command).await;
+    let address = host.address();
+    let (session, answer) = host.initialize(json!({}), &[]).await;
+    let session = session.unwrap_or_else(|| panic!("no session id: {answer}"));
+    let call = |id: i64, method: &'static str, params: Value| {
+        let session = session.clone();
+        async move {
+            let reply = post(
+                address,
+                Some(&session),
+                &[],
+                &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+            )
+            .await;
+            reply.json()
+        }
+    };
+    let started = call(
+        1,
+        "agentworkspace/process.start",
+        json!({"args": ["python3", "-c", LOAD]}),
+    )
+    .await;
+    assert!(started["result"]["id"].is_string(), "{started}");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let loaded = loop {
+        let answer = call(2, "box/units.stats", json!({})).await;
+        let entry = answer["result"]["units"][0].clone();
+        if entry["memoryBytes"].as_u64().unwrap_or(0) >= 64 * MIB
+            && entry["cpuUsec"].as_u64().unwrap_or(0) >= 1_000_000
+        {
+            break entry;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{backend}: no load seen: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // The sampler reads every 5 s: wait for a reading taken under the load.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (memory, cpu, metrics) = loop {
+        let reply = http(address, "GET", "/metrics", &[], b"").await;
+        let metrics = String::from_utf8_lossy(&reply.body).into_owned();
+        let memory = series(&metrics, "box_units_memory_bytes", backend).unwrap_or(0.0);
+        let cpu = series(&metrics, "box_units_cpu_seconds", backend).unwrap_or(0.0);
+        if memory >= (64 * MIB) as f64 && cpu >= 1.0 {
+            break (memory, cpu, metrics);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{backend}: no loaded gauges: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let now = call(3, "box/units.stats", json!({})).await["result"]["units"][0].clone();
+    let stats_memory = figure(&now, "memoryBytes") as f64;
+    let stats_cpu = figure(&now, "cpuUsec") as f64 / 1e6;
+    assert!(
+        (memory - stats_memory).abs() < (16 * MIB) as f64,
+        "{backend}: {memory} vs {now} (loaded: {loaded})"
+    );
+    assert!((cpu - stats_cpu).abs() < 0.3, "{backend}: {cpu} vs {now}");
+    assert!(
+        series(&metrics, "box_units_pids", backend).unwrap_or(0.0) >= 2.0,
+        "{metrics}"
+    );
+    // No series names a unit or a session.
+    assert!(!metrics.contains(&session), "{metrics}");
+    let reply = http(
+        address,
+        "DELETE",
+        "/mcp",
+        &[("Mcp-Session-Id", &session)],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+#[tokio::test]
+async fn docker_gauges_match_units_stats() {
+    if crate::support::docker_answers().await {
+        gauges_match_units_stats("docker").await;
+    }
+}
+
+#[tokio::test]
+async fn local_gauges_match_units_stats() {
+    if local() {
+        gauges_match_units_stats("local").await;
+    }
+}
+
+/// The tasks load: threads started until the pids limit refuses one, held
+/// 4 s; then the memory load: 16 MiB more each step until the OOM killer
+/// ends it.
+const LIMITS_LOAD: &str = r#"import threading, time
+stop = threading.Event()
+n = 0
+try:
+    while n < 500:
+        threading.Thread(target=stop.wait).start()
+        n += 1
+except RuntimeError:
+    pass
+print('threads', n, flush=True)
+time.sleep(4)
+stop.set()
+time.sleep(1)
+held = []
+while True:
+    held.append(b'x' * (16 << 20))
+    time.sleep(0.05)
+"#;
+
+/// Issue 27, limit events: a docker unit driven into its pids limit and
+/// its memory limit gets the session `notifications/box/unit` for each,
+/// the log a WARN line and the audit a `limit` line.
+#[test]
+fn docker_a_unit_at_its_limits_is_told_logged_and_audited() {
+    if !docker() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(workspace.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(workspace.path().join("load.py"), LIMITS_LOAD).unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("p.toml"),
+        format!("extends = \"default\"\n[workspace]\nimage = \"{DEV_IMAGE}\"\n[limits]\nmemory = \"256MiB\"\npids = 64\n"),
+    )
+    .unwrap();
+    let audit = state.path().join("audit.jsonl");
+    let log = state.path().join("stderr.log");
+    let instance = format!("stats-limits-{}", std::process::id());
+    let mut command = serve_command("docker", &instance, workspace.path());
+    command
+        .arg("--profiles")
+        .arg(profiles.path())
+        .args(["--profile", "p", "--audit"])
+        .arg(&audit)
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut served = Served::start(command);
+    served.send(&json!({"jsonrpc": "2.0", "id": 50, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "python3 /workspace/load.py; echo exit=$?"}}}));
+    let seen = std::sync::Mutex::new(Vec::new());
+    let answer = served
+        .wait_for(Duration::from_secs(120), |message| {
+            if message["method"] == "notifications/box/unit" {
+                seen.lock().unwrap().push(message["params"].clone());
+            }
+            message["id"] == json!(50)
+        })
+        .expect("the load's answer");
+    // The last readings' events may come just after the answer.
+    let _ = served.wait_for(Duration::from_secs(3), |message| {
+        if message["method"] == "notifications/box/unit" {
+            seen.lock().unwrap().push(message["params"].clone());
+        }
+        false
+    });
+    let seen = seen.into_inner().unwrap();
+    let output = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        output.contains("exit=137"),
+        "the OOM killer ended the load: {answer}"
+    );
+    let reached = |limit: &str| {
+        seen.iter()
+            .find(|event| event["limit"] == limit && event["state"] == "reached")
+            .cloned()
+            .unwrap_or_else(|| panic!("no {limit} reached in {seen:?} ({output})"))
+    };
+    let pids = reached("pids");
+    assert_eq!(pids["unit"], "workspace");
+    assert_eq!(pids["bound"], json!(64));
+    assert!(figure(&pids, "figure") >= 64, "{pids}");
+    let memory = reached("memory");
+    assert_eq!(memory["bound"], json!(256 * MIB));
+    assert!(served.hang_up().success());
+    let audit = std::fs::read_to_string(&audit).unwrap();
+    for limit in ["pids", "memory"] {
+        assert!(
+            audit.lines().any(|line| {
+                let line: Value = serde_json::from_str(line).unwrap();
+                line["kind"] == "limit" && line["limit"] == limit && line["state"] == "reached"
+            }),
+            "{limit} in {audit}"
+        );
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.lines()
+            .any(|line| line.contains("WARN") && line.contains("reached its pids limit")),
+        "{log}"
+    );
+}
