@@ -16,6 +16,7 @@ pub mod environment;
 pub mod executor_log;
 pub mod instance;
 pub mod lifecycle;
+pub mod pool;
 mod registry;
 pub mod volumes;
 
@@ -629,6 +630,13 @@ pub trait Backend: Send + Sync {
     /// [`Capabilities::NONE`], fits the trait's defaults.
     fn capabilities(&self) -> Capabilities {
         Capabilities::NONE
+    }
+
+    /// How this backend keeps pooled units (started with no session, bound
+    /// to one at a claim: [`pool`]), if it can; `None` by default, and the
+    /// host then starts every unit cold.
+    fn pooling(&self) -> Option<&dyn pool::Pooling> {
+        None
     }
 
     /// Where a unit of `spec` would see a `worktree` fork's borrowed git

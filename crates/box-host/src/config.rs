@@ -42,6 +42,8 @@ pub struct ServeConfig {
     /// Take over from the live host of the same instance (`--takeover`):
     /// SIGHUP it, wait for it to hand off and exit, then start.
     pub takeover: bool,
+    /// Pools of warm units to keep (`--pool PROFILE=N`).
+    pub pools: Vec<crate::pool::PoolAsk>,
 }
 
 /// How a plan is resolved: `plan::resolve`, or a test's own.

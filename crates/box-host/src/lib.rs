@@ -21,6 +21,7 @@ pub mod egress;
 pub mod fork;
 mod hide;
 pub mod metrics;
+pub mod pool;
 mod redact;
 pub use redact::ScratchPool;
 pub mod router;
@@ -416,6 +417,7 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
         services.state = Some(state::Store::open(dir).map_err(|why| anyhow::anyhow!(why))?);
     }
     let (config, services) = (Arc::new(config), Arc::new(services));
+    pool::start(&config, &services, &serve.pools)?;
     // Before the sweep, which leaves every persisted unit alone.
     let persisted = state::adopt_all(&config, &services);
     // Bounded: an engine that stalls must not keep the host from serving.
@@ -445,6 +447,12 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
 }
 
 impl Host {
+    /// Once the transport has ended: the pools' refills stopped and their
+    /// ready units removed (before [`Self::finish`] names what is left).
+    pub async fn end_pools(&self) {
+        self.services.pools.end(&self.services).await;
+    }
+
     /// After the transport has ended: failure when units are not confirmed
     /// removed (each named on stderr with how to remove it). The instance id
     /// is released here.

@@ -339,7 +339,18 @@ pub async fn start_units(
         wiring.parent = parent.map(str::to_owned);
         let (services, label, spec) = (services.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
-            let result = services.backend.start_wired(&label, &spec, &wiring).await;
+            // A warm unit from a pool when one fits (its plan bound late), else cold.
+            let result = match crate::pool::claim(&services, &label, &spec, &wiring, key).await {
+                crate::pool::Claim::Warm(unit) => return Ok(*unit),
+                crate::pool::Claim::NoPools => {
+                    services.backend.start_wired(&label, &spec, &wiring).await
+                }
+                crate::pool::Claim::Cold(why) => services
+                    .backend
+                    .start_wired(&label, &spec, &wiring)
+                    .await
+                    .map(|unit| crate::pool::cold(unit, why)),
+            };
             match &result {
                 Ok(unit) => services.ledger.started(key, &unit.envelope.id),
                 // A failed start undoes itself (the backend's contract).

@@ -377,6 +377,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         volumes: Vec::new(),
         home: None,
         root_user: None,
+        warm: None,
     }
 }
 
