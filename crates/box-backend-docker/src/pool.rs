@@ -114,6 +114,18 @@ impl DockerBackend {
             delivered = narrowed;
             &delivered
         };
+        let inspect = self
+            .docker
+            .inspect_container(&id, None)
+            .await
+            .map_err(|e| failed("inspecting the container", engine_message(&e)))?;
+        // The engine gives a cold unit's first process HOSTNAME; its executor
+        // hands it on, and so does a bound one.
+        let mut env = environment.vars;
+        if let Some(hostname) = inspect.config.as_ref().and_then(|c| c.hostname.clone()) {
+            env.retain(|(name, _)| name != "HOSTNAME");
+            env.push(("HOSTNAME".to_owned(), hostname));
+        }
         let bind = Bind {
             spec: body::unit_executor_spec(
                 spec,
@@ -121,7 +133,7 @@ impl DockerBackend {
                 &detail.home,
                 &detail.volume_targets,
             ),
-            env: environment.vars,
+            env,
             secrets: environment.secrets.into_iter().collect(),
         };
         let mut line = serde_json::to_vec(&bind)
@@ -133,11 +145,6 @@ impl DockerBackend {
             .write_all(&line)
             .await
             .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
-        let inspect = self
-            .docker
-            .inspect_container(&id, None)
-            .await
-            .map_err(|e| failed("inspecting the container", engine_message(&e)))?;
         let mut envelope = body::envelope_from_inspect(
             spec,
             &inspect,
