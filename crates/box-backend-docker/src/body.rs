@@ -730,7 +730,7 @@ pub fn nano_cpus(cpus: f64) -> i64 {
     }
 }
 
-fn truncate_hostname(name: &str) -> String {
+pub(crate) fn truncate_hostname(name: &str) -> String {
     let mut host: String = name
         .chars()
         .map(|c| {

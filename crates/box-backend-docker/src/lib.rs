@@ -515,6 +515,8 @@ impl DockerBackend {
             home: init.home.path.clone(),
             volume_targets: volume_targets.clone(),
             run_dir: run_dir.path().to_owned(),
+            limits: (spec.limits.memory_bytes, spec.limits.cpus, spec.limits.pids),
+            inspect: None,
         };
         let channel = lease::Pending {
             run_dir,
@@ -547,6 +549,11 @@ impl DockerBackend {
                         .unwrap_or_default();
                     started.envelope.volumes =
                         body::applied_volumes(&init.volumes, &inspect, &session.profile);
+                }
+                let mut detail = detail;
+                if pooled {
+                    // Read now, so a claim that changes no limit need not ask the engine.
+                    detail.inspect = self.docker.inspect_container(&id, None).await.ok();
                 }
                 Ok((started, detail))
             }

@@ -31,6 +31,11 @@ pub(crate) struct PoolDetail {
     pub(crate) volume_targets: Vec<String>,
     /// The unit's run directory on the host (its envelope is kept beside it).
     pub(crate) run_dir: PathBuf,
+    /// The limits it started with: memory, CPUs, pids.
+    pub(crate) limits: (u64, f64, u64),
+    /// The engine's view of it once started (its envelope's source while
+    /// nothing about it changes).
+    pub(crate) inspect: Option<bollard::models::ContainerInspectResponse>,
 }
 
 impl Pooling for DockerBackend {
@@ -82,20 +87,6 @@ impl DockerBackend {
             )
         })?;
         let id = started.envelope.id.clone();
-        // The limits the engine can change on a running unit: the session's
-        // (never wider than its profile's, which the pool started with).
-        let memory = body::clamp_i64(spec.limits.memory_bytes);
-        let update = bollard::models::ContainerUpdateBody {
-            memory: Some(memory),
-            memory_swap: Some(memory),
-            nano_cpus: Some(body::nano_cpus(spec.limits.cpus)),
-            pids_limit: Some(body::clamp_i64(spec.limits.pids)),
-            ..Default::default()
-        };
-        self.docker
-            .update_container(&id, update)
-            .await
-            .map_err(|e| failed("setting the session's limits", engine_message(&e)))?;
         // The session's environment and secrets, as a cold start would set them.
         let environment = unit_env(spec, std::env::vars_os(), &detail.image_env);
         let env_passed = environment.passed();
@@ -114,18 +105,12 @@ impl DockerBackend {
             delivered = narrowed;
             &delivered
         };
-        let inspect = self
-            .docker
-            .inspect_container(&id, None)
-            .await
-            .map_err(|e| failed("inspecting the container", engine_message(&e)))?;
-        // The engine gives a cold unit's first process HOSTNAME; its executor
-        // hands it on, and so does a bound one.
+        // The engine gives a cold unit's first process HOSTNAME (the
+        // container's, from the unit's name); its executor hands it on, and
+        // so does a bound one.
         let mut env = environment.vars;
-        if let Some(hostname) = inspect.config.as_ref().and_then(|c| c.hostname.clone()) {
-            env.retain(|(name, _)| name != "HOSTNAME");
-            env.push(("HOSTNAME".to_owned(), hostname));
-        }
+        env.retain(|(name, _)| name != "HOSTNAME");
+        env.push(("HOSTNAME".to_owned(), body::truncate_hostname(&spec.name)));
         let bind = Bind {
             spec: body::unit_executor_spec(
                 spec,
@@ -139,12 +124,42 @@ impl DockerBackend {
         let mut line = serde_json::to_vec(&bind)
             .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
         line.push(b'\n');
+        // First, so the executor confines itself while the engine sets the
+        // limits: nothing runs in the unit before the host has the unit back
+        // from this bind and initializes its executor.
         started
             .io
             .stdin
             .write_all(&line)
             .await
             .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
+        // The limits the engine can change on a running unit: the session's
+        // (never wider than its profile's, which the pool started with);
+        // the engine is asked only when they differ.
+        let unchanged =
+            detail.limits == (spec.limits.memory_bytes, spec.limits.cpus, spec.limits.pids);
+        if !unchanged {
+            let memory = body::clamp_i64(spec.limits.memory_bytes);
+            let update = bollard::models::ContainerUpdateBody {
+                memory: Some(memory),
+                memory_swap: Some(memory),
+                nano_cpus: Some(body::nano_cpus(spec.limits.cpus)),
+                pids_limit: Some(body::clamp_i64(spec.limits.pids)),
+                ..Default::default()
+            };
+            self.docker
+                .update_container(&id, update)
+                .await
+                .map_err(|e| failed("setting the session's limits", engine_message(&e)))?;
+        }
+        let inspect = match (unchanged, &detail.inspect) {
+            (true, Some(inspect)) => inspect.clone(),
+            _ => self
+                .docker
+                .inspect_container(&id, None)
+                .await
+                .map_err(|e| failed("inspecting the container", engine_message(&e)))?,
+        };
         let mut envelope = body::envelope_from_inspect(
             spec,
             &inspect,
