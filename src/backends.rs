@@ -55,3 +55,25 @@ pub fn standard() -> Registry {
             })
         })
 }
+
+/// A `--backend NAME` value parser over the installed registry's names
+/// (clap lists them as the possible values and completes them), so a new
+/// backend needs no change in the commands that take one.
+pub fn name_parser() -> impl clap::builder::TypedValueParser<Value = BackendKind> {
+    use clap::builder::TypedValueParser as _;
+    let registry = registry();
+    let names: Vec<&'static str> = registry.kinds().map(BackendKind::as_str).collect();
+    // The possible values admit only registered names: the fallback is
+    // never taken.
+    clap::builder::PossibleValuesParser::new(names)
+        .map(move |name| registry.kind(&name).unwrap_or(BackendKind::Docker))
+}
+
+/// The installed registry's backend named `name`, or why not, naming the
+/// choices (as `--filter backend=NAME` refuses).
+pub fn named(name: &str) -> Result<BackendKind, String> {
+    let registry = registry();
+    registry
+        .kind(name)
+        .ok_or_else(|| format!("no backend `{name}`; choose {}", registry.choices(false)))
+}

@@ -93,12 +93,12 @@ pub struct ServeArgs {
     /// unit serves anything, and its envelope says `warm: true`; a plan that does
     /// not fit starts cold and says why. A claimed unit is removed after its session.
     #[arg(long = "pool", value_name = "PROFILE=N", value_parser = parse_pool)]
-    pub pools: Vec<host::pool::PoolAsk>,
+    pub pools: Vec<host::PoolAsk>,
 }
 
 /// `--pool PROFILE=N`.
-fn parse_pool(text: &str) -> Result<host::pool::PoolAsk, String> {
-    host::pool::PoolAsk::parse(text)
+fn parse_pool(text: &str) -> Result<host::PoolAsk, String> {
+    host::PoolAsk::parse(text)
 }
 
 /// `box serve`'s examples, in its `--help`.

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::builder::TypedValueParser as _;
 
 use std::sync::Arc;
 
@@ -26,35 +25,8 @@ pub struct UnitsArgs {
     /// Only this backend's units (a name the binary registered: docker,
     /// local). Without it, every registered backend's, and an engine that
     /// does not answer is an error, never an empty list.
-    #[arg(long, global = true, value_parser = backend_name(), value_name = "NAME")]
+    #[arg(long, global = true, value_parser = crate::backends::name_parser(), value_name = "NAME")]
     pub backend: Option<BackendKind>,
-}
-
-/// `--backend`'s values: the names of the backends this binary registered
-/// (`crate::backends`), so a new backend needs no change here.
-fn backend_name() -> impl clap::builder::TypedValueParser<Value = BackendKind> {
-    let registry = crate::backends::registry();
-    let names: Vec<&'static str> = registry.kinds().map(BackendKind::as_str).collect();
-    clap::builder::PossibleValuesParser::new(names).map(move |name| {
-        registry
-            .kinds()
-            .find(|kind| kind.as_str() == name)
-            .unwrap_or(BackendKind::Docker)
-    })
-}
-
-/// The registered backend named `name`.
-fn registered(name: &str) -> Result<BackendKind, String> {
-    let registry = crate::backends::registry();
-    let found = registry.kinds().find(|kind| kind.as_str() == name);
-    found.ok_or_else(|| {
-        let names: Vec<&str> = registry.kinds().map(BackendKind::as_str).collect();
-        let choices = match names.split_last() {
-            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
-            _ => names.join(""),
-        };
-        format!("no backend `{name}`; choose {choices}")
-    })
 }
 
 const UNITS_EXAMPLES: &str = "Examples:
@@ -93,7 +65,7 @@ impl UnitFilter {
             return Err(format!("`{key}=` has no value; write {key}=VALUE"));
         }
         match key {
-            "backend" => registered(value).map(UnitFilter::Backend),
+            "backend" => crate::backends::named(value).map(UnitFilter::Backend),
             "instance" => Ok(UnitFilter::Instance(value.to_owned())),
             "session" => Ok(UnitFilter::Session(value.to_owned())),
             "profile" => Ok(UnitFilter::Profile(value.to_owned())),

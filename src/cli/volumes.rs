@@ -61,8 +61,9 @@ impl VolumeFilter {
             return Err(format!("`{key}=` has no value; write {key}=VALUE"));
         }
         match key {
-            "backend" if matches!(value, "docker" | "local") => Ok(Self::Backend(value.to_owned())),
-            "backend" => Err(format!("no backend `{value}`; choose docker or local")),
+            "backend" => {
+                crate::backends::named(value).map(|kind| Self::Backend(kind.as_str().to_owned()))
+            }
             "scope" if matches!(value, "session" | "profile") => Ok(Self::Scope(value.to_owned())),
             "scope" => Err(format!("no scope `{value}`; choose session or profile")),
             "profile" => Ok(Self::Profile(value.to_owned())),
@@ -133,8 +134,8 @@ Examples:
         #[arg(value_name = "KEY", required = true, add = clap_complete::ArgValueCandidates::new(crate::cli::complete::volume_keys))]
         keys: Vec<String>,
         /// Only this backend's volume of each key.
-        #[arg(long, value_name = "NAME", value_parser = ["docker", "local"])]
-        backend: Option<String>,
+        #[arg(long, value_name = "NAME", value_parser = crate::backends::name_parser())]
+        backend: Option<BackendKind>,
     },
     /// Remove the volumes no unit uses: session-scoped ones whose session is
     /// gone, and with --all (or --unused-for) profile-scoped ones too.
@@ -183,7 +184,9 @@ pub fn volumes(args: VolumesArgs) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        VolumesCommand::Rm { keys, backend } => remove(&store, &keys, backend.as_deref()),
+        VolumesCommand::Rm { keys, backend } => {
+            remove(&store, &keys, backend.map(BackendKind::as_str))
+        }
         VolumesCommand::Prune {
             all,
             unused_for,

@@ -89,7 +89,7 @@ async def session(options: argparse.Namespace) -> int:
     if options.workspace:
         args += ["--workspace", options.workspace]
     parameters = StdioServerParameters(command=options.box, args=args, env=dict(os.environ))
-    async with Client(parameters) as client:
+    async with Client(parameters, mode="legacy") as client:
         box = envelope_of(client)
         if box.get("profile") != options.profile:
             raise SessionError(f"box served profile {box.get('profile')!r}, not {options.profile!r}")

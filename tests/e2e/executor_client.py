@@ -42,8 +42,8 @@ async def raw(client, method, params):
 
 async def main(box, root):
     server = StdioServerParameters(command=box, args=["execute", "--root", root, "--landlock", "off"])
-    # mode "auto" (the default) probes server/discover first and falls back.
-    async with Client(server) as client:
+    # The handshake era: in mode "auto" the SDK finds 2026-07-28 served and speaks it.
+    async with Client(server, mode="legacy") as client:
         info = client.server_info
         check(info is not None and info.name == "box", f"serverInfo: {info}")
         experimental = client.server_capabilities.experimental or {}

@@ -81,14 +81,14 @@ async def main() -> None:
     args = ["serve", "--backend", options.backend, "--workspace", options.workspace]
     if options.transport == "stdio":
         parameters = StdioServerParameters(command=options.box, args=args, env=dict(os.environ))
-        async with Client(parameters) as client:
+        async with Client(parameters, mode="legacy") as client:
             summary = await drive(client, workspace)
     else:
         port = free_port()
         process = subprocess.Popen([options.box, *args, "--listen", f"127.0.0.1:{port}"], stdin=subprocess.DEVNULL)
         try:
             wait_listening(port, process)
-            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy") as client:
                 summary = await drive(client, workspace)
             process.send_signal(signal.SIGTERM)
             if (code := process.wait(timeout=60)) != 0:

@@ -42,7 +42,7 @@ async def main() -> None:
     try:
         serve_http.wait_listening(port, process)
         url = f"http://127.0.0.1:{port}/mcp"
-        async with Client(url) as a, Client(url) as b:
+        async with Client(url, mode="legacy") as a, Client(url, mode="legacy") as b:
             wrote = await a.call_tool("write", {"path": "canary.txt", "content": "session A only"})
             if wrote.is_error:
                 raise AssertionError(f"session A could not write: {serve_common.text_of(wrote)}")

@@ -91,13 +91,13 @@ async def over_http(options: argparse.Namespace) -> dict[str, Any]:
         for name, (url, headers, max_read_bytes) in cases.items():
             # The SDK's documented way to send headers: an HTTP client of one's own.
             http_client = httpx2.AsyncClient(headers=headers, timeout=30)
-            async with http_client, Client(streamable_http_client(url, http_client=http_client)) as client:
+            async with http_client, Client(streamable_http_client(url, http_client=http_client), mode="legacy") as client:
                 seen[name] = applied(client, max_read_bytes=max_read_bytes)
                 await use(client, options)
         # A disagreement is refused at initialize, naming both places.
         http_client = httpx2.AsyncClient(headers={"Box-Profile": "default"}, timeout=30)
         try:
-            async with http_client, Client(streamable_http_client(f"{base}/mcp/p/ci", http_client=http_client)):
+            async with http_client, Client(streamable_http_client(f"{base}/mcp/p/ci", http_client=http_client), mode="legacy"):
                 raise AssertionError("a path and a Box-Profile that disagree were accepted")
         except Exception as error:  # noqa: BLE001 - the refusal is what is checked
             if "Box-Profile header asks for `default`" not in describe(error):
@@ -126,7 +126,7 @@ async def over_stdio(options: argparse.Namespace) -> dict[str, Any]:
     args = [*serve_args(options), "--profile", "ci", "--tighten", json.dumps(TIGHTEN)]
     # The SDK hands the child a minimal environment; box's own variables (RUST_LOG, ...) pass on.
     parameters = StdioServerParameters(command=options.box, args=args, env=dict(os.environ))
-    async with Client(parameters) as client:
+    async with Client(parameters, mode="legacy") as client:
         seen = applied(client, max_read_bytes=None)
         await use(client, options)
     return seen

@@ -1,8 +1,8 @@
 """End to end: `box serve --listen 127.0.0.1:PORT` driven by the Python `mcp` SDK (2.x) over streamable HTTP.
 
-Starts box itself, runs two clients at once (two sessions, each with its own units; the default "auto"
-mode probes server/discover first, which must start nothing), checks /metrics, then sends SIGTERM:
-box must remove every unit and exit 0.
+Starts box itself, runs two clients at once (two sessions, each with its own units; in the handshake
+era, mode "legacy": "auto" speaks 2026-07-28 to box, see stateless_sdk.py), checks /metrics, then
+sends SIGTERM: box must remove every unit and exit 0.
 
     serve_http.py BOX --backend docker --tool bash --args '{"command": "echo hi"}' --expect hi
 
@@ -58,7 +58,7 @@ async def main() -> None:
         url = f"http://127.0.0.1:{port}/mcp"
 
         async def one() -> dict:
-            async with Client(url) as client:
+            async with Client(url, mode="legacy") as client:
                 return await serve_common.exercise(client, options)
 
         first, second = await asyncio.gather(one(), one())

@@ -1,5 +1,6 @@
-"""End to end: the Python `mcp` SDK (2.x, default mode "auto": it probes server/discover, then falls
-back to initialize) drives `box serve` over stdio, then hangs up; box must exit 0.
+"""End to end: the Python `mcp` SDK (2.x, in the handshake era: mode "legacy", initialize; its "auto"
+mode speaks 2026-07-28 to box, see stateless_sdk.py) drives `box serve` over stdio, then hangs up;
+box must exit 0.
 
     serve_stdio.py BOX --backend docker --tool bash --args '{"command": "echo hi"}' --expect hi
 
@@ -27,7 +28,7 @@ async def main() -> None:
         args += ["--workspace", options.workspace]
     # The SDK hands the child a minimal environment; box's own variables (RUST_LOG, ...) pass on.
     parameters = StdioServerParameters(command=options.box, args=args, env=dict(os.environ))
-    async with Client(parameters) as client:
+    async with Client(parameters, mode="legacy") as client:
         summary = await serve_common.exercise(client, options)
     print(json.dumps({"transport": "stdio", **summary}))
 

@@ -126,6 +126,37 @@ fn python_sdk_forks_merges_and_discards_on_every_backend() {
     }
 }
 
+/// Issue 26 with an unmodified client: the Python SDK pinned to MCP
+/// 2026-07-28 (no initialize) discovers box, opens a session as a handle,
+/// lists and calls tools with it, is refused with a wrong secret and closes
+/// it; in its default mode it speaks 2026-07-28 and calls without a handle
+/// (HTTP: in a unit removed after the call, while a handshake-era client
+/// works on the same endpoint), over stdio and HTTP, on every backend.
+#[test]
+fn python_sdk_speaks_the_stateless_revision_on_every_backend() {
+    let Some(python) = crate::support::python_with_mcp() else {
+        return;
+    };
+    for backend in backends() {
+        for transport in ["stdio", "http"] {
+            let workspace = tempfile::tempdir().unwrap();
+            let workspace = workspace.path().to_str().unwrap();
+            run_script(
+                &python,
+                "stateless_sdk.py",
+                &[
+                    "--backend",
+                    backend,
+                    "--workspace",
+                    workspace,
+                    "--transport",
+                    transport,
+                ],
+            );
+        }
+    }
+}
+
 /// The Python SDK, unmodified, asks for profile `ci` and a tightening without
 /// box's capability (headers, the path, `serve --profile --tighten`); the
 /// unit's environment shows the profile (`CI=true`), the envelopes the

@@ -24,11 +24,12 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[test]
-fn the_curl_session_over_http_runs_as_written() {
+/// Run the first ```sh block after `heading` as a reader would (`box` on
+/// PATH, a fresh directory, port 8080 replaced by a free one); its stdout.
+fn run_curl_block(heading: &str) -> String {
     // No backend is named: docker when an engine answers, else local; the block works on both.
     let port = free_port().to_string();
-    let script = sh_block_after("## A session over HTTP, with curl").replace("8080", &port);
+    let script = sh_block_after(heading).replace("8080", &port);
     // `box` on PATH is the binary under test, as `scripts/install.sh` would put it.
     let bin = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(box_bin(), bin.path().join("box")).unwrap();
@@ -60,12 +61,32 @@ fn the_curl_session_over_http_runs_as_written() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
-        "the README's curl session failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        "the README's curl session after {heading:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
         output.status
     );
+    stdout.into_owned()
+}
+
+#[test]
+fn the_curl_session_over_http_runs_as_written() {
+    let stdout = run_curl_block("## A session over HTTP, with curl");
     assert!(
         stdout.contains(r#""id":2,"result":{"content":[{"type":"text","text":"hello from "#)
             && stdout.contains(r#"[exit 0]"}],"isError":false}"#),
-        "the call's answer is not what the README shows:\n{stdout}\nstderr:\n{stderr}"
+        "the call's answer is not what the README shows:\n{stdout}"
+    );
+}
+
+#[test]
+fn the_stateless_curl_session_runs_as_written() {
+    let stdout = run_curl_block("## MCP 2026-07-28: sessions as handles");
+    assert!(
+        stdout.contains(r#""id":2,"result":{"content":[{"type":"text","text":"hello from "#)
+            && stdout.contains(r#"[exit 0]"}],"isError":false,"resultType":"complete"}"#),
+        "the call's answer is not what the README shows:\n{stdout}"
+    );
+    assert!(
+        stdout.contains(r#""id":3,"result":{"resultType":"complete"}"#),
+        "the close's answer:\n{stdout}"
     );
 }

@@ -6,18 +6,21 @@
 //! builds with cargo against the sparse registry, tests with go against the
 //! module proxy, installs and tests with npm, builds a C program into `/tmp`
 //! and runs it, clones over git's smart HTTP, sets `git config --global` and
-//! commits; a `box serve` session forks the workspace (`box/fork`), changes
-//! and tests it in the child, merges it back (`box/merge`) and commits; then
-//! a second `box run` session of the same profile builds and installs again
-//! from scratch (a fresh venv, a fresh cargo target directory, a fresh copy
-//! of the Go module and of the npm project) and the registries' access log
-//! shows it downloaded nothing: the profile's cache volumes were warm.
+//! commits; a `box serve` session (an agent's, over stdio) forks the
+//! workspace (`box/fork`), changes the C program and runs it in the child,
+//! merges it back (`box/merge`) and commits; then a second `box run` session
+//! of the same profile builds and installs again from scratch (a fresh venv,
+//! a fresh cargo target directory, a fresh copy of the Go module and of the
+//! npm project) and the registries' access log shows it downloaded nothing:
+//! the profile's cache volumes were warm. Every file of the workspace, the
+//! merged one included, is still uid 1000's.
 //!
 //! The profile's name is the run's own, so its profile-scoped volumes start
 //! cold; they live under a temporary `XDG_STATE_HOME` (box's volume store)
-//! and their docker named volumes are removed at the end.
+//! and their docker named volumes are removed at the end. The local variant
+//! runs the host's own toolchains and says which the host lacks.
 
-use std::os::unix::fs::MetadataExt as _;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -25,7 +28,7 @@ use serde_json::json;
 
 use crate::registries::dev_image_present;
 use crate::support::registries::{CARGO_REGISTRY, Registries, Registry};
-use crate::support::{Served, box_bin, serve_command};
+use crate::support::{Served, box_bin, serve_command, under_ci};
 
 /// The owner the workspace is given, as a non-root user's checkout is.
 const OWNER: u32 = 1000;
@@ -51,6 +54,16 @@ fn docker() -> bool {
     tokio::runtime::Runtime::new()
         .unwrap()
         .block_on(crate::support::docker_answers())
+}
+
+/// Whether the local backend can run here (landlock; under CI its absence fails).
+fn local() -> bool {
+    if box_confine::landlock_abi() > 0 {
+        return true;
+    }
+    assert!(!under_ci(), "landlock is missing under CI");
+    eprintln!("\n*** LOCAL REAL JOB NOT RUN: this kernel has no landlock ***\n");
+    false
 }
 
 /// A name no earlier run used, so the profile's volumes start cold.
@@ -128,6 +141,12 @@ impl Job {
         for path in [workspace.path(), ca.as_path()] {
             std::os::unix::fs::chown(path, Some(OWNER), Some(OWNER)).unwrap();
         }
+        // A docker unit sees its workspace at /workspace, a local one at
+        // its host path.
+        let ca_in_unit = match backend {
+            "docker" => format!("/workspace/{CA_IN_WORKSPACE}"),
+            _ => ca.display().to_string(),
+        };
         let profile = unique_profile(backend);
         let profiles = tempfile::tempdir().unwrap();
         std::fs::write(
@@ -144,15 +163,19 @@ extends = "dev"
 allow_dangerous = ["private-destinations"]
 "#,
                 network = registries.network_toml(),
-                set = registries.env_set_toml(&format!("/workspace/{CA_IN_WORKSPACE}"), &[]),
+                set = registries.env_set_toml(&ca_in_unit, &[]),
             ),
         )
         .unwrap();
+        // box's state directory (volumes, forks) as a host's is: others may
+        // enter it, so a local unit of uid 1000 reaches its fork inside.
+        let state = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         Self {
             registries,
             workspace,
             profiles,
-            state: tempfile::tempdir().unwrap(),
+            state,
             profile,
             backend,
         }
@@ -248,7 +271,7 @@ fn not_owned_by(dir: &Path, uid: u32) -> Vec<PathBuf> {
 /// repository. Debian marks its Python externally managed (PEP 668), so
 /// `pip install --user` needs `PIP_BREAK_SYSTEM_PACKAGES`, as on any Debian.
 const FIRST_SESSION: &str = r#"set -eu
-cd /workspace
+have() { command -v "$1" >/dev/null || { echo "missing: $1"; return 1; }; }
 echo "id: $(id -u):$(id -g)"
 git config --global user.name "Real Job"
 git config --global user.email job@example.com
@@ -264,13 +287,13 @@ echo "pip user: $(cd / && python3 -c 'import os, boxdemo_greet; print(boxdemo_gr
 mkdir -p rs/src
 printf '[package]\nname = "job"\nversion = "0.1.0"\nedition = "2021"\n\n[dependencies]\nboxdemo-greet = { version = "1", registry = "@REGISTRY@" }\n' > rs/Cargo.toml
 echo 'fn main() { println!("{}", boxdemo_greet::greet("cargo")); }' > rs/src/main.rs
-(cd rs && cargo build -q && echo "cargo: $(target/debug/job)")
+if have cargo; then (cd rs && cargo build -q && echo "cargo: $(target/debug/job)"); fi
 
 mkdir -p gomod
 printf 'module example.org/job\n\ngo 1.19\n\nrequire example.com/boxdemo/greet v1.0.0\n' > gomod/go.mod
 printf 'package job\n' > gomod/job.go
 printf 'package job\n\nimport (\n\t"testing"\n\n\t"example.com/boxdemo/greet"\n)\n\nfunc TestGreet(t *testing.T) {\n\tif got := greet.Hello("go"); got != "HELLO GO!" {\n\t\tt.Fatalf("got %%q", got)\n\t}\n}\n' > gomod/job_test.go
-(cd gomod && go mod tidy && go test ./... >/dev/null && echo "go test: ok")
+if have go; then (cd gomod && go mod tidy && go test ./... >/dev/null && echo "go test: ok"); fi
 
 mkdir -p js
 echo '{"name": "job", "version": "1.0.0", "private": true, "scripts": {"test": "node test.js"}}' > js/package.json
@@ -288,15 +311,37 @@ git add -A && git commit -q -m "a real job" && echo "commit: $(git log -1 --form
 /// The second session: everything built or installed again from scratch,
 /// beside what the first made, with the profile's caches.
 const SECOND_SESSION: &str = r#"set -eu
-cd /workspace
+have() { command -v "$1" >/dev/null; }
 python3 -m venv /tmp/venv
 /tmp/venv/bin/pip install -q boxdemo-greet
 echo "pip warm: $(/tmp/venv/bin/python -c 'import boxdemo_greet; print(boxdemo_greet.greet("venv"))')"
-(cd rs && cargo build -q --target-dir /tmp/target && echo "cargo warm: $(/tmp/target/debug/job)")
-cp -r gomod /tmp/gomod && (cd /tmp/gomod && go test -count=1 ./... >/dev/null && echo "go warm: ok")
+if have cargo; then (cd rs && cargo build -q --target-dir /tmp/target && echo "cargo warm: $(/tmp/target/debug/job)"); fi
+if have go; then cp -r gomod /tmp/gomod && (cd /tmp/gomod && go test -count=1 ./... >/dev/null && echo "go warm: ok"); fi
 mkdir /tmp/js && cp js/package.json js/package-lock.json js/test.js /tmp/js/
 (cd /tmp/js && npm ci -q >/dev/null && npm test --silent)
 "#;
+
+/// The tools whose steps the job's sessions skipped (`missing: TOOL`): on
+/// docker none (the dev image has them all); on the local backend, which
+/// runs the host's own, those the host lacks, said loudly.
+fn missing_tools(backend: &str, output: &Output) -> Vec<String> {
+    let missing: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.strip_prefix("missing: "))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        backend != "docker" || missing.is_empty(),
+        "the dev image lacks {missing:?}:\n{}",
+        said(output)
+    );
+    if !missing.is_empty() {
+        eprintln!(
+            "\n*** {backend} REAL JOB: {missing:?} not on this host's PATH: those steps NOT RUN ***\n"
+        );
+    }
+    missing
+}
 
 /// The job of the module's doc on `backend`.
 fn a_real_job(backend: &'static str) {
@@ -309,23 +354,35 @@ fn a_real_job(backend: &'static str) {
         .replace("@REGISTRY@", CARGO_REGISTRY);
     let first = job.run(&script);
     assert_eq!(first.status.code(), Some(0), "{}", said(&first));
-    assert_lines(
-        &first,
-        &[
-            "id: 1000:1000",
-            "pip venv: HELLO VENV!",
-            "pip user: True HELLO USER!",
-            "cargo: HELLO CARGO!",
-            "go test: ok",
-            "npm test: ok",
-            "c: ran from /tmp",
-            "git clone: HELLO GIT!",
-            "commit: Real Job <job@example.com> a real job",
-        ],
-    );
+    let missing = missing_tools(backend, &first);
+    let ran = |tool: &str| !missing.iter().any(|name| name == tool);
+    let expected: Vec<&str> = [
+        ("", "id: 1000:1000"),
+        ("", "pip venv: HELLO VENV!"),
+        ("", "pip user: True HELLO USER!"),
+        ("cargo", "cargo: HELLO CARGO!"),
+        ("go", "go test: ok"),
+        ("", "npm test: ok"),
+        ("", "c: ran from /tmp"),
+        ("", "git clone: HELLO GIT!"),
+        ("", "commit: Real Job <job@example.com> a real job"),
+    ]
+    .into_iter()
+    .filter(|(tool, _)| ran(tool))
+    .map(|(_, line)| line)
+    .collect();
+    assert_lines(&first, &expected);
     let cold = job.downloads();
     for (registry, count) in &cold {
-        assert!(*count > 0, "nothing downloaded from {registry:?}: {cold:?}");
+        let tool = match registry {
+            Registry::Crates => "cargo",
+            Registry::Goproxy => "go",
+            _ => "",
+        };
+        assert!(
+            *count > 0 || !ran(tool),
+            "nothing downloaded from {registry:?}: {cold:?}"
+        );
     }
     let wrong = not_owned_by(job.root(), OWNER);
     assert!(wrong.is_empty(), "not {OWNER}'s: {wrong:?}");
@@ -344,11 +401,11 @@ fn a_real_job(backend: &'static str) {
     let child = forked["unit"].as_str().unwrap().to_owned();
     let out = served.bash(
         Some(&child),
-        "cd rs && sed -i 's/\"cargo\"/\"fork\"/' src/main.rs && cargo build -q 2>&1 && target/debug/job",
+        "sed -i 's/ran from/forked into/' hello.c && cc -o /tmp/hello hello.c && /tmp/hello",
     );
-    assert!(out.contains("HELLO FORK!"), "{out}");
+    assert!(out.contains("c: forked into /tmp"), "{out}");
     let merged = served.ok("box/merge", json!({"unit": child}));
-    assert_eq!(merged["merged"], json!(["rs/src/main.rs"]), "{merged}");
+    assert_eq!(merged["merged"], json!(["hello.c"]), "{merged}");
     let out = served.bash(
         None,
         "git config --global user.name 'Real Job' && git config --global user.email job@example.com && git commit -qam 'from the fork' && git log --format=%s",
@@ -359,8 +416,8 @@ fn a_real_job(backend: &'static str) {
         "{out}"
     );
     assert!(served.hang_up().success());
-    let main_rs = std::fs::read_to_string(job.root().join("rs/src/main.rs")).unwrap();
-    assert!(main_rs.contains("\"fork\""), "{main_rs}");
+    let hello = std::fs::read_to_string(job.root().join("hello.c")).unwrap();
+    assert!(hello.contains("forked into"), "{hello}");
     let wrong = not_owned_by(job.root(), OWNER);
     assert!(wrong.is_empty(), "not {OWNER}'s after the merge: {wrong:?}");
 
@@ -368,22 +425,24 @@ fn a_real_job(backend: &'static str) {
     let before = job.downloads();
     let second = job.run(SECOND_SESSION);
     assert_eq!(second.status.code(), Some(0), "{}", said(&second));
-    assert_lines(
-        &second,
-        &[
-            "pip warm: HELLO VENV!",
-            "cargo warm: HELLO FORK!",
-            "go warm: ok",
-            "npm test: ok",
-        ],
-    );
+    let expected: Vec<&str> = [
+        ("", "pip warm: HELLO VENV!"),
+        ("cargo", "cargo warm: HELLO CARGO!"),
+        ("go", "go warm: ok"),
+        ("", "npm test: ok"),
+    ]
+    .into_iter()
+    .filter(|(tool, _)| ran(tool))
+    .map(|(_, line)| line)
+    .collect();
+    assert_lines(&second, &expected);
     let after = job.downloads();
     let fetched: Vec<(Registry, usize)> = before
         .iter()
         .zip(&after)
         .map(|((registry, then), (_, now))| (*registry, now - then))
         .collect();
-    eprintln!("downloads: cold {cold:?}, warm {fetched:?}");
+    eprintln!("{backend} downloads: cold {cold:?}, warm {fetched:?}");
     for (registry, count) in &fetched {
         assert_eq!(
             *count,
@@ -403,5 +462,16 @@ fn a_real_job(backend: &'static str) {
 fn docker_a_real_job_runs_and_a_second_session_finds_the_caches_warm() {
     if root_caller() && docker() && dev_image_present() {
         a_real_job("docker");
+    }
+}
+
+/// The same job on the local backend, on the host's own toolchains
+/// (`local_userland = "host"`); steps of a tool the host lacks are said
+/// loudly and left out.
+#[test]
+#[ignore = "the local backend refuses units with [[volume]] tables until local volumes land (branch vol), and a root host's local fork is not enterable by a uid-1000 unit (box/forks' parents are 0700 root); run with --run-ignored once both are fixed"]
+fn local_a_real_job_runs_and_a_second_session_finds_the_caches_warm() {
+    if root_caller() && local() {
+        a_real_job("local");
     }
 }

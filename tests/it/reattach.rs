@@ -1031,3 +1031,88 @@ async fn adopting_a_dead_hosts_session_holds_its_instance() {
     stop(&mut host);
     remove_containers(&dead).await;
 }
+
+/// Issue 26: a session opened as a handle (MCP 2026-07-28) survives `kill
+/// -9` of its host: the next host with the same `--state` reattaches it at
+/// the first request carrying the handle (the open's secret is the reattach
+/// secret), with its unit's `/tmp` file; a wrong secret is refused first and
+/// leaves it reattachable.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_handle_survives_kill_9_of_its_host() {
+    handle_survives_kill_9(Setup::on("local", "handle")).await;
+}
+
+/// The same with docker units.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handle_survives_kill_9_of_its_host() {
+    if !docker().await {
+        return;
+    }
+    handle_survives_kill_9(Setup::new("handle")).await;
+}
+
+async fn handle_survives_kill_9(setup: Setup) {
+    let mut host = setup.serve().await;
+    let stateless = |id: u64, method: &str, params: Value, handle: Option<&Value>| {
+        let mut extra = json!({});
+        if let Some(handle) = handle {
+            extra["box/session"] = handle.clone();
+        }
+        let mut params = params;
+        params["_meta"] = crate::serve::stateless_meta(extra);
+        json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+    };
+    let send = |message: Value| {
+        let address = setup.address();
+        async move {
+            let method = message["method"].as_str().unwrap().to_owned();
+            let name = message["params"]["name"].as_str().unwrap_or("").to_owned();
+            let mut headers = vec![
+                ("MCP-Protocol-Version", "2026-07-28"),
+                ("Mcp-Method", method.as_str()),
+            ];
+            if !name.is_empty() {
+                headers.push(("Mcp-Name", name.as_str()));
+            }
+            post(address, None, &headers, &message).await.json()
+        }
+    };
+    let opened = send(stateless(
+        1,
+        "box/session.open",
+        json!({"profile": "re"}),
+        None,
+    ))
+    .await;
+    let handle = json!({"id": opened["result"]["id"], "secret": opened["result"]["secret"]});
+    assert!(handle["secret"].is_string(), "{opened}");
+    let bash = |id: u64, command: &str, handle: &Value| {
+        stateless(
+            id,
+            "tools/call",
+            json!({"name": "bash", "arguments": {"command": command}}),
+            Some(handle),
+        )
+    };
+    let wrote = send(bash(2, "echo kept > ${TMPDIR:-/tmp}/handle.txt", &handle)).await;
+    assert_eq!(wrote["result"]["isError"], json!(false), "{wrote}");
+
+    kill9(&mut host);
+    let mut host = setup.serve().await;
+    let wrong = json!({"id": handle["id"], "secret": "0".repeat(32)});
+    let refused = send(bash(3, "echo no", &wrong)).await;
+    assert!(refused["error"].is_object(), "{refused}");
+    let read = send(bash(4, "cat ${TMPDIR:-/tmp}/handle.txt", &handle)).await;
+    let text = read["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(text.contains("kept"), "{read}");
+    let closed = send(stateless(5, "box/session.close", json!({}), Some(&handle))).await;
+    assert_eq!(
+        closed["result"]["resultType"],
+        json!("complete"),
+        "{closed}"
+    );
+    stop(&mut host);
+    setup.remove_units().await;
+}

@@ -1588,7 +1588,24 @@ fn execute_and_serve_answer_null_ids_and_discover_probes_alike() {
             .cloned()
             .collect()
     };
-    for id in [json!("d1"), json!("d2"), json!("d3")] {
+    // The stateless revision's discover: answered in its form by both, the
+    // executor's capability under box's key in its extensions.
+    for answers in [&executed, &served] {
+        let discovered = by_id(answers, json!("d2"));
+        assert_eq!(discovered.len(), 1, "{answers:?}");
+        let result = &discovered[0]["result"];
+        assert_eq!(
+            result["supportedVersions"],
+            json!(box_jsonrpc::era::all_versions())
+        );
+        assert_eq!(result["resultType"], json!("complete"));
+        assert!(
+            result["capabilities"]["extensions"][EXECUTOR_KEY].is_object(),
+            "{result}"
+        );
+    }
+    // A probe without the revision's `_meta` is of neither era: refused alike.
+    for id in [json!("d1"), json!("d3")] {
         let executed = by_id(&executed, id.clone());
         assert_eq!(executed, by_id(&served, id.clone()), "answers to {id}");
         assert_eq!(executed.len(), 1, "{id}: {executed:?}");
@@ -2859,4 +2876,326 @@ async fn http_refusals_are_logged_audited_and_counted_and_probes_need_no_token()
     assert!(warned[1].contains("a wrong bearer token"), "{log}");
     assert!(warned[2].contains("evil.example"), "{log}");
     assert!(!log.contains(token), "the log holds the token");
+}
+
+/// `_meta` of a request of MCP 2026-07-28, with `extra` keys.
+pub(crate) fn stateless_meta(extra: Value) -> Value {
+    let mut meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+    });
+    if let (Some(meta), Value::Object(extra)) = (meta.as_object_mut(), extra) {
+        meta.extend(extra);
+    }
+    meta
+}
+
+/// POST a stateless request: `MCP-Protocol-Version` and `Mcp-Method` as the
+/// revision mirrors them, then `extra`.
+async fn post_stateless(server: &Server, message: &Value, extra: &[(&str, &str)]) -> Reply {
+    let method = message["method"].as_str().unwrap().to_owned();
+    let mut headers = vec![
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", method.as_str()),
+    ];
+    headers.extend_from_slice(extra);
+    post(server.address, None, &headers, message).await
+}
+
+/// Issue 26 over HTTP, the raw wire: a handle opened, carried as a header or
+/// in `_meta`, checked (a wrong secret, an unknown session), headers that
+/// disagree with the body refused (-32020), a call without a handle run in
+/// a unit removed after it, and the close removing the session's units.
+#[tokio::test]
+async fn http_serves_the_stateless_revision_with_handles() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let discover = json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover",
+        "params": {"_meta": stateless_meta(json!({}))}});
+    let reply = post_stateless(&server, &discover, &[]).await;
+    assert_eq!(reply.status, 200);
+    let result = &reply.json()["result"];
+    assert!(
+        result["supportedVersions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("2026-07-28")),
+        "{result}"
+    );
+    assert_eq!(
+        result["capabilities"]["extensions"][EXECUTOR_KEY]["box"]["session"]["open"],
+        json!("box/session.open")
+    );
+    assert_eq!(server.fake.record(|record| record.starts.len()), 0);
+    // A 2025-06-18 client on the same endpoint, at the same time.
+    let legacy = initialize(&server).await;
+
+    let open = json!({"jsonrpc": "2.0", "id": 2, "method": "box/session.open",
+        "params": {"profile": "default", "_meta": stateless_meta(json!({}))}});
+    let reply = post_stateless(&server, &open, &[]).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert!(reply.header("mcp-session-id").is_none());
+    let opened = reply.json()["result"].clone();
+    let (id, secret) = (
+        opened["id"].as_str().unwrap().to_owned(),
+        opened["secret"].as_str().unwrap().to_owned(),
+    );
+    assert_eq!(opened["resultType"], json!("complete"));
+    assert_eq!(opened["units"][0]["name"], json!("workspace"));
+    assert_eq!(server.fake.live_units().len(), 2);
+
+    // The handle as a header, then in `_meta`; the answer in the revision's form.
+    let echo = |id: i64, meta: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "echo", "arguments": {"n": id}, "_meta": stateless_meta(meta)}})
+    };
+    let handle = format!("{id}:{secret}");
+    let by_header = post_stateless(
+        &server,
+        &echo(3, json!({})),
+        &[("Mcp-Name", "echo"), ("Box-Session", &handle)],
+    )
+    .await;
+    assert_eq!(
+        by_header.json()["result"]["content"][0]["text"],
+        json!("{\"n\":3}")
+    );
+    assert_eq!(by_header.json()["result"]["resultType"], json!("complete"));
+    // The same request id in the 2025-06-18 session: each answered in its own.
+    let theirs = post(
+        server.address,
+        Some(&legacy),
+        &[],
+        &call(json!(3), "echo", json!({"era": "2025"})),
+    )
+    .await;
+    assert_eq!(
+        theirs.json()["result"]["content"][0]["text"],
+        json!("{\"era\":\"2025\"}")
+    );
+    assert!(theirs.json()["result"].get("resultType").is_none());
+    let in_meta = echo(4, json!({"box/session": {"id": id, "secret": secret}}));
+    let by_meta = post_stateless(&server, &in_meta, &[("Mcp-Name", "=?base64?ZWNobw==?=")]).await;
+    assert_eq!(
+        by_meta.json()["result"]["content"][0]["text"],
+        json!("{\"n\":4}")
+    );
+
+    // A wrong secret, an unknown session: refused, the session untouched.
+    let wrong = echo(
+        5,
+        json!({"box/session": {"id": id, "secret": "0".repeat(32)}}),
+    );
+    let refused = post_stateless(&server, &wrong, &[("Mcp-Name", "echo")]).await;
+    assert_eq!(refused.json()["error"]["code"], json!(-32602));
+    assert!(!String::from_utf8_lossy(&refused.body).contains(&secret));
+    let unknown = echo(
+        6,
+        json!({"box/session": {"id": "nosuch", "secret": secret}}),
+    );
+    let reply = post_stateless(&server, &unknown, &[("Mcp-Name", "echo")]).await;
+    assert_eq!(reply.status, 404);
+
+    // Headers that disagree with the body, or are missing: -32020.
+    let mismatched = post_stateless(
+        &server,
+        &in_meta,
+        &[("Mcp-Name", "other"), ("Box-Session", &handle)],
+    )
+    .await;
+    assert_eq!(mismatched.status, 400);
+    assert_eq!(mismatched.json()["error"]["code"], json!(-32020));
+    let missing = post(server.address, None, &[("Box-Session", &handle)], &in_meta).await;
+    assert_eq!(missing.json()["error"]["code"], json!(-32020));
+    let unserved = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2099-01-01"}}});
+    let reply = post(
+        server.address,
+        None,
+        &[("Mcp-Method", "tools/list")],
+        &unserved,
+    )
+    .await;
+    assert_eq!(reply.json()["error"]["code"], json!(-32022));
+
+    // Without a handle: a unit for the call, removed after it.
+    let one_shot = post_stateless(&server, &echo(8, json!({})), &[("Mcp-Name", "echo")]).await;
+    assert_eq!(
+        one_shot.json()["result"]["content"][0]["text"],
+        json!("{\"n\":8}")
+    );
+    assert_eq!(server.fake.record(|record| record.starts.len()), 3);
+    let fake = server.fake.clone();
+    wait_until("the one-shot call's unit is removed", || {
+        fake.live_units().len() == 2
+    })
+    .await;
+
+    // The close ends the session: its units are removed, its handle dead.
+    let close = json!({"jsonrpc": "2.0", "id": 9, "method": "box/session.close", "params": {
+        "_meta": stateless_meta(json!({"box/session": {"id": id, "secret": secret}}))}});
+    let reply = post_stateless(&server, &close, &[]).await;
+    assert_eq!(reply.json()["result"]["resultType"], json!("complete"));
+    wait_until("the closed session's units are removed", || {
+        fake.live_units().len() == 1
+    })
+    .await;
+    let reply = post_stateless(
+        &server,
+        &echo(10, json!({})),
+        &[("Mcp-Name", "echo"), ("Box-Session", &handle)],
+    )
+    .await;
+    assert_eq!(reply.status, 404);
+}
+
+/// Issue 26 over stdio: a stateless client opens the process's session as
+/// a handle and calls with it, a wrong secret is refused, and the secret
+/// appears nowhere but in the open's answer: not in the log (at debug), not
+/// in the audit log.
+#[test]
+fn stdio_serves_the_stateless_revision_and_never_logs_the_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let open = json!({"jsonrpc": "2.0", "id": 1, "method": "box/session.open",
+        "params": {"_meta": stateless_meta(json!({}))}});
+    let mut serve = box_command();
+    serve
+        .args(["serve", "--backend", "fake", "--audit"])
+        .arg(&audit)
+        .env("RUST_LOG", "debug")
+        .stderr(Stdio::piped());
+    let mut child = serve
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{open}").unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    let opened: Value = serde_json::from_str(&line).unwrap();
+    let (id, secret) = (
+        opened["result"]["id"].as_str().unwrap().to_owned(),
+        opened["result"]["secret"].as_str().unwrap().to_owned(),
+    );
+    let handle = json!({"box/session": {"id": id, "secret": secret}});
+    let lines = [
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "echo", "arguments": {"n": 2}, "_meta": stateless_meta(handle.clone())}}),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+            "name": "echo", "arguments": {"n": 3},
+            "_meta": stateless_meta(json!({"box/session": {"id": id, "secret": "f".repeat(32)}}))}}),
+        json!({"jsonrpc": "2.0", "id": 4, "method": "box/session.close", "params": {
+            "_meta": stateless_meta(handle)}}),
+    ];
+    // The close once the calls are answered: it ends what is in flight.
+    let mut answered = Vec::new();
+    for batch in [&lines[..2], &lines[2..]] {
+        for message in batch {
+            writeln!(stdin, "{message}").unwrap();
+        }
+        for _ in batch {
+            line.clear();
+            std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+            answered.push(serde_json::from_str::<Value>(&line).unwrap());
+        }
+    }
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "the close ends box serve with 0");
+    let by_id = |id: i64| {
+        answered
+            .iter()
+            .find(|answer| answer["id"] == json!(id))
+            .unwrap()
+    };
+    assert_eq!(
+        by_id(2)["result"]["content"][0]["text"],
+        json!("{\"n\":2}"),
+        "{answered:?}"
+    );
+    assert_eq!(by_id(2)["result"]["resultType"], json!("complete"));
+    assert_eq!(by_id(3)["error"]["code"], json!(-32602));
+    assert_eq!(by_id(4)["result"]["resultType"], json!("complete"));
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(log.contains("session started"), "a debug log: {log}");
+    assert!(!log.contains(&secret), "the secret is in the log: {log}");
+    let audited = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        audited.contains("\"echo\""),
+        "an audit line per call: {audited}"
+    );
+    assert!(!audited.contains(&secret), "the secret is in the audit log");
+}
+
+/// MCP 2026-07-28: closing a request's stream is its cancel. A handle's
+/// call whose client drops the connection is cancelled in its unit; in the
+/// handshake era a dropped stream cancels nothing
+/// (`http_a_cancelled_request_gets_no_answer` sends the cancel instead).
+#[tokio::test]
+async fn http_a_stateless_call_whose_stream_closes_is_cancelled() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let open = json!({"jsonrpc": "2.0", "id": 1, "method": "box/session.open",
+        "params": {"_meta": stateless_meta(json!({}))}});
+    let opened = post_stateless(&server, &open, &[]).await.json();
+    let handle = format!(
+        "{}:{}",
+        opened["result"]["id"].as_str().unwrap(),
+        opened["result"]["secret"].as_str().unwrap()
+    );
+    for (id, accept) in [
+        ("h1", "application/json"),
+        ("h2", "application/json, text/event-stream"),
+    ] {
+        let fake = server.fake.clone();
+        let before = fake.record(|record| record.cancelled.len());
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "hang", "arguments": {}, "_meta": stateless_meta(json!({}))}})
+        .to_string();
+        let mut stream = TcpStream::connect(server.address).await.unwrap();
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: {accept}\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: hang\r\nBox-Session: {handle}\r\nContent-Length: {}\r\n\r\n{body}",
+            server.address,
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(stream);
+        wait_until("the unit sees the closed stream's cancel", || {
+            fake.record(|record| record.cancelled.len()) > before
+        })
+        .await;
+    }
+    // Without a handle: the call's own session ends, and its unit goes.
+    for accept in ["application/json", "application/json, text/event-stream"] {
+        let body = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+            "name": "hang", "arguments": {}, "_meta": stateless_meta(json!({}))}})
+        .to_string();
+        let mut stream = TcpStream::connect(server.address).await.unwrap();
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: {accept}\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: hang\r\nContent-Length: {}\r\n\r\n{body}",
+            server.address,
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let fake = server.fake.clone();
+        wait_until("the one-shot call's unit starts", || {
+            fake.live_units().len() == 2
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(stream);
+        wait_until(
+            "the one-shot unit is removed when its stream closes",
+            || fake.live_units().len() == 1,
+        )
+        .await;
+    }
 }

@@ -529,3 +529,174 @@ fn the_commands_list_backends_from_the_registry() {
         found.join("\n")
     );
 }
+
+/// The modules a path names after `prefix::` in `code`: `crate::units::X`
+/// names `units`, `crate::{audit, egress::EgressProxy}` names both. Comments
+/// (doc links among them) name nothing.
+fn named_after(code: &str, prefix: &str) -> Vec<String> {
+    let code: String = code
+        .lines()
+        .map(|line| line.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let word = |text: &str| -> String {
+        text.trim_start()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut names = Vec::new();
+    let needle = format!("{prefix}::");
+    for (at, _) in code.match_indices(&needle) {
+        // `box_host::x` or `self::super::x` is not this prefix.
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        let rest = &code[at + needle.len()..];
+        match rest.strip_prefix('{') {
+            Some(group) => {
+                // The group's items at its own depth.
+                let mut depth = 0;
+                let mut item = String::new();
+                for c in group.chars() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => names.push(word(&std::mem::take(&mut item))),
+                        _ if depth == 0 => item.push(c),
+                        _ => {}
+                    }
+                }
+                names.push(word(&item));
+            }
+            None => names.push(word(rest)),
+        }
+    }
+    names.retain(|name| !name.is_empty());
+    names
+}
+
+/// A cycle in `edges` (module → modules it imports, with the file that does),
+/// as `a -> b (file) -> a`, if there is one.
+fn a_cycle(edges: &std::collections::BTreeMap<String, Vec<(String, String)>>) -> Option<String> {
+    fn visit(
+        node: &str,
+        edges: &std::collections::BTreeMap<String, Vec<(String, String)>>,
+        path: &mut Vec<(String, String)>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<String> {
+        if let Some(start) = path.iter().position(|(seen, _)| seen == node) {
+            let cycle: Vec<String> = path[start..]
+                .iter()
+                .map(|(module, file)| format!("{module} ({file})"))
+                .collect();
+            return Some(format!("{} -> {node}", cycle.join(" -> ")));
+        }
+        if !done.insert(node.to_owned()) {
+            return None;
+        }
+        for (next, file) in edges.get(node).into_iter().flatten() {
+            path.push((node.to_owned(), file.clone()));
+            let found = visit(next, edges, path, done);
+            path.pop();
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    edges
+        .keys()
+        .find_map(|node| visit(node, edges, &mut Vec::new(), &mut done))
+}
+
+/// No import loop between sibling modules of the host (ARCHITECTURE.md,
+/// `box-host`: imports point one way): between the files of
+/// `crates/box-host/src` (`crate::NAME`, a name `lib.rs` re-exports counted
+/// as its module's), and between the files of one folder there
+/// (`super::NAME`, the folder's own module excepted: a child may use its
+/// parent). Production code only; `lib.rs` is the root every module hangs from.
+#[test]
+fn box_host_modules_import_no_loops() {
+    use std::collections::BTreeMap;
+    let root = repo_root();
+    let src = root.join("crates/box-host/src");
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    // `pub use config::{HostConfig, ...};`: each name is its module's.
+    let mut owner: BTreeMap<String, String> = BTreeMap::new();
+    for line in lib.lines() {
+        if let Some(rest) = line.strip_prefix("pub use ")
+            && let Some((module, names)) = rest.split_once("::")
+        {
+            for name in names.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
+                owner.insert(name.to_owned(), module.to_owned());
+            }
+        }
+    }
+    let mut crate_edges: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    let mut folder_edges: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    let mut modules = std::collections::BTreeSet::new();
+    let files = production_code(&src);
+    for (path, _) in &files {
+        let relative = path.strip_prefix(&src).unwrap();
+        if relative.components().count() == 1 {
+            modules.insert(relative.file_stem().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    for (path, code) in &files {
+        let relative = path.strip_prefix(&src).unwrap();
+        let shown = relative.display().to_string();
+        let parts: Vec<String> = relative
+            .with_extension("")
+            .components()
+            .map(|part| part.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if parts[0] == "lib" {
+            continue;
+        }
+        let resolve = |name: &str| {
+            if modules.contains(name) {
+                Some(name.to_owned())
+            } else {
+                owner.get(name).cloned()
+            }
+        };
+        let mut named = named_after(code, "crate");
+        if parts.len() == 1 {
+            named.extend(named_after(code, "super"));
+        }
+        for module in named.iter().filter_map(|name| resolve(name)) {
+            if module != parts[0] {
+                crate_edges
+                    .entry(parts[0].clone())
+                    .or_default()
+                    .push((module, shown.clone()));
+            }
+        }
+        if parts.len() == 2 {
+            let folder = path.parent().unwrap();
+            for name in named_after(code, "super") {
+                if folder.join(format!("{name}.rs")).is_file() && name != parts[1] {
+                    folder_edges
+                        .entry(format!("{}/{}", parts[0], parts[1]))
+                        .or_default()
+                        .push((format!("{}/{name}", parts[0]), shown.clone()));
+                }
+            }
+        }
+    }
+    assert!(
+        crate_edges.contains_key("session") && folder_edges.contains_key("session/forks"),
+        "the check reads no imports: {crate_edges:?}"
+    );
+    for edges in [&crate_edges, &folder_edges] {
+        if let Some(cycle) = a_cycle(edges) {
+            panic!(
+                "an import loop in crates/box-host/src: {cycle}; move what both sides need into the lower one (or a module of its own)"
+            );
+        }
+    }
+}

@@ -983,11 +983,11 @@ impl Backend for LocalBackend {
     /// The egress socket's directory and borrowed objects are bound back
     /// at their host paths in the unit's mount namespace (`objects_place`
     /// says for which specs); the helper's supervisor reconnects to a later
-    /// host. No host file over a workspace file, no volumes yet.
+    /// host; volumes are mounted by the helper. No host file over a
+    /// workspace file.
     fn capabilities(&self) -> box_backend::Capabilities {
         box_backend::Capabilities {
             host_files: false,
-            volumes: false,
             ..box_backend::Capabilities::ALL
         }
     }

@@ -41,21 +41,27 @@ impl Registry {
         self.entries.iter().map(|(kind, _)| *kind)
     }
 
+    /// The registered kind named `name`.
+    pub fn kind(&self, name: &str) -> Option<BackendKind> {
+        self.kinds().find(|kind| kind.as_str() == name)
+    }
+
+    /// The names to choose from, for a refusal: `docker or local`, with
+    /// `auto` first when `auto` is one of them.
+    pub fn choices(&self, auto: bool) -> String {
+        let mut names: Vec<&str> = if auto { vec!["auto"] } else { Vec::new() };
+        names.extend(self.kinds().map(BackendKind::as_str));
+        match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.join(""),
+        }
+    }
+
     /// The backend named `name` (`docker`, `local`...), or why not.
     pub async fn connect(&self, name: &str) -> Result<Arc<dyn Backend>, String> {
         match self.entries.iter().find(|(kind, _)| kind.as_str() == name) {
             Some((_, connect)) => connect().await,
-            None => {
-                let mut names: Vec<&str> = vec!["auto"];
-                names.extend(self.entries.iter().map(|(kind, _)| kind.as_str()));
-                let choices = match names.split_last() {
-                    Some((last, rest)) if !rest.is_empty() => {
-                        format!("{} or {last}", rest.join(", "))
-                    }
-                    _ => names.join(""),
-                };
-                Err(format!("choose {choices}"))
-            }
+            None => Err(format!("choose {}", self.choices(true))),
         }
     }
 

@@ -722,7 +722,8 @@ mod tests {
             call_timeout: Duration::from_secs(1),
             idle: Duration::from_secs(1),
             lifetime: Duration::from_secs(1),
-            start_timeout: Duration::from_secs(60),
+            // The rest (the start deadline) as a shipped profile has them.
+            ..Limits::default()
         };
         assert_eq!(
             Rlimits::from_limits(&limits),

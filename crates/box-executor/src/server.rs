@@ -171,12 +171,12 @@ impl Executor {
     }
 }
 
-/// The versions `initialize` agrees to: `proxy::PROTOCOL_VERSIONS`, as the
-/// host's (a test holds them equal). The stateless 2026-07-28 era is not
-/// served yet: a probing client's `server/discover` gets an error and falls
-/// back to `initialize`.
+/// The versions served: `initialize` agrees to the handshake era's
+/// (`box_jsonrpc::PROTOCOL_VERSIONS`, as the host's: a test holds them
+/// equal), and a request of the stateless revision (2026-07-28) naming its
+/// version in `_meta` is served without one, as rmcp serves it.
 fn supported_versions() -> &'static [ProtocolVersion] {
-    ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25)
+    ProtocolVersion::known_up_to(&ProtocolVersion::V_2026_07_28)
 }
 
 /// The read limit a client asks for under the executor key, if any; one
@@ -217,13 +217,28 @@ impl ServerHandler for Executor {
         &self,
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::DiscoverResult, McpError> {
-        // The transport answers probes before rmcp sees them; should one get
-        // here, its answer is the same (`proxy::discover_refusal`).
-        Err(McpError::new(
-            ErrorCode::METHOD_NOT_FOUND,
-            box_jsonrpc::discover_refusal_message(),
-            Some(box_jsonrpc::discover_refusal_data()),
-        ))
+        // The stateless revision's discover (a probe without its `_meta` is
+        // refused by the transport, as `box serve` refuses it): the
+        // executor's capability goes under its key in the revision's
+        // extensions, as it goes under `experimental` at initialize.
+        let info = serde_json::to_value(self.get_info()).unwrap_or_default();
+        let mut capabilities = info.get("capabilities").cloned().unwrap_or_default();
+        capabilities["extensions"] = json!({EXECUTOR_KEY: self.shared.executor_capability()});
+        let result = json!({
+            "resultType": "complete",
+            "supportedVersions": supported_versions(),
+            "capabilities": capabilities,
+            "ttlMs": 0,
+            "cacheScope": "private",
+            "_meta": {box_jsonrpc::era::META_SERVER_INFO: info.get("serverInfo")},
+        });
+        serde_json::from_value(result).map_err(|error| {
+            McpError::new(
+                ErrorCode::INTERNAL_ERROR,
+                format!("server/discover: building the answer: {error}"),
+                None,
+            )
+        })
     }
 
     async fn initialize(
@@ -435,11 +450,11 @@ fn call_result(outcome: ToolOutcome) -> CallToolResult {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn the_executor_agrees_to_the_versions_the_host_does() {
+    fn the_executor_serves_the_versions_the_host_does() {
         let versions: Vec<&str> = super::supported_versions()
             .iter()
             .map(|version| version.as_str())
             .collect();
-        assert_eq!(versions, box_jsonrpc::PROTOCOL_VERSIONS);
+        assert_eq!(versions, box_jsonrpc::era::all_versions());
     }
 }

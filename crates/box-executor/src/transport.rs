@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use rmcp::RoleServer;
-use rmcp::model::{ClientNotification, ClientRequest, JsonRpcMessage, RequestId};
+use rmcp::model::{ClientNotification, ClientRequest, GetMeta as _, JsonRpcMessage, RequestId};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -197,12 +197,16 @@ fn is_request_shaped(text: &[u8]) -> bool {
             .is_some_and(|id| id.is_string() || id.is_number())
 }
 
-/// The shared refusal of a `server/discover` request (`proxy::discover_refusal`).
+/// The shared refusal of a `server/discover` request of the handshake era
+/// (no version in its `_meta`; `proxy::discover_refusal`).
 fn discover_probe(message: &RxJsonRpcMessage<RoleServer>) -> Option<Value> {
     let JsonRpcMessage::Request(request) = message else {
         return None;
     };
-    if !matches!(request.request, ClientRequest::DiscoverRequest(_)) {
+    // The stateless revision's discover (its version in `_meta`) is rmcp's.
+    if !matches!(request.request, ClientRequest::DiscoverRequest(_))
+        || request.request.get_meta().protocol_version().is_some()
+    {
         return None;
     }
     let id = serde_json::to_value(&request.id).unwrap_or(Value::Null);

@@ -19,9 +19,21 @@ use box_egress::{
 use box_policy::plan::{NetworkMode, UnitSpec};
 use serde_json::{Value, json};
 
+use crate::HostConfig;
 use crate::audit::Audit;
 use crate::metrics::Metrics;
-use crate::{HostConfig, Services};
+
+/// What an egress proxy runs on and reports to: the host's services'
+/// proxies' runtime, metrics and audit log (`Services::proxies`).
+#[derive(Clone, Copy)]
+pub struct ProxyServices<'a> {
+    /// The runtime the proxies run on.
+    pub runtime: &'a ProxyRuntime,
+    /// Counters for `/metrics`.
+    pub metrics: &'a Arc<Metrics>,
+    /// The audit log, when asked for.
+    pub audit: Option<&'a Arc<Audit>>,
+}
 
 /// The proxy of one running unit. Dropping it stops the proxy (ending every
 /// connection it carries) and removes its socket directory, unless the session
@@ -97,7 +109,7 @@ impl EgressProxy {
     /// connection finds it.
     pub fn start(
         config: &HostConfig,
-        services: &Services,
+        services: ProxyServices<'_>,
         session: &str,
         spec: &UnitSpec,
     ) -> Result<Self, String> {
@@ -128,7 +140,7 @@ impl EgressProxy {
     /// 0755 as [`EgressProxy::start`] made it); it is never created here, as
     /// a fresh one would not be the one the unit sees.
     pub fn adopt(
-        services: &Services,
+        services: ProxyServices<'_>,
         session: &str,
         spec: &UnitSpec,
         dir: &Path,
@@ -186,7 +198,7 @@ impl EgressProxy {
 
     /// Bind the socket in `dir` (which exists) and serve the proxy there.
     fn serve_in(
-        services: &Services,
+        services: ProxyServices<'_>,
         session: &str,
         spec: &UnitSpec,
         dir: PathBuf,
@@ -221,12 +233,12 @@ impl EgressProxy {
         };
         // What reports hold: the metrics and the audit log, not the services
         // that own the runtime the proxy runs on.
-        let (metrics, audit) = (services.metrics.clone(), services.audit.clone());
+        let (metrics, audit) = (services.metrics.clone(), services.audit.cloned());
         let events: box_egress::EventSink =
             Arc::new(move |event: Event| report(&metrics, audit.as_deref(), &event));
         let name = spec.name.clone();
         let (listener, socket) = listener;
-        let task = services.egress_runtime.handle()?.spawn(async move {
+        let task = services.runtime.handle()?.spawn(async move {
             // Registered with the proxies' runtime, whose reactor polls it.
             let listener = match tokio::net::UnixListener::from_std(listener) {
                 Ok(listener) => listener,
@@ -424,6 +436,7 @@ pub(crate) fn create_private_dir(dir: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Services;
 
     /// The backends point the unit at the port the executor's bridge listens on.
     #[test]
@@ -524,20 +537,20 @@ mod tests {
         spec.network.mode = NetworkMode::Egress;
         spec.network.allow = vec!["example.test".to_owned()];
 
-        let first = EgressProxy::start(&config, &services, "s", &spec).unwrap();
+        let first = EgressProxy::start(&config, services.proxies(), "s", &spec).unwrap();
         let dir = first.dir().to_owned();
         assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o7777, 0o755);
         first.keep_dir();
         drop(first);
         assert!(dir.join(EgressWiring::SOCKET).exists(), "handed off: kept");
 
-        let again = EgressProxy::adopt(&services, "s", &spec, &dir).unwrap();
+        let again = EgressProxy::adopt(services.proxies(), "s", &spec, &dir).unwrap();
         std::os::unix::net::UnixStream::connect(dir.join(EgressWiring::SOCKET))
             .expect("the new proxy listens where the unit connects");
         drop(again);
         assert!(!dir.exists(), "a session that ends removes its directory");
 
-        let error = EgressProxy::adopt(&services, "s", &spec, &dir).unwrap_err();
+        let error = EgressProxy::adopt(services.proxies(), "s", &spec, &dir).unwrap_err();
         assert!(
             error.contains(&dir.display().to_string()) && error.contains("gone"),
             "{error}"
@@ -547,13 +560,13 @@ mod tests {
         let open = runtime.path().join("open");
         std::fs::create_dir(&open).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let error = EgressProxy::adopt(&services, "s", &spec, &open).unwrap_err();
+        let error = EgressProxy::adopt(services.proxies(), "s", &spec, &open).unwrap_err();
         assert!(error.contains("mode 0777"), "{error}");
 
         let link = runtime.path().join("link");
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::os::unix::fs::symlink(&open, &link).unwrap();
-        let error = EgressProxy::adopt(&services, "s", &spec, &link).unwrap_err();
+        let error = EgressProxy::adopt(services.proxies(), "s", &spec, &link).unwrap_err();
         assert!(error.contains("not a directory"), "{error}");
     }
 }

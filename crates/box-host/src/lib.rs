@@ -13,13 +13,17 @@
 //! (the binary's clap structs), what a unit is (the plan) or how one starts
 //! (the backends).
 
+mod adopt;
 mod ask;
 pub mod audit;
 mod config;
-pub use config::{HostConfig, ResolveFn, ServeConfig, default_fork_dir, default_state_dir};
+pub use config::{
+    HostConfig, PoolAsk, ResolveFn, ServeConfig, default_fork_dir, default_state_dir,
+};
 pub mod egress;
 pub mod fork;
 mod hide;
+pub mod ledger;
 pub mod metrics;
 pub mod pool;
 mod redact;
@@ -189,7 +193,7 @@ pub async fn sweep_orphans(
         units::remove_units(
             services.backend.as_ref(),
             &orphans,
-            units::Removal::Graceful,
+            ledger::Removal::Graceful,
         )
         .await;
     }
@@ -250,7 +254,7 @@ pub const END_WAIT: Duration = Duration::from_secs(30);
 /// Remove, once, every unit the ledger knows the id of; those confirmed gone
 /// leave it.
 pub async fn remove_known_units(services: &Services) {
-    let known: Vec<units::Tracked> = services.ledger.tracked();
+    let known: Vec<ledger::Tracked> = services.ledger.tracked();
     let ids: Vec<String> = known.iter().map(|unit| unit.id.clone()).collect();
     let failed = units::remove_units(services.backend.as_ref(), &ids, services.removal()).await;
     for unit in known {
@@ -417,9 +421,20 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
         services.state = Some(state::Store::open(dir).map_err(|why| anyhow::anyhow!(why))?);
     }
     let (config, services) = (Arc::new(config), Arc::new(services));
-    pool::start(&config, &services, &serve.pools)?;
+    pool::start(
+        &config,
+        &services.pools,
+        services.backend.as_ref(),
+        &serve.pools,
+    )?;
+    for each in services.pools.each() {
+        let (config, held) = (config.clone(), services.clone());
+        services.pools.spawn(async move {
+            pool::refill(&config, held.pool_services(), each).await;
+        });
+    }
     // Before the sweep, which leaves every persisted unit alone.
-    let persisted = state::adopt_all(&config, &services);
+    let persisted = adopt::adopt_all(&config, &services);
     // Bounded: an engine that stalls must not keep the host from serving.
     if tokio::time::timeout(
         SWEEP_WAIT,
@@ -450,7 +465,10 @@ impl Host {
     /// Once the transport has ended: the pools' refills stopped and their
     /// ready units removed (before [`Self::finish`] names what is left).
     pub async fn end_pools(&self) {
-        self.services.pools.end(&self.services).await;
+        let left = self.services.pools.end().await;
+        if !left.is_empty() {
+            units::remove_until_gone(&self.services, left).await;
+        }
     }
 
     /// After the transport has ended: failure when units are not confirmed

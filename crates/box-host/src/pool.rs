@@ -18,48 +18,31 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use box_backend::pool::{PooledUnit, Pooling};
-use box_backend::{BackendError, SessionLabel, StartedUnit, UnitWiring};
+use box_backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitWiring};
 use box_policy::envelope::Warm;
 use box_policy::plan::{NetworkMode, Role, UnitSpec};
 use tokio_util::sync::CancellationToken;
 
-use crate::units::Tracked;
-use crate::{HostConfig, Services};
+use crate::ledger::{Ledger, Tracked};
+use crate::metrics::Metrics;
+use crate::{HostConfig, PoolAsk};
+
+/// What the pools use of the host's services (lent by them; this module
+/// sits below `Services`, which holds the [`Pools`]).
+#[derive(Clone, Copy)]
+pub struct PoolServices<'a> {
+    /// The pools.
+    pub pools: &'a Pools,
+    /// Where units run.
+    pub backend: &'a dyn Backend,
+    /// Every unit asked for and not yet confirmed removed.
+    pub ledger: &'a Ledger,
+    /// `/metrics`.
+    pub metrics: &'a Metrics,
+}
 
 /// How long a pool waits after a failed start before it tries again.
 const REFILL_BACKOFF: Duration = Duration::from_secs(5);
-
-/// One pool asked for: `PROFILE=N`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolAsk {
-    /// The profile whose workspace unit the pool keeps.
-    pub profile: String,
-    /// How many units it keeps ready.
-    pub size: usize,
-}
-
-impl PoolAsk {
-    /// `PROFILE=N` (`--pool`), N at least 1.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let Some((profile, size)) = text.split_once('=') else {
-            return Err(format!(
-                "--pool {text}: write PROFILE=N, the profile and how many units to keep ready (default=4)"
-            ));
-        };
-        let size: usize = size.parse().map_err(|_| {
-            format!("--pool {text}: {size:?} is not a count; write PROFILE=N (default=4)")
-        })?;
-        if profile.is_empty() || size == 0 {
-            return Err(format!(
-                "--pool {text}: name a profile and at least one unit (default=4)"
-            ));
-        }
-        Ok(Self {
-            profile: profile.to_owned(),
-            size,
-        })
-    }
-}
 
 /// A host's pools (none unless asked for); set once at the host's start.
 #[derive(Default)]
@@ -74,7 +57,7 @@ pub struct Pools {
 }
 
 /// One profile's pool.
-struct Pool {
+pub struct Pool {
     profile: String,
     size: usize,
     /// The profile's workspace unit, untightened: what every unit starts as.
@@ -94,8 +77,9 @@ struct Ready {
 pub enum Claim {
     /// A warm unit, bound to the session's plan.
     Warm(Box<StartedUnit>),
-    /// No pooled unit serves this unit: why (the envelope's `warmWhy`).
-    Cold(String),
+    /// No pooled unit serves this unit: why (the envelope's `warmWhy`),
+    /// and a unit whose bind failed, for the caller to remove.
+    Cold(String, Option<Tracked>),
     /// The host keeps no pool.
     NoPools,
 }
@@ -119,13 +103,13 @@ impl Pools {
             .unwrap_or_default()
     }
 
-    /// End the refills and remove every ready unit (confirmed).
-    pub async fn end(&self, services: &Services) {
+    /// End the refills; every ready unit, for the caller to remove.
+    pub async fn end(&self) -> Vec<Tracked> {
         self.stop.cancel();
         self.tasks.close();
         self.tasks.wait().await;
         let Some(pools) = self.pools.get() else {
-            return;
+            return Vec::new();
         };
         let mut left = Vec::new();
         for pool in pools {
@@ -137,9 +121,12 @@ impl Pools {
                 });
             }
         }
-        if !left.is_empty() {
-            crate::units::remove_until_gone(services, left).await;
-        }
+        left
+    }
+
+    /// Run `refill` (a pool's, given its services) until the pools end.
+    pub fn spawn(&self, refill: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn(refill);
     }
 }
 
@@ -155,23 +142,25 @@ impl Pool {
     }
 }
 
-/// Start the pools `asked` on `services`' backend: each profile resolved
-/// with no tightening, each pool filled in the background.
+/// The pools `asked` on `backend`: each profile resolved with no
+/// tightening; kept in `pools`, whose refills the caller spawns (each of
+/// [`Pools::each`] through [`refill`]).
 pub fn start(
-    config: &Arc<HostConfig>,
-    services: &Arc<Services>,
+    config: &HostConfig,
+    pools: &Pools,
+    backend: &dyn Backend,
     asked: &[PoolAsk],
 ) -> anyhow::Result<()> {
     if asked.is_empty() {
         return Ok(());
     }
-    if services.backend.pooling().is_none() {
+    if backend.pooling().is_none() {
         anyhow::bail!(
-            "--pool: the {} backend keeps no pooled units; pools need --backend docker",
-            services.backend.kind().as_str()
+            "--pool: the {} backend keeps no pooled units; pools need one that does (docker)",
+            backend.kind().as_str()
         );
     }
-    let mut pools = Vec::new();
+    let mut made: Vec<Arc<Pool>> = Vec::new();
     for ask in asked {
         let profile = config
             .catalog
@@ -192,13 +181,10 @@ pub fn start(
                 spec.network.mode.as_str()
             );
         }
-        if pools
-            .iter()
-            .any(|pool: &Arc<Pool>| pool.profile == ask.profile)
-        {
+        if made.iter().any(|pool| pool.profile == ask.profile) {
             anyhow::bail!("--pool {}: the profile is named twice", ask.profile);
         }
-        pools.push(Arc::new(Pool {
+        made.push(Arc::new(Pool {
             profile: ask.profile.clone(),
             size: ask.size,
             spec: spec.clone(),
@@ -207,23 +193,21 @@ pub fn start(
             refill: tokio::sync::Notify::new(),
         }));
     }
-    for pool in &pools {
-        let (config, services, pool) = (config.clone(), services.clone(), pool.clone());
-        services
-            .pools
-            .tasks
-            .spawn(refill(config, services.clone(), pool));
+    pools
+        .pools
+        .set(made)
+        .map_err(|_| anyhow::anyhow!("--pool: the host's pools are already started"))
+}
+
+impl Pools {
+    /// Each pool, for its refill.
+    pub fn each(&self) -> Vec<Arc<Pool>> {
+        self.pools.get().cloned().unwrap_or_default()
     }
-    services
-        .pools
-        .pools
-        .set(pools)
-        .map_err(|_| anyhow::anyhow!("--pool: the host's pools are already started"))?;
-    Ok(())
 }
 
 /// Keep `pool` full, one start at a time, until the pools end.
-async fn refill(config: Arc<HostConfig>, services: Arc<Services>, pool: Arc<Pool>) {
+pub async fn refill(config: &HostConfig, services: PoolServices<'_>, pool: Arc<Pool>) {
     let stop = services.pools.stop.clone();
     let Some(pooling) = services.backend.pooling() else {
         return;
@@ -235,7 +219,7 @@ async fn refill(config: Arc<HostConfig>, services: Arc<Services>, pool: Arc<Pool
             }
             pool.starting.fetch_add(1, Ordering::SeqCst);
             let started = tokio::select! {
-                started = start_one(&config, &services, pooling, &pool) => started,
+                started = start_one(config, services, pooling, &pool) => started,
                 () = stop.cancelled() => {
                     pool.starting.fetch_sub(1, Ordering::SeqCst);
                     return;
@@ -279,7 +263,7 @@ async fn refill(config: Arc<HostConfig>, services: Arc<Services>, pool: Arc<Pool
 
 async fn start_one(
     config: &HostConfig,
-    services: &Services,
+    services: PoolServices<'_>,
     pooling: &dyn Pooling,
     pool: &Pool,
 ) -> Result<Ready, BackendError> {
@@ -309,7 +293,7 @@ async fn start_one(
 /// Claim a ready unit for `spec` of the session `label`, and bind it; the
 /// ledger's entry moves to the session (`key`, which the caller took).
 pub async fn claim(
-    services: &Services,
+    services: PoolServices<'_>,
     label: &SessionLabel,
     spec: &UnitSpec,
     wiring: &UnitWiring,
@@ -322,7 +306,7 @@ pub async fn claim(
         return Claim::NoPools;
     };
     if spec.role != Role::Workspace {
-        return Claim::Cold("pools keep workspace units only".to_owned());
+        return Claim::Cold("pools keep workspace units only".to_owned(), None);
     }
     if wiring.egress.is_some()
         || !wiring.masks.is_empty()
@@ -333,14 +317,15 @@ pub async fn claim(
         return Claim::Cold(
             "the unit is wired to the host's resources at its start (an egress proxy, masked files, a fork's objects)"
                 .to_owned(),
+            None,
         );
     }
     let Some(pool) = pools.iter().find(|pool| pool.profile == label.profile) else {
-        return Claim::Cold(format!("no pool of profile {}", label.profile));
+        return Claim::Cold(format!("no pool of profile {}", label.profile), None);
     };
     if let Err(why) = fits(&pool.spec, spec) {
         services.metrics.pool_claim("unfit");
-        return Claim::Cold(why);
+        return Claim::Cold(why, None);
     }
     let asked = std::time::Instant::now();
     let (taken, ready) = {
@@ -351,10 +336,13 @@ pub async fn claim(
     pool.refill.notify_one();
     let Some(Ready { unit, key: pooled }) = taken else {
         services.metrics.pool_claim("empty");
-        return Claim::Cold(format!(
-            "the pool of profile {} has no ready unit (it refills in the background)",
-            pool.profile
-        ));
+        return Claim::Cold(
+            format!(
+                "the pool of profile {} has no ready unit (it refills in the background)",
+                pool.profile
+            ),
+            None,
+        );
     };
     let id = unit.id().to_owned();
     match pooling.bind(unit, label, spec).await {
@@ -380,8 +368,10 @@ pub async fn claim(
             services.metrics.pool_claim("failed");
             tracing::warn!(id, %error, "binding a pooled unit failed; removing it, starting cold");
             let tracked = Tracked { key: pooled, id };
-            crate::units::remove_until_gone(services, vec![tracked]).await;
-            Claim::Cold(format!("binding a pooled unit failed: {error}"))
+            Claim::Cold(
+                format!("binding a pooled unit failed: {error}"),
+                Some(tracked),
+            )
         }
     }
 }

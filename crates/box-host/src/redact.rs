@@ -75,7 +75,7 @@ impl Scratch {
 /// The host's scratch for redacting files-resource answers, lent to one
 /// answer at a time and kept between answers (`Services::redact_scratch`).
 /// Kept by the host, not by each session, so what stays allocated is bounded
-/// by [`ScratchPool::KEPT`] scratches of at most [`Scratch::KEPT`] bytes,
+/// by `ScratchPool::KEPT` scratches of at most `Scratch::KEPT` bytes each,
 /// however many sessions once read a large file.
 #[derive(Default)]
 pub struct ScratchPool(std::sync::Mutex<Vec<Scratch>>);

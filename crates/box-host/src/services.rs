@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use box_backend::Backend;
 
-use crate::{audit, egress, metrics, pool, redact, state, units};
+use crate::{audit, egress, ledger, metrics, pool, redact, state};
 
 /// What a host's sessions share and change.
 pub struct Services {
@@ -23,7 +23,7 @@ pub struct Services {
     /// The audit log, when asked for (shared with the egress proxies' reports).
     pub audit: Option<Arc<audit::Audit>>,
     /// Every unit asked for and not yet confirmed removed.
-    pub ledger: units::Ledger,
+    pub ledger: ledger::Ledger,
     /// Where sessions' identities are persisted (`box serve --state`);
     /// `None`: nothing is kept, no session can be reattached.
     pub state: Option<state::Store>,
@@ -59,7 +59,7 @@ impl Services {
             backend,
             metrics: Arc::default(),
             audit: None,
-            ledger: units::Ledger::default(),
+            ledger: ledger::Ledger::default(),
             state: None,
             reattachable: state::Reattachable::default(),
             held_instances: state::HeldInstances::default(),
@@ -72,12 +72,31 @@ impl Services {
         }
     }
 
+    /// What the egress proxies run on and report to.
+    pub fn proxies(&self) -> egress::ProxyServices<'_> {
+        egress::ProxyServices {
+            runtime: &self.egress_runtime,
+            metrics: &self.metrics,
+            audit: self.audit.as_ref(),
+        }
+    }
+
+    /// What the pools use of these services.
+    pub fn pool_services(&self) -> pool::PoolServices<'_> {
+        pool::PoolServices {
+            pools: &self.pools,
+            backend: self.backend.as_ref(),
+            ledger: &self.ledger,
+            metrics: &self.metrics,
+        }
+    }
+
     /// How this host removes units now ([`Self::end_at_once`]).
-    pub fn removal(&self) -> units::Removal {
+    pub fn removal(&self) -> ledger::Removal {
         if self.end_at_once.load(Ordering::SeqCst) {
-            units::Removal::AtOnce
+            ledger::Removal::AtOnce
         } else {
-            units::Removal::Graceful
+            ledger::Removal::Graceful
         }
     }
 }

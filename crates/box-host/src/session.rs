@@ -1,8 +1,10 @@
 //! One session: a task that owns everything about it, in three phases.
 //!
 //! - **The handshake** (`handshake.rs`): before the session is open it
-//!   answers only `ping` and `server/discover` (method not found: a probe
-//!   never starts units), until a way in opens it: `initialize` starts a
+//!   answers only `ping` and `server/discover` (a probe never starts units;
+//!   method not found without the stateless revision's `_meta`), until a way
+//!   in opens it (`box/session.open` and a stateless request without a
+//!   handle too: `stateless.rs`): `initialize` starts a
 //!   fresh session (`start.rs`: the profile resolved and tightened, every
 //!   unit started, all or nothing, within the profile's `start_timeout`,
 //!   their executors initialized) or reattaches one a dead host served
@@ -28,6 +30,7 @@ mod methods;
 mod reattach;
 mod route;
 mod start;
+mod stateless;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -43,7 +46,8 @@ use tokio_util::task::TaskTracker;
 
 pub use crate::ask::EXECUTOR_KEY;
 use crate::fork::{self, ChildFork};
-use crate::units::{Removal, Tracked, describe_end, remove_until_gone};
+use crate::ledger::{Removal, Tracked};
+use crate::units::{describe_end, remove_until_gone};
 use crate::{HostConfig, Services};
 use live::{Live, UnitEvent};
 
@@ -153,9 +157,13 @@ impl Session {
     }
 
     async fn serve_session(&self, mut inbound: mpsc::Receiver<Inbound>) {
-        let Some(mut live) = self.handshake(&mut inbound).await else {
+        let Some((mut live, first)) = self.handshake(&mut inbound).await else {
             return;
         };
+        // The stateless request the session was opened for.
+        if let Some((message, reply)) = first {
+            self.client_request(&mut live, message, reply);
+        }
         let why = self.route(&mut live, &mut inbound).await;
         if self.host.is_cancelled()
             && live.journal.is_some()

@@ -13,6 +13,7 @@
 //! It does no I/O of its own beyond the framer it hands a reader or writer,
 //! and stdin and stdout opened for it.
 
+pub mod era;
 pub mod lines;
 pub mod session;
 pub mod stdio;
@@ -80,7 +81,7 @@ pub mod code {
     pub const PARSE_ERROR: i64 = -32700;
     /// Not a JSON-RPC request object (a batch array, a missing member, a second initialize).
     pub const INVALID_REQUEST: i64 = -32600;
-    /// No such method (including `server/discover`, which box does not serve yet).
+    /// No such method (including `server/discover` without the stateless revision's `_meta`).
     pub const METHOD_NOT_FOUND: i64 = -32601;
     /// Bad params: a refused tightening, an unknown profile, a wrong type.
     pub const INVALID_PARAMS: i64 = -32602;
@@ -207,9 +208,9 @@ pub fn error_response_with_data(
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into(), "data": data}})
 }
 
-/// The refusal of `server/discover` (MCP 2026-07-28's stateless handshake),
-/// word for word the same from `box serve` and `box execute`: "method not
-/// found", listing under `data.supported` the versions `initialize` agrees
+/// The refusal of a `server/discover` that names no version in its `_meta`
+/// (of neither era: the stateless revision's carries one, `era`), word for
+/// word the same from `box serve` and `box execute`: "method not found", listing under `data.supported` the versions `initialize` agrees
 /// to, so a dual-era client falls back to `initialize`. Nothing is started.
 pub fn discover_refusal(id: Value) -> Value {
     error_response_with_data(

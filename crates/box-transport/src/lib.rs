@@ -114,37 +114,89 @@ pub struct UnitLeft {
 
 /// Copy a request's events and then its answer into `out`, in that order.
 /// Returns once the answer is sent, or the session dropped the request (a
-/// client cancellation: no answer is due).
-pub async fn forward_reply(mut stream: ReplyStream, out: mpsc::Sender<Value>) {
+/// client cancellation: no answer is due); `forward_reply_of` says whether
+/// that end was reached (not a reader gone first).
+pub async fn forward_reply(stream: ReplyStream, out: mpsc::Sender<Value>) {
+    forward_reply_of(stream, out, None).await;
+}
+
+/// A stateless (2026-07-28) request whose client may close its stream: in
+/// that revision closing the stream is the cancel, so a guard still armed
+/// when dropped tells the session `notifications/cancelled` for the request
+/// (in the handshake era a dropped stream cancels nothing).
+pub(crate) struct CancelOnClose {
+    pub(crate) session: box_jsonrpc::session::SessionHandle,
+    pub(crate) id: Value,
+    pub(crate) armed: bool,
+}
+
+impl Drop for CancelOnClose {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let cancel = box_jsonrpc::notification(
+            "notifications/cancelled",
+            serde_json::json!({"requestId": self.id, "reason": "the client closed the request's stream"}),
+        );
+        let session = self.session.clone();
+        tokio::spawn(async move {
+            let _ = session.notify(cancel).await;
+        });
+    }
+}
+
+/// [`forward_reply`], with the answer to a stateless request (`stateless`:
+/// its method) in the revision's form
+/// ([`box_jsonrpc::era::complete_result`]).
+pub(crate) async fn forward_reply_of(
+    mut stream: ReplyStream,
+    out: mpsc::Sender<Value>,
+    stateless: Option<&str>,
+) -> bool {
     loop {
         tokio::select! {
             biased;
             Some(event) = stream.events.recv() => {
                 if out.send(event).await.is_err() {
-                    return;
+                    return false;
                 }
             }
             response = &mut stream.response => {
                 // Events queued before the answer go first; none may follow it.
                 while let Ok(event) = stream.events.try_recv() {
                     if out.send(event).await.is_err() {
-                        return;
+                        return false;
                     }
                 }
-                if let Ok(response) = response {
-                    let _ = out.send(response).await;
+                let Ok(mut response) = response else {
+                    // Dropped by the session: no answer is due.
+                    return true;
+                };
+                if let Some(method) = stateless {
+                    box_jsonrpc::era::complete_result(method, &mut response);
                 }
-                return;
+                return out.send(response).await.is_ok();
             }
         }
     }
 }
 
 /// The session a client asks to reattach to after its host restarted
-/// (`box.reattach.session` in the executor capability's ask): the session
-/// keeps its `Mcp-Session-Id`. Only an id box could have minted is taken;
+/// (`box.reattach.session` in the executor capability's ask, or a stateless
+/// request's handle): the session keeps its id. Only an id box could have minted is taken;
 /// the host checks the secret and answers whether it is the client's.
 pub(crate) fn reattach_id(message: &Value) -> Option<String> {
+    // A stateless request's handle names its session: the first request a
+    // new `box serve --state` reads after a restart reattaches to it.
+    if box_jsonrpc::era::is_stateless(message) {
+        let id = message
+            .pointer("/params/_meta")?
+            .get(box_jsonrpc::era::SESSION_META)?
+            .get("id")?
+            .as_str()?;
+        return plausible_session_id(id).then(|| id.to_owned());
+    }
     if message.get("method").and_then(Value::as_str) != Some("initialize") {
         return None;
     }

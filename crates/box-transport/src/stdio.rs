@@ -1,4 +1,6 @@
-//! stdio: one session per process. Newline-delimited JSON-RPC on stdin and
+//! stdio: one session per process (in the stateless revision, 2026-07-28,
+//! the one a `box/session.open` or the first request without a handle
+//! opens; `box/session.close` ends it and the process). Newline-delimited JSON-RPC on stdin and
 //! stdout (stdout carries nothing else; logs go to stderr), every line
 //! bounded. The session ends at stdin's end of file, or when the host shuts
 //! down; its units are removed before this returns.
@@ -136,11 +138,15 @@ pub async fn serve_on(
             sessions.open(id, ask.clone(), out_tx.clone(), &shutdown)
         });
         match classify(&message) {
-            Ok(Kind::Request { .. }) => {
+            Ok(Kind::Request { method, .. }) => {
+                let stateless = box_jsonrpc::era::is_stateless(&message).then_some(method);
                 let Ok(stream) = session.request(message).await else {
                     break;
                 };
-                in_flight.spawn(crate::forward_reply(stream, out_tx.clone()));
+                let out = out_tx.clone();
+                in_flight.spawn(async move {
+                    crate::forward_reply_of(stream, out, stateless.as_deref()).await;
+                });
             }
             Ok(Kind::Notification { .. } | Kind::Response { .. }) => {
                 if session.notify(message).await.is_err() {

@@ -8,20 +8,20 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use box_backend::{Envelope, UnitEnd, UnitState};
+use box_backend::UnitState;
 use box_jsonrpc::{ReplyTo, code, error_response, error_response_with_data, result_response};
 use box_policy::plan::{MountMode, Plan, Role, UnitSpec, WorkspaceSource};
 use serde_json::{Value, json};
 
 use super::handshake::StartError;
-use super::live::{Live, Unit, UnitEvent, link_unit};
+use super::live::{ForkStarted, Live, Unit, UnitEvent, link_unit};
 use super::methods::Request;
 use super::{Session, named};
 use crate::HostConfig;
-use crate::egress::EgressProxy;
 use crate::fork::{self, ChildFork};
+use crate::ledger::Tracked;
 use crate::units::{
-    ExecutorLink, FIRST_REQUEST_ID, StartWiring, Tracked, initialize_executor, remove_until_gone,
+    ExecutorLink, FIRST_REQUEST_ID, StartWiring, initialize_executor, remove_until_gone,
     start_units,
 };
 
@@ -41,34 +41,6 @@ impl Drop for ForkGuard {
             let config = self.config.clone();
             tokio::task::spawn_blocking(move || fork::remove_storage(&config, &child));
         }
-    }
-}
-
-/// A child unit started by `box/fork`, handed to the session task to join
-/// the session (or, if the session is ending, to be removed).
-pub(super) struct ForkStarted {
-    pub(super) id: Value,
-    pub(super) reply: ReplyTo,
-    pub(super) key: u64,
-    pub(super) spec: UnitSpec,
-    pub(super) envelope: Envelope,
-    pub(super) link: ExecutorLink,
-    pub(super) ended: futures::future::BoxFuture<'static, UnitEnd>,
-    pub(super) renewal: Option<box_backend::Renewal>,
-    pub(super) tools: Option<Value>,
-    pub(super) egress: Vec<EgressProxy>,
-    pub(super) child: ChildFork,
-    pub(super) advisory: Option<String>,
-    pub(super) skipped: usize,
-}
-
-impl std::fmt::Debug for ForkStarted {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter
-            .debug_struct("ForkStarted")
-            .field("unit", &self.spec.name)
-            .field("id", &self.envelope.id)
-            .finish_non_exhaustive()
     }
 }
 

@@ -7,24 +7,29 @@
 //!   ([`Session::start`], `start.rs`), its workspace on a fork of its own
 //!   when the profile says `source = "fork"` (`forks.rs`);
 //! - `initialize` with `box.reattach`: a session a dead host served, whose
-//!   units this host re-adopted ([`Session::reattach`], `reattach.rs`).
+//!   units this host re-adopted ([`Session::reattach`], `reattach.rs`);
+//! - of the stateless revision (2026-07-28, `stateless.rs`):
+//!   `box/session.open`, a fresh session answered with its handle, and a
+//!   request without a handle, which opens the session as the `initialize`
+//!   its `_meta` stands for and is then routed.
 //!
 //! What every way in shares is read once in [`Session::open`]: the request
 //! checked (-32602 naming the field), the protocol version agreed, the box
 //! ask read and merged with the transport's. A refused way in is a WARN
 //! line, an audit line and a count ([`crate::report_refusal`]).
 
+use box_jsonrpc::era::is_stateless;
 use box_jsonrpc::session::Inbound;
 use box_jsonrpc::{
-    Kind, check_params, classify, code, error_response, error_response_with_data,
-    negotiate_version, params, result_response,
+    Kind, LATEST_PROTOCOL_VERSION, ReplyTo, check_params, classify, code, error_response,
+    error_response_with_data, negotiate_version, params, result_response,
 };
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::live::Live;
 use super::methods::{self, Opening};
-use super::{EXECUTOR_KEY, Session, drain};
+use super::{EXECUTOR_KEY, Session, drain, stateless};
 use crate::ask::{check_initialize, merge_ask, read_ask};
 use crate::audit::ClientInfo;
 
@@ -71,7 +76,12 @@ impl Session {
     /// Answer what comes before the session is open until a way in opens
     /// it; `None` when the session ended first (its client left, it was
     /// ended, the host shut down during its start).
-    pub(super) async fn handshake(&self, inbound: &mut mpsc::Receiver<Inbound>) -> Option<Live> {
+    /// With the session, the stateless request it was opened for when it
+    /// carried no handle (routed next, as any request of an open session).
+    pub(super) async fn handshake(
+        &self,
+        inbound: &mut mpsc::Receiver<Inbound>,
+    ) -> Option<(Live, Option<(Value, ReplyTo)>)> {
         let cancel = self.cancel.clone();
         loop {
             let message = tokio::select! {
@@ -97,23 +107,69 @@ impl Session {
                         reply.answer(error_response(id, code::INVALID_PARAMS, why));
                         continue;
                     }
+                    if let Some(refused) = stateless::unserved_version(&message) {
+                        reply.answer(refused);
+                        continue;
+                    }
+                    let modern = is_stateless(&message);
+                    if modern && method == "server/discover" {
+                        reply.answer(self.discover(id));
+                        continue;
+                    }
                     match methods::find(&method).opening {
                         Opening::WayIn => match self.open(&message, &reply.events).await {
-                            Ok((mut live, result)) => {
-                                live.client = ClientInfo::of_initialize(&message);
+                            Ok((mut live, mut result)) => {
+                                live.client = if modern {
+                                    stateless::client_of(&message)
+                                } else {
+                                    ClientInfo::of_initialize(&message)
+                                };
+                                if method == stateless::OPEN {
+                                    result = self.handle_answer(&mut live, &result);
+                                }
                                 reply.answer(result_response(id, result));
                                 if self.cancel.is_cancelled() {
                                     // Shutdown came during the start: end at once.
                                     self.finish(&mut live, "the host is shutting down").await;
                                     return None;
                                 }
-                                return Some(live);
+                                return Some((live, None));
                             }
                             Err(error) => {
                                 self.report_start_failure(&message, &error);
                                 reply.answer(error.into_response(id));
                             }
                         },
+                        // A stateless request without a handle: the session
+                        // opens for it, with what its transport asked.
+                        Opening::Refused if modern => {
+                            match self
+                                .open(&stateless::implicit_open(&message), &reply.events)
+                                .await
+                            {
+                                Ok((mut live, result)) => {
+                                    live.client = stateless::client_of(&message);
+                                    if stateless::carries_handle(&message) {
+                                        // Reattached: the handle's secret is the session's.
+                                        self.handle_answer(&mut live, &result);
+                                    }
+                                    if self.cancel.is_cancelled() {
+                                        reply.answer(error_response(
+                                            id,
+                                            code::INTERNAL_ERROR,
+                                            "the host is shutting down",
+                                        ));
+                                        self.finish(&mut live, "the host is shutting down").await;
+                                        return None;
+                                    }
+                                    return Some((live, Some((message, reply))));
+                                }
+                                Err(error) => {
+                                    self.report_start_failure(&message, &error);
+                                    reply.answer(error.into_response(id));
+                                }
+                            }
+                        }
                         Opening::Answer(answer) => reply.answer(answer(id)),
                         Opening::Refused => reply.answer(error_response(
                             id,
@@ -135,12 +191,20 @@ impl Session {
         message: &Value,
         events: &mpsc::Sender<Value>,
     ) -> Result<(Live, Value), StartError> {
-        // Checked before anything is resolved or started: a malformed
-        // initialize must not start units that then fail on it.
-        let version = negotiate_version(
-            check_initialize(message).map_err(|why| StartError::refused("initialize", why))?,
-        );
-        let client_params = params(message);
+        // A stateless open: its units' executors speak the handshake era's newest.
+        let opening = (message.get("method").and_then(Value::as_str) == Some(stateless::OPEN))
+            .then(|| stateless::initialize_params(message, true))
+            .transpose()
+            .map_err(|why| StartError::refused("ask", why))?;
+        let version = match &opening {
+            Some(_) => LATEST_PROTOCOL_VERSION,
+            // Checked before anything is resolved or started: a malformed
+            // initialize must not start units that then fail on it.
+            None => negotiate_version(
+                check_initialize(message).map_err(|why| StartError::refused("initialize", why))?,
+            ),
+        };
+        let client_params = opening.as_ref().or_else(|| params(message));
         let ask = read_ask(client_params)
             .and_then(|ask| merge_ask(ask, &self.transport_ask))
             .map_err(|why| StartError::refused("ask", why))?;
@@ -157,8 +221,16 @@ impl Session {
     /// A refused `initialize` is a WARN line, an audit line and a count
     /// ([`crate::report_refusal`]); one whose units failed is a WARN line.
     fn report_start_failure(&self, message: &Value, error: &StartError) {
-        let client = ClientInfo::of_initialize(message);
-        let profile = read_ask(params(message))
+        let opening = message.get("method").and_then(Value::as_str) == Some(stateless::OPEN);
+        let client = if opening {
+            stateless::client_of(message)
+        } else {
+            ClientInfo::of_initialize(message)
+        };
+        let converted = opening
+            .then(|| stateless::initialize_params(message, true).ok())
+            .flatten();
+        let profile = read_ask(converted.as_ref().or_else(|| params(message)))
             .and_then(|ask| merge_ask(ask, &self.transport_ask))
             .ok()
             .map(|ask| {

@@ -5,13 +5,13 @@
 use std::time::Instant;
 
 use box_backend::{Envelope, SessionLabel, UnitEnd};
+use box_jsonrpc::ReplyTo;
 use box_jsonrpc::lines::{Line, MAX_MESSAGE_BYTES, write_line};
 use box_policy::plan::{Plan, UnitSpec};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 
-use super::forks::ForkStarted;
 use crate::audit::ClientInfo;
 use crate::egress::EgressProxy;
 use crate::fork::ChildFork;
@@ -20,6 +20,34 @@ use crate::redact::SessionRedactor;
 use crate::router::Router;
 use crate::state;
 use crate::units::{ExecutorLink, UNIT_QUEUE};
+
+/// A child unit started by `box/fork`, handed to the session task to join
+/// the session (or, if the session is ending, to be removed).
+pub(super) struct ForkStarted {
+    pub(super) id: Value,
+    pub(super) reply: ReplyTo,
+    pub(super) key: u64,
+    pub(super) spec: UnitSpec,
+    pub(super) envelope: Envelope,
+    pub(super) link: ExecutorLink,
+    pub(super) ended: futures::future::BoxFuture<'static, UnitEnd>,
+    pub(super) renewal: Option<box_backend::Renewal>,
+    pub(super) tools: Option<Value>,
+    pub(super) egress: Vec<EgressProxy>,
+    pub(super) child: ChildFork,
+    pub(super) advisory: Option<String>,
+    pub(super) skipped: usize,
+}
+
+impl std::fmt::Debug for ForkStarted {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("ForkStarted")
+            .field("unit", &self.spec.name)
+            .field("id", &self.envelope.id)
+            .finish_non_exhaustive()
+    }
+}
 
 /// How many unit events may wait for the session task; a unit's reader waits
 /// when it is full (back-pressure onto that executor, not loss).
@@ -30,6 +58,9 @@ pub(super) struct Live {
     pub(super) plan: Plan,
     /// The client, as its `initialize` named itself (for the audit).
     pub(super) client: Option<ClientInfo>,
+    /// The SHA-256 of the handle's secret, for a session opened with
+    /// `box/session.open` (`stateless.rs`); `None` otherwise.
+    pub(super) handle: Option<String>,
     pub(super) units: Vec<Unit>,
     pub(super) workspace: Option<usize>,
     pub(super) router: Router<Tag>,

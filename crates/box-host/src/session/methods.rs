@@ -15,7 +15,7 @@ use box_policy::plan::Role;
 use serde_json::{Value, json};
 
 use super::live::{Live, Rewrite};
-use super::{Session, named};
+use super::{Session, named, stateless};
 use crate::fork;
 
 /// One method of the table.
@@ -145,6 +145,12 @@ pub(super) const METHODS: &[Method] = &[
         counted: true,
         ..host("agentworkspace/servers.start", servers_start)
     },
+    // The stateless revision's box session as a handle (`stateless.rs`).
+    Method {
+        opening: Opening::WayIn,
+        ..host(stateless::OPEN, stateless::open_again)
+    },
+    host(stateless::CLOSE, stateless::close),
     host("box/network.set", network_set),
     host("box/fork", Session::fork),
     host("box/merge", Session::merge),

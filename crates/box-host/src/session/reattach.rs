@@ -258,6 +258,7 @@ impl Session {
                 journal,
                 late,
                 client: None,
+                handle: None,
             },
             result,
         ))

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use box_jsonrpc::era::is_stateless;
 use box_jsonrpc::session::Inbound;
 use box_jsonrpc::{
     Kind, ReplyTo, check_params, classify, code, error_response, params, params_mut,
@@ -15,7 +16,7 @@ use tokio::sync::mpsc;
 
 use super::live::{Live, Rewrite, Tag, UnitEvent, send_to_unit};
 use super::methods::{self, Open, Request};
-use super::{Session, UNIT_META, named, sleep_until};
+use super::{Session, UNIT_META, named, sleep_until, stateless};
 use crate::units::describe_end;
 
 /// The most client requests one session may have in flight at once.
@@ -173,7 +174,7 @@ impl Session {
     /// (malformed, a probe, limits, and what the method table has the host
     /// answer: `ping`, `box/fork`, ...), *choose the unit* for the rest
     /// ([`Self::choose_unit`]), then [`Self::forward`] it.
-    fn client_request(&self, live: &mut Live, message: Value, reply: ReplyTo) {
+    pub(super) fn client_request(&self, live: &mut Live, mut message: Value, reply: ReplyTo) {
         let (id, method) = match classify(&message) {
             Ok(Kind::Request { id, method }) => (id, method),
             Ok(_) | Err(_) => {
@@ -187,6 +188,19 @@ impl Session {
         };
         if let Err(why) = check_params(&message) {
             reply.answer(error_response(id, code::INVALID_PARAMS, why));
+            return;
+        }
+        if let Some(refused) = stateless::unserved_version(&message) {
+            reply.answer(refused);
+            return;
+        }
+        if method == "server/discover" && is_stateless(&message) {
+            reply.answer(self.discover(id));
+            return;
+        }
+        // What a stateless request carries for the host alone goes no further.
+        if let Err(why) = self.check_handle(live, &mut message) {
+            reply.answer(stateless::refuse(&message, why));
             return;
         }
         let entry = methods::find(&method);

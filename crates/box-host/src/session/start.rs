@@ -22,12 +22,13 @@ use super::live::{EVENT_QUEUE, Live, Unit, link_unit};
 use crate::ask::{Ask, executor_initialize_params, initialize_result};
 use crate::egress::EgressProxy;
 use crate::fork;
+use crate::ledger::Tracked;
 use crate::redact::{self, SessionRedactor};
 use crate::router::Router;
 use crate::state;
 use crate::units::{
-    ExecutorLink, ExecutorStart, FIRST_REQUEST_ID, InitProgress, StartWiring, Tracked,
-    initialize_executor, remove_until_gone, start_units,
+    ExecutorLink, ExecutorStart, FIRST_REQUEST_ID, InitProgress, StartWiring, initialize_executor,
+    remove_until_gone, start_units,
 };
 
 impl Session {
@@ -389,6 +390,7 @@ impl Session {
                 journal,
                 late: Default::default(),
                 client: None,
+                handle: None,
             },
             result,
         ))
@@ -414,6 +416,11 @@ impl Session {
         let Some(store) = &self.services.state else {
             return false;
         };
+        // A backend that cannot re-adopt its units gets no identity to
+        // reattach with: a later host could only refuse it.
+        if !self.services.backend.capabilities().adopt {
+            return false;
+        }
         let (secret, secret_sha256) = state::new_secret();
         let kind = self.services.backend.kind();
         let record = state::SessionRecord {
@@ -437,7 +444,8 @@ impl Session {
                     identity: format!("{}/{}/{}", self.config.instance, self.id, unit.spec.name),
                     image_id: unit.envelope.image_id.clone(),
                     image_digest: unit.envelope.image_digest.clone(),
-                    run_dir: self.config.runtime_dir.join("units"),
+                    // Its backend's, from the renewal, below.
+                    run_dir: std::path::PathBuf::new(),
                     envelope: serde_json::to_value(&unit.envelope).unwrap_or(Value::Null),
                     tools: initialized.tools.clone(),
                     // The directory its unit has mounted: a later host serves

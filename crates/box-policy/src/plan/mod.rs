@@ -623,17 +623,7 @@ pub fn resolve(
 
 /// The plan of an already narrowed profile.
 fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
-    let security = Security {
-        capabilities: profile.security.capabilities.clone(),
-        read_only_root: profile.security.read_only_root,
-        landlock: profile.security.landlock,
-        neutralise_git: profile.security.neutralise_git,
-        write_guard: profile.security.write_guard,
-        tmp: profile.security.tmp,
-        privileged: profile.security.privileged,
-        host_namespaces: profile.security.host_namespaces.clone(),
-        devices: profile.security.devices.clone(),
-    };
+    let security = profile.security.clone();
     let user = match profile.workspace.user {
         UserChoice::Ids(ids) => Some(ids),
         UserChoice::Host => Some(host.host_user()),

@@ -6,9 +6,9 @@
 //! session cannot tighten" and the limits it narrows, `box profile show` the
 //! limits it prints, and a test holds the README's field tables to them.
 //!
-//! The limits are declared whole here ([`limits!`]): the `LimitsPolicy`
-//! struct, each limit's default, how it is read, shown, asked for and
-//! narrowed all come from one row.
+//! The limits are declared whole here ([`limits!`]): the profile's
+//! `LimitsPolicy` and the plan's `Limits`, each limit's default, how it is
+//! read, shown, asked for, narrowed and given to a unit all come from one row.
 
 use std::time::Duration;
 
@@ -95,11 +95,12 @@ const fn field(
 use Tighten::{Among, AtMost, Drop, No, Within};
 
 /// The top level.
+#[rustfmt::skip]
 pub(crate) const TOP: Table = Table {
     path: "",
     readme: ("Top level", 1),
     fields: &[
-        field("description", "string", "`\"\"`", No, Some("description")),
+        field("description", "string", r#"`""`"#, No, Some("description")),
         field("extends", "string", "none", No, None),
         field("workspace", "`[workspace]`", "", Within, None),
         field("network", "`[network]`", "", Within, Some("network")),
@@ -114,153 +115,55 @@ pub(crate) const TOP: Table = Table {
 };
 
 /// `[workspace]`.
+#[rustfmt::skip]
 pub(crate) const WORKSPACE: Table = Table {
     path: "workspace",
     readme: ("`[workspace]`", 1),
     fields: &[
-        field(
-            "image",
-            "string",
-            "`\"box-base:bookworm\"`",
-            Among,
-            Some("image"),
-        ),
+        field("image", "string", r#"`"box-base:bookworm"`"#, Among, Some("image")),
         field("images", "array of image references", "`[]`", No, None),
-        field(
-            "pull",
-            "`\"never\"` \\| `\"missing\"` \\| `\"always\"`",
-            "`\"missing\"`",
-            No,
-            Some("pull"),
-        ),
+        field("pull", r#"`"never"` \| `"missing"` \| `"always"`"#, r#"`"missing"`"#, No, Some("pull")),
         field("pull_secret", "string", "none", No, Some("pullSecret")),
-        field(
-            "root",
-            "absolute path",
-            "`\"/workspace\"`",
-            No,
-            Some("root"),
-        ),
-        field(
-            "source",
-            "`\"cwd\"` \\| `\"fork\"` \\| `\"empty\"` \\| `\"none\"` \\| absolute host path",
-            "`\"cwd\"`",
-            No,
-            Some("source"),
-        ),
-        field(
-            "mode",
-            "`\"rw\"` \\| `\"ro\"`",
-            "`\"rw\"`",
-            AtMost,
-            Some("mode"),
-        ),
-        field(
-            "user",
-            "`\"host\"` \\| `\"image\"` \\| `\"UID:GID\"`",
-            "`\"host\"`",
-            No,
-            Some("user"),
-        ),
-        field(
-            "runtime",
-            "runtime name",
-            "the engine's default (`runc`)",
-            No,
-            Some("runtime"),
-        ),
-        field(
-            "local_userland",
-            "`\"refuse\"` \\| `\"host\"`",
-            "`\"refuse\"`",
-            AtMost,
-            Some("localUserland"),
-        ),
+        field("root", "absolute path", r#"`"/workspace"`"#, No, Some("root")),
+        field("source", r#"`"cwd"` \| `"fork"` \| `"empty"` \| `"none"` \| absolute host path"#, r#"`"cwd"`"#, No, Some("source")),
+        field("mode", r#"`"rw"` \| `"ro"`"#, r#"`"rw"`"#, AtMost, Some("mode")),
+        field("user", r#"`"host"` \| `"image"` \| `"UID:GID"`"#, r#"`"host"`"#, No, Some("user")),
+        field("runtime", "runtime name", "the engine's default (`runc`)", No, Some("runtime")),
+        field("local_userland", r#"`"refuse"` \| `"host"`"#, r#"`"refuse"`"#, AtMost, Some("localUserland")),
         // The plan's, not a unit's: `onPersistedCredentials` and `workspaceFork`.
-        field(
-            "on_persisted_credentials",
-            "`\"report\"` \\| `\"refuse\"` \\| `\"hide\"`",
-            "`\"report\"`",
-            No,
-            None,
-        ),
-        field(
-            "fork_mode",
-            "`\"auto\"` \\| `\"worktree\"` \\| `\"copy\"`",
-            "`\"auto\"`",
-            No,
-            None,
-        ),
+        field("on_persisted_credentials", r#"`"report"` \| `"refuse"` \| `"hide"`"#, r#"`"report"`"#, No, None),
+        field("fork_mode", r#"`"auto"` \| `"worktree"` \| `"copy"`"#, r#"`"auto"`"#, No, None),
     ],
 };
 
 /// `[network]`, and a server's `network`.
+#[rustfmt::skip]
 pub(crate) const NETWORK: Table = Table {
     path: "network",
     readme: ("`[network]`", 1),
     fields: &[
-        field(
-            "mode",
-            "`\"none\"` \\| `\"egress\"` \\| `\"bridge\"`",
-            "`\"none\"`",
-            AtMost,
-            Some("network.mode"),
-        ),
-        field(
-            "allow",
-            "array of `host[:port]`",
-            "`[]`",
-            Among,
-            Some("network.allow"),
-        ),
-        field(
-            "hosts",
-            "table of name = IP address",
-            "`{}`",
-            No,
-            Some("network.hosts"),
-        ),
-        field(
-            "max_connections",
-            "whole number",
-            "`256` with `egress`",
-            No,
-            Some("network.maxConnections"),
-        ),
-        field(
-            "bandwidth",
-            "size per second (`\"10MiB\"`)",
-            "no cap",
-            No,
-            Some("network.bytesPerSecond"),
-        ),
+        field("mode", r#"`"none"` \| `"egress"` \| `"bridge"`"#, r#"`"none"`"#, AtMost, Some("network.mode")),
+        field("allow", "array of `host[:port]`", "`[]`", Among, Some("network.allow")),
+        field("hosts", "table of name = IP address", "`{}`", No, Some("network.hosts")),
+        field("max_connections", "whole number", "`256` with `egress`", No, Some("network.maxConnections")),
+        field("bandwidth", r#"size per second (`"10MiB"`)"#, "no cap", No, Some("network.bytesPerSecond")),
     ],
 };
 
 /// `[env]`.
+#[rustfmt::skip]
 pub(crate) const ENV: Table = Table {
     path: "env",
     readme: ("`[env]`", 1),
     fields: &[
-        field(
-            "set",
-            "table of `NAME = \"value\"`",
-            "`{}`",
-            Drop,
-            Some("env.set"),
-        ),
+        field("set", r#"table of `NAME = "value"`"#, "`{}`", Drop, Some("env.set")),
         field("pass", "array of names", "`[]`", Drop, Some("env.pass")),
-        field(
-            "secrets",
-            "array of names or `{name, as_env}` tables",
-            "`[]`",
-            Drop,
-            Some("env.secrets"),
-        ),
+        field("secrets", "array of names or `{name, as_env}` tables", "`[]`", Drop, Some("env.secrets")),
     ],
 };
 
 /// A table entry of `env.secrets`.
+#[rustfmt::skip]
 pub(crate) const SECRET: Table = Table {
     path: "env.secrets",
     readme: ("`[env]`", 2),
@@ -271,77 +174,25 @@ pub(crate) const SECRET: Table = Table {
 };
 
 /// `[security]`.
+#[rustfmt::skip]
 pub(crate) const SECURITY: Table = Table {
     path: "security",
     readme: ("`[security]`", 1),
     fields: &[
-        field(
-            "capabilities",
-            "array of names",
-            "`[]`",
-            No,
-            Some("security.capabilities"),
-        ),
-        field(
-            "read_only_root",
-            "bool",
-            "`true`",
-            No,
-            Some("security.readOnlyRoot"),
-        ),
-        field(
-            "landlock",
-            "`\"required\"` \\| `\"best-effort\"` \\| `\"off\"`",
-            "`\"required\"`",
-            No,
-            Some("security.landlock"),
-        ),
-        field(
-            "git",
-            "`\"neutralise\"` \\| `\"off\"`",
-            "`\"neutralise\"`",
-            No,
-            Some("security.neutraliseGit"),
-        ),
-        field(
-            "write_guard",
-            "`\"read-first\"` \\| `\"off\"`",
-            "`\"read-first\"`",
-            No,
-            Some("security.writeGuard"),
-        ),
-        field(
-            "tmp",
-            "`\"exec\"` \\| `\"noexec\"`",
-            "`\"exec\"`",
-            No,
-            Some("security.tmp"),
-        ),
-        field(
-            "privileged",
-            "bool",
-            "`false`",
-            No,
-            Some("security.privileged"),
-        ),
-        field(
-            "host_namespaces",
-            "array of `cgroup`, `ipc`, `net`, `pid`, `user`, `uts`",
-            "`[]`",
-            No,
-            Some("security.hostNamespaces"),
-        ),
-        field(
-            "devices",
-            "array of paths under `/dev`",
-            "`[]`",
-            No,
-            Some("security.devices"),
-        ),
+        field("capabilities", "array of names", "`[]`", No, Some("security.capabilities")),
+        field("read_only_root", "bool", "`true`", No, Some("security.readOnlyRoot")),
+        field("landlock", r#"`"required"` \| `"best-effort"` \| `"off"`"#, r#"`"required"`"#, No, Some("security.landlock")),
+        field("git", r#"`"neutralise"` \| `"off"`"#, r#"`"neutralise"`"#, No, Some("security.neutraliseGit")),
+        field("write_guard", r#"`"read-first"` \| `"off"`"#, r#"`"read-first"`"#, No, Some("security.writeGuard")),
+        field("tmp", r#"`"exec"` \| `"noexec"`"#, r#"`"exec"`"#, No, Some("security.tmp")),
+        field("privileged", "bool", "`false`", No, Some("security.privileged")),
+        field("host_namespaces", "array of `cgroup`, `ipc`, `net`, `pid`, `user`, `uts`", "`[]`", No, Some("security.hostNamespaces")),
+        field("devices", "array of paths under `/dev`", "`[]`", No, Some("security.devices")),
     ],
 };
 
 /// `[lifecycle]`.
+#[rustfmt::skip]
 pub(crate) const LIFECYCLE: Table = Table {
     path: "lifecycle",
     readme: ("`[lifecycle]`", 1),
@@ -355,83 +206,38 @@ pub(crate) const LIFECYCLE: Table = Table {
 };
 
 /// A `[[server]]` table.
+#[rustfmt::skip]
 pub(crate) const SERVER: Table = Table {
     path: "server",
     readme: ("`[[server]]`", 1),
     fields: &[
         field("name", "string", "required", Drop, Some("name")),
         field("image", "string", "required", No, Some("image")),
-        field(
-            "pull",
-            "`\"never\"` \\| `\"missing\"` \\| `\"always\"`",
-            "`\"missing\"`",
-            No,
-            Some("pull"),
-        ),
+        field("pull", r#"`"never"` \| `"missing"` \| `"always"`"#, r#"`"missing"`"#, No, Some("pull")),
         field("pull_secret", "string", "none", No, Some("pullSecret")),
-        field(
-            "runtime",
-            "runtime name",
-            "the engine's default",
-            No,
-            Some("runtime"),
-        ),
-        field(
-            "local_userland",
-            "`\"refuse\"` \\| `\"host\"`",
-            "`\"refuse\"`",
-            No,
-            Some("localUserland"),
-        ),
-        field(
-            "command",
-            "array of strings",
-            "required",
-            No,
-            Some("command"),
-        ),
-        field("description", "string", "`\"\"`", No, Some("description")),
-        field(
-            "network",
-            "`{ mode, allow, hosts, max_connections, bandwidth }`",
-            "`{ mode = \"none\" }`",
-            No,
-            Some("network"),
-        ),
-        field(
-            "limits",
-            "`{ memory, cpus, pids, tmp, home, nofile, call_timeout }`",
-            "the profile's `[limits]`",
-            No,
-            Some("limits"),
-        ),
+        field("runtime", "runtime name", "the engine's default", No, Some("runtime")),
+        field("local_userland", r#"`"refuse"` \| `"host"`"#, r#"`"refuse"`"#, No, Some("localUserland")),
+        field("command", "array of strings", "required", No, Some("command")),
+        field("description", "string", r#"`""`"#, No, Some("description")),
+        field("network", "`{ mode, allow, hosts, max_connections, bandwidth }`", r#"`{ mode = "none" }`"#, No, Some("network")),
+        field("limits", "`{ memory, cpus, pids, tmp, home, nofile, call_timeout }`", "the profile's `[limits]`", No, Some("limits")),
     ],
 };
 
 /// A `[[volume]]` table.
+#[rustfmt::skip]
 pub(crate) const VOLUME: Table = Table {
     path: "volume",
     readme: ("`[[volume]]`", 1),
     fields: &[
         field("name", "string", "required", Drop, Some("volumes.name")),
-        field(
-            "path",
-            "`\"~/REL\"` \\| absolute path",
-            "required",
-            No,
-            Some("volumes.path"),
-        ),
-        field(
-            "scope",
-            "`\"session\"` \\| `\"profile\"`",
-            "`\"session\"`",
-            No,
-            Some("volumes.scope"),
-        ),
+        field("path", r#"`"~/REL"` \| absolute path"#, "required", No, Some("volumes.path")),
+        field("scope", r#"`"session"` \| `"profile"`"#, r#"`"session"`"#, No, Some("volumes.scope")),
     ],
 };
 
 /// `[operator]`.
+#[rustfmt::skip]
 pub(crate) const OPERATOR: Table = Table {
     path: "operator",
     readme: ("`[operator]`", 1),
@@ -668,25 +474,25 @@ macro_rules! limits {
 #[rustfmt::skip]
 limits! {
     /// Memory (swap off).
-    memory: ByteSize as Size = ByteSize(2 << 30), Unit, "size", "`\"2GiB\"`", memory_bytes "memoryBytes";
+    memory: ByteSize as Size = ByteSize(2 << 30), Unit, "size", r#"`"2GiB"`"#, memory_bytes "memoryBytes";
     /// CPUs, in cores.
     cpus: CpuQuota as Cpus = CpuQuota(2000), Unit, "number", "`2.0`", cpus "cpus";
     /// Most processes and threads.
     pids: u64 as Count = 512, Unit, "integer", "`512`", pids "pids";
     /// Size of the /tmp tmpfs.
-    tmp: ByteSize as Size = ByteSize(256 << 20), Unit, "size", "`\"256MiB\"`", tmp_bytes "tmpBytes";
+    tmp: ByteSize as Size = ByteSize(256 << 20), Unit, "size", r#"`"256MiB"`"#, tmp_bytes "tmpBytes";
     /// Size of the unit's home (a tmpfs holding what the image put there).
-    home: ByteSize as Size = ByteSize(512 << 20), Unit, "size", "`\"512MiB\"`", home_bytes "homeBytes";
+    home: ByteSize as Size = ByteSize(512 << 20), Unit, "size", r#"`"512MiB"`"#, home_bytes "homeBytes";
     /// Most open files per process.
     nofile: u64 as Count = 4096, Unit, "integer", "`4096`", nofile "nofile";
     /// Deadline of one call.
-    call_timeout: Duration as Duration = Duration::from_secs(600), Unit, "duration", "`\"10m\"`", call_timeout "callTimeoutMs";
+    call_timeout: Duration as Duration = Duration::from_secs(600), Unit, "duration", r#"`"10m"`"#, call_timeout "callTimeoutMs";
     /// No request for this long ends the session.
-    idle: Duration as Duration = Duration::from_secs(1800), Session, "duration", "`\"30m\"`", idle "idleMs";
+    idle: Duration as Duration = Duration::from_secs(1800), Session, "duration", r#"`"30m"`"#, idle "idleMs";
     /// The session ends after this long whatever happens.
-    lifetime: Duration as Duration = Duration::from_secs(8 * 3600), Session, "duration", "`\"8h\"`", lifetime "lifetimeMs";
+    lifetime: Duration as Duration = Duration::from_secs(8 * 3600), Session, "duration", r#"`"8h"`"#, lifetime "lifetimeMs";
     /// Starting the session's units (engine and executor) must end within this.
-    start_timeout: Duration as Duration = Duration::from_secs(60), Session, "duration", "`\"1m\"`", start_timeout "startTimeoutMs";
+    start_timeout: Duration as Duration = Duration::from_secs(60), Session, "duration", r#"`"1m"`"#, start_timeout "startTimeoutMs";
 }
 
 impl Limit {

@@ -9,7 +9,7 @@ pub use super::fields::LimitsPolicy;
 use super::value::ByteSize;
 use crate::allow::Rule;
 use crate::image::PullPolicy;
-use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, TmpMode, UserIds};
+use crate::plan::{LocalUserland, MountMode, NetworkMode, UserIds};
 
 /// A profile: everything a session's units may be and do. A session can only narrow it.
 #[derive(Debug, Clone, PartialEq)]
@@ -210,28 +210,10 @@ pub struct EnvPolicy {
     pub secrets_as_env: Vec<String>,
 }
 
-/// The hardening as written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SecurityPolicy {
-    /// Capabilities added back after dropping all (names without `CAP_`).
-    pub capabilities: Vec<String>,
-    /// Read-only root file system.
-    pub read_only_root: bool,
-    /// Landlock for the executor and its children.
-    pub landlock: Requirement,
-    /// Git configuration neutralised for children.
-    pub neutralise_git: bool,
-    /// Overwriting an existing file needs an earlier read of it.
-    pub write_guard: bool,
-    /// Whether programs may run from `/tmp`.
-    pub tmp: TmpMode,
-    /// A privileged unit (dangerous).
-    pub privileged: bool,
-    /// Host namespaces shared with the unit (dangerous).
-    pub host_namespaces: Vec<String>,
-    /// Host devices handed to the unit (dangerous).
-    pub devices: Vec<PathBuf>,
-}
+/// The hardening as written: the plan's [`Security`](crate::plan::Security),
+/// which every unit gets as the profile says (one struct, so a hardening
+/// field is declared once).
+pub use crate::plan::Security as SecurityPolicy;
 
 /// A server unit as written: runs one MCP server offered to the session.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -155,7 +155,8 @@ write_guard = "off"
             call_timeout: std::time::Duration::from_secs(60),
             idle: std::time::Duration::from_secs(300),
             lifetime: std::time::Duration::from_secs(5400),
-            start_timeout: std::time::Duration::from_secs(60),
+            // The rest (the start deadline) as the defaults.
+            ..LimitsPolicy::defaults()
         }
     );
     assert_eq!(profile.env.secrets, vec!["GITHUB_TOKEN".to_owned()]);

@@ -12,17 +12,7 @@ use crate::plan::{Requirement, TmpMode};
 
 impl Walk {
     pub(super) fn security(&mut self, node: Option<&Node>) -> Option<SecurityPolicy> {
-        let mut security = SecurityPolicy {
-            capabilities: Vec::new(),
-            read_only_root: true,
-            landlock: Requirement::Required,
-            neutralise_git: true,
-            write_guard: true,
-            tmp: TmpMode::Exec,
-            privileged: false,
-            host_namespaces: Vec::new(),
-            devices: Vec::new(),
-        };
+        let mut security = SecurityPolicy::strict();
         let Some(node) = node else {
             return Some(security);
         };

@@ -1,0 +1,300 @@
+//! MCP's stateless revision (2026-07-28) on a box session: `server/discover`
+//! answered by the host, a session opened as a handle (`box/session.open`:
+//! its id and a secret, carried on later requests as `_meta["box/session"]`
+//! or, over HTTP, the `Box-Session` header) or, for a request without one,
+//! opened for it (stdio: the process's session; HTTP: a session for that one
+//! request, ended after it), and `box/session.close`.
+//!
+//! The units of a box session speak the handshake era (the host initialized
+//! their executors), so what a stateless request carries for the host alone
+//! (MCP's per-request `_meta`, the handle) is taken off before a unit sees
+//! it, and its transport completes the answer in the revision's form
+//! (`box_jsonrpc::era::complete_result`). The handle's secret is kept as its
+//! SHA-256 only, and never logged, audited or counted.
+
+use box_jsonrpc::LATEST_PROTOCOL_VERSION;
+use box_jsonrpc::era::{
+    META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_SERVER_INFO, SESSION_META, STATELESS_VERSION,
+    all_versions, request_version, take_host_meta, unsupported_version,
+};
+use box_jsonrpc::{code, error_response, params, result_response};
+use serde_json::{Map, Value, json};
+
+use super::methods::Request;
+use super::{EXECUTOR_KEY, Live, Session};
+use crate::audit::ClientInfo;
+use crate::state;
+
+/// The method that opens a box session as a handle.
+pub(super) const OPEN: &str = "box/session.open";
+/// The method that ends one.
+pub(super) const CLOSE: &str = "box/session.close";
+
+impl Session {
+    /// `server/discover` of the stateless revision: what this host serves,
+    /// the profiles it offers and how to open a session. No unit starts.
+    pub(super) fn discover(&self, id: Value) -> Value {
+        let profiles: Vec<String> = self
+            .config
+            .catalog
+            .list()
+            .into_iter()
+            .filter(|listed| !listed.hidden)
+            .map(|listed| listed.name)
+            .collect();
+        result_response(
+            id,
+            json!({
+                "supportedVersions": all_versions(),
+                "capabilities": {
+                    "tools": {"listChanged": false},
+                    "resources": {"listChanged": false},
+                    "extensions": {
+                        EXECUTOR_KEY: {
+                            "version": 1,
+                            "box": {
+                                "profiles": profiles,
+                                "defaultProfile": self.config.default_profile,
+                                "session": {
+                                    "open": OPEN,
+                                    "close": CLOSE,
+                                    "params": ["profile", "tighten", "maxReadBytes", "reattach"],
+                                    "handle": {"meta": SESSION_META, "header": "Box-Session"},
+                                },
+                            },
+                        },
+                    },
+                },
+                "instructions": format!(
+                    "box runs tool calls in isolated units. Open a session with {OPEN} {{profile?, tighten?, maxReadBytes?}} (profiles: {}), carry its {{id, secret}} as _meta[\"{SESSION_META}\"] (or, over HTTP, the Box-Session header ID:SECRET) on every request, and end it with {CLOSE}. The executor's capability (tools, files, limits) and the units' envelopes come with the open's answer.",
+                    profiles.join(", ")
+                ),
+                "resultType": "complete",
+                "ttlMs": 0,
+                "cacheScope": "public",
+                "_meta": {META_SERVER_INFO: {"name": "box", "version": env!("CARGO_PKG_VERSION")}},
+            }),
+        )
+    }
+
+    /// The answer to `box/session.open`, from the session's initialize-form
+    /// answer: the handle (`id`, `secret`: the reattach secret when the
+    /// session's identity is kept, so one secret serves both), the profile,
+    /// the units' envelopes and the workspace executor's capability. The
+    /// session keeps the secret's digest to check each later request.
+    pub(super) fn handle_answer(&self, live: &mut Live, initialized: &Value) -> Value {
+        let executor = initialized
+            .pointer("/capabilities/experimental")
+            .and_then(|experimental| experimental.get(EXECUTOR_KEY))
+            .cloned()
+            .unwrap_or_else(|| json!({"version": 1}));
+        let mut executor = executor.as_object().cloned().unwrap_or_default();
+        let answer = executor.remove("box").unwrap_or_else(|| json!({}));
+        let kept = answer
+            .pointer("/session/secret")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let secret = match kept {
+            Some(secret) => secret,
+            None => state::new_secret().0,
+        };
+        live.handle = Some(state::secret_digest(&secret));
+        json!({
+            "id": self.id,
+            "secret": secret,
+            "profile": answer.get("profile").cloned().unwrap_or(Value::Null),
+            "units": answer.get("units").cloned().unwrap_or_else(|| json!([])),
+            "fork": answer.get("fork").cloned(),
+            "executor": Value::Object(executor),
+            "tools": initialized.pointer("/capabilities/tools").cloned(),
+            "resultType": "complete",
+            "_meta": {META_SERVER_INFO: {"name": "box", "version": env!("CARGO_PKG_VERSION")}},
+        })
+    }
+
+    /// Check the handle a request carries against this session, and take
+    /// off what the host alone reads before a unit sees it. A request
+    /// without a handle passes (stdio's one session; HTTP routes by handle
+    /// before a session sees a request).
+    pub(super) fn check_handle(&self, live: &Live, message: &mut Value) -> Result<(), String> {
+        let Some(handle) = take_host_meta(message) else {
+            return Ok(());
+        };
+        let (id, secret) = read_handle(&handle)?;
+        if id != self.id {
+            return Err(format!(
+                "_meta[\"{SESSION_META}\"].id: `{id}` is not this session; send each request with the handle box/session.open answered"
+            ));
+        }
+        match &live.handle {
+            Some(digest) if state::secret_matches(secret, digest) => Ok(()),
+            Some(_) => Err(format!(
+                "_meta[\"{SESSION_META}\"].secret: not the secret of session `{id}`"
+            )),
+            None => Err(format!(
+                "_meta[\"{SESSION_META}\"]: session `{id}` was not opened with {OPEN}, so it has no handle; send its requests without one"
+            )),
+        }
+    }
+}
+
+/// A handle's `{id, secret}`; the error names the field.
+fn read_handle(handle: &Value) -> Result<(&str, &str), String> {
+    let field = |name: &str| {
+        handle
+            .get(name)
+            .and_then(Value::as_str)
+            .filter(|text| !text.is_empty())
+            .ok_or_else(|| {
+                format!(
+                    "_meta[\"{SESSION_META}\"].{name}: must be a non-empty string (from the {OPEN} answer), got {}",
+                    handle.get(name).map_or_else(|| "nothing".to_owned(), Value::to_string)
+                )
+            })
+    };
+    Ok((field("id")?, field("secret")?))
+}
+
+/// The params of the `initialize` a stateless request stands for: what the
+/// request's `_meta` says per request (the client's capabilities, its
+/// name), at the handshake era's newest version (the one its units'
+/// executors are initialized at), with its progress token. For
+/// `box/session.open {profile?, tighten?, maxReadBytes?}` (`explicit`) the
+/// box ask is its params (an unknown one refused), else the capability ask
+/// the client's per-request capabilities carry, so either is read and
+/// checked as a capability ask at initialize is.
+pub(super) fn initialize_params(
+    message: &Value,
+    explicit: bool,
+) -> Result<Map<String, Value>, String> {
+    let asked = params(message).cloned().unwrap_or_default();
+    let meta = asked
+        .get("_meta")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let mut capabilities = match meta.get(META_CLIENT_CAPABILITIES) {
+        Some(Value::Object(capabilities)) => capabilities.clone(),
+        _ => Map::new(),
+    };
+    if explicit {
+        if let Some(unknown) = asked.keys().find(|key| {
+            !["profile", "tighten", "maxReadBytes", "reattach", "_meta"].contains(&key.as_str())
+        }) {
+            return Err(format!(
+                "{OPEN}: unknown parameter `{unknown}`; it takes profile, tighten, maxReadBytes and reattach"
+            ));
+        }
+        let mut executor = Map::new();
+        if let Some(bytes) = asked.get("maxReadBytes") {
+            executor.insert("maxReadBytes".to_owned(), bytes.clone());
+        }
+        let mut ask_box = Map::new();
+        for key in ["profile", "tighten", "reattach"] {
+            if let Some(value) = asked.get(key) {
+                ask_box.insert(key.to_owned(), value.clone());
+            }
+        }
+        executor.insert("box".to_owned(), Value::Object(ask_box));
+        let experimental = capabilities
+            .entry("experimental")
+            .or_insert_with(|| json!({}));
+        if let Some(experimental) = experimental.as_object_mut() {
+            experimental.insert(EXECUTOR_KEY.to_owned(), Value::Object(executor));
+        }
+    }
+    let mut converted = Map::new();
+    converted.insert("protocolVersion".to_owned(), json!(LATEST_PROTOCOL_VERSION));
+    converted.insert("capabilities".to_owned(), Value::Object(capabilities));
+    converted.insert(
+        "clientInfo".to_owned(),
+        meta.get(META_CLIENT_INFO)
+            .filter(|info| info.is_object())
+            .cloned()
+            .unwrap_or_else(|| json!({"name": "stateless client", "version": "0"})),
+    );
+    if let Some(token) = meta.get("progressToken") {
+        converted.insert("_meta".to_owned(), json!({"progressToken": token}));
+    }
+    Ok(converted)
+}
+
+/// The `initialize` a stateless request opens its session with when the
+/// session is not open yet ([`initialize_params`]; the transport's ask
+/// merged in as for any): without a handle a fresh session; with one, a
+/// reattach to the session the handle names (its host restarted, and this
+/// one kept its identity with `--state`), its secret the reattach secret.
+pub(super) fn implicit_open(message: &Value) -> Value {
+    let mut params = initialize_params(message, false).unwrap_or_default();
+    let handle = box_jsonrpc::params(message)
+        .and_then(|params| params.get("_meta"))
+        .and_then(|meta| meta.get(SESSION_META));
+    if let Some(handle) = handle {
+        let reattach = json!({
+            "session": handle.get("id").cloned().unwrap_or(Value::Null),
+            "secret": handle.get("secret").cloned().unwrap_or(Value::Null),
+        });
+        let experimental = params
+            .entry("capabilities")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+            .map(|capabilities| {
+                capabilities
+                    .entry("experimental")
+                    .or_insert_with(|| json!({}))
+            });
+        if let Some(experimental) = experimental.and_then(Value::as_object_mut) {
+            experimental.insert(
+                EXECUTOR_KEY.to_owned(),
+                json!({"box": {"reattach": reattach}}),
+            );
+        }
+    }
+    json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params})
+}
+
+/// Whether a request carries a handle (`_meta["box/session"]`).
+pub(super) fn carries_handle(message: &Value) -> bool {
+    params(message)
+        .and_then(|params| params.get("_meta"))
+        .is_some_and(|meta| meta.get(SESSION_META).is_some())
+}
+
+/// The client a stateless request names in its `_meta`.
+pub(super) fn client_of(message: &Value) -> Option<ClientInfo> {
+    let info = params(message)?.get("_meta")?.get(META_CLIENT_INFO)?;
+    ClientInfo::of_initialize(&json!({"params": {"clientInfo": info}}))
+}
+
+/// `box/session.close`: answered, then the session ends (its units removed).
+pub(super) fn close(session: &Session, live: &mut Live, request: Request) {
+    request.answer(live, Ok(json!({})));
+    session.cancel.cancel();
+}
+
+/// `box/session.open` once the session is open: refused.
+pub(super) fn open_again(_: &Session, live: &mut Live, request: Request) {
+    request.answer(
+        live,
+        Err((
+            code::INVALID_REQUEST,
+            format!(
+                "{OPEN}: this session is already open; open another without a handle (HTTP), or start another box serve (stdio)"
+            ),
+        )),
+    )
+}
+
+/// The -32022 answer to a request naming in `_meta` a version box does not
+/// serve; `None` for one of the handshake era or the stateless revision.
+pub(super) fn unserved_version(message: &Value) -> Option<Value> {
+    let version = request_version(message)?;
+    (version != STATELESS_VERSION)
+        .then(|| unsupported_version(message.get("id").cloned().unwrap_or(Value::Null), version))
+}
+
+/// An error answer to a stateless request the session refused.
+pub(super) fn refuse(message: &Value, why: String) -> Value {
+    let id = message.get("id").cloned().unwrap_or(Value::Null);
+    error_response(id, code::INVALID_PARAMS, why)
+}
