@@ -17,6 +17,10 @@ use crate::support::{HttpHost, box_bin, containers, docker_answers};
 /// The pool's profile: the default one, with two variables a session may drop.
 const PROFILE: &str = "description = \"pool tests\"\nextends = \"default\"\n\n[env]\nset = { POOL_A = \"a\", POOL_B = \"b\" }\n\n[limits]\nmemory = \"1GiB\"\n";
 
+/// A pool whose units get a secret at the claim, and a short lease.
+const SECRET_PROFILE: &str = "description = \"pool tests, a secret\"\nextends = \"default\"\n\n[env]\nsecrets = [\"POOL_E2E_SECRET\"]\n\n[lifecycle]\nlease = \"2s\"\n";
+const SECRET_VALUE: &str = "pool-e2e-secret-5c1f0a77";
+
 /// What a unit's confinement looks like from inside (everything a session's
 /// plan decides that a process can read about itself).
 const PROBE: &str = "grep -E '^(Seccomp|Seccomp_filters|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status; \
@@ -38,6 +42,17 @@ struct Host {
 
 impl Host {
     async fn start(name: &str, profiles: &Path, workspace: &Path, pool: Option<&str>) -> Self {
+        Self::start_with(name, profiles, workspace, pool, &[]).await
+    }
+
+    /// [`Self::start`] with `env` set for the host.
+    async fn start_with(
+        name: &str,
+        profiles: &Path,
+        workspace: &Path,
+        pool: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Self {
         let instance = format!("e2e-pool-{name}-{}", std::process::id());
         let host = HttpHost::on_a_free_port();
         let mut command = Command::new(box_bin());
@@ -48,7 +63,8 @@ impl Host {
             .arg(profiles)
             .arg("--workspace")
             .arg(workspace)
-            .env("RUST_LOG", "warn");
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied());
         if let Some(pool) = pool {
             command.args(["--pool", pool]);
         }
@@ -141,6 +157,7 @@ impl Drop for Host {
 fn setup() -> (tempfile::TempDir, tempfile::TempDir) {
     let profiles = tempfile::tempdir().unwrap();
     std::fs::write(profiles.path().join("pooled.toml"), PROFILE).unwrap();
+    std::fs::write(profiles.path().join("pooledsec.toml"), SECRET_PROFILE).unwrap();
     (profiles, tempfile::tempdir().unwrap())
 }
 
@@ -270,4 +287,64 @@ async fn a_pools_sessions_share_nothing_and_a_plan_it_cannot_serve_starts_cold()
     let instance = host.instance.clone();
     assert!(host.stop().success());
     assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+}
+
+/// The container's configured environment, as `docker inspect` shows it.
+async fn inspected_env(id: &str) -> Vec<String> {
+    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
+    let inspect = docker.inspect_container(id, None).await.unwrap();
+    inspect
+        .config
+        .and_then(|config| config.env)
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_warm_unit_gets_its_secret_at_the_claim_and_pooled_units_end_with_a_killed_host() {
+    if !docker_answers().await {
+        return;
+    }
+    let (profiles, workspace) = setup();
+    let host = Host::start_with(
+        "secret",
+        profiles.path(),
+        workspace.path(),
+        Some("pooledsec=1"),
+        &[("POOL_E2E_SECRET", SECRET_VALUE)],
+    )
+    .await;
+    host.ready("pooledsec", 1).await;
+    let (session, envelope) = host.session(json!({"profile": "pooledsec"})).await;
+    assert_eq!(envelope["warm"], json!(true), "{envelope}");
+    assert_eq!(
+        envelope["secrets"][0]["name"],
+        json!("POOL_E2E_SECRET"),
+        "{envelope}"
+    );
+    let seen = host
+        .bash(
+            &session,
+            &format!("test \"$(cat /run/secrets/POOL_E2E_SECRET)\" = {SECRET_VALUE} && echo delivered; env | grep -c POOL_E2E_SECRET"),
+        )
+        .await;
+    assert!(seen.contains("delivered"), "{seen}");
+    // Never in the container's configuration: not the claimed unit's, nor
+    // the one the pool started since.
+    host.ready("pooledsec", 1).await;
+    for id in containers(&host.instance, None).await {
+        let env = inspected_env(&id).await;
+        assert!(!env.iter().any(|var| var.contains(SECRET_VALUE)), "{env:?}");
+    }
+    // kill -9: the pooled unit and the session's end within their lease.
+    let mut host = host;
+    host.child.kill().unwrap();
+    host.child.wait().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !containers(&host.instance, None).await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "units of a killed host outlived their 2 s lease"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
