@@ -1199,6 +1199,7 @@ fn unit_info(container: ContainerSummary) -> UnitInfo {
         // A unit an older box started has no such label: the engine's name
         // for the image it was created from (its id) is all there is.
         image: labels.get(labels::IMAGE).cloned().or(container.image),
+        pool: labels.get(box_backend::pool::POOL_LABEL).cloned(),
     }
 }
 

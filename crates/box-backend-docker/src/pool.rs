@@ -177,6 +177,11 @@ impl DockerBackend {
             home.seeded_from = was.seeded_from.clone();
         }
         envelope.volumes = std::mem::take(&mut started.envelope.volumes);
+        // Recorded so (`box units inspect`): the unit came from a pool.
+        envelope.warm = Some(box_policy::envelope::Warm {
+            warm: true,
+            warm_why: None,
+        });
         lease::RunDir::record(&detail.run_dir, &envelope);
         started.envelope = envelope;
         Ok(started)

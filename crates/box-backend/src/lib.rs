@@ -543,6 +543,10 @@ pub struct UnitInfo {
     /// where the unit runs no image (a local unit runs the host's userland).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// `box.pool`: the profile whose pool started the unit (a warm unit,
+    /// claimed or still ready; its session is then the pool's `pool-N`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
 }
 
 /// One unit in detail, as `box units inspect` shows it: what

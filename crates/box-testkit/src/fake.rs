@@ -257,6 +257,7 @@ impl Backend for FakeBackend {
                             parent: None,
                             lease_ms: None,
                             image: Some(spec.image.clone()),
+                            pool: None,
                         },
                         kill: Some(kill_tx),
                     },
