@@ -42,7 +42,7 @@ struct Host {
 
 impl Host {
     async fn start(name: &str, profiles: &Path, workspace: &Path, pool: Option<&str>) -> Self {
-        Self::start_with(name, profiles, workspace, pool, &[]).await
+        Self::start_with(name, profiles, workspace, pool, &[], &[]).await
     }
 
     /// [`Self::start`] with `env` set for the host.
@@ -52,6 +52,7 @@ impl Host {
         workspace: &Path,
         pool: Option<&str>,
         env: &[(&str, &str)],
+        args: &[&str],
     ) -> Self {
         let instance = format!("e2e-pool-{name}-{}", std::process::id());
         let host = HttpHost::on_a_free_port();
@@ -64,7 +65,8 @@ impl Host {
             .arg("--workspace")
             .arg(workspace)
             .env("RUST_LOG", "warn")
-            .envs(env.iter().copied());
+            .envs(env.iter().copied())
+            .args(args);
         if let Some(pool) = pool {
             command.args(["--pool", pool]);
         }
@@ -216,7 +218,16 @@ async fn a_pools_sessions_share_nothing_and_a_plan_it_cannot_serve_starts_cold()
         return;
     }
     let (profiles, workspace) = setup();
-    let host = Host::start("share", profiles.path(), workspace.path(), Some("pooled=1")).await;
+    let audit = profiles.path().join("audit.jsonl");
+    let host = Host::start_with(
+        "share",
+        profiles.path(),
+        workspace.path(),
+        Some("pooled=1"),
+        &[],
+        &["--audit", audit.to_str().unwrap()],
+    )
+    .await;
     host.ready("pooled", 1).await;
     let (first, first_envelope) = host
         .session(json!({"tighten": {"env": {"drop": ["POOL_B"]}}}))
@@ -298,6 +309,18 @@ async fn a_pools_sessions_share_nothing_and_a_plan_it_cannot_serve_starts_cold()
         metrics.contains("box_pool_claims_total{outcome=\"unfit\"} 1"),
         "{metrics}"
     );
+    // Each claim is an audit line: warm with the unit's id, or cold and why.
+    let lines: Vec<Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .filter(|line: &Value| line["kind"] == "pool")
+        .collect();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(lines[0]["warm"], json!(true));
+    assert_eq!(lines[0]["id"], first_envelope["id"]);
+    assert_eq!(lines[2]["warm"], json!(false));
+    assert!(lines[2]["why"].as_str().unwrap().contains("workspace.mode"));
     // The host's end removes its pool's ready units with its sessions'.
     let instance = host.instance.clone();
     assert!(host.stop().success());
@@ -326,6 +349,7 @@ async fn a_warm_unit_gets_its_secret_at_the_claim_and_pooled_units_end_with_a_ki
         workspace.path(),
         Some("pooledsec=1"),
         &[("POOL_E2E_SECRET", SECRET_VALUE)],
+        &[],
     )
     .await;
     host.ready("pooledsec", 1).await;
