@@ -160,6 +160,11 @@ fn setup() -> (tempfile::TempDir, tempfile::TempDir) {
     let profiles = tempfile::tempdir().unwrap();
     std::fs::write(profiles.path().join("pooled.toml"), PROFILE).unwrap();
     std::fs::write(profiles.path().join("pooledsec.toml"), SECRET_PROFILE).unwrap();
+    std::fs::write(
+        profiles.path().join("gone.toml"),
+        "description = \"pool tests, an image that is not there\"\nextends = \"default\"\n\n[workspace]\nimage = \"box-e2e-pool-missing:none\"\npull = \"never\"\n",
+    )
+    .unwrap();
     (profiles, tempfile::tempdir().unwrap())
 }
 
@@ -386,4 +391,35 @@ async fn a_warm_unit_gets_its_secret_at_the_claim_and_pooled_units_end_with_a_ki
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+#[tokio::test]
+async fn a_pool_that_cannot_refill_says_so_in_readyz() {
+    if !docker_answers().await {
+        return;
+    }
+    let (profiles, workspace) = setup();
+    let host = Host::start("gone", profiles.path(), workspace.path(), Some("gone=1")).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = http(host.address(), "GET", "/readyz", &[], b"").await;
+        let body = String::from_utf8_lossy(&reply.body).into_owned();
+        if reply.status == 503 {
+            // The reason, to a probe with no token on a host that needs none.
+            assert!(
+                body.contains("the pool of profile gone cannot refill"),
+                "{body}"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz stayed {}: {body}",
+            reply.status
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let instance = host.instance.clone();
+    assert!(host.stop().success());
+    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
 }

@@ -65,6 +65,8 @@ pub struct Pool {
     ready: Mutex<VecDeque<Ready>>,
     starting: AtomicUsize,
     refill: tokio::sync::Notify,
+    /// Why its last start failed, until one succeeds.
+    failing: Mutex<Option<String>>,
 }
 
 /// A ready unit and its place in the ledger.
@@ -191,6 +193,7 @@ pub fn start(
             ready: Mutex::default(),
             starting: AtomicUsize::new(0),
             refill: tokio::sync::Notify::new(),
+            failing: Mutex::default(),
         }));
     }
     pools
@@ -203,6 +206,31 @@ impl Pools {
     /// Each pool, for its refill.
     pub fn each(&self) -> Vec<Arc<Pool>> {
         self.pools.get().cloned().unwrap_or_default()
+    }
+
+    /// Why pools cannot refill (their last start failed), for `/readyz`:
+    /// `Err` names each such pool.
+    pub fn readiness(&self) -> Result<(), String> {
+        let failing: Vec<String> = self
+            .each()
+            .iter()
+            .filter_map(|pool| {
+                let why = pool
+                    .failing
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .clone()?;
+                Some(format!(
+                    "the pool of profile {} cannot refill ({why}); its sessions start cold",
+                    pool.profile
+                ))
+            })
+            .collect();
+        if failing.is_empty() {
+            Ok(())
+        } else {
+            Err(failing.join("; "))
+        }
     }
 }
 
@@ -226,6 +254,11 @@ pub async fn refill(config: &HostConfig, services: PoolServices<'_>, pool: Arc<P
                 }
             };
             pool.starting.fetch_sub(1, Ordering::SeqCst);
+            *pool
+                .failing
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                started.as_ref().err().map(ToString::to_string);
             match started {
                 Ok(ready) => {
                     tracing::debug!(
