@@ -423,3 +423,54 @@ async fn a_pool_that_cannot_refill_says_so_in_readyz() {
     assert!(host.stop().success());
     assert_eq!(containers(&instance, None).await, Vec::<String>::new());
 }
+
+#[tokio::test]
+async fn a_session_on_a_warm_unit_survives_kill_9_of_its_host_and_reattaches() {
+    if !docker_answers().await {
+        return;
+    }
+    let (profiles, workspace) = setup();
+    let (state, instances) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let instance = format!("e2e-pool-reattach-{}", std::process::id());
+    let command = || {
+        let mut command = Command::new(box_bin());
+        command
+            .args(["serve", "--backend", "docker", "--instance", &instance])
+            .args(["--profile", "pooled", "--pool", "pooled=1"])
+            .arg("--state")
+            .arg(state.path().join("sessions"))
+            .arg("--profiles")
+            .arg(profiles.path())
+            .arg("--workspace")
+            .arg(workspace.path())
+            .env("RUST_LOG", "warn")
+            .env("BOX_INSTANCE_DIR", instances.path());
+        command
+    };
+    let http_host = HttpHost::on_a_free_port();
+    let child = http_host.serve(command()).await;
+    let mut host = Host {
+        host: http_host,
+        instance: instance.clone(),
+        child,
+    };
+    host.ready("pooled", 1).await;
+    let (session, answer) = host.host.initialize(json!({}), &[]).await;
+    let session = session.unwrap();
+    let answered = &answer["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"];
+    assert_eq!(answered["units"][0]["warm"], json!(true), "{answer}");
+    let secret = answered["session"]["secret"].as_str().unwrap().to_owned();
+    host.bash(&session, "echo kept > /tmp/survivor").await;
+    host.child.kill().unwrap();
+    host.child.wait().unwrap();
+    host.child = host.host.serve(command()).await;
+    let ask = json!({"experimental": {EXECUTOR_KEY: {"box": {"reattach": {"session": session, "secret": secret}}}}});
+    let (again, answer) = host.host.initialize(ask, &[]).await;
+    assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
+    let answered = &answer["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"];
+    assert_eq!(answered["reattached"], json!(true), "{answer}");
+    let seen = host.bash(&session, "cat /tmp/survivor").await;
+    assert!(seen.contains("kept"), "{seen}");
+    assert!(host.stop().success());
+    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+}

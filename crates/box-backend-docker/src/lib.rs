@@ -517,6 +517,7 @@ impl DockerBackend {
             run_dir: run_dir.path().to_owned(),
             limits: (spec.limits.memory_bytes, spec.limits.cpus, spec.limits.pids),
             inspect: None,
+            pool_session: session.session.clone(),
         };
         let channel = lease::Pending {
             run_dir,
@@ -825,10 +826,15 @@ impl DockerBackend {
         }
         let config = inspect.config.clone().unwrap_or_default();
         let labels = config.labels.clone().unwrap_or_default();
-        for (label, want) in [
-            (labels::SESSION, session.session.as_str()),
-            (labels::UNIT, name),
-        ] {
+        // A warm unit (`box.pool`) keeps its pool's session label (an engine
+        // cannot relabel a running container): the one the identity its host
+        // persisted names.
+        let session_label = if labels.contains_key(box_backend::pool::POOL_LABEL) {
+            unit.identity.rsplit('/').nth(1).unwrap_or_default()
+        } else {
+            session.session.as_str()
+        };
+        for (label, want) in [(labels::SESSION, session_label), (labels::UNIT, name)] {
             let have = labels.get(label).map(String::as_str).unwrap_or("");
             if have != want {
                 return Err(refused(

@@ -31,6 +31,8 @@ pub(crate) struct PoolDetail {
     pub(crate) volume_targets: Vec<String>,
     /// The unit's run directory on the host (its envelope is kept beside it).
     pub(crate) run_dir: PathBuf,
+    /// The session label its pool started it under (`pool-N`).
+    pub(crate) pool_session: String,
     /// The limits it started with: memory, CPUs, pids.
     pub(crate) limits: (u64, f64, u64),
     /// The engine's view of it once started (its envelope's source while
@@ -181,6 +183,7 @@ impl DockerBackend {
         envelope.warm = Some(box_policy::envelope::Warm {
             warm: true,
             warm_why: None,
+            pool_session: Some(detail.pool_session.clone()),
         });
         lease::RunDir::record(&detail.run_dir, &envelope);
         started.envelope = envelope;

@@ -391,9 +391,11 @@ pub async fn claim(
                 id,
                 "claimed a pooled unit"
             );
-            started.envelope.warm = Some(Warm {
+            // The backend's (with the pool's session label), else said here.
+            started.envelope.warm.get_or_insert(Warm {
                 warm: true,
                 warm_why: None,
+                pool_session: None,
             });
             Claim::Warm(Box::new(started))
         }
@@ -414,6 +416,7 @@ pub fn cold(mut unit: StartedUnit, why: String) -> StartedUnit {
     unit.envelope.warm = Some(Warm {
         warm: false,
         warm_why: Some(why),
+        pool_session: None,
     });
     unit
 }

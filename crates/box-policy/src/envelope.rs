@@ -103,6 +103,11 @@ pub struct Warm {
     /// Why the unit started cold (absent when warm).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warm_why: Option<String>,
+    /// A warm unit's session label as its pool started it (`pool-N`), which
+    /// it keeps (engines cannot relabel): the host persists the unit's
+    /// identity with it, so the session can be reattached. Not shown.
+    #[serde(skip)]
+    pub pool_session: Option<String>,
 }
 
 /// A volume as mounted in a unit.
