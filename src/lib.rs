@@ -4,14 +4,15 @@
 //! resolves a named profile, narrowed by the session's tightenings, into
 //! hardened units, starts its own executor (`box execute`) inside each, proxies
 //! MCP between the session and the units, and reports what it applied. The
-//! modules follow the pipeline, data flowing one way:
+//! work is the workspace's crates, data flowing one way:
 //!
-//! `profile` → `plan` → `backend` → `executor` → `host`/`proxy` → `transport`,
-//! with `scrub` beside them. ARCHITECTURE.md is the map.
-//!
-//! The transports are the `box_transport` crate, which never sees the host:
-//! `sessions` adapts the host to it, and `cli` (the only place clap is) wires
-//! the two for `box serve`.
+//! `box_policy` (profile → plan) → `box_host` (sessions, through a
+//! `box_backend::Backend`: docker or local) → `box_executor` in each unit,
+//! with `box_transport` (stdio, HTTP) in front and `box_scrub`/`box_redact`
+//! beside them. This crate is the binary around them: `cli` (the only place
+//! clap is), `backends` (the registry of backends), `sessions` (the host
+//! adapted to the transports' `SessionFactory`), `run` (`box run`) and
+//! `process` (logging, the runtime, signals). ARCHITECTURE.md is the map.
 
 pub mod backends;
 pub mod cli;

@@ -469,7 +469,6 @@ fn docker_a_real_job_runs_and_a_second_session_finds_the_caches_warm() {
 /// (`local_userland = "host"`); steps of a tool the host lacks are said
 /// loudly and left out.
 #[test]
-#[ignore = "the local backend refuses units with [[volume]] tables until local volumes land (branch vol), and a root host's local fork is not enterable by a uid-1000 unit (box/forks' parents are 0700 root); run with --run-ignored once both are fixed"]
 fn local_a_real_job_runs_and_a_second_session_finds_the_caches_warm() {
     if root_caller() && local() {
         a_real_job("local");

@@ -195,14 +195,29 @@ fn safe_name(name: &str) -> String {
     }
 }
 
-/// Make `dir` and its missing parents, owner-only.
-pub fn make_private_dir(dir: &Path) -> Result<(), String> {
-    use std::os::unix::fs::DirBuilderExt as _;
+/// Make `dir` (a session's forks) and its missing parents: only their owner
+/// lists or changes them, anyone may pass through (0711), since a local unit
+/// running as the workspace's owner (a root host's unit of a user's
+/// checkout) reaches its fork at its host path. box's state directory above
+/// `fork_dir`, which another of box's stores may have made owner-only, is
+/// made passable too. A fork is as readable as the workspace it copies.
+pub fn make_fork_dir(config: &HostConfig, dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
     std::fs::DirBuilder::new()
         .recursive(true)
-        .mode(0o700)
+        .mode(0o711)
         .create(dir)
-        .map_err(|error| format!("creating {}: {error}", dir.display()))
+        .map_err(|error| format!("creating {}: {error}", dir.display()))?;
+    if let Some(state) = config.fork_dir.parent()
+        && let Ok(meta) = std::fs::metadata(state)
+        && meta.uid() == nix::unistd::geteuid().as_raw()
+        && meta.mode() & 0o011 != 0o011
+    {
+        let mode = (meta.mode() & 0o7777) | 0o011;
+        std::fs::set_permissions(state, std::fs::Permissions::from_mode(mode))
+            .map_err(|error| format!("letting units pass through {}: {error}", state.display()))?;
+    }
+    Ok(())
 }
 
 /// The git runner for forks: the host's confined one, or one that refuses

@@ -89,7 +89,7 @@ impl Session {
             let (config, parent_path, child_path) =
                 (self.config.clone(), parent_path.clone(), child_path.clone());
             tokio::task::spawn_blocking(move || {
-                fork::make_private_dir(&session_dir)
+                fork::make_fork_dir(&config, &session_dir)
                     .and_then(|()| fork::make_fork(&config, &parent_path, &child_path, &ask, &mode))
             })
             .await
@@ -266,7 +266,7 @@ impl Session {
                     ask.clone(),
                 );
                 tokio::task::spawn_blocking(move || {
-                    fork::make_private_dir(&session_dir)
+                    fork::make_fork_dir(&config, &session_dir)
                         .and_then(|()| fork::make_fork(&config, &parent_path, &child_path, &ask, &mode))
                 })
                 .await

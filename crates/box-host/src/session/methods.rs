@@ -15,7 +15,7 @@ use box_policy::plan::Role;
 use serde_json::{Value, json};
 
 use super::live::{Live, Rewrite};
-use super::{Session, named, stateless};
+use super::{Session, named};
 use crate::fork;
 
 /// One method of the table.
@@ -62,6 +62,11 @@ pub(super) enum Open {
 /// A host-answered method's handler: it answers the request (at once, or
 /// from a task that holds the reply) or forwards it to a unit.
 pub(super) type Handler = fn(&Session, &mut Live, Request);
+
+/// The method that opens a box session as a handle (the stateless revision).
+pub(super) const SESSION_OPEN: &str = "box/session.open";
+/// The method that ends one.
+pub(super) const SESSION_CLOSE: &str = "box/session.close";
 
 /// A client request once the session is open, as a handler gets it.
 pub(super) struct Request {
@@ -148,9 +153,9 @@ pub(super) const METHODS: &[Method] = &[
     // The stateless revision's box session as a handle (`stateless.rs`).
     Method {
         opening: Opening::WayIn,
-        ..host(stateless::OPEN, stateless::open_again)
+        ..host(SESSION_OPEN, Session::session_open_again)
     },
-    host(stateless::CLOSE, stateless::close),
+    host(SESSION_CLOSE, Session::session_close),
     host("box/network.set", network_set),
     host("box/fork", Session::fork),
     host("box/merge", Session::merge),

@@ -25,10 +25,7 @@ use super::{EXECUTOR_KEY, Live, Session};
 use crate::audit::ClientInfo;
 use crate::state;
 
-/// The method that opens a box session as a handle.
-pub(super) const OPEN: &str = "box/session.open";
-/// The method that ends one.
-pub(super) const CLOSE: &str = "box/session.close";
+pub(super) use super::methods::{SESSION_CLOSE as CLOSE, SESSION_OPEN as OPEN};
 
 impl Session {
     /// `server/discover` of the stateless revision: what this host serves,
@@ -266,23 +263,27 @@ pub(super) fn client_of(message: &Value) -> Option<ClientInfo> {
     ClientInfo::of_initialize(&json!({"params": {"clientInfo": info}}))
 }
 
-/// `box/session.close`: answered, then the session ends (its units removed).
-pub(super) fn close(session: &Session, live: &mut Live, request: Request) {
-    request.answer(live, Ok(json!({})));
-    session.cancel.cancel();
-}
+// The handlers are the session's own (as the forks' are), so the method
+// table names `Session` and never this module: no import loop.
+impl Session {
+    /// `box/session.close`: answered, then the session ends (its units removed).
+    pub(super) fn session_close(&self, live: &mut Live, request: Request) {
+        request.answer(live, Ok(json!({})));
+        self.cancel.cancel();
+    }
 
-/// `box/session.open` once the session is open: refused.
-pub(super) fn open_again(_: &Session, live: &mut Live, request: Request) {
-    request.answer(
-        live,
-        Err((
-            code::INVALID_REQUEST,
-            format!(
-                "{OPEN}: this session is already open; open another without a handle (HTTP), or start another box serve (stdio)"
-            ),
-        )),
-    )
+    /// `box/session.open` once the session is open: refused.
+    pub(super) fn session_open_again(&self, live: &mut Live, request: Request) {
+        request.answer(
+            live,
+            Err((
+                code::INVALID_REQUEST,
+                format!(
+                    "{OPEN}: this session is already open; open another without a handle (HTTP), or start another box serve (stdio)"
+                ),
+            )),
+        )
+    }
 }
 
 /// The -32022 answer to a request naming in `_meta` a version box does not
