@@ -34,6 +34,15 @@
 //!   profile under the engine's default runtime (runc), alternating round by
 //!   round; both with `landlock = "best-effort"` (gVisor has none).
 //!
+//! - `warm`: session start (initialize → first read result, over HTTP) on
+//!   `box serve --listen --pool default=N` (a pooled unit claimed, the
+//!   session's plan bound to it) against the same profile on a host with no
+//!   pool (a cold start), alternating round by round in the same run; then
+//!   BOX_BENCH_WARM_CONCURRENT (default 20) sessions at once on a pool of that
+//!   many, against as many cold starts at once; the pool's refill rate (units
+//!   a second, from empty) and what an idle pooled unit costs the engine
+//!   (its cgroup's memory) and the host (box serve's VmRSS per unit).
+//!
 //! - `before-call`: with `BOX_BENCH_BEFORE=PATH`, per-call round trips
 //!   through this build's `box serve` and the other binary's, local and
 //!   docker, interleaved in blocks (a restructuring's cost per call).
@@ -1613,6 +1622,9 @@ fn main() {
             runtime.block_on(lease_figures(backend, workspace.path()));
         }
     }
+    if docker.is_some() && wants("warm") {
+        runtime.block_on(warm_figures(workspace.path()));
+    }
     if docker.is_some() && wants("runtime") {
         runtime_figures(workspace.path());
     }
@@ -1630,4 +1642,156 @@ fn main() {
             runtime.block_on(concurrent_sessions(backend, count, workspace.path()));
         }
     }
+}
+
+/// `box serve --listen` on docker, with `--pool default=N` when `pool` is given.
+async fn warm_host(workspace: &Path, name: &str, pool: Option<usize>) -> (Server, SocketAddr) {
+    let address = free_address();
+    let instance = format!("{}-warm-{name}", label());
+    let mut command = box_serve("docker", workspace, &instance);
+    command.args(["--state", "none", "--listen", &address.to_string()]);
+    if let Some(size) = pool {
+        command.args(["--pool", &format!("default={size}")]);
+    }
+    let server = Server::spawn(&mut command);
+    wait_listening(address).await;
+    (server, address)
+}
+
+/// The pool's ready units, from `/metrics`.
+async fn pool_ready(address: SocketAddr) -> usize {
+    let (_, _, body) = http(address, "GET", "/metrics", None, "").await;
+    body.lines()
+        .find_map(|line| line.strip_prefix("box_pool_ready{profile=\"default\"} "))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Wait until the pool holds `ready` units; how long that took.
+async fn pool_filled(address: SocketAddr, ready: usize) -> Duration {
+    let started = Instant::now();
+    while pool_ready(address).await < ready {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the pool at {address} never held {ready}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    started.elapsed()
+}
+
+/// initialize → first read result over HTTP, then the session deleted.
+async fn http_session_start(address: SocketAddr) -> Duration {
+    let started = Instant::now();
+    let session = http_initialize(address).await;
+    http_read(address, &session, 1).await;
+    let elapsed = started.elapsed();
+    http_delete(address, &session).await;
+    elapsed
+}
+
+/// Each of `sessions` started at once; their start times.
+async fn concurrent_starts(address: SocketAddr, sessions: usize) -> Vec<Duration> {
+    let starts = (0..sessions).map(|_| tokio::spawn(http_session_start(address)));
+    futures::future::join_all(starts)
+        .await
+        .into_iter()
+        .map(|start| start.unwrap())
+        .collect()
+}
+
+async fn warm_figures(workspace: &Path) {
+    let rounds = env_number("BOX_BENCH_ROUNDS", 21);
+    let concurrent = env_number("BOX_BENCH_WARM_CONCURRENT", 20);
+    let (warm_server, warm) = warm_host(workspace, "pooled", Some(2)).await;
+    let (_cold_server, cold) = warm_host(workspace, "cold", None).await;
+    let (mut warm_starts, mut cold_starts) = (Vec::new(), Vec::new());
+    for round in 0..=rounds {
+        // A claim's refill must not run during the next cold figure, nor
+        // the warm one find the pool empty: each waits for a full pool.
+        pool_filled(warm, 2).await;
+        let w = http_session_start(warm).await;
+        pool_filled(warm, 2).await;
+        let c = http_session_start(cold).await;
+        // Round 0 warms the engine's and the page cache for both.
+        if round > 0 {
+            warm_starts.push(w);
+            cold_starts.push(c);
+        }
+    }
+    let ratio = |p: f64| ms(percentile(&warm_starts, p)) / ms(percentile(&cold_starts, p));
+    println!(
+        "warm, docker: session start (initialize → first read result, HTTP) claiming a pooled unit median {:.1} ms, p99 {:.1} ms | a cold start of the same plan median {:.1} ms, p99 {:.1} ms | ratio median {:.2} (goal ≤ 0.10), p99 {:.2} (goal ≤ 0.20), {rounds} rounds",
+        ms(median(&warm_starts)),
+        ms(percentile(&warm_starts, 0.99)),
+        ms(median(&cold_starts)),
+        ms(percentile(&cold_starts, 0.99)),
+        ratio(0.5),
+        ratio(0.99),
+    );
+    // What an idle pooled unit costs: the engine's (the unit's cgroup
+    // memory) and the host's (box serve's memory per pooled unit).
+    let pooled = containers("label=box.pool=default");
+    let usage: Vec<u64> = pooled
+        .iter()
+        .filter_map(|id| {
+            let out = Command::new("docker")
+                .args(["stats", "--no-stream", "--format", "{{.MemUsage}}", id])
+                .output()
+                .ok()?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let used = text.split('/').next()?.trim().to_owned();
+            parse_docker_size(&used)
+        })
+        .collect();
+    let (rss_with, _) = memory_of(warm_server.pid());
+    drop(warm_server);
+    // Refill from empty, and `concurrent` claims at once on a pool that size.
+    let (pool_server, pool) = warm_host(workspace, "concurrent", Some(concurrent)).await;
+    let (rss_empty, _) = memory_of(pool_server.pid());
+    let filled = pool_filled(pool, concurrent).await;
+    let (rss_full, _) = memory_of(pool_server.pid());
+    let together = concurrent_starts(pool, concurrent).await;
+    drop(pool_server);
+    let cold_together = concurrent_starts(cold, concurrent).await;
+    println!(
+        "warm, docker: {concurrent} sessions at once, each claiming a pooled unit: median {:.1} ms, p99 {:.1} ms | {concurrent} cold starts at once median {:.1} ms, p99 {:.1} ms | ratio median {:.2} (goal ≤ 0.15)",
+        ms(median(&together)),
+        ms(percentile(&together, 0.99)),
+        ms(median(&cold_together)),
+        ms(percentile(&cold_together, 0.99)),
+        ms(median(&together)) / ms(median(&cold_together)),
+    );
+    println!(
+        "warm, docker: refill from empty {concurrent} units in {:.2} s ({:.1} units/s, one start at a time) | an idle pooled unit: engine memory median {:.1} MiB (docker stats, {} units) | box serve VmRSS {} KiB with a pool of {concurrent} ready vs {} KiB empty ({:.0} KiB a unit; {} KiB with a pool of 2)",
+        filled.as_secs_f64(),
+        concurrent as f64 / filled.as_secs_f64(),
+        median_u64(&usage) as f64 / (1024.0 * 1024.0),
+        usage.len(),
+        rss_full,
+        rss_empty,
+        (rss_full.saturating_sub(rss_empty)) as f64 / concurrent as f64,
+        rss_with,
+    );
+}
+
+/// `12.3MiB` (docker stats) in bytes.
+fn parse_docker_size(text: &str) -> Option<u64> {
+    let split = text.find(|c: char| c.is_ascii_alphabetic())?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.trim().parse().ok()?;
+    let scale = match unit {
+        "B" => 1.0,
+        "KiB" | "kB" => 1024.0,
+        "MiB" | "MB" => 1024.0 * 1024.0,
+        "GiB" | "GB" => 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    Some((number * scale) as u64)
+}
+
+fn median_u64(values: &[u64]) -> u64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0)
 }

@@ -59,9 +59,12 @@ impl SessionFactory for HostSessions {
         (host::metrics::CONTENT_TYPE, self.services.metrics.render())
     }
 
-    /// Ready when the backend answers.
+    /// Ready when the backend answers and every pool (`--pool`) can refill.
     fn readiness(&self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(host::metrics::readiness(self.services.backend.as_ref()))
+        Box::pin(async move {
+            host::metrics::readiness(self.services.backend.as_ref()).await?;
+            self.services.pools.readiness()
+        })
     }
 
     /// A refusal of the HTTP checks: a WARN line, an audit line and a count.

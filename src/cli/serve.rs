@@ -88,6 +88,17 @@ pub struct ServeArgs {
     /// leaving its sessions' units, which this process re-adopts.
     #[arg(long, requires = "listen")]
     pub takeover: bool,
+    /// Keep N units of PROFILE's workspace started with no session (repeatable;
+    /// docker): a session whose plan fits claims one, its plan bound before the
+    /// unit serves anything, and its envelope says `warm: true`; a plan that does
+    /// not fit starts cold and says why. A claimed unit is removed after its session.
+    #[arg(long = "pool", value_name = "PROFILE=N", value_parser = parse_pool)]
+    pub pools: Vec<host::PoolAsk>,
+}
+
+/// `--pool PROFILE=N`.
+fn parse_pool(text: &str) -> Result<host::PoolAsk, String> {
+    host::PoolAsk::parse(text)
 }
 
 /// `box serve`'s examples, in its `--help`.
@@ -96,6 +107,7 @@ const SERVE_EXAMPLES: &str = "Examples:
   box serve --profile ci --workspace ~/src/project
   box serve --tighten '{\"limits\": {\"memory\": \"1GiB\"}}'
   box serve --listen 8080
+  box serve --listen 8080 --pool default=4
   box serve --listen 0.0.0.0:8080 --token-file /etc/box/token --allow-host box.example.com
   box serve --profiles ./profiles --profile mine --audit /var/log/box/audit.jsonl";
 
@@ -120,6 +132,7 @@ impl ServeArgs {
                 None => None,
             },
             takeover: self.takeover,
+            pools: self.pools.clone(),
         }
     }
 
@@ -296,6 +309,7 @@ async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
             http::serve(sessions, options, listener, shutdown).await?;
         }
     }
+    host.end_pools().await;
     Ok(host.finish())
 }
 

@@ -592,10 +592,15 @@ fn short_id(id: &str) -> &str {
 
 /// `unit`'s cells, its age reckoned at `now`.
 fn row(backend: BackendKind, unit: &UnitInfo, now: std::time::SystemTime) -> Row {
-    // A fork shows the unit it was made from: `fork-1<workspace`.
+    // A fork shows the unit it was made from: `fork-1<workspace`; a
+    // pooled unit (`box serve --pool`) says so: `workspace (pooled)`.
     let name = match &unit.parent {
         Some(parent) => format!("{}<{parent}", unit.unit),
         None => unit.unit.clone(),
+    };
+    let name = match &unit.pool {
+        Some(_) => format!("{name} (pooled)"),
+        None => name,
     };
     [
         short_id(&unit.id).to_owned(),
@@ -722,6 +727,16 @@ fn inspected(
         (None, None) => none(),
     };
     lines.push(("workspace", workspace));
+    if let Some(pool) = &detail.info.pool {
+        // A claimed unit's recorded envelope says `warm: true`; labels stay the pool's.
+        let claimed = envelope.is_some_and(|e| e["warm"] == serde_json::json!(true));
+        let state = if claimed {
+            "claimed by a session (its session label stays the pool's)"
+        } else {
+            "ready, no session yet"
+        };
+        lines.push(("pool", format!("{pool}: {state}")));
+    }
     if let Some(pid) = detail.pid {
         lines.push(("pid", pid.to_string()));
     }
@@ -1138,6 +1153,7 @@ mod tests {
             parent: None,
             lease_ms: Some(30_000),
             image: Some("box-base:bookworm".to_owned()),
+            pool: None,
         }
     }
 

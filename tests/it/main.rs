@@ -18,6 +18,8 @@ mod livable;
 mod local;
 /// What box logs: the executor's events as fields, no Rust `Debug` text, the listen URL, -v/-q in help.
 mod logs;
+/// Warm units (`box serve --pool`) on Docker: the same confinement as a cold unit, nothing shared, cold starts that say why, refill.
+mod pool;
 /// `box profile` on the command line: exit codes, messages, `--json` golden output.
 mod profile;
 /// Any OCI image: pulled from a real local registry, pinned and verified, refused with the remedy; images without glibc.

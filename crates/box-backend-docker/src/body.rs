@@ -253,7 +253,20 @@ pub fn executor_argv(
     home: &str,
     volumes: &[String],
 ) -> Vec<String> {
-    let executor = ExecutorSpec {
+    std::iter::once(EXECUTOR_PATH.to_owned())
+        .chain(unit_executor_spec(spec, wiring, home, volumes).to_args())
+        .collect()
+}
+
+/// The executor's flags for a unit of `spec`, as [`executor_argv`] writes
+/// them (and a pooled unit's bind line hands them over).
+pub fn unit_executor_spec(
+    spec: &UnitSpec,
+    wiring: &UnitWiring,
+    home: &str,
+    volumes: &[String],
+) -> ExecutorSpec {
+    ExecutorSpec {
         reference: Some(spec.image.clone()),
         egress_socket: wiring
             .egress
@@ -273,10 +286,7 @@ pub fn executor_argv(
             .map(Into::into)
             .collect(),
         ..spec.executor_spec(&spec.root, PlaceKind::Container)
-    };
-    std::iter::once(EXECUTOR_PATH.to_owned())
-        .chain(executor.to_args())
-        .collect()
+    }
 }
 
 impl EngineFacts {
@@ -704,7 +714,7 @@ fn private_bind() -> MountBindOptions {
     }
 }
 
-fn clamp_i64(value: u64) -> i64 {
+pub(crate) fn clamp_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
@@ -720,7 +730,7 @@ pub fn nano_cpus(cpus: f64) -> i64 {
     }
 }
 
-fn truncate_hostname(name: &str) -> String {
+pub(crate) fn truncate_hostname(name: &str) -> String {
     let mut host: String = name
         .chars()
         .map(|c| {
@@ -948,6 +958,7 @@ pub fn envelope_from_inspect(
         }),
         // Remapped, the unit's uid 0 is an unprivileged uid of the host.
         root_user: (uid_is_root && !user_namespace).then(box_policy::envelope::RootUser::new),
+        warm: None,
     }
 }
 

@@ -42,7 +42,13 @@ impl RunDir {
     /// the unit, and holds only the socket. A failure costs only that view,
     /// so it is logged, never the start's.
     pub(crate) fn record_envelope(&self, envelope: &box_backend::Envelope) {
-        let path = envelope_path(&self.0);
+        Self::record(&self.0, envelope);
+    }
+
+    /// [`Self::record_envelope`] for the run directory at `run_dir` (a
+    /// pooled unit's, owned by its relay, recorded again at the claim).
+    pub(crate) fn record(run_dir: &Path, envelope: &box_backend::Envelope) {
+        let path = envelope_path(run_dir);
         let written = serde_json::to_vec(envelope)
             .map_err(|error| error.to_string())
             .and_then(|json| lifecycle::write_private(&path, &json));

@@ -33,6 +33,7 @@ mod home;
 mod io;
 mod lease;
 mod oom;
+mod pool;
 pub mod pull;
 pub mod runc;
 mod stats;
@@ -62,7 +63,7 @@ use box_backend::{
     AdoptUnit, Backend, BackendError, BackendKind, ObjectsPlace, ObjectsWiring, OomEvidence,
     SessionLabel, StartedUnit, Unenforceable, UnitDetail, UnitEnd, UnitInfo, UnitWiring, labels,
 };
-use box_policy::executor::{SECRETS_DIR, SECRETS_ON_STDIN_VAR};
+use box_policy::executor::{BIND_ON_STDIN_VAR, SECRETS_DIR, SECRETS_ON_STDIN_VAR};
 use box_policy::plan::{NetworkMode, Requirement, UnitSpec};
 
 /// The lowest pids limit a gVisor unit is started with (see `check`).
@@ -214,6 +215,22 @@ impl DockerBackend {
         spec: &UnitSpec,
         wiring: &UnitWiring,
     ) -> Result<StartedUnit, BackendError> {
+        self.start_unit_for(session, spec, wiring, false)
+            .await
+            .map(|(started, _)| started)
+    }
+
+    /// [`Self::start_unit`], or with `pooled` a unit for a pool: its
+    /// executor waits for a bind line instead of serving, no secret is
+    /// delivered, and it is labelled `box.pool`. Also returns what a later
+    /// bind needs again.
+    async fn start_unit_for(
+        &self,
+        session: &SessionLabel,
+        spec: &UnitSpec,
+        wiring: &UnitWiring,
+        pooled: bool,
+    ) -> Result<(StartedUnit, pool::PoolDetail), BackendError> {
         let unit = spec.name.as_str();
         let other = |doing: &str, e: DockerError| BackendError::Other {
             unit: unit.to_owned(),
@@ -373,7 +390,7 @@ impl DockerBackend {
             .unwrap_or_else(|| body::executor_argv(spec, wiring, &home.path, &volume_targets));
         // The secrets' values reach the executor over the channel (its first
         // stdin line), never the container's configuration.
-        let secrets_on_stdin = !stand_in && !secrets.is_empty();
+        let secrets_on_stdin = !stand_in && !pooled && !secrets.is_empty();
         let init_config = box_init::InitConfig {
             socket: std::path::Path::new(box_init::protocol::UNIT_RUN_DIR)
                 .join(box_init::protocol::SOCKET_NAME),
@@ -388,7 +405,9 @@ impl DockerBackend {
                     Some((relative, volume.target.clone().into()))
                 })
                 .collect(),
-            executor_env: if secrets_on_stdin {
+            executor_env: if pooled {
+                vec![(BIND_ON_STDIN_VAR.into(), "1".into())]
+            } else if secrets_on_stdin {
                 vec![(SECRETS_ON_STDIN_VAR.into(), "1".into())]
             } else {
                 Vec::new()
@@ -407,6 +426,12 @@ impl DockerBackend {
             volumes: unit_volumes,
         };
         let mut body = container_body(session, spec, &self.executor, &created, &env, &init);
+        if pooled {
+            body.labels.get_or_insert_with(Default::default).insert(
+                box_backend::pool::POOL_LABEL.to_owned(),
+                session.profile.clone(),
+            );
+        }
         // A fork says which unit it came from, for `box units ls`.
         if let Some(parent) = &wiring.parent {
             body.labels
@@ -484,6 +509,17 @@ impl DockerBackend {
                 });
             }
         };
+        let detail = pool::PoolDetail {
+            image_env: image_env.clone(),
+            image_user: image_user.clone(),
+            image_digest: image_digest.clone(),
+            home: init.home.path.clone(),
+            volume_targets: volume_targets.clone(),
+            run_dir: run_dir.path().to_owned(),
+            limits: (spec.limits.memory_bytes, spec.limits.cpus, spec.limits.pids),
+            inspect: None,
+            pool_session: session.session.clone(),
+        };
         let channel = lease::Pending {
             run_dir,
             listener,
@@ -516,7 +552,12 @@ impl DockerBackend {
                     started.envelope.volumes =
                         body::applied_volumes(&init.volumes, &inspect, &session.profile);
                 }
-                Ok(started)
+                let mut detail = detail;
+                if pooled {
+                    // Read now, so a claim that changes no limit need not ask the engine.
+                    detail.inspect = self.docker.inspect_container(&id, None).await.ok();
+                }
+                Ok((started, detail))
             }
             Err(error) => {
                 if let Err(cleanup) = remove_container(&self.docker, &id, Takedown::Stop).await {
@@ -786,10 +827,15 @@ impl DockerBackend {
         }
         let config = inspect.config.clone().unwrap_or_default();
         let labels = config.labels.clone().unwrap_or_default();
-        for (label, want) in [
-            (labels::SESSION, session.session.as_str()),
-            (labels::UNIT, name),
-        ] {
+        // A warm unit (`box.pool`) keeps its pool's session label (an engine
+        // cannot relabel a running container): the one the identity its host
+        // persisted names.
+        let session_label = if labels.contains_key(box_backend::pool::POOL_LABEL) {
+            unit.identity.rsplit('/').nth(1).unwrap_or_default()
+        } else {
+            session.session.as_str()
+        };
+        for (label, want) in [(labels::SESSION, session_label), (labels::UNIT, name)] {
             let have = labels.get(label).map(String::as_str).unwrap_or("");
             if have != want {
                 return Err(refused(
@@ -882,6 +928,10 @@ impl DockerBackend {
 }
 
 impl Backend for DockerBackend {
+    fn pooling(&self) -> Option<&dyn box_backend::pool::Pooling> {
+        Some(self)
+    }
+
     fn kind(&self) -> BackendKind {
         BackendKind::Docker
     }
@@ -1163,6 +1213,7 @@ fn unit_info(container: ContainerSummary) -> UnitInfo {
         // A unit an older box started has no such label: the engine's name
         // for the image it was created from (its id) is all there is.
         image: labels.get(labels::IMAGE).cloned().or(container.image),
+        pool: labels.get(box_backend::pool::POOL_LABEL).cloned(),
     }
 }
 

@@ -111,6 +111,8 @@ impl Record {
             lease_ms: Some(self.lease_ms),
             // The host's own userland, never an image (the envelope says so).
             image: None,
+            // The local backend keeps no pools.
+            pool: None,
         }
     }
 

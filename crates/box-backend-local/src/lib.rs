@@ -1917,6 +1917,7 @@ pub(crate) fn envelope_from_parts(
         // The unit's user namespace maps its ids to themselves: uid 0 in it
         // is the host's root.
         root_user: (applied.host_uid == 0).then(box_policy::envelope::RootUser::new),
+        warm: None,
     }
 }
 

@@ -16,6 +16,7 @@ pub mod environment;
 pub mod executor_log;
 pub mod instance;
 pub mod lifecycle;
+pub mod pool;
 mod registry;
 pub mod stats;
 pub mod volumes;
@@ -543,6 +544,10 @@ pub struct UnitInfo {
     /// where the unit runs no image (a local unit runs the host's userland).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// `box.pool`: the profile whose pool started the unit (a warm unit,
+    /// claimed or still ready; its session is then the pool's `pool-N`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
 }
 
 /// One unit in detail, as `box units inspect` shows it: what
@@ -630,6 +635,13 @@ pub trait Backend: Send + Sync {
     /// [`Capabilities::NONE`], fits the trait's defaults.
     fn capabilities(&self) -> Capabilities {
         Capabilities::NONE
+    }
+
+    /// How this backend keeps pooled units (started with no session, bound
+    /// to one at a claim: [`pool`]), if it can; `None` by default, and the
+    /// host then starts every unit cold.
+    fn pooling(&self) -> Option<&dyn pool::Pooling> {
+        None
     }
 
     /// Where a unit of `spec` would see a `worktree` fork's borrowed git

@@ -38,10 +38,11 @@ use anyhow::Context as _;
 /// The read limit when the spec gives none (`max_read_bytes` 0).
 const DEFAULT_MAX_READ_BYTES: u64 = 2 * 1024 * 1024;
 
-pub use box_policy::executor::{BashOutput, ExecutorSpec};
 use box_policy::executor::{
-    MAX_SECRETS_LINE, SECRET_VALUE_PREFIX, SECRETS_DIR, SECRETS_ON_STDIN_VAR, SecretFile,
+    BIND_ON_STDIN_VAR, Bind, MAX_SECRETS_LINE, SECRET_VALUE_PREFIX, SECRETS_DIR,
+    SECRETS_ON_STDIN_VAR, SecretFile,
 };
+pub use box_policy::executor::{BashOutput, ExecutorSpec};
 
 /// The variable that asks for JSON log lines (`BOX_LOG_FORMAT=json`): a
 /// unit's executor gets it from its backend, whose host re-emits each line
@@ -63,8 +64,44 @@ pub fn serve_json_logs(spec: ExecutorSpec) -> anyhow::Result<std::process::ExitC
 }
 
 fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::process::ExitCode> {
-    use box_policy::executor::{FlagValue as _, SeccompLayer, WriteGuard};
     init_logging(json_logs);
+    // A pooled unit's executor waits here, unconfined but serving nothing,
+    // until a session claims its unit: the session's plan then replaces the
+    // flags, environment and secrets it started with, and everything below
+    // (confinement first) runs exactly as in a cold start.
+    if std::env::var_os(BIND_ON_STDIN_VAR).is_some() {
+        let bind: Bind = serde_json::from_slice(&first_stdin_line(BIND_ON_STDIN_VAR)?).map_err(
+            |error| {
+                anyhow::anyhow!(
+                    "{BIND_ON_STDIN_VAR}: the first line of stdin is not the session's plan (a bind line: spec, env, secrets): {error}"
+                )
+            },
+        )?;
+        tracing::info!("session's plan bound to this pooled executor");
+        let env = bind
+            .env
+            .into_iter()
+            .map(|(name, value)| (name.into(), value.into()))
+            .collect();
+        return serve_bound(bind.spec, env, Some(bind.secrets));
+    }
+    // The secrets' values, before confinement: /run/secrets is written once, then only read.
+    let given = if std::env::var_os(SECRETS_ON_STDIN_VAR).is_some() {
+        Some(secrets_from_stdin()?)
+    } else {
+        None
+    };
+    serve_bound(spec, std::env::vars_os().collect(), given)
+}
+
+/// Serve `spec` with `env` as this executor's own environment (the source of
+/// its children's) and the secrets `given` (else from `BOX_SECRET_NAME` variables).
+fn serve_bound(
+    spec: ExecutorSpec,
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    given: Option<std::collections::BTreeMap<String, String>>,
+) -> anyhow::Result<std::process::ExitCode> {
+    use box_policy::executor::{FlagValue as _, SeccompLayer, WriteGuard};
     let args = &spec;
     let kind = spec.kind.name().to_owned();
     let write_guard = spec.write_guard == WriteGuard::ReadFirst;
@@ -82,18 +119,13 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
         anyhow::bail!("--root {}: not a directory", args.root.display());
     }
     let reference = args.reference.clone().unwrap_or_else(host_name);
-    // Before confinement: /run/secrets is written once, then only read.
-    let given = if std::env::var_os(SECRETS_ON_STDIN_VAR).is_some() {
-        Some(secrets_from_stdin()?)
-    } else {
-        None
-    };
-    let secret_vars = deliver_secrets(&spec.secrets, Path::new(SECRETS_DIR), given.as_ref())?;
+    let secret_vars = deliver_secrets(&spec.secrets, Path::new(SECRETS_DIR), given.as_ref(), &env)?;
     // The values' carriers never reach a child, whatever the pass list says.
     // They stay in this process's initial environment block (what
     // /proc/self/environ shows; removing a variable never clears it), which
     // only this process can read: it is not dumpable (seccomp layer).
-    let own_vars = std::env::vars_os()
+    let own_vars = env
+        .into_iter()
         .filter(|(name, _)| !name.to_string_lossy().starts_with(SECRET_VALUE_PREFIX));
     // Bound before confinement (landlock may restrict binding later), served after
     // it (landlock confines only the thread that asks, so no thread may exist yet).
@@ -227,31 +259,35 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
 /// read a byte at a time from fd 0, so nothing after the line (the
 /// protocol) is consumed here.
 fn secrets_from_stdin() -> anyhow::Result<std::collections::BTreeMap<String, String>> {
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    loop {
-        match nix::unistd::read(std::io::stdin(), &mut byte) {
-            Ok(0) => anyhow::bail!(
-                "{SECRETS_ON_STDIN_VAR}: stdin ended before the secrets line the host writes first"
-            ),
-            Ok(_) if byte[0] == b'\n' => break,
-            Ok(_) => {
-                line.push(byte[0]);
-                if line.len() > MAX_SECRETS_LINE {
-                    anyhow::bail!(
-                        "{SECRETS_ON_STDIN_VAR}: the secrets line is longer than {MAX_SECRETS_LINE} bytes"
-                    );
-                }
-            }
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(error) => anyhow::bail!("{SECRETS_ON_STDIN_VAR}: reading stdin: {error}"),
-        }
-    }
+    let line = first_stdin_line(SECRETS_ON_STDIN_VAR)?;
     serde_json::from_slice(&line).map_err(|error| {
         anyhow::anyhow!(
             "{SECRETS_ON_STDIN_VAR}: the first line of stdin is not a JSON object of secret names to values: {error}"
         )
     })
+}
+
+/// The first line of stdin, which the host writes before any protocol
+/// message (`var` says why it is expected): read a byte at a time from fd
+/// 0, so nothing after the line (the protocol) is consumed here.
+fn first_stdin_line(var: &str) -> anyhow::Result<Vec<u8>> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(std::io::stdin(), &mut byte) {
+            Ok(0) => anyhow::bail!("{var}: stdin ended before the line the host writes first"),
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) => {
+                line.push(byte[0]);
+                if line.len() > MAX_SECRETS_LINE {
+                    anyhow::bail!("{var}: the first line is longer than {MAX_SECRETS_LINE} bytes");
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(error) => anyhow::bail!("{var}: reading stdin: {error}"),
+        }
+    }
+    Ok(line)
 }
 
 /// Write each secret to `dir/NAME` (mode 0400, this process's user) from
@@ -261,6 +297,7 @@ fn deliver_secrets(
     secrets: &[SecretFile],
     dir: &Path,
     given: Option<&std::collections::BTreeMap<String, String>>,
+    env: &[(std::ffi::OsString, std::ffi::OsString)],
 ) -> anyhow::Result<Vec<(std::ffi::OsString, std::ffi::OsString)>> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
@@ -269,7 +306,10 @@ fn deliver_secrets(
         let carrier = format!("{SECRET_VALUE_PREFIX}{}", secret.name);
         let value = match given {
             Some(given) => given.get(&secret.name).map(std::ffi::OsString::from),
-            None => std::env::var_os(&carrier),
+            None => env
+                .iter()
+                .find(|(name, _)| name.as_os_str() == carrier.as_str())
+                .map(|(_, value)| value.clone()),
         };
         let Some(value) = value else {
             anyhow::bail!(

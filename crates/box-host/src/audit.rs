@@ -190,6 +190,31 @@ impl Audit {
         self.append(&line);
     }
 
+    /// A unit asked of a pool (`box serve --pool`): `claimed` (the unit's
+    /// id given) or started cold, and why.
+    pub fn pool_claim(&self, claim: &PoolClaim<'_>) {
+        let mut line = json!({
+            "time": now(),
+            "kind": "pool",
+            "session": claim.session,
+            "profile": claim.profile,
+            "unit": claim.unit,
+            "warm": claim.claimed.is_some(),
+        });
+        if let Some(object) = line.as_object_mut() {
+            match (claim.claimed, claim.why) {
+                (Some(id), _) => {
+                    object.insert("id".to_owned(), json!(id));
+                }
+                (None, Some(why)) => {
+                    object.insert("why".to_owned(), json!(why));
+                }
+                (None, None) => {}
+            }
+        }
+        self.append(&line);
+    }
+
     fn append(&self, line: &Value) {
         let mut bytes = line.to_string().into_bytes();
         bytes.push(b'\n');
@@ -205,6 +230,20 @@ impl Audit {
 
 fn now() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+/// One claim of a pooled unit, for [`Audit::pool_claim`].
+pub struct PoolClaim<'a> {
+    /// The session.
+    pub session: &'a str,
+    /// Its profile.
+    pub profile: &'a str,
+    /// The unit's name in the session.
+    pub unit: &'a str,
+    /// The claimed unit's backend id; `None`: it started cold.
+    pub claimed: Option<&'a str>,
+    /// Why it started cold.
+    pub why: Option<&'a str>,
 }
 
 /// The sha256 (hex) of a value's compact JSON.

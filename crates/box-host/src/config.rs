@@ -42,6 +42,8 @@ pub struct ServeConfig {
     /// Take over from the live host of the same instance (`--takeover`):
     /// SIGHUP it, wait for it to hand off and exit, then start.
     pub takeover: bool,
+    /// Pools of warm units to keep (`--pool PROFILE=N`).
+    pub pools: Vec<PoolAsk>,
 }
 
 /// How a plan is resolved: `plan::resolve`, or a test's own.
@@ -120,5 +122,37 @@ pub fn default_fork_dir() -> PathBuf {
             .join("forks"),
         _ if nix::unistd::getuid().is_root() => PathBuf::from("/var/lib/box/forks"),
         _ => box_backend::default_runtime_dir().join("forks"),
+    }
+}
+
+/// One pool asked for: `PROFILE=N`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolAsk {
+    /// The profile whose workspace unit the pool keeps.
+    pub profile: String,
+    /// How many units it keeps ready.
+    pub size: usize,
+}
+
+impl PoolAsk {
+    /// `PROFILE=N` (`--pool`), N at least 1.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let Some((profile, size)) = text.split_once('=') else {
+            return Err(format!(
+                "--pool {text}: write PROFILE=N, the profile and how many units to keep ready (default=4)"
+            ));
+        };
+        let size: usize = size.parse().map_err(|_| {
+            format!("--pool {text}: {size:?} is not a count; write PROFILE=N (default=4)")
+        })?;
+        if profile.is_empty() || size == 0 {
+            return Err(format!(
+                "--pool {text}: name a profile and at least one unit (default=4)"
+            ));
+        }
+        Ok(Self {
+            profile: profile.to_owned(),
+            size,
+        })
     }
 }

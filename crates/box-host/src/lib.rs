@@ -17,12 +17,15 @@ mod adopt;
 mod ask;
 pub mod audit;
 mod config;
-pub use config::{HostConfig, ResolveFn, ServeConfig, default_fork_dir, default_state_dir};
+pub use config::{
+    HostConfig, PoolAsk, ResolveFn, ServeConfig, default_fork_dir, default_state_dir,
+};
 pub mod egress;
 pub mod fork;
 mod hide;
 pub mod ledger;
 pub mod metrics;
+pub mod pool;
 mod redact;
 pub use redact::ScratchPool;
 pub mod router;
@@ -419,6 +422,18 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
         services.state = Some(state::Store::open(dir).map_err(|why| anyhow::anyhow!(why))?);
     }
     let (config, services) = (Arc::new(config), Arc::new(services));
+    pool::start(
+        &config,
+        &services.pools,
+        services.backend.as_ref(),
+        &serve.pools,
+    )?;
+    for each in services.pools.each() {
+        let (config, held) = (config.clone(), services.clone());
+        services.pools.spawn(async move {
+            pool::refill(&config, held.pool_services(), each).await;
+        });
+    }
     // Before the sweep, which leaves every persisted unit alone.
     let persisted = adopt::adopt_all(&config, &services);
     // Bounded: an engine that stalls must not keep the host from serving.
@@ -452,6 +467,15 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
 }
 
 impl Host {
+    /// Once the transport has ended: the pools' refills stopped and their
+    /// ready units removed (before [`Self::finish`] names what is left).
+    pub async fn end_pools(&self) {
+        let left = self.services.pools.end().await;
+        if !left.is_empty() {
+            units::remove_until_gone(&self.services, left).await;
+        }
+    }
+
     /// After the transport has ended: failure when units are not confirmed
     /// removed (each named on stderr with how to remove it). The instance id
     /// is released here.

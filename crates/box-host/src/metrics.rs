@@ -107,6 +107,20 @@ struct MergeLabels {
     outcome: &'static str,
 }
 
+/// A pool claim's outcome: `warm` (a unit claimed and bound), `unfit` (the
+/// plan does not fit the pool's key), `empty` (no unit was ready), `failed`
+/// (the bind failed; the unit was removed).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimLabels {
+    outcome: &'static str,
+}
+
+/// A pool's label: its profile (one of the pools the operator asked for).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    profile: String,
+}
+
 /// A unit count's label.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UnitLabels {
@@ -130,6 +144,9 @@ pub struct Metrics {
     forks: Family<ForkLabels, Counter>,
     merges: Family<MergeLabels, Counter>,
     refused: Family<RefusalLabels, Counter>,
+    pool_ready: Family<PoolLabels, Gauge>,
+    pool_claims: Family<ClaimLabels, Counter>,
+    pool_claim_duration: Histogram,
     /// Session tasks running, started or not (what shutdown waits for).
     tasks: AtomicUsize,
     /// What running units use, per backend and profile.
@@ -213,6 +230,24 @@ impl Default for Metrics {
             refused.clone(),
         );
         let usage = UsageGauges::register(&mut registry);
+        let pool_ready = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "box_pool_ready",
+            "Pooled units ready for a session, by profile (box serve --pool)",
+            pool_ready.clone(),
+        );
+        let pool_claims = Family::<ClaimLabels, Counter>::default();
+        registry.register(
+            "box_pool_claims",
+            "Units asked of a pool, by outcome (warm: claimed and bound; unfit: the plan does not fit the pool; empty: none was ready; failed: the bind failed)",
+            pool_claims.clone(),
+        );
+        let pool_claim_duration = Histogram::new(BUCKETS);
+        registry.register(
+            "box_pool_claim_duration_seconds",
+            "How long claiming a pooled unit and binding the session's plan to it took",
+            pool_claim_duration.clone(),
+        );
         registry.register(
             "box_build",
             "This box's version",
@@ -232,6 +267,9 @@ impl Default for Metrics {
             forks,
             merges,
             refused,
+            pool_ready,
+            pool_claims,
+            pool_claim_duration,
             tasks: AtomicUsize::new(0),
             usage,
         }
@@ -279,6 +317,27 @@ impl Metrics {
     pub fn refused(&self, reason: &str) {
         let reason = bounded(&REFUSALS, reason);
         self.refused.get_or_create(&RefusalLabels { reason }).inc();
+    }
+
+    /// The pool of `profile` holds `ready` units.
+    pub fn pool_ready(&self, profile: &str, ready: usize) {
+        self.pool_ready
+            .get_or_create(&PoolLabels {
+                profile: profile.to_owned(),
+            })
+            .set(i64::try_from(ready).unwrap_or(i64::MAX));
+    }
+
+    /// A unit was asked of a pool, with `outcome` (`warm`, `unfit`, `empty`, `failed`).
+    pub fn pool_claim(&self, outcome: &'static str) {
+        self.pool_claims
+            .get_or_create(&ClaimLabels { outcome })
+            .inc();
+    }
+
+    /// A warm claim (its bind included) took `latency`.
+    pub fn pool_claimed(&self, latency: Duration) {
+        self.pool_claim_duration.observe(latency.as_secs_f64());
     }
 
     /// A `box/merge` ended with `outcome` (`merged`, `refused`, `failed`).

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use box_backend::Backend;
 
-use crate::{audit, egress, ledger, metrics, redact, state};
+use crate::{audit, egress, ledger, metrics, pool, redact, state};
 
 /// What a host's sessions share and change.
 pub struct Services {
@@ -47,6 +47,8 @@ pub struct Services {
     /// [`Backend::remove_now`] (`box run` interrupted: the user asked it to
     /// stop, and waits for nothing of the unit).
     pub end_at_once: AtomicBool,
+    /// The pools of warm units (`box serve --pool`); none by default.
+    pub pools: pool::Pools,
 }
 
 impl Services {
@@ -66,6 +68,7 @@ impl Services {
             handoff: AtomicBool::new(false),
             parked: AtomicUsize::new(0),
             end_at_once: AtomicBool::new(false),
+            pools: pool::Pools::default(),
         }
     }
 
@@ -75,6 +78,16 @@ impl Services {
             runtime: &self.egress_runtime,
             metrics: &self.metrics,
             audit: self.audit.as_ref(),
+        }
+    }
+
+    /// What the pools use of these services.
+    pub fn pool_services(&self) -> pool::PoolServices<'_> {
+        pool::PoolServices {
+            pools: &self.pools,
+            backend: self.backend.as_ref(),
+            ledger: &self.ledger,
+            metrics: &self.metrics,
         }
     }
 

@@ -218,7 +218,30 @@ pub async fn start_units(
         wiring.parent = parent.map(str::to_owned);
         let (services, label, spec) = (services.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
-            let result = services.backend.start_wired(&label, &spec, &wiring).await;
+            // A warm unit from a pool when one fits (its plan bound late), else cold.
+            let result =
+                match crate::pool::claim(services.pool_services(), &label, &spec, &wiring, key)
+                    .await
+                {
+                    crate::pool::Claim::Warm(unit) => {
+                        audit_claim(&services, &label, &spec, Some(&unit.envelope.id), None);
+                        return Ok(*unit);
+                    }
+                    crate::pool::Claim::NoPools => {
+                        services.backend.start_wired(&label, &spec, &wiring).await
+                    }
+                    crate::pool::Claim::Cold(why, unbound) => {
+                        audit_claim(&services, &label, &spec, None, Some(&why));
+                        if let Some(unbound) = unbound {
+                            remove_until_gone(&services, vec![unbound]).await;
+                        }
+                        services
+                            .backend
+                            .start_wired(&label, &spec, &wiring)
+                            .await
+                            .map(|unit| crate::pool::cold(unit, why))
+                    }
+                };
             match &result {
                 Ok(unit) => services.ledger.started(key, &unit.envelope.id),
                 // A failed start undoes itself (the backend's contract).
@@ -274,6 +297,25 @@ pub async fn start_units(
         units: names,
         timeout,
     }))
+}
+
+/// An audit line for a unit asked of a pool: claimed (`id`) or cold (`why`).
+fn audit_claim(
+    services: &Services,
+    label: &SessionLabel,
+    spec: &UnitSpec,
+    claimed: Option<&str>,
+    why: Option<&str>,
+) {
+    if let Some(audit) = &services.audit {
+        audit.pool_claim(&crate::audit::PoolClaim {
+            session: &label.session,
+            profile: &label.profile,
+            unit: &spec.name,
+            claimed,
+            why,
+        });
+    }
 }
 
 /// Remove `units` (their executors' stdio dropped first) in `background`,

@@ -85,6 +85,29 @@ pub struct Envelope {
     /// user-namespace remapping): what that means and what avoids it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub root_user: Option<RootUser>,
+    /// Whether the unit came ready from a host's pool (its plan bound to it
+    /// at the claim) or started cold, and why cold. Absent where the host
+    /// keeps no pool.
+    #[serde(skip_serializing_if = "Option::is_none", flatten)]
+    pub warm: Option<Warm>,
+}
+
+/// How a unit of a host with pools started: `warm: true` (claimed from a
+/// pool, the session's plan bound to it before it served anything), or
+/// `warm: false` with `warmWhy`, why no pooled unit could serve the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Warm {
+    /// Claimed from a pool.
+    pub warm: bool,
+    /// Why the unit started cold (absent when warm).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm_why: Option<String>,
+    /// A warm unit's session label as its pool started it (`pool-N`), which
+    /// it keeps (engines cannot relabel): the host persists the unit's
+    /// identity with it, so the session can be reattached. Not shown.
+    #[serde(skip)]
+    pub pool_session: Option<String>,
 }
 
 /// A volume as mounted in a unit.

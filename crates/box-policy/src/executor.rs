@@ -122,6 +122,29 @@ pub const SECRETS_ON_STDIN_VAR: &str = "BOX_SECRETS_ON_STDIN";
 /// The longest secrets line the executor reads from its stdin.
 pub const MAX_SECRETS_LINE: usize = 1 << 20;
 
+/// Set (to `1`) in the environment of a pooled unit's executor: it starts
+/// with no session's plan and waits, before it confines itself or serves
+/// anything, for one [`Bind`] line on its stdin (the host's channel), which
+/// the host writes when a session claims the unit. The flags it was started
+/// with only say where it runs; the bind line's spec replaces them.
+pub const BIND_ON_STDIN_VAR: &str = "BOX_BIND_ON_STDIN";
+
+/// A session's plan handed to a pooled unit's executor at the claim (late
+/// binding): everything the executor applies itself, which a cold start
+/// takes from its command line, environment and secrets line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bind {
+    /// The executor's flags for this session (landlock, seccomp, the pass
+    /// list, the write guard, the secrets to write...).
+    pub spec: ExecutorSpec,
+    /// The executor's environment for this session, in place of the one it
+    /// was started with (the unit's variables as a cold start sets them).
+    pub env: Vec<(String, String)>,
+    /// The secrets' values, by name (never written anywhere but the
+    /// executor's tmpfs).
+    pub secrets: std::collections::BTreeMap<String, String>,
+}
+
 /// A secret the executor writes to `SECRETS_DIR/NAME` before it serves.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SecretFile {

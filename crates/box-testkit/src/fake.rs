@@ -257,6 +257,7 @@ impl Backend for FakeBackend {
                             parent: None,
                             lease_ms: None,
                             image: Some(spec.image.clone()),
+                            pool: None,
                         },
                         kill: Some(kill_tx),
                     },
@@ -377,6 +378,7 @@ fn envelope(id: &str, spec: &UnitSpec) -> Envelope {
         volumes: Vec::new(),
         home: None,
         root_user: None,
+        warm: None,
     }
 }
 

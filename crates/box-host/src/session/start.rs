@@ -442,7 +442,17 @@ impl Session {
                     name: unit.spec.name.clone(),
                     backend: kind.as_str().to_owned(),
                     id: unit.envelope.id.clone(),
-                    identity: format!("{}/{}/{}", self.config.instance, self.id, unit.spec.name),
+                    identity: format!(
+                        "{}/{}/{}",
+                        self.config.instance,
+                        // A warm unit's init proves the identity its pool started it with.
+                        unit.envelope
+                            .warm
+                            .as_ref()
+                            .and_then(|warm| warm.pool_session.as_deref())
+                            .unwrap_or(&self.id),
+                        unit.spec.name
+                    ),
                     image_id: unit.envelope.image_id.clone(),
                     image_digest: unit.envelope.image_digest.clone(),
                     // Its backend's, from the renewal, below.

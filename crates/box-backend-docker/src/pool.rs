@@ -1,0 +1,192 @@
+//! Pooled docker units (`box_backend::pool`): a unit started for a pool
+//! (`DockerBackend::start_unit_for` with `pooled`), and bound at the claim
+//! to a session's plan: its limits through the engine's update, its
+//! executor's flags, environment and secrets in one bind line on its stdin
+//! (the executor applies landlock and seccomp after reading it, before it
+//! serves anything), its envelope read back for the session's plan.
+
+use std::path::PathBuf;
+
+use futures::future::BoxFuture;
+use tokio::io::AsyncWriteExt as _;
+
+use box_backend::pool::{PooledUnit, Pooling};
+use box_backend::{BackendError, SessionLabel, StartedUnit, UnitWiring};
+use box_policy::executor::Bind;
+use box_policy::plan::UnitSpec;
+
+use crate::{DockerBackend, body, delivered_secrets, engine_message, lease, unit_env};
+
+/// What a bind needs again of a pooled unit's start.
+pub(crate) struct PoolDetail {
+    /// The image's environment (the unit's variables start from it).
+    pub(crate) image_env: Vec<String>,
+    /// The image's user, for the envelope.
+    pub(crate) image_user: String,
+    /// The image's registry digest, for the envelope.
+    pub(crate) image_digest: Option<String>,
+    /// The unit's home inside it.
+    pub(crate) home: String,
+    /// Where the unit's volumes are mounted.
+    pub(crate) volume_targets: Vec<String>,
+    /// The unit's run directory on the host (its envelope is kept beside it).
+    pub(crate) run_dir: PathBuf,
+    /// The session label its pool started it under (`pool-N`).
+    pub(crate) pool_session: String,
+    /// The limits it started with: memory, CPUs, pids.
+    pub(crate) limits: (u64, f64, u64),
+    /// The engine's view of it once started (its envelope's source while
+    /// nothing about it changes).
+    pub(crate) inspect: Option<bollard::models::ContainerInspectResponse>,
+}
+
+impl Pooling for DockerBackend {
+    fn start_pooled<'a>(
+        &'a self,
+        label: &'a SessionLabel,
+        spec: &'a UnitSpec,
+        wiring: &'a UnitWiring,
+    ) -> BoxFuture<'a, Result<PooledUnit, BackendError>> {
+        Box::pin(async move {
+            let (started, detail) = self.start_unit_for(label, spec, wiring, true).await?;
+            Ok(PooledUnit {
+                started,
+                detail: Box::new(detail),
+            })
+        })
+    }
+
+    fn bind<'a>(
+        &'a self,
+        unit: PooledUnit,
+        _session: &'a SessionLabel,
+        spec: &'a UnitSpec,
+    ) -> BoxFuture<'a, Result<StartedUnit, BackendError>> {
+        Box::pin(self.bind_unit(unit, spec))
+    }
+}
+
+impl DockerBackend {
+    async fn bind_unit(
+        &self,
+        unit: PooledUnit,
+        spec: &UnitSpec,
+    ) -> Result<StartedUnit, BackendError> {
+        let name = spec.name.as_str();
+        let failed = |doing: &str, message: String| BackendError::Other {
+            unit: name.to_owned(),
+            doing: doing.to_owned(),
+            message,
+        };
+        let PooledUnit {
+            mut started,
+            detail,
+        } = unit;
+        let detail = detail.downcast::<PoolDetail>().map_err(|_| {
+            failed(
+                "binding a pooled unit",
+                "not a docker pooled unit".to_owned(),
+            )
+        })?;
+        let id = started.envelope.id.clone();
+        // The session's environment and secrets, as a cold start would set them.
+        let environment = unit_env(spec, std::env::vars_os(), &detail.image_env);
+        let env_passed = environment.passed();
+        let delivered;
+        let spec = if environment.secrets.len() == spec.env_secrets.len() {
+            spec
+        } else {
+            let mut narrowed = spec.clone();
+            let secrets = &environment.secrets;
+            narrowed
+                .env_secrets
+                .retain(|name| secrets.iter().any(|(have, _)| have == name));
+            narrowed
+                .env_secrets_as_env
+                .retain(|name| narrowed.env_secrets.contains(name));
+            delivered = narrowed;
+            &delivered
+        };
+        // The engine gives a cold unit's first process HOSTNAME (the
+        // container's, from the unit's name); its executor hands it on, and
+        // so does a bound one.
+        let mut env = environment.vars;
+        env.retain(|(name, _)| name != "HOSTNAME");
+        env.push(("HOSTNAME".to_owned(), body::truncate_hostname(&spec.name)));
+        let bind = Bind {
+            spec: body::unit_executor_spec(
+                spec,
+                &UnitWiring::default(),
+                &detail.home,
+                &detail.volume_targets,
+            ),
+            env,
+            secrets: environment.secrets.into_iter().collect(),
+        };
+        let mut line = serde_json::to_vec(&bind)
+            .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
+        line.push(b'\n');
+        // First, so the executor confines itself while the engine sets the
+        // limits: nothing runs in the unit before the host has the unit back
+        // from this bind and initializes its executor.
+        started
+            .io
+            .stdin
+            .write_all(&line)
+            .await
+            .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
+        // The limits the engine can change on a running unit: the session's
+        // (never wider than its profile's, which the pool started with);
+        // the engine is asked only when they differ.
+        let unchanged =
+            detail.limits == (spec.limits.memory_bytes, spec.limits.cpus, spec.limits.pids);
+        if !unchanged {
+            let memory = body::clamp_i64(spec.limits.memory_bytes);
+            let update = bollard::models::ContainerUpdateBody {
+                memory: Some(memory),
+                memory_swap: Some(memory),
+                nano_cpus: Some(body::nano_cpus(spec.limits.cpus)),
+                pids_limit: Some(body::clamp_i64(spec.limits.pids)),
+                ..Default::default()
+            };
+            self.docker
+                .update_container(&id, update)
+                .await
+                .map_err(|e| failed("setting the session's limits", engine_message(&e)))?;
+        }
+        let inspect = match (unchanged, &detail.inspect) {
+            (true, Some(inspect)) => inspect.clone(),
+            _ => self
+                .docker
+                .inspect_container(&id, None)
+                .await
+                .map_err(|e| failed("inspecting the container", engine_message(&e)))?,
+        };
+        let mut envelope = body::envelope_from_inspect(
+            spec,
+            &inspect,
+            &detail.image_user,
+            &self.facts,
+            env_passed,
+            environment.scrubbed,
+        );
+        envelope.image_digest = detail.image_digest.clone();
+        if self.executor_command.is_none() {
+            body::add_executor_confinement(&mut envelope, spec);
+            envelope.secrets = delivered_secrets(spec);
+        }
+        if let (Some(home), Some(was)) = (envelope.home.as_mut(), started.envelope.home.as_ref()) {
+            home.seeded_from = was.seeded_from.clone();
+        }
+        envelope.volumes = std::mem::take(&mut started.envelope.volumes);
+        // Recorded so (`box units inspect`): the unit came from a pool.
+        envelope.warm = Some(box_policy::envelope::Warm {
+            warm: true,
+            warm_why: None,
+            pool_session: Some(detail.pool_session.clone()),
+        });
+        lease::RunDir::record(&detail.run_dir, &envelope);
+        started.envelope = envelope;
+        Ok(started)
+    }
+}

@@ -1,0 +1,60 @@
+//! Pooled units: started with no session, then bound to the session that
+//! claims one (late binding). A backend that can pool says so through
+//! [`crate::Backend::pooling`]; the host keeps the pools and decides which
+//! plan fits which pooled unit.
+//!
+//! A pooled unit is a unit like any other (box's init, its lease, the same
+//! hardening), whose executor waits for the session's plan on its stdin
+//! (`BIND_ON_STDIN_VAR`) before it confines itself or serves anything. What a
+//! running unit cannot change (image, runtime, user, network mode, mounts)
+//! is fixed when it starts; the rest reaches it at the claim.
+
+use futures::future::BoxFuture;
+
+use crate::{BackendError, SessionLabel, StartedUnit, UnitSpec, UnitWiring};
+
+/// The label a pooled unit carries from its start: the profile whose pool
+/// started it (`box units ls` marks it). Engines cannot relabel a running
+/// unit, so a claimed unit keeps it, and its pool's session label.
+pub const POOL_LABEL: &str = "box.pool";
+
+/// A started pooled unit, waiting for a session.
+pub struct PooledUnit {
+    /// The unit as started for the pool: its envelope is the pool's spec's,
+    /// its executor reads the bind line first.
+    pub started: StartedUnit,
+    /// What its backend needs again at the claim (opaque to the host).
+    pub detail: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl PooledUnit {
+    /// The backend's id for the unit (a container id).
+    pub fn id(&self) -> &str {
+        &self.started.envelope.id
+    }
+}
+
+/// What a backend that keeps pooled units does.
+pub trait Pooling: Send + Sync {
+    /// Start a unit of `spec` for a pool, under `label` (a session id of the
+    /// pool's own): like a start, except that its executor waits for a bind
+    /// line, and its labels say it is pooled (`box.pool`).
+    fn start_pooled<'a>(
+        &'a self,
+        label: &'a SessionLabel,
+        spec: &'a UnitSpec,
+        wiring: &'a UnitWiring,
+    ) -> BoxFuture<'a, Result<PooledUnit, BackendError>>;
+
+    /// Bind `unit` (started from a spec that fits `spec`, which the host
+    /// judged) to `session`'s plan `spec`: its limits set through the
+    /// engine, the executor handed its flags, environment and secrets, the
+    /// envelope read back for `spec`. On an error the caller removes the unit
+    /// (by the id it read before).
+    fn bind<'a>(
+        &'a self,
+        unit: PooledUnit,
+        session: &'a SessionLabel,
+        spec: &'a UnitSpec,
+    ) -> BoxFuture<'a, Result<StartedUnit, BackendError>>;
+}

@@ -1,0 +1,507 @@
+//! Warm units: pools of units started with no session (`box serve --pool
+//! PROFILE=N`), claimed by sessions whose plan fits, with the session's plan
+//! bound late (the backend's [`Pooling::bind`]: limits through the engine,
+//! the executor's confinement, environment and secrets before it serves
+//! anything).
+//!
+//! A pool holds units of its profile's workspace unit as resolved with no
+//! tightening (network `none`: a profile whose workspace has another
+//! network mode is refused at start). What a running unit cannot change is
+//! its key: [`fits`] says why a plan does not fit, and that unit then starts
+//! cold, its envelope saying `warm: false` and why. A claimed unit serves one
+//! session and is removed with it, never returned; each claim wakes the
+//! pool's refill, which starts one unit at a time.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use box_backend::pool::{PooledUnit, Pooling};
+use box_backend::{Backend, BackendError, SessionLabel, StartedUnit, UnitWiring};
+use box_policy::envelope::Warm;
+use box_policy::plan::{NetworkMode, Role, UnitSpec};
+use tokio_util::sync::CancellationToken;
+
+use crate::ledger::{Ledger, Tracked};
+use crate::metrics::Metrics;
+use crate::{HostConfig, PoolAsk};
+
+/// What the pools use of the host's services (lent by them; this module
+/// sits below `Services`, which holds the [`Pools`]).
+#[derive(Clone, Copy)]
+pub struct PoolServices<'a> {
+    /// The pools.
+    pub pools: &'a Pools,
+    /// Where units run.
+    pub backend: &'a dyn Backend,
+    /// Every unit asked for and not yet confirmed removed.
+    pub ledger: &'a Ledger,
+    /// `/metrics`.
+    pub metrics: &'a Metrics,
+}
+
+/// How long a pool waits after a failed start before it tries again.
+const REFILL_BACKOFF: Duration = Duration::from_secs(5);
+
+/// A host's pools (none unless asked for); set once at the host's start.
+#[derive(Default)]
+pub struct Pools {
+    pools: OnceLock<Vec<Arc<Pool>>>,
+    /// Ends the refills and removes the ready units.
+    stop: CancellationToken,
+    /// The refill tasks, awaited at the end.
+    tasks: tokio_util::task::TaskTracker,
+    /// Numbers the pooled units' session labels.
+    next: AtomicU64,
+}
+
+/// One profile's pool.
+pub struct Pool {
+    profile: String,
+    size: usize,
+    /// The profile's workspace unit, untightened: what every unit starts as.
+    spec: UnitSpec,
+    ready: Mutex<VecDeque<Ready>>,
+    starting: AtomicUsize,
+    refill: tokio::sync::Notify,
+    /// Why its last start failed, until one succeeds.
+    failing: Mutex<Option<String>>,
+}
+
+/// A ready unit and its place in the ledger.
+struct Ready {
+    unit: PooledUnit,
+    key: u64,
+}
+
+/// What a claim gave.
+pub enum Claim {
+    /// A warm unit, bound to the session's plan.
+    Warm(Box<StartedUnit>),
+    /// No pooled unit serves this unit: why (the envelope's `warmWhy`),
+    /// and a unit whose bind failed, for the caller to remove.
+    Cold(String, Option<Tracked>),
+    /// The host keeps no pool.
+    NoPools,
+}
+
+impl Pools {
+    /// Whether any pool is kept.
+    pub fn any(&self) -> bool {
+        self.pools.get().is_some_and(|pools| !pools.is_empty())
+    }
+
+    /// Each pool's profile and ready units (for `/metrics`).
+    pub fn ready(&self) -> Vec<(String, usize)> {
+        self.pools
+            .get()
+            .map(|pools| {
+                pools
+                    .iter()
+                    .map(|pool| (pool.profile.clone(), pool.ready_len()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// End the refills; every ready unit, for the caller to remove.
+    pub async fn end(&self) -> Vec<Tracked> {
+        self.stop.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        let Some(pools) = self.pools.get() else {
+            return Vec::new();
+        };
+        let mut left = Vec::new();
+        for pool in pools {
+            let drained: Vec<Ready> = pool.lock().drain(..).collect();
+            for ready in drained {
+                left.push(Tracked {
+                    key: ready.key,
+                    id: ready.unit.id().to_owned(),
+                });
+            }
+        }
+        left
+    }
+
+    /// Run `refill` (a pool's, given its services) until the pools end.
+    pub fn spawn(&self, refill: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn(refill);
+    }
+}
+
+impl Pool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Ready>> {
+        self.ready
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn ready_len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+/// The pools `asked` on `backend`: each profile resolved with no
+/// tightening; kept in `pools`, whose refills the caller spawns (each of
+/// [`Pools::each`] through [`refill`]).
+pub fn start(
+    config: &HostConfig,
+    pools: &Pools,
+    backend: &dyn Backend,
+    asked: &[PoolAsk],
+) -> anyhow::Result<()> {
+    if asked.is_empty() {
+        return Ok(());
+    }
+    if backend.pooling().is_none() {
+        anyhow::bail!(
+            "--pool: the {} backend keeps no pooled units; pools need one that does (docker)",
+            backend.kind().as_str()
+        );
+    }
+    let mut made: Vec<Arc<Pool>> = Vec::new();
+    for ask in asked {
+        let profile = config
+            .catalog
+            .load(&ask.profile)
+            .map_err(|error| anyhow::anyhow!("--pool {}: {error}", ask.profile))?;
+        let plan = (config.resolve)(&profile, &serde_json::Value::Null, &config.facts)
+            .map_err(|error| anyhow::anyhow!("--pool {}: {error}", ask.profile))?;
+        let Some(spec) = plan.units.iter().find(|unit| unit.role == Role::Workspace) else {
+            anyhow::bail!(
+                "--pool {}: the profile has no workspace unit to keep ready",
+                ask.profile
+            );
+        };
+        if spec.network.mode != NetworkMode::None {
+            anyhow::bail!(
+                "--pool {}: the profile's workspace network is {}; pooled units start with network none (egress is not attached at a claim yet)",
+                ask.profile,
+                spec.network.mode.as_str()
+            );
+        }
+        if made.iter().any(|pool| pool.profile == ask.profile) {
+            anyhow::bail!("--pool {}: the profile is named twice", ask.profile);
+        }
+        made.push(Arc::new(Pool {
+            profile: ask.profile.clone(),
+            size: ask.size,
+            spec: spec.clone(),
+            ready: Mutex::default(),
+            starting: AtomicUsize::new(0),
+            refill: tokio::sync::Notify::new(),
+            failing: Mutex::default(),
+        }));
+    }
+    pools
+        .pools
+        .set(made)
+        .map_err(|_| anyhow::anyhow!("--pool: the host's pools are already started"))
+}
+
+impl Pools {
+    /// Each pool, for its refill.
+    pub fn each(&self) -> Vec<Arc<Pool>> {
+        self.pools.get().cloned().unwrap_or_default()
+    }
+
+    /// Why pools cannot refill (their last start failed), for `/readyz`:
+    /// `Err` names each such pool.
+    pub fn readiness(&self) -> Result<(), String> {
+        let failing: Vec<String> = self
+            .each()
+            .iter()
+            .filter_map(|pool| {
+                let why = pool
+                    .failing
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .clone()?;
+                Some(format!(
+                    "the pool of profile {} cannot refill ({why}); its sessions start cold",
+                    pool.profile
+                ))
+            })
+            .collect();
+        if failing.is_empty() {
+            Ok(())
+        } else {
+            Err(failing.join("; "))
+        }
+    }
+}
+
+/// Keep `pool` full, one start at a time, until the pools end.
+pub async fn refill(config: &HostConfig, services: PoolServices<'_>, pool: Arc<Pool>) {
+    let stop = services.pools.stop.clone();
+    let Some(pooling) = services.backend.pooling() else {
+        return;
+    };
+    loop {
+        while pool.ready_len() + pool.starting.load(Ordering::SeqCst) < pool.size {
+            if stop.is_cancelled() {
+                return;
+            }
+            pool.starting.fetch_add(1, Ordering::SeqCst);
+            let started = tokio::select! {
+                started = start_one(config, services, pooling, &pool) => started,
+                () = stop.cancelled() => {
+                    pool.starting.fetch_sub(1, Ordering::SeqCst);
+                    return;
+                }
+            };
+            pool.starting.fetch_sub(1, Ordering::SeqCst);
+            *pool
+                .failing
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                started.as_ref().err().map(ToString::to_string);
+            match started {
+                Ok(ready) => {
+                    tracing::debug!(
+                        profile = pool.profile,
+                        id = ready.unit.id(),
+                        "pooled unit ready"
+                    );
+                    let ready = {
+                        let mut units = pool.lock();
+                        units.push_back(ready);
+                        units.len()
+                    };
+                    services.metrics.pool_ready(&pool.profile, ready);
+                }
+                Err(error) => {
+                    tracing::warn!(
+                        profile = pool.profile,
+                        %error,
+                        "the pool cannot start a unit; sessions start cold meanwhile, trying again in {}",
+                        humantime::format_duration(REFILL_BACKOFF)
+                    );
+                    tokio::select! {
+                        () = tokio::time::sleep(REFILL_BACKOFF) => {}
+                        () = stop.cancelled() => return,
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            () = pool.refill.notified() => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+async fn start_one(
+    config: &HostConfig,
+    services: PoolServices<'_>,
+    pooling: &dyn Pooling,
+    pool: &Pool,
+) -> Result<Ready, BackendError> {
+    let number = services.pools.next.fetch_add(1, Ordering::Relaxed);
+    let label = SessionLabel {
+        instance: config.instance.clone(),
+        session: format!("pool-{number}"),
+        profile: pool.profile.clone(),
+    };
+    let key = services.ledger.starting(&label.session, &pool.spec.name);
+    let wiring = UnitWiring {
+        runtime_dir: Some(config.runtime_dir.clone()),
+        ..UnitWiring::default()
+    };
+    match pooling.start_pooled(&label, &pool.spec, &wiring).await {
+        Ok(unit) => {
+            services.ledger.started(key, unit.id());
+            Ok(Ready { unit, key })
+        }
+        Err(error) => {
+            services.ledger.gone(key);
+            Err(error)
+        }
+    }
+}
+
+/// Claim a ready unit for `spec` of the session `label`, and bind it; the
+/// ledger's entry moves to the session (`key`, which the caller took).
+pub async fn claim(
+    services: PoolServices<'_>,
+    label: &SessionLabel,
+    spec: &UnitSpec,
+    wiring: &UnitWiring,
+    key: u64,
+) -> Claim {
+    let Some(pools) = services.pools.pools.get().filter(|pools| !pools.is_empty()) else {
+        return Claim::NoPools;
+    };
+    let Some(pooling) = services.backend.pooling() else {
+        return Claim::NoPools;
+    };
+    if spec.role != Role::Workspace {
+        return Claim::Cold("pools keep workspace units only".to_owned(), None);
+    }
+    if wiring.egress.is_some()
+        || !wiring.masks.is_empty()
+        || wiring.objects.is_some()
+        || wiring.parent.is_some()
+    {
+        services.metrics.pool_claim("unfit");
+        return Claim::Cold(
+            "the unit is wired to the host's resources at its start (an egress proxy, masked files, a fork's objects)"
+                .to_owned(),
+            None,
+        );
+    }
+    let Some(pool) = pools.iter().find(|pool| pool.profile == label.profile) else {
+        return Claim::Cold(format!("no pool of profile {}", label.profile), None);
+    };
+    if let Err(why) = fits(&pool.spec, spec) {
+        services.metrics.pool_claim("unfit");
+        return Claim::Cold(why, None);
+    }
+    let asked = std::time::Instant::now();
+    let (taken, ready) = {
+        let mut ready = pool.lock();
+        (ready.pop_front(), ready.len())
+    };
+    services.metrics.pool_ready(&pool.profile, ready);
+    pool.refill.notify_one();
+    let Some(Ready { unit, key: pooled }) = taken else {
+        services.metrics.pool_claim("empty");
+        return Claim::Cold(
+            format!(
+                "the pool of profile {} has no ready unit (it refills in the background)",
+                pool.profile
+            ),
+            None,
+        );
+    };
+    let id = unit.id().to_owned();
+    match pooling.bind(unit, label, spec).await {
+        Ok(mut started) => {
+            // The ledger's entry moves to the session.
+            services.ledger.gone(pooled);
+            services.ledger.started(key, &id);
+            services.metrics.pool_claim("warm");
+            services.metrics.pool_claimed(asked.elapsed());
+            tracing::info!(
+                session = label.session,
+                unit = spec.name,
+                id,
+                "claimed a pooled unit"
+            );
+            // The backend's (with the pool's session label), else said here.
+            started.envelope.warm.get_or_insert(Warm {
+                warm: true,
+                warm_why: None,
+                pool_session: None,
+            });
+            Claim::Warm(Box::new(started))
+        }
+        Err(error) => {
+            services.metrics.pool_claim("failed");
+            tracing::warn!(id, %error, "binding a pooled unit failed; removing it, starting cold");
+            let tracked = Tracked { key: pooled, id };
+            Claim::Cold(
+                format!("binding a pooled unit failed: {error}"),
+                Some(tracked),
+            )
+        }
+    }
+}
+
+/// A unit started cold on a host with pools: its envelope says why.
+pub fn cold(mut unit: StartedUnit, why: String) -> StartedUnit {
+    unit.envelope.warm = Some(Warm {
+        warm: false,
+        warm_why: Some(why),
+        pool_session: None,
+    });
+    unit
+}
+
+/// Whether a unit started as `pool` can serve `session` once its late
+/// parts are bound, else why not (in the words of the plan's fields).
+pub fn fits(pool: &UnitSpec, session: &UnitSpec) -> Result<(), String> {
+    let mut bound = session.clone();
+    // What a claim binds: the limits the engine changes on a running unit
+    // (never wider than the pool's), the host's own deadlines, what the
+    // executor applies itself, and the environment it hands on.
+    for (name, asked, pooled) in [
+        (
+            "memory",
+            session.limits.memory_bytes,
+            pool.limits.memory_bytes,
+        ),
+        ("pids", session.limits.pids, pool.limits.pids),
+    ] {
+        if asked > pooled {
+            return Err(format!(
+                "limits.{name} {asked} is wider than the pool's {pooled}"
+            ));
+        }
+    }
+    if session.limits.cpus > pool.limits.cpus {
+        return Err(format!(
+            "limits.cpus {} is wider than the pool's {}",
+            session.limits.cpus, pool.limits.cpus
+        ));
+    }
+    bound.limits.memory_bytes = pool.limits.memory_bytes;
+    bound.limits.cpus = pool.limits.cpus;
+    bound.limits.pids = pool.limits.pids;
+    bound.limits.call_timeout = pool.limits.call_timeout;
+    bound.limits.idle = pool.limits.idle;
+    bound.limits.lifetime = pool.limits.lifetime;
+    bound.limits.start_timeout = pool.limits.start_timeout;
+    bound.security.landlock = pool.security.landlock;
+    bound.security.write_guard = pool.security.write_guard;
+    bound.security.neutralise_git = pool.security.neutralise_git;
+    bound.env_set = pool.env_set.clone();
+    bound.env_pass = pool.env_pass.clone();
+    // The secrets' tmpfs is a mount: there or not is the unit's shape.
+    if session.env_secrets.is_empty() != pool.env_secrets.is_empty() {
+        return Err(
+            "env.secrets: the secrets' tmpfs is mounted only where a plan has secrets".to_owned(),
+        );
+    }
+    bound.env_secrets = pool.env_secrets.clone();
+    bound.env_secrets_as_env = pool.env_secrets_as_env.clone();
+    bound.description = pool.description.clone();
+    if bound == *pool {
+        return Ok(());
+    }
+    let differs = [
+        ("name", bound.name != pool.name),
+        (
+            "workspace.image",
+            bound.image != pool.image || bound.pull != pool.pull,
+        ),
+        ("workspace.runtime", bound.runtime != pool.runtime),
+        ("workspace.user", bound.user != pool.user),
+        ("network", bound.network != pool.network),
+        ("workspace.source", bound.source != pool.source),
+        ("workspace.root", bound.root != pool.root),
+        ("workspace.mode", bound.mode != pool.mode),
+        ("volumes", bound.volumes != pool.volumes),
+        (
+            "limits (tmp, home or nofile: fixed when a unit starts)",
+            bound.limits != pool.limits,
+        ),
+        ("security", bound.security != pool.security),
+    ];
+    let fields: Vec<&str> = differs
+        .iter()
+        .filter(|(_, differs)| *differs)
+        .map(|(name, _)| *name)
+        .collect();
+    Err(if fields.is_empty() {
+        "the plan differs from the pool's in what is fixed when a unit starts".to_owned()
+    } else {
+        format!(
+            "{} differ from the pool's, and are fixed when a unit starts",
+            fields.join(", ")
+        )
+    })
+}

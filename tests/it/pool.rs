@@ -1,0 +1,476 @@
+//! Warm units (`box serve --pool PROFILE=N`) on Docker: a claimed unit is
+//! confined exactly as a cold one of the same plan, no state crosses the
+//! sessions of one pool, a plan the pool cannot serve starts cold and says
+//! why, the pool refills after a claim and leaves nothing when its host ends.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use box_jsonrpc::EXECUTOR_KEY;
+use serde_json::{Value, json};
+
+use crate::serve::{http, post};
+use crate::support::{HttpHost, box_bin, containers, docker_answers};
+
+/// The pool's profile: the default one, with two variables a session may drop.
+const PROFILE: &str = "description = \"pool tests\"\nextends = \"default\"\n\n[env]\nset = { POOL_A = \"a\", POOL_B = \"b\" }\n\n[limits]\nmemory = \"1GiB\"\n";
+
+/// A pool whose units get a secret at the claim, and a short lease.
+const SECRET_PROFILE: &str = "description = \"pool tests, a secret\"\nextends = \"default\"\n\n[env]\nsecrets = [\"POOL_E2E_SECRET\"]\n\n[lifecycle]\nlease = \"2s\"\n";
+const SECRET_VALUE: &str = "pool-e2e-secret-5c1f0a77";
+
+/// What a unit's confinement looks like from inside (everything a session's
+/// plan decides that a process can read about itself).
+const PROBE: &str = "grep -E '^(Seccomp|Seccomp_filters|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status; \
+echo landlock:; (echo x > /dev/shm/probe) 2>&1; (echo x > /workspace/.probe && rm /workspace/.probe && echo workspace-writable) 2>&1; \
+echo limits:; cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu/cpu.cfs_period_us 2>/dev/null; \
+cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory.swap.max /sys/fs/cgroup/pids.max /sys/fs/cgroup/cpu.max 2>/dev/null; \
+echo ulimit: $(ulimit -n) $(ulimit -u); id; echo env:; env | sed 's/^HOSTNAME=.*/HOSTNAME=/' | sort";
+
+/// The tightening both hosts' sessions ask for: narrower limits, one variable dropped.
+fn tightening() -> Value {
+    json!({"limits": {"memory": "512MiB", "pids": 300, "cpus": 1}, "env": {"drop": ["POOL_B"]}})
+}
+
+struct Host {
+    host: HttpHost,
+    instance: String,
+    child: Child,
+}
+
+impl Host {
+    async fn start(name: &str, profiles: &Path, workspace: &Path, pool: Option<&str>) -> Self {
+        Self::start_with(name, profiles, workspace, pool, &[], &[]).await
+    }
+
+    /// [`Self::start`] with `env` set for the host.
+    async fn start_with(
+        name: &str,
+        profiles: &Path,
+        workspace: &Path,
+        pool: Option<&str>,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Self {
+        let instance = format!("e2e-pool-{name}-{}", std::process::id());
+        let host = HttpHost::on_a_free_port();
+        let mut command = Command::new(box_bin());
+        command
+            .args(["serve", "--backend", "docker", "--state", "none"])
+            .args(["--instance", &instance, "--profile", "pooled"])
+            .arg("--profiles")
+            .arg(profiles)
+            .arg("--workspace")
+            .arg(workspace)
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .args(args);
+        if let Some(pool) = pool {
+            command.args(["--pool", pool]);
+        }
+        let child = host.serve(command).await;
+        Self {
+            host,
+            instance,
+            child,
+        }
+    }
+
+    fn address(&self) -> SocketAddr {
+        self.host.address()
+    }
+
+    async fn metrics(&self) -> String {
+        let reply = http(self.address(), "GET", "/metrics", &[], b"").await;
+        String::from_utf8_lossy(&reply.body).into_owned()
+    }
+
+    /// Wait until the pool of `profile` holds `ready` units.
+    async fn ready(&self, profile: &str, ready: usize) {
+        let line = format!("box_pool_ready{{profile=\"{profile}\"}} {ready}");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let metrics = self.metrics().await;
+            if metrics.lines().any(|l| l == line) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the pool never held {ready}: {metrics}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A session asking `ask`: its id and its workspace unit's envelope.
+    async fn session(&self, ask: Value) -> (String, Value) {
+        let (session, answer) = self
+            .host
+            .initialize(json!({"experimental": {EXECUTOR_KEY: {"box": ask}}}), &[])
+            .await;
+        let envelope =
+            answer["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"]["units"][0]
+                .clone();
+        assert!(envelope.is_object(), "{answer}");
+        (session.unwrap(), envelope)
+    }
+
+    async fn bash(&self, session: &str, command: &str) -> String {
+        let message = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": "bash", "arguments": {"command": command}}});
+        let answer = post(self.address(), Some(session), &[], &message)
+            .await
+            .json();
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("bash {command}: {answer}"))
+            .to_owned()
+    }
+
+    async fn end_session(&self, session: &str) {
+        let headers = [("Mcp-Session-Id", session)];
+        let reply = http(self.address(), "DELETE", "/mcp", &headers, b"").await;
+        assert_eq!(reply.status, 200);
+    }
+
+    /// SIGTERM, and the host's exit status.
+    fn stop(mut self) -> std::process::ExitStatus {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Host {
+    /// A failed test's host is killed (its units end within their lease).
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn setup() -> (tempfile::TempDir, tempfile::TempDir) {
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(profiles.path().join("pooled.toml"), PROFILE).unwrap();
+    std::fs::write(profiles.path().join("pooledsec.toml"), SECRET_PROFILE).unwrap();
+    std::fs::write(
+        profiles.path().join("gone.toml"),
+        "description = \"pool tests, an image that is not there\"\nextends = \"default\"\n\n[workspace]\nimage = \"box-e2e-pool-missing:none\"\npull = \"never\"\n",
+    )
+    .unwrap();
+    (profiles, tempfile::tempdir().unwrap())
+}
+
+/// What of an envelope a plan decides (not the unit's id, nor how it started).
+fn applied(envelope: &Value) -> Value {
+    let mut envelope = envelope.clone();
+    let object = envelope.as_object_mut().unwrap();
+    for key in ["id", "warm", "warmWhy", "home"] {
+        object.remove(key);
+    }
+    envelope
+}
+
+#[tokio::test]
+async fn a_warm_units_confinement_equals_a_cold_ones_for_the_same_plan() {
+    if !docker_answers().await {
+        return;
+    }
+    let (profiles, workspace) = setup();
+    let warm = Host::start("warm", profiles.path(), workspace.path(), Some("pooled=1")).await;
+    let cold = Host::start("cold", profiles.path(), workspace.path(), None).await;
+    warm.ready("pooled", 1).await;
+    let (warm_session, warm_envelope) = warm.session(json!({"tighten": tightening()})).await;
+    let (cold_session, cold_envelope) = cold.session(json!({"tighten": tightening()})).await;
+    assert_eq!(warm_envelope["warm"], json!(true), "{warm_envelope}");
+    assert!(cold_envelope.get("warm").is_none(), "{cold_envelope}");
+    assert_eq!(applied(&warm_envelope), applied(&cold_envelope));
+    assert_eq!(warm_envelope["limits"]["memoryBytes"], json!(512u64 << 20));
+    let warm_probe = warm.bash(&warm_session, PROBE).await;
+    let cold_probe = cold.bash(&cold_session, PROBE).await;
+    assert_eq!(warm_probe, cold_probe);
+    // The probe saw what it was meant to: box's seccomp layer, landlock
+    // refusing a write the mounts allow, the session's limits, its variables.
+    for seen in [
+        "Seccomp:\t2",
+        "NoNewPrivs:\t1",
+        "CapEff:\t0000000000000000",
+        "Permission denied",
+        "workspace-writable",
+        &(512u64 << 20).to_string(),
+        "POOL_A=a",
+    ] {
+        assert!(warm_probe.contains(seen), "{seen} not in {warm_probe}");
+    }
+    assert!(!warm_probe.contains("POOL_B"), "{warm_probe}");
+    for host in [warm, cold] {
+        let instance = host.instance.clone();
+        assert!(host.stop().success());
+        assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+    }
+}
+
+#[tokio::test]
+async fn a_pools_sessions_share_nothing_and_a_plan_it_cannot_serve_starts_cold() {
+    if !docker_answers().await {
+        return;
+    }
+    let (profiles, workspace) = setup();
+    let audit = profiles.path().join("audit.jsonl");
+    let host = Host::start_with(
+        "share",
+        profiles.path(),
+        workspace.path(),
+        Some("pooled=1"),
+        &[],
+        &["--audit", audit.to_str().unwrap()],
+    )
+    .await;
+    host.ready("pooled", 1).await;
+    let (first, first_envelope) = host
+        .session(json!({"tighten": {"env": {"drop": ["POOL_B"]}}}))
+        .await;
+    assert_eq!(first_envelope["warm"], json!(true), "{first_envelope}");
+    let seen = host
+        .bash(
+            &first,
+            "echo secret-of-one > /tmp/one; echo one > ~/one; env | grep ^POOL_; hostname",
+        )
+        .await;
+    assert!(
+        seen.contains("POOL_A=a") && !seen.contains("POOL_B"),
+        "{seen}"
+    );
+    // The pool refills after the claim.
+    host.ready("pooled", 1).await;
+    let metrics = host.metrics().await;
+    assert!(
+        metrics.contains("box_pool_claims_total{outcome=\"warm\"} 1"),
+        "{metrics}"
+    );
+    let (second, second_envelope) = host
+        .session(json!({"tighten": {"env": {"drop": ["POOL_A"]}}}))
+        .await;
+    assert_eq!(second_envelope["warm"], json!(true), "{second_envelope}");
+    assert_ne!(first_envelope["id"], second_envelope["id"]);
+    let seen_after = host
+        .bash(
+            &second,
+            "cat /tmp/one ~/one 2>&1; env | grep ^POOL_; hostname",
+        )
+        .await;
+    assert!(seen_after.contains("POOL_B=b"), "{seen_after}");
+    assert!(!seen_after.contains("POOL_A"), "{seen_after}");
+    assert!(!seen_after.contains("secret-of-one"), "{seen_after}");
+    assert_eq!(
+        seen_after.matches("No such file").count(),
+        2,
+        "{seen_after}"
+    );
+    // `box units ls` marks pooled units, claimed or ready; `inspect` says which.
+    let listed = Command::new(box_bin())
+        .args(["units", "ls", "--backend", "docker", "--filter"])
+        .arg(format!("instance={}", host.instance))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&listed.stdout);
+    assert_eq!(table.matches("workspace (pooled)").count(), 3, "{table}");
+    let claimed = second_envelope["id"].as_str().unwrap();
+    let inspected = Command::new(box_bin())
+        .args(["units", "inspect", &claimed[..12]])
+        .output()
+        .unwrap();
+    let inspected = String::from_utf8_lossy(&inspected.stdout);
+    assert!(inspected.contains("claimed by a session"), "{inspected}");
+    // A claimed unit serves one session, and goes with it.
+    host.end_session(&first).await;
+    let first_id = first_envelope["id"].as_str().unwrap().to_owned();
+    assert!(!containers(&host.instance, None).await.contains(&first_id));
+    // A plan the pool cannot serve starts cold and says why.
+    let (_, read_only) = host
+        .session(json!({"tighten": {"workspace": {"mode": "ro"}}}))
+        .await;
+    assert_eq!(read_only["warm"], json!(false), "{read_only}");
+    let why = read_only["warmWhy"].as_str().unwrap();
+    assert!(why.contains("workspace.mode"), "{why}");
+    let (_, other) = host.session(json!({"profile": "default"})).await;
+    assert_eq!(other["warm"], json!(false), "{other}");
+    assert!(
+        other["warmWhy"]
+            .as_str()
+            .unwrap()
+            .contains("no pool of profile default"),
+        "{other}"
+    );
+    let metrics = host.metrics().await;
+    assert!(
+        metrics.contains("box_pool_claims_total{outcome=\"unfit\"} 1"),
+        "{metrics}"
+    );
+    // Each claim is an audit line: warm with the unit's id, or cold and why.
+    let lines: Vec<Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .filter(|line: &Value| line["kind"] == "pool")
+        .collect();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(lines[0]["warm"], json!(true));
+    assert_eq!(lines[0]["id"], first_envelope["id"]);
+    assert_eq!(lines[2]["warm"], json!(false));
+    assert!(lines[2]["why"].as_str().unwrap().contains("workspace.mode"));
+    // The host's end removes its pool's ready units with its sessions'.
+    let instance = host.instance.clone();
+    assert!(host.stop().success());
+    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+}
+
+/// The container's configured environment, as `docker inspect` shows it.
+async fn inspected_env(id: &str) -> Vec<String> {
+    let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
+    let inspect = docker.inspect_container(id, None).await.unwrap();
+    inspect
+        .config
+        .and_then(|config| config.env)
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_warm_unit_gets_its_secret_at_the_claim_and_pooled_units_end_with_a_killed_host() {
+    if !docker_answers().await {
+        return;
+    }
+    let (profiles, workspace) = setup();
+    let host = Host::start_with(
+        "secret",
+        profiles.path(),
+        workspace.path(),
+        Some("pooledsec=1"),
+        &[("POOL_E2E_SECRET", SECRET_VALUE)],
+        &[],
+    )
+    .await;
+    host.ready("pooledsec", 1).await;
+    let (session, envelope) = host.session(json!({"profile": "pooledsec"})).await;
+    assert_eq!(envelope["warm"], json!(true), "{envelope}");
+    assert_eq!(
+        envelope["secrets"][0]["name"],
+        json!("POOL_E2E_SECRET"),
+        "{envelope}"
+    );
+    let seen = host
+        .bash(
+            &session,
+            &format!("test \"$(cat /run/secrets/POOL_E2E_SECRET)\" = {SECRET_VALUE} && echo delivered; env | grep -c POOL_E2E_SECRET"),
+        )
+        .await;
+    assert!(seen.contains("delivered"), "{seen}");
+    // Never in the container's configuration: not the claimed unit's, nor
+    // the one the pool started since.
+    host.ready("pooledsec", 1).await;
+    for id in containers(&host.instance, None).await {
+        let env = inspected_env(&id).await;
+        assert!(!env.iter().any(|var| var.contains(SECRET_VALUE)), "{env:?}");
+    }
+    // kill -9: the pooled unit and the session's end within their lease.
+    let mut host = host;
+    host.child.kill().unwrap();
+    host.child.wait().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !containers(&host.instance, None).await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "units of a killed host outlived their 2 s lease"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_pool_that_cannot_refill_says_so_in_readyz() {
+    if !docker_answers().await {
+        return;
+    }
+    let (profiles, workspace) = setup();
+    let host = Host::start("gone", profiles.path(), workspace.path(), Some("gone=1")).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = http(host.address(), "GET", "/readyz", &[], b"").await;
+        let body = String::from_utf8_lossy(&reply.body).into_owned();
+        if reply.status == 503 {
+            // The reason, to a probe with no token on a host that needs none.
+            assert!(
+                body.contains("the pool of profile gone cannot refill"),
+                "{body}"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz stayed {}: {body}",
+            reply.status
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let instance = host.instance.clone();
+    assert!(host.stop().success());
+    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_session_on_a_warm_unit_survives_kill_9_of_its_host_and_reattaches() {
+    if !docker_answers().await {
+        return;
+    }
+    let (profiles, workspace) = setup();
+    let (state, instances) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let instance = format!("e2e-pool-reattach-{}", std::process::id());
+    let command = || {
+        let mut command = Command::new(box_bin());
+        command
+            .args(["serve", "--backend", "docker", "--instance", &instance])
+            .args(["--profile", "pooled", "--pool", "pooled=1"])
+            .arg("--state")
+            .arg(state.path().join("sessions"))
+            .arg("--profiles")
+            .arg(profiles.path())
+            .arg("--workspace")
+            .arg(workspace.path())
+            .env("RUST_LOG", "warn")
+            .env("BOX_INSTANCE_DIR", instances.path());
+        command
+    };
+    let http_host = HttpHost::on_a_free_port();
+    let child = http_host.serve(command()).await;
+    let mut host = Host {
+        host: http_host,
+        instance: instance.clone(),
+        child,
+    };
+    host.ready("pooled", 1).await;
+    let (session, answer) = host.host.initialize(json!({}), &[]).await;
+    let session = session.unwrap();
+    let answered = &answer["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"];
+    assert_eq!(answered["units"][0]["warm"], json!(true), "{answer}");
+    let secret = answered["session"]["secret"].as_str().unwrap().to_owned();
+    host.bash(&session, "echo kept > /tmp/survivor").await;
+    host.child.kill().unwrap();
+    host.child.wait().unwrap();
+    host.child = host.host.serve(command()).await;
+    let ask = json!({"experimental": {EXECUTOR_KEY: {"box": {"reattach": {"session": session, "secret": secret}}}}});
+    let (again, answer) = host.host.initialize(ask, &[]).await;
+    assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
+    let answered = &answer["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"];
+    assert_eq!(answered["reattached"], json!(true), "{answer}");
+    let seen = host.bash(&session, "cat /tmp/survivor").await;
+    assert!(seen.contains("kept"), "{seen}");
+    assert!(host.stop().success());
+    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+}
