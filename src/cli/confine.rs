@@ -1,6 +1,7 @@
 //! `box confine` (hidden): run one command under box's own confinement, the
 //! way the host runs git for `box/fork` and `box/merge` (box-fork's `Confine`):
-//! no_new_privs, every capability dropped, landlock (required: the system
+//! optionally as another user (`--uid`/`--gid`: a root host runs git as the
+//! owner of a user's repository), no_new_privs, every capability dropped, landlock (required: the system
 //! directories and `--read` readable, `--write` and the devices writable,
 //! nothing else; TCP denied where the kernel can), box's seccomp filter with
 //! IP sockets refused, then `execve` of CMD with the environment it was
@@ -23,6 +24,12 @@ pub struct ConfineArgs {
     /// Readable and writable beneath this path.
     #[arg(long, value_name = "PATH")]
     pub write: Vec<PathBuf>,
+    /// Run as this uid (with `--gid`; supplementary groups cleared).
+    #[arg(long, value_name = "UID", requires = "gid")]
+    pub uid: Option<u32>,
+    /// Run as this gid (with `--uid`).
+    #[arg(long, value_name = "GID", requires = "uid")]
+    pub gid: Option<u32>,
     /// The command to confine and run.
     #[arg(
         value_name = "CMD",
@@ -39,6 +46,16 @@ pub fn confine(args: ConfineArgs) -> anyhow::Result<std::process::ExitCode> {
         anyhow::bail!("box confine: no command given");
     };
     box_confine::set_no_new_privs().context("box confine: no_new_privs")?;
+    // Groups, then gid, then uid (setuid gives up the right to change the
+    // others); leaving root also empties the capability sets, and the drop
+    // below checks they are empty.
+    if let (Some(uid), Some(gid)) = (args.uid, args.gid) {
+        nix::unistd::setgroups(&[]).context("box confine: clearing supplementary groups")?;
+        nix::unistd::setgid(nix::unistd::Gid::from_raw(gid))
+            .with_context(|| format!("box confine: setgid {gid}"))?;
+        nix::unistd::setuid(nix::unistd::Uid::from_raw(uid))
+            .with_context(|| format!("box confine: setuid {uid}"))?;
+    }
     box_confine::drop_capabilities().context("box confine: dropping capabilities")?;
     let mut rules = box_confine::landlock_rules(&args.read, &args.write);
     // Network none for git: TCP by landlock where the kernel has ABI 4,
@@ -75,6 +92,13 @@ impl box_fork::Confine for SelfConfine {
         }
         for path in &access.write {
             command.arg("--write").arg(path);
+        }
+        if let Some((uid, gid)) = access.owner {
+            command
+                .arg("--uid")
+                .arg(uid.to_string())
+                .arg("--gid")
+                .arg(gid.to_string());
         }
         command.arg("--").arg(program);
         Ok(command)

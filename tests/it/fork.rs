@@ -923,6 +923,97 @@ fn a_forked_workspace_in_worktree_mode_on_the_local_backend() {
     );
 }
 
+/// Issue 23: a root host forking a repository its user (uid 1000) owns runs
+/// git as that user, so a worktree fork pins its commit in their `.git`
+/// (root's confined git, without capabilities, could not), and the pin, the
+/// child's files and what the merge lands are all theirs.
+#[test]
+fn a_root_host_forks_a_users_repository_in_worktree_mode_as_its_owner() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(!under_ci(), "CI runs as root; this test needs a root host");
+        eprintln!("\n*** ROOT HOST FORK TEST NOT RUN: needs root ***\n");
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    const OWNER: u32 = 1000;
+    let workspace = tempfile::tempdir().unwrap();
+    // As a host's state directory is: a unit of uid 1000 passes through.
+    let state = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ws = workspace.path();
+    git(ws, &["init", "-q", "-b", "main"]);
+    std::fs::write(ws.join("a.txt"), "parent\n").unwrap();
+    git(ws, &["add", "a.txt"]);
+    git(
+        ws,
+        &[
+            "-c",
+            "user.name=o",
+            "-c",
+            "user.email=o@example.com",
+            "commit",
+            "-qm",
+            "base",
+        ],
+    );
+    let status = Command::new("chown")
+        .args(["-R", &format!("{OWNER}:{OWNER}")])
+        .arg(ws)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let owned_by_others = |dir: &Path| -> Vec<PathBuf> {
+        let mut wrong = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(path) = stack.pop() {
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.uid() != OWNER || meta.gid() != OWNER {
+                wrong.push(path.clone());
+            }
+            if meta.is_dir() {
+                for entry in std::fs::read_dir(&path).unwrap() {
+                    stack.push(entry.unwrap().path());
+                }
+            }
+        }
+        wrong
+    };
+    let instance = format!("e2e-fork-owner-{}", std::process::id());
+    let mut served = serve("local", &instance, ws, state.path(), &[]);
+    let forked = served.ok("box/fork", json!({"mode": "worktree"}));
+    assert_eq!(forked["mode"], json!("worktree"), "{forked}");
+    let unit = forked["unit"].as_str().unwrap().to_owned();
+    let pins = ws.join(".git/refs/box/forks");
+    assert_eq!(std::fs::read_dir(&pins).unwrap().count(), 1, "no pin");
+    let stored = stored_forks(state.path());
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    let wrong = owned_by_others(&stored[0]);
+    assert!(wrong.is_empty(), "the child is not {OWNER}'s: {wrong:?}");
+    let out = served.bash(
+        Some(&unit),
+        "echo child > a.txt && echo new > b.txt && id -u",
+    );
+    assert!(out.contains(&OWNER.to_string()), "{out}");
+    let merged = served.ok("box/merge", json!({"unit": unit}));
+    assert_eq!(merged["merged"], json!(["a.txt", "b.txt"]), "{merged}");
+    assert_eq!(std::fs::read_to_string(ws.join("b.txt")).unwrap(), "new\n");
+    let wrong = owned_by_others(ws);
+    assert!(wrong.is_empty(), "not {OWNER}'s after the merge: {wrong:?}");
+    let status = served.hang_up();
+    assert!(status.success(), "{status}");
+    assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
+    // Session end discarded the child, and its pin with it, as the owner.
+    assert_eq!(
+        std::fs::read_dir(&pins).map(|dir| dir.count()).unwrap_or(0),
+        0
+    );
+    let wrong = owned_by_others(ws);
+    assert!(
+        wrong.is_empty(),
+        "not {OWNER}'s after the discard: {wrong:?}"
+    );
+}
+
 /// Two merges into one parent sent at once are serialized, and both land
 /// whole; a fork whose dirty overlay cannot apply (the parent's index is
 /// corrupt) starts on a clean HEAD and says so in its answer.

@@ -393,11 +393,10 @@ fn a_real_job(backend: &'static str) {
     // An agent's session: fork, change and test in the child, merge back,
     // commit in the parent.
     let mut served = job.serve();
-    // Copy mode: a worktree fork of a workspace its owner's unit made a
-    // repository in is refused by the host's confined git, which cannot
-    // write the owner's `.git/refs` as root without capabilities.
-    let forked = served.ok("box/fork", json!({"mode": "copy"}));
-    assert_eq!(forked["mode"], "copy", "{forked}");
+    // Worktree mode on the repository the owner's unit made: the root host
+    // runs git as the repository's owner, so the pin lands in their `.git`.
+    let forked = served.ok("box/fork", json!({"mode": "worktree"}));
+    assert_eq!(forked["mode"], "worktree", "{forked}");
     let child = forked["unit"].as_str().unwrap().to_owned();
     let out = served.bash(
         Some(&child),

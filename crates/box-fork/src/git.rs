@@ -20,7 +20,9 @@
 //! | `update-ref refs/box/forks/<id>` (pin, and its removal at discard) | parent `.git` | parent `.git` (refs) |
 //! | `init`, `update-ref`, `read-tree -u` on the child | parent objects | the child |
 //!
-//! Copy mode and merge run no git at all.
+//! Copy mode and merge run no git at all. When this process is root and the
+//! repository is a user's, every command runs as that user
+//! ([`GitAccess::owner`]) and the child's directory is made theirs first.
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Read};
@@ -41,6 +43,10 @@ pub struct GitAccess {
     pub read: Vec<PathBuf>,
     /// Paths the command writes (directories: recursively); also read.
     pub write: Vec<PathBuf>,
+    /// Run as this uid and gid, supplementary groups cleared: set when a root
+    /// host runs git on a repository a user owns, so git can write that
+    /// user's `.git` without root's override and what it makes is theirs.
+    pub owner: Option<(u32, u32)>,
 }
 
 /// The caller's confinement for the git commands this crate runs.
@@ -62,6 +68,7 @@ pub struct Git {
     env: Vec<(OsString, OsString)>,
     confine: Option<Arc<dyn Confine>>,
     timeout: Duration,
+    owner: Option<(u32, u32)>,
 }
 
 impl std::fmt::Debug for Git {
@@ -72,6 +79,7 @@ impl std::fmt::Debug for Git {
             .field("variables", &self.env.len())
             .field("confined", &self.confine.is_some())
             .field("timeout", &self.timeout)
+            .field("owner", &self.owner)
             .finish()
     }
 }
@@ -124,6 +132,7 @@ impl Git {
                 .collect(),
             confine: None,
             timeout: DEFAULT_TIMEOUT,
+            owner: None,
         }
     }
 
@@ -145,6 +154,20 @@ impl Git {
         self
     }
 
+    /// This runner for commands on `path`'s repository: when this process is
+    /// root and `path` is owned by another user, git runs as that user (root
+    /// runs git without the capabilities that would let it write their files).
+    pub(crate) fn for_owner_of(&self, path: &Path) -> Self {
+        let mut git = self.clone();
+        git.owner = owner_of(path);
+        git
+    }
+
+    /// The uid and gid git runs as, when not this process's.
+    pub(crate) fn owner(&self) -> Option<(u32, u32)> {
+        self.owner
+    }
+
     /// Run one command; its stdout when it exits 0.
     pub(crate) fn run(&self, invocation: &Invocation<'_>) -> Result<Vec<u8>, GitError> {
         let failed = |failure| GitError {
@@ -152,11 +175,22 @@ impl Git {
             repository: invocation.git_dir.to_path_buf(),
             failure,
         };
+        let access = GitAccess {
+            owner: self.owner,
+            ..invocation.access.clone()
+        };
         let mut command = match &self.confine {
             Some(confine) => confine
-                .command(&self.program, &invocation.access)
+                .command(&self.program, &access)
                 .map_err(|error| failed(GitFailure::Spawn(error)))?,
-            None => Command::new(&self.program),
+            None => {
+                let mut command = Command::new(&self.program);
+                // std clears the supplementary groups when root sets a uid.
+                if let Some((uid, gid)) = self.owner {
+                    command.uid(uid).gid(gid);
+                }
+                command
+            }
         };
         command
             .args(invocation.arguments())
@@ -227,6 +261,16 @@ impl Git {
             stderr: stderr[start..].to_owned(),
         }))
     }
+}
+
+/// The owner of `path` when this process is root and `path` is not root's.
+pub(crate) fn owner_of(path: &Path) -> Option<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt as _;
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let meta = std::fs::metadata(path).ok()?;
+    (meta.uid() != 0).then(|| (meta.uid(), meta.gid()))
 }
 
 /// One git command: where, what, with which extra settings.

@@ -178,6 +178,8 @@ pub fn fork(git: &Git, parent: &Path, child: &Path, options: &Options) -> Result
         .map_err(|error| io_error("resolve", parent, error))?;
     let parent_stat =
         std::fs::metadata(&parent).map_err(|error| io_error("stat", &parent, error))?;
+    // A root host forking a user's repository runs git as that user.
+    let git = &git.for_owner_of(&parent);
     if !parent_stat.is_dir() {
         return Err(io_error(
             "fork",
@@ -223,6 +225,15 @@ pub fn fork(git: &Git, parent: &Path, child: &Path, options: &Options) -> Result
             std::io::ErrorKind::AlreadyExists => Error::ChildExists(child.clone()),
             _ => io_error("create", &child, error),
         })?;
+    // git, run as the repository's owner, checks the child out: the
+    // directory is theirs from the start.
+    if let Some((uid, gid)) = git.owner()
+        && repository.is_some()
+        && let Err(error) = std::os::unix::fs::lchown(&child, Some(uid), Some(gid))
+    {
+        let _ = remove_tree(&child, false);
+        return Err(io_error("chown", &child, error));
+    }
     let identity = (parent_stat.dev(), parent_stat.ino());
     let made = match &repository {
         None => copy::fork(&parent, identity, &child, options),
@@ -251,7 +262,7 @@ pub fn discard(git: &Git, child: &Path, base: &Base) -> Result<(), Error> {
         Err(error) => return Err(io_error("resolve", child, error)),
     }
     if let Some(pin) = &base.pin {
-        worktree::unpin(git, pin)?;
+        worktree::unpin(&git.for_owner_of(&pin.git_dir), pin)?;
     }
     Ok(())
 }

@@ -111,6 +111,7 @@ pub(crate) fn inspect(git: &Git, parent: &Path) -> Result<Repository, Error> {
     let read = GitAccess {
         read: vec![git_dir.clone()],
         write: Vec::new(),
+        ..GitAccess::default()
     };
     let output = match git.run(&Invocation::new(
         &git_dir,
@@ -220,6 +221,7 @@ pub(crate) fn fork(
         GitAccess {
             read: vec![repository.git_dir.clone()],
             write: vec![repository.git_dir.clone()],
+            ..GitAccess::default()
         },
     ))?;
     build(git, parent, identity, repository, child, options, &pin).inspect_err(|_| {
@@ -241,6 +243,7 @@ pub(crate) fn unpin(git: &Git, pin: &Pin) -> Result<(), Error> {
         GitAccess {
             read: vec![pin.git_dir.clone()],
             write: vec![pin.git_dir.clone()],
+            ..GitAccess::default()
         },
     ))?;
     Ok(())
@@ -270,6 +273,7 @@ fn build(
     let on_child = || GitAccess {
         read: vec![repository.objects.clone()],
         write: vec![child.to_path_buf()],
+        ..GitAccess::default()
     };
     let mut init = Invocation::new(&child_git, &["init", "-q", "--template="], on_child());
     init.work_tree = Some(child);
@@ -508,6 +512,7 @@ fn parent_changes(git: &Git, parent: &Path, repository: &Repository) -> Result<V
     let read_parent = GitAccess {
         read: vec![parent.to_path_buf()],
         write: Vec::new(),
+        ..GitAccess::default()
     };
     let drivers = match git.run(&Invocation::new(
         &repository.git_dir,

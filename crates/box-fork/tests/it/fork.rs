@@ -604,3 +604,76 @@ fn a_git_that_hangs_is_killed_and_the_fork_undone() {
     let pins = git(&parent, &["for-each-ref", "refs/box/"]);
     assert_eq!(pins, "", "the pin is removed");
 }
+
+/// Records the user each git command runs as, and runs it as that user.
+struct OwnerRecorder(std::sync::Mutex<Vec<Option<(u32, u32)>>>);
+
+impl box_fork::Confine for OwnerRecorder {
+    fn command(
+        &self,
+        program: &Path,
+        access: &box_fork::GitAccess,
+    ) -> std::io::Result<std::process::Command> {
+        use std::os::unix::process::CommandExt as _;
+        self.0.lock().unwrap().push(access.owner);
+        let mut command = std::process::Command::new(program);
+        if let Some((uid, gid)) = access.owner {
+            command.uid(uid).gid(gid);
+        }
+        Ok(command)
+    }
+}
+
+/// A root host forking a user's repository (issue 23) runs every git
+/// command as that user: the pin in their `.git` and the child's checkout
+/// are theirs, and the discard removes the pin as them.
+#[test]
+fn a_root_fork_of_a_users_repository_runs_git_as_its_owner() {
+    use std::os::unix::fs::MetadataExt as _;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("\n*** NOT RUN: the rule is a root host's, and this test runs as non-root ***\n");
+        return;
+    }
+    const OWNER: u32 = 1000;
+    let scratch = Scratch::new();
+    // The user's git passes through the scratch directory to the parent.
+    fs::set_permissions(scratch.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let parent = scratch.path("parent");
+    repository(&parent);
+    let status = std::process::Command::new("chown")
+        .args(["-R", &format!("{OWNER}:{OWNER}")])
+        .arg(&parent)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let recorder = std::sync::Arc::new(OwnerRecorder(std::sync::Mutex::new(Vec::new())));
+    let runner = neutral_git().with_confinement(recorder.clone());
+    let child = scratch.path("child");
+    let forked = fork(&runner, &parent, &child, &options(Mode::Worktree)).unwrap();
+    assert_eq!(forked.mode_used, Mechanism::Worktree);
+    let pins = parent.join(".git/refs/box/forks");
+    let pin = fs::read_dir(&pins).unwrap().next().unwrap().unwrap().path();
+    for path in [
+        &pins,
+        &pin,
+        &child,
+        &child.join(".git"),
+        &child.join("README.md"),
+    ] {
+        let meta = fs::symlink_metadata(path).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (OWNER, OWNER),
+            "{}",
+            path.display()
+        );
+    }
+    discard(&runner, &child, &forked.base).unwrap();
+    assert!(!pin.exists(), "the pin is left");
+    let owners = recorder.0.lock().unwrap().clone();
+    assert!(owners.len() >= 5, "{owners:?}");
+    assert!(
+        owners.iter().all(|owner| *owner == Some((OWNER, OWNER))),
+        "{owners:?}"
+    );
+}
