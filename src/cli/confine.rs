@@ -50,13 +50,22 @@ pub fn confine(args: ConfineArgs) -> anyhow::Result<std::process::ExitCode> {
     // others); leaving root also empties the capability sets, and the drop
     // below checks they are empty.
     if let (Some(uid), Some(gid)) = (args.uid, args.gid) {
+        // The bounding set while this process may still empty it: after
+        // setuid, git keeps no capability and can gain none.
+        box_confine::drop_bounding_set();
         nix::unistd::setgroups(&[]).context("box confine: clearing supplementary groups")?;
         nix::unistd::setgid(nix::unistd::Gid::from_raw(gid))
             .with_context(|| format!("box confine: setgid {gid}"))?;
         nix::unistd::setuid(nix::unistd::Uid::from_raw(uid))
             .with_context(|| format!("box confine: setuid {uid}"))?;
     }
-    box_confine::drop_capabilities().context("box confine: dropping capabilities")?;
+    let sets = box_confine::drop_capabilities().context("box confine: dropping capabilities")?;
+    if args.uid.is_some() && sets.bounding != 0 {
+        anyhow::bail!(
+            "box confine: the capability bounding set is not empty ({:#x}) after switching user",
+            sets.bounding
+        );
+    }
     let mut rules = box_confine::landlock_rules(&args.read, &args.write);
     // Network none for git: TCP by landlock where the kernel has ABI 4,
     // every IP socket by seccomp below.

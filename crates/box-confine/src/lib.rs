@@ -467,11 +467,7 @@ pub fn capability_names(mask: u64) -> Vec<String> {
 /// newer than `caps` names, so anything left is seen.
 pub fn drop_capabilities() -> Result<CapabilitySets, ConfineError> {
     use caps::CapSet;
-    for capability in caps::all() {
-        // Failure (EPERM without CAP_SETPCAP, EINVAL for a capability this
-        // kernel lacks) is read back below.
-        let _ = caps::drop(None, CapSet::Bounding, capability);
-    }
+    drop_bounding_set();
     // Failure (a kernel without ambient capabilities) is read back below.
     let _ = caps::clear(None, CapSet::Ambient);
     for set in [CapSet::Effective, CapSet::Permitted, CapSet::Inheritable] {
@@ -491,6 +487,17 @@ pub fn drop_capabilities() -> Result<CapabilitySets, ConfineError> {
         });
     }
     Ok(sets)
+}
+
+/// Empty the capability bounding set, as far as this process may (it needs
+/// `CAP_SETPCAP`: a root process about to become another user does this
+/// first, since the switch gives that right up). Failure (EPERM without
+/// `CAP_SETPCAP`, EINVAL for a capability this kernel lacks) is for the
+/// caller to read back (`capability_sets`).
+pub fn drop_bounding_set() {
+    for capability in caps::all() {
+        let _ = caps::drop(None, caps::CapSet::Bounding, capability);
+    }
 }
 
 /// What the local backend's seccomp layer refuses beyond box's filter
