@@ -3096,6 +3096,56 @@ async fn http_stateless_tools_list_without_a_handle_starts_no_unit_once_listed()
     assert!(server.fake.live_units().is_empty());
 }
 
+/// Issue 26: the stateless revision has no GET stream and no session
+/// DELETE, so a GET or DELETE of it (its `MCP-Protocol-Version`) is 405
+/// naming POST, and ends nothing; the handshake era's GET and DELETE are
+/// as before.
+#[tokio::test]
+async fn http_get_and_delete_of_the_stateless_revision_are_405() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let legacy = initialize(&server).await;
+    let live = server.fake.live_units().len();
+    for method in ["GET", "DELETE"] {
+        for headers in [
+            vec![("MCP-Protocol-Version", "2026-07-28")],
+            vec![
+                ("MCP-Protocol-Version", "2026-07-28"),
+                ("Mcp-Session-Id", legacy.as_str()),
+            ],
+        ] {
+            let reply = http(server.address, method, "/mcp", &headers, b"").await;
+            assert_eq!(
+                reply.status,
+                405,
+                "{method}: {}",
+                String::from_utf8_lossy(&reply.body)
+            );
+            assert_eq!(reply.header("allow"), Some("POST"));
+            assert!(
+                reply.json()["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("box/session.close")
+            );
+        }
+    }
+    assert_eq!(server.fake.live_units().len(), live);
+
+    // The handshake era: no session id is 400, the session's DELETE ends it.
+    let reply = http(server.address, "GET", "/mcp", &[], b"").await;
+    assert_eq!(reply.status, 400);
+    let reply = http(
+        server.address,
+        "DELETE",
+        "/mcp",
+        &[("Mcp-Session-Id", &legacy)],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert!(server.fake.live_units().is_empty());
+}
+
 /// Issue 26 over stdio: a stateless client opens the process's session as
 /// a handle and calls with it, a wrong secret is refused, and the secret
 /// appears nowhere but in the open's answer: not in the log (at debug), not
