@@ -3054,6 +3054,98 @@ async fn http_serves_the_stateless_revision_with_handles() {
     assert_eq!(reply.status, 404);
 }
 
+/// Issue 26: a stateless `tools/list` without a handle answers from the
+/// profile it selects. The host keeps the list a workspace unit read at
+/// start, so only the first listing of a plan starts a unit (a session
+/// opened for it and ended); a plan without a workspace unit lists no tools
+/// and starts none.
+#[tokio::test]
+async fn http_stateless_tools_list_without_a_handle_starts_no_unit_once_listed() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let list = |id: i64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/list",
+            "params": {"_meta": stateless_meta(json!({}))}})
+    };
+    let first = post_stateless(&server, &list(1), &[]).await;
+    let tools = first.json()["result"]["tools"].clone();
+    assert!(
+        tools.as_array().is_some_and(|tools| !tools.is_empty()),
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert_eq!(server.fake.record(|record| record.starts.len()), 1);
+    let fake = server.fake.clone();
+    wait_until("the listing's unit is removed", || {
+        fake.live_units().is_empty()
+    })
+    .await;
+
+    let again = post_stateless(&server, &list(2), &[]).await;
+    assert_eq!(again.json()["result"]["tools"], tools);
+    assert_eq!(again.json()["result"]["resultType"], json!("complete"));
+    assert_eq!(server.fake.record(|record| record.starts.len()), 1);
+
+    let no_fs = post_stateless(&server, &list(3), &[("Box-Profile", "no-fs")]).await;
+    assert_eq!(
+        no_fs.json()["result"]["tools"],
+        json!([]),
+        "{}",
+        String::from_utf8_lossy(&no_fs.body)
+    );
+    assert_eq!(server.fake.record(|record| record.starts.len()), 1);
+    assert!(server.fake.live_units().is_empty());
+}
+
+/// Issue 26: the stateless revision has no GET stream and no session
+/// DELETE, so a GET or DELETE of it (its `MCP-Protocol-Version`) is 405
+/// naming POST, and ends nothing; the handshake era's GET and DELETE are
+/// as before.
+#[tokio::test]
+async fn http_get_and_delete_of_the_stateless_revision_are_405() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let legacy = initialize(&server).await;
+    let live = server.fake.live_units().len();
+    for method in ["GET", "DELETE"] {
+        for headers in [
+            vec![("MCP-Protocol-Version", "2026-07-28")],
+            vec![
+                ("MCP-Protocol-Version", "2026-07-28"),
+                ("Mcp-Session-Id", legacy.as_str()),
+            ],
+        ] {
+            let reply = http(server.address, method, "/mcp", &headers, b"").await;
+            assert_eq!(
+                reply.status,
+                405,
+                "{method}: {}",
+                String::from_utf8_lossy(&reply.body)
+            );
+            assert_eq!(reply.header("allow"), Some("POST"));
+            assert!(
+                reply.json()["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("box/session.close")
+            );
+        }
+    }
+    assert_eq!(server.fake.live_units().len(), live);
+
+    // The handshake era: no session id is 400, the session's DELETE ends it.
+    let reply = http(server.address, "GET", "/mcp", &[], b"").await;
+    assert_eq!(reply.status, 400);
+    let reply = http(
+        server.address,
+        "DELETE",
+        "/mcp",
+        &[("Mcp-Session-Id", &legacy)],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert!(server.fake.live_units().is_empty());
+}
+
 /// Issue 26 over stdio: a stateless client opens the process's session as
 /// a handle and calls with it, a wrong secret is refused, and the secret
 /// appears nowhere but in the open's answer: not in the log (at debug), not

@@ -2,15 +2,18 @@
 //! runs (the backend, the ledger of units, metrics, the audit log, the
 //! state store, the sessions waiting to be reattached and the dead hosts'
 //! instances held for them, the redaction scratch, the egress proxies'
-//! runtime, and the flags of how the host is ending). One value, owned by
+//! runtime, the tool lists units read at start, and the flags of how the host is ending). One value, owned by
 //! the host ([`crate::Host`], or `box run`'s own) and handed to every
 //! session beside its settings ([`crate::HostConfig`]); nothing of it is
 //! process-wide, so two hosts in one process (tests) share nothing.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use box_backend::Backend;
+use box_policy::plan::Plan;
+use serde_json::Value;
 
 use crate::{audit, egress, ledger, metrics, pool, redact, state};
 
@@ -49,6 +52,45 @@ pub struct Services {
     pub end_at_once: AtomicBool,
     /// The pools of warm units (`box serve --pool`); none by default.
     pub pools: pool::Pools,
+    /// The tool lists workspace units read at start, by what they were
+    /// started for: a stateless `tools/list` without a handle is answered
+    /// from here, starting no unit.
+    pub tool_lists: ToolLists,
+}
+
+/// How many plans' tool lists a host keeps (the oldest goes first): a host
+/// serves a few profiles, each with a few asks.
+const TOOL_LISTS_KEPT: usize = 32;
+
+/// The tool list a workspace unit answered at start, by its plan and the
+/// client's `maxReadBytes` ask (all the executor's list depends on: its
+/// tools and the read limit their descriptions name). Read from a unit,
+/// not built by the host: the list is the executor's (its version in the
+/// unit's image), and the one a session reads at start is the one its
+/// client sees (security case E67).
+#[derive(Default)]
+pub struct ToolLists {
+    kept: Mutex<VecDeque<(Plan, Option<u64>, Value)>>,
+}
+
+impl ToolLists {
+    /// The list a workspace unit of `plan` read, if one was started here.
+    pub fn get(&self, plan: &Plan, max_read_bytes: Option<u64>) -> Option<Value> {
+        let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.iter()
+            .find(|(kept, bytes, _)| *bytes == max_read_bytes && kept == plan)
+            .map(|(_, _, tools)| tools.clone())
+    }
+
+    /// Keep the list a workspace unit of `plan` read at start.
+    pub fn keep(&self, plan: &Plan, max_read_bytes: Option<u64>, tools: &Value) {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.retain(|(kept, bytes, _)| !(*bytes == max_read_bytes && kept == plan));
+        if kept.len() >= TOOL_LISTS_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back((plan.clone(), max_read_bytes, tools.clone()));
+    }
 }
 
 impl Services {
@@ -69,6 +111,7 @@ impl Services {
             parked: AtomicUsize::new(0),
             end_at_once: AtomicBool::new(false),
             pools: pool::Pools::default(),
+            tool_lists: ToolLists::default(),
         }
     }
 

@@ -72,6 +72,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::{AskPart, Refusal, RefusalReason, SessionFactory, TransportAsk};
+use box_jsonrpc::era::STATELESS_VERSION;
 use box_jsonrpc::session::SessionHandle;
 use box_jsonrpc::{
     Kind, MessageError, ReplyStream, allows_batches, classify, code, discover_refusal,
@@ -1564,13 +1565,32 @@ impl Drop for GeneralStream {
     }
 }
 
-/// The session a GET or DELETE names, after the request checks: 400 when
-/// `Mcp-Session-Id` is missing, 404 when it names no live session.
+/// The session a GET or DELETE names, after the request checks: 405 for a
+/// request of the stateless revision (its `MCP-Protocol-Version`: it has no
+/// GET stream and no session DELETE), 400 when `Mcp-Session-Id` is missing,
+/// 404 when it names no live session.
 fn named_session(
     state: &AppState,
     headers: &HeaderMap,
+    method: &str,
 ) -> Result<(String, SessionHandle, GeneralSlot), Response> {
     state.check(headers, "/mcp", Auth::Required)?;
+    if headers
+        .get(VERSION_HEADER)
+        .is_some_and(|version| version.as_bytes() == STATELESS_VERSION.as_bytes())
+    {
+        let mut response = refuse(
+            StatusCode::METHOD_NOT_ALLOWED,
+            code::INVALID_REQUEST,
+            format!(
+                "{method}: MCP {STATELESS_VERSION} has no GET stream and no session DELETE; POST each request (close a box session with box/session.close)"
+            ),
+        );
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        return Err(response);
+    }
     let Some(session_id) = session_header(headers) else {
         return Err(refuse(
             StatusCode::BAD_REQUEST,
@@ -1589,7 +1609,7 @@ fn named_session(
 }
 
 async fn get_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let (_, _, slot) = match named_session(&state, &headers) {
+    let (_, _, slot) = match named_session(&state, &headers, "GET") {
         Ok(named) => named,
         Err(response) => return response,
     };
@@ -1628,7 +1648,7 @@ async fn get_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
 }
 
 async fn delete_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let (session_id, session, _) = match named_session(&state, &headers) {
+    let (session_id, session, _) = match named_session(&state, &headers, "DELETE") {
         Ok(named) => named,
         Err(response) => return response,
     };

@@ -116,6 +116,16 @@ impl Session {
                         reply.answer(self.discover(id));
                         continue;
                     }
+                    // The tool list of the profile it selects, when the
+                    // host holds it: no unit starts for a listing.
+                    if modern
+                        && method == "tools/list"
+                        && !stateless::carries_handle(&message)
+                        && let Some(listed) = self.listed_without_unit(&message)
+                    {
+                        reply.answer(result_response(id, listed));
+                        continue;
+                    }
                     match methods::find(&method).opening {
                         Opening::WayIn => match self.open(&message, &reply.events).await {
                             Ok((mut live, mut result)) => {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use box_backend::{Envelope, SessionLabel};
 use box_jsonrpc::code;
 use box_policy::plan::{Plan, PlanError, Role, WorkspaceSource};
-use box_policy::profile::OnPersisted;
+use box_policy::profile::{OnPersisted, Profile};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -55,15 +55,8 @@ impl Session {
         Ok((redactor, label))
     }
 
-    /// A fresh session: resolve its plan, start its units (all or nothing)
-    /// and initialize their executors; the initialize result for the client.
-    pub(super) async fn start(
-        &self,
-        client_params: Option<&Map<String, Value>>,
-        ask: &Ask,
-        version: &'static str,
-        events: &mpsc::Sender<Value>,
-    ) -> Result<(Live, Value), StartError> {
+    /// The profile `ask` names, loaded, and the plan it resolves to, tightened.
+    pub(super) fn plan_for(&self, ask: &Ask) -> Result<(Profile, Plan), StartError> {
         let profile_name = ask
             .profile
             .clone()
@@ -74,7 +67,7 @@ impl Session {
                 format!("box.profile: profile `{profile_name}`: {error}"),
             )
         })?;
-        let mut plan =
+        let plan =
             (self.config.resolve)(&profile, &ask.tighten, &self.config.facts).map_err(|error| {
                 let (data, reason) = match &error {
                     PlanError::Widening { field, .. } => {
@@ -92,6 +85,21 @@ impl Session {
                     refusal: Some(reason),
                 }
             })?;
+        Ok((profile, plan))
+    }
+
+    /// A fresh session: resolve its plan, start its units (all or nothing)
+    /// and initialize their executors; the initialize result for the client.
+    pub(super) async fn start(
+        &self,
+        client_params: Option<&Map<String, Value>>,
+        ask: &Ask,
+        version: &'static str,
+        events: &mpsc::Sender<Value>,
+    ) -> Result<(Live, Value), StartError> {
+        let (profile, mut plan) = self.plan_for(ask)?;
+        // Keyed before a fork rewrites the workspace's source.
+        let listed_for = plan.clone();
         // Before any unit starts: nothing in the workspace runs yet, so
         // nothing rewrites what the scan reads.
         let persisted = match plan
@@ -289,6 +297,16 @@ impl Session {
             }
         }
         let ids: Vec<String> = tracked.iter().map(|unit| unit.id.clone()).collect();
+        if let Some(tools) = plan
+            .units
+            .iter()
+            .position(|unit| unit.role == Role::Workspace)
+            .and_then(|index| initialized[index].tools.as_ref())
+        {
+            self.services
+                .tool_lists
+                .keep(&listed_for, ask.max_read_bytes, tools);
+        }
 
         // Counted once the session is up: a failed start leaves no session behind.
         self.services

@@ -18,10 +18,12 @@ use box_jsonrpc::era::{
     all_versions, request_version, take_host_meta, unsupported_version,
 };
 use box_jsonrpc::{code, error_response, params, result_response};
+use box_policy::plan::Role;
 use serde_json::{Map, Value, json};
 
 use super::methods::Request;
 use super::{EXECUTOR_KEY, Live, Session};
+use crate::ask::{merge_ask, read_ask};
 use crate::audit::ClientInfo;
 use crate::state;
 
@@ -72,6 +74,30 @@ impl Session {
                 "_meta": {META_SERVER_INFO: {"name": "box", "version": env!("CARGO_PKG_VERSION")}},
             }),
         )
+    }
+
+    /// The answer to a stateless `tools/list` without a handle, when the
+    /// host holds it for the plan the request selects (its profile and
+    /// tightening, as the transport asked): an empty list for a plan
+    /// without a workspace unit, else the list a workspace unit of the same
+    /// plan read at start on this host. `None`: a unit must be started.
+    pub(super) fn listed_without_unit(&self, message: &Value) -> Option<Value> {
+        if params(message).is_some_and(|params| params.contains_key("cursor")) {
+            return None;
+        }
+        let asked = initialize_params(message, false).ok()?;
+        let ask = read_ask(Some(&asked))
+            .and_then(|ask| merge_ask(ask, &self.transport_ask))
+            .ok()?;
+        if ask.reattach.is_some() {
+            return None;
+        }
+        // A plan refused here is refused again, and reported, by the open.
+        let (_, plan) = self.plan_for(&ask).ok()?;
+        if !plan.units.iter().any(|unit| unit.role == Role::Workspace) {
+            return Some(json!({"tools": []}));
+        }
+        self.services.tool_lists.get(&plan, ask.max_read_bytes)
     }
 
     /// The answer to `box/session.open`, from the session's initialize-form
