@@ -347,3 +347,138 @@ cd /workspace && git clone -q {git_url} boxdemo 2>&1 && echo "git: $(sh boxdemo/
         );
     }
 }
+
+/// The machine's own pip configuration, read at run time (its index URL, else
+/// pip's built-in default; the CA bundle it trusts), never written here.
+fn machine_pip() -> Option<(String, Option<String>)> {
+    let pip_says = |key: &str| {
+        let output = Command::new("python3")
+            .args(["-m", "pip", "config", "get", key])
+            .output()
+            .ok()?;
+        let value = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        (output.status.success() && !value.is_empty()).then_some(value)
+    };
+    let index = pip_says("global.index-url")
+        .or_else(|| std::env::var("PIP_INDEX_URL").ok())
+        .or_else(|| {
+            let output = Command::new("python3")
+                .args([
+                    "-c",
+                    "from pip._internal.models.index import PyPI; print(PyPI.simple_url)",
+                ])
+                .output()
+                .ok()?;
+            output
+                .status
+                .success()
+                .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        })?;
+    let cert = pip_says("global.cert").or_else(|| std::env::var("PIP_CERT").ok());
+    Some((index.trim_end_matches('/').to_owned(), cert))
+}
+
+/// The host name of an `https://` URL.
+fn host_of(url: &str) -> Option<String> {
+    let rest = url.strip_prefix("https://")?;
+    let authority = rest.split('/').next()?;
+    Some(authority.rsplit('@').next()?.split(':').next()?.to_owned())
+}
+
+/// Issue 23, item 7: where this machine reaches its public package index, a
+/// unit installs a small package from it through its egress proxy with only
+/// the index's and its file host's names allowed. The names come from the
+/// machine's own pip configuration at run time; the addresses they resolve
+/// to may be reserved ranges (a proxy, a test network), which the profile's
+/// `private-destinations` consent lets through.
+#[test]
+fn a_unit_installs_from_the_machines_own_package_index_through_egress() {
+    if !dev_image_present() {
+        return;
+    }
+    let Some((index, cert)) = machine_pip() else {
+        eprintln!("\n*** PUBLIC INDEX TEST NOT RUN: this machine has no pip ***\n");
+        return;
+    };
+    // The index page of the package, fetched from the host as pip would,
+    // names the file host the unit must reach too.
+    let page = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, ssl, urllib.request as u\n\
+             ctx = ssl.create_default_context(cafile=sys.argv[2] or None)\n\
+             opener = u.build_opener(u.ProxyHandler({}), u.HTTPSHandler(context=ctx))\n\
+             print(opener.open(sys.argv[1], timeout=20).read().decode())",
+        ])
+        .arg(format!("{index}/six/"))
+        .arg(cert.clone().unwrap_or_default())
+        .output()
+        .unwrap();
+    if !page.status.success() {
+        eprintln!(
+            "\n*** PUBLIC INDEX TEST NOT RUN: this machine does not reach {index} directly: {} ***\n",
+            String::from_utf8_lossy(&page.stderr).trim()
+        );
+        return;
+    }
+    let page = String::from_utf8_lossy(&page.stdout);
+    let files = page
+        .split("href=\"")
+        .nth(1)
+        .and_then(host_of)
+        .expect("the index page links to its files");
+    let index_host = host_of(&index).expect("an https index");
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(workspace.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let cert_arg = match &cert {
+        Some(cert) => {
+            std::fs::copy(cert, workspace.path().join("pip-ca.pem")).unwrap();
+            " --cert /workspace/pip-ca.pem"
+        }
+        None => "",
+    };
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("index.toml"),
+        format!(
+            r#"description = "the machine's own package index through egress"
+extends = "dev"
+
+[network]
+mode = "egress"
+allow = ["{index_host}", "{files}"]
+
+[limits]
+call_timeout = "10m"
+start_timeout = "5m"
+
+[operator]
+allow_dangerous = ["private-destinations"]
+"#
+        ),
+    )
+    .unwrap();
+    let script = format!(
+        "python3 -m venv /tmp/v && /tmp/v/bin/pip install -q --no-cache-dir --index-url {index}/{cert_arg} six \
+         && /tmp/v/bin/python -c 'import six; print(\"installed six\", six.__version__)'"
+    );
+    let output = Command::new(box_bin())
+        .args(["run", "--backend", "docker", "--profiles"])
+        .arg(profiles.path())
+        .args(["--profile", "index", "--workspace"])
+        .arg(workspace.path())
+        .args(["--", "bash", "-c", &script])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}\nstderr: {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("installed six "),
+        "{said}"
+    );
+}
