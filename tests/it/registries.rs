@@ -378,6 +378,29 @@ fn machine_pip() -> Option<(String, Option<String>)> {
     Some((index.trim_end_matches('/').to_owned(), cert))
 }
 
+/// The machine's own cargo registry, read at run time from the index cargo
+/// keeps (`$CARGO_HOME/registry/index/HOST-HASH/config.json`): the index's
+/// host and its download host.
+fn machine_cargo() -> Option<(String, String)> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|home| std::path::Path::new(&home).join(".cargo"))
+        })?;
+    for entry in std::fs::read_dir(home.join("registry").join("index")).ok()? {
+        let dir = entry.ok()?.path();
+        let name = dir.file_name()?.to_str()?.to_owned();
+        let Ok(config) = std::fs::read_to_string(dir.join("config.json")) else {
+            continue;
+        };
+        let config: serde_json::Value = serde_json::from_str(&config).ok()?;
+        let index = name.rsplit_once('-')?.0.to_owned();
+        let download = host_of(config["dl"].as_str()?)?;
+        return Some((index, download));
+    }
+    None
+}
+
 /// The host name of an `https://` URL.
 fn host_of(url: &str) -> Option<String> {
     let rest = url.strip_prefix("https://")?;
@@ -437,6 +460,38 @@ fn a_unit_installs_from_the_machines_own_package_index_through_egress() {
         }
         None => "",
     };
+    // Cargo's registry too, where this machine's cargo has used one.
+    let cargo = machine_cargo();
+    let mut allow = vec![index_host, files];
+    let cargo_script = match &cargo {
+        Some((index, download)) => {
+            allow.extend([index.clone(), download.clone()]);
+            let ca = if cert.is_some() {
+                "CARGO_HTTP_CAINFO=/workspace/pip-ca.pem "
+            } else {
+                ""
+            };
+            format!(
+                " && mkdir -p /tmp/c/src && cd /tmp/c \
+                 && printf '[package]\nname = \"c\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\nitoa = \"1\"\n' > Cargo.toml \
+                 && echo 'fn main() {{ println!(\"built with itoa {{}}\", itoa::Buffer::new().format(42)); }}' > src/main.rs \
+                 && {ca}cargo run -q"
+            )
+        }
+        None => {
+            eprintln!(
+                "\n*** this machine's cargo has used no registry: the cargo part is left out ***\n"
+            );
+            String::new()
+        }
+    };
+    allow.sort();
+    allow.dedup();
+    let allow = allow
+        .iter()
+        .map(|host| format!("{host:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let profiles = tempfile::tempdir().unwrap();
     std::fs::write(
         profiles.path().join("index.toml"),
@@ -446,7 +501,7 @@ extends = "dev"
 
 [network]
 mode = "egress"
-allow = ["{index_host}", "{files}"]
+allow = [{allow}]
 
 [limits]
 call_timeout = "10m"
@@ -460,13 +515,15 @@ allow_dangerous = ["private-destinations"]
     .unwrap();
     let script = format!(
         "python3 -m venv /tmp/v && /tmp/v/bin/pip install -q --no-cache-dir --index-url {index}/{cert_arg} six \
-         && /tmp/v/bin/python -c 'import six; print(\"installed six\", six.__version__)'"
+         && /tmp/v/bin/python -c 'import six; print(\"installed six\", six.__version__)'{cargo_script}"
     );
     let output = Command::new(box_bin())
         .args(["run", "--backend", "docker", "--profiles"])
         .arg(profiles.path())
         .args(["--profile", "index", "--workspace"])
         .arg(workspace.path())
+        // No cache volumes: nothing of this test outlives it.
+        .args(["--tighten", r#"{"volumes": []}"#])
         .args(["--", "bash", "-c", &script])
         .env("RUST_LOG", "warn")
         .output()
@@ -481,4 +538,10 @@ allow_dangerous = ["private-destinations"]
         String::from_utf8_lossy(&output.stdout).contains("installed six "),
         "{said}"
     );
+    if cargo.is_some() {
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains("built with itoa 42"),
+            "{said}"
+        );
+    }
 }
