@@ -1074,6 +1074,27 @@ allow_dangerous = ["private-destinations"]
         "{after_restoring}"
     );
 
+    // Issue 27: what the unit's egress carried, counted per connection.
+    let stats = tokio::task::block_in_place(|| {
+        served
+            .send(&json!({"jsonrpc": "2.0", "id": 60, "method": "box/units.stats", "params": {}}));
+        served.answer(60, Duration::from_secs(30))
+    });
+    let unit = &stats["result"]["units"][0];
+    assert!(
+        unit["egressConnections"].as_u64().unwrap_or(0) >= 5,
+        "{backend}: {stats}"
+    );
+    // Six answers of hello-egress and two TLS pages at least came down.
+    assert!(
+        unit["egressBytesDown"].as_u64().unwrap_or(0) >= 6 * "hello-egress".len() as u64,
+        "{backend}: {stats}"
+    );
+    assert!(
+        unit["egressBytesUp"].as_u64().unwrap_or(0) > 0,
+        "{backend}: {stats}"
+    );
+
     let status = tokio::task::block_in_place(|| served.hang_up());
     assert!(status.success(), "{status}");
     let lines: Vec<Value> = std::fs::read_to_string(&audit)

@@ -427,6 +427,15 @@ fn docker_a_unit_at_its_limits_is_told_logged_and_audited() {
     assert!(figure(&pids, "figure") >= 64, "{pids}");
     let memory = reached("memory");
     assert_eq!(memory["bound"], json!(256 * MIB));
+    // The OOM killer's victim, named from the kernel's log (this host's
+    // tests run as root, who may read it).
+    let killed = seen
+        .iter()
+        .find(|event| event["limit"] == "memory" && event["state"] == "oom-kill")
+        .unwrap_or_else(|| panic!("no oom-kill in {seen:?} ({output})"));
+    assert_eq!(killed["process"], "python3", "{killed}");
+    assert!(figure(killed, "pid") > 0, "{killed}");
+    assert!(figure(killed, "figure") >= 1, "{killed}");
     assert!(served.hang_up().success());
     let audit = std::fs::read_to_string(&audit).unwrap();
     for limit in ["pids", "memory"] {
@@ -442,6 +451,270 @@ fn docker_a_unit_at_its_limits_is_told_logged_and_audited() {
     assert!(
         log.lines()
             .any(|line| line.contains("WARN") && line.contains("reached its pids limit")),
+        "{log}"
+    );
+    assert!(
+        log.lines().any(
+            |line| line.contains("WARN") && line.contains("the OOM killer killed python3 (pid")
+        ),
+        "{log}"
+    );
+}
+
+/// Issue 27, limit events: a unit whose `/tmp` and home fill up, and whose
+/// call runs past its `call_timeout`, gets the session a notification for
+/// each (with the log's WARN and the audit's line), and `box/units.stats`
+/// says what its `/tmp` and home hold.
+fn a_unit_at_its_tmp_home_and_call_timeout_limits_is_told(backend: &str) {
+    let workspace = tempfile::tempdir().unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("p.toml"),
+        format!(
+            "extends = \"default\"\n[workspace]\nimage = \"{DEV_IMAGE}\"\nlocal_userland = \"host\"\n\
+             [limits]\ntmp = \"16MiB\"\nhome = \"16MiB\"\ncall_timeout = \"3s\"\n"
+        ),
+    )
+    .unwrap();
+    let audit = state.path().join("audit.jsonl");
+    let log = state.path().join("stderr.log");
+    let instance = format!("stats-fill-{backend}-{}", std::process::id());
+    let mut command = serve_command(backend, &instance, workspace.path());
+    command
+        .arg("--profiles")
+        .arg(profiles.path())
+        .args(["--profile", "p", "--audit"])
+        .arg(&audit)
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut served = Served::start(command);
+    let seen = std::sync::Mutex::new(Vec::new());
+    let keep = |message: &Value| {
+        if message["method"] == "notifications/box/unit" {
+            seen.lock().unwrap().push(message["params"].clone());
+        }
+    };
+    // 15 MiB into each: past 90% of 16 MiB. Then more than fits in /tmp.
+    for (id, command) in [
+        (10, "head -c 15M /dev/zero > /tmp/fill && echo tmp-done"),
+        (
+            11,
+            "head -c 15M /dev/zero > \"$HOME/fill\" && echo home-done",
+        ),
+    ] {
+        served.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "bash", "arguments": {"command": command}}}));
+        let answer = served
+            .wait_for(Duration::from_secs(60), |message| {
+                keep(message);
+                message["id"] == json!(id)
+            })
+            .expect("an answer");
+        assert!(
+            answer["result"]["content"][0]["text"]
+                .as_str()
+                .is_some_and(|text| text.contains("-done")),
+            "{backend}: {answer}"
+        );
+    }
+    let unit = stats(&mut served);
+    assert!(figure(&unit, "tmpBytes") >= 15 * MIB, "{backend}: {unit}");
+    assert!(figure(&unit, "homeBytes") >= 15 * MIB, "{backend}: {unit}");
+    let near = |limit: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|event| event["limit"] == limit && event["state"] != "oom-kill")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{backend}: no {limit} near in {:?}",
+                seen.lock().unwrap()
+            );
+            let _ = served.wait_for(Duration::from_millis(500), |message| {
+                keep(message);
+                false
+            });
+        }
+    };
+    near("tmp");
+    near("home");
+    // Past its call_timeout: the call's answer is the timeout error, the
+    // session told of the limit.
+    served.send(&json!({"jsonrpc": "2.0", "id": 20, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "sleep 30"}}}));
+    let answer = served
+        .wait_for(Duration::from_secs(60), |message| {
+            keep(message);
+            message["id"] == json!(20)
+        })
+        .expect("the timeout's answer");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|text| text.contains("call_timeout")),
+        "{backend}: {answer}"
+    );
+    let _ = served.wait_for(Duration::from_secs(1), |message| {
+        keep(message);
+        false
+    });
+    let seen = seen.into_inner().unwrap();
+    let timeout = seen
+        .iter()
+        .find(|event| event["limit"] == "call_timeout")
+        .unwrap_or_else(|| panic!("{backend}: no call_timeout event in {seen:?}"));
+    assert_eq!(timeout["state"], "reached", "{timeout}");
+    assert_eq!(timeout["bound"], json!(3000), "{timeout}");
+    assert_eq!(timeout["method"], "tools/call", "{timeout}");
+    for event in seen
+        .iter()
+        .filter(|event| event["limit"] == "tmp" || event["limit"] == "home")
+    {
+        assert_eq!(event["bound"], json!(16 * MIB), "{event}");
+        assert!(figure(event, "figure") >= 15 * MIB, "{event}");
+    }
+    assert!(served.hang_up().success());
+    let audit = std::fs::read_to_string(&audit).unwrap();
+    for limit in ["tmp", "home", "call_timeout"] {
+        assert!(
+            audit.lines().any(|line| {
+                let line: Value = serde_json::from_str(line).unwrap();
+                line["kind"] == "limit" && line["limit"] == limit
+            }),
+            "{backend}: {limit} in {audit}"
+        );
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    for says in [
+        "nears its tmp limit",
+        "nears its home limit",
+        "reached its call_timeout",
+    ] {
+        assert!(
+            log.lines()
+                .any(|line| line.contains("WARN") && line.contains(says)),
+            "{backend}: {says} in {log}"
+        );
+    }
+}
+
+#[test]
+fn docker_a_unit_at_its_tmp_home_and_call_timeout_limits_is_told() {
+    if docker() {
+        a_unit_at_its_tmp_home_and_call_timeout_limits_is_told("docker");
+    }
+}
+
+#[test]
+fn local_a_unit_at_its_tmp_home_and_call_timeout_limits_is_told() {
+    if local() {
+        a_unit_at_its_tmp_home_and_call_timeout_limits_is_told("local");
+    }
+}
+
+/// Issue 27, limit events: a connection refused because the unit has its
+/// egress `max_connections` open gets the session a notification (with the
+/// log's WARN and the audit's line).
+#[test]
+fn local_a_unit_at_its_egress_connection_limit_is_told() {
+    if !local() {
+        return;
+    }
+    let port = crate::support::http_server("hello-limit");
+    let workspace = tempfile::tempdir().unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("p.toml"),
+        format!(
+            "extends = \"default\"\n[workspace]\nimage = \"{DEV_IMAGE}\"\nlocal_userland = \"host\"\n\
+             [network]\nmode = \"egress\"\nallow = [\"limit.test:{port}\"]\nhosts = {{ \"limit.test\" = \"127.0.0.1\" }}\nmax_connections = 1\n\
+             [operator]\nallow_dangerous = [\"private-destinations\"]\n"
+        ),
+    )
+    .unwrap();
+    let audit = state.path().join("audit.jsonl");
+    let log = state.path().join("stderr.log");
+    let instance = format!("stats-egress-{}", std::process::id());
+    let mut command = serve_command("local", &instance, workspace.path());
+    command
+        .arg("--profiles")
+        .arg(profiles.path())
+        .args(["--profile", "p", "--audit"])
+        .arg(&audit)
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut served = Served::start(command);
+    // One connection held open through the proxy, then a second one.
+    let script = format!(
+        "python3 - <<'EOF'\nimport socket, urllib.request\n\
+         held = socket.create_connection(('127.0.0.1', 3128), timeout=10)\n\
+         held.sendall(b'CONNECT limit.test:{port} HTTP/1.1\\r\\nHost: limit.test:{port}\\r\\n\\r\\n')\n\
+         print(held.recv(1024).split(b'\\r\\n')[0].decode())\n\
+         try:\n    urllib.request.urlopen('http://limit.test:{port}/', timeout=10)\nexcept Exception as e:\n    print('second:', e)\n\
+         held.close()\nEOF"
+    );
+    served.send(&json!({"jsonrpc": "2.0", "id": 10, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": script}}}));
+    let seen = std::sync::Mutex::new(Vec::new());
+    let keep = |message: &Value| {
+        if message["method"] == "notifications/box/unit" {
+            seen.lock().unwrap().push(message["params"].clone());
+        }
+    };
+    let answer = served
+        .wait_for(Duration::from_secs(60), |message| {
+            keep(message);
+            message["id"] == json!(10)
+        })
+        .expect("the script's answer");
+    let output = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(output.contains("200"), "the first connection: {output}");
+    assert!(output.contains("429"), "the second is refused: {output}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|event| event["limit"] == "egress.connections")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no egress.connections event in {:?}",
+            seen.lock().unwrap()
+        );
+        let _ = served.wait_for(Duration::from_millis(500), |message| {
+            keep(message);
+            false
+        });
+    }
+    let seen = seen.into_inner().unwrap();
+    let event = seen
+        .iter()
+        .find(|event| event["limit"] == "egress.connections")
+        .unwrap();
+    assert_eq!(event["state"], "reached", "{event}");
+    assert_eq!(event["bound"], json!(1), "{event}");
+    assert_eq!(event["refused"], json!(1), "{event}");
+    assert!(served.hang_up().success());
+    let audit = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        audit.lines().any(|line| {
+            let line: Value = serde_json::from_str(line).unwrap();
+            line["kind"] == "limit" && line["limit"] == "egress.connections"
+        }),
+        "{audit}"
+    );
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.lines()
+            .any(|line| line.contains("WARN")
+                && line.contains("reached its egress max_connections (1)")),
         "{log}"
     );
 }

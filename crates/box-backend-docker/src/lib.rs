@@ -1101,6 +1101,10 @@ impl Backend for DockerBackend {
         Box::pin(self.unit_stats(id))
     }
 
+    fn used<'a>(&'a self, id: &'a str, paths: &'a [PathBuf]) -> BoxFuture<'a, Vec<Option<u64>>> {
+        Box::pin(futures::future::ready(stats::used(id, paths)))
+    }
+
     fn list(&self) -> BoxFuture<'_, Result<Vec<UnitInfo>, BackendError>> {
         Box::pin(async move {
             list_filtered(&self.docker, labels::INSTANCE)

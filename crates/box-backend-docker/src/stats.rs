@@ -34,7 +34,7 @@ impl DockerBackend {
     pub(crate) async fn unit_stats(&self, id: &str) -> Result<UnitStats, BackendError> {
         let root = Path::new(CGROUP_ROOT);
         if let Some(cgroup) = locate(root, id) {
-            return Ok(cgroup.read());
+            return Ok(with_victim(cgroup.read(), id));
         }
         let other = |message: String| BackendError::Other {
             unit: id.to_owned(),
@@ -55,7 +55,7 @@ impl DockerBackend {
             return Err(other("the container is not running".to_owned()));
         }
         if let Some(cgroup) = locate(root, &full) {
-            return Ok(cgroup.read());
+            return Ok(with_victim(cgroup.read(), &full));
         }
         // Not on this host (a remote engine, another cgroup namespace): the
         // engine's own one-shot reading, which costs it a cgroup read too.
@@ -74,6 +74,35 @@ impl DockerBackend {
             ))),
         }
     }
+}
+
+/// [`box_backend::Backend::used`]: measured through a process of the
+/// container's cgroup, which sees its mounts (`id` is its full id).
+pub(crate) fn used(id: &str, paths: &[std::path::PathBuf]) -> Vec<Option<u64>> {
+    let process = locate(Path::new(CGROUP_ROOT), id).and_then(|cgroup| cgroup.a_process());
+    paths
+        .iter()
+        .map(|path| {
+            process.and_then(|pid| box_backend::stats::used_in(Path::new("/proc"), pid, path))
+        })
+        .collect()
+}
+
+/// `stats` with the last process the OOM killer killed in container `id`,
+/// from the kernel's log, once its cgroup counts a kill (the log is read
+/// only then; where it cannot be read, the victim stays unknown).
+fn with_victim(mut stats: UnitStats, id: &str) -> UnitStats {
+    if stats.oom_kills.is_some_and(|kills| kills > 0) {
+        match box_backend::stats::kernel_log() {
+            Ok(log) => {
+                stats.oom_killed = box_backend::stats::oom_kills_in_log(&log, id).pop();
+            }
+            Err(error) => {
+                tracing::debug!(container = id, %error, "the kernel's log cannot be read here: an OOM kill's victim stays unnamed");
+            }
+        }
+    }
+    stats
 }
 
 /// The engine's stats (`GET /containers/ID/stats`) as a unit's usage.
@@ -109,6 +138,7 @@ fn from_engine(reading: &bollard::models::ContainerStatsResponse) -> UnitStats {
         pids: reading.pids_stats.as_ref().and_then(|pids| pids.current),
         io_read_bytes: sum("read"),
         io_write_bytes: sum("write"),
+        ..UnitStats::default()
     }
 }
 
@@ -140,6 +170,7 @@ mod tests {
                 pids: Some(3),
                 io_read_bytes: Some(4106),
                 io_write_bytes: Some(512),
+                ..UnitStats::default()
             }
         );
         // v2 engines leave blkio null and max_usage out: unknown, not 0.

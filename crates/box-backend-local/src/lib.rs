@@ -1125,6 +1125,23 @@ impl Backend for LocalBackend {
         .boxed()
     }
 
+    /// Measured through the first of the helper's descendants in the
+    /// unit's own mount namespace (the helper stays in the host's).
+    fn used<'a>(&'a self, id: &'a str, paths: &'a [PathBuf]) -> BoxFuture<'a, Vec<Option<u64>>> {
+        let proc_root = Path::new("/proc");
+        let inside = match self.recorded(id) {
+            Some((_, record)) if record.helper_alive() => {
+                box_backend::stats::in_own_mount_namespace(proc_root, record.helper)
+            }
+            _ => None,
+        };
+        let used = paths
+            .iter()
+            .map(|path| inside.and_then(|pid| box_backend::stats::used_in(proc_root, pid, path)))
+            .collect();
+        futures::future::ready(used).boxed()
+    }
+
     /// This process's units, and every unit with a run directory of another
     /// host process (dead or alive: the host's sweep and `box gc` judge
     /// which may go), `running` while its helper lives.

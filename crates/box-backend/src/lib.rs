@@ -718,6 +718,18 @@ pub trait Backend: Send + Sync {
         })))
     }
 
+    /// Bytes in use on the filesystems at `paths` inside unit `id` (its
+    /// `/tmp`, its home), a figure per path, `None` where it cannot be read.
+    /// The default: every figure unknown.
+    fn used<'a>(
+        &'a self,
+        id: &'a str,
+        paths: &'a [std::path::PathBuf],
+    ) -> BoxFuture<'a, Vec<Option<u64>>> {
+        let _ = id;
+        Box::pin(futures::future::ready(vec![None; paths.len()]))
+    }
+
     /// The units of one host instance.
     fn list_instance<'a>(
         &'a self,

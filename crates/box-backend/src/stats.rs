@@ -26,6 +26,22 @@ pub struct UnitStats {
     pub io_read_bytes: Option<u64>,
     /// Bytes it wrote to block devices.
     pub io_write_bytes: Option<u64>,
+    /// Processes the kernel's OOM killer killed in it (its memory cgroup's
+    /// `oom_kill`).
+    pub oom_kills: Option<u64>,
+    /// The last process the OOM killer killed in it, as the kernel's log
+    /// names it (`None`: none, or the log cannot be read here).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_killed: Option<OomKill>,
+}
+
+/// A process the OOM killer killed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OomKill {
+    /// Its pid, in the host's pid namespace.
+    pub pid: u32,
+    /// Its command name (the kernel's `comm`, at most 15 bytes).
+    pub process: String,
 }
 
 /// Where a unit's cgroup is.
@@ -82,6 +98,8 @@ impl Cgroup {
                     pids: read("pids.current").and_then(|text| single(&text)),
                     io_read_bytes,
                     io_write_bytes,
+                    oom_kills: read("memory.events").and_then(|text| keyed(&text, "oom_kill")),
+                    oom_killed: None,
                 }
             }
             Cgroup::V1 { root, relative } => {
@@ -104,9 +122,30 @@ impl Cgroup {
                     pids: read("pids", "pids.current").and_then(|text| single(&text)),
                     io_read_bytes,
                     io_write_bytes,
+                    // Kernels since 4.13 count kills in `memory.oom_control`.
+                    oom_kills: read("memory", "memory.oom_control")
+                        .and_then(|text| keyed(&text, "oom_kill")),
+                    oom_killed: None,
                 }
             }
         }
+    }
+}
+
+impl Cgroup {
+    /// A process in the cgroup (the first its `cgroup.procs` lists): one
+    /// that sees the unit's mounts.
+    pub fn a_process(&self) -> Option<u32> {
+        let procs = match self {
+            Cgroup::V2(dir) => dir.join("cgroup.procs"),
+            Cgroup::V1 { root, relative } => {
+                root.join("memory").join(relative).join("cgroup.procs")
+            }
+        };
+        std::fs::read_to_string(procs)
+            .ok()?
+            .lines()
+            .find_map(|line| line.trim().parse().ok())
     }
 }
 
@@ -240,37 +279,8 @@ fn keyed_colon(text: &str, key: &str) -> Option<u64> {
 /// block IO counts what each process (and its reaped children) did, where
 /// `/proc/PID/io` may be read. `None` when `pid` is gone.
 pub fn process_tree(proc_root: &Path, pid: u32) -> Option<UnitStats> {
-    let mut procs: Vec<(u32, ProcStat)> = Vec::new();
-    for entry in std::fs::read_dir(proc_root).ok()?.flatten() {
-        let Some(child) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if let Some(stat) = std::fs::read_to_string(entry.path().join("stat"))
-            .ok()
-            .and_then(|text| proc_stat(&text))
-        {
-            procs.push((child, stat));
-        }
-    }
-    if !procs.iter().any(|(p, _)| *p == pid) {
-        return None;
-    }
-    let mut tree = vec![pid];
-    let mut i = 0;
-    while i < tree.len() {
-        let parent = tree[i];
-        tree.extend(
-            procs
-                .iter()
-                .filter(|(child, stat)| stat.ppid == parent && *child != pid)
-                .map(|(child, _)| *child),
-        );
-        i += 1;
-    }
+    let procs = processes(proc_root)?;
+    let tree = descendants(&procs, pid)?;
     let tick = clock_ticks();
     let mut stats = UnitStats {
         cpu_usec: Some(0),
@@ -305,6 +315,128 @@ pub fn process_tree(proc_root: &Path, pid: u32) -> Option<UnitStats> {
     Some(stats)
 }
 
+/// The processes the OOM killer killed in a memory cgroup whose path holds
+/// `needle` (a container's id), oldest first, from the kernel's log as
+/// `/dev/kmsg` gives it (`PRI,SEQ,USEC,FLAGS;MESSAGE` records): its
+/// `oom-kill:` summary lines (kernels since 4.19), which name the victim's
+/// `task_memcg`, `task` and `pid`.
+pub fn oom_kills_in_log(log: &str, needle: &str) -> Vec<OomKill> {
+    log.lines()
+        .filter_map(|record| {
+            let message = record.split_once(';').map_or(record, |(_, m)| m);
+            let summary = message.strip_prefix("oom-kill:")?;
+            let field = |key: &str| {
+                summary
+                    .split(',')
+                    .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+            };
+            if !field("task_memcg")?.contains(needle) {
+                return None;
+            }
+            Some(OomKill {
+                pid: field("pid")?.parse().ok()?,
+                process: field("task")?.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// The kernel's log as `/dev/kmsg` holds it now, one record a line (the
+/// device gives one record a read and `EAGAIN` at the end). Reading it
+/// needs root (or `CAP_SYSLOG` where `dmesg_restrict` is set).
+pub fn kernel_log() -> std::io::Result<String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut device = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open("/dev/kmsg")?;
+    let mut log = String::new();
+    let mut record = vec![0u8; 8192];
+    loop {
+        match device.read(&mut record) {
+            Ok(0) => return Ok(log),
+            Ok(length) => {
+                log.push_str(&String::from_utf8_lossy(&record[..length]));
+                if !log.ends_with('\n') {
+                    log.push('\n');
+                }
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return Ok(log),
+            // A record overwritten while being read: the next one follows.
+            Err(error) if error.raw_os_error() == Some(nix::errno::Errno::EPIPE as i32) => {}
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Bytes in use on the filesystem at `path` in the mount namespace of
+/// process `pid` (through `/proc/PID/root`, which needs the right to trace
+/// it: the same user, or root): a unit's `/tmp` or home tmpfs.
+pub fn used_in(proc_root: &Path, pid: u32, path: &Path) -> Option<u64> {
+    let inside = proc_root
+        .join(pid.to_string())
+        .join("root")
+        .join(path.strip_prefix("/").unwrap_or(path));
+    let stat = nix::sys::statvfs::statvfs(&inside).ok()?;
+    let blocks = stat.blocks().saturating_sub(stat.blocks_free());
+    Some(blocks.saturating_mul(stat.fragment_size()))
+}
+
+/// Every process `/proc` shows, with its `stat`.
+fn processes(proc_root: &Path) -> Option<Vec<(u32, ProcStat)>> {
+    let mut procs: Vec<(u32, ProcStat)> = Vec::new();
+    for entry in std::fs::read_dir(proc_root).ok()?.flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some(stat) = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|text| proc_stat(&text))
+        {
+            procs.push((child, stat));
+        }
+    }
+    Some(procs)
+}
+
+/// `pid` and its descendants among `procs`, parents first; `None` when
+/// `pid` is not there.
+fn descendants(procs: &[(u32, ProcStat)], pid: u32) -> Option<Vec<u32>> {
+    if !procs.iter().any(|(p, _)| *p == pid) {
+        return None;
+    }
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            procs
+                .iter()
+                .filter(|(child, stat)| stat.ppid == parent && *child != pid)
+                .map(|(child, _)| *child),
+        );
+        i += 1;
+    }
+    Some(tree)
+}
+
+/// The first of `pid` and its descendants (parents first) in another mount
+/// namespace than this process's: one that sees a local unit's own `/tmp`
+/// and home (its helper unshares its namespace before it mounts them).
+pub fn in_own_mount_namespace(proc_root: &Path, pid: u32) -> Option<u32> {
+    let namespace = |pid: &str| std::fs::read_link(proc_root.join(pid).join("ns/mnt")).ok();
+    let host = namespace("self")?;
+    let procs = processes(proc_root)?;
+    descendants(&procs, pid)?
+        .into_iter()
+        .find(|member| namespace(&member.to_string()).is_some_and(|ns| ns != host))
+}
+
 /// Clock ticks per second (`/proc/PID/stat`'s unit).
 fn clock_ticks() -> u64 {
     nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
@@ -318,6 +450,47 @@ fn clock_ticks() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel's summary line names the victim; another cgroup's, a
+    /// wrapped continuation and an older kernel's lines name none.
+    #[test]
+    fn oom_kills_are_read_from_the_kernels_log() {
+        let id = "ef59d90764647f74d6a9160c9d80f076b0c8a19f7d53e1f1a0a442d4aee52492";
+        let log = format!(
+            "4,903,2570031602,-;python3 invoked oom-killer: gfp_mask=0x100cca(GFP_HIGHUSER_MOVABLE), order=0\n\
+             6,992,2570032191,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset={id},mems_allowed=0,oom_memcg=/docker/{id},task_memcg=/docker/{id},task=python3,pid=22100,uid=1000\n\
+             3,993,2570032254,-;Memory cgroup out of memory: Killed process 22100 (python3) total-vm:37964kB\n\
+             6,994,2570032300,-;oom-kill:constraint=CONSTRAINT_MEMCG,oom_memcg=/docker/other,task_memcg=/docker/other,task=node,pid=5,uid=0\n\
+             6,995,2570032400,-;oom-kill:constraint=CONSTRAINT_MEMCG,oom_memcg=/system.slice/docker-{id}.scope,task_memcg=/system.slice/docker-{id}.scope,task=cc1 plus,pid=7,uid=0\n"
+        );
+        assert_eq!(
+            oom_kills_in_log(&log, id),
+            vec![
+                OomKill {
+                    pid: 22100,
+                    process: "python3".to_owned()
+                },
+                OomKill {
+                    pid: 7,
+                    process: "cc1 plus".to_owned()
+                },
+            ]
+        );
+        assert!(oom_kills_in_log(&log, "nothing-here").is_empty());
+        assert!(oom_kills_in_log("", id).is_empty());
+    }
+
+    /// A directory's filesystem is measured through a process's root.
+    #[test]
+    fn used_bytes_are_read_through_a_processs_root() {
+        let me = std::process::id();
+        let used = used_in(Path::new("/proc"), me, Path::new("/"));
+        assert!(used.is_some_and(|bytes| bytes > 0), "{used:?}");
+        assert_eq!(
+            used_in(Path::new("/proc"), me, Path::new("/no/such/dir")),
+            None
+        );
+    }
 
     #[test]
     fn v2_files_are_parsed() {
@@ -381,6 +554,12 @@ mod tests {
                 "blkio.throttle.io_service_bytes",
                 "8:0 Read 5\n8:0 Write 6\nTotal 11\n",
             ),
+            (
+                "memory",
+                "memory.oom_control",
+                "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",
+            ),
+            ("memory", "cgroup.procs", "41\n42\n"),
         ] {
             let dir = root.path().join(controller).join("docker/abc");
             std::fs::create_dir_all(&dir).expect("mkdir");
@@ -396,8 +575,11 @@ mod tests {
                 pids: Some(4),
                 io_read_bytes: Some(5),
                 io_write_bytes: Some(6),
+                oom_kills: Some(3),
+                oom_killed: None,
             }
         );
+        assert_eq!(cgroup.a_process(), Some(41));
         assert_eq!(Cgroup::find(root.path(), "docker/gone"), None);
         // v2: one directory; memory.peak absent on older kernels.
         let root = tempfile::tempdir().expect("tempdir");
@@ -413,6 +595,7 @@ mod tests {
             ("cpu.stat", "usage_usec 7\n"),
             ("pids.current", "2\n"),
             ("io.stat", "8:0 rbytes=1 wbytes=2 rios=0\n"),
+            ("memory.events", "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n"),
         ] {
             std::fs::write(dir.join(file), text).expect("write");
         }
@@ -426,7 +609,10 @@ mod tests {
                 pids: Some(2),
                 io_read_bytes: Some(1),
                 io_write_bytes: Some(2),
+                oom_kills: Some(1),
+                oom_killed: None,
             }
         );
+        assert_eq!(cgroup.a_process(), None);
     }
 }

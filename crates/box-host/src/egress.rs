@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use box_backend::{EgressWiring, UnitWiring};
 use box_egress::{
@@ -42,11 +43,44 @@ pub struct ProxyServices<'a> {
 pub struct EgressProxy {
     /// The unit's name in its session.
     pub unit: String,
+    /// What the unit's connections through it carried.
+    usage: Arc<EgressUsage>,
     dir: PathBuf,
     task: tokio::task::JoinHandle<()>,
     policy: PolicyHandle,
     /// Handed off ([`EgressProxy::keep_dir`]): the directory stays.
     keep: std::sync::atomic::AtomicBool,
+}
+
+/// What a unit's egress carried, counted as each connection ends (a
+/// connection still open is not in the bytes yet).
+#[derive(Debug, Default)]
+pub struct EgressUsage {
+    /// Bytes the unit sent upstream.
+    pub bytes_up: AtomicU64,
+    /// Bytes it received.
+    pub bytes_down: AtomicU64,
+    /// Connections allowed.
+    pub connections: AtomicU64,
+    /// Connections refused because the unit had its `max_connections` open.
+    pub at_connection_limit: AtomicU64,
+}
+
+impl EgressUsage {
+    fn count(&self, event: &Event) {
+        self.bytes_up.fetch_add(event.bytes_up, Ordering::Relaxed);
+        self.bytes_down
+            .fetch_add(event.bytes_down, Ordering::Relaxed);
+        match &event.decision {
+            box_egress::Decision::Allowed { .. } => {
+                self.connections.fetch_add(1, Ordering::Relaxed);
+            }
+            box_egress::Decision::Refused(box_egress::Refusal::TooManyConnections { .. }) => {
+                self.at_connection_limit.fetch_add(1, Ordering::Relaxed);
+            }
+            box_egress::Decision::Refused(_) | box_egress::Decision::Failed { .. } => {}
+        }
+    }
 }
 
 impl Drop for EgressProxy {
@@ -234,8 +268,12 @@ impl EgressProxy {
         // What reports hold: the metrics and the audit log, not the services
         // that own the runtime the proxy runs on.
         let (metrics, audit) = (services.metrics.clone(), services.audit.cloned());
-        let events: box_egress::EventSink =
-            Arc::new(move |event: Event| report(&metrics, audit.as_deref(), &event));
+        let usage = Arc::new(EgressUsage::default());
+        let counted = Arc::clone(&usage);
+        let events: box_egress::EventSink = Arc::new(move |event: Event| {
+            counted.count(&event);
+            report(&metrics, audit.as_deref(), &event);
+        });
         let name = spec.name.clone();
         let (listener, socket) = listener;
         let task = services.runtime.handle()?.spawn(async move {
@@ -253,11 +291,17 @@ impl EgressProxy {
         });
         Ok(Self {
             unit: spec.name.clone(),
+            usage,
             dir,
             task,
             policy: handle,
             keep: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// What the unit's connections through the proxy carried so far.
+    pub fn usage(&self) -> Arc<EgressUsage> {
+        Arc::clone(&self.usage)
     }
 
     /// The socket directory (persisted with the session, for a later host to

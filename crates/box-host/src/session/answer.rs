@@ -206,6 +206,7 @@ impl Session {
                 let timeout = live.units[unit].spec.limits.call_timeout;
                 let name = live.units[unit].spec.name.clone();
                 self.record(live, unit, &forward.tag, "timeout");
+                self.tell_call_timeout(&name, &forward.tag.method, timeout);
                 // Nothing confirms a cancellation (an executor answers a
                 // cancelled request with nothing): the call may have run, in
                 // part or in full, so its outcome is said to be unknown.

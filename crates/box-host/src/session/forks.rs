@@ -467,7 +467,7 @@ impl Session {
             removed: false,
         });
         if let Some(child) = live.units.last() {
-            self.watch_limits(std::slice::from_ref(child));
+            self.watch_limits(std::slice::from_ref(child), &started.egress);
         }
         live.egress.extend(started.egress);
         started.reply.answer(result_response(started.id, result));

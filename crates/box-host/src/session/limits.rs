@@ -1,18 +1,29 @@
 //! Limit events: while a session lives, each of its units' usage
-//! ([`Backend::stats`](box_backend::Backend::stats)) is read every second
-//! and held to its limits; a unit that nears one (90%) or reaches it gets
-//! the session a `notifications/box/unit` (`{unit, limit, state, figure,
-//! bound}`), the log a WARN line and the audit a `"kind": "limit"` line,
-//! once per unit, limit and state. Memory counts its peak where the backend
-//! reads one (a spike between two readings still shows); tasks count now.
+//! ([`Backend::stats`](box_backend::Backend::stats), and what its `/tmp`
+//! and home hold, [`Backend::used`](box_backend::Backend::used)) is read
+//! every second and held to its limits; a unit that nears one (90%) or
+//! reaches it gets the session a `notifications/box/unit` (`{unit, limit,
+//! state, figure, bound}`), the log a WARN line and the audit a `"kind":
+//! "limit"` line, once per unit, limit and state. Memory counts its peak
+//! where the backend reads one (a spike between two readings still shows);
+//! tasks, `/tmp` and home count now. Besides the gauges: each process the
+//! OOM killer kills (`state: "oom-kill"`, naming the process where the
+//! kernel's log can be read), each connection refused at the unit's egress
+//! `max_connections` (`limit: "egress.connections"`), and each call past
+//! its `call_timeout` ([`Session::tell_call_timeout`]).
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use serde_json::json;
+use box_policy::envelope::AppliedLimits;
+use serde_json::{Value, json};
 
 use super::Session;
 use super::live::Unit;
+use crate::audit::Audit;
+use crate::egress::{EgressProxy, EgressUsage};
 
 /// How often the units' usage is read.
 const EVERY: Duration = Duration::from_secs(1);
@@ -20,43 +31,119 @@ const EVERY: Duration = Duration::from_secs(1);
 /// The share of a limit at which a unit nears it, in percent.
 const NEAR: u64 = 90;
 
+/// The gauges held to a bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gauge {
+    Memory,
+    Pids,
+    Tmp,
+    Home,
+}
+
+impl Gauge {
+    fn name(self) -> &'static str {
+        match self {
+            Gauge::Memory => "memory",
+            Gauge::Pids => "pids",
+            Gauge::Tmp => "tmp",
+            Gauge::Home => "home",
+        }
+    }
+}
+
 /// One limit of one unit under watch.
 struct Watched {
-    unit: String,
-    id: String,
-    limit: &'static str,
+    gauge: Gauge,
     bound: u64,
     /// The last state said: 0 none, 1 near, 2 reached.
     said: u8,
 }
 
-impl Session {
-    /// Watch the limits of `units` until the session ends (or none of them
-    /// can be read any more: they are gone).
-    pub(super) fn watch_limits(&self, units: &[Unit]) {
-        let mut watched: Vec<Watched> = Vec::new();
-        for unit in units {
-            for (limit, bound) in [
-                ("memory", unit.spec.limits.memory_bytes),
-                ("pids", unit.spec.limits.pids),
-            ] {
-                watched.push(Watched {
-                    unit: unit.spec.name.clone(),
-                    id: unit.envelope.id.clone(),
-                    limit,
-                    bound,
-                    said: 0,
-                });
-            }
+/// One unit under watch.
+struct WatchedUnit {
+    unit: String,
+    id: String,
+    gauges: Vec<Watched>,
+    /// Where its `/tmp` and home are, measured when their gauges are watched.
+    paths: Vec<PathBuf>,
+    /// OOM kills counted at the last reading (the first reading is the
+    /// baseline: kills before a reattach are no event).
+    oom_kills: Option<u64>,
+    /// Its egress proxy's counters, its `max_connections`, and the
+    /// refusals at that limit already said.
+    egress: Option<(Arc<EgressUsage>, u64, u64)>,
+}
+
+/// Who hears of a limit: the session (a notification), the log, the audit.
+#[derive(Clone)]
+pub(super) struct Teller {
+    session: String,
+    audit: Option<Arc<Audit>>,
+    general: tokio::sync::mpsc::Sender<Value>,
+}
+
+impl Teller {
+    /// Say `params` (`{unit, limit, state, ...}`), with `line` for the log.
+    fn tell(&self, params: Value, line: &str) {
+        tracing::warn!(
+            session = %self.session,
+            unit = %params["unit"].as_str().unwrap_or_default(),
+            limit = %params["limit"].as_str().unwrap_or_default(),
+            "{line}"
+        );
+        if let Some(audit) = &self.audit {
+            audit.limit(&self.session, &params);
         }
+        let _ = self.general.try_send(json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/box/unit",
+            "params": params,
+        }));
+    }
+}
+
+impl Session {
+    pub(super) fn teller(&self) -> Teller {
+        Teller {
+            session: self.id.clone(),
+            audit: self.services.audit.clone(),
+            general: self.general.clone(),
+        }
+    }
+
+    /// A call to `unit` ran past its `call_timeout` (`bound`): said as the
+    /// unit's `call_timeout` limit reached.
+    pub(super) fn tell_call_timeout(&self, unit: &str, method: &str, bound: Duration) {
+        let millis = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
+        self.teller().tell(
+            json!({
+                "unit": unit,
+                "limit": "call_timeout",
+                "state": "reached",
+                "figure": millis,
+                "bound": millis,
+                "method": method,
+            }),
+            &format!(
+                "unit {unit}: {method} reached its call_timeout ({})",
+                humantime::format_duration(bound)
+            ),
+        );
+    }
+
+    /// Watch the limits of `units` (with the egress proxies among `egress`)
+    /// until the session ends (or none of them can be read any more: they
+    /// are gone).
+    pub(super) fn watch_limits(&self, units: &[Unit], egress: &[EgressProxy]) {
+        let mut watched: Vec<WatchedUnit> =
+            units.iter().map(|unit| watched(unit, egress)).collect();
+        watched.retain(|unit| !unit.gauges.is_empty() || unit.egress.is_some());
         if watched.is_empty() {
             return;
         }
         let backend = Arc::clone(&self.services.backend);
-        let audit = self.services.audit.clone();
-        let general = self.general.clone();
+        let teller = self.teller();
         let cancel = self.cancel.clone();
-        let session = self.id.clone();
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -64,63 +151,181 @@ impl Session {
                     () = tokio::time::sleep(EVERY) => {}
                 }
                 let mut read_any = false;
-                let mut ids: Vec<&str> = watched.iter().map(|w| w.id.as_str()).collect();
-                ids.dedup();
-                let mut readings = Vec::new();
-                for id in ids {
-                    if let Ok(stats) = backend.stats(id).await {
-                        read_any = true;
-                        readings.push((id.to_owned(), stats));
+                for unit in &mut watched {
+                    let Ok(stats) = backend.stats(&unit.id).await else {
+                        continue;
+                    };
+                    read_any = true;
+                    let used = if unit.paths.is_empty() {
+                        Vec::new()
+                    } else {
+                        backend.used(&unit.id, &unit.paths).await
+                    };
+                    if teller.general.is_closed() {
+                        return;
                     }
+                    unit.hold(&stats, &used, &teller);
                 }
-                if !read_any || general.is_closed() {
+                if !read_any {
                     return;
-                }
-                for watch in &mut watched {
-                    let Some((_, stats)) = readings.iter().find(|(id, _)| *id == watch.id) else {
-                        continue;
-                    };
-                    let figure = match watch.limit {
-                        "memory" => stats.memory_peak_bytes.max(stats.memory_bytes),
-                        _ => stats.pids,
-                    };
-                    let Some(figure) = figure else { continue };
-                    let state = level(figure, watch.bound);
-                    if state <= watch.said {
-                        continue;
-                    }
-                    watch.said = state;
-                    let word = if state == 2 { "reached" } else { "near" };
-                    tracing::warn!(
-                        session = %session,
-                        unit = %watch.unit,
-                        limit = watch.limit,
-                        figure,
-                        bound = watch.bound,
-                        "unit {} {} its {} limit ({figure} of {})",
-                        watch.unit,
-                        if state == 2 { "reached" } else { "nears" },
-                        watch.limit,
-                        watch.bound,
-                    );
-                    let params = json!({
-                        "unit": watch.unit,
-                        "limit": watch.limit,
-                        "state": word,
-                        "figure": figure,
-                        "bound": watch.bound,
-                    });
-                    if let Some(audit) = &audit {
-                        audit.limit(&session, &params);
-                    }
-                    let _ = general.try_send(json!({
-                        "jsonrpc": "2.0",
-                        "method": "notifications/box/unit",
-                        "params": params,
-                    }));
                 }
             }
         });
+    }
+}
+
+/// What of `unit` is watched: memory and tasks always; `/tmp` and home
+/// where they are tmpfs of the unit's own (their applied sizes the
+/// bounds); its egress connections where it has a proxy.
+fn watched(unit: &Unit, egress: &[EgressProxy]) -> WatchedUnit {
+    let (tmp, home) = match &unit.envelope.limits {
+        AppliedLimits::Container(limits) => (limits.tmp_bytes, limits.home_bytes),
+        AppliedLimits::Process(limits) => (limits.tmp_bytes, limits.home_bytes),
+        AppliedLimits::HostOnly(_) => (None, None),
+    };
+    let home_path = unit
+        .envelope
+        .home
+        .as_ref()
+        .map(|home| PathBuf::from(&home.path));
+    let mut gauges = vec![
+        Watched {
+            gauge: Gauge::Memory,
+            bound: unit.spec.limits.memory_bytes,
+            said: 0,
+        },
+        Watched {
+            gauge: Gauge::Pids,
+            bound: unit.spec.limits.pids,
+            said: 0,
+        },
+    ];
+    let mut paths = Vec::new();
+    if let Some(bound) = tmp {
+        gauges.push(Watched {
+            gauge: Gauge::Tmp,
+            bound,
+            said: 0,
+        });
+        paths.push(PathBuf::from("/tmp"));
+    }
+    if let (Some(bound), Some(path)) = (home, home_path) {
+        gauges.push(Watched {
+            gauge: Gauge::Home,
+            bound,
+            said: 0,
+        });
+        paths.push(path);
+    }
+    let egress = egress
+        .iter()
+        .find(|proxy| proxy.unit == unit.spec.name)
+        .map(|proxy| {
+            let usage = proxy.usage();
+            let said = usage.at_connection_limit.load(Ordering::Relaxed);
+            (usage, unit.spec.network.max_connections, said)
+        });
+    WatchedUnit {
+        unit: unit.spec.name.clone(),
+        id: unit.envelope.id.clone(),
+        gauges,
+        paths,
+        oom_kills: None,
+        egress,
+    }
+}
+
+impl WatchedUnit {
+    /// Hold one reading to the unit's limits, telling what is new.
+    fn hold(
+        &mut self,
+        stats: &box_backend::stats::UnitStats,
+        used: &[Option<u64>],
+        teller: &Teller,
+    ) {
+        let mut paths = used.iter();
+        for watch in &mut self.gauges {
+            let figure = match watch.gauge {
+                Gauge::Memory => stats.memory_peak_bytes.max(stats.memory_bytes),
+                Gauge::Pids => stats.pids,
+                Gauge::Tmp | Gauge::Home => paths.next().copied().flatten(),
+            };
+            let Some(figure) = figure else { continue };
+            let state = level(figure, watch.bound);
+            if state <= watch.said {
+                continue;
+            }
+            watch.said = state;
+            let name = watch.gauge.name();
+            teller.tell(
+                json!({
+                    "unit": self.unit,
+                    "limit": name,
+                    "state": if state == 2 { "reached" } else { "near" },
+                    "figure": figure,
+                    "bound": watch.bound,
+                }),
+                &format!(
+                    "unit {} {} its {name} limit ({figure} of {})",
+                    self.unit,
+                    if state == 2 { "reached" } else { "nears" },
+                    watch.bound,
+                ),
+            );
+        }
+        if let Some(kills) = stats.oom_kills {
+            let before = self.oom_kills.replace(kills);
+            if before.is_some_and(|before| kills > before) {
+                let memory = self.unit_memory_bound();
+                let victim = stats.oom_killed.as_ref();
+                let named = victim.map_or_else(
+                    || "a process (the kernel's log cannot be read here to name it)".to_owned(),
+                    |victim| format!("{} (pid {})", victim.process, victim.pid),
+                );
+                teller.tell(
+                    json!({
+                        "unit": self.unit,
+                        "limit": "memory",
+                        "state": "oom-kill",
+                        "figure": kills,
+                        "bound": memory,
+                        "process": victim.map(|victim| victim.process.clone()),
+                        "pid": victim.map(|victim| victim.pid),
+                    }),
+                    &format!(
+                        "unit {}: the OOM killer killed {named} at its memory limit",
+                        self.unit
+                    ),
+                );
+            }
+        }
+        if let Some((usage, bound, said)) = &mut self.egress {
+            let refused = usage.at_connection_limit.load(Ordering::Relaxed);
+            if refused > *said {
+                *said = refused;
+                teller.tell(
+                    json!({
+                        "unit": self.unit,
+                        "limit": "egress.connections",
+                        "state": "reached",
+                        "figure": *bound,
+                        "bound": *bound,
+                        "refused": refused,
+                    }),
+                    &format!(
+                        "unit {} reached its egress max_connections ({bound}): {refused} connection(s) refused",
+                        self.unit
+                    ),
+                );
+            }
+        }
+    }
+
+    fn unit_memory_bound(&self) -> u64 {
+        self.gauges
+            .iter()
+            .find(|watch| watch.gauge == Gauge::Memory)
+            .map_or(0, |watch| watch.bound)
     }
 }
 

@@ -224,7 +224,7 @@ impl Session {
         let _ = self.version.set(version);
         tracing::info!(session = %self.id, profile = %plan.profile, units = units.len(), "session reattached");
         let executor_params = executor_initialize_params(client_params, ask, version);
-        self.watch_limits(&units);
+        self.watch_limits(&units, &egress);
         let count = units.len();
         // Ids the dead host used may still be answered by the units: this
         // host's start far above them (seconds since the epoch, shifted), so

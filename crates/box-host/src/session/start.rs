@@ -385,7 +385,7 @@ impl Session {
             backend = %self.services.backend.kind(),
             "session started"
         );
-        self.watch_limits(&units);
+        self.watch_limits(&units, &egress);
         let count = units.len();
         Ok((
             Live {
