@@ -38,7 +38,8 @@
 //! checked against its body (400, -32020), then goes to the box session its
 //! handle names (`Box-Session: ID:SECRET` or `_meta["box/session"]`; 404
 //! when none is live), or to a session opened for it: `box/session.open`
-//! keeps it (no `Mcp-Session-Id`: the answer is the handle), anything else
+//! and its tool form (`tools/call` of `box_session_open`) keep it (no
+//! `Mcp-Session-Id`: the answer is the handle), anything else
 //! (`server/discover`, which starts no unit; a tool call, whose unit is
 //! removed after it) is served by a session ended after its answer. Answers
 //! are completed in the revision's form (`resultType`, list caching hints).
@@ -1088,6 +1089,13 @@ async fn stateless(
             }
         }
     };
+    // `box/session.open`, or its tool form: the session is kept.
+    let opens = method == "box/session.open"
+        || (method == "tools/call"
+            && box_jsonrpc::params(&message)
+                .and_then(|params| params.get("name"))
+                .and_then(Value::as_str)
+                == Some("box_session_open"));
     let session_id = mint_session_id();
     let (general_tx, _) = mpsc::channel(1);
     let handle =
@@ -1098,7 +1106,7 @@ async fn stateless(
         end_after(handle, permit);
         return session_gone();
     };
-    if method != "box/session.open" {
+    if !opens {
         return answer_stateless(stream, accepts, method, Some((handle, permit))).await;
     }
     let Ok(mut response) = stream.response.await else {
@@ -1114,7 +1122,9 @@ async fn stateless(
         handle.end();
         return json_response(StatusCode::OK, response);
     };
-    if response.get("result").is_none() {
+    let refused = response.get("result").is_none()
+        || response.pointer("/result/isError") == Some(&Value::Bool(true));
+    if refused {
         // Refused (a tightening, a profile) or failed (a unit that did not start).
         end_holding(handle, permit);
         return json_response(StatusCode::OK, response);
