@@ -8,8 +8,10 @@ tool elicits) answers a unit's request for input through the revision's "input r
 It lists the tools (box_session_open and box_session_close among them), calls box_session_open
 (the handle {id, secret} in the structured content and the text), runs bash with the handle in
 `_meta["box/session"]`, and calls box_session_close. With `--backend fake` it then calls `ask` with
-a handle: the SDK gets `resultType: "input_required"` with the elicitation, answers it through its
-elicitation callback, and retries with the request state; the retry's answer is the call's result.
+a handle, and before that without one: the SDK gets `resultType: "input_required"` with the
+elicitation, answers it through its elicitation callback, and retries with the request state; the
+retry's answer is the call's result (over HTTP, a call without a handle keeps its session of its own
+until then).
 Over HTTP it then checks that no session is left (/metrics).
 
 Prints one JSON line; exits non-zero with the reason on any failure.
@@ -51,6 +53,15 @@ async def exercise(client: Client, options: argparse.Namespace) -> dict[str, Any
     if "box_session_open" not in listed or "box_session_close" not in listed:
         raise AssertionError(f"box's session tools are not listed: {listed}")
 
+    summary: dict[str, Any] = {}
+    if options.backend == "fake":
+        # Without a handle: over HTTP the call runs in a session of its own, kept while it
+        # waits for the retry; over stdio in the process's one session.
+        asked = await client.call_tool("ask", {})
+        if asked.is_error or "from the sdk" not in text_of(asked):
+            raise AssertionError(f"ask without a handle: expected the elicitation's answer, got {text_of(asked)!r}")
+        summary["input_without_handle"] = text_of(asked)
+
     opened = await client.call_tool("box_session_open", {"profile": "default"})
     answer = opened.structured_content or {}
     if opened.is_error or not answer.get("id") or not answer.get("secret"):
@@ -73,7 +84,7 @@ async def exercise(client: Client, options: argparse.Namespace) -> dict[str, Any
         if ran.is_error or "kept" not in text_of(ran) or "hi" not in text_of(ran):
             raise AssertionError(f"bash with the tool's handle: expected the file and hi, got {text_of(ran)!r}")
 
-    summary: dict[str, Any] = {"session": answer["id"]}
+    summary["session"] = answer["id"]
     if options.backend == "fake":
         # The unit elicits during the call: answered as input required, retried by the SDK.
         asked = await client.call_tool("ask", {}, meta=meta)
