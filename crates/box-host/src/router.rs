@@ -252,6 +252,12 @@ impl<T> Router<T> {
         Ok(())
     }
 
+    /// Forget the unit's request the client would answer under `proxy_id`
+    /// (its call ended before the client answered it).
+    pub fn forget_server_request(&mut self, proxy_id: &Value) {
+        self.server_requests.remove(&id_key(proxy_id));
+    }
+
     /// Whether the unit's request the client would answer under `proxy_id`
     /// waits for that answer.
     pub fn server_request_waits(&self, proxy_id: &Value) -> bool {

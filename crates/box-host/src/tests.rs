@@ -2129,3 +2129,59 @@ async fn an_open_after_a_request_opened_the_session_names_its_handle() {
     assert_eq!(again["error"]["code"], json!(-32600), "{again}");
     assert_eq!(fake.record(|record| record.starts.len()), 1);
 }
+
+fn long_calls(profile: &Profile, tighten: &Value, host: &HostFacts) -> Result<Plan, PlanError> {
+    one_unit(profile, tighten, host, |unit| {
+        unit.limits.call_timeout = Duration::from_secs(3600);
+        unit.limits.idle = Duration::from_secs(7200);
+        unit.limits.lifetime = Duration::from_secs(7200);
+    })
+}
+
+/// A round of input its client never answers outlives its request state
+/// (`INPUT_TTL`): the call waiting for it is cancelled in its unit, and a
+/// retry that comes later is refused saying so.
+#[tokio::test(start_paused = true)]
+async fn a_round_of_input_left_unanswered_cancels_its_call() {
+    let fake = FakeBackend::default();
+    let client = connect_as(&config_with(&fake, long_calls), "s-ttl");
+    let handle = open_handle(&client).await;
+    let (_, first) = client
+        .call(
+            json!(1),
+            "tools/call",
+            json!({"name": "ask", "arguments": {}, "_meta": stateless_meta(handle.clone())}),
+        )
+        .await;
+    let result = &first["result"];
+    assert_eq!(result["resultType"], json!("input_required"), "{first}");
+    let key = result["inputRequests"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    let state = result["requestState"].clone();
+    tokio::time::sleep(crate::request_state::INPUT_TTL + Duration::from_secs(1)).await;
+    wait_until("the unit is told to cancel the call", || {
+        fake.record(|record| record.cancelled.len()) == 1
+    })
+    .await;
+    let (_, late) = client
+        .call(
+            json!(2),
+            "tools/call",
+            json!({"name": "ask", "arguments": {}, "requestState": state,
+                "inputResponses": {key: {"action": "decline"}}, "_meta": stateless_meta(handle)}),
+        )
+        .await;
+    assert_eq!(late["error"]["code"], json!(-32602), "{late}");
+    assert!(
+        late["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no longer waits"),
+        "{late}"
+    );
+}

@@ -144,7 +144,7 @@ impl Session {
             unit,
             call,
             round,
-            keys,
+            keys: keys.clone(),
             method: tag.method.clone(),
             name: tag
                 .input
@@ -156,6 +156,7 @@ impl Session {
         if let Some(input) = tag.input.as_mut() {
             input.waiting = Some(Waiting {
                 round,
+                keys,
                 queued: Vec::new(),
                 expiry: expiry.abort_handle(),
             });
@@ -186,7 +187,11 @@ impl Session {
             .is_some_and(|(round, _)| *round == state.round)
             && let Some((_, mut response)) = live.input_answers.remove(&key)
         {
-            // Answered while the client was away: the retry gets it.
+            // Answered while the client was away: the retry gets it, and
+            // the unit no longer waits for the round's answers.
+            for key in &state.keys {
+                live.router.forget_server_request(&json!(key));
+            }
             response["id"] = request.id;
             request.reply.answer(response);
             return;
@@ -343,6 +348,16 @@ impl Session {
         let Some(forward) = live.router.take(unit, call) else {
             return;
         };
+        if let Some(waiting) = forward
+            .tag
+            .input
+            .as_ref()
+            .and_then(|input| input.waiting.as_ref())
+        {
+            for key in &waiting.keys {
+                live.router.forget_server_request(&json!(key));
+            }
+        }
         self.record(live, unit, &forward.tag, "cancelled");
         let cancel = box_jsonrpc::notification(
             "notifications/cancelled",

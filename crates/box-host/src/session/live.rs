@@ -167,6 +167,9 @@ pub(super) struct Input {
 pub(super) struct Waiting {
     /// The round its request state answers.
     pub(super) round: u64,
+    /// The keys of the round's requests (the ids the client answers them
+    /// by), forgotten if the round is never answered.
+    pub(super) keys: Vec<String>,
     /// What the unit asked of the client since: the next round's requests.
     pub(super) queued: Vec<Value>,
     /// The state's time to live.
