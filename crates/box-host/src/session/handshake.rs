@@ -9,9 +9,12 @@
 //! - `initialize` with `box.reattach`: a session a dead host served, whose
 //!   units this host re-adopted ([`Session::reattach`], `reattach.rs`);
 //! - of the stateless revision (2026-07-28, `stateless.rs`):
-//!   `box/session.open`, a fresh session answered with its handle, and a
+//!   `box/session.open` (or a `tools/call` of its tool form,
+//!   `box_session_open`), a fresh session answered with its handle, and a
 //!   request without a handle, which opens the session as the `initialize`
-//!   its `_meta` stands for and is then routed.
+//!   its `_meta` stands for and is then routed (a retry of a call that
+//!   answered "input required" is refused instead: no call waits in a
+//!   session not open yet).
 //!
 //! What every way in shares is read once in [`Session::open`]: the request
 //! checked (-32602 naming the field), the protocol version agreed, the box
