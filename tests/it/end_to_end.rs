@@ -157,6 +157,36 @@ fn python_sdk_speaks_the_stateless_revision_on_every_backend() {
     }
 }
 
+/// Issue 26 for clients that can only call tools: the Python SDK pinned to
+/// MCP 2026-07-28 lists box's session tools, opens a session with
+/// `box_session_open`, writes and runs bash with its handle, and closes it
+/// with `box_session_close`, over stdio and HTTP, on every backend
+/// (`tests/e2e/stateless_tools_sdk.py`).
+#[test]
+fn python_sdk_opens_a_session_with_tools_on_every_backend() {
+    let Some(python) = crate::support::python_with_mcp() else {
+        return;
+    };
+    for backend in backends() {
+        for transport in ["stdio", "http"] {
+            let workspace = tempfile::tempdir().unwrap();
+            let workspace = workspace.path().to_str().unwrap();
+            run_script(
+                &python,
+                "stateless_tools_sdk.py",
+                &[
+                    "--backend",
+                    backend,
+                    "--workspace",
+                    workspace,
+                    "--transport",
+                    transport,
+                ],
+            );
+        }
+    }
+}
+
 /// The Python SDK, unmodified, asks for profile `ci` and a tightening without
 /// box's capability (headers, the path, `serve --profile --tighten`); the
 /// unit's environment shows the profile (`CI=true`), the envelopes the

@@ -3058,7 +3058,7 @@ async fn http_serves_the_stateless_revision_with_handles() {
 /// profile it selects. The host keeps the list a workspace unit read at
 /// start, so only the first listing of a plan starts a unit (a session
 /// opened for it and ended); a plan without a workspace unit lists no tools
-/// and starts none.
+/// but box's session tools and starts none.
 #[tokio::test]
 async fn http_stateless_tools_list_without_a_handle_starts_no_unit_once_listed() {
     let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
@@ -3085,10 +3085,17 @@ async fn http_stateless_tools_list_without_a_handle_starts_no_unit_once_listed()
     assert_eq!(again.json()["result"]["resultType"], json!("complete"));
     assert_eq!(server.fake.record(|record| record.starts.len()), 1);
 
+    // No executor's tools: only box's own, which open and close a session.
     let no_fs = post_stateless(&server, &list(3), &[("Box-Profile", "no-fs")]).await;
+    let names: Vec<Value> = no_fs.json()["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tool| tool["name"].clone())
+        .collect();
     assert_eq!(
-        no_fs.json()["result"]["tools"],
-        json!([]),
+        names,
+        [json!("box_session_open"), json!("box_session_close")],
         "{}",
         String::from_utf8_lossy(&no_fs.body)
     );
@@ -3290,4 +3297,97 @@ async fn http_a_stateless_call_whose_stream_closes_is_cancelled() {
         )
         .await;
     }
+}
+
+/// Issue 26 with an unmodified client: the Python SDK pinned to MCP
+/// 2026-07-28 opens a session with box's tool (`box_session_open`), calls a
+/// tool with its handle, answers the fake `ask` tool's elicitation through
+/// the revision's "input required" retries, and closes the session with
+/// `box_session_close`, over stdio and HTTP (`tests/e2e/stateless_tools_sdk.py`).
+#[test]
+fn python_sdk_opens_a_session_with_tools_and_answers_input_required() {
+    let Some(python) = crate::support::python_with_mcp() else {
+        return;
+    };
+    let e2e = crate::support::repo_root().join("tests/e2e");
+    for transport in ["stdio", "http"] {
+        let workspace = tempfile::tempdir().unwrap();
+        let output = Command::new(&python)
+            .current_dir(&e2e)
+            .arg(e2e.join("stateless_tools_sdk.py"))
+            .arg(crate::support::testhost_bin())
+            .args(["--backend", "fake", "--transport", transport, "--workspace"])
+            .arg(workspace.path())
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{transport}: stateless_tools_sdk.py failed\nstdout: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(stdout.contains("from the sdk"), "{transport}: {stdout}");
+    }
+}
+
+/// The tool form of the open and close over stdio: the handle's secret is
+/// in the tool's answer only, never in the log (at debug), the audit or the
+/// metrics.
+#[test]
+fn stdio_the_session_tools_never_log_the_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let open = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "box_session_open", "arguments": {}, "_meta": stateless_meta(json!({}))}});
+    let mut child = box_command()
+        .args(["serve", "--backend", "fake", "--audit"])
+        .arg(&audit)
+        .env("RUST_LOG", "debug")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut read = || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        serde_json::from_str::<Value>(&line).unwrap()
+    };
+    writeln!(stdin, "{open}").unwrap();
+    let opened = read();
+    let answer = &opened["result"]["structuredContent"];
+    let secret = answer["secret"].as_str().unwrap().to_owned();
+    assert!(
+        opened["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains(&secret),
+        "{opened}"
+    );
+    assert_eq!(opened["result"]["resultType"], json!("complete"));
+    let handle = json!({"box/session": {"id": answer["id"], "secret": secret}});
+    let echo = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "echo", "arguments": {"n": 2}, "_meta": stateless_meta(handle.clone())}});
+    writeln!(stdin, "{echo}").unwrap();
+    assert_eq!(read()["result"]["content"][0]["text"], json!("{\"n\":2}"));
+    let close = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "box_session_close", "arguments": {}, "_meta": stateless_meta(handle)}});
+    writeln!(stdin, "{close}").unwrap();
+    let closed = read();
+    assert_eq!(closed["result"]["isError"], json!(false), "{closed}");
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "the close ends box serve with 0");
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(log.contains("session started"), "a debug log: {log}");
+    assert!(!log.contains(&secret), "the secret is in the log: {log}");
+    let audited = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        audited.contains("\"echo\""),
+        "an audit line per call: {audited}"
+    );
+    assert!(!audited.contains(&secret), "the secret is in the audit log");
 }

@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod pool;
 mod redact;
 pub use redact::ScratchPool;
+pub mod request_state;
 pub mod router;
 mod services;
 pub use services::Services;

@@ -54,6 +54,9 @@ pub enum UnitMessage<T> {
         message: Value,
         /// What becomes of it when the stream cannot take it.
         when_full: WhenFull,
+        /// For a request of the client: the call it was made during (the
+        /// unit's id of it), which a stateless call may answer with it.
+        during: Option<UnitRequestId>,
     },
     /// Nothing more to do: the message was stale (an answer to a cancelled
     /// request, progress for a finished one) and was dropped.
@@ -209,6 +212,58 @@ impl<T> Router<T> {
         Some(&mut self.units.get_mut(unit)?.pending.get_mut(&unit_id)?.tag)
     }
 
+    /// Take a forwarded request's client away while it waits in its unit
+    /// (a stateless call answered "input required"): its client id and
+    /// reply, to answer now; the call stays in flight, with a reply that
+    /// reaches no one until [`Router::resume`] gives it the retry's.
+    pub fn park(&mut self, unit: usize, unit_id: UnitRequestId) -> Option<(Value, ReplyTo)> {
+        let forward = self.units.get_mut(unit)?.pending.get_mut(&unit_id)?;
+        let (nowhere, _) = box_jsonrpc::reply_channel();
+        let reply = std::mem::replace(&mut forward.reply, nowhere);
+        let client_id = std::mem::replace(&mut forward.client_id, Value::Null);
+        forward.progress_token = None;
+        self.by_client_id.remove(&id_key(&client_id));
+        Some((client_id, reply))
+    }
+
+    /// Give a parked request ([`Router::park`]) the client request that
+    /// continues it: its id, reply and progress token. The reply back when
+    /// the request is no longer in flight.
+    pub fn resume(
+        &mut self,
+        unit: usize,
+        unit_id: UnitRequestId,
+        client_id: Value,
+        reply: ReplyTo,
+        progress_token: Option<Value>,
+    ) -> Result<(), ReplyTo> {
+        let Some(forward) = self
+            .units
+            .get_mut(unit)
+            .and_then(|table| table.pending.get_mut(&unit_id))
+        else {
+            return Err(reply);
+        };
+        self.by_client_id
+            .insert(id_key(&client_id), (unit, unit_id));
+        forward.client_id = client_id;
+        forward.reply = reply;
+        forward.progress_token = progress_token;
+        Ok(())
+    }
+
+    /// Forget the unit's request the client would answer under `proxy_id`
+    /// (its call ended before the client answered it).
+    pub fn forget_server_request(&mut self, proxy_id: &Value) {
+        self.server_requests.remove(&id_key(proxy_id));
+    }
+
+    /// Whether the unit's request the client would answer under `proxy_id`
+    /// waits for that answer.
+    pub fn server_request_waits(&self, proxy_id: &Value) -> bool {
+        self.server_requests.contains_key(&id_key(proxy_id))
+    }
+
     /// Translate the client's `notifications/cancelled`: the unit to tell and
     /// the notification in its id space, and the request it cancels (taken:
     /// the client expects no answer). `None` for an unknown or finished id.
@@ -273,11 +328,12 @@ impl<T> Router<T> {
                 // It belongs to the unit's newest request in flight, if any (an
                 // elicitation during a call); over HTTP it then travels on that
                 // call's stream.
-                match self.units[unit].pending.values().next_back() {
-                    Some(forward) => UnitMessage::Related {
+                match self.units[unit].pending.iter().next_back() {
+                    Some((during, forward)) => UnitMessage::Related {
                         stream: forward.reply.events.clone(),
                         message,
                         when_full: WhenFull::General,
+                        during: Some(*during),
                     },
                     None => UnitMessage::General(message),
                 }
@@ -328,6 +384,7 @@ impl<T> Router<T> {
             stream: forward.reply.events.clone(),
             message,
             when_full: WhenFull::Drop,
+            during: None,
         }
     }
 }
@@ -394,6 +451,7 @@ mod tests {
             stream,
             message,
             when_full,
+            during: None,
         } = router.from_unit(0, progress)
         else {
             panic!("progress not related to its request");
@@ -472,6 +530,7 @@ mod tests {
             stream: related,
             message: sent,
             when_full,
+            during: Some(_),
         } = router.from_unit(1, ask)
         else {
             panic!("a request during a call not related to it");

@@ -2,7 +2,7 @@
 //! runs (the backend, the ledger of units, metrics, the audit log, the
 //! state store, the sessions waiting to be reattached and the dead hosts'
 //! instances held for them, the redaction scratch, the egress proxies'
-//! runtime, the tool lists units read at start, and the flags of how the host is ending). One value, owned by
+//! runtime, the tool lists units read at start, the key request states are sealed with, and the flags of how the host is ending). One value, owned by
 //! the host ([`crate::Host`], or `box run`'s own) and handed to every
 //! session beside its settings ([`crate::HostConfig`]); nothing of it is
 //! process-wide, so two hosts in one process (tests) share nothing.
@@ -15,7 +15,7 @@ use box_backend::Backend;
 use box_policy::plan::Plan;
 use serde_json::Value;
 
-use crate::{audit, egress, ledger, metrics, pool, redact, state};
+use crate::{audit, egress, ledger, metrics, pool, redact, request_state, state};
 
 /// What a host's sessions share and change.
 pub struct Services {
@@ -56,6 +56,9 @@ pub struct Services {
     /// started for: a stateless `tools/list` without a handle is answered
     /// from here, starting no unit.
     pub tool_lists: ToolLists,
+    /// The key the `requestState`s of "input required" answers are sealed
+    /// with (MCP 2026-07-28's MRTR, `session/input.rs`).
+    pub state_key: request_state::StateKey,
 }
 
 /// How many plans' tool lists a host keeps (the oldest goes first): a host
@@ -112,6 +115,7 @@ impl Services {
             end_at_once: AtomicBool::new(false),
             pools: pool::Pools::default(),
             tool_lists: ToolLists::default(),
+            state_key: request_state::StateKey::random(),
         }
     }
 

@@ -25,6 +25,7 @@
 mod answer;
 mod forks;
 mod handshake;
+mod input;
 mod limits;
 mod live;
 mod methods;

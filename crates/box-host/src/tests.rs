@@ -1808,3 +1808,380 @@ async fn units_stats_answers_per_unit_and_refuses_what_it_does_not_know() {
         "{bogus}"
     );
 }
+
+/// A stateless request's `_meta` (MCP 2026-07-28), with `extra` keys.
+fn stateless_meta(extra: Value) -> Value {
+    let mut meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+    });
+    if let (Some(meta), Some(extra)) = (meta.as_object_mut(), extra.as_object()) {
+        meta.extend(extra.clone());
+    }
+    meta
+}
+
+/// A session of id `id` on `host` (sessions of one host share its services).
+fn connect_as(host: &TestHost, id: &str) -> Client {
+    let shutdown = CancellationToken::new();
+    let (general_tx, general) = mpsc::channel(64);
+    let session = spawn_session(
+        host.config.clone(),
+        host.services.clone(),
+        id.to_owned(),
+        general_tx,
+        &shutdown,
+    );
+    Client {
+        session,
+        general,
+        _shutdown: shutdown,
+    }
+}
+
+/// Open a stateless session with `box/session.open`; its handle as `_meta`.
+async fn open_handle(client: &Client) -> Value {
+    let (_, opened) = client
+        .call(
+            json!("open"),
+            "box/session.open",
+            json!({"_meta": stateless_meta(json!({}))}),
+        )
+        .await;
+    let result = &opened["result"];
+    json!({"box/session": {"id": result["id"], "secret": result["secret"]}})
+}
+
+#[tokio::test]
+async fn a_tool_calling_client_opens_and_closes_a_session_with_tools() {
+    let fake = FakeBackend::default();
+    let host = config(&fake);
+    let client = connect_as(&host, "s-tools");
+    // Closing before anything is open says how to.
+    let (_, early) = client
+        .call(
+            json!(2),
+            "tools/call",
+            json!({"name": "box_session_close", "arguments": {}, "_meta": stateless_meta(json!({}))}),
+        )
+        .await;
+    assert_eq!(early["result"]["isError"], json!(true), "{early}");
+    assert_eq!(fake.record(|record| record.starts.len()), 0);
+    // An unknown argument is the tool's error, named as the tool.
+    let (_, wrong) = client
+        .call(
+            json!(3),
+            "tools/call",
+            json!({"name": "box_session_open", "arguments": {"bogus": 1}, "_meta": stateless_meta(json!({}))}),
+        )
+        .await;
+    let text = wrong["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        wrong["result"]["isError"] == json!(true)
+            && text.starts_with("box_session_open: unknown parameter `bogus`"),
+        "{wrong}"
+    );
+    let (_, opened) = client
+        .call(
+            json!(4),
+            "tools/call",
+            json!({"name": "box_session_open", "arguments": {"profile": "default", "maxReadBytes": 4096}, "_meta": stateless_meta(json!({}))}),
+        )
+        .await;
+    let result = &opened["result"];
+    assert_eq!(result["isError"], json!(false), "{opened}");
+    let answer = &result["structuredContent"];
+    assert_eq!(answer["id"], json!("s-tools"));
+    assert_eq!(answer["profile"], json!("default"));
+    assert_eq!(answer["units"][0]["role"], json!("workspace"));
+    assert_eq!(answer["executor"]["maxReadBytes"], json!(4096));
+    let secret = answer["secret"].as_str().unwrap();
+    let text: Value = serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(&text, answer, "the text is the structured content");
+    let handle = json!({"box/session": {"id": "s-tools", "secret": secret}});
+    let (_, echoed) = client
+        .call(
+            json!(5),
+            "tools/call",
+            json!({"name": "echo", "arguments": {"n": 5}, "_meta": stateless_meta(handle.clone())}),
+        )
+        .await;
+    assert_eq!(
+        echoed["result"]["content"][0]["text"],
+        json!("{\"n\":5}"),
+        "{echoed}"
+    );
+    let (_, listed) = client
+        .call(
+            json!(6),
+            "tools/list",
+            json!({"_meta": stateless_meta(handle.clone())}),
+        )
+        .await;
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|tool| tool["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"box_session_open") && names.contains(&"box_session_close"),
+        "{listed}"
+    );
+    // A second open is refused.
+    let (_, again) = client
+        .call(
+            json!(7),
+            "tools/call",
+            json!({"name": "box_session_open", "arguments": {}, "_meta": stateless_meta(handle.clone())}),
+        )
+        .await;
+    assert_eq!(again["result"]["isError"], json!(true), "{again}");
+    let (_, closed) = client
+        .call(
+            json!(8),
+            "tools/call",
+            json!({"name": "box_session_close", "arguments": {}, "_meta": stateless_meta(handle)}),
+        )
+        .await;
+    assert_eq!(
+        closed["result"]["structuredContent"],
+        json!({"closed": "s-tools"}),
+        "{closed}"
+    );
+    client.session.ended().await;
+    assert!(fake.live_units().is_empty(), "the close removed the units");
+}
+
+/// The `ask` tool's elicitation as MCP 2026-07-28's "input required": the
+/// call answered with the request and a sealed state, the retry under a new
+/// id answered with the call's result.
+#[tokio::test]
+async fn a_units_request_during_a_stateless_call_is_input_required_and_the_retry_gets_the_result() {
+    let fake = FakeBackend::default();
+    let host = config(&fake);
+    let client = connect_as(&host, "s-input");
+    let handle = open_handle(&client).await;
+    let ask = |id: i64, extra: Value| {
+        let mut params =
+            json!({"name": "ask", "arguments": {}, "_meta": stateless_meta(handle.clone())});
+        if let (Some(params), Some(extra)) = (params.as_object_mut(), extra.as_object()) {
+            params.extend(extra.clone());
+        }
+        (json!(id), params)
+    };
+    let (id, params) = ask(1, json!({}));
+    let (events, first) = client.call(id, "tools/call", params).await;
+    assert!(
+        events.is_empty(),
+        "nothing is sent to the client but the answer: {events:?}"
+    );
+    let result = &first["result"];
+    assert_eq!(result["resultType"], json!("input_required"), "{first}");
+    let requests = result["inputRequests"].as_object().unwrap();
+    assert_eq!(requests.len(), 1);
+    let (key, request) = requests.iter().next().unwrap();
+    assert_eq!(request["method"], json!("elicitation/create"));
+    assert_eq!(request["params"]["message"], json!("proceed?"));
+    let state = result["requestState"].as_str().unwrap().to_owned();
+    assert!(state.starts_with("box1.s-input."), "{state}");
+
+    // A changed state, one for another call, no answers: refused, nothing lost.
+    let mut forged = state.clone();
+    forged.pop();
+    forged.push(if state.ends_with('A') { 'B' } else { 'A' });
+    let accept = json!({key.clone(): {"action": "accept", "content": {"ok": true}}});
+    let (id, params) = ask(2, json!({"requestState": forged, "inputResponses": accept}));
+    let (_, refused) = client.call(id, "tools/call", params).await;
+    let why = refused["error"]["message"].as_str().unwrap();
+    assert!(why.contains("does not verify"), "{refused}");
+    let (id, mut params) = ask(3, json!({"requestState": state, "inputResponses": accept}));
+    params["name"] = json!("echo");
+    let (_, other) = client.call(id, "tools/call", params).await;
+    assert!(
+        other["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not tools/call `echo`"),
+        "{other}"
+    );
+    let (id, params) = ask(4, json!({"requestState": state, "inputResponses": {}}));
+    let (_, missing) = client.call(id, "tools/call", params).await;
+    assert!(
+        missing["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no answer to"),
+        "{missing}"
+    );
+    // Another session of the same host refuses it.
+    let elsewhere = connect_as(&host, "s-other");
+    let other_handle = open_handle(&elsewhere).await;
+    let (_, stolen) = elsewhere
+        .call(
+            json!(1),
+            "tools/call",
+            json!({"name": "ask", "arguments": {}, "requestState": state, "inputResponses": accept,
+                "_meta": stateless_meta(other_handle)}),
+        )
+        .await;
+    assert!(
+        stolen["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("another box session"),
+        "{stolen}"
+    );
+
+    let (id, params) = ask(5, json!({"requestState": state, "inputResponses": accept}));
+    let (_, answered) = client.call(id, "tools/call", params).await;
+    assert_eq!(answered["id"], json!(5));
+    let text = answered["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.contains("accept") && text.contains("\"ok\":true"),
+        "{answered}"
+    );
+    // A state serves once.
+    let (id, params) = ask(6, json!({"requestState": state, "inputResponses": accept}));
+    let (_, replayed) = client.call(id, "tools/call", params).await;
+    assert!(
+        replayed["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no longer waits"),
+        "{replayed}"
+    );
+    // A handshake-era session still gets the unit's request relayed
+    // (`a_units_request_reaches_the_client_and_its_answer_goes_back`).
+}
+
+/// A retry reaching a session not open yet is refused without starting one.
+#[tokio::test]
+async fn a_retry_without_a_session_is_refused_and_starts_nothing() {
+    let fake = FakeBackend::default();
+    let client = connect(config(&fake));
+    let (_, refused) = client
+        .call(
+            json!(1),
+            "tools/call",
+            json!({"name": "ask", "arguments": {}, "requestState": "box1.x.y.z",
+                "_meta": stateless_meta(json!({}))}),
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], json!(-32602), "{refused}");
+    assert_eq!(fake.record(|record| record.starts.len()), 0);
+}
+
+/// Over stdio a client's first request opens the process's one session
+/// (a tool-calling client lists the tools first): a later open, as the
+/// method or the tool, names that session's handle rather than failing,
+/// unless it asks for what the session was not opened with.
+#[tokio::test]
+async fn an_open_after_a_request_opened_the_session_names_its_handle() {
+    let fake = FakeBackend::default();
+    let client = connect_as(&config(&fake), "s-first");
+    let (_, listed) = client
+        .call(
+            json!(1),
+            "tools/list",
+            json!({"_meta": stateless_meta(json!({}))}),
+        )
+        .await;
+    assert!(listed.to_string().contains("box_session_open"), "{listed}");
+    let (_, other) = client
+        .call(
+            json!(2),
+            "tools/call",
+            json!({"name": "box_session_open", "arguments": {"profile": "ci"}, "_meta": stateless_meta(json!({}))}),
+        )
+        .await;
+    let why = other["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        other["result"]["isError"] == json!(true) && why.contains("profile `default`"),
+        "{other}"
+    );
+    let (_, opened) = client
+        .call(
+            json!(3),
+            "tools/call",
+            json!({"name": "box_session_open", "arguments": {"profile": "default"}, "_meta": stateless_meta(json!({}))}),
+        )
+        .await;
+    let answer = &opened["result"]["structuredContent"];
+    assert_eq!(answer["id"], json!("s-first"), "{opened}");
+    let handle = json!({"box/session": {"id": "s-first", "secret": answer["secret"]}});
+    let (_, echoed) = client
+        .call(
+            json!(4),
+            "tools/call",
+            json!({"name": "echo", "arguments": {"n": 4}, "_meta": stateless_meta(handle)}),
+        )
+        .await;
+    assert_eq!(echoed["result"]["content"][0]["text"], json!("{\"n\":4}"));
+    // Now it has a handle: another open is refused.
+    let (_, again) = client
+        .call(
+            json!(5),
+            "box/session.open",
+            json!({"_meta": stateless_meta(json!({}))}),
+        )
+        .await;
+    assert_eq!(again["error"]["code"], json!(-32600), "{again}");
+    assert_eq!(fake.record(|record| record.starts.len()), 1);
+}
+
+fn long_calls(profile: &Profile, tighten: &Value, host: &HostFacts) -> Result<Plan, PlanError> {
+    one_unit(profile, tighten, host, |unit| {
+        unit.limits.call_timeout = Duration::from_secs(3600);
+        unit.limits.idle = Duration::from_secs(7200);
+        unit.limits.lifetime = Duration::from_secs(7200);
+    })
+}
+
+/// A round of input its client never answers outlives its request state
+/// (`INPUT_TTL`): the call waiting for it is cancelled in its unit, and a
+/// retry that comes later is refused saying so.
+#[tokio::test(start_paused = true)]
+async fn a_round_of_input_left_unanswered_cancels_its_call() {
+    let fake = FakeBackend::default();
+    let client = connect_as(&config_with(&fake, long_calls), "s-ttl");
+    let handle = open_handle(&client).await;
+    let (_, first) = client
+        .call(
+            json!(1),
+            "tools/call",
+            json!({"name": "ask", "arguments": {}, "_meta": stateless_meta(handle.clone())}),
+        )
+        .await;
+    let result = &first["result"];
+    assert_eq!(result["resultType"], json!("input_required"), "{first}");
+    let key = result["inputRequests"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    let state = result["requestState"].clone();
+    tokio::time::sleep(crate::request_state::INPUT_TTL + Duration::from_secs(1)).await;
+    wait_until("the unit is told to cancel the call", || {
+        fake.record(|record| record.cancelled.len()) == 1
+    })
+    .await;
+    let (_, late) = client
+        .call(
+            json!(2),
+            "tools/call",
+            json!({"name": "ask", "arguments": {}, "requestState": state,
+                "inputResponses": {key: {"action": "decline"}}, "_meta": stateless_meta(handle)}),
+        )
+        .await;
+    assert_eq!(late["error"]["code"], json!(-32602), "{late}");
+    assert!(
+        late["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no longer waits"),
+        "{late}"
+    );
+}

@@ -38,10 +38,14 @@
 //! checked against its body (400, -32020), then goes to the box session its
 //! handle names (`Box-Session: ID:SECRET` or `_meta["box/session"]`; 404
 //! when none is live), or to a session opened for it: `box/session.open`
-//! keeps it (no `Mcp-Session-Id`: the answer is the handle), anything else
+//! and its tool form (`tools/call` of `box_session_open`) keep it (no
+//! `Mcp-Session-Id`: the answer is the handle), anything else
 //! (`server/discover`, which starts no unit; a tool call, whose unit is
-//! removed after it) is served by a session ended after its answer. Answers
-//! are completed in the revision's form (`resultType`, list caching hints).
+//! removed after it) is served by a session ended after its answer, unless
+//! that answer is "input required": the session is kept while its call
+//! waits, and the retry (no handle, its `requestState` naming the session)
+//! goes to it. Answers are completed in the revision's form (`resultType`,
+//! list caching hints).
 //!
 //! A POSTed request is answered `application/json` when nothing streams before
 //! its answer, else `text/event-stream`: the events (progress, a server→client
@@ -1069,6 +1073,24 @@ async fn stateless(
             Err(_) => session_gone(),
         };
     }
+    // The retry of a call without a handle that answered "input required":
+    // to the session kept for it, which its request state names (the
+    // session checks the state's seal).
+    if let Some(kept) = retried_session(&message)
+        && let Some((session, _, _)) = state.lookup_asked(&kept)
+    {
+        let Ok(stream) = session.request(message).await else {
+            return session_gone();
+        };
+        let one_shot = OneShot {
+            state: state.clone(),
+            session_id: kept,
+            handle: session,
+            ask,
+            permit: None,
+        };
+        return answer_stateless(stream, accepts, method, one_shot).await;
+    }
     // A discover starts no unit: it takes no place among the sessions.
     let permit = if method == "server/discover" {
         None
@@ -1088,6 +1110,13 @@ async fn stateless(
             }
         }
     };
+    // `box/session.open`, or its tool form: the session is kept.
+    let opens = method == "box/session.open"
+        || (method == "tools/call"
+            && box_jsonrpc::params(&message)
+                .and_then(|params| params.get("name"))
+                .and_then(Value::as_str)
+                == Some("box_session_open"));
     let session_id = mint_session_id();
     let (general_tx, _) = mpsc::channel(1);
     let handle =
@@ -1098,8 +1127,15 @@ async fn stateless(
         end_after(handle, permit);
         return session_gone();
     };
-    if method != "box/session.open" {
-        return answer_stateless(stream, accepts, method, Some((handle, permit))).await;
+    if !opens {
+        let one_shot = OneShot {
+            state: state.clone(),
+            session_id,
+            handle,
+            ask,
+            permit,
+        };
+        return answer_stateless(stream, accepts, method, one_shot).await;
     }
     let Ok(mut response) = stream.response.await else {
         end_after(handle, permit);
@@ -1114,7 +1150,9 @@ async fn stateless(
         handle.end();
         return json_response(StatusCode::OK, response);
     };
-    if response.get("result").is_none() {
+    let refused = response.get("result").is_none()
+        || response.pointer("/result/isError") == Some(&Value::Bool(true));
+    if refused {
         // Refused (a tightening, a profile) or failed (a unit that did not start).
         end_holding(handle, permit);
         return json_response(StatusCode::OK, response);
@@ -1200,27 +1238,59 @@ fn end_after(handle: SessionHandle, permit: Option<OwnedSemaphorePermit>) {
     }
 }
 
+/// The session served for one stateless request without a handle.
+struct OneShot {
+    state: Arc<AppState>,
+    session_id: String,
+    handle: SessionHandle,
+    ask: TransportAsk,
+    /// Its place under `--max-sessions`; `None` once the session is kept
+    /// (the kept entry holds it).
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+/// The session a request's `requestState` names (`box1.SESSION.…`, as the
+/// host seals it): the retry of a call answered "input required".
+fn retried_session(message: &Value) -> Option<String> {
+    let text = box_jsonrpc::params(message)?
+        .get("requestState")?
+        .as_str()?;
+    let mut parts = text.split('.');
+    let session = (parts.next() == Some("box1")).then(|| parts.next())??;
+    crate::plausible_session_id(session).then(|| session.to_owned())
+}
+
 /// Answer a stateless request ([`answer`]'s forms), its answer completed in
 /// the revision's form; `one_shot`: the session served for it alone, ended
-/// once the answer is out.
+/// once the answer is out, unless the answer is "input required": then the
+/// session is kept (its call waits in it) until a retry's answer is not.
 async fn answer_stateless(
     stream: ReplyStream,
     accepts: Accepts,
     method: String,
-    one_shot: Option<(SessionHandle, Option<OwnedSemaphorePermit>)>,
+    one_shot: OneShot,
 ) -> Response {
     let (out_tx, mut out_rx) = mpsc::channel(box_jsonrpc::REPLY_EVENTS);
     tokio::spawn(async move {
         let watch = out_tx.clone();
         // A client that closes the stream cancels the request (2026-07-28):
         // its session ends, and with it the call in its unit.
-        tokio::select! {
-            _ = crate::forward_reply_of(stream, out_tx, Some(&method)) => {}
-            () = watch.closed() => {}
-        }
+        let asks = tokio::select! {
+            (_, asks) = crate::forward_reply_seen(stream, out_tx, Some(&method)) => asks,
+            () = watch.closed() => false,
+        };
         drop(watch);
-        if let Some((handle, permit)) = one_shot {
-            end_after(handle, permit);
+        let OneShot {
+            state,
+            session_id,
+            handle,
+            ask,
+            permit,
+        } = one_shot;
+        match (asks, permit) {
+            (true, Some(permit)) => keep(&state, session_id, &handle, ask, permit),
+            (true, None) => {}
+            (false, permit) => end_after(handle, permit),
         }
     });
     let first = loop {

@@ -150,33 +150,46 @@ impl Drop for CancelOnClose {
 /// its method) in the revision's form
 /// ([`box_jsonrpc::era::complete_result`]).
 pub(crate) async fn forward_reply_of(
-    mut stream: ReplyStream,
+    stream: ReplyStream,
     out: mpsc::Sender<Value>,
     stateless: Option<&str>,
 ) -> bool {
+    forward_reply_seen(stream, out, stateless).await.0
+}
+
+/// [`forward_reply_of`], and whether the answer was a stateless "input
+/// required" (`resultType: "input_required"`): the call waits in its
+/// session for the client's retry.
+pub(crate) async fn forward_reply_seen(
+    mut stream: ReplyStream,
+    out: mpsc::Sender<Value>,
+    stateless: Option<&str>,
+) -> (bool, bool) {
     loop {
         tokio::select! {
             biased;
             Some(event) = stream.events.recv() => {
                 if out.send(event).await.is_err() {
-                    return false;
+                    return (false, false);
                 }
             }
             response = &mut stream.response => {
                 // Events queued before the answer go first; none may follow it.
                 while let Ok(event) = stream.events.try_recv() {
                     if out.send(event).await.is_err() {
-                        return false;
+                        return (false, false);
                     }
                 }
                 let Ok(mut response) = response else {
                     // Dropped by the session: no answer is due.
-                    return true;
+                    return (true, false);
                 };
                 if let Some(method) = stateless {
                     box_jsonrpc::era::complete_result(method, &mut response);
                 }
-                return out.send(response).await.is_ok();
+                let asks = response.pointer("/result/resultType")
+                    == Some(&Value::String("input_required".to_owned()));
+                return (out.send(response).await.is_ok(), asks);
             }
         }
     }

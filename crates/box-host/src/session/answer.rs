@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::Session;
 use super::live::{Live, Rewrite, Tag, UnitEvent, send_to_unit};
-use crate::router::{UnitMessage, WhenFull};
+use crate::router::{Forward, UnitMessage, WhenFull};
 use crate::units::describe_end;
 
 /// After a unit's output closes, how long to wait for the backend to say why
@@ -83,14 +83,22 @@ impl Session {
                         live.redactor.calls_done();
                     }
                     rewrite_answer(&forward.tag.rewrite, &mut response);
-                    forward.reply.answer(response);
+                    deliver(live, unit, forward, response);
                 }
                 UnitMessage::Related {
                     stream,
                     mut message,
                     when_full,
+                    during,
                 } => {
                     live.redactor.unit_message(unit, &mut message);
+                    // A stateless call answers with it as "input required".
+                    let Some(message) = (match during {
+                        Some(call) => self.ask_for_input(live, unit, call, message),
+                        None => Some(message),
+                    }) else {
+                        return;
+                    };
                     if let Err(
                         mpsc::error::TrySendError::Full(message)
                         | mpsc::error::TrySendError::Closed(message),
@@ -199,6 +207,9 @@ impl Session {
                 let _ = send_to_unit(&live.units[unit], cancel);
             }
             UnitEvent::Forked(started) => self.join_fork(live, *started),
+            UnitEvent::InputExpired(unit, call, round) => {
+                self.input_expired(live, unit, call, round)
+            }
             UnitEvent::Overdue(unit, unit_id) => {
                 let Some(forward) = live.router.take(unit, unit_id) else {
                     return;
@@ -210,8 +221,8 @@ impl Session {
                 // Nothing confirms a cancellation (an executor answers a
                 // cancelled request with nothing): the call may have run, in
                 // part or in full, so its outcome is said to be unknown.
-                forward.reply.answer(error_response_with_data(
-                    forward.client_id,
+                let response = error_response_with_data(
+                    forward.client_id.clone(),
                     code::REQUEST_TIMEOUT,
                     format!(
                         "unit {name}: {} did not answer within {} (the profile's call_timeout); box asked the unit to cancel it, but whether it ran, in part or in full, is unknown",
@@ -219,7 +230,8 @@ impl Session {
                         humantime::format_duration(timeout)
                     ),
                     json!({"unit": name, "timeoutMs": timeout.as_millis() as u64, "outcome": "unknown"}),
-                ));
+                );
+                deliver(live, unit, forward, response);
             }
         }
     }
@@ -252,15 +264,16 @@ impl Session {
         });
         for forward in live.router.take_all(unit) {
             self.record(live, unit, &forward.tag, "unit_ended");
-            forward.reply.answer(error_response_with_data(
-                forward.client_id,
+            let response = error_response_with_data(
+                forward.client_id.clone(),
                 code::INTERNAL_ERROR,
                 format!(
                     "unit {name} ended: {cause}; it had not answered this {}, which may have run, in part or in full: its outcome is unknown",
                     forward.tag.method
                 ),
                 data.clone(),
-            ));
+            );
+            deliver(live, unit, forward, response);
         }
     }
 
@@ -315,6 +328,23 @@ impl Session {
                 is_error: details.is_error,
             });
         }
+    }
+}
+
+/// Answer a forwarded call with `response`; a call whose client is away
+/// answering its input (`input.rs`) keeps it for the retry instead.
+fn deliver(live: &mut Live, unit: usize, forward: Forward<Tag>, response: Value) {
+    let waiting = forward
+        .tag
+        .input
+        .as_ref()
+        .and_then(|input| input.waiting.as_ref());
+    match (waiting, forward.tag.unit_id) {
+        (Some(waiting), Some(call)) => {
+            live.input_answers
+                .insert((unit, call), (waiting.round, response));
+        }
+        _ => forward.reply.answer(response),
     }
 }
 

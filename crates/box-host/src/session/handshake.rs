@@ -9,9 +9,12 @@
 //! - `initialize` with `box.reattach`: a session a dead host served, whose
 //!   units this host re-adopted ([`Session::reattach`], `reattach.rs`);
 //! - of the stateless revision (2026-07-28, `stateless.rs`):
-//!   `box/session.open`, a fresh session answered with its handle, and a
+//!   `box/session.open` (or a `tools/call` of its tool form,
+//!   `box_session_open`), a fresh session answered with its handle, and a
 //!   request without a handle, which opens the session as the `initialize`
-//!   its `_meta` stands for and is then routed.
+//!   its `_meta` stands for and is then routed (a retry of a call that
+//!   answered "input required" is refused instead: no call waits in a
+//!   session not open yet).
 //!
 //! What every way in shares is read once in [`Session::open`]: the request
 //! checked (-32602 naming the field), the protocol version agreed, the box
@@ -29,7 +32,7 @@ use tokio::sync::mpsc;
 
 use super::live::Live;
 use super::methods::{self, Opening};
-use super::{EXECUTOR_KEY, Session, drain, stateless};
+use super::{EXECUTOR_KEY, Session, drain, input, stateless};
 use crate::ask::{check_initialize, merge_ask, read_ask};
 use crate::audit::ClientInfo;
 
@@ -123,10 +126,38 @@ impl Session {
                         && !stateless::carries_handle(&message)
                         && let Some(listed) = self.listed_without_unit(&message)
                     {
-                        reply.answer(result_response(id, listed));
+                        reply.answer(result_response(id, stateless::with_session_tools(listed)));
                         continue;
                     }
-                    match methods::find(&method).opening {
+                    // No call waits in a session not open yet.
+                    if modern && input::is_retry(&method, &message) {
+                        reply.answer(input::no_call_waiting(&message));
+                        continue;
+                    }
+                    // The tool form of box/session.open and .close.
+                    let tool = if modern {
+                        stateless::session_tool(&method, &message)
+                    } else {
+                        None
+                    };
+                    if tool == Some(stateless::TOOL_CLOSE) {
+                        let why = format!(
+                            "{}: no box session is open here to close; send it with the handle {} answered (_meta[\"{}\"], or the Box-Session header)",
+                            stateless::TOOL_CLOSE,
+                            stateless::TOOL_OPEN,
+                            box_jsonrpc::era::SESSION_META
+                        );
+                        reply.answer(result_response(id, stateless::tool_error(&why)));
+                        continue;
+                    }
+                    let (message, opening) = match tool {
+                        Some(_) => (stateless::open_of_tool(&message), &Opening::WayIn),
+                        None => {
+                            let opening = &methods::find(&method).opening;
+                            (message, opening)
+                        }
+                    };
+                    match opening {
                         Opening::WayIn => match self.open(&message, &reply.events).await {
                             Ok((mut live, mut result)) => {
                                 live.client = if modern {
@@ -134,8 +165,11 @@ impl Session {
                                 } else {
                                     ClientInfo::of_initialize(&message)
                                 };
-                                if method == stateless::OPEN {
+                                if method == stateless::OPEN || tool.is_some() {
                                     result = self.handle_answer(&mut live, &result);
+                                }
+                                if tool.is_some() {
+                                    result = stateless::tool_result(result);
                                 }
                                 reply.answer(result_response(id, result));
                                 if self.cancel.is_cancelled() {
@@ -144,6 +178,15 @@ impl Session {
                                     return None;
                                 }
                                 return Some((live, None));
+                            }
+                            Err(error) if tool.is_some() => {
+                                self.report_start_failure(&message, &error);
+                                let why = error.message.replacen(
+                                    stateless::OPEN,
+                                    stateless::TOOL_OPEN,
+                                    1,
+                                );
+                                reply.answer(result_response(id, stateless::tool_error(&why)));
                             }
                             Err(error) => {
                                 self.report_start_failure(&message, &error);
@@ -162,6 +205,9 @@ impl Session {
                                     if stateless::carries_handle(&message) {
                                         // Reattached: the handle's secret is the session's.
                                         self.handle_answer(&mut live, &result);
+                                    } else {
+                                        // Kept for a later open to name its handle (stdio).
+                                        live.opened = Some(result);
                                     }
                                     if self.cancel.is_cancelled() {
                                         reply.answer(error_response(

@@ -92,6 +92,16 @@ pub(super) struct Live {
     /// After a reattach: the calls the dead host sent and never saw
     /// answered, by unit and id at the unit.
     pub(super) late: std::collections::HashMap<(usize, u64), Value>,
+    /// A session a stateless request without a handle opened (stdio's one
+    /// session): its initialize-form answer, from which a later
+    /// `box/session.open` (or its tool) names the session's handle.
+    pub(super) opened: Option<Value>,
+    /// The last round of input a call of this session was answered with.
+    pub(super) input_rounds: u64,
+    /// What answered a call while its client was away answering its input
+    /// (by unit and id at the unit): the round it waited in and the answer,
+    /// for its retry.
+    pub(super) input_answers: std::collections::HashMap<(usize, u64), (u64, Value)>,
 }
 
 pub(super) struct Unit {
@@ -138,6 +148,32 @@ pub(super) struct Tag {
     pub(super) process: Option<(String, u8)>,
     /// Its id at the unit, once forwarded (the call journal's key).
     pub(super) unit_id: Option<u64>,
+    /// A stateless call that may answer "input required" (`input.rs`).
+    pub(super) input: Option<Input>,
+}
+
+/// A stateless call's input rounds (MCP 2026-07-28's MRTR, `input.rs`).
+#[derive(Debug)]
+pub(super) struct Input {
+    /// Its name (a tool's, a prompt's) or URI (a resource's): a retry must
+    /// name the same.
+    pub(super) name: String,
+    /// Answered "input required": waiting for the client's retry.
+    pub(super) waiting: Option<Waiting>,
+}
+
+/// A call whose client was answered "input required", waiting for its retry.
+#[derive(Debug)]
+pub(super) struct Waiting {
+    /// The round its request state answers.
+    pub(super) round: u64,
+    /// The keys of the round's requests (the ids the client answers them
+    /// by), forgotten if the round is never answered.
+    pub(super) keys: Vec<String>,
+    /// What the unit asked of the client since: the next round's requests.
+    pub(super) queued: Vec<Value>,
+    /// The state's time to live.
+    pub(super) expiry: AbortHandle,
 }
 
 /// How an answer is changed on its way back.
@@ -167,6 +203,9 @@ pub(super) enum UnitEvent {
     Deadline(usize, u64),
     /// The settle after a deadline passed without the request's answer.
     Overdue(usize, u64),
+    /// A call's round of input (unit, id at the unit, round) outlived its
+    /// request state.
+    InputExpired(usize, u64, u64),
     /// A `box/fork` child started and initialized, to join the session.
     Forked(Box<ForkStarted>),
 }

@@ -76,6 +76,9 @@ pub(super) struct Request {
     pub(super) reply: ReplyTo,
     /// Its entry in the table ([`UNKNOWN`] when the table does not name it).
     pub(super) entry: &'static Method,
+    /// Of the stateless revision (2026-07-28): its `_meta` named it, before
+    /// the host took what it carried for the host alone.
+    pub(super) modern: bool,
 }
 
 impl Request {

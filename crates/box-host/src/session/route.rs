@@ -14,9 +14,9 @@ use box_policy::plan::Role;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::live::{Live, Rewrite, Tag, UnitEvent, send_to_unit};
+use super::live::{Input, Live, Rewrite, Tag, UnitEvent, send_to_unit};
 use super::methods::{self, Open, Request};
-use super::{Session, UNIT_META, named, sleep_until, stateless};
+use super::{Session, UNIT_META, input, named, sleep_until, stateless};
 use crate::units::describe_end;
 
 /// The most client requests one session may have in flight at once.
@@ -198,6 +198,7 @@ impl Session {
             reply.answer(self.discover(id));
             return;
         }
+        let modern = is_stateless(&message);
         // What a stateless request carries for the host alone goes no further.
         if let Err(why) = self.check_handle(live, &mut message) {
             reply.answer(stateless::refuse(&message, why));
@@ -232,7 +233,17 @@ impl Session {
             message,
             reply,
             entry,
+            modern,
         };
+        if modern {
+            if let Some(tool) = stateless::session_tool(&request.method, &request.message) {
+                return self.session_tool_call(live, request, tool);
+            }
+            // The retry of a call that answered "input required" (`input.rs`).
+            if input::is_retry(&request.method, &request.message) {
+                return self.retry(live, request);
+            }
+        }
         match entry.open {
             Open::Host(handler) => handler(self, live, request),
             Open::Unit { empty } => self.choose_unit(live, request, empty),
@@ -252,6 +263,7 @@ impl Session {
             message: upstream,
             reply,
             entry,
+            modern,
         } = request;
 
         let pending = live.units[unit]
@@ -304,6 +316,10 @@ impl Session {
             rewrite,
             process,
             unit_id: None,
+            input: (modern && input::may_ask(&method)).then(|| Input {
+                name: input::call_name(&upstream),
+                waiting: None,
+            }),
         };
         let client_id = upstream.get("id").cloned().unwrap_or(Value::Null);
         let (unit_id, upstream) = live.router.forward(unit, upstream, reply, tag);
@@ -344,6 +360,10 @@ impl Session {
             Ok(Route::Unit(unit, message)) => {
                 request.message = message;
                 self.forward(live, request, unit, Rewrite::None);
+            }
+            // A stateless client's list has the session's own tools too.
+            Ok(Route::Answer(result)) if request.modern && request.method == "tools/list" => {
+                request.answer(live, Ok(stateless::with_session_tools(result)))
             }
             Ok(Route::Answer(result)) => request.answer(live, Ok(result)),
             Err(error) => request.answer(live, Err(error)),

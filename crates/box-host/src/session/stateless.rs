@@ -29,6 +29,104 @@ use crate::state;
 
 pub(super) use super::methods::{SESSION_CLOSE as CLOSE, SESSION_OPEN as OPEN};
 
+/// The tool form of [`OPEN`], for clients that can only call tools.
+pub(super) const TOOL_OPEN: &str = "box_session_open";
+/// The tool form of [`CLOSE`].
+pub(super) const TOOL_CLOSE: &str = "box_session_close";
+
+/// The tools a stateless `tools/list` lists beside the executor's: the
+/// session's open and close, for clients that can only call tools.
+fn session_tools() -> [Value; 2] {
+    [
+        json!({
+            "name": TOOL_OPEN,
+            "title": "Open a box session",
+            "description": format!(
+                "Open a box session (its units stay up between calls) and get its handle {{id, secret}}, the profile, the units' envelopes and the executor's capability. Carry the handle on every later request as _meta[\"{SESSION_META}\"] (or, over HTTP, the header Box-Session: ID:SECRET), and end the session with {TOOL_CLOSE}. Same as the method {OPEN}."
+            ),
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "profile": {"type": "string", "description": "the profile to run under (server/discover lists them); the host's default when left out"},
+                    "tighten": {"type": "object", "description": "a narrowing of the profile, as box.tighten"},
+                    "maxReadBytes": {"type": "integer", "minimum": 1, "description": "the most bytes one read answers"},
+                },
+                "additionalProperties": false,
+            },
+        }),
+        json!({
+            "name": TOOL_CLOSE,
+            "title": "Close a box session",
+            "description": format!(
+                "End the box session whose handle this call carries (_meta[\"{SESSION_META}\"] or the Box-Session header): its units are removed. Same as the method {CLOSE}."
+            ),
+            "inputSchema": {"type": "object", "properties": {}, "additionalProperties": false},
+        }),
+    ]
+}
+
+/// Add the session's tools ([`session_tools`]) to a stateless `tools/list`
+/// answer.
+pub(super) fn with_session_tools(mut listed: Value) -> Value {
+    if let Some(tools) = listed.get_mut("tools").and_then(Value::as_array_mut) {
+        tools.extend(session_tools());
+    }
+    listed
+}
+
+/// The tool a stateless `tools/call` of the session's own tools names.
+pub(super) fn session_tool(method: &str, message: &Value) -> Option<&'static str> {
+    if method != "tools/call" {
+        return None;
+    }
+    let name = params(message)?.get("name")?.as_str()?;
+    [TOOL_OPEN, TOOL_CLOSE]
+        .into_iter()
+        .find(|tool| *tool == name)
+}
+
+/// The `box/session.open` a call of [`TOOL_OPEN`] stands for: its
+/// arguments as the method's params, with the call's `_meta`.
+pub(super) fn open_of_tool(message: &Value) -> Value {
+    let params = params(message);
+    let mut opened = params
+        .and_then(|params| params.get("arguments"))
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    // The handle, if any, is the method's own business: the tool opens afresh.
+    opened.remove("reattach");
+    if let Some(meta) = params.and_then(|params| params.get("_meta")) {
+        opened.insert("_meta".to_owned(), meta.clone());
+    }
+    json!({
+        "jsonrpc": "2.0",
+        "id": message.get("id").cloned().unwrap_or(Value::Null),
+        "method": OPEN,
+        "params": opened,
+    })
+}
+
+/// A tool's result: `answer` as structured content and as its JSON text
+/// (the text for clients that read only that).
+pub(super) fn tool_result(mut answer: Value) -> Value {
+    if let Some(answer) = answer.as_object_mut() {
+        answer.remove("resultType");
+        answer.remove("_meta");
+    }
+    json!({
+        "content": [{"type": "text", "text": answer.to_string()}],
+        "structuredContent": answer,
+        "isError": false,
+    })
+}
+
+/// A tool's error result, saying why (a tool-calling client reads it as the
+/// tool's answer).
+pub(super) fn tool_error(why: &str) -> Value {
+    json!({"content": [{"type": "text", "text": why}], "isError": true})
+}
+
 impl Session {
     /// `server/discover` of the stateless revision: what this host serves,
     /// the profiles it offers and how to open a session. No unit starts.
@@ -298,17 +396,83 @@ impl Session {
         self.cancel.cancel();
     }
 
-    /// `box/session.open` once the session is open: refused.
+    /// A call of the session's own tools once the session is open:
+    /// [`TOOL_CLOSE`] ends it as [`CLOSE`] does, [`TOOL_OPEN`] answers as
+    /// [`OPEN`] does then ([`Self::session_open_again`]).
+    pub(super) fn session_tool_call(&self, live: &mut Live, request: Request, tool: &str) {
+        if tool == TOOL_CLOSE {
+            let closed = json!({"closed": self.id});
+            request.answer(live, Ok(tool_result(closed)));
+            self.cancel.cancel();
+            return;
+        }
+        let asked = params(&request.message)
+            .and_then(|params| params.get("arguments"))
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        let answer = match self.open_again(live, &asked) {
+            Ok(answer) => tool_result(answer),
+            Err(why) => tool_error(&why.replacen(OPEN, TOOL_OPEN, 1)),
+        };
+        request.answer(live, Ok(answer))
+    }
+
+    /// `box/session.open` once the session is open: the handle of a session
+    /// a request without one opened (stdio's one session, opened by the
+    /// client's first request), else refused.
     pub(super) fn session_open_again(&self, live: &mut Live, request: Request) {
-        request.answer(
-            live,
-            Err((
-                code::INVALID_REQUEST,
-                format!(
-                    "{OPEN}: this session is already open; open another without a handle (HTTP), or start another box serve (stdio)"
-                ),
-            )),
-        )
+        let asked = params(&request.message)
+            .map(|params| Value::Object(params.clone()))
+            .unwrap_or_else(|| json!({}));
+        let answer = self
+            .open_again(live, &asked)
+            .map_err(|why| (code::INVALID_REQUEST, why));
+        request.answer(live, answer)
+    }
+
+    /// [`Self::session_open_again`]'s answer: the open session's handle
+    /// when it has none yet and `asked` (the open's params) asks for
+    /// nothing it was not opened with.
+    fn open_again(&self, live: &mut Live, asked: &Value) -> Result<Value, String> {
+        let refused = || {
+            format!(
+                "{OPEN}: session `{}` is already open (this request carried its handle, or came over stdio, whose one session it is); open another without a handle over HTTP, or start another box serve",
+                self.id
+            )
+        };
+        if live.handle.is_some() {
+            return Err(refused());
+        }
+        if let Some(unknown) = asked.as_object().and_then(|asked| {
+            asked.keys().find(|key| {
+                !["profile", "tighten", "maxReadBytes", "reattach", "_meta"].contains(&key.as_str())
+            })
+        }) {
+            return Err(format!(
+                "{OPEN}: unknown parameter `{unknown}`; it takes profile, tighten, maxReadBytes and reattach"
+            ));
+        }
+        let Some(opened) = live.opened.clone() else {
+            return Err(refused());
+        };
+        if let Some(profile) = asked.get("profile")
+            && profile.as_str() != Some(live.plan.profile.as_str())
+        {
+            return Err(format!(
+                "{OPEN}: session `{}` is already open with profile `{}` (this process's one session, opened by its first request), not {profile}",
+                self.id, live.plan.profile
+            ));
+        }
+        if let Some(other) = ["tighten", "maxReadBytes", "reattach"]
+            .into_iter()
+            .find(|key| asked.get(key).is_some())
+        {
+            return Err(format!(
+                "{OPEN}: session `{}` is already open (this process's one session, opened by its first request), so `{other}` cannot change it; ask for it with the first request, or start another box serve",
+                self.id
+            ));
+        }
+        Ok(self.handle_answer(live, &opened))
     }
 }
 
