@@ -122,6 +122,8 @@ impl DockerBackend {
             ),
             env,
             secrets: environment.secrets.into_iter().collect(),
+            // The engine sets a docker unit's limits (its cgroup).
+            rlimits: None,
         };
         let mut line = serde_json::to_vec(&bind)
             .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
