@@ -174,12 +174,18 @@ async fn bind_unit(unit: PooledUnit, spec: &UnitSpec) -> Result<StartedUnit, Bac
         warm_why: None,
         pool_session: Some(record.session.clone()),
     });
-    // Recorded so (`box units inspect`): the unit came from a pool.
+    // Recorded so (`box units inspect`, a later host's adopt): the unit came
+    // from a pool. Off the claim's path: replacing a file by a rename makes
+    // ext4 flush it first (auto_da_alloc), which took 100 ms and more on a
+    // busy disk; a reader meanwhile sees the record the start wrote.
     record.envelope = serde_json::to_value(&made).ok();
     record.applied = applied;
-    if let Err(message) = record.write(&run_dir) {
-        tracing::warn!(unit = name, %message, "recording the claimed unit");
-    }
+    let unit = name.to_owned();
+    tokio::task::spawn_blocking(move || {
+        if let Err(message) = record.write(&run_dir) {
+            tracing::debug!(unit, %message, "recording the claimed unit");
+        }
+    });
     started.envelope = made;
     Ok(started)
 }
