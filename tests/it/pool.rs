@@ -878,3 +878,44 @@ async fn a_pool_refills_after_its_ready_container_is_killed() {
     }
     a_pool_refills_after_its_ready_unit_is_killed("docker").await;
 }
+
+/// A profile's `[pool] size` keeps warm units on a listening host without
+/// `--pool`; `--pool PROFILE=0` keeps none for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_profiles_pool_table_keeps_warm_units_and_pool_0_overrides_it() {
+    let (profiles, workspace) = setup();
+    std::fs::write(
+        profiles.path().join("pooled.toml"),
+        format!("{PROFILE}\n[pool]\nsize = 1\n"),
+    )
+    .unwrap();
+    let host = Host::start_on(
+        "local",
+        "ltable",
+        profiles.path(),
+        workspace.path(),
+        None,
+        &[],
+        &[],
+    )
+    .await;
+    host.ready("pooled", 1).await;
+    let (_, envelope) = host.session(json!({})).await;
+    assert_eq!(envelope["warm"], json!(true), "{envelope}");
+    assert!(host.stop().success());
+    let host = Host::start_on(
+        "local",
+        "ltable0",
+        profiles.path(),
+        workspace.path(),
+        Some("pooled=0"),
+        &[],
+        &[],
+    )
+    .await;
+    let metrics = host.metrics().await;
+    assert!(!metrics.contains("box_pool_ready{"), "{metrics}");
+    let (_, envelope) = host.session(json!({})).await;
+    assert!(envelope.get("warm").is_none(), "{envelope}");
+    assert!(host.stop().success());
+}

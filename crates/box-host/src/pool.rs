@@ -151,6 +151,35 @@ impl Pool {
     }
 }
 
+/// The pools a host keeps: on a host that listens, each profile's `[pool]`
+/// (every profile its catalog finds), then `flags` (`--pool`), which
+/// override a profile's (`PROFILE=0`: none). A stdio host serves one
+/// session, so it keeps only what `flags` ask.
+pub fn asked(config: &HostConfig, flags: &[PoolAsk], listening: bool) -> Vec<PoolAsk> {
+    let mut asked = Vec::new();
+    if listening {
+        for listed in config.catalog.list() {
+            if listed.hidden || flags.iter().any(|flag| flag.profile == listed.name) {
+                continue;
+            }
+            // A profile that does not load keeps no pool; its sessions are
+            // refused with the same error.
+            match config.catalog.load(&listed.name) {
+                Ok(profile) if profile.pool.size > 0 => asked.push(PoolAsk {
+                    profile: listed.name,
+                    size: profile.pool.size,
+                }),
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(profile = listed.name, %error, "not pooled: the profile does not load");
+                }
+            }
+        }
+    }
+    asked.extend(flags.iter().filter(|flag| flag.size > 0).cloned());
+    asked
+}
+
 /// The pools `asked` on `backend`: each profile resolved with no
 /// tightening; kept in `pools`, whose refills the caller spawns (each of
 /// [`Pools::each`] through [`refill`]).
@@ -165,7 +194,7 @@ pub fn start(
     }
     if backend.pooling().is_none() {
         anyhow::bail!(
-            "--pool: the {} backend keeps no pooled units; pools need one that does (docker, local)",
+            "--pool (or a profile's [pool]): the {} backend keeps no pooled units; pools need one that does (docker, local)",
             backend.kind().as_str()
         );
     }
