@@ -698,6 +698,13 @@ async fn local_a_pools_sessions_share_nothing_and_a_plan_it_cannot_serve_starts_
         .unwrap();
     let table = String::from_utf8_lossy(&listed.stdout);
     assert_eq!(table.matches("workspace (pooled)").count(), 3, "{table}");
+    let claimed = second_envelope["id"].as_str().unwrap();
+    let inspected = Command::new(box_bin())
+        .args(["units", "inspect", "--backend", "local", &claimed[..12]])
+        .output()
+        .unwrap();
+    let inspected = String::from_utf8_lossy(&inspected.stdout);
+    assert!(inspected.contains("claimed by a session"), "{inspected}");
     // A claimed unit serves one session, and goes with it (its processes too).
     host.end_session(&first).await;
     let first_id = first_envelope["id"].as_str().unwrap().to_owned();
