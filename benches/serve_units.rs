@@ -41,7 +41,9 @@
 //!   BOX_BENCH_WARM_CONCURRENT (default 20) sessions at once on a pool of that
 //!   many, against as many cold starts at once; the pool's refill rate (units
 //!   a second, from empty) and what an idle pooled unit costs the engine
-//!   (its cgroup's memory) and the host (box serve's VmRSS per unit).
+//!   (its cgroup's memory; local: its processes' VmRSS) and the host (box
+//!   serve's VmRSS per unit). Docker, then local (`BOX_BENCH_WARM_BACKENDS`,
+//!   default `docker,local`).
 //!
 //! - `before-call`: with `BOX_BENCH_BEFORE=PATH`, per-call round trips
 //!   through this build's `box serve` and the other binary's, local and
@@ -1622,8 +1624,15 @@ fn main() {
             runtime.block_on(lease_figures(backend, workspace.path()));
         }
     }
-    if docker.is_some() && wants("warm") {
-        runtime.block_on(warm_figures(workspace.path()));
+    if wants("warm") {
+        let backends =
+            std::env::var("BOX_BENCH_WARM_BACKENDS").unwrap_or_else(|_| "docker,local".to_owned());
+        for backend in backends.split(',') {
+            if backend == "docker" && docker.is_none() {
+                continue;
+            }
+            runtime.block_on(warm_figures(backend, workspace.path()));
+        }
     }
     if docker.is_some() && wants("runtime") {
         runtime_figures(workspace.path());
@@ -1644,11 +1653,16 @@ fn main() {
     }
 }
 
-/// `box serve --listen` on docker, with `--pool default=N` when `pool` is given.
-async fn warm_host(workspace: &Path, name: &str, pool: Option<usize>) -> (Server, SocketAddr) {
+/// `box serve --listen` on `backend`, with `--pool default=N` when `pool` is given.
+async fn warm_host(
+    backend: &str,
+    workspace: &Path,
+    name: &str,
+    pool: Option<usize>,
+) -> (Server, SocketAddr) {
     let address = free_address();
-    let instance = format!("{}-warm-{name}", label());
-    let mut command = box_serve("docker", workspace, &instance);
+    let instance = format!("{}-warm-{backend}-{name}", label());
+    let mut command = box_serve(backend, workspace, &instance);
     command.args(["--state", "none", "--listen", &address.to_string()]);
     if let Some(size) = pool {
         command.args(["--pool", &format!("default={size}")]);
@@ -1700,11 +1714,17 @@ async fn concurrent_starts(address: SocketAddr, sessions: usize) -> Vec<Duration
         .collect()
 }
 
-async fn warm_figures(workspace: &Path) {
+/// VmRSS in KiB of `pid` and every process below it (a local unit: its
+/// helper, init and executor).
+fn tree_rss(pid: u32) -> u64 {
+    memory_of(pid).0 + child_pids(pid).into_iter().map(tree_rss).sum::<u64>()
+}
+
+async fn warm_figures(backend: &str, workspace: &Path) {
     let rounds = env_number("BOX_BENCH_ROUNDS", 21);
     let concurrent = env_number("BOX_BENCH_WARM_CONCURRENT", 20);
-    let (warm_server, warm) = warm_host(workspace, "pooled", Some(2)).await;
-    let (_cold_server, cold) = warm_host(workspace, "cold", None).await;
+    let (warm_server, warm) = warm_host(backend, workspace, "pooled", Some(2)).await;
+    let (_cold_server, cold) = warm_host(backend, workspace, "cold", None).await;
     let (mut warm_starts, mut cold_starts) = (Vec::new(), Vec::new());
     for round in 0..=rounds {
         // A claim's refill must not run during the next cold figure, nor
@@ -1721,7 +1741,7 @@ async fn warm_figures(workspace: &Path) {
     }
     let ratio = |p: f64| ms(percentile(&warm_starts, p)) / ms(percentile(&cold_starts, p));
     println!(
-        "warm, docker: session start (initialize → first read result, HTTP) claiming a pooled unit median {:.1} ms, p99 {:.1} ms | a cold start of the same plan median {:.1} ms, p99 {:.1} ms | ratio median {:.2} (goal ≤ 0.10), p99 {:.2} (goal ≤ 0.20), {rounds} rounds",
+        "warm, {backend}: session start (initialize → first read result, HTTP) claiming a pooled unit median {:.1} ms, p99 {:.1} ms | a cold start of the same plan median {:.1} ms, p99 {:.1} ms | ratio median {:.2} (goal ≤ 0.10), p99 {:.2} (goal ≤ 0.20), {rounds} rounds",
         ms(median(&warm_starts)),
         ms(percentile(&warm_starts, 0.99)),
         ms(median(&cold_starts)),
@@ -1730,9 +1750,15 @@ async fn warm_figures(workspace: &Path) {
         ratio(0.99),
     );
     // What an idle pooled unit costs: the engine's (the unit's cgroup
-    // memory) and the host's (box serve's memory per pooled unit).
-    let pooled = containers("label=box.pool=default");
-    let usage: Vec<u64> = pooled
+    // memory; local: the VmRSS of its helper, init and executor, shared
+    // pages of the binary counted in each) and the host's (box serve's
+    // memory per pooled unit).
+    let pooled = if backend == "docker" {
+        containers("label=box.pool=default")
+    } else {
+        Vec::new()
+    };
+    let mut usage: Vec<u64> = pooled
         .iter()
         .filter_map(|id| {
             let out = Command::new("docker")
@@ -1744,10 +1770,16 @@ async fn warm_figures(workspace: &Path) {
             parse_docker_size(&used)
         })
         .collect();
+    if backend != "docker" {
+        usage = child_pids(warm_server.pid())
+            .into_iter()
+            .map(|helper| tree_rss(helper) * 1024)
+            .collect();
+    }
     let (rss_with, _) = memory_of(warm_server.pid());
     drop(warm_server);
     // Refill from empty, and `concurrent` claims at once on a pool that size.
-    let (pool_server, pool) = warm_host(workspace, "concurrent", Some(concurrent)).await;
+    let (pool_server, pool) = warm_host(backend, workspace, "concurrent", Some(concurrent)).await;
     let (rss_empty, _) = memory_of(pool_server.pid());
     let filled = pool_filled(pool, concurrent).await;
     let (rss_full, _) = memory_of(pool_server.pid());
@@ -1755,7 +1787,7 @@ async fn warm_figures(workspace: &Path) {
     drop(pool_server);
     let cold_together = concurrent_starts(cold, concurrent).await;
     println!(
-        "warm, docker: {concurrent} sessions at once, each claiming a pooled unit: median {:.1} ms, p99 {:.1} ms | {concurrent} cold starts at once median {:.1} ms, p99 {:.1} ms | ratio median {:.2} (goal ≤ 0.15)",
+        "warm, {backend}: {concurrent} sessions at once, each claiming a pooled unit: median {:.1} ms, p99 {:.1} ms | {concurrent} cold starts at once median {:.1} ms, p99 {:.1} ms | ratio median {:.2} (goal ≤ 0.15)",
         ms(median(&together)),
         ms(percentile(&together, 0.99)),
         ms(median(&cold_together)),
@@ -1763,7 +1795,7 @@ async fn warm_figures(workspace: &Path) {
         ms(median(&together)) / ms(median(&cold_together)),
     );
     println!(
-        "warm, docker: refill from empty {concurrent} units in {:.2} s ({:.1} units/s, one start at a time) | an idle pooled unit: engine memory median {:.1} MiB (docker stats, {} units) | box serve VmRSS {} KiB with a pool of {concurrent} ready vs {} KiB empty ({:.0} KiB a unit; {} KiB with a pool of 2)",
+        "warm, {backend}: refill from empty {concurrent} units in {:.2} s ({:.1} units/s, one start at a time) | an idle pooled unit: unit memory median {:.1} MiB (docker stats, or local VmRSS of its processes; {} units) | box serve VmRSS {} KiB with a pool of {concurrent} ready vs {} KiB empty ({:.0} KiB a unit; {} KiB with a pool of 2)",
         filled.as_secs_f64(),
         concurrent as f64 / filled.as_secs_f64(),
         median_u64(&usage) as f64 / (1024.0 * 1024.0),

@@ -434,6 +434,7 @@ fn profile_json(profile: &Profile) -> Value {
             "devices": security.devices.iter().map(|path| path.display().to_string()).collect::<Vec<_>>(),
         },
         "lifecycle": {"lease": show_duration(profile.lifecycle.lease)},
+        "pool": {"size": profile.pool.size},
         "servers": profile.servers.iter().map(|server| json!({
             "name": server.name,
             "image": server.image,
@@ -580,6 +581,12 @@ fn show(profile: &Profile) -> String {
         "lifecycle    lease {}",
         show_duration(profile.lifecycle.lease)
     ));
+    if profile.pool.size > 0 {
+        line(format!(
+            "pool         size {} (a listening box serve keeps this many units ready)",
+            profile.pool.size
+        ));
+    }
     for volume in &profile.volumes {
         line(format!("volume       {}", volume_text(volume)));
     }

@@ -89,9 +89,10 @@ pub struct ServeArgs {
     #[arg(long, requires = "listen")]
     pub takeover: bool,
     /// Keep N units of PROFILE's workspace started with no session (repeatable;
-    /// docker): a session whose plan fits claims one, its plan bound before the
-    /// unit serves anything, and its envelope says `warm: true`; a plan that does
-    /// not fit starts cold and says why. A claimed unit is removed after its session.
+    /// docker and local): a session whose plan fits claims one, its plan bound
+    /// before the unit serves anything, and its envelope says `warm: true`; a
+    /// plan that does not fit starts cold and says why. A claimed unit is removed
+    /// after its session. Overrides the profile's `[pool] size` (N = 0: no pool).
     #[arg(long = "pool", value_name = "PROFILE=N", value_parser = parse_pool)]
     pub pools: Vec<host::PoolAsk>,
 }

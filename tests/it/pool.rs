@@ -1,7 +1,8 @@
-//! Warm units (`box serve --pool PROFILE=N`) on Docker: a claimed unit is
-//! confined exactly as a cold one of the same plan, no state crosses the
-//! sessions of one pool, a plan the pool cannot serve starts cold and says
-//! why, the pool refills after a claim and leaves nothing when its host ends.
+//! Warm units (`box serve --pool PROFILE=N`) on Docker and on the local
+//! backend: a claimed unit is confined exactly as a cold one of the same
+//! plan, no state crosses the sessions of one pool, a plan the pool cannot
+//! serve starts cold and says why, the pool refills after a claim and after
+//! a ready unit is killed, and leaves nothing when its host ends.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -54,11 +55,24 @@ impl Host {
         env: &[(&str, &str)],
         args: &[&str],
     ) -> Self {
+        Self::start_on("docker", name, profiles, workspace, pool, env, args).await
+    }
+
+    /// [`Self::start_with`] on `backend`.
+    async fn start_on(
+        backend: &str,
+        name: &str,
+        profiles: &Path,
+        workspace: &Path,
+        pool: Option<&str>,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Self {
         let instance = format!("e2e-pool-{name}-{}", std::process::id());
         let host = HttpHost::on_a_free_port();
         let mut command = Command::new(box_bin());
         command
-            .args(["serve", "--backend", "docker", "--state", "none"])
+            .args(["serve", "--backend", backend, "--state", "none"])
             .args(["--instance", &instance, "--profile", "pooled"])
             .arg("--profiles")
             .arg(profiles)
@@ -429,13 +443,22 @@ async fn a_session_on_a_warm_unit_survives_kill_9_of_its_host_and_reattaches() {
     if !docker_answers().await {
         return;
     }
+    survives_kill_9_and_reattaches("docker").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_session_on_a_warm_unit_survives_kill_9_of_its_host_and_reattaches() {
+    survives_kill_9_and_reattaches("local").await;
+}
+
+async fn survives_kill_9_and_reattaches(backend: &str) {
     let (profiles, workspace) = setup();
     let (state, instances) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let instance = format!("e2e-pool-reattach-{}", std::process::id());
+    let instance = format!("e2e-pool-reattach-{backend}-{}", std::process::id());
     let command = || {
         let mut command = Command::new(box_bin());
         command
-            .args(["serve", "--backend", "docker", "--instance", &instance])
+            .args(["serve", "--backend", backend, "--instance", &instance])
             .args(["--profile", "pooled", "--pool", "pooled=1"])
             .arg("--state")
             .arg(state.path().join("sessions"))
@@ -472,5 +495,434 @@ async fn a_session_on_a_warm_unit_survives_kill_9_of_its_host_and_reattaches() {
     let seen = host.bash(&session, "cat /tmp/survivor").await;
     assert!(seen.contains("kept"), "{seen}");
     assert!(host.stop().success());
-    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+    if backend == "docker" {
+        assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+    } else {
+        // The killed host's ready unit ends with its lease; the session's
+        // was re-adopted and removed by the host's stop.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(45);
+        while !running_local_units(&instance).is_empty() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{:?}",
+                running_local_units(&instance)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// What a local unit's confinement looks like from inside: the process's
+/// own status, landlock refusing a write the unit's mounts would allow, the
+/// rlimits the session's limits became, its user, its variables (the unit's
+/// private directories' names, which differ per unit, blanked).
+const LOCAL_PROBE: &str = "grep -E '^(Seccomp|Seccomp_filters|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status; \
+echo landlock:; (echo x > /dev/shm/probe) 2>&1; (echo x > .probe && rm .probe && echo workspace-writable) 2>&1; \
+echo ulimit: data $(ulimit -d) as $(ulimit -v) nproc $(ulimit -u) nofile $(ulimit -n) fsize $(ulimit -f); id; \
+echo namespaces:; ls -l /proc/self/ns | sed 's/.*-> //; s/\\[.*//' | sort; ip -o link 2>/dev/null | cut -d: -f2; \
+echo env:; env | sed 's/box-local-[^/]*/UNIT/g' | sort";
+
+/// Every process of the local unit `id` (its helper and what it started).
+fn local_unit_processes(id: &str) -> Vec<u32> {
+    let shown = Command::new(box_bin())
+        .args(["units", "inspect", "--json", "--backend", "local", id])
+        .output()
+        .unwrap();
+    assert!(shown.status.success(), "{shown:?}");
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let helper = shown["pid"].as_u64().unwrap_or_else(|| panic!("{shown}")) as u32;
+    let mut tree = vec![helper];
+    let mut at = 0;
+    while at < tree.len() {
+        let parent = tree[at];
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|ppid| ppid.parse::<u32>().ok());
+            if ppid == Some(parent) && !tree.contains(&pid) {
+                tree.push(pid);
+            }
+        }
+        at += 1;
+    }
+    tree
+}
+
+/// The local units of `instance` whose helper still runs: (id, session).
+fn running_local_units(instance: &str) -> Vec<(String, String)> {
+    let listed = Command::new(box_bin())
+        .args(["units", "ls", "--json", "--backend", "local", "--filter"])
+        .arg(format!("instance={instance}"))
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "{listed:?}");
+    let listed: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
+    listed
+        .iter()
+        .filter(|unit| unit["state"] == "running")
+        .map(|unit| {
+            (
+                unit["id"].as_str().unwrap().to_owned(),
+                unit["session"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The ready (unclaimed) pooled units of `instance`, by their session.
+fn ready_local_units(instance: &str, claimed: &[&Value]) -> Vec<String> {
+    running_local_units(instance)
+        .into_iter()
+        .filter(|(id, _)| !claimed.iter().any(|envelope| envelope["id"] == *id))
+        .map(|(id, _)| id)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_warm_units_confinement_equals_a_cold_ones_for_the_same_plan() {
+    let (profiles, workspace) = setup();
+    let start = |name, pool| {
+        Host::start_on(
+            "local",
+            name,
+            profiles.path(),
+            workspace.path(),
+            pool,
+            &[],
+            &[],
+        )
+    };
+    let warm = start("lwarm", Some("pooled=1")).await;
+    let cold = start("lcold", None).await;
+    warm.ready("pooled", 1).await;
+    let (warm_session, warm_envelope) = warm.session(json!({"tighten": tightening()})).await;
+    let (cold_session, cold_envelope) = cold.session(json!({"tighten": tightening()})).await;
+    assert_eq!(warm_envelope["warm"], json!(true), "{warm_envelope}");
+    assert!(cold_envelope.get("warm").is_none(), "{cold_envelope}");
+    assert_eq!(applied(&warm_envelope), applied(&cold_envelope));
+    assert_eq!(warm_envelope["limits"]["memoryBytes"], json!(512u64 << 20));
+    assert_eq!(warm_envelope["limits"]["pids"], json!(300));
+    let warm_probe = warm.bash(&warm_session, LOCAL_PROBE).await;
+    let cold_probe = cold.bash(&cold_session, LOCAL_PROBE).await;
+    assert_eq!(warm_probe, cold_probe);
+    // The probe saw what it was meant to: box's seccomp layers, landlock
+    // refusing a write, the session's narrower rlimits, its variables.
+    for seen in [
+        "Seccomp:\t2",
+        "NoNewPrivs:\t1",
+        "CapEff:\t0000000000000000",
+        "Permission denied",
+        "workspace-writable",
+        &format!("data {}", 512 << 10),
+        "nproc 300",
+        "POOL_A=a",
+    ] {
+        assert!(warm_probe.contains(seen), "{seen} not in {warm_probe}");
+    }
+    assert!(!warm_probe.contains("POOL_B"), "{warm_probe}");
+    for host in [warm, cold] {
+        let instance = host.instance.clone();
+        assert!(host.stop().success());
+        assert_eq!(running_local_units(&instance), Vec::new());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_pools_sessions_share_nothing_and_a_plan_it_cannot_serve_starts_cold() {
+    let (profiles, workspace) = setup();
+    let host = Host::start_on(
+        "local",
+        "lshare",
+        profiles.path(),
+        workspace.path(),
+        Some("pooled=1"),
+        &[],
+        &[],
+    )
+    .await;
+    host.ready("pooled", 1).await;
+    let (first, first_envelope) = host
+        .session(json!({"tighten": {"env": {"drop": ["POOL_B"]}}}))
+        .await;
+    assert_eq!(first_envelope["warm"], json!(true), "{first_envelope}");
+    // A file in its /tmp and its home, a process left running, a variable.
+    let seen = host
+        .bash(
+            &first,
+            "echo secret-of-one > /tmp/one; echo one > ~/one; (setsid sleep 777 > /dev/null 2>&1 &); env | grep ^POOL_",
+        )
+        .await;
+    assert!(
+        seen.contains("POOL_A=a") && !seen.contains("POOL_B"),
+        "{seen}"
+    );
+    // The pool refills after the claim.
+    host.ready("pooled", 1).await;
+    let (second, second_envelope) = host
+        .session(json!({"tighten": {"env": {"drop": ["POOL_A"]}}}))
+        .await;
+    assert_eq!(second_envelope["warm"], json!(true), "{second_envelope}");
+    assert_ne!(first_envelope["id"], second_envelope["id"]);
+    let seen_after = host
+        .bash(
+            &second,
+            "cat /tmp/one ~/one 2>&1; ls /tmp; env | grep ^POOL_; ps -eo args | grep -c '^sleep 777'",
+        )
+        .await;
+    assert!(seen_after.contains("POOL_B=b"), "{seen_after}");
+    assert!(!seen_after.contains("POOL_A"), "{seen_after}");
+    assert!(!seen_after.contains("secret-of-one"), "{seen_after}");
+    assert_eq!(
+        seen_after.matches("No such file").count(),
+        2,
+        "{seen_after}"
+    );
+    assert!(
+        seen_after.contains("\n0\n"),
+        "a process of the first session: {seen_after}"
+    );
+    // `box units ls` marks pooled units, claimed or ready.
+    let listed = Command::new(box_bin())
+        .args(["units", "ls", "--backend", "local", "--filter"])
+        .arg(format!("instance={}", host.instance))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&listed.stdout);
+    assert_eq!(table.matches("workspace (pooled)").count(), 3, "{table}");
+    let claimed = second_envelope["id"].as_str().unwrap();
+    let inspected = Command::new(box_bin())
+        .args(["units", "inspect", "--backend", "local", &claimed[..12]])
+        .output()
+        .unwrap();
+    let inspected = String::from_utf8_lossy(&inspected.stdout);
+    assert!(inspected.contains("claimed by a session"), "{inspected}");
+    // A claimed unit serves one session, and goes with it (its processes too).
+    host.end_session(&first).await;
+    let first_id = first_envelope["id"].as_str().unwrap().to_owned();
+    assert!(
+        !running_local_units(&host.instance)
+            .iter()
+            .any(|(id, _)| *id == first_id)
+    );
+    // A plan the pool cannot serve starts cold and says why.
+    let (_, read_only) = host
+        .session(json!({"tighten": {"workspace": {"mode": "ro"}}}))
+        .await;
+    assert_eq!(read_only["warm"], json!(false), "{read_only}");
+    let why = read_only["warmWhy"].as_str().unwrap();
+    assert!(why.contains("workspace.mode"), "{why}");
+    let (_, other) = host.session(json!({"profile": "default"})).await;
+    assert_eq!(other["warm"], json!(false), "{other}");
+    assert!(
+        other["warmWhy"]
+            .as_str()
+            .unwrap()
+            .contains("no pool of profile default"),
+        "{other}"
+    );
+    let instance = host.instance.clone();
+    assert!(host.stop().success());
+    assert_eq!(running_local_units(&instance), Vec::new());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_warm_unit_gets_its_secret_at_the_claim_and_pooled_units_end_with_a_killed_host() {
+    let (profiles, workspace) = setup();
+    let host = Host::start_on(
+        "local",
+        "lsecret",
+        profiles.path(),
+        workspace.path(),
+        Some("pooledsec=1"),
+        &[("POOL_E2E_SECRET", SECRET_VALUE)],
+        &[],
+    )
+    .await;
+    host.ready("pooledsec", 1).await;
+    // Before a claim, no process of the pooled unit holds the secret.
+    let ready = ready_local_units(&host.instance, &[]);
+    assert_eq!(ready.len(), 1, "{ready:?}");
+    let environ = |id: &str| -> Vec<String> {
+        local_unit_processes(id)
+            .iter()
+            .map(|pid| {
+                String::from_utf8_lossy(
+                    &std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default(),
+                )
+                .into_owned()
+            })
+            .collect()
+    };
+    let before = environ(&ready[0]);
+    assert!(before.len() >= 3, "helper, init, executor: {before:?}");
+    assert!(!before.iter().any(|env| env.contains(SECRET_VALUE)));
+    let (session, envelope) = host.session(json!({"profile": "pooledsec"})).await;
+    assert_eq!(envelope["warm"], json!(true), "{envelope}");
+    assert_eq!(envelope["id"].as_str(), Some(ready[0].as_str()));
+    assert_eq!(
+        envelope["secrets"][0]["name"],
+        json!("POOL_E2E_SECRET"),
+        "{envelope}"
+    );
+    let seen = host
+        .bash(
+            &session,
+            &format!(
+                "test \"$(cat /run/secrets/POOL_E2E_SECRET)\" = {SECRET_VALUE} && echo delivered"
+            ),
+        )
+        .await;
+    assert!(seen.contains("delivered"), "{seen}");
+    // The unit the pool started since has no secret either.
+    host.ready("pooledsec", 1).await;
+    let next = ready_local_units(&host.instance, &[&envelope]);
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert!(
+        !environ(&next[0])
+            .iter()
+            .any(|env| env.contains(SECRET_VALUE))
+    );
+    // kill -9: the pooled unit and the session's end within their 2 s lease.
+    let mut host = host;
+    host.child.kill().unwrap();
+    host.child.wait().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2 + 10);
+    while !running_local_units(&host.instance).is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "units of a killed host outlived their 2 s lease"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A pool's unit killed while it waits is replaced; the docker one too.
+async fn a_pool_refills_after_its_ready_unit_is_killed(backend: &str) {
+    let (profiles, workspace) = setup();
+    let host = Host::start_on(
+        backend,
+        &format!("{backend}-killed"),
+        profiles.path(),
+        workspace.path(),
+        Some("pooled=1"),
+        &[],
+        &[],
+    )
+    .await;
+    host.ready("pooled", 1).await;
+    let killed = if backend == "local" {
+        let ready = ready_local_units(&host.instance, &[]);
+        assert_eq!(ready.len(), 1, "{ready:?}");
+        let helper = local_unit_processes(&ready[0])[0];
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(helper as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        ready[0].clone()
+    } else {
+        let ready = containers(&host.instance, None).await;
+        assert_eq!(ready.len(), 1, "{ready:?}");
+        let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
+        docker
+            .kill_container(
+                &ready[0],
+                None::<boxhost::backend::docker::bollard::query_parameters::KillContainerOptions>,
+            )
+            .await
+            .unwrap();
+        ready[0].clone()
+    };
+    // Another unit is started in its place, and a session claims it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let metrics = host.metrics().await;
+        let running = if backend == "local" {
+            ready_local_units(&host.instance, &[])
+        } else {
+            containers(&host.instance, None).await
+        };
+        if metrics.contains("box_pool_ready{profile=\"pooled\"} 1")
+            && running.len() == 1
+            && !running
+                .iter()
+                .any(|id| id.starts_with(&killed) || killed.starts_with(id.as_str()))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the pool never replaced its killed unit: {running:?} {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (session, envelope) = host.session(json!({})).await;
+    assert_eq!(envelope["warm"], json!(true), "{envelope}");
+    assert_ne!(envelope["id"].as_str(), Some(killed.as_str()));
+    let seen = host.bash(&session, "echo served").await;
+    assert!(seen.contains("served"), "{seen}");
+    assert!(host.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_pool_refills_after_its_ready_unit_is_killed() {
+    a_pool_refills_after_its_ready_unit_is_killed("local").await;
+}
+
+#[tokio::test]
+async fn a_pool_refills_after_its_ready_container_is_killed() {
+    if !docker_answers().await {
+        return;
+    }
+    a_pool_refills_after_its_ready_unit_is_killed("docker").await;
+}
+
+/// A profile's `[pool] size` keeps warm units on a listening host without
+/// `--pool`; `--pool PROFILE=0` keeps none for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_profiles_pool_table_keeps_warm_units_and_pool_0_overrides_it() {
+    let (profiles, workspace) = setup();
+    std::fs::write(
+        profiles.path().join("pooled.toml"),
+        format!("{PROFILE}\n[pool]\nsize = 1\n"),
+    )
+    .unwrap();
+    let host = Host::start_on(
+        "local",
+        "ltable",
+        profiles.path(),
+        workspace.path(),
+        None,
+        &[],
+        &[],
+    )
+    .await;
+    host.ready("pooled", 1).await;
+    let (_, envelope) = host.session(json!({})).await;
+    assert_eq!(envelope["warm"], json!(true), "{envelope}");
+    assert!(host.stop().success());
+    let host = Host::start_on(
+        "local",
+        "ltable0",
+        profiles.path(),
+        workspace.path(),
+        Some("pooled=0"),
+        &[],
+        &[],
+    )
+    .await;
+    let metrics = host.metrics().await;
+    assert!(!metrics.contains("box_pool_ready{"), "{metrics}");
+    let (_, envelope) = host.session(json!({})).await;
+    assert!(envelope.get("warm").is_none(), "{envelope}");
+    assert!(host.stop().success());
 }

@@ -89,7 +89,7 @@ fn profile_check_prints_every_error_and_exits_non_zero() {
     assert_eq!(
         stdout(&output),
         "ok     good.toml\n\
-         error  bad.toml:2:1: colour: unknown field; accepted here: description, extends, workspace, network, limits, env, security, lifecycle, server, volume, operator\n\
+         error  bad.toml:2:1: colour: unknown field; accepted here: description, extends, workspace, network, limits, env, security, lifecycle, pool, server, volume, operator\n\
          error  bad.toml:4:10: limits.memory: \"2 gigs\" is not a size; write a whole number and a unit (B, KiB, MiB, GiB or TiB), like \"2GiB\"\n\
          error  bad.toml:6:14: security.privileged: refused as dangerous: a privileged unit has every capability and every device; an operator who means it writes [operator] allow_dangerous = [\"privileged\"]\n\
          3 problem(s) found\n"

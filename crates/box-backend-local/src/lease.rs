@@ -75,6 +75,10 @@ pub(crate) struct Record {
     pub spec: SandboxSpec,
     /// What the helper reported it applied.
     pub applied: Applied,
+    /// The profile whose pool started the unit (`box.pool`: a warm unit,
+    /// ready or claimed; its session is then the pool's `pool-N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// The envelope the start reported, for `box units inspect` (absent in
     /// an older box's record).
     #[serde(default)]
@@ -111,8 +115,7 @@ impl Record {
             lease_ms: Some(self.lease_ms),
             // The host's own userland, never an image (the envelope says so).
             image: None,
-            // The local backend keeps no pools.
-            pool: None,
+            pool: self.pool.clone(),
         }
     }
 

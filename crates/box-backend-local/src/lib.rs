@@ -70,6 +70,7 @@
 
 mod helper;
 mod lease;
+mod pool;
 mod private;
 
 use std::collections::HashMap;
@@ -107,7 +108,7 @@ use box_confine::Rlimits;
 use box_policy::envelope::{
     AppliedLimits, AppliedNetwork, BackendKind, EgressLimits, LocalNone, ProcessLimits, UnitState,
 };
-use box_policy::executor::{PlaceKind, SECRET_VALUE_PREFIX, SECRETS_DIR};
+use box_policy::executor::{BIND_ON_STDIN_VAR, PlaceKind, SECRET_VALUE_PREFIX, SECRETS_DIR};
 use box_policy::plan::{
     LocalUserland, MountMode, NetworkMode, Requirement, Role, TmpMode, UnitSpec, VolumePath,
     VolumeScope, WorkspaceSource,
@@ -254,6 +255,24 @@ impl LocalBackend {
         wiring: &UnitWiring,
         command: Vec<OsString>,
     ) -> Result<StartedUnit, BackendError> {
+        self.start_for(session, spec, wiring, command, false)
+            .await
+            .map(|(started, _)| started)
+    }
+
+    /// [`start_command_wired`](Self::start_command_wired), or with `pooled`
+    /// a unit for a pool: no session's secrets (their tmpfs mounted where
+    /// the plan has secrets, empty), its executor waiting for a bind line
+    /// (`BIND_ON_STDIN_VAR`), its record marked with its pool; then also
+    /// what a bind needs again.
+    async fn start_for(
+        &self,
+        session: &SessionLabel,
+        spec: &UnitSpec,
+        wiring: &UnitWiring,
+        command: Vec<OsString>,
+        pooled: bool,
+    ) -> Result<(StartedUnit, Option<pool::PoolDetail>), BackendError> {
         // An egress unit without its proxy would have no way out at all, and a
         // proxy wired into a unit that did not ask for one would be a way out.
         match (spec.network.mode, &wiring.egress) {
@@ -321,7 +340,14 @@ impl LocalBackend {
             group: None,
             finished: false,
         };
-        let environment = unit_environment(std::env::vars_os(), spec, &layout);
+        let mut environment = unit_environment(std::env::vars_os(), spec, &layout);
+        // A pooled unit has no session yet: no secret's value reaches it
+        // before a claim (the bind line carries them), though their tmpfs
+        // is mounted where the plan has secrets.
+        let pool = pooled.then_some(!spec.env_secrets.is_empty());
+        if pooled {
+            environment.secrets.clear();
+        }
         // Only the secrets the host has are delivered (a missing one is said
         // in the log, like a missing passed variable).
         let narrowed;
@@ -349,7 +375,7 @@ impl LocalBackend {
                 session,
                 spec,
                 &layout,
-                (command, executor),
+                (command, executor, pool),
                 (environment, wiring),
                 &mut guard,
             )
@@ -363,14 +389,15 @@ impl LocalBackend {
         session: &SessionLabel,
         spec: &UnitSpec,
         layout: &Layout,
-        // CMD, and whether it is box's executor (which delivers the secrets).
-        (command, executor): (Vec<OsString>, bool),
+        // CMD, whether it is box's executor (which delivers the secrets),
+        // and for a pooled unit whether it gets the secrets' tmpfs.
+        (command, executor, pool): (Vec<OsString>, bool, Option<bool>),
         // With what the host wires into it (egress, borrowed objects, the
         // unit it was forked from, for `box units ls`).
         (environment, wiring): (UnitEnvironment, &UnitWiring),
         // Also holds the unit's run directory.
         guard: &mut StartGuard,
-    ) -> Result<StartedUnit, BackendError> {
+    ) -> Result<(StartedUnit, Option<pool::PoolDetail>), BackendError> {
         let run_dir = guard.run_dir.clone();
         let run_dir = run_dir.as_path();
         let unit = spec.name.clone();
@@ -385,6 +412,12 @@ impl LocalBackend {
             tracing::info!(unit, %missing, "variables to pass are not set on the host");
         }
         let mut sandbox_spec = sandbox_spec(spec, layout, &environment, &self.options, wiring)?;
+        if let Some(secrets) = pool {
+            sandbox_spec.secrets_dir = secrets.then(|| PathBuf::from(SECRETS_DIR));
+            sandbox_spec
+                .env
+                .push((BIND_ON_STDIN_VAR.to_owned(), "1".to_owned()));
+        }
         // The unit's init side: the helper holds the lease and relays the
         // executor's stdio to this socket with box-init's protocol, proving
         // the unit's key, and ends the unit when the renewals stop.
@@ -624,6 +657,7 @@ impl LocalBackend {
             executor,
             spec: sandbox_spec.kept(),
             applied: applied.clone(),
+            pool: pool.map(|_| session.profile.clone()),
             envelope: serde_json::to_value(&envelope).ok(),
         };
         if let Err(message) = record.write(run_dir) {
@@ -655,12 +689,22 @@ impl LocalBackend {
             session_volumes: record.session_volumes(),
         };
         self.registry().insert(id, local);
-        Ok(StartedUnit {
-            envelope,
-            io: relay.io,
-            ended,
-            renewal: Some(relay.renewal),
-        })
+        let detail = pool.map(|_| pool::PoolDetail {
+            layout: layout.clone(),
+            sandbox_spec: sandbox_spec.kept(),
+            applied,
+            run_dir: run_dir.to_owned(),
+            record,
+        });
+        Ok((
+            StartedUnit {
+                envelope,
+                io: relay.io,
+                ended,
+                renewal: Some(relay.renewal),
+            },
+            detail,
+        ))
     }
 
     fn registry(&self) -> std::sync::MutexGuard<'_, HashMap<String, LocalUnit>> {
@@ -826,9 +870,16 @@ impl LocalBackend {
                 ),
             )
         })?;
+        // A warm unit keeps its pool's session (`pool-N`): the one the
+        // identity its host persisted names.
+        let session_want = if record.pool.is_some() {
+            unit.identity.rsplit('/').nth(1).unwrap_or_default()
+        } else {
+            session.session.as_str()
+        };
         for (what, have, want) in [
             ("id", record.id.as_str(), unit.id.as_str()),
-            ("session", record.session.as_str(), session.session.as_str()),
+            ("session", record.session.as_str(), session_want),
             ("unit", record.unit.as_str(), name),
         ] {
             if have != want {
@@ -1079,6 +1130,12 @@ impl Backend for LocalBackend {
 
     fn remove<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
         self.remove_unit(id).boxed()
+    }
+
+    /// A pooled unit is confined by its helper as a cold one of the pool's
+    /// plan; its executor takes the session's at the claim (`pool`).
+    fn pooling(&self) -> Option<&dyn box_backend::pool::Pooling> {
+        Some(self)
     }
 
     fn adopt<'a>(
@@ -1722,6 +1779,19 @@ pub(crate) fn executor_command(
     layout: &Layout,
     wiring: &UnitWiring,
 ) -> Vec<OsString> {
+    let executor = executor_spec(spec, layout, wiring);
+    std::iter::once(box_exe.into())
+        .chain(executor.to_args().into_iter().map(OsString::from))
+        .collect()
+}
+
+/// The executor's flags for a unit ([`executor_command`]'s, and a pooled
+/// unit's bind line's). Pure.
+pub(crate) fn executor_spec(
+    spec: &UnitSpec,
+    layout: &Layout,
+    wiring: &UnitWiring,
+) -> box_policy::executor::ExecutorSpec {
     let root = layout.workspace.as_ref().unwrap_or(&layout.tmp);
     let mut executor = spec.executor_spec(root, PlaceKind::Local);
     // The socket's directory, and a worktree fork's borrowed objects, are
@@ -1750,9 +1820,7 @@ pub(crate) fn executor_command(
         }
         executor.write.push(local.prepared.data.clone());
     }
-    std::iter::once(box_exe.into())
-        .chain(executor.to_args().into_iter().map(OsString::from))
-        .collect()
+    executor
 }
 
 /// The envelope: what the helper reported it applied. Pure.

@@ -708,6 +708,7 @@ fn the_record_keeps_no_secret_and_rebuilds_the_envelope() {
         executor: true,
         spec: sandbox.kept(),
         applied: applied(),
+        pool: None,
         envelope: serde_json::to_value(envelope(
             &spec,
             &sandbox,

@@ -77,6 +77,20 @@ fn serve_logging(spec: ExecutorSpec, json_logs: bool) -> anyhow::Result<std::pro
                 )
             },
         )?;
+        if let Some(limits) = bind.rlimits {
+            // Lowered, soft and hard, before anything of the session runs:
+            // every process the executor starts inherits them.
+            let rlimits = box_confine::Rlimits {
+                nofile: limits.nofile,
+                nproc: limits.nproc,
+                data_bytes: limits.data_bytes,
+                address_space_bytes: limits.address_space_bytes,
+                fsize_bytes: limits.fsize_bytes,
+                core_bytes: 0,
+            };
+            box_confine::apply_rlimits(&rlimits)
+                .map_err(|error| anyhow::anyhow!("the session's rlimits: {error}"))?;
+        }
         tracing::info!("session's plan bound to this pooled executor");
         let env = bind
             .env

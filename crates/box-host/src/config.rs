@@ -135,7 +135,8 @@ pub struct PoolAsk {
 }
 
 impl PoolAsk {
-    /// `PROFILE=N` (`--pool`), N at least 1.
+    /// `PROFILE=N` (`--pool`); N = 0 keeps no pool for a profile whose
+    /// `[pool]` asks for one.
     pub fn parse(text: &str) -> Result<Self, String> {
         let Some((profile, size)) = text.split_once('=') else {
             return Err(format!(
@@ -145,9 +146,9 @@ impl PoolAsk {
         let size: usize = size.parse().map_err(|_| {
             format!("--pool {text}: {size:?} is not a count; write PROFILE=N (default=4)")
         })?;
-        if profile.is_empty() || size == 0 {
+        if profile.is_empty() {
             return Err(format!(
-                "--pool {text}: name a profile and at least one unit (default=4)"
+                "--pool {text}: name a profile, and how many units to keep ready (default=4)"
             ));
         }
         Ok(Self {

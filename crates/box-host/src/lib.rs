@@ -423,12 +423,8 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
         services.state = Some(state::Store::open(dir).map_err(|why| anyhow::anyhow!(why))?);
     }
     let (config, services) = (Arc::new(config), Arc::new(services));
-    pool::start(
-        &config,
-        &services.pools,
-        services.backend.as_ref(),
-        &serve.pools,
-    )?;
+    let pools = pool::asked(&config, &serve.pools, serve.listen.is_some());
+    pool::start(&config, &services.pools, services.backend.as_ref(), &pools)?;
     for each in services.pools.each() {
         let (config, held) = (config.clone(), services.clone());
         services.pools.spawn(async move {

@@ -73,7 +73,14 @@ pub struct Pool {
 struct Ready {
     unit: PooledUnit,
     key: u64,
+    /// Cancelled when a session claims it: its pool stops watching its end.
+    claimed: CancellationToken,
 }
+
+/// A ready unit's end as its pool watches it: `Some(key)` when the unit
+/// ended before a claim (killed, its helper or container gone), `None`
+/// once claimed.
+type Watch = futures::future::BoxFuture<'static, Option<u64>>;
 
 /// What a claim gave.
 pub enum Claim {
@@ -144,6 +151,35 @@ impl Pool {
     }
 }
 
+/// The pools a host keeps: on a host that listens, each profile's `[pool]`
+/// (every profile its catalog finds), then `flags` (`--pool`), which
+/// override a profile's (`PROFILE=0`: none). A stdio host serves one
+/// session, so it keeps only what `flags` ask.
+pub fn asked(config: &HostConfig, flags: &[PoolAsk], listening: bool) -> Vec<PoolAsk> {
+    let mut asked = Vec::new();
+    if listening {
+        for listed in config.catalog.list() {
+            if listed.hidden || flags.iter().any(|flag| flag.profile == listed.name) {
+                continue;
+            }
+            // A profile that does not load keeps no pool; its sessions are
+            // refused with the same error.
+            match config.catalog.load(&listed.name) {
+                Ok(profile) if profile.pool.size > 0 => asked.push(PoolAsk {
+                    profile: listed.name,
+                    size: profile.pool.size,
+                }),
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(profile = listed.name, %error, "not pooled: the profile does not load");
+                }
+            }
+        }
+    }
+    asked.extend(flags.iter().filter(|flag| flag.size > 0).cloned());
+    asked
+}
+
 /// The pools `asked` on `backend`: each profile resolved with no
 /// tightening; kept in `pools`, whose refills the caller spawns (each of
 /// [`Pools::each`] through [`refill`]).
@@ -158,7 +194,7 @@ pub fn start(
     }
     if backend.pooling().is_none() {
         anyhow::bail!(
-            "--pool: the {} backend keeps no pooled units; pools need one that does (docker)",
+            "--pool (or a profile's [pool]): the {} backend keeps no pooled units; pools need one that does (docker, local)",
             backend.kind().as_str()
         );
     }
@@ -240,19 +276,19 @@ pub async fn refill(config: &HostConfig, services: PoolServices<'_>, pool: Arc<P
     let Some(pooling) = services.backend.pooling() else {
         return;
     };
+    // The ready units' ends: one that ends unclaimed leaves the pool, which
+    // starts another.
+    let mut watched = futures::stream::FuturesUnordered::<Watch>::new();
     loop {
         while pool.ready_len() + pool.starting.load(Ordering::SeqCst) < pool.size {
             if stop.is_cancelled() {
                 return;
             }
             pool.starting.fetch_add(1, Ordering::SeqCst);
-            let started = tokio::select! {
-                started = start_one(config, services, pooling, &pool) => started,
-                () = stop.cancelled() => {
-                    pool.starting.fetch_sub(1, Ordering::SeqCst);
-                    return;
-                }
-            };
+            // Finished even when the pools end meanwhile: a start dropped
+            // half-way leaves a unit its ledger entry cannot name, while a
+            // finished one joins the ready units, which the end removes.
+            let started = start_one(config, services, pooling, &pool).await;
             pool.starting.fetch_sub(1, Ordering::SeqCst);
             *pool
                 .failing
@@ -260,12 +296,13 @@ pub async fn refill(config: &HostConfig, services: PoolServices<'_>, pool: Arc<P
                 .unwrap_or_else(|poisoned| poisoned.into_inner()) =
                 started.as_ref().err().map(ToString::to_string);
             match started {
-                Ok(ready) => {
+                Ok(mut ready) => {
                     tracing::debug!(
                         profile = pool.profile,
                         id = ready.unit.id(),
                         "pooled unit ready"
                     );
+                    watched.push(watch_end(&mut ready));
                     let ready = {
                         let mut units = pool.lock();
                         units.push_back(ready);
@@ -289,9 +326,48 @@ pub async fn refill(config: &HostConfig, services: PoolServices<'_>, pool: Arc<P
         }
         tokio::select! {
             () = pool.refill.notified() => {}
+            Some(ended) = futures::StreamExt::next(&mut watched), if !watched.is_empty() => {
+                // `None`: a claimed unit, its end the session's to watch.
+                let gone = ended.and_then(|key| {
+                    let mut units = pool.lock();
+                    let at = units.iter().position(|ready| ready.key == key);
+                    at.and_then(|at| units.remove(at))
+                });
+                if let Some(gone) = gone {
+                    let id = gone.unit.id().to_owned();
+                    tracing::warn!(profile = pool.profile, id, "a pooled unit ended before a session claimed it; starting another");
+                    services.metrics.pool_ready(&pool.profile, pool.ready_len());
+                    // Its leftovers (a run directory, a stopped container).
+                    if let Err(error) = services.backend.remove(&id).await {
+                        tracing::warn!(id, %error, "removing an ended pooled unit");
+                    }
+                    services.ledger.gone(gone.key);
+                }
+            }
             () = stop.cancelled() => return,
         }
     }
+}
+
+/// Watch `ready`'s end while it waits in its pool: its `ended` is shared
+/// between the pool's watch (until a claim cancels it) and the session
+/// that claims it.
+fn watch_end(ready: &mut Ready) -> Watch {
+    use futures::FutureExt as _;
+    let ended = std::mem::replace(
+        &mut ready.unit.started.ended,
+        Box::pin(futures::future::pending()),
+    )
+    .shared();
+    ready.unit.started.ended = ended.clone().boxed();
+    let (key, claimed) = (ready.key, ready.claimed.clone());
+    async move {
+        tokio::select! {
+            _ = ended => Some(key),
+            () = claimed.cancelled() => None,
+        }
+    }
+    .boxed()
 }
 
 async fn start_one(
@@ -314,7 +390,11 @@ async fn start_one(
     match pooling.start_pooled(&label, &pool.spec, &wiring).await {
         Ok(unit) => {
             services.ledger.started(key, unit.id());
-            Ok(Ready { unit, key })
+            Ok(Ready {
+                unit,
+                key,
+                claimed: CancellationToken::new(),
+            })
         }
         Err(error) => {
             services.ledger.gone(key);
@@ -367,7 +447,12 @@ pub async fn claim(
     };
     services.metrics.pool_ready(&pool.profile, ready);
     pool.refill.notify_one();
-    let Some(Ready { unit, key: pooled }) = taken else {
+    let Some(Ready {
+        unit,
+        key: pooled,
+        claimed,
+    }) = taken
+    else {
         services.metrics.pool_claim("empty");
         return Claim::Cold(
             format!(
@@ -377,6 +462,7 @@ pub async fn claim(
             None,
         );
     };
+    claimed.cancel();
     let id = unit.id().to_owned();
     match pooling.bind(unit, label, spec).await {
         Ok(mut started) => {

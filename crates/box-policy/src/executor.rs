@@ -143,6 +143,29 @@ pub struct Bind {
     /// The secrets' values, by name (never written anywhere but the
     /// executor's tmpfs).
     pub secrets: std::collections::BTreeMap<String, String>,
+    /// Process limits the executor sets on itself (soft and hard) before it
+    /// confines itself, so everything it starts inherits them: where a
+    /// backend's limits are rlimits (local), a session's narrower memory or
+    /// pids reach a pooled unit this way. `None`: those it was started with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rlimits: Option<BindRlimits>,
+}
+
+/// The rlimits a [`Bind`] sets (`box_confine::Rlimits` without the core
+/// size, which is always 0 in a unit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BindRlimits {
+    /// `RLIMIT_NOFILE`.
+    pub nofile: u64,
+    /// `RLIMIT_NPROC`.
+    pub nproc: u64,
+    /// `RLIMIT_DATA`.
+    pub data_bytes: u64,
+    /// `RLIMIT_AS`.
+    pub address_space_bytes: u64,
+    /// `RLIMIT_FSIZE`.
+    pub fsize_bytes: u64,
 }
 
 /// A secret the executor writes to `SECRETS_DIR/NAME` before it serves.

@@ -380,6 +380,10 @@ fn hostile_tightenings_are_refused() {
             "tighten: security: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: workspace, network, limits, servers, volumes, env",
         ),
         (
+            json!({"pool": {"size": 0}}),
+            "tighten: pool: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: workspace, network, limits, servers, volumes, env",
+        ),
+        (
             json!({"devices": ["/dev/kvm"]}),
             "tighten: devices: unknown field; accepted here: workspace, network, limits, servers, volumes, env",
         ),

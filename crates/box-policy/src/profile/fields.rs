@@ -108,6 +108,7 @@ pub(crate) const TOP: Table = Table {
         field("env", "`[env]`", "", Within, Some("env")),
         field("security", "`[security]`", "", No, Some("security")),
         field("lifecycle", "`[lifecycle]`", "", No, Some("lifecycle")),
+        field("pool", "`[pool]`", "", No, None),
         field("server", "`[[server]]`", "", Drop, None),
         field("volume", "`[[volume]]`", "", Drop, Some("volumes")),
         field("operator", "`[operator]`", "", No, None),
@@ -205,6 +206,16 @@ pub(crate) const LIFECYCLE: Table = Table {
     )],
 };
 
+/// `[pool]`: the warm units a `box serve --listen` host keeps for the
+/// profile's sessions; the host's, never a session's (`box serve --pool`
+/// overrides it).
+#[rustfmt::skip]
+pub(crate) const POOL: Table = Table {
+    path: "pool",
+    readme: ("`[pool]`", 1),
+    fields: &[field("size", "whole number, `0` to `256`", "`0` (no pool)", No, None)],
+};
+
 /// A `[[server]]` table.
 #[rustfmt::skip]
 pub(crate) const SERVER: Table = Table {
@@ -252,9 +263,9 @@ pub(crate) const OPERATOR: Table = Table {
 
 /// Every table, for the README's check.
 #[cfg(test)]
-pub(crate) const TABLES: [&Table; 11] = [
-    &TOP, &WORKSPACE, &NETWORK, &LIMITS, &ENV, &SECRET, &SECURITY, &LIFECYCLE, &SERVER, &VOLUME,
-    &OPERATOR,
+pub(crate) const TABLES: [&Table; 12] = [
+    &TOP, &WORKSPACE, &NETWORK, &LIMITS, &ENV, &SECRET, &SECURITY, &LIFECYCLE, &POOL, &SERVER,
+    &VOLUME, &OPERATOR,
 ];
 
 /// A limit's value, of one of four kinds.

@@ -34,6 +34,8 @@ pub struct Profile {
     pub security: SecurityPolicy,
     /// How every unit's life is bounded beyond its session (the lease).
     pub lifecycle: LifecyclePolicy,
+    /// The warm units a `box serve --listen` host keeps for it (`[pool]`).
+    pub pool: PoolPolicy,
     /// Server units, in the order written.
     pub servers: Vec<Server>,
     /// The workspace unit's volumes, in the order written.
@@ -193,6 +195,14 @@ pub struct LifecyclePolicy {
     /// unit ends it when its host has not renewed for this long (the host
     /// died, hung or was stopped).
     pub lease: Duration,
+}
+
+/// `[pool]`: how many units of the profile's workspace a listening host
+/// keeps started with no session, for its sessions to claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolPolicy {
+    /// Units kept ready; 0: none (every session starts cold).
+    pub size: usize,
 }
 
 /// The environment as written.

@@ -55,6 +55,19 @@ fn shipped_default_is_strict() {
     assert!(!profile.security.privileged);
     assert_eq!(profile.security.landlock, Requirement::Required);
     assert_eq!(profile.lifecycle.lease, std::time::Duration::from_secs(30));
+    assert_eq!(profile.pool.size, 0, "no shipped profile keeps warm units");
+}
+
+#[test]
+fn a_profiles_pool_is_read_and_extended() {
+    let files = [
+        ("base", "extends = \"default\"\n\n[pool]\nsize = 4\n"),
+        ("child", "extends = \"base\"\n"),
+        ("off", "extends = \"base\"\n\n[pool]\nsize = 0\n"),
+    ];
+    assert_eq!(load(&files, "base").unwrap().pool.size, 4);
+    assert_eq!(load(&files, "child").unwrap().pool.size, 4);
+    assert_eq!(load(&files, "off").unwrap().pool.size, 0);
 }
 
 #[test]
@@ -191,7 +204,7 @@ fn bad_input_gets_one_precise_error() {
         ),
         (
             "colour = \"red\"\n",
-            "p.toml:1:1: colour: unknown field; accepted here: description, extends, workspace, network, limits, env, security, lifecycle, server, volume, operator",
+            "p.toml:1:1: colour: unknown field; accepted here: description, extends, workspace, network, limits, env, security, lifecycle, pool, server, volume, operator",
         ),
         (
             "[workspace]\nimgae = \"x\"\n",
@@ -296,6 +309,18 @@ fn bad_input_gets_one_precise_error() {
         (
             "[lifecycle]\nttl = \"2s\"\n",
             "p.toml:2:1: lifecycle.ttl: unknown field; accepted here: lease",
+        ),
+        (
+            "[pool]\nsize = 1000\n",
+            "p.toml:2:8: pool.size: 1000 is out of bounds; a pool keeps from 0 to 256 units ready",
+        ),
+        (
+            "[pool]\nsize = \"4\"\n",
+            "p.toml:2:8: pool.size: expected a whole number like 512, got \"4\" (a string)",
+        ),
+        (
+            "[pool]\nunits = 4\n",
+            "p.toml:2:1: pool.units: unknown field; accepted here: size",
         ),
         (
             "[limits]\nidle = \"forever\"\n",

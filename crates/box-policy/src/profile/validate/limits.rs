@@ -1,10 +1,16 @@
-//! The `[limits]` table (and a server's `limits`) and `[lifecycle]`: sizes,
-//! cores, counts and durations.
+//! The `[limits]` table (and a server's `limits`), `[lifecycle]` and
+//! `[pool]`: sizes, cores, counts and durations.
 
 use std::time::Duration;
 
-use super::super::fields::{LIFECYCLE, LIMIT_FIELDS, LIMITS, Limit, LimitKind, LimitValue, Scope};
-use super::super::model::{LifecyclePolicy, LimitsPolicy, defaults};
+use super::super::fields::{
+    LIFECYCLE, LIMIT_FIELDS, LIMITS, Limit, LimitKind, LimitValue, POOL, Scope,
+};
+use super::super::model::{LifecyclePolicy, LimitsPolicy, PoolPolicy, defaults};
+
+/// The most units a profile's `[pool]` keeps ready: each is a running unit
+/// (a container, or a sandboxed process tree) that counts against the host.
+const MAX_POOL: u64 = 256;
 use super::super::tree::{Node, Value};
 use super::super::value::{ByteSize, CpuQuota, parse_count, parse_duration};
 use super::{Walk, join};
@@ -77,6 +83,38 @@ impl Walk {
             }
         }
         ok.then_some(lifecycle)
+    }
+
+    /// `[pool]`: the units a listening host keeps ready for the profile.
+    pub(super) fn pool(&mut self, node: Option<&Node>) -> Option<PoolPolicy> {
+        let mut pool = PoolPolicy::default();
+        let Some(node) = node else {
+            return Some(pool);
+        };
+        let fields = self.table(node, "pool", &POOL.names());
+        let mut ok = true;
+        if let Some(node) = fields.get("size") {
+            // 0 is a size here (no pool: a profile that extends one may say so).
+            let size = match &node.value {
+                Value::Integer(text) if text.trim() == "0" => Some(0),
+                _ => self.count(node, "pool.size"),
+            };
+            match size {
+                Some(size) if size <= MAX_POOL => pool.size = usize::try_from(size).unwrap_or(0),
+                Some(size) => {
+                    self.problem(
+                        node,
+                        "pool.size",
+                        format!(
+                            "{size} is out of bounds; a pool keeps from 0 to {MAX_POOL} units ready"
+                        ),
+                    );
+                    ok = false;
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(pool)
     }
 
     pub(super) fn size(&mut self, node: &Node, field: &str) -> Option<ByteSize> {

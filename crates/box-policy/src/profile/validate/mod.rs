@@ -51,6 +51,7 @@ pub(crate) fn validate(
     let env = walk.env(top.get("env"));
     let security = walk.security(top.get("security"));
     let lifecycle = walk.lifecycle(top.get("lifecycle"));
+    let pool = walk.pool(top.get("pool"));
     let servers = walk.servers(top.get("server"), &limits);
     let volumes = walk.volumes(top.get("volume"), workspace.as_ref());
     let allowed = walk.allowed_dangers(top.get("operator"));
@@ -75,6 +76,7 @@ pub(crate) fn validate(
         Some(env),
         Some(security),
         Some(lifecycle),
+        Some(pool),
         true,
     ) = (
         workspace,
@@ -83,6 +85,7 @@ pub(crate) fn validate(
         env,
         security,
         lifecycle,
+        pool,
         walk.problems.is_empty(),
     )
     else {
@@ -107,6 +110,7 @@ pub(crate) fn validate(
         env,
         security,
         lifecycle,
+        pool,
         servers,
         volumes,
         dangerous,
