@@ -56,6 +56,8 @@ pub struct Services {
     /// started for: a stateless `tools/list` without a handle is answered
     /// from here, starting no unit.
     pub tool_lists: ToolLists,
+    /// Where spans go: off (nothing recorded) unless the host exports traces.
+    pub tracer: box_otel::Tracer,
 }
 
 /// How many plans' tool lists a host keeps (the oldest goes first): a host
@@ -112,6 +114,7 @@ impl Services {
             end_at_once: AtomicBool::new(false),
             pools: pool::Pools::default(),
             tool_lists: ToolLists::default(),
+            tracer: box_otel::Tracer::off(),
         }
     }
 

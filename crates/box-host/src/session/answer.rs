@@ -64,11 +64,29 @@ impl Session {
                 .unwrap_or(UnitMessage::Done)
             {
                 UnitMessage::Answer {
-                    forward,
+                    mut forward,
                     mut response,
                 } => {
+                    // The executor's spans go to the exporter, never to the client.
+                    if let Some(result) = response.get_mut("result") {
+                        let spans = box_otel::take_executor_spans(
+                            result,
+                            forward.tag.span.context(),
+                            |text| live.redactor.text(text).into_owned(),
+                        );
+                        for span in spans {
+                            self.services.tracer.record(span);
+                        }
+                    }
                     let (outcome, details) = outcome_of(forward.tag.tool.as_deref(), &response);
-                    self.record_answer(live, unit, &forward.tag, outcome, details);
+                    self.record_answer(
+                        live,
+                        unit,
+                        &mut forward.tag,
+                        outcome,
+                        details,
+                        Some(&response),
+                    );
                     match (forward.tag.method.as_str(), &forward.tag.process) {
                         ("agentworkspace/process.read", Some((id, fd))) => live
                             .redactor
@@ -200,12 +218,12 @@ impl Session {
             }
             UnitEvent::Forked(started) => self.join_fork(live, *started),
             UnitEvent::Overdue(unit, unit_id) => {
-                let Some(forward) = live.router.take(unit, unit_id) else {
+                let Some(mut forward) = live.router.take(unit, unit_id) else {
                     return;
                 };
                 let timeout = live.units[unit].spec.limits.call_timeout;
                 let name = live.units[unit].spec.name.clone();
-                self.record(live, unit, &forward.tag, "timeout");
+                self.record(live, unit, &mut forward.tag, "timeout");
                 // Nothing confirms a cancellation (an executor answers a
                 // cancelled request with nothing): the call may have run, in
                 // part or in full, so its outcome is said to be unknown.
@@ -249,8 +267,8 @@ impl Session {
             "oomKilled": end.and_then(|end| end.oom_killed),
             "outcome": "unknown",
         });
-        for forward in live.router.take_all(unit) {
-            self.record(live, unit, &forward.tag, "unit_ended");
+        for mut forward in live.router.take_all(unit) {
+            self.record(live, unit, &mut forward.tag, "unit_ended");
             forward.reply.answer(error_response_with_data(
                 forward.client_id,
                 code::INTERNAL_ERROR,
@@ -264,8 +282,8 @@ impl Session {
     }
 
     /// Stop a call's timer and record it (metrics, audit).
-    pub(super) fn record(&self, live: &Live, unit: usize, tag: &Tag, outcome: &str) {
-        self.record_answer(live, unit, tag, outcome, AnswerDetails::default());
+    pub(super) fn record(&self, live: &Live, unit: usize, tag: &mut Tag, outcome: &str) {
+        self.record_answer(live, unit, tag, outcome, AnswerDetails::default(), None);
     }
 
     /// [`Self::record`] for a call its unit answered: the audit line says
@@ -274,10 +292,20 @@ impl Session {
         &self,
         live: &Live,
         unit: usize,
-        tag: &Tag,
+        tag: &mut Tag,
         outcome: &str,
         details: AnswerDetails,
+        response: Option<&Value>,
     ) {
+        if tag.span.is_recording() {
+            if let Some(error) = super::live::error_type(outcome, response) {
+                tag.span.set_error(&error);
+            }
+            if let Some(status) = details.exit_status {
+                tag.span.set("box.exit_status", status);
+            }
+            std::mem::take(&mut tag.span).end();
+        }
         if let Some(deadline) = &tag.deadline {
             deadline.abort();
         }

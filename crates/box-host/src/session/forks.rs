@@ -564,8 +564,8 @@ impl Session {
                 ),
             ));
         }
-        for forward in live.router.remove_unit(index) {
-            self.record(live, index, &forward.tag, "unit_ended");
+        for mut forward in live.router.remove_unit(index) {
+            self.record(live, index, &mut forward.tag, "unit_ended");
             forward.reply.answer(error_response(
                 forward.client_id,
                 code::INTERNAL_ERROR,

@@ -260,6 +260,7 @@ impl Session {
                 late,
                 client: None,
                 handle: None,
+                trace: Default::default(),
             },
             result,
         ))
