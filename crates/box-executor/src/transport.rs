@@ -12,7 +12,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use rmcp::RoleServer;
-use rmcp::model::{ClientNotification, ClientRequest, GetMeta as _, JsonRpcMessage, RequestId};
+use rmcp::model::{
+    ClientNotification, ClientRequest, GetMeta as _, JsonRpcMessage, RequestId, ServerResult,
+};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -44,8 +46,9 @@ pub(crate) struct LineTransport<R, W> {
     /// `box serve` refuses it.
     in_flight: Arc<std::sync::Mutex<HashSet<RequestId>>>,
     /// The spans of requests the host traces (it sent
-    /// `_meta["box/traceparent"]`), by id, until answered: the answer
-    /// carries them home in its `_meta["box/spans"]`.
+    /// `_meta["box/traceparent"]`), by id, until answered: a
+    /// `notifications/box/spans` line just before the answer carries them
+    /// home (the answer itself is written as it would be).
     traced: Arc<std::sync::Mutex<HashMap<RequestId, box_otel::Recording>>>,
 }
 
@@ -373,36 +376,30 @@ where
         {
             in_flight.remove(id);
         }
-        let span = answered.and_then(|id| self.traced.lock().ok()?.remove(id));
+        let span = answered.and_then(|id| Some((id, self.traced.lock().ok()?.remove(id)?)));
+        let spans = span.map(|(id, mut span)| {
+            match &item {
+                JsonRpcMessage::Response(response) => {
+                    if let ServerResult::CallToolResult(result) = &response.result
+                        && result.is_error == Some(true)
+                    {
+                        span.set_error("tool_error");
+                    }
+                }
+                _ => span.set_error("jsonrpc_error"),
+            }
+            box_otel::executor_spans_notification(id.clone().into_json_value(), vec![span.finish()])
+        });
         let writer = Arc::clone(&self.writer);
         async move {
             let mut bytes = Vec::with_capacity(4096);
-            match span {
-                None => serde_json::to_writer(&mut bytes, &item).map_err(std::io::Error::other)?,
-                Some(mut span) => {
-                    // Only a traced answer is taken apart to carry its span.
-                    let mut message = serde_json::to_value(&item).map_err(std::io::Error::other)?;
-                    match message.get_mut("result").and_then(Value::as_object_mut) {
-                        Some(result) => {
-                            if result.get("isError") == Some(&Value::Bool(true)) {
-                                span.set_error("tool_error");
-                            }
-                            let meta = result
-                                .entry("_meta")
-                                .or_insert_with(|| Value::Object(serde_json::Map::new()));
-                            if let Some(meta) = meta.as_object_mut() {
-                                meta.insert(
-                                    box_otel::EXECUTOR_SPANS.to_owned(),
-                                    json!([span.finish()]),
-                                );
-                            }
-                        }
-                        // An error answer has no `_meta` to carry it.
-                        None => drop(span),
-                    }
-                    serde_json::to_writer(&mut bytes, &message).map_err(std::io::Error::other)?;
-                }
+            // Written with the answer, before it, so the host has the spans
+            // when the answer ends its own span.
+            if let Some(spans) = spans {
+                serde_json::to_writer(&mut bytes, &spans).map_err(std::io::Error::other)?;
+                bytes.push(b'\n');
             }
+            serde_json::to_writer(&mut bytes, &item).map_err(std::io::Error::other)?;
             Self::write(&writer, bytes).await
         }
     }

@@ -2,13 +2,13 @@
 //! OTLP/HTTP protobuf by one task; its settings from the standard
 //! `OTEL_*` variables and `box serve --otlp-endpoint`.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::context::SpanContext;
 use crate::proto;
@@ -254,14 +254,19 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-enum Message {
-    Span(SpanData),
-    Flush(oneshot::Sender<()>),
-}
-
-/// What every span of a tracer that is on shares: the exporter's queue.
+/// What every span of a tracer that is on shares: the buffer the exporter
+/// takes its batches from.
 pub(crate) struct Shared {
-    queue: mpsc::Sender<Message>,
+    /// Finished spans waiting for the next export. A span's end is a push
+    /// under this lock, no task woken (a call pays no wake-up of the
+    /// exporter), but when a batch fills up.
+    buffer: Mutex<Vec<SpanData>>,
+    /// A full batch waits for no tick.
+    full: Notify,
+    /// Flushes asked for (the host's end), each answered once exported.
+    flushes: mpsc::UnboundedSender<oneshot::Sender<()>>,
+    max_queue: usize,
+    max_batch: usize,
     dropped: AtomicU64,
 }
 
@@ -269,9 +274,24 @@ impl Shared {
     /// Queue a finished span; a full queue drops it (counted, said once per
     /// export) rather than slow a request down.
     pub(crate) fn send(&self, data: SpanData) {
-        if self.queue.try_send(Message::Span(data)).is_err() {
+        let Ok(mut buffer) = self.buffer.lock() else {
+            return;
+        };
+        if buffer.len() >= self.max_queue {
             self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
         }
+        buffer.push(data);
+        if buffer.len() == self.max_batch {
+            self.full.notify_one();
+        }
+    }
+
+    fn take(&self) -> Vec<SpanData> {
+        self.buffer
+            .lock()
+            .map(|mut buffer| std::mem::take(&mut *buffer))
+            .unwrap_or_default()
     }
 }
 
@@ -299,14 +319,18 @@ impl Tracer {
     }
 
     /// A tracer exporting as `config` says, its exporter a task on the
-    /// current tokio runtime.
+    /// current tokio runtime (ended once every clone of the tracer is gone).
     pub fn export(config: ExportConfig) -> Self {
-        let (queue, receiver) = mpsc::channel(config.max_queue);
+        let (flushes, flush_requests) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
-            queue,
+            buffer: Mutex::new(Vec::with_capacity(config.max_batch.min(config.max_queue))),
+            full: Notify::new(),
+            flushes,
+            max_queue: config.max_queue,
+            max_batch: config.max_batch,
             dropped: AtomicU64::new(0),
         });
-        tokio::spawn(run(receiver, config, shared.clone()));
+        tokio::spawn(run(flush_requests, config, Arc::downgrade(&shared)));
         Self {
             shared: Some(shared),
         }
@@ -343,64 +367,66 @@ impl Tracer {
     pub async fn flush(&self) {
         if let Some(shared) = &self.shared {
             let (done, flushed) = oneshot::channel();
-            if shared.queue.send(Message::Flush(done)).await.is_ok() {
+            if shared.flushes.send(done).is_ok() {
                 let _ = flushed.await;
             }
         }
     }
 }
 
-async fn run(mut receiver: mpsc::Receiver<Message>, config: ExportConfig, shared: Arc<Shared>) {
-    let mut batch = Vec::new();
-    let mut tick = tokio::time::interval(config.delay);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// The exporter: a batch every `delay`, when one fills up, or on a flush;
+/// it ends when the tracer is gone.
+async fn run(
+    mut flushes: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+    config: ExportConfig,
+    shared: Weak<Shared>,
+) {
     let mut exporter = Exporter {
         config,
-        shared,
         warned: None,
     };
     loop {
-        tokio::select! {
-            message = receiver.recv() => match message {
-                None => {
-                    exporter.export(&mut batch).await;
-                    return;
-                }
-                Some(Message::Span(data)) => {
-                    batch.push(data);
-                    if batch.len() >= exporter.config.max_batch {
-                        exporter.export(&mut batch).await;
-                    }
-                }
-                Some(Message::Flush(done)) => {
-                    while let Ok(message) = receiver.try_recv() {
-                        if let Message::Span(data) = message {
-                            batch.push(data);
-                        }
-                    }
-                    exporter.export(&mut batch).await;
-                    let _ = done.send(());
-                }
-            },
-            _ = tick.tick() => exporter.export(&mut batch).await,
+        let full = async {
+            match shared.upgrade() {
+                Some(shared) => shared.full.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        let flush = tokio::select! {
+            () = tokio::time::sleep(exporter.config.delay) => None,
+            () = full => None,
+            asked = flushes.recv() => asked,
+        };
+        let Some(live) = shared.upgrade() else {
+            return;
+        };
+        let batch = live.take();
+        let dropped = live.dropped.swap(0, Ordering::Relaxed);
+        drop(live);
+        for chunk in batch.chunks(exporter.config.max_batch) {
+            exporter.export(chunk).await;
+        }
+        if dropped > 0 {
+            tracing::warn!(dropped, "spans were dropped: the export queue was full");
+        }
+        if let Some(done) = flush {
+            let _ = done.send(());
         }
     }
 }
 
 struct Exporter {
     config: ExportConfig,
-    shared: Arc<Shared>,
     /// When a failure was last logged: at most one WARN a minute.
     warned: Option<Instant>,
 }
 
 impl Exporter {
-    async fn export(&mut self, batch: &mut Vec<SpanData>) {
-        if batch.is_empty() {
+    async fn export(&mut self, spans: &[SpanData]) {
+        if spans.is_empty() {
             return;
         }
-        let spans = std::mem::take(batch);
-        let body = proto::export_request(&self.config.resource, &spans);
+        let body = proto::export_request(&self.config.resource, spans);
         let sent = tokio::time::timeout(self.config.timeout, post(&self.config, &body)).await;
         let failure = match sent {
             Ok(Ok(())) => None,
@@ -410,7 +436,6 @@ impl Exporter {
                 self.config.timeout.as_millis()
             )),
         };
-        let dropped = self.shared.dropped.swap(0, Ordering::Relaxed);
         if let Some(why) = failure
             && self
                 .warned
@@ -422,9 +447,6 @@ impl Exporter {
                 spans = spans.len(),
                 "exporting traces failed: {why}"
             );
-        }
-        if dropped > 0 {
-            tracing::warn!(dropped, "spans were dropped: the export queue was full");
         }
     }
 }

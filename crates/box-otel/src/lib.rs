@@ -1,7 +1,7 @@
 //! OpenTelemetry for box, all of it in one place: W3C trace context
 //! (`context`), spans (`span`), OTLP/HTTP protobuf written by hand
 //! (`proto`) and exported by one task (`export`), and the executor's spans
-//! carried home in its answers (`wire`). The executor uses only the
+//! carried home beside its answers (`wire`). The executor uses only the
 //! context and `wire::Recording` (ids and times); the host holds the
 //! [`Tracer`].
 //!
@@ -20,4 +20,7 @@ pub use context::{
 };
 pub use export::{Endpoint, ExportConfig, Tracer};
 pub use span::{AttrValue, Span, SpanData, SpanKind};
-pub use wire::{EXECUTOR_SPANS, EXECUTOR_TRACEPARENT, Recording, take_executor_spans};
+pub use wire::{
+    EXECUTOR_SPANS, EXECUTOR_TRACEPARENT, Recording, executor_spans_notification,
+    executor_spans_request, is_executor_spans, read_executor_spans,
+};

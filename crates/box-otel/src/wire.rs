@@ -1,10 +1,10 @@
 //! The executor's spans, carried home over the wire it already has: a unit
 //! usually has no network to a collector, so the host sends a forwarded
 //! request's context as `_meta["box/traceparent"]`, the executor records
-//! its spans with ids and times alone (no SDK: [`Recording`]) and returns
-//! them in its result's `_meta["box/spans"]`, and the host takes them off
-//! before the client sees the result and exports them
-//! ([`take_executor_spans`]), checked to belong where the host put them.
+//! its spans with ids and times alone (no SDK: [`Recording`]) and sends
+//! them as a `notifications/box/spans` line just before its answer, which
+//! the host never passes on to the client: it exports them
+//! ([`read_executor_spans`]), checked to belong where the host put them.
 
 use serde_json::{Map, Value, json};
 
@@ -13,8 +13,9 @@ use crate::span::{AttrValue, SpanData, SpanKind};
 
 /// The `_meta` key of a forwarded request's context, for the executor.
 pub const EXECUTOR_TRACEPARENT: &str = "box/traceparent";
-/// The result `_meta` key of the executor's spans, for the host.
-pub const EXECUTOR_SPANS: &str = "box/spans";
+/// The method of the executor's notification carrying a request's spans
+/// (`{requestId, spans}`), for the host alone.
+pub const EXECUTOR_SPANS: &str = "notifications/box/spans";
 
 /// At most this many spans are taken from one answer.
 const MAX_SPANS: usize = 32;
@@ -86,28 +87,38 @@ impl Recording {
     }
 }
 
-/// Take the executor's spans off a result (`result._meta["box/spans"]`,
-/// the `_meta` removed when nothing else is left in it) and read those that
-/// belong under `parent`: the same trace, parented by `parent` or by
-/// another span of the same answer. Text attributes pass `redact`;
+/// The executor's notification of `spans`, the spans of its request
+/// `request_id`.
+pub fn executor_spans_notification(request_id: Value, spans: Vec<Value>) -> Value {
+    json!({
+        "jsonrpc": "2.0",
+        "method": EXECUTOR_SPANS,
+        "params": {"requestId": request_id, "spans": spans},
+    })
+}
+
+/// Whether `message` (from an executor) is its spans' notification: the
+/// host takes it whether it traces or not, so it never reaches a client.
+pub fn is_executor_spans(message: &Value) -> bool {
+    message.get("method").and_then(Value::as_str) == Some(EXECUTOR_SPANS)
+}
+
+/// The request id (at the unit) a spans notification is for.
+pub fn executor_spans_request(message: &Value) -> Option<u64> {
+    message.pointer("/params/requestId")?.as_u64()
+}
+
+/// The spans of an executor's notification that belong under `parent`
+/// (the host's span of the request): the same trace, parented by `parent`
+/// or by another span of the same notification. Text passes `redact`;
 /// counts and lengths are bounded, so a unit cannot flood the export.
-pub fn take_executor_spans(
-    result: &mut Value,
+pub fn read_executor_spans(
+    message: &Value,
     parent: Option<&SpanContext>,
     redact: impl Fn(&str) -> String,
 ) -> Vec<SpanData> {
-    let Some(meta) = result.get_mut("_meta").and_then(Value::as_object_mut) else {
-        return Vec::new();
-    };
-    let Some(spans) = meta.remove(EXECUTOR_SPANS) else {
-        return Vec::new();
-    };
-    if meta.is_empty()
-        && let Some(result) = result.as_object_mut()
-    {
-        result.remove("_meta");
-    }
-    let (Some(parent), Value::Array(spans)) = (parent, spans) else {
+    let (Some(parent), Some(Value::Array(spans))) = (parent, message.pointer("/params/spans"))
+    else {
         return Vec::new();
     };
     let mut known = vec![parent.span_id];
@@ -162,7 +173,10 @@ pub fn take_executor_spans(
                                 },
                                 _ => return None,
                             };
-                            Some((text(key), value))
+                            // A key is a plain name or nothing: never free text.
+                            key.bytes()
+                                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+                                .then(|| (key.chars().take(64).collect(), value))
                         })
                         .collect()
                 })
@@ -202,15 +216,16 @@ mod tests {
         let mut tool = Recording::start(&parent, "execute_tool bash".to_owned());
         tool.set("gen_ai.tool.name", "bash");
         tool.set("note", "token hunter2");
+        tool.set("free text key", "dropped");
         let process = tool.child("process".to_owned()).finish();
         let stranger = Recording::start(&SpanContext::root(), "elsewhere".to_owned()).finish();
         let tool = tool.finish();
-        let mut result =
-            json!({"content": [], "_meta": {EXECUTOR_SPANS: [tool, process, stranger]}});
-        let spans = take_executor_spans(&mut result, Some(&host), |text| {
+        let message = executor_spans_notification(json!(7), vec![tool, process, stranger]);
+        assert!(is_executor_spans(&message));
+        assert_eq!(executor_spans_request(&message), Some(7));
+        let spans = read_executor_spans(&message, Some(&host), |text| {
             text.replace("hunter2", "[REDACTED]")
         });
-        assert_eq!(result, json!({"content": []}));
         assert_eq!(spans.len(), 2, "the span of another trace is dropped");
         assert_eq!(spans[0].name, "execute_tool bash");
         assert_eq!(spans[0].parent_span_id, Some(host.span_id));
@@ -220,12 +235,7 @@ mod tests {
             "note".to_owned(),
             AttrValue::Str("token [REDACTED]".to_owned())
         )));
-    }
-
-    #[test]
-    fn spans_are_taken_off_even_when_the_host_is_not_tracing() {
-        let mut result = json!({"_meta": {EXECUTOR_SPANS: [], "other": 1}});
-        assert!(take_executor_spans(&mut result, None, str::to_owned).is_empty());
-        assert_eq!(result, json!({"_meta": {"other": 1}}));
+        assert!(!spans[0].attributes.iter().any(|(key, _)| key.contains(' ')));
+        assert!(read_executor_spans(&message, None, str::to_owned).is_empty());
     }
 }

@@ -56,8 +56,26 @@ impl Session {
         None
     }
 
+    /// An executor's spans of a call (`notifications/box/spans`, sent just
+    /// before its answer): exported when they belong under the call's span,
+    /// never passed on to the client.
+    fn executor_spans(&self, live: &mut Live, unit: usize, message: &Value) {
+        let parent = box_otel::executor_spans_request(message)
+            .and_then(|unit_id| live.router.tag_mut(unit, unit_id))
+            .and_then(|tag| tag.span.context().cloned());
+        let redactor = &live.redactor;
+        for span in box_otel::read_executor_spans(message, parent.as_ref(), |text| {
+            redactor.text(text).into_owned()
+        }) {
+            self.services.tracer.record(span);
+        }
+    }
+
     pub(super) fn on_unit(&self, live: &mut Live, event: UnitEvent) {
         match event {
+            UnitEvent::Message(unit, message) if box_otel::is_executor_spans(&message) => {
+                self.executor_spans(live, unit, &message);
+            }
             UnitEvent::Message(unit, message) => match self
                 .late_answer(live, unit, message)
                 .map(|message| live.router.from_unit(unit, message))
@@ -67,17 +85,6 @@ impl Session {
                     mut forward,
                     mut response,
                 } => {
-                    // The executor's spans go to the exporter, never to the client.
-                    if let Some(result) = response.get_mut("result") {
-                        let spans = box_otel::take_executor_spans(
-                            result,
-                            forward.tag.span.context(),
-                            |text| live.redactor.text(text).into_owned(),
-                        );
-                        for span in spans {
-                            self.services.tracer.record(span);
-                        }
-                    }
                     let (outcome, details) = outcome_of(forward.tag.tool.as_deref(), &response);
                     self.record_answer(
                         live,
