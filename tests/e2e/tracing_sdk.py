@@ -28,6 +28,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 from typing import Any
 
 from mcp.client.client import Client
@@ -196,6 +197,15 @@ async def main() -> None:
             legacy = client.protocol_version
         spans = wait_for(bytes.fromhex(trace_id), {"tools/call bash", "execute_tool bash"})
         summary["legacy"] = check_trace(spans, parent_id, legacy, stateless=False)
+
+        # MCP's duration histogram, beside box's own metrics.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        histogram = [line for line in metrics.splitlines()
+                     if line.startswith("mcp_server_operation_duration_seconds_count")
+                     and 'mcp_method_name="tools/call"' in line and 'gen_ai_tool_name="bash"' in line]
+        if not histogram or sum(float(line.rsplit(" ", 1)[1]) for line in histogram) < 2:
+            raise AssertionError(f"/metrics: no mcp_server_operation_duration_seconds for the two bash calls:\n{metrics}")
 
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=60)
