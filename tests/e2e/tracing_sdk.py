@@ -186,7 +186,15 @@ async def main() -> None:
         async with Client(url) as client:
             version = client.protocol_version
             await traced_call(client, trace_id, parent_id)
-        spans = wait_for(bytes.fromhex(trace_id), {"tools/call bash", "execute_tool bash", "unit.start workspace", "unit.initialize workspace"})
+        expected = {"tools/call bash", "execute_tool bash", "unit.start workspace", "unit.initialize workspace"}
+        if options.backend == "docker":
+            # The docker backend's steps, under the unit's start.
+            expected |= {"unit.pull", "unit.create", "unit.boot"}
+        spans = wait_for(bytes.fromhex(trace_id), expected)
+        starts = {span.span_id for span in spans if span.name == "unit.start workspace"}
+        for span in spans:
+            if span.name in ("unit.pull", "unit.create", "unit.boot") and span.parent_span_id not in starts:
+                raise AssertionError(f"{span.name} is not under the unit's start")
         summary["stateless"] = check_trace(spans, parent_id, version, stateless=True)
 
         # The handshake era: the session's units started at initialize; the call's trace has

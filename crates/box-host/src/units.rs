@@ -226,6 +226,23 @@ pub async fn start_units(
             });
         span.set("box.unit.name", spec.name.as_str());
         span.set_with("box.backend", || services.backend.kind().to_string());
+        if let Some(parent) = span.context().cloned() {
+            let tracer = services.tracer.clone();
+            wiring.phases = Some(box_backend::StartPhases(Arc::new(
+                move |name, started, ended, ok| {
+                    tracer.record(box_otel::SpanData {
+                        context: parent.child(),
+                        parent_span_id: Some(parent.span_id),
+                        name: format!("unit.{name}"),
+                        kind: box_otel::SpanKind::Internal,
+                        start: unix_nanos(started),
+                        end: unix_nanos(ended),
+                        attributes: Vec::new(),
+                        error: (!ok).then(|| format!("{name}_failed")),
+                    });
+                },
+            )));
+        }
         let (services, label, spec) = (services.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
             // A warm unit from a pool when one fits (its plan bound late), else cold.
@@ -545,6 +562,13 @@ pub async fn initialize_executor(
 /// ended, how (exit code or signal) and why (an OOM kill): each once.
 pub fn describe_end(end: &UnitEnd) -> String {
     end.reason.clone()
+}
+
+/// `at` in nanoseconds since the Unix epoch (OTLP's time).
+fn unix_nanos(at: std::time::SystemTime) -> u64 {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .map(|since| u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
