@@ -49,6 +49,13 @@
 //!   through this build's `box serve` and the other binary's, local and
 //!   docker, interleaved in blocks (a restructuring's cost per call).
 //!
+//! - `tracing`: per-call round trips (`tools/call read`, each with a W3C
+//!   `traceparent` in `_meta`) through this build's `box serve` with tracing
+//!   off and with tracing on (exporting OTLP/HTTP to a receiver in this
+//!   process), and with `BOX_BENCH_BEFORE=PATH` through that binary too,
+//!   local and docker, interleaved in blocks (issue 27: off <= 1.01x of
+//!   before, on <= 1.10x of off).
+//!
 //! `cargo bench --profile dev --bench serve_units [-- start|call|http|batch]`;
 //! BOX_BENCH_HTTP (default `docker:50,local:50,local:200`) picks the
 //! concurrency runs. Everything started here (containers labelled
@@ -879,6 +886,165 @@ fn before_call_figures(backend: &str, workspace: &Path, before: &Path) {
     );
 }
 
+/// An OTLP/HTTP receiver for the tracing figures: answers every POST 200
+/// and counts the requests and their bodies' bytes.
+struct OtlpSink {
+    address: SocketAddr,
+    bodies: Arc<std::sync::atomic::AtomicU64>,
+    bytes: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl OtlpSink {
+    fn start() -> OtlpSink {
+        use std::io::Read;
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let (bodies, bytes) = (Arc::default(), Arc::default());
+        let (counted, sized): (
+            Arc<std::sync::atomic::AtomicU64>,
+            Arc<std::sync::atomic::AtomicU64>,
+        ) = (Arc::clone(&bodies), Arc::clone(&bytes));
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut seen = Vec::new();
+                let mut chunk = [0u8; 16384];
+                let body_at = loop {
+                    let Ok(read) = stream.read(&mut chunk) else {
+                        break None;
+                    };
+                    if read == 0 {
+                        break None;
+                    }
+                    seen.extend_from_slice(&chunk[..read]);
+                    if let Some(at) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break Some(at + 4);
+                    }
+                };
+                let Some(body_at) = body_at else { continue };
+                let head = String::from_utf8_lossy(&seen[..body_at]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|line| line.strip_prefix("content-length:"))
+                    .and_then(|value| value.trim().parse().ok())
+                    .unwrap_or(0);
+                while seen.len() < body_at + length {
+                    match stream.read(&mut chunk) {
+                        Ok(0) | Err(_) => break,
+                        Ok(read) => seen.extend_from_slice(&chunk[..read]),
+                    }
+                }
+                counted.fetch_add(1, Ordering::SeqCst);
+                sized.fetch_add(length as u64, Ordering::SeqCst);
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                );
+            }
+        });
+        OtlpSink {
+            address,
+            bodies,
+            bytes,
+        }
+    }
+}
+
+/// Per-call with tracing off and on (and `BOX_BENCH_BEFORE`'s, when given),
+/// on `backend`: one session each, interleaved blocks of the same traced read.
+fn tracing_call_figures(backend: &str, workspace: &Path) {
+    use std::sync::atomic::Ordering;
+    let calls = env_number("BOX_BENCH_CALLS", 1000);
+    let sink = OtlpSink::start();
+    let before = std::env::var_os("BOX_BENCH_BEFORE").map(PathBuf::from);
+    let mut runs: Vec<(&str, PathBuf, bool)> = vec![
+        ("off", PathBuf::from(BOX), false),
+        ("on", PathBuf::from(BOX), true),
+    ];
+    if let Some(before) = before {
+        runs.push(("before", before, false));
+    }
+    let mut peers: Vec<(&str, Peer)> = runs
+        .iter()
+        .enumerate()
+        .map(|(index, (name, exe, traced))| {
+            let instance = format!("{}-tcall-{backend}-{index}", label());
+            let mut command = box_serve_of(exe, backend, workspace, &instance);
+            for variable in [
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "OTEL_SDK_DISABLED",
+                "OTEL_TRACES_EXPORTER",
+            ] {
+                command.env_remove(variable);
+            }
+            if *traced {
+                command.env(
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    format!("http://{}", sink.address),
+                );
+            }
+            let mut peer = Peer::spawn(&mut command);
+            peer.initialize();
+            (*name, peer)
+        })
+        .collect();
+    let traced_read = |n: usize| {
+        let mut call = read_call(0, "small.txt");
+        call["params"]["_meta"] = json!({
+            "traceparent": format!("00-{:032x}-{:016x}-01", 0xb0c5_u128 << 64 | n as u128, n as u64 + 1),
+        });
+        call
+    };
+    for (_, peer) in &mut peers {
+        for n in 0..50 {
+            peer.ask(traced_read(n));
+        }
+    }
+    let mut times = vec![Vec::new(); peers.len()];
+    for block in 0..calls / 50 {
+        for (index, (_, peer)) in peers.iter_mut().enumerate() {
+            for n in 0..50 {
+                let call = traced_read(block * 50 + n);
+                let started = Instant::now();
+                peer.ask(call);
+                times[index].push(started.elapsed());
+            }
+        }
+    }
+    let p = |index: usize, q: f64| micros(percentile(&times[index], q));
+    let mut line = format!(
+        "call, stdio, {backend}, tracing: {calls} traced tools/call read of a 20-line file"
+    );
+    for (index, (name, _)) in peers.iter().enumerate() {
+        line.push_str(&format!(
+            " | {name} p50={:.0}us p99={:.0}us",
+            p(index, 0.5),
+            p(index, 0.99)
+        ));
+    }
+    line.push_str(&format!(
+        " | on/off p50={:.3} p99={:.3} (goal <= 1.10)",
+        p(1, 0.5) / p(0, 0.5),
+        p(1, 0.99) / p(0, 0.99)
+    ));
+    if peers.len() > 2 {
+        line.push_str(&format!(
+            " | off/before p50={:.3} p99={:.3} (goal <= 1.01)",
+            p(0, 0.5) / p(2, 0.5),
+            p(0, 0.99) / p(2, 0.99)
+        ));
+    }
+    // The last batch is exported when its host ends.
+    drop(peers);
+    line.push_str(&format!(
+        " | exported {} requests, {} bytes",
+        sink.bodies.load(Ordering::SeqCst),
+        sink.bytes.load(Ordering::SeqCst)
+    ));
+    println!("{line}");
+}
+
 fn mcp_proxy() -> Option<PathBuf> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-mcp-proxy/bin/mcp-proxy");
     path.exists().then_some(path)
@@ -1603,6 +1769,12 @@ fn main() {
         before_call_figures("local", workspace.path(), &before);
         if docker.is_some() {
             before_call_figures("docker", workspace.path(), &before);
+        }
+    }
+    if wants("tracing") {
+        tracing_call_figures("local", workspace.path());
+        if docker.is_some() {
+            tracing_call_figures("docker", workspace.path());
         }
     }
     if docker.is_some() && wants("batch") {

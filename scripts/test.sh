@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README): installs what the tests need, then runs them all.
-# - the Python `mcp` SDK, a real and independent MCP client, in .venv
+# - the Python `mcp` SDK, a real and independent MCP client, in .venv, and opentelemetry-proto
+#   (the OTLP definitions the tracing test's receiver decodes with)
 # - the unit images, when a Docker engine answers (scripts/images.sh skips what exists)
 # - the test fixture images (scripts/test-images.sh, the same)
 # - docker-registry and gVisor's runsc, registered with the engine (scripts/registry.sh, runsc.sh)
@@ -11,6 +12,11 @@ if ! .venv/bin/python -c 'import mcp' 2>/dev/null; then
     echo "test.sh: installing the Python mcp SDK into .venv" >&2
     python3 -m venv .venv
     .venv/bin/pip install --quiet --disable-pip-version-check 'mcp>=2,<3'
+fi
+# The tracing test's OTLP receiver decodes with the official definitions.
+if ! .venv/bin/python -c 'import opentelemetry.proto' 2>/dev/null; then
+    echo "test.sh: installing opentelemetry-proto into .venv" >&2
+    .venv/bin/pip install --quiet --disable-pip-version-check 'opentelemetry-proto>=1.20,<2'
 fi
 export BOX_TEST_PYTHON="$PWD/.venv/bin/python"
 

@@ -95,6 +95,13 @@ pub struct ServeArgs {
     /// after its session. Overrides the profile's `[pool] size` (N = 0: no pool).
     #[arg(long = "pool", value_name = "PROFILE=N", value_parser = parse_pool)]
     pub pools: Vec<host::PoolAsk>,
+    /// Export traces (OpenTelemetry, OTLP over HTTP, protobuf) to this
+    /// collector: a base URL (`http://127.0.0.1:4318`, `/v1/traces` added) or
+    /// a full one with its path. Without it, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+    /// or OTEL_EXPORTER_OTLP_ENDPOINT turn tracing on (OTEL_SDK_DISABLED=true
+    /// or OTEL_TRACES_EXPORTER=none keep it off); with none, nothing is recorded.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// `--pool PROFILE=N`.
@@ -114,8 +121,12 @@ const SERVE_EXAMPLES: &str = "Examples:
 
 impl ServeArgs {
     /// What the host needs of these flags.
-    fn host_config(&self) -> ServeConfig {
-        ServeConfig {
+    fn host_config(&self) -> anyhow::Result<ServeConfig> {
+        let tracing = box_otel::ExportConfig::from_env(self.otlp_endpoint.as_deref(), |name| {
+            std::env::var(name).ok()
+        })
+        .map_err(|why| anyhow::anyhow!("tracing: {why}"))?;
+        Ok(ServeConfig {
             profile: self.profile.clone(),
             profile_dirs: self.profile_dirs.clone(),
             backend: self.backend.clone(),
@@ -134,7 +145,8 @@ impl ServeArgs {
             },
             takeover: self.takeover,
             pools: self.pools.clone(),
-        }
+            tracing,
+        })
     }
 
     /// What the stdio session asks for from these flags: `--tighten` (JSON,
@@ -289,7 +301,7 @@ async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
         Some(address) => Some((address.clone(), args.http_options()?)),
         None => None,
     };
-    let host = host::start(args.host_config()).await?;
+    let host = host::start(args.host_config()?).await?;
     process::watch_signals(
         host.shutdown.clone(),
         host.config.clone(),
@@ -311,6 +323,7 @@ async fn serve_async(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     host.end_pools().await;
+    host.flush_traces().await;
     Ok(host.finish())
 }
 

@@ -2035,3 +2035,28 @@ async fn copy_move_and_remove_keep_their_rules_on_every_backend() {
     });
     assert!(status.success(), "{status}");
 }
+
+/// Issue 27: an unmodified client's `traceparent` in `_meta` parents box's
+/// spans, exported over OTLP/HTTP to a receiver decoding them with the
+/// official definitions: the request span by MCP's conventions, the unit's
+/// start spans, the executor's span for the command, and no byte of the
+/// profile's secret the command echoes (`tests/e2e/tracing_sdk.py`).
+#[test]
+fn traces_of_a_tool_call_reach_an_otlp_receiver_on_every_backend() {
+    let Some(python) = crate::support::python_with_otlp() else {
+        return;
+    };
+    for backend in backends() {
+        let workspace = tempfile::tempdir().unwrap();
+        run_script(
+            &python,
+            "tracing_sdk.py",
+            &[
+                "--backend",
+                backend,
+                "--workspace",
+                workspace.path().to_str().unwrap(),
+            ],
+        );
+    }
+}

@@ -68,6 +68,30 @@ pub fn python_with_mcp() -> Option<PathBuf> {
     None
 }
 
+/// The Python of [`python_with_mcp`] when it also has the official OTLP
+/// definitions (`opentelemetry-proto`, which scripts/test.sh installs);
+/// under CI their absence is a failure, never a skip.
+pub fn python_with_otlp() -> Option<PathBuf> {
+    let python = python_with_mcp()?;
+    let works = std::process::Command::new(&python)
+        .args([
+            "-c",
+            "from opentelemetry.proto.collector.trace.v1 import trace_service_pb2",
+        ])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if works {
+        return Some(python);
+    }
+    let message = format!(
+        "the Python `opentelemetry-proto` package is not installed at {} (run scripts/test.sh, or set BOX_TEST_PYTHON)",
+        python.display()
+    );
+    assert!(!under_ci(), "{message}");
+    eprintln!("\n*** OTLP RECEIVER TEST NOT RUN: {message} ***\n");
+    None
+}
+
 /// Whether a Docker engine answers, after saying loudly why not when it does
 /// not; under CI its absence is a failure, never a skip.
 pub async fn docker_answers() -> bool {

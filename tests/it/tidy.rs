@@ -49,6 +49,9 @@ fn crates_depend_only_on_what_the_architecture_allows() {
         ("box-egress", &["box-policy"]),
         ("box-fork", &["box-scrub"]),
         ("box-init", &[]),
+        // OpenTelemetry in one place, a leaf: the executor records its spans
+        // with it (ids and times), the host exports them; neither knows OTLP.
+        ("box-otel", &[]),
         (
             "box-executor",
             &[
@@ -57,6 +60,7 @@ fn crates_depend_only_on_what_the_architecture_allows() {
                 "box-scrub",
                 "box-confine",
                 "box-egress",
+                "box-otel",
             ],
         ),
         ("box-backend", &["box-policy", "box-scrub", "box-init"]),
@@ -84,6 +88,7 @@ fn crates_depend_only_on_what_the_architecture_allows() {
                 "box-redact",
                 "box-egress",
                 "box-fork",
+                "box-otel",
             ],
         ),
         ("box-transport", &["box-jsonrpc"]),

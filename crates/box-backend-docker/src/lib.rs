@@ -271,7 +271,8 @@ impl DockerBackend {
             message: why,
         })?;
         let sink = pull::start_sink(self.pull_sink.as_ref(), wiring.progress.as_ref());
-        let ready = match self
+        let pulling = std::time::SystemTime::now();
+        let ready = self
             .puller()
             .ready_image(
                 &spec.image,
@@ -279,8 +280,9 @@ impl DockerBackend {
                 sink.as_ref(),
                 spec.pull_secret.as_deref(),
             )
-            .await
-        {
+            .await;
+        wiring.phase("pull", pulling, ready.is_ok());
+        let ready = match ready {
             Ok(ready) => ready,
             Err(pull::NotReady::Missing { remedy }) => {
                 return Err(BackendError::MissingImage {
@@ -479,12 +481,10 @@ impl DockerBackend {
         }
         let name = body::container_name(session, spec);
         let options = CreateContainerOptionsBuilder::new().name(&name).build();
-        let id = self
-            .docker
-            .create_container(Some(options), body)
-            .await
-            .map_err(|e| other("creating the container", e))?
-            .id;
+        let creating = std::time::SystemTime::now();
+        let created = self.docker.create_container(Some(options), body).await;
+        wiring.phase("create", creating, created.is_ok());
+        let id = created.map_err(|e| other("creating the container", e))?.id;
 
         // From here on, a failure removes what was created.
         let seeded = home::seed(
@@ -527,7 +527,8 @@ impl DockerBackend {
             identity,
             secrets: secrets_on_stdin.then_some(secrets),
         };
-        match self
+        let booting = std::time::SystemTime::now();
+        let attached = self
             .attach(
                 session,
                 spec,
@@ -536,8 +537,11 @@ impl DockerBackend {
                 (env_passed, env_scrubbed),
                 channel,
             )
-            .await
-        {
+            .await;
+        // The container started and its init connected, proved and was
+        // handed the unit's secrets.
+        wiring.phase("boot", booting, attached.is_ok());
+        match attached {
             Ok(mut started) => {
                 if let Some(home) = started.envelope.home.as_mut() {
                     home.seeded_from = (seeded == home::Seeded::Image).then(|| "image".to_owned());

@@ -134,7 +134,44 @@ pub struct UnitWiring {
     pub progress: Option<StartProgress>,
     /// The unit this one was forked from (`box/fork`), for its labels.
     pub parent: Option<String>,
+    /// Who hears when each step of the start began and ended (the host's
+    /// traces: `unit.pull`, `unit.create`, `unit.boot`).
+    pub phases: Option<StartPhases>,
 }
+
+impl UnitWiring {
+    /// Report that step `name` of the start, begun at `started`, ended now.
+    pub fn phase(&self, name: &'static str, started: std::time::SystemTime, ok: bool) {
+        if let Some(phases) = &self.phases {
+            (phases.0)(name, started, std::time::SystemTime::now(), ok);
+        }
+    }
+}
+
+/// Where a unit's start reports its steps: the step's name, when it began
+/// and ended, and whether it worked.
+#[derive(Clone)]
+#[allow(clippy::type_complexity)]
+pub struct StartPhases(
+    pub  std::sync::Arc<
+        dyn Fn(&'static str, std::time::SystemTime, std::time::SystemTime, bool) + Send + Sync,
+    >,
+);
+
+impl std::fmt::Debug for StartPhases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StartPhases")
+    }
+}
+
+/// The same listener.
+impl PartialEq for StartPhases {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for StartPhases {}
 
 /// What a backend can do beyond starting a unit from its spec: what the host
 /// may wire into a unit, and what it may ask of one later. The host asks

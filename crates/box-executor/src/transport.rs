@@ -8,11 +8,13 @@
 //! Lines are read with box-jsonrpc's framer (`lines::LineReader`), on the
 //! process's stdio as `box serve` opens it (`box_jsonrpc::stdio`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use rmcp::RoleServer;
-use rmcp::model::{ClientNotification, ClientRequest, GetMeta as _, JsonRpcMessage, RequestId};
+use rmcp::model::{
+    ClientNotification, ClientRequest, GetMeta as _, JsonRpcMessage, RequestId, ServerResult,
+};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -43,6 +45,11 @@ pub(crate) struct LineTransport<R, W> {
     /// and take the first one's place: it is refused here instead, as
     /// `box serve` refuses it.
     in_flight: Arc<std::sync::Mutex<HashSet<RequestId>>>,
+    /// The spans of requests the host traces (it sent
+    /// `_meta["box/traceparent"]`), by id, until answered: a
+    /// `notifications/box/spans` line just before the answer carries them
+    /// home (the answer itself is written as it would be).
+    traced: Arc<std::sync::Mutex<HashMap<RequestId, box_otel::Recording>>>,
 }
 
 impl<R, W> LineTransport<R, W>
@@ -56,6 +63,37 @@ where
             reader: LineReader::new(reader, MAX_LINE_BYTES).keeping_head(ID_SCAN_BYTES),
             writer: Arc::new(Mutex::new(writer)),
             in_flight: Arc::default(),
+            traced: Arc::default(),
+        }
+    }
+
+    /// Start the span of a request the host traces: `execute_tool {name}`
+    /// for a tool call (the conventions' name), else its method. Nothing
+    /// from the arguments is recorded.
+    fn trace(&self, message: &RxJsonRpcMessage<RoleServer>) {
+        let JsonRpcMessage::Request(request) = message else {
+            return;
+        };
+        let meta = request.request.get_meta();
+        let Some(parent) = box_otel::Recording::parent_in(meta.get(box_otel::EXECUTOR_TRACEPARENT))
+        else {
+            return;
+        };
+        let mut span = match &request.request {
+            ClientRequest::CallToolRequest(call) => {
+                let mut span = box_otel::Recording::start(
+                    &parent,
+                    format!("execute_tool {}", call.params.name),
+                );
+                span.set("gen_ai.operation.name", "execute_tool");
+                span.set("gen_ai.tool.name", call.params.name.to_string());
+                span
+            }
+            other => box_otel::Recording::start(&parent, other.method().to_owned()),
+        };
+        span.set("mcp.method.name", request.request.method());
+        if let Ok(mut traced) = self.traced.lock() {
+            traced.insert(request.id.clone(), span);
         }
     }
 
@@ -86,6 +124,9 @@ where
                     && let Some(id) = &cancelled.params.request_id
                 {
                     in_flight.remove(id);
+                    if let Ok(mut traced) = self.traced.lock() {
+                        traced.remove(id);
+                    }
                 }
             }
             JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_) => {}
@@ -335,9 +376,29 @@ where
         {
             in_flight.remove(id);
         }
+        let span = answered.and_then(|id| Some((id, self.traced.lock().ok()?.remove(id)?)));
+        let spans = span.map(|(id, mut span)| {
+            match &item {
+                JsonRpcMessage::Response(response) => {
+                    if let ServerResult::CallToolResult(result) = &response.result
+                        && result.is_error == Some(true)
+                    {
+                        span.set_error("tool_error");
+                    }
+                }
+                _ => span.set_error("jsonrpc_error"),
+            }
+            box_otel::executor_spans_notification(id.clone().into_json_value(), vec![span.finish()])
+        });
         let writer = Arc::clone(&self.writer);
         async move {
             let mut bytes = Vec::with_capacity(4096);
+            // Written with the answer, before it, so the host has the spans
+            // when the answer ends its own span.
+            if let Some(spans) = spans {
+                serde_json::to_writer(&mut bytes, &spans).map_err(std::io::Error::other)?;
+                bytes.push(b'\n');
+            }
             serde_json::to_writer(&mut bytes, &item).map_err(std::io::Error::other)?;
             Self::write(&writer, bytes).await
         }
@@ -358,7 +419,13 @@ where
                     // Answered here, as `box serve` answers it: rmcp would
                     // first demand 2026-07-28 `_meta` fields of the probe.
                     Some(refused) => Err(Some(refused)),
-                    None => self.track(&message).map(|()| Some(message)).map_err(Some),
+                    None => self
+                        .track(&message)
+                        .map(|()| {
+                            self.trace(&message);
+                            Some(message)
+                        })
+                        .map_err(Some),
                 },
                 None => Ok(None),
             });

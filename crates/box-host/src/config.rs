@@ -44,6 +44,9 @@ pub struct ServeConfig {
     pub takeover: bool,
     /// Pools of warm units to keep (`--pool PROFILE=N`).
     pub pools: Vec<PoolAsk>,
+    /// Where traces are exported (OTLP/HTTP), when they are: the binary reads
+    /// `--otlp-endpoint` and the standard `OTEL_*` variables.
+    pub tracing: Option<box_otel::ExportConfig>,
 }
 
 /// How a plan is resolved: `plan::resolve`, or a test's own.

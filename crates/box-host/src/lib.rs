@@ -422,6 +422,14 @@ pub async fn start(serve: ServeConfig) -> anyhow::Result<Host> {
     if let Some(dir) = &serve.state {
         services.state = Some(state::Store::open(dir).map_err(|why| anyhow::anyhow!(why))?);
     }
+    if let Some(mut tracing) = serve.tracing.clone() {
+        tracing.resource.push((
+            "service.instance.id".to_owned(),
+            box_otel::AttrValue::Str(config.instance.clone()),
+        ));
+        tracing::info!(endpoint = %tracing.endpoint, "exporting traces over OTLP/HTTP");
+        services.tracer = box_otel::Tracer::export(tracing);
+    }
     let (config, services) = (Arc::new(config), Arc::new(services));
     let pools = pool::asked(&config, &serve.pools, serve.listen.is_some());
     pool::start(&config, &services.pools, services.backend.as_ref(), &pools)?;
@@ -476,6 +484,12 @@ impl Host {
     /// After the transport has ended: failure when units are not confirmed
     /// removed (each named on stderr with how to remove it). The instance id
     /// is released here.
+    /// Export the spans still queued and wait for the export (bounded by its
+    /// timeout): the host's last calls and removals are in its last batch.
+    pub async fn flush_traces(&self) {
+        self.services.tracer.flush().await;
+    }
+
     pub fn finish(self) -> ExitCode {
         if report_units_left(&self.config, &self.services) {
             return ExitCode::FAILURE;

@@ -80,6 +80,27 @@ struct CallLabels {
     outcome: &'static str,
 }
 
+/// `mcp.server.operation.duration`'s attributes as labels (MCP's semantic
+/// conventions, dots made underscores), each from a bounded set: the
+/// method's label, the tool's, and the error's type (empty when the call
+/// worked), an outcome of [`OUTCOMES`].
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabels {
+    mcp_method_name: &'static str,
+    gen_ai_tool_name: String,
+    error_type: &'static str,
+}
+
+/// The buckets MCP's semantic conventions advise for
+/// `mcp.server.operation.duration`, in seconds.
+const OPERATION_BUCKETS: [f64; 14] = [
+    0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+fn operation_histogram() -> Histogram {
+    Histogram::new(OPERATION_BUCKETS)
+}
+
 /// An egress attempt's labels: the proxy's outcome and, when refused or failed,
 /// its reason (both from box-egress's fixed sets).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -139,6 +160,7 @@ pub struct Metrics {
     units_removed: Counter,
     calls: Family<CallLabels, Counter>,
     call_duration: Histogram,
+    operation_duration: Family<OperationLabels, Histogram, fn() -> Histogram>,
     unit_start_duration: Histogram,
     egress: Family<EgressLabels, Counter>,
     forks: Family<ForkLabels, Counter>,
@@ -198,6 +220,16 @@ impl Default for Metrics {
             "box_call_duration_seconds",
             "How long forwarded requests took to be answered",
             call_duration.clone(),
+        );
+        let operation_duration =
+            Family::<OperationLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                operation_histogram,
+            );
+        registry.register_with_unit(
+            "mcp_server_operation_duration",
+            "MCP requests forwarded to units, by method, tool and error type (MCP's semantic conventions)",
+            prometheus_client::registry::Unit::Seconds,
+            operation_duration.clone(),
         );
         let unit_start_duration = Histogram::new(BUCKETS);
         registry.register(
@@ -262,6 +294,7 @@ impl Default for Metrics {
             units_removed,
             calls,
             call_duration,
+            operation_duration,
             unit_start_duration,
             egress,
             forks,
@@ -375,6 +408,17 @@ impl Metrics {
             tool: tool.unwrap_or("").to_owned(),
             outcome: bounded(&OUTCOMES, outcome),
         };
+        let error_type = match labels.outcome {
+            "ok" | "failed" => "",
+            other => other,
+        };
+        self.operation_duration
+            .get_or_create(&OperationLabels {
+                mcp_method_name: method,
+                gen_ai_tool_name: labels.tool.clone(),
+                error_type,
+            })
+            .observe(duration.as_secs_f64());
         self.calls.get_or_create(&labels).inc();
         self.call_duration.observe(duration.as_secs_f64());
     }

@@ -59,6 +59,8 @@ pub struct Services {
     /// The key the `requestState`s of "input required" answers are sealed
     /// with (MCP 2026-07-28's MRTR, `session/input.rs`).
     pub state_key: request_state::StateKey,
+    /// Where spans go: off (nothing recorded) unless the host exports traces.
+    pub tracer: box_otel::Tracer,
 }
 
 /// How many plans' tool lists a host keeps (the oldest goes first): a host
@@ -116,6 +118,7 @@ impl Services {
             pools: pool::Pools::default(),
             tool_lists: ToolLists::default(),
             state_key: request_state::StateKey::random(),
+            tracer: box_otel::Tracer::off(),
         }
     }
 

@@ -206,8 +206,8 @@ impl Session {
             store.remove(&self.id);
         }
         for unit in 0..live.units.len() {
-            for forward in live.router.take_all(unit) {
-                self.record(live, unit, &forward.tag, "session_ended");
+            for mut forward in live.router.take_all(unit) {
+                self.record(live, unit, &mut forward.tag, "session_ended");
                 forward.reply.answer(error_response(
                     forward.client_id,
                     code::INTERNAL_ERROR,
@@ -308,7 +308,16 @@ impl Session {
         live.tasks.abort_all();
         // The session is over only once its units are confirmed gone: until
         // then it keeps its place, and the host names them if it exits first.
+        // A child of the request that opened the session: its units' life
+        // ends in the trace it began in.
+        let mut span = self.services.tracer.span(
+            box_otel::SpanKind::Internal,
+            live.trace.parent.as_ref(),
+            || "unit.remove".to_owned(),
+        );
+        span.set("box.units", count as u64);
         remove_until_gone(&self.services, tracked).await;
+        span.end();
         if !children.is_empty() {
             // Children of children first (the newest first).
             let config = self.config.clone();

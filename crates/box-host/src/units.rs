@@ -147,6 +147,8 @@ pub struct StartWiring<'a> {
     pub progress: Option<&'a Arc<InitProgress>>,
     /// The unit a `box/fork` child was forked from.
     pub parent: Option<&'a str>,
+    /// The span the units' start spans are children of.
+    pub trace: Option<&'a box_otel::SpanContext>,
 }
 
 /// Start every unit of `specs` concurrently, each in a task of its own, the
@@ -168,6 +170,7 @@ pub async fn start_units(
         objects,
         progress,
         parent,
+        trace,
     } = wire;
     // Asked before anything starts: what a backend cannot take wired in
     // refuses the start here, with no proxy started for it.
@@ -216,36 +219,85 @@ pub async fn start_units(
         }
         wiring.progress = progress.map(|progress| progress.for_unit(&spec.name));
         wiring.parent = parent.map(str::to_owned);
+        let mut span = services
+            .tracer
+            .span(box_otel::SpanKind::Internal, trace, || {
+                format!("unit.start {}", spec.name)
+            });
+        span.set("box.unit.name", spec.name.as_str());
+        span.set_with("box.backend", || services.backend.kind().to_string());
+        if let Some(parent) = span.context().cloned() {
+            let tracer = services.tracer.clone();
+            wiring.phases = Some(box_backend::StartPhases(Arc::new(
+                move |name, started, ended, ok| {
+                    tracer.record(box_otel::SpanData {
+                        context: parent.child(),
+                        parent_span_id: Some(parent.span_id),
+                        name: format!("unit.{name}"),
+                        kind: box_otel::SpanKind::Internal,
+                        start: unix_nanos(started),
+                        end: unix_nanos(ended),
+                        attributes: Vec::new(),
+                        error: (!ok).then(|| format!("{name}_failed")),
+                    });
+                },
+            )));
+        }
         let (services, label, spec) = (services.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
             // A warm unit from a pool when one fits (its plan bound late), else cold.
-            let result =
-                match crate::pool::claim(services.pool_services(), &label, &spec, &wiring, key)
-                    .await
-                {
-                    crate::pool::Claim::Warm(unit) => {
-                        audit_claim(&services, &label, &spec, Some(&unit.envelope.id), None);
-                        return Ok(*unit);
+            let mut claiming =
+                services
+                    .tracer
+                    .span(box_otel::SpanKind::Internal, span.context(), || {
+                        format!("unit.claim {}", spec.name)
+                    });
+            let claim =
+                crate::pool::claim(services.pool_services(), &label, &spec, &wiring, key).await;
+            match &claim {
+                // No pool was asked: nothing was claimed.
+                crate::pool::Claim::NoPools => claiming.discard(),
+                crate::pool::Claim::Warm(_) => {
+                    claiming.set("box.pool.warm", true);
+                    claiming.end();
+                }
+                crate::pool::Claim::Cold(..) => {
+                    claiming.set("box.pool.warm", false);
+                    claiming.end();
+                }
+            }
+            let result = match claim {
+                crate::pool::Claim::Warm(unit) => {
+                    audit_claim(&services, &label, &spec, Some(&unit.envelope.id), None);
+                    span.set("box.pool.warm", true);
+                    span.set_with("box.unit.id", || unit.envelope.id.clone());
+                    return Ok(*unit);
+                }
+                crate::pool::Claim::NoPools => {
+                    services.backend.start_wired(&label, &spec, &wiring).await
+                }
+                crate::pool::Claim::Cold(why, unbound) => {
+                    audit_claim(&services, &label, &spec, None, Some(&why));
+                    if let Some(unbound) = unbound {
+                        remove_until_gone(&services, vec![unbound]).await;
                     }
-                    crate::pool::Claim::NoPools => {
-                        services.backend.start_wired(&label, &spec, &wiring).await
-                    }
-                    crate::pool::Claim::Cold(why, unbound) => {
-                        audit_claim(&services, &label, &spec, None, Some(&why));
-                        if let Some(unbound) = unbound {
-                            remove_until_gone(&services, vec![unbound]).await;
-                        }
-                        services
-                            .backend
-                            .start_wired(&label, &spec, &wiring)
-                            .await
-                            .map(|unit| crate::pool::cold(unit, why))
-                    }
-                };
+                    services
+                        .backend
+                        .start_wired(&label, &spec, &wiring)
+                        .await
+                        .map(|unit| crate::pool::cold(unit, why))
+                }
+            };
             match &result {
-                Ok(unit) => services.ledger.started(key, &unit.envelope.id),
+                Ok(unit) => {
+                    span.set_with("box.unit.id", || unit.envelope.id.clone());
+                    services.ledger.started(key, &unit.envelope.id);
+                }
                 // A failed start undoes itself (the backend's contract).
-                Err(_) => services.ledger.gone(key),
+                Err(_) => {
+                    span.set_error("start_failed");
+                    services.ledger.gone(key);
+                }
             }
             result
         });
@@ -510,6 +562,13 @@ pub async fn initialize_executor(
 /// ended, how (exit code or signal) and why (an OOM kill): each once.
 pub fn describe_end(end: &UnitEnd) -> String {
     end.reason.clone()
+}
+
+/// `at` in nanoseconds since the Unix epoch (OTLP's time).
+fn unix_nanos(at: std::time::SystemTime) -> u64 {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .map(|since| u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

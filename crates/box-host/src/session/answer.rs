@@ -56,19 +56,44 @@ impl Session {
         None
     }
 
+    /// An executor's spans of a call (`notifications/box/spans`, sent just
+    /// before its answer): exported when they belong under the call's span,
+    /// never passed on to the client.
+    fn executor_spans(&self, live: &mut Live, unit: usize, message: &Value) {
+        let parent = box_otel::executor_spans_request(message)
+            .and_then(|unit_id| live.router.tag_mut(unit, unit_id))
+            .and_then(|tag| tag.span.context().cloned());
+        let redactor = &live.redactor;
+        for span in box_otel::read_executor_spans(message, parent.as_ref(), |text| {
+            redactor.text(text).into_owned()
+        }) {
+            self.services.tracer.record(span);
+        }
+    }
+
     pub(super) fn on_unit(&self, live: &mut Live, event: UnitEvent) {
         match event {
+            UnitEvent::Message(unit, message) if box_otel::is_executor_spans(&message) => {
+                self.executor_spans(live, unit, &message);
+            }
             UnitEvent::Message(unit, message) => match self
                 .late_answer(live, unit, message)
                 .map(|message| live.router.from_unit(unit, message))
                 .unwrap_or(UnitMessage::Done)
             {
                 UnitMessage::Answer {
-                    forward,
+                    mut forward,
                     mut response,
                 } => {
                     let (outcome, details) = outcome_of(forward.tag.tool.as_deref(), &response);
-                    self.record_answer(live, unit, &forward.tag, outcome, details);
+                    self.record_answer(
+                        live,
+                        unit,
+                        &mut forward.tag,
+                        outcome,
+                        details,
+                        Some(&response),
+                    );
                     match (forward.tag.method.as_str(), &forward.tag.process) {
                         ("agentworkspace/process.read", Some((id, fd))) => live
                             .redactor
@@ -211,12 +236,12 @@ impl Session {
                 self.input_expired(live, unit, call, round)
             }
             UnitEvent::Overdue(unit, unit_id) => {
-                let Some(forward) = live.router.take(unit, unit_id) else {
+                let Some(mut forward) = live.router.take(unit, unit_id) else {
                     return;
                 };
                 let timeout = live.units[unit].spec.limits.call_timeout;
                 let name = live.units[unit].spec.name.clone();
-                self.record(live, unit, &forward.tag, "timeout");
+                self.record(live, unit, &mut forward.tag, "timeout");
                 self.tell_call_timeout(&name, &forward.tag.method, timeout);
                 // Nothing confirms a cancellation (an executor answers a
                 // cancelled request with nothing): the call may have run, in
@@ -262,8 +287,8 @@ impl Session {
             "oomKilled": end.and_then(|end| end.oom_killed),
             "outcome": "unknown",
         });
-        for forward in live.router.take_all(unit) {
-            self.record(live, unit, &forward.tag, "unit_ended");
+        for mut forward in live.router.take_all(unit) {
+            self.record(live, unit, &mut forward.tag, "unit_ended");
             let response = error_response_with_data(
                 forward.client_id.clone(),
                 code::INTERNAL_ERROR,
@@ -278,8 +303,8 @@ impl Session {
     }
 
     /// Stop a call's timer and record it (metrics, audit).
-    pub(super) fn record(&self, live: &Live, unit: usize, tag: &Tag, outcome: &str) {
-        self.record_answer(live, unit, tag, outcome, AnswerDetails::default());
+    pub(super) fn record(&self, live: &Live, unit: usize, tag: &mut Tag, outcome: &str) {
+        self.record_answer(live, unit, tag, outcome, AnswerDetails::default(), None);
     }
 
     /// [`Self::record`] for a call its unit answered: the audit line says
@@ -288,10 +313,20 @@ impl Session {
         &self,
         live: &Live,
         unit: usize,
-        tag: &Tag,
+        tag: &mut Tag,
         outcome: &str,
         details: AnswerDetails,
+        response: Option<&Value>,
     ) {
+        if tag.span.is_recording() {
+            if let Some(error) = super::live::error_type(outcome, response) {
+                tag.span.set_error(&error);
+            }
+            if let Some(status) = details.exit_status {
+                tag.span.set("box.exit_status", status);
+            }
+            std::mem::take(&mut tag.span).end();
+        }
         if let Some(deadline) = &tag.deadline {
             deadline.abort();
         }

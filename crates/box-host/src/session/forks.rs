@@ -256,6 +256,18 @@ impl Session {
             .map(|masks| masks.wiring().to_vec())
             .unwrap_or_default();
         let session = self.id.clone();
+        // Under the call's own context, else the session's opening request.
+        let mut span = self.services.tracer.span(
+            box_otel::SpanKind::Internal,
+            box_otel::SpanContext::from_request(message)
+                .as_ref()
+                .or(live.trace.parent.as_ref()),
+            || format!("unit.fork {}", spec.name),
+        );
+        span.set("box.unit.name", spec.name.as_str());
+        span.set_with("box.fork.from", || {
+            live.redactor.text(&ask.from).into_owned()
+        });
         self.background.spawn(async move {
             let clock = Instant::now();
             let made = {
@@ -275,9 +287,11 @@ impl Session {
             let forked = match made {
                 Ok(forked) => forked,
                 Err(why) => {
+                    span.set_error("fork_failed");
                     return reply.answer(error_response(id, code::INTERNAL_ERROR, why));
                 }
             };
+            span.set_with("box.fork.mode", || format!("{:?}", forked.mode_used).to_lowercase());
             let child = ChildFork {
                 parent: ask.from.clone(),
                 parent_path,
@@ -320,6 +334,7 @@ impl Session {
                     workspace_masks: &masks,
                     objects: objects.as_ref(),
                     parent: Some(&ask.from),
+                    trace: span.context(),
                     ..StartWiring::default()
                 },
             )
@@ -493,6 +508,14 @@ impl Session {
         };
         let Some(child) = child else { return };
         let config = self.config.clone();
+        let mut span = self.services.tracer.span(
+            box_otel::SpanKind::Internal,
+            box_otel::SpanContext::from_request(message)
+                .as_ref()
+                .or(live.trace.parent.as_ref()),
+            || "unit.merge".to_owned(),
+        );
+        span.set_with("box.unit.name", || live.redactor.text(&unit).into_owned());
         // The merge runs off the session task, with its own handle.
         let counted = self.services.clone();
         self.background.spawn(async move {
@@ -512,6 +535,7 @@ impl Session {
                     reply.answer(result_response(id, result));
                 }
                 Err((code, message, data)) => {
+                    span.set_error(&code.to_string());
                     counted.metrics.merge(if code == code::INTERNAL_ERROR {
                         "failed"
                     } else {
@@ -564,8 +588,8 @@ impl Session {
                 ),
             ));
         }
-        for forward in live.router.remove_unit(index) {
-            self.record(live, index, &forward.tag, "unit_ended");
+        for mut forward in live.router.remove_unit(index) {
+            self.record(live, index, &mut forward.tag, "unit_ended");
             forward.reply.answer(error_response(
                 forward.client_id,
                 code::INTERNAL_ERROR,

@@ -150,57 +150,88 @@ impl Session {
                         reply.answer(result_response(id, stateless::tool_error(&why)));
                         continue;
                     }
-                    let (message, opening) = match tool {
+                    let (message, opening_kind) = match tool {
                         Some(_) => (stateless::open_of_tool(&message), &Opening::WayIn),
                         None => {
                             let opening = &methods::find(&method).opening;
                             (message, opening)
                         }
                     };
-                    match opening {
-                        Opening::WayIn => match self.open(&message, &reply.events).await {
-                            Ok((mut live, mut result)) => {
-                                live.client = if modern {
-                                    stateless::client_of(&message)
-                                } else {
-                                    ClientInfo::of_initialize(&message)
-                                };
-                                if method == stateless::OPEN || tool.is_some() {
-                                    result = self.handle_answer(&mut live, &result);
+                    // The request that opens the session is traced whole:
+                    // its units' start is part of it.
+                    let mut span = match opening_kind {
+                        Opening::WayIn if self.services.tracer.is_on() => {
+                            self.opening_span(&message, &method, modern)
+                        }
+                        Opening::Refused if modern && self.services.tracer.is_on() => {
+                            self.opening_span(&message, &method, modern)
+                        }
+                        _ => box_otel::Span::none(),
+                    };
+                    let parent = span.context().cloned();
+                    match opening_kind {
+                        Opening::WayIn => {
+                            match self.open(&message, &reply.events, parent.as_ref()).await {
+                                Ok((mut live, mut result)) => {
+                                    live.trace.stateless = modern;
+                                    live.trace.parent = parent;
+                                    if let Some(version) = self.version.get().filter(|_| !modern) {
+                                        span.set("mcp.protocol.version", *version);
+                                    }
+                                    span.set_with("jsonrpc.request.id", || {
+                                        live.redactor.text(&request_id_text(&message)).into_owned()
+                                    });
+                                    live.client = if modern {
+                                        stateless::client_of(&message)
+                                    } else {
+                                        ClientInfo::of_initialize(&message)
+                                    };
+                                    if method == stateless::OPEN || tool.is_some() {
+                                        result = self.handle_answer(&mut live, &result);
+                                    }
+                                    if tool.is_some() {
+                                        result = stateless::tool_result(result);
+                                    }
+                                    reply.answer(result_response(id, result));
+                                    if self.cancel.is_cancelled() {
+                                        // Shutdown came during the start: end at once.
+                                        self.finish(&mut live, "the host is shutting down").await;
+                                        return None;
+                                    }
+                                    return Some((live, None));
                                 }
-                                if tool.is_some() {
-                                    result = stateless::tool_result(result);
+                                Err(error) if tool.is_some() => {
+                                    self.report_start_failure(&message, &error);
+                                    span.set_error(&error.code.to_string());
+                                    let why = error.message.replacen(
+                                        stateless::OPEN,
+                                        stateless::TOOL_OPEN,
+                                        1,
+                                    );
+                                    reply.answer(result_response(id, stateless::tool_error(&why)));
                                 }
-                                reply.answer(result_response(id, result));
-                                if self.cancel.is_cancelled() {
-                                    // Shutdown came during the start: end at once.
-                                    self.finish(&mut live, "the host is shutting down").await;
-                                    return None;
+                                Err(error) => {
+                                    self.report_start_failure(&message, &error);
+                                    span.set_error(&error.code.to_string());
+                                    reply.answer(error.into_response(id));
                                 }
-                                return Some((live, None));
                             }
-                            Err(error) if tool.is_some() => {
-                                self.report_start_failure(&message, &error);
-                                let why = error.message.replacen(
-                                    stateless::OPEN,
-                                    stateless::TOOL_OPEN,
-                                    1,
-                                );
-                                reply.answer(result_response(id, stateless::tool_error(&why)));
-                            }
-                            Err(error) => {
-                                self.report_start_failure(&message, &error);
-                                reply.answer(error.into_response(id));
-                            }
-                        },
+                        }
                         // A stateless request without a handle: the session
                         // opens for it, with what its transport asked.
                         Opening::Refused if modern => {
                             match self
-                                .open(&stateless::implicit_open(&message), &reply.events)
+                                .open(
+                                    &stateless::implicit_open(&message),
+                                    &reply.events,
+                                    parent.as_ref(),
+                                )
                                 .await
                             {
                                 Ok((mut live, result)) => {
+                                    live.trace.stateless = true;
+                                    live.trace.parent = parent;
+                                    live.trace.opening = Some(std::mem::take(&mut span));
                                     live.client = stateless::client_of(&message);
                                     if stateless::carries_handle(&message) {
                                         // Reattached: the handle's secret is the session's.
@@ -222,6 +253,7 @@ impl Session {
                                 }
                                 Err(error) => {
                                     self.report_start_failure(&message, &error);
+                                    span.set_error(&error.code.to_string());
                                     reply.answer(error.into_response(id));
                                 }
                             }
@@ -246,6 +278,7 @@ impl Session {
         &self,
         message: &Value,
         events: &mpsc::Sender<Value>,
+        trace: Option<&box_otel::SpanContext>,
     ) -> Result<(Live, Value), StartError> {
         // A stateless open: its units' executors speak the handshake era's newest.
         let opening = (message.get("method").and_then(Value::as_str) == Some(stateless::OPEN))
@@ -268,10 +301,47 @@ impl Session {
             Some(reattach) => {
                 // Its units may still be being re-adopted.
                 self.services.reattachable.settled(&reattach.session).await;
-                self.reattach(client_params, &ask, reattach, version).await
+                let mut span =
+                    self.services
+                        .tracer
+                        .span(box_otel::SpanKind::Internal, trace, || {
+                            "session.reattach".to_owned()
+                        });
+                let reattached = self.reattach(client_params, &ask, reattach, version).await;
+                if let Err(error) = &reattached {
+                    span.set_error(&error.code.to_string());
+                }
+                reattached
             }
-            None => self.start(client_params, &ask, version, events).await,
+            None => {
+                self.start(client_params, &ask, version, events, trace)
+                    .await
+            }
         }
+    }
+
+    /// The span of a request that opens the session (`initialize`,
+    /// `box/session.open`, a stateless request without a handle): a child of
+    /// the client's `traceparent`, with the conventions' attributes.
+    fn opening_span(&self, message: &Value, method: &str, stateless: bool) -> box_otel::Span {
+        let target = super::live::span_target(method, message);
+        let mut span = self.services.tracer.span(
+            box_otel::SpanKind::Server,
+            box_otel::SpanContext::from_request(message).as_ref(),
+            || super::live::span_name(method, target.as_deref()),
+        );
+        span.set("mcp.method.name", method);
+        if let Some(tool) = target.filter(|_| method == "tools/call") {
+            span.set("gen_ai.tool.name", tool);
+            span.set("gen_ai.operation.name", "execute_tool");
+        }
+        if stateless {
+            span.set("mcp.protocol.version", box_jsonrpc::era::STATELESS_VERSION);
+        } else {
+            span.set("mcp.session.id", self.id.as_str());
+        }
+        span.set("jsonrpc.request.id", request_id_text(message));
+        span
     }
 
     /// A refused `initialize` is a WARN line, an audit line and a count
@@ -328,5 +398,14 @@ pub(super) fn set_box_field(result: &mut Value, field: &str, value: Value) {
         .and_then(Value::as_object_mut)
     {
         answer.insert(field.to_owned(), value);
+    }
+}
+
+/// A request's id as text for `jsonrpc.request.id` (a string as it is).
+pub(super) fn request_id_text(message: &Value) -> String {
+    match message.get("id") {
+        Some(Value::String(id)) => id.clone(),
+        Some(id) => id.to_string(),
+        None => String::new(),
     }
 }

@@ -345,7 +345,7 @@ impl Session {
         if !waits {
             return;
         }
-        let Some(forward) = live.router.take(unit, call) else {
+        let Some(mut forward) = live.router.take(unit, call) else {
             return;
         };
         if let Some(waiting) = forward
@@ -358,7 +358,7 @@ impl Session {
                 live.router.forget_server_request(&json!(key));
             }
         }
-        self.record(live, unit, &forward.tag, "cancelled");
+        self.record(live, unit, &mut forward.tag, "cancelled");
         let cancel = box_jsonrpc::notification(
             "notifications/cancelled",
             json!({"requestId": call, "reason": "its client did not answer the request for input in time"}),

@@ -102,6 +102,22 @@ pub(super) struct Live {
     /// (by unit and id at the unit): the round it waited in and the answer,
     /// for its retry.
     pub(super) input_answers: std::collections::HashMap<(usize, u64), (u64, Value)>,
+    /// What the session's spans need beyond the request (its era, the
+    /// request that opened it).
+    pub(super) trace: SessionTrace,
+}
+
+/// A session's part in its traces.
+#[derive(Debug, Default)]
+pub(super) struct SessionTrace {
+    /// Opened by the stateless revision: its spans name no `mcp.session.id`.
+    pub(super) stateless: bool,
+    /// The span of the stateless request the session was opened for, which
+    /// its forward continues (the unit's start is part of that request).
+    pub(super) opening: Option<box_otel::Span>,
+    /// The context of the request that opened the session: the parent of
+    /// what the session does later on its own (its units' removal).
+    pub(super) parent: Option<box_otel::SpanContext>,
 }
 
 pub(super) struct Unit {
@@ -148,6 +164,8 @@ pub(super) struct Tag {
     pub(super) process: Option<(String, u8)>,
     /// Its id at the unit, once forwarded (the call journal's key).
     pub(super) unit_id: Option<u64>,
+    /// Its span (`{mcp.method.name} {target}`), ended when it is recorded.
+    pub(super) span: box_otel::Span,
     /// A stateless call that may answer "input required" (`input.rs`).
     pub(super) input: Option<Input>,
 }
@@ -174,6 +192,40 @@ pub(super) struct Waiting {
     pub(super) queued: Vec<Value>,
     /// The state's time to live.
     pub(super) expiry: AbortHandle,
+}
+
+/// A request span's name by MCP's conventions: `{mcp.method.name}
+/// {target}`, the target the tool or prompt a call names, else the method
+/// alone. `target` is the client's text, already redacted.
+pub(super) fn span_name(method: &str, target: Option<&str>) -> String {
+    match target {
+        Some(target) => format!("{method} {target}"),
+        None => method.to_owned(),
+    }
+}
+
+/// The tool or prompt name a request's `params.name` gives, for
+/// `tools/call` and `prompts/get`.
+pub(super) fn span_target(method: &str, message: &Value) -> Option<String> {
+    matches!(method, "tools/call" | "prompts/get")
+        .then(|| message.pointer("/params/name").and_then(Value::as_str))
+        .flatten()
+        .map(str::to_owned)
+}
+
+/// The `error.type` of an outcome a call was recorded with (`None`: it
+/// worked, a command that exited non-zero among them); a JSON-RPC error
+/// says its code, as the conventions ask.
+pub(super) fn error_type(outcome: &str, response: Option<&Value>) -> Option<String> {
+    match outcome {
+        "ok" | "failed" => None,
+        "error" => Some(
+            response
+                .and_then(|response| response.pointer("/error/code"))
+                .map_or_else(|| "error".to_owned(), ToString::to_string),
+        ),
+        other => Some(other.to_owned()),
+    }
 }
 
 /// How an answer is changed on its way back.

@@ -263,6 +263,7 @@ impl Session {
                 input_answers: Default::default(),
                 client: None,
                 handle: None,
+                trace: Default::default(),
             },
             result,
         ))

@@ -305,7 +305,10 @@ impl Session {
                 }),
             _ => None,
         };
+        let mut upstream = upstream;
+        let span = self.request_span(live, &method, tool.as_deref(), unit, &mut upstream);
         let tag = Tag {
+            span,
             method: method.clone(),
             label: entry.label(),
             tool,
@@ -330,8 +333,8 @@ impl Session {
             journal.sent(unit, unit_id, &client_id, &method);
         }
         if let Err(why) = send_to_unit(&live.units[unit], upstream) {
-            if let Some(forward) = live.router.take(unit, unit_id) {
-                self.record(live, unit, &forward.tag, "unit_unavailable");
+            if let Some(mut forward) = live.router.take(unit, unit_id) {
+                self.record(live, unit, &mut forward.tag, "unit_unavailable");
                 forward
                     .reply
                     .answer(error_response(forward.client_id, code::INTERNAL_ERROR, why));
@@ -349,6 +352,64 @@ impl Session {
                 tag.deadline = Some(handle.abort_handle());
             }
         }
+    }
+
+    /// The span of a request forwarded to `unit` (the one its session was
+    /// opened for continues), with the conventions' attributes, the client's
+    /// text redacted; its context goes on to the executor in
+    /// `_meta["box/traceparent"]`, the parent of the executor's spans.
+    fn request_span(
+        &self,
+        live: &mut Live,
+        method: &str,
+        tool: Option<&str>,
+        unit: usize,
+        upstream: &mut Value,
+    ) -> box_otel::Span {
+        let tracer = &self.services.tracer;
+        if !tracer.is_on() {
+            return box_otel::Span::none();
+        }
+        let target = super::live::span_target(method, upstream)
+            .map(|target| live.redactor.text(&target).into_owned());
+        let mut span = live.trace.opening.take().unwrap_or_else(|| {
+            tracer.span(
+                box_otel::SpanKind::Server,
+                box_otel::SpanContext::from_request(upstream).as_ref(),
+                || super::live::span_name(method, target.as_deref()),
+            )
+        });
+        span.rename(|| super::live::span_name(method, target.as_deref()));
+        span.set("mcp.method.name", method);
+        if let Some(tool) = tool {
+            span.set("gen_ai.tool.name", live.redactor.text(tool).into_owned());
+            span.set("gen_ai.operation.name", "execute_tool");
+        }
+        if live.trace.stateless {
+            span.set("mcp.protocol.version", box_jsonrpc::era::STATELESS_VERSION);
+        } else {
+            span.set("mcp.session.id", self.id.as_str());
+            if let Some(version) = self.version.get() {
+                span.set("mcp.protocol.version", *version);
+            }
+        }
+        let id = super::handshake::request_id_text(upstream);
+        span.set("jsonrpc.request.id", live.redactor.text(&id).into_owned());
+        span.set("box.unit.name", live.units[unit].spec.name.as_str());
+        if let Some(context) = span.context()
+            && let Some(params) = params_mut(upstream)
+        {
+            let meta = params
+                .entry("_meta")
+                .or_insert_with(|| Value::Object(serde_json::Map::new()));
+            if let Some(meta) = meta.as_object_mut() {
+                meta.insert(
+                    box_otel::EXECUTOR_TRACEPARENT.to_owned(),
+                    Value::String(context.traceparent()),
+                );
+            }
+        }
+        span
     }
 
     /// Route a request a unit answers: to the unit it is for, or answered by
@@ -382,8 +443,8 @@ impl Session {
             Ok(Kind::Notification { method }) => match method.as_str() {
                 "notifications/initialized" => {}
                 "notifications/cancelled" => {
-                    if let Some((unit, cancel, forward)) = live.router.client_cancel(message) {
-                        self.record(live, unit, &forward.tag, "cancelled");
+                    if let Some((unit, cancel, mut forward)) = live.router.client_cancel(message) {
+                        self.record(live, unit, &mut forward.tag, "cancelled");
                         // The client expects no answer: dropping the reply ends its stream.
                         drop(forward);
                         let _ = send_to_unit(&live.units[unit], cancel);

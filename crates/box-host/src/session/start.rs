@@ -96,6 +96,7 @@ impl Session {
         ask: &Ask,
         version: &'static str,
         events: &mpsc::Sender<Value>,
+        trace: Option<&box_otel::SpanContext>,
     ) -> Result<(Live, Value), StartError> {
         let (profile, mut plan) = self.plan_for(ask)?;
         // Keyed before a fork rewrites the workspace's source.
@@ -233,6 +234,7 @@ impl Session {
                 objects: objects.as_ref(),
                 progress: progress.as_ref(),
                 parent: None,
+                trace,
             },
         )
         .await
@@ -272,12 +274,23 @@ impl Session {
             ends.push(unit.ended);
             renewals.push(unit.renewal);
         }
-        let results = futures::future::join_all(
-            links
-                .iter_mut()
-                .map(|link| initialize_executor(link, executor_params.clone(), timeout)),
-        )
-        .await;
+        let tracer = &self.services.tracer;
+        let results =
+            futures::future::join_all(links.iter_mut().zip(&plan.units).map(|(link, spec)| {
+                let mut span = tracer.span(box_otel::SpanKind::Internal, trace, || {
+                    format!("unit.initialize {}", spec.name)
+                });
+                span.set("box.unit.name", spec.name.as_str());
+                let initialized = initialize_executor(link, executor_params.clone(), timeout);
+                async move {
+                    let result = initialized.await;
+                    if result.is_err() {
+                        span.set_error("initialize_failed");
+                    }
+                    result
+                }
+            }))
+            .await;
         let mut initialized = Vec::new();
         for (spec, result) in plan.units.iter().zip(results) {
             match result {
@@ -413,6 +426,7 @@ impl Session {
                 input_answers: Default::default(),
                 client: None,
                 handle: None,
+                trace: Default::default(),
             },
             result,
         ))
