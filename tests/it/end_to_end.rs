@@ -157,6 +157,34 @@ fn python_sdk_speaks_the_stateless_revision_on_every_backend() {
     }
 }
 
+/// Issue 26 with an unmodified client: a session the Python SDK pinned to
+/// MCP 2026-07-28 opened as a handle survives `kill -9` of its host; the
+/// next host on the same state reattaches it at the first request carrying
+/// the handle (its unit's `/tmp` file still there), and the SDK closes it
+/// (`tests/e2e/stateless_reattach_sdk.py`), on every backend.
+#[test]
+fn python_sdk_reattaches_a_handle_after_kill_9_of_its_host_on_every_backend() {
+    let Some(python) = crate::support::python_with_mcp() else {
+        return;
+    };
+    for backend in backends() {
+        let workspace = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        run_script(
+            &python,
+            "stateless_reattach_sdk.py",
+            &[
+                "--backend",
+                backend,
+                "--workspace",
+                workspace.path().to_str().unwrap(),
+                "--state",
+                state.path().join("sessions").to_str().unwrap(),
+            ],
+        );
+    }
+}
+
 /// Issue 26 for clients that can only call tools: the Python SDK pinned to
 /// MCP 2026-07-28 lists box's session tools, opens a session with
 /// `box_session_open`, writes and runs bash with its handle, and closes it

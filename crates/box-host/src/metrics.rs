@@ -326,6 +326,13 @@ impl Metrics {
         self.unit_start_duration.observe(latency.as_secs_f64());
     }
 
+    /// A dead host's session was reattached here with its `units` running:
+    /// active again on this host (its end is counted as any session's).
+    pub fn session_reattached(&self, units: usize) {
+        self.sessions_active.inc();
+        self.units_running.inc_by(count(units));
+    }
+
     /// A fork joined its session (a running unit of it, not a session),
     /// forked from `parent` (`workspace` or `fork`), taking `latency`.
     pub fn fork_started(&self, latency: Duration, parent: &'static str) {

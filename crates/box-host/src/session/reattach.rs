@@ -223,6 +223,7 @@ impl Session {
         }
         let _ = self.version.set(version);
         tracing::info!(session = %self.id, profile = %plan.profile, units = units.len(), "session reattached");
+        self.services.metrics.session_reattached(units.len());
         let executor_params = executor_initialize_params(client_params, ask, version);
         self.watch_limits(&units, &egress);
         let count = units.len();
