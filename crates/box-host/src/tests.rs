@@ -2421,3 +2421,66 @@ async fn a_session_keeps_a_bounded_number_of_tasks() {
         .await;
     assert_eq!(gone["error"]["code"], json!(-32602), "{gone}");
 }
+
+/// A task's result is the unit's answer redacted, as every answer is.
+#[tokio::test]
+async fn a_tasks_result_is_redacted_as_every_answer_is() {
+    const DEPLOY: &str = "deploy-key-0123456789abcdef";
+    let fake = FakeBackend::default();
+    let mut config = settings();
+    config.resolve = |profile, tighten, host| {
+        one_unit(profile, tighten, host, |unit| {
+            unit.env_secrets = vec!["DEPLOY_KEY".to_owned()]
+        })
+    };
+    config.environment = || {
+        [("DEPLOY_KEY", DEPLOY)]
+            .iter()
+            .map(|(name, value)| (name.into(), value.into()))
+            .collect()
+    };
+    let client = connect_as(&TestHost::new(config, services(&fake)), "s-task-secret");
+    let handle = open_handle(&client).await;
+    let created = client
+        .task_call(json!(1), &handle, "echo", json!({"deploy": DEPLOY}))
+        .await;
+    let id = created["result"]["taskId"].clone();
+    let done = client.poll_task(&handle, &id, "completed").await;
+    let text = done["result"]["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert!(
+        !text.contains(DEPLOY) && text.contains("[REDACTED:DEPLOY_KEY]"),
+        "{done}"
+    );
+}
+
+/// A task's call keeps the profile's `call_timeout` (the task fails with
+/// the timeout), and a working task does not hold its session open.
+#[tokio::test]
+async fn a_tasks_call_keeps_its_deadline_and_the_task_ends_with_its_session() {
+    let fake = FakeBackend::default();
+    let client = connect_as(&config_with(&fake, short_deadline), "s-task-deadline");
+    let handle = open_handle(&client).await;
+    let created = client.task_call(json!(1), &handle, "hang", json!({})).await;
+    let id = created["result"]["taskId"].clone();
+    let failed = client.poll_task(&handle, &id, "failed").await;
+    assert_eq!(
+        failed["result"]["error"]["code"],
+        json!(jsonrpc::code::REQUEST_TIMEOUT),
+        "{failed}"
+    );
+    client.task_call(json!(2), &handle, "hang", json!({})).await;
+    let (_, closed) = client
+        .call(
+            json!(3),
+            "box/session.close",
+            json!({"_meta": stateless_meta(handle.clone())}),
+        )
+        .await;
+    assert_eq!(closed["result"], json!({}), "{closed}");
+    tokio::time::timeout(WAIT, client.session.ended())
+        .await
+        .expect("the session ends with a task working");
+    assert!(fake.live_units().is_empty(), "the close removed the units");
+}
