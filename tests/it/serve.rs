@@ -3391,3 +3391,114 @@ fn stdio_the_session_tools_never_log_the_secret() {
     );
     assert!(!audited.contains(&secret), "the secret is in the audit log");
 }
+
+/// MCP's tasks extension over HTTP, the raw wire: a call declaring it in a
+/// handle's session answers at once with a task; `tasks/get` (its id in
+/// `Mcp-Name`, as the extension routes) polls it to the call's result in
+/// the revision's form; `tasks/cancel` cancels a call in its unit; a task
+/// method without a handle starts nothing.
+#[tokio::test]
+async fn http_serves_tasks_for_calls_that_declare_the_extension() {
+    let server = start_server(HttpOptions::loopback(), boxhost::plan::resolve).await;
+    let open = json!({"jsonrpc": "2.0", "id": 1, "method": "box/session.open",
+        "params": {"_meta": stateless_meta(json!({}))}});
+    let opened = post_stateless(&server, &open, &[]).await.json()["result"].clone();
+    let handle = format!(
+        "{}:{}",
+        opened["id"].as_str().unwrap(),
+        opened["secret"].as_str().unwrap()
+    );
+    let tasks_meta = || {
+        stateless_meta(json!({"io.modelcontextprotocol/clientCapabilities":
+            {"extensions": {"io.modelcontextprotocol/tasks": {}}}}))
+    };
+    let call = |id: i64, name: &str, arguments: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": name, "arguments": arguments, "_meta": tasks_meta()}})
+    };
+    let created = post_stateless(
+        &server,
+        &call(2, "slow", json!({"ms": 300, "steps": 1})),
+        &[("Mcp-Name", "slow"), ("Box-Session", &handle)],
+    )
+    .await
+    .json();
+    let task = &created["result"];
+    assert_eq!(task["resultType"], json!("task"), "{created}");
+    assert_eq!(task["status"], json!("working"), "{created}");
+    let task_id = task["taskId"].as_str().unwrap().to_owned();
+    let task_method = |id: i64, method: &str| {
+        json!({"jsonrpc": "2.0", "id": id, "method": method, "params": {
+            "taskId": task_id, "_meta": stateless_meta(json!({}))}})
+    };
+    // The extension routes on the task id: without it in Mcp-Name, -32020.
+    let unrouted = post_stateless(
+        &server,
+        &task_method(3, "tasks/get"),
+        &[("Box-Session", &handle)],
+    )
+    .await
+    .json();
+    assert_eq!(unrouted["error"]["code"], json!(-32020), "{unrouted}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let done = loop {
+        let got = post_stateless(
+            &server,
+            &task_method(4, "tasks/get"),
+            &[("Mcp-Name", &task_id), ("Box-Session", &handle)],
+        )
+        .await
+        .json();
+        assert_eq!(got["result"]["resultType"], json!("complete"), "{got}");
+        if got["result"]["status"] == json!("completed") {
+            break got;
+        }
+        assert_eq!(got["result"]["status"], json!("working"), "{got}");
+        assert!(std::time::Instant::now() < deadline, "{got}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        done["result"]["result"]["content"][0]["text"],
+        json!("slow done"),
+        "{done}"
+    );
+
+    let hanging = post_stateless(
+        &server,
+        &call(5, "hang", json!({})),
+        &[("Mcp-Name", "hang"), ("Box-Session", &handle)],
+    )
+    .await
+    .json();
+    let hang_id = hanging["result"]["taskId"].as_str().unwrap().to_owned();
+    let cancel = json!({"jsonrpc": "2.0", "id": 6, "method": "tasks/cancel", "params": {
+        "taskId": hang_id, "_meta": stateless_meta(json!({}))}});
+    let cancelled = post_stateless(
+        &server,
+        &cancel,
+        &[("Mcp-Name", &hang_id), ("Box-Session", &handle)],
+    )
+    .await
+    .json();
+    assert_eq!(
+        cancelled["result"],
+        json!({"resultType": "complete"}),
+        "{cancelled}"
+    );
+    wait_until("the unit is told to cancel the call", || {
+        server.fake.record(|record| record.cancelled.len()) == 1
+    })
+    .await;
+
+    // Without a handle: refused, and no unit starts for it.
+    let starts = server.fake.record(|record| record.starts.len());
+    let lost = post_stateless(
+        &server,
+        &task_method(7, "tasks/get"),
+        &[("Mcp-Name", &task_id)],
+    )
+    .await
+    .json();
+    assert_eq!(lost["error"]["code"], json!(-32602), "{lost}");
+    assert_eq!(server.fake.record(|record| record.starts.len()), starts);
+}

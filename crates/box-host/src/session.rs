@@ -34,6 +34,7 @@ mod route;
 mod start;
 mod stateless;
 mod stats;
+mod tasks;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

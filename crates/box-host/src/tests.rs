@@ -2185,3 +2185,302 @@ async fn a_round_of_input_left_unanswered_cancels_its_call() {
         "{late}"
     );
 }
+
+/// A stateless request's `_meta` with `handle`, declaring MCP's tasks extension.
+fn task_meta(handle: &Value) -> Value {
+    let mut extra = handle.clone();
+    extra["io.modelcontextprotocol/clientCapabilities"] =
+        json!({"elicitation": {}, "extensions": {"io.modelcontextprotocol/tasks": {}}});
+    stateless_meta(extra)
+}
+
+impl Client {
+    /// A `tools/call` of `name` as a task; its answer.
+    async fn task_call(&self, id: Value, handle: &Value, name: &str, arguments: Value) -> Value {
+        let params = json!({"name": name, "arguments": arguments, "_meta": task_meta(handle)});
+        self.call(id, "tools/call", params).await.1
+    }
+
+    /// `method {taskId: task}` with `handle`; its answer.
+    async fn task_method(&self, method: &str, handle: &Value, task: &Value, extra: Value) -> Value {
+        let mut params = json!({"taskId": task, "_meta": stateless_meta(handle.clone())});
+        if let (Some(params), Some(extra)) = (params.as_object_mut(), extra.as_object()) {
+            params.extend(extra.clone());
+        }
+        self.call(json!("t"), method, params).await.1
+    }
+
+    /// Poll `tasks/get` until the task's status is `status`; the last answer.
+    async fn poll_task(&self, handle: &Value, task: &Value, status: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let got = self.task_method("tasks/get", handle, task, json!({})).await;
+            if got["result"]["status"] == json!(status) {
+                return got;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the task never became {status}: {got}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// MCP's tasks extension: a call that declares it is answered at once with
+/// a task, which `tasks/get` reports working then completed with the call's
+/// result; a call that does not is answered as before; another session
+/// knows nothing of the task; `server/discover` advertises the extension.
+#[tokio::test]
+async fn a_call_that_declares_the_tasks_extension_becomes_a_task_polled_to_its_result() {
+    let fake = FakeBackend::default();
+    let host = config(&fake);
+    let client = connect_as(&host, "s-task");
+    let (_, discovered) = client
+        .call(
+            json!(0),
+            "server/discover",
+            json!({"_meta": stateless_meta(json!({}))}),
+        )
+        .await;
+    assert_eq!(
+        discovered["result"]["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"],
+        json!({}),
+        "{discovered}"
+    );
+    let handle = open_handle(&client).await;
+    let created = client
+        .task_call(json!(1), &handle, "slow", json!({"ms": 300, "steps": 1}))
+        .await;
+    assert_eq!(created["id"], json!(1));
+    let task = &created["result"];
+    assert_eq!(task["resultType"], json!("task"), "{created}");
+    assert_eq!(task["status"], json!("working"), "{created}");
+    assert!(
+        task["createdAt"].as_str().unwrap().ends_with('Z'),
+        "{created}"
+    );
+    let id = task["taskId"].clone();
+    assert!(
+        id.as_str().is_some_and(|id| id.len() >= 32),
+        "an unguessable id: {created}"
+    );
+    let (_, plain) = client
+        .call(
+            json!(2),
+            "tools/call",
+            json!({"name": "echo", "arguments": {"n": 2}, "_meta": stateless_meta(handle.clone())}),
+        )
+        .await;
+    assert_eq!(
+        plain["result"]["content"][0]["text"],
+        json!("{\"n\":2}"),
+        "{plain}"
+    );
+    let working = client
+        .task_method("tasks/get", &handle, &id, json!({}))
+        .await;
+    assert_eq!(working["result"]["status"], json!("working"), "{working}");
+    let done = client.poll_task(&handle, &id, "completed").await;
+    let result = &done["result"]["result"];
+    assert_eq!(result["content"][0]["text"], json!("slow done"), "{done}");
+    assert_eq!(result["resultType"], json!("complete"), "{done}");
+    // Another session of the same host does not know the task.
+    let elsewhere = connect_as(&host, "s-task-other");
+    let other_handle = open_handle(&elsewhere).await;
+    let stolen = elsewhere
+        .task_method("tasks/get", &other_handle, &id, json!({}))
+        .await;
+    assert_eq!(stolen["error"]["code"], json!(-32602), "{stolen}");
+    assert!(
+        stolen["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no task"),
+        "{stolen}"
+    );
+    let missing = client
+        .call(
+            json!(3),
+            "tasks/get",
+            json!({"_meta": stateless_meta(handle.clone())}),
+        )
+        .await
+        .1;
+    assert!(
+        missing["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`taskId`"),
+        "{missing}"
+    );
+}
+
+/// `tasks/cancel` cancels a working task's call in its unit and the task
+/// reports cancelled; a call whose unit dies fails its task with the error.
+#[tokio::test]
+async fn a_cancelled_task_cancels_its_call_and_a_dead_units_fails_its_task() {
+    let fake = FakeBackend::default();
+    let client = connect_as(&config(&fake), "s-cancel");
+    let handle = open_handle(&client).await;
+    let created = client.task_call(json!(1), &handle, "hang", json!({})).await;
+    let id = created["result"]["taskId"].clone();
+    let cancelled = client
+        .task_method("tasks/cancel", &handle, &id, json!({}))
+        .await;
+    assert_eq!(cancelled["result"], json!({}), "{cancelled}");
+    wait_until("the unit is told to cancel the call", || {
+        fake.record(|record| record.cancelled.len()) == 1
+    })
+    .await;
+    let got = client
+        .task_method("tasks/get", &handle, &id, json!({}))
+        .await;
+    assert_eq!(got["result"]["status"], json!("cancelled"), "{got}");
+    let died = client.task_call(json!(2), &handle, "die", json!({})).await;
+    let id = died["result"]["taskId"].clone();
+    let failed = client.poll_task(&handle, &id, "failed").await;
+    assert!(
+        failed["result"]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("ended"),
+        "{failed}"
+    );
+}
+
+/// What a task's unit asks of the client is read with `tasks/get`
+/// (`input_required`) and answered with `tasks/update`; the call then
+/// completes with the answer.
+#[tokio::test]
+async fn a_tasks_request_for_input_is_read_with_get_and_answered_with_update() {
+    let fake = FakeBackend::default();
+    let client = connect_as(&config(&fake), "s-task-input");
+    let handle = open_handle(&client).await;
+    let created = client.task_call(json!(1), &handle, "ask", json!({})).await;
+    let id = created["result"]["taskId"].clone();
+    let asked = client.poll_task(&handle, &id, "input_required").await;
+    let requests = asked["result"]["inputRequests"].as_object().unwrap();
+    assert_eq!(requests.len(), 1, "{asked}");
+    let (key, request) = requests.iter().next().unwrap();
+    assert_eq!(request["method"], json!("elicitation/create"));
+    let updated = client
+        .task_method(
+            "tasks/update",
+            &handle,
+            &id,
+            json!({"inputResponses": {key.clone(): {"action": "accept", "content": {"ok": true}},
+                "not-asked": {"action": "decline"}}}),
+        )
+        .await;
+    assert_eq!(updated["result"], json!({}), "{updated}");
+    let done = client.poll_task(&handle, &id, "completed").await;
+    let text = done["result"]["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert!(
+        text.contains("accept") && text.contains("\"ok\":true"),
+        "{done}"
+    );
+}
+
+/// A session keeps at most 64 tasks: one more is refused naming the limit,
+/// until a cancelled (or ended and read) task makes room.
+#[tokio::test]
+async fn a_session_keeps_a_bounded_number_of_tasks() {
+    let fake = FakeBackend::default();
+    let client = connect_as(&config(&fake), "s-many");
+    let handle = open_handle(&client).await;
+    let mut first = Value::Null;
+    for n in 0..64 {
+        let created = client.task_call(json!(n), &handle, "hang", json!({})).await;
+        assert_eq!(created["result"]["status"], json!("working"), "{created}");
+        if n == 0 {
+            first = created["result"]["taskId"].clone();
+        }
+    }
+    let refused = client
+        .task_call(json!(64), &handle, "hang", json!({}))
+        .await;
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 64 tasks"),
+        "{refused}"
+    );
+    client
+        .task_method("tasks/cancel", &handle, &first, json!({}))
+        .await;
+    let room = client
+        .task_call(json!(65), &handle, "hang", json!({}))
+        .await;
+    assert_eq!(room["result"]["resultType"], json!("task"), "{room}");
+    let gone = client
+        .task_method("tasks/get", &handle, &first, json!({}))
+        .await;
+    assert_eq!(gone["error"]["code"], json!(-32602), "{gone}");
+}
+
+/// A task's result is the unit's answer redacted, as every answer is.
+#[tokio::test]
+async fn a_tasks_result_is_redacted_as_every_answer_is() {
+    const DEPLOY: &str = "deploy-key-0123456789abcdef";
+    let fake = FakeBackend::default();
+    let mut config = settings();
+    config.resolve = |profile, tighten, host| {
+        one_unit(profile, tighten, host, |unit| {
+            unit.env_secrets = vec!["DEPLOY_KEY".to_owned()]
+        })
+    };
+    config.environment = || {
+        [("DEPLOY_KEY", DEPLOY)]
+            .iter()
+            .map(|(name, value)| (name.into(), value.into()))
+            .collect()
+    };
+    let client = connect_as(&TestHost::new(config, services(&fake)), "s-task-secret");
+    let handle = open_handle(&client).await;
+    let created = client
+        .task_call(json!(1), &handle, "echo", json!({"deploy": DEPLOY}))
+        .await;
+    let id = created["result"]["taskId"].clone();
+    let done = client.poll_task(&handle, &id, "completed").await;
+    let text = done["result"]["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert!(
+        !text.contains(DEPLOY) && text.contains("[REDACTED:DEPLOY_KEY]"),
+        "{done}"
+    );
+}
+
+/// A task's call keeps the profile's `call_timeout` (the task fails with
+/// the timeout), and a working task does not hold its session open.
+#[tokio::test]
+async fn a_tasks_call_keeps_its_deadline_and_the_task_ends_with_its_session() {
+    let fake = FakeBackend::default();
+    let client = connect_as(&config_with(&fake, short_deadline), "s-task-deadline");
+    let handle = open_handle(&client).await;
+    let created = client.task_call(json!(1), &handle, "hang", json!({})).await;
+    let id = created["result"]["taskId"].clone();
+    let failed = client.poll_task(&handle, &id, "failed").await;
+    assert_eq!(
+        failed["result"]["error"]["code"],
+        json!(jsonrpc::code::REQUEST_TIMEOUT),
+        "{failed}"
+    );
+    client.task_call(json!(2), &handle, "hang", json!({})).await;
+    let (_, closed) = client
+        .call(
+            json!(3),
+            "box/session.close",
+            json!({"_meta": stateless_meta(handle.clone())}),
+        )
+        .await;
+    assert_eq!(closed["result"], json!({}), "{closed}");
+    tokio::time::timeout(WAIT, client.session.ended())
+        .await
+        .expect("the session ends with a task working");
+    assert!(fake.live_units().is_empty(), "the close removed the units");
+}

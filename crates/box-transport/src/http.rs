@@ -899,7 +899,7 @@ fn header_name(value: &str) -> Option<String> {
 /// 2026-07-28's header mirroring: `MCP-Protocol-Version` (when sent) as
 /// `_meta` names it, `Mcp-Method` as the body's method, and for
 /// `tools/call`, `prompts/get` and `resources/read` `Mcp-Name` as the name
-/// or URI in the body. A header missing, malformed or disagreeing is -32020.
+/// or URI in the body (the tasks extension's methods: the task's id). A header missing, malformed or disagreeing is -32020.
 fn check_mirrored(headers: &HeaderMap, method: &str, message: &Value) -> Result<(), String> {
     let text = |name: &str, shown: &str| -> Result<Option<String>, String> {
         match headers.get(name) {
@@ -935,6 +935,8 @@ fn check_mirrored(headers: &HeaderMap, method: &str, message: &Value) -> Result<
     let key = match method {
         "tools/call" | "prompts/get" => "name",
         "resources/read" => "uri",
+        // The tasks extension routes on the task's id.
+        "tasks/get" | "tasks/update" | "tasks/cancel" => "taskId",
         _ => return Ok(()),
     };
     let body = box_jsonrpc::params(message)

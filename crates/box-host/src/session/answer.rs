@@ -11,8 +11,8 @@ use box_jsonrpc::{self as jsonrpc, code, error_response_with_data};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::Session;
 use super::live::{Live, Rewrite, Tag, UnitEvent, send_to_unit};
+use super::{Session, tasks};
 use crate::router::{Forward, UnitMessage, WhenFull};
 use crate::units::describe_end;
 
@@ -367,8 +367,15 @@ impl Session {
 }
 
 /// Answer a forwarded call with `response`; a call whose client is away
-/// answering its input (`input.rs`) keeps it for the retry instead.
-fn deliver(live: &mut Live, unit: usize, forward: Forward<Tag>, response: Value) {
+/// answering its input (`input.rs`) keeps it for the retry instead, and a
+/// task's call (`tasks.rs`) for its task.
+fn deliver(live: &mut Live, unit: usize, forward: Forward<Tag>, mut response: Value) {
+    // A task's call ends its task; its client reads the end with tasks/get.
+    if let Some(call) = forward.tag.unit_id
+        && tasks::finish(live, unit, call, &mut response)
+    {
+        return;
+    }
     let waiting = forward
         .tag
         .input

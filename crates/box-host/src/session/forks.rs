@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use super::handshake::StartError;
 use super::live::{ForkStarted, Live, Unit, UnitEvent, link_unit};
 use super::methods::Request;
-use super::{Session, named};
+use super::{Session, named, tasks};
 use crate::HostConfig;
 use crate::fork::{self, ChildFork};
 use crate::ledger::Tracked;
@@ -590,11 +590,18 @@ impl Session {
         }
         for mut forward in live.router.remove_unit(index) {
             self.record(live, index, &mut forward.tag, "unit_ended");
-            forward.reply.answer(error_response(
+            let mut response = error_response(
                 forward.client_id,
                 code::INTERNAL_ERROR,
                 format!("unit {unit} was discarded"),
-            ));
+            );
+            // A task's call fails its task.
+            if let Some(call) = forward.tag.unit_id
+                && tasks::finish(live, index, call, &mut response)
+            {
+                continue;
+            }
+            forward.reply.answer(response);
         }
         let state = &mut live.units[index];
         self.services

@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 
 use super::live::Live;
 use super::methods::{self, Opening};
-use super::{EXECUTOR_KEY, Session, drain, input, stateless};
+use super::{EXECUTOR_KEY, Session, drain, input, stateless, tasks};
 use crate::ask::{check_initialize, merge_ask, read_ask};
 use crate::audit::ClientInfo;
 
@@ -132,6 +132,11 @@ impl Session {
                     // No call waits in a session not open yet.
                     if modern && input::is_retry(&method, &message) {
                         reply.answer(input::no_call_waiting(&message));
+                        continue;
+                    }
+                    // No task is kept in a session not open yet.
+                    if modern && tasks::is_task_method(&method) {
+                        reply.answer(tasks::no_session(&message));
                         continue;
                     }
                     // The tool form of box/session.open and .close.

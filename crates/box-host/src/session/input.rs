@@ -17,9 +17,9 @@
 use box_jsonrpc::{code, error_response, params, result_response};
 use serde_json::{Map, Value, json};
 
-use super::Session;
 use super::live::{Live, UnitEvent, Waiting, send_to_unit};
 use super::methods::Request;
+use super::{Session, tasks};
 use crate::request_state::{self, INPUT_TTL, RequestState};
 
 /// Whether a call of `method` may answer "input required" (the revision
@@ -82,6 +82,10 @@ impl Session {
         let asked = message.get("method").and_then(Value::as_str).unwrap_or("");
         if !is_input_request(asked) {
             return Some(message);
+        }
+        // A task's: the client reads it with tasks/get.
+        if tasks::ask(live, unit, call, &message) {
+            return None;
         }
         let Some(input) = live
             .router

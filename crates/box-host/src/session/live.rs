@@ -2,13 +2,13 @@
 //! each forwarded request ([`Tag`]), and the events its units' link tasks
 //! send the session task ([`UnitEvent`], [`link_unit`]).
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use box_backend::{Envelope, SessionLabel, UnitEnd};
 use box_jsonrpc::ReplyTo;
 use box_jsonrpc::lines::{Line, MAX_MESSAGE_BYTES, write_line};
 use box_policy::plan::{Plan, UnitSpec};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 
@@ -105,6 +105,9 @@ pub(super) struct Live {
     /// What the session's spans need beyond the request (its era, the
     /// request that opened it).
     pub(super) trace: SessionTrace,
+    /// The tasks of MCP's tasks extension this session keeps (`tasks.rs`),
+    /// oldest first.
+    pub(super) mcp_tasks: Vec<McpTask>,
 }
 
 /// A session's part in its traces.
@@ -118,6 +121,33 @@ pub(super) struct SessionTrace {
     /// The context of the request that opened the session: the parent of
     /// what the session does later on its own (its units' removal).
     pub(super) parent: Option<box_otel::SpanContext>,
+}
+
+/// One task of MCP's tasks extension (`tasks.rs`): a call in flight in a
+/// unit, then its outcome.
+pub(super) struct McpTask {
+    pub(super) id: String,
+    pub(super) unit: usize,
+    /// The call's id at its unit.
+    pub(super) call: u64,
+    pub(super) state: TaskState,
+    pub(super) created: SystemTime,
+    pub(super) updated: SystemTime,
+    /// What the unit asks of the client and the client has not answered,
+    /// by key (the id the answer goes back under).
+    pub(super) asks: Map<String, Value>,
+    /// Its end was read with `tasks/get`.
+    pub(super) read: bool,
+}
+
+/// Where a task stands.
+pub(super) enum TaskState {
+    Working,
+    /// The call's result, in the revision's form.
+    Completed(Value),
+    /// The call's JSON-RPC error.
+    Failed(Value),
+    Cancelled,
 }
 
 pub(super) struct Unit {

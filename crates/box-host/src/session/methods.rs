@@ -79,6 +79,10 @@ pub(super) struct Request {
     /// Of the stateless revision (2026-07-28): its `_meta` named it, before
     /// the host took what it carried for the host alone.
     pub(super) modern: bool,
+    /// A stateless `tools/call` in a session opened as a handle whose
+    /// request declared the tasks extension: answered with a task
+    /// (`tasks.rs`) once forwarded.
+    pub(super) task: bool,
 }
 
 impl Request {
@@ -164,6 +168,10 @@ pub(super) const METHODS: &[Method] = &[
     host("box/merge", Session::merge),
     host("box/discard", Session::discard),
     host("box/units.stats", Session::units_stats),
+    // MCP's tasks extension (`tasks.rs`).
+    host("tasks/get", Session::task_get),
+    host("tasks/update", Session::task_update),
+    host("tasks/cancel", Session::task_cancel),
 ];
 
 /// A method the table does not name: the workspace unit's, with a deadline,

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use super::live::{Input, Live, Rewrite, Tag, UnitEvent, send_to_unit};
 use super::methods::{self, Open, Request};
-use super::{Session, UNIT_META, input, named, sleep_until, stateless};
+use super::{Session, UNIT_META, input, named, sleep_until, stateless, tasks};
 use crate::units::describe_end;
 
 /// The most client requests one session may have in flight at once.
@@ -199,6 +199,8 @@ impl Session {
             return;
         }
         let modern = is_stateless(&message);
+        // Read before the host takes MCP's `_meta` off the request.
+        let opted_in = modern && tasks::opted_in(&message);
         // What a stateless request carries for the host alone goes no further.
         if let Err(why) = self.check_handle(live, &mut message) {
             reply.answer(stateless::refuse(&message, why));
@@ -227,6 +229,11 @@ impl Session {
             ));
             return;
         }
+        let task = opted_in && method == "tools/call" && live.handle.is_some();
+        if task && let Err(why) = tasks::make_room(live) {
+            reply.answer(error_response(id, code::INTERNAL_ERROR, why));
+            return;
+        }
         let request = Request {
             id,
             method,
@@ -234,6 +241,7 @@ impl Session {
             reply,
             entry,
             modern,
+            task,
         };
         if modern {
             if let Some(tool) = stateless::session_tool(&request.method, &request.message) {
@@ -264,6 +272,7 @@ impl Session {
             reply,
             entry,
             modern,
+            task,
         } = request;
 
         let pending = live.units[unit]
@@ -351,6 +360,9 @@ impl Session {
             if let Some(tag) = live.router.tag_mut(unit, unit_id) {
                 tag.deadline = Some(handle.abort_handle());
             }
+        }
+        if task {
+            self.start_task(live, unit, unit_id);
         }
     }
 

@@ -424,6 +424,7 @@ impl Session {
                 input_rounds: 0,
                 opened: None,
                 input_answers: Default::default(),
+                mcp_tasks: Vec::new(),
                 client: None,
                 handle: None,
                 trace: Default::default(),

@@ -22,7 +22,7 @@ use box_policy::plan::Role;
 use serde_json::{Map, Value, json};
 
 use super::methods::Request;
-use super::{EXECUTOR_KEY, Live, Session};
+use super::{EXECUTOR_KEY, Live, Session, tasks};
 use crate::ask::{merge_ask, read_ask};
 use crate::audit::ClientInfo;
 use crate::state;
@@ -160,6 +160,8 @@ impl Session {
                                 },
                             },
                         },
+                        // A tools/call that declares it, in a session opened as a handle.
+                        tasks::EXTENSION: {},
                     },
                 },
                 "instructions": format!(
