@@ -926,3 +926,34 @@ async fn a_profiles_pool_table_keeps_warm_units_and_pool_0_overrides_it() {
     assert!(envelope.get("warm").is_none(), "{envelope}");
     assert!(host.stop().success());
 }
+
+/// A profile's `[pool]` the host cannot keep (its workspace network is
+/// egress) stops the host at its start with an error that names the
+/// profile's table, not a `--pool` flag nobody wrote.
+#[test]
+fn a_pool_table_the_host_cannot_keep_is_named_in_the_error() {
+    let (profiles, workspace) = setup();
+    std::fs::write(
+        profiles.path().join("pooled.toml"),
+        format!("{PROFILE}\n[network]\nmode = \"egress\"\nallow = [\"example.com\"]\n\n[pool]\nsize = 1\n"),
+    )
+    .unwrap();
+    let output = Command::new(box_bin())
+        .args(["serve", "--backend", "local", "--state", "none"])
+        .args(["--listen", "127.0.0.1:0", "--profile", "pooled"])
+        .arg("--profiles")
+        .arg(profiles.path())
+        .arg("--workspace")
+        .arg(workspace.path())
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("profile pooled's [pool]: the profile's workspace network is egress"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("--pool pooled"), "{stderr}");
+}

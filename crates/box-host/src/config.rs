@@ -135,9 +135,21 @@ pub struct PoolAsk {
     pub profile: String,
     /// How many units it keeps ready.
     pub size: usize,
+    /// Asked by the profile's own `[pool]` table, not by `--pool`.
+    pub from_table: bool,
 }
 
 impl PoolAsk {
+    /// Where the ask was written, as an error names it: `--pool NAME`, or
+    /// `profile NAME's [pool]`.
+    pub fn named(&self) -> String {
+        if self.from_table {
+            format!("profile {}'s [pool]", self.profile)
+        } else {
+            format!("--pool {}", self.profile)
+        }
+    }
+
     /// `PROFILE=N` (`--pool`); N = 0 keeps no pool for a profile whose
     /// `[pool]` asks for one.
     pub fn parse(text: &str) -> Result<Self, String> {
@@ -157,6 +169,7 @@ impl PoolAsk {
         Ok(Self {
             profile: profile.to_owned(),
             size,
+            from_table: false,
         })
     }
 }

@@ -168,6 +168,7 @@ pub fn asked(config: &HostConfig, flags: &[PoolAsk], listening: bool) -> Vec<Poo
                 Ok(profile) if profile.pool.size > 0 => asked.push(PoolAsk {
                     profile: listed.name,
                     size: profile.pool.size,
+                    from_table: true,
                 }),
                 Ok(_) => {}
                 Err(error) => {
@@ -203,24 +204,24 @@ pub fn start(
         let profile = config
             .catalog
             .load(&ask.profile)
-            .map_err(|error| anyhow::anyhow!("--pool {}: {error}", ask.profile))?;
+            .map_err(|error| anyhow::anyhow!("{}: {error}", ask.named()))?;
         let plan = (config.resolve)(&profile, &serde_json::Value::Null, &config.facts)
-            .map_err(|error| anyhow::anyhow!("--pool {}: {error}", ask.profile))?;
+            .map_err(|error| anyhow::anyhow!("{}: {error}", ask.named()))?;
         let Some(spec) = plan.units.iter().find(|unit| unit.role == Role::Workspace) else {
             anyhow::bail!(
-                "--pool {}: the profile has no workspace unit to keep ready",
-                ask.profile
+                "{}: the profile has no workspace unit to keep ready",
+                ask.named()
             );
         };
         if spec.network.mode != NetworkMode::None {
             anyhow::bail!(
-                "--pool {}: the profile's workspace network is {}; pooled units start with network none (egress is not attached at a claim yet)",
-                ask.profile,
+                "{}: the profile's workspace network is {}; pooled units start with network none (egress is not attached at a claim yet)",
+                ask.named(),
                 spec.network.mode.as_str()
             );
         }
         if made.iter().any(|pool| pool.profile == ask.profile) {
-            anyhow::bail!("--pool {}: the profile is named twice", ask.profile);
+            anyhow::bail!("{}: the profile is named twice", ask.named());
         }
         made.push(Arc::new(Pool {
             profile: ask.profile.clone(),
