@@ -928,31 +928,53 @@ async fn a_profiles_pool_table_keeps_warm_units_and_pool_0_overrides_it() {
 }
 
 /// A profile's `[pool]` the host cannot keep (its workspace network is
-/// egress) stops the host at its start with an error that names the
-/// profile's table, not a `--pool` flag nobody wrote.
-#[test]
-fn a_pool_table_the_host_cannot_keep_is_named_in_the_error() {
+/// egress) does not stop a host that serves every other profile: it keeps
+/// no pool for it, says why in a WARN line naming the profile's table (not
+/// a `--pool` flag nobody wrote), and its sessions start cold.
+#[tokio::test]
+async fn a_pool_table_the_host_cannot_keep_is_skipped_and_named() {
     let (profiles, workspace) = setup();
     std::fs::write(
         profiles.path().join("pooled.toml"),
         format!("{PROFILE}\n[network]\nmode = \"egress\"\nallow = [\"example.com\"]\n\n[pool]\nsize = 1\n"),
     )
     .unwrap();
-    let output = Command::new(box_bin())
-        .args(["serve", "--backend", "local", "--state", "none"])
-        .args(["--listen", "127.0.0.1:0", "--profile", "pooled"])
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let host = HttpHost::on_a_free_port();
+    let mut command = Command::new(box_bin());
+    command
+        .args([
+            "serve",
+            "--backend",
+            "local",
+            "--state",
+            "none",
+            "--profile",
+            "pooled",
+        ])
         .arg("--profiles")
         .arg(profiles.path())
         .arg("--workspace")
         .arg(workspace.path())
         .env("RUST_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "{stderr}");
+        .stderr(log.reopen().unwrap());
+    let child = host.serve(command).await;
+    let host = Host {
+        host,
+        instance: String::new(),
+        child,
+    };
+    let metrics = host.metrics().await;
+    assert!(!metrics.contains("box_pool_ready{"), "{metrics}");
+    let (_, envelope) = host.session(json!({})).await;
+    assert!(envelope.get("warm").is_none(), "{envelope}");
+    assert_eq!(envelope["network"]["mode"], "egress", "{envelope}");
+    assert!(host.stop().success());
+    let stderr = std::fs::read_to_string(log.path()).unwrap();
     assert!(
-        stderr.contains("profile pooled's [pool]: the profile's workspace network is egress"),
+        stderr.lines().any(|line| line.contains("WARN")
+            && line.contains("profile pooled's [pool]: the profile's workspace network is egress")
+            && line.contains("its sessions start cold")),
         "{stderr}"
     );
     assert!(!stderr.contains("--pool pooled"), "{stderr}");

@@ -193,50 +193,70 @@ pub fn start(
     if asked.is_empty() {
         return Ok(());
     }
-    if backend.pooling().is_none() {
-        anyhow::bail!(
-            "--pool (or a profile's [pool]): the {} backend keeps no pooled units; pools need one that does (docker, local)",
-            backend.kind().as_str()
-        );
-    }
     let mut made: Vec<Arc<Pool>> = Vec::new();
     for ask in asked {
-        let profile = config
-            .catalog
-            .load(&ask.profile)
-            .map_err(|error| anyhow::anyhow!("{}: {error}", ask.named()))?;
-        let plan = (config.resolve)(&profile, &serde_json::Value::Null, &config.facts)
-            .map_err(|error| anyhow::anyhow!("{}: {error}", ask.named()))?;
-        let Some(spec) = plan.units.iter().find(|unit| unit.role == Role::Workspace) else {
-            anyhow::bail!(
-                "{}: the profile has no workspace unit to keep ready",
-                ask.named()
-            );
-        };
-        if spec.network.mode != NetworkMode::None {
-            anyhow::bail!(
-                "{}: the profile's workspace network is {}; pooled units start with network none (egress is not attached at a claim yet)",
-                ask.named(),
-                spec.network.mode.as_str()
-            );
+        match made_pool(config, backend, ask, &made) {
+            Ok(pool) => made.push(pool),
+            // A profile's own table keeps no pool it cannot: the host serves
+            // that profile's sessions cold, and every other profile, and
+            // says why; a --pool the operator wrote stops it.
+            Err(error) if ask.from_table => {
+                tracing::warn!(profile = %ask.profile, "{error:#}; its sessions start cold");
+            }
+            Err(error) => return Err(error),
         }
-        if made.iter().any(|pool| pool.profile == ask.profile) {
-            anyhow::bail!("{}: the profile is named twice", ask.named());
-        }
-        made.push(Arc::new(Pool {
-            profile: ask.profile.clone(),
-            size: ask.size,
-            spec: spec.clone(),
-            ready: Mutex::default(),
-            starting: AtomicUsize::new(0),
-            refill: tokio::sync::Notify::new(),
-            failing: Mutex::default(),
-        }));
     }
     pools
         .pools
         .set(made)
         .map_err(|_| anyhow::anyhow!("--pool: the host's pools are already started"))
+}
+
+/// The pool `ask` asks for, or why this host cannot keep it.
+fn made_pool(
+    config: &HostConfig,
+    backend: &dyn Backend,
+    ask: &PoolAsk,
+    made: &[Arc<Pool>],
+) -> anyhow::Result<Arc<Pool>> {
+    if backend.pooling().is_none() {
+        anyhow::bail!(
+            "{}: the {} backend keeps no pooled units; pools need one that does (docker, local)",
+            ask.named(),
+            backend.kind().as_str()
+        );
+    }
+    let profile = config
+        .catalog
+        .load(&ask.profile)
+        .map_err(|error| anyhow::anyhow!("{}: {error}", ask.named()))?;
+    let plan = (config.resolve)(&profile, &serde_json::Value::Null, &config.facts)
+        .map_err(|error| anyhow::anyhow!("{}: {error}", ask.named()))?;
+    let Some(spec) = plan.units.iter().find(|unit| unit.role == Role::Workspace) else {
+        anyhow::bail!(
+            "{}: the profile has no workspace unit to keep ready",
+            ask.named()
+        );
+    };
+    if spec.network.mode != NetworkMode::None {
+        anyhow::bail!(
+            "{}: the profile's workspace network is {}; pooled units start with network none (egress is not attached at a claim yet)",
+            ask.named(),
+            spec.network.mode.as_str()
+        );
+    }
+    if made.iter().any(|pool| pool.profile == ask.profile) {
+        anyhow::bail!("{}: the profile is named twice", ask.named());
+    }
+    Ok(Arc::new(Pool {
+        profile: ask.profile.clone(),
+        size: ask.size,
+        spec: spec.clone(),
+        ready: Mutex::default(),
+        starting: AtomicUsize::new(0),
+        refill: tokio::sync::Notify::new(),
+        failing: Mutex::default(),
+    }))
 }
 
 impl Pools {
