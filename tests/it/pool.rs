@@ -509,6 +509,18 @@ async fn survives_kill_9_and_reattaches(backend: &str) {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        // Its ended record is `box gc`'s, as a user's would be: left behind,
+        // every run of this test showed in `box units ls`.
+        let gc = Command::new(box_bin())
+            .args(["gc", "--instance", &instance])
+            .env("BOX_INSTANCE_DIR", instances.path())
+            .output()
+            .unwrap();
+        assert!(
+            gc.status.success(),
+            "{}",
+            String::from_utf8_lossy(&gc.stderr)
+        );
     }
 }
 
