@@ -45,6 +45,13 @@
 //!   serve's VmRSS per unit). Docker, then local (`BOX_BENCH_WARM_BACKENDS`,
 //!   default `docker,local`).
 //!
+//! - `runhost`: a one-shot `box run … true`, from its spawn to its exit:
+//!   `box run --host URL` against a `box serve --listen --pool default=2`
+//!   (the command claims a pooled unit), against the same run through a
+//!   listening host with no pool (a cold start there), and against `box run
+//!   --backend B` with a host of its own (everything cold, in this process),
+//!   rounds interleaved; docker and local (`BOX_BENCH_WARM_BACKENDS`).
+//!
 //! - `before-call`: with `BOX_BENCH_BEFORE=PATH`, per-call round trips
 //!   through this build's `box serve` and the other binary's, local and
 //!   docker, interleaved in blocks (a restructuring's cost per call).
@@ -1806,6 +1813,16 @@ fn main() {
             runtime.block_on(warm_figures(backend, workspace.path()));
         }
     }
+    if wanted.iter().any(|w| w == "runhost") {
+        let backends =
+            std::env::var("BOX_BENCH_WARM_BACKENDS").unwrap_or_else(|_| "docker,local".to_owned());
+        for backend in backends.split(',') {
+            if backend == "docker" && docker.is_none() {
+                continue;
+            }
+            runtime.block_on(run_host_figures(backend, workspace.path()));
+        }
+    }
     if docker.is_some() && wants("runtime") {
         runtime_figures(workspace.path());
     }
@@ -1890,6 +1907,66 @@ async fn concurrent_starts(address: SocketAddr, sessions: usize) -> Vec<Duration
 /// helper, init and executor).
 fn tree_rss(pid: u32) -> u64 {
     memory_of(pid).0 + child_pids(pid).into_iter().map(tree_rss).sum::<u64>()
+}
+
+/// `box run ARGS true` spawned and waited for: how long it took; a failure
+/// stops the bench.
+fn box_run_once(args: &[String]) -> Duration {
+    let started = Instant::now();
+    let status = Command::new(BOX)
+        .arg("run")
+        .args(args)
+        .arg("true")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .status()
+        .expect("spawning box run");
+    let elapsed = started.elapsed();
+    assert!(status.success(), "box run {args:?} true: {status}");
+    elapsed
+}
+
+async fn run_host_figures(backend: &str, workspace: &Path) {
+    let rounds = env_number("BOX_BENCH_ROUNDS", 21);
+    let (_warm_server, warm) = warm_host(backend, workspace, "runwarm", Some(2)).await;
+    let (_cold_server, cold) = warm_host(backend, workspace, "runcold", None).await;
+    let host = |address: SocketAddr| vec!["--host".to_owned(), format!("http://{address}")];
+    let own = vec![
+        "--backend".to_owned(),
+        backend.to_owned(),
+        "--workspace".to_owned(),
+        workspace.display().to_string(),
+    ];
+    let (mut warm_runs, mut cold_runs, mut own_runs) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..=rounds {
+        // Each figure with the pool full and no refill running beside it.
+        pool_filled(warm, 2).await;
+        let w = box_run_once(&host(warm));
+        pool_filled(warm, 2).await;
+        let c = box_run_once(&host(cold));
+        let o = box_run_once(&own);
+        // Round 0 warms the page cache and the engine's for all three.
+        if round > 0 {
+            warm_runs.push(w);
+            cold_runs.push(c);
+            own_runs.push(o);
+        }
+    }
+    let figure = |runs: &[Duration]| {
+        format!(
+            "median {:.1} ms, p99 {:.1} ms",
+            ms(median(runs)),
+            ms(percentile(runs, 0.99))
+        )
+    };
+    println!(
+        "runhost, {backend}: `box run … true`, spawn → exit ({rounds} rounds): --host, a pooled unit: {} | --host, no pool (cold on the host): {} | a host of its own (--backend {backend}): {} | ratio warm/own median {:.2}, warm/host-cold median {:.2}",
+        figure(&warm_runs),
+        figure(&cold_runs),
+        figure(&own_runs),
+        ms(median(&warm_runs)) / ms(median(&own_runs)),
+        ms(median(&warm_runs)) / ms(median(&cold_runs)),
+    );
 }
 
 async fn warm_figures(backend: &str, workspace: &Path) {

@@ -18,6 +18,11 @@
 //! Exit codes: the command's status; 125 when box itself failed (like
 //! `docker run`), so a failing command and a failing box are told apart.
 //!
+//! With a host (`--host URL`), the session is one of a running `box serve
+//! --listen`'s, over streamable HTTP: its profile, backend and pools are the
+//! host's, so a command claims a warm unit when the host keeps a pool for
+//! the plan, and starts no engine client, catalog or backend here.
+//!
 //! It is the binary's, not the host library's: a client of the host (as the
 //! transports carry other clients to it) that owns this process's terminal
 //! and signals.
@@ -48,8 +53,12 @@ use box_policy::profile::Catalog;
 /// into this).
 #[derive(Debug, Clone)]
 pub struct RunConfig {
-    /// The profile to resolve.
-    pub profile: String,
+    /// The profile to resolve; `None`: `default` here, the host's own
+    /// default with `host`.
+    pub profile: Option<String>,
+    /// A running `box serve --listen` to run the command through, instead of
+    /// a host in this process.
+    pub host: Option<RemoteHost>,
     /// More directories of profiles, searched first.
     pub profile_dirs: Vec<PathBuf>,
     /// Tightenings, as JSON or @FILE.
@@ -77,6 +86,18 @@ pub struct RunConfig {
     pub command: Vec<String>,
 }
 
+/// A running host `box run` is a client of.
+#[derive(Debug, Clone)]
+pub struct RemoteHost {
+    /// Its URL (`http://127.0.0.1:8080`, `/mcp` when no path is given).
+    pub url: String,
+    /// The bearer token its HTTP clients send, when it asks for one.
+    pub token: Option<String>,
+}
+
+/// The profile `box run` resolves when none is named.
+const DEFAULT_PROFILE: &str = "default";
+
 /// box's own failure, as `docker run` reports it.
 const BOX_FAILED: u8 = 125;
 /// The most bytes one process read asks for (the executor's bound).
@@ -91,26 +112,49 @@ const TERMINATED: u8 = 143;
 /// SIGINT's (128 + 2).
 const INTERRUPTED: u8 = 130;
 
-/// A client of an in-process session.
+/// A client of the command's session.
 struct Client {
-    session: SessionHandle,
+    via: Via,
     next_id: std::sync::atomic::AtomicU64,
 }
 
+/// Where the command's session is.
+enum Via {
+    /// A session of a host in this process.
+    Here(SessionHandle),
+    /// A session of `box serve --listen` elsewhere.
+    Host(box_transport::client::HostClient),
+}
+
 impl Client {
+    fn new(via: Via) -> Self {
+        Self {
+            via,
+            next_id: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
     async fn call(&self, method: &str, params: Value) -> Result<Value, String> {
         let id = self
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let stream = self
-            .session
-            .request(jsonrpc::request(json!(id), method, params))
-            .await
-            .map_err(|gone| gone.to_string())?;
-        let response = stream
-            .response
-            .await
-            .map_err(|_| format!("{method}: the session dropped the request"))?;
+        let request = jsonrpc::request(json!(id), method, params);
+        let response = match &self.via {
+            Via::Here(session) => {
+                let stream = session
+                    .request(request)
+                    .await
+                    .map_err(|gone| gone.to_string())?;
+                stream
+                    .response
+                    .await
+                    .map_err(|_| format!("{method}: the session dropped the request"))?
+            }
+            Via::Host(host) => host
+                .request(request)
+                .await
+                .map_err(|error| format!("{method}: {error}"))?,
+        };
         if let Some(error) = response.get("error") {
             let message = error
                 .get("message")
@@ -158,14 +202,76 @@ async fn run_session(args: RunConfig) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The `NAME=value` entries `-e` asks for, each checked against what `plan`'s
-/// workspace unit lets through: a variable the profile does not pass is
-/// refused by name, before any unit starts.
-fn command_env(requested: &[String], plan: &Plan) -> anyhow::Result<Vec<String>> {
-    let workspace = plan.units.iter().find(|unit| unit.role == Role::Workspace);
-    let allowed: Vec<&String> = workspace
-        .map(|unit| unit.env_pass.iter().chain(&unit.env_secrets).collect())
-        .unwrap_or_default();
+/// The variables a session's workspace unit lets a command set: its profile,
+/// the names it lets through, and the names it sets itself.
+struct EnvAllowed {
+    /// Where the list comes from (`profile ci`, `the host's profile ci`).
+    whose: String,
+    /// `env.pass` and `env.secrets`.
+    through: Vec<String>,
+    /// `env.set`: the profile's own, which a command may not change.
+    fixed: Vec<String>,
+}
+
+impl EnvAllowed {
+    /// What `plan`'s workspace unit lets through.
+    fn of_plan(plan: &Plan) -> Self {
+        let workspace = plan.units.iter().find(|unit| unit.role == Role::Workspace);
+        Self {
+            whose: format!("profile {}", plan.profile),
+            through: workspace
+                .map(|unit| {
+                    unit.env_pass
+                        .iter()
+                        .chain(&unit.env_secrets)
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default(),
+            fixed: workspace
+                .map(|unit| unit.env_set.keys().cloned().collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// What a running host reported passing into the session's workspace
+    /// unit (its envelope's `envPassed` and the secrets it gives as
+    /// variables): a variable the profile passes but the host's
+    /// environment lacks is not among them.
+    fn of_envelope(units: &Value) -> Self {
+        let workspace = units
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|unit| unit["role"] == "workspace");
+        let names = |list: &Value, only: &dyn Fn(&Value) -> bool| -> Vec<String> {
+            list.as_array()
+                .into_iter()
+                .flatten()
+                .filter(|entry| only(entry))
+                .filter_map(|entry| entry.as_str().or_else(|| entry["name"].as_str()))
+                .map(str::to_owned)
+                .collect()
+        };
+        let mut through = Vec::new();
+        if let Some(unit) = workspace {
+            through = names(&unit["envPassed"], &|_| true);
+            through.extend(names(&unit["secrets"], &|secret| {
+                secret["asEnv"] == Value::Bool(true)
+            }));
+        }
+        Self {
+            whose: "the host's profile".to_owned(),
+            through,
+            fixed: Vec::new(),
+        }
+    }
+}
+
+/// The `NAME=value` entries `-e` asks for, each checked against what the
+/// session's workspace unit lets through: a variable it does not pass is
+/// refused by name, before the command starts.
+fn command_env(requested: &[String], allowed: &EnvAllowed) -> anyhow::Result<Vec<String>> {
     let mut entries = Vec::new();
     for request in requested {
         let (name, value) = match request.split_once('=') {
@@ -174,24 +280,20 @@ fn command_env(requested: &[String], plan: &Plan) -> anyhow::Result<Vec<String>>
         };
         box_policy::profile::check_env_name(name)
             .map_err(|why| anyhow::anyhow!("-e {request}: {why}"))?;
-        if !allowed.iter().any(|allowed| *allowed == name) {
-            let fixed = workspace.is_some_and(|unit| unit.env_set.contains_key(name));
+        if !allowed.through.iter().any(|allowed| allowed == name) {
+            let fixed = allowed.fixed.iter().any(|fixed| fixed == name);
             anyhow::bail!(
-                "-e {name}: profile {} {}; the variables it lets through (env.pass, env.secrets) are: {}",
-                plan.profile,
+                "-e {name}: {} {}; the variables it lets through (env.pass, env.secrets) are: {}",
+                allowed.whose,
                 if fixed {
                     "sets this variable itself (env.set), so a command may not change it"
                 } else {
                     "does not let this variable through"
                 },
-                if allowed.is_empty() {
+                if allowed.through.is_empty() {
                     "none".to_owned()
                 } else {
-                    allowed
-                        .iter()
-                        .map(|name| name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    allowed.through.join(", ")
                 }
             );
         }
@@ -209,21 +311,28 @@ fn command_env(requested: &[String], plan: &Plan) -> anyhow::Result<Vec<String>>
 }
 
 async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
+    if let Some(remote) = args.host.take() {
+        return run_remote(args, remote).await;
+    }
+    let profile_name = args
+        .profile
+        .get_or_insert_with(|| DEFAULT_PROFILE.to_owned())
+        .clone();
     let tighten = parse_tighten(args.tighten.as_deref())?;
     let facts = host_facts(args.workspace.as_ref())?;
     let catalog = Catalog::new(args.profile_dirs.clone());
     // The plan the session will resolve, resolved first: a wrong profile,
     // tightening or `-e` is said before any backend is asked (and warns).
     let profile = catalog
-        .load(&args.profile)
-        .map_err(|error| anyhow::anyhow!("--profile {}: {error}", args.profile))?;
+        .load(&profile_name)
+        .map_err(|error| anyhow::anyhow!("--profile {profile_name}: {error}"))?;
     let plan = crate::host::resolve_plan(&profile, &tighten, &facts)
         .map_err(|error| anyhow::anyhow!("{error}"))?;
-    args.env = command_env(&args.env, &plan)?;
+    args.env = command_env(&args.env, &EnvAllowed::of_plan(&plan))?;
     let backend = select_backend(&args.registry, &args.backend).await?;
     let mut config = HostConfig::new(catalog, facts);
     let services = Arc::new(Services::new(backend));
-    config.default_profile = args.profile.clone();
+    config.default_profile = profile_name;
     let instance = claim_instance(None, None)?;
     config.instance = instance.id().to_owned();
     let config = Arc::new(config);
@@ -244,10 +353,7 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
         general_tx,
         &host,
     );
-    let client = Client {
-        session: session.clone(),
-        next_id: std::sync::atomic::AtomicU64::new(0),
-    };
+    let client = Client::new(Via::Here(session.clone()));
     let started = std::sync::OnceLock::new();
     let outcome = tokio::select! {
         outcome = run_command(&client, &args, tighten, &started) => Some(outcome),
@@ -262,33 +368,23 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
         services
             .end_at_once
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        if let Some(id) = started.get() {
-            let signal = if code == TERMINATED { "TERM" } else { "INT" };
-            let passed = tokio::time::timeout(
-                SIGNAL_WAIT,
-                client.call(
-                    "agentworkspace/process.signal",
-                    json!({"id": id, "signal": signal}),
-                ),
-            )
-            .await;
-            match passed {
-                Ok(Ok(_)) => {}
-                Ok(Err(error)) => {
-                    tracing::debug!(%error, "the signal was not passed on to the command");
-                }
-                Err(_) => tracing::debug!(
-                    "the signal was not passed on to the command: no answer within {}",
-                    humantime::format_duration(SIGNAL_WAIT)
-                ),
-            }
-        }
+        pass_signal(&client, started.get(), code).await;
     }
     session.end();
     // Bounded: an engine that stalls must not keep box for ever.
     let _ = tokio::time::timeout(END_WAIT, session.ended()).await;
     // Names each unit left, and how to remove it.
     let left = report_units_left(&config, &services);
+    exit_code(interrupted, outcome, left)
+}
+
+/// The exit code of a run: the signal's when interrupted, box's failure
+/// when its units were not removed, else the command's.
+fn exit_code(
+    interrupted: Option<u8>,
+    outcome: Option<Result<ExitCode, String>>,
+    left: bool,
+) -> anyhow::Result<ExitCode> {
     match (interrupted, outcome) {
         (Some(code), _) => Ok(ExitCode::from(code)),
         // The command ran, but box did not clean up after it: box failed.
@@ -299,6 +395,115 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Pass the interrupting signal on to the command (`process`), bounded: an
+/// executor that does not answer does not keep box.
+async fn pass_signal(client: &Client, process: Option<&String>, code: u8) {
+    let Some(id) = process else {
+        return;
+    };
+    let signal = if code == TERMINATED { "TERM" } else { "INT" };
+    let passed = tokio::time::timeout(
+        SIGNAL_WAIT,
+        client.call(
+            "agentworkspace/process.signal",
+            json!({"id": id, "signal": signal}),
+        ),
+    )
+    .await;
+    match passed {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "the signal was not passed on to the command");
+        }
+        Err(_) => tracing::debug!(
+            "the signal was not passed on to the command: no answer within {}",
+            humantime::format_duration(SIGNAL_WAIT)
+        ),
+    }
+}
+
+/// `box run --host`: the command in a session of a running `box serve
+/// --listen`, which resolves the profile, starts (or claims) the units and
+/// removes them when the session is deleted.
+async fn run_remote(args: RunConfig, remote: RemoteHost) -> anyhow::Result<ExitCode> {
+    let tighten = parse_tighten(args.tighten.as_deref())?;
+    let url = box_transport::client::HostUrl::parse(&remote.url)
+        .map_err(|error| anyhow::anyhow!("--host {error}"))?;
+    let client = Client::new(Via::Host(box_transport::client::HostClient::new(
+        url,
+        remote.token,
+    )));
+    let interrupt = CancellationToken::new();
+    let signal_code = watch_client_signals(interrupt.clone())?;
+    let started = std::sync::OnceLock::new();
+    let outcome = tokio::select! {
+        outcome = run_command(&client, &args, tighten, &started) => Some(outcome),
+        () = interrupt.cancelled() => None,
+    };
+    let interrupted = outcome
+        .is_none()
+        .then(|| signal_code.get().copied().unwrap_or(INTERRUPTED));
+    if let Some(code) = interrupted {
+        pass_signal(&client, started.get(), code).await;
+    }
+    // The host answers the DELETE once the session's units are removed.
+    let Via::Host(host) = &client.via else {
+        unreachable!("run_remote's client is a host's")
+    };
+    let left = match tokio::time::timeout(END_WAIT + SIGNAL_WAIT, host.end()).await {
+        Ok(Ok(())) => false,
+        Ok(Err(error)) => {
+            eprintln!("box run: ending the session: {error}");
+            true
+        }
+        Err(_) => {
+            eprintln!(
+                "box run: ending the session: the host did not confirm its units removed within {}",
+                humantime::format_duration(END_WAIT)
+            );
+            true
+        }
+    };
+    exit_code(interrupted, outcome, left)
+}
+
+/// As the host's signal handling, for a client: the first SIGINT or SIGTERM
+/// cancels `interrupt` (its exit code kept); one more a window later exits at
+/// once, leaving the session to the host's idle timeout.
+fn watch_client_signals(
+    interrupt: CancellationToken,
+) -> anyhow::Result<Arc<std::sync::OnceLock<u8>>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let first = Arc::new(std::sync::OnceLock::new());
+    let first_set = first.clone();
+    tokio::spawn(async move {
+        let mut at: Option<tokio::time::Instant> = None;
+        loop {
+            let code: u8 = tokio::select! {
+                _ = term.recv() => TERMINATED,
+                _ = int.recv() => INTERRUPTED,
+            };
+            match at {
+                None => {
+                    at = Some(tokio::time::Instant::now());
+                    let _ = first_set.set(code);
+                    interrupt.cancel();
+                }
+                Some(at) if at.elapsed() < SIGNAL_WAIT => {}
+                Some(_) => {
+                    eprintln!(
+                        "box run: second signal: exiting now; the host removes the session's units when it idles out"
+                    );
+                    std::process::exit(code.into());
+                }
+            }
+        }
+    });
+    Ok(first)
+}
+
 /// Start the command and stream it until it ends; its process id is put in
 /// `process` as soon as it has one (an interrupt passes its signal on to it).
 async fn run_command(
@@ -307,18 +512,37 @@ async fn run_command(
     tighten: Value,
     process: &std::sync::OnceLock<String>,
 ) -> Result<ExitCode, String> {
+    let mut ask = json!({"tighten": tighten});
+    if let Some(profile) = &args.profile {
+        ask["profile"] = json!(profile);
+    }
     let initialized = client
         .call(
             "initialize",
             json!({
                 "protocolVersion": "2025-06-18",
-                "capabilities": {"experimental": {EXECUTOR_KEY: {"box": {"profile": args.profile, "tighten": tighten}}}},
+                "capabilities": {"experimental": {EXECUTOR_KEY: {"box": ask}}},
                 "clientInfo": {"name": "box run", "version": env!("CARGO_PKG_VERSION")},
             }),
         )
         .await?;
+    let applied = &initialized["capabilities"]["experimental"][EXECUTOR_KEY]["box"];
+    let units = &applied["units"];
+    let env = match &client.via {
+        Via::Here(_) => args.env.clone(),
+        // The host resolved the plan: its envelope says what passes.
+        Via::Host(host) => {
+            let _ = host
+                .notify(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+                .await;
+            let mut allowed = EnvAllowed::of_envelope(units);
+            if let Some(profile) = applied["profile"].as_str() {
+                allowed.whose = format!("the host's profile {profile}");
+            }
+            command_env(&args.env, &allowed).map_err(|error| format!("{error:#}"))?
+        }
+    };
     // No uid 0 by surprise: said once, before the command's own output.
-    let units = &initialized["capabilities"]["experimental"][EXECUTOR_KEY]["box"]["units"];
     if units
         .as_array()
         .into_iter()
@@ -328,7 +552,7 @@ async fn run_command(
         // A log event, so `--log-format json` keeps stderr one JSON object a line.
         tracing::warn!("{}", box_policy::envelope::RootUser::new().line());
     }
-    let mut start = json!({"args": args.command, "env": args.env, "stderr": !args.tty});
+    let mut start = json!({"args": args.command, "env": env, "stderr": !args.tty});
     if args.tty {
         let (rows, cols) = terminal::size().unwrap_or(terminal::DEFAULT_SIZE);
         start["tty"] = json!({"rows": rows, "cols": cols});

@@ -23,6 +23,7 @@ use crate::profile::Catalog;
   box doctor --strict && box serve
   box doctor --profiles ./profiles --strict --profile mine
   box doctor --workspace ~/src/project --json
+  box doctor --host http://127.0.0.1:8080 --token-file token
 
 --strict: the profile (--profile, default `default`) must be able to run here
 on at least one backend with every protection it requires, as that backend's
@@ -55,6 +56,16 @@ pub struct DoctorArgs {
         add = clap_complete::ArgValueCandidates::new(crate::cli::complete::profile_names)
     )]
     pub profile: String,
+    /// Also ask a running `box serve --listen` at this URL how it is: ready
+    /// or not and why, and each pool's ready units against its size (its
+    /// /readyz and /metrics). With --strict, a host that is not ready fails.
+    #[arg(long, value_name = "URL", env = "BOX_HOST")]
+    pub host: Option<String>,
+    /// With --host: a file holding the bearer token the host asks of its
+    /// clients (its --token-file; /metrics and the reason a host is not
+    /// ready are told only with it).
+    #[arg(long, value_name = "FILE", env = "BOX_TOKEN_FILE", requires = "host")]
+    pub token_file: Option<PathBuf>,
 }
 
 /// Run `box doctor`.
@@ -68,11 +79,29 @@ pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let report = runtime.block_on(report(&catalog, &host));
+    let token = match &args.token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|error| anyhow::anyhow!("--token-file {}: {error}", path.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let mut report = runtime.block_on(report(&catalog, &host));
+    if let Some(url) = &args.host {
+        report["host"] = runtime.block_on(running_host(url, token));
+    }
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         out!("{}", render(&report));
+    }
+    if args.strict
+        && let Some(why) = report["host"]["notReady"].as_str()
+    {
+        eprintln!("box doctor --strict: the host is not ready: {why}");
+        return Ok(ExitCode::FAILURE);
     }
     if args.strict
         && let Err(why) = strict(&report, &args.profile)
@@ -160,6 +189,75 @@ pub async fn report(catalog: &Catalog, host: &HostFacts) -> Value {
         "user": unit_user(host),
         "profiles": profiles,
     })
+}
+
+/// How a running host is: `/readyz` (ready, or why not) and, from
+/// `/metrics`, each pool's ready units against its size.
+async fn running_host(url: &str, token: Option<String>) -> Value {
+    use box_transport::client::{HostClient, HostUrl};
+    let parsed = match HostUrl::parse(url) {
+        Ok(parsed) => parsed,
+        Err(why) => return json!({"url": url, "notReady": format!("--host {why}")}),
+    };
+    let endpoint = parsed.at("");
+    let client = HostClient::new(parsed, token);
+    let mut host = json!({"url": endpoint});
+    match client.get("/readyz").await {
+        Ok((200, _)) => host["ready"] = json!(true),
+        Ok((status, text)) => {
+            host["ready"] = json!(false);
+            host["notReady"] = json!(format!(
+                "{endpoint}/readyz answers {status}: {}",
+                text.trim()
+            ));
+        }
+        Err(error) => {
+            host["ready"] = json!(false);
+            host["notReady"] = json!(error.to_string());
+            return host;
+        }
+    }
+    match client.get("/metrics").await {
+        Ok((200, text)) => host["pools"] = json!(pools_of_metrics(&text)),
+        Ok((401, _)) => {
+            host["pools"] =
+                json!("not told: /metrics asks for the host's bearer token (--token-file)")
+        }
+        Ok((status, _)) => host["pools"] = json!(format!("not told: /metrics answers {status}")),
+        Err(error) => host["pools"] = json!(format!("not told: {error}")),
+    }
+    host
+}
+
+/// Each pool's `{profile, ready, size}` from the host's `box_pool_ready` and
+/// `box_pool_size` gauges.
+fn pools_of_metrics(text: &str) -> Vec<Value> {
+    let mut pools: Vec<Value> = Vec::new();
+    for line in text.lines() {
+        let (key, rest) = if let Some(rest) = line.strip_prefix("box_pool_ready{") {
+            ("ready", rest)
+        } else if let Some(rest) = line.strip_prefix("box_pool_size{") {
+            ("size", rest)
+        } else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let Some(profile) = labels
+            .split(',')
+            .find_map(|label| label.strip_prefix("profile=\""))
+            .map(|profile| profile.trim_end_matches('"'))
+        else {
+            continue;
+        };
+        let value: u64 = value.trim().parse().unwrap_or(0);
+        match pools.iter_mut().find(|pool| pool["profile"] == profile) {
+            Some(pool) => pool[key] = json!(value),
+            None => pools.push(json!({"profile": profile, key: value})),
+        }
+    }
+    pools
 }
 
 /// What a local unit's egress and secrets rest on, from the kernel's facts:
@@ -394,6 +492,40 @@ pub fn render(report: &Value) -> String {
             {
                 out.push_str(&format!("  remedy      {}\n", text(remedy)));
             }
+        }
+    }
+    let host = &report["host"];
+    if host.is_object() {
+        match host["notReady"].as_str() {
+            None => out.push_str(&format!("host          {}: ready\n", text(&host["url"]))),
+            Some(why) => out.push_str(&format!(
+                "host          {}: NOT READY: {why}\n",
+                text(&host["url"])
+            )),
+        }
+        match &host["pools"] {
+            Value::Array(pools) if pools.is_empty() => {
+                out.push_str(
+                    "pools         none kept (box serve --pool PROFILE=N, or a profile's [pool])\n",
+                );
+            }
+            Value::Array(pools) => {
+                for pool in pools {
+                    let ready = pool["ready"].as_u64().unwrap_or(0);
+                    let size = pool["size"].as_u64().unwrap_or(0);
+                    out.push_str(&format!(
+                        "pool          {}: {ready} of {size} ready{}\n",
+                        text(&pool["profile"]),
+                        if ready < size {
+                            " (refilling, or failing: see /readyz)"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
+            }
+            Value::String(why) => out.push_str(&format!("pools         {why}\n")),
+            _ => {}
         }
     }
     for profile in report["profiles"].as_array().into_iter().flatten() {

@@ -10,9 +10,19 @@ use crate::run::RunConfig;
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = RUN_AFTER_HELP)]
 pub struct RunArgs {
-    /// The profile to resolve.
-    #[arg(long, value_name = "NAME", default_value = "default", add = clap_complete::ArgValueCandidates::new(crate::cli::complete::profile_names))]
-    pub profile: String,
+    /// The profile to resolve [default: default; with --host, the host's own default].
+    #[arg(long, value_name = "NAME", add = clap_complete::ArgValueCandidates::new(crate::cli::complete::profile_names))]
+    pub profile: Option<String>,
+    /// Run the command through a running `box serve --listen` at this URL
+    /// (`http://127.0.0.1:8080`, or a bare port on loopback) instead of a host in
+    /// this process: its profiles, backend and warm pools serve it, so a command
+    /// claims a pooled unit when the host keeps one for its plan.
+    #[arg(long, value_name = "URL", env = "BOX_HOST", conflicts_with_all = ["profile_dirs", "workspace"])]
+    pub host: Option<String>,
+    /// With --host: a file holding the bearer token the host asks of its
+    /// clients (its --token-file).
+    #[arg(long, value_name = "FILE", env = "BOX_TOKEN_FILE", requires = "host")]
+    pub token_file: Option<PathBuf>,
     /// More directories of profiles, searched first (repeatable).
     #[arg(long = "profiles", value_name = "DIR")]
     pub profile_dirs: Vec<PathBuf>,
@@ -55,6 +65,7 @@ pub const RUN_AFTER_HELP: &str = "Examples:
   box run -e LANG=C.UTF-8 -- sh -c 'locale; ls -la'
   box run --profile offline --tighten '{\"limits\": {\"memory\": \"512MiB\"}}' sh -c 'id; ls'
   box run -it bash
+  box serve --listen 8080 --pool default=4 &   box run --host 8080 make test
 
 Terminal (-t), as `docker run`: -it gives an interactive terminal; -it when stdin is
 not a terminal is refused (\"the input device is not a TTY\", exit 125); -t alone
@@ -68,13 +79,32 @@ Exit codes:
        the command, then its units are removed at once
   255  the command was killed by a signal";
 
-impl From<RunArgs> for RunConfig {
-    fn from(args: RunArgs) -> Self {
+impl RunArgs {
+    /// Into a [`RunConfig`], reading --token-file.
+    fn config(self) -> anyhow::Result<RunConfig> {
+        use anyhow::Context as _;
         use std::io::IsTerminal as _;
         // As `docker run -i`: a terminal's input is forwarded only when asked.
-        let stdin = args.interactive || !std::io::stdin().is_terminal();
-        Self {
+        let stdin = self.interactive || !std::io::stdin().is_terminal();
+        let host = match self.host.clone() {
+            Some(url) => {
+                let token = match &self.token_file {
+                    Some(path) => Some(
+                        std::fs::read_to_string(path)
+                            .with_context(|| format!("--token-file {}", path.display()))?
+                            .trim()
+                            .to_owned(),
+                    ),
+                    None => None,
+                };
+                Some(crate::run::RemoteHost { url, token })
+            }
+            None => None,
+        };
+        let args = self;
+        Ok(RunConfig {
             profile: args.profile,
+            host,
             profile_dirs: args.profile_dirs,
             tighten: args.tighten,
             backend: args.backend,
@@ -86,7 +116,7 @@ impl From<RunArgs> for RunConfig {
             stdin,
             tty: args.tty,
             command: args.command,
-        }
+        })
     }
 }
 
@@ -108,7 +138,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // `docker run` does.
     let progress = crate::cli::pull::Progress::new(crate::cli::pull::Style::for_stderr());
     crate::backends::show_pull_progress(progress.sink());
-    let result = crate::run::run(args.into());
+    let config = match args.config() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("box run: {error:#}");
+            return Ok(ExitCode::from(125));
+        }
+    };
+    let result = crate::run::run(config);
     progress.finish();
     result
 }

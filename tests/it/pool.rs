@@ -991,3 +991,206 @@ async fn a_pool_table_the_host_cannot_keep_is_skipped_and_named() {
     );
     assert!(!stderr.contains("--pool pooled"), "{stderr}");
 }
+
+/// `box run --host` against a pooled `box serve --listen`: the command runs
+/// in a warm unit of the host's pool (its output, stdin and status passed
+/// through as with a host of its own), the unit is gone when `box run`
+/// exits, the pool refills, `-e` is judged by the host's profile, and `box
+/// doctor --host` tells the pool's state.
+async fn box_run_through_a_pooled_host(backend: &str) {
+    let (profiles, workspace) = setup();
+    let host = Host::start_on(
+        backend,
+        &format!("run-{backend}"),
+        profiles.path(),
+        workspace.path(),
+        Some("pooled=1"),
+        &[],
+        &[],
+    )
+    .await;
+    host.ready("pooled", 1).await;
+    let url = format!("http://{}", host.address());
+    let run = |args: &[&str], stdin: &[u8]| {
+        use std::io::Write as _;
+        let mut child = Command::new(box_bin())
+            .args(["run", "--host", &url])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let ran = run(
+        &[
+            "sh",
+            "-c",
+            "cat; echo out; echo err >&2; echo $POOL_A; exit 3",
+        ],
+        b"from stdin\n",
+    );
+    let stderr = String::from_utf8_lossy(&ran.stderr);
+    assert_eq!(ran.status.code(), Some(3), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&ran.stdout),
+        "from stdin\nout\na\n",
+        "{stderr}"
+    );
+    // After the root-user warning when the unit runs as root (as here).
+    assert!(stderr.ends_with("\nerr\n") || stderr == "err\n", "{stderr}");
+    let metrics = host.metrics().await;
+    assert!(
+        metrics.contains("box_pool_claims_total{outcome=\"warm\"} 1"),
+        "box run did not claim the warm unit: {metrics}"
+    );
+    // Its session is deleted, its unit removed, and the pool refills.
+    assert!(
+        metrics.contains("box_sessions_active 0"),
+        "box run's session outlived it: {metrics}"
+    );
+    host.ready("pooled", 1).await;
+    if backend == "docker" {
+        assert_eq!(containers(&host.instance, None).await.len(), 1);
+    } else {
+        assert_eq!(running_local_units(&host.instance).len(), 1);
+    }
+    // A variable the host's profile does not let through is refused by name.
+    let refused = run(&["-e", "NOT_PASSED=1", "true"], b"");
+    assert_eq!(refused.status.code(), Some(125));
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains(
+            "-e NOT_PASSED: the host's profile pooled does not let this variable through"
+        ),
+        "{said}"
+    );
+    // `box doctor --host`: ready, and the pool full (again: the refused
+    // run's session claimed a unit before the host's envelope was read).
+    host.ready("pooled", 1).await;
+    let doctor = Command::new(box_bin())
+        .args(["doctor", "--json", "--host", &url])
+        .output()
+        .unwrap();
+    assert!(doctor.status.success(), "{doctor:?}");
+    let report: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    assert_eq!(report["host"]["ready"], json!(true), "{}", report["host"]);
+    let pools = report["host"]["pools"].as_array().unwrap();
+    assert!(
+        pools.contains(&json!({"profile": "pooled", "ready": 1, "size": 1})),
+        "{}",
+        report["host"]
+    );
+    assert!(host.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_box_run_through_a_pooled_host_claims_a_warm_unit() {
+    box_run_through_a_pooled_host("local").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn box_run_through_a_pooled_host_claims_a_warm_container() {
+    if !docker_answers().await {
+        return;
+    }
+    box_run_through_a_pooled_host("docker").await;
+}
+
+/// `box run --host` and `box doctor --host` with a host that asks for a
+/// bearer token, and with no host there: each failure names what to do.
+#[tokio::test(flavor = "multi_thread")]
+async fn box_run_through_a_host_sends_its_token_and_names_a_host_not_there() {
+    let (profiles, workspace) = setup();
+    let token = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token.path(), "s3cret-token-for-tests\n").unwrap();
+    let token_path = token.path().to_str().unwrap();
+    let host = Host::start_on(
+        "local",
+        "run-token",
+        profiles.path(),
+        workspace.path(),
+        None,
+        &[],
+        &["--token-file", token_path],
+    )
+    .await;
+    let url = format!("http://{}", host.address());
+    let without = Command::new(box_bin())
+        .args(["run", "--host", &url, "true"])
+        .output()
+        .unwrap();
+    assert_eq!(without.status.code(), Some(125), "{without:?}");
+    let said = String::from_utf8_lossy(&without.stderr);
+    assert!(said.contains("HTTP 401"), "{said}");
+    let with = Command::new(box_bin())
+        .args(["run", "--host", &url, "--token-file", token_path])
+        .args(["sh", "-c", "echo $POOL_A"])
+        .output()
+        .unwrap();
+    assert!(with.status.success(), "{with:?}");
+    assert_eq!(String::from_utf8_lossy(&with.stdout), "a\n");
+    // The token's value is never said.
+    assert!(!said.contains("s3cret"), "{said}");
+    // Interrupted (^C), as without --host: the signal goes on to the
+    // command, the session is deleted, and box exits 130.
+    let marker = format!("4242{}", std::process::id());
+    let mut child = Command::new(box_bin())
+        .args(["run", "--host", &url, "--token-file", token_path])
+        .args(["sleep", &marker])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let sleeping = || {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+            std::fs::read(entry.path().join("cmdline"))
+                .is_ok_and(|line| line == format!("sleep\0{marker}\0").as_bytes())
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !sleeping() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never ran"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    assert!(!sleeping(), "the command outlived its interrupted box run");
+    let doctor = Command::new(box_bin())
+        .args(["doctor", "--host", &url])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert!(said.contains(": ready"), "{said}");
+    assert!(said.contains("bearer token"), "{said}");
+    assert!(host.stop().success());
+    // Nothing listens there now.
+    let gone = Command::new(box_bin())
+        .args(["run", "--host", &url, "true"])
+        .output()
+        .unwrap();
+    assert_eq!(gone.status.code(), Some(125));
+    let said = String::from_utf8_lossy(&gone.stderr);
+    assert!(
+        said.contains("is `box serve --listen` running there?"),
+        "{said}"
+    );
+    let doctor = Command::new(box_bin())
+        .args(["doctor", "--strict", "--host", &url])
+        .output()
+        .unwrap();
+    assert_eq!(doctor.status.code(), Some(1), "{doctor:?}");
+    let said = String::from_utf8_lossy(&doctor.stderr);
+    assert!(
+        said.contains("is `box serve --listen` running there?"),
+        "{said}"
+    );
+}

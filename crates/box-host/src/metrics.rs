@@ -167,6 +167,7 @@ pub struct Metrics {
     merges: Family<MergeLabels, Counter>,
     refused: Family<RefusalLabels, Counter>,
     pool_ready: Family<PoolLabels, Gauge>,
+    pool_size: Family<PoolLabels, Gauge>,
     pool_claims: Family<ClaimLabels, Counter>,
     pool_claim_duration: Histogram,
     /// Session tasks running, started or not (what shutdown waits for).
@@ -268,6 +269,12 @@ impl Default for Metrics {
             "Pooled units ready for a session, by profile (box serve --pool)",
             pool_ready.clone(),
         );
+        let pool_size = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "box_pool_size",
+            "Pooled units each pool keeps when full, by profile (its [pool] size or --pool)",
+            pool_size.clone(),
+        );
         let pool_claims = Family::<ClaimLabels, Counter>::default();
         registry.register(
             "box_pool_claims",
@@ -301,6 +308,7 @@ impl Default for Metrics {
             merges,
             refused,
             pool_ready,
+            pool_size,
             pool_claims,
             pool_claim_duration,
             tasks: AtomicUsize::new(0),
@@ -366,6 +374,15 @@ impl Metrics {
                 profile: profile.to_owned(),
             })
             .set(i64::try_from(ready).unwrap_or(i64::MAX));
+    }
+
+    /// The pool of `profile` keeps `size` units when full.
+    pub fn pool_size(&self, profile: &str, size: usize) {
+        self.pool_size
+            .get_or_create(&PoolLabels {
+                profile: profile.to_owned(),
+            })
+            .set(i64::try_from(size).unwrap_or(i64::MAX));
     }
 
     /// A unit was asked of a pool, with `outcome` (`warm`, `unfit`, `empty`, `failed`).

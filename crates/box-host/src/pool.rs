@@ -300,6 +300,9 @@ pub async fn refill(config: &HostConfig, services: PoolServices<'_>, pool: Arc<P
     // The ready units' ends: one that ends unclaimed leaves the pool, which
     // starts another.
     let mut watched = futures::stream::FuturesUnordered::<Watch>::new();
+    // What the pool keeps when full, beside what it holds (`box doctor --host`).
+    services.metrics.pool_size(&pool.profile, pool.size);
+    services.metrics.pool_ready(&pool.profile, pool.ready_len());
     loop {
         while pool.ready_len() + pool.starting.load(Ordering::SeqCst) < pool.size {
             if stop.is_cancelled() {

@@ -1,7 +1,8 @@
 //! box's transports: how a client's messages reach a session. stdio (one
 //! session per process, newline-delimited JSON-RPC with a bounded line) and
 //! streamable HTTP (many sessions, `/mcp`, SSE). The only crate that knows
-//! HTTP (axum, hyper).
+//! HTTP (axum, hyper), as a server and as the client of a running host
+//! (`client`: `box run --host`).
 //!
 //! A transport hands each client request to its session with a reply channel
 //! and carries back what the session answers on it: the events related to the
@@ -11,6 +12,7 @@
 //! profiles, plans, backends or the command line (the binary turns its flags
 //! into [`http::HttpOptions`] and wires the host in as the factory).
 
+pub mod client;
 pub mod http;
 pub mod stdio;
 mod write_timeout;
