@@ -93,6 +93,9 @@ pub struct RemoteHost {
     pub url: String,
     /// The bearer token its HTTP clients send, when it asks for one.
     pub token: Option<String>,
+    /// Wait for the host to confirm the session's units removed (else it
+    /// removes them after box has exited).
+    pub wait_removal: bool,
 }
 
 /// The profile `box run` resolves when none is named.
@@ -446,11 +449,14 @@ async fn run_remote(args: RunConfig, remote: RemoteHost) -> anyhow::Result<ExitC
     if let Some(code) = interrupted {
         pass_signal(&client, started.get(), code).await;
     }
-    // The host answers the DELETE once the session's units are removed.
+    // The host removes the session's units; box waits for that only when
+    // asked (`--wait-removal`), the DELETE then answered once they are gone.
     let Via::Host(host) = &client.via else {
         unreachable!("run_remote's client is a host's")
     };
-    let left = match tokio::time::timeout(END_WAIT + SIGNAL_WAIT, host.end()).await {
+    let left = match tokio::time::timeout(END_WAIT + SIGNAL_WAIT, host.end(remote.wait_removal))
+        .await
+    {
         Ok(Ok(())) => false,
         Ok(Err(error)) => {
             eprintln!("box run: ending the session: {error}");

@@ -23,6 +23,11 @@ pub struct RunArgs {
     /// clients (its --token-file).
     #[arg(long, value_name = "FILE", env = "BOX_TOKEN_FILE", requires = "host")]
     pub token_file: Option<PathBuf>,
+    /// With --host: wait until the host confirms the session's units removed
+    /// (exit 125 if it does not), as box run without --host always does; by
+    /// default the host removes them after the command's status is passed on.
+    #[arg(long, requires = "host")]
+    pub wait_removal: bool,
     /// More directories of profiles, searched first (repeatable).
     #[arg(long = "profiles", value_name = "DIR")]
     pub profile_dirs: Vec<PathBuf>,
@@ -97,7 +102,11 @@ impl RunArgs {
                     ),
                     None => None,
                 };
-                Some(crate::run::RemoteHost { url, token })
+                Some(crate::run::RemoteHost {
+                    url,
+                    token,
+                    wait_removal: self.wait_removal,
+                })
             }
             None => None,
         };

@@ -1026,6 +1026,7 @@ async fn box_run_through_a_pooled_host(backend: &str) {
     };
     let ran = run(
         &[
+            "--wait-removal",
             "sh",
             "-c",
             "cat; echo out; echo err >&2; echo $POOL_A; exit 3",
@@ -1046,16 +1047,33 @@ async fn box_run_through_a_pooled_host(backend: &str) {
         metrics.contains("box_pool_claims_total{outcome=\"warm\"} 1"),
         "box run did not claim the warm unit: {metrics}"
     );
-    // Its session is deleted, its unit removed, and the pool refills.
+    // --wait-removal: its session was deleted and its unit removed before
+    // it exited; the pool refills.
     assert!(
         metrics.contains("box_sessions_active 0"),
         "box run's session outlived it: {metrics}"
     );
     host.ready("pooled", 1).await;
-    if backend == "docker" {
-        assert_eq!(containers(&host.instance, None).await.len(), 1);
-    } else {
-        assert_eq!(running_local_units(&host.instance).len(), 1);
+    let units = async || {
+        if backend == "docker" {
+            containers(&host.instance, None).await.len()
+        } else {
+            running_local_units(&host.instance).len()
+        }
+    };
+    assert_eq!(units().await, 1);
+    // Without it, box exits once the host has the session's end; the host
+    // removes the unit after.
+    let ran = run(&["true"], b"");
+    assert!(ran.status.success(), "{ran:?}");
+    host.ready("pooled", 1).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while units().await != 1 || !host.metrics().await.contains("box_sessions_active 0") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the host did not remove box run's unit"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // A variable the host's profile does not let through is refused by name.
     let refused = run(&["-e", "NOT_PASSED=1", "true"], b"");
@@ -1163,7 +1181,15 @@ async fn box_run_through_a_host_sends_its_token_and_names_a_host_not_there() {
     )
     .unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(130));
-    assert!(!sleeping(), "the command outlived its interrupted box run");
+    // The host removes the unit after box exits: the command is gone soon.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sleeping() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command outlived its interrupted box run"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let doctor = Command::new(box_bin())
         .args(["doctor", "--host", &url])
         .output()

@@ -224,13 +224,17 @@ impl HostClient {
         }
     }
 
-    /// End this client's session: the host answers once its units are
-    /// removed (an error says what it could not confirm).
-    pub async fn end(&self) -> Result<(), ClientError> {
+    /// End this client's session. Waiting (`wait`), the host answers once
+    /// its units are removed (an error says what it could not confirm);
+    /// else it answers at once (`Prefer: respond-async`) and removes them.
+    pub async fn end(&self, wait: bool) -> Result<(), ClientError> {
         if self.session().is_none() {
             return Ok(());
         }
-        let answer = self.send(Method::DELETE, &self.url.path, None).await?;
+        let prefer = (!wait).then_some("respond-async");
+        let answer = self
+            .send_with(Method::DELETE, &self.url.path, None, prefer)
+            .await?;
         match answer.status {
             status if status.is_success() || status == StatusCode::NOT_FOUND => {
                 *lock(&self.session) = None;
@@ -255,6 +259,16 @@ impl HostClient {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Answer, ClientError> {
+        self.send_with(method, path, body, None).await
+    }
+
+    async fn send_with(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        prefer: Option<&str>,
+    ) -> Result<Answer, ClientError> {
         let url = self.url.at(path);
         let unreachable = |why: String| ClientError::Unreachable {
             url: url.clone(),
@@ -267,6 +281,9 @@ impl HostClient {
             .header(header::ACCEPT, "application/json, text/event-stream");
         if body.is_some() {
             request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(prefer) = prefer {
+            request = request.header("prefer", prefer);
         }
         if let Some(token) = &self.token {
             request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));

@@ -1725,6 +1725,12 @@ async fn delete_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> R
         Err(response) => return response,
     };
     session.end();
+    // `Prefer: respond-async` (RFC 7240): the client does not wait for the
+    // removal (`box run --host`); the session keeps its place under
+    // --max-sessions until its units are gone, as after a timed-out wait.
+    if prefers_async(&headers) {
+        return StatusCode::ACCEPTED.into_response();
+    }
     // Answer once the units are gone, so "deleted" means deleted.
     if tokio::time::timeout(state.options.delete_wait, session.ended())
         .await
@@ -1759,6 +1765,21 @@ async fn delete_mcp(State(state): State<Arc<AppState>>, headers: HeaderMap) -> R
         HeaderValue::from(DELETE_RETRY_AFTER_SECS),
     );
     response
+}
+
+/// Whether a request's `Prefer` header asks for `respond-async`.
+fn prefers_async(headers: &HeaderMap) -> bool {
+    headers
+        .get_all("prefer")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|preference| {
+            preference
+                .split(';')
+                .next()
+                .is_some_and(|name| name.trim().eq_ignore_ascii_case("respond-async"))
+        })
 }
 
 async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
