@@ -424,6 +424,20 @@ async fn a_pool_that_cannot_refill_says_so_in_readyz() {
                 body.contains("the pool of profile gone cannot refill"),
                 "{body}"
             );
+            // And `box doctor --host` says so; --strict fails on it.
+            let doctor = Command::new(box_bin())
+                .args(["doctor", "--strict", "--host"])
+                .arg(format!("http://{}", host.address()))
+                .output()
+                .unwrap();
+            assert_eq!(doctor.status.code(), Some(1), "{doctor:?}");
+            let said = String::from_utf8_lossy(&doctor.stdout);
+            assert!(
+                said.contains("NOT READY")
+                    && said.contains("the pool of profile gone cannot refill"),
+                "{said}"
+            );
+            assert!(said.contains("pool          gone: 0 of 1 ready"), "{said}");
             break;
         }
         assert!(
