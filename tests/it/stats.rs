@@ -615,6 +615,105 @@ fn local_a_unit_at_its_tmp_home_and_call_timeout_limits_is_told() {
     }
 }
 
+/// Issue 27, limit events: egress traffic held to the unit's bandwidth cap
+/// gets the session a notification (`egress.bandwidth`, with the time
+/// waited), the log's WARN and the audit's line; `box/units.stats` counts
+/// the wait and /metrics the bytes.
+#[test]
+fn local_a_unit_at_its_egress_bandwidth_is_told() {
+    if !local() {
+        return;
+    }
+    // 96 KiB through a 16 KiB/s cap: a second's burst, then about five waiting.
+    let body: &'static str = Box::leak("b".repeat(96 * 1024).into_boxed_str());
+    let port = crate::support::http_server(body);
+    let workspace = tempfile::tempdir().unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("p.toml"),
+        format!(
+            "extends = \"default\"\n[workspace]\nimage = \"{DEV_IMAGE}\"\nlocal_userland = \"host\"\n\
+             [network]\nmode = \"egress\"\nallow = [\"slow.test:{port}\"]\nhosts = {{ \"slow.test\" = \"127.0.0.1\" }}\nbandwidth = \"16KiB\"\n\
+             [operator]\nallow_dangerous = [\"private-destinations\"]\n"
+        ),
+    )
+    .unwrap();
+    let audit = state.path().join("audit.jsonl");
+    let log = state.path().join("stderr.log");
+    let instance = format!("stats-bandwidth-{}", std::process::id());
+    let mut command = serve_command("local", &instance, workspace.path());
+    command
+        .arg("--profiles")
+        .arg(profiles.path())
+        .args(["--profile", "p", "--audit"])
+        .arg(&audit)
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut served = Served::start(command);
+    let script = format!(
+        "python3 -c \"import urllib.request; print(len(urllib.request.urlopen('http://slow.test:{port}/', timeout=60).read()))\""
+    );
+    served.send(&json!({"jsonrpc": "2.0", "id": 10, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": script}}}));
+    let seen = std::sync::Mutex::new(Vec::new());
+    let keep = |message: &Value| {
+        if message["method"] == "notifications/box/unit" {
+            seen.lock().unwrap().push(message["params"].clone());
+        }
+    };
+    let answer = served
+        .wait_for(Duration::from_secs(60), |message| {
+            keep(message);
+            message["id"] == json!(10)
+        })
+        .expect("the script's answer");
+    let output = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(output.contains(&(96 * 1024).to_string()), "{answer}");
+    let seen = seen.into_inner().unwrap();
+    let told: Vec<&Value> = seen
+        .iter()
+        .filter(|event| event["limit"] == "egress.bandwidth")
+        .collect();
+    // Once for the one stretch of waiting, while the download ran.
+    assert_eq!(told.len(), 1, "{seen:?}");
+    let event = told[0];
+    assert_eq!(event["state"], "reached", "{event}");
+    assert_eq!(event["bound"], json!(16 * 1024), "{event}");
+    assert!(event["waitedMs"].as_u64().unwrap() > 0, "{event}");
+    // box/units.stats: the whole wait, about the five seconds past the burst.
+    served.send(&json!({"jsonrpc": "2.0", "id": 11, "method": "box/units.stats", "params": {}}));
+    let stats = served
+        .wait_for(Duration::from_secs(30), |message| {
+            message["id"] == json!(11)
+        })
+        .expect("the stats");
+    let waited = stats["result"]["units"][0]["egressThrottledMs"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{stats}"));
+    assert!((3000..12000).contains(&waited), "{stats}");
+    assert!(
+        stats["result"]["units"][0]["egressBytesDown"]
+            .as_u64()
+            .unwrap()
+            > 96 * 1024,
+        "{stats}"
+    );
+    assert!(served.hang_up().success());
+    let audit = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        audit.lines().any(|line| {
+            let line: Value = serde_json::from_str(line).unwrap();
+            line["kind"] == "limit" && line["limit"] == "egress.bandwidth"
+        }),
+        "{audit}"
+    );
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("reached its egress bandwidth"), "{log}");
+}
+
 /// Issue 27, limit events: a connection refused because the unit has its
 /// egress `max_connections` open gets the session a notification (with the
 /// log's WARN and the audit's line).

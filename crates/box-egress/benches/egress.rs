@@ -144,6 +144,7 @@ async fn start_egress(directory: &Path, ports: &[u16], tls_ports: &[u16]) -> Egr
             tls_ports: tls_ports.iter().copied().collect(),
             ..Options::default()
         },
+        throttled: Default::default(),
     };
     // What a host would do with each event: build its audit line.
     let sink = Arc::new(|event: Event| {

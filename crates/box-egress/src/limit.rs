@@ -6,7 +6,8 @@
 //! connections share the bucket. The bucket holds at most one second of tokens.
 
 use std::num::NonZeroU64;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// One direction's cap for one unit.
@@ -14,6 +15,9 @@ use std::time::{Duration, Instant};
 pub(crate) struct TokenBucket {
     bytes_per_second: f64,
     state: Mutex<State>,
+    /// Nanoseconds senders waited on this cap, added up (shared with the
+    /// unit's other direction and read by whoever reports the unit's limits).
+    throttled: Arc<AtomicU64>,
 }
 
 /// The bucket's level; pure arithmetic, so the pacing is tested without a clock.
@@ -40,10 +44,11 @@ impl State {
 }
 
 impl TokenBucket {
-    pub(crate) fn new(bytes_per_second: NonZeroU64) -> Self {
+    pub(crate) fn new(bytes_per_second: NonZeroU64, throttled: Arc<AtomicU64>) -> Self {
         let rate = bytes_per_second.get() as f64;
         Self {
             bytes_per_second: rate,
+            throttled,
             state: Mutex::new(State {
                 tokens: rate,
                 refilled: Instant::now(),
@@ -69,6 +74,8 @@ impl TokenBucket {
             state.take(Instant::now(), bytes, self.bytes_per_second)
         };
         if !wait.is_zero() {
+            let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+            self.throttled.fetch_add(nanos, Ordering::Relaxed);
             tokio::time::sleep(wait).await;
         }
     }
@@ -131,7 +138,7 @@ mod tests {
 
     #[test]
     fn reads_are_sized_to_the_cap() {
-        let bucket = |rate| TokenBucket::new(NonZeroU64::new(rate).unwrap());
+        let bucket = |rate| TokenBucket::new(NonZeroU64::new(rate).unwrap(), Arc::default());
         assert_eq!(bucket(1000).chunk(), 1024);
         assert_eq!(bucket(80 * 1024).chunk(), 10 * 1024);
         assert_eq!(bucket(100 << 20).chunk(), 64 * 1024);

@@ -22,6 +22,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use std::os::fd::OwnedFd;
@@ -62,6 +63,10 @@ pub struct Unit {
     pub limits: Limits,
     /// Ports, timeouts.
     pub options: Options,
+    /// Where the proxy adds up how long the unit's traffic waited for its
+    /// bandwidth cap, in nanoseconds (both directions; read live by the host's
+    /// limit events).
+    pub throttled: Arc<AtomicU64>,
 }
 
 /// A TLS alert, fatal, `unrecognized_name` (RFC 6066 §3).
@@ -99,8 +104,14 @@ pub async fn serve(listener: UnixListener, unit: Unit, events: EventSink) -> io:
         connections: Arc::new(Semaphore::new(unit.limits.max_connections.get())),
         listeners: Arc::new(Semaphore::new(MAX_LISTENERS)),
         max_connections: unit.limits.max_connections.get(),
-        up: unit.limits.bytes_per_second.map(TokenBucket::new),
-        down: unit.limits.bytes_per_second.map(TokenBucket::new),
+        up: unit
+            .limits
+            .bytes_per_second
+            .map(|rate| TokenBucket::new(rate, unit.throttled.clone())),
+        down: unit
+            .limits
+            .bytes_per_second
+            .map(|rate| TokenBucket::new(rate, unit.throttled.clone())),
         events,
     });
     let mut connections = JoinSet::new();

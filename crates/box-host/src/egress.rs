@@ -64,6 +64,9 @@ pub struct EgressUsage {
     pub connections: AtomicU64,
     /// Connections refused because the unit had its `max_connections` open.
     pub at_connection_limit: AtomicU64,
+    /// Nanoseconds its traffic waited for its bandwidth cap, added up as it
+    /// happens (the proxy adds to it; not only when a connection ends).
+    pub throttled: Arc<AtomicU64>,
 }
 
 impl EgressUsage {
@@ -256,7 +259,7 @@ impl EgressProxy {
             // The caller decides about the directory: an adopted one stays.
             Err(error) => return Err(format!("starting the egress proxy: {error}")),
         };
-        let unit = box_egress::Unit {
+        let mut unit = box_egress::Unit {
             identity: UnitIdentity {
                 session: session.to_owned(),
                 unit: spec.name.clone(),
@@ -264,11 +267,13 @@ impl EgressProxy {
             policy: handle.subscribe(),
             limits: limits_of(spec),
             options: Options::default(),
+            throttled: Arc::default(),
         };
         // What reports hold: the metrics and the audit log, not the services
         // that own the runtime the proxy runs on.
         let (metrics, audit) = (services.metrics.clone(), services.audit.cloned());
         let usage = Arc::new(EgressUsage::default());
+        unit.throttled = Arc::clone(&usage.throttled);
         let counted = Arc::clone(&usage);
         let events: box_egress::EventSink = Arc::new(move |event: Event| {
             counted.count(&event);
@@ -438,6 +443,7 @@ fn report(metrics: &Metrics, audit: Option<&Audit>, event: &Event) {
         box_egress::Decision::Failed { failure, .. } => failure.reason(),
     };
     metrics.egress(event.decision.outcome(), reason);
+    metrics.egress_bytes(event.bytes_up, event.bytes_down);
     if let Some(audit) = audit {
         audit.egress(event);
     }
@@ -512,8 +518,8 @@ mod tests {
             sni: None,
             address: None,
             decision,
-            bytes_up: 0,
-            bytes_down: 0,
+            bytes_up: 120,
+            bytes_down: 4096,
             duration: std::time::Duration::ZERO,
             error: None,
         };
@@ -557,6 +563,15 @@ mod tests {
                 "box_egress_connections_total{{outcome=\"refused\",reason=\"{}\"}} 1",
                 box_egress::Refusal::NotAllowed.reason()
             )),
+            "{metrics}"
+        );
+        // The bytes of both exchanges, by direction.
+        assert!(
+            metrics.contains("box_egress_bytes_total{direction=\"up\"} 240"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("box_egress_bytes_total{direction=\"down\"} 8192"),
             "{metrics}"
         );
     }

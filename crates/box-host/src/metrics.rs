@@ -101,6 +101,12 @@ fn operation_histogram() -> Histogram {
     Histogram::new(OPERATION_BUCKETS)
 }
 
+/// An egress byte count's label: `up` (from the unit) or `down` (to it).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: &'static str,
+}
+
 /// An egress attempt's labels: the proxy's outcome and, when refused or failed,
 /// its reason (both from box-egress's fixed sets).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -163,6 +169,7 @@ pub struct Metrics {
     operation_duration: Family<OperationLabels, Histogram, fn() -> Histogram>,
     unit_start_duration: Histogram,
     egress: Family<EgressLabels, Counter>,
+    egress_bytes: Family<DirectionLabels, Counter>,
     forks: Family<ForkLabels, Counter>,
     merges: Family<MergeLabels, Counter>,
     refused: Family<RefusalLabels, Counter>,
@@ -244,6 +251,12 @@ impl Default for Metrics {
             "Egress attempts through units' proxies, by outcome and refusal or failure reason",
             egress.clone(),
         );
+        let egress_bytes = Family::<DirectionLabels, Counter>::default();
+        registry.register(
+            "box_egress_bytes",
+            "Bytes units' egress carried, by direction (up: from the unit, down: to it), counted as each connection ends",
+            egress_bytes.clone(),
+        );
         let forks = Family::<ForkLabels, Counter>::default();
         registry.register(
             "box_forks",
@@ -304,6 +317,7 @@ impl Default for Metrics {
             operation_duration,
             unit_start_duration,
             egress,
+            egress_bytes,
             forks,
             merges,
             refused,
@@ -318,6 +332,17 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// An egress exchange carried `up` bytes from its unit and `down` to it.
+    pub fn egress_bytes(&self, up: u64, down: u64) {
+        for (direction, bytes) in [("up", up), ("down", down)] {
+            if bytes > 0 {
+                self.egress_bytes
+                    .get_or_create(&DirectionLabels { direction })
+                    .inc_by(bytes);
+            }
+        }
+    }
+
     /// One egress attempt ended with `outcome` (`allowed`, `refused`, `failed`)
     /// for `reason` (empty when allowed).
     pub fn egress(&self, outcome: &'static str, reason: &'static str) {

@@ -79,6 +79,10 @@ async fn bandwidth_is_capped_across_parallel_connections() {
     let elapsed = start.elapsed();
     assert!(elapsed >= Duration::from_millis(1800), "{elapsed:?}");
     assert!(elapsed < Duration::from_secs(6), "{elapsed:?}");
+    // The wait is reported: about the two seconds past the burst, summed
+    // over the senders that queued for it.
+    let waited = Duration::from_nanos(proxy.throttled.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(waited >= Duration::from_millis(1500), "{waited:?}");
     for _ in 0..3 {
         let event = proxy.event().await;
         assert_eq!(event.bytes_down, RATE as u64);

@@ -135,7 +135,9 @@ impl Setup {
                     .connect_timeout
                     .unwrap_or(Options::default().connect_timeout),
             },
+            throttled: Arc::default(),
         };
+        let throttled = Arc::clone(&unit.throttled);
         let (sender, events) = mpsc::unbounded_channel();
         let sink = Arc::new(move |event: Event| {
             let _ = sender.send(event);
@@ -147,6 +149,7 @@ impl Setup {
             handle,
             events,
             task,
+            throttled,
         }
     }
 }
@@ -158,6 +161,8 @@ pub struct Proxy {
     pub handle: PolicyHandle,
     events: mpsc::UnboundedReceiver<Event>,
     task: JoinHandle<std::io::Result<()>>,
+    /// Nanoseconds the unit's traffic waited for its bandwidth cap.
+    pub throttled: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Drop for Proxy {

@@ -9,8 +9,10 @@
 //! tasks, `/tmp` and home count now. Besides the gauges: each process the
 //! OOM killer kills (`state: "oom-kill"`, naming the process where the
 //! kernel's log can be read), each connection refused at the unit's egress
-//! `max_connections` (`limit: "egress.connections"`), and each call past
-//! its `call_timeout` ([`Session::tell_call_timeout`]).
+//! `max_connections` (`limit: "egress.connections"`), each stretch of
+//! time its egress traffic waits for its bandwidth cap (`limit:
+//! "egress.bandwidth"`, with the milliseconds waited so far), and each call
+//! past its `call_timeout` ([`Session::tell_call_timeout`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -69,9 +71,24 @@ struct WatchedUnit {
     /// OOM kills counted at the last reading (the first reading is the
     /// baseline: kills before a reattach are no event).
     oom_kills: Option<u64>,
-    /// Its egress proxy's counters, its `max_connections`, and the
-    /// refusals at that limit already said.
-    egress: Option<(Arc<EgressUsage>, u64, u64)>,
+    /// Its egress, where it has a proxy.
+    egress: Option<EgressWatch>,
+}
+
+/// A unit's egress under watch.
+struct EgressWatch {
+    /// The proxy's counters.
+    usage: Arc<EgressUsage>,
+    /// Its `max_connections`.
+    max_connections: u64,
+    /// Refusals at that limit already said.
+    refused: u64,
+    /// Its bandwidth cap (bytes a second, each direction), if it has one.
+    bandwidth: Option<u64>,
+    /// Nanoseconds its traffic had waited for the cap at the last reading.
+    throttled: u64,
+    /// Whether it was waiting then: a new stretch of waiting is said once.
+    throttling: bool,
 }
 
 /// Who hears of a limit: the session (a notification), the log, the audit.
@@ -222,8 +239,14 @@ fn watched(unit: &Unit, egress: &[EgressProxy]) -> WatchedUnit {
         .find(|proxy| proxy.unit == unit.spec.name)
         .map(|proxy| {
             let usage = proxy.usage();
-            let said = usage.at_connection_limit.load(Ordering::Relaxed);
-            (usage, unit.spec.network.max_connections, said)
+            EgressWatch {
+                refused: usage.at_connection_limit.load(Ordering::Relaxed),
+                throttled: usage.throttled.load(Ordering::Relaxed),
+                usage,
+                max_connections: unit.spec.network.max_connections,
+                bandwidth: unit.spec.network.bytes_per_second,
+                throttling: false,
+            }
         });
     WatchedUnit {
         unit: unit.spec.name.clone(),
@@ -299,17 +322,18 @@ impl WatchedUnit {
                 );
             }
         }
-        if let Some((usage, bound, said)) = &mut self.egress {
-            let refused = usage.at_connection_limit.load(Ordering::Relaxed);
-            if refused > *said {
-                *said = refused;
+        if let Some(egress) = &mut self.egress {
+            let refused = egress.usage.at_connection_limit.load(Ordering::Relaxed);
+            let bound = egress.max_connections;
+            if refused > egress.refused {
+                egress.refused = refused;
                 teller.tell(
                     json!({
                         "unit": self.unit,
                         "limit": "egress.connections",
                         "state": "reached",
-                        "figure": *bound,
-                        "bound": *bound,
+                        "figure": bound,
+                        "bound": bound,
                         "refused": refused,
                     }),
                     &format!(
@@ -318,6 +342,27 @@ impl WatchedUnit {
                     ),
                 );
             }
+            let throttled = egress.usage.throttled.load(Ordering::Relaxed);
+            let waiting = throttled > egress.throttled;
+            egress.throttled = throttled;
+            if let (true, false, Some(bandwidth)) = (waiting, egress.throttling, egress.bandwidth) {
+                let waited_ms = throttled / 1_000_000;
+                teller.tell(
+                    json!({
+                        "unit": self.unit,
+                        "limit": "egress.bandwidth",
+                        "state": "reached",
+                        "figure": bandwidth,
+                        "bound": bandwidth,
+                        "waitedMs": waited_ms,
+                    }),
+                    &format!(
+                        "unit {} reached its egress bandwidth ({bandwidth} bytes a second): its traffic waits for the cap ({waited_ms} ms so far)",
+                        self.unit
+                    ),
+                );
+            }
+            egress.throttling = waiting;
         }
     }
 

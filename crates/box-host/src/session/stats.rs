@@ -56,6 +56,8 @@ impl Session {
                     entry["egressBytesUp"] = json!(egress.bytes_up.load(Ordering::Relaxed));
                     entry["egressBytesDown"] = json!(egress.bytes_down.load(Ordering::Relaxed));
                     entry["egressConnections"] = json!(egress.connections.load(Ordering::Relaxed));
+                    entry["egressThrottledMs"] =
+                        json!(egress.throttled.load(Ordering::Relaxed) / 1_000_000);
                 }
                 match backend.stats(&unit_id).await {
                     Ok(stats) => {
