@@ -3,9 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
 
-pub use super::fields::LimitsPolicy;
+pub use super::fields::{LifecyclePolicy, LimitsPolicy, PoolPolicy};
 use super::value::ByteSize;
 use crate::allow::Rule;
 use crate::image::PullPolicy;
@@ -188,23 +187,6 @@ pub struct NetworkPolicy {
     pub bandwidth: Option<ByteSize>,
 }
 
-/// Every unit's lifecycle as written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LifecyclePolicy {
-    /// How long a unit outlives its host's last renewal: box's init in the
-    /// unit ends it when its host has not renewed for this long (the host
-    /// died, hung or was stopped).
-    pub lease: Duration,
-}
-
-/// `[pool]`: how many units of the profile's workspace a listening host
-/// keeps started with no session, for its sessions to claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PoolPolicy {
-    /// Units kept ready; 0: none (every session starts cold).
-    pub size: usize,
-}
-
 /// The environment as written.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EnvPolicy {
@@ -305,7 +287,7 @@ impl Danger {
 pub(crate) mod defaults {
     use std::time::Duration;
 
-    use super::{LifecyclePolicy, LimitsPolicy};
+    use super::LimitsPolicy;
 
     pub(crate) const IMAGE: &str = "box-base:bookworm";
     pub(crate) const ROOT: &str = "/workspace";
@@ -317,10 +299,6 @@ pub(crate) mod defaults {
     pub(crate) const MIN_LEASE: Duration = Duration::from_secs(1);
     /// The longest lease: a unit must not outlive a dead host by hours.
     pub(crate) const MAX_LEASE: Duration = Duration::from_secs(3600);
-
-    pub(crate) fn lifecycle() -> LifecyclePolicy {
-        LifecyclePolicy { lease: LEASE }
-    }
 
     pub(crate) fn limits() -> LimitsPolicy {
         LimitsPolicy::defaults()
