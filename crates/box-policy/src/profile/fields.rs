@@ -14,12 +14,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::kinds::{Kind, Plain, Reads, Show, Shown, words};
+use super::model::{ForkMode, OnPersisted, Source, UserChoice, defaults};
 use super::tree::Node;
 use super::validate::{
-    Capabilities, Devices, HostNamespaces, Lease, PoolSize, Privileged, Walk, join,
+    Capabilities, Devices, HostNamespaces, Image, Images, Lease, PoolSize, Privileged, PullSecret,
+    Root, Runtime, Walk, join,
 };
 use super::value::{ByteSize, CpuQuota};
-use crate::plan::{Requirement, TmpMode};
+use crate::image::PullPolicy;
+use crate::plan::{LocalUserland, MountMode, Requirement, TmpMode};
 
 /// What a session's tightening (`box.tighten`) may do with a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,13 +115,24 @@ macro_rules! field_name {
     };
 }
 
-/// A field's plan and envelope key, under its table's (`security.readOnlyRoot`).
+/// A field's plan and envelope key, under the prefix its table names
+/// (`plan "security."`: `security.readOnlyRoot`; `plan ""`: a unit's `image`).
 macro_rules! envelope_key {
-    ($path:literal) => {
+    ($plan:literal ;) => {
         None
     };
-    ($path:literal, $key:literal) => {
-        Some(concat!($path, ".", $key))
+    ($plan:literal ; $key:literal) => {
+        Some(concat!($plan, $key))
+    };
+}
+
+/// Where `box profile show` places a field: on its table's line unless its row says.
+macro_rules! show {
+    () => {
+        Show::Line
+    };
+    ($show:ident) => {
+        Show::$show
     };
 }
 
@@ -128,17 +142,17 @@ macro_rules! envelope_key {
 /// and envelope key), reading it (by its type, or by its reader where that
 /// is special: a danger, a check beyond the type), `box profile show`'s
 /// fields (`shown`) and the plan's JSON (`plan_json`, under the keys):
-/// `/// doc` `field("name")?: Type = default => Reader, Tighten, Show, "README type", "README default"(, "planKey")?;`
+/// `/// doc` `field("name")?: Type = default => Reader, Tighten, (Show,)? "README type", "README default"(, "planKey")?;`
 macro_rules! table {
     (
         $(#[doc = $table_doc:literal])*
-        $TABLE:ident = $path:literal, $readme:expr;
+        $TABLE:ident = $path:literal, $readme:expr, plan $plan:literal;
         $(#[$meta:meta])*
         pub struct $Struct:ident {
             $(
                 $(#[doc = $doc:literal])*
                 $field:ident $(($name:literal))?: $ty:ty = $default:expr => $reads:ty,
-                    $tighten:ident, $show:ident, $readme_kind:literal, $readme_default:literal
+                    $tighten:ident, $($show:ident,)? $readme_kind:literal, $readme_default:literal
                     $(, $key:literal)?;
             )*
         }
@@ -184,7 +198,7 @@ macro_rules! table {
                         text: <$reads as Reads<$ty>>::text(&self.$field),
                         list: <$ty as Kind>::LIST,
                         json: <$reads as Reads<$ty>>::word(&self.$field),
-                        show: Show::$show,
+                        show: show!($($show)?),
                         default: self.$field == defaults.$field,
                     },
                 )*]
@@ -210,7 +224,7 @@ macro_rules! table {
                     $readme_kind,
                     $readme_default,
                     $tighten,
-                    envelope_key!($path $(, $key)?),
+                    envelope_key!($plan ; $($key)?),
                 ),
             )*],
         };
@@ -238,27 +252,45 @@ pub(crate) const TOP: Table = Table {
     ],
 };
 
-/// `[workspace]`.
 #[rustfmt::skip]
-pub(crate) const WORKSPACE: Table = Table {
-    path: "workspace",
-    readme: ("`[workspace]`", 1),
-    fields: &[
-        field("image", "string", r#"`"box-base:bookworm"`"#, Among, Some("image")),
-        field("images", "array of image references", "`[]`", No, None),
-        field("pull", r#"`"never"` \| `"missing"` \| `"always"`"#, r#"`"missing"`"#, No, Some("pull")),
-        field("pull_secret", "string", "none", No, Some("pullSecret")),
-        field("root", "absolute path", r#"`"/workspace"`"#, No, Some("root")),
-        field("source", r#"`"cwd"` \| `"fork"` \| `"empty"` \| `"none"` \| absolute host path"#, r#"`"cwd"`"#, No, Some("source")),
-        field("mode", r#"`"rw"` \| `"ro"`"#, r#"`"rw"`"#, AtMost, Some("mode")),
-        field("user", r#"`"host"` \| `"image"` \| `"UID:GID"`"#, r#"`"host"`"#, No, Some("user")),
-        field("runtime", "runtime name", "the engine's default (`runc`)", No, Some("runtime")),
-        field("local_userland", r#"`"refuse"` \| `"host"`"#, r#"`"refuse"`"#, AtMost, Some("localUserland")),
+table! {
+    /// `[workspace]`.
+    WORKSPACE = "workspace", ("`[workspace]`", 1), plan "";
+    /// The workspace unit as written.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Workspace {
+        /// The image it runs.
+        image: String = defaults::IMAGE.to_owned() => Image, Among, "string", r#"`"box-base:bookworm"`"#, "image";
+        /// Other images a session may choose with `tighten.workspace.image`
+        /// (`image` is always one it may choose).
+        images: Vec<String> = Vec::new() => Images, No, "array of image references", "`[]`";
+        /// When the image is pulled from its registry.
+        pull: PullPolicy = PullPolicy::Missing => Plain, No, r#"`"never"` \| `"missing"` \| `"always"`"#, r#"`"missing"`"#, "pull";
+        /// The host variable holding `user:password` for the image's registry
+        /// (`pull_secret`): given to the engine for pulls, never to the unit.
+        pull_secret: Option<String> = None => PullSecret, No, "string", "none", "pullSecret";
+        /// Where the workspace appears inside the unit.
+        root: PathBuf = PathBuf::from(defaults::ROOT) => Root, No, "absolute path", r#"`"/workspace"`"#, "root";
+        /// Where the workspace comes from.
+        source: Source = Source::Cwd => Plain, No, r#"`"cwd"` \| `"fork"` \| `"empty"` \| `"none"` \| absolute host path"#, r#"`"cwd"`"#, "source";
+        /// Read-only or read-write.
+        mode: MountMode = MountMode::ReadWrite => Plain, AtMost, r#"`"rw"` \| `"ro"`"#, r#"`"rw"`"#, "mode";
+        /// Who processes run as.
+        user: UserChoice = UserChoice::Host => Plain, No, r#"`"host"` \| `"image"` \| `"UID:GID"`"#, r#"`"host"`"#, "user";
+        /// The engine's OCI runtime for this unit (`runsc` for gVisor); `None`: the
+        /// engine's default.
+        runtime: Option<String> = None => Runtime, No, "runtime name", "the engine's default (`runc`)", "runtime";
+        /// Whether the local backend may run this unit on the host's userland in
+        /// place of `image`. Goes with `image`: a profile that sets `image`
+        /// without it does not inherit its parent's.
+        local_userland: LocalUserland = LocalUserland::Refuse => Plain, AtMost, r#"`"refuse"` \| `"host"`"#, r#"`"refuse"`"#, "localUserland";
         // The plan's, not a unit's: `onPersistedCredentials` and `workspaceFork`.
-        field("on_persisted_credentials", r#"`"report"` \| `"refuse"` \| `"hide"`"#, r#"`"report"`"#, No, None),
-        field("fork_mode", r#"`"auto"` \| `"worktree"` \| `"copy"`"#, r#"`"auto"`"#, No, None),
-    ],
-};
+        /// What a credential persisted in the workspace at session start does.
+        on_persisted_credentials: OnPersisted = OnPersisted::Report => Plain, No, r#"`"report"` \| `"refuse"` \| `"hide"`"#, r#"`"report"`"#;
+        /// With `source = "fork"`: how each session's fork is made.
+        fork_mode: ForkMode = ForkMode::Auto => Plain, No, r#"`"auto"` \| `"worktree"` \| `"copy"`"#, r#"`"auto"`"#;
+    }
+}
 
 /// `[network]`, and a server's `network`.
 #[rustfmt::skip]
@@ -309,7 +341,7 @@ words!(
 #[rustfmt::skip]
 table! {
     /// `[security]`.
-    SECURITY = "security", ("`[security]`", 1);
+    SECURITY = "security", ("`[security]`", 1), plan "security.";
     /// The hardening a unit must get: the profile's `[security]`, which
     /// every unit gets as the profile says (declared in box-policy's
     /// `profile/fields.rs`, one row per field).
@@ -339,14 +371,14 @@ table! {
 #[rustfmt::skip]
 table! {
     /// `[lifecycle]`.
-    LIFECYCLE = "lifecycle", ("`[lifecycle]`", 1);
+    LIFECYCLE = "lifecycle", ("`[lifecycle]`", 1), plan "lifecycle.";
     /// Every unit's lifecycle as written.
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub struct LifecyclePolicy {
         /// How long a unit outlives its host's last renewal: box's init in the
         /// unit ends it when its host has not renewed for this long (the host
         /// died, hung or was stopped).
-        lease: Duration = super::model::defaults::LEASE => Lease, No, Line, "duration, `1s` to `1h`", "`\"30s\"`", "leaseMs";
+        lease: Duration = defaults::LEASE => Lease, No, Line, "duration, `1s` to `1h`", "`\"30s\"`", "leaseMs";
     }
 }
 
@@ -355,7 +387,7 @@ table! {
     /// `[pool]`: the warm units a `box serve --listen` host keeps for the
     /// profile's sessions; the host's, never a session's (`box serve --pool`
     /// overrides it).
-    POOL = "pool", ("`[pool]`", 1);
+    POOL = "pool", ("`[pool]`", 1), plan "pool.";
     /// `[pool]`: how many units of the profile's workspace a listening host
     /// keeps started with no session, for its sessions to claim.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]

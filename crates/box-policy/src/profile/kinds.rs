@@ -10,10 +10,12 @@ use std::time::Duration;
 
 use serde_json::{Value as Json, json};
 
+use super::model::{ForkMode, OnPersisted};
 use super::tree::Node;
 use super::validate::Walk;
 use super::value::{ByteSize, show_duration};
-use crate::plan::{Requirement, TmpMode};
+use crate::image::PullPolicy;
+use crate::plan::{LocalUserland, MountMode, Requirement, TmpMode};
 
 /// A field's type.
 pub(crate) trait Kind: Sized + PartialEq {
@@ -77,6 +79,11 @@ macro_rules! choices {
 choices! {
     Requirement: [Requirement::Required, Requirement::BestEffort, Requirement::Off];
     TmpMode: [TmpMode::Exec, TmpMode::NoExec];
+    PullPolicy: [PullPolicy::Never, PullPolicy::Missing, PullPolicy::Always];
+    MountMode: [MountMode::ReadWrite, MountMode::ReadOnly];
+    LocalUserland: [LocalUserland::Refuse, LocalUserland::Host];
+    OnPersisted: [OnPersisted::Report, OnPersisted::Refuse, OnPersisted::Hide];
+    ForkMode: [ForkMode::Auto, ForkMode::Worktree, ForkMode::Copy];
 }
 
 impl Kind for bool {
@@ -148,6 +155,39 @@ impl Kind for Vec<PathBuf> {
     fn text(&self) -> String {
         let shown: Vec<String> = self.iter().map(|path| path.display().to_string()).collect();
         shown.join(", ")
+    }
+}
+
+impl Kind for PathBuf {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Self> {
+        walk.string(node, field).map(PathBuf::from)
+    }
+
+    fn word(&self) -> Json {
+        json!(self.display().to_string())
+    }
+
+    fn text(&self) -> String {
+        self.display().to_string()
+    }
+}
+
+/// A field that may be unset (`None`: written `none`, `null` in JSON).
+impl<T: Kind> Kind for Option<T> {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Self> {
+        T::read(walk, node, field).map(Some)
+    }
+
+    fn word(&self) -> Json {
+        self.as_ref().map_or(Json::Null, Kind::word)
+    }
+
+    fn text(&self) -> String {
+        self.as_ref().map_or_else(|| "none".to_owned(), Kind::text)
+    }
+
+    fn plan(&self) -> Json {
+        self.as_ref().map_or(Json::Null, Kind::plan)
     }
 }
 

@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-pub use super::fields::{LifecyclePolicy, LimitsPolicy, PoolPolicy};
+pub use super::fields::{LifecyclePolicy, LimitsPolicy, PoolPolicy, Workspace};
 use super::value::ByteSize;
 use crate::allow::Rule;
 use crate::image::PullPolicy;
-use crate::plan::{LocalUserland, MountMode, NetworkMode, UserIds};
+use crate::plan::{LocalUserland, NetworkMode, UserIds};
 
 /// A profile: everything a session's units may be and do. A session can only narrow it.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,40 +55,6 @@ impl Profile {
             Source::Empty | Source::None => None,
         }
     }
-}
-
-/// The workspace unit as written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Workspace {
-    /// The image it runs.
-    pub image: String,
-    /// Other images a session may choose with `tighten.workspace.image`
-    /// (`image` is always one it may choose).
-    pub images: Vec<String>,
-    /// When the image is pulled from its registry.
-    pub pull: PullPolicy,
-    /// The host variable holding `user:password` for the image's registry
-    /// (`pull_secret`): given to the engine for pulls, never to the unit.
-    pub pull_secret: Option<String>,
-    /// Where the workspace appears inside the unit.
-    pub root: PathBuf,
-    /// Where the workspace comes from.
-    pub source: Source,
-    /// Read-only or read-write.
-    pub mode: MountMode,
-    /// Who processes run as.
-    pub user: UserChoice,
-    /// The engine's OCI runtime for this unit (`runsc` for gVisor); `None`: the
-    /// engine's default.
-    pub runtime: Option<String>,
-    /// Whether the local backend may run this unit on the host's userland in
-    /// place of `image`. Goes with `image`: a profile that sets `image`
-    /// without it does not inherit its parent's.
-    pub local_userland: LocalUserland,
-    /// What a credential persisted in the workspace at session start does.
-    pub on_persisted_credentials: OnPersisted,
-    /// With `source = "fork"`: how each session's fork is made.
-    pub fork_mode: ForkMode,
 }
 
 /// How a `source = "fork"` workspace is forked for each session

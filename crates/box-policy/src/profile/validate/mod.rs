@@ -10,7 +10,7 @@ use std::path::{Component, Path};
 use super::error::Problem;
 use super::fields::{self, Scope};
 use super::model::{
-    Danger, LifecyclePolicy, PoolPolicy, Profile, SecurityPolicy, Source, defaults,
+    Danger, LifecyclePolicy, PoolPolicy, Profile, SecurityPolicy, Source, Workspace, defaults,
 };
 use super::tree::{Node, Value};
 use crate::plan::NetworkMode;
@@ -18,6 +18,7 @@ use danger::Asked;
 pub(crate) use danger::host_path_dangers;
 pub(super) use limits::{Lease, PoolSize};
 pub(super) use security::{Capabilities, Devices, HostNamespaces, Privileged};
+pub(super) use workspace::{Image, Images, PullSecret, Root, Runtime};
 
 mod danger;
 mod env;
@@ -44,7 +45,7 @@ pub(crate) fn validate(
     if let Some(node) = top.get("extends") {
         walk.string(node, "extends");
     }
-    let workspace = walk.workspace(top.get("workspace"));
+    let workspace = Workspace::read(&mut walk, top.get("workspace"), "workspace");
     let network = walk.network(top.get("network"), "network");
     let limits = walk.limits(
         top.get("limits"),
