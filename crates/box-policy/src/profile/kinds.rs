@@ -15,7 +15,7 @@ use super::tree::Node;
 use super::validate::Walk;
 use super::value::{ByteSize, show_duration};
 use crate::image::PullPolicy;
-use crate::plan::{LocalUserland, MountMode, Requirement, TmpMode};
+use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, TmpMode, VolumeScope};
 
 /// A field's type.
 pub(crate) trait Kind: Sized + PartialEq {
@@ -37,14 +37,39 @@ pub(crate) trait Kind: Sized + PartialEq {
     }
 }
 
-/// A choice among names: an enum whose every value has its word
-/// (`as_str`), in narrowing order.
+/// `"a", "b" or "c"`: the words an error says to write.
+pub(crate) fn one_of(choices: &[&str]) -> String {
+    let quoted: Vec<String> = choices
+        .iter()
+        .map(|choice| format!("\"{choice}\""))
+        .collect();
+    match quoted.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+/// A choice among words: an enum whose every value has its word (`as_str`),
+/// the same in a profile and a tightening.
 pub(crate) trait Choice: Copy + PartialEq + 'static {
-    /// Every value.
+    /// Every value, in the order errors list them.
     const ALL: &'static [Self];
 
-    /// Its word in a profile.
+    /// Its word.
     fn name(self) -> &'static str;
+
+    /// The value written `word`; else what to write instead (`"a" or "b"`).
+    fn from_word(word: &str) -> Result<Self, String> {
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|value| value.name() == word)
+            .ok_or_else(|| {
+                let words: Vec<&str> = Self::ALL.iter().map(|value| value.name()).collect();
+                format!("{word:?} is not accepted; write {}", one_of(&words))
+            })
+    }
 }
 
 impl<T: Choice> Kind for T {
@@ -84,6 +109,8 @@ choices! {
     LocalUserland: [LocalUserland::Refuse, LocalUserland::Host];
     OnPersisted: [OnPersisted::Report, OnPersisted::Refuse, OnPersisted::Hide];
     ForkMode: [ForkMode::Auto, ForkMode::Worktree, ForkMode::Copy];
+    NetworkMode: [NetworkMode::None, NetworkMode::Egress, NetworkMode::Bridge];
+    VolumeScope: [VolumeScope::Session, VolumeScope::Profile];
 }
 
 impl Kind for bool {

@@ -22,6 +22,8 @@ pub(crate) use fields::{
     NETWORK as NETWORK_FIELDS, Scope as LimitScope, TOP as TOP_FIELDS, Table,
     WORKSPACE as WORKSPACE_FIELDS,
 };
+// A choice's words, the same in a tightening as in a profile.
+pub(crate) use kinds::Choice;
 pub use kinds::{Show, Shown};
 pub use load::{Catalog, Listed, SHIPPED};
 pub use model::{

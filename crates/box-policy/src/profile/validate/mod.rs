@@ -9,6 +9,7 @@ use std::path::{Component, Path};
 
 use super::error::Problem;
 use super::fields::{self, Scope};
+use super::kinds::one_of;
 use super::model::{
     Danger, LifecyclePolicy, PoolPolicy, Profile, SecurityPolicy, Source, Workspace, defaults,
 };
@@ -145,18 +146,6 @@ pub(super) fn join(parent: &str, name: &str) -> String {
         name.to_owned()
     } else {
         format!("{parent}.{name}")
-    }
-}
-
-fn one_of(choices: &[&str]) -> String {
-    let quoted: Vec<String> = choices
-        .iter()
-        .map(|choice| format!("\"{choice}\""))
-        .collect();
-    match quoted.split_last() {
-        Some((last, [])) => last.clone(),
-        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
-        None => String::new(),
     }
 }
 
