@@ -25,11 +25,14 @@ pub(crate) trait Kind: Sized + PartialEq {
     /// Read it from `node`, a problem naming `field` when it is not one.
     fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Self>;
 
-    /// In the profile's words, as `box profile show --json` writes it.
-    fn word(&self) -> Json;
-
     /// As `box profile show` writes it (a list without its brackets).
     fn text(&self) -> String;
+
+    /// In the profile's words, as `box profile show --json` writes it: its
+    /// text, unless it is a number, a flag or a list.
+    fn word(&self) -> Json {
+        json!(self.text())
+    }
 
     /// As a plan's JSON gives it (`box profile resolve --json`, the envelope).
     fn plan(&self) -> Json {
@@ -76,10 +79,6 @@ impl<T: Choice> Kind for T {
     fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Self> {
         let choices: Vec<(&str, T)> = T::ALL.iter().map(|value| (value.name(), *value)).collect();
         walk.choice(node, field, &choices)
-    }
-
-    fn word(&self) -> Json {
-        json!(self.name())
     }
 
     fn text(&self) -> String {
@@ -130,10 +129,6 @@ impl Kind for bool {
 impl Kind for String {
     fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Self> {
         walk.string(node, field)
-    }
-
-    fn word(&self) -> Json {
-        json!(self)
     }
 
     fn text(&self) -> String {
@@ -190,10 +185,6 @@ impl Kind for PathBuf {
         walk.string(node, field).map(PathBuf::from)
     }
 
-    fn word(&self) -> Json {
-        json!(self.display().to_string())
-    }
-
     fn text(&self) -> String {
         self.display().to_string()
     }
@@ -223,10 +214,6 @@ impl Kind for Duration {
         walk.duration(node, field)
     }
 
-    fn word(&self) -> Json {
-        json!(show_duration(*self))
-    }
-
     fn text(&self) -> String {
         show_duration(*self)
     }
@@ -240,10 +227,6 @@ impl Kind for Duration {
 impl Kind for ByteSize {
     fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Self> {
         walk.size(node, field)
-    }
-
-    fn word(&self) -> Json {
-        json!(self.to_string())
     }
 
     fn text(&self) -> String {

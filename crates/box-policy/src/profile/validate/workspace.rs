@@ -65,10 +65,6 @@ impl Kind for Source {
         walk.source(node)
     }
 
-    fn word(&self) -> serde_json::Value {
-        serde_json::json!(self.text())
-    }
-
     fn text(&self) -> String {
         match self {
             Source::Cwd => "cwd".to_owned(),
@@ -83,10 +79,6 @@ impl Kind for Source {
 impl Kind for UserChoice {
     fn read(walk: &mut Walk, node: &Node, _field: &str) -> Option<Self> {
         walk.user(node)
-    }
-
-    fn word(&self) -> serde_json::Value {
-        serde_json::json!(self.text())
     }
 
     fn text(&self) -> String {
