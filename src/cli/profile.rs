@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 
 use crate::plan::{self, HostFacts, LocalUserland, PullPolicy, UserIds};
 use crate::profile::{
-    Catalog, Danger, LimitsPolicy, NetworkPolicy, Problem, Profile, ProfileError, Source,
-    UserChoice, show_duration,
+    Catalog, Danger, LimitsPolicy, NetworkPolicy, Problem, Profile, ProfileError, Show, Shown,
+    Source, UserChoice, show_duration,
 };
 
 /// `box profile`: list, show, check and resolve profiles.
@@ -376,6 +376,34 @@ fn network_text(network: &NetworkPolicy) -> String {
     }
 }
 
+/// A table's fields on its line, as `fields.rs` declares them: `name value,
+/// name [a, b]`; the dangerous ones are left to lines of their own.
+fn fields_text(shown: &[Shown]) -> String {
+    let pairs: Vec<String> = shown
+        .iter()
+        .filter(|field| field.show == Show::Line)
+        .map(Shown::pair)
+        .collect();
+    pairs.join(", ")
+}
+
+/// A table's dangerous fields the profile sets.
+fn dangers_set(shown: &[Shown]) -> impl Iterator<Item = &Shown> {
+    shown
+        .iter()
+        .filter(|field| field.show == Show::Danger && !field.default)
+}
+
+/// A table's fields as `--json` writes them, in the profile's words.
+fn fields_json(shown: &[Shown]) -> Value {
+    Value::Object(
+        shown
+            .iter()
+            .map(|field| (field.name.to_owned(), field.json.clone()))
+            .collect(),
+    )
+}
+
 fn limits_json(limits: &LimitsPolicy) -> Value {
     limits.show_json()
 }
@@ -399,7 +427,6 @@ fn network_json(network: &NetworkPolicy) -> Value {
 
 /// A profile as JSON, in the profile's own words (snake_case, as the TOML).
 fn profile_json(profile: &Profile) -> Value {
-    let security = &profile.security;
     let mut shown = json!({
         "name": profile.name,
         "description": profile.description,
@@ -422,19 +449,9 @@ fn profile_json(profile: &Profile) -> Value {
             "secrets": profile.env.secrets,
             "secrets_as_env": profile.env.secrets_as_env,
         },
-        "security": {
-            "capabilities": security.capabilities,
-            "read_only_root": security.read_only_root,
-            "landlock": security.landlock.as_str(),
-            "git": if security.neutralise_git { "neutralise" } else { "off" },
-            "write_guard": if security.write_guard { "read-first" } else { "off" },
-            "tmp": security.tmp.as_str(),
-            "privileged": security.privileged,
-            "host_namespaces": security.host_namespaces,
-            "devices": security.devices.iter().map(|path| path.display().to_string()).collect::<Vec<_>>(),
-        },
-        "lifecycle": {"lease": show_duration(profile.lifecycle.lease)},
-        "pool": {"size": profile.pool.size},
+        "security": fields_json(&profile.security.shown()),
+        "lifecycle": fields_json(&profile.lifecycle.shown()),
+        "pool": fields_json(&profile.pool.shown()),
         "servers": profile.servers.iter().map(|server| json!({
             "name": server.name,
             "image": server.image,
@@ -559,53 +576,24 @@ fn show(profile: &Profile) -> String {
             profile.env.secrets.join(", ")
         ));
     }
-    let security = &profile.security;
+    let security = profile.security.shown();
+    line(format!("security     {}", fields_text(&security)));
     line(format!(
-        "security     capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}, tmp {}",
-        security.capabilities.join(", "),
-        security.read_only_root,
-        security.landlock.as_str(),
-        if security.neutralise_git {
-            "neutralise"
-        } else {
-            "off"
-        },
-        if security.write_guard {
-            "read-first"
-        } else {
-            "off"
-        },
-        security.tmp.as_str(),
+        "lifecycle    {}",
+        fields_text(&profile.lifecycle.shown())
     ));
-    line(format!(
-        "lifecycle    lease {}",
-        show_duration(profile.lifecycle.lease)
-    ));
-    if profile.pool.size > 0 {
+    let pool = profile.pool.shown();
+    if pool.iter().any(|field| !field.default) {
         line(format!(
-            "pool         size {} (a listening box serve keeps this many units ready)",
-            profile.pool.size
+            "pool         {} (a listening box serve keeps this many units ready)",
+            fields_text(&pool)
         ));
     }
     for volume in &profile.volumes {
         line(format!("volume       {}", volume_text(volume)));
     }
-    if security.privileged {
-        line("DANGEROUS    privileged = true".to_owned());
-    }
-    if !security.host_namespaces.is_empty() {
-        line(format!(
-            "DANGEROUS    host namespaces: {}",
-            security.host_namespaces.join(", ")
-        ));
-    }
-    if !security.devices.is_empty() {
-        let devices: Vec<String> = security
-            .devices
-            .iter()
-            .map(|path| path.display().to_string())
-            .collect();
-        line(format!("DANGEROUS    devices: {}", devices.join(", ")));
+    for field in dangers_set(&security) {
+        line(format!("DANGEROUS    {}: {}", field.name, field.text));
     }
     for server in &profile.servers {
         line(format!(
@@ -675,7 +663,10 @@ fn show_plan(plan: &plan::Plan) -> String {
         let limits = &unit.limits;
         let cpus = CpuQuota::from_cores(limits.cpus)
             .map_or_else(|_| limits.cpus.to_string(), |cpus| cpus.to_string());
-        let security = &unit.security;
+        let security = unit.security.shown();
+        let dangerous: String = dangers_set(&security)
+            .map(|field| format!(", DANGEROUS {}", field.pair()))
+            .collect();
         let set: Vec<&str> = unit.env_set.keys().map(String::as_str).collect();
         let mut lines = vec![
             format!("{}  ({role})", unit.name),
@@ -706,16 +697,7 @@ fn show_plan(plan: &plan::Plan) -> String {
                 unit.env_pass.join(", "),
                 unit.env_secrets.join(", ")
             ),
-            format!(
-                "  security  capabilities [{}], read_only_root {}, landlock {}, git {}, write_guard {}, tmp {}{}",
-                security.capabilities.join(", "),
-                security.read_only_root,
-                security.landlock.as_str(),
-                if security.neutralise_git { "neutralise" } else { "off" },
-                if security.write_guard { "read-first" } else { "off" },
-                security.tmp.as_str(),
-                if security.privileged { ", PRIVILEGED" } else { "" },
-            ),
+            format!("  security  {}{dangerous}", fields_text(&security)),
             format!("  lifecycle lease {}", show_duration(unit.lease)),
         ]);
         for volume in &unit.volumes {

@@ -133,6 +133,48 @@ fn profile_show_puts_dangerous_asks_first() {
     assert_eq!(shown["extends"], serde_json::json!(["default"]));
 }
 
+/// Each dangerous `[security]` field a profile sets has a `DANGEROUS` line
+/// of its own in `show`, named as the profile writes it, and is named on the
+/// unit's security line of `resolve`.
+#[test]
+fn profile_show_and_resolve_name_each_dangerous_field_set() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("mine");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(
+        dir.join("shared.toml"),
+        "extends = \"default\"\n[security]\nprivileged = true\nhost_namespaces = [\"ipc\", \"uts\"]\n[operator]\nallow_dangerous = [\"privileged\", \"host-namespaces\"]\n",
+    )
+    .unwrap();
+    let dir_arg = dir.display().to_string();
+    let output = profile_run(home.path(), &["--profiles", &dir_arg, "show", "shared"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let text = stdout(&output);
+    assert!(text.contains("\nDANGEROUS    privileged: true\n"), "{text}");
+    assert!(
+        text.contains("\nDANGEROUS    host_namespaces: ipc, uts\n"),
+        "{text}"
+    );
+    assert!(!text.contains("devices"), "{text}");
+    let output = profile_run(
+        home.path(),
+        &[
+            "--profiles",
+            &dir_arg,
+            "resolve",
+            "shared",
+            "--workspace",
+            "/home/user/project",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let text = stdout(&output);
+    assert!(
+        text.contains(", DANGEROUS privileged true, DANGEROUS host_namespaces [ipc, uts]\n"),
+        "{text}"
+    );
+}
+
 #[test]
 fn profile_show_of_an_unknown_profile_fails_with_the_known_names() {
     let home = tempfile::tempdir().unwrap();

@@ -5,8 +5,7 @@
 use serde_json::{Value, json};
 
 use super::{
-    LocalUserland, Network, NetworkMode, Plan, PullPolicy, Role, Security, UnitSpec,
-    WorkspaceSource,
+    LocalUserland, Network, NetworkMode, Plan, PullPolicy, Role, UnitSpec, WorkspaceSource,
 };
 
 impl Plan {
@@ -51,7 +50,7 @@ impl UnitSpec {
                 "secrets": self.env_secrets,
                 "secretsAsEnv": self.env_secrets_as_env,
             },
-            "security": security_json(&self.security),
+            "security": self.security.plan_json(),
             "lifecycle": {"leaseMs": millis(self.lease)},
             "command": self.command,
             "description": self.description,
@@ -107,18 +106,4 @@ fn network_json(network: &Network) -> Value {
 
 fn millis(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-fn security_json(security: &Security) -> Value {
-    json!({
-        "capabilities": security.capabilities,
-        "readOnlyRoot": security.read_only_root,
-        "landlock": security.landlock.as_str(),
-        "neutraliseGit": security.neutralise_git,
-        "writeGuard": security.write_guard,
-        "tmp": security.tmp.as_str(),
-        "privileged": security.privileged,
-        "hostNamespaces": security.host_namespaces,
-        "devices": security.devices.iter().map(|path| path.display().to_string()).collect::<Vec<_>>(),
-    })
 }

@@ -233,28 +233,9 @@ impl Network {
     }
 }
 
-/// The hardening a unit must get.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Security {
-    /// Capabilities added back after dropping all (a short reviewed list).
-    pub capabilities: Vec<String>,
-    /// Read-only root file system.
-    pub read_only_root: bool,
-    /// Landlock for the executor and its children.
-    pub landlock: Requirement,
-    /// Whether git configuration is neutralised for children.
-    pub neutralise_git: bool,
-    /// Whether overwriting an existing file needs an earlier read of it.
-    pub write_guard: bool,
-    /// Whether programs may run from `/tmp`.
-    pub tmp: TmpMode,
-    /// A privileged unit (only when the profile's operator allowed it).
-    pub privileged: bool,
-    /// Host namespaces shared (only when the profile's operator allowed it).
-    pub host_namespaces: Vec<String>,
-    /// Host devices handed in (only when the profile's operator allowed it).
-    pub devices: Vec<PathBuf>,
-}
+// The hardening a unit must get, declared with the profile's `[security]`
+// in `profile/fields.rs`.
+pub use crate::profile::fields::Security;
 
 /// Everything one unit is: what a backend consumes.
 #[derive(Debug, Clone, PartialEq)]
@@ -455,19 +436,9 @@ impl Security {
     /// read-only root, landlock required, git neutralised, writes guarded,
     /// nothing of the host shared; `/tmp` executable (`nosuid`, `nodev`), the
     /// default, since `noexec` there protects nothing while the workspace is
-    /// executable.
+    /// executable. Each field's default is its row's in `profile/fields.rs`.
     pub fn strict() -> Self {
-        Self {
-            capabilities: Vec::new(),
-            read_only_root: true,
-            landlock: Requirement::Required,
-            neutralise_git: true,
-            write_guard: true,
-            tmp: TmpMode::Exec,
-            privileged: false,
-            host_namespaces: Vec::new(),
-            devices: Vec::new(),
-        }
+        Self::defaults()
     }
 }
 

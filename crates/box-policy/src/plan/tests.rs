@@ -1041,3 +1041,35 @@ fn a_root_callers_unit_runs_as_the_workspaces_owner() {
         vec![None]
     );
 }
+
+/// A tightening's choices are written in the profile's words, and a wrong
+/// one is told them as a profile's error tells them.
+#[test]
+fn a_tightening_is_told_the_profiles_words() {
+    let told = |ask: Value| {
+        Tightening::parse(&ask)
+            .map(|_| ())
+            .map_err(|error| error.to_string())
+    };
+    assert_eq!(
+        told(json!({"workspace": {"mode": "readonly"}})),
+        Err(
+            "tighten: workspace.mode: \"readonly\" is not accepted; write \"rw\" or \"ro\""
+                .to_owned()
+        )
+    );
+    assert_eq!(
+        told(json!({"network": {"mode": "host"}})),
+        Err("tighten: network.mode: \"host\" is not accepted; write \"none\", \"egress\" or \"bridge\"".to_owned())
+    );
+    assert_eq!(
+        told(json!({"workspace": {"mode": 1}})),
+        Err("tighten: workspace.mode: expected a string, got a number".to_owned())
+    );
+    assert_eq!(
+        told(
+            json!({"workspace": {"mode": "ro", "local_userland": "refuse"}, "network": {"mode": "none"}})
+        ),
+        Ok(())
+    );
+}

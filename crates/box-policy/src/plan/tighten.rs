@@ -13,9 +13,9 @@ use serde_json::{Map, Value};
 use super::{LocalUserland, MountMode, NetworkMode, PlanError};
 use crate::allow::{AllowList, Rule};
 use crate::profile::{
-    ByteSize, CpuQuota, ENV_FIELDS, LIMIT_FIELDS, LIMITS_FIELDS, LimitKind, LimitScope, LimitValue,
-    NETWORK_FIELDS, Profile, Source, TOP_FIELDS, Table, WORKSPACE_FIELDS, check_env_name,
-    parse_duration,
+    ByteSize, Choice, CpuQuota, ENV_FIELDS, LIMIT_FIELDS, LIMITS_FIELDS, LimitKind, LimitScope,
+    LimitValue, NETWORK_FIELDS, Profile, Source, TOP_FIELDS, Table, WORKSPACE_FIELDS,
+    check_env_name, parse_duration,
 };
 
 /// A parsed tightening: every field absent means "as the profile says".
@@ -144,6 +144,11 @@ fn string<'a>(value: &'a Value, field: &str) -> Result<&'a str, PlanError> {
         .ok_or_else(|| invalid(field, format!("expected a string, got {}", kind(value))))
 }
 
+/// One of a choice's words, the same as a profile's.
+fn choice<T: Choice>(value: &Value, field: &str) -> Result<T, PlanError> {
+    T::from_word(string(value, field)?).map_err(|message| invalid(field, message))
+}
+
 fn strings<'a>(value: &'a Value, field: &str) -> Result<Vec<&'a str>, PlanError> {
     let Value::Array(items) = value else {
         return Err(invalid(
@@ -189,16 +194,7 @@ impl Tightening {
         if let Some(workspace) = top.get("workspace") {
             let fields = object(workspace, "workspace", WORKSPACE, &WORKSPACE_FIELDS)?;
             if let Some(mode) = fields.get("mode") {
-                tightening.workspace_mode = Some(match string(mode, "workspace.mode")? {
-                    "ro" => MountMode::ReadOnly,
-                    "rw" => MountMode::ReadWrite,
-                    other => {
-                        return Err(invalid(
-                            "workspace.mode",
-                            format!("{other:?} is not accepted; write \"ro\" or \"rw\""),
-                        ));
-                    }
-                });
+                tightening.workspace_mode = Some(choice(mode, "workspace.mode")?);
             }
             if let Some(image) = fields.get("image") {
                 let image = string(image, "workspace.image")?;
@@ -208,34 +204,13 @@ impl Tightening {
             }
             if let Some(userland) = fields.get("local_userland") {
                 tightening.workspace_local_userland =
-                    Some(match string(userland, "workspace.local_userland")? {
-                        "refuse" => LocalUserland::Refuse,
-                        "host" => LocalUserland::Host,
-                        other => {
-                            return Err(invalid(
-                                "workspace.local_userland",
-                                format!("{other:?} is not accepted; write \"refuse\" or \"host\""),
-                            ));
-                        }
-                    });
+                    Some(choice(userland, "workspace.local_userland")?);
             }
         }
         if let Some(network) = top.get("network") {
             let fields = object(network, "network", NETWORK, &NETWORK_FIELDS)?;
             if let Some(mode) = fields.get("mode") {
-                tightening.network.mode = Some(match string(mode, "network.mode")? {
-                    "none" => NetworkMode::None,
-                    "egress" => NetworkMode::Egress,
-                    "bridge" => NetworkMode::Bridge,
-                    other => {
-                        return Err(invalid(
-                            "network.mode",
-                            format!(
-                                "{other:?} is not accepted; write \"none\", \"egress\" or \"bridge\""
-                            ),
-                        ));
-                    }
-                });
+                tightening.network.mode = Some(choice(mode, "network.mode")?);
             }
             if let Some(allow) = fields.get("allow") {
                 let entries = strings(allow, "network.allow")?

@@ -10,9 +10,19 @@
 //! `LimitsPolicy` and the plan's `Limits`, each limit's default, how it is
 //! read, shown, asked for, narrowed and given to a unit all come from one row.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
+use super::kinds::{Kind, Plain, Reads, Show, Shown, words};
+use super::model::{ForkMode, OnPersisted, Source, UserChoice, defaults};
+use super::tree::Node;
+use super::validate::{
+    Capabilities, Devices, HostNamespaces, Image, Images, Lease, PoolSize, Privileged, PullSecret,
+    Root, Runtime, Walk, join,
+};
 use super::value::{ByteSize, CpuQuota};
+use crate::image::PullPolicy;
+use crate::plan::{LocalUserland, MountMode, Requirement, TmpMode};
 
 /// What a session's tightening (`box.tighten`) may do with a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +104,133 @@ const fn field(
 
 use Tighten::{Among, AtMost, Drop, No, Within};
 
+/// A field's key in its table: the struct field's name, or the one written
+/// in parentheses after it (`neutralise_git("git")`).
+macro_rules! field_name {
+    ($field:ident) => {
+        stringify!($field)
+    };
+    ($field:ident, $name:literal) => {
+        $name
+    };
+}
+
+/// A field's plan and envelope key, under the prefix its table names
+/// (`plan "security."`: `security.readOnlyRoot`; `plan ""`: a unit's `image`).
+macro_rules! envelope_key {
+    ($plan:literal ;) => {
+        None
+    };
+    ($plan:literal ; $key:literal) => {
+        Some(concat!($plan, $key))
+    };
+}
+
+/// Where `box profile show` places a field: on its table's line unless its row says.
+macro_rules! show {
+    () => {
+        Show::Line
+    };
+    ($show:ident) => {
+        Show::$show
+    };
+}
+
+/// Declares a profile table from one row per field: the struct a profile
+/// holds it in (each field's type, documentation and default), its `Table`
+/// (the README's type and default, what a session may do with it, its plan
+/// and envelope key), reading it (by its type, or by its reader where that
+/// is special: a danger, a check beyond the type), `box profile show`'s
+/// fields (`shown`) and the plan's JSON (`plan_json`, under the keys):
+/// `/// doc` `field("name")?: Type = default => Reader, Tighten, (Show,)? "README type", "README default"(, "planKey")?;`
+macro_rules! table {
+    (
+        $(#[doc = $table_doc:literal])*
+        $TABLE:ident = $path:literal, $readme:expr, plan $plan:literal;
+        $(#[$meta:meta])*
+        pub struct $Struct:ident {
+            $(
+                $(#[doc = $doc:literal])*
+                $field:ident $(($name:literal))?: $ty:ty = $default:expr => $reads:ty,
+                    $tighten:ident, $($show:ident,)? $readme_kind:literal, $readme_default:literal
+                    $(, $key:literal)?;
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $Struct {
+            $( $(#[doc = $doc])* pub $field: $ty, )*
+        }
+
+        impl $Struct {
+            /// Every field's default: the strict ones.
+            pub(crate) fn defaults() -> Self {
+                Self { $( $field: $default, )* }
+            }
+
+            /// The table at `path` (absent: every default), a problem for
+            /// each unknown field and each value that is not its field's.
+            pub(super) fn read(walk: &mut Walk, node: Option<&Node>, path: &str) -> Option<Self> {
+                let mut table = Self::defaults();
+                let Some(node) = node else {
+                    return Some(table);
+                };
+                let fields = walk.table(node, path, &$TABLE.names());
+                let mut ok = true;
+                $(
+                    if let Some(node) = fields.get(field_name!($field $(, $name)?)) {
+                        let field = join(path, field_name!($field $(, $name)?));
+                        match <$reads as Reads<$ty>>::read(walk, node, &field) {
+                            Some(value) => table.$field = value,
+                            None => ok = false,
+                        }
+                    }
+                )*
+                ok.then_some(table)
+            }
+
+            /// Every field as `box profile show` writes it, in order.
+            pub fn shown(&self) -> Vec<Shown> {
+                let defaults = Self::defaults();
+                vec![$(
+                    Shown {
+                        name: field_name!($field $(, $name)?),
+                        text: <$reads as Reads<$ty>>::text(&self.$field),
+                        list: <$ty as Kind>::LIST,
+                        json: <$reads as Reads<$ty>>::word(&self.$field),
+                        show: show!($($show)?),
+                        default: self.$field == defaults.$field,
+                    },
+                )*]
+            }
+
+            /// The fields a plan gives a unit, under their keys: `{"readOnlyRoot": true, ...}`.
+            #[allow(dead_code, reason = "a table whose fields reach a unit another way")]
+            pub(crate) fn plan_json(&self) -> serde_json::Value {
+                #[allow(unused_mut, reason = "a table with no plan key")]
+                let mut plan = serde_json::Map::new();
+                $( $( plan.insert($key.to_owned(), <$ty as Kind>::plan(&self.$field)); )? )*
+                serde_json::Value::Object(plan)
+            }
+        }
+
+        $(#[doc = $table_doc])*
+        pub(crate) const $TABLE: Table = Table {
+            path: $path,
+            readme: $readme,
+            fields: &[$(
+                field(
+                    field_name!($field $(, $name)?),
+                    $readme_kind,
+                    $readme_default,
+                    $tighten,
+                    envelope_key!($plan ; $($key)?),
+                ),
+            )*],
+        };
+    };
+}
+
 /// The top level.
 #[rustfmt::skip]
 pub(crate) const TOP: Table = Table {
@@ -115,27 +252,45 @@ pub(crate) const TOP: Table = Table {
     ],
 };
 
-/// `[workspace]`.
 #[rustfmt::skip]
-pub(crate) const WORKSPACE: Table = Table {
-    path: "workspace",
-    readme: ("`[workspace]`", 1),
-    fields: &[
-        field("image", "string", r#"`"box-base:bookworm"`"#, Among, Some("image")),
-        field("images", "array of image references", "`[]`", No, None),
-        field("pull", r#"`"never"` \| `"missing"` \| `"always"`"#, r#"`"missing"`"#, No, Some("pull")),
-        field("pull_secret", "string", "none", No, Some("pullSecret")),
-        field("root", "absolute path", r#"`"/workspace"`"#, No, Some("root")),
-        field("source", r#"`"cwd"` \| `"fork"` \| `"empty"` \| `"none"` \| absolute host path"#, r#"`"cwd"`"#, No, Some("source")),
-        field("mode", r#"`"rw"` \| `"ro"`"#, r#"`"rw"`"#, AtMost, Some("mode")),
-        field("user", r#"`"host"` \| `"image"` \| `"UID:GID"`"#, r#"`"host"`"#, No, Some("user")),
-        field("runtime", "runtime name", "the engine's default (`runc`)", No, Some("runtime")),
-        field("local_userland", r#"`"refuse"` \| `"host"`"#, r#"`"refuse"`"#, AtMost, Some("localUserland")),
+table! {
+    /// `[workspace]`.
+    WORKSPACE = "workspace", ("`[workspace]`", 1), plan "";
+    /// The workspace unit as written.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Workspace {
+        /// The image it runs.
+        image: String = defaults::IMAGE.to_owned() => Image, Among, "string", r#"`"box-base:bookworm"`"#, "image";
+        /// Other images a session may choose with `tighten.workspace.image`
+        /// (`image` is always one it may choose).
+        images: Vec<String> = Vec::new() => Images, No, "array of image references", "`[]`";
+        /// When the image is pulled from its registry.
+        pull: PullPolicy = PullPolicy::Missing => Plain, No, r#"`"never"` \| `"missing"` \| `"always"`"#, r#"`"missing"`"#, "pull";
+        /// The host variable holding `user:password` for the image's registry
+        /// (`pull_secret`): given to the engine for pulls, never to the unit.
+        pull_secret: Option<String> = None => PullSecret, No, "string", "none", "pullSecret";
+        /// Where the workspace appears inside the unit.
+        root: PathBuf = PathBuf::from(defaults::ROOT) => Root, No, "absolute path", r#"`"/workspace"`"#, "root";
+        /// Where the workspace comes from.
+        source: Source = Source::Cwd => Plain, No, r#"`"cwd"` \| `"fork"` \| `"empty"` \| `"none"` \| absolute host path"#, r#"`"cwd"`"#, "source";
+        /// Read-only or read-write.
+        mode: MountMode = MountMode::ReadWrite => Plain, AtMost, r#"`"rw"` \| `"ro"`"#, r#"`"rw"`"#, "mode";
+        /// Who processes run as.
+        user: UserChoice = UserChoice::Host => Plain, No, r#"`"host"` \| `"image"` \| `"UID:GID"`"#, r#"`"host"`"#, "user";
+        /// The engine's OCI runtime for this unit (`runsc` for gVisor); `None`: the
+        /// engine's default.
+        runtime: Option<String> = None => Runtime, No, "runtime name", "the engine's default (`runc`)", "runtime";
+        /// Whether the local backend may run this unit on the host's userland in
+        /// place of `image`. Goes with `image`: a profile that sets `image`
+        /// without it does not inherit its parent's.
+        local_userland: LocalUserland = LocalUserland::Refuse => Plain, AtMost, r#"`"refuse"` \| `"host"`"#, r#"`"refuse"`"#, "localUserland";
         // The plan's, not a unit's: `onPersistedCredentials` and `workspaceFork`.
-        field("on_persisted_credentials", r#"`"report"` \| `"refuse"` \| `"hide"`"#, r#"`"report"`"#, No, None),
-        field("fork_mode", r#"`"auto"` \| `"worktree"` \| `"copy"`"#, r#"`"auto"`"#, No, None),
-    ],
-};
+        /// What a credential persisted in the workspace at session start does.
+        on_persisted_credentials: OnPersisted = OnPersisted::Report => Plain, No, r#"`"report"` \| `"refuse"` \| `"hide"`"#, r#"`"report"`"#;
+        /// With `source = "fork"`: how each session's fork is made.
+        fork_mode: ForkMode = ForkMode::Auto => Plain, No, r#"`"auto"` \| `"worktree"` \| `"copy"`"#, r#"`"auto"`"#;
+    }
+}
 
 /// `[network]`, and a server's `network`.
 #[rustfmt::skip]
@@ -174,47 +329,73 @@ pub(crate) const SECRET: Table = Table {
     ],
 };
 
-/// `[security]`.
-#[rustfmt::skip]
-pub(crate) const SECURITY: Table = Table {
-    path: "security",
-    readme: ("`[security]`", 1),
-    fields: &[
-        field("capabilities", "array of names", "`[]`", No, Some("security.capabilities")),
-        field("read_only_root", "bool", "`true`", No, Some("security.readOnlyRoot")),
-        field("landlock", r#"`"required"` \| `"best-effort"` \| `"off"`"#, r#"`"required"`"#, No, Some("security.landlock")),
-        field("git", r#"`"neutralise"` \| `"off"`"#, r#"`"neutralise"`"#, No, Some("security.neutraliseGit")),
-        field("write_guard", r#"`"read-first"` \| `"off"`"#, r#"`"read-first"`"#, No, Some("security.writeGuard")),
-        field("tmp", r#"`"exec"` \| `"noexec"`"#, r#"`"exec"`"#, No, Some("security.tmp")),
-        field("privileged", "bool", "`false`", No, Some("security.privileged")),
-        field("host_namespaces", "array of `cgroup`, `ipc`, `net`, `pid`, `user`, `uts`", "`[]`", No, Some("security.hostNamespaces")),
-        field("devices", "array of paths under `/dev`", "`[]`", No, Some("security.devices")),
-    ],
-};
+words!(
+    /// `security.git`: `"neutralise"` or `"off"`.
+    Git: bool = ["neutralise" = true, "off" = false]
+);
+words!(
+    /// `security.write_guard`: `"read-first"` or `"off"`.
+    WriteGuard: bool = ["read-first" = true, "off" = false]
+);
 
-/// `[lifecycle]`.
 #[rustfmt::skip]
-pub(crate) const LIFECYCLE: Table = Table {
-    path: "lifecycle",
-    readme: ("`[lifecycle]`", 1),
-    fields: &[field(
-        "lease",
-        "duration, `1s` to `1h`",
-        "`\"30s\"`",
-        No,
-        Some("lifecycle.leaseMs"),
-    )],
-};
+table! {
+    /// `[security]`.
+    SECURITY = "security", ("`[security]`", 1), plan "security.";
+    /// The hardening a unit must get: the profile's `[security]`, which
+    /// every unit gets as the profile says (declared in box-policy's
+    /// `profile/fields.rs`, one row per field).
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Security {
+        /// Capabilities added back after dropping all (a short reviewed list).
+        capabilities: Vec<String> = Vec::new() => Capabilities, No, Line, "array of names", "`[]`", "capabilities";
+        /// Read-only root file system.
+        read_only_root: bool = true => Plain, No, Line, "bool", "`true`", "readOnlyRoot";
+        /// Landlock for the executor and its children.
+        landlock: Requirement = Requirement::Required => Plain, No, Line, r#"`"required"` \| `"best-effort"` \| `"off"`"#, r#"`"required"`"#, "landlock";
+        /// Whether git configuration is neutralised for children.
+        neutralise_git("git"): bool = true => Git, No, Line, r#"`"neutralise"` \| `"off"`"#, r#"`"neutralise"`"#, "neutraliseGit";
+        /// Whether overwriting an existing file needs an earlier read of it.
+        write_guard: bool = true => WriteGuard, No, Line, r#"`"read-first"` \| `"off"`"#, r#"`"read-first"`"#, "writeGuard";
+        /// Whether programs may run from `/tmp`.
+        tmp: TmpMode = TmpMode::Exec => Plain, No, Line, r#"`"exec"` \| `"noexec"`"#, r#"`"exec"`"#, "tmp";
+        /// A privileged unit (only when the profile's operator allowed it).
+        privileged: bool = false => Privileged, No, Danger, "bool", "`false`", "privileged";
+        /// Host namespaces shared (only when the profile's operator allowed it).
+        host_namespaces: Vec<String> = Vec::new() => HostNamespaces, No, Danger, "array of `cgroup`, `ipc`, `net`, `pid`, `user`, `uts`", "`[]`", "hostNamespaces";
+        /// Host devices handed in (only when the profile's operator allowed it).
+        devices: Vec<PathBuf> = Vec::new() => Devices, No, Danger, "array of paths under `/dev`", "`[]`", "devices";
+    }
+}
 
-/// `[pool]`: the warm units a `box serve --listen` host keeps for the
-/// profile's sessions; the host's, never a session's (`box serve --pool`
-/// overrides it).
 #[rustfmt::skip]
-pub(crate) const POOL: Table = Table {
-    path: "pool",
-    readme: ("`[pool]`", 1),
-    fields: &[field("size", "whole number, `0` to `256`", "`0` (no pool)", No, None)],
-};
+table! {
+    /// `[lifecycle]`.
+    LIFECYCLE = "lifecycle", ("`[lifecycle]`", 1), plan "lifecycle.";
+    /// Every unit's lifecycle as written.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct LifecyclePolicy {
+        /// How long a unit outlives its host's last renewal: box's init in the
+        /// unit ends it when its host has not renewed for this long (the host
+        /// died, hung or was stopped).
+        lease: Duration = defaults::LEASE => Lease, No, Line, "duration, `1s` to `1h`", "`\"30s\"`", "leaseMs";
+    }
+}
+
+#[rustfmt::skip]
+table! {
+    /// `[pool]`: the warm units a `box serve --listen` host keeps for the
+    /// profile's sessions; the host's, never a session's (`box serve --pool`
+    /// overrides it).
+    POOL = "pool", ("`[pool]`", 1), plan "pool.";
+    /// `[pool]`: how many units of the profile's workspace a listening host
+    /// keeps started with no session, for its sessions to claim.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct PoolPolicy {
+        /// Units kept ready; 0: none (every session starts cold).
+        size: usize = 0 => PoolSize, No, Line, "whole number, `0` to `256`", "`0` (no pool)";
+    }
+}
 
 /// A `[[server]]` table.
 #[rustfmt::skip]

@@ -7,6 +7,7 @@
 
 mod error;
 pub(crate) mod fields;
+mod kinds;
 mod load;
 mod model;
 mod tree;
@@ -21,6 +22,9 @@ pub(crate) use fields::{
     NETWORK as NETWORK_FIELDS, Scope as LimitScope, TOP as TOP_FIELDS, Table,
     WORKSPACE as WORKSPACE_FIELDS,
 };
+// A choice's words, the same in a tightening as in a profile.
+pub(crate) use kinds::Choice;
+pub use kinds::{Show, Shown};
 pub use load::{Catalog, Listed, SHIPPED};
 pub use model::{
     Danger, EnvPolicy, ForkMode, LimitsPolicy, NetworkPolicy, OnPersisted, Profile, SecurityPolicy,

@@ -3,13 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
 
-pub use super::fields::LimitsPolicy;
+pub use super::fields::{LifecyclePolicy, LimitsPolicy, PoolPolicy, Workspace};
 use super::value::ByteSize;
 use crate::allow::Rule;
 use crate::image::PullPolicy;
-use crate::plan::{LocalUserland, MountMode, NetworkMode, UserIds};
+use crate::plan::{LocalUserland, NetworkMode, UserIds};
 
 /// A profile: everything a session's units may be and do. A session can only narrow it.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,40 +55,6 @@ impl Profile {
             Source::Empty | Source::None => None,
         }
     }
-}
-
-/// The workspace unit as written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Workspace {
-    /// The image it runs.
-    pub image: String,
-    /// Other images a session may choose with `tighten.workspace.image`
-    /// (`image` is always one it may choose).
-    pub images: Vec<String>,
-    /// When the image is pulled from its registry.
-    pub pull: PullPolicy,
-    /// The host variable holding `user:password` for the image's registry
-    /// (`pull_secret`): given to the engine for pulls, never to the unit.
-    pub pull_secret: Option<String>,
-    /// Where the workspace appears inside the unit.
-    pub root: PathBuf,
-    /// Where the workspace comes from.
-    pub source: Source,
-    /// Read-only or read-write.
-    pub mode: MountMode,
-    /// Who processes run as.
-    pub user: UserChoice,
-    /// The engine's OCI runtime for this unit (`runsc` for gVisor); `None`: the
-    /// engine's default.
-    pub runtime: Option<String>,
-    /// Whether the local backend may run this unit on the host's userland in
-    /// place of `image`. Goes with `image`: a profile that sets `image`
-    /// without it does not inherit its parent's.
-    pub local_userland: LocalUserland,
-    /// What a credential persisted in the workspace at session start does.
-    pub on_persisted_credentials: OnPersisted,
-    /// With `source = "fork"`: how each session's fork is made.
-    pub fork_mode: ForkMode,
 }
 
 /// How a `source = "fork"` workspace is forked for each session
@@ -186,23 +151,6 @@ pub struct NetworkPolicy {
     pub max_connections: Option<u64>,
     /// For `egress`: bytes per second through the unit's proxy, each direction.
     pub bandwidth: Option<ByteSize>,
-}
-
-/// Every unit's lifecycle as written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LifecyclePolicy {
-    /// How long a unit outlives its host's last renewal: box's init in the
-    /// unit ends it when its host has not renewed for this long (the host
-    /// died, hung or was stopped).
-    pub lease: Duration,
-}
-
-/// `[pool]`: how many units of the profile's workspace a listening host
-/// keeps started with no session, for its sessions to claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PoolPolicy {
-    /// Units kept ready; 0: none (every session starts cold).
-    pub size: usize,
 }
 
 /// The environment as written.
@@ -305,7 +253,7 @@ impl Danger {
 pub(crate) mod defaults {
     use std::time::Duration;
 
-    use super::{LifecyclePolicy, LimitsPolicy};
+    use super::LimitsPolicy;
 
     pub(crate) const IMAGE: &str = "box-base:bookworm";
     pub(crate) const ROOT: &str = "/workspace";
@@ -317,10 +265,6 @@ pub(crate) mod defaults {
     pub(crate) const MIN_LEASE: Duration = Duration::from_secs(1);
     /// The longest lease: a unit must not outlive a dead host by hours.
     pub(crate) const MAX_LEASE: Duration = Duration::from_secs(3600);
-
-    pub(crate) fn lifecycle() -> LifecyclePolicy {
-        LifecyclePolicy { lease: LEASE }
-    }
 
     pub(crate) fn limits() -> LimitsPolicy {
         LimitsPolicy::defaults()

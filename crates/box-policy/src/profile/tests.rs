@@ -805,13 +805,13 @@ fn the_readme_documents_every_field_and_danger() {
 }
 
 /// A session may tighten exactly the fields of `[workspace]`, `[network]`
-/// and `[limits]` that `fields.rs` says it may; of the others it is told
-/// they are the profile's.
+/// and `[limits]` that `fields.rs` says it may; of the others (and of every
+/// field of a table a session cannot tighten) it is told they are the profile's.
 #[test]
 fn a_session_tightens_the_fields_declared_tightenable() {
-    use super::fields::{LIMITS, NETWORK, Tighten, WORKSPACE};
+    use super::fields::{LIFECYCLE, LIMITS, NETWORK, POOL, SECURITY, Tighten, WORKSPACE};
     let mut wrong = Vec::new();
-    for table in [&WORKSPACE, &NETWORK, &LIMITS] {
+    for table in [&WORKSPACE, &NETWORK, &LIMITS, &SECURITY, &LIFECYCLE, &POOL] {
         for field in table.fields {
             let ask = serde_json::json!({ table.path: { field.name: null } });
             let refused = match crate::plan::Tightening::parse(&ask) {

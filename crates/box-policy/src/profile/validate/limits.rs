@@ -1,16 +1,11 @@
-//! The `[limits]` table (and a server's `limits`), `[lifecycle]` and
-//! `[pool]`: sizes, cores, counts and durations.
+//! The `[limits]` table (and a server's `limits`), `[lifecycle]`'s lease
+//! and `[pool]`'s size: sizes, cores, counts and durations.
 
 use std::time::Duration;
 
-use super::super::fields::{
-    LIFECYCLE, LIMIT_FIELDS, LIMITS, Limit, LimitKind, LimitValue, POOL, Scope,
-};
-use super::super::model::{LifecyclePolicy, LimitsPolicy, PoolPolicy, defaults};
-
-/// The most units a profile's `[pool]` keeps ready: each is a running unit
-/// (a container, or a sandboxed process tree) that counts against the host.
-const MAX_POOL: u64 = 256;
+use super::super::fields::{LIMIT_FIELDS, LIMITS, Limit, LimitKind, LimitValue, Scope};
+use super::super::kinds::Reads;
+use super::super::model::{LimitsPolicy, defaults};
 use super::super::tree::{Node, Value};
 use super::super::value::{ByteSize, CpuQuota, parse_count, parse_duration};
 use super::{Walk, join};
@@ -54,70 +49,7 @@ impl Walk {
         ok.then_some(limits)
     }
 
-    pub(super) fn lifecycle(&mut self, node: Option<&Node>) -> Option<LifecyclePolicy> {
-        let mut lifecycle = defaults::lifecycle();
-        let Some(node) = node else {
-            return Some(lifecycle);
-        };
-        let fields = self.table(node, "lifecycle", &LIFECYCLE.names());
-        let mut ok = true;
-        if let Some(node) = fields.get("lease") {
-            match self.duration(node, "lifecycle.lease") {
-                Some(lease) if (defaults::MIN_LEASE..=defaults::MAX_LEASE).contains(&lease) => {
-                    lifecycle.lease = lease;
-                }
-                Some(lease) => {
-                    self.problem(
-                        node,
-                        "lifecycle.lease",
-                        format!(
-                            "\"{}\" is out of bounds; a lease is from {} to {} (a unit ends that long after its host stops renewing it)",
-                            humantime::format_duration(lease),
-                            humantime::format_duration(defaults::MIN_LEASE),
-                            humantime::format_duration(defaults::MAX_LEASE)
-                        ),
-                    );
-                    ok = false;
-                }
-                None => ok = false,
-            }
-        }
-        ok.then_some(lifecycle)
-    }
-
-    /// `[pool]`: the units a listening host keeps ready for the profile.
-    pub(super) fn pool(&mut self, node: Option<&Node>) -> Option<PoolPolicy> {
-        let mut pool = PoolPolicy::default();
-        let Some(node) = node else {
-            return Some(pool);
-        };
-        let fields = self.table(node, "pool", &POOL.names());
-        let mut ok = true;
-        if let Some(node) = fields.get("size") {
-            // 0 is a size here (no pool: a profile that extends one may say so).
-            let size = match &node.value {
-                Value::Integer(text) if text.trim() == "0" => Some(0),
-                _ => self.count(node, "pool.size"),
-            };
-            match size {
-                Some(size) if size <= MAX_POOL => pool.size = usize::try_from(size).unwrap_or(0),
-                Some(size) => {
-                    self.problem(
-                        node,
-                        "pool.size",
-                        format!(
-                            "{size} is out of bounds; a pool keeps from 0 to {MAX_POOL} units ready"
-                        ),
-                    );
-                    ok = false;
-                }
-                None => ok = false,
-            }
-        }
-        ok.then_some(pool)
-    }
-
-    pub(super) fn size(&mut self, node: &Node, field: &str) -> Option<ByteSize> {
+    pub(in crate::profile) fn size(&mut self, node: &Node, field: &str) -> Option<ByteSize> {
         let Value::String(text) = &node.value else {
             self.wrong_type(node, field, "a size like \"2GiB\"");
             return None;
@@ -127,7 +59,7 @@ impl Walk {
             .ok()
     }
 
-    pub(super) fn cpus(&mut self, node: &Node, field: &str) -> Option<CpuQuota> {
+    pub(in crate::profile) fn cpus(&mut self, node: &Node, field: &str) -> Option<CpuQuota> {
         let cores = match &node.value {
             Value::Float(number) => *number,
             Value::Integer(text) => text.parse::<f64>().unwrap_or(f64::NAN),
@@ -141,7 +73,7 @@ impl Walk {
             .ok()
     }
 
-    pub(super) fn count(&mut self, node: &Node, field: &str) -> Option<u64> {
+    pub(in crate::profile) fn count(&mut self, node: &Node, field: &str) -> Option<u64> {
         let Value::Integer(text) = &node.value else {
             self.wrong_type(node, field, "a whole number like 512");
             return None;
@@ -151,7 +83,7 @@ impl Walk {
             .ok()
     }
 
-    pub(super) fn duration(&mut self, node: &Node, field: &str) -> Option<Duration> {
+    pub(in crate::profile) fn duration(&mut self, node: &Node, field: &str) -> Option<Duration> {
         let Value::String(text) = &node.value else {
             self.wrong_type(node, field, "a duration like \"10m\"");
             return None;
@@ -159,5 +91,53 @@ impl Walk {
         parse_duration(text)
             .map_err(|message| self.problem(node, field, message))
             .ok()
+    }
+}
+
+/// The most units a profile's `[pool]` keeps ready: each is a running unit
+/// (a container, or a sandboxed process tree) that counts against the host.
+const MAX_POOL: u64 = 256;
+
+/// `lifecycle.lease`: a duration within the bounds.
+pub(in crate::profile) struct Lease;
+
+impl Reads<Duration> for Lease {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Duration> {
+        let lease = walk.duration(node, field)?;
+        if (defaults::MIN_LEASE..=defaults::MAX_LEASE).contains(&lease) {
+            return Some(lease);
+        }
+        walk.problem(
+            node,
+            field,
+            format!(
+                "\"{}\" is out of bounds; a lease is from {} to {} (a unit ends that long after its host stops renewing it)",
+                humantime::format_duration(lease),
+                humantime::format_duration(defaults::MIN_LEASE),
+                humantime::format_duration(defaults::MAX_LEASE)
+            ),
+        );
+        None
+    }
+}
+
+/// `pool.size`: from 0 (no pool: a profile that extends one may say so) to [`MAX_POOL`].
+pub(in crate::profile) struct PoolSize;
+
+impl Reads<usize> for PoolSize {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<usize> {
+        let size = match &node.value {
+            Value::Integer(text) if text.trim() == "0" => 0,
+            _ => walk.count(node, field)?,
+        };
+        if size <= MAX_POOL {
+            return Some(usize::try_from(size).unwrap_or(0));
+        }
+        walk.problem(
+            node,
+            field,
+            format!("{size} is out of bounds; a pool keeps from 0 to {MAX_POOL} units ready"),
+        );
+        None
     }
 }

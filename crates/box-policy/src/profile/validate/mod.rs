@@ -9,11 +9,17 @@ use std::path::{Component, Path};
 
 use super::error::Problem;
 use super::fields::{self, Scope};
-use super::model::{Danger, Profile, Source, defaults};
+use super::kinds::one_of;
+use super::model::{
+    Danger, LifecyclePolicy, PoolPolicy, Profile, SecurityPolicy, Source, Workspace, defaults,
+};
 use super::tree::{Node, Value};
 use crate::plan::NetworkMode;
 use danger::Asked;
 pub(crate) use danger::host_path_dangers;
+pub(super) use limits::{Lease, PoolSize};
+pub(super) use security::{Capabilities, Devices, HostNamespaces, Privileged};
+pub(super) use workspace::{Image, Images, PullSecret, Root, Runtime};
 
 mod danger;
 mod env;
@@ -40,7 +46,7 @@ pub(crate) fn validate(
     if let Some(node) = top.get("extends") {
         walk.string(node, "extends");
     }
-    let workspace = walk.workspace(top.get("workspace"));
+    let workspace = Workspace::read(&mut walk, top.get("workspace"), "workspace");
     let network = walk.network(top.get("network"), "network");
     let limits = walk.limits(
         top.get("limits"),
@@ -49,9 +55,9 @@ pub(crate) fn validate(
         &defaults::limits(),
     );
     let env = walk.env(top.get("env"));
-    let security = walk.security(top.get("security"));
-    let lifecycle = walk.lifecycle(top.get("lifecycle"));
-    let pool = walk.pool(top.get("pool"));
+    let security = SecurityPolicy::read(&mut walk, top.get("security"), "security");
+    let lifecycle = LifecyclePolicy::read(&mut walk, top.get("lifecycle"), "lifecycle");
+    let pool = PoolPolicy::read(&mut walk, top.get("pool"), "pool");
     let servers = walk.servers(top.get("server"), &limits);
     let volumes = walk.volumes(top.get("volume"), workspace.as_ref());
     let allowed = walk.allowed_dangers(top.get("operator"));
@@ -118,7 +124,7 @@ pub(crate) fn validate(
 }
 
 /// The entries of a table node, by name (unknown ones already reported).
-struct Fields<'a> {
+pub(super) struct Fields<'a> {
     entries: BTreeMap<&'a str, &'a Node>,
 }
 
@@ -128,29 +134,18 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// A profile's tree being read: the problems and the dangers found so far.
 #[derive(Default)]
-struct Walk {
+pub(super) struct Walk {
     problems: Vec<Problem>,
     dangers: Vec<Asked>,
 }
 
-fn join(parent: &str, name: &str) -> String {
+pub(super) fn join(parent: &str, name: &str) -> String {
     if parent.is_empty() {
         name.to_owned()
     } else {
         format!("{parent}.{name}")
-    }
-}
-
-fn one_of(choices: &[&str]) -> String {
-    let quoted: Vec<String> = choices
-        .iter()
-        .map(|choice| format!("\"{choice}\""))
-        .collect();
-    match quoted.split_last() {
-        Some((last, [])) => last.clone(),
-        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
-        None => String::new(),
     }
 }
 

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use super::super::fields::NETWORK;
+use super::super::kinds::Kind;
 use super::super::model::NetworkPolicy;
 use super::super::tree::{Node, Value};
 use super::{Walk, join};
@@ -24,15 +25,7 @@ impl Walk {
         };
         let fields = self.table(node, field, &NETWORK.names());
         let mode = match fields.get("mode") {
-            Some(node) => self.choice(
-                node,
-                &join(field, "mode"),
-                &[
-                    ("none", NetworkMode::None),
-                    ("egress", NetworkMode::Egress),
-                    ("bridge", NetworkMode::Bridge),
-                ],
-            ),
+            Some(node) => NetworkMode::read(self, node, &join(field, "mode")),
             None => Some(NetworkMode::None),
         };
         let allow_field = join(field, "allow");

@@ -1,114 +1,22 @@
-//! The `[security]` table: the hardening of every unit, and the dangers it can ask for.
+//! The `[security]` table's readers beyond a type (declared in `fields.rs`):
+//! the fields that can ask for a danger, and the names and paths they accept.
 
 use std::path::{Path, PathBuf};
 
-use super::super::fields::SECURITY;
-use super::super::model::{Danger, SecurityPolicy};
+use super::super::kinds::Reads;
+use super::super::model::Danger;
 use super::super::tree::Node;
 use super::super::value::{KNOWN_CAPABILITIES, NAMESPACES, REVIEWED_CAPABILITIES};
 use super::danger::Asked;
 use super::{Walk, is_clean_absolute, one_of};
-use crate::plan::{Requirement, TmpMode};
 
-impl Walk {
-    pub(super) fn security(&mut self, node: Option<&Node>) -> Option<SecurityPolicy> {
-        let mut security = SecurityPolicy::strict();
-        let Some(node) = node else {
-            return Some(security);
-        };
-        let fields = self.table(node, "security", &SECURITY.names());
-        let mut ok = true;
-        for (name, node) in &fields.entries {
-            let field = format!("security.{name}");
-            let done = match *name {
-                "capabilities" => self.capabilities(node).map(|caps| security.capabilities = caps),
-                "read_only_root" => self
-                    .boolean(node, &field)
-                    .map(|flag| security.read_only_root = flag),
-                "landlock" => self
-                    .choice(
-                        node,
-                        &field,
-                        &[
-                            ("required", Requirement::Required),
-                            ("best-effort", Requirement::BestEffort),
-                            ("off", Requirement::Off),
-                        ],
-                    )
-                    .map(|requirement| security.landlock = requirement),
-                "git" => self
-                    .choice(node, &field, &[("neutralise", true), ("off", false)])
-                    .map(|flag| security.neutralise_git = flag),
-                "write_guard" => self
-                    .choice(node, &field, &[("read-first", true), ("off", false)])
-                    .map(|flag| security.write_guard = flag),
-                "tmp" => self
-                    .choice(
-                        node,
-                        &field,
-                        &[("exec", TmpMode::Exec), ("noexec", TmpMode::NoExec)],
-                    )
-                    .map(|mode| security.tmp = mode),
-                "privileged" => self.boolean(node, &field).map(|flag| {
-                    if flag {
-                        self.dangers.push(Asked {
-                            danger: Danger::Privileged,
-                            at: node.at.clone(),
-                            field: field.clone(),
-                            what: "a privileged unit has every capability and every device".to_owned(),
-                        });
-                    }
-                    security.privileged = flag;
-                }),
-                "host_namespaces" => self
-                    .strings(node, &field, |text| {
-                        if NAMESPACES.contains(&text) {
-                            Ok(text.to_owned())
-                        } else {
-                            Err(format!("{text:?} is not a namespace; write {}", one_of(&NAMESPACES)))
-                        }
-                    })
-                    .map(|entries| {
-                        if !entries.is_empty() {
-                            let names: Vec<&str> = entries.iter().map(|(name, _)| name.as_str()).collect();
-                            self.dangers.push(Asked {
-                                danger: Danger::HostNamespaces,
-                                at: node.at.clone(),
-                                field: field.clone(),
-                                what: format!("sharing the host's {} namespace(s)", names.join(", ")),
-                            });
-                        }
-                        security.host_namespaces = entries.into_iter().map(|(name, _)| name).collect();
-                    }),
-                "devices" => self
-                    .strings(node, &field, |text| {
-                        let path = Path::new(text);
-                        if is_clean_absolute(path) && path.starts_with("/dev") && path != Path::new("/dev") {
-                            Ok(text.to_owned())
-                        } else {
-                            Err(format!("{text:?} is not a device; write a path under /dev like \"/dev/fuse\""))
-                        }
-                    })
-                    .map(|entries| {
-                        if !entries.is_empty() {
-                            self.dangers.push(Asked {
-                                danger: Danger::Devices,
-                                at: node.at.clone(),
-                                field: field.clone(),
-                                what: "host devices are reachable from the unit".to_owned(),
-                            });
-                        }
-                        security.devices = entries.into_iter().map(|(name, _)| PathBuf::from(name)).collect();
-                    }),
-                _ => None,
-            };
-            ok &= done.is_some();
-        }
-        ok.then_some(security)
-    }
+/// `capabilities`: known names (a `CAP_` prefix dropped); each beyond the
+/// reviewed list is a danger.
+pub(in crate::profile) struct Capabilities;
 
-    pub(super) fn capabilities(&mut self, node: &Node) -> Option<Vec<String>> {
-        let entries = self.strings(node, "security.capabilities", |text| {
+impl Reads<Vec<String>> for Capabilities {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Vec<String>> {
+        let entries = walk.strings(node, field, |text| {
             let name = text.strip_prefix("CAP_").unwrap_or(text);
             if KNOWN_CAPABILITIES.contains(&name) {
                 Ok(name.to_owned())
@@ -121,10 +29,10 @@ impl Walk {
         })?;
         for (name, item) in &entries {
             if !REVIEWED_CAPABILITIES.contains(&name.as_str()) {
-                self.dangers.push(Asked {
+                walk.dangers.push(Asked {
                     danger: Danger::Capabilities,
                     at: item.at.clone(),
-                    field: "security.capabilities".to_owned(),
+                    field: field.to_owned(),
                     what: format!(
                         "{name} is not on the reviewed list ({})",
                         REVIEWED_CAPABILITIES.join(", ")
@@ -133,5 +41,83 @@ impl Walk {
             }
         }
         Some(entries.into_iter().map(|(name, _)| name).collect())
+    }
+}
+
+/// `privileged`: `true` is a danger.
+pub(in crate::profile) struct Privileged;
+
+impl Reads<bool> for Privileged {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<bool> {
+        let flag = walk.boolean(node, field)?;
+        if flag {
+            walk.dangers.push(Asked {
+                danger: Danger::Privileged,
+                at: node.at.clone(),
+                field: field.to_owned(),
+                what: "a privileged unit has every capability and every device".to_owned(),
+            });
+        }
+        Some(flag)
+    }
+}
+
+/// `host_namespaces`: namespace names; any is a danger.
+pub(in crate::profile) struct HostNamespaces;
+
+impl Reads<Vec<String>> for HostNamespaces {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Vec<String>> {
+        let entries = walk.strings(node, field, |text| {
+            if NAMESPACES.contains(&text) {
+                Ok(text.to_owned())
+            } else {
+                Err(format!(
+                    "{text:?} is not a namespace; write {}",
+                    one_of(&NAMESPACES)
+                ))
+            }
+        })?;
+        if !entries.is_empty() {
+            let names: Vec<&str> = entries.iter().map(|(name, _)| name.as_str()).collect();
+            walk.dangers.push(Asked {
+                danger: Danger::HostNamespaces,
+                at: node.at.clone(),
+                field: field.to_owned(),
+                what: format!("sharing the host's {} namespace(s)", names.join(", ")),
+            });
+        }
+        Some(entries.into_iter().map(|(name, _)| name).collect())
+    }
+}
+
+/// `devices`: paths under `/dev`; any is a danger.
+pub(in crate::profile) struct Devices;
+
+impl Reads<Vec<PathBuf>> for Devices {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Vec<PathBuf>> {
+        let entries = walk.strings(node, field, |text| {
+            let path = Path::new(text);
+            if is_clean_absolute(path) && path.starts_with("/dev") && path != Path::new("/dev") {
+                Ok(text.to_owned())
+            } else {
+                Err(format!(
+                    "{text:?} is not a device; write a path under /dev like \"/dev/fuse\""
+                ))
+            }
+        })?;
+        if !entries.is_empty() {
+            walk.dangers.push(Asked {
+                danger: Danger::Devices,
+                at: node.at.clone(),
+                field: field.to_owned(),
+                what: "host devices are reachable from the unit".to_owned(),
+            });
+        }
+        Some(
+            entries
+                .into_iter()
+                .map(|(name, _)| PathBuf::from(name))
+                .collect(),
+        )
     }
 }

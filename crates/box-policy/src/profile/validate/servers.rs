@@ -2,10 +2,12 @@
 //! network and limits.
 
 use super::super::fields::{SERVER, Scope};
+use super::super::kinds::Kind;
 use super::super::model::{LimitsPolicy, Server, defaults};
 use super::super::tree::{Node, Value};
 use super::{Walk, join};
 use crate::image::PullPolicy;
+use crate::plan::LocalUserland;
 
 impl Walk {
     /// `[[server]]` tables: server units, their limits over the profile's.
@@ -83,9 +85,12 @@ impl Walk {
                 Some(node) => self.runtime(node, &join(&label, "runtime")).map(Some),
                 None => Some(None),
             };
-            let local_userland = self.local_userland(fields.get("local_userland"), &label);
+            let local_userland = match fields.get("local_userland") {
+                Some(node) => LocalUserland::read(self, node, &join(&label, "local_userland")),
+                None => Some(LocalUserland::default()),
+            };
             let pull = match fields.get("pull") {
-                Some(node) => self.pull(node, &join(&label, "pull")),
+                Some(node) => PullPolicy::read(self, node, &join(&label, "pull")),
                 None => Some(PullPolicy::default()),
             };
             let pull_secret = match fields.get("pull_secret") {

@@ -3,6 +3,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use super::super::fields::VOLUME;
+use super::super::kinds::Kind;
 use super::super::model::{Source, Workspace};
 use super::super::tree::{Node, Value};
 use super::{Walk, is_clean_absolute, join};
@@ -61,14 +62,7 @@ impl Walk {
                 }
             };
             let scope = match fields.get("scope") {
-                Some(node) => self.choice(
-                    node,
-                    &join(&label, "scope"),
-                    &[
-                        ("session", VolumeScope::Session),
-                        ("profile", VolumeScope::Profile),
-                    ],
-                ),
+                Some(node) => VolumeScope::read(self, node, &join(&label, "scope")),
                 None => Some(VolumeScope::Session),
             };
             if let (Some(name), Some(path), Some(scope)) = (name, path, scope) {

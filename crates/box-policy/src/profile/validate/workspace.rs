@@ -1,113 +1,98 @@
-//! The `[workspace]` table: the workspace unit's image, source, root, mode,
-//! user, runtime and how it treats persisted credentials and forks; the
-//! image, pull and runtime checks `[[server]]` shares.
+//! The `[workspace]` table's readers beyond a type (declared in `fields.rs`):
+//! its image, images, pull secret, root, source, user and runtime; the
+//! image, pull secret and runtime checks `[[server]]` shares.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::super::fields::WORKSPACE;
-use super::super::model::{ForkMode, OnPersisted, Source, UserChoice, Workspace, defaults};
+use super::super::kinds::{Kind, Reads};
+use super::super::model::{Source, UserChoice};
 use super::super::tree::{Node, Value};
 use super::super::value::check_env_name;
-use super::{Fields, Walk, is_clean_absolute, join};
-use crate::image::{ImageRef, PullPolicy};
-use crate::plan::{LocalUserland, MountMode, UserIds};
+use super::{Walk, is_clean_absolute};
+use crate::image::ImageRef;
+use crate::plan::UserIds;
 
-impl Walk {
-    pub(super) fn workspace(&mut self, node: Option<&Node>) -> Option<Workspace> {
-        let fields = match node {
-            Some(node) => self.table(node, "workspace", &WORKSPACE.names()),
-            None => Fields {
-                entries: BTreeMap::new(),
-            },
-        };
-        let image = match fields.get("image") {
-            Some(node) => self.image(node, "workspace.image"),
-            None => Some(defaults::IMAGE.to_owned()),
-        };
-        let images = match fields.get("images") {
-            Some(node) => self
-                .strings(node, "workspace.images", |text| {
-                    ImageRef::parse(text).map(|_| text.to_owned())
-                })
-                .map(|images| images.into_iter().map(|(image, _)| image).collect()),
-            None => Some(Vec::new()),
-        };
-        let pull = match fields.get("pull") {
-            Some(node) => self.pull(node, "workspace.pull"),
-            None => Some(PullPolicy::default()),
-        };
-        let pull_secret = match fields.get("pull_secret") {
-            Some(node) => self.pull_secret(node, "workspace.pull_secret").map(Some),
-            None => Some(None),
-        };
-        let root = match fields.get("root") {
-            Some(node) => self.unit_root(node),
-            None => Some(PathBuf::from(defaults::ROOT)),
-        };
-        let source = match fields.get("source") {
-            Some(node) => self.source(node),
-            None => Some(Source::Cwd),
-        };
-        let mode = match fields.get("mode") {
-            Some(node) => self.choice(
-                node,
-                "workspace.mode",
-                &[("rw", MountMode::ReadWrite), ("ro", MountMode::ReadOnly)],
-            ),
-            None => Some(MountMode::ReadWrite),
-        };
-        let user = match fields.get("user") {
-            Some(node) => self.user(node),
-            None => Some(UserChoice::Host),
-        };
-        let runtime = match fields.get("runtime") {
-            Some(node) => self.runtime(node, "workspace.runtime").map(Some),
-            None => Some(None),
-        };
-        let local_userland = self.local_userland(fields.get("local_userland"), "workspace");
-        let on_persisted_credentials = match fields.get("on_persisted_credentials") {
-            Some(node) => self.choice(
-                node,
-                "workspace.on_persisted_credentials",
-                &[
-                    ("report", OnPersisted::Report),
-                    ("refuse", OnPersisted::Refuse),
-                    ("hide", OnPersisted::Hide),
-                ],
-            ),
-            None => Some(OnPersisted::Report),
-        };
-        let fork_mode = match fields.get("fork_mode") {
-            Some(node) => self.choice(
-                node,
-                "workspace.fork_mode",
-                &[
-                    ("auto", ForkMode::Auto),
-                    ("worktree", ForkMode::Worktree),
-                    ("copy", ForkMode::Copy),
-                ],
-            ),
-            None => Some(ForkMode::Auto),
-        };
-        Some(Workspace {
-            image: image?,
-            images: images?,
-            pull: pull?,
-            pull_secret: pull_secret?,
-            root: root?,
-            source: source?,
-            mode: mode?,
-            user: user?,
-            runtime: runtime?,
-            local_userland: local_userland?,
-            on_persisted_credentials: on_persisted_credentials?,
-            fork_mode: fork_mode?,
-        })
+/// `image`: an image reference.
+pub(in crate::profile) struct Image;
+
+impl Reads<String> for Image {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<String> {
+        walk.image(node, field)
+    }
+}
+
+/// `images`: image references.
+pub(in crate::profile) struct Images;
+
+impl Reads<Vec<String>> for Images {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Vec<String>> {
+        let images = walk.strings(node, field, |text| {
+            ImageRef::parse(text).map(|_| text.to_owned())
+        })?;
+        Some(images.into_iter().map(|(image, _)| image).collect())
+    }
+}
+
+/// `pull_secret`: a host variable's name.
+pub(in crate::profile) struct PullSecret;
+
+impl Reads<Option<String>> for PullSecret {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Option<String>> {
+        walk.pull_secret(node, field).map(Some)
+    }
+}
+
+/// `runtime`: an OCI runtime's name.
+pub(in crate::profile) struct Runtime;
+
+impl Reads<Option<String>> for Runtime {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Option<String>> {
+        walk.runtime(node, field).map(Some)
+    }
+}
+
+/// `root`: an absolute path in the unit other than `/`.
+pub(in crate::profile) struct Root;
+
+impl Reads<PathBuf> for Root {
+    fn read(walk: &mut Walk, node: &Node, _field: &str) -> Option<PathBuf> {
+        walk.unit_root(node)
+    }
+}
+
+impl Kind for Source {
+    fn read(walk: &mut Walk, node: &Node, _field: &str) -> Option<Self> {
+        walk.source(node)
     }
 
+    fn text(&self) -> String {
+        match self {
+            Source::Cwd => "cwd".to_owned(),
+            Source::Fork => "fork".to_owned(),
+            Source::Host(path) => path.display().to_string(),
+            Source::Empty => "empty".to_owned(),
+            Source::None => "none".to_owned(),
+        }
+    }
+}
+
+impl Kind for UserChoice {
+    fn read(walk: &mut Walk, node: &Node, _field: &str) -> Option<Self> {
+        walk.user(node)
+    }
+
+    fn text(&self) -> String {
+        match self {
+            UserChoice::Ids(ids) => format!("{}:{}", ids.uid, ids.gid),
+            UserChoice::Host => "host".to_owned(),
+            UserChoice::Image => "image".to_owned(),
+        }
+    }
+}
+
+impl Walk {
     /// An image reference (`ImageRef`): a malformed tag or digest is refused here.
-    pub(super) fn image(&mut self, node: &Node, field: &str) -> Option<String> {
+    pub(in crate::profile) fn image(&mut self, node: &Node, field: &str) -> Option<String> {
         let text = self.string(node, field)?;
         match ImageRef::parse(&text) {
             Ok(_) => Some(text),
@@ -118,22 +103,10 @@ impl Walk {
         }
     }
 
-    pub(super) fn pull(&mut self, node: &Node, field: &str) -> Option<PullPolicy> {
-        self.choice(
-            node,
-            field,
-            &[
-                ("never", PullPolicy::Never),
-                ("missing", PullPolicy::Missing),
-                ("always", PullPolicy::Always),
-            ],
-        )
-    }
-
     /// `pull_secret`: the name of a host variable holding the registry's
     /// `user:password`. Only the name is policy; the value is read when a
     /// pull needs it, handed to the engine alone and redacted everywhere.
-    pub(super) fn pull_secret(&mut self, node: &Node, field: &str) -> Option<String> {
+    pub(in crate::profile) fn pull_secret(&mut self, node: &Node, field: &str) -> Option<String> {
         let Value::String(text) = &node.value else {
             self.wrong_type(
                 node,
@@ -151,27 +124,8 @@ impl Walk {
         }
     }
 
-    /// `local_userland` of the unit at `unit` (`workspace`, `server[NAME]`).
-    pub(super) fn local_userland(
-        &mut self,
-        node: Option<&Node>,
-        unit: &str,
-    ) -> Option<LocalUserland> {
-        match node {
-            Some(node) => self.choice(
-                node,
-                &join(unit, "local_userland"),
-                &[
-                    ("refuse", LocalUserland::Refuse),
-                    ("host", LocalUserland::Host),
-                ],
-            ),
-            None => Some(LocalUserland::default()),
-        }
-    }
-
     /// An OCI runtime's name as the engine knows it (`runsc`, `runc`, `kata`).
-    pub(super) fn runtime(&mut self, node: &Node, field: &str) -> Option<String> {
+    pub(in crate::profile) fn runtime(&mut self, node: &Node, field: &str) -> Option<String> {
         let Value::String(text) = &node.value else {
             self.wrong_type(node, field, "a runtime name like \"runsc\"");
             return None;
@@ -194,7 +148,7 @@ impl Walk {
         Some(text.clone())
     }
 
-    pub(super) fn unit_root(&mut self, node: &Node) -> Option<PathBuf> {
+    pub(in crate::profile) fn unit_root(&mut self, node: &Node) -> Option<PathBuf> {
         let text = self.string(node, "workspace.root")?;
         let path = PathBuf::from(&text);
         if !is_clean_absolute(&path) || path == Path::new("/") {
@@ -210,7 +164,7 @@ impl Walk {
         Some(path)
     }
 
-    pub(super) fn source(&mut self, node: &Node) -> Option<Source> {
+    pub(in crate::profile) fn source(&mut self, node: &Node) -> Option<Source> {
         let accepted = "\"cwd\", \"fork\", \"empty\", \"none\" or an absolute host path";
         let Value::String(text) = &node.value else {
             self.wrong_type(node, "workspace.source", accepted);
@@ -236,7 +190,7 @@ impl Walk {
         Some(Source::Host(path))
     }
 
-    pub(super) fn user(&mut self, node: &Node) -> Option<UserChoice> {
+    pub(in crate::profile) fn user(&mut self, node: &Node) -> Option<UserChoice> {
         let accepted = "\"host\" (the caller's ids), \"image\" (the image's user) or \"UID:GID\" like \"1000:1000\"";
         let Value::String(text) = &node.value else {
             self.wrong_type(node, "workspace.user", accepted);
