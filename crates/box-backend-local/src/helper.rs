@@ -71,8 +71,6 @@ pub(crate) use wire::{
     Applied, Report, SandboxSpec, SecretValues, SpecEgress, SpecHome, SpecInit, SpecNetwork,
     SpecRequirement, SpecTmp, SpecUser, SpecVolume,
 };
-#[cfg(test)]
-pub(crate) use wire::{AppliedHomeReport, AppliedVolumeReport};
 use wire::{Reporter, read_spec};
 
 /// The helper's exit code when it refuses or fails before CMD runs (as `env`
@@ -940,6 +938,10 @@ fn exec(program: &CString, command: &[OsString], env: &[(String, String)]) -> st
     let Err(errno) = nix::unistd::execve(program, &argv, &envp);
     std::io::Error::from(errno)
 }
+
+// The lib's tests build reports by hand.
+#[cfg(test)]
+pub(crate) use wire::{AppliedHomeReport, AppliedVolumeReport};
 
 #[cfg(test)]
 mod tests {
