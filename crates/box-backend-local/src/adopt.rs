@@ -143,6 +143,7 @@ impl LocalBackend {
             exited,
             removed,
             session_volumes: record.session_volumes(),
+            inside: None,
         };
         self.registry().insert(record.id.clone(), local);
         Ok(StartedUnit {

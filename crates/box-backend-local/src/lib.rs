@@ -77,6 +77,7 @@ mod pool;
 mod private;
 mod spec;
 mod start;
+mod usage;
 mod volumes;
 
 use std::collections::HashMap;
@@ -182,6 +183,9 @@ struct LocalUnit {
     /// The session whose session-scoped volumes the unit mounts: they go
     /// with the session's last unit.
     session_volumes: Option<SessionLabel>,
+    /// Its first process in a mount namespace of its own, with that
+    /// process's start time, once `used` has found it (`usage`).
+    inside: Option<(u32, u64)>,
 }
 
 impl LocalBackend {
@@ -274,6 +278,7 @@ impl LocalBackend {
                     exited: watch_exit(found.helper, found.helper_start),
                     removed: Arc::new(std::sync::atomic::AtomicBool::new(true)),
                     session_volumes: found.session_volumes(),
+                    inside: None,
                 },
                 None => return Ok(()),
             },
@@ -494,13 +499,7 @@ impl Backend for LocalBackend {
         &'a self,
         id: &'a str,
     ) -> BoxFuture<'a, Result<box_backend::stats::UnitStats, BackendError>> {
-        let stats = match self.recorded(id) {
-            Some((_, record)) if record.helper_alive() => {
-                box_backend::stats::process_tree(Path::new("/proc"), record.helper)
-            }
-            _ => None,
-        };
-        futures::future::ready(stats.ok_or_else(|| BackendError::Other {
+        futures::future::ready(self.usage(id).ok_or_else(|| BackendError::Other {
             unit: id.to_owned(),
             doing: "reading its resource usage".to_owned(),
             message: "no such running local unit (see `box units ls --backend local`)".to_owned(),
@@ -511,18 +510,7 @@ impl Backend for LocalBackend {
     /// Measured through the first of the helper's descendants in the
     /// unit's own mount namespace (the helper stays in the host's).
     fn used<'a>(&'a self, id: &'a str, paths: &'a [PathBuf]) -> BoxFuture<'a, Vec<Option<u64>>> {
-        let proc_root = Path::new("/proc");
-        let inside = match self.recorded(id) {
-            Some((_, record)) if record.helper_alive() => {
-                box_backend::stats::in_own_mount_namespace(proc_root, record.helper)
-            }
-            _ => None,
-        };
-        let used = paths
-            .iter()
-            .map(|path| inside.and_then(|pid| box_backend::stats::used_in(proc_root, pid, path)))
-            .collect();
-        futures::future::ready(used).boxed()
+        futures::future::ready(self.used_at(id, paths)).boxed()
     }
 
     /// This process's units, and every unit with a run directory of another

@@ -459,6 +459,7 @@ impl LocalBackend {
             exited: exited_rx,
             removed,
             session_volumes: record.session_volumes(),
+            inside: None,
         };
         self.registry().insert(id, local);
         let detail = pool.map(|_| pool::PoolDetail {
