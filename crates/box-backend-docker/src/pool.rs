@@ -78,16 +78,7 @@ impl DockerBackend {
             doing: doing.to_owned(),
             message,
         };
-        let PooledUnit {
-            mut started,
-            detail,
-        } = unit;
-        let detail = detail.downcast::<PoolDetail>().map_err(|_| {
-            failed(
-                "binding a pooled unit",
-                "not a docker pooled unit".to_owned(),
-            )
-        })?;
+        let (mut started, detail) = unit.detail::<PoolDetail>(name, "docker")?;
         let id = started.envelope.id.clone();
         // The session's environment and secrets, as a cold start would set them.
         let environment = unit_env(spec, std::env::vars_os(), &detail.image_env);

@@ -88,23 +88,14 @@ async fn bind_unit(unit: PooledUnit, spec: &UnitSpec) -> Result<StartedUnit, Bac
         doing: doing.to_owned(),
         message,
     };
-    let PooledUnit {
-        mut started,
-        detail,
-    } = unit;
-    let detail = detail.downcast::<PoolDetail>().map_err(|_| {
-        failed(
-            "binding a pooled unit",
-            "not a local pooled unit".to_owned(),
-        )
-    })?;
+    let (mut started, detail) = unit.detail::<PoolDetail>(name, "local")?;
     let PoolDetail {
         layout,
         sandbox_spec,
         mut applied,
         run_dir,
         mut record,
-    } = *detail;
+    } = detail;
     // The session's environment and secrets, as a cold start would set them.
     let environment = unit_environment(std::env::vars_os(), spec, &layout);
     let narrowed;

@@ -32,6 +32,34 @@ impl PooledUnit {
     pub fn id(&self) -> &str {
         &self.started.envelope.id
     }
+
+    /// The unit as started, and what its backend kept for the claim as
+    /// that backend's `T`: an error naming `unit` when it is another's
+    /// (`backend`, as a user names it: `docker`, `local`).
+    pub fn detail<T: std::any::Any>(
+        self,
+        unit: &str,
+        backend: &str,
+    ) -> Result<(StartedUnit, T), BackendError> {
+        let detail = downcast_detail(self.detail, unit, backend)?;
+        Ok((self.started, detail))
+    }
+}
+
+/// `detail` as `T`, else the error [`PooledUnit::detail`] gives.
+fn downcast_detail<T: std::any::Any>(
+    detail: Box<dyn std::any::Any + Send + Sync>,
+    unit: &str,
+    backend: &str,
+) -> Result<T, BackendError> {
+    detail
+        .downcast::<T>()
+        .map(|detail| *detail)
+        .map_err(|_| BackendError::Other {
+            unit: unit.to_owned(),
+            doing: "binding a pooled unit".to_owned(),
+            message: format!("not a {backend} pooled unit"),
+        })
 }
 
 /// What a backend that keeps pooled units does.
@@ -57,4 +85,34 @@ pub trait Pooling: Send + Sync {
         session: &'a SessionLabel,
         spec: &'a UnitSpec,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::downcast_detail;
+    use crate::BackendError;
+
+    /// A backend gets back what it kept; another backend's is refused,
+    /// naming the unit and the backend.
+    #[test]
+    fn a_pooled_units_detail_is_its_backends_alone() {
+        let kept: Box<dyn std::any::Any + Send + Sync> = Box::new(7u32);
+        assert_eq!(
+            downcast_detail::<u32>(kept, "workspace", "local").unwrap(),
+            7
+        );
+        let other: Box<dyn std::any::Any + Send + Sync> = Box::new("a docker unit's");
+        match downcast_detail::<u32>(other, "workspace", "local") {
+            Err(BackendError::Other {
+                unit,
+                doing,
+                message,
+            }) => {
+                assert_eq!(unit, "workspace");
+                assert_eq!(doing, "binding a pooled unit");
+                assert_eq!(message, "not a local pooled unit");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
