@@ -83,21 +83,8 @@ impl DockerBackend {
         // The session's environment and secrets, as a cold start would set them.
         let environment = unit_env(spec, std::env::vars_os(), &detail.image_env);
         let env_passed = environment.passed();
-        let delivered;
-        let spec = if environment.secrets.len() == spec.env_secrets.len() {
-            spec
-        } else {
-            let mut narrowed = spec.clone();
-            let secrets = &environment.secrets;
-            narrowed
-                .env_secrets
-                .retain(|name| secrets.iter().any(|(have, _)| have == name));
-            narrowed
-                .env_secrets_as_env
-                .retain(|name| narrowed.env_secrets.contains(name));
-            delivered = narrowed;
-            &delivered
-        };
+        let delivered = environment.delivered(spec);
+        let spec = delivered.as_ref();
         // The engine gives a cold unit's first process HOSTNAME (the
         // container's, from the unit's name); its executor hands it on, and
         // so does a bound one.

@@ -160,6 +160,7 @@ impl DockerBackend {
             let missing = missing.join(", ");
             tracing::info!(unit, %missing, "variables to pass are not set on the host");
         }
+        let delivered = environment.delivered(spec);
         let env_passed = environment.passed();
         let env_scrubbed = environment.scrubbed;
         let env = environment.vars;
@@ -167,20 +168,7 @@ impl DockerBackend {
         // above, like a missing passed variable); their values go to the
         // executor's exec alone, never into the container's configuration.
         let secrets = environment.secrets;
-        let delivered;
-        let spec = if secrets.len() == spec.env_secrets.len() {
-            spec
-        } else {
-            let mut narrowed = spec.clone();
-            narrowed
-                .env_secrets
-                .retain(|name| secrets.iter().any(|(have, _)| have == name));
-            narrowed
-                .env_secrets_as_env
-                .retain(|name| narrowed.env_secrets.contains(name));
-            delivered = narrowed;
-            &delivered
-        };
+        let spec = delivered.as_ref();
         let created = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         // The unit's first process is box's init: it connects to a socket the
         // host listens on in a run directory of the unit's own, proves it

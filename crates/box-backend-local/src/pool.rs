@@ -98,20 +98,8 @@ async fn bind_unit(unit: PooledUnit, spec: &UnitSpec) -> Result<StartedUnit, Bac
     } = detail;
     // The session's environment and secrets, as a cold start would set them.
     let environment = unit_environment(std::env::vars_os(), spec, &layout);
-    let narrowed;
-    let spec = if environment.secrets.len() == spec.env_secrets.len() {
-        spec
-    } else {
-        let mut delivered = spec.clone();
-        delivered
-            .env_secrets
-            .retain(|name| environment.secrets.iter().any(|(have, _)| have == name));
-        delivered
-            .env_secrets_as_env
-            .retain(|name| delivered.env_secrets.contains(name));
-        narrowed = delivered;
-        &narrowed
-    };
+    let delivered = environment.delivered(spec);
+    let spec = delivered.as_ref();
     if !spec.env_secrets.is_empty() && !applied.secrets_mounted {
         return Err(BackendError::Unenforceable {
             unit: name.to_owned(),

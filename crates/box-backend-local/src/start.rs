@@ -122,20 +122,8 @@ impl LocalBackend {
         }
         // Only the secrets the host has are delivered (a missing one is said
         // in the log, like a missing passed variable).
-        let narrowed;
-        let spec = if environment.secrets.len() == spec.env_secrets.len() {
-            spec
-        } else {
-            let mut delivered = spec.clone();
-            delivered
-                .env_secrets
-                .retain(|name| environment.secrets.iter().any(|(have, _)| have == name));
-            delivered
-                .env_secrets_as_env
-                .retain(|name| delivered.env_secrets.contains(name));
-            narrowed = delivered;
-            &narrowed
-        };
+        let delivered = environment.delivered(spec);
+        let spec = delivered.as_ref();
         let executor = command.is_empty();
         let command = if executor {
             executor_command(&self.options.box_exe, spec, &layout, wiring)
