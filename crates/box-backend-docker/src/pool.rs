@@ -8,9 +8,8 @@
 use std::path::PathBuf;
 
 use futures::future::BoxFuture;
-use tokio::io::AsyncWriteExt as _;
 
-use box_backend::pool::{PooledUnit, Pooling};
+use box_backend::pool::{PooledUnit, Pooling, send_bind};
 use box_backend::{BackendError, SessionLabel, StartedUnit, UnitWiring};
 use box_policy::executor::Bind;
 use box_policy::plan::UnitSpec;
@@ -103,18 +102,10 @@ impl DockerBackend {
             // The engine sets a docker unit's limits (its cgroup).
             rlimits: None,
         };
-        let mut line = serde_json::to_vec(&bind)
-            .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
-        line.push(b'\n');
         // First, so the executor confines itself while the engine sets the
         // limits: nothing runs in the unit before the host has the unit back
         // from this bind and initializes its executor.
-        started
-            .io
-            .stdin
-            .write_all(&line)
-            .await
-            .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
+        send_bind(&mut started.io.stdin, name, &bind).await?;
         // The limits the engine can change on a running unit: the session's
         // (never wider than its profile's, which the pool started with);
         // the engine is asked only when they differ.

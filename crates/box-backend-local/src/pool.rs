@@ -10,9 +10,8 @@
 use std::path::PathBuf;
 
 use futures::future::BoxFuture;
-use tokio::io::AsyncWriteExt as _;
 
-use box_backend::pool::{PooledUnit, Pooling};
+use box_backend::pool::{PooledUnit, Pooling, send_bind};
 use box_backend::{BackendError, SessionLabel, StartedUnit, UnitWiring};
 use box_confine::Rlimits;
 use box_policy::executor::{Bind, BindRlimits};
@@ -83,11 +82,6 @@ fn bind_rlimits(rlimits: &Rlimits) -> BindRlimits {
 
 async fn bind_unit(unit: PooledUnit, spec: &UnitSpec) -> Result<StartedUnit, BackendError> {
     let name = spec.name.as_str();
-    let failed = |doing: &str, message: String| BackendError::Other {
-        unit: name.to_owned(),
-        doing: doing.to_owned(),
-        message,
-    };
     let (mut started, detail) = unit.detail::<PoolDetail>(name, "local")?;
     let PoolDetail {
         layout,
@@ -124,21 +118,7 @@ async fn bind_unit(unit: PooledUnit, spec: &UnitSpec) -> Result<StartedUnit, Bac
         secrets: environment.secrets.iter().cloned().collect(),
         rlimits: narrower.then(|| bind_rlimits(&rlimits)),
     };
-    let mut line = serde_json::to_vec(&bind)
-        .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
-    line.push(b'\n');
-    started
-        .io
-        .stdin
-        .write_all(&line)
-        .await
-        .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
-    started
-        .io
-        .stdin
-        .flush()
-        .await
-        .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
+    send_bind(&mut started.io.stdin, name, &bind).await?;
     if narrower {
         // The executor sets them before it serves, or serves nothing.
         applied.rlimits = rlimits;
