@@ -1661,8 +1661,9 @@ fn lease_holders(backend: &str, instance: &str, serve: u32) -> Vec<u32> {
 /// 60), before the sessions (the idle host) and with them (the renewals),
 /// `box serve`'s CPU, the lease holders' CPU (docker: the units' inits;
 /// local: the sandbox helpers) and, for docker, the engine calls, counted by
-/// a proxy in front of the engine's socket.
-async fn lease_figures(backend: &str, workspace: &Path) {
+/// a proxy in front of the engine's socket. With `BOX_BENCH_BEFORE`, the
+/// same figures are taken first for that binary (`box_exe`, named `build`).
+async fn lease_figures(backend: &str, workspace: &Path, (box_exe, build): (&Path, &str)) {
     let units = env_number("BOX_BENCH_LEASE_UNITS", 200);
     let window = Duration::from_secs(env_number("BOX_BENCH_LEASE_WINDOW_S", 60) as u64);
     let lease = std::env::var("BOX_BENCH_LEASE").unwrap_or_else(|_| "3s".to_owned());
@@ -1676,7 +1677,7 @@ async fn lease_figures(backend: &str, workspace: &Path) {
     let instance = format!("{}-lease-{backend}", label());
     let address = free_address();
     let server = Server::spawn(
-        box_serve(backend, workspace, &instance)
+        box_serve_of(box_exe, backend, workspace, &instance)
             .arg("--listen")
             .arg(address.to_string())
             .args(["--max-sessions", &(units + 8).to_string()])
@@ -1700,7 +1701,7 @@ async fn lease_figures(backend: &str, workspace: &Path) {
         );
         let per_minute = 60.0 / window.as_secs_f64();
         println!(
-            "lease, {backend}, {what}: box serve CPU {:.3} s/min, lease holders' CPU {:.3} s/min ({} of them), engine calls {:.1}/min ({:.0} s window)",
+            "lease, {backend}, {build}, {what}: box serve CPU {:.3} s/min, lease holders' CPU {:.3} s/min ({} of them), engine calls {:.1}/min ({:.0} s window)",
             cpu.as_secs_f64() * per_minute,
             held_cpu.as_secs_f64() * per_minute,
             holders.len(),
@@ -1715,7 +1716,7 @@ async fn lease_figures(backend: &str, workspace: &Path) {
         sessions.push(http_initialize(address).await);
     }
     println!(
-        "lease, {backend}: {units} sessions started one after another in {:.1} s",
+        "lease, {backend}, {build}: {units} sessions started one after another in {:.1} s",
         started.elapsed().as_secs_f64()
     );
     assert_eq!(
@@ -1800,7 +1801,18 @@ fn main() {
             if backend == "docker" && docker.is_none() {
                 continue;
             }
-            runtime.block_on(lease_figures(backend, workspace.path()));
+            if let Some(before) = std::env::var_os("BOX_BENCH_BEFORE").map(PathBuf::from) {
+                runtime.block_on(lease_figures(
+                    backend,
+                    workspace.path(),
+                    (&before, "before"),
+                ));
+            }
+            runtime.block_on(lease_figures(
+                backend,
+                workspace.path(),
+                (Path::new(BOX), "this build"),
+            ));
         }
     }
     if wants("warm") {

@@ -8,9 +8,8 @@
 use std::path::PathBuf;
 
 use futures::future::BoxFuture;
-use tokio::io::AsyncWriteExt as _;
 
-use box_backend::pool::{PooledUnit, Pooling};
+use box_backend::pool::{PooledUnit, Pooling, send_bind};
 use box_backend::{BackendError, SessionLabel, StartedUnit, UnitWiring};
 use box_policy::executor::Bind;
 use box_policy::plan::UnitSpec;
@@ -78,35 +77,13 @@ impl DockerBackend {
             doing: doing.to_owned(),
             message,
         };
-        let PooledUnit {
-            mut started,
-            detail,
-        } = unit;
-        let detail = detail.downcast::<PoolDetail>().map_err(|_| {
-            failed(
-                "binding a pooled unit",
-                "not a docker pooled unit".to_owned(),
-            )
-        })?;
+        let (mut started, detail) = unit.detail::<PoolDetail>(name, "docker")?;
         let id = started.envelope.id.clone();
         // The session's environment and secrets, as a cold start would set them.
         let environment = unit_env(spec, std::env::vars_os(), &detail.image_env);
         let env_passed = environment.passed();
-        let delivered;
-        let spec = if environment.secrets.len() == spec.env_secrets.len() {
-            spec
-        } else {
-            let mut narrowed = spec.clone();
-            let secrets = &environment.secrets;
-            narrowed
-                .env_secrets
-                .retain(|name| secrets.iter().any(|(have, _)| have == name));
-            narrowed
-                .env_secrets_as_env
-                .retain(|name| narrowed.env_secrets.contains(name));
-            delivered = narrowed;
-            &delivered
-        };
+        let delivered = environment.delivered(spec);
+        let spec = delivered.as_ref();
         // The engine gives a cold unit's first process HOSTNAME (the
         // container's, from the unit's name); its executor hands it on, and
         // so does a bound one.
@@ -125,18 +102,10 @@ impl DockerBackend {
             // The engine sets a docker unit's limits (its cgroup).
             rlimits: None,
         };
-        let mut line = serde_json::to_vec(&bind)
-            .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
-        line.push(b'\n');
         // First, so the executor confines itself while the engine sets the
         // limits: nothing runs in the unit before the host has the unit back
         // from this bind and initializes its executor.
-        started
-            .io
-            .stdin
-            .write_all(&line)
-            .await
-            .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
+        send_bind(&mut started.io.stdin, name, &bind).await?;
         // The limits the engine can change on a running unit: the session's
         // (never wider than its profile's, which the pool started with);
         // the engine is asked only when they differ.

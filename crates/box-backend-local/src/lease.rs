@@ -140,7 +140,12 @@ impl Record {
 
 /// A process's start time (clock ticks since boot), `None` when it is gone.
 pub(crate) fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    start_time_in(Path::new("/proc"), pid)
+}
+
+/// [`start_time`] as `proc_root` shows it.
+pub(crate) fn start_time_in(proc_root: &Path, pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     // After the name: state is field 3, start time field 22.
     let fields: Vec<&str> = rest.split_whitespace().collect();

@@ -10,9 +10,8 @@
 use std::path::PathBuf;
 
 use futures::future::BoxFuture;
-use tokio::io::AsyncWriteExt as _;
 
-use box_backend::pool::{PooledUnit, Pooling};
+use box_backend::pool::{PooledUnit, Pooling, send_bind};
 use box_backend::{BackendError, SessionLabel, StartedUnit, UnitWiring};
 use box_confine::Rlimits;
 use box_policy::executor::{Bind, BindRlimits};
@@ -83,44 +82,18 @@ fn bind_rlimits(rlimits: &Rlimits) -> BindRlimits {
 
 async fn bind_unit(unit: PooledUnit, spec: &UnitSpec) -> Result<StartedUnit, BackendError> {
     let name = spec.name.as_str();
-    let failed = |doing: &str, message: String| BackendError::Other {
-        unit: name.to_owned(),
-        doing: doing.to_owned(),
-        message,
-    };
-    let PooledUnit {
-        mut started,
-        detail,
-    } = unit;
-    let detail = detail.downcast::<PoolDetail>().map_err(|_| {
-        failed(
-            "binding a pooled unit",
-            "not a local pooled unit".to_owned(),
-        )
-    })?;
+    let (mut started, detail) = unit.detail::<PoolDetail>(name, "local")?;
     let PoolDetail {
         layout,
         sandbox_spec,
         mut applied,
         run_dir,
         mut record,
-    } = *detail;
+    } = detail;
     // The session's environment and secrets, as a cold start would set them.
     let environment = unit_environment(std::env::vars_os(), spec, &layout);
-    let narrowed;
-    let spec = if environment.secrets.len() == spec.env_secrets.len() {
-        spec
-    } else {
-        let mut delivered = spec.clone();
-        delivered
-            .env_secrets
-            .retain(|name| environment.secrets.iter().any(|(have, _)| have == name));
-        delivered
-            .env_secrets_as_env
-            .retain(|name| delivered.env_secrets.contains(name));
-        narrowed = delivered;
-        &narrowed
-    };
+    let delivered = environment.delivered(spec);
+    let spec = delivered.as_ref();
     if !spec.env_secrets.is_empty() && !applied.secrets_mounted {
         return Err(BackendError::Unenforceable {
             unit: name.to_owned(),
@@ -145,21 +118,7 @@ async fn bind_unit(unit: PooledUnit, spec: &UnitSpec) -> Result<StartedUnit, Bac
         secrets: environment.secrets.iter().cloned().collect(),
         rlimits: narrower.then(|| bind_rlimits(&rlimits)),
     };
-    let mut line = serde_json::to_vec(&bind)
-        .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
-    line.push(b'\n');
-    started
-        .io
-        .stdin
-        .write_all(&line)
-        .await
-        .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
-    started
-        .io
-        .stdin
-        .flush()
-        .await
-        .map_err(|e| failed("handing the session's plan to the executor", e.to_string()))?;
+    send_bind(&mut started.io.stdin, name, &bind).await?;
     if narrower {
         // The executor sets them before it serves, or serves nothing.
         applied.rlimits = rlimits;

@@ -3,11 +3,20 @@ use std::time::Duration;
 
 use pretty_assertions::assert_eq;
 
+use std::os::unix::process::ExitStatusExt;
+
 use super::*;
-use box_backend::ObjectsWiring;
-use box_confine::{CapabilitySets, LandlockOutcome};
-use box_policy::envelope::BackendKind;
-use box_policy::plan::{Limits, Network, Role, Security, UserIds};
+use crate::ended::unit_end;
+use crate::envelope::envelope_from_parts;
+use crate::helper::{Applied, SpecEgress, SpecNetwork, SpecRequirement, SpecUser};
+use crate::spec::{executor_command, sandbox_spec};
+use crate::start::printable;
+use crate::volumes::LocalVolume;
+use box_backend::environment::{self, UnitEnvironment};
+use box_backend::{EgressWiring, ObjectsWiring};
+use box_confine::{CapabilitySets, LandlockOutcome, Rlimits};
+use box_policy::envelope::{AppliedLimits, BackendKind};
+use box_policy::plan::{Limits, MountMode, Network, Role, Security, UserIds, WorkspaceSource};
 
 fn unit_spec(source: WorkspaceSource) -> UnitSpec {
     UnitSpec {

@@ -73,6 +73,24 @@ impl UnitEnvironment {
     pub fn passed(&self) -> Vec<String> {
         self.vars.iter().map(|(name, _)| name.clone()).collect()
     }
+
+    /// `spec` with only the secrets this environment holds: a secret the
+    /// host does not have is left out of `env_secrets` and
+    /// `env_secrets_as_env` (it is not delivered, as a missing passed
+    /// variable is not set). Pure.
+    pub fn delivered<'a>(&self, spec: &'a UnitSpec) -> std::borrow::Cow<'a, UnitSpec> {
+        if self.secrets.len() == spec.env_secrets.len() {
+            return std::borrow::Cow::Borrowed(spec);
+        }
+        let mut delivered = spec.clone();
+        delivered
+            .env_secrets
+            .retain(|name| self.secrets.iter().any(|(have, _)| have == name));
+        delivered
+            .env_secrets_as_env
+            .retain(|name| delivered.env_secrets.contains(name));
+        std::borrow::Cow::Owned(delivered)
+    }
 }
 
 /// The environment of the unit `spec`, from the host's variables `host` and
@@ -265,5 +283,24 @@ mod tests {
         let environment = unit_environment(&spec, host(&[("LD_PRELOAD", "/evil.so")]), &own());
         assert_eq!(environment.scrubbed, vec!["LD_PRELOAD".to_owned()]);
         assert_eq!(environment.passed(), OWN_NAMES.map(str::to_owned).to_vec());
+    }
+
+    /// Only the secrets the host has are delivered: a missing one leaves
+    /// the unit's spec, in both its lists; with every one there the spec is
+    /// the plan's own.
+    #[test]
+    fn a_secret_the_host_lacks_is_not_delivered() {
+        let mut spec = spec();
+        spec.env_secrets = vec!["HAVE".to_owned(), "LACK".to_owned()];
+        spec.env_secrets_as_env = vec!["HAVE".to_owned(), "LACK".to_owned()];
+        let environment = unit_environment(&spec, host(&[("HAVE", "1")]), &own());
+        let delivered = environment.delivered(&spec);
+        assert_eq!(delivered.env_secrets, vec!["HAVE".to_owned()]);
+        assert_eq!(delivered.env_secrets_as_env, vec!["HAVE".to_owned()]);
+        let environment = unit_environment(&spec, host(&[("HAVE", "1"), ("LACK", "2")]), &own());
+        assert!(matches!(
+            environment.delivered(&spec),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 }

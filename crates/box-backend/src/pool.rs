@@ -32,6 +32,60 @@ impl PooledUnit {
     pub fn id(&self) -> &str {
         &self.started.envelope.id
     }
+
+    /// The unit as started, and what its backend kept for the claim as
+    /// that backend's `T`: an error naming `unit` when it is another's
+    /// (`backend`, as a user names it: `docker`, `local`).
+    pub fn detail<T: std::any::Any>(
+        self,
+        unit: &str,
+        backend: &str,
+    ) -> Result<(StartedUnit, T), BackendError> {
+        let detail = downcast_detail(self.detail, unit, backend)?;
+        Ok((self.started, detail))
+    }
+}
+
+/// Hand a pooled unit's executor the session's plan: `bind` as one JSON
+/// line on its stdin (which it reads first, `BIND_ON_STDIN_VAR`), flushed;
+/// an error names `unit`.
+pub async fn send_bind<W>(
+    stdin: &mut W,
+    unit: &str,
+    bind: &box_policy::executor::Bind,
+) -> Result<(), BackendError>
+where
+    W: tokio::io::AsyncWrite + Unpin + ?Sized,
+{
+    use tokio::io::AsyncWriteExt as _;
+    let failed = |message: String| BackendError::Other {
+        unit: unit.to_owned(),
+        doing: "handing the session's plan to the executor".to_owned(),
+        message,
+    };
+    let mut line = serde_json::to_vec(bind).map_err(|e| failed(e.to_string()))?;
+    line.push(b'\n');
+    stdin
+        .write_all(&line)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    stdin.flush().await.map_err(|e| failed(e.to_string()))
+}
+
+/// `detail` as `T`, else the error [`PooledUnit::detail`] gives.
+fn downcast_detail<T: std::any::Any>(
+    detail: Box<dyn std::any::Any + Send + Sync>,
+    unit: &str,
+    backend: &str,
+) -> Result<T, BackendError> {
+    detail
+        .downcast::<T>()
+        .map(|detail| *detail)
+        .map_err(|_| BackendError::Other {
+            unit: unit.to_owned(),
+            doing: "binding a pooled unit".to_owned(),
+            message: format!("not a {backend} pooled unit"),
+        })
 }
 
 /// What a backend that keeps pooled units does.
@@ -57,4 +111,55 @@ pub trait Pooling: Send + Sync {
         session: &'a SessionLabel,
         spec: &'a UnitSpec,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{downcast_detail, send_bind};
+    use crate::BackendError;
+    use box_policy::executor::{Bind, PlaceKind};
+    use box_policy::plan::{UnitSpec, WorkspaceSource};
+
+    /// The plan reaches the executor as one line it reads back whole.
+    #[tokio::test]
+    async fn the_bind_line_is_one_json_line() {
+        let spec = UnitSpec::workspace("image", WorkspaceSource::Empty);
+        let bind = Bind {
+            spec: spec.executor_spec(std::path::Path::new("/w"), PlaceKind::Local),
+            env: vec![("LANG".to_owned(), "C.UTF-8".to_owned())],
+            secrets: [("TOKEN".to_owned(), "t".to_owned())].into(),
+            rlimits: None,
+        };
+        let mut stdin: Vec<u8> = Vec::new();
+        send_bind(&mut stdin, "workspace", &bind).await.unwrap();
+        let text = String::from_utf8(stdin).unwrap();
+        assert_eq!(text.matches('\n').count(), 1);
+        assert!(text.ends_with('\n'));
+        let read: Bind = serde_json::from_str(text.trim_end()).unwrap();
+        assert_eq!(read, bind);
+    }
+
+    /// A backend gets back what it kept; another backend's is refused,
+    /// naming the unit and the backend.
+    #[test]
+    fn a_pooled_units_detail_is_its_backends_alone() {
+        let kept: Box<dyn std::any::Any + Send + Sync> = Box::new(7u32);
+        assert_eq!(
+            downcast_detail::<u32>(kept, "workspace", "local").unwrap(),
+            7
+        );
+        let other: Box<dyn std::any::Any + Send + Sync> = Box::new("a docker unit's");
+        match downcast_detail::<u32>(other, "workspace", "local") {
+            Err(BackendError::Other {
+                unit,
+                doing,
+                message,
+            }) => {
+                assert_eq!(unit, "workspace");
+                assert_eq!(doing, "binding a pooled unit");
+                assert_eq!(message, "not a local pooled unit");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
