@@ -411,6 +411,7 @@ impl Session {
         if let Some(context) = span.context()
             && let Some(params) = params_mut(upstream)
         {
+            live.trace.executor_parents.insert(unit, context.clone());
             let meta = params
                 .entry("_meta")
                 .or_insert_with(|| Value::Object(serde_json::Map::new()));
