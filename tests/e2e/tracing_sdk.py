@@ -8,8 +8,10 @@ with a profile whose secret the command echoes. The Python `mcp` SDK, unmodified
 with a W3C `traceparent` in `_meta`: first in MCP 2026-07-28 (no session: the unit starts for the
 call), then in the handshake era (mode "legacy"). The receiver must get one trace per call: the
 request span by the MCP conventions, parented by the client's span, the unit's start spans (the
-stateless call's) and the executor's span for the command, parented by box's; the secret's value
-in no byte box exported, raw or in base64.
+stateless call's) and the executor's span for the command, parented by box's (the executor sends
+its spans home in batches, after its answers); requests box answers itself (`ping`, the kept
+`tools/list`) have their request spans too; the secret's value in no byte box exported, raw or in
+base64.
 
 Prints one JSON line; exits non-zero with the reason on any failure.
 """
@@ -122,6 +124,32 @@ def wait_for(trace_id: bytes, names: set[str]) -> list[trace_pb2.Span]:
         time.sleep(0.1)
 
 
+async def host_answered(client: Client, session: bool) -> dict[str, Any]:
+    """`ping` and the kept `tools/list` are answered by box itself: each still has its request span
+    by the conventions, parented by the client's span."""
+    calls = {
+        "ping": lambda meta: client.send_ping(meta=meta),
+        "tools/list": lambda meta: client.list_tools(meta=meta),
+    }
+    seen = {}
+    for name, send in calls.items():
+        trace_id, parent_id = random.token_hex(16), random.token_hex(8)
+        await send({"traceparent": f"00-{trace_id}-{parent_id}-01"})
+        spans = wait_for(bytes.fromhex(trace_id), {name})
+        span = next(span for span in spans if span.name == name)
+        attrs = attributes(span)
+        if span.kind != trace_pb2.Span.SPAN_KIND_SERVER or span.parent_span_id.hex() != parent_id:
+            raise AssertionError(f"{name}: kind {span.kind}, parent {span.parent_span_id.hex()}, expected SERVER under {parent_id}")
+        if attrs.get("mcp.method.name") != name or "jsonrpc.request.id" not in attrs:
+            raise AssertionError(f"{name}: attributes {attrs}")
+        if session != ("mcp.session.id" in attrs):
+            raise AssertionError(f"{name}: mcp.session.id {'absent' if session else 'present'}: {attrs}")
+        if "error.type" in attrs or "box.unit.name" in attrs:
+            raise AssertionError(f"{name}: an error.type, or a unit, on a request box answered: {attrs}")
+        seen[name] = len(spans)
+    return seen
+
+
 def check_trace(spans: list[trace_pb2.Span], parent_id: str, version: str, stateless: bool) -> dict[str, Any]:
     by_name = {span.name: span for span in spans}
     request = by_name["tools/call bash"]
@@ -203,6 +231,7 @@ async def main() -> None:
         async with Client(url, mode="legacy") as client:
             await traced_call(client, trace_id, parent_id)
             legacy = client.protocol_version
+            summary["host_answered"] = await host_answered(client, session=True)
         spans = wait_for(bytes.fromhex(trace_id), {"tools/call bash", "execute_tool bash"})
         summary["legacy"] = check_trace(spans, parent_id, legacy, stateless=False)
 

@@ -46,10 +46,12 @@ pub(crate) struct LineTransport<R, W> {
     /// `box serve` refuses it.
     in_flight: Arc<std::sync::Mutex<HashSet<RequestId>>>,
     /// The spans of requests the host traces (it sent
-    /// `_meta["box/traceparent"]`), by id, until answered: a
-    /// `notifications/box/spans` line just before the answer carries them
-    /// home (the answer itself is written as it would be).
+    /// `_meta["box/traceparent"]`), by id, until answered.
     traced: Arc<std::sync::Mutex<HashMap<RequestId, box_otel::Recording>>>,
+    /// Answered requests' spans, sent home together in a
+    /// `notifications/box/spans` line a moment later (or when the batch
+    /// fills, or at the end): nothing more is written with an answer.
+    spans: Arc<box_otel::Pending>,
 }
 
 impl<R, W> LineTransport<R, W>
@@ -64,6 +66,27 @@ where
             writer: Arc::new(Mutex::new(writer)),
             in_flight: Arc::default(),
             traced: Arc::default(),
+            spans: Arc::default(),
+        }
+    }
+
+    /// Send the kept spans home after `delay`, from a task of their own.
+    fn send_spans(&self, delay: Option<std::time::Duration>) {
+        let (writer, spans) = (Arc::clone(&self.writer), Arc::clone(&self.spans));
+        tokio::spawn(async move {
+            if let Some(delay) = delay {
+                tokio::time::sleep(delay).await;
+            }
+            if let Err(error) = Self::write_spans(&writer, &spans).await {
+                tracing::debug!("sending spans: {error}");
+            }
+        });
+    }
+
+    async fn write_spans(writer: &Mutex<W>, spans: &box_otel::Pending) -> std::io::Result<()> {
+        match spans.take() {
+            Some(line) => Self::write(writer, line).await,
+            None => Ok(()),
         }
     }
 
@@ -376,8 +399,8 @@ where
         {
             in_flight.remove(id);
         }
-        let span = answered.and_then(|id| Some((id, self.traced.lock().ok()?.remove(id)?)));
-        let spans = span.map(|(id, mut span)| {
+        let span = answered.and_then(|id| self.traced.lock().ok()?.remove(id));
+        if let Some(mut span) = span {
             match &item {
                 JsonRpcMessage::Response(response) => {
                     if let ServerResult::CallToolResult(result) = &response.result
@@ -388,17 +411,15 @@ where
                 }
                 _ => span.set_error("jsonrpc_error"),
             }
-            box_otel::executor_spans_notification(id.clone().into_json_value(), vec![span.finish()])
-        });
+            match self.spans.keep(span.end()) {
+                box_otel::Kept::First => self.send_spans(Some(box_otel::EXECUTOR_SPANS_DELAY)),
+                box_otel::Kept::Full => self.send_spans(None),
+                box_otel::Kept::Waiting => {}
+            }
+        }
         let writer = Arc::clone(&self.writer);
         async move {
             let mut bytes = Vec::with_capacity(4096);
-            // Written with the answer, before it, so the host has the spans
-            // when the answer ends its own span.
-            if let Some(spans) = spans {
-                serde_json::to_writer(&mut bytes, &spans).map_err(std::io::Error::other)?;
-                bytes.push(b'\n');
-            }
             serde_json::to_writer(&mut bytes, &item).map_err(std::io::Error::other)?;
             Self::write(&writer, bytes).await
         }
@@ -439,6 +460,8 @@ where
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
+        // The last spans go home before the executor ends.
+        Self::write_spans(&self.writer, &self.spans).await?;
         self.writer.lock().await.flush().await
     }
 }

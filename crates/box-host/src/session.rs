@@ -230,12 +230,26 @@ impl Session {
         };
         let deadline = tokio::time::Instant::now() + grace;
         let mut joining = Vec::new();
-        while live.units.iter().any(|unit| unit.ended.is_none()) {
+        // An executor sends its last spans as its input closes: while some
+        // are awaited, a unit's output is read to its end, not only to the
+        // unit's end (which may be told first).
+        let waiting = |live: &Live| {
+            live.units.iter().any(|unit| {
+                unit.ended.is_none()
+                    || (!unit.closed && !unit.removed && !live.trace.executor_parents.is_empty())
+            })
+        };
+        while waiting(live) {
             let event = tokio::select! {
                 () = tokio::time::sleep_until(deadline) => break,
                 event = live.events_rx.recv() => event,
             };
             match event {
+                Some(UnitEvent::Message(unit, message))
+                    if box_otel::is_executor_spans(&message) =>
+                {
+                    self.executor_spans(live, unit, &message);
+                }
                 Some(UnitEvent::Ended(unit, end)) => {
                     if let Some(state) = live.units.get_mut(unit) {
                         state.ended = Some(describe_end(&end));
@@ -251,6 +265,7 @@ impl Session {
                 Some(UnitEvent::Closed(unit, _)) => {
                     // The session is ending anyway: the output closing is enough.
                     if let Some(state) = live.units.get_mut(unit) {
+                        state.closed = true;
                         state
                             .ended
                             .get_or_insert_with(|| "its executor exited".to_owned());

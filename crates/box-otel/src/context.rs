@@ -30,12 +30,12 @@ impl SpanContext {
     /// Read `traceparent` (version `00`, or a later one read as `00` as W3C
     /// asks) and `tracestate`; `None` for anything malformed or all-zero ids.
     pub fn parse(traceparent: &str, tracestate: Option<&str>) -> Option<Self> {
-        let parts: Vec<&str> = traceparent.trim().split('-').collect();
-        if parts.len() < 4 {
-            return None;
-        }
-        let (version, trace, span, flags) = (parts[0], parts[1], parts[2], parts[3]);
-        if version.len() != 2 || version == "ff" || (version == "00" && parts.len() != 4) {
+        // On every traced call's path (the executor's too): no allocation.
+        let mut parts = traceparent.trim().split('-');
+        let (version, trace, span, flags) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let extra = parts.next().is_some();
+        if version.len() != 2 || version == "ff" || (version == "00" && extra) {
             return None;
         }
         let lower_hex = |text: &str| {
@@ -45,9 +45,15 @@ impl SpanContext {
         if !lower_hex(version) || !lower_hex(trace) || !lower_hex(span) || !lower_hex(flags) {
             return None;
         }
-        let trace_id: [u8; 16] = decode_hex(trace)?.try_into().ok()?;
-        let span_id: [u8; 8] = decode_hex(span)?.try_into().ok()?;
-        let flags: [u8; 1] = decode_hex(flags)?.try_into().ok()?;
+        let mut trace_id = [0u8; 16];
+        let mut span_id = [0u8; 8];
+        let mut flag = [0u8; 1];
+        if !decode_into(trace, &mut trace_id)
+            || !decode_into(span, &mut span_id)
+            || !decode_into(flags, &mut flag)
+        {
+            return None;
+        }
         if trace_id == [0; 16] || span_id == [0; 8] {
             return None;
         }
@@ -59,7 +65,7 @@ impl SpanContext {
         Some(Self {
             trace_id,
             span_id,
-            flags: flags[0],
+            flags: flag[0],
             trace_state,
         })
     }
@@ -131,6 +137,22 @@ pub fn decode_hex(text: &str) -> Option<Vec<u8>> {
         .chunks(2)
         .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
         .collect()
+}
+
+/// Decode hex `text` into exactly `out`; false if it is not that long or
+/// not hex.
+fn decode_into(text: &str, out: &mut [u8]) -> bool {
+    if text.len() != out.len() * 2 {
+        return false;
+    }
+    let digit = |b: u8| char::from(b).to_digit(16);
+    for (byte, pair) in out.iter_mut().zip(text.as_bytes().chunks(2)) {
+        let (Some(high), Some(low)) = (digit(pair[0]), digit(pair[1])) else {
+            return false;
+        };
+        *byte = u8::try_from(high << 4 | low).unwrap_or(0);
+    }
+    true
 }
 
 /// 64 random bits, never zero: SipHash keyed afresh by the standard

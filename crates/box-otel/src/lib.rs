@@ -21,6 +21,6 @@ pub use context::{
 pub use export::{Endpoint, ExportConfig, Tracer};
 pub use span::{AttrValue, Span, SpanData, SpanKind};
 pub use wire::{
-    EXECUTOR_SPANS, EXECUTOR_TRACEPARENT, Recording, executor_spans_notification,
-    executor_spans_request, is_executor_spans, read_executor_spans,
+    EXECUTOR_SPANS, EXECUTOR_SPANS_BATCH, EXECUTOR_SPANS_DELAY, EXECUTOR_TRACEPARENT, Ended,
+    ExecutorParents, Kept, Pending, Recording, is_executor_spans, read_executor_spans,
 };

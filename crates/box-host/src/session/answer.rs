@@ -56,17 +56,17 @@ impl Session {
         None
     }
 
-    /// An executor's spans of a call (`notifications/box/spans`, sent just
-    /// before its answer): exported when they belong under the call's span,
-    /// never passed on to the client.
-    fn executor_spans(&self, live: &mut Live, unit: usize, message: &Value) {
-        let parent = box_otel::executor_spans_request(message)
-            .and_then(|unit_id| live.router.tag_mut(unit, unit_id))
-            .and_then(|tag| tag.span.context().cloned());
-        let redactor = &live.redactor;
-        for span in box_otel::read_executor_spans(message, parent.as_ref(), |text| {
-            redactor.text(text).into_owned()
-        }) {
+    /// An executor's spans of calls it answered (`notifications/box/spans`,
+    /// a batch sent after the answers): exported when each belongs under a
+    /// span of a request the host sent that unit, never passed on to the
+    /// client.
+    pub(super) fn executor_spans(&self, live: &mut Live, unit: usize, message: &Value) {
+        let (parents, redactor) = (&mut live.trace.executor_parents, &live.redactor);
+        for span in box_otel::read_executor_spans(
+            message,
+            |id| parents.take(unit, id),
+            |text| redactor.text(text).into_owned(),
+        ) {
             self.services.tracer.record(span);
         }
     }

@@ -130,7 +130,11 @@ impl Session {
     /// joins the session in [`Self::join_fork`], which answers.
     pub(super) fn fork(&self, live: &mut Live, request: Request) {
         let Request {
-            id, message, reply, ..
+            id,
+            message,
+            reply,
+            span: request_span,
+            ..
         } = request;
         let message = &message;
         let refuse = |reply: ReplyTo, id: Value, why: String| {
@@ -256,12 +260,10 @@ impl Session {
             .map(|masks| masks.wiring().to_vec())
             .unwrap_or_default();
         let session = self.id.clone();
-        // Under the call's own context, else the session's opening request.
+        // Under the request's span, else the session's opening request.
         let mut span = self.services.tracer.span(
             box_otel::SpanKind::Internal,
-            box_otel::SpanContext::from_request(message)
-                .as_ref()
-                .or(live.trace.parent.as_ref()),
+            request_span.context().or(live.trace.parent.as_ref()),
             || format!("unit.fork {}", spec.name),
         );
         span.set("box.unit.name", spec.name.as_str());
@@ -269,6 +271,8 @@ impl Session {
             live.redactor.text(&ask.from).into_owned()
         });
         self.background.spawn(async move {
+            // The request's span lasts as long as the fork's work.
+            let _request_span = request_span;
             let clock = Instant::now();
             let made = {
                 let (config, parent_path, child_path, ask) = (
@@ -493,14 +497,21 @@ impl Session {
     /// each other host-wide).
     pub(super) fn merge(&self, live: &mut Live, request: Request) {
         let Request {
-            id, message, reply, ..
+            id,
+            message,
+            reply,
+            span: mut request_span,
+            ..
         } = request;
         let message = &message;
         let asked = fork::unit_param("box/merge", message, &["unit", "theirs"])
             .and_then(|unit| fork::theirs(message).map(|theirs| (unit, theirs)));
         let (unit, theirs) = match asked {
             Ok(asked) => asked,
-            Err(why) => return reply.answer(error_response(id, code::INVALID_PARAMS, why)),
+            Err(why) => {
+                request_span.set_error(&code::INVALID_PARAMS.to_string());
+                return reply.answer(error_response(id, code::INVALID_PARAMS, why));
+            }
         };
         let child = match self.child_of(live, "box/merge", &unit) {
             Ok(index) => live.units[index].fork.clone(),
@@ -510,9 +521,7 @@ impl Session {
         let config = self.config.clone();
         let mut span = self.services.tracer.span(
             box_otel::SpanKind::Internal,
-            box_otel::SpanContext::from_request(message)
-                .as_ref()
-                .or(live.trace.parent.as_ref()),
+            request_span.context().or(live.trace.parent.as_ref()),
             || "unit.merge".to_owned(),
         );
         span.set_with("box.unit.name", || live.redactor.text(&unit).into_owned());
@@ -536,6 +545,7 @@ impl Session {
                 }
                 Err((code, message, data)) => {
                     span.set_error(&code.to_string());
+                    request_span.set_error(&code.to_string());
                     counted.metrics.merge(if code == code::INTERNAL_ERROR {
                         "failed"
                     } else {

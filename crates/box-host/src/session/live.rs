@@ -121,6 +121,10 @@ pub(super) struct SessionTrace {
     /// The context of the request that opened the session: the parent of
     /// what the session does later on its own (its units' removal).
     pub(super) parent: Option<box_otel::SpanContext>,
+    /// The spans of requests sent on to the units' executors, until the
+    /// executors' spans under them come home (in batches, after the
+    /// answers).
+    pub(super) executor_parents: box_otel::ExecutorParents,
 }
 
 /// One task of MCP's tasks extension (`tasks.rs`): a call in flight in a

@@ -83,19 +83,26 @@ pub(super) struct Request {
     /// request declared the tasks extension: answered with a task
     /// (`tasks.rs`) once forwarded.
     pub(super) task: bool,
+    /// Its span when the host answers it (`Session::host_request_span`),
+    /// ended with the answer; a forwarded request's span is made when it is
+    /// forwarded, continuing this one if there is one.
+    pub(super) span: box_otel::Span,
 }
 
 impl Request {
     /// Answer with `answer`: a result (redacted first: what the host answers
     /// may quote a unit, such as the tool list it read at start or a fork's
     /// end) or an error.
-    pub(super) fn answer(self, live: &Live, answer: Result<Value, (i64, String)>) {
+    pub(super) fn answer(mut self, live: &Live, answer: Result<Value, (i64, String)>) {
         let response = match answer {
             Ok(mut result) => {
                 live.redactor.message(&mut result);
                 result_response(self.id, result)
             }
-            Err((code, text)) => error_response(self.id, code, text),
+            Err((code, text)) => {
+                self.span.set_error(&code.to_string());
+                error_response(self.id, code, text)
+            }
         };
         self.reply.answer(response);
     }

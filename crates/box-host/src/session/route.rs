@@ -242,6 +242,7 @@ impl Session {
             entry,
             modern,
             task,
+            span: box_otel::Span::none(),
         };
         if modern {
             if let Some(tool) = stateless::session_tool(&request.method, &request.message) {
@@ -253,7 +254,12 @@ impl Session {
             }
         }
         match entry.open {
-            Open::Host(handler) => handler(self, live, request),
+            Open::Host(handler) => {
+                let mut request = request;
+                let parent = self.host_request_parent(&request.message);
+                request.span = self.host_request_span(live, &request, parent.as_ref());
+                handler(self, live, request)
+            }
             Open::Unit { empty } => self.choose_unit(live, request, empty),
             Open::Probe(answer) => request.reply.answer(answer(request.id)),
         }
@@ -273,6 +279,7 @@ impl Session {
             entry,
             modern,
             task,
+            span,
         } = request;
 
         let pending = live.units[unit]
@@ -315,7 +322,7 @@ impl Session {
             _ => None,
         };
         let mut upstream = upstream;
-        let span = self.request_span(live, &method, tool.as_deref(), unit, &mut upstream);
+        let span = self.request_span(live, &method, tool.as_deref(), unit, &mut upstream, span);
         let tag = Tag {
             span,
             method: method.clone(),
@@ -377,6 +384,7 @@ impl Session {
         tool: Option<&str>,
         unit: usize,
         upstream: &mut Value,
+        host: box_otel::Span,
     ) -> box_otel::Span {
         let tracer = &self.services.tracer;
         if !tracer.is_on() {
@@ -384,7 +392,13 @@ impl Session {
         }
         let target = super::live::span_target(method, upstream)
             .map(|target| live.redactor.text(&target).into_owned());
-        let mut span = live.trace.opening.take().unwrap_or_else(|| {
+        // A host-answered method's span (`servers.start`) goes on here.
+        let opening = if host.is_recording() {
+            Some(host)
+        } else {
+            live.trace.opening.take()
+        };
+        let mut span = opening.unwrap_or_else(|| {
             tracer.span(
                 box_otel::SpanKind::Server,
                 box_otel::SpanContext::from_request(upstream).as_ref(),
@@ -411,6 +425,7 @@ impl Session {
         if let Some(context) = span.context()
             && let Some(params) = params_mut(upstream)
         {
+            live.trace.executor_parents.insert(unit, context.clone());
             let meta = params
                 .entry("_meta")
                 .or_insert_with(|| Value::Object(serde_json::Map::new()));
@@ -424,23 +439,83 @@ impl Session {
         span
     }
 
+    /// The context a host-answered request's span continues: the client's
+    /// `traceparent`, read only when tracing.
+    fn host_request_parent(&self, message: &Value) -> Option<box_otel::SpanContext> {
+        if self.services.tracer.is_on() {
+            box_otel::SpanContext::from_request(message)
+        } else {
+            None
+        }
+    }
+
+    /// The span of a request the host answers itself (`ping`, a kept
+    /// `tools/list`, `box/*`), by the conventions as a forwarded one's, the
+    /// client's text redacted; the one its session was opened for
+    /// continues.
+    pub(super) fn host_request_span(
+        &self,
+        live: &mut Live,
+        request: &Request,
+        parent: Option<&box_otel::SpanContext>,
+    ) -> box_otel::Span {
+        let tracer = &self.services.tracer;
+        if !tracer.is_on() {
+            return box_otel::Span::none();
+        }
+        let method = live.redactor.text(&request.method).into_owned();
+        let mut span =
+            live.trace.opening.take().unwrap_or_else(|| {
+                tracer.span(box_otel::SpanKind::Server, parent, || method.clone())
+            });
+        span.rename(|| method.clone());
+        span.set("mcp.method.name", method);
+        if live.trace.stateless {
+            span.set("mcp.protocol.version", box_jsonrpc::era::STATELESS_VERSION);
+        } else {
+            span.set("mcp.session.id", self.id.as_str());
+            if let Some(version) = self.version.get() {
+                span.set("mcp.protocol.version", *version);
+            }
+        }
+        let id = match &request.id {
+            Value::String(id) => id.clone(),
+            id => id.to_string(),
+        };
+        span.set("jsonrpc.request.id", live.redactor.text(&id).into_owned());
+        span
+    }
+
     /// Route a request a unit answers: to the unit it is for, or answered by
     /// the host where the host holds the answer (the tool list read at
     /// start, an empty list in a session without a workspace unit).
     fn choose_unit(&self, live: &mut Live, mut request: Request, empty: Option<&'static str>) {
+        let parent = self.host_request_parent(&request.message);
         let message = std::mem::take(&mut request.message);
         match unit_for(live, &request.method, message, empty) {
             Ok(Route::Unit(unit, message)) => {
                 request.message = message;
                 self.forward(live, request, unit, Rewrite::None);
             }
-            // A stateless client's list has the session's own tools too.
-            Ok(Route::Answer(result)) if request.modern && request.method == "tools/list" => {
-                request.answer(live, Ok(stateless::with_session_tools(result)))
+            // Answered here: its span is the host's.
+            Ok(Route::Answer(result)) if self.services.tracer.is_on() => {
+                request.span = self.host_request_span(live, &request, parent.as_ref());
+                self.answer_listed(live, request, result);
             }
-            Ok(Route::Answer(result)) => request.answer(live, Ok(result)),
+            Ok(Route::Answer(result)) => self.answer_listed(live, request, result),
             Err(error) => request.answer(live, Err(error)),
         }
+    }
+
+    /// Answer a list the host holds.
+    fn answer_listed(&self, live: &mut Live, request: Request, result: Value) {
+        // A stateless client's list has the session's own tools too.
+        let result = if request.modern && request.method == "tools/list" {
+            stateless::with_session_tools(result)
+        } else {
+            result
+        };
+        request.answer(live, Ok(result))
     }
 
     fn client_other(&self, live: &mut Live, message: Value) {
