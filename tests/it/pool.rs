@@ -1414,3 +1414,157 @@ async fn a_pooled_egress_profile_serves_each_claimed_container_its_own_proxy() {
 async fn local_a_pooled_egress_profile_serves_each_claimed_unit_its_own_proxy() {
     a_pooled_egress_profile_serves_each_claim_its_own_proxy("local").await;
 }
+
+/// The egress socket directories under a host's runtime directory.
+fn egress_dirs(runtime: &Path) -> std::collections::BTreeSet<std::path::PathBuf> {
+    std::fs::read_dir(runtime.join("box/egress"))
+        .map(|entries| entries.map(|entry| entry.unwrap().path()).collect())
+        .unwrap_or_default()
+}
+
+/// A session on a warm egress unit: its proxy is served in the directory
+/// the pooled unit started with (kept in the session's state), so it
+/// survives `kill -9` of its host like a cold one (the new host serves the
+/// proxy again there); the host's stop removes its session's directory and
+/// its ready unit's.
+async fn a_warm_egress_session_survives_kill_9_and_fetches_again(backend: &str) {
+    const BODY: &str = "hello-warm-and-reattached";
+    let web = crate::support::http_server(BODY);
+    let (profiles, workspace) = setup();
+    std::fs::write(profiles.path().join("pooled.toml"), egress_profile(web)).unwrap();
+    let (state, instances) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let runtime = tempfile::tempdir().unwrap();
+    let instance = format!("e2e-pool-reegress-{backend}-{}", std::process::id());
+    let command = || {
+        let mut command = Command::new(box_bin());
+        command
+            .args(["serve", "--backend", backend, "--instance", &instance])
+            .args(["--profile", "pooled", "--pool", "pooled=1"])
+            .arg("--state")
+            .arg(state.path().join("sessions"))
+            .arg("--profiles")
+            .arg(profiles.path())
+            .arg("--workspace")
+            .arg(workspace.path())
+            .env("RUST_LOG", "warn")
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .env("BOX_INSTANCE_DIR", instances.path());
+        command
+    };
+    let http_host = HttpHost::on_a_free_port();
+    let child = http_host.serve(command()).await;
+    let mut host = Host {
+        host: http_host,
+        instance: instance.clone(),
+        child,
+    };
+    host.ready("pooled", 1).await;
+    // The ready unit's directory: made for it, mounted, no proxy yet.
+    let pooled = egress_dirs(runtime.path());
+    assert_eq!(pooled.len(), 1, "{pooled:?}");
+    let pooled = pooled.into_iter().next().unwrap();
+    assert_eq!(std::fs::read_dir(&pooled).unwrap().count(), 0);
+
+    let (session, answer) = host.host.initialize(json!({}), &[]).await;
+    let session = session.unwrap();
+    let answered = &answer["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"];
+    assert_eq!(answered["units"][0]["warm"], json!(true), "{answer}");
+    let secret = answered["session"]["secret"].as_str().unwrap().to_owned();
+    let record: Value = serde_json::from_str(
+        &std::fs::read_to_string(state.path().join(format!("sessions/{session}.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        record["units"][0]["egressDir"],
+        json!(pooled.to_str().unwrap()),
+        "the session's proxy is served where the pooled unit looks: {record}"
+    );
+    let before = fetch(&host, &session, "allowed.test", web).await;
+    assert!(before.contains(BODY), "{backend}: {before}");
+    host.ready("pooled", 1).await;
+    let first_host = egress_dirs(runtime.path());
+    assert_eq!(first_host.len(), 2, "{first_host:?}");
+
+    host.child.kill().unwrap();
+    host.child.wait().unwrap();
+    assert!(
+        pooled.is_dir(),
+        "a dead host leaves its session's directory"
+    );
+    host.child = host.host.serve(command()).await;
+    let ask = json!({"experimental": {EXECUTOR_KEY: {"box": {"reattach": {"session": session, "secret": secret}}}}});
+    let (again, answer) = host.host.initialize(ask, &[]).await;
+    assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
+    let after = fetch(&host, &session, "allowed.test", web).await;
+    assert!(
+        after.contains(BODY) && after.contains("status=200"),
+        "{backend}: {after}"
+    );
+    let denied = fetch(&host, &session, "denied.test", web).await;
+    assert!(denied.contains("status=403"), "{backend}: {denied}");
+    host.ready("pooled", 1).await;
+    let second_host: Vec<_> = egress_dirs(runtime.path())
+        .difference(&first_host)
+        .cloned()
+        .collect();
+    assert_eq!(second_host.len(), 1, "{second_host:?}");
+
+    assert!(host.stop().success());
+    assert!(!pooled.exists(), "the session's directory goes with it");
+    assert!(
+        !second_host[0].exists(),
+        "the ready unit's directory goes with the host's pool"
+    );
+    // The killed host's ready unit ends with its lease (a container removes
+    // itself; a local unit's record is `box gc`'s).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    if backend == "docker" {
+        loop {
+            let left = containers(&instance, None).await;
+            if left.is_empty() {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{left:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    } else {
+        loop {
+            let listed = Command::new(box_bin())
+                .args(["units", "ls", "--json", "--backend", "local", "--filter"])
+                .arg(format!("instance={instance}"))
+                .env("XDG_RUNTIME_DIR", runtime.path())
+                .output()
+                .unwrap();
+            let listed: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
+            if !listed.iter().any(|unit| unit["state"] == "running") {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{listed:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let gc = Command::new(box_bin())
+            .args(["gc", "--instance", &instance])
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .env("BOX_INSTANCE_DIR", instances.path())
+            .output()
+            .unwrap();
+        assert!(
+            gc.status.success(),
+            "{}",
+            String::from_utf8_lossy(&gc.stderr)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_egress_container_survives_kill_9_of_its_host_and_fetches_again() {
+    if !docker_answers().await {
+        return;
+    }
+    a_warm_egress_session_survives_kill_9_and_fetches_again("docker").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_warm_egress_unit_survives_kill_9_of_its_host_and_fetches_again() {
+    a_warm_egress_session_survives_kill_9_and_fetches_again("local").await;
+}
