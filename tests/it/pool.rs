@@ -954,7 +954,7 @@ async fn a_profiles_pool_table_keeps_warm_units_and_pool_0_overrides_it() {
 }
 
 /// A profile's `[pool]` the host cannot keep (its workspace network is
-/// egress) does not stop a host that serves every other profile: it keeps
+/// bridge, which joins a network made at its session's start) does not stop a host that serves every other profile: it keeps
 /// no pool for it, says why in a WARN line naming the profile's table (not
 /// a `--pool` flag nobody wrote), and its sessions start cold.
 #[tokio::test]
@@ -962,7 +962,7 @@ async fn a_pool_table_the_host_cannot_keep_is_skipped_and_named() {
     let (profiles, workspace) = setup();
     std::fs::write(
         profiles.path().join("pooled.toml"),
-        format!("{PROFILE}\n[network]\nmode = \"egress\"\nallow = [\"example.com\"]\n\n[pool]\nsize = 1\n"),
+        format!("{PROFILE}\n[network]\nmode = \"bridge\"\n\n[pool]\nsize = 1\n"),
     )
     .unwrap();
     let log = tempfile::NamedTempFile::new().unwrap();
@@ -994,12 +994,11 @@ async fn a_pool_table_the_host_cannot_keep_is_skipped_and_named() {
     assert!(!metrics.contains("box_pool_ready{"), "{metrics}");
     let (_, envelope) = host.session(json!({})).await;
     assert!(envelope.get("warm").is_none(), "{envelope}");
-    assert_eq!(envelope["network"]["mode"], "egress", "{envelope}");
     assert!(host.stop().success());
     let stderr = std::fs::read_to_string(log.path()).unwrap();
     assert!(
         stderr.lines().any(|line| line.contains("WARN")
-            && line.contains("profile pooled's [pool]: the profile's workspace network is egress")
+            && line.contains("profile pooled's [pool]: the profile's workspace network is bridge")
             && line.contains("its sessions start cold")),
         "{stderr}"
     );
@@ -1233,4 +1232,339 @@ async fn box_run_through_a_host_sends_its_token_and_names_a_host_not_there() {
         said.contains("is `box serve --listen` running there?"),
         "{said}"
     );
+}
+
+/// A pooled egress profile's unit: the pool's allow list names two pinned
+/// names of a server on 127.0.0.1; `denied.test` is pinned but not allowed.
+fn egress_profile(web: u16) -> String {
+    format!(
+        r#"description = "pool tests, egress"
+extends = "default"
+
+[workspace]
+image = "box-test-tools:latest"
+local_userland = "host"
+
+[network]
+mode = "egress"
+allow = ["allowed.test:{web}", "other.test:{web}"]
+hosts = {{ "allowed.test" = "127.0.0.1", "other.test" = "127.0.0.1", "denied.test" = "127.0.0.1" }}
+
+[operator]
+allow_dangerous = ["private-destinations"]
+"#
+    )
+}
+
+/// A fetch of `name` through a session's unit: curl's status and body.
+async fn fetch(host: &Host, session: &str, name: &str, web: u16) -> String {
+    host.bash(
+        session,
+        &format!(
+            "curl -sS -m 10 -w ' status=%{{http_code}}' http://{name}:{web}/; echo \" exit=$?\""
+        ),
+    )
+    .await
+}
+
+/// Issue 25: a profile whose workspace network is egress keeps a pool. A
+/// session claims a warm unit whose envelope equals a cold one's of the same
+/// plan; it reaches an allowed host through the proxy the claim served and
+/// is refused one the list does not name; a session whose plan narrows the
+/// list gets the narrower list; and the next session claimed from the pool
+/// has a proxy of its own (the first one's `box/network.set` narrowing does
+/// not reach it, its audit lines name it).
+async fn a_pooled_egress_profile_serves_each_claim_its_own_proxy(backend: &str) {
+    const BODY: &str = "hello-through-a-warm-proxy";
+    let web = crate::support::http_server(BODY);
+    let (profiles, workspace) = setup();
+    std::fs::write(profiles.path().join("pooled.toml"), egress_profile(web)).unwrap();
+    let audit = profiles.path().join("audit.jsonl");
+    let name = format!("{backend}-egress");
+    let host = Host::start_on(
+        backend,
+        &name,
+        profiles.path(),
+        workspace.path(),
+        Some("pooled=1"),
+        &[],
+        &["--audit", audit.to_str().unwrap()],
+    )
+    .await;
+    let cold_name = format!("{backend}-egress-cold");
+    let cold = Host::start_on(
+        backend,
+        &cold_name,
+        profiles.path(),
+        workspace.path(),
+        None,
+        &[],
+        &[],
+    )
+    .await;
+    host.ready("pooled", 1).await;
+
+    let (first, first_envelope) = host.session(json!({})).await;
+    assert_eq!(first_envelope["warm"], json!(true), "{first_envelope}");
+    assert_eq!(
+        first_envelope["network"]["mode"], "egress",
+        "{first_envelope}"
+    );
+    let allowed = fetch(&host, &first, "allowed.test", web).await;
+    assert!(
+        allowed.contains(BODY) && allowed.contains("status=200"),
+        "{backend}: {allowed}"
+    );
+    let denied = fetch(&host, &first, "denied.test", web).await;
+    assert!(
+        denied.contains("status=403") && !denied.contains(BODY),
+        "{backend}: {denied}"
+    );
+    // This session's proxy only: narrowed to the other name.
+    let narrowed = post(
+        host.address(),
+        Some(&first),
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 8, "method": "box/network.set",
+            "params": {"allow": [format!("other.test:{web}")]}}),
+    )
+    .await
+    .json();
+    assert_eq!(
+        narrowed["result"]["allow"],
+        json!([format!("other.test:{web}")]),
+        "{narrowed}"
+    );
+    let after = fetch(&host, &first, "allowed.test", web).await;
+    assert!(after.contains("status=403"), "{after}");
+    host.end_session(&first).await;
+
+    // The next claim, of a plan that narrows the list: the pool's other
+    // unit, its own proxy with the session's list.
+    host.ready("pooled", 1).await;
+    let tighten = json!({"network": {"allow": [format!("allowed.test:{web}")]}});
+    let (second, second_envelope) = host.session(json!({"tighten": tighten})).await;
+    assert_eq!(second_envelope["warm"], json!(true), "{second_envelope}");
+    assert_ne!(first_envelope["id"], second_envelope["id"]);
+    assert_eq!(
+        second_envelope["network"]["allow"],
+        json!([format!("allowed.test:{web}")]),
+        "{second_envelope}"
+    );
+    let allowed = fetch(&host, &second, "allowed.test", web).await;
+    assert!(
+        allowed.contains(BODY) && allowed.contains("status=200"),
+        "the first session's narrowing reached the second's proxy: {allowed}"
+    );
+    let other = fetch(&host, &second, "other.test", web).await;
+    assert!(
+        other.contains("status=403") && !other.contains(BODY),
+        "the session's narrower list does not hold: {other}"
+    );
+
+    // A cold unit of the same plan has the same envelope.
+    let (_, cold_envelope) = cold.session(json!({"tighten": tighten})).await;
+    assert!(cold_envelope.get("warm").is_none(), "{cold_envelope}");
+    assert_eq!(applied(&second_envelope), applied(&cold_envelope));
+
+    // Each proxy reported as its own session.
+    let lines: Vec<Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .filter(|line: &Value| line["kind"] == "egress")
+        .collect();
+    let seen = |session: &str, name: &str, outcome: &str| {
+        lines
+            .iter()
+            .filter(|line| {
+                line["session"] == json!(session)
+                    && line["host"] == json!(name)
+                    && line["decision"]["outcome"] == json!(outcome)
+            })
+            .count()
+    };
+    assert_eq!(seen(&first, "allowed.test", "allowed"), 1, "{lines:?}");
+    assert_eq!(seen(&first, "allowed.test", "refused"), 1, "{lines:?}");
+    assert_eq!(seen(&first, "denied.test", "refused"), 1, "{lines:?}");
+    assert_eq!(seen(&second, "allowed.test", "allowed"), 1, "{lines:?}");
+    assert_eq!(seen(&second, "other.test", "refused"), 1, "{lines:?}");
+    assert_eq!(lines.len(), 5, "{lines:?}");
+
+    for host in [host, cold] {
+        let instance = host.instance.clone();
+        assert!(host.stop().success());
+        if backend == "docker" {
+            assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+        } else {
+            assert_eq!(running_local_units(&instance), Vec::new());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pooled_egress_profile_serves_each_claimed_container_its_own_proxy() {
+    if !docker_answers().await {
+        return;
+    }
+    a_pooled_egress_profile_serves_each_claim_its_own_proxy("docker").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_pooled_egress_profile_serves_each_claimed_unit_its_own_proxy() {
+    a_pooled_egress_profile_serves_each_claim_its_own_proxy("local").await;
+}
+
+/// The egress socket directories under a host's runtime directory.
+fn egress_dirs(runtime: &Path) -> std::collections::BTreeSet<std::path::PathBuf> {
+    std::fs::read_dir(runtime.join("box/egress"))
+        .map(|entries| entries.map(|entry| entry.unwrap().path()).collect())
+        .unwrap_or_default()
+}
+
+/// A session on a warm egress unit: its proxy is served in the directory
+/// the pooled unit started with (kept in the session's state), so it
+/// survives `kill -9` of its host like a cold one (the new host serves the
+/// proxy again there); the host's stop removes its session's directory and
+/// its ready unit's.
+async fn a_warm_egress_session_survives_kill_9_and_fetches_again(backend: &str) {
+    const BODY: &str = "hello-warm-and-reattached";
+    let web = crate::support::http_server(BODY);
+    let (profiles, workspace) = setup();
+    std::fs::write(profiles.path().join("pooled.toml"), egress_profile(web)).unwrap();
+    let (state, instances) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let runtime = tempfile::tempdir().unwrap();
+    let instance = format!("e2e-pool-reegress-{backend}-{}", std::process::id());
+    let command = || {
+        let mut command = Command::new(box_bin());
+        command
+            .args(["serve", "--backend", backend, "--instance", &instance])
+            .args(["--profile", "pooled", "--pool", "pooled=1"])
+            .arg("--state")
+            .arg(state.path().join("sessions"))
+            .arg("--profiles")
+            .arg(profiles.path())
+            .arg("--workspace")
+            .arg(workspace.path())
+            .env("RUST_LOG", "warn")
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .env("BOX_INSTANCE_DIR", instances.path());
+        command
+    };
+    let http_host = HttpHost::on_a_free_port();
+    let child = http_host.serve(command()).await;
+    let mut host = Host {
+        host: http_host,
+        instance: instance.clone(),
+        child,
+    };
+    host.ready("pooled", 1).await;
+    // The ready unit's directory: made for it, mounted, no proxy yet.
+    let pooled = egress_dirs(runtime.path());
+    assert_eq!(pooled.len(), 1, "{pooled:?}");
+    let pooled = pooled.into_iter().next().unwrap();
+    assert_eq!(std::fs::read_dir(&pooled).unwrap().count(), 0);
+
+    let (session, answer) = host.host.initialize(json!({}), &[]).await;
+    let session = session.unwrap();
+    let answered = &answer["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"];
+    assert_eq!(answered["units"][0]["warm"], json!(true), "{answer}");
+    let secret = answered["session"]["secret"].as_str().unwrap().to_owned();
+    let record: Value = serde_json::from_str(
+        &std::fs::read_to_string(state.path().join(format!("sessions/{session}.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        record["units"][0]["egressDir"],
+        json!(pooled.to_str().unwrap()),
+        "the session's proxy is served where the pooled unit looks: {record}"
+    );
+    let before = fetch(&host, &session, "allowed.test", web).await;
+    assert!(before.contains(BODY), "{backend}: {before}");
+    host.ready("pooled", 1).await;
+    let first_host = egress_dirs(runtime.path());
+    assert_eq!(first_host.len(), 2, "{first_host:?}");
+
+    host.child.kill().unwrap();
+    host.child.wait().unwrap();
+    assert!(
+        pooled.is_dir(),
+        "a dead host leaves its session's directory"
+    );
+    host.child = host.host.serve(command()).await;
+    let ask = json!({"experimental": {EXECUTOR_KEY: {"box": {"reattach": {"session": session, "secret": secret}}}}});
+    let (again, answer) = host.host.initialize(ask, &[]).await;
+    assert_eq!(again.as_deref(), Some(session.as_str()), "{answer}");
+    let after = fetch(&host, &session, "allowed.test", web).await;
+    assert!(
+        after.contains(BODY) && after.contains("status=200"),
+        "{backend}: {after}"
+    );
+    let denied = fetch(&host, &session, "denied.test", web).await;
+    assert!(denied.contains("status=403"), "{backend}: {denied}");
+    host.ready("pooled", 1).await;
+    let second_host: Vec<_> = egress_dirs(runtime.path())
+        .difference(&first_host)
+        .cloned()
+        .collect();
+    assert_eq!(second_host.len(), 1, "{second_host:?}");
+
+    assert!(host.stop().success());
+    assert!(!pooled.exists(), "the session's directory goes with it");
+    assert!(
+        !second_host[0].exists(),
+        "the ready unit's directory goes with the host's pool"
+    );
+    // The killed host's ready unit ends with its lease (a container removes
+    // itself; a local unit's record is `box gc`'s).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    if backend == "docker" {
+        loop {
+            let left = containers(&instance, None).await;
+            if left.is_empty() {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{left:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    } else {
+        loop {
+            let listed = Command::new(box_bin())
+                .args(["units", "ls", "--json", "--backend", "local", "--filter"])
+                .arg(format!("instance={instance}"))
+                .env("XDG_RUNTIME_DIR", runtime.path())
+                .output()
+                .unwrap();
+            let listed: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
+            if !listed.iter().any(|unit| unit["state"] == "running") {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{listed:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let gc = Command::new(box_bin())
+            .args(["gc", "--instance", &instance])
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .env("BOX_INSTANCE_DIR", instances.path())
+            .output()
+            .unwrap();
+        assert!(
+            gc.status.success(),
+            "{}",
+            String::from_utf8_lossy(&gc.stderr)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_egress_container_survives_kill_9_of_its_host_and_fetches_again() {
+    if !docker_answers().await {
+        return;
+    }
+    a_warm_egress_session_survives_kill_9_and_fetches_again("docker").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_warm_egress_unit_survives_kill_9_of_its_host_and_fetches_again() {
+    a_warm_egress_session_survives_kill_9_and_fetches_again("local").await;
 }

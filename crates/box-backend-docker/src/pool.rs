@@ -32,6 +32,9 @@ pub(crate) struct PoolDetail {
     pub(crate) run_dir: PathBuf,
     /// The session label its pool started it under (`pool-N`).
     pub(crate) pool_session: String,
+    /// Its egress socket's directory, mounted at its start (an egress
+    /// profile's pool): the session's proxy is served there at the claim.
+    pub(crate) egress: Option<box_backend::EgressWiring>,
     /// The limits it started with: memory, CPUs, pids.
     pub(crate) limits: (u64, f64, u64),
     /// The engine's view of it once started (its envelope's source while
@@ -79,6 +82,7 @@ impl DockerBackend {
         };
         let (mut started, detail) = unit.detail::<PoolDetail>(name, "docker")?;
         let id = started.envelope.id.clone();
+        let wiring = box_backend::pool::bound_wiring(detail.egress.as_ref(), spec)?;
         // The session's environment and secrets, as a cold start would set them.
         let environment = unit_env(spec, std::env::vars_os(), &detail.image_env);
         let env_passed = environment.passed();
@@ -91,12 +95,7 @@ impl DockerBackend {
         env.retain(|(name, _)| name != "HOSTNAME");
         env.push(("HOSTNAME".to_owned(), body::truncate_hostname(&spec.name)));
         let bind = Bind {
-            spec: body::unit_executor_spec(
-                spec,
-                &UnitWiring::default(),
-                &detail.home,
-                &detail.volume_targets,
-            ),
+            spec: body::unit_executor_spec(spec, &wiring, &detail.home, &detail.volume_targets),
             env,
             secrets: environment.secrets.into_iter().collect(),
             // The engine sets a docker unit's limits (its cgroup).

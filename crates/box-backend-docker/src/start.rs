@@ -322,6 +322,7 @@ impl DockerBackend {
             home: init.home.path.clone(),
             volume_targets: volume_targets.clone(),
             run_dir: run_dir.path().to_owned(),
+            egress: wiring.egress.clone(),
             limits: (spec.limits.memory_bytes, spec.limits.cpus, spec.limits.pids),
             inspect: None,
             pool_session: session.session.clone(),

@@ -112,8 +112,16 @@ async fn bind_unit(unit: PooledUnit, spec: &UnitSpec) -> Result<StartedUnit, Bac
     // memory and pids a session may lower; the rest is the pool's key).
     let rlimits = Rlimits::from_limits(&spec.limits);
     let narrower = rlimits != sandbox_spec.rlimits;
+    // The egress socket's directory the helper bound in at the start.
+    let started_with = sandbox_spec
+        .egress
+        .as_ref()
+        .map(|egress| box_backend::EgressWiring {
+            socket_dir: egress.socket_dir.clone(),
+        });
+    let wiring = box_backend::pool::bound_wiring(started_with.as_ref(), spec)?;
     let bind = Bind {
-        spec: executor_spec(spec, &layout, &UnitWiring::default()),
+        spec: executor_spec(spec, &layout, &wiring),
         env,
         secrets: environment.secrets.iter().cloned().collect(),
         rlimits: narrower.then(|| bind_rlimits(&rlimits)),

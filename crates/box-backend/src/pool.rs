@@ -8,10 +8,16 @@
 //! (`BIND_ON_STDIN_VAR`) before it confines itself or serves anything. What a
 //! running unit cannot change (image, runtime, user, network mode, mounts)
 //! is fixed when it starts; the rest reaches it at the claim.
+//!
+//! A pooled unit of an egress profile starts with its egress socket's
+//! directory mounted, empty: the host serves the session's proxy there at
+//! the claim, and the bind line's flags start the executor's bridge
+//! ([`bound_wiring`]).
 
 use futures::future::BoxFuture;
 
-use crate::{BackendError, SessionLabel, StartedUnit, UnitSpec, UnitWiring};
+use crate::{BackendError, EgressWiring, SessionLabel, StartedUnit, UnitSpec, UnitWiring};
+use box_policy::plan::NetworkMode;
 
 /// The label a pooled unit carries from its start: the profile whose pool
 /// started it (`box units ls` marks it). Engines cannot relabel a running
@@ -111,6 +117,40 @@ pub trait Pooling: Send + Sync {
         session: &'a SessionLabel,
         spec: &'a UnitSpec,
     ) -> BoxFuture<'a, Result<StartedUnit, BackendError>>;
+}
+
+/// What a pooled unit started with `egress` (its egress socket's directory,
+/// mounted at its start, or none) has wired in for the session's `spec`: the
+/// wiring its bind line's executor flags are written from, so an egress
+/// session's executor bridges the socket as a cold one's does. A session
+/// whose network is egress on a unit with no directory would have no way
+/// out; one whose network is not egress on a unit with one would have a way
+/// out it did not ask for: both are refused (the host's pool key keeps the
+/// network mode equal).
+pub fn bound_wiring(
+    egress: Option<&EgressWiring>,
+    spec: &UnitSpec,
+) -> Result<UnitWiring, BackendError> {
+    match (spec.network.mode, egress) {
+        (NetworkMode::Egress, Some(egress)) => Ok(UnitWiring {
+            egress: Some(egress.clone()),
+            ..UnitWiring::default()
+        }),
+        (NetworkMode::Egress, None) => Err(BackendError::Unenforceable {
+            unit: spec.name.clone(),
+            control: "network egress allow list".to_owned(),
+            why: "the pooled unit was started without an egress socket directory".to_owned(),
+        }),
+        (NetworkMode::None | NetworkMode::Bridge, Some(_)) => Err(BackendError::Other {
+            unit: spec.name.clone(),
+            doing: "binding a pooled unit".to_owned(),
+            message: format!(
+                "the pooled unit has an egress socket directory, and the session's network is {}",
+                spec.network.mode.as_str()
+            ),
+        }),
+        (NetworkMode::None | NetworkMode::Bridge, None) => Ok(UnitWiring::default()),
+    }
 }
 
 #[cfg(test)]

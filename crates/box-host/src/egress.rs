@@ -20,7 +20,6 @@ use box_egress::{
 use box_policy::plan::{NetworkMode, UnitSpec};
 use serde_json::{Value, json};
 
-use crate::HostConfig;
 use crate::audit::Audit;
 use crate::metrics::Metrics;
 
@@ -135,38 +134,94 @@ impl Drop for ProxyRuntime {
     }
 }
 
+/// An egress socket directory of the host's own (under its runtime
+/// directory, mode 0755: the unit's user, any uid, must reach the socket
+/// through the mount; it is mounted into one unit only and holds nothing
+/// else), removed when dropped unless a proxy took it
+/// ([`EgressProxy::serve_prepared`]).
+#[derive(Debug)]
+pub struct EgressDir(Option<PathBuf>);
+
+impl EgressDir {
+    /// A new, empty directory under `runtime_dir`'s `egress`.
+    pub fn make(runtime_dir: &Path) -> Result<Self, String> {
+        let parent = runtime_dir.join("egress");
+        create_private_dir(&parent)?;
+        let dir = parent.join(format!("{:032x}", rand::random::<u128>()));
+        std::fs::create_dir(&dir)
+            .map_err(|error| format!("creating {}: {error}", dir.display()))?;
+        let made = Self(Some(dir));
+        std::fs::set_permissions(made.path(), std::fs::Permissions::from_mode(0o755)).map_err(
+            |error| {
+                format!(
+                    "starting the egress proxy: {}: {error}",
+                    made.path().display()
+                )
+            },
+        )?;
+        Ok(made)
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        self.0.as_deref().unwrap_or(Path::new(""))
+    }
+
+    /// What the backend mounts into a unit.
+    pub fn wiring(&self) -> EgressWiring {
+        EgressWiring {
+            socket_dir: self.path().to_owned(),
+        }
+    }
+
+    /// Left in place: its proxy removes it.
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for EgressDir {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take()
+            && let Err(error) = std::fs::remove_dir_all(&dir)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %dir.display(), %error, "removing an egress socket directory");
+        }
+    }
+}
+
 /// Where the host keeps its sockets (`box_backend::default_runtime_dir`).
 pub fn default_runtime_dir() -> PathBuf {
     box_backend::default_runtime_dir()
 }
 
 impl EgressProxy {
-    /// Start the proxy of `spec` (a unit whose network is egress) for `session`:
-    /// its socket bound and served before the unit starts, so the unit's first
-    /// connection finds it.
+    /// Start the proxy of `spec` (a unit whose network is egress) for `session`,
+    /// in a new directory under `runtime_dir`: its socket bound and served
+    /// before the unit starts, so the unit's first connection finds it.
     pub fn start(
-        config: &HostConfig,
+        runtime_dir: &Path,
         services: ProxyServices<'_>,
         session: &str,
         spec: &UnitSpec,
     ) -> Result<Self, String> {
-        let parent = config.runtime_dir.join("egress");
-        create_private_dir(&parent)?;
-        let dir = parent.join(format!("{:032x}", rand::random::<u128>()));
-        std::fs::create_dir(&dir)
-            .map_err(|error| format!("creating {}: {error}", dir.display()))?;
-        // The unit's user (any uid) must reach the socket through the mount; the
-        // directory is mounted into this unit only and holds nothing else.
-        if let Err(error) = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)) {
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(format!(
-                "starting the egress proxy: {}: {error}",
-                dir.display()
-            ));
-        }
-        Self::serve_in(services, session, spec, dir.clone()).inspect_err(|_| {
-            let _ = std::fs::remove_dir_all(&dir);
-        })
+        Self::serve_prepared(services, session, spec, EgressDir::make(runtime_dir)?)
+    }
+
+    /// Serve the proxy of `spec` for `session` in `dir`, made empty for it
+    /// (a pooled unit's, mounted when the unit started; the claim serves the
+    /// session's proxy there). The proxy owns the directory from now on; if
+    /// it cannot be served, the directory is removed.
+    pub fn serve_prepared(
+        services: ProxyServices<'_>,
+        session: &str,
+        spec: &UnitSpec,
+        dir: EgressDir,
+    ) -> Result<Self, String> {
+        let proxy = Self::serve_in(services, session, spec, dir.path().to_owned())?;
+        dir.keep();
+        Ok(proxy)
     }
 
     /// Serve the proxy of `spec` again in `dir`, the socket directory a dead
@@ -584,7 +639,7 @@ mod tests {
     async fn a_proxy_is_served_again_only_in_the_hosts_own_directory() {
         use std::os::unix::fs::MetadataExt as _;
         let runtime = tempfile::tempdir().unwrap();
-        let mut config = HostConfig::new(
+        let mut config = crate::HostConfig::new(
             box_policy::profile::Catalog::only(Vec::new()),
             crate::tests::facts(),
         );
@@ -596,7 +651,8 @@ mod tests {
         spec.network.mode = NetworkMode::Egress;
         spec.network.allow = vec!["example.test".to_owned()];
 
-        let first = EgressProxy::start(&config, services.proxies(), "s", &spec).unwrap();
+        let first =
+            EgressProxy::start(&config.runtime_dir, services.proxies(), "s", &spec).unwrap();
         let dir = first.dir().to_owned();
         assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o7777, 0o755);
         first.keep_dir();

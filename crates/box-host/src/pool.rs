@@ -5,12 +5,15 @@
 //! anything).
 //!
 //! A pool holds units of its profile's workspace unit as resolved with no
-//! tightening (network `none`: a profile whose workspace has another
-//! network mode is refused at start). What a running unit cannot change is
-//! its key: [`fits`] says why a plan does not fit, and that unit then starts
-//! cold, its envelope saying `warm: false` and why. A claimed unit serves one
-//! session and is removed with it, never returned; each claim wakes the
-//! pool's refill, which starts one unit at a time.
+//! tightening (network `none` or `egress`: a profile whose workspace's
+//! network is `bridge` is refused at start). A pooled unit of an egress
+//! profile starts with its egress socket's directory mounted, empty; the
+//! claim serves the session's proxy there (its policy the session's plan's),
+//! and the bind line starts the executor's bridge. What a running unit
+//! cannot change is its key: [`fits`] says why a plan does not fit, and that
+//! unit then starts cold, its envelope saying `warm: false` and why. A
+//! claimed unit serves one session and is removed with it, never returned;
+//! each claim wakes the pool's refill, which starts one unit at a time.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -23,6 +26,7 @@ use box_policy::envelope::Warm;
 use box_policy::plan::{NetworkMode, Role, UnitSpec};
 use tokio_util::sync::CancellationToken;
 
+use crate::egress::{EgressDir, EgressProxy, ProxyServices};
 use crate::ledger::{Ledger, Tracked};
 use crate::metrics::Metrics;
 use crate::{HostConfig, PoolAsk};
@@ -39,6 +43,8 @@ pub struct PoolServices<'a> {
     pub ledger: &'a Ledger,
     /// `/metrics`.
     pub metrics: &'a Metrics,
+    /// What a claimed egress unit's proxy runs on and reports to.
+    pub proxies: ProxyServices<'a>,
 }
 
 /// How long a pool waits after a failed start before it tries again.
@@ -75,6 +81,10 @@ struct Ready {
     key: u64,
     /// Cancelled when a session claims it: its pool stops watching its end.
     claimed: CancellationToken,
+    /// Its egress socket's directory (an egress profile's pool), mounted
+    /// into it and empty until a claim serves the session's proxy there;
+    /// removed with the unit when no session claims it.
+    egress: Option<EgressDir>,
 }
 
 /// A ready unit's end as its pool watches it: `Some(key)` when the unit
@@ -84,8 +94,9 @@ type Watch = futures::future::BoxFuture<'static, Option<u64>>;
 
 /// What a claim gave.
 pub enum Claim {
-    /// A warm unit, bound to the session's plan.
-    Warm(Box<StartedUnit>),
+    /// A warm unit, bound to the session's plan, and its egress proxy,
+    /// serving the session's policy (a unit whose network is egress).
+    Warm(Box<StartedUnit>, Option<EgressProxy>),
     /// No pooled unit serves this unit: why (the envelope's `warmWhy`),
     /// and a unit whose bind failed, for the caller to remove.
     Cold(String, Option<Tracked>),
@@ -238,12 +249,21 @@ fn made_pool(
             ask.named()
         );
     };
-    if spec.network.mode != NetworkMode::None {
+    if spec.network.mode == NetworkMode::Bridge {
         anyhow::bail!(
-            "{}: the profile's workspace network is {}; pooled units start with network none (egress is not attached at a claim yet)",
-            ask.named(),
-            spec.network.mode.as_str()
+            "{}: the profile's workspace network is bridge; pooled units start with network none or egress (a bridge unit joins its session's own network, made when the session starts)",
+            ask.named()
         );
+    }
+    if spec.network.mode == NetworkMode::Egress {
+        let wants = box_backend::Wants {
+            egress_socket: true,
+            ..box_backend::Wants::default()
+        };
+        backend
+            .capabilities()
+            .refuse(backend.kind(), &spec.name, wants)
+            .map_err(|refusal| anyhow::anyhow!("{}: {refusal}", ask.named()))?;
     }
     if made.iter().any(|pool| pool.profile == ask.profile) {
         anyhow::bail!("{}: the profile is named twice", ask.named());
@@ -406,9 +426,22 @@ async fn start_one(
         session: format!("pool-{number}"),
         profile: pool.profile.clone(),
     };
+    // An egress unit's socket directory, mounted at its start as a cold
+    // one's is: the unit's shape is the same, its proxy served at the claim.
+    let egress = if pool.spec.network.mode == NetworkMode::Egress {
+        let dir = EgressDir::make(&config.runtime_dir).map_err(|message| BackendError::Other {
+            unit: pool.spec.name.clone(),
+            doing: "making its egress socket directory".to_owned(),
+            message,
+        })?;
+        Some(dir)
+    } else {
+        None
+    };
     let key = services.ledger.starting(&label.session, &pool.spec.name);
     let wiring = UnitWiring {
         runtime_dir: Some(config.runtime_dir.clone()),
+        egress: egress.as_ref().map(EgressDir::wiring),
         ..UnitWiring::default()
     };
     match pooling.start_pooled(&label, &pool.spec, &wiring).await {
@@ -418,6 +451,7 @@ async fn start_one(
                 unit,
                 key,
                 claimed: CancellationToken::new(),
+                egress,
             })
         }
         Err(error) => {
@@ -428,7 +462,10 @@ async fn start_one(
 }
 
 /// Claim a ready unit for `spec` of the session `label`, and bind it; the
-/// ledger's entry moves to the session (`key`, which the caller took).
+/// ledger's entry moves to the session (`key`, which the caller took). A
+/// unit whose network is egress gets its proxy here, in the pooled unit's
+/// directory (`wiring` has none: a cold start's proxy is started after a
+/// claim that gives no unit).
 pub async fn claim(
     services: PoolServices<'_>,
     label: &SessionLabel,
@@ -445,14 +482,10 @@ pub async fn claim(
     if spec.role != Role::Workspace {
         return Claim::Cold("pools keep workspace units only".to_owned(), None);
     }
-    if wiring.egress.is_some()
-        || !wiring.masks.is_empty()
-        || wiring.objects.is_some()
-        || wiring.parent.is_some()
-    {
+    if !wiring.masks.is_empty() || wiring.objects.is_some() || wiring.parent.is_some() {
         services.metrics.pool_claim("unfit");
         return Claim::Cold(
-            "the unit is wired to the host's resources at its start (an egress proxy, masked files, a fork's objects)"
+            "the unit is wired to the host's resources at its start (masked files, a fork's objects)"
                 .to_owned(),
             None,
         );
@@ -475,6 +508,7 @@ pub async fn claim(
         unit,
         key: pooled,
         claimed,
+        egress,
     }) = taken
     else {
         services.metrics.pool_claim("empty");
@@ -488,6 +522,27 @@ pub async fn claim(
     };
     claimed.cancel();
     let id = unit.id().to_owned();
+    // The session's proxy, with its policy, where the unit's bridge will
+    // connect: served before the executor is bound, so its first
+    // connection finds it.
+    let proxy = match (spec.network.mode, egress) {
+        (NetworkMode::Egress, Some(dir)) => {
+            match EgressProxy::serve_prepared(services.proxies, &label.session, spec, dir) {
+                Ok(proxy) => Some(proxy),
+                Err(error) => {
+                    services.metrics.pool_claim("failed");
+                    tracing::warn!(id, %error, "serving a pooled unit's egress proxy failed; removing it, starting cold");
+                    return Claim::Cold(
+                        format!("serving the pooled unit's egress proxy failed: {error}"),
+                        Some(Tracked { key: pooled, id }),
+                    );
+                }
+            }
+        }
+        // The backend's bind refuses a unit whose egress directory does not
+        // match the session's network (the pool key keeps them equal).
+        (_, _) => None,
+    };
     match pooling.bind(unit, label, spec).await {
         Ok(mut started) => {
             // The ledger's entry moves to the session.
@@ -507,7 +562,7 @@ pub async fn claim(
                 warm_why: None,
                 pool_session: None,
             });
-            Claim::Warm(Box::new(started))
+            Claim::Warm(Box::new(started), proxy)
         }
         Err(error) => {
             services.metrics.pool_claim("failed");
@@ -579,6 +634,12 @@ pub fn fits(pool: &UnitSpec, session: &UnitSpec) -> Result<(), String> {
     bound.env_secrets = pool.env_secrets.clone();
     bound.env_secrets_as_env = pool.env_secrets_as_env.clone();
     bound.description = pool.description.clone();
+    // An egress unit's policy is its proxy's, served at the claim: the
+    // session's may only narrow the pool's.
+    if session.network.mode == NetworkMode::Egress && pool.network.mode == NetworkMode::Egress {
+        egress_within(&session.network, &pool.network)?;
+        bound.network = pool.network.clone();
+    }
     if bound == *pool {
         return Ok(());
     }
@@ -614,4 +675,123 @@ pub fn fits(pool: &UnitSpec, session: &UnitSpec) -> Result<(), String> {
             fields.join(", ")
         )
     })
+}
+
+/// Whether an egress session's network (`session`) is nowhere wider than
+/// its pool's, whose proxy policy a claim replaces with it, else the field
+/// that is.
+fn egress_within(
+    session: &box_policy::plan::Network,
+    pool: &box_policy::plan::Network,
+) -> Result<(), String> {
+    if !session.is_within(pool) {
+        return Err(format!(
+            "network.allow [{}] is wider than the pool's [{}]",
+            session.allow.join(", "),
+            pool.allow.join(", ")
+        ));
+    }
+    if let Some((name, address)) = session
+        .hosts
+        .iter()
+        .find(|(name, address)| pool.hosts.get(*name) != Some(address))
+    {
+        return Err(format!(
+            "network.hosts pins {name} to {address}, which the pool's do not"
+        ));
+    }
+    if session.private_destinations && !pool.private_destinations {
+        return Err("network: private destinations are allowed, and not in the pool's".to_owned());
+    }
+    if session.max_connections > pool.max_connections {
+        return Err(format!(
+            "network.max_connections {} is wider than the pool's {}",
+            session.max_connections, pool.max_connections
+        ));
+    }
+    let wider = match (session.bytes_per_second, pool.bytes_per_second) {
+        (_, None) => false,
+        (None, Some(_)) => true,
+        (Some(asked), Some(pooled)) => asked > pooled,
+    };
+    if wider {
+        let show =
+            |rate: Option<u64>| rate.map_or("no cap".to_owned(), |rate| format!("{rate} bytes/s"));
+        return Err(format!(
+            "network.bandwidth {} is wider than the pool's {}",
+            show(session.bytes_per_second),
+            show(pool.bytes_per_second)
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The default profile's workspace unit, its network egress to two names.
+    fn egress_unit() -> UnitSpec {
+        let catalog = box_policy::profile::Catalog::only(Vec::new());
+        let profile = catalog.load("default").unwrap();
+        let plan =
+            box_policy::plan::resolve(&profile, &serde_json::Value::Null, &crate::tests::facts())
+                .unwrap();
+        let mut spec = plan.units[0].clone();
+        spec.network.mode = NetworkMode::Egress;
+        spec.network.allow = vec!["a.test:8080".to_owned(), "b.test".to_owned()];
+        spec.network
+            .hosts
+            .insert("a.test".to_owned(), [127, 0, 0, 1].into());
+        spec.network.private_destinations = true;
+        spec.network.max_connections = 256;
+        spec
+    }
+
+    /// An egress session fits its profile's pool with any narrower policy
+    /// (the claim serves its proxy with it); a wider one, or another network
+    /// mode, does not, and the field is named.
+    #[test]
+    fn an_egress_sessions_policy_is_late_bound_and_only_narrows() {
+        let pool = egress_unit();
+        assert_eq!(fits(&pool, &pool), Ok(()));
+        let mut narrower = pool.clone();
+        narrower.network.allow = vec!["a.test:8080".to_owned()];
+        narrower.network.hosts.clear();
+        narrower.network.max_connections = 4;
+        narrower.network.bytes_per_second = Some(1 << 20);
+        assert_eq!(fits(&pool, &narrower), Ok(()));
+
+        let refused = |change: &dyn Fn(&mut UnitSpec), field: &str| {
+            let mut session = pool.clone();
+            change(&mut session);
+            let why = fits(&pool, &session).unwrap_err();
+            assert!(why.contains(field), "{field}: {why}");
+        };
+        refused(
+            &|spec| spec.network.allow.push("c.test".to_owned()),
+            "network.allow",
+        );
+        refused(
+            &|spec| {
+                spec.network
+                    .hosts
+                    .insert("a.test".to_owned(), [10, 0, 0, 1].into());
+            },
+            "network.hosts",
+        );
+        refused(
+            &|spec| spec.network.max_connections = 257,
+            "network.max_connections",
+        );
+        refused(&|spec| spec.network.mode = NetworkMode::None, "network");
+        let mut capped = pool.clone();
+        capped.network.bytes_per_second = Some(1 << 20);
+        let why = fits(&capped, &pool).unwrap_err();
+        assert!(why.contains("network.bandwidth no cap"), "{why}");
+        let mut private = pool.clone();
+        private.network.private_destinations = false;
+        let why = fits(&private, &pool).unwrap_err();
+        assert!(why.contains("private destinations"), "{why}");
+    }
 }

@@ -138,6 +138,7 @@ impl Services {
             backend: self.backend.as_ref(),
             ledger: &self.ledger,
             metrics: &self.metrics,
+            proxies: self.proxies(),
         }
     }
 

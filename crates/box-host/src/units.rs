@@ -16,7 +16,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::ledger::{Removal, Tracked};
 use crate::{HostConfig, Services};
-use box_backend::{Backend, BackendError, ObjectsWiring, SessionLabel, StartedUnit, UnitEnd};
+use box_backend::{
+    Backend, BackendError, ObjectsWiring, SessionLabel, StartedUnit, UnitEnd, UnitWiring,
+};
 use box_jsonrpc::lines::{Line, LineReader, MAX_MESSAGE_BYTES, write_line};
 use box_jsonrpc::{self as jsonrpc, Kind, classify};
 use box_policy::plan::{NetworkMode, UnitSpec};
@@ -187,31 +189,15 @@ pub async fn start_units(
             .map_err(|refusal| StartFailure::Backend(refusal.into()))?;
     }
     let deadline = tokio::time::Instant::now() + timeout;
-    // Each egress unit's proxy listens before its unit starts; dropped (stopped,
-    // its socket removed) if the session does not start.
-    let mut proxies = Vec::new();
-    for spec in specs {
-        if spec.network.mode == NetworkMode::Egress {
-            let proxy = EgressProxy::start(config, services.proxies(), &label.session, spec)
-                .map_err(|message| {
-                    StartFailure::Backend(BackendError::Other {
-                        unit: spec.name.clone(),
-                        doing: "starting its egress proxy".to_owned(),
-                        message,
-                    })
-                })?;
-            proxies.push(proxy);
-        }
-    }
     let mut starts = Vec::new();
     for spec in specs {
         let key = services.ledger.starting(&label.session, &spec.name);
-        let mut wiring = proxies
-            .iter()
-            .find(|proxy| proxy.unit == spec.name)
-            .map(EgressProxy::wiring)
-            .unwrap_or_default();
-        wiring.runtime_dir = Some(config.runtime_dir.clone());
+        // The egress proxy is the unit's start's: a claimed unit's is served in
+        // the pooled unit's directory, a cold one's in a new one.
+        let mut wiring = UnitWiring {
+            runtime_dir: Some(config.runtime_dir.clone()),
+            ..UnitWiring::default()
+        };
         if spec.role == box_policy::plan::Role::Workspace {
             // Only a workspace unit has a fork's files, or masks over them.
             wiring.objects = objects.cloned();
@@ -257,7 +243,7 @@ pub async fn start_units(
             match &claim {
                 // No pool was asked: nothing was claimed.
                 crate::pool::Claim::NoPools => claiming.discard(),
-                crate::pool::Claim::Warm(_) => {
+                crate::pool::Claim::Warm(..) => {
                     claiming.set("box.pool.warm", true);
                     claiming.end();
                 }
@@ -266,28 +252,52 @@ pub async fn start_units(
                     claiming.end();
                 }
             }
-            let result = match claim {
-                crate::pool::Claim::Warm(unit) => {
+            let why = match claim {
+                crate::pool::Claim::Warm(unit, proxy) => {
                     audit_claim(&services, &label, &spec, Some(&unit.envelope.id), None);
                     span.set("box.pool.warm", true);
                     span.set_with("box.unit.id", || unit.envelope.id.clone());
-                    return Ok(*unit);
+                    return Ok((*unit, proxy));
                 }
-                crate::pool::Claim::NoPools => {
-                    services.backend.start_wired(&label, &spec, &wiring).await
-                }
+                crate::pool::Claim::NoPools => None,
                 crate::pool::Claim::Cold(why, unbound) => {
                     audit_claim(&services, &label, &spec, None, Some(&why));
                     if let Some(unbound) = unbound {
                         remove_until_gone(&services, vec![unbound]).await;
                     }
-                    services
-                        .backend
-                        .start_wired(&label, &spec, &wiring)
-                        .await
-                        .map(|unit| crate::pool::cold(unit, why))
+                    Some(why)
                 }
             };
+            // A cold egress unit's proxy listens before its unit starts;
+            // dropped (stopped, its directory removed) if the start fails.
+            let proxy = if spec.network.mode == NetworkMode::Egress {
+                let runtime_dir = wiring.runtime_dir.clone().unwrap_or_default();
+                match EgressProxy::start(&runtime_dir, services.proxies(), &label.session, &spec) {
+                    Ok(proxy) => {
+                        wiring.egress = proxy.wiring().egress;
+                        Some(proxy)
+                    }
+                    Err(message) => {
+                        span.set_error("start_failed");
+                        services.ledger.gone(key);
+                        return Err(BackendError::Other {
+                            unit: spec.name.clone(),
+                            doing: "starting its egress proxy".to_owned(),
+                            message,
+                        });
+                    }
+                }
+            } else {
+                None
+            };
+            let result = services
+                .backend
+                .start_wired(&label, &spec, &wiring)
+                .await
+                .map(|unit| match why {
+                    Some(why) => crate::pool::cold(unit, why),
+                    None => unit,
+                });
             match &result {
                 Ok(unit) => {
                     span.set_with("box.unit.id", || unit.envelope.id.clone());
@@ -299,16 +309,21 @@ pub async fn start_units(
                     services.ledger.gone(key);
                 }
             }
-            result
+            result.map(|unit| (unit, proxy))
         });
         starts.push((key, task));
     }
     let mut started = Vec::new();
+    // Dropped (stopped, their directories removed) if the session does not start.
+    let mut proxies = Vec::new();
     let mut failure = None;
     let mut late = Vec::new();
     for ((key, mut task), spec) in starts.into_iter().zip(specs) {
         match tokio::time::timeout_at(deadline, &mut task).await {
-            Ok(Ok(Ok(unit))) => started.push((key, unit)),
+            Ok(Ok(Ok((unit, proxy)))) => {
+                started.push((key, unit));
+                proxies.extend(proxy);
+            }
             Ok(Ok(Err(error))) => {
                 failure.get_or_insert(StartFailure::Backend(error));
             }
@@ -332,12 +347,12 @@ pub async fn start_units(
         let services = services.clone();
         background.spawn(async move {
             match task.await {
-                Ok(Ok(unit)) => {
+                Ok(Ok((unit, proxy))) => {
                     let tracked = Tracked {
                         key,
                         id: unit.envelope.id.clone(),
                     };
-                    drop(unit);
+                    drop((unit, proxy));
                     remove_until_gone(&services, vec![tracked]).await;
                 }
                 Ok(Err(_)) => {}
