@@ -271,8 +271,11 @@ impl Session {
             live.redactor.text(&ask.from).into_owned()
         });
         self.background.spawn(async move {
-            // The request's span lasts as long as the fork's work.
-            let _request_span = request_span;
+            // The request's span lasts as long as the fork's work, and the
+            // fork's span ends within it (locals end in reverse order) once
+            // the answer went: here on a failure, when the child joins else.
+            let request_span = request_span;
+            let mut span = span;
             let clock = Instant::now();
             let made = {
                 let (config, parent_path, child_path, ask) = (
@@ -409,6 +412,7 @@ impl Session {
                 child,
                 advisory: forked.advisory.clone(),
                 skipped: forked.skipped.len(),
+                spans: vec![span, request_span],
             };
             if let Err(sent) = events.send(UnitEvent::Forked(Box::new(started))).await
                 && let UnitEvent::Forked(started) = sent.0
@@ -490,6 +494,8 @@ impl Session {
         }
         live.egress.extend(started.egress);
         started.reply.answer(result_response(started.id, result));
+        // The fork's span, then the request's, end after the answer.
+        drop(started.spans);
     }
 
     /// `box/merge {unit, theirs?}`: the child's changes into its parent, all
@@ -528,6 +534,10 @@ impl Session {
         // The merge runs off the session task, with its own handle.
         let counted = self.services.clone();
         self.background.spawn(async move {
+            // The merge's span ends before the request's, both after the
+            // answer (locals end in reverse order).
+            let mut request_span = request_span;
+            let mut span = span;
             let merged =
                 tokio::task::spawn_blocking(move || fork::merge(&config, &unit, &child, theirs))
                     .await

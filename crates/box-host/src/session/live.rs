@@ -37,6 +37,8 @@ pub(super) struct ForkStarted {
     pub(super) child: ChildFork,
     pub(super) advisory: Option<String>,
     pub(super) skipped: usize,
+    /// The fork's span, then its request's: they end once it is answered.
+    pub(super) spans: Vec<box_otel::Span>,
 }
 
 impl std::fmt::Debug for ForkStarted {
