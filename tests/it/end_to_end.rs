@@ -2094,24 +2094,27 @@ fn traces_of_a_tool_call_reach_an_otlp_receiver_on_every_backend() {
 /// warm pool unit (`box.pool.warm`) for `box/session.open`, `unit.fork` and
 /// `unit.merge` for `box/fork` and `box/merge`, and `session.reattach` for
 /// the first call with the handle after `kill -9` of a `--state` host; no
-/// byte of the profile's secret (`tests/e2e/tracing_units_sdk.py`).
+/// byte of the profile's secret (`tests/e2e/tracing_units_sdk.py`), on
+/// every backend.
 #[test]
-fn traces_of_a_claim_a_fork_a_merge_and_a_reattach_reach_an_otlp_receiver() {
+fn traces_of_a_claim_a_fork_a_merge_and_a_reattach_reach_an_otlp_receiver_on_every_backend() {
     let Some(python) = crate::support::python_with_otlp() else {
         return;
     };
-    let workspace = tempfile::tempdir().unwrap();
-    let state = tempfile::tempdir().unwrap();
-    run_script(
-        &python,
-        "tracing_units_sdk.py",
-        &[
-            "--backend",
-            "local",
-            "--workspace",
-            workspace.path().to_str().unwrap(),
-            "--state",
-            state.path().join("sessions").to_str().unwrap(),
-        ],
-    );
+    for backend in backends() {
+        let workspace = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        run_script(
+            &python,
+            "tracing_units_sdk.py",
+            &[
+                "--backend",
+                backend,
+                "--workspace",
+                workspace.path().to_str().unwrap(),
+                "--state",
+                state.path().join("sessions").to_str().unwrap(),
+            ],
+        );
+    }
 }
