@@ -6,10 +6,13 @@ Starts the OTLP receiver of tracing_sdk.py and `box serve --listen --pool traced
 --otlp-endpoint URL` with a profile whose secret a command echoes. The Python `mcp` SDK,
 unmodified, pinned to MCP 2026-07-28, sends each request with a W3C `traceparent` in `_meta`:
 `box/session.open` (its trace holds `unit.claim workspace`, `box.pool.warm` true, under the
-unit's start under the request span), `box/fork` and `box/merge` (`unit.fork CHILD` and `unit.merge` under their
-request spans, in the client's traces). Then it kills the host with SIGKILL, starts the next host
-on the same state, and the first call carrying the handle has `session.reattach` in its trace,
-under the `box/session.open` the transport sends for it, before the call's own span. No byte box exported holds the secret's value, raw or in base64.
+unit's start under the request span), `box/fork` and `box/merge` (`unit.fork CHILD` and
+`unit.merge` under their request spans, in the client's traces), `agentworkspace/process.start`
+(the executor's `process.start` span, sent home in a batch, under the request span, with no
+argument). Then it kills the host with SIGKILL, starts the next host on the same state, and the
+first call carrying the handle has `session.reattach` in its trace, under the `box/session.open`
+the transport sends for it, before the call's own span. No byte box exported holds the secret's
+value, raw or in base64.
 
 Prints one JSON line; exits non-zero with the reason on any failure.
 """
@@ -144,7 +147,24 @@ async def warm_open(url: str, port: int) -> tuple[dict[str, Any], dict[str, Any]
         if attributes(merge).get("box.unit.name") != unit:
             raise AssertionError(f"unit.merge: attributes {attributes(merge)}")
         summary["merge"] = sorted(span.name for span in spans)
+        summary["process"] = await process_start(client, handle)
     return handle, summary
+
+
+async def process_start(client: Client, handle: dict[str, Any]) -> list[str]:
+    """`agentworkspace/process.start`: the executor's `process.start` span (sent home in a batch) under
+    the request's span, naming no argument."""
+    trace_id, parent_id, meta = traceparent()
+    started = await request(client, "agentworkspace/process.start", {
+        "args": ["sh", "-c", f"echo ${SECRET_NAME}; sleep 30"], "_meta": {**handle, **meta},
+    })
+    spans = wait_for(bytes.fromhex(trace_id), {"agentworkspace/process.start", "process.start"})
+    executor = child_of(spans, "process.start", request_span(spans, "agentworkspace/process.start", parent_id))
+    recorded = attributes(executor)
+    if recorded != {"mcp.method.name": "agentworkspace/process.start"}:
+        raise AssertionError(f"process.start: attributes {recorded}, expected the method's name only")
+    await request(client, "agentworkspace/process.close", {"id": started["id"], "_meta": handle})
+    return sorted(span.name for span in spans)
 
 
 async def reattach(url: str, handle: dict[str, Any]) -> list[str]:

@@ -2092,7 +2092,8 @@ fn traces_of_a_tool_call_reach_an_otlp_receiver_on_every_backend() {
 /// Issue 27: the unit's life beyond its start reaches the receiver in the
 /// client's traces, under the request spans: `unit.claim workspace` of a
 /// warm pool unit (`box.pool.warm`) for `box/session.open`, `unit.fork` and
-/// `unit.merge` for `box/fork` and `box/merge`, and `session.reattach` for
+/// `unit.merge` for `box/fork` and `box/merge`, the executor's
+/// `process.start` for `agentworkspace/process.start`, and `session.reattach` for
 /// the first call with the handle after `kill -9` of a `--state` host; no
 /// byte of the profile's secret (`tests/e2e/tracing_units_sdk.py`), on
 /// every backend.

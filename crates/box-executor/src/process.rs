@@ -43,6 +43,8 @@ use super::Context;
 
 /// The method prefix the process methods share.
 pub(crate) const METHOD_PREFIX: &str = "agentworkspace/process.";
+/// A process's start: traced as `process.start` when the host traces it.
+pub(crate) const START_METHOD: &str = "agentworkspace/process.start";
 /// box's extension: resize a process's terminal (`{id, rows, cols}`).
 pub(crate) const RESIZE_METHOD: &str = "box/process.resize";
 

@@ -91,7 +91,8 @@ where
     }
 
     /// Start the span of a request the host traces: `execute_tool {name}`
-    /// for a tool call (the conventions' name), else its method. Nothing
+    /// for a tool call (the conventions' name), `process.start` for a
+    /// process's start, else its method. Nothing
     /// from the arguments is recorded.
     fn trace(&self, message: &RxJsonRpcMessage<RoleServer>) {
         let JsonRpcMessage::Request(request) = message else {
@@ -111,6 +112,11 @@ where
                 span.set("gen_ai.operation.name", "execute_tool");
                 span.set("gen_ai.tool.name", call.params.name.to_string());
                 span
+            }
+            // A process's start by its operation's name: what it runs is
+            // not recorded.
+            other if other.method() == crate::process::START_METHOD => {
+                box_otel::Recording::start(&parent, "process.start".to_owned())
             }
             other => box_otel::Recording::start(&parent, other.method().to_owned()),
         };
