@@ -357,22 +357,14 @@ async fn run_inner(mut args: RunConfig) -> anyhow::Result<ExitCode> {
         &host,
     );
     let client = Client::new(Via::Here(session.clone()));
-    let started = std::sync::OnceLock::new();
-    let outcome = tokio::select! {
-        outcome = run_command(&client, &args, tighten, &started) => Some(outcome),
-        // Interrupted: stop waiting for the command (its calls are dropped).
-        () = interrupt.cancelled() => None,
-    };
-    let interrupted = outcome
-        .is_none()
-        .then(|| signal_code.get().copied().unwrap_or(INTERRUPTED));
-    if let Some(code) = interrupted {
-        // The user asked it to stop: nothing of the unit is waited for.
-        services
-            .end_at_once
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        pass_signal(&client, started.get(), code).await;
-    }
+    let (outcome, interrupted) =
+        run_until_interrupted(&client, &args, tighten, &interrupt, &signal_code, || {
+            // The user asked it to stop: nothing of the unit is waited for.
+            services
+                .end_at_once
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+        .await;
     session.end();
     // Bounded: an engine that stalls must not keep box for ever.
     let _ = tokio::time::timeout(END_WAIT, session.ended()).await;
@@ -396,6 +388,33 @@ fn exit_code(
         (None, Some(Err(error))) => Err(anyhow::anyhow!(error)),
         (None, None) => Err(anyhow::anyhow!("the command was stopped")),
     }
+}
+
+/// Run the command until it ends or `interrupt` is cancelled (its calls
+/// then dropped); interrupted, `stopping` runs, then the signal (its code
+/// from `signal_code`) is passed on to the command. The command's outcome,
+/// or the signal's exit code.
+async fn run_until_interrupted(
+    client: &Client,
+    args: &RunConfig,
+    tighten: Value,
+    interrupt: &CancellationToken,
+    signal_code: &std::sync::OnceLock<u8>,
+    stopping: impl FnOnce(),
+) -> (Option<Result<ExitCode, String>>, Option<u8>) {
+    let started = std::sync::OnceLock::new();
+    let outcome = tokio::select! {
+        outcome = run_command(client, args, tighten, &started) => Some(outcome),
+        () = interrupt.cancelled() => None,
+    };
+    let interrupted = outcome
+        .is_none()
+        .then(|| signal_code.get().copied().unwrap_or(INTERRUPTED));
+    if let Some(code) = interrupted {
+        stopping();
+        pass_signal(client, started.get(), code).await;
+    }
+    (outcome, interrupted)
 }
 
 /// Pass the interrupting signal on to the command (`process`), bounded: an
@@ -438,17 +457,8 @@ async fn run_remote(args: RunConfig, remote: RemoteHost) -> anyhow::Result<ExitC
     )));
     let interrupt = CancellationToken::new();
     let signal_code = watch_client_signals(interrupt.clone())?;
-    let started = std::sync::OnceLock::new();
-    let outcome = tokio::select! {
-        outcome = run_command(&client, &args, tighten, &started) => Some(outcome),
-        () = interrupt.cancelled() => None,
-    };
-    let interrupted = outcome
-        .is_none()
-        .then(|| signal_code.get().copied().unwrap_or(INTERRUPTED));
-    if let Some(code) = interrupted {
-        pass_signal(&client, started.get(), code).await;
-    }
+    let (outcome, interrupted) =
+        run_until_interrupted(&client, &args, tighten, &interrupt, &signal_code, || {}).await;
     // The host removes the session's units; box waits for that only when
     // asked (`--wait-removal`), the DELETE then answered once they are gone.
     let Via::Host(host) = &client.via else {

@@ -17,7 +17,7 @@ pub struct RunArgs {
     /// (`http://127.0.0.1:8080`, or a bare port on loopback) instead of a host in
     /// this process: its profiles, backend and warm pools serve it, so a command
     /// claims a pooled unit when the host keeps one for its plan.
-    #[arg(long, value_name = "URL", env = "BOX_HOST", conflicts_with_all = ["profile_dirs", "workspace"])]
+    #[arg(long, value_name = "URL", env = "BOX_HOST", conflicts_with_all = ["profile_dirs", "workspace", "backend"])]
     pub host: Option<String>,
     /// With --host: a file holding the bearer token the host asks of its
     /// clients (its --token-file).

@@ -1211,6 +1211,14 @@ async fn box_run_through_a_host_sends_its_token_and_names_a_host_not_there() {
     assert!(said.contains(": ready"), "{said}");
     assert!(said.contains("bearer token"), "{said}");
     assert!(host.stop().success());
+    // The backend is the host's: an explicit --backend is refused, not ignored.
+    let both = Command::new(box_bin())
+        .args(["run", "--host", &url, "--backend", "local", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(both.status.code(), Some(2), "{both:?}");
+    let said = String::from_utf8_lossy(&both.stderr);
+    assert!(said.contains("cannot be used with"), "{said}");
     // Nothing listens there now.
     let gone = Command::new(box_bin())
         .args(["run", "--host", &url, "true"])
