@@ -2,7 +2,8 @@
 //! and `box units ls --json` agree with what the unit's cgroup (docker) or
 //! its processes (local) say, for a unit running a known load.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -336,6 +337,96 @@ async fn local_gauges_match_units_stats() {
     }
 }
 
+/// `box serve` for a limit test: on `backend` with the profile `p`
+/// (`profile`, its TOML), an audit log and its stderr kept, and the params of
+/// every `notifications/box/unit` the session gets, in order.
+struct LimitEvents {
+    served: Served,
+    seen: Mutex<Vec<Value>>,
+    audit: PathBuf,
+    log: PathBuf,
+    _dirs: [tempfile::TempDir; 2],
+}
+
+impl LimitEvents {
+    fn start(backend: &str, instance: &str, workspace: &Path, profile: &str) -> Self {
+        let profiles = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        std::fs::write(profiles.path().join("p.toml"), profile).unwrap();
+        let audit = state.path().join("audit.jsonl");
+        let log = state.path().join("stderr.log");
+        let mut command = serve_command(backend, instance, workspace);
+        command
+            .arg("--profiles")
+            .arg(profiles.path())
+            .args(["--profile", "p", "--audit"])
+            .arg(&audit)
+            .stderr(std::fs::File::create(&log).unwrap());
+        Self {
+            served: Served::start(command),
+            seen: Mutex::new(Vec::new()),
+            audit,
+            log,
+            _dirs: [profiles, state],
+        }
+    }
+
+    /// Keep `message` if it is a limit event.
+    fn keep(&self, message: &Value) {
+        if message["method"] == "notifications/box/unit" {
+            self.seen.lock().unwrap().push(message["params"].clone());
+        }
+    }
+
+    /// `command` run by the bash tool as request `id`: its answer within
+    /// `within`, the events before it kept.
+    fn bash(&mut self, id: i64, command: &str, within: Duration) -> Value {
+        self.served
+            .send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "bash", "arguments": {"command": command}}}));
+        self.served
+            .wait_for(within, |message| {
+                self.keep(message);
+                message["id"] == json!(id)
+            })
+            .unwrap_or_else(|| panic!("no answer to {command:?} within {within:?}"))
+    }
+
+    /// Keep the events that come within `within`.
+    fn settle(&self, within: Duration) {
+        let _ = self.served.wait_for(within, |message| {
+            self.keep(message);
+            false
+        });
+    }
+
+    /// Whether an event `wanted` holds has come, waiting up to `within` for
+    /// it (keeping the events meanwhile).
+    fn wait_event(&self, within: Duration, wanted: impl Fn(&Value) -> bool) -> bool {
+        let deadline = Instant::now() + within;
+        while !self.seen.lock().unwrap().iter().any(&wanted) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            self.settle(Duration::from_millis(500));
+        }
+        true
+    }
+
+    /// The events kept so far.
+    fn events(&self) -> Vec<Value> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Hang up: how `box serve` ended, then its audit log and its stderr.
+    fn hang_up(self) -> (std::process::ExitStatus, String, String) {
+        let status = self.served.hang_up();
+        let audit = std::fs::read_to_string(&self.audit).unwrap();
+        let log = std::fs::read_to_string(&self.log).unwrap();
+        (status, audit, log)
+    }
+}
+
 /// The tasks load: threads started until the pids limit refuses one, held
 /// 4 s; then the memory load: 16 MiB more each step until the OOM killer
 /// ends it.
@@ -370,43 +461,23 @@ fn docker_a_unit_at_its_limits_is_told_logged_and_audited() {
     let workspace = tempfile::tempdir().unwrap();
     std::fs::set_permissions(workspace.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     std::fs::write(workspace.path().join("load.py"), LIMITS_LOAD).unwrap();
-    let profiles = tempfile::tempdir().unwrap();
-    let state = tempfile::tempdir().unwrap();
-    std::fs::write(
-        profiles.path().join("p.toml"),
-        format!("extends = \"default\"\n[workspace]\nimage = \"{DEV_IMAGE}\"\n[limits]\nmemory = \"256MiB\"\npids = 64\n"),
-    )
-    .unwrap();
-    let audit = state.path().join("audit.jsonl");
-    let log = state.path().join("stderr.log");
     let instance = format!("stats-limits-{}", std::process::id());
-    let mut command = serve_command("docker", &instance, workspace.path());
-    command
-        .arg("--profiles")
-        .arg(profiles.path())
-        .args(["--profile", "p", "--audit"])
-        .arg(&audit)
-        .stderr(std::fs::File::create(&log).unwrap());
-    let mut served = Served::start(command);
-    served.send(&json!({"jsonrpc": "2.0", "id": 50, "method": "tools/call",
-        "params": {"name": "bash", "arguments": {"command": "python3 /workspace/load.py; echo exit=$?"}}}));
-    let seen = std::sync::Mutex::new(Vec::new());
-    let answer = served
-        .wait_for(Duration::from_secs(120), |message| {
-            if message["method"] == "notifications/box/unit" {
-                seen.lock().unwrap().push(message["params"].clone());
-            }
-            message["id"] == json!(50)
-        })
-        .expect("the load's answer");
+    let mut limited = LimitEvents::start(
+        "docker",
+        &instance,
+        workspace.path(),
+        &format!(
+            "extends = \"default\"\n[workspace]\nimage = \"{DEV_IMAGE}\"\n[limits]\nmemory = \"256MiB\"\npids = 64\n"
+        ),
+    );
+    let answer = limited.bash(
+        50,
+        "python3 /workspace/load.py; echo exit=$?",
+        Duration::from_secs(120),
+    );
     // The last readings' events may come just after the answer.
-    let _ = served.wait_for(Duration::from_secs(3), |message| {
-        if message["method"] == "notifications/box/unit" {
-            seen.lock().unwrap().push(message["params"].clone());
-        }
-        false
-    });
-    let seen = seen.into_inner().unwrap();
+    limited.settle(Duration::from_secs(3));
+    let seen = limited.events();
     let output = answer["result"]["content"][0]["text"]
         .as_str()
         .unwrap_or_default()
@@ -436,8 +507,8 @@ fn docker_a_unit_at_its_limits_is_told_logged_and_audited() {
     assert_eq!(killed["process"], "python3", "{killed}");
     assert!(figure(killed, "pid") > 0, "{killed}");
     assert!(figure(killed, "figure") >= 1, "{killed}");
-    assert!(served.hang_up().success());
-    let audit = std::fs::read_to_string(&audit).unwrap();
+    let (status, audit, log) = limited.hang_up();
+    assert!(status.success());
     for limit in ["pids", "memory"] {
         assert!(
             audit.lines().any(|line| {
@@ -447,7 +518,6 @@ fn docker_a_unit_at_its_limits_is_told_logged_and_audited() {
             "{limit} in {audit}"
         );
     }
-    let log = std::fs::read_to_string(&log).unwrap();
     assert!(
         log.lines()
             .any(|line| line.contains("WARN") && line.contains("reached its pids limit")),
@@ -467,33 +537,16 @@ fn docker_a_unit_at_its_limits_is_told_logged_and_audited() {
 /// says what its `/tmp` and home hold.
 fn a_unit_at_its_tmp_home_and_call_timeout_limits_is_told(backend: &str) {
     let workspace = tempfile::tempdir().unwrap();
-    let profiles = tempfile::tempdir().unwrap();
-    let state = tempfile::tempdir().unwrap();
-    std::fs::write(
-        profiles.path().join("p.toml"),
-        format!(
+    let instance = format!("stats-fill-{backend}-{}", std::process::id());
+    let mut limited = LimitEvents::start(
+        backend,
+        &instance,
+        workspace.path(),
+        &format!(
             "extends = \"default\"\n[workspace]\nimage = \"{DEV_IMAGE}\"\nlocal_userland = \"host\"\n\
              [limits]\ntmp = \"16MiB\"\nhome = \"16MiB\"\ncall_timeout = \"3s\"\n"
         ),
-    )
-    .unwrap();
-    let audit = state.path().join("audit.jsonl");
-    let log = state.path().join("stderr.log");
-    let instance = format!("stats-fill-{backend}-{}", std::process::id());
-    let mut command = serve_command(backend, &instance, workspace.path());
-    command
-        .arg("--profiles")
-        .arg(profiles.path())
-        .args(["--profile", "p", "--audit"])
-        .arg(&audit)
-        .stderr(std::fs::File::create(&log).unwrap());
-    let mut served = Served::start(command);
-    let seen = std::sync::Mutex::new(Vec::new());
-    let keep = |message: &Value| {
-        if message["method"] == "notifications/box/unit" {
-            seen.lock().unwrap().push(message["params"].clone());
-        }
-    };
+    );
     // 15 MiB into each: past 90% of 16 MiB. Then more than fits in /tmp.
     for (id, command) in [
         (10, "head -c 15M /dev/zero > /tmp/fill && echo tmp-done"),
@@ -502,14 +555,7 @@ fn a_unit_at_its_tmp_home_and_call_timeout_limits_is_told(backend: &str) {
             "head -c 15M /dev/zero > \"$HOME/fill\" && echo home-done",
         ),
     ] {
-        served.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-            "params": {"name": "bash", "arguments": {"command": command}}}));
-        let answer = served
-            .wait_for(Duration::from_secs(60), |message| {
-                keep(message);
-                message["id"] == json!(id)
-            })
-            .expect("an answer");
+        let answer = limited.bash(id, command, Duration::from_secs(60));
         assert!(
             answer["result"]["content"][0]["text"]
                 .as_str()
@@ -517,51 +563,31 @@ fn a_unit_at_its_tmp_home_and_call_timeout_limits_is_told(backend: &str) {
             "{backend}: {answer}"
         );
     }
-    let unit = stats(&mut served);
+    let unit = stats(&mut limited.served);
     assert!(figure(&unit, "tmpBytes") >= 15 * MIB, "{backend}: {unit}");
     assert!(figure(&unit, "homeBytes") >= 15 * MIB, "{backend}: {unit}");
     let near = |limit: &str| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !seen
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|event| event["limit"] == limit && event["state"] != "oom-kill")
-        {
-            assert!(
-                Instant::now() < deadline,
-                "{backend}: no {limit} near in {:?}",
-                seen.lock().unwrap()
-            );
-            let _ = served.wait_for(Duration::from_millis(500), |message| {
-                keep(message);
-                false
-            });
-        }
+        assert!(
+            limited.wait_event(Duration::from_secs(10), |event| {
+                event["limit"] == limit && event["state"] != "oom-kill"
+            }),
+            "{backend}: no {limit} near in {:?}",
+            limited.events()
+        );
     };
     near("tmp");
     near("home");
     // Past its call_timeout: the call's answer is the timeout error, the
     // session told of the limit.
-    served.send(&json!({"jsonrpc": "2.0", "id": 20, "method": "tools/call",
-        "params": {"name": "bash", "arguments": {"command": "sleep 30"}}}));
-    let answer = served
-        .wait_for(Duration::from_secs(60), |message| {
-            keep(message);
-            message["id"] == json!(20)
-        })
-        .expect("the timeout's answer");
+    let answer = limited.bash(20, "sleep 30", Duration::from_secs(60));
     assert!(
         answer["error"]["message"]
             .as_str()
             .is_some_and(|text| text.contains("call_timeout")),
         "{backend}: {answer}"
     );
-    let _ = served.wait_for(Duration::from_secs(1), |message| {
-        keep(message);
-        false
-    });
-    let seen = seen.into_inner().unwrap();
+    limited.settle(Duration::from_secs(1));
+    let seen = limited.events();
     let timeout = seen
         .iter()
         .find(|event| event["limit"] == "call_timeout")
@@ -576,8 +602,8 @@ fn a_unit_at_its_tmp_home_and_call_timeout_limits_is_told(backend: &str) {
         assert_eq!(event["bound"], json!(16 * MIB), "{event}");
         assert!(figure(event, "figure") >= 15 * MIB, "{event}");
     }
-    assert!(served.hang_up().success());
-    let audit = std::fs::read_to_string(&audit).unwrap();
+    let (status, audit, log) = limited.hang_up();
+    assert!(status.success());
     for limit in ["tmp", "home", "call_timeout"] {
         assert!(
             audit.lines().any(|line| {
@@ -587,7 +613,6 @@ fn a_unit_at_its_tmp_home_and_call_timeout_limits_is_told(backend: &str) {
             "{backend}: {limit} in {audit}"
         );
     }
-    let log = std::fs::read_to_string(&log).unwrap();
     for says in [
         "nears its tmp limit",
         "nears its home limit",
@@ -628,51 +653,27 @@ fn local_a_unit_at_its_egress_bandwidth_is_told() {
     let body: &'static str = Box::leak("b".repeat(96 * 1024).into_boxed_str());
     let port = crate::support::http_server(body);
     let workspace = tempfile::tempdir().unwrap();
-    let profiles = tempfile::tempdir().unwrap();
-    let state = tempfile::tempdir().unwrap();
-    std::fs::write(
-        profiles.path().join("p.toml"),
-        format!(
+    let instance = format!("stats-bandwidth-{}", std::process::id());
+    let mut limited = LimitEvents::start(
+        "local",
+        &instance,
+        workspace.path(),
+        &format!(
             "extends = \"default\"\n[workspace]\nimage = \"{DEV_IMAGE}\"\nlocal_userland = \"host\"\n\
              [network]\nmode = \"egress\"\nallow = [\"slow.test:{port}\"]\nhosts = {{ \"slow.test\" = \"127.0.0.1\" }}\nbandwidth = \"16KiB\"\n\
              [operator]\nallow_dangerous = [\"private-destinations\"]\n"
         ),
-    )
-    .unwrap();
-    let audit = state.path().join("audit.jsonl");
-    let log = state.path().join("stderr.log");
-    let instance = format!("stats-bandwidth-{}", std::process::id());
-    let mut command = serve_command("local", &instance, workspace.path());
-    command
-        .arg("--profiles")
-        .arg(profiles.path())
-        .args(["--profile", "p", "--audit"])
-        .arg(&audit)
-        .stderr(std::fs::File::create(&log).unwrap());
-    let mut served = Served::start(command);
+    );
     let script = format!(
         "python3 -c \"import urllib.request; print(len(urllib.request.urlopen('http://slow.test:{port}/', timeout=60).read()))\""
     );
-    served.send(&json!({"jsonrpc": "2.0", "id": 10, "method": "tools/call",
-        "params": {"name": "bash", "arguments": {"command": script}}}));
-    let seen = std::sync::Mutex::new(Vec::new());
-    let keep = |message: &Value| {
-        if message["method"] == "notifications/box/unit" {
-            seen.lock().unwrap().push(message["params"].clone());
-        }
-    };
-    let answer = served
-        .wait_for(Duration::from_secs(60), |message| {
-            keep(message);
-            message["id"] == json!(10)
-        })
-        .expect("the script's answer");
+    let answer = limited.bash(10, &script, Duration::from_secs(60));
     let output = answer["result"]["content"][0]["text"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
     assert!(output.contains(&(96 * 1024).to_string()), "{answer}");
-    let seen = seen.into_inner().unwrap();
+    let seen = limited.events();
     let told: Vec<&Value> = seen
         .iter()
         .filter(|event| event["limit"] == "egress.bandwidth")
@@ -684,8 +685,11 @@ fn local_a_unit_at_its_egress_bandwidth_is_told() {
     assert_eq!(event["bound"], json!(16 * 1024), "{event}");
     assert!(event["waitedMs"].as_u64().unwrap() > 0, "{event}");
     // box/units.stats: the whole wait, about the five seconds past the burst.
-    served.send(&json!({"jsonrpc": "2.0", "id": 11, "method": "box/units.stats", "params": {}}));
-    let stats = served
+    limited
+        .served
+        .send(&json!({"jsonrpc": "2.0", "id": 11, "method": "box/units.stats", "params": {}}));
+    let stats = limited
+        .served
         .wait_for(Duration::from_secs(30), |message| {
             message["id"] == json!(11)
         })
@@ -701,8 +705,8 @@ fn local_a_unit_at_its_egress_bandwidth_is_told() {
             > 96 * 1024,
         "{stats}"
     );
-    assert!(served.hang_up().success());
-    let audit = std::fs::read_to_string(&audit).unwrap();
+    let (status, audit, log) = limited.hang_up();
+    assert!(status.success());
     assert!(
         audit.lines().any(|line| {
             let line: Value = serde_json::from_str(line).unwrap();
@@ -710,7 +714,6 @@ fn local_a_unit_at_its_egress_bandwidth_is_told() {
         }),
         "{audit}"
     );
-    let log = std::fs::read_to_string(&log).unwrap();
     assert!(log.contains("reached its egress bandwidth"), "{log}");
 }
 
@@ -724,28 +727,17 @@ fn local_a_unit_at_its_egress_connection_limit_is_told() {
     }
     let port = crate::support::http_server("hello-limit");
     let workspace = tempfile::tempdir().unwrap();
-    let profiles = tempfile::tempdir().unwrap();
-    let state = tempfile::tempdir().unwrap();
-    std::fs::write(
-        profiles.path().join("p.toml"),
-        format!(
+    let instance = format!("stats-egress-{}", std::process::id());
+    let mut limited = LimitEvents::start(
+        "local",
+        &instance,
+        workspace.path(),
+        &format!(
             "extends = \"default\"\n[workspace]\nimage = \"{DEV_IMAGE}\"\nlocal_userland = \"host\"\n\
              [network]\nmode = \"egress\"\nallow = [\"limit.test:{port}\"]\nhosts = {{ \"limit.test\" = \"127.0.0.1\" }}\nmax_connections = 1\n\
              [operator]\nallow_dangerous = [\"private-destinations\"]\n"
         ),
-    )
-    .unwrap();
-    let audit = state.path().join("audit.jsonl");
-    let log = state.path().join("stderr.log");
-    let instance = format!("stats-egress-{}", std::process::id());
-    let mut command = serve_command("local", &instance, workspace.path());
-    command
-        .arg("--profiles")
-        .arg(profiles.path())
-        .args(["--profile", "p", "--audit"])
-        .arg(&audit)
-        .stderr(std::fs::File::create(&log).unwrap());
-    let mut served = Served::start(command);
+    );
     // One connection held open through the proxy, then a second one.
     let script = format!(
         "python3 - <<'EOF'\nimport socket, urllib.request\n\
@@ -755,44 +747,21 @@ fn local_a_unit_at_its_egress_connection_limit_is_told() {
          try:\n    urllib.request.urlopen('http://limit.test:{port}/', timeout=10)\nexcept Exception as e:\n    print('second:', e)\n\
          held.close()\nEOF"
     );
-    served.send(&json!({"jsonrpc": "2.0", "id": 10, "method": "tools/call",
-        "params": {"name": "bash", "arguments": {"command": script}}}));
-    let seen = std::sync::Mutex::new(Vec::new());
-    let keep = |message: &Value| {
-        if message["method"] == "notifications/box/unit" {
-            seen.lock().unwrap().push(message["params"].clone());
-        }
-    };
-    let answer = served
-        .wait_for(Duration::from_secs(60), |message| {
-            keep(message);
-            message["id"] == json!(10)
-        })
-        .expect("the script's answer");
+    let answer = limited.bash(10, &script, Duration::from_secs(60));
     let output = answer["result"]["content"][0]["text"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
     assert!(output.contains("200"), "the first connection: {output}");
     assert!(output.contains("429"), "the second is refused: {output}");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !seen
-        .lock()
-        .unwrap()
-        .iter()
-        .any(|event| event["limit"] == "egress.connections")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "no egress.connections event in {:?}",
-            seen.lock().unwrap()
-        );
-        let _ = served.wait_for(Duration::from_millis(500), |message| {
-            keep(message);
-            false
-        });
-    }
-    let seen = seen.into_inner().unwrap();
+    assert!(
+        limited.wait_event(Duration::from_secs(5), |event| {
+            event["limit"] == "egress.connections"
+        }),
+        "no egress.connections event in {:?}",
+        limited.events()
+    );
+    let seen = limited.events();
     let event = seen
         .iter()
         .find(|event| event["limit"] == "egress.connections")
@@ -800,8 +769,8 @@ fn local_a_unit_at_its_egress_connection_limit_is_told() {
     assert_eq!(event["state"], "reached", "{event}");
     assert_eq!(event["bound"], json!(1), "{event}");
     assert_eq!(event["refused"], json!(1), "{event}");
-    assert!(served.hang_up().success());
-    let audit = std::fs::read_to_string(&audit).unwrap();
+    let (status, audit, log) = limited.hang_up();
+    assert!(status.success());
     assert!(
         audit.lines().any(|line| {
             let line: Value = serde_json::from_str(line).unwrap();
@@ -809,7 +778,6 @@ fn local_a_unit_at_its_egress_connection_limit_is_told() {
         }),
         "{audit}"
     );
-    let log = std::fs::read_to_string(&log).unwrap();
     assert!(
         log.lines()
             .any(|line| line.contains("WARN")
