@@ -7,30 +7,13 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::support::{Served, serve_command, under_ci};
+use crate::support::{Served, docker_here, local_here, serve_command};
 
 /// The executor capability key, under which the envelopes come.
 const KEY: &str = "io.github.christopherdavenport.dax/executor";
 
 /// The toolchain image (`box image build dev`).
 const DEV_IMAGE: &str = "box-dev:bookworm";
-
-/// Whether a Docker engine answers (under CI its absence fails the test).
-fn docker() -> bool {
-    tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(crate::support::docker_answers())
-}
-
-/// Whether the local backend can run here (landlock; under CI its absence fails).
-fn local() -> bool {
-    if box_confine::landlock_abi() > 0 {
-        return true;
-    }
-    assert!(!under_ci(), "landlock is missing under CI");
-    eprintln!("\n*** LOCAL PART NOT RUN: this kernel has no landlock ***\n");
-    false
-}
 
 /// A directory holding one profile, `p.toml`, with `text`.
 fn profiles(text: &str) -> tempfile::TempDir {
@@ -118,14 +101,14 @@ fn tmp_is_executable_unless_the_profile_says_noexec(backend: &str) {
 
 #[test]
 fn docker_tmp_is_executable_unless_the_profile_says_noexec() {
-    if docker() {
+    if docker_here() {
         tmp_is_executable_unless_the_profile_says_noexec("docker");
     }
 }
 
 #[test]
 fn local_tmp_is_executable_unless_the_profile_says_noexec() {
-    if local() {
+    if local_here() {
         tmp_is_executable_unless_the_profile_says_noexec("local");
     }
 }
@@ -188,14 +171,14 @@ fn a_root_callers_unit_runs_as_the_workspaces_owner(backend: &str) {
 
 #[test]
 fn docker_a_root_callers_unit_runs_as_the_workspaces_owner() {
-    if root_caller() && docker() {
+    if root_caller() && docker_here() {
         a_root_callers_unit_runs_as_the_workspaces_owner("docker");
     }
 }
 
 #[test]
 fn local_a_root_callers_unit_runs_as_the_workspaces_owner() {
-    if root_caller() && local() {
+    if root_caller() && local_here() {
         a_root_callers_unit_runs_as_the_workspaces_owner("local");
     }
 }
@@ -205,7 +188,7 @@ fn local_a_root_callers_unit_runs_as_the_workspaces_owner() {
 /// workspace is another user's; `box doctor` says the same, here.
 #[test]
 fn box_run_and_doctor_say_when_units_run_as_root() {
-    if !root_caller() || !local() {
+    if !root_caller() || !local_here() {
         return;
     }
     let run = |workspace: &Path| {
@@ -314,7 +297,7 @@ const HOME_PROBE: &str = "echo HOME=$HOME; echo XDG=$XDG_CACHE_HOME:$XDG_CONFIG_
 /// `limits.home`; the envelope says so.
 #[test]
 fn docker_the_home_is_writable_holds_the_images_and_is_bounded() {
-    if !docker() {
+    if !docker_here() {
         return;
     }
     let tag = format!("box-test-home:{}", std::process::id());
@@ -373,7 +356,7 @@ fn docker_the_home_is_writable_holds_the_images_and_is_bounded() {
 /// config --global` working.
 #[test]
 fn local_the_home_is_writable_private_and_bounded() {
-    if !local() {
+    if !local_here() {
         return;
     }
     let workspace = c_workspace();
@@ -491,14 +474,14 @@ fn planted_home_git_configuration_runs_without_the_neutralisation() {
 
 #[test]
 fn docker_home_git_configuration_cannot_undo_the_neutralisation() {
-    if docker() {
+    if docker_here() {
         home_git_configuration_cannot_undo_the_neutralisation("docker");
     }
 }
 
 #[test]
 fn local_home_git_configuration_cannot_undo_the_neutralisation() {
-    if local() {
+    if local_here() {
         home_git_configuration_cannot_undo_the_neutralisation("local");
     }
 }
@@ -561,14 +544,14 @@ fn only_home_tmp_and_workspace_are_writable(backend: &str, extra: &str, more: &[
 /// system outside the home, /tmp and the workspace stays read-only.
 #[test]
 fn docker_only_home_tmp_and_workspace_are_writable() {
-    if docker() {
+    if docker_here() {
         only_home_tmp_and_workspace_are_writable("docker", "", &[]);
     }
 }
 
 #[test]
 fn local_only_home_tmp_and_workspace_are_writable() {
-    if root_caller() && local() {
+    if root_caller() && local_here() {
         only_home_tmp_and_workspace_are_writable("local", "", &[]);
     }
 }

@@ -28,7 +28,7 @@ use serde_json::json;
 
 use crate::registries::dev_image_present;
 use crate::support::registries::{CARGO_REGISTRY, Registries, Registry};
-use crate::support::{Served, box_bin, serve_command, under_ci};
+use crate::support::{Served, box_bin, docker_here, local_here, serve_command};
 
 /// The owner the workspace is given, as a non-root user's checkout is.
 const OWNER: u32 = 1000;
@@ -46,23 +46,6 @@ fn root_caller() -> bool {
         "\n*** REAL JOB NOT RUN: the job runs as a root caller's unit, and these tests run as uid {} ***\n",
         nix::unistd::geteuid()
     );
-    false
-}
-
-/// Whether a Docker engine answers (under CI its absence fails the test).
-fn docker() -> bool {
-    tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(crate::support::docker_answers())
-}
-
-/// Whether the local backend can run here (landlock; under CI its absence fails).
-fn local() -> bool {
-    if box_confine::landlock_abi() > 0 {
-        return true;
-    }
-    assert!(!under_ci(), "landlock is missing under CI");
-    eprintln!("\n*** LOCAL REAL JOB NOT RUN: this kernel has no landlock ***\n");
     false
 }
 
@@ -459,7 +442,7 @@ fn a_real_job(backend: &'static str) {
 
 #[test]
 fn docker_a_real_job_runs_and_a_second_session_finds_the_caches_warm() {
-    if root_caller() && docker() && dev_image_present() {
+    if root_caller() && docker_here() && dev_image_present() {
         a_real_job("docker");
     }
 }
@@ -469,7 +452,7 @@ fn docker_a_real_job_runs_and_a_second_session_finds_the_caches_warm() {
 /// loudly and left out.
 #[test]
 fn local_a_real_job_runs_and_a_second_session_finds_the_caches_warm() {
-    if root_caller() && local() {
+    if root_caller() && local_here() {
         a_real_job("local");
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{Served, box_bin, serve_command, under_ci};
+use crate::support::{Served, box_bin, docker_here, local_here, serve_command};
 
 /// The toolchain image: it has python3 (box-base has none).
 const DEV_IMAGE: &str = "box-dev:bookworm";
@@ -22,21 +22,6 @@ while time.process_time() - t < 1.0: pass\n\
 held = b'x' * (64 << 20)\n\
 print('ready', flush=True)\n\
 time.sleep(300)\n";
-
-fn docker() -> bool {
-    tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(crate::support::docker_answers())
-}
-
-fn local() -> bool {
-    if box_confine::landlock_abi() > 0 {
-        return true;
-    }
-    assert!(!under_ci(), "landlock is missing under CI");
-    eprintln!("\n*** LOCAL PART NOT RUN: this kernel has no landlock ***\n");
-    false
-}
 
 /// `box serve` on `backend` with a profile on the dev image.
 fn serve(backend: &str, instance: &str, workspace: &Path, profiles: &Path) -> Served {
@@ -197,14 +182,14 @@ fn box_units(args: &[&str], backend: &str, id: &str) -> Value {
 
 #[test]
 fn docker_usage_matches_the_cgroups_own_files() {
-    if docker() {
+    if docker_here() {
         usage_matches_the_units_own_figures("docker");
     }
 }
 
 #[test]
 fn local_usage_matches_its_processes() {
-    if local() {
+    if local_here() {
         usage_matches_the_units_own_figures("local");
     }
 }
@@ -332,7 +317,7 @@ async fn docker_gauges_match_units_stats() {
 
 #[tokio::test]
 async fn local_gauges_match_units_stats() {
-    if local() {
+    if local_here() {
         gauges_match_units_stats("local").await;
     }
 }
@@ -454,7 +439,7 @@ while True:
 /// the log a WARN line and the audit a `limit` line.
 #[test]
 fn docker_a_unit_at_its_limits_is_told_logged_and_audited() {
-    if !docker() {
+    if !docker_here() {
         return;
     }
     use std::os::unix::fs::PermissionsExt as _;
@@ -628,14 +613,14 @@ fn a_unit_at_its_tmp_home_and_call_timeout_limits_is_told(backend: &str) {
 
 #[test]
 fn docker_a_unit_at_its_tmp_home_and_call_timeout_limits_is_told() {
-    if docker() {
+    if docker_here() {
         a_unit_at_its_tmp_home_and_call_timeout_limits_is_told("docker");
     }
 }
 
 #[test]
 fn local_a_unit_at_its_tmp_home_and_call_timeout_limits_is_told() {
-    if local() {
+    if local_here() {
         a_unit_at_its_tmp_home_and_call_timeout_limits_is_told("local");
     }
 }
@@ -646,7 +631,7 @@ fn local_a_unit_at_its_tmp_home_and_call_timeout_limits_is_told() {
 /// the wait and /metrics the bytes.
 #[test]
 fn local_a_unit_at_its_egress_bandwidth_is_told() {
-    if !local() {
+    if !local_here() {
         return;
     }
     // 96 KiB through a 16 KiB/s cap: a second's burst, then about five waiting.
@@ -722,7 +707,7 @@ fn local_a_unit_at_its_egress_bandwidth_is_told() {
 /// log's WARN and the audit's line).
 #[test]
 fn local_a_unit_at_its_egress_connection_limit_is_told() {
-    if !local() {
+    if !local_here() {
         return;
     }
     let port = crate::support::http_server("hello-limit");

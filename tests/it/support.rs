@@ -105,6 +105,24 @@ pub async fn docker_answers() -> bool {
     }
 }
 
+/// `docker_answers` for a test that is not async.
+pub fn docker_here() -> bool {
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(docker_answers())
+}
+
+/// Whether the local backend can run here (landlock), after saying loudly
+/// why not when it cannot; under CI its absence is a failure, never a skip.
+pub fn local_here() -> bool {
+    if box_confine::landlock_abi() > 0 {
+        return true;
+    }
+    assert!(!under_ci(), "landlock is missing under CI");
+    eprintln!("\n*** LOCAL PART NOT RUN: this kernel has no landlock ***\n");
+    false
+}
+
 /// The containers labelled with `instance` (and, if given, unit `unit`).
 pub async fn containers(instance: &str, unit: Option<&str>) -> Vec<String> {
     let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
