@@ -410,6 +410,37 @@ async fn read_until(processes: &Processes, id: &str, wanted: &str) -> String {
     }
 }
 
+/// `text` written to the process's stdin (typed, on a terminal).
+async fn type_in(processes: &Processes, id: &str, text: &str) {
+    call(
+        processes,
+        "write",
+        json!({"id": id, "data": BASE64.encode(text)}),
+    )
+    .await
+    .unwrap();
+}
+
+/// closeStdin, then all the process prints until its stdout ends (`None`
+/// when that takes over 10 s).
+async fn close_stdin_and_drain(processes: &Processes, id: &str) -> Option<Vec<u8>> {
+    call(processes, "closeStdin", json!({"id": id}))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), read_all(processes, id, 1))
+        .await
+        .ok()
+}
+
+/// The process ends with status 0, and is closed.
+async fn ends_with_status_0(processes: &Processes, id: &str) {
+    assert_eq!(
+        call(processes, "wait", json!({"id": id})).await,
+        Ok(json!({"status": 0}))
+    );
+    call(processes, "close", json!({"id": id})).await.unwrap();
+}
+
 /// box's extension: `tty: {rows, cols}` gives the process a terminal of its
 /// own (a controlling one, of the size asked), which `box/process.resize`
 /// resizes; input typed at it arrives, and closeStdin types ^D.
@@ -438,13 +469,7 @@ async fn a_process_with_a_terminal_sees_it_and_its_size() {
             .map_err(|problem| problem.0),
         Ok(json!({}))
     );
-    call(
-        &processes,
-        "write",
-        json!({"id": id, "data": BASE64.encode("hello\n")}),
-    )
-    .await
-    .unwrap();
+    type_in(&processes, &id, "hello\n").await;
     let second = tokio::time::timeout(
         Duration::from_secs(10),
         read_until(&processes, &id, "40 100"),
@@ -465,21 +490,12 @@ async fn a_process_with_a_terminal_sees_it_and_its_size() {
         Ok(json!({"eof": true}))
     );
     // closeStdin types ^D: `cat` sees end of file and the script ends.
-    call(&processes, "closeStdin", json!({"id": id}))
-        .await
-        .unwrap();
-    let rest = tokio::time::timeout(Duration::from_secs(10), read_all(&processes, &id, 1))
-        .await
-        .unwrap();
+    let rest = close_stdin_and_drain(&processes, &id).await.unwrap();
     assert!(
         String::from_utf8_lossy(&rest).contains("cat-ended"),
         "{rest:?}"
     );
-    assert_eq!(
-        call(&processes, "wait", json!({"id": id})).await,
-        Ok(json!({"status": 0}))
-    );
-    call(&processes, "close", json!({"id": id})).await.unwrap();
+    ends_with_status_0(&processes, &id).await;
 }
 
 /// Issue 22, item 9: input and closeStdin sent before the process has taken
@@ -499,28 +515,15 @@ async fn closing_a_terminal_s_stdin_reaches_a_program_that_left_line_mode() {
         json!({"args": ["sh", "-c", script], "tty": {"rows": 24, "cols": 80}}),
     )
     .await;
-    call(
-        &processes,
-        "write",
-        json!({"id": id, "data": BASE64.encode("x\n")}),
-    )
-    .await
-    .unwrap();
-    call(&processes, "closeStdin", json!({"id": id}))
-        .await
-        .unwrap();
-    let output = tokio::time::timeout(Duration::from_secs(10), read_all(&processes, &id, 1))
+    type_in(&processes, &id, "x\n").await;
+    let output = close_stdin_and_drain(&processes, &id)
         .await
         .expect("the program never read an end of file");
     let output = String::from_utf8_lossy(&output);
     assert!(output.contains("key:78"), "{output:?}");
     assert!(output.contains("key:04"), "{output:?}");
     assert!(!output.contains("key:00"), "{output:?}");
-    assert_eq!(
-        call(&processes, "wait", json!({"id": id})).await,
-        Ok(json!({"status": 0}))
-    );
-    call(&processes, "close", json!({"id": id})).await.unwrap();
+    ends_with_status_0(&processes, &id).await;
 }
 
 /// Issue 22, item 9: a last line without its newline, then closeStdin, ends
@@ -534,26 +537,13 @@ async fn closing_a_terminal_s_stdin_after_a_partial_line_ends_cat() {
         json!({"args": ["cat"], "tty": {"rows": 24, "cols": 80}}),
     )
     .await;
-    call(
-        &processes,
-        "write",
-        json!({"id": id, "data": BASE64.encode("partial")}),
-    )
-    .await
-    .unwrap();
-    call(&processes, "closeStdin", json!({"id": id}))
-        .await
-        .unwrap();
-    let output = tokio::time::timeout(Duration::from_secs(10), read_all(&processes, &id, 1))
+    type_in(&processes, &id, "partial").await;
+    let output = close_stdin_and_drain(&processes, &id)
         .await
         .expect("cat never read an end of file");
     // The terminal's echo, then cat's copy.
     assert_eq!(String::from_utf8_lossy(&output), "partialpartial");
-    assert_eq!(
-        call(&processes, "wait", json!({"id": id})).await,
-        Ok(json!({"status": 0}))
-    );
-    call(&processes, "close", json!({"id": id})).await.unwrap();
+    ends_with_status_0(&processes, &id).await;
 }
 
 /// A process without a terminal cannot be resized; the error says how to get one.
