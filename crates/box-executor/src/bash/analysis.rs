@@ -38,12 +38,14 @@
 //! said: a line that names git is not stamped at all.
 //!
 //! The parts: `lexer` (the subset's tokens and stages), `subset` (its
-//! read-only checks, claims and plan), `glob` (`ls` globs), `git` (git
-//! stages and the repository-config probe), `split` (the splitter).
+//! read-only checks, claims and plan), `paths` (where a stage runs, paths
+//! kept inside), `glob` (glob expansion), `git` (git stages and the
+//! repository-config probe), `split` (the splitter).
 
 mod git;
 mod glob;
 mod lexer;
+mod paths;
 mod split;
 mod subset;
 

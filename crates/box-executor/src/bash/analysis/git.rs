@@ -4,7 +4,7 @@
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Component, Path, PathBuf};
 
-use super::subset::{Base, Reads, inside};
+use super::paths::{Base, Reads, inside};
 use crate::Context;
 use box_scrub::Drivers;
 

@@ -1,61 +1,15 @@
-//! `*`/`?` in `ls` arguments: the names a glob matches, expanded as bash
-//! would, each checked like a name written out.
+//! Glob expansion for `ls` arguments: the names a `*`/`?` pattern matches
+//! beneath a directory, as bash would expand it (in the C and the UTF-8
+//! locale both).
 
 use std::path::Path;
-
-use super::lexer::Stage;
-use super::subset::{Base, Reads, check_ls, inside, quote};
-use crate::Context;
 
 /// The most names one `ls` glob may expand to before the stage asks instead.
 const MAX_GLOB_MATCHES: usize = 1000;
 
-/// `ls` with globs: the analysis expands them itself (as bash would, in the
-/// C and the UTF-8 locale both, hidden names only for a pattern starting with
-/// `.`), checks every name, and renders the plan with the names after a `--`
-/// so none can be read as an option. A glob matching nothing stays as
-/// written, as bash leaves it.
-pub(super) fn check_ls_globs(
-    context: &Context,
-    base: &Base,
-    stage: &Stage<'_>,
-) -> Result<(Reads, String), String> {
-    let mut flags = Vec::new();
-    let mut operands = Vec::new();
-    let mut options = true;
-    for (word, glob) in &stage.words[1..] {
-        if *glob {
-            let matches = expand_glob(&base.absolute, word)?;
-            if matches.is_empty() {
-                operands.push(word.clone());
-            } else {
-                operands.extend(matches);
-            }
-        } else if options && word == "--" {
-            options = false;
-        } else if options && word.starts_with('-') && word.len() > 1 {
-            flags.push(word.as_str());
-        } else {
-            operands.push(word.clone());
-        }
-    }
-    check_ls(context, base, &flags)?;
-    let mut reads = Vec::new();
-    for operand in &operands {
-        inside(context, base, operand)?;
-        reads.push(("ls", operand.clone()));
-    }
-    let mut words = vec![quote("ls")];
-    words.extend(flags.iter().map(|flag| quote(flag)));
-    words.push("--".to_owned());
-    words.extend(operands.iter().map(|operand| quote(operand)));
-    words.extend(stage.redirects.iter().map(|text| (*text).to_owned()));
-    Ok((reads, words.join(" ")))
-}
-
 /// The names `pattern` (relative, `*` and `?` only) matches beneath `dir`,
 /// relative to it, sorted.
-fn expand_glob(dir: &Path, pattern: &str) -> Result<Vec<String>, String> {
+pub(super) fn expand_glob(dir: &Path, pattern: &str) -> Result<Vec<String>, String> {
     if pattern.starts_with('/') {
         return Err(format!("the absolute glob {pattern}"));
     }

@@ -2,24 +2,16 @@
 //! the read-only list (flags, paths inside the workspace, no `..`), the files
 //! it reads claimed, and the plan rendered for a stamp.
 
-use std::path::{Component, Path, PathBuf};
-
 use serde_json::Value;
 
 use super::git::check_git;
-use super::glob::check_ls_globs;
+use super::glob::expand_glob;
 use super::lexer::{Stage, Token, structure};
+use super::paths::{Base, Reads, inside, lexical, resolved};
 use super::{Analysis, command_args, sentinel_call};
 use crate::Context;
 use crate::facts::{FactCall, SENTINEL};
 use box_scrub::Drivers;
-
-/// Where a stage runs: root-relative (`""` = the root) and absolute.
-#[derive(Debug, Clone)]
-pub(super) struct Base {
-    pub(super) relative: String,
-    pub(super) absolute: PathBuf,
-}
 
 pub(super) fn analyse_subset(context: &Context, line: &str, tokens: &[Token]) -> Analysis {
     let Some(segments) = structure(line, tokens) else {
@@ -112,12 +104,6 @@ pub(super) fn analyse_subset(context: &Context, line: &str, tokens: &[Token]) ->
     }
 }
 
-/// A path with links resolved where it exists, as written otherwise: what a
-/// stamp signs so that a link changing after the stamp breaks it.
-fn resolved(path: &Path) -> PathBuf {
-    path.canonicalize().unwrap_or_else(|_| path.to_path_buf())
-}
-
 fn stage_call(stage: &Stage<'_>) -> FactCall {
     FactCall {
         tool: String::new(),
@@ -135,7 +121,7 @@ fn stage_sentinel(stage: &Stage<'_>, why: &str) -> FactCall {
 }
 
 /// Single-quote a word for bash.
-pub(super) fn quote(word: &str) -> String {
+fn quote(word: &str) -> String {
     format!("'{}'", word.replace('\'', r"'\''"))
 }
 
@@ -154,9 +140,6 @@ fn render_stage(stage: &Stage<'_>) -> String {
     words.extend(stage.redirects.iter().map(|text| (*text).to_owned()));
     words.join(" ")
 }
-
-/// The files a stage reads (`read`) or lists (`ls`), as written.
-pub(super) type Reads = Vec<(&'static str, String)>;
 
 /// The verdict on one stage.
 #[derive(Debug, PartialEq, Eq)]
@@ -202,41 +185,6 @@ fn check_cd(
         relative,
         absolute: lexical(&base.absolute.join(raw)),
     })
-}
-
-/// Clean `.` and repeated separators without touching the file system.
-fn lexical(path: &Path) -> PathBuf {
-    path.components()
-        .filter(|component| !matches!(component, Component::CurDir))
-        .collect()
-}
-
-/// A path argument inside the workspace: no `..`, not absolute elsewhere,
-/// and (where it exists) not leading out through a link. The absolute path.
-pub(super) fn inside(context: &Context, base: &Base, raw: &str) -> Result<PathBuf, String> {
-    let path = Path::new(raw);
-    if path
-        .components()
-        .any(|component| component == Component::ParentDir)
-    {
-        return Err(format!("a .. in {raw}"));
-    }
-    let root = context.workspace.root();
-    let joined = lexical(&base.absolute.join(path));
-    if !joined.starts_with(root) {
-        return Err(format!("{raw} is outside the workspace"));
-    }
-    if joined.symlink_metadata().is_ok() {
-        let real_root = resolved(root);
-        let real = joined
-            .canonicalize()
-            .map_err(|error| format!("where {raw} leads cannot be read: {error}"))?;
-        if !real.starts_with(&real_root) {
-            return Err(format!("{raw} leads out of the workspace"));
-        }
-        return Ok(real);
-    }
-    Ok(joined)
 }
 
 /// A file a read-only command reads: inside, a regular file, small enough.
@@ -308,7 +256,50 @@ fn check_stage(
     }
 }
 
-pub(super) fn check_ls(context: &Context, base: &Base, args: &[&str]) -> Result<Reads, String> {
+/// `ls` with globs: the analysis expands them itself (as bash would, in the
+/// C and the UTF-8 locale both, hidden names only for a pattern starting with
+/// `.`), checks every name, and renders the plan with the names after a `--`
+/// so none can be read as an option. A glob matching nothing stays as
+/// written, as bash leaves it.
+fn check_ls_globs(
+    context: &Context,
+    base: &Base,
+    stage: &Stage<'_>,
+) -> Result<(Reads, String), String> {
+    let mut flags = Vec::new();
+    let mut operands = Vec::new();
+    let mut options = true;
+    for (word, glob) in &stage.words[1..] {
+        if *glob {
+            let matches = expand_glob(&base.absolute, word)?;
+            if matches.is_empty() {
+                operands.push(word.clone());
+            } else {
+                operands.extend(matches);
+            }
+        } else if options && word == "--" {
+            options = false;
+        } else if options && word.starts_with('-') && word.len() > 1 {
+            flags.push(word.as_str());
+        } else {
+            operands.push(word.clone());
+        }
+    }
+    check_ls(context, base, &flags)?;
+    let mut reads = Vec::new();
+    for operand in &operands {
+        inside(context, base, operand)?;
+        reads.push(("ls", operand.clone()));
+    }
+    let mut words = vec![quote("ls")];
+    words.extend(flags.iter().map(|flag| quote(flag)));
+    words.push("--".to_owned());
+    words.extend(operands.iter().map(|operand| quote(operand)));
+    words.extend(stage.redirects.iter().map(|text| (*text).to_owned()));
+    Ok((reads, words.join(" ")))
+}
+
+fn check_ls(context: &Context, base: &Base, args: &[&str]) -> Result<Reads, String> {
     let mut paths = Vec::new();
     let mut options = true;
     for arg in args {
