@@ -408,21 +408,15 @@ fn limits_json(limits: &LimitsPolicy) -> Value {
     limits.show_json()
 }
 
+/// A network as `--json` writes it: its mode and allow list, and the
+/// egress proxy's fields the profile sets.
 fn network_json(network: &NetworkPolicy) -> Value {
-    let mut shown = json!({
-        "mode": network_text(&NetworkPolicy { mode: network.mode, allow: Vec::new(), hosts: Default::default(), max_connections: None, bandwidth: None }),
-        "allow": network.allow.iter().map(ToString::to_string).collect::<Vec<_>>(),
-    });
-    if !network.hosts.is_empty() {
-        shown["hosts"] = json!(network.hosts);
-    }
-    if let Some(count) = network.max_connections {
-        shown["max_connections"] = json!(count);
-    }
-    if let Some(bandwidth) = network.bandwidth {
-        shown["bandwidth"] = json!(bandwidth.to_string());
-    }
-    shown
+    let shown: Vec<Shown> = network
+        .shown()
+        .into_iter()
+        .filter(|field| field.show != Show::IfSet || !field.default)
+        .collect();
+    fields_json(&shown)
 }
 
 /// A profile as JSON, in the profile's own words (snake_case, as the TOML).

@@ -10,6 +10,8 @@
 //! `LimitsPolicy` and the plan's `Limits`, each limit's default, how it is
 //! read, shown, asked for, narrowed and given to a unit all come from one row.
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -21,8 +23,9 @@ use super::validate::{
     Root, Runtime, Walk, join,
 };
 use super::value::{ByteSize, CpuQuota};
+use crate::allow::Rule;
 use crate::image::PullPolicy;
-use crate::plan::{LocalUserland, MountMode, Requirement, TmpMode};
+use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, TmpMode};
 
 /// What a session's tightening (`box.tighten`) may do with a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,19 +295,27 @@ table! {
     }
 }
 
-/// `[network]`, and a server's `network`.
 #[rustfmt::skip]
-pub(crate) const NETWORK: Table = Table {
-    path: "network",
-    readme: ("`[network]`", 1),
-    fields: &[
-        field("mode", r#"`"none"` \| `"egress"` \| `"bridge"`"#, r#"`"none"`"#, AtMost, Some("network.mode")),
-        field("allow", "array of `host[:port]`", "`[]`", Among, Some("network.allow")),
-        field("hosts", "table of name = IP address", "`{}`", No, Some("network.hosts")),
-        field("max_connections", "whole number", "`256` with `egress`", No, Some("network.maxConnections")),
-        field("bandwidth", r#"size per second (`"10MiB"`)"#, "no cap", No, Some("network.bytesPerSecond")),
-    ],
-};
+table! {
+    /// `[network]`, and a server's `network`.
+    NETWORK = "network", ("`[network]`", 1), plan "network.";
+    /// A unit's network as written (declared in `fields.rs`, one row per
+    /// field; each is checked against the mode once read).
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct NetworkPolicy {
+        /// How much network.
+        mode: NetworkMode = NetworkMode::None => Plain, AtMost, r#"`"none"` \| `"egress"` \| `"bridge"`"#, r#"`"none"`"#, "mode";
+        /// For `egress`: what may be reached (empty otherwise).
+        allow: Vec<Rule> = Vec::new() => Plain, Among, "array of `host[:port]`", "`[]`", "allow";
+        /// For `egress`: names pinned to addresses, resolved by the host's proxy before
+        /// its resolver (like `--add-host`): registries on a private network, tests.
+        hosts: BTreeMap<String, IpAddr> = BTreeMap::new() => Plain, No, IfSet, "table of name = IP address", "`{}`", "hosts";
+        /// For `egress`: connections open at once through the unit's proxy.
+        max_connections: Option<u64> = None => Plain, No, IfSet, "whole number", "`256` with `egress`", "maxConnections";
+        /// For `egress`: bytes per second through the unit's proxy, each direction.
+        bandwidth: Option<ByteSize> = None => Plain, No, IfSet, r#"size per second (`"10MiB"`)"#, "no cap", "bytesPerSecond";
+    }
+}
 
 /// `[env]`.
 #[rustfmt::skip]

@@ -4,11 +4,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-pub use super::fields::{LifecyclePolicy, LimitsPolicy, PoolPolicy, Workspace};
-use super::value::ByteSize;
-use crate::allow::Rule;
+pub use super::fields::{LifecyclePolicy, LimitsPolicy, NetworkPolicy, PoolPolicy, Workspace};
 use crate::image::PullPolicy;
-use crate::plan::{LocalUserland, NetworkMode, UserIds};
+use crate::plan::{LocalUserland, UserIds};
 
 /// A profile: everything a session's units may be and do. A session can only narrow it.
 #[derive(Debug, Clone, PartialEq)]
@@ -135,22 +133,6 @@ pub enum UserChoice {
     Host,
     /// Whatever the image says.
     Image,
-}
-
-/// A unit's network as written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NetworkPolicy {
-    /// How much network.
-    pub mode: NetworkMode,
-    /// For `egress`: what may be reached (empty otherwise).
-    pub allow: Vec<Rule>,
-    /// For `egress`: names pinned to addresses, resolved by the host's proxy before
-    /// its resolver (like `--add-host`): registries on a private network, tests.
-    pub hosts: std::collections::BTreeMap<String, std::net::IpAddr>,
-    /// For `egress`: connections open at once through the unit's proxy.
-    pub max_connections: Option<u64>,
-    /// For `egress`: bytes per second through the unit's proxy, each direction.
-    pub bandwidth: Option<ByteSize>,
 }
 
 /// The environment as written.
