@@ -18,6 +18,7 @@ use std::time::Duration;
 use super::kinds::{Kind, Plain, Reads, Show, Shown, words};
 use super::model::{ForkMode, OnPersisted, Source, UserChoice, defaults};
 use super::tree::Node;
+use super::validate::Allowance;
 use super::validate::{
     Capabilities, Devices, HostNamespaces, Image, Images, Lease, PoolSize, Privileged, PullSecret,
     Root, Runtime, Walk, join,
@@ -151,7 +152,7 @@ macro_rules! table {
         $(#[doc = $table_doc:literal])*
         $TABLE:ident = $path:literal, $readme:expr, plan $plan:literal;
         $(#[$meta:meta])*
-        pub struct $Struct:ident {
+        $vis:vis struct $Struct:ident {
             $(
                 $(#[doc = $doc:literal])*
                 $field:ident $(($name:literal))?: $ty:ty = $default:expr => $reads:ty,
@@ -161,7 +162,7 @@ macro_rules! table {
         }
     ) => {
         $(#[$meta])*
-        pub struct $Struct {
+        $vis struct $Struct {
             $( $(#[doc = $doc])* pub $field: $ty, )*
         }
 
@@ -193,6 +194,7 @@ macro_rules! table {
             }
 
             /// Every field as `box profile show` writes it, in order.
+            #[allow(dead_code, reason = "a table box profile show does not write")]
             pub fn shown(&self) -> Vec<Shown> {
                 let defaults = Self::defaults();
                 vec![$(
@@ -439,19 +441,18 @@ pub(crate) const VOLUME: Table = Table {
     ],
 };
 
-/// `[operator]`.
 #[rustfmt::skip]
-pub(crate) const OPERATOR: Table = Table {
-    path: "operator",
-    readme: ("`[operator]`", 1),
-    fields: &[field(
-        "allow_dangerous",
-        "array of the names above",
-        "`[]`",
-        No,
-        None,
-    )],
-};
+table! {
+    /// `[operator]`.
+    OPERATOR = "operator", ("`[operator]`", 1), plan "";
+    /// `[operator]` as written: what its operator allows the profile.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub(crate) struct OperatorPolicy {
+        /// The dangerous asks allowed, each by name, where it was written
+        /// (an allowance the profile does not use is a problem there).
+        allow_dangerous: Vec<Allowance> = Vec::new() => Plain, No, "array of the names above", "`[]`";
+    }
+}
 
 /// Every table, for the README's check.
 #[cfg(test)]
