@@ -440,8 +440,8 @@ fn profile_json(profile: &Profile) -> Value {
         "env": {
             "set": profile.env.set,
             "pass": profile.env.pass,
-            "secrets": profile.env.secrets,
-            "secrets_as_env": profile.env.secrets_as_env,
+            "secrets": profile.env.secret_names(),
+            "secrets_as_env": profile.env.secrets_as_env(),
         },
         "security": fields_json(&profile.security.shown()),
         "lifecycle": fields_json(&profile.lifecycle.shown()),
@@ -567,7 +567,7 @@ fn show(profile: &Profile) -> String {
             "env          set [{}], pass [{}], secrets [{}]",
             set.join(", "),
             profile.env.pass.join(", "),
-            profile.env.secrets.join(", ")
+            profile.env.secret_names().join(", ")
         ));
     }
     let security = profile.security.shown();

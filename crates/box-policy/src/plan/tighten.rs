@@ -466,8 +466,7 @@ pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, Pl
     for name in &tightening.env_drop {
         narrowed.env.set.remove(name);
         narrowed.env.pass.retain(|pass| pass != name);
-        narrowed.env.secrets.retain(|secret| secret != name);
-        narrowed.env.secrets_as_env.retain(|secret| secret != name);
+        narrowed.env.secrets.retain(|secret| secret.name != *name);
     }
     Ok(narrowed)
 }

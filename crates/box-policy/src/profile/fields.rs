@@ -16,12 +16,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::kinds::{Kind, Plain, Reads, Show, Shown, words};
-use super::model::{ForkMode, OnPersisted, Source, UserChoice, defaults};
+use super::model::{ForkMode, OnPersisted, Secret, Source, UserChoice, defaults};
 use super::tree::Node;
 use super::validate::Allowance;
 use super::validate::{
-    Capabilities, Devices, HostNamespaces, Image, Images, Lease, PoolSize, Privileged, PullSecret,
-    Root, Runtime, Walk, join,
+    Capabilities, Devices, HostNamespaces, Image, Images, Lease, Pass, PoolSize, Privileged,
+    PullSecret, Root, Runtime, Walk, join,
 };
 use super::value::{ByteSize, CpuQuota};
 use crate::allow::Rule;
@@ -319,17 +319,23 @@ table! {
     }
 }
 
-/// `[env]`.
 #[rustfmt::skip]
-pub(crate) const ENV: Table = Table {
-    path: "env",
-    readme: ("`[env]`", 1),
-    fields: &[
-        field("set", r#"table of `NAME = "value"`"#, "`{}`", Drop, Some("env.set")),
-        field("pass", "array of names", "`[]`", Drop, Some("env.pass")),
-        field("secrets", "array of names or `{name, as_env}` tables", "`[]`", Drop, Some("env.secrets")),
-    ],
-};
+table! {
+    /// `[env]`.
+    ENV = "env", ("`[env]`", 1), plan "env.";
+    /// The environment as written (declared in `fields.rs`, one row per field).
+    #[derive(Debug, Clone, PartialEq, Eq, Default)]
+    pub struct EnvPolicy {
+        /// Variables set in the unit.
+        set: BTreeMap<String, String> = BTreeMap::new() => Plain, Drop, r#"table of `NAME = "value"`"#, "`{}`", "set";
+        /// Host variables handed through by name (never a credential).
+        pass: Vec<String> = Vec::new() => Pass, Drop, "array of names", "`[]`", "pass";
+        /// Host variables that are credentials, handed through because named here
+        /// (as files under `/run/secrets`, never the unit's environment), each
+        /// saying whether it is also a variable of the processes the executor starts.
+        secrets: Vec<Secret> = Vec::new() => Plain, Drop, "array of names or `{name, as_env}` tables", "`[]`", "secrets";
+    }
+}
 
 /// A table entry of `env.secrets`.
 #[rustfmt::skip]

@@ -1,10 +1,11 @@
 //! The profile as validated: plain data, fully defaulted, with no host facts
 //! resolved yet (`cwd` and `host` stay symbolic until `plan::resolve`).
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-pub use super::fields::{LifecyclePolicy, LimitsPolicy, NetworkPolicy, PoolPolicy, Workspace};
+pub use super::fields::{
+    EnvPolicy, LifecyclePolicy, LimitsPolicy, NetworkPolicy, PoolPolicy, Workspace,
+};
 use crate::image::PullPolicy;
 use crate::plan::{LocalUserland, UserIds};
 
@@ -135,19 +136,34 @@ pub enum UserChoice {
     Image,
 }
 
-/// The environment as written.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct EnvPolicy {
-    /// Variables set in the unit.
-    pub set: BTreeMap<String, String>,
-    /// Host variables handed through by name (never a credential).
-    pub pass: Vec<String>,
-    /// Host variables that are credentials, handed through because named here
-    /// (as files under `/run/secrets`, never the unit's environment).
-    pub secrets: Vec<String>,
-    /// The secrets (a subset of `secrets`) also given as variables to the
-    /// processes the executor starts (`as_env = true`).
-    pub secrets_as_env: Vec<String>,
+impl EnvPolicy {
+    /// The secrets' names, in the order written.
+    pub fn secret_names(&self) -> Vec<String> {
+        self.secrets
+            .iter()
+            .map(|secret| secret.name.clone())
+            .collect()
+    }
+
+    /// The secrets also given as variables to the processes the executor
+    /// starts (`as_env = true`), in the order written.
+    pub fn secrets_as_env(&self) -> Vec<String> {
+        self.secrets
+            .iter()
+            .filter(|secret| secret.as_env)
+            .map(|secret| secret.name.clone())
+            .collect()
+    }
+}
+
+/// A host variable handed through as a credential (`env.secrets`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Secret {
+    /// The variable's name.
+    pub name: String,
+    /// Whether its value is also a variable of the processes the executor
+    /// starts (`as_env = true`).
+    pub as_env: bool,
 }
 
 /// The hardening as written: the plan's [`Security`](crate::plan::Security),

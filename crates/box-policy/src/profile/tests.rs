@@ -172,7 +172,7 @@ write_guard = "off"
             ..LimitsPolicy::defaults()
         }
     );
-    assert_eq!(profile.env.secrets, vec!["GITHUB_TOKEN".to_owned()]);
+    assert_eq!(profile.env.secret_names(), vec!["GITHUB_TOKEN".to_owned()]);
     assert_eq!(
         profile.security.capabilities,
         vec!["CHOWN".to_owned(), "KILL".to_owned()]
@@ -919,8 +919,11 @@ fn secrets_are_names_or_tables_asking_for_a_variable_too() {
     let text = "[env]\nsecrets = [\"DEPLOY_KEY\", {name = \"GH_TOKEN\", as_env = true}, {name = \"NPM_TOKEN\"}]\n\
                 [workspace]\non_persisted_credentials = \"refuse\"\n";
     let profile = load(&[("p", text)], "p").unwrap();
-    assert_eq!(profile.env.secrets, ["DEPLOY_KEY", "GH_TOKEN", "NPM_TOKEN"]);
-    assert_eq!(profile.env.secrets_as_env, ["GH_TOKEN"]);
+    assert_eq!(
+        profile.env.secret_names(),
+        ["DEPLOY_KEY", "GH_TOKEN", "NPM_TOKEN"]
+    );
+    assert_eq!(profile.env.secrets_as_env(), ["GH_TOKEN"]);
     assert_eq!(
         profile.workspace.on_persisted_credentials,
         super::OnPersisted::Refuse

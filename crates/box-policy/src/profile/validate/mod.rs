@@ -17,6 +17,7 @@ use super::tree::{Node, Value};
 use crate::plan::NetworkMode;
 use danger::Asked;
 pub(crate) use danger::{Allowance, host_path_dangers};
+pub(super) use env::Pass;
 pub(super) use limits::{Lease, PoolSize};
 pub(super) use security::{Capabilities, Devices, HostNamespaces, Privileged};
 pub(super) use workspace::{Image, Images, PullSecret, Root, Runtime};
