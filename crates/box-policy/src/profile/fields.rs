@@ -268,12 +268,12 @@ table! {
         image: String = defaults::IMAGE.to_owned() => Image, Among, "string", r#"`"box-base:bookworm"`"#, "image";
         /// Other images a session may choose with `tighten.workspace.image`
         /// (`image` is always one it may choose).
-        images: Vec<String> = Vec::new() => Images, No, "array of image references", "`[]`";
+        images: Vec<String> = Vec::new() => Images, No, IfSet, "array of image references", "`[]`";
         /// When the image is pulled from its registry.
-        pull: PullPolicy = PullPolicy::Missing => Plain, No, r#"`"never"` \| `"missing"` \| `"always"`"#, r#"`"missing"`"#, "pull";
+        pull: PullPolicy = PullPolicy::Missing => Plain, No, IfSet, r#"`"never"` \| `"missing"` \| `"always"`"#, r#"`"missing"`"#, "pull";
         /// The host variable holding `user:password` for the image's registry
         /// (`pull_secret`): given to the engine for pulls, never to the unit.
-        pull_secret: Option<String> = None => PullSecret, No, "string", "none", "pullSecret";
+        pull_secret: Option<String> = None => PullSecret, No, IfSet, "string", "none", "pullSecret";
         /// Where the workspace appears inside the unit.
         root: PathBuf = PathBuf::from(defaults::ROOT) => Root, No, "absolute path", r#"`"/workspace"`"#, "root";
         /// Where the workspace comes from.
@@ -284,16 +284,16 @@ table! {
         user: UserChoice = UserChoice::Host => Plain, No, r#"`"host"` \| `"image"` \| `"UID:GID"`"#, r#"`"host"`"#, "user";
         /// The engine's OCI runtime for this unit (`runsc` for gVisor); `None`: the
         /// engine's default.
-        runtime: Option<String> = None => Runtime, No, "runtime name", "the engine's default (`runc`)", "runtime";
+        runtime: Option<String> = None => Runtime, No, IfSet, "runtime name", "the engine's default (`runc`)", "runtime";
         /// Whether the local backend may run this unit on the host's userland in
         /// place of `image`. Goes with `image`: a profile that sets `image`
         /// without it does not inherit its parent's.
-        local_userland: LocalUserland = LocalUserland::Refuse => Plain, AtMost, r#"`"refuse"` \| `"host"`"#, r#"`"refuse"`"#, "localUserland";
+        local_userland: LocalUserland = LocalUserland::Refuse => Plain, AtMost, IfSet, r#"`"refuse"` \| `"host"`"#, r#"`"refuse"`"#, "localUserland";
         // The plan's, not a unit's: `onPersistedCredentials` and `workspaceFork`.
         /// What a credential persisted in the workspace at session start does.
         on_persisted_credentials: OnPersisted = OnPersisted::Report => Plain, No, r#"`"report"` \| `"refuse"` \| `"hide"`"#, r#"`"report"`"#;
         /// With `source = "fork"`: how each session's fork is made.
-        fork_mode: ForkMode = ForkMode::Auto => Plain, No, r#"`"auto"` \| `"worktree"` \| `"copy"`"#, r#"`"auto"`"#;
+        fork_mode: ForkMode = ForkMode::Auto => Plain, No, IfSet, r#"`"auto"` \| `"worktree"` \| `"copy"`"#, r#"`"auto"`"#;
     }
 }
 
