@@ -832,6 +832,79 @@ fn a_session_tightens_the_fields_declared_tightenable() {
     );
 }
 
+/// The top level and `[env]` hold to their rows too: a table a session
+/// narrows (`Within`) is a field of a tightening, a list of tables it drops
+/// from (`Drop`) is one by its plural (`servers`), the rest are the
+/// profile's; and every `[env]` field a row says a session drops from
+/// (`Drop`) loses the variable a tightening's `env.drop` names.
+#[test]
+fn a_session_tightens_the_top_level_and_env_as_declared() {
+    use super::fields::{ENV, TOP, Tighten};
+    let mut wrong = Vec::new();
+    for field in TOP.fields {
+        let key = match field.tighten {
+            Tighten::Drop => format!("{}s", field.name),
+            _ => field.name.to_owned(),
+        };
+        let empty = match field.tighten {
+            Tighten::Drop => serde_json::json!([]),
+            _ => serde_json::json!({}),
+        };
+        let result = crate::plan::Tightening::parse(&serde_json::json!({ key.as_str(): empty }));
+        let told_profiles = result
+            .as_ref()
+            .is_err_and(|error| error.to_string().contains("which a session cannot tighten"));
+        let fits = match field.tighten {
+            Tighten::No => told_profiles,
+            Tighten::Within | Tighten::Drop => result.is_ok(),
+            Tighten::AtMost | Tighten::Among => false,
+        };
+        if !fits {
+            wrong.push(format!(
+                "{} ({:?}) as {key}: {result:?}",
+                field.name, field.tighten
+            ));
+        }
+    }
+    let text = "[env]\nset = { SET_VAR = \"1\" }\npass = [\"PASS_VAR\"]\nsecrets = [{ name = \"SECRET_VAR\", as_env = true }]\n";
+    let profile = load(&[("p", text)], "p").unwrap();
+    let tightening = crate::plan::Tightening::parse(&serde_json::json!({
+        "env": {"drop": ["SET_VAR", "PASS_VAR", "SECRET_VAR"]}
+    }))
+    .unwrap();
+    let narrowed = crate::plan::tighten(&profile, &tightening).unwrap();
+    let left = |name: &str| -> Vec<String> {
+        match name {
+            "set" => narrowed.env.set.keys().cloned().collect(),
+            "pass" => narrowed.env.pass.clone(),
+            "secrets" => narrowed.env.secret_names(),
+            _ => vec![format!("a field this test does not know: {name}")],
+        }
+    };
+    for field in ENV.fields {
+        let kept = left(field.name);
+        if (field.tighten == Tighten::Drop) != kept.is_empty() {
+            wrong.push(format!(
+                "env.{} ({:?}) after env.drop: {kept:?}",
+                field.name, field.tighten
+            ));
+        }
+        let ask = serde_json::json!({ "env": { field.name: null } });
+        let refused = crate::plan::Tightening::parse(&ask)
+            .is_err_and(|error| error.to_string().contains("which a session cannot tighten"));
+        if !refused {
+            wrong.push(format!(
+                "env.{}: a tightening names it, not env.drop",
+                field.name
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "tightening disagrees with fields.rs: {wrong:?}"
+    );
+}
+
 /// Every envelope key a field declares is where a plan gives the field to a unit.
 #[test]
 fn every_fields_envelope_key_is_in_the_plan() {
