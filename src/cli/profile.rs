@@ -349,11 +349,16 @@ fn danger_names(dangers: &[Danger]) -> String {
 }
 
 fn network_text(network: &NetworkPolicy) -> String {
-    let mode = network.mode.as_str();
-    if network.allow.is_empty() {
+    let allow: Vec<String> = network.allow.iter().map(ToString::to_string).collect();
+    mode_to(network.mode, &allow)
+}
+
+/// `egress to a, b`: a network's mode and what it may reach.
+fn mode_to(mode: plan::NetworkMode, allow: &[String]) -> String {
+    let mode = mode.as_str();
+    if allow.is_empty() {
         mode.to_owned()
     } else {
-        let allow: Vec<String> = network.allow.iter().map(ToString::to_string).collect();
         format!("{mode} to {}", allow.join(", "))
     }
 }
@@ -616,17 +621,7 @@ fn show_plan(plan: &plan::Plan) -> String {
             || "the image's".to_owned(),
             |ids| format!("{}:{}", ids.uid, ids.gid),
         );
-        let network = NetworkPolicy {
-            mode: unit.network.mode,
-            allow: Vec::new(),
-            hosts: Default::default(),
-            max_connections: None,
-            bandwidth: None,
-        };
-        let mut network = network_text(&network);
-        if !unit.network.allow.is_empty() {
-            network.push_str(&format!(" to {}", unit.network.allow.join(", ")));
-        }
+        let network = mode_to(unit.network.mode, &unit.network.allow);
         let limits = &unit.limits;
         let cpus = CpuQuota::from_cores(limits.cpus)
             .map_or_else(|_| limits.cpus.to_string(), |cpus| cpus.to_string());
