@@ -9,6 +9,10 @@
 //! The limits are declared whole here ([`limits!`]): the profile's
 //! `LimitsPolicy` and the plan's `Limits`, each limit's default, how it is
 //! read, shown, asked for, narrowed and given to a unit all come from one row.
+//! So are `[workspace]`, `[network]`, `[env]`, `[security]`, `[lifecycle]`,
+//! `[pool]` and `[operator]` ([`table!`]): each table's struct, its defaults,
+//! reading it and `box profile show`'s fields come from one row per field.
+//! The top level, `[[server]]` and `[[volume]]` are `Table`s written out.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
