@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::plan::{self, HostFacts, LocalUserland, PullPolicy, UserIds};
 use crate::profile::{
     Catalog, Danger, LimitsPolicy, NetworkPolicy, Problem, Profile, ProfileError, Show, Shown,
-    Source, UserChoice, show_duration,
+    Source, show_duration,
 };
 
 /// `box profile`: list, show, check and resolve profiles.
@@ -348,30 +348,17 @@ fn danger_names(dangers: &[Danger]) -> String {
         .join(", ")
 }
 
-fn user_text(user: UserChoice) -> String {
-    match user {
-        UserChoice::Ids(ids) => format!("{}:{}", ids.uid, ids.gid),
-        UserChoice::Host => "host".to_owned(),
-        UserChoice::Image => "image".to_owned(),
-    }
-}
-
-fn source_text(source: &Source) -> String {
-    match source {
-        Source::Cwd => "cwd".to_owned(),
-        Source::Fork => "fork".to_owned(),
-        Source::Host(path) => path.display().to_string(),
-        Source::Empty => "empty".to_owned(),
-        Source::None => "none".to_owned(),
-    }
-}
-
 fn network_text(network: &NetworkPolicy) -> String {
-    let mode = network.mode.as_str();
-    if network.allow.is_empty() {
+    let allow: Vec<String> = network.allow.iter().map(ToString::to_string).collect();
+    mode_to(network.mode, &allow)
+}
+
+/// `egress to a, b`: a network's mode and what it may reach.
+fn mode_to(mode: plan::NetworkMode, allow: &[String]) -> String {
+    let mode = mode.as_str();
+    if allow.is_empty() {
         mode.to_owned()
     } else {
-        let allow: Vec<String> = network.allow.iter().map(ToString::to_string).collect();
         format!("{mode} to {}", allow.join(", "))
     }
 }
@@ -408,21 +395,27 @@ fn limits_json(limits: &LimitsPolicy) -> Value {
     limits.show_json()
 }
 
+/// A network as `--json` writes it: its mode and allow list, and the
+/// egress proxy's fields the profile sets.
 fn network_json(network: &NetworkPolicy) -> Value {
-    let mut shown = json!({
-        "mode": network_text(&NetworkPolicy { mode: network.mode, allow: Vec::new(), hosts: Default::default(), max_connections: None, bandwidth: None }),
-        "allow": network.allow.iter().map(ToString::to_string).collect::<Vec<_>>(),
-    });
-    if !network.hosts.is_empty() {
-        shown["hosts"] = json!(network.hosts);
-    }
-    if let Some(count) = network.max_connections {
-        shown["max_connections"] = json!(count);
-    }
-    if let Some(bandwidth) = network.bandwidth {
-        shown["bandwidth"] = json!(bandwidth.to_string());
-    }
+    fields_json(&set(network.shown()))
+}
+
+/// A table's fields but those shown only when set (`Show::IfSet`) and not.
+fn set(shown: Vec<Shown>) -> Vec<Shown> {
     shown
+        .into_iter()
+        .filter(|field| field.show != Show::IfSet || !field.default)
+        .collect()
+}
+
+/// The field `name` of a table as `box profile show` writes it.
+fn text_of(shown: &[Shown], name: &str) -> String {
+    shown
+        .iter()
+        .find(|field| field.name == name)
+        .map(|field| field.text.clone())
+        .unwrap_or_default()
 }
 
 /// A profile as JSON, in the profile's own words (snake_case, as the TOML).
@@ -433,21 +426,14 @@ fn profile_json(profile: &Profile) -> Value {
         "origin": profile.origin,
         "extends": profile.extends,
         "dangerous": profile.dangerous.iter().map(|danger| danger.name()).collect::<Vec<_>>(),
-        "workspace": {
-            "image": profile.workspace.image,
-            "root": profile.workspace.root.display().to_string(),
-            "source": source_text(&profile.workspace.source),
-            "mode": profile.workspace.mode.as_str(),
-            "user": user_text(profile.workspace.user),
-            "on_persisted_credentials": profile.workspace.on_persisted_credentials.as_str(),
-        },
+        "workspace": fields_json(&set(profile.workspace.shown())),
         "network": network_json(&profile.network),
         "limits": limits_json(&profile.limits),
         "env": {
             "set": profile.env.set,
             "pass": profile.env.pass,
-            "secrets": profile.env.secrets,
-            "secrets_as_env": profile.env.secrets_as_env,
+            "secrets": profile.env.secret_names(),
+            "secrets_as_env": profile.env.secrets_as_env(),
         },
         "security": fields_json(&profile.security.shown()),
         "lifecycle": fields_json(&profile.lifecycle.shown()),
@@ -474,21 +460,6 @@ fn profile_json(profile: &Profile) -> Value {
                 }))
                 .collect::<Vec<_>>()
         );
-    }
-    // Only units that name a runtime show one; other profiles' JSON is unchanged.
-    if let Some(runtime) = &profile.workspace.runtime {
-        shown["workspace"]["runtime"] = json!(runtime);
-    }
-    // Likewise a unit the local backend may run on the host's userland.
-    if profile.workspace.local_userland != LocalUserland::default() {
-        shown["workspace"]["local_userland"] = json!(profile.workspace.local_userland.as_str());
-    }
-    // Likewise images to choose from and a pull policy other than the default.
-    if !profile.workspace.images.is_empty() {
-        shown["workspace"]["images"] = json!(profile.workspace.images);
-    }
-    if profile.workspace.pull != PullPolicy::default() {
-        shown["workspace"]["pull"] = json!(profile.workspace.pull.as_str());
     }
     for (index, server) in profile.servers.iter().enumerate() {
         if let Some(runtime) = &server.runtime {
@@ -546,13 +517,14 @@ fn show(profile: &Profile) -> String {
     if workspace.source == Source::None {
         line("workspace    none (no file tools, no shell, no processes)".to_owned());
     } else {
+        let shown = workspace.shown();
         line(format!(
             "workspace    {} {} at {} (image {}, user {})",
-            source_text(&workspace.source),
-            workspace.mode.as_str(),
-            workspace.root.display(),
-            workspace.image,
-            user_text(workspace.user)
+            text_of(&shown, "source"),
+            text_of(&shown, "mode"),
+            text_of(&shown, "root"),
+            text_of(&shown, "image"),
+            text_of(&shown, "user")
         ));
         if !workspace.images.is_empty() {
             line(format!(
@@ -573,7 +545,7 @@ fn show(profile: &Profile) -> String {
             "env          set [{}], pass [{}], secrets [{}]",
             set.join(", "),
             profile.env.pass.join(", "),
-            profile.env.secrets.join(", ")
+            profile.env.secret_names().join(", ")
         ));
     }
     let security = profile.security.shown();
@@ -649,17 +621,7 @@ fn show_plan(plan: &plan::Plan) -> String {
             || "the image's".to_owned(),
             |ids| format!("{}:{}", ids.uid, ids.gid),
         );
-        let network = NetworkPolicy {
-            mode: unit.network.mode,
-            allow: Vec::new(),
-            hosts: Default::default(),
-            max_connections: None,
-            bandwidth: None,
-        };
-        let mut network = network_text(&network);
-        if !unit.network.allow.is_empty() {
-            network.push_str(&format!(" to {}", unit.network.allow.join(", ")));
-        }
+        let network = mode_to(unit.network.mode, &unit.network.allow);
         let limits = &unit.limits;
         let cpus = CpuQuota::from_cores(limits.cpus)
             .map_or_else(|_| limits.cpus.to_string(), |cpus| cpus.to_string());

@@ -466,8 +466,7 @@ pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, Pl
     for name in &tightening.env_drop {
         narrowed.env.set.remove(name);
         narrowed.env.pass.retain(|pass| pass != name);
-        narrowed.env.secrets.retain(|secret| secret != name);
-        narrowed.env.secrets_as_env.retain(|secret| secret != name);
+        narrowed.env.secrets.retain(|secret| secret.name != *name);
     }
     Ok(narrowed)
 }
@@ -529,20 +528,17 @@ fn tighten_network(
             unique
         }
     };
-    // Pinned names and the proxy's limits are the operator's, never the
-    // session's: they follow the mode.
-    let egress = mode == NetworkMode::Egress;
-    Ok(crate::profile::NetworkPolicy {
-        mode,
-        allow,
-        hosts: if egress {
-            bound.hosts.clone()
-        } else {
-            Default::default()
-        },
-        max_connections: bound.max_connections.filter(|_| egress),
-        bandwidth: bound.bandwidth.filter(|_| egress),
-    })
+    // Every other field is the operator's, never the session's (declared
+    // `Tighten::No`); pinned names and the proxy's limits follow the mode.
+    let mut narrowed = bound.clone();
+    narrowed.mode = mode;
+    narrowed.allow = allow;
+    if mode != NetworkMode::Egress {
+        narrowed.hosts = Default::default();
+        narrowed.max_connections = None;
+        narrowed.bandwidth = None;
+    }
+    Ok(narrowed)
 }
 
 /// Parse a tightening's JSON text strictly: duplicate keys are an error (a

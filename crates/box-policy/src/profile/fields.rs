@@ -9,20 +9,28 @@
 //! The limits are declared whole here ([`limits!`]): the profile's
 //! `LimitsPolicy` and the plan's `Limits`, each limit's default, how it is
 //! read, shown, asked for, narrowed and given to a unit all come from one row.
+//! So are `[workspace]`, `[network]`, `[env]`, `[security]`, `[lifecycle]`,
+//! `[pool]` and `[operator]` ([`table!`]): each table's struct, its defaults,
+//! reading it and `box profile show`'s fields come from one row per field.
+//! The top level, `[[server]]` and `[[volume]]` are `Table`s written out.
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::kinds::{Kind, Plain, Reads, Show, Shown, words};
-use super::model::{ForkMode, OnPersisted, Source, UserChoice, defaults};
+use super::model::{ForkMode, OnPersisted, Secret, Source, UserChoice, defaults};
 use super::tree::Node;
+use super::validate::Allowance;
 use super::validate::{
-    Capabilities, Devices, HostNamespaces, Image, Images, Lease, PoolSize, Privileged, PullSecret,
-    Root, Runtime, Walk, join,
+    Capabilities, Devices, HostNamespaces, Image, Images, Lease, Pass, PoolSize, Privileged,
+    PullSecret, Root, Runtime, Walk, join,
 };
 use super::value::{ByteSize, CpuQuota};
+use crate::allow::Rule;
 use crate::image::PullPolicy;
-use crate::plan::{LocalUserland, MountMode, Requirement, TmpMode};
+use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, TmpMode};
 
 /// What a session's tightening (`box.tighten`) may do with a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,12 +85,6 @@ impl Table {
     /// Its field names, in order: the "accepted here" list.
     pub(crate) fn names(&self) -> Vec<&'static str> {
         self.fields.iter().map(|field| field.name).collect()
-    }
-
-    /// The field called `name`.
-    #[cfg(test)]
-    pub(crate) fn field(&self, name: &str) -> Option<&'static Field> {
-        self.fields.iter().find(|field| field.name == name)
     }
 }
 
@@ -148,7 +150,7 @@ macro_rules! table {
         $(#[doc = $table_doc:literal])*
         $TABLE:ident = $path:literal, $readme:expr, plan $plan:literal;
         $(#[$meta:meta])*
-        pub struct $Struct:ident {
+        $vis:vis struct $Struct:ident {
             $(
                 $(#[doc = $doc:literal])*
                 $field:ident $(($name:literal))?: $ty:ty = $default:expr => $reads:ty,
@@ -158,7 +160,7 @@ macro_rules! table {
         }
     ) => {
         $(#[$meta])*
-        pub struct $Struct {
+        $vis struct $Struct {
             $( $(#[doc = $doc])* pub $field: $ty, )*
         }
 
@@ -190,6 +192,7 @@ macro_rules! table {
             }
 
             /// Every field as `box profile show` writes it, in order.
+            #[allow(dead_code, reason = "a table box profile show does not write")]
             pub fn shown(&self) -> Vec<Shown> {
                 let defaults = Self::defaults();
                 vec![$(
@@ -263,12 +266,12 @@ table! {
         image: String = defaults::IMAGE.to_owned() => Image, Among, "string", r#"`"box-base:bookworm"`"#, "image";
         /// Other images a session may choose with `tighten.workspace.image`
         /// (`image` is always one it may choose).
-        images: Vec<String> = Vec::new() => Images, No, "array of image references", "`[]`";
+        images: Vec<String> = Vec::new() => Images, No, IfSet, "array of image references", "`[]`";
         /// When the image is pulled from its registry.
-        pull: PullPolicy = PullPolicy::Missing => Plain, No, r#"`"never"` \| `"missing"` \| `"always"`"#, r#"`"missing"`"#, "pull";
+        pull: PullPolicy = PullPolicy::Missing => Plain, No, IfSet, r#"`"never"` \| `"missing"` \| `"always"`"#, r#"`"missing"`"#, "pull";
         /// The host variable holding `user:password` for the image's registry
         /// (`pull_secret`): given to the engine for pulls, never to the unit.
-        pull_secret: Option<String> = None => PullSecret, No, "string", "none", "pullSecret";
+        pull_secret: Option<String> = None => PullSecret, No, IfSet, "string", "none", "pullSecret";
         /// Where the workspace appears inside the unit.
         root: PathBuf = PathBuf::from(defaults::ROOT) => Root, No, "absolute path", r#"`"/workspace"`"#, "root";
         /// Where the workspace comes from.
@@ -279,44 +282,58 @@ table! {
         user: UserChoice = UserChoice::Host => Plain, No, r#"`"host"` \| `"image"` \| `"UID:GID"`"#, r#"`"host"`"#, "user";
         /// The engine's OCI runtime for this unit (`runsc` for gVisor); `None`: the
         /// engine's default.
-        runtime: Option<String> = None => Runtime, No, "runtime name", "the engine's default (`runc`)", "runtime";
+        runtime: Option<String> = None => Runtime, No, IfSet, "runtime name", "the engine's default (`runc`)", "runtime";
         /// Whether the local backend may run this unit on the host's userland in
         /// place of `image`. Goes with `image`: a profile that sets `image`
         /// without it does not inherit its parent's.
-        local_userland: LocalUserland = LocalUserland::Refuse => Plain, AtMost, r#"`"refuse"` \| `"host"`"#, r#"`"refuse"`"#, "localUserland";
+        local_userland: LocalUserland = LocalUserland::Refuse => Plain, AtMost, IfSet, r#"`"refuse"` \| `"host"`"#, r#"`"refuse"`"#, "localUserland";
         // The plan's, not a unit's: `onPersistedCredentials` and `workspaceFork`.
         /// What a credential persisted in the workspace at session start does.
         on_persisted_credentials: OnPersisted = OnPersisted::Report => Plain, No, r#"`"report"` \| `"refuse"` \| `"hide"`"#, r#"`"report"`"#;
         /// With `source = "fork"`: how each session's fork is made.
-        fork_mode: ForkMode = ForkMode::Auto => Plain, No, r#"`"auto"` \| `"worktree"` \| `"copy"`"#, r#"`"auto"`"#;
+        fork_mode: ForkMode = ForkMode::Auto => Plain, No, IfSet, r#"`"auto"` \| `"worktree"` \| `"copy"`"#, r#"`"auto"`"#;
     }
 }
 
-/// `[network]`, and a server's `network`.
 #[rustfmt::skip]
-pub(crate) const NETWORK: Table = Table {
-    path: "network",
-    readme: ("`[network]`", 1),
-    fields: &[
-        field("mode", r#"`"none"` \| `"egress"` \| `"bridge"`"#, r#"`"none"`"#, AtMost, Some("network.mode")),
-        field("allow", "array of `host[:port]`", "`[]`", Among, Some("network.allow")),
-        field("hosts", "table of name = IP address", "`{}`", No, Some("network.hosts")),
-        field("max_connections", "whole number", "`256` with `egress`", No, Some("network.maxConnections")),
-        field("bandwidth", r#"size per second (`"10MiB"`)"#, "no cap", No, Some("network.bytesPerSecond")),
-    ],
-};
+table! {
+    /// `[network]`, and a server's `network`.
+    NETWORK = "network", ("`[network]`", 1), plan "network.";
+    /// A unit's network as written (declared in `fields.rs`, one row per
+    /// field; each is checked against the mode once read).
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct NetworkPolicy {
+        /// How much network.
+        mode: NetworkMode = NetworkMode::None => Plain, AtMost, r#"`"none"` \| `"egress"` \| `"bridge"`"#, r#"`"none"`"#, "mode";
+        /// For `egress`: what may be reached (empty otherwise).
+        allow: Vec<Rule> = Vec::new() => Plain, Among, "array of `host[:port]`", "`[]`", "allow";
+        /// For `egress`: names pinned to addresses, resolved by the host's proxy before
+        /// its resolver (like `--add-host`): registries on a private network, tests.
+        hosts: BTreeMap<String, IpAddr> = BTreeMap::new() => Plain, No, IfSet, "table of name = IP address", "`{}`", "hosts";
+        /// For `egress`: connections open at once through the unit's proxy.
+        max_connections: Option<u64> = None => Plain, No, IfSet, "whole number", "`256` with `egress`", "maxConnections";
+        /// For `egress`: bytes per second through the unit's proxy, each direction.
+        bandwidth: Option<ByteSize> = None => Plain, No, IfSet, r#"size per second (`"10MiB"`)"#, "no cap", "bytesPerSecond";
+    }
+}
 
-/// `[env]`.
 #[rustfmt::skip]
-pub(crate) const ENV: Table = Table {
-    path: "env",
-    readme: ("`[env]`", 1),
-    fields: &[
-        field("set", r#"table of `NAME = "value"`"#, "`{}`", Drop, Some("env.set")),
-        field("pass", "array of names", "`[]`", Drop, Some("env.pass")),
-        field("secrets", "array of names or `{name, as_env}` tables", "`[]`", Drop, Some("env.secrets")),
-    ],
-};
+table! {
+    /// `[env]`.
+    ENV = "env", ("`[env]`", 1), plan "env.";
+    /// The environment as written (declared in `fields.rs`, one row per field).
+    #[derive(Debug, Clone, PartialEq, Eq, Default)]
+    pub struct EnvPolicy {
+        /// Variables set in the unit.
+        set: BTreeMap<String, String> = BTreeMap::new() => Plain, Drop, r#"table of `NAME = "value"`"#, "`{}`", "set";
+        /// Host variables handed through by name (never a credential).
+        pass: Vec<String> = Vec::new() => Pass, Drop, "array of names", "`[]`", "pass";
+        /// Host variables that are credentials, handed through because named here
+        /// (as files under `/run/secrets`, never the unit's environment), each
+        /// saying whether it is also a variable of the processes the executor starts.
+        secrets: Vec<Secret> = Vec::new() => Plain, Drop, "array of names or `{name, as_env}` tables", "`[]`", "secrets";
+    }
+}
 
 /// A table entry of `env.secrets`.
 #[rustfmt::skip]
@@ -397,6 +414,12 @@ table! {
     }
 }
 
+/// The type of a server's `network` and `limits`: a table of the fields
+/// `[network]` declares and of each unit's limits, which the README's type
+/// column lists (`` `{ mode, allow, ... }` ``; its check writes the list
+/// from those tables, so a field added there is not declared twice).
+pub(crate) const FIELDS_OF: &str = "a table of its section's fields";
+
 /// A `[[server]]` table.
 #[rustfmt::skip]
 pub(crate) const SERVER: Table = Table {
@@ -411,8 +434,8 @@ pub(crate) const SERVER: Table = Table {
         field("local_userland", r#"`"refuse"` \| `"host"`"#, r#"`"refuse"`"#, No, Some("localUserland")),
         field("command", "array of strings", "required", No, Some("command")),
         field("description", "string", r#"`""`"#, No, Some("description")),
-        field("network", "`{ mode, allow, hosts, max_connections, bandwidth }`", r#"`{ mode = "none" }`"#, No, Some("network")),
-        field("limits", "`{ memory, cpus, pids, tmp, home, nofile, call_timeout }`", "the profile's `[limits]`", No, Some("limits")),
+        field("network", FIELDS_OF, r#"`{ mode = "none" }`"#, No, Some("network")),
+        field("limits", FIELDS_OF, "the profile's `[limits]`", No, Some("limits")),
     ],
 };
 
@@ -428,19 +451,18 @@ pub(crate) const VOLUME: Table = Table {
     ],
 };
 
-/// `[operator]`.
 #[rustfmt::skip]
-pub(crate) const OPERATOR: Table = Table {
-    path: "operator",
-    readme: ("`[operator]`", 1),
-    fields: &[field(
-        "allow_dangerous",
-        "array of the names above",
-        "`[]`",
-        No,
-        None,
-    )],
-};
+table! {
+    /// `[operator]`.
+    OPERATOR = "operator", ("`[operator]`", 1), plan "";
+    /// `[operator]` as written: what its operator allows the profile.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub(crate) struct OperatorPolicy {
+        /// The dangerous asks allowed, each by name, where it was written
+        /// (an allowance the profile does not use is a problem there).
+        allow_dangerous: Vec<Allowance> = Vec::new() => Plain, No, "array of the names above", "`[]`";
+    }
+}
 
 /// Every table, for the README's check.
 #[cfg(test)]

@@ -339,6 +339,9 @@ pub enum Show {
     /// On a line of its own, `DANGEROUS`, when it is not its default: what
     /// only an operator's `allow_dangerous` lets a profile ask.
     Danger,
+    /// Only when it is not its default (`--json`; a table written as a
+    /// sentence of its own, as `[network]` is, leaves it out of the line).
+    IfSet,
 }
 
 /// One field of a table as `box profile show` writes it.

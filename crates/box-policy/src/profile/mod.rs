@@ -27,8 +27,8 @@ pub(crate) use kinds::Choice;
 pub use kinds::{Show, Shown};
 pub use load::{Catalog, Listed, SHIPPED};
 pub use model::{
-    Danger, EnvPolicy, ForkMode, LimitsPolicy, NetworkPolicy, OnPersisted, Profile, SecurityPolicy,
-    Server, Source, UserChoice, Workspace,
+    Danger, EnvPolicy, ForkMode, LimitsPolicy, NetworkPolicy, OnPersisted, Profile, Secret,
+    SecurityPolicy, Server, Source, UserChoice, Workspace,
 };
 pub(crate) use validate::host_path_dangers;
 pub use value::{

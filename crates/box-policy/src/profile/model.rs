@@ -1,14 +1,13 @@
 //! The profile as validated: plain data, fully defaulted, with no host facts
 //! resolved yet (`cwd` and `host` stay symbolic until `plan::resolve`).
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-pub use super::fields::{LifecyclePolicy, LimitsPolicy, PoolPolicy, Workspace};
-use super::value::ByteSize;
-use crate::allow::Rule;
+pub use super::fields::{
+    EnvPolicy, LifecyclePolicy, LimitsPolicy, NetworkPolicy, PoolPolicy, Workspace,
+};
 use crate::image::PullPolicy;
-use crate::plan::{LocalUserland, NetworkMode, UserIds};
+use crate::plan::{LocalUserland, UserIds};
 
 /// A profile: everything a session's units may be and do. A session can only narrow it.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,35 +136,34 @@ pub enum UserChoice {
     Image,
 }
 
-/// A unit's network as written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NetworkPolicy {
-    /// How much network.
-    pub mode: NetworkMode,
-    /// For `egress`: what may be reached (empty otherwise).
-    pub allow: Vec<Rule>,
-    /// For `egress`: names pinned to addresses, resolved by the host's proxy before
-    /// its resolver (like `--add-host`): registries on a private network, tests.
-    pub hosts: std::collections::BTreeMap<String, std::net::IpAddr>,
-    /// For `egress`: connections open at once through the unit's proxy.
-    pub max_connections: Option<u64>,
-    /// For `egress`: bytes per second through the unit's proxy, each direction.
-    pub bandwidth: Option<ByteSize>,
+impl EnvPolicy {
+    /// The secrets' names, in the order written.
+    pub fn secret_names(&self) -> Vec<String> {
+        self.secrets
+            .iter()
+            .map(|secret| secret.name.clone())
+            .collect()
+    }
+
+    /// The secrets also given as variables to the processes the executor
+    /// starts (`as_env = true`), in the order written.
+    pub fn secrets_as_env(&self) -> Vec<String> {
+        self.secrets
+            .iter()
+            .filter(|secret| secret.as_env)
+            .map(|secret| secret.name.clone())
+            .collect()
+    }
 }
 
-/// The environment as written.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct EnvPolicy {
-    /// Variables set in the unit.
-    pub set: BTreeMap<String, String>,
-    /// Host variables handed through by name (never a credential).
-    pub pass: Vec<String>,
-    /// Host variables that are credentials, handed through because named here
-    /// (as files under `/run/secrets`, never the unit's environment).
-    pub secrets: Vec<String>,
-    /// The secrets (a subset of `secrets`) also given as variables to the
-    /// processes the executor starts (`as_env = true`).
-    pub secrets_as_env: Vec<String>,
+/// A host variable handed through as a credential (`env.secrets`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Secret {
+    /// The variable's name.
+    pub name: String,
+    /// Whether its value is also a variable of the processes the executor
+    /// starts (`as_env = true`).
+    pub as_env: bool,
 }
 
 /// The hardening as written: the plan's [`Security`](crate::plan::Security),

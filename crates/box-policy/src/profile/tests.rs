@@ -172,7 +172,7 @@ write_guard = "off"
             ..LimitsPolicy::defaults()
         }
     );
-    assert_eq!(profile.env.secrets, vec!["GITHUB_TOKEN".to_owned()]);
+    assert_eq!(profile.env.secret_names(), vec!["GITHUB_TOKEN".to_owned()]);
     assert_eq!(
         profile.security.capabilities,
         vec!["CHOWN".to_owned(), "KILL".to_owned()]
@@ -720,7 +720,7 @@ fn readme_tables(readme: &str) -> Vec<(String, Vec<Rows>)> {
 /// every table, with its type and default, and no field it does not have.
 #[test]
 fn the_readme_documents_every_field_and_danger() {
-    use super::fields::{Limit, NETWORK, SERVER, TABLES};
+    use super::fields::{FIELDS_OF, Limit, NETWORK, TABLES};
     let readme = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../profiles/README.md"
@@ -753,11 +753,19 @@ fn the_readme_documents_every_field_and_danger() {
                 continue;
             }
             let path = format!("{}.{}", table.path, field.name);
+            // A server's `network` and `limits` rows list their fields.
+            let listed = |names: Vec<&str>| format!("`{{ {} }}`", names.join(", "));
+            let declared = match (field.kind, field.name) {
+                (FIELDS_OF, "network") => listed(NETWORK.names()),
+                (FIELDS_OF, "limits") => listed(Limit::unit_names()),
+                (FIELDS_OF, _) => format!("{FIELDS_OF} (which?)"),
+                (kind, _) => kind.to_owned(),
+            };
             match rows.iter().find(|(name, _, _)| name == field.name) {
                 None => wrong.push(format!("{path}: no row")),
                 Some((_, kind, default)) => {
-                    if kind != field.kind {
-                        wrong.push(format!("{path}: type {kind:?}, declared {:?}", field.kind));
+                    if *kind != declared {
+                        wrong.push(format!("{path}: type {kind:?}, declared {declared:?}"));
                     }
                     if default != field.default {
                         wrong.push(format!(
@@ -772,19 +780,6 @@ fn the_readme_documents_every_field_and_danger() {
             if !table.fields.iter().any(|field| field.name == name) {
                 wrong.push(format!("{}.{name}: a row for no field", table.path));
             }
-        }
-    }
-    // A server's `network` and `limits` rows name their fields.
-    let listed = |names: Vec<&str>| format!("`{{ {} }}`", names.join(", "));
-    for (name, names) in [
-        ("network", NETWORK.names()),
-        ("limits", Limit::unit_names()),
-    ] {
-        let kind = SERVER.field(name).map(|field| field.kind);
-        if kind != Some(listed(names.clone()).as_str()) {
-            wrong.push(format!(
-                "server.{name}: type {kind:?}, its fields {names:?}"
-            ));
         }
     }
     for danger in Danger::ALL {
@@ -824,6 +819,79 @@ fn a_session_tightens_the_fields_declared_tightenable() {
                     table.path, field.name, field.tighten
                 ));
             }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "tightening disagrees with fields.rs: {wrong:?}"
+    );
+}
+
+/// The top level and `[env]` hold to their rows too: a table a session
+/// narrows (`Within`) is a field of a tightening, a list of tables it drops
+/// from (`Drop`) is one by its plural (`servers`), the rest are the
+/// profile's; and every `[env]` field a row says a session drops from
+/// (`Drop`) loses the variable a tightening's `env.drop` names.
+#[test]
+fn a_session_tightens_the_top_level_and_env_as_declared() {
+    use super::fields::{ENV, TOP, Tighten};
+    let mut wrong = Vec::new();
+    for field in TOP.fields {
+        let key = match field.tighten {
+            Tighten::Drop => format!("{}s", field.name),
+            _ => field.name.to_owned(),
+        };
+        let empty = match field.tighten {
+            Tighten::Drop => serde_json::json!([]),
+            _ => serde_json::json!({}),
+        };
+        let result = crate::plan::Tightening::parse(&serde_json::json!({ key.as_str(): empty }));
+        let told_profiles = result
+            .as_ref()
+            .is_err_and(|error| error.to_string().contains("which a session cannot tighten"));
+        let fits = match field.tighten {
+            Tighten::No => told_profiles,
+            Tighten::Within | Tighten::Drop => result.is_ok(),
+            Tighten::AtMost | Tighten::Among => false,
+        };
+        if !fits {
+            wrong.push(format!(
+                "{} ({:?}) as {key}: {result:?}",
+                field.name, field.tighten
+            ));
+        }
+    }
+    let text = "[env]\nset = { SET_VAR = \"1\" }\npass = [\"PASS_VAR\"]\nsecrets = [{ name = \"SECRET_VAR\", as_env = true }]\n";
+    let profile = load(&[("p", text)], "p").unwrap();
+    let tightening = crate::plan::Tightening::parse(&serde_json::json!({
+        "env": {"drop": ["SET_VAR", "PASS_VAR", "SECRET_VAR"]}
+    }))
+    .unwrap();
+    let narrowed = crate::plan::tighten(&profile, &tightening).unwrap();
+    let left = |name: &str| -> Vec<String> {
+        match name {
+            "set" => narrowed.env.set.keys().cloned().collect(),
+            "pass" => narrowed.env.pass.clone(),
+            "secrets" => narrowed.env.secret_names(),
+            _ => vec![format!("a field this test does not know: {name}")],
+        }
+    };
+    for field in ENV.fields {
+        let kept = left(field.name);
+        if (field.tighten == Tighten::Drop) != kept.is_empty() {
+            wrong.push(format!(
+                "env.{} ({:?}) after env.drop: {kept:?}",
+                field.name, field.tighten
+            ));
+        }
+        let ask = serde_json::json!({ "env": { field.name: null } });
+        let refused = crate::plan::Tightening::parse(&ask)
+            .is_err_and(|error| error.to_string().contains("which a session cannot tighten"));
+        if !refused {
+            wrong.push(format!(
+                "env.{}: a tightening names it, not env.drop",
+                field.name
+            ));
         }
     }
     assert!(
@@ -919,8 +987,11 @@ fn secrets_are_names_or_tables_asking_for_a_variable_too() {
     let text = "[env]\nsecrets = [\"DEPLOY_KEY\", {name = \"GH_TOKEN\", as_env = true}, {name = \"NPM_TOKEN\"}]\n\
                 [workspace]\non_persisted_credentials = \"refuse\"\n";
     let profile = load(&[("p", text)], "p").unwrap();
-    assert_eq!(profile.env.secrets, ["DEPLOY_KEY", "GH_TOKEN", "NPM_TOKEN"]);
-    assert_eq!(profile.env.secrets_as_env, ["GH_TOKEN"]);
+    assert_eq!(
+        profile.env.secret_names(),
+        ["DEPLOY_KEY", "GH_TOKEN", "NPM_TOKEN"]
+    );
+    assert_eq!(profile.env.secrets_as_env(), ["GH_TOKEN"]);
     assert_eq!(
         profile.workspace.on_persisted_credentials,
         super::OnPersisted::Refuse

@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use super::super::error::{Position, Problem};
-use super::super::fields::OPERATOR;
+use super::super::kinds::Kind;
 use super::super::model::Danger;
 use super::super::tree::Node;
 use super::{Walk, one_of};
@@ -85,6 +85,56 @@ pub(crate) fn host_path_dangers(path: &Path) -> Vec<(Danger, &'static str)> {
 /// `cwd` source, which are judged where it resolves.
 pub(crate) const CWD_DANGERS: [Danger; 2] = [Danger::DockerSocket, Danger::HostRoot];
 
+/// A danger `[operator] allow_dangerous` allows, with where it was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Allowance {
+    pub(crate) danger: Danger,
+    pub(crate) at: Position,
+}
+
+/// `allow_dangerous`: names of dangers box knows.
+impl Kind for Vec<Allowance> {
+    const LIST: bool = true;
+
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Self> {
+        let names: Vec<&str> = Danger::ALL.iter().map(|danger| danger.name()).collect();
+        let entries = walk.strings(node, field, |text| match Danger::from_name(text) {
+            Some(danger) => Ok(danger.name().to_owned()),
+            None => Err(format!(
+                "{text:?} is not a danger box knows; write {}",
+                one_of(&names)
+            )),
+        })?;
+        Some(
+            entries
+                .into_iter()
+                .filter_map(|(name, item)| {
+                    Danger::from_name(&name).map(|danger| Allowance {
+                        danger,
+                        at: item.at.clone(),
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    fn word(&self) -> serde_json::Value {
+        serde_json::json!(
+            self.iter()
+                .map(|allowance| allowance.danger.name())
+                .collect::<Vec<_>>()
+        )
+    }
+
+    fn text(&self) -> String {
+        let names: Vec<&str> = self
+            .iter()
+            .map(|allowance| allowance.danger.name())
+            .collect();
+        names.join(", ")
+    }
+}
+
 /// A danger found, with where it was asked.
 pub(super) struct Asked {
     pub(super) danger: Danger,
@@ -106,43 +156,20 @@ impl Walk {
         }
     }
 
-    pub(super) fn allowed_dangers(&mut self, node: Option<&Node>) -> Vec<(Danger, Node)> {
-        let Some(node) = node else {
-            return Vec::new();
-        };
-        let fields = self.table(node, "operator", &OPERATOR.names());
-        let Some(list) = fields.get("allow_dangerous") else {
-            return Vec::new();
-        };
-        let names: Vec<&str> = Danger::ALL.iter().map(|danger| danger.name()).collect();
-        self.strings(
-            list,
-            "operator.allow_dangerous",
-            |text| match Danger::from_name(text) {
-                Some(danger) => Ok(danger.name().to_owned()),
-                None => Err(format!(
-                    "{text:?} is not a danger box knows; write {}",
-                    one_of(&names)
-                )),
-            },
-        )
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|(name, item)| Danger::from_name(&name).map(|danger| (danger, item.clone())))
-        .collect()
-    }
-
     /// Judge what was asked against what the operator allowed; `may_ask`
     /// are dangers only known once host facts are (a `cwd` source's), whose
     /// allowances count as used.
     pub(super) fn judge_dangers(
         &mut self,
-        allowed: Vec<(Danger, Node)>,
+        allowed: Vec<Allowance>,
         may_ask: &[Danger],
     ) -> Vec<Danger> {
         let asked = std::mem::take(&mut self.dangers);
         for ask in &asked {
-            if !allowed.iter().any(|(danger, _)| *danger == ask.danger) {
+            if !allowed
+                .iter()
+                .any(|allowance| allowance.danger == ask.danger)
+            {
                 self.problems.push(Problem::new(
                     ask.at.clone(),
                     &ask.field,
@@ -155,18 +182,18 @@ impl Walk {
             }
         }
         let mut used = Vec::new();
-        for (danger, node) in allowed {
+        for Allowance { danger, at } in allowed {
             if asked.iter().any(|ask| ask.danger == danger) || may_ask.contains(&danger) {
                 used.push(danger);
             } else {
-                self.problem(
-                    &node,
+                self.problems.push(Problem::new(
+                    at,
                     "operator.allow_dangerous",
-                    format!(
+                    &format!(
                         "allows \"{}\" but the profile does not ask for it; remove it",
                         danger.name()
                     ),
-                );
+                ));
             }
         }
         used.sort();

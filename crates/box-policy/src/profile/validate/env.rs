@@ -1,97 +1,35 @@
-//! The `[env]` table: variables set, passed and handed through as secrets.
+//! The `[env]` table's readers beyond a type (declared in `fields.rs`):
+//! variables set, passed and handed through as secrets, each name a
+//! variable's, and no variable both passed and a secret.
 
 use std::collections::BTreeMap;
 
 use super::super::error::Problem;
-use super::super::fields::{ENV, SECRET};
-use super::super::model::EnvPolicy;
+use super::super::kinds::{Kind, Reads};
+use super::super::model::{EnvPolicy, Secret};
 use super::super::tree::{Node, Value};
 use super::super::value::{check_env_name, looks_like_credential};
 use super::Walk;
+use crate::profile::fields::SECRET;
 
 impl Walk {
+    /// `[env]` (absent: nothing set, passed or handed through), read by its
+    /// rows in `fields.rs`, then each secret checked against `pass`.
     pub(super) fn env(&mut self, node: Option<&Node>) -> Option<EnvPolicy> {
-        let Some(node) = node else {
-            return Some(EnvPolicy::default());
-        };
-        let fields = self.table(node, "env", &ENV.names());
-        let mut ok = true;
-        let mut set = BTreeMap::new();
-        if let Some(node) = fields.get("set") {
-            match &node.value {
-                Value::Table(items) => {
-                    for (key, value) in items {
-                        let field = format!("env.set.{}", key.name);
-                        if let Err(message) = check_env_name(&key.name) {
-                            self.problems
-                                .push(Problem::new(key.at.clone(), &field, &message));
-                            ok = false;
-                        }
-                        match self.string(value, &field) {
-                            Some(text) => {
-                                set.insert(key.name.clone(), text);
-                            }
-                            None => ok = false,
-                        }
-                    }
-                }
-                _ => {
-                    self.wrong_type(node, "env.set", "a table of NAME = \"value\"");
-                    ok = false;
-                }
+        let env = EnvPolicy::read(self, node, "env")?;
+        let secrets = node.and_then(|node| node.get("secrets"));
+        for secret in &env.secrets {
+            if env.pass.contains(&secret.name)
+                && let Some(item) = secrets.and_then(|node| secret_node(node, &secret.name))
+            {
+                self.problem(
+                    item,
+                    "env.secrets",
+                    format!("{:?} is also in env.pass; name it in one list", secret.name),
+                );
             }
         }
-        let names = |text: &str| check_env_name(text).map(|()| text.to_owned());
-        let mut pass = Vec::new();
-        if let Some(node) = fields.get("pass") {
-            match self.strings(node, "env.pass", names) {
-                Some(entries) => {
-                    for (name, item) in entries {
-                        if looks_like_credential(&name) {
-                            self.problem(
-                                item,
-                                "env.pass",
-                                format!(
-                                    "{name:?} looks like a credential; hand it through under env.secrets if you mean to"
-                                ),
-                            );
-                            ok = false;
-                        }
-                        pass.push(name);
-                    }
-                }
-                None => ok = false,
-            }
-        }
-        let mut secrets = Vec::new();
-        let mut secrets_as_env = Vec::new();
-        if let Some(node) = fields.get("secrets") {
-            match self.secrets(node) {
-                Some(entries) => {
-                    for (name, as_env, item) in entries {
-                        if pass.contains(&name) {
-                            self.problem(
-                                item,
-                                "env.secrets",
-                                format!("{name:?} is also in env.pass; name it in one list"),
-                            );
-                            ok = false;
-                        }
-                        if as_env {
-                            secrets_as_env.push(name.clone());
-                        }
-                        secrets.push(name);
-                    }
-                }
-                None => ok = false,
-            }
-        }
-        ok.then_some(EnvPolicy {
-            set,
-            pass,
-            secrets,
-            secrets_as_env,
-        })
+        Some(env)
     }
 
     /// `env.secrets`: each entry a name, or `{name = "NAME", as_env = true}`
@@ -142,5 +80,105 @@ impl Walk {
             }
         }
         Some(out)
+    }
+}
+
+/// The node naming secret `name` in `env.secrets` (a name, or a table's `name`).
+fn secret_node<'n>(secrets: &'n Node, name: &str) -> Option<&'n Node> {
+    let Value::Array(items) = &secrets.value else {
+        return None;
+    };
+    items
+        .iter()
+        .map(|item| match &item.value {
+            Value::Table(_) => item.get("name").unwrap_or(item),
+            _ => item,
+        })
+        .find(|node| matches!(&node.value, Value::String(text) if text == name))
+}
+
+/// `set`: `NAME = "value"`, each name a variable's. A name or value that is
+/// not is a problem; the others are still read (the profile is refused).
+impl Kind for BTreeMap<String, String> {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Self> {
+        let Value::Table(items) = &node.value else {
+            walk.wrong_type(node, field, "a table of NAME = \"value\"");
+            // Reported; the rest of `[env]` is still judged (`pass` against `secrets`).
+            return Some(BTreeMap::new());
+        };
+        let mut set = BTreeMap::new();
+        for (key, value) in items {
+            let entry = format!("{field}.{}", key.name);
+            if let Err(message) = check_env_name(&key.name) {
+                walk.problems
+                    .push(Problem::new(key.at.clone(), &entry, &message));
+            }
+            if let Some(text) = walk.string(value, &entry) {
+                set.insert(key.name.clone(), text);
+            }
+        }
+        Some(set)
+    }
+
+    fn word(&self) -> serde_json::Value {
+        serde_json::json!(self)
+    }
+
+    fn text(&self) -> String {
+        let names: Vec<&str> = self.keys().map(String::as_str).collect();
+        names.join(", ")
+    }
+}
+
+/// `pass`: variables' names, none of which looks like a credential (those
+/// are handed through under `env.secrets`).
+pub(in crate::profile) struct Pass;
+
+impl Reads<Vec<String>> for Pass {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Vec<String>> {
+        let names = |text: &str| check_env_name(text).map(|()| text.to_owned());
+        let entries = walk.strings(node, field, names)?;
+        let mut pass = Vec::new();
+        for (name, item) in entries {
+            if looks_like_credential(&name) {
+                walk.problem(
+                    item,
+                    field,
+                    format!(
+                        "{name:?} looks like a credential; hand it through under env.secrets if you mean to"
+                    ),
+                );
+            }
+            pass.push(name);
+        }
+        Some(pass)
+    }
+}
+
+/// `secrets`: names, or `{name, as_env}` tables.
+impl Kind for Vec<Secret> {
+    const LIST: bool = true;
+
+    fn read(walk: &mut Walk, node: &Node, _field: &str) -> Option<Self> {
+        let entries = walk.secrets(node)?;
+        Some(
+            entries
+                .into_iter()
+                .map(|(name, as_env, _)| Secret { name, as_env })
+                .collect(),
+        )
+    }
+
+    fn word(&self) -> serde_json::Value {
+        serde_json::json!(
+            self.iter()
+                .map(|secret| secret.name.as_str())
+                .collect::<Vec<_>>()
+        )
+    }
+
+    fn text(&self) -> String {
+        let names: Vec<&str> = self.iter().map(|secret| secret.name.as_str()).collect();
+        names.join(", ")
     }
 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Component, Path};
 
 use super::error::Problem;
-use super::fields::{self, Scope};
+use super::fields::{self, OperatorPolicy, Scope};
 use super::kinds::one_of;
 use super::model::{
     Danger, LifecyclePolicy, PoolPolicy, Profile, SecurityPolicy, Source, Workspace, defaults,
@@ -16,7 +16,8 @@ use super::model::{
 use super::tree::{Node, Value};
 use crate::plan::NetworkMode;
 use danger::Asked;
-pub(crate) use danger::host_path_dangers;
+pub(crate) use danger::{Allowance, host_path_dangers};
+pub(super) use env::Pass;
 pub(super) use limits::{Lease, PoolSize};
 pub(super) use security::{Capabilities, Devices, HostNamespaces, Privileged};
 pub(super) use workspace::{Image, Images, PullSecret, Root, Runtime};
@@ -60,7 +61,9 @@ pub(crate) fn validate(
     let pool = PoolPolicy::read(&mut walk, top.get("pool"), "pool");
     let servers = walk.servers(top.get("server"), &limits);
     let volumes = walk.volumes(top.get("volume"), workspace.as_ref());
-    let allowed = walk.allowed_dangers(top.get("operator"));
+    let allowed = OperatorPolicy::read(&mut walk, top.get("operator"), "operator")
+        .map(|operator| operator.allow_dangerous)
+        .unwrap_or_default();
     let mut may_ask: Vec<Danger> = match workspace.as_ref().map(|workspace| &workspace.source) {
         Some(Source::Cwd | Source::Fork) => danger::CWD_DANGERS.to_vec(),
         Some(Source::Host(_) | Source::Empty | Source::None) | None => Vec::new(),

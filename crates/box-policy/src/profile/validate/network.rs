@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use super::super::fields::NETWORK;
 use super::super::kinds::Kind;
 use super::super::model::NetworkPolicy;
 use super::super::tree::{Node, Value};
@@ -13,76 +12,31 @@ use crate::allow::{HostName, Rule};
 use crate::plan::NetworkMode;
 
 impl Walk {
+    /// The network at `field` (absent: none), read by its rows in `fields.rs`,
+    /// then each field checked against the mode.
     pub(super) fn network(&mut self, node: Option<&Node>, field: &str) -> Option<NetworkPolicy> {
+        let network = NetworkPolicy::read(self, node, field)?;
         let Some(node) = node else {
-            return Some(NetworkPolicy {
-                mode: NetworkMode::None,
-                allow: Vec::new(),
-                hosts: BTreeMap::new(),
-                max_connections: None,
-                bandwidth: None,
-            });
+            return Some(network);
         };
-        let fields = self.table(node, field, &NETWORK.names());
-        let mode = match fields.get("mode") {
-            Some(node) => NetworkMode::read(self, node, &join(field, "mode")),
-            None => Some(NetworkMode::None),
-        };
-        let allow_field = join(field, "allow");
-        let before = self.problems.len();
-        let allow = match fields.get("allow") {
-            Some(node) => self
-                .strings(node, &allow_field, |text| {
-                    Rule::parse(text)
-                        .map(|entry| entry.to_string())
-                        .map_err(|error| error.to_string())
-                })
-                .map(|entries| {
-                    entries
-                        .into_iter()
-                        .filter_map(|(text, _)| Rule::parse(&text).ok())
-                        .collect::<Vec<_>>()
-                }),
-            None => Some(Vec::new()),
-        };
-        let hosts = match fields.get("hosts") {
-            Some(node) => self.pinned_hosts(node, &join(field, "hosts")),
-            None => Some(BTreeMap::new()),
-        };
-        let max_connections = match fields.get("max_connections") {
-            Some(node) => self.count(node, &join(field, "max_connections")).map(Some),
-            None => Some(None),
-        };
-        let bandwidth = match fields.get("bandwidth") {
-            Some(node) => self.size(node, &join(field, "bandwidth")).map(Some),
-            None => Some(None),
-        };
-        let (mode, allow, hosts, max_connections, bandwidth) =
-            (mode?, allow?, hosts?, max_connections?, bandwidth?);
-        if self.problems.len() > before {
-            // Invalid entries are already reported; the list's shape is not yet known.
-            return None;
-        }
+        let at = |name: &str| node.get(name).unwrap_or(node);
+        let mode = network.mode;
         match mode {
-            NetworkMode::Egress if allow.is_empty() => {
+            NetworkMode::Egress if network.allow.is_empty() => {
                 self.problem(
-                    fields.get("mode").unwrap_or(node),
+                    at("mode"),
                     &join(field, "mode"),
                     "\"egress\" needs a non-empty allow list of host[:port] entries; for no network write \"none\"".to_owned(),
                 );
                 return None;
             }
-            NetworkMode::None | NetworkMode::Bridge if !allow.is_empty() => {
-                let mode_name = if mode == NetworkMode::None {
-                    "none"
-                } else {
-                    "bridge"
-                };
+            NetworkMode::None | NetworkMode::Bridge if !network.allow.is_empty() => {
                 self.problem(
-                    fields.get("allow").unwrap_or(node),
-                    &allow_field,
+                    at("allow"),
+                    &join(field, "allow"),
                     format!(
-                        "an allow list only applies to mode \"egress\", but the mode is \"{mode_name}\"; write allow = [] or mode = \"egress\""
+                        "an allow list only applies to mode \"egress\", but the mode is \"{}\"; write allow = [] or mode = \"egress\"",
+                        mode.as_str()
                     ),
                 );
                 return None;
@@ -90,13 +44,13 @@ impl Walk {
             NetworkMode::None | NetworkMode::Egress | NetworkMode::Bridge => {}
         }
         for (name, given) in [
-            ("hosts", !hosts.is_empty()),
-            ("max_connections", max_connections.is_some()),
-            ("bandwidth", bandwidth.is_some()),
+            ("hosts", !network.hosts.is_empty()),
+            ("max_connections", network.max_connections.is_some()),
+            ("bandwidth", network.bandwidth.is_some()),
         ] {
             if mode != NetworkMode::Egress && given {
                 self.problem(
-                    fields.get(name).unwrap_or(node),
+                    at(name),
                     &join(field, name),
                     format!(
                         "only applies to mode \"egress\" (the unit's egress proxy enforces it), but the mode is \"{}\"; remove {name} or write mode = \"egress\"",
@@ -106,21 +60,11 @@ impl Walk {
                 return None;
             }
         }
-        Some(NetworkPolicy {
-            mode,
-            allow,
-            hosts,
-            max_connections,
-            bandwidth,
-        })
+        Some(network)
     }
 
     /// `hosts = { "name" = "address" }`: each name a host name, each value an IP address.
-    pub(super) fn pinned_hosts(
-        &mut self,
-        node: &Node,
-        field: &str,
-    ) -> Option<BTreeMap<String, IpAddr>> {
+    fn pinned_hosts(&mut self, node: &Node, field: &str) -> Option<BTreeMap<String, IpAddr>> {
         let Value::Table(entries) = &node.value else {
             self.problem(
                 node,
@@ -168,5 +112,57 @@ impl Walk {
             }
         }
         ok.then_some(hosts)
+    }
+}
+
+/// `allow`: `host[:port]` entries, each a [`Rule`].
+impl Kind for Vec<Rule> {
+    const LIST: bool = true;
+
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Self> {
+        let before = walk.problems.len();
+        let entries = walk.strings(node, field, |text| {
+            Rule::parse(text)
+                .map(|entry| entry.to_string())
+                .map_err(|error| error.to_string())
+        })?;
+        if walk.problems.len() > before {
+            // Invalid entries are already reported; the list's shape is not yet known.
+            return None;
+        }
+        Some(
+            entries
+                .into_iter()
+                .filter_map(|(text, _)| Rule::parse(&text).ok())
+                .collect(),
+        )
+    }
+
+    fn word(&self) -> serde_json::Value {
+        serde_json::json!(self.iter().map(ToString::to_string).collect::<Vec<_>>())
+    }
+
+    fn text(&self) -> String {
+        let shown: Vec<String> = self.iter().map(ToString::to_string).collect();
+        shown.join(", ")
+    }
+}
+
+/// `hosts`: names pinned to addresses.
+impl Kind for BTreeMap<String, IpAddr> {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Self> {
+        walk.pinned_hosts(node, field)
+    }
+
+    fn word(&self) -> serde_json::Value {
+        serde_json::json!(self)
+    }
+
+    fn text(&self) -> String {
+        let shown: Vec<String> = self
+            .iter()
+            .map(|(name, address)| format!("{name} = {address}"))
+            .collect();
+        shown.join(", ")
     }
 }
