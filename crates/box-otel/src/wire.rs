@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::context::{SpanContext, decode_hex, hex, new_span_id, now_unix_nanos};
+use crate::context::{SpanContext, decode_into, hex, new_span_id, now_unix_nanos};
 use crate::span::{AttrValue, SpanData, SpanKind};
 
 /// The `_meta` key of a forwarded request's context, for the executor.
@@ -374,7 +374,8 @@ impl<'de> serde::Deserialize<'de> for WireValue {
 
 /// Hex text of exactly `N` bytes.
 fn id_of<const N: usize>(text: &str) -> Option<[u8; N]> {
-    <[u8; N]>::try_from(decode_hex(text)?).ok()
+    let mut id = [0u8; N];
+    decode_into(text, &mut id).then_some(id)
 }
 
 /// The spans of an executor's notification line (one JSON line, as read)
