@@ -61,7 +61,7 @@
 //!   off and with tracing on (exporting OTLP/HTTP to a receiver in this
 //!   process), and with `BOX_BENCH_BEFORE=PATH` through that binary too,
 //!   local and docker, interleaved in blocks (issue 27: off <= 1.01x of
-//!   before, on <= 1.10x of off).
+//!   before, on <= 1.10x of off); `BOX_BENCH_TRACING_HOSTS` hosts of each.
 //!
 //! `cargo bench --profile dev --bench serve_units [-- start|call|http|batch]`;
 //! BOX_BENCH_HTTP (default `docker:50,local:50,local:200`) picks the
@@ -958,24 +958,29 @@ impl OtlpSink {
 }
 
 /// Per-call with tracing off and on (and `BOX_BENCH_BEFORE`'s, when given),
-/// on `backend`: one session each, interleaved blocks of the same traced read.
+/// on `backend`: `BOX_BENCH_TRACING_HOSTS` (default 1) sessions of each, each
+/// on its own host, interleaved blocks of the same traced read, the hosts'
+/// order turned by one every round. A kind's figures pool all its hosts'
+/// calls: two identical hosts differ by up to ±12% at p50 on a shared
+/// machine (where their tasks happen to run), which more hosts average out.
 fn tracing_call_figures(backend: &str, workspace: &Path) {
     use std::sync::atomic::Ordering;
     let calls = env_number("BOX_BENCH_CALLS", 1000);
+    let per_kind = env_number("BOX_BENCH_TRACING_HOSTS", 1).max(1);
     let sink = OtlpSink::start();
     let before = std::env::var_os("BOX_BENCH_BEFORE").map(PathBuf::from);
-    let mut runs: Vec<(&str, PathBuf, bool)> = vec![
+    let mut kinds: Vec<(&str, PathBuf, bool)> = vec![
         ("off", PathBuf::from(BOX), false),
         ("on", PathBuf::from(BOX), true),
     ];
     if let Some(before) = before {
-        runs.push(("before", before, false));
+        kinds.push(("before", before, false));
     }
-    let mut peers: Vec<(&str, Peer)> = runs
-        .iter()
-        .enumerate()
-        .map(|(index, (name, exe, traced))| {
-            let instance = format!("{}-tcall-{backend}-{index}", label());
+    let mut peers: Vec<(usize, Peer)> = (0..per_kind)
+        .flat_map(|copy| (0..kinds.len()).map(move |kind| (copy, kind)))
+        .map(|(copy, kind)| {
+            let (_, exe, traced) = &kinds[kind];
+            let instance = format!("{}-tcall-{backend}-{kind}-{copy}", label());
             let mut command = box_serve_of(exe, backend, workspace, &instance);
             for variable in [
                 "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -993,7 +998,7 @@ fn tracing_call_figures(backend: &str, workspace: &Path) {
             }
             let mut peer = Peer::spawn(&mut command);
             peer.initialize();
-            (*name, peer)
+            (kind, peer)
         })
         .collect();
     let traced_read = |n: usize| {
@@ -1010,7 +1015,11 @@ fn tracing_call_figures(backend: &str, workspace: &Path) {
     }
     let mut times = vec![Vec::new(); peers.len()];
     for block in 0..calls / 50 {
-        for (index, (_, peer)) in peers.iter_mut().enumerate() {
+        // Each host follows each other one in turn.
+        let count = peers.len();
+        for turn in 0..count {
+            let index = (block + turn) % count;
+            let peer = &mut peers[index].1;
             for n in 0..50 {
                 let call = traced_read(block * 50 + n);
                 let started = Instant::now();
@@ -1019,15 +1028,32 @@ fn tracing_call_figures(backend: &str, workspace: &Path) {
             }
         }
     }
-    let p = |index: usize, q: f64| micros(percentile(&times[index], q));
+    let pooled: Vec<Vec<Duration>> = (0..kinds.len())
+        .map(|kind| {
+            peers
+                .iter()
+                .zip(&times)
+                .filter(|((of, _), _)| *of == kind)
+                .flat_map(|(_, times)| times.iter().copied())
+                .collect()
+        })
+        .collect();
+    let p = |kind: usize, q: f64| micros(percentile(&pooled[kind], q));
     let mut line = format!(
-        "call, stdio, {backend}, tracing: {calls} traced tools/call read of a 20-line file"
+        "call, stdio, {backend}, tracing: {calls} traced tools/call read of a 20-line file on each of {per_kind} host(s) a kind"
     );
-    for (index, (name, _)) in peers.iter().enumerate() {
+    for (kind, (name, _, _)) in kinds.iter().enumerate() {
+        let hosts: Vec<String> = peers
+            .iter()
+            .zip(&times)
+            .filter(|((of, _), _)| *of == kind)
+            .map(|(_, times)| format!("{:.0}", micros(percentile(times, 0.5))))
+            .collect();
         line.push_str(&format!(
-            " | {name} p50={:.0}us p99={:.0}us",
-            p(index, 0.5),
-            p(index, 0.99)
+            " | {name} p50={:.0}us p99={:.0}us (hosts' p50 {})",
+            p(kind, 0.5),
+            p(kind, 0.99),
+            hosts.join("/")
         ));
     }
     line.push_str(&format!(
@@ -1035,7 +1061,7 @@ fn tracing_call_figures(backend: &str, workspace: &Path) {
         p(1, 0.5) / p(0, 0.5),
         p(1, 0.99) / p(0, 0.99)
     ));
-    if peers.len() > 2 {
+    if kinds.len() > 2 {
         line.push_str(&format!(
             " | off/before p50={:.3} p99={:.3} (goal <= 1.01)",
             p(0, 0.5) / p(2, 0.5),

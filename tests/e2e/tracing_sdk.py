@@ -8,7 +8,8 @@ with a profile whose secret the command echoes. The Python `mcp` SDK, unmodified
 with a W3C `traceparent` in `_meta`: first in MCP 2026-07-28 (no session: the unit starts for the
 call), then in the handshake era (mode "legacy"). The receiver must get one trace per call: the
 request span by the MCP conventions, parented by the client's span, the unit's start spans (the
-stateless call's) and the executor's span for the command, parented by box's (the executor sends
+stateless call's, with the backend's steps under `unit.start`: docker's pull, create and boot, the
+local backend's spawn, confine and connect) and the executor's span for the command, parented by box's (the executor sends
 its spans home in batches, after its answers); requests box answers itself (`ping`, the kept
 `tools/list`) have their request spans too; the secret's value in no byte box exported, raw or in
 base64.
@@ -215,14 +216,21 @@ async def main() -> None:
             version = client.protocol_version
             await traced_call(client, trace_id, parent_id)
         expected = {"tools/call bash", "execute_tool bash", "unit.start workspace", "unit.initialize workspace"}
-        if options.backend == "docker":
-            # The docker backend's steps, under the unit's start.
-            expected |= {"unit.pull", "unit.create", "unit.boot"}
+        # The backend's steps, under the unit's start.
+        steps = {"unit.pull", "unit.create", "unit.boot"} if options.backend == "docker" \
+            else {"unit.spawn", "unit.confine", "unit.connect"}
+        expected |= steps
         spans = wait_for(bytes.fromhex(trace_id), expected)
-        starts = {span.span_id for span in spans if span.name == "unit.start workspace"}
+        starts = [span for span in spans if span.name == "unit.start workspace"]
         for span in spans:
-            if span.name in ("unit.pull", "unit.create", "unit.boot") and span.parent_span_id not in starts:
-                raise AssertionError(f"{span.name} is not under the unit's start")
+            if span.name in steps:
+                start = next((s for s in starts if s.span_id == span.parent_span_id), None)
+                if start is None:
+                    raise AssertionError(f"{span.name} is not under the unit's start")
+                if not start.start_time_unix_nano <= span.start_time_unix_nano <= span.end_time_unix_nano <= start.end_time_unix_nano:
+                    raise AssertionError(f"{span.name} is not within the unit's start")
+                if span.status.code == trace_pb2.Status.STATUS_CODE_ERROR:
+                    raise AssertionError(f"{span.name} failed: {span.status}")
         summary["stateless"] = check_trace(spans, parent_id, version, stateless=True)
 
         # The handshake era: the session's units started at initialize; the call's trace has

@@ -10,9 +10,9 @@ unit's start under the request span), `box/fork` and `box/merge` (`unit.fork CHI
 `unit.merge` under their request spans, in the client's traces), `agentworkspace/process.start`
 (the executor's `process.start` span, sent home in a batch, under the request span, with no
 argument). Then it kills the host with SIGKILL, starts the next host on the same state, and the
-first call carrying the handle has `session.reattach` in its trace, under the `box/session.open`
-the transport sends for it, before the call's own span. No byte box exported holds the secret's
-value, raw or in base64.
+first call carrying the handle has `session.reattach` under its own request span, before the
+executor's span of the call, and no span of the `box/session.open` the transport sends for it.
+No byte box exported holds the secret's value, raw or in base64.
 
 Prints one JSON line; exits non-zero with the reason on any failure.
 """
@@ -174,16 +174,21 @@ async def reattach(url: str, handle: dict[str, Any]) -> list[str]:
         text = await bash(client, "cat base.txt child.txt", {**handle, **meta})
         if "base" not in text or "from-child" not in text:
             raise AssertionError(f"after the kill, the handle's unit reads {text!r}")
-        spans = wait_for(bytes.fromhex(trace_id), {"tools/call bash", "box/session.open", "session.reattach"})
-        # The transport reattaches with a `box/session.open` of its own under the call's
-        # traceparent (its request id `box-reattach`), before the call reaches the session.
-        opening = request_span(spans, "box/session.open", parent_id)
-        if attributes(opening).get("jsonrpc.request.id") != "box-reattach":
-            raise AssertionError(f"the reattach's open: attributes {attributes(opening)}")
-        reattached = child_of(spans, "session.reattach", opening)
+        spans = wait_for(bytes.fromhex(trace_id), {"tools/call bash", "session.reattach", "execute_tool bash"})
+        # The reattach is a step of the call: under the call's own request span, with the call's
+        # attributes (not those of the `box/session.open` the transport sends for it), which has
+        # no span of its own.
         call = request_span(spans, "tools/call bash", parent_id)
-        if call.start_time_unix_nano < reattached.end_time_unix_nano:
-            raise AssertionError("the call's span began before the session was reattached")
+        reattached = child_of(spans, "session.reattach", call)
+        executor = child_of(spans, "execute_tool bash", call)
+        if reattached.end_time_unix_nano > executor.start_time_unix_nano:
+            raise AssertionError("the call ran in its unit before the session was reattached")
+        wanted = {"mcp.method.name": "tools/call", "gen_ai.tool.name": "bash"}
+        if any(attributes(call).get(key) != value for key, value in wanted.items()) \
+                or attributes(call).get("jsonrpc.request.id") == "box-reattach":
+            raise AssertionError(f"the call's span: attributes {attributes(call)}, expected {wanted}")
+        if any(span.name == "box/session.open" for span in spans):
+            raise AssertionError(f"the transport's own open has a span: {sorted(s.name for s in spans)}")
         await client.session.send_request(CloseRequest(params=types.RequestParams(_meta=handle)), types.EmptyResult)
         return sorted(span.name for span in spans)
 

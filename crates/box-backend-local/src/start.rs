@@ -220,6 +220,10 @@ impl LocalBackend {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
+        // The start's steps as the host sees them, for its traces: the
+        // helper spawned, the unit confined (the helper's namespaces, mounts
+        // and confinement, until its report), its connection back.
+        let spawning = SystemTime::now();
         let (spawned_tx, spawned_rx) = tokio::sync::oneshot::channel();
         let (exited_tx, exited_rx) = watch::channel(None);
         // The thread that spawns the helper waits for it (while this host
@@ -257,15 +261,19 @@ impl LocalBackend {
                 let _ = exited_tx.send(Some(status));
             })
             .map_err(|error| other("starting the unit's thread", error.to_string()))?;
-        let (stdin, stdout, stderr, pid) = spawned_rx
+        let spawned = spawned_rx
             .await
-            .map_err(|_| other("spawning the sandbox helper", "thread ended".to_owned()))?
-            .map_err(|error| {
-                other(
-                    "spawning the sandbox helper",
-                    format!("{}: {error}", self.options.box_exe.display()),
-                )
-            })?;
+            .map_err(|_| other("spawning the sandbox helper", "thread ended".to_owned()))
+            .and_then(|spawned| {
+                spawned.map_err(|error| {
+                    other(
+                        "spawning the sandbox helper",
+                        format!("{}: {error}", self.options.box_exe.display()),
+                    )
+                })
+            });
+        wiring.phase("spawn", spawning, spawned.is_ok());
+        let (stdin, stdout, stderr, pid) = spawned?;
         let group = i32::try_from(pid).unwrap_or(i32::MAX);
         guard.group = Some(group);
         let undo = |error: BackendError| {
@@ -325,6 +333,7 @@ impl LocalBackend {
                 return Err(undo(other("encoding the sandbox spec", error.to_string())).await);
             }
         };
+        let confining = SystemTime::now();
         let mut message = format!("{}\n", spec_json.len()).into_bytes();
         message.extend_from_slice(&spec_json);
         if let Err(error) = tokio::io::AsyncWriteExt::write_all(&mut stdin, &message).await {
@@ -364,12 +373,14 @@ impl LocalBackend {
                 format!("no report within {}s", CONFINE_TIMEOUT.as_secs()),
             )),
         };
+        wiring.phase("confine", confining, applied.is_ok());
         let applied = match applied {
             Ok(applied) => applied,
             Err(error) => return Err(undo(error).await),
         };
         // The helper connects right after its report; a helper that ends
         // first ends the wait.
+        let connecting = SystemTime::now();
         let accepted = {
             let mut exited = exited_rx.clone();
             let helper_ended = async move {
@@ -377,6 +388,7 @@ impl LocalBackend {
             };
             lifecycle::accept(&listener, (&key, &identity), CONFINE_TIMEOUT, helper_ended).await
         };
+        wiring.phase("connect", connecting, accepted.is_ok());
         let connected = match accepted {
             Ok(connected) => connected,
             Err(unconnected) => {

@@ -135,7 +135,8 @@ pub struct UnitWiring {
     /// The unit this one was forked from (`box/fork`), for its labels.
     pub parent: Option<String>,
     /// Who hears when each step of the start began and ended (the host's
-    /// traces: `unit.pull`, `unit.create`, `unit.boot`).
+    /// traces: `unit.pull`, `unit.create`, `unit.boot` on docker; `unit.spawn`,
+    /// `unit.confine`, `unit.connect` on the local backend).
     pub phases: Option<StartPhases>,
 }
 

@@ -245,10 +245,12 @@ impl Session {
                 event = live.events_rx.recv() => event,
             };
             match event {
+                Some(UnitEvent::Spans(unit, line)) => self.executor_spans(live, unit, &line),
                 Some(UnitEvent::Message(unit, message))
                     if box_otel::is_executor_spans(&message) =>
                 {
-                    self.executor_spans(live, unit, &message);
+                    let line = serde_json::to_vec(&message).unwrap_or_default();
+                    self.executor_spans(live, unit, &line);
                 }
                 Some(UnitEvent::Ended(unit, end)) => {
                     if let Some(state) = live.units.get_mut(unit) {

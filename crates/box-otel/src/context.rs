@@ -123,25 +123,9 @@ pub fn hex(bytes: &[u8]) -> String {
     text
 }
 
-/// The bytes of even-length hex text; `None` if it is not.
-pub fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    let digit = |b: u8| {
-        char::from(b)
-            .to_digit(16)
-            .and_then(|d| u8::try_from(d).ok())
-    };
-    text.as_bytes()
-        .chunks(2)
-        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
-        .collect()
-}
-
 /// Decode hex `text` into exactly `out`; false if it is not that long or
 /// not hex.
-fn decode_into(text: &str, out: &mut [u8]) -> bool {
+pub(crate) fn decode_into(text: &str, out: &mut [u8]) -> bool {
     if text.len() != out.len() * 2 {
         return false;
     }

@@ -21,6 +21,7 @@ pub use context::{
 pub use export::{Endpoint, ExportConfig, Tracer};
 pub use span::{AttrValue, Span, SpanData, SpanKind};
 pub use wire::{
-    EXECUTOR_SPANS, EXECUTOR_SPANS_BATCH, EXECUTOR_SPANS_DELAY, EXECUTOR_TRACEPARENT, Ended,
-    ExecutorParents, Kept, Pending, Recording, is_executor_spans, read_executor_spans,
+    EXECUTOR_SPANS, EXECUTOR_SPANS_BATCH, EXECUTOR_SPANS_DELAY, EXECUTOR_SPANS_PREFIX,
+    EXECUTOR_TRACEPARENT, Ended, ExecutorParents, Kept, Pending, Recording, is_executor_spans,
+    is_executor_spans_line, read_executor_spans,
 };

@@ -37,11 +37,25 @@ fn string(out: &mut Vec<u8>, field: u32, value: &str) {
     }
 }
 
-/// A nested message: written into `scratch` then copied with its length.
+/// A nested message, written in place after a one-byte length that is
+/// widened (the message moved up) only when it turns out 128 bytes or
+/// more: no buffer per message (an attribute is two), and a span's bytes
+/// are moved once rather than copied at every level (encoding was 1.7 µs a
+/// span with a `Vec` per message, on every traced call's CPU).
 fn message(out: &mut Vec<u8>, field: u32, write: impl FnOnce(&mut Vec<u8>)) {
-    let mut inner = Vec::new();
-    write(&mut inner);
-    bytes(out, field, &inner);
+    key(out, field, LEN);
+    let at = out.len();
+    out.push(0);
+    write(out);
+    let length = out.len() - at - 1;
+    if length < 0x80 {
+        out[at] = length as u8;
+    } else {
+        let mut prefix = Vec::with_capacity(10);
+        varint(&mut prefix, length as u64);
+        out[at] = prefix[0];
+        out.splice(at + 1..at + 1, prefix[1..].iter().copied());
+    }
 }
 
 /// `KeyValue { string key = 1; AnyValue value = 2; }`
@@ -150,6 +164,19 @@ mod tests {
         let mut out = Vec::new();
         varint(&mut out, (-1i64) as u64);
         assert_eq!(out.len(), 10);
+    }
+
+    #[test]
+    fn a_nested_message_has_its_shortest_length_however_long() {
+        for length in [0, 1, 127, 128, 300, 20_000] {
+            let mut written = vec![7];
+            message(&mut written, 1, |inner| {
+                inner.extend(std::iter::repeat_n(9, length))
+            });
+            let mut expected = vec![7];
+            bytes(&mut expected, 1, &vec![9; length]);
+            assert_eq!(written, expected, "{length}");
+        }
     }
 
     #[test]

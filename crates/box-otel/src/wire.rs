@@ -9,13 +9,14 @@
 //! client: it exports the spans ([`read_executor_spans`]), each checked to
 //! hang under a span the host sent that unit ([`ExecutorParents`]).
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::context::{SpanContext, decode_hex, hex, new_span_id, now_unix_nanos};
+use crate::context::{SpanContext, decode_into, hex, new_span_id, now_unix_nanos};
 use crate::span::{AttrValue, SpanData, SpanKind};
 
 /// The `_meta` key of a forwarded request's context, for the executor.
@@ -23,6 +24,10 @@ pub const EXECUTOR_TRACEPARENT: &str = "box/traceparent";
 /// The method of the executor's notification carrying its ended spans
 /// (`{spans}`), for the host alone.
 pub const EXECUTOR_SPANS: &str = "notifications/box/spans";
+/// How the executor's spans line begins, as [`Pending`] writes it: the host
+/// tells it from an answer by these bytes, before any JSON is parsed.
+pub const EXECUTOR_SPANS_PREFIX: &[u8] =
+    br#"{"jsonrpc":"2.0","method":"notifications/box/spans","params":{"spans":["#;
 
 /// How long the executor keeps its first ended span before sending the
 /// batch home: far below the host's export delay (`OTEL_BSP_SCHEDULE_DELAY`,
@@ -180,9 +185,7 @@ impl Pending {
             return None;
         }
         let mut line = Vec::with_capacity(64 + spans.len() * 400);
-        line.extend_from_slice(br#"{"jsonrpc":"2.0","method":""#);
-        line.extend_from_slice(EXECUTOR_SPANS.as_bytes());
-        line.extend_from_slice(br#"","params":{"spans":["#);
+        line.extend_from_slice(EXECUTOR_SPANS_PREFIX);
         for (index, span) in spans.iter().enumerate() {
             if index > 0 {
                 line.push(b',');
@@ -214,10 +217,19 @@ pub struct ExecutorParents {
 impl ExecutorParents {
     /// `context` was sent to executor `owner`.
     pub fn insert(&mut self, owner: usize, context: SpanContext) {
-        while self.order.len() >= MAX_PARENTS {
-            if let Some(oldest) = self.order.pop_front() {
-                self.by_id.remove(&oldest);
+        while self.by_id.len() >= MAX_PARENTS {
+            match self.order.pop_front() {
+                Some(oldest) => {
+                    self.by_id.remove(&oldest);
+                }
+                None => break,
             }
+        }
+        // Taken ones are dropped from the order lazily (a take is on every
+        // traced call's way home): here, once they are as many as the kept.
+        if self.order.len() >= 2 * MAX_PARENTS {
+            let by_id = &self.by_id;
+            self.order.retain(|kept| by_id.contains_key(kept));
         }
         self.order.push_back(context.span_id);
         self.by_id.insert(context.span_id, (owner, context));
@@ -233,7 +245,6 @@ impl ExecutorParents {
         {
             return None;
         }
-        self.order.retain(|kept| kept != id);
         self.by_id.remove(id).map(|(_, context)| context)
     }
 
@@ -246,31 +257,149 @@ impl ExecutorParents {
     }
 }
 
-/// The spans of an executor's notification that belong under the host's
-/// spans: each parented by a span `parent_of` knows (the host's span of a
-/// request it sent that executor, taken once) or by another span of the
-/// same notification, in the same trace. Text passes `redact`; counts and
-/// lengths are bounded, so a unit cannot flood the export.
+/// Whether `line` (from an executor, one JSON line) is its spans'
+/// notification as box's executor writes it ([`EXECUTOR_SPANS_PREFIX`]):
+/// read with [`read_executor_spans`] without making it a `Value` first.
+pub fn is_executor_spans_line(line: &[u8]) -> bool {
+    line.starts_with(EXECUTOR_SPANS_PREFIX)
+}
+
+/// One span of the executor's line, borrowed from it.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireSpan<'a> {
+    #[serde(borrow, default)]
+    trace_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    span_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    parent_span_id: Option<Cow<'a, str>>,
+    #[serde(default)]
+    start: u64,
+    #[serde(default)]
+    end: u64,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    attributes: WireAttributes<'a>,
+    #[serde(borrow, default)]
+    error: Option<Cow<'a, str>>,
+}
+
+/// A span's attributes in the order sent; values other than a string, a
+/// bool or a number are dropped.
+#[derive(Default)]
+struct WireAttributes<'a>(Vec<(Cow<'a, str>, Option<AttrValue>)>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for WireAttributes<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = WireAttributes<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object of attributes")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                mut map: M,
+            ) -> Result<Self::Value, M::Error> {
+                let mut kept = Vec::new();
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    let WireValue(value) = map.next_value()?;
+                    if kept.len() < MAX_ATTRIBUTES {
+                        kept.push((key, value));
+                    }
+                }
+                Ok(WireAttributes(kept))
+            }
+        }
+        deserializer.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
+/// An attribute's value as sent.
+struct WireValue(Option<AttrValue>);
+
+impl<'de> serde::Deserialize<'de> for WireValue {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = WireValue;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an attribute's value")
+            }
+            fn visit_bool<E>(self, flag: bool) -> Result<WireValue, E> {
+                Ok(WireValue(Some(AttrValue::Bool(flag))))
+            }
+            fn visit_i64<E>(self, number: i64) -> Result<WireValue, E> {
+                Ok(WireValue(Some(AttrValue::Int(number))))
+            }
+            fn visit_u64<E>(self, number: u64) -> Result<WireValue, E> {
+                Ok(WireValue(Some(match i64::try_from(number) {
+                    Ok(int) => AttrValue::Int(int),
+                    #[allow(clippy::cast_precision_loss)]
+                    Err(_) => AttrValue::Double(number as f64),
+                })))
+            }
+            fn visit_f64<E>(self, number: f64) -> Result<WireValue, E> {
+                Ok(WireValue(Some(AttrValue::Double(number))))
+            }
+            fn visit_str<E>(self, text: &str) -> Result<WireValue, E> {
+                Ok(WireValue(Some(AttrValue::Str(text.to_owned()))))
+            }
+            fn visit_unit<E>(self) -> Result<WireValue, E> {
+                Ok(WireValue(None))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<WireValue, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(WireValue(None))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<WireValue, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(WireValue(None))
+            }
+        }
+        deserializer.deserialize_any(Visit)
+    }
+}
+
+/// Hex text of exactly `N` bytes.
+fn id_of<const N: usize>(text: &str) -> Option<[u8; N]> {
+    let mut id = [0u8; N];
+    decode_into(text, &mut id).then_some(id)
+}
+
+/// The spans of an executor's notification line (one JSON line, as read)
+/// that belong under the host's spans: each parented by a span `parent_of`
+/// knows (the host's span of a request it sent that executor, taken once)
+/// or by another span of the same notification, in the same trace. Text
+/// passes `redact`; counts and lengths are bounded, so a unit cannot flood
+/// the export. Read straight from the line's bytes, no `Value` made: a batch
+/// of 64 spans is read on the host's serving thread.
 pub fn read_executor_spans(
-    message: &Value,
+    line: &[u8],
     mut parent_of: impl FnMut(&[u8; 8]) -> Option<SpanContext>,
     redact: impl Fn(&str) -> String,
 ) -> Vec<SpanData> {
-    let Some(Value::Array(spans)) = message.pointer("/params/spans") else {
+    // A line box's executor did not write drops whole.
+    let Ok(line) = serde_json::from_slice::<WireLine<'_>>(line) else {
         return Vec::new();
     };
     let mut left = Vec::new();
-    for span in spans.iter().take(MAX_SPANS) {
-        let id = |key: &str| span.get(key).and_then(Value::as_str).and_then(decode_hex);
-        let (Some(trace), Some(own), Some(parent_id)) =
-            (id("traceId"), id("spanId"), id("parentSpanId"))
-        else {
-            continue;
-        };
-        let (Ok(trace), Ok(own), Ok(parent_id)) = (
-            <[u8; 16]>::try_from(trace),
-            <[u8; 8]>::try_from(own),
-            <[u8; 8]>::try_from(parent_id),
+    for span in line.params.spans.into_iter().take(MAX_SPANS) {
+        let (Some(trace), Some(own), Some(parent_id)) = (
+            span.trace_id.as_deref().and_then(id_of::<16>),
+            span.span_id.as_deref().and_then(id_of::<8>),
+            span.parent_span_id.as_deref().and_then(id_of::<8>),
         ) else {
             continue;
         };
@@ -285,85 +414,87 @@ pub fn read_executor_spans(
     let mut progress = true;
     while progress && !left.is_empty() {
         progress = false;
-        left.retain(|(trace, own, parent_id, span)| {
-            let parent = match accepted.get(parent_id) {
+        let mut waiting = Vec::new();
+        for (trace, own, parent_id, span) in left {
+            let parent = match accepted.get(&parent_id) {
                 Some(parent) => Some(parent.clone()),
                 None => hosts
-                    .entry(*parent_id)
-                    .or_insert_with(|| parent_of(parent_id))
+                    .entry(parent_id)
+                    .or_insert_with(|| parent_of(&parent_id))
                     .clone(),
             };
             let Some(parent) = parent else {
-                return true;
+                waiting.push((trace, own, parent_id, span));
+                continue;
             };
-            if parent.trace_id == *trace && !accepted.contains_key(own) {
+            if parent.trace_id == trace && !accepted.contains_key(&own) {
                 let context = SpanContext {
-                    span_id: *own,
+                    span_id: own,
                     ..parent
                 };
-                accepted.insert(*own, context.clone());
-                taken.push((context, *parent_id, *span));
+                accepted.insert(own, context.clone());
+                taken.push((context, parent_id, span));
                 progress = true;
             }
-            false
-        });
+        }
+        left = waiting;
     }
+    let text = |value: &str| {
+        let mut text = redact(value);
+        if text.len() > MAX_TEXT {
+            let mut cut = MAX_TEXT;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+        }
+        text
+    };
     taken
         .into_iter()
         .map(|(context, parent_id, span)| {
-            let number = |key: &str| span.get(key).and_then(Value::as_u64).unwrap_or(0);
-            let text = |value: &str| {
-                let mut text = redact(value);
-                if text.len() > MAX_TEXT {
-                    let mut cut = MAX_TEXT;
-                    while !text.is_char_boundary(cut) {
-                        cut -= 1;
-                    }
-                    text.truncate(cut);
-                }
-                text
-            };
             let attributes = span
-                .get("attributes")
-                .and_then(Value::as_object)
-                .map(|attributes| {
-                    attributes
-                        .iter()
-                        .take(MAX_ATTRIBUTES)
-                        .filter_map(|(key, value)| {
-                            let value = match value {
-                                Value::String(value) => AttrValue::Str(text(value)),
-                                Value::Bool(flag) => AttrValue::Bool(*flag),
-                                Value::Number(number) => match number.as_i64() {
-                                    Some(int) => AttrValue::Int(int),
-                                    None => AttrValue::Double(number.as_f64()?),
-                                },
-                                _ => return None,
-                            };
-                            // A key is a plain name or nothing: never free text.
-                            key.bytes()
-                                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-                                .then(|| (key.chars().take(64).collect(), value))
-                        })
-                        .collect()
+                .attributes
+                .0
+                .into_iter()
+                // A key is a plain name or nothing: never free text.
+                .filter(|(key, _)| {
+                    key.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
                 })
-                .unwrap_or_default();
+                .filter_map(|(key, value)| {
+                    let value = match value? {
+                        AttrValue::Str(value) => AttrValue::Str(text(&value)),
+                        other => other,
+                    };
+                    Some((key.chars().take(64).collect(), value))
+                })
+                .collect();
             SpanData {
                 context,
                 parent_span_id: Some(parent_id),
-                name: text(
-                    span.get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or("executor"),
-                ),
+                name: text(span.name.as_deref().unwrap_or("executor")),
                 kind: SpanKind::Internal,
-                start: number("start"),
-                end: number("end"),
+                start: span.start,
+                end: span.end,
                 attributes,
-                error: span.get("error").and_then(Value::as_str).map(text),
+                error: span.error.as_deref().map(text),
             }
         })
         .collect()
+}
+
+/// The executor's line, as far as the host reads it.
+#[derive(serde::Deserialize)]
+struct WireLine<'a> {
+    #[serde(borrow)]
+    params: WireParams<'a>,
+}
+
+#[derive(serde::Deserialize)]
+struct WireParams<'a> {
+    #[serde(borrow)]
+    spans: Vec<WireSpan<'a>>,
 }
 
 #[cfg(test)]
@@ -401,10 +532,11 @@ mod tests {
         assert!(pending.take().is_none(), "a batch goes home once");
         let message: Value = serde_json::from_slice(&line).unwrap();
         assert!(is_executor_spans(&message));
+        assert!(is_executor_spans_line(&line));
         // Another unit's executor cannot claim the host's spans.
-        assert!(read_executor_spans(&message, |id| parents.take(1, id), str::to_owned).is_empty());
+        assert!(read_executor_spans(&line, |id| parents.take(1, id), str::to_owned).is_empty());
         let spans = read_executor_spans(
-            &message,
+            &line,
             |id| parents.take(0, id),
             |text| text.replace("hunter2", "[REDACTED]"),
         );
@@ -425,7 +557,7 @@ mod tests {
         assert!(!tool.attributes.iter().any(|(key, _)| key.contains(' ')));
         assert!(parents.is_empty(), "each host span is taken once");
         assert!(
-            read_executor_spans(&message, |id| parents.take(0, id), str::to_owned).is_empty(),
+            read_executor_spans(&line, |id| parents.take(0, id), str::to_owned).is_empty(),
             "a batch sent again is not exported twice"
         );
     }
@@ -453,5 +585,17 @@ mod tests {
             parents.take(0, &first.span_id).is_none(),
             "the oldest is forgotten"
         );
+        // Taking is cheap and what was taken does not pile up.
+        for _ in 0..10 * MAX_PARENTS {
+            let context = SpanContext::root();
+            parents.insert(1, context.clone());
+            assert_eq!(parents.take(1, &context.span_id), Some(context));
+        }
+        assert!(
+            parents.order.len() <= 2 * MAX_PARENTS,
+            "{}",
+            parents.order.len()
+        );
+        assert_eq!(parents.len(), MAX_PARENTS - 1);
     }
 }

@@ -1180,7 +1180,7 @@ async fn reattach(
     if let Some(open_meta) = open_meta.as_object_mut() {
         open_meta.remove(box_jsonrpc::era::SESSION_META);
     }
-    let open = json!({"jsonrpc": "2.0", "id": "box-reattach", "method": "box/session.open",
+    let open = json!({"jsonrpc": "2.0", "id": box_jsonrpc::era::REATTACH_OPEN_ID, "method": "box/session.open",
         "params": {"reattach": {"session": session_id, "secret": secret}, "_meta": open_meta}});
     let permit = state.permits.clone().try_acquire_owned().ok()?;
     let (general_tx, _) = mpsc::channel(1);

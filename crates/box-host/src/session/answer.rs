@@ -60,10 +60,10 @@ impl Session {
     /// a batch sent after the answers): exported when each belongs under a
     /// span of a request the host sent that unit, never passed on to the
     /// client.
-    pub(super) fn executor_spans(&self, live: &mut Live, unit: usize, message: &Value) {
+    pub(super) fn executor_spans(&self, live: &mut Live, unit: usize, line: &[u8]) {
         let (parents, redactor) = (&mut live.trace.executor_parents, &live.redactor);
         for span in box_otel::read_executor_spans(
-            message,
+            line,
             |id| parents.take(unit, id),
             |text| redactor.text(text).into_owned(),
         ) {
@@ -73,8 +73,11 @@ impl Session {
 
     pub(super) fn on_unit(&self, live: &mut Live, event: UnitEvent) {
         match event {
+            UnitEvent::Spans(unit, line) => self.executor_spans(live, unit, &line),
+            // Not as box's executor writes it, but its method: never the client's.
             UnitEvent::Message(unit, message) if box_otel::is_executor_spans(&message) => {
-                self.executor_spans(live, unit, &message);
+                let line = serde_json::to_vec(&message).unwrap_or_default();
+                self.executor_spans(live, unit, &line);
             }
             UnitEvent::Message(unit, message) => match self
                 .late_answer(live, unit, message)

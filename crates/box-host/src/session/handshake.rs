@@ -197,6 +197,13 @@ impl Session {
                                     if tool.is_some() {
                                         result = stateless::tool_result(result);
                                     }
+                                    // The transport's own open reattaching for a
+                                    // request: its span (and `session.reattach`
+                                    // under it) is that request's, continued when
+                                    // the request comes.
+                                    if span.is_recording() && is_reattach_open(&message) {
+                                        live.trace.opening = Some(std::mem::take(&mut span));
+                                    }
                                     reply.answer(result_response(id, result));
                                     if self.cancel.is_cancelled() {
                                         // Shutdown came during the start: end at once.
@@ -404,6 +411,15 @@ pub(super) fn set_box_field(result: &mut Value, field: &str, value: Value) {
     {
         answer.insert(field.to_owned(), value);
     }
+}
+
+/// Whether `message` is the `box/session.open` a transport sends on its own
+/// to reattach a session for the request carrying its handle
+/// ([`box_jsonrpc::era::REATTACH_OPEN_ID`]).
+fn is_reattach_open(message: &Value) -> bool {
+    message.get("id").and_then(Value::as_str) == Some(box_jsonrpc::era::REATTACH_OPEN_ID)
+        && message.get("method").and_then(Value::as_str) == Some(stateless::OPEN)
+        && params(message).is_some_and(|params| params.get("reattach").is_some())
 }
 
 /// A request's id as text for `jsonrpc.request.id` (a string as it is).

@@ -279,6 +279,8 @@ pub(super) enum Rewrite {
 pub(super) enum UnitEvent {
     /// A message from the unit's executor.
     Message(usize, Value),
+    /// The executor's spans line, as read (never made a `Value`).
+    Spans(usize, Vec<u8>),
     /// The executor's output ended (or broke); why.
     Closed(usize, String),
     /// The unit ended, with the backend's cause.
@@ -332,6 +334,15 @@ pub(super) fn link_unit(
                     break format!(
                         "its executor sent a message of {length} bytes; at most {MAX_MESSAGE_BYTES}"
                     );
+                }
+                Ok(Some(Line::Message(bytes))) if box_otel::is_executor_spans_line(&bytes) => {
+                    if reader_events
+                        .send(UnitEvent::Spans(index, bytes))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
                 }
                 Ok(Some(Line::Message(bytes))) => match serde_json::from_slice::<Value>(&bytes) {
                     Ok(message) => {
