@@ -926,6 +926,7 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
         }
         let mut doomed = Vec::new();
         let mut forget = Vec::new();
+        let mut waiting_on = std::collections::BTreeSet::new();
         // A named dead instance with no unit left (they ended with their
         // lease) leaves only its lock file.
         if let Some(id) = &args.instance
@@ -972,6 +973,8 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
                 // unit waits on it.
                 if waiting.is_empty() {
                     forget.push(id);
+                } else {
+                    waiting_on.insert(id);
                 }
             } else if named {
                 eprintln!(
@@ -980,6 +983,23 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
             }
         }
         let (removed, failed) = remove_listed(&backends, doomed).await;
+        // The empty egress directories of a dead host's ready pooled units
+        // (its instance collectable, none of its units waiting on a lease).
+        let runtime_dir = box_backend::default_runtime_dir();
+        let swept = box_host::egress::remove_dead_pools_dirs(&runtime_dir, |id| {
+            let named = args.instance.as_deref() == Some(id);
+            if args.instance.is_some() && !named && !args.all_instances {
+                return false;
+            }
+            collectable(instance::liveness(&dir, id), named, args.all_instances)
+                && !waiting_on.contains(id)
+        });
+        for swept in swept {
+            eprintln!(
+                "box gc: removed {} (a dead host's pooled unit's egress directory)",
+                swept.display()
+            );
+        }
         for id in forget {
             instance::forget(&dir, &id);
         }

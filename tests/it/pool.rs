@@ -1434,7 +1434,8 @@ fn egress_dirs(runtime: &Path) -> std::collections::BTreeSet<std::path::PathBuf>
 /// the pooled unit started with (kept in the session's state), so it
 /// survives `kill -9` of its host like a cold one (the new host serves the
 /// proxy again there); the host's stop removes its session's directory and
-/// its ready unit's.
+/// its ready unit's; `box gc` removes the empty one the killed host's ready
+/// unit left, once that unit is gone.
 async fn a_warm_egress_session_survives_kill_9_and_fetches_again(backend: &str) {
     const BODY: &str = "hello-warm-and-reattached";
     let web = crate::support::http_server(BODY);
@@ -1550,18 +1551,23 @@ async fn a_warm_egress_session_survives_kill_9_and_fetches_again(backend: &str) 
             assert!(tokio::time::Instant::now() < deadline, "{listed:?}");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let gc = Command::new(box_bin())
-            .args(["gc", "--instance", &instance])
-            .env("XDG_RUNTIME_DIR", runtime.path())
-            .env("BOX_INSTANCE_DIR", instances.path())
-            .output()
-            .unwrap();
-        assert!(
-            gc.status.success(),
-            "{}",
-            String::from_utf8_lossy(&gc.stderr)
-        );
     }
+    // The killed host's ready unit left its directory, empty; `box gc`
+    // removes it once the unit is gone.
+    let left: Vec<_> = first_host.iter().filter(|dir| **dir != pooled).collect();
+    assert_eq!(left.len(), 1, "{first_host:?}");
+    assert!(left[0].is_dir(), "{}", left[0].display());
+    let gc = Command::new(box_bin())
+        .args(["gc", "--instance", &instance])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .env("BOX_INSTANCE_DIR", instances.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&gc.stderr);
+    assert!(gc.status.success(), "{said}");
+    assert!(!left[0].exists(), "{said}");
+    assert!(said.contains("pooled unit's egress directory"), "{said}");
+    assert_eq!(egress_dirs(runtime.path()), Default::default());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -451,11 +451,14 @@ async fn start_one(
     // An egress unit's socket directory, mounted at its start as a cold
     // one's is: the unit's shape is the same, its proxy served at the claim.
     let egress = if pool.spec.network.mode == NetworkMode::Egress {
-        let dir = EgressDir::make(&config.runtime_dir).map_err(|message| BackendError::Other {
-            unit: pool.spec.name.clone(),
-            doing: "making its egress socket directory".to_owned(),
-            message,
-        })?;
+        let dir =
+            EgressDir::make_pooled(&config.runtime_dir, &config.instance).map_err(|message| {
+                BackendError::Other {
+                    unit: pool.spec.name.clone(),
+                    doing: "making its egress socket directory".to_owned(),
+                    message,
+                }
+            })?;
         Some(dir)
     } else {
         None
