@@ -1833,3 +1833,60 @@ async fn a_pooled_fork_profile_forks_into_each_claimed_container() {
 async fn local_a_pooled_fork_profile_forks_into_each_claimed_unit() {
     a_pooled_fork_profile_forks_into_each_claimed_unit("local").await;
 }
+
+/// A `source = "fork"` session whose credentials `hide` masks starts cold
+/// and says why (the masks, one file each that the session's scan finds,
+/// are mounts a unit gets when it starts), leaving the pool's ready unit
+/// for the next session; the cold unit sees the file masked.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hidden_credential_keeps_a_fork_session_cold_and_says_why() {
+    // The local backend masks no file (a `hide` session there is refused).
+    if !docker_answers().await {
+        return;
+    }
+    const PASSWORD: &str = "pool-fork-netrc-5e1d";
+    let (profiles, _) = setup();
+    std::fs::write(
+        profiles.path().join("pooled.toml"),
+        format!("{FORK_PROFILE}on_persisted_credentials = \"hide\"\n"),
+    )
+    .unwrap();
+    let project = fork_project();
+    std::fs::write(
+        project.path().join(".netrc"),
+        format!("machine example.com login u password {PASSWORD}\n"),
+    )
+    .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let env = [("XDG_STATE_HOME", state.path().to_str().unwrap())];
+    let host = Host::start_on(
+        "docker",
+        "fork-hide",
+        profiles.path(),
+        project.path(),
+        Some("pooled=1"),
+        &env,
+        &[],
+    )
+    .await;
+    host.ready("pooled", 1).await;
+    let (session, said) = initialize(&host).await;
+    let envelope = &said["units"][0];
+    assert_eq!(envelope["warm"], json!(false), "{said}");
+    assert!(
+        envelope["warmWhy"]
+            .as_str()
+            .is_some_and(|why| why.contains("on_persisted_credentials = \"hide\"")),
+        "{envelope}"
+    );
+    assert_eq!(said["fork"]["mode"], "worktree", "{said}");
+    let seen = host.bash(&session, "cat .netrc").await;
+    assert!(!seen.contains(PASSWORD), "{seen}");
+    // Untaken: still ready.
+    host.ready("pooled", 1).await;
+    host.end_session(&session).await;
+    let instance = host.instance.clone();
+    assert!(host.stop().success());
+    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+    assert_eq!(fork_dirs(state.path()), Vec::<std::path::PathBuf>::new());
+}
