@@ -985,18 +985,27 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
         let (removed, failed) = remove_listed(&backends, doomed).await;
         // The empty egress directories of a dead host's ready pooled units
         // (its instance collectable, none of its units waiting on a lease).
-        let runtime_dir = box_backend::default_runtime_dir();
-        let swept = box_host::egress::remove_dead_pools_dirs(&runtime_dir, |id| {
+        // And the empty workspace directories of its ready pooled units of
+        // `source = "fork"` profiles.
+        let gone = |id: &str| {
             let named = args.instance.as_deref() == Some(id);
             if args.instance.is_some() && !named && !args.all_instances {
                 return false;
             }
             collectable(instance::liveness(&dir, id), named, args.all_instances)
                 && !waiting_on.contains(id)
-        });
-        for swept in swept {
+        };
+        let runtime_dir = box_backend::default_runtime_dir();
+        for swept in box_host::egress::remove_dead_pools_dirs(&runtime_dir, gone) {
             eprintln!(
                 "box gc: removed {} (a dead host's pooled unit's egress directory)",
+                swept.display()
+            );
+        }
+        let fork_dir = box_host::default_fork_dir();
+        for swept in box_host::pool::remove_dead_pools_fork_dirs(&fork_dir, gone) {
+            eprintln!(
+                "box gc: removed {} (a dead host's pooled unit's fork directory)",
                 swept.display()
             );
         }

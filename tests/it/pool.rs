@@ -1890,3 +1890,66 @@ async fn a_hidden_credential_keeps_a_fork_session_cold_and_says_why() {
     assert_eq!(containers(&instance, None).await, Vec::<String>::new());
     assert_eq!(fork_dirs(state.path()), Vec::<std::path::PathBuf>::new());
 }
+
+/// A killed host's ready pooled unit of a `source = "fork"` profile leaves
+/// its empty directory under the forks; once the unit has ended with its
+/// lease, `box gc` removes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_box_gc_removes_a_killed_hosts_pooled_fork_directory() {
+    let (profiles, _) = setup();
+    std::fs::write(
+        profiles.path().join("pooled.toml"),
+        format!("{FORK_PROFILE}\n[lifecycle]\nlease = \"2s\"\n"),
+    )
+    .unwrap();
+    let project = fork_project();
+    let (state, instances, runtime) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let env = [
+        ("XDG_STATE_HOME", state.path().to_str().unwrap()),
+        ("XDG_RUNTIME_DIR", runtime.path().to_str().unwrap()),
+        ("BOX_INSTANCE_DIR", instances.path().to_str().unwrap()),
+    ];
+    let mut host = Host::start_on(
+        "local",
+        "fork-gc",
+        profiles.path(),
+        project.path(),
+        Some("pooled=1"),
+        &env,
+        &[],
+    )
+    .await;
+    host.ready("pooled", 1).await;
+    let pooled = fork_dirs(state.path());
+    assert_eq!(pooled.len(), 1, "{pooled:?}");
+    host.child.kill().unwrap();
+    host.child.wait().unwrap();
+    assert!(pooled[0].join("workspace").is_dir());
+    let gc = || {
+        let mut command = Command::new(box_bin());
+        command.args(["gc", "--instance", &host.instance]).envs(env);
+        let out = command.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // Its unit ends with its lease; until then gc leaves the directory.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let said = gc();
+        if !pooled[0].exists() {
+            assert!(said.contains("pooled unit's fork directory"), "{said}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{said}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(fork_dirs(state.path()), Vec::<std::path::PathBuf>::new());
+}

@@ -30,7 +30,7 @@ use crate::egress::{EgressDir, EgressProxy, ProxyServices};
 use crate::ledger::{Ledger, Tracked};
 use crate::metrics::Metrics;
 use crate::{HostConfig, PoolAsk};
-pub use fork::{ForkClaim, Taken, claim_taken, take_fork};
+pub use fork::{ForkClaim, Taken, claim_taken, remove_dead_pools_fork_dirs, take_fork};
 use fork::{ForkDir, PoolFork};
 
 mod fork;

@@ -271,3 +271,43 @@ pub async fn claim_taken(
     }
     bind(services, pooling, ready, label, spec, key, taken.asked).await
 }
+
+/// Remove what a killed host's ready pooled units of `source = "fork"`
+/// profiles left under `fork_dir` (their empty `pool-N/workspace`
+/// directories), for each instance `gone` names (its host dead, none of its
+/// units waiting on a lease); a directory holding a session's fork is kept.
+/// The directories removed.
+pub fn remove_dead_pools_fork_dirs(fork_dir: &Path, gone: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(instances) = std::fs::read_dir(fork_dir) else {
+        return removed;
+    };
+    for instance in instances.flatten() {
+        let name = instance.file_name();
+        let Some(id) = name.to_str().filter(|id| *id != "locks") else {
+            continue;
+        };
+        if !gone(id) {
+            continue;
+        }
+        let Ok(holders) = std::fs::read_dir(instance.path()) else {
+            continue;
+        };
+        for holder in holders.flatten() {
+            let pooled = holder
+                .file_name()
+                .to_str()
+                .is_some_and(|name| name.starts_with("pool-"));
+            // Only empty directories are removed (`remove_dir` refuses others).
+            if pooled
+                && std::fs::remove_dir(holder.path().join("workspace")).is_ok()
+                && std::fs::remove_dir(holder.path()).is_ok()
+            {
+                removed.push(holder.path());
+            }
+        }
+        let _ = std::fs::remove_dir(instance.path());
+    }
+    removed.sort();
+    removed
+}
