@@ -137,7 +137,6 @@ pub struct Taken {
     pub holder: PathBuf,
     /// The objects it mounts read-only (none: it has a copy's shape).
     objects: Option<PathBuf>,
-    asked: std::time::Instant,
 }
 
 impl Taken {
@@ -185,27 +184,23 @@ pub fn take_fork(
             services.metrics.pool_claim("unfit");
             "the workspace's persisted credentials are hidden (on_persisted_credentials = \"hide\"): their masks are mounted over the fork's files when a unit starts".to_owned()
         }
-        Some(_) => {
-            let asked = std::time::Instant::now();
-            match super::take(services, pools, label, spec) {
-                Ok(mut ready) => {
-                    let Some((dir, holder)) = ready.fork.take().map(ForkDir::keep) else {
-                        return Some(ForkClaim::Cold(
-                            "the pooled unit has no fork directory".to_owned(),
-                        ));
-                    };
-                    let objects = ready.objects.clone();
-                    return Some(ForkClaim::Taken(Arc::new(Taken {
-                        ready: Mutex::new(Some(ready)),
-                        dir,
-                        holder,
-                        objects,
-                        asked,
-                    })));
-                }
-                Err(why) => why,
+        Some(_) => match super::take(services, pools, label, spec) {
+            Ok(mut ready) => {
+                let Some((dir, holder)) = ready.fork.take().map(ForkDir::keep) else {
+                    return Some(ForkClaim::Cold(
+                        "the pooled unit has no fork directory".to_owned(),
+                    ));
+                };
+                let objects = ready.objects.clone();
+                return Some(ForkClaim::Taken(Arc::new(Taken {
+                    ready: Mutex::new(Some(ready)),
+                    dir,
+                    holder,
+                    objects,
+                })));
             }
-        }
+            Err(why) => why,
+        },
     };
     Some(ForkClaim::Cold(why))
 }
@@ -221,6 +216,9 @@ pub async fn claim_taken(
     key: u64,
     taken: &Taken,
 ) -> Claim {
+    // The claim's latency is the bind's, as for any claim (the fork made
+    // meanwhile is the session's, which a cold start makes too).
+    let asked = std::time::Instant::now();
     let Some(ready) = taken.lock().take() else {
         return Claim::Cold(
             "the pooled unit taken for the fork was bound already".to_owned(),
@@ -269,7 +267,7 @@ pub async fn claim_taken(
         let unbound = unbound(&ready);
         return Claim::Cold(why, unbound);
     }
-    bind(services, pooling, ready, label, spec, key, taken.asked).await
+    bind(services, pooling, ready, label, spec, key, asked).await
 }
 
 /// Remove what a killed host's ready pooled units of `source = "fork"`
