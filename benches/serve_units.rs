@@ -45,6 +45,12 @@
 //!   serve's VmRSS per unit). Docker, then local (`BOX_BENCH_WARM_BACKENDS`,
 //!   default `docker,local`).
 //!
+//! - `warmfork` (asked by name): `warm`'s figure for a `source = "fork"`
+//!   profile on a git repository of `BOX_BENCH_FORK_FILES` files (default
+//!   200; `BOX_BENCH_FORK_MODE`, default `auto`): a pooled unit claimed and the session's fork made into its
+//!   directory, against a cold start (the fork made, then the unit started);
+//!   docker and local (`BOX_BENCH_WARM_BACKENDS`).
+//!
 //! - `runhost`: a one-shot `box run … true`, from its spawn to its exit:
 //!   `box run --host URL` against a `box serve --listen --pool default=2`
 //!   (the command claims a pooled unit), against the same run through a
@@ -1851,6 +1857,16 @@ fn main() {
             runtime.block_on(warm_figures(backend, workspace.path()));
         }
     }
+    if wanted.iter().any(|w| w == "warmfork") {
+        let backends =
+            std::env::var("BOX_BENCH_WARM_BACKENDS").unwrap_or_else(|_| "docker,local".to_owned());
+        for backend in backends.split(',') {
+            if backend == "docker" && docker.is_none() {
+                continue;
+            }
+            runtime.block_on(warm_fork_figures(backend));
+        }
+    }
     if wanted.iter().any(|w| w == "runhost") {
         let backends =
             std::env::var("BOX_BENCH_WARM_BACKENDS").unwrap_or_else(|_| "docker,local".to_owned());
@@ -1900,18 +1916,24 @@ async fn warm_host(
 }
 
 /// The pool's ready units, from `/metrics`.
-async fn pool_ready(address: SocketAddr) -> usize {
+async fn pool_ready(address: SocketAddr, profile: &str) -> usize {
     let (_, _, body) = http(address, "GET", "/metrics", None, "").await;
+    let line = format!("box_pool_ready{{profile=\"{profile}\"}} ");
     body.lines()
-        .find_map(|line| line.strip_prefix("box_pool_ready{profile=\"default\"} "))
+        .find_map(|text| text.strip_prefix(&line))
         .and_then(|count| count.trim().parse().ok())
         .unwrap_or(0)
 }
 
 /// Wait until the pool holds `ready` units; how long that took.
 async fn pool_filled(address: SocketAddr, ready: usize) -> Duration {
+    pool_of_filled(address, "default", ready).await
+}
+
+/// [`pool_filled`] for the pool of `profile`.
+async fn pool_of_filled(address: SocketAddr, profile: &str, ready: usize) -> Duration {
     let started = Instant::now();
-    while pool_ready(address).await < ready {
+    while pool_ready(address, profile).await < ready {
         assert!(
             started.elapsed() < Duration::from_secs(300),
             "the pool at {address} never held {ready}"
@@ -2004,6 +2026,98 @@ async fn run_host_figures(backend: &str, workspace: &Path) {
         figure(&own_runs),
         ms(median(&warm_runs)) / ms(median(&own_runs)),
         ms(median(&warm_runs)) / ms(median(&cold_runs)),
+    );
+}
+
+/// `warmfork`: session start (initialize → first read result, HTTP) of a
+/// `source = "fork"` profile on a git repository of
+/// `BOX_BENCH_FORK_FILES` files (default 200, committed): a pooled unit
+/// claimed and the fork made into its directory, against a cold start
+/// (the fork made, then the unit started), alternating round by round.
+async fn warm_fork_figures(backend: &str) {
+    let rounds = env_number("BOX_BENCH_ROUNDS", 21);
+    let files = env_number("BOX_BENCH_FORK_FILES", 200);
+    let project = tempfile::tempdir().unwrap();
+    for n in 0..files {
+        let dir = project.path().join(format!("d{}", n / 100));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join(format!("f{n}.txt")),
+            format!("file {n}\n").repeat(20),
+        )
+        .unwrap();
+    }
+    std::fs::write(project.path().join("small.txt"), "small\n").unwrap();
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "-A"],
+        &[
+            "-c",
+            "user.name=b",
+            "-c",
+            "user.email=b@example.com",
+            "commit",
+            "-qm",
+            "base",
+        ],
+    ] {
+        let status = Command::new("git")
+            .current_dir(project.path())
+            .args(args)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "git {args:?}");
+    }
+    let mode = std::env::var("BOX_BENCH_FORK_MODE").unwrap_or_else(|_| "auto".to_owned());
+    let profiles = tempfile::tempdir().unwrap();
+    std::fs::write(
+        profiles.path().join("forked.toml"),
+        format!("description = \"bench: each session on its own fork\"\nextends = \"default\"\n\n[workspace]\nsource = \"fork\"\nfork_mode = \"{mode}\"\n"),
+    )
+    .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let host = |name: &str, pool: bool| {
+        let address = free_address();
+        let instance = format!("{}-warmfork-{backend}-{name}", label());
+        let mut command = box_serve(backend, project.path(), &instance);
+        command
+            .args(["--state", "none", "--listen", &address.to_string()])
+            .args(["--profile", "forked", "--profiles"])
+            .arg(profiles.path())
+            .env("XDG_STATE_HOME", state.path());
+        if pool {
+            command.args(["--pool", "forked=2"]);
+        }
+        (Server::spawn(&mut command), address)
+    };
+    let (_warm_server, warm) = host("pooled", true);
+    let (_cold_server, cold) = host("cold", false);
+    wait_listening(warm).await;
+    wait_listening(cold).await;
+    let (mut warm_starts, mut cold_starts) = (Vec::new(), Vec::new());
+    for round in 0..=rounds {
+        pool_of_filled(warm, "forked", 2).await;
+        let w = http_session_start(warm).await;
+        pool_of_filled(warm, "forked", 2).await;
+        let c = http_session_start(cold).await;
+        // Round 0 warms the engine's and the page cache for both.
+        if round > 0 {
+            warm_starts.push(w);
+            cold_starts.push(c);
+        }
+    }
+    let ratio = |p: f64| ms(percentile(&warm_starts, p)) / ms(percentile(&cold_starts, p));
+    println!(
+        "warmfork, {backend}: session start of a source = \"fork\" profile (fork_mode {mode}, {files} files, a git repository; initialize → first read result, HTTP) claiming a pooled unit median {:.1} ms, p99 {:.1} ms | a cold start of the same plan median {:.1} ms, p99 {:.1} ms | ratio median {:.2}, p99 {:.2}, {rounds} rounds",
+        ms(median(&warm_starts)),
+        ms(percentile(&warm_starts, 0.99)),
+        ms(median(&cold_starts)),
+        ms(percentile(&cold_starts, 0.99)),
+        ratio(0.5),
+        ratio(0.99),
     );
 }
 

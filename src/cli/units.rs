@@ -926,6 +926,7 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
         }
         let mut doomed = Vec::new();
         let mut forget = Vec::new();
+        let mut waiting_on = std::collections::BTreeSet::new();
         // A named dead instance with no unit left (they ended with their
         // lease) leaves only its lock file.
         if let Some(id) = &args.instance
@@ -972,6 +973,8 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
                 // unit waits on it.
                 if waiting.is_empty() {
                     forget.push(id);
+                } else {
+                    waiting_on.insert(id);
                 }
             } else if named {
                 eprintln!(
@@ -980,6 +983,32 @@ pub fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
             }
         }
         let (removed, failed) = remove_listed(&backends, doomed).await;
+        // The empty egress directories of a dead host's ready pooled units
+        // (its instance collectable, none of its units waiting on a lease).
+        // And the empty workspace directories of its ready pooled units of
+        // `source = "fork"` profiles.
+        let gone = |id: &str| {
+            let named = args.instance.as_deref() == Some(id);
+            if args.instance.is_some() && !named && !args.all_instances {
+                return false;
+            }
+            collectable(instance::liveness(&dir, id), named, args.all_instances)
+                && !waiting_on.contains(id)
+        };
+        let runtime_dir = box_backend::default_runtime_dir();
+        for swept in box_host::egress::remove_dead_pools_dirs(&runtime_dir, gone) {
+            eprintln!(
+                "box gc: removed {} (a dead host's pooled unit's egress directory)",
+                swept.display()
+            );
+        }
+        let fork_dir = box_host::default_fork_dir();
+        for swept in box_host::pool::remove_dead_pools_fork_dirs(&fork_dir, gone) {
+            eprintln!(
+                "box gc: removed {} (a dead host's pooled unit's fork directory)",
+                swept.display()
+            );
+        }
         for id in forget {
             instance::forget(&dir, &id);
         }

@@ -1434,7 +1434,8 @@ fn egress_dirs(runtime: &Path) -> std::collections::BTreeSet<std::path::PathBuf>
 /// the pooled unit started with (kept in the session's state), so it
 /// survives `kill -9` of its host like a cold one (the new host serves the
 /// proxy again there); the host's stop removes its session's directory and
-/// its ready unit's.
+/// its ready unit's; `box gc` removes the empty one the killed host's ready
+/// unit left, once that unit is gone.
 async fn a_warm_egress_session_survives_kill_9_and_fetches_again(backend: &str) {
     const BODY: &str = "hello-warm-and-reattached";
     let web = crate::support::http_server(BODY);
@@ -1550,18 +1551,23 @@ async fn a_warm_egress_session_survives_kill_9_and_fetches_again(backend: &str) 
             assert!(tokio::time::Instant::now() < deadline, "{listed:?}");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let gc = Command::new(box_bin())
-            .args(["gc", "--instance", &instance])
-            .env("XDG_RUNTIME_DIR", runtime.path())
-            .env("BOX_INSTANCE_DIR", instances.path())
-            .output()
-            .unwrap();
-        assert!(
-            gc.status.success(),
-            "{}",
-            String::from_utf8_lossy(&gc.stderr)
-        );
     }
+    // The killed host's ready unit left its directory, empty; `box gc`
+    // removes it once the unit is gone.
+    let left: Vec<_> = first_host.iter().filter(|dir| **dir != pooled).collect();
+    assert_eq!(left.len(), 1, "{first_host:?}");
+    assert!(left[0].is_dir(), "{}", left[0].display());
+    let gc = Command::new(box_bin())
+        .args(["gc", "--instance", &instance])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .env("BOX_INSTANCE_DIR", instances.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&gc.stderr);
+    assert!(gc.status.success(), "{said}");
+    assert!(!left[0].exists(), "{said}");
+    assert!(said.contains("pooled unit's egress directory"), "{said}");
+    assert_eq!(egress_dirs(runtime.path()), Default::default());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1575,4 +1581,375 @@ async fn a_warm_egress_container_survives_kill_9_of_its_host_and_fetches_again()
 #[tokio::test(flavor = "multi_thread")]
 async fn local_a_warm_egress_unit_survives_kill_9_of_its_host_and_fetches_again() {
     a_warm_egress_session_survives_kill_9_and_fetches_again("local").await;
+}
+
+/// A `source = "fork"` profile, its workspace forked as box chooses (a
+/// worktree of a repository with a commit, where the host can).
+const FORK_PROFILE: &str = "description = \"pool tests, each session on its own fork\"\nextends = \"default\"\n\n[workspace]\nsource = \"fork\"\n";
+
+/// A host directory that is a git repository with one commit.
+fn fork_project() -> tempfile::TempDir {
+    let project = tempfile::tempdir().unwrap();
+    std::fs::write(project.path().join("shared.txt"), "host\n").unwrap();
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "-A"],
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.com",
+            "commit",
+            "-qm",
+            "base",
+        ],
+    ] {
+        let status = Command::new("git")
+            .current_dir(project.path())
+            .args(args)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .status()
+            .unwrap();
+        assert!(status.success(), "git {args:?}");
+    }
+    project
+}
+
+/// The directories under a state directory's forks (`box/forks/INSTANCE/SESSION`).
+fn fork_dirs(state: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for instance in std::fs::read_dir(state.join("box/forks"))
+        .into_iter()
+        .flatten()
+    {
+        let instance = instance.unwrap();
+        if instance.file_name() == "locks" {
+            continue;
+        }
+        for session in std::fs::read_dir(instance.path()).into_iter().flatten() {
+            found.push(session.unwrap().path());
+        }
+    }
+    found.sort();
+    found
+}
+
+/// A session of `host`: its id and what box says of it at initialize.
+async fn initialize(host: &Host) -> (String, Value) {
+    let (session, answer) = host.host.initialize(json!({}), &[]).await;
+    let said = answer["result"]["capabilities"]["experimental"][EXECUTOR_KEY]["box"].clone();
+    assert!(said["units"][0].is_object(), "{answer}");
+    (session.unwrap(), said)
+}
+
+/// An envelope with its fork's directory (which names its session, or its
+/// pool's `pool-N`) said as `FORK`.
+fn with_fork_said(envelope: &Value, state: &Path) -> Value {
+    let forks = state.join("box/forks").canonicalize().unwrap();
+    let mut text = applied(envelope).to_string();
+    let prefix = forks.to_str().unwrap().to_owned() + "/";
+    while let Some(at) = text.find(&prefix) {
+        let rest = &text[at + prefix.len()..];
+        // INSTANCE/SESSION/workspace
+        let end = rest
+            .match_indices('/')
+            .nth(1)
+            .map_or(rest.len(), |(slash, _)| slash);
+        text.replace_range(at..at + prefix.len() + end, "FORK");
+    }
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Issue 25: a `source = "fork"` profile keeps a pool. Its unit starts with
+/// an empty directory of its own at its workspace (and the repository's
+/// objects, read-only, where its forks are worktrees); a session claims it
+/// warm, its fork made into that directory: it sees the host directory's
+/// files, its writes reach the directory only through `box/merge`, which
+/// brings them back; the next session claimed from the pool sees none of
+/// them; the envelope and the fork's description equal a cold fork unit's;
+/// nothing of the pool's directories is left when the host ends.
+async fn a_pooled_fork_profile_forks_into_each_claimed_unit(backend: &str) {
+    let (profiles, _) = setup();
+    std::fs::write(profiles.path().join("pooled.toml"), FORK_PROFILE).unwrap();
+    let project = fork_project();
+    let state = tempfile::tempdir().unwrap();
+    let env = [("XDG_STATE_HOME", state.path().to_str().unwrap())];
+    let name = format!("{backend}-fork");
+    let host = Host::start_on(
+        backend,
+        &name,
+        profiles.path(),
+        project.path(),
+        Some("pooled=1"),
+        &env,
+        &[],
+    )
+    .await;
+    let cold_name = format!("{backend}-fork-cold");
+    let cold = Host::start_on(
+        backend,
+        &cold_name,
+        profiles.path(),
+        project.path(),
+        None,
+        &env,
+        &[],
+    )
+    .await;
+    host.ready("pooled", 1).await;
+    // The ready unit's directory: its pool's, empty.
+    let pooled = fork_dirs(state.path());
+    assert_eq!(pooled.len(), 1, "{pooled:?}");
+    assert!(
+        pooled[0]
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("pool-"),
+        "{pooled:?}"
+    );
+    assert_eq!(
+        std::fs::read_dir(pooled[0].join("workspace"))
+            .unwrap()
+            .count(),
+        0
+    );
+
+    let (first, first_said) = initialize(&host).await;
+    let first_envelope = &first_said["units"][0];
+    assert_eq!(first_envelope["warm"], json!(true), "{first_said}");
+    let seen = host
+        .bash(
+            &first,
+            "cat shared.txt; echo from-first > first.txt; echo first > shared.txt; ls",
+        )
+        .await;
+    assert!(
+        seen.starts_with("host\n") && seen.contains("first.txt"),
+        "{backend}: {seen}"
+    );
+    assert!(!project.path().join("first.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(project.path().join("shared.txt")).unwrap(),
+        "host\n"
+    );
+
+    // The next claim: the pool's next unit, on a fork of its own.
+    host.ready("pooled", 1).await;
+    let (second, second_said) = initialize(&host).await;
+    assert_eq!(
+        second_said["units"][0]["warm"],
+        json!(true),
+        "{second_said}"
+    );
+    assert_ne!(first_envelope["id"], second_said["units"][0]["id"]);
+    let seen = host.bash(&second, "cat shared.txt; ls -a").await;
+    assert!(
+        seen.starts_with("host\n") && !seen.contains("first.txt"),
+        "the second session sees the first's files: {seen}"
+    );
+
+    // Merged back as from a cold fork unit.
+    let merged = post(
+        host.address(),
+        Some(&first),
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 9, "method": "box/merge", "params": {"unit": "workspace"}}),
+    )
+    .await
+    .json();
+    let mut paths: Vec<String> = merged["result"]["merged"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{merged}"))
+        .iter()
+        .map(|path| path.as_str().unwrap().to_owned())
+        .collect();
+    paths.sort();
+    assert_eq!(paths, ["first.txt", "shared.txt"], "{merged}");
+    assert_eq!(
+        std::fs::read_to_string(project.path().join("first.txt")).unwrap(),
+        "from-first\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.path().join("shared.txt")).unwrap(),
+        "first\n"
+    );
+    let still = host.bash(&second, "cat shared.txt; ls").await;
+    assert!(
+        still.starts_with("host\n") && !still.contains("first.txt"),
+        "{still}"
+    );
+
+    // A cold fork unit of the same plan: the same envelope, the same fork.
+    let (cold_session, cold_said) = initialize(&cold).await;
+    assert!(cold_said["units"][0].get("warm").is_none(), "{cold_said}");
+    // The same but for the pin each fork holds in the repository.
+    let pinless = |said: &Value| {
+        let text = said["fork"].to_string();
+        let Some(at) = text.find("refs/box/forks/") else {
+            return text;
+        };
+        let pin = &text[at..];
+        let end = pin.find(';').unwrap_or(pin.len());
+        text.replace(&pin[..end], "refs/box/forks/PIN")
+    };
+    assert_eq!(pinless(&second_said), pinless(&cold_said));
+    assert_eq!(
+        with_fork_said(&second_said["units"][0], state.path()),
+        with_fork_said(&cold_said["units"][0], state.path())
+    );
+    let probe = "git log --format=%s -1 2>&1; cat .git/objects/info/alternates; id -u";
+    let warm_probe = host.bash(&second, probe).await;
+    // Its history read through the objects it borrows.
+    assert!(warm_probe.starts_with("base\n"), "{backend}: {warm_probe}");
+    assert_eq!(warm_probe, cold.bash(&cold_session, probe).await);
+
+    for session in [&first, &second] {
+        host.end_session(session).await;
+    }
+    for host in [host, cold] {
+        let instance = host.instance.clone();
+        assert!(host.stop().success());
+        if backend == "docker" {
+            assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+        } else {
+            assert_eq!(running_local_units(&instance), Vec::new());
+        }
+    }
+    assert_eq!(fork_dirs(state.path()), Vec::<std::path::PathBuf>::new());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pooled_fork_profile_forks_into_each_claimed_container() {
+    if !docker_answers().await {
+        return;
+    }
+    a_pooled_fork_profile_forks_into_each_claimed_unit("docker").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_a_pooled_fork_profile_forks_into_each_claimed_unit() {
+    a_pooled_fork_profile_forks_into_each_claimed_unit("local").await;
+}
+
+/// A `source = "fork"` session whose credentials `hide` masks starts cold
+/// and says why (the masks, one file each that the session's scan finds,
+/// are mounts a unit gets when it starts), leaving the pool's ready unit
+/// for the next session; the cold unit sees the file masked.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hidden_credential_keeps_a_fork_session_cold_and_says_why() {
+    // The local backend masks no file (a `hide` session there is refused).
+    if !docker_answers().await {
+        return;
+    }
+    const PASSWORD: &str = "pool-fork-netrc-5e1d";
+    let (profiles, _) = setup();
+    std::fs::write(
+        profiles.path().join("pooled.toml"),
+        format!("{FORK_PROFILE}on_persisted_credentials = \"hide\"\n"),
+    )
+    .unwrap();
+    let project = fork_project();
+    std::fs::write(
+        project.path().join(".netrc"),
+        format!("machine example.com login u password {PASSWORD}\n"),
+    )
+    .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let env = [("XDG_STATE_HOME", state.path().to_str().unwrap())];
+    let host = Host::start_on(
+        "docker",
+        "fork-hide",
+        profiles.path(),
+        project.path(),
+        Some("pooled=1"),
+        &env,
+        &[],
+    )
+    .await;
+    host.ready("pooled", 1).await;
+    let (session, said) = initialize(&host).await;
+    let envelope = &said["units"][0];
+    assert_eq!(envelope["warm"], json!(false), "{said}");
+    assert!(
+        envelope["warmWhy"]
+            .as_str()
+            .is_some_and(|why| why.contains("on_persisted_credentials = \"hide\"")),
+        "{envelope}"
+    );
+    assert_eq!(said["fork"]["mode"], "worktree", "{said}");
+    let seen = host.bash(&session, "cat .netrc").await;
+    assert!(!seen.contains(PASSWORD), "{seen}");
+    // Untaken: still ready.
+    host.ready("pooled", 1).await;
+    host.end_session(&session).await;
+    let instance = host.instance.clone();
+    assert!(host.stop().success());
+    assert_eq!(containers(&instance, None).await, Vec::<String>::new());
+    assert_eq!(fork_dirs(state.path()), Vec::<std::path::PathBuf>::new());
+}
+
+/// A killed host's ready pooled unit of a `source = "fork"` profile leaves
+/// its empty directory under the forks; once the unit has ended with its
+/// lease, `box gc` removes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_box_gc_removes_a_killed_hosts_pooled_fork_directory() {
+    let (profiles, _) = setup();
+    std::fs::write(
+        profiles.path().join("pooled.toml"),
+        format!("{FORK_PROFILE}\n[lifecycle]\nlease = \"2s\"\n"),
+    )
+    .unwrap();
+    let project = fork_project();
+    let (state, instances, runtime) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let env = [
+        ("XDG_STATE_HOME", state.path().to_str().unwrap()),
+        ("XDG_RUNTIME_DIR", runtime.path().to_str().unwrap()),
+        ("BOX_INSTANCE_DIR", instances.path().to_str().unwrap()),
+    ];
+    let mut host = Host::start_on(
+        "local",
+        "fork-gc",
+        profiles.path(),
+        project.path(),
+        Some("pooled=1"),
+        &env,
+        &[],
+    )
+    .await;
+    host.ready("pooled", 1).await;
+    let pooled = fork_dirs(state.path());
+    assert_eq!(pooled.len(), 1, "{pooled:?}");
+    host.child.kill().unwrap();
+    host.child.wait().unwrap();
+    assert!(pooled[0].join("workspace").is_dir());
+    let gc = || {
+        let mut command = Command::new(box_bin());
+        command.args(["gc", "--instance", &host.instance]).envs(env);
+        let out = command.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // Its unit ends with its lease; until then gc leaves the directory.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let said = gc();
+        if !pooled[0].exists() {
+            assert!(said.contains("pooled unit's fork directory"), "{said}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{said}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(fork_dirs(state.path()), Vec::<std::path::PathBuf>::new());
 }

@@ -35,6 +35,9 @@ pub(crate) struct PoolDetail {
     /// Its egress socket's directory, mounted at its start (an egress
     /// profile's pool): the session's proxy is served there at the claim.
     pub(crate) egress: Option<box_backend::EgressWiring>,
+    /// A worktree fork's borrowed objects, mounted read-only at its start
+    /// (a `source = "fork"` profile's pool): the fork its claim makes names them.
+    pub(crate) objects: Option<box_backend::ObjectsWiring>,
     /// The limits it started with: memory, CPUs, pids.
     pub(crate) limits: (u64, f64, u64),
     /// The engine's view of it once started (its envelope's source while
@@ -82,7 +85,8 @@ impl DockerBackend {
         };
         let (mut started, detail) = unit.detail::<PoolDetail>(name, "docker")?;
         let id = started.envelope.id.clone();
-        let wiring = box_backend::pool::bound_wiring(detail.egress.as_ref(), spec)?;
+        let wiring =
+            box_backend::pool::bound_wiring(detail.egress.as_ref(), detail.objects.as_ref(), spec)?;
         // The session's environment and secrets, as a cold start would set them.
         let environment = unit_env(spec, std::env::vars_os(), &detail.image_env);
         let env_passed = environment.passed();

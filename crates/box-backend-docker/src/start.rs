@@ -323,6 +323,7 @@ impl DockerBackend {
             volume_targets: volume_targets.clone(),
             run_dir: run_dir.path().to_owned(),
             egress: wiring.egress.clone(),
+            objects: wiring.objects.clone(),
             limits: (spec.limits.memory_bytes, spec.limits.cpus, spec.limits.pids),
             inspect: None,
             pool_session: session.session.clone(),

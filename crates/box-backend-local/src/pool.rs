@@ -119,7 +119,12 @@ async fn bind_unit(unit: PooledUnit, spec: &UnitSpec) -> Result<StartedUnit, Bac
         .map(|egress| box_backend::EgressWiring {
             socket_dir: egress.socket_dir.clone(),
         });
-    let wiring = box_backend::pool::bound_wiring(started_with.as_ref(), spec)?;
+    // A worktree fork's borrowed objects the helper bound in read-only.
+    let objects = sandbox_spec
+        .objects
+        .as_ref()
+        .map(|host| box_backend::ObjectsWiring { host: host.clone() });
+    let wiring = box_backend::pool::bound_wiring(started_with.as_ref(), objects.as_ref(), spec)?;
     let bind = Bind {
         spec: executor_spec(spec, &layout, &wiring),
         env,

@@ -16,7 +16,9 @@
 
 use futures::future::BoxFuture;
 
-use crate::{BackendError, EgressWiring, SessionLabel, StartedUnit, UnitSpec, UnitWiring};
+use crate::{
+    BackendError, EgressWiring, ObjectsWiring, SessionLabel, StartedUnit, UnitSpec, UnitWiring,
+};
 use box_policy::plan::NetworkMode;
 
 /// The label a pooled unit carries from its start: the profile whose pool
@@ -120,37 +122,49 @@ pub trait Pooling: Send + Sync {
 }
 
 /// What a pooled unit started with `egress` (its egress socket's directory,
-/// mounted at its start, or none) has wired in for the session's `spec`: the
-/// wiring its bind line's executor flags are written from, so an egress
-/// session's executor bridges the socket as a cold one's does. A session
+/// mounted at its start, or none) and `objects` (a worktree fork's borrowed
+/// objects, mounted read-only at its start for the fork its claim makes)
+/// has wired in for the session's `spec`: the wiring its bind line's
+/// executor flags are written from, so an egress session's executor bridges
+/// the socket, and a worktree fork's reads its objects, as a cold one's
+/// does. A session
 /// whose network is egress on a unit with no directory would have no way
 /// out; one whose network is not egress on a unit with one would have a way
 /// out it did not ask for: both are refused (the host's pool key keeps the
 /// network mode equal).
 pub fn bound_wiring(
     egress: Option<&EgressWiring>,
+    objects: Option<&ObjectsWiring>,
     spec: &UnitSpec,
 ) -> Result<UnitWiring, BackendError> {
-    match (spec.network.mode, egress) {
-        (NetworkMode::Egress, Some(egress)) => Ok(UnitWiring {
+    let bound = match (spec.network.mode, egress) {
+        (NetworkMode::Egress, Some(egress)) => UnitWiring {
             egress: Some(egress.clone()),
             ..UnitWiring::default()
-        }),
-        (NetworkMode::Egress, None) => Err(BackendError::Unenforceable {
-            unit: spec.name.clone(),
-            control: "network egress allow list".to_owned(),
-            why: "the pooled unit was started without an egress socket directory".to_owned(),
-        }),
-        (NetworkMode::None | NetworkMode::Bridge, Some(_)) => Err(BackendError::Other {
-            unit: spec.name.clone(),
-            doing: "binding a pooled unit".to_owned(),
-            message: format!(
-                "the pooled unit has an egress socket directory, and the session's network is {}",
-                spec.network.mode.as_str()
-            ),
-        }),
-        (NetworkMode::None | NetworkMode::Bridge, None) => Ok(UnitWiring::default()),
-    }
+        },
+        (NetworkMode::Egress, None) => {
+            return Err(BackendError::Unenforceable {
+                unit: spec.name.clone(),
+                control: "network egress allow list".to_owned(),
+                why: "the pooled unit was started without an egress socket directory".to_owned(),
+            });
+        }
+        (NetworkMode::None | NetworkMode::Bridge, Some(_)) => {
+            return Err(BackendError::Other {
+                unit: spec.name.clone(),
+                doing: "binding a pooled unit".to_owned(),
+                message: format!(
+                    "the pooled unit has an egress socket directory, and the session's network is {}",
+                    spec.network.mode.as_str()
+                ),
+            });
+        }
+        (NetworkMode::None | NetworkMode::Bridge, None) => UnitWiring::default(),
+    };
+    Ok(UnitWiring {
+        objects: objects.cloned(),
+        ..bound
+    })
 }
 
 #[cfg(test)]

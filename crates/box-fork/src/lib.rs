@@ -173,6 +173,29 @@ pub struct Forked {
 /// must lie outside `parent`). On error nothing is left behind: the child
 /// directory and the pin are removed.
 pub fn fork(git: &Git, parent: &Path, child: &Path, options: &Options) -> Result<Forked, Error> {
+    fork_at(git, parent, child, options, false)
+}
+
+/// [`fork()`] into `child`, an empty directory that already exists (one a
+/// running unit already mounts: a warm unit's workspace, filled at its
+/// claim). It is made the caller's, mode 0700, as [`fork()`] makes a new
+/// one; on error it is removed as [`fork()`] removes its child.
+pub fn fork_into(
+    git: &Git,
+    parent: &Path,
+    child: &Path,
+    options: &Options,
+) -> Result<Forked, Error> {
+    fork_at(git, parent, child, options, true)
+}
+
+fn fork_at(
+    git: &Git,
+    parent: &Path,
+    child: &Path,
+    options: &Options,
+    existing: bool,
+) -> Result<Forked, Error> {
     let parent = parent
         .canonicalize()
         .map_err(|error| io_error("resolve", parent, error))?;
@@ -187,7 +210,9 @@ pub fn fork(git: &Git, parent: &Path, child: &Path, options: &Options) -> Result
             std::io::Error::other("not a directory"),
         ));
     }
-    if child.symlink_metadata().is_ok() {
+    if existing {
+        empty_dir(child)?;
+    } else if child.symlink_metadata().is_ok() {
         return Err(Error::ChildExists(child.to_path_buf()));
     }
     let (Some(holder), Some(name)) = (child.parent(), child.file_name()) else {
@@ -218,13 +243,19 @@ pub fn fork(git: &Git, parent: &Path, child: &Path, options: &Options) -> Result
             Err(error) => return Err(error),
         },
     };
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&child)
-        .map_err(|error| match error.kind() {
-            std::io::ErrorKind::AlreadyExists => Error::ChildExists(child.clone()),
-            _ => io_error("create", &child, error),
-        })?;
+    if existing {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&child, std::fs::Permissions::from_mode(0o700))
+            .map_err(|error| io_error("chmod", &child, error))?;
+    } else {
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&child)
+            .map_err(|error| match error.kind() {
+                std::io::ErrorKind::AlreadyExists => Error::ChildExists(child.clone()),
+                _ => io_error("create", &child, error),
+            })?;
+    }
     // git, run as the repository's owner, checks the child out: the
     // directory is theirs from the start.
     if let Some((uid, gid)) = git.owner()
@@ -243,6 +274,35 @@ pub fn fork(git: &Git, parent: &Path, child: &Path, options: &Options) -> Result
     made.inspect_err(|_| {
         let _ = remove_tree(&child, !options.writable);
     })
+}
+
+/// `child` is a directory (not a link to one), owned by this process's
+/// user and empty, else the error says which it is not.
+fn empty_dir(child: &Path) -> Result<(), Error> {
+    let not = |why: &str| io_error("fork into", child, std::io::Error::other(why.to_owned()));
+    let metadata = child
+        .symlink_metadata()
+        .map_err(|error| io_error("stat", child, error))?;
+    if !metadata.is_dir() {
+        return Err(not("not a directory"));
+    }
+    if metadata.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(not("not this user's directory"));
+    }
+    let mut entries = std::fs::read_dir(child).map_err(|error| io_error("list", child, error))?;
+    if entries.next().is_some() {
+        return Err(Error::ChildExists(child.to_path_buf()));
+    }
+    Ok(())
+}
+
+/// The parent's objects directory a worktree fork of `parent` borrows (see
+/// [`ObjectsMount::host`]), where its files allow worktree mode: what a
+/// unit started before its fork is made must see read-only to have a
+/// worktree fork's shape. Whether `parent` has a commit is not asked (that
+/// needs git); [`Error::NotWorktree`] says why not.
+pub fn borrowed_objects(parent: &Path) -> Result<PathBuf, Error> {
+    worktree::borrowed_objects(parent)
 }
 
 /// Remove the child's storage and the pin its base holds in the parent.

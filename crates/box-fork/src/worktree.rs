@@ -69,9 +69,9 @@ fn not_worktree(parent: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
-/// Whether worktree mode can fork `parent`, and the facts it needs.
-/// [`Error::NotWorktree`] says why not.
-pub(crate) fn inspect(git: &Git, parent: &Path) -> Result<Repository, Error> {
+/// `parent`'s `.git` and objects directories where worktree mode's checks
+/// of the files pass (the commit's needs git: [`inspect`]).
+fn layout(parent: &Path) -> Result<(PathBuf, PathBuf), Error> {
     let git_dir = parent.join(".git");
     match git_dir.symlink_metadata() {
         Ok(metadata) if metadata.is_dir() => {}
@@ -108,6 +108,27 @@ pub(crate) fn inspect(git: &Git, parent: &Path) -> Result<Repository, Error> {
             "its objects borrow from another repository (objects/info/alternates), which a unit would not see",
         ));
     }
+    Ok((git_dir, objects))
+}
+
+/// The objects directory (canonical) a worktree fork of `parent` would
+/// borrow, which its unit must see read-only, where `parent`'s files pass
+/// worktree mode's checks; [`Error::NotWorktree`] says why not. Whether it
+/// has a commit, which git tells, is not asked.
+pub(crate) fn borrowed_objects(parent: &Path) -> Result<PathBuf, Error> {
+    let parent = parent
+        .canonicalize()
+        .map_err(|error| io_error("resolve", parent, error))?;
+    let (_, objects) = layout(&parent)?;
+    objects
+        .canonicalize()
+        .map_err(|error| io_error("resolve", &objects, error))
+}
+
+/// Whether worktree mode can fork `parent`, and the facts it needs.
+/// [`Error::NotWorktree`] says why not.
+pub(crate) fn inspect(git: &Git, parent: &Path) -> Result<Repository, Error> {
+    let (git_dir, objects) = layout(parent)?;
     let read = GitAccess {
         read: vec![git_dir.clone()],
         write: Vec::new(),

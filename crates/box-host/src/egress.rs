@@ -145,9 +145,37 @@ pub struct EgressDir(Option<PathBuf>);
 impl EgressDir {
     /// A new, empty directory under `runtime_dir`'s `egress`.
     pub fn make(runtime_dir: &Path) -> Result<Self, String> {
+        Self::make_named(runtime_dir, format!("{:032x}", rand::random::<u128>()))
+    }
+
+    /// [`Self::make`] for a pooled unit of host `instance`: its name says
+    /// the instance (`pool.<instance>.<random>`), so that `box gc` finds
+    /// the empty ones a killed host's ready units leave
+    /// ([`remove_dead_pools_dirs`]). An instance id that is not one path
+    /// component of box's characters, or one so long that the socket's path
+    /// would not fit a socket address, gets a plain [`Self::make`] name.
+    pub fn make_pooled(runtime_dir: &Path, instance: &str) -> Result<Self, String> {
+        let name = format!("{POOLED}{instance}.{:016x}", rand::random::<u64>());
+        let socket = runtime_dir
+            .join("egress")
+            .join(&name)
+            .join(EgressWiring::SOCKET);
+        let fits = socket.as_os_str().len() < SOCKET_PATH_MOST
+            && !instance.starts_with('.')
+            && instance
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if fits && !instance.is_empty() {
+            Self::make_named(runtime_dir, name)
+        } else {
+            Self::make(runtime_dir)
+        }
+    }
+
+    fn make_named(runtime_dir: &Path, name: String) -> Result<Self, String> {
         let parent = runtime_dir.join("egress");
         create_private_dir(&parent)?;
-        let dir = parent.join(format!("{:032x}", rand::random::<u128>()));
+        let dir = parent.join(name);
         std::fs::create_dir(&dir)
             .map_err(|error| format!("creating {}: {error}", dir.display()))?;
         let made = Self(Some(dir));
@@ -189,6 +217,44 @@ impl Drop for EgressDir {
             tracing::warn!(dir = %dir.display(), %error, "removing an egress socket directory");
         }
     }
+}
+
+/// How a pooled unit's egress directory's name begins.
+const POOLED: &str = "pool.";
+
+/// A socket's path is at most this long (`sun_path`, with its NUL).
+const SOCKET_PATH_MOST: usize = 108;
+
+/// The instance whose pool made the egress directory named `name`, if a
+/// pool made it ([`EgressDir::make_pooled`]).
+pub fn pooled_instance(name: &str) -> Option<String> {
+    let (instance, random) = name.strip_prefix(POOLED)?.rsplit_once('.')?;
+    (random.len() == 16 && random.bytes().all(|b| b.is_ascii_hexdigit()) && !instance.is_empty())
+        .then(|| instance.to_owned())
+}
+
+/// Remove the egress directories under `runtime_dir` that a pool of an
+/// instance `gone` names made and that are empty: what a killed host's
+/// ready pooled units leave once it is dead (a claimed unit's holds its
+/// proxy's socket, for the next host's reattach, and is kept). The
+/// directories removed.
+pub fn remove_dead_pools_dirs(runtime_dir: &Path, gone: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(runtime_dir.join("egress")) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(instance) = name.to_str().and_then(pooled_instance) else {
+            continue;
+        };
+        // Only an empty directory is removed (`remove_dir` refuses others).
+        if gone(&instance) && std::fs::remove_dir(entry.path()).is_ok() {
+            removed.push(entry.path());
+        }
+    }
+    removed.sort();
+    removed
 }
 
 /// Where the host keeps its sockets (`box_backend::default_runtime_dir`).
@@ -542,6 +608,36 @@ pub(crate) fn create_private_dir(dir: &Path) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::Services;
+
+    /// A pooled unit's directory names its host's instance; the empty ones
+    /// of a gone instance are removed, never another's, a cold unit's or
+    /// one holding a socket.
+    #[test]
+    fn a_dead_hosts_empty_pooled_directories_are_found_and_removed() {
+        let runtime = tempfile::tempdir().unwrap();
+        let dead = EgressDir::make_pooled(runtime.path(), "http-127.0.0.1-8080").unwrap();
+        let dead_path = dead.path().to_owned();
+        let name = dead_path.file_name().unwrap().to_str().unwrap();
+        assert_eq!(
+            pooled_instance(name).as_deref(),
+            Some("http-127.0.0.1-8080")
+        );
+        let claimed = EgressDir::make_pooled(runtime.path(), "http-127.0.0.1-8080").unwrap();
+        std::fs::write(claimed.path().join(EgressWiring::SOCKET), "").unwrap();
+        let alive = EgressDir::make_pooled(runtime.path(), "other").unwrap();
+        let cold = EgressDir::make(runtime.path()).unwrap();
+        assert_eq!(
+            pooled_instance(cold.path().file_name().unwrap().to_str().unwrap()),
+            None
+        );
+        let removed =
+            remove_dead_pools_dirs(runtime.path(), |instance| instance == "http-127.0.0.1-8080");
+        assert_eq!(removed, vec![dead_path.clone()]);
+        assert!(!dead_path.exists());
+        for kept in [&claimed, &alive, &cold] {
+            assert!(kept.path().is_dir(), "{}", kept.path().display());
+        }
+    }
 
     /// The backends point the unit at the port the executor's bridge listens on.
     #[test]

@@ -38,6 +38,10 @@ pub struct ChildFork {
     pub shares: String,
     /// The label the client gave.
     pub label: Option<String>,
+    /// The directory holding `path`, removed after it: a warm unit's, whose
+    /// pool made it (`<fork_dir>/<instance>/pool-N`); `None`: the session's,
+    /// removed when the session ends.
+    pub holder: Option<PathBuf>,
 }
 
 /// `box/fork`'s parameters, checked.
@@ -288,13 +292,15 @@ pub fn effective_mode(
     }
 }
 
-/// Fork `parent` into `child` (blocking; run it off the runtime).
+/// Fork `parent` into `child` (blocking; run it off the runtime): a new
+/// directory, or with `existing` the empty one a warm unit already mounts.
 pub fn make_fork(
     config: &HostConfig,
     parent: &Path,
     child: &Path,
     ask: &ForkAsk,
     effective: &Effective,
+    existing: bool,
 ) -> Result<box_fork::Forked, String> {
     let options = box_fork::Options {
         mode: effective.mode,
@@ -306,7 +312,12 @@ pub fn make_fork(
             Some(ObjectsPlace::HostPath) | None => None,
         },
     };
-    let forked = box_fork::fork(&git(config), parent, child, &options)
+    let fork = if existing {
+        box_fork::fork_into
+    } else {
+        box_fork::fork
+    };
+    let forked = fork(&git(config), parent, child, &options)
         .map_err(|error| format!("box/fork: forking {}: {error}", ask.from))?;
     hand_to_owner(parent, child)
         .map_err(|error| format!("box/fork: handing {} to its owner: {error}", ask.from))?;
@@ -347,6 +358,21 @@ pub fn remove_storage(config: &HostConfig, child: &ChildFork) {
     };
     if let Err(error) = box_fork::discard(&git(config), &child.path, &base) {
         tracing::error!(path = %child.path.display(), %error, "removing a fork's storage failed");
+    }
+    if let Some(holder) = &child.holder {
+        let _ = std::fs::remove_dir(holder);
+        if let Some(instance) = holder.parent() {
+            let _ = std::fs::remove_dir(instance);
+        }
+    }
+}
+
+/// The mechanism a profile's `fork_mode` asks of box-fork.
+pub fn asked_mode(mode: box_policy::profile::ForkMode) -> Mode {
+    match mode {
+        box_policy::profile::ForkMode::Auto => Mode::Auto,
+        box_policy::profile::ForkMode::Worktree => Mode::Worktree,
+        box_policy::profile::ForkMode::Copy => Mode::Copy,
     }
 }
 

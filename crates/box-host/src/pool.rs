@@ -30,6 +30,10 @@ use crate::egress::{EgressDir, EgressProxy, ProxyServices};
 use crate::ledger::{Ledger, Tracked};
 use crate::metrics::Metrics;
 use crate::{HostConfig, PoolAsk};
+pub use fork::{ForkClaim, Taken, claim_taken, remove_dead_pools_fork_dirs, take_fork};
+use fork::{ForkDir, PoolFork};
+
+mod fork;
 
 /// What the pools use of the host's services (lent by them; this module
 /// sits below `Services`, which holds the [`Pools`]).
@@ -66,8 +70,11 @@ pub struct Pools {
 pub struct Pool {
     profile: String,
     size: usize,
-    /// The profile's workspace unit, untightened: what every unit starts as.
+    /// The profile's workspace unit, untightened: what every unit starts as
+    /// (a fork profile's on its own directory in place of the host's).
     spec: UnitSpec,
+    /// A `source = "fork"` profile's: what each unit's fork is made from.
+    fork: Option<PoolFork>,
     ready: Mutex<VecDeque<Ready>>,
     starting: AtomicUsize,
     refill: tokio::sync::Notify,
@@ -85,6 +92,13 @@ struct Ready {
     /// into it and empty until a claim serves the session's proxy there;
     /// removed with the unit when no session claims it.
     egress: Option<EgressDir>,
+    /// Its workspace's directory (a fork profile's pool), mounted into it and
+    /// empty until a claim makes the session's fork there; removed with the
+    /// unit when no session claims it.
+    fork: Option<ForkDir>,
+    /// The borrowed git objects it mounts read-only (a fork profile's pool
+    /// whose forks are worktrees): those the claim's fork must borrow.
+    objects: Option<std::path::PathBuf>,
 }
 
 /// A ready unit's end as its pool watches it: `Some(key)` when the unit
@@ -268,10 +282,18 @@ fn made_pool(
     if made.iter().any(|pool| pool.profile == ask.profile) {
         anyhow::bail!("{}: the profile is named twice", ask.named());
     }
+    let fork = match plan.workspace_fork {
+        Some(mode) => Some(
+            PoolFork::new(config, backend, spec, mode)
+                .map_err(|why| anyhow::anyhow!("{}: {why}", ask.named()))?,
+        ),
+        None => None,
+    };
     Ok(Arc::new(Pool {
         profile: ask.profile.clone(),
         size: ask.size,
         spec: spec.clone(),
+        fork,
         ready: Mutex::default(),
         starting: AtomicUsize::new(0),
         refill: tokio::sync::Notify::new(),
@@ -429,22 +451,45 @@ async fn start_one(
     // An egress unit's socket directory, mounted at its start as a cold
     // one's is: the unit's shape is the same, its proxy served at the claim.
     let egress = if pool.spec.network.mode == NetworkMode::Egress {
-        let dir = EgressDir::make(&config.runtime_dir).map_err(|message| BackendError::Other {
-            unit: pool.spec.name.clone(),
-            doing: "making its egress socket directory".to_owned(),
-            message,
-        })?;
+        let dir =
+            EgressDir::make_pooled(&config.runtime_dir, &config.instance).map_err(|message| {
+                BackendError::Other {
+                    unit: pool.spec.name.clone(),
+                    doing: "making its egress socket directory".to_owned(),
+                    message,
+                }
+            })?;
         Some(dir)
     } else {
         None
+    };
+    // A fork profile's unit mounts an empty directory of its own at its
+    // workspace, and the objects a worktree fork borrows, as a cold fork
+    // unit mounts its fork and them: its claim makes the fork there.
+    let (spec, fork, objects) = match &pool.fork {
+        Some(fork) => {
+            let dir =
+                ForkDir::make(config, &label.session).map_err(|message| BackendError::Other {
+                    unit: pool.spec.name.clone(),
+                    doing: "making its fork's directory".to_owned(),
+                    message,
+                })?;
+            let mut spec = pool.spec.clone();
+            spec.source = box_policy::plan::WorkspaceSource::Host(dir.path().to_owned());
+            (std::borrow::Cow::Owned(spec), Some(dir), fork.objects())
+        }
+        None => (std::borrow::Cow::Borrowed(&pool.spec), None, None),
     };
     let key = services.ledger.starting(&label.session, &pool.spec.name);
     let wiring = UnitWiring {
         runtime_dir: Some(config.runtime_dir.clone()),
         egress: egress.as_ref().map(EgressDir::wiring),
+        objects: objects
+            .clone()
+            .map(|host| box_backend::ObjectsWiring { host }),
         ..UnitWiring::default()
     };
-    match pooling.start_pooled(&label, &pool.spec, &wiring).await {
+    match pooling.start_pooled(&label, &spec, &wiring).await {
         Ok(unit) => {
             services.ledger.started(key, unit.id());
             Ok(Ready {
@@ -452,6 +497,8 @@ async fn start_one(
                 key,
                 claimed: CancellationToken::new(),
                 egress,
+                fork,
+                objects,
             })
         }
         Err(error) => {
@@ -490,37 +537,75 @@ pub async fn claim(
             None,
         );
     }
+    if pools
+        .iter()
+        .any(|pool| pool.fork.is_some() && pool.profile == label.profile)
+    {
+        // Its units are taken before a session's fork is made (`take_fork`).
+        return Claim::Cold(
+            "the pool of a source = \"fork\" profile keeps units for its sessions' forks"
+                .to_owned(),
+            None,
+        );
+    }
+    let asked = std::time::Instant::now();
+    let ready = match take(services, pools, label, spec) {
+        Ok(ready) => ready,
+        Err(why) => return Claim::Cold(why, None),
+    };
+    bind(services, pooling, ready, label, spec, key, asked).await
+}
+
+/// Take a ready unit of `label`'s profile's pool for `spec`, else why not
+/// (the envelope's `warmWhy`); the pool's refill is woken.
+fn take(
+    services: PoolServices<'_>,
+    pools: &[Arc<Pool>],
+    label: &SessionLabel,
+    spec: &UnitSpec,
+) -> Result<Ready, String> {
     let Some(pool) = pools.iter().find(|pool| pool.profile == label.profile) else {
-        return Claim::Cold(format!("no pool of profile {}", label.profile), None);
+        return Err(format!("no pool of profile {}", label.profile));
     };
     if let Err(why) = fits(&pool.spec, spec) {
         services.metrics.pool_claim("unfit");
-        return Claim::Cold(why, None);
+        return Err(why);
     }
-    let asked = std::time::Instant::now();
     let (taken, ready) = {
         let mut ready = pool.lock();
         (ready.pop_front(), ready.len())
     };
     services.metrics.pool_ready(&pool.profile, ready);
     pool.refill.notify_one();
-    let Some(Ready {
+    let Some(ready) = taken else {
+        services.metrics.pool_claim("empty");
+        return Err(format!(
+            "the pool of profile {} has no ready unit (it refills in the background)",
+            pool.profile
+        ));
+    };
+    ready.claimed.cancel();
+    Ok(ready)
+}
+
+/// Bind `ready`, taken for `spec` of the session `label` (asked at
+/// `asked`): its egress proxy served, then the backend's bind; the
+/// ledger's entry moves to the session's (`key`).
+async fn bind(
+    services: PoolServices<'_>,
+    pooling: &dyn Pooling,
+    ready: Ready,
+    label: &SessionLabel,
+    spec: &UnitSpec,
+    key: u64,
+    asked: std::time::Instant,
+) -> Claim {
+    let Ready {
         unit,
         key: pooled,
-        claimed,
         egress,
-    }) = taken
-    else {
-        services.metrics.pool_claim("empty");
-        return Claim::Cold(
-            format!(
-                "the pool of profile {} has no ready unit (it refills in the background)",
-                pool.profile
-            ),
-            None,
-        );
-    };
-    claimed.cancel();
+        ..
+    } = ready;
     let id = unit.id().to_owned();
     // The session's proxy, with its policy, where the unit's bridge will
     // connect: served before the executor is bound, so its first

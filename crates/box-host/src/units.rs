@@ -151,6 +151,10 @@ pub struct StartWiring<'a> {
     pub parent: Option<&'a str>,
     /// The span the units' start spans are children of.
     pub trace: Option<&'a box_otel::SpanContext>,
+    /// What the pools gave a `source = "fork"` workspace unit before its
+    /// fork was made: a unit taken, whose directory holds the fork, or why
+    /// it starts cold.
+    pub fork_claim: Option<&'a crate::pool::ForkClaim>,
 }
 
 /// Start every unit of `specs` concurrently, each in a task of its own, the
@@ -173,6 +177,7 @@ pub async fn start_units(
         progress,
         parent,
         trace,
+        fork_claim,
     } = wire;
     // Asked before anything starts: what a backend cannot take wired in
     // refuses the start here, with no proxy started for it.
@@ -229,6 +234,9 @@ pub async fn start_units(
                 },
             )));
         }
+        let fork_claim = fork_claim
+            .filter(|_| spec.role == box_policy::plan::Role::Workspace)
+            .cloned();
         let (services, label, spec) = (services.clone(), label.clone(), spec.clone());
         let task = tokio::spawn(async move {
             // A warm unit from a pool when one fits (its plan bound late), else cold.
@@ -238,8 +246,16 @@ pub async fn start_units(
                     .span(box_otel::SpanKind::Internal, span.context(), || {
                         format!("unit.claim {}", spec.name)
                     });
-            let claim =
-                crate::pool::claim(services.pool_services(), &label, &spec, &wiring, key).await;
+            let pools = services.pool_services();
+            let claim = match &fork_claim {
+                None => crate::pool::claim(pools, &label, &spec, &wiring, key).await,
+                Some(crate::pool::ForkClaim::Taken(taken)) => {
+                    crate::pool::claim_taken(pools, &label, &spec, &wiring, key, taken).await
+                }
+                Some(crate::pool::ForkClaim::Cold(why)) => {
+                    crate::pool::Claim::Cold(why.clone(), None)
+                }
+            };
             match &claim {
                 // No pool was asked: nothing was claimed.
                 crate::pool::Claim::NoPools => claiming.discard(),

@@ -677,3 +677,41 @@ fn a_root_fork_of_a_users_repository_runs_git_as_its_owner() {
         "{owners:?}"
     );
 }
+
+/// A warm unit's workspace is an empty directory it already mounts: a fork
+/// into it equals a fork into a new directory, in both mechanisms, and the
+/// directory keeps its identity (what the mount holds); one that is not
+/// empty is refused, left as it was.
+#[test]
+fn a_fork_into_an_existing_empty_directory_equals_a_new_ones() {
+    use std::os::unix::fs::MetadataExt as _;
+    for mode in [Mode::Copy, Mode::Worktree] {
+        let scratch = Scratch::new();
+        let parent = scratch.path("parent");
+        repository(&parent);
+        let new = scratch.path("new");
+        let made = fork(&neutral_git(), &parent, &new, &options(mode)).unwrap();
+        let existing = scratch.path("existing");
+        fs::create_dir(&existing).unwrap();
+        fs::set_permissions(&existing, fs::Permissions::from_mode(0o755)).unwrap();
+        let inode = existing.metadata().unwrap().ino();
+        let into = box_fork::fork_into(&neutral_git(), &parent, &existing, &options(mode)).unwrap();
+        assert_eq!(into.mode_used, made.mode_used);
+        assert_eq!(existing.metadata().unwrap().ino(), inode);
+        assert_eq!(mode_of(&existing), mode_of(&new));
+        assert_eq!(
+            worktree_snapshot(&existing),
+            worktree_snapshot(&new),
+            "{mode:?}"
+        );
+        assert_eq!(into.base.child(), existing.canonicalize().unwrap());
+        discard(&neutral_git(), &existing, &into.base).unwrap();
+        assert!(!existing.exists());
+
+        let full = scratch.path("full");
+        write(&full, "kept.txt", "kept\n");
+        let refused = box_fork::fork_into(&neutral_git(), &parent, &full, &options(mode));
+        assert!(matches!(refused, Err(Error::ChildExists(_))), "{refused:?}");
+        assert_eq!(fs::read_to_string(full.join("kept.txt")).unwrap(), "kept\n");
+    }
+}

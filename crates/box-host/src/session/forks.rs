@@ -44,14 +44,31 @@ impl Drop for ForkGuard {
     }
 }
 
+/// A `source = "fork"` session's workspace, forked before its units start.
+pub(super) struct WorkspaceFork {
+    /// The fork.
+    pub(super) child: ChildFork,
+    /// A worktree fork's borrowed objects, for the unit.
+    pub(super) objects: Option<box_backend::ObjectsWiring>,
+    /// What the pools gave its unit (`None`: the host keeps none): a unit
+    /// taken, whose directory holds the fork, or why it starts cold.
+    pub(super) claim: Option<crate::pool::ForkClaim>,
+}
+
 impl Session {
     /// Fork the workspace unit's host directory for this session
     /// (`source = "fork"`) and point the plan's workspace unit at the fork.
+    ///
+    /// A ready unit of the profile's pool is taken first (`label`, the
+    /// session's; `masked`, its credentials hidden): the fork is made into
+    /// the directory that unit mounts, and the units' start binds it.
     pub(super) async fn fork_workspace(
         &self,
         plan: &mut Plan,
         mode: box_policy::profile::ForkMode,
-    ) -> Result<(ChildFork, Option<box_backend::ObjectsWiring>), StartError> {
+        label: &box_backend::SessionLabel,
+        masked: bool,
+    ) -> Result<WorkspaceFork, StartError> {
         let Some(spec) = plan
             .units
             .iter_mut()
@@ -66,11 +83,7 @@ impl Session {
                 "workspace.source = \"fork\": the workspace unit has no host directory".to_owned(),
             ));
         };
-        let asked = match mode {
-            box_policy::profile::ForkMode::Auto => box_fork::Mode::Auto,
-            box_policy::profile::ForkMode::Worktree => box_fork::Mode::Worktree,
-            box_policy::profile::ForkMode::Copy => box_fork::Mode::Copy,
-        };
+        let asked = fork::asked_mode(mode);
         let backend = self.services.backend.as_ref();
         let mode = fork::effective_mode(&self.config, backend, spec, asked).map_err(|why| {
             StartError::refused("workspace", format!("workspace.fork_mode: {why}"))
@@ -83,24 +96,52 @@ impl Session {
             label: None,
             tighten: None,
         };
-        let session_dir = fork::session_dir(&self.config, &self.id);
-        let child_path = session_dir.join("workspace");
+        // A warm unit's directory, else the session's own.
+        let claim = crate::pool::take_fork(self.services.pool_services(), label, spec, masked);
+        let (session_dir, child_path, holder) = match &claim {
+            Some(crate::pool::ForkClaim::Taken(taken)) => {
+                (None, taken.dir.clone(), Some(taken.holder.clone()))
+            }
+            _ => {
+                let session_dir = fork::session_dir(&self.config, &self.id);
+                let child_path = session_dir.join("workspace");
+                (Some(session_dir), child_path, None)
+            }
+        };
         let made = {
             let (config, parent_path, child_path) =
                 (self.config.clone(), parent_path.clone(), child_path.clone());
             tokio::task::spawn_blocking(move || {
-                fork::make_fork_dir(&config, &session_dir)
-                    .and_then(|()| fork::make_fork(&config, &parent_path, &child_path, &ask, &mode))
+                let existing = session_dir.is_none();
+                session_dir
+                    .map_or(Ok(()), |dir| fork::make_fork_dir(&config, &dir))
+                    .and_then(|()| {
+                        fork::make_fork(&config, &parent_path, &child_path, &ask, &mode, existing)
+                    })
             })
             .await
             .unwrap_or_else(|join| Err(format!("the fork failed: {join}")))
         };
-        let forked = made.map_err(|why| {
-            StartError::internal(format!(
-                "workspace.source = \"fork\": forking {}: {why}",
-                parent_path.display()
-            ))
-        })?;
+        let forked = match made {
+            Ok(forked) => forked,
+            Err(why) => {
+                // A taken unit's directory went with the failed fork: the
+                // unit goes too.
+                if let Some(crate::pool::ForkClaim::Taken(taken)) = &claim {
+                    let _ = std::fs::remove_dir_all(&taken.dir);
+                    let _ = std::fs::remove_dir(&taken.holder);
+                    if let Some(left) = taken.left() {
+                        let services = self.services.clone();
+                        self.background
+                            .spawn(async move { remove_until_gone(&services, vec![left]).await });
+                    }
+                }
+                return Err(StartError::internal(format!(
+                    "workspace.source = \"fork\": forking {}: {why}",
+                    parent_path.display()
+                )));
+            }
+        };
         if let Some(advisory) = &forked.advisory {
             tracing::warn!(session = %self.id, %advisory, "the session's workspace fork is degraded");
         }
@@ -111,8 +152,8 @@ impl Session {
             .map(|objects| box_backend::ObjectsWiring {
                 host: objects.host.clone(),
             });
-        Ok((
-            ChildFork {
+        Ok(WorkspaceFork {
+            child: ChildFork {
                 parent: HOST_DIRECTORY.to_owned(),
                 parent_path,
                 path: child_path,
@@ -120,9 +161,11 @@ impl Session {
                 mode: forked.mode_used,
                 shares: forked.shares.clone(),
                 label: None,
+                holder,
             },
             objects,
-        ))
+            claim,
+        })
     }
 
     /// `box/fork`: check the ask here, then fork, start and initialize the
@@ -285,8 +328,9 @@ impl Session {
                     ask.clone(),
                 );
                 tokio::task::spawn_blocking(move || {
-                    fork::make_fork_dir(&config, &session_dir)
-                        .and_then(|()| fork::make_fork(&config, &parent_path, &child_path, &ask, &mode))
+                    fork::make_fork_dir(&config, &session_dir).and_then(|()| {
+                        fork::make_fork(&config, &parent_path, &child_path, &ask, &mode, false)
+                    })
                 })
                 .await
                 .unwrap_or_else(|join| Err(format!("box/fork: the fork failed: {join}")))
@@ -307,6 +351,7 @@ impl Session {
                 mode: forked.mode_used,
                 shares: forked.shares.clone(),
                 label: ask.label.clone(),
+                holder: None,
             };
             let drop_storage = |child: ChildFork| {
                 let config = config.clone();

@@ -204,10 +204,14 @@ impl Session {
             child: None,
         };
         let mut objects = None;
+        let mut fork_claim = None;
         if let Some(mode) = plan.workspace_fork {
-            let (child, wiring) = self.fork_workspace(&mut plan, mode).await?;
-            workspace_fork.child = Some(child);
-            objects = wiring;
+            let forked = self
+                .fork_workspace(&mut plan, mode, &label, masks.is_some())
+                .await?;
+            workspace_fork.child = Some(forked.child);
+            objects = forked.objects;
+            fork_claim = forked.claim;
         }
         // On a worktree fork (`source = "fork"`), `.git` is box's new repository,
         // not the parent's: only the working files' masks apply.
@@ -222,7 +226,7 @@ impl Session {
                     .collect()
             })
             .unwrap_or_default();
-        let (started, egress) = start_units(
+        let started = start_units(
             &self.config,
             &self.services,
             &label,
@@ -235,10 +239,21 @@ impl Session {
                 progress: progress.as_ref(),
                 parent: None,
                 trace,
+                fork_claim: fork_claim.as_ref(),
             },
         )
-        .await
-        .map_err(|error| StartError::internal(format!("starting the session's units: {error}")))?;
+        .await;
+        // A unit taken for the fork that no start bound (one refused first).
+        if let Some(crate::pool::ForkClaim::Taken(taken)) = &fork_claim
+            && let Some(left) = taken.left()
+        {
+            let services = self.services.clone();
+            self.background
+                .spawn(async move { remove_until_gone(&services, vec![left]).await });
+        }
+        let (started, egress) = started.map_err(|error| {
+            StartError::internal(format!("starting the session's units: {error}"))
+        })?;
 
         let executor_params = executor_initialize_params(client_params, ask, version);
         // What is left of the start deadline bounds the executors' initialize too.
