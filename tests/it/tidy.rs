@@ -425,6 +425,22 @@ fn executor_files_stay_under_a_thousand_lines() {
     );
 }
 
+/// No production file of the transport is over 1,000 lines: HTTP is the
+/// router and its shared types in `http.rs`, with the request checks, the
+/// handshake era's endpoints, the stateless revision, answering (JSON/SSE)
+/// and the probes in files of their own under `http/` (ARCHITECTURE.md,
+/// `box-transport`).
+#[test]
+fn transport_files_stay_under_a_thousand_lines() {
+    const MOST: usize = 1_000;
+    let long = files_over(&["box-transport"], MOST);
+    assert!(
+        long.is_empty(),
+        "split these files by what they own (at most {MOST} production lines each):\n{}",
+        long.join("\n")
+    );
+}
+
 /// The host keeps no process-wide state: what its sessions share is the
 /// `Services` value the host owns (the egress proxies' runtime among it), so
 /// two hosts in one process share nothing and a host's state ends with it.
