@@ -126,16 +126,9 @@ impl std::fmt::Display for VolumePath {
     }
 }
 
-/// A volume: storage that outlives a unit (`[[volume]]`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Volume {
-    /// Its name within the profile.
-    pub name: String,
-    /// Where it appears in the unit.
-    pub path: VolumePath,
-    /// Who shares it and how long it lives.
-    pub scope: VolumeScope,
-}
+// A volume: storage that outlives a unit (`[[volume]]`), declared with the
+// profile's tables in `profile/fields.rs`.
+pub use crate::profile::fields::Volume;
 
 /// Whether a protection must be applied, may be skipped (and reported), or is off.
 /// Declaration order is narrowing order: `Required` is the strictest.

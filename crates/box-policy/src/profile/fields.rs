@@ -10,9 +10,11 @@
 //! `LimitsPolicy` and the plan's `Limits`, each limit's default, how it is
 //! read, shown, asked for, narrowed and given to a unit all come from one row.
 //! So are `[workspace]`, `[network]`, `[env]`, `[security]`, `[lifecycle]`,
-//! `[pool]` and `[operator]` ([`table!`]): each table's struct, its defaults,
-//! reading it and `box profile show`'s fields come from one row per field.
-//! The top level, `[[server]]` and `[[volume]]` are `Table`s written out.
+//! `[pool]`, `[operator]`, `[[server]]` and `[[volume]]` ([`table!`]): each
+//! table's struct, its defaults, reading it and `box profile show`'s fields
+//! come from one row per field (a `[[server]]`'s `name`, `image` and
+//! `command` are required rows, with no default). The top level is a
+//! `Table` written out.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -24,13 +26,16 @@ use super::model::{ForkMode, OnPersisted, Secret, Source, UserChoice, defaults};
 use super::tree::Node;
 use super::validate::Allowance;
 use super::validate::{
-    Capabilities, Devices, HostNamespaces, Image, Images, Lease, Pass, PoolSize, Privileged,
-    PullSecret, Root, Runtime, Walk, join,
+    Capabilities, Command, Devices, HostNamespaces, Image, Images, Lease, Pass, PoolSize,
+    Privileged, PullSecret, Root, Runtime, ServerContext, ServerName, UnitLimits, VolumeAt,
+    VolumeContext, VolumeName, Walk, join,
 };
 use super::value::{ByteSize, CpuQuota};
 use crate::allow::Rule;
 use crate::image::PullPolicy;
-use crate::plan::{LocalUserland, MountMode, NetworkMode, Requirement, TmpMode};
+use crate::plan::{
+    LocalUserland, MountMode, NetworkMode, Requirement, TmpMode, VolumePath, VolumeScope,
+};
 
 /// What a session's tightening (`box.tighten`) may do with a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +143,61 @@ macro_rules! show {
     };
 }
 
+/// What a table is read within: its header's `with` type, else nothing.
+macro_rules! context {
+    () => {
+        ()
+    };
+    ($context:ty) => {
+        $context
+    };
+}
+
+/// A field its table does not write: its default, or (a required field) a
+/// problem at the table naming it.
+macro_rules! absent {
+    ($walk:ident, $node:ident, $path:ident; = $default:expr) => {
+        Some($default)
+    };
+    ($walk:ident, $node:ident, $path:ident; , required $message:literal) => {{
+        $walk.problem($node, $path, $message.to_owned());
+        None
+    }};
+}
+
+/// Whether a field is its default (a required field has none).
+macro_rules! is_default {
+    ($ty:ty; $value:expr) => {
+        false
+    };
+    ($ty:ty; $value:expr, $default:expr) => {{
+        let default: $ty = $default;
+        $value == default
+    }};
+}
+
+/// A table whose every field has a default: `defaults()`, and reading it
+/// where it may be absent (every default). Nothing for a table with a
+/// required field (each `[[server]]` is read where it is written).
+macro_rules! table_defaults {
+    ($($field:ident = $default:expr),*) => {
+        /// Every field's default: the strict ones.
+        pub(crate) fn defaults() -> Self {
+            Self { $( $field: $default, )* }
+        }
+
+        /// The table at `path` (absent: every default), a problem for
+        /// each unknown field and each value that is not its field's.
+        pub(super) fn read(walk: &mut Walk, node: Option<&Node>, path: &str) -> Option<Self> {
+            match node {
+                Some(node) => Self::read_in(walk, node, path, &()),
+                None => Some(Self::defaults()),
+            }
+        }
+    };
+    ($($field:ident $(= $default:expr)?),*) => {};
+}
+
 /// Declares a profile table from one row per field: the struct a profile
 /// holds it in (each field's type, documentation and default), its `Table`
 /// (the README's type and default, what a session may do with it, its plan
@@ -145,16 +205,20 @@ macro_rules! show {
 /// is special: a danger, a check beyond the type), `box profile show`'s
 /// fields (`shown`) and the plan's JSON (`plan_json`, under the keys):
 /// `/// doc` `field("name")?: Type = default => Reader, Tighten, (Show,)? "README type", "README default"(, "planKey")?;`
+/// A field with no default is `field: Type, required "what to write" => ...`:
+/// its absence is a problem at its table saying what to write. A table read
+/// within a context (`with Type` after its plan prefix: what its readers
+/// that depend on other fields see) is read by `read_in` only.
 macro_rules! table {
     (
         $(#[doc = $table_doc:literal])*
-        $TABLE:ident = $path:literal, $readme:expr, plan $plan:literal;
+        $TABLE:ident = $path:literal, $readme:expr, plan $plan:literal $(, with $Context:ty)?;
         $(#[$meta:meta])*
         $vis:vis struct $Struct:ident {
             $(
                 $(#[doc = $doc:literal])*
-                $field:ident $(($name:literal))?: $ty:ty = $default:expr => $reads:ty,
-                    $tighten:ident, $($show:ident,)? $readme_kind:literal, $readme_default:literal
+                $field:ident $(($name:literal))?: $ty:ty $(= $default:expr)? $(, required $required:literal)?
+                    => $reads:ty, $tighten:ident, $($show:ident,)? $readme_kind:literal, $readme_default:literal
                     $(, $key:literal)?;
             )*
         }
@@ -165,44 +229,44 @@ macro_rules! table {
         }
 
         impl $Struct {
-            /// Every field's default: the strict ones.
-            pub(crate) fn defaults() -> Self {
-                Self { $( $field: $default, )* }
-            }
+            table_defaults!($( $field $(= $default)? ),*);
 
-            /// The table at `path` (absent: every default), a problem for
-            /// each unknown field and each value that is not its field's.
-            pub(super) fn read(walk: &mut Walk, node: Option<&Node>, path: &str) -> Option<Self> {
-                let mut table = Self::defaults();
-                let Some(node) = node else {
-                    return Some(table);
-                };
+            /// The table `node` at `path` within `context`, a problem for
+            /// each unknown field, each value that is not its field's and
+            /// each required field not written.
+            pub(super) fn read_in(
+                walk: &mut Walk,
+                node: &Node,
+                path: &str,
+                context: &context!($($Context)?),
+            ) -> Option<Self> {
+                type Context = context!($($Context)?);
                 let fields = walk.table(node, path, &$TABLE.names());
-                let mut ok = true;
                 $(
-                    if let Some(node) = fields.get(field_name!($field $(, $name)?)) {
-                        let field = join(path, field_name!($field $(, $name)?));
-                        match <$reads as Reads<$ty>>::read(walk, node, &field) {
-                            Some(value) => table.$field = value,
-                            None => ok = false,
+                    let $field: Option<$ty> = match fields.get(field_name!($field $(, $name)?)) {
+                        Some(found) => {
+                            let field = join(path, field_name!($field $(, $name)?));
+                            <$reads as Reads<$ty, Context>>::read_in(walk, found, &field, context)
                         }
-                    }
+                        None => <$reads as Reads<$ty, Context>>::absent(context)
+                            .or_else(|| absent!(walk, node, path; $(= $default)? $(, required $required)?)),
+                    };
                 )*
-                ok.then_some(table)
+                Some(Self { $( $field: $field?, )* })
             }
 
             /// Every field as `box profile show` writes it, in order.
             #[allow(dead_code, reason = "a table box profile show does not write")]
             pub fn shown(&self) -> Vec<Shown> {
-                let defaults = Self::defaults();
+                type Context = context!($($Context)?);
                 vec![$(
                     Shown {
                         name: field_name!($field $(, $name)?),
-                        text: <$reads as Reads<$ty>>::text(&self.$field),
+                        text: <$reads as Reads<$ty, Context>>::text(&self.$field),
                         list: <$ty as Kind>::LIST,
-                        json: <$reads as Reads<$ty>>::word(&self.$field),
+                        json: <$reads as Reads<$ty, Context>>::word(&self.$field),
                         show: show!($($show)?),
-                        default: self.$field == defaults.$field,
+                        default: is_default!($ty; self.$field $(, $default)?),
                     },
                 )*]
             }
@@ -418,38 +482,56 @@ table! {
 /// `[network]` declares and of each unit's limits, which the README's type
 /// column lists (`` `{ mode, allow, ... }` ``; its check writes the list
 /// from those tables, so a field added there is not declared twice).
+#[cfg(test)]
 pub(crate) const FIELDS_OF: &str = "a table of its section's fields";
 
-/// A `[[server]]` table.
 #[rustfmt::skip]
-pub(crate) const SERVER: Table = Table {
-    path: "server",
-    readme: ("`[[server]]`", 1),
-    fields: &[
-        field("name", "string", "required", Drop, Some("name")),
-        field("image", "string", "required", No, Some("image")),
-        field("pull", r#"`"never"` \| `"missing"` \| `"always"`"#, r#"`"missing"`"#, No, Some("pull")),
-        field("pull_secret", "string", "none", No, Some("pullSecret")),
-        field("runtime", "runtime name", "the engine's default", No, Some("runtime")),
-        field("local_userland", r#"`"refuse"` \| `"host"`"#, r#"`"refuse"`"#, No, Some("localUserland")),
-        field("command", "array of strings", "required", No, Some("command")),
-        field("description", "string", r#"`""`"#, No, Some("description")),
-        field("network", FIELDS_OF, r#"`{ mode = "none" }`"#, No, Some("network")),
-        field("limits", FIELDS_OF, "the profile's `[limits]`", No, Some("limits")),
-    ],
-};
+table! {
+    /// A `[[server]]` table.
+    SERVER = "server", ("`[[server]]`", 1), plan "", with ServerContext;
+    /// A server unit as written: runs one MCP server offered to the session
+    /// (declared in `fields.rs`, one row per field).
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Server {
+        /// Its name within the session.
+        name: String, required "a server needs a name, like name = \"fetch\"" => ServerName, Drop, "string", "required", "name";
+        /// The image.
+        image: String, required "a server needs an image, like image = \"box-fetch:latest\"" => Image, No, "string", "required", "image";
+        /// When the image is pulled from its registry.
+        pull: PullPolicy = PullPolicy::Missing => Plain, No, r#"`"never"` \| `"missing"` \| `"always"`"#, r#"`"missing"`"#, "pull";
+        /// The host variable holding `user:password` for the image's registry.
+        pull_secret: Option<String> = None => PullSecret, No, "string", "none", "pullSecret";
+        /// The engine's OCI runtime for this unit; `None`: the engine's default.
+        runtime: Option<String> = None => Runtime, No, "runtime name", "the engine's default", "runtime";
+        /// Whether the local backend may run this unit on the host's userland.
+        local_userland: LocalUserland = LocalUserland::Refuse => Plain, No, r#"`"refuse"` \| `"host"`"#, r#"`"refuse"`"#, "localUserland";
+        /// The MCP server command (stdio).
+        command: Vec<String>, required "a server needs a command, like command = [\"mcp-server\", \"--stdio\"]" => Command, No, "array of strings", "required", "command";
+        /// One line about what it offers.
+        description: String = String::new() => Plain, No, "string", r#"`""`"#, "description";
+        /// Its network (default: none). Its README type is `FIELDS_OF`.
+        network: NetworkPolicy = NetworkPolicy::defaults() => Plain, No, "a table of its section's fields", r#"`{ mode = "none" }`"#, "network";
+        /// Its limits (default: the profile's). Its README type is `FIELDS_OF`.
+        limits: LimitsPolicy = LimitsPolicy::defaults() => UnitLimits, No, "a table of its section's fields", "the profile's `[limits]`", "limits";
+    }
+}
 
-/// A `[[volume]]` table.
 #[rustfmt::skip]
-pub(crate) const VOLUME: Table = Table {
-    path: "volume",
-    readme: ("`[[volume]]`", 1),
-    fields: &[
-        field("name", "string", "required", Drop, Some("volumes.name")),
-        field("path", r#"`"~/REL"` \| absolute path"#, "required", No, Some("volumes.path")),
-        field("scope", r#"`"session"` \| `"profile"`"#, r#"`"session"`"#, No, Some("volumes.scope")),
-    ],
-};
+table! {
+    /// A `[[volume]]` table.
+    VOLUME = "volume", ("`[[volume]]`", 1), plan "volumes.", with VolumeContext;
+    /// A volume: storage that outlives a unit (`[[volume]]`; declared in
+    /// box-policy's `profile/fields.rs`, one row per field).
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Volume {
+        /// Its name within the profile.
+        name: String, required "a volume needs a name, like name = \"pip-cache\"" => VolumeName, Drop, "string", "required", "name";
+        /// Where it appears in the unit.
+        path: VolumePath, required "a volume needs a path in the unit, like path = \"~/.cache/pip\"" => VolumeAt, No, r#"`"~/REL"` \| absolute path"#, "required", "path";
+        /// Who shares it and how long it lives.
+        scope: VolumeScope = VolumeScope::Session => Plain, No, r#"`"session"` \| `"profile"`"#, r#"`"session"`"#, "scope";
+    }
+}
 
 #[rustfmt::skip]
 table! {

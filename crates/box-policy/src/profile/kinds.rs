@@ -269,11 +269,26 @@ impl Kind for usize {
 }
 
 /// How one field is read and written back: by its type ([`Plain`]), or by
-/// a reader of its own where its reading is special.
-pub(crate) trait Reads<T: Kind> {
+/// a reader of its own where its reading is special. `C` is what its table
+/// is read within (a table declared `with` a context: the fields of a
+/// `[[server]]` read before it, the profile's limits), which only a reader
+/// whose reading depends on other fields looks at (`read_in`, `absent`).
+pub(crate) trait Reads<T: Kind, C = ()> {
     /// Read it (by its type).
     fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<T> {
         T::read(walk, node, field)
+    }
+
+    /// Read it within its table's context (by `read`, unless it depends on
+    /// other fields).
+    fn read_in(walk: &mut Walk, node: &Node, field: &str, _context: &C) -> Option<T> {
+        Self::read(walk, node, field)
+    }
+
+    /// Its value when its table does not write it, where that depends on the
+    /// context (a server's limits: the profile's); `None`: its row's default.
+    fn absent(_context: &C) -> Option<T> {
+        None
     }
 
     /// In the profile's words (by its type).
@@ -290,7 +305,7 @@ pub(crate) trait Reads<T: Kind> {
 /// A field read and written by its type alone.
 pub(crate) struct Plain;
 
-impl<T: Kind> Reads<T> for Plain {}
+impl<T: Kind, C> Reads<T, C> for Plain {}
 
 /// A reader of a field written as one of a few words, each meaning a value
 /// of its type: `words!(Git: bool = ["neutralise" = true, "off" = false]);`.
@@ -310,7 +325,7 @@ macro_rules! words {
             }
         }
 
-        impl $crate::profile::kinds::Reads<$ty> for $name {
+        impl<C> $crate::profile::kinds::Reads<$ty, C> for $name {
             fn read(
                 walk: &mut $crate::profile::validate::Walk,
                 node: &$crate::profile::tree::Node,

@@ -4,10 +4,9 @@
 use std::path::PathBuf;
 
 pub use super::fields::{
-    EnvPolicy, LifecyclePolicy, LimitsPolicy, NetworkPolicy, PoolPolicy, Workspace,
+    EnvPolicy, LifecyclePolicy, LimitsPolicy, NetworkPolicy, PoolPolicy, Server, Workspace,
 };
-use crate::image::PullPolicy;
-use crate::plan::{LocalUserland, UserIds};
+use crate::plan::UserIds;
 
 /// A profile: everything a session's units may be and do. A session can only narrow it.
 #[derive(Debug, Clone, PartialEq)]
@@ -170,31 +169,6 @@ pub struct Secret {
 /// which every unit gets as the profile says (one struct, so a hardening
 /// field is declared once).
 pub use crate::plan::Security as SecurityPolicy;
-
-/// A server unit as written: runs one MCP server offered to the session.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Server {
-    /// Its name within the session.
-    pub name: String,
-    /// The image.
-    pub image: String,
-    /// When the image is pulled from its registry.
-    pub pull: PullPolicy,
-    /// The host variable holding `user:password` for the image's registry.
-    pub pull_secret: Option<String>,
-    /// The MCP server command (stdio).
-    pub command: Vec<String>,
-    /// One line about what it offers.
-    pub description: String,
-    /// Its network (default: none).
-    pub network: NetworkPolicy,
-    /// Its limits (default: the profile's).
-    pub limits: LimitsPolicy,
-    /// The engine's OCI runtime for this unit; `None`: the engine's default.
-    pub runtime: Option<String>,
-    /// Whether the local backend may run this unit on the host's userland.
-    pub local_userland: LocalUserland,
-}
 
 /// A dangerous ask a profile may make only when `[operator] allow_dangerous` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -20,6 +20,8 @@ pub(crate) use danger::{Allowance, host_path_dangers};
 pub(super) use env::Pass;
 pub(super) use limits::{Lease, PoolSize};
 pub(super) use security::{Capabilities, Devices, HostNamespaces, Privileged};
+pub(super) use servers::{Command, ServerContext, ServerName, UnitLimits};
+pub(super) use volumes::{VolumeAt, VolumeContext, VolumeName};
 pub(super) use workspace::{Image, Images, PullSecret, Root, Runtime};
 
 mod danger;
@@ -194,6 +196,36 @@ impl Walk {
             }
         }
         Fields { entries }
+    }
+
+    /// An array of tables (`[[server]]`, `[[volume]]` at `path`), each
+    /// labelled by its name (`server[fetch]`; else its index) and read by
+    /// `read` after those before it; one that is not read is left out.
+    pub(super) fn each<T>(
+        &mut self,
+        node: &Node,
+        path: &str,
+        read: impl Fn(&mut Walk, &Node, &str, &[T]) -> Option<T>,
+    ) -> Vec<T> {
+        let Value::Array(items) = &node.value else {
+            self.wrong_type(
+                node,
+                path,
+                &format!("an array of tables, written [[{path}]]"),
+            );
+            return Vec::new();
+        };
+        let mut read_so_far = Vec::new();
+        for (index, item) in items.iter().enumerate() {
+            let label = match item.get("name").map(|name| &name.value) {
+                Some(Value::String(name)) => format!("{path}[{name}]"),
+                _ => format!("{path}[{index}]"),
+            };
+            if let Some(value) = read(self, item, &label, &read_so_far) {
+                read_so_far.push(value);
+            }
+        }
+        read_so_far
     }
 
     pub(super) fn string(&mut self, node: &Node, field: &str) -> Option<String> {

@@ -1,13 +1,25 @@
-//! `[[volume]]` tables: the workspace unit's volumes and where they may go.
+//! `[[volume]]` tables (declared in `fields.rs`): the workspace unit's
+//! volumes and where they may go. The readers here are a volume's that
+//! depend on what is around it: its name (unique) and its place (not over
+//! the workspace or another volume).
 
 use std::path::{Component, Path, PathBuf};
 
-use super::super::fields::VOLUME;
-use super::super::kinds::Kind;
+use super::super::kinds::{Kind, Reads};
 use super::super::model::{Source, Workspace};
 use super::super::tree::{Node, Value};
-use super::{Walk, is_clean_absolute, join};
-use crate::plan::{Volume, VolumePath, VolumeScope};
+use super::{Walk, is_clean_absolute};
+use crate::plan::{Volume, VolumePath};
+
+/// What a `[[volume]]` is read within: where the workspace appears (when
+/// it was read) and the volumes before it.
+pub(in crate::profile) struct VolumeContext {
+    root: Option<PathBuf>,
+    volumes: Vec<Volume>,
+}
+
+/// What to write for a volume's place.
+const ACCEPTED: &str = "write \"~/\" and a path beneath the unit's home (\"~/.cache/pip\"), or an absolute path (\"/var/cache/box/pip\")";
 
 impl Walk {
     /// `[[volume]]` tables: the workspace unit's volumes.
@@ -19,11 +31,9 @@ impl Walk {
         let Some(node) = node else {
             return Vec::new();
         };
-        let Value::Array(items) = &node.value else {
-            self.wrong_type(node, "volume", "an array of tables, written [[volume]]");
-            return Vec::new();
-        };
-        if workspace.is_some_and(|workspace| workspace.source == Source::None) {
+        if matches!(node.value, Value::Array(_))
+            && workspace.is_some_and(|workspace| workspace.source == Source::None)
+        {
             self.problem(
                 node,
                 "volume",
@@ -31,94 +41,112 @@ impl Walk {
             );
             return Vec::new();
         }
-        let mut volumes: Vec<Volume> = Vec::new();
-        for (index, item) in items.iter().enumerate() {
-            let label = match item.get("name").map(|name| &name.value) {
-                Some(Value::String(name)) => format!("volume[{name}]"),
-                _ => format!("volume[{index}]"),
+        let root = workspace.map(|workspace| workspace.root.clone());
+        self.each(node, "volume", |walk, item, label, volumes: &[Volume]| {
+            let context = VolumeContext {
+                root: root.clone(),
+                volumes: volumes.to_vec(),
             };
-            let fields = self.table(item, &label, &VOLUME.names());
-            let name = match fields.get("name") {
-                Some(node) => self.volume_name(node, &label, &volumes),
-                None => {
-                    self.problem(
-                        item,
-                        &label,
-                        "a volume needs a name, like name = \"pip-cache\"".to_owned(),
-                    );
-                    None
-                }
-            };
-            let path = match fields.get("path") {
-                Some(node) => self.volume_path(node, &label, workspace, &volumes),
-                None => {
-                    self.problem(
-                        item,
-                        &label,
-                        "a volume needs a path in the unit, like path = \"~/.cache/pip\""
-                            .to_owned(),
-                    );
-                    None
-                }
-            };
-            let scope = match fields.get("scope") {
-                Some(node) => VolumeScope::read(self, node, &join(&label, "scope")),
-                None => Some(VolumeScope::Session),
-            };
-            if let (Some(name), Some(path), Some(scope)) = (name, path, scope) {
-                volumes.push(Volume { name, path, scope });
-            }
-        }
-        volumes
+            Volume::read_in(walk, item, label, &context)
+        })
     }
+}
 
-    pub(super) fn volume_name(
-        &mut self,
+/// A volume's `name`: unique.
+pub(in crate::profile) struct VolumeName;
+
+impl Reads<String, VolumeContext> for VolumeName {
+    fn read_in(
+        walk: &mut Walk,
         node: &Node,
-        label: &str,
-        volumes: &[Volume],
+        field: &str,
+        context: &VolumeContext,
     ) -> Option<String> {
-        let field = join(label, "name");
-        let name = self.string(node, &field)?;
+        let name = walk.string(node, field)?;
         let valid = name.len() <= 40
             && name.starts_with(|c: char| c.is_ascii_lowercase())
             && name
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
         if !valid {
-            self.problem(
+            walk.problem(
                 node,
-                &field,
+                field,
                 format!("{name:?} is not a volume name; write lower-case letters, digits and -, starting with a letter, at most 40, like \"pip-cache\""),
             );
             return None;
         }
-        if volumes.iter().any(|volume| volume.name == name) {
-            self.problem(
+        if context.volumes.iter().any(|volume| volume.name == name) {
+            walk.problem(
                 node,
-                &field,
+                field,
                 format!("a volume named {name:?} is declared twice"),
             );
             return None;
         }
         Some(name)
     }
+}
 
-    /// A volume's place in the unit: `~/REL` beneath the unit's home, or an
-    /// absolute path where a mount of the unit's own makes sense (not the
-    /// kernel's or box's own places, not `/tmp`, the secrets or the
-    /// workspace, not inside or around another volume).
-    pub(super) fn volume_path(
-        &mut self,
+/// A volume's `path`, as [`VolumePath`] reads it, and not in or around the
+/// workspace or another volume.
+pub(in crate::profile) struct VolumeAt;
+
+impl Reads<VolumePath, VolumeContext> for VolumeAt {
+    fn read_in(
+        walk: &mut Walk,
         node: &Node,
-        label: &str,
-        workspace: Option<&Workspace>,
-        volumes: &[Volume],
+        field: &str,
+        context: &VolumeContext,
     ) -> Option<VolumePath> {
-        let field = join(label, "path");
-        let text = self.string(node, &field)?;
-        let accepted = "write \"~/\" and a path beneath the unit's home (\"~/.cache/pip\"), or an absolute path (\"/var/cache/box/pip\")";
-        let path = match text.strip_prefix("~/") {
+        let path = VolumePath::read(walk, node, field)?;
+        let text = match &node.value {
+            Value::String(text) => text.clone(),
+            _ => path.to_string(),
+        };
+        if let (VolumePath::Absolute(path), Some(root)) = (&path, &context.root)
+            && (path.starts_with(root) || root.starts_with(path))
+        {
+            walk.problem(
+                node,
+                field,
+                format!("{text:?} overlaps the workspace at {}; a volume goes beside it, never in or around it", root.display()),
+            );
+            return None;
+        }
+        let overlap = context
+            .volumes
+            .iter()
+            .find(|other| match (&other.path, &path) {
+                (VolumePath::Home(a), VolumePath::Home(b))
+                | (VolumePath::Absolute(a), VolumePath::Absolute(b)) => {
+                    a.starts_with(b) || b.starts_with(a)
+                }
+                (VolumePath::Home(_), VolumePath::Absolute(_))
+                | (VolumePath::Absolute(_), VolumePath::Home(_)) => false,
+            });
+        if let Some(other) = overlap {
+            walk.problem(
+                node,
+                field,
+                format!(
+                    "{text:?} overlaps volume {:?} at {}; give each volume a place of its own",
+                    other.name, other.path
+                ),
+            );
+            return None;
+        }
+        Some(path)
+    }
+}
+
+/// A volume's place in the unit: `~/REL` beneath the unit's home, or an
+/// absolute path where a mount of the unit's own makes sense (not the
+/// kernel's or box's own places, not `/tmp` or the secrets).
+impl Kind for VolumePath {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Self> {
+        let text = walk.string(node, field)?;
+        match text.strip_prefix("~/") {
             Some(relative) => {
                 let relative = PathBuf::from(relative);
                 let clean = relative.components().count() > 0
@@ -126,18 +154,18 @@ impl Walk {
                         .components()
                         .all(|part| matches!(part, Component::Normal(_)));
                 if !clean {
-                    self.problem(node, &field, format!("{text:?} is not a path beneath the home; {accepted}, with no . or .. parts"));
+                    walk.problem(node, field, format!("{text:?} is not a path beneath the home; {ACCEPTED}, with no . or .. parts"));
                     return None;
                 }
-                VolumePath::Home(relative)
+                Some(VolumePath::Home(relative))
             }
             None => {
                 let path = PathBuf::from(&text);
                 if !is_clean_absolute(&path) || path == Path::new("/") {
-                    self.problem(
+                    walk.problem(
                         node,
-                        &field,
-                        format!("{text:?} is not accepted; {accepted}, with no . or .. parts"),
+                        field,
+                        format!("{text:?} is not accepted; {ACCEPTED}, with no . or .. parts"),
                     );
                     return None;
                 }
@@ -154,48 +182,22 @@ impl Walk {
                 ];
                 for (place, what) in reserved {
                     if path.starts_with(place) || Path::new(place).starts_with(&path) {
-                        self.problem(
+                        walk.problem(
                             node,
-                            &field,
+                            field,
                             format!(
-                                "{text:?} is, or is inside or around, {what}; {accepted} elsewhere"
+                                "{text:?} is, or is inside or around, {what}; {ACCEPTED} elsewhere"
                             ),
                         );
                         return None;
                     }
                 }
-                if let Some(root) = workspace.map(|workspace| &workspace.root)
-                    && (path.starts_with(root) || root.starts_with(&path))
-                {
-                    self.problem(
-                        node,
-                        &field,
-                        format!("{text:?} overlaps the workspace at {}; a volume goes beside it, never in or around it", root.display()),
-                    );
-                    return None;
-                }
-                VolumePath::Absolute(path)
+                Some(VolumePath::Absolute(path))
             }
-        };
-        let overlap = volumes.iter().find(|other| match (&other.path, &path) {
-            (VolumePath::Home(a), VolumePath::Home(b))
-            | (VolumePath::Absolute(a), VolumePath::Absolute(b)) => {
-                a.starts_with(b) || b.starts_with(a)
-            }
-            (VolumePath::Home(_), VolumePath::Absolute(_))
-            | (VolumePath::Absolute(_), VolumePath::Home(_)) => false,
-        });
-        if let Some(other) = overlap {
-            self.problem(
-                node,
-                &field,
-                format!(
-                    "{text:?} overlaps volume {:?} at {}; give each volume a place of its own",
-                    other.name, other.path
-                ),
-            );
-            return None;
         }
-        Some(path)
+    }
+
+    fn text(&self) -> String {
+        self.to_string()
     }
 }

@@ -15,7 +15,7 @@ use crate::plan::UserIds;
 /// `image`: an image reference.
 pub(in crate::profile) struct Image;
 
-impl Reads<String> for Image {
+impl<C> Reads<String, C> for Image {
     fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<String> {
         walk.image(node, field)
     }
@@ -33,10 +33,10 @@ impl Reads<Vec<String>> for Images {
     }
 }
 
-/// `pull_secret`: a host variable's name.
+/// `pull_secret`: a host variable's name (the workspace's, a server's).
 pub(in crate::profile) struct PullSecret;
 
-impl Reads<Option<String>> for PullSecret {
+impl<C> Reads<Option<String>, C> for PullSecret {
     fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Option<String>> {
         walk.pull_secret(node, field).map(Some)
     }
@@ -45,7 +45,7 @@ impl Reads<Option<String>> for PullSecret {
 /// `runtime`: an OCI runtime's name.
 pub(in crate::profile) struct Runtime;
 
-impl Reads<Option<String>> for Runtime {
+impl<C> Reads<Option<String>, C> for Runtime {
     fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Option<String>> {
         walk.runtime(node, field).map(Some)
     }
