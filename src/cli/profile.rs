@@ -453,11 +453,7 @@ fn profile_json(profile: &Profile) -> Value {
             profile
                 .volumes
                 .iter()
-                .map(|volume| json!({
-                    "name": volume.name,
-                    "path": volume.path.to_string(),
-                    "scope": volume.scope.as_str(),
-                }))
+                .map(|volume| fields_json(&set(volume.shown())))
                 .collect::<Vec<_>>()
         );
     }

@@ -76,11 +76,7 @@ impl UnitSpec {
             unit["volumes"] = json!(
                 self.volumes
                     .iter()
-                    .map(|volume| json!({
-                        "name": volume.name,
-                        "path": volume.path.to_string(),
-                        "scope": volume.scope.as_str(),
-                    }))
+                    .map(super::Volume::plan_json)
                     .collect::<Vec<_>>()
             );
         }
@@ -101,8 +97,22 @@ fn network_json(network: &Network) -> Value {
         shown["maxConnections"] = json!(network.max_connections);
         shown["bytesPerSecond"] = json!(network.bytes_per_second);
     }
+    // Every other field of `[network]`, as its row gives it (left out at its
+    // default where it is shown only when set).
+    if let (Value::Object(shown), Value::Object(written)) =
+        (&mut shown, network.written.plan_json())
+    {
+        for (key, value) in written {
+            if !COMPLETED.contains(&key.as_str()) {
+                shown.insert(key, value);
+            }
+        }
+    }
     shown
 }
+
+/// The keys of `[network]`'s fields the resolution completes (written above).
+const COMPLETED: [&str; 5] = ["mode", "allow", "hosts", "maxConnections", "bytesPerSecond"];
 
 fn millis(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)

@@ -207,6 +207,11 @@ pub struct Network {
     pub max_connections: u64,
     /// `Egress`: bytes per second through the proxy, each direction; `None`: no cap.
     pub bytes_per_second: Option<u64>,
+    /// The unit's network as its profile's rows say it (`[network]` or a
+    /// server's `network`, as the session narrowed it): the fields above are
+    /// those the resolution completes; every other field of `[network]`
+    /// reaches the unit here as written, and its plan under its key.
+    pub written: NetworkPolicy,
 }
 
 /// An egress unit's connection limit when its profile sets none.
@@ -222,6 +227,7 @@ impl Network {
             private_destinations: false,
             max_connections: 0,
             bytes_per_second: None,
+            written: NetworkPolicy::defaults(),
         }
     }
 }
@@ -710,6 +716,7 @@ fn network_of(network: &NetworkPolicy, dangerous: &[crate::profile::Danger]) -> 
             0
         },
         bytes_per_second: network.bandwidth.filter(|_| egress).map(|size| size.0),
+        written: network.clone(),
     }
 }
 

@@ -165,6 +165,17 @@ macro_rules! absent {
     }};
 }
 
+/// A field into a plan's JSON under its key, when `given` (a field with no
+/// plan key reaches no unit as itself).
+macro_rules! plan_field {
+    ($plan:ident, $ty:ty, $value:expr, $given:expr) => {};
+    ($plan:ident, $ty:ty, $value:expr, $given:expr, $key:literal) => {
+        if $given {
+            $plan.insert($key.to_owned(), <$ty as Kind>::plan($value));
+        }
+    };
+}
+
 /// Whether a field is its default (a required field has none).
 macro_rules! is_default {
     ($ty:ty; $value:expr) => {
@@ -271,12 +282,19 @@ macro_rules! table {
                 )*]
             }
 
-            /// The fields a plan gives a unit, under their keys: `{"readOnlyRoot": true, ...}`.
+            /// The fields a plan gives a unit, under their keys: `{"readOnlyRoot": true, ...}`;
+            /// a field shown only when set (`IfSet`) is left out at its default.
             #[allow(dead_code, reason = "a table whose fields reach a unit another way")]
             pub(crate) fn plan_json(&self) -> serde_json::Value {
                 #[allow(unused_mut, reason = "a table with no plan key")]
                 let mut plan = serde_json::Map::new();
-                $( $( plan.insert($key.to_owned(), <$ty as Kind>::plan(&self.$field)); )? )*
+                $(
+                    plan_field!(
+                        plan, $ty, &self.$field,
+                        show!($($show)?) != Show::IfSet || !is_default!($ty; self.$field $(, $default)?)
+                        $(, $key)?
+                    );
+                )*
                 serde_json::Value::Object(plan)
             }
         }
