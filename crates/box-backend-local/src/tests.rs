@@ -67,6 +67,7 @@ fn unit_spec(source: WorkspaceSource) -> UnitSpec {
         lease: Duration::from_secs(30),
         description: String::new(),
         volumes: Vec::new(),
+        written: None,
     }
 }
 

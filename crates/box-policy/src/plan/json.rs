@@ -80,9 +80,35 @@ impl UnitSpec {
                     .collect::<Vec<_>>()
             );
         }
+        // Every other field of the workspace unit's `[workspace]`, as its
+        // row gives it (left out at its default where it is shown only when set).
+        if let (Value::Object(unit), Some(Value::Object(written))) = (
+            &mut unit,
+            self.written.as_ref().map(|written| written.plan_json()),
+        ) {
+            for (key, value) in written {
+                if !UNIT_COMPLETED.contains(&key.as_str()) {
+                    unit.insert(key, value);
+                }
+            }
+        }
         unit
     }
 }
+
+/// The keys of `[workspace]`'s fields a unit's plan writes itself (above),
+/// resolved (`source`, `user`) or shared with a server's.
+const UNIT_COMPLETED: [&str; 9] = [
+    "image",
+    "pull",
+    "pullSecret",
+    "root",
+    "source",
+    "mode",
+    "user",
+    "runtime",
+    "localUserland",
+];
 
 fn network_json(network: &Network) -> Value {
     let mut shown = json!({"mode": network.mode.as_str(), "allow": network.allow});

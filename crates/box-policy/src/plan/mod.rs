@@ -290,6 +290,12 @@ pub struct UnitSpec {
     pub lease: Duration,
     /// The volumes mounted in the unit (the workspace unit's; none for servers).
     pub volumes: Vec<Volume>,
+    /// The workspace unit's `[workspace]` as its rows say it (as the session
+    /// narrowed it; `None` for a server): the fields above are those the
+    /// resolution completes or a server has too; every other field of
+    /// `[workspace]` reaches the workspace unit here as written, and its
+    /// plan under its key.
+    pub written: Option<crate::profile::Workspace>,
 }
 
 /// Facts about the host a plan is resolved against (passed in, so `resolve` stays pure).
@@ -517,6 +523,7 @@ impl UnitSpec {
             description: String::new(),
             lease: Duration::from_secs(30),
             volumes: Vec::new(),
+            written: None,
         }
     }
 
@@ -634,6 +641,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             description: profile.description.clone(),
             lease: profile.lifecycle.lease,
             volumes: profile.volumes.clone(),
+            written: Some(profile.workspace.clone()),
         });
     }
     for server in &profile.servers {
@@ -660,6 +668,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             description: server.description.clone(),
             lease: profile.lifecycle.lease,
             volumes: Vec::new(),
+            written: None,
         });
     }
     Ok(Plan {
