@@ -13,22 +13,23 @@
 //! `[pool]`, `[operator]`, `[[server]]` and `[[volume]]` ([`table!`]): each
 //! table's struct, its defaults, reading it and `box profile show`'s fields
 //! come from one row per field (a `[[server]]`'s `name`, `image` and
-//! `command` are required rows, with no default). The top level is a
-//! `Table` written out.
+//! `command` are required rows, with no default), and the top level, whose
+//! `[[server]]`, `[[volume]]` and `[operator]` are read after the tables
+//! they depend on (`Servers[limits]`).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::kinds::{Kind, Plain, Reads, Show, Shown, words};
-use super::model::{ForkMode, OnPersisted, Secret, Source, UserChoice, defaults};
+use super::kinds::{After, Kind, Plain, Reads, Show, Shown, words};
+use super::model::{Danger, ForkMode, OnPersisted, Secret, Source, UserChoice, defaults};
 use super::tree::Node;
 use super::validate::Allowance;
 use super::validate::{
-    Capabilities, Command, Devices, HostNamespaces, Image, Images, Lease, Pass, PoolSize,
-    Privileged, PullSecret, Root, Runtime, ServerContext, ServerName, UnitLimits, VolumeAt,
-    VolumeContext, VolumeName, Walk, join,
+    Capabilities, Command, Devices, Environment, HostNamespaces, Image, Images, Lease, Network,
+    Operator, Pass, PoolSize, Privileged, PullSecret, Root, Runtime, ServerContext, ServerName,
+    Servers, SessionLimits, UnitLimits, VolumeAt, VolumeContext, VolumeName, Volumes, Walk, join,
 };
 use super::value::{ByteSize, CpuQuota};
 use crate::allow::Rule;
@@ -165,6 +166,25 @@ macro_rules! absent {
     }};
 }
 
+/// One field of the table `node` at `path`: by its reader within the
+/// table's context (absent: its default, or a problem when it is required),
+/// or by its reader after the fields its row names (`Servers[limits]`).
+macro_rules! read_field {
+    ([], $ty:ty, $reads:ty, $walk:ident, $node:ident, $path:ident, $context:ident, $fields:ident, $name:expr, ($($absent:tt)*)) => {
+        match $fields.get($name) {
+            Some(found) => {
+                let field = join($path, $name);
+                <$reads as Reads<$ty, Context>>::read_in($walk, found, &field, $context)
+            }
+            None => <$reads as Reads<$ty, Context>>::absent($context)
+                .or_else(|| absent!($walk, $node, $path; $($absent)*)),
+        }
+    };
+    ([$($after:ident),+], $ty:ty, $reads:ty, $walk:ident, $node:ident, $path:ident, $context:ident, $fields:ident, $name:expr, ($($absent:tt)*)) => {
+        <$reads as After<$ty, _>>::read_after($walk, $fields.get($name), &join($path, $name), ($(&$after,)+))
+    };
+}
+
 /// A field into a plan's JSON under its key, when `given` (a field with no
 /// plan key reaches no unit as itself).
 macro_rules! plan_field {
@@ -209,6 +229,39 @@ macro_rules! table_defaults {
     ($($field:ident $(= $default:expr)?),*) => {};
 }
 
+/// A table whose every field has a default is a field's type too (the top
+/// level's `workspace`, ...): read as its table, written as its fields.
+macro_rules! table_kind {
+    ($Struct:ident; $($field:ident = $default:expr),*) => {
+        impl Kind for $Struct {
+            fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Self> {
+                Self::read(walk, Some(node), field)
+            }
+
+            fn text(&self) -> String {
+                let shown: Vec<String> = self.shown().iter().map(Shown::pair).collect();
+                shown.join(", ")
+            }
+
+            /// Its fields but those shown only when set and not.
+            fn word(&self) -> serde_json::Value {
+                serde_json::Value::Object(
+                    self.shown()
+                        .into_iter()
+                        .filter(|field| field.show != Show::IfSet || !field.default)
+                        .map(|field| (field.name.to_owned(), field.json))
+                        .collect(),
+                )
+            }
+
+            fn plan(&self) -> serde_json::Value {
+                self.plan_json()
+            }
+        }
+    };
+    ($Struct:ident; $($field:ident $(= $default:expr)?),*) => {};
+}
+
 /// Declares a profile table from one row per field: the struct a profile
 /// holds it in (each field's type, documentation and default), its `Table`
 /// (the README's type and default, what a session may do with it, its plan
@@ -229,7 +282,7 @@ macro_rules! table {
             $(
                 $(#[doc = $doc:literal])*
                 $field:ident $(($name:literal))?: $ty:ty $(= $default:expr)? $(, required $required:literal)?
-                    => $reads:ty, $tighten:ident, $($show:ident,)? $readme_kind:literal, $readme_default:literal
+                    => $reads:ty $([$($after:ident),+])?, $tighten:ident, $($show:ident,)? $readme_kind:literal, $readme_default:literal
                     $(, $key:literal)?;
             )*
         }
@@ -254,14 +307,10 @@ macro_rules! table {
                 type Context = context!($($Context)?);
                 let fields = walk.table(node, path, &$TABLE.names());
                 $(
-                    let $field: Option<$ty> = match fields.get(field_name!($field $(, $name)?)) {
-                        Some(found) => {
-                            let field = join(path, field_name!($field $(, $name)?));
-                            <$reads as Reads<$ty, Context>>::read_in(walk, found, &field, context)
-                        }
-                        None => <$reads as Reads<$ty, Context>>::absent(context)
-                            .or_else(|| absent!(walk, node, path; $(= $default)? $(, required $required)?)),
-                    };
+                    let $field: Option<$ty> = read_field!(
+                        [$($($after),+)?], $ty, $reads, walk, node, path, context, fields,
+                        field_name!($field $(, $name)?), ($(= $default)? $(, required $required)?)
+                    );
                 )*
                 Some(Self { $( $field: $field?, )* })
             }
@@ -299,6 +348,8 @@ macro_rules! table {
             }
         }
 
+        table_kind!($Struct; $( $field $(= $default)? ),*);
+
         $(#[doc = $table_doc])*
         pub(crate) const $TABLE: Table = Table {
             path: $path,
@@ -316,26 +367,41 @@ macro_rules! table {
     };
 }
 
-/// The top level.
 #[rustfmt::skip]
-pub(crate) const TOP: Table = Table {
-    path: "",
-    readme: ("Top level", 1),
-    fields: &[
-        field("description", "string", r#"`""`"#, No, Some("description")),
-        field("extends", "string", "none", No, None),
-        field("workspace", "`[workspace]`", "", Within, None),
-        field("network", "`[network]`", "", Within, Some("network")),
-        field("limits", "`[limits]`", "", Within, Some("limits")),
-        field("env", "`[env]`", "", Within, Some("env")),
-        field("security", "`[security]`", "", No, Some("security")),
-        field("lifecycle", "`[lifecycle]`", "", No, Some("lifecycle")),
-        field("pool", "`[pool]`", "", No, None),
-        field("server", "`[[server]]`", "", Drop, None),
-        field("volume", "`[[volume]]`", "", Drop, Some("volumes")),
-        field("operator", "`[operator]`", "", No, None),
-    ],
-};
+table! {
+    /// The top level.
+    TOP = "", ("Top level", 1), plan "";
+    /// A profile's top level as written: its description and its tables,
+    /// each read by its own rows (`validate` makes it a `Profile`).
+    #[derive(Debug, Clone, PartialEq)]
+    pub(crate) struct TopLevel {
+        /// One line about what it is for.
+        description: String = String::new() => Plain, No, "string", r#"`""`"#, "description";
+        /// The profile it extends (followed by the loader; a string here).
+        extends: String = String::new() => Plain, No, "string", "none";
+        /// The workspace unit.
+        workspace: Workspace = Workspace::defaults() => Plain, Within, "`[workspace]`", "";
+        /// The workspace unit's network.
+        network: NetworkPolicy = NetworkPolicy::defaults() => Network, Within, "`[network]`", "", "network";
+        /// The workspace unit's limits (servers' are over them).
+        limits: LimitsPolicy = LimitsPolicy::defaults() => SessionLimits, Within, "`[limits]`", "", "limits";
+        /// The workspace unit's environment.
+        env: EnvPolicy = EnvPolicy::defaults() => Environment, Within, "`[env]`", "", "env";
+        /// The hardening of every unit.
+        security: Security = Security::defaults() => Plain, No, "`[security]`", "", "security";
+        /// Every unit's lifecycle.
+        lifecycle: LifecyclePolicy = LifecyclePolicy::defaults() => Plain, No, "`[lifecycle]`", "", "lifecycle";
+        /// The warm units a listening host keeps.
+        pool: PoolPolicy = PoolPolicy::defaults() => Plain, No, "`[pool]`", "";
+        /// Server units, in the order written, their limits over `limits`.
+        servers("server"): Vec<Server> = Vec::new() => Servers[limits], Drop, "`[[server]]`", "";
+        /// The workspace unit's volumes, beside its root.
+        volumes("volume"): Vec<Volume> = Vec::new() => Volumes[workspace], Drop, "`[[volume]]`", "", "volumes";
+        /// The dangerous asks of the tables above, each allowed by name in
+        /// `[operator]` (an allowance not used is a problem there).
+        dangerous("operator"): Vec<Danger> = Vec::new() => Operator[workspace, network, servers], No, "`[operator]`", "";
+    }
+}
 
 #[rustfmt::skip]
 table! {
@@ -528,7 +594,7 @@ table! {
         /// One line about what it offers.
         description: String = String::new() => Plain, No, "string", r#"`""`"#, "description";
         /// Its network (default: none). Its README type is `FIELDS_OF`.
-        network: NetworkPolicy = NetworkPolicy::defaults() => Plain, No, "a table of its section's fields", r#"`{ mode = "none" }`"#, "network";
+        network: NetworkPolicy = NetworkPolicy::defaults() => Network, No, "a table of its section's fields", r#"`{ mode = "none" }`"#, "network";
         /// Its limits (default: the profile's). Its README type is `FIELDS_OF`.
         limits: LimitsPolicy = LimitsPolicy::defaults() => UnitLimits, No, "a table of its section's fields", "the profile's `[limits]`", "limits";
     }

@@ -302,6 +302,15 @@ pub(crate) trait Reads<T: Kind, C = ()> {
     }
 }
 
+/// A reader of a field that depends on fields read before it in its table
+/// (named in its row, `Servers[limits]`): it is given them as read (`None`:
+/// not read), whether its own field is written (`node`) or not.
+pub(crate) trait After<T, Earlier> {
+    /// Read it (or judge its absence) after `earlier`.
+    fn read_after(walk: &mut Walk, node: Option<&Node>, field: &str, earlier: Earlier)
+    -> Option<T>;
+}
+
 /// A field read and written by its type alone.
 pub(crate) struct Plain;
 

@@ -11,10 +11,12 @@
 use std::path::Path;
 
 use super::super::error::{Position, Problem};
-use super::super::kinds::Kind;
-use super::super::model::Danger;
+use super::super::fields::OperatorPolicy;
+use super::super::kinds::{After, Kind, Reads};
+use super::super::model::{Danger, NetworkPolicy, Server, Source, Workspace};
 use super::super::tree::Node;
 use super::{Walk, one_of};
+use crate::plan::NetworkMode;
 
 /// Paths that are the host's root or a system directory, refused as a workspace
 /// (with everything beneath the ones marked `true`).
@@ -198,5 +200,65 @@ impl Walk {
         }
         used.sort();
         used
+    }
+}
+
+/// `[operator]`, after the tables whose dangerous asks it allows: what they
+/// asked, each allowed by name (an ask not allowed, and an allowance not
+/// used, is a problem).
+pub(in crate::profile) struct Operator;
+
+impl Reads<Vec<Danger>> for Operator {}
+
+/// What `[operator]` is judged after: the workspace, its network, the servers.
+type Asking<'a> = (
+    &'a Option<Workspace>,
+    &'a Option<NetworkPolicy>,
+    &'a Option<Vec<Server>>,
+);
+
+impl After<Vec<Danger>, Asking<'_>> for Operator {
+    fn read_after(
+        walk: &mut Walk,
+        node: Option<&Node>,
+        field: &str,
+        (workspace, network, servers): Asking<'_>,
+    ) -> Option<Vec<Danger>> {
+        let allowed = OperatorPolicy::read(walk, node, field)
+            .map(|operator| operator.allow_dangerous)
+            .unwrap_or_default();
+        let mut may_ask: Vec<Danger> = match workspace.as_ref().map(|workspace| &workspace.source) {
+            Some(Source::Cwd | Source::Fork) => CWD_DANGERS.to_vec(),
+            Some(Source::Host(_) | Source::Empty | Source::None) | None => Vec::new(),
+        };
+        // Private destinations are a property of what the egress proxy may reach, so any
+        // egress unit may ask for them.
+        let any_egress = network
+            .iter()
+            .chain(servers.iter().flatten().map(|server| &server.network))
+            .any(|network| network.mode == NetworkMode::Egress);
+        if any_egress {
+            may_ask.push(Danger::PrivateDestinations);
+        }
+        Some(walk.judge_dangers(allowed, &may_ask))
+    }
+}
+
+/// The dangers a profile asks (alone: judged as if no table may ask one).
+impl Kind for Vec<Danger> {
+    const LIST: bool = true;
+
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Self> {
+        let allowed = OperatorPolicy::read(walk, Some(node), field)?.allow_dangerous;
+        Some(walk.judge_dangers(allowed, &[]))
+    }
+
+    fn text(&self) -> String {
+        let names: Vec<&str> = self.iter().map(|danger| danger.name()).collect();
+        names.join(", ")
+    }
+
+    fn word(&self) -> serde_json::Value {
+        serde_json::json!(self.iter().map(|danger| danger.name()).collect::<Vec<_>>())
     }
 }

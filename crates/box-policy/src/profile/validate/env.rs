@@ -182,3 +182,12 @@ impl Kind for Vec<Secret> {
         names.join(", ")
     }
 }
+
+/// `[env]`: its table, then its lists checked against each other.
+pub(in crate::profile) struct Environment;
+
+impl Reads<EnvPolicy> for Environment {
+    fn read(walk: &mut Walk, node: &Node, _field: &str) -> Option<EnvPolicy> {
+        walk.env(Some(node))
+    }
+}

@@ -8,20 +8,20 @@ use std::collections::BTreeMap;
 use std::path::{Component, Path};
 
 use super::error::Problem;
-use super::fields::{self, OperatorPolicy, Scope};
+use super::fields::TopLevel;
 use super::kinds::one_of;
-use super::model::{
-    Danger, LifecyclePolicy, PoolPolicy, Profile, SecurityPolicy, Source, Workspace, defaults,
-};
+use super::model::Profile;
 use super::tree::{Node, Value};
-use crate::plan::NetworkMode;
 use danger::Asked;
+pub(super) use danger::Operator;
 pub(crate) use danger::{Allowance, host_path_dangers};
-pub(super) use env::Pass;
+pub(super) use env::{Environment, Pass};
 pub(super) use limits::{Lease, PoolSize};
 pub(super) use security::{Capabilities, Devices, HostNamespaces, Privileged};
-pub(super) use servers::{Command, ServerContext, ServerName, UnitLimits};
-pub(super) use volumes::{VolumeAt, VolumeContext, VolumeName};
+pub(super) use servers::{
+    Command, Network, ServerContext, ServerName, Servers, SessionLimits, UnitLimits,
+};
+pub(super) use volumes::{VolumeAt, VolumeContext, VolumeName, Volumes};
 pub(super) use workspace::{Image, Images, PullSecret, Root, Runtime};
 
 mod danger;
@@ -41,65 +41,8 @@ pub(crate) fn validate(
     root: &Node,
 ) -> Result<Profile, Vec<Problem>> {
     let mut walk = Walk::default();
-    let top = walk.table(root, "", &fields::TOP.names());
-    let description = top
-        .get("description")
-        .and_then(|node| walk.string(node, "description"))
-        .unwrap_or_default();
-    if let Some(node) = top.get("extends") {
-        walk.string(node, "extends");
-    }
-    let workspace = Workspace::read(&mut walk, top.get("workspace"), "workspace");
-    let network = walk.network(top.get("network"), "network");
-    let limits = walk.limits(
-        top.get("limits"),
-        "limits",
-        Scope::Session,
-        &defaults::limits(),
-    );
-    let env = walk.env(top.get("env"));
-    let security = SecurityPolicy::read(&mut walk, top.get("security"), "security");
-    let lifecycle = LifecyclePolicy::read(&mut walk, top.get("lifecycle"), "lifecycle");
-    let pool = PoolPolicy::read(&mut walk, top.get("pool"), "pool");
-    let servers = walk.servers(top.get("server"), &limits);
-    let volumes = walk.volumes(top.get("volume"), workspace.as_ref());
-    let allowed = OperatorPolicy::read(&mut walk, top.get("operator"), "operator")
-        .map(|operator| operator.allow_dangerous)
-        .unwrap_or_default();
-    let mut may_ask: Vec<Danger> = match workspace.as_ref().map(|workspace| &workspace.source) {
-        Some(Source::Cwd | Source::Fork) => danger::CWD_DANGERS.to_vec(),
-        Some(Source::Host(_) | Source::Empty | Source::None) | None => Vec::new(),
-    };
-    // Private destinations are a property of what the egress proxy may reach, so any
-    // egress unit may ask for them.
-    let any_egress = network
-        .iter()
-        .chain(servers.iter().map(|server| &server.network))
-        .any(|network| network.mode == NetworkMode::Egress);
-    if any_egress {
-        may_ask.push(Danger::PrivateDestinations);
-    }
-    let dangerous = walk.judge_dangers(allowed, &may_ask);
-    let (
-        Some(workspace),
-        Some(network),
-        Some(limits),
-        Some(env),
-        Some(security),
-        Some(lifecycle),
-        Some(pool),
-        true,
-    ) = (
-        workspace,
-        network,
-        limits,
-        env,
-        security,
-        lifecycle,
-        pool,
-        walk.problems.is_empty(),
-    )
-    else {
+    let top = TopLevel::read_in(&mut walk, root, "", &());
+    let (Some(top), true) = (top, walk.problems.is_empty()) else {
         let mut problems = walk.problems;
         problems.sort_by(|a, b| {
             (a.at.file.as_ref(), a.at.line, a.at.column).cmp(&(
@@ -112,19 +55,19 @@ pub(crate) fn validate(
     };
     Ok(Profile {
         name: name.to_owned(),
-        description,
+        description: top.description,
         origin: origin.to_owned(),
         extends,
-        workspace,
-        network,
-        limits,
-        env,
-        security,
-        lifecycle,
-        pool,
-        servers,
-        volumes,
-        dangerous,
+        workspace: top.workspace,
+        network: top.network,
+        limits: top.limits,
+        env: top.env,
+        security: top.security,
+        lifecycle: top.lifecycle,
+        pool: top.pool,
+        servers: top.servers,
+        volumes: top.volumes,
+        dangerous: top.dangerous,
     })
 }
 

@@ -4,7 +4,7 @@
 //! its limits (over the profile's).
 
 use super::super::fields::Scope;
-use super::super::kinds::{Kind, Reads, Show, Shown};
+use super::super::kinds::{After, Kind, Reads};
 use super::super::model::{LimitsPolicy, NetworkPolicy, Server, defaults};
 use super::super::tree::Node;
 use super::Walk;
@@ -133,25 +133,55 @@ impl Kind for LimitsPolicy {
     }
 }
 
-/// A unit's network (a server's `network`).
-impl Kind for NetworkPolicy {
-    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<Self> {
+/// A unit's network (`[network]`, a server's `network`): its table, then
+/// each field checked against the mode.
+pub(in crate::profile) struct Network;
+
+impl<C> Reads<NetworkPolicy, C> for Network {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<NetworkPolicy> {
         walk.network(Some(node), field)
+    }
+}
+
+/// `[[server]]` tables, after the profile's limits (theirs are over them).
+pub(in crate::profile) struct Servers;
+
+impl Reads<Vec<Server>> for Servers {}
+
+impl After<Vec<Server>, (&Option<LimitsPolicy>,)> for Servers {
+    fn read_after(
+        walk: &mut Walk,
+        node: Option<&Node>,
+        _field: &str,
+        (limits,): (&Option<LimitsPolicy>,),
+    ) -> Option<Vec<Server>> {
+        Some(walk.servers(node, limits))
+    }
+}
+
+/// Server units (alone: over the strict limits).
+impl Kind for Vec<Server> {
+    const LIST: bool = true;
+
+    fn read(walk: &mut Walk, node: &Node, _field: &str) -> Option<Self> {
+        Some(walk.servers(Some(node), &None))
     }
 
     fn text(&self) -> String {
-        let shown: Vec<String> = self.shown().iter().map(Shown::pair).collect();
-        shown.join(", ")
+        let names: Vec<&str> = self.iter().map(|server| server.name.as_str()).collect();
+        names.join(", ")
     }
 
-    /// Its fields but those shown only when set and not (`box profile show --json`).
     fn word(&self) -> serde_json::Value {
-        serde_json::Value::Object(
-            self.shown()
-                .into_iter()
-                .filter(|field| field.show != Show::IfSet || !field.default)
-                .map(|field| (field.name.to_owned(), field.json))
-                .collect(),
-        )
+        serde_json::Value::Array(self.iter().map(Server::plan_json).collect())
+    }
+}
+
+/// `[limits]`: the session's and the workspace unit's, over the strict ones.
+pub(in crate::profile) struct SessionLimits;
+
+impl Reads<LimitsPolicy> for SessionLimits {
+    fn read(walk: &mut Walk, node: &Node, field: &str) -> Option<LimitsPolicy> {
+        walk.limits(Some(node), field, Scope::Session, &defaults::limits())
     }
 }

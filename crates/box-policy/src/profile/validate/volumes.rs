@@ -5,7 +5,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use super::super::kinds::{Kind, Reads};
+use super::super::kinds::{After, Kind, Reads};
 use super::super::model::{Source, Workspace};
 use super::super::tree::{Node, Value};
 use super::{Walk, is_clean_absolute};
@@ -199,5 +199,39 @@ impl Kind for VolumePath {
 
     fn text(&self) -> String {
         self.to_string()
+    }
+}
+
+/// `[[volume]]` tables, after the workspace (beside its root).
+pub(in crate::profile) struct Volumes;
+
+impl Reads<Vec<Volume>> for Volumes {}
+
+impl After<Vec<Volume>, (&Option<Workspace>,)> for Volumes {
+    fn read_after(
+        walk: &mut Walk,
+        node: Option<&Node>,
+        _field: &str,
+        (workspace,): (&Option<Workspace>,),
+    ) -> Option<Vec<Volume>> {
+        Some(walk.volumes(node, workspace.as_ref()))
+    }
+}
+
+/// The workspace unit's volumes (alone: with no workspace to stay beside).
+impl Kind for Vec<Volume> {
+    const LIST: bool = true;
+
+    fn read(walk: &mut Walk, node: &Node, _field: &str) -> Option<Self> {
+        Some(walk.volumes(Some(node), None))
+    }
+
+    fn text(&self) -> String {
+        let names: Vec<&str> = self.iter().map(|volume| volume.name.as_str()).collect();
+        names.join(", ")
+    }
+
+    fn word(&self) -> serde_json::Value {
+        serde_json::Value::Array(self.iter().map(Volume::plan_json).collect())
     }
 }
