@@ -153,11 +153,7 @@ impl Session {
         self.background.close();
         self.background.wait().await;
         // The children's storage is gone by now; their directory goes too.
-        let dir = fork::session_dir(&self.config, &self.id);
-        let _ = std::fs::remove_dir(&dir);
-        if let Some(instance) = dir.parent() {
-            let _ = std::fs::remove_dir(instance);
-        }
+        fork::remove_holder(&fork::session_dir(&self.config, &self.id));
     }
 
     async fn serve_session(&self, mut inbound: mpsc::Receiver<Inbound>) {

@@ -129,7 +129,7 @@ impl Session {
                 // unit goes too.
                 if let Some(crate::pool::ForkClaim::Taken(taken)) = &claim {
                     let _ = std::fs::remove_dir_all(&taken.dir);
-                    let _ = std::fs::remove_dir(&taken.holder);
+                    fork::remove_holder(&taken.holder);
                     if let Some(left) = taken.left() {
                         let services = self.services.clone();
                         self.background
