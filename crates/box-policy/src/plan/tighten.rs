@@ -34,19 +34,19 @@ use crate::profile::{
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Tightening {
     /// The workspace unit (`[workspace]`).
-    workspace: Asked<Workspace>,
+    workspace: Asked,
     /// The workspace unit's network.
-    network: Asked<NetworkPolicy>,
+    network: Asked,
     /// The workspace unit's limits, and the session's.
     limits: LimitsAsk,
     /// The workspace unit's environment (`env.drop`).
-    env: Asked<EnvPolicy>,
+    env: Asked,
     /// Every unit's hardening.
-    security: Asked<SecurityPolicy>,
+    security: Asked,
     /// Every unit's lifecycle.
-    lifecycle: Asked<LifecyclePolicy>,
+    lifecycle: Asked,
     /// The profile's pool.
-    pool: Asked<PoolPolicy>,
+    pool: Asked,
     /// The server units to keep (all when absent).
     servers: Option<Vec<String>>,
     /// The volumes to keep (all when absent): a session can drop a volume,
@@ -131,13 +131,13 @@ impl Tightening {
                 continue;
             };
             match key {
-                "workspace" => tightening.workspace = asked(value, None)?,
-                "network" => tightening.network = asked(value, None)?,
+                "workspace" => tightening.workspace = asked::<Workspace>(value, None)?,
+                "network" => tightening.network = asked::<NetworkPolicy>(value, None)?,
                 "limits" => tightening.limits = LimitsAsk::parse(value)?,
-                "env" => tightening.env = asked(value, Some(dropped_variables))?,
-                "security" => tightening.security = asked(value, None)?,
-                "lifecycle" => tightening.lifecycle = asked(value, None)?,
-                "pool" => tightening.pool = asked(value, None)?,
+                "env" => tightening.env = asked::<EnvPolicy>(value, Some(dropped_variables))?,
+                "security" => tightening.security = asked::<SecurityPolicy>(value, None)?,
+                "lifecycle" => tightening.lifecycle = asked::<LifecyclePolicy>(value, None)?,
+                "pool" => tightening.pool = asked::<PoolPolicy>(value, None)?,
                 "servers" => tightening.servers = Some(kept_names(value, key)?),
                 "volumes" => tightening.volumes = Some(kept_names(value, key)?),
                 _ => return Err(invalid(key, "no tightening reads this table")),
@@ -167,7 +167,7 @@ fn narrower<T: Ord>(
 pub fn tighten(profile: &Profile, tightening: &Tightening) -> Result<Profile, PlanError> {
     let name = &profile.name;
     let mut narrowed = profile.clone();
-    refuse_without_workspace(profile, &tightening.workspace.names)?;
+    refuse_without_workspace(profile, &tightening.workspace.names())?;
     narrowed.workspace = profile.workspace.narrow(&tightening.workspace, name)?;
     let ask = &tightening.limits;
     if profile.workspace.source == Source::None {

@@ -242,22 +242,11 @@ macro_rules! table {
         impl $crate::plan::tighten::Tightened for $Struct {
             const TABLE: &'static Table = &$TABLE;
 
-            fn empty() -> Self {
-                Self::defaults()
-            }
-
-            fn ask(
-                values: &mut Self,
-                name: &str,
-                value: &serde_json::Value,
-            ) -> Result<(), $crate::plan::PlanError> {
+            fn ask(name: &str, value: &serde_json::Value) -> Result<(), $crate::plan::PlanError> {
                 use $crate::plan::tighten::Narrows;
                 $(
                     if name == field_name!($field $(, $name)?) {
-                        values.$field = <narrows!($tighten $($narrows)?) as Narrows<$ty, Self>>::parse(
-                            value,
-                            &join($path, name),
-                        )?;
+                        <narrows!($tighten $($narrows)?) as Narrows<$ty, Self>>::parse(value, &join($path, name))?;
                     }
                 )*
                 Ok(())
@@ -265,17 +254,22 @@ macro_rules! table {
 
             fn narrow(
                 &self,
-                asked: &$crate::plan::tighten::Asked<Self>,
+                asked: &$crate::plan::tighten::Asked,
                 profile: &str,
             ) -> Result<Self, $crate::plan::PlanError> {
                 use $crate::plan::tighten::{Narrowing, Narrows};
                 let mut narrowed = self.clone();
                 $({
+                    type Narrower = narrows!($tighten $($narrows)?);
                     let name = field_name!($field $(, $name)?);
                     let field = join($path, name);
+                    let asked_value = asked
+                        .get(name)
+                        .map(|value| <Narrower as Narrows<$ty, Self>>::parse(value, &field))
+                        .transpose()?;
                     let current = narrowed.$field.clone();
-                    narrowed.$field = <narrows!($tighten $($narrows)?) as Narrows<$ty, Self>>::narrow(Narrowing {
-                        asked: asked.value(name, |values| &values.$field),
+                    narrowed.$field = <Narrower as Narrows<$ty, Self>>::narrow(Narrowing {
+                        asked: asked_value,
                         current,
                         bound: self,
                         narrowed: &mut narrowed,
@@ -283,7 +277,7 @@ macro_rules! table {
                         profile,
                     })?;
                     for dropped in &asked.drop {
-                        <narrows!($tighten $($narrows)?) as Narrows<$ty, Self>>::drop_named(&mut narrowed.$field, dropped);
+                        <Narrower as Narrows<$ty, Self>>::drop_named(&mut narrowed.$field, dropped);
                     }
                 })*
                 Ok(narrowed)

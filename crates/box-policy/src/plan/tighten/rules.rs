@@ -411,45 +411,48 @@ impl Named for Vec<String> {
     }
 }
 
+/// A table's name (a `[[server]]`'s `name`, declared `Drop`): the entry it
+/// names is dropped as a whole by the top level's list (`servers`), so the
+/// field itself loses nothing.
+impl Named for String {
+    fn drop_named(&mut self, _name: &str) {}
+}
+
 impl Named for Vec<Secret> {
     fn drop_named(&mut self, name: &str) {
         self.retain(|secret| secret.name != name);
     }
 }
 
-/// What a session asked of one table.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Asked<S> {
-    /// The fields it asked, in row order.
-    pub(crate) names: Vec<String>,
-    /// Their values, in a table otherwise at its defaults (`None`: nothing asked).
-    pub(crate) values: Option<S>,
+/// What a session asked of one table: each field it names, as written,
+/// and the names it drops.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Asked {
+    /// The fields it asked, in row order, each as the session wrote it: read
+    /// once by its rule to refuse a wrong one at parse, and again to narrow
+    /// (so a table is asked of without a value for every field).
+    pub(crate) fields: Vec<(String, Value)>,
     /// The names it drops from the table's `Drop` fields (`env.drop`).
     pub(crate) drop: Vec<String>,
 }
 
-impl<S> Default for Asked<S> {
-    fn default() -> Self {
-        Asked {
-            names: Vec::new(),
-            values: None,
-            drop: Vec::new(),
-        }
-    }
-}
-
-impl<S> Asked<S> {
+impl Asked {
     /// Whether it asks anything of the table.
     pub(crate) fn is_empty(&self) -> bool {
-        self.names.is_empty() && self.drop.is_empty()
+        self.fields.is_empty() && self.drop.is_empty()
     }
 
-    /// The value asked of the field `name` (read with `get`), if it was asked.
-    pub(crate) fn value<T: Clone>(&self, name: &str, get: impl Fn(&S) -> &T) -> Option<T> {
-        self.values
-            .as_ref()
-            .filter(|_| self.names.iter().any(|asked| asked == name))
-            .map(|values| get(values).clone())
+    /// The fields it asked, in row order.
+    pub(crate) fn names(&self) -> Vec<&str> {
+        self.fields.iter().map(|(name, _)| name.as_str()).collect()
+    }
+
+    /// What it wrote for the field `name`, if it asked it.
+    pub(crate) fn get(&self, name: &str) -> Option<&Value> {
+        self.fields
+            .iter()
+            .find(|(asked, _)| asked == name)
+            .map(|(_, value)| value)
     }
 }
 
@@ -459,16 +462,13 @@ pub(crate) trait Tightened: Sized {
     /// Its rows.
     const TABLE: &'static Table;
 
-    /// Every field at its default.
-    fn empty() -> Self;
-
-    /// Parse the field `name` (one its row lets a session narrow) into
-    /// `values`, by the row's rule.
-    fn ask(values: &mut Self, name: &str, value: &Value) -> Result<(), PlanError>;
+    /// Check the field `name` (one its row lets a session narrow) as its
+    /// row's rule reads it: a wrong type or value is refused naming it.
+    fn ask(name: &str, value: &Value) -> Result<(), PlanError>;
 
     /// `self`, the profile's table, narrowed by `asked`: every field by its
     /// row's rule, in row order, and every entry `asked` drops removed.
-    fn narrow(&self, asked: &Asked<Self>, profile: &str) -> Result<Self, PlanError>;
+    fn narrow(&self, asked: &Asked, profile: &str) -> Result<Self, PlanError>;
 }
 
 /// Reads the names a table's `drop` lists (`env.drop`: variables' names).
@@ -480,13 +480,12 @@ pub(crate) type DropReader = fn(&Value, &str) -> Result<Vec<String>, PlanError>;
 pub(crate) fn asked<S: Tightened>(
     value: &Value,
     drop: Option<DropReader>,
-) -> Result<Asked<S>, PlanError> {
+) -> Result<Asked, PlanError> {
     let table = S::TABLE;
     let keys = table.tightened();
     let accepted: Vec<&str> = keys.iter().map(String::as_str).collect();
     let fields = object(value, table.path, &accepted, table)?;
     let mut asked = Asked::default();
-    let mut values = S::empty();
     for key in accepted {
         let Some(value) = fields.get(key) else {
             continue;
@@ -498,11 +497,10 @@ pub(crate) fn asked<S: Tightened>(
             };
             asked.drop = read(value, &field)?;
         } else {
-            S::ask(&mut values, key, value)?;
-            asked.names.push(key.to_owned());
+            S::ask(key, value)?;
+            asked.fields.push((key.to_owned(), value.clone()));
         }
     }
-    asked.values = Some(values);
     Ok(asked)
 }
 

@@ -179,12 +179,12 @@ pub(crate) fn keep<T>(
 /// order) is refused, `mode` as the workspace's, the others as its unit's.
 pub(crate) fn refuse_without_workspace(
     profile: &Profile,
-    fields: &[String],
+    fields: &[&str],
 ) -> Result<(), PlanError> {
     if profile.workspace.source != Source::None {
         return Ok(());
     }
-    match fields.first().map(String::as_str) {
+    match fields.first().copied() {
         None => Ok(()),
         Some("mode") => Err(invalid(
             "workspace.mode",
