@@ -176,8 +176,7 @@ async def reattach(url: str, handle: dict[str, Any]) -> list[str]:
             raise AssertionError(f"after the kill, the handle's unit reads {text!r}")
         spans = wait_for(bytes.fromhex(trace_id), {"tools/call bash", "session.reattach", "execute_tool bash"})
         # The reattach is a step of the call: under the call's own request span, with the call's
-        # attributes (not those of the `box/session.open` the transport sends for it), which has
-        # no span of its own.
+        # attributes; no `box/session.open` is made up for it.
         call = request_span(spans, "tools/call bash", parent_id)
         reattached = child_of(spans, "session.reattach", call)
         executor = child_of(spans, "execute_tool bash", call)

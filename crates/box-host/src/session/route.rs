@@ -174,65 +174,72 @@ impl Session {
     /// (malformed, a probe, limits, and what the method table has the host
     /// answer: `ping`, `box/fork`, ...), *choose the unit* for the rest
     /// ([`Self::choose_unit`]), then [`Self::forward`] it.
-    pub(super) fn client_request(&self, live: &mut Live, mut message: Value, reply: ReplyTo) {
+    pub(super) fn client_request(&self, live: &mut Live, message: Value, reply: ReplyTo) {
+        self.opened_request(live, message, reply, box_otel::Span::none());
+    }
+
+    /// [`Self::client_request`] for the request the session was opened
+    /// for, `span` its own (its session's opening under it): continued by
+    /// its forward or the host's answer, else ended with its answer,
+    /// whatever answers it (a refusal too). None for any other request.
+    pub(super) fn opened_request(
+        &self,
+        live: &mut Live,
+        mut message: Value,
+        reply: ReplyTo,
+        span: box_otel::Span,
+    ) {
         let (id, method) = match classify(&message) {
             Ok(Kind::Request { id, method }) => (id, method),
             Ok(_) | Err(_) => {
-                reply.answer(error_response(
-                    Value::Null,
-                    code::INVALID_REQUEST,
-                    "not a JSON-RPC request",
-                ));
-                return;
+                let refused =
+                    error_response(Value::Null, code::INVALID_REQUEST, "not a JSON-RPC request");
+                return answer_here(reply, span, refused);
             }
         };
         if let Err(why) = check_params(&message) {
-            reply.answer(error_response(id, code::INVALID_PARAMS, why));
-            return;
+            return answer_here(reply, span, error_response(id, code::INVALID_PARAMS, why));
         }
         if let Some(refused) = stateless::unserved_version(&message) {
-            reply.answer(refused);
-            return;
+            return answer_here(reply, span, refused);
         }
         if method == "server/discover" && is_stateless(&message) {
-            reply.answer(self.discover(id));
-            return;
+            return answer_here(reply, span, self.discover(id));
         }
         let modern = is_stateless(&message);
         // Read before the host takes MCP's `_meta` off the request.
         let opted_in = modern && tasks::opted_in(&message);
         // What a stateless request carries for the host alone goes no further.
         if let Err(why) = self.check_handle(live, &mut message) {
-            reply.answer(stateless::refuse(&message, why));
-            return;
+            return answer_here(reply, span, stateless::refuse(&message, why));
         }
         let entry = methods::find(&method);
         if let Open::Probe(answer) = entry.open {
-            reply.answer(answer(id));
-            return;
+            return answer_here(reply, span, answer(id));
         }
         if live.router.in_flight() >= MAX_IN_FLIGHT {
-            reply.answer(error_response(
+            let refused = error_response(
                 id,
                 code::INTERNAL_ERROR,
-                format!("{MAX_IN_FLIGHT} requests are already in flight in this session; wait for some answers"),
-            ));
-            return;
+                format!(
+                    "{MAX_IN_FLIGHT} requests are already in flight in this session; wait for some answers"
+                ),
+            );
+            return answer_here(reply, span, refused);
         }
         if live.router.is_in_flight(&id) {
-            reply.answer(error_response(
+            let refused = error_response(
                 id.clone(),
                 code::INVALID_REQUEST,
                 format!(
                     "request id {id} is already in flight in this session; ids must not be reused"
                 ),
-            ));
-            return;
+            );
+            return answer_here(reply, span, refused);
         }
         let task = opted_in && method == "tools/call" && live.handle.is_some();
         if task && let Err(why) = tasks::make_room(live) {
-            reply.answer(error_response(id, code::INTERNAL_ERROR, why));
-            return;
+            return answer_here(reply, span, error_response(id, code::INTERNAL_ERROR, why));
         }
         let request = Request {
             id,
@@ -242,7 +249,7 @@ impl Session {
             entry,
             modern,
             task,
-            span: box_otel::Span::none(),
+            span,
         };
         if modern {
             if let Some(tool) = stateless::session_tool(&request.method, &request.message) {
@@ -257,7 +264,7 @@ impl Session {
             Open::Host(handler) => {
                 let mut request = request;
                 let parent = self.host_request_parent(&request.message);
-                request.span = self.host_request_span(live, &request, parent.as_ref());
+                request.span = self.host_request_span(live, &mut request, parent.as_ref());
                 handler(self, live, request)
             }
             Open::Unit { empty } => self.choose_unit(live, request, empty),
@@ -279,7 +286,7 @@ impl Session {
             entry,
             modern,
             task,
-            span,
+            mut span,
         } = request;
 
         let pending = live.units[unit]
@@ -291,6 +298,7 @@ impl Session {
             self.services
                 .metrics
                 .call(entry.label(), None, "unit_ended", Duration::ZERO);
+            span.set_error(&code::INTERNAL_ERROR.to_string());
             reply.answer(error_response(id, code::INTERNAL_ERROR, text));
             return;
         }
@@ -373,10 +381,11 @@ impl Session {
         }
     }
 
-    /// The span of a request forwarded to `unit` (the one its session was
-    /// opened for continues), with the conventions' attributes, the client's
-    /// text redacted; its context goes on to the executor in
-    /// `_meta["box/traceparent"]`, the parent of the executor's spans.
+    /// The span of a request forwarded to `unit` (`host`, when it has one:
+    /// the one its session was opened for, a host-answered method's), with
+    /// the conventions' attributes, the client's text redacted; its context
+    /// goes on to the executor in `_meta["box/traceparent"]`, the parent of
+    /// the executor's spans.
     fn request_span(
         &self,
         live: &mut Live,
@@ -392,19 +401,17 @@ impl Session {
         }
         let target = super::live::span_target(method, upstream)
             .map(|target| live.redactor.text(&target).into_owned());
-        // A host-answered method's span (`servers.start`) goes on here.
-        let opening = if host.is_recording() {
-            Some(host)
+        // A host-answered method's span (`servers.start`) goes on here, as
+        // does the one of the request the session was opened for.
+        let mut span = if host.is_recording() {
+            host
         } else {
-            live.trace.opening.take()
-        };
-        let mut span = opening.unwrap_or_else(|| {
             tracer.span(
                 box_otel::SpanKind::Server,
                 box_otel::SpanContext::from_request(upstream).as_ref(),
                 || super::live::span_name(method, target.as_deref()),
             )
-        });
+        };
         span.rename(|| super::live::span_name(method, target.as_deref()));
         span.set("mcp.method.name", method);
         if let Some(tool) = tool {
@@ -451,12 +458,12 @@ impl Session {
 
     /// The span of a request the host answers itself (`ping`, a kept
     /// `tools/list`, `box/*`), by the conventions as a forwarded one's, the
-    /// client's text redacted; the one its session was opened for
-    /// continues.
+    /// client's text redacted; the request's own when it has one (the
+    /// session was opened for it) continues.
     pub(super) fn host_request_span(
         &self,
         live: &mut Live,
-        request: &Request,
+        request: &mut Request,
         parent: Option<&box_otel::SpanContext>,
     ) -> box_otel::Span {
         let tracer = &self.services.tracer;
@@ -464,10 +471,12 @@ impl Session {
             return box_otel::Span::none();
         }
         let method = live.redactor.text(&request.method).into_owned();
-        let mut span =
-            live.trace.opening.take().unwrap_or_else(|| {
-                tracer.span(box_otel::SpanKind::Server, parent, || method.clone())
-            });
+        let opened = std::mem::take(&mut request.span);
+        let mut span = if opened.is_recording() {
+            opened
+        } else {
+            tracer.span(box_otel::SpanKind::Server, parent, || method.clone())
+        };
         span.rename(|| method.clone());
         span.set("mcp.method.name", method);
         if live.trace.stateless {
@@ -499,7 +508,7 @@ impl Session {
             }
             // Answered here: its span is the host's.
             Ok(Route::Answer(result)) if self.services.tracer.is_on() => {
-                request.span = self.host_request_span(live, &request, parent.as_ref());
+                request.span = self.host_request_span(live, &mut request, parent.as_ref());
                 self.answer_listed(live, request, result);
             }
             Ok(Route::Answer(result)) => self.answer_listed(live, request, result),
@@ -556,6 +565,16 @@ impl Session {
             Ok(Kind::Request { .. }) | Err(_) => {}
         }
     }
+}
+
+/// Answer a request where it stands, before it is routed: `span` (the
+/// request's own when its session was opened for it) ends with the answer,
+/// with its error's code.
+fn answer_here(reply: ReplyTo, mut span: box_otel::Span, answer: Value) {
+    if let Some(code) = answer.pointer("/error/code") {
+        span.set_error(&code.to_string());
+    }
+    reply.answer(answer);
 }
 
 /// Which unit a request for a unit goes to, or the answer the host holds.

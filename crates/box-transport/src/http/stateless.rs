@@ -188,12 +188,21 @@ pub(super) async fn stateless(
     };
     if let Some(session_id) = handle {
         let found = match state.lookup_asked(&session_id) {
-            Some(found) => Some(found),
+            Some((session, _, session_ask)) => {
+                if let Err(why) = same_ask(&session_ask, &ask) {
+                    return refuse_with(StatusCode::BAD_REQUEST, id, code::INVALID_REQUEST, why);
+                }
+                match session.request(message).await {
+                    Ok(stream) => Some((session, stream)),
+                    Err(_) => return session_gone(),
+                }
+            }
             // Not live here: a session a restarted host kept (`--state`)
-            // and re-adopted is reattached with the handle's secret.
-            None => reattach(state, &session_id, &message, &ask).await,
+            // and re-adopted is reattached for this request, with its
+            // handle's secret.
+            None => reattach(state, &session_id, message, &ask).await,
         };
-        let Some((session, _, session_ask)) = found else {
+        let Some((session, stream)) = found else {
             return refuse_with(
                 StatusCode::NOT_FOUND,
                 id,
@@ -203,18 +212,12 @@ pub(super) async fn stateless(
                 ),
             );
         };
-        if let Err(why) = same_ask(&session_ask, &ask) {
-            return refuse_with(StatusCode::BAD_REQUEST, id, code::INVALID_REQUEST, why);
-        }
         let cancel = crate::CancelOnClose {
-            session: session.clone(),
+            session,
             id: id.clone(),
             armed: true,
         };
-        return match session.request(message).await {
-            Ok(stream) => answer_of(stream, accepts, Some((&method, cancel))).await,
-            Err(_) => session_gone(),
-        };
+        return answer_of(stream, accepts, Some((&method, cancel))).await;
     }
     // The retry of a call without a handle that answered "input required":
     // to the session kept for it, which its request state names (the
@@ -305,42 +308,50 @@ pub(super) async fn stateless(
     json_response(StatusCode::OK, response)
 }
 
-/// Reattach the session `session_id` a restarted host re-adopted, with the
-/// secret of the handle `message` carries (`box/session.open {reattach}`);
-/// the session, kept as one `box/session.open` opened, when the host
-/// agreed. Refused (a wrong secret, nothing to reattach): `None`.
+/// Reattach the session `session_id` a restarted host re-adopted for
+/// `message`, the request carrying its handle: the session is started to
+/// reattach (`SessionFactory::reattach`), `message` its first request, and
+/// the host reattaches it within that request (the request's span is the
+/// reattach's parent) with the handle's secret before serving it. Once the
+/// session says it opened, it is kept as one `box/session.open` opened, and
+/// the request's answer is to come on the stream. Refused (a wrong secret,
+/// nothing to reattach), its answer is dropped and the session ended: `None`.
 pub(super) async fn reattach(
     state: &Arc<AppState>,
     session_id: &str,
-    message: &Value,
+    message: Value,
     ask: &TransportAsk,
-) -> Option<(SessionHandle, GeneralSlot, TransportAsk)> {
-    let meta = box_jsonrpc::params(message)?.get("_meta")?;
-    let secret = meta.get(box_jsonrpc::era::SESSION_META)?.get("secret")?;
-    let mut open_meta = meta.clone();
-    if let Some(open_meta) = open_meta.as_object_mut() {
-        open_meta.remove(box_jsonrpc::era::SESSION_META);
-    }
-    let open = json!({"jsonrpc": "2.0", "id": box_jsonrpc::era::REATTACH_OPEN_ID, "method": "box/session.open",
-        "params": {"reattach": {"session": session_id, "secret": secret}, "_meta": open_meta}});
+) -> Option<(SessionHandle, ReplyStream)> {
+    // A handle without a secret reattaches nothing.
+    box_jsonrpc::params(&message)?
+        .get("_meta")?
+        .get(box_jsonrpc::era::SESSION_META)?
+        .get("secret")?;
     let permit = state.permits.clone().try_acquire_owned().ok()?;
     let (general_tx, _) = mpsc::channel(1);
-    let handle = state.sessions_factory.open(
+    let handle = state.sessions_factory.reattach(
         session_id.to_owned(),
         ask.clone(),
         general_tx,
         &state.shutdown,
     );
-    let answered = match handle.request(open).await {
-        Ok(stream) => stream.response.await.ok(),
-        Err(_) => None,
+    let Ok(mut stream) = handle.request(message).await else {
+        end_holding(handle, permit);
+        return None;
     };
-    if answered.is_none_or(|response| response.get("result").is_none()) {
+    // Opened, the session says so before it serves the request; refused,
+    // the request is answered (or dropped) and the session never opens.
+    let opened = tokio::select! {
+        biased;
+        () = handle.opened() => true,
+        _ = &mut stream.response => false,
+    };
+    if !opened {
         end_holding(handle, permit);
         return None;
     }
     keep(state, session_id.to_owned(), &handle, ask.clone(), permit);
-    Some((handle, Arc::new(Mutex::new(None)), ask.clone()))
+    Some((handle, stream))
 }
 
 /// Keep `handle` as the live session `session_id` until it ends.
