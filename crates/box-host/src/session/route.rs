@@ -30,7 +30,7 @@ const IDLE_SETTLE: Duration = Duration::from_secs(1);
 /// Where [`unit_for`] sends a request.
 enum Route {
     /// To this unit, as rewritten.
-    Unit(usize, Value),
+    Unit(usize),
     /// Nowhere: the host answers with this result.
     Answer(Value),
 }
@@ -498,16 +498,14 @@ impl Session {
     /// Route a request a unit answers: to the unit it is for, or answered by
     /// the host where the host holds the answer (the tool list read at
     /// start, an empty list in a session without a workspace unit).
+    /// The client's `traceparent` is read once: by the forward's span, or
+    /// here for the host's answer.
     fn choose_unit(&self, live: &mut Live, mut request: Request, empty: Option<&'static str>) {
-        let parent = self.host_request_parent(&request.message);
-        let message = std::mem::take(&mut request.message);
-        match unit_for(live, &request.method, message, empty) {
-            Ok(Route::Unit(unit, message)) => {
-                request.message = message;
-                self.forward(live, request, unit, Rewrite::None);
-            }
+        match unit_for(live, &request.method, &mut request.message, empty) {
+            Ok(Route::Unit(unit)) => self.forward(live, request, unit, Rewrite::None),
             // Answered here: its span is the host's.
             Ok(Route::Answer(result)) if self.services.tracer.is_on() => {
+                let parent = self.host_request_parent(&request.message);
                 request.span = self.host_request_span(live, &mut request, parent.as_ref());
                 self.answer_listed(live, request, result);
             }
@@ -577,33 +575,34 @@ fn answer_here(reply: ReplyTo, mut span: box_otel::Span, answer: Value) {
     reply.answer(answer);
 }
 
-/// Which unit a request for a unit goes to, or the answer the host holds.
+/// Which unit a request for a unit goes to (`message` rewritten for it), or
+/// the answer the host holds.
 fn unit_for(
     live: &Live,
     method: &str,
-    mut message: Value,
+    message: &mut Value,
     empty: Option<&'static str>,
 ) -> Result<Route, (i64, String)> {
-    if let Some(asked) = params(&message)
+    if let Some(asked) = params(message)
         .and_then(|p| p.get("_meta"))
         .and_then(|meta| meta.get(UNIT_META))
     {
         let index = addressed_unit(live, asked)?;
-        let paged = params(&message).is_some_and(|p| p.contains_key("cursor"));
+        let paged = params(message).is_some_and(|p| p.contains_key("cursor"));
         if method == "tools/list"
             && !paged
             && let Some(tools) = &live.units[index].tools
         {
             return Ok(Route::Answer(tools.clone()));
         }
-        return Ok(Route::Unit(index, message));
+        return Ok(Route::Unit(index));
     }
     // `box/process.resize` (box's terminal extension) names a process as
     // the others do, so it goes where they go.
     if (method.starts_with("agentworkspace/process.") || method == "box/process.resize")
         && method != "agentworkspace/process.start"
     {
-        let target = params(&message)
+        let target = params(message)
             .and_then(|p| p.get("id"))
             .and_then(Value::as_str)
             .and_then(|id| id.split_once(':'))
@@ -616,24 +615,24 @@ fn unit_for(
                     .map(|index| (index, process.to_owned()))
             });
         if let Some((index, process)) = target {
-            if let Some(params) = params_mut(&mut message) {
+            if let Some(params) = params_mut(message) {
                 params.insert("id".to_owned(), json!(process));
             }
-            return Ok(Route::Unit(index, message));
+            return Ok(Route::Unit(index));
         }
     }
     match live.workspace {
         Some(index) => {
             // The tool list read at start is the session's for its whole life
             // (security case E67): a tampered executor cannot change it.
-            let paged = params(&message).is_some_and(|p| p.contains_key("cursor"));
+            let paged = params(message).is_some_and(|p| p.contains_key("cursor"));
             if method == "tools/list"
                 && !paged
                 && let Some(tools) = &live.units[index].tools
             {
                 return Ok(Route::Answer(tools.clone()));
             }
-            Ok(Route::Unit(index, message))
+            Ok(Route::Unit(index))
         }
         None => match empty {
             Some(key) => {
