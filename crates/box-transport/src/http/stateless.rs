@@ -480,3 +480,196 @@ pub(super) fn session_gone() -> Response {
         "the session has ended",
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use box_jsonrpc::session::Inbound;
+
+    /// A factory whose sessions reattach (or refuse) the first request they
+    /// get, and say what that request was.
+    struct Reattaching {
+        /// Whether the reattach succeeds.
+        agrees: bool,
+        /// The first request each session got.
+        seen: mpsc::UnboundedSender<Value>,
+        /// Cancelled by each session when it ends.
+        ended: CancellationToken,
+    }
+
+    impl SessionFactory for Reattaching {
+        fn open(
+            &self,
+            _id: String,
+            _ask: TransportAsk,
+            _general: mpsc::Sender<Value>,
+            _shutdown: &CancellationToken,
+        ) -> SessionHandle {
+            unreachable!("a request with a handle opens no fresh session")
+        }
+        fn reattach(
+            &self,
+            id: String,
+            _ask: TransportAsk,
+            _general: mpsc::Sender<Value>,
+            _shutdown: &CancellationToken,
+        ) -> SessionHandle {
+            let (inbound_tx, mut inbound) = mpsc::channel(8);
+            let (cancel, done, opened) = (
+                CancellationToken::new(),
+                CancellationToken::new(),
+                CancellationToken::new(),
+            );
+            let handle = SessionHandle::new(
+                id,
+                inbound_tx,
+                cancel.clone(),
+                done.clone(),
+                opened.clone(),
+                Arc::default(),
+            );
+            let (agrees, seen, ended) = (self.agrees, self.seen.clone(), self.ended.clone());
+            tokio::spawn(async move {
+                let mut first = true;
+                loop {
+                    let message = tokio::select! {
+                        () = cancel.cancelled() => break,
+                        message = inbound.recv() => message,
+                    };
+                    let Some(Inbound::Request(message, reply)) = message else {
+                        break;
+                    };
+                    let id = message["id"].clone();
+                    if std::mem::take(&mut first) {
+                        let _ = seen.send(message);
+                        if !agrees {
+                            reply.answer(error_response(
+                                id,
+                                code::INVALID_PARAMS,
+                                "box.reattach.secret: not the secret",
+                            ));
+                            continue;
+                        }
+                        opened.cancel();
+                    }
+                    reply.answer(json!({"jsonrpc": "2.0", "id": id, "result": {"ran": true}}));
+                }
+                ended.cancel();
+                done.cancel();
+            });
+            handle
+        }
+        fn end_wait(&self) -> Duration {
+            Duration::ZERO
+        }
+        fn sessions_running(&self) -> usize {
+            0
+        }
+        fn metrics(&self) -> (&'static str, String) {
+            ("text/plain", String::new())
+        }
+        fn readiness(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn units_left(&self, _id: &str) -> Vec<crate::UnitLeft> {
+            Vec::new()
+        }
+        fn refused(&self, _refusal: &Refusal) {}
+    }
+
+    async fn call_with_handle(state: &Arc<AppState>, id: u64) -> (StatusCode, Value) {
+        let handle = json!({"id": "kept-session", "secret": "s3cret"});
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "bash", "arguments": {}, "_meta": {
+                box_jsonrpc::era::META_PROTOCOL_VERSION: box_jsonrpc::era::STATELESS_VERSION,
+                box_jsonrpc::era::SESSION_META: handle}}});
+        let mut headers = HeaderMap::new();
+        headers.insert(METHOD_HEADER, HeaderValue::from_static("tools/call"));
+        headers.insert(NAME_HEADER, HeaderValue::from_static("bash"));
+        let accepts = Accepts {
+            json: true,
+            sse: false,
+        };
+        let response = stateless(
+            state,
+            json!(id),
+            "tools/call".to_owned(),
+            message,
+            Ok(TransportAsk::default()),
+            &headers,
+            accepts,
+        )
+        .await;
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    fn state_of(
+        agrees: bool,
+    ) -> (
+        Arc<AppState>,
+        mpsc::UnboundedReceiver<Value>,
+        CancellationToken,
+    ) {
+        let (seen, seen_rx) = mpsc::unbounded_channel();
+        let ended = CancellationToken::new();
+        let factory = Reattaching {
+            agrees,
+            seen,
+            ended: ended.clone(),
+        };
+        let options = HttpOptions::loopback();
+        let state = Arc::new(AppState {
+            sessions_factory: Arc::new(factory),
+            permits: Arc::new(Semaphore::new(options.max_sessions)),
+            options,
+            sessions: Mutex::new(HashMap::new()),
+            shutdown: CancellationToken::new(),
+        });
+        (state, seen_rx, ended)
+    }
+
+    /// A request carrying the handle of a session not live here is itself
+    /// the first request of the session started to reattach it (no open is
+    /// made up for it); once the session says it opened, it is kept under
+    /// its id and the request's answer is the client's.
+    #[tokio::test]
+    async fn the_request_with_the_handle_is_the_reattaching_sessions_first() {
+        let (state, mut seen, _ended) = state_of(true);
+        let (status, answer) = call_with_handle(&state, 7).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["result"]["ran"], json!(true), "{answer}");
+        let first = seen.try_recv().unwrap();
+        assert_eq!(first["method"], json!("tools/call"), "{first}");
+        assert_eq!(first["id"], json!(7), "{first}");
+        assert!(state.lookup("kept-session").is_some(), "kept under its id");
+        let (status, answer) = call_with_handle(&state, 8).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert!(
+            seen.try_recv().is_err(),
+            "the next request goes to the kept session"
+        );
+    }
+
+    /// Refused (a wrong secret, nothing to reattach): the session's answer
+    /// is dropped for today's 404, and the session ended, never kept.
+    #[tokio::test]
+    async fn a_refused_reattach_is_404_and_its_session_ends() {
+        let (state, mut seen, ended) = state_of(false);
+        let (status, answer) = call_with_handle(&state, 7).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("no session `kept-session` on this host"),
+            "{answer}"
+        );
+        assert_eq!(seen.try_recv().unwrap()["method"], json!("tools/call"));
+        tokio::time::timeout(Duration::from_secs(5), ended.cancelled())
+            .await
+            .expect("the refused session ends");
+        assert!(state.lookup("kept-session").is_none());
+    }
+}
