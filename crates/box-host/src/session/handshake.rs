@@ -14,7 +14,10 @@
 //!   request without a handle, which opens the session as the `initialize`
 //!   its `_meta` stands for and is then routed (a retry of a call that
 //!   answered "input required" is refused instead: no call waits in a
-//!   session not open yet).
+//!   session not open yet); one with a handle (over stdio, or, whatever its
+//!   method, the first request of a session HTTP started to reattach it,
+//!   `spawn_session_reattaching`) reattaches the session the handle names.
+//!   Either way the open is within the request's own span.
 //!
 //! What every way in shares is read once in [`Session::open`]: the request
 //! checked (-32602 naming the field), the protocol version agreed, the box
