@@ -46,6 +46,23 @@ impl SessionFactory for HostSessions {
         )
     }
 
+    fn reattach(
+        &self,
+        id: String,
+        ask: TransportAsk,
+        general: mpsc::Sender<Value>,
+        shutdown: &CancellationToken,
+    ) -> SessionHandle {
+        host::spawn_session_reattaching(
+            self.config.clone(),
+            self.services.clone(),
+            id,
+            general,
+            shutdown,
+            ask,
+        )
+    }
+
     /// The drain a session's calls get, then the wait for its units' removal.
     fn end_wait(&self) -> Duration {
         self.config.drain + host::END_WAIT

@@ -11,7 +11,10 @@ unit's start under the request span), `box/fork` and `box/merge` (`unit.fork CHI
 (the executor's `process.start` span, sent home in a batch, under the request span, with no
 argument). Then it kills the host with SIGKILL, starts the next host on the same state, and the
 first call carrying the handle has `session.reattach` under its own request span, before the
-executor's span of the call, and no span of the `box/session.open` the transport sends for it.
+executor's span of the call, and no span of a `box/session.open` made up for it. Then it kills
+that host too, and on the third the first request carrying the handle is refused after the
+reattach it caused (a call for a unit the session lacks, -32602): `session.reattach` is under the
+refused call's span, which ends with its error, and the next call's trace has none.
 No byte box exported holds the secret's value, raw or in base64.
 
 Prints one JSON line; exits non-zero with the reason on any failure.
@@ -36,6 +39,7 @@ from typing import Any
 
 import mcp.types as types
 from mcp.client.client import Client
+from mcp.shared.exceptions import MCPError
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 import serve_http
@@ -176,8 +180,7 @@ async def reattach(url: str, handle: dict[str, Any]) -> list[str]:
             raise AssertionError(f"after the kill, the handle's unit reads {text!r}")
         spans = wait_for(bytes.fromhex(trace_id), {"tools/call bash", "session.reattach", "execute_tool bash"})
         # The reattach is a step of the call: under the call's own request span, with the call's
-        # attributes (not those of the `box/session.open` the transport sends for it), which has
-        # no span of its own.
+        # attributes; no `box/session.open` is made up for it.
         call = request_span(spans, "tools/call bash", parent_id)
         reattached = child_of(spans, "session.reattach", call)
         executor = child_of(spans, "execute_tool bash", call)
@@ -189,6 +192,36 @@ async def reattach(url: str, handle: dict[str, Any]) -> list[str]:
             raise AssertionError(f"the call's span: attributes {attributes(call)}, expected {wanted}")
         if any(span.name == "box/session.open" for span in spans):
             raise AssertionError(f"the transport's own open has a span: {sorted(s.name for s in spans)}")
+        return sorted(span.name for span in spans)
+
+
+async def refused_reattach(url: str, handle: dict[str, Any]) -> list[str]:
+    """The first request carrying the handle on the next host reattaches the session and is then
+    refused: the reattach is under the refused request's span, never under the next request's."""
+    async with Client(url, mode=VERSION) as client:
+        trace_id, parent_id, meta = traceparent()
+        try:
+            await client.call_tool("bash", {"command": "echo no"}, meta={**handle, **meta, "box/unit": "nowhere"})
+        except MCPError as error:
+            if "nowhere" not in str(error):
+                raise AssertionError(f"a call for no unit: refused, but not for its unit: {error}") from error
+        else:
+            raise AssertionError("a call for a unit the session lacks was not refused")
+        spans = wait_for(bytes.fromhex(trace_id), {"tools/call bash", "session.reattach"})
+        refused = request_span(spans, "tools/call bash", parent_id)
+        child_of(spans, "session.reattach", refused)
+        if attributes(refused).get("error.type") != "-32602":
+            raise AssertionError(f"the refused call's span: attributes {attributes(refused)}, expected error.type -32602")
+        # The session is reattached: the next call runs in it, in a trace of its own without the reattach.
+        next_trace, next_parent, next_meta = traceparent()
+        text = await bash(client, "cat base.txt", {**handle, **next_meta})
+        if "base" not in text:
+            raise AssertionError(f"after the refused reattach, the handle's unit reads {text!r}")
+        following = wait_for(bytes.fromhex(next_trace), {"tools/call bash", "execute_tool bash"})
+        call = request_span(following, "tools/call bash", next_parent)
+        child_of(following, "execute_tool bash", call)
+        if any(span.name == "session.reattach" for span in following):
+            raise AssertionError(f"the reattach's span moved: {sorted(s.name for s in following)}")
         await client.session.send_request(CloseRequest(params=types.RequestParams(_meta=handle)), types.EmptyResult)
         return sorted(span.name for span in spans)
 
@@ -215,7 +248,7 @@ async def main() -> None:
         profile.write(f'extends = "default"\n[env]\nsecrets = [{{name = "{SECRET_NAME}", as_env = true}}]\n')
     first_port = serve_http.free_port()
     first = host(options, first_port, profiles, endpoint, pool=True)
-    second = None
+    second = third = None
     try:
         handle, summary = await warm_open(f"http://127.0.0.1:{first_port}/mcp", first_port)
         first.send_signal(signal.SIGKILL)
@@ -223,8 +256,13 @@ async def main() -> None:
         second_port = serve_http.free_port()
         second = host(options, second_port, profiles, endpoint, pool=False)
         summary["reattach"] = await reattach(f"http://127.0.0.1:{second_port}/mcp", handle)
-        second.send_signal(signal.SIGTERM)
-        code = second.wait(timeout=60)
+        second.send_signal(signal.SIGKILL)
+        second.wait(timeout=30)
+        third_port = serve_http.free_port()
+        third = host(options, third_port, profiles, endpoint, pool=False)
+        summary["refused"] = await refused_reattach(f"http://127.0.0.1:{third_port}/mcp", handle)
+        third.send_signal(signal.SIGTERM)
+        code = third.wait(timeout=60)
         if code != 0:
             raise AssertionError(f"the next box serve exited {code} after SIGTERM, expected 0")
         exported = Receiver.all_bytes()
@@ -234,7 +272,7 @@ async def main() -> None:
         summary["exports"] = len(Receiver.received)
         print(json.dumps(summary))
     finally:
-        for process in (first, second):
+        for process in (first, second, third):
             if process is not None and process.poll() is None:
                 process.kill()
                 process.wait()

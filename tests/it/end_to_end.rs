@@ -2094,7 +2094,9 @@ fn traces_of_a_tool_call_reach_an_otlp_receiver_on_every_backend() {
 /// warm pool unit (`box.pool.warm`) for `box/session.open`, `unit.fork` and
 /// `unit.merge` for `box/fork` and `box/merge`, the executor's
 /// `process.start` for `agentworkspace/process.start`, and `session.reattach` for
-/// the first call with the handle after `kill -9` of a `--state` host; no
+/// the first call with the handle after `kill -9` of a `--state` host, under
+/// that call's span even when the call is then refused (never the next
+/// call's); no
 /// byte of the profile's secret (`tests/e2e/tracing_units_sdk.py`), on
 /// every backend.
 #[test]

@@ -806,6 +806,46 @@ fn copy_forks_work_on_the_local_backend() {
     assert_eq!(stored_forks(state.path()), Vec::<PathBuf>::new());
 }
 
+/// A `source = "fork"` session whose unit cannot start (an image the local
+/// backend cannot give) is refused, and its fork goes with it: once the host
+/// exits, nothing of it is left under box's fork storage, not even the
+/// session's or the instance's empty directory (seen by hand: the session's
+/// directory stayed, its removal raced the fork's).
+#[test]
+fn a_fork_session_that_cannot_start_leaves_no_directory() {
+    let workspace = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    let ws = workspace.path();
+    git(ws, &["init", "-q", "-b", "main"]);
+    std::fs::write(ws.join("a.txt"), "parent\n").unwrap();
+    std::fs::write(
+        profiles.path().join("forked.toml"),
+        "description = \"a fork on an image the local backend cannot give\"\n\n[workspace]\nsource = \"fork\"\nimage = \"box-base:bookworm\"\n",
+    )
+    .unwrap();
+    let instance = format!("e2e-fork-refused-local-{}", std::process::id());
+    let mut command = serve_command("local", &instance, ws);
+    command
+        .args(["--profiles".as_ref(), profiles.path().as_os_str()])
+        .args(["--profile", "forked"])
+        .env("XDG_STATE_HOME", state.path());
+    let mut served = Served::spawn(command);
+    let answer = served.initialize(json!({}));
+    let refused = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(refused.contains("local_userland"), "{answer}");
+    let status = served.hang_up();
+    assert!(status.success(), "{status}");
+    let left: Vec<PathBuf> = std::fs::read_dir(state.path().join("box/forks"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| !path.ends_with("locks"))
+        .collect();
+    assert_eq!(left, Vec::<PathBuf>::new());
+}
+
 /// `source = "fork"` with `fork_mode = "worktree"` on the local backend: the
 /// session's workspace unit starts on its own worktree of the host
 /// directory (HEAD plus the uncommitted work), reads the history it borrows,

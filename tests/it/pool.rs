@@ -1616,7 +1616,8 @@ fn fork_project() -> tempfile::TempDir {
     project
 }
 
-/// The directories under a state directory's forks (`box/forks/INSTANCE/SESSION`).
+/// The directories under a state directory's forks (`box/forks/INSTANCE/SESSION`),
+/// and an instance's own directory when it is left empty.
 fn fork_dirs(state: &Path) -> Vec<std::path::PathBuf> {
     let mut found = Vec::new();
     for instance in std::fs::read_dir(state.join("box/forks"))
@@ -1627,8 +1628,12 @@ fn fork_dirs(state: &Path) -> Vec<std::path::PathBuf> {
         if instance.file_name() == "locks" {
             continue;
         }
+        let before = found.len();
         for session in std::fs::read_dir(instance.path()).into_iter().flatten() {
             found.push(session.unwrap().path());
+        }
+        if found.len() == before {
+            found.push(instance.path());
         }
     }
     found.sort();

@@ -254,16 +254,16 @@ fn profile_resolve_refuses_a_widening_with_the_exact_message() {
         ),
         (
             r#"[{"workspace": {"mode": "ro"}}]"#,
-            "box: tighten: expected an object with fields workspace, network, limits, servers, volumes, env, got an array\n",
+            "box: tighten: expected an object with fields workspace, network, limits, env, servers, volumes, got an array\n",
         ),
         (
             r#"{"privileged": true}"#,
-            "box: tighten: privileged: unknown field; accepted here: workspace, network, limits, servers, volumes, env\n",
+            "box: tighten: privileged: unknown field; accepted here: workspace, network, limits, env, servers, volumes\n",
         ),
         // A real field of the profile's that a session cannot tighten is told as one.
         (
             r#"{"workspace": {"user": "root"}}"#,
-            "box: tighten: workspace.user: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: mode, image, local_userland\n",
+            "box: tighten: workspace.user: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: image, mode, local_userland\n",
         ),
     ];
     for (ask, message) in cases {

@@ -360,10 +360,18 @@ pub fn remove_storage(config: &HostConfig, child: &ChildFork) {
         tracing::error!(path = %child.path.display(), %error, "removing a fork's storage failed");
     }
     if let Some(holder) = &child.holder {
-        let _ = std::fs::remove_dir(holder);
-        if let Some(instance) = holder.parent() {
-            let _ = std::fs::remove_dir(instance);
-        }
+        remove_holder(holder);
+    }
+}
+
+/// Remove a session's (or a pooled unit's) holder directory under
+/// `<fork_dir>/<instance>` and then the instance's directory, each only if
+/// empty: the last of an instance's holders to go takes the instance's
+/// directory with it, whichever order sessions and pooled units end in.
+pub fn remove_holder(holder: &Path) {
+    let _ = std::fs::remove_dir(holder);
+    if let Some(instance) = holder.parent() {
+        let _ = std::fs::remove_dir(instance);
     }
 }
 

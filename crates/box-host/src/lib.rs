@@ -51,6 +51,7 @@ use box_policy::profile::{Catalog, Profile};
 
 pub use session::{
     AskPart, SessionGone, SessionHandle, TransportAsk, spawn_session, spawn_session_asking,
+    spawn_session_reattaching,
 };
 
 /// Why no backend could be had.

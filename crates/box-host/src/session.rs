@@ -95,16 +95,47 @@ pub fn spawn_session_asking(
     parent: &CancellationToken,
     transport_ask: TransportAsk,
 ) -> SessionHandle {
+    spawn(config, services, id, general, parent, transport_ask, false)
+}
+
+/// [`spawn_session_asking`] for the session `id` a restarted host kept
+/// (`--state`), named by the handle its first request carries (a stateless
+/// request, over HTTP): it is reattached for that request, within it (the
+/// request's span is the reattach's parent), whatever its method, and the
+/// request is then served as an open session's. [`SessionHandle::opened`]
+/// tells the transport it was; refused, the request is answered why.
+pub fn spawn_session_reattaching(
+    config: Arc<HostConfig>,
+    services: Arc<Services>,
+    id: String,
+    general: mpsc::Sender<Value>,
+    parent: &CancellationToken,
+    transport_ask: TransportAsk,
+) -> SessionHandle {
+    spawn(config, services, id, general, parent, transport_ask, true)
+}
+
+fn spawn(
+    config: Arc<HostConfig>,
+    services: Arc<Services>,
+    id: String,
+    general: mpsc::Sender<Value>,
+    parent: &CancellationToken,
+    transport_ask: TransportAsk,
+    reattaching: bool,
+) -> SessionHandle {
     let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
     let cancel = parent.child_token();
     let host = parent.clone();
     let done = CancellationToken::new();
+    let opened = CancellationToken::new();
     let version = Arc::new(OnceLock::new());
     let handle = SessionHandle::new(
         id.clone(),
         inbound_tx,
         cancel.clone(),
         done.clone(),
+        opened.clone(),
         version.clone(),
     );
     services.metrics.task_started();
@@ -118,7 +149,9 @@ pub fn spawn_session_asking(
             host,
             background: TaskTracker::new(),
             version,
+            opened,
             transport_ask,
+            reattaching,
         };
         session.run(inbound_rx).await;
         services.metrics.task_ended();
@@ -141,8 +174,13 @@ struct Session {
     background: TaskTracker,
     /// The negotiated protocol version, set once at a successful initialize.
     version: Arc<OnceLock<&'static str>>,
+    /// Cancelled once a way in opened the session (`SessionHandle::opened`).
+    opened: CancellationToken,
     /// What the transport asked, merged with the capability ask at initialize.
     transport_ask: TransportAsk,
+    /// Its first request carries the handle of the session it reattaches
+    /// ([`spawn_session_reattaching`]).
+    reattaching: bool,
 }
 
 impl Session {
@@ -153,20 +191,18 @@ impl Session {
         self.background.close();
         self.background.wait().await;
         // The children's storage is gone by now; their directory goes too.
-        let dir = fork::session_dir(&self.config, &self.id);
-        let _ = std::fs::remove_dir(&dir);
-        if let Some(instance) = dir.parent() {
-            let _ = std::fs::remove_dir(instance);
-        }
+        fork::remove_holder(&fork::session_dir(&self.config, &self.id));
     }
 
     async fn serve_session(&self, mut inbound: mpsc::Receiver<Inbound>) {
         let Some((mut live, first)) = self.handshake(&mut inbound).await else {
             return;
         };
-        // The stateless request the session was opened for.
-        if let Some((message, reply)) = first {
-            self.client_request(&mut live, message, reply);
+        // The stateless request the session was opened for, its span
+        // (under which its units started, or the session was reattached)
+        // ended with its answer.
+        if let Some((message, reply, span)) = first {
+            self.opened_request(&mut live, message, reply, span);
         }
         let why = self.route(&mut live, &mut inbound).await;
         if self.host.is_cancelled()

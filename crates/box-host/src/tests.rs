@@ -1987,9 +1987,14 @@ async fn a_units_request_during_a_stateless_call_is_input_required_and_the_retry
     assert!(state.starts_with("box1.s-input."), "{state}");
 
     // A changed state, one for another call, no answers: refused, nothing lost.
-    let mut forged = state.clone();
-    forged.pop();
-    forged.push(if state.ends_with('A') { 'B' } else { 'A' });
+    // A character inside the MAC, not its last: the last one of unpadded
+    // base64 carries unused bits, and flipping only those makes a state
+    // that does not decode (refused as foreign) rather than one that does
+    // not verify (when the MAC ends in `A`: one run in sixteen).
+    let mut forged = state.clone().into_bytes();
+    let inside = forged.len() - 10;
+    forged[inside] = if forged[inside] == b'A' { b'B' } else { b'A' };
+    let forged = String::from_utf8(forged).unwrap();
     let accept = json!({key.clone(): {"action": "accept", "content": {"ok": true}}});
     let (id, params) = ask(2, json!({"requestState": forged, "inputResponses": accept}));
     let (_, refused) = client.call(id, "tools/call", params).await;

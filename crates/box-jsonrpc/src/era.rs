@@ -28,12 +28,6 @@ pub const META_MCP_PREFIX: &str = "io.modelcontextprotocol/";
 /// as `box/session.open` answered it.
 pub const SESSION_META: &str = "box/session";
 
-/// The id of the `box/session.open` a transport sends on its own to
-/// reattach the session a request's handle names (after its host
-/// restarted), before that request: the open is part of the request, so
-/// its span is the request's (continued when the request arrives).
-pub const REATTACH_OPEN_ID: &str = "box-reattach";
-
 /// 2026-07-28: an HTTP header disagrees with the body (`Mcp-Method`, `Mcp-Name`).
 pub const HEADER_MISMATCH: i64 = -32020;
 /// 2026-07-28: a protocol version the server does not serve (`data.supported`).

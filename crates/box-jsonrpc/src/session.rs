@@ -86,18 +86,21 @@ pub struct SessionHandle {
     inbound: mpsc::Sender<Inbound>,
     cancel: CancellationToken,
     done: CancellationToken,
+    opened: CancellationToken,
     version: Arc<OnceLock<&'static str>>,
 }
 
 impl SessionHandle {
     /// A handle on the session that reads `inbound`'s other end: `cancel`
     /// asks it to end, it cancels `done` once it has ended (its units
-    /// removed), and it sets `version` at a successful initialize.
+    /// removed), `opened` once a way in opened it, and it sets `version` at
+    /// a successful initialize.
     pub fn new(
         id: String,
         inbound: mpsc::Sender<Inbound>,
         cancel: CancellationToken,
         done: CancellationToken,
+        opened: CancellationToken,
         version: Arc<OnceLock<&'static str>>,
     ) -> Self {
         Self {
@@ -105,6 +108,7 @@ impl SessionHandle {
             inbound,
             cancel,
             done,
+            opened,
             version,
         }
     }
@@ -145,6 +149,13 @@ impl SessionHandle {
     /// Whether the session has ended.
     pub fn has_ended(&self) -> bool {
         self.done.is_cancelled()
+    }
+
+    /// Resolves once a way in opened the session (its units started, or
+    /// reattached), before the request it was opened for is served; never
+    /// for a session refused at every way in.
+    pub async fn opened(&self) {
+        self.opened.cancelled().await;
     }
 
     /// The protocol version `initialize` agreed to; `None` before a successful

@@ -120,8 +120,7 @@ impl Ended {
         let span = &self.span;
         let _ = write!(
             out,
-            r#"{{"traceId":"{}","spanId":"{}","parentSpanId":"{}","start":{},"end":{},"name":"#,
-            hex(&span.context.trace_id),
+            r#"{{"spanId":"{}","parentSpanId":"{}","start":{},"end":{},"name":"#,
             hex(&span.context.span_id),
             hex(&span.parent),
             span.start,
@@ -264,12 +263,11 @@ pub fn is_executor_spans_line(line: &[u8]) -> bool {
     line.starts_with(EXECUTOR_SPANS_PREFIX)
 }
 
-/// One span of the executor's line, borrowed from it.
+/// One span of the executor's line, borrowed from it. No trace id: a span's
+/// is its parent's, which the host keeps ([`ExecutorParents`]).
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct WireSpan<'a> {
-    #[serde(borrow, default)]
-    trace_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     span_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -381,7 +379,7 @@ fn id_of<const N: usize>(text: &str) -> Option<[u8; N]> {
 /// The spans of an executor's notification line (one JSON line, as read)
 /// that belong under the host's spans: each parented by a span `parent_of`
 /// knows (the host's span of a request it sent that executor, taken once)
-/// or by another span of the same notification, in the same trace. Text
+/// or by another span of the same notification, in its parent's trace. Text
 /// passes `redact`; counts and lengths are bounded, so a unit cannot flood
 /// the export. Read straight from the line's bytes, no `Value` made: a batch
 /// of 64 spans is read on the host's serving thread.
@@ -396,15 +394,14 @@ pub fn read_executor_spans(
     };
     let mut left = Vec::new();
     for span in line.params.spans.into_iter().take(MAX_SPANS) {
-        let (Some(trace), Some(own), Some(parent_id)) = (
-            span.trace_id.as_deref().and_then(id_of::<16>),
+        let (Some(own), Some(parent_id)) = (
             span.span_id.as_deref().and_then(id_of::<8>),
             span.parent_span_id.as_deref().and_then(id_of::<8>),
         ) else {
             continue;
         };
         if own != [0; 8] {
-            left.push((trace, own, parent_id, span));
+            left.push((own, parent_id, span));
         }
     }
     // A child usually ends (and comes) before its parent: taken in rounds.
@@ -415,7 +412,7 @@ pub fn read_executor_spans(
     while progress && !left.is_empty() {
         progress = false;
         let mut waiting = Vec::new();
-        for (trace, own, parent_id, span) in left {
+        for (own, parent_id, span) in left {
             let parent = match accepted.get(&parent_id) {
                 Some(parent) => Some(parent.clone()),
                 None => hosts
@@ -424,15 +421,15 @@ pub fn read_executor_spans(
                     .clone(),
             };
             let Some(parent) = parent else {
-                waiting.push((trace, own, parent_id, span));
+                waiting.push((own, parent_id, span));
                 continue;
             };
-            if parent.trace_id == trace && !accepted.contains_key(&own) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = accepted.entry(own) {
                 let context = SpanContext {
                     span_id: own,
                     ..parent
                 };
-                accepted.insert(own, context.clone());
+                slot.insert(context.clone());
                 taken.push((context, parent_id, span));
                 progress = true;
             }
@@ -532,6 +529,11 @@ mod tests {
         assert!(pending.take().is_none(), "a batch goes home once");
         let message: Value = serde_json::from_slice(&line).unwrap();
         assert!(is_executor_spans(&message));
+        // A span's trace is its parent's: the line does not carry it.
+        assert!(
+            message["params"]["spans"][0].get("traceId").is_none(),
+            "{message}"
+        );
         assert!(is_executor_spans_line(&line));
         // Another unit's executor cannot claim the host's spans.
         assert!(read_executor_spans(&line, |id| parents.take(1, id), str::to_owned).is_empty());

@@ -395,6 +395,15 @@ mod tests {
         ) -> SessionHandle {
             unreachable!("the readiness probes open no session")
         }
+        fn reattach(
+            &self,
+            _id: String,
+            _ask: crate::TransportAsk,
+            _general: mpsc::Sender<Value>,
+            _shutdown: &CancellationToken,
+        ) -> SessionHandle {
+            unreachable!("the readiness probes reattach no session")
+        }
         fn end_wait(&self) -> Duration {
             Duration::ZERO
         }

@@ -43,6 +43,20 @@ pub trait SessionFactory: Send + Sync + 'static {
         shutdown: &CancellationToken,
     ) -> SessionHandle;
 
+    /// [`Self::open`] for the session `id` a restarted host kept
+    /// (`--state`), which the handle of the first request sent to it names
+    /// (`_meta["box/session"]`, a stateless request): it is reattached for
+    /// that request, within it, and then serves it as an open session
+    /// ([`SessionHandle::opened`] resolves first); refused, the request is
+    /// answered why and the session opens no more.
+    fn reattach(
+        &self,
+        id: String,
+        ask: TransportAsk,
+        general: mpsc::Sender<Value>,
+        shutdown: &CancellationToken,
+    ) -> SessionHandle;
+
     /// How long a session the transport ended may take to have its units
     /// removed before the transport stops waiting (stdio, at its end).
     fn end_wait(&self) -> Duration;

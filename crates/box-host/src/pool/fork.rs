@@ -113,7 +113,7 @@ impl Drop for ForkDir {
         {
             tracing::warn!(dir = %self.dir.display(), %error, "removing a pooled unit's fork directory");
         }
-        let _ = std::fs::remove_dir(&self.holder);
+        fork::remove_holder(&self.holder);
     }
 }
 

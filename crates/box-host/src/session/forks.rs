@@ -24,6 +24,7 @@ use crate::units::{
     ExecutorLink, FIRST_REQUEST_ID, StartWiring, initialize_executor, remove_until_gone,
     start_units,
 };
+use tokio_util::task::TaskTracker;
 
 /// What a `source = "fork"` workspace's parent is called in answers.
 const HOST_DIRECTORY: &str = "host directory";
@@ -33,13 +34,17 @@ const HOST_DIRECTORY: &str = "host directory";
 pub(super) struct ForkGuard {
     pub(super) config: Arc<HostConfig>,
     pub(super) child: Option<ChildFork>,
+    /// The session's tracker: the session waits for the removal before it
+    /// removes its own directory, which the fork was in.
+    pub(super) background: TaskTracker,
 }
 
 impl Drop for ForkGuard {
     fn drop(&mut self) {
         if let Some(child) = self.child.take() {
             let config = self.config.clone();
-            tokio::task::spawn_blocking(move || fork::remove_storage(&config, &child));
+            self.background
+                .spawn_blocking(move || fork::remove_storage(&config, &child));
         }
     }
 }
@@ -129,7 +134,7 @@ impl Session {
                 // unit goes too.
                 if let Some(crate::pool::ForkClaim::Taken(taken)) = &claim {
                     let _ = std::fs::remove_dir_all(&taken.dir);
-                    let _ = std::fs::remove_dir(&taken.holder);
+                    fork::remove_holder(&taken.holder);
                     if let Some(left) = taken.left() {
                         let services = self.services.clone();
                         self.background

@@ -14,7 +14,10 @@
 //!   request without a handle, which opens the session as the `initialize`
 //!   its `_meta` stands for and is then routed (a retry of a call that
 //!   answered "input required" is refused instead: no call waits in a
-//!   session not open yet).
+//!   session not open yet); one with a handle (over stdio, or, whatever its
+//!   method, the first request of a session HTTP started to reattach it,
+//!   `spawn_session_reattaching`) reattaches the session the handle names.
+//!   Either way the open is within the request's own span.
 //!
 //! What every way in shares is read once in [`Session::open`]: the request
 //! checked (-32602 naming the field), the protocol version agreed, the box
@@ -75,17 +78,32 @@ impl StartError {
     }
 }
 
+/// The stateless request a session was opened for, where its answer goes,
+/// and its span (the session's opening under it), served next.
+pub(super) type First = (Value, ReplyTo, box_otel::Span);
+
+/// How [`Session::open_for`] ended.
+enum Opened {
+    /// Open, with the request it was opened for.
+    Open(Box<Live>, First),
+    /// Opened as the host shut down: ended at once.
+    Ended,
+    /// Refused: the request was answered why.
+    Refused,
+}
+
 impl Session {
     /// Answer what comes before the session is open until a way in opens
     /// it; `None` when the session ended first (its client left, it was
     /// ended, the host shut down during its start).
-    /// With the session, the stateless request it was opened for when it
-    /// carried no handle (routed next, as any request of an open session).
+    /// With the session, the stateless request it was opened for, with its
+    /// span (routed next, as any request of an open session).
     pub(super) async fn handshake(
         &self,
         inbound: &mut mpsc::Receiver<Inbound>,
-    ) -> Option<(Live, Option<(Value, ReplyTo)>)> {
+    ) -> Option<(Live, Option<First>)> {
         let cancel = self.cancel.clone();
+        let mut reattaching = self.reattaching;
         loop {
             let message = tokio::select! {
                 () = cancel.cancelled() => {
@@ -106,6 +124,19 @@ impl Session {
                         ));
                         continue;
                     };
+                    // The first request of a session a restarted host kept,
+                    // carrying its handle: the session is reattached for it,
+                    // whatever it asks, then serves it as an open session.
+                    if std::mem::take(&mut reattaching)
+                        && is_stateless(&message)
+                        && stateless::carries_handle(&message)
+                    {
+                        match self.open_for(message, reply, id, &method, true).await {
+                            Opened::Open(live, first) => return Some((*live, Some(first))),
+                            Opened::Ended => return None,
+                            Opened::Refused => continue,
+                        }
+                    }
                     if let Err(why) = check_params(&message) {
                         reply.answer(error_response(id, code::INVALID_PARAMS, why));
                         continue;
@@ -162,22 +193,19 @@ impl Session {
                             (message, opening)
                         }
                     };
-                    // The request that opens the session is traced whole:
-                    // its units' start is part of it.
-                    let mut span = match opening_kind {
-                        Opening::WayIn if self.services.tracer.is_on() => {
-                            self.opening_span(&message, &method, modern)
-                        }
-                        Opening::Refused if modern && self.services.tracer.is_on() => {
-                            self.opening_span(&message, &method, modern)
-                        }
-                        _ => box_otel::Span::none(),
-                    };
-                    let parent = span.context().cloned();
                     match opening_kind {
                         Opening::WayIn => {
+                            // The request that opens the session is traced
+                            // whole: its units' start is part of it.
+                            let mut span = if self.services.tracer.is_on() {
+                                self.opening_span(&message, &method, modern)
+                            } else {
+                                box_otel::Span::none()
+                            };
+                            let parent = span.context().cloned();
                             match self.open(&message, &reply.events, parent.as_ref()).await {
                                 Ok((mut live, mut result)) => {
+                                    self.opened.cancel();
                                     live.trace.stateless = modern;
                                     live.trace.parent = parent;
                                     if let Some(version) = self.version.get().filter(|_| !modern) {
@@ -196,13 +224,6 @@ impl Session {
                                     }
                                     if tool.is_some() {
                                         result = stateless::tool_result(result);
-                                    }
-                                    // The transport's own open reattaching for a
-                                    // request: its span (and `session.reattach`
-                                    // under it) is that request's, continued when
-                                    // the request comes.
-                                    if span.is_recording() && is_reattach_open(&message) {
-                                        live.trace.opening = Some(std::mem::take(&mut span));
                                     }
                                     reply.answer(result_response(id, result));
                                     if self.cancel.is_cancelled() {
@@ -229,45 +250,14 @@ impl Session {
                                 }
                             }
                         }
-                        // A stateless request without a handle: the session
-                        // opens for it, with what its transport asked.
+                        // A stateless request (over stdio, one with a handle
+                        // reattaches): the session opens for it, with what
+                        // its transport asked.
                         Opening::Refused if modern => {
-                            match self
-                                .open(
-                                    &stateless::implicit_open(&message),
-                                    &reply.events,
-                                    parent.as_ref(),
-                                )
-                                .await
-                            {
-                                Ok((mut live, result)) => {
-                                    live.trace.stateless = true;
-                                    live.trace.parent = parent;
-                                    live.trace.opening = Some(std::mem::take(&mut span));
-                                    live.client = stateless::client_of(&message);
-                                    if stateless::carries_handle(&message) {
-                                        // Reattached: the handle's secret is the session's.
-                                        self.handle_answer(&mut live, &result);
-                                    } else {
-                                        // Kept for a later open to name its handle (stdio).
-                                        live.opened = Some(result);
-                                    }
-                                    if self.cancel.is_cancelled() {
-                                        reply.answer(error_response(
-                                            id,
-                                            code::INTERNAL_ERROR,
-                                            "the host is shutting down",
-                                        ));
-                                        self.finish(&mut live, "the host is shutting down").await;
-                                        return None;
-                                    }
-                                    return Some((live, Some((message, reply))));
-                                }
-                                Err(error) => {
-                                    self.report_start_failure(&message, &error);
-                                    span.set_error(&error.code.to_string());
-                                    reply.answer(error.into_response(id));
-                                }
+                            match self.open_for(message, reply, id, &method, false).await {
+                                Opened::Open(live, first) => return Some((*live, Some(first))),
+                                Opened::Ended => return None,
+                                Opened::Refused => {}
                             }
                         }
                         Opening::Answer(answer) => reply.answer(answer(id)),
@@ -280,6 +270,67 @@ impl Session {
                         )),
                     }
                 }
+            }
+        }
+    }
+
+    /// Open the session for the stateless request `message` (`method`), as
+    /// the `initialize` it stands for ([`stateless::implicit_open`]: with a
+    /// handle, a reattach to the session the handle names), within the
+    /// request's own span: its units' start, or `session.reattach`, is
+    /// under it, and it ends with the request's answer. Opened, the request
+    /// is served next ([`Opened::Open`]); refused, it is answered why.
+    /// `reattaching` (`Session::reattaching`): at a shutdown during the
+    /// reattach the request is left unanswered, as one the session never
+    /// read, for its transport to answer.
+    async fn open_for(
+        &self,
+        message: Value,
+        reply: ReplyTo,
+        id: Value,
+        method: &str,
+        reattaching: bool,
+    ) -> Opened {
+        let mut span = if self.services.tracer.is_on() {
+            self.opening_span(&message, method, true)
+        } else {
+            box_otel::Span::none()
+        };
+        let parent = span.context().cloned();
+        let opening = stateless::implicit_open(&message);
+        match self.open(&opening, &reply.events, parent.as_ref()).await {
+            Ok((mut live, result)) => {
+                self.opened.cancel();
+                live.trace.stateless = true;
+                live.trace.parent = parent;
+                live.client = stateless::client_of(&message);
+                if stateless::carries_handle(&message) {
+                    // Reattached: the handle's secret is the session's.
+                    self.handle_answer(&mut live, &result);
+                } else {
+                    // Kept for a later open to name its handle (stdio).
+                    live.opened = Some(result);
+                }
+                if self.cancel.is_cancelled() {
+                    if reattaching {
+                        drop(reply);
+                    } else {
+                        reply.answer(error_response(
+                            id,
+                            code::INTERNAL_ERROR,
+                            "the host is shutting down",
+                        ));
+                    }
+                    self.finish(&mut live, "the host is shutting down").await;
+                    return Opened::Ended;
+                }
+                Opened::Open(Box::new(live), (message, reply, span))
+            }
+            Err(error) => {
+                self.report_start_failure(&message, &error);
+                span.set_error(&error.code.to_string());
+                reply.answer(error.into_response(id));
+                Opened::Refused
             }
         }
     }
@@ -360,7 +411,8 @@ impl Session {
     /// ([`crate::report_refusal`]); one whose units failed is a WARN line.
     fn report_start_failure(&self, message: &Value, error: &StartError) {
         let opening = message.get("method").and_then(Value::as_str) == Some(stateless::OPEN);
-        let client = if opening {
+        // A stateless request names its client in `_meta`.
+        let client = if opening || is_stateless(message) {
             stateless::client_of(message)
         } else {
             ClientInfo::of_initialize(message)
@@ -411,15 +463,6 @@ pub(super) fn set_box_field(result: &mut Value, field: &str, value: Value) {
     {
         answer.insert(field.to_owned(), value);
     }
-}
-
-/// Whether `message` is the `box/session.open` a transport sends on its own
-/// to reattach a session for the request carrying its handle
-/// ([`box_jsonrpc::era::REATTACH_OPEN_ID`]).
-fn is_reattach_open(message: &Value) -> bool {
-    message.get("id").and_then(Value::as_str) == Some(box_jsonrpc::era::REATTACH_OPEN_ID)
-        && message.get("method").and_then(Value::as_str) == Some(stateless::OPEN)
-        && params(message).is_some_and(|params| params.get("reattach").is_some())
 }
 
 /// A request's id as text for `jsonrpc.request.id` (a string as it is).

@@ -117,9 +117,6 @@ pub(super) struct Live {
 pub(super) struct SessionTrace {
     /// Opened by the stateless revision: its spans name no `mcp.session.id`.
     pub(super) stateless: bool,
-    /// The span of the stateless request the session was opened for, which
-    /// its forward continues (the unit's start is part of that request).
-    pub(super) opening: Option<box_otel::Span>,
     /// The context of the request that opened the session: the parent of
     /// what the session does later on its own (its units' removal).
     pub(super) parent: Option<box_otel::SpanContext>,

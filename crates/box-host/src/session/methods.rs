@@ -84,6 +84,7 @@ pub(super) struct Request {
     /// (`tasks.rs`) once forwarded.
     pub(super) task: bool,
     /// Its span when the host answers it (`Session::host_request_span`),
+    /// or when the session was opened for it (`Session::opened_request`),
     /// ended with the answer; a forwarded request's span is made when it is
     /// forwarded, continuing this one if there is one.
     pub(super) span: box_otel::Span,

@@ -30,7 +30,7 @@ const IDLE_SETTLE: Duration = Duration::from_secs(1);
 /// Where [`unit_for`] sends a request.
 enum Route {
     /// To this unit, as rewritten.
-    Unit(usize, Value),
+    Unit(usize),
     /// Nowhere: the host answers with this result.
     Answer(Value),
 }
@@ -174,65 +174,72 @@ impl Session {
     /// (malformed, a probe, limits, and what the method table has the host
     /// answer: `ping`, `box/fork`, ...), *choose the unit* for the rest
     /// ([`Self::choose_unit`]), then [`Self::forward`] it.
-    pub(super) fn client_request(&self, live: &mut Live, mut message: Value, reply: ReplyTo) {
+    pub(super) fn client_request(&self, live: &mut Live, message: Value, reply: ReplyTo) {
+        self.opened_request(live, message, reply, box_otel::Span::none());
+    }
+
+    /// [`Self::client_request`] for the request the session was opened
+    /// for, `span` its own (its session's opening under it): continued by
+    /// its forward or the host's answer, else ended with its answer,
+    /// whatever answers it (a refusal too). None for any other request.
+    pub(super) fn opened_request(
+        &self,
+        live: &mut Live,
+        mut message: Value,
+        reply: ReplyTo,
+        span: box_otel::Span,
+    ) {
         let (id, method) = match classify(&message) {
             Ok(Kind::Request { id, method }) => (id, method),
             Ok(_) | Err(_) => {
-                reply.answer(error_response(
-                    Value::Null,
-                    code::INVALID_REQUEST,
-                    "not a JSON-RPC request",
-                ));
-                return;
+                let refused =
+                    error_response(Value::Null, code::INVALID_REQUEST, "not a JSON-RPC request");
+                return answer_here(reply, span, refused);
             }
         };
         if let Err(why) = check_params(&message) {
-            reply.answer(error_response(id, code::INVALID_PARAMS, why));
-            return;
+            return answer_here(reply, span, error_response(id, code::INVALID_PARAMS, why));
         }
         if let Some(refused) = stateless::unserved_version(&message) {
-            reply.answer(refused);
-            return;
+            return answer_here(reply, span, refused);
         }
         if method == "server/discover" && is_stateless(&message) {
-            reply.answer(self.discover(id));
-            return;
+            return answer_here(reply, span, self.discover(id));
         }
         let modern = is_stateless(&message);
         // Read before the host takes MCP's `_meta` off the request.
         let opted_in = modern && tasks::opted_in(&message);
         // What a stateless request carries for the host alone goes no further.
         if let Err(why) = self.check_handle(live, &mut message) {
-            reply.answer(stateless::refuse(&message, why));
-            return;
+            return answer_here(reply, span, stateless::refuse(&message, why));
         }
         let entry = methods::find(&method);
         if let Open::Probe(answer) = entry.open {
-            reply.answer(answer(id));
-            return;
+            return answer_here(reply, span, answer(id));
         }
         if live.router.in_flight() >= MAX_IN_FLIGHT {
-            reply.answer(error_response(
+            let refused = error_response(
                 id,
                 code::INTERNAL_ERROR,
-                format!("{MAX_IN_FLIGHT} requests are already in flight in this session; wait for some answers"),
-            ));
-            return;
+                format!(
+                    "{MAX_IN_FLIGHT} requests are already in flight in this session; wait for some answers"
+                ),
+            );
+            return answer_here(reply, span, refused);
         }
         if live.router.is_in_flight(&id) {
-            reply.answer(error_response(
+            let refused = error_response(
                 id.clone(),
                 code::INVALID_REQUEST,
                 format!(
                     "request id {id} is already in flight in this session; ids must not be reused"
                 ),
-            ));
-            return;
+            );
+            return answer_here(reply, span, refused);
         }
         let task = opted_in && method == "tools/call" && live.handle.is_some();
         if task && let Err(why) = tasks::make_room(live) {
-            reply.answer(error_response(id, code::INTERNAL_ERROR, why));
-            return;
+            return answer_here(reply, span, error_response(id, code::INTERNAL_ERROR, why));
         }
         let request = Request {
             id,
@@ -242,7 +249,7 @@ impl Session {
             entry,
             modern,
             task,
-            span: box_otel::Span::none(),
+            span,
         };
         if modern {
             if let Some(tool) = stateless::session_tool(&request.method, &request.message) {
@@ -257,7 +264,7 @@ impl Session {
             Open::Host(handler) => {
                 let mut request = request;
                 let parent = self.host_request_parent(&request.message);
-                request.span = self.host_request_span(live, &request, parent.as_ref());
+                request.span = self.host_request_span(live, &mut request, parent.as_ref());
                 handler(self, live, request)
             }
             Open::Unit { empty } => self.choose_unit(live, request, empty),
@@ -279,7 +286,7 @@ impl Session {
             entry,
             modern,
             task,
-            span,
+            mut span,
         } = request;
 
         let pending = live.units[unit]
@@ -291,6 +298,7 @@ impl Session {
             self.services
                 .metrics
                 .call(entry.label(), None, "unit_ended", Duration::ZERO);
+            span.set_error(&code::INTERNAL_ERROR.to_string());
             reply.answer(error_response(id, code::INTERNAL_ERROR, text));
             return;
         }
@@ -373,10 +381,11 @@ impl Session {
         }
     }
 
-    /// The span of a request forwarded to `unit` (the one its session was
-    /// opened for continues), with the conventions' attributes, the client's
-    /// text redacted; its context goes on to the executor in
-    /// `_meta["box/traceparent"]`, the parent of the executor's spans.
+    /// The span of a request forwarded to `unit` (`host`, when it has one:
+    /// the one its session was opened for, a host-answered method's), with
+    /// the conventions' attributes, the client's text redacted; its context
+    /// goes on to the executor in `_meta["box/traceparent"]`, the parent of
+    /// the executor's spans.
     fn request_span(
         &self,
         live: &mut Live,
@@ -392,19 +401,17 @@ impl Session {
         }
         let target = super::live::span_target(method, upstream)
             .map(|target| live.redactor.text(&target).into_owned());
-        // A host-answered method's span (`servers.start`) goes on here.
-        let opening = if host.is_recording() {
-            Some(host)
+        // A host-answered method's span (`servers.start`) goes on here, as
+        // does the one of the request the session was opened for.
+        let mut span = if host.is_recording() {
+            host
         } else {
-            live.trace.opening.take()
-        };
-        let mut span = opening.unwrap_or_else(|| {
             tracer.span(
                 box_otel::SpanKind::Server,
                 box_otel::SpanContext::from_request(upstream).as_ref(),
                 || super::live::span_name(method, target.as_deref()),
             )
-        });
+        };
         span.rename(|| super::live::span_name(method, target.as_deref()));
         span.set("mcp.method.name", method);
         if let Some(tool) = tool {
@@ -451,12 +458,12 @@ impl Session {
 
     /// The span of a request the host answers itself (`ping`, a kept
     /// `tools/list`, `box/*`), by the conventions as a forwarded one's, the
-    /// client's text redacted; the one its session was opened for
-    /// continues.
+    /// client's text redacted; the request's own when it has one (the
+    /// session was opened for it) continues.
     pub(super) fn host_request_span(
         &self,
         live: &mut Live,
-        request: &Request,
+        request: &mut Request,
         parent: Option<&box_otel::SpanContext>,
     ) -> box_otel::Span {
         let tracer = &self.services.tracer;
@@ -464,10 +471,12 @@ impl Session {
             return box_otel::Span::none();
         }
         let method = live.redactor.text(&request.method).into_owned();
-        let mut span =
-            live.trace.opening.take().unwrap_or_else(|| {
-                tracer.span(box_otel::SpanKind::Server, parent, || method.clone())
-            });
+        let opened = std::mem::take(&mut request.span);
+        let mut span = if opened.is_recording() {
+            opened
+        } else {
+            tracer.span(box_otel::SpanKind::Server, parent, || method.clone())
+        };
         span.rename(|| method.clone());
         span.set("mcp.method.name", method);
         if live.trace.stateless {
@@ -489,17 +498,15 @@ impl Session {
     /// Route a request a unit answers: to the unit it is for, or answered by
     /// the host where the host holds the answer (the tool list read at
     /// start, an empty list in a session without a workspace unit).
+    /// The client's `traceparent` is read once: by the forward's span, or
+    /// here for the host's answer.
     fn choose_unit(&self, live: &mut Live, mut request: Request, empty: Option<&'static str>) {
-        let parent = self.host_request_parent(&request.message);
-        let message = std::mem::take(&mut request.message);
-        match unit_for(live, &request.method, message, empty) {
-            Ok(Route::Unit(unit, message)) => {
-                request.message = message;
-                self.forward(live, request, unit, Rewrite::None);
-            }
+        match unit_for(live, &request.method, &mut request.message, empty) {
+            Ok(Route::Unit(unit)) => self.forward(live, request, unit, Rewrite::None),
             // Answered here: its span is the host's.
             Ok(Route::Answer(result)) if self.services.tracer.is_on() => {
-                request.span = self.host_request_span(live, &request, parent.as_ref());
+                let parent = self.host_request_parent(&request.message);
+                request.span = self.host_request_span(live, &mut request, parent.as_ref());
                 self.answer_listed(live, request, result);
             }
             Ok(Route::Answer(result)) => self.answer_listed(live, request, result),
@@ -558,33 +565,44 @@ impl Session {
     }
 }
 
-/// Which unit a request for a unit goes to, or the answer the host holds.
+/// Answer a request where it stands, before it is routed: `span` (the
+/// request's own when its session was opened for it) ends with the answer,
+/// with its error's code.
+fn answer_here(reply: ReplyTo, mut span: box_otel::Span, answer: Value) {
+    if let Some(code) = answer.pointer("/error/code") {
+        span.set_error(&code.to_string());
+    }
+    reply.answer(answer);
+}
+
+/// Which unit a request for a unit goes to (`message` rewritten for it), or
+/// the answer the host holds.
 fn unit_for(
     live: &Live,
     method: &str,
-    mut message: Value,
+    message: &mut Value,
     empty: Option<&'static str>,
 ) -> Result<Route, (i64, String)> {
-    if let Some(asked) = params(&message)
+    if let Some(asked) = params(message)
         .and_then(|p| p.get("_meta"))
         .and_then(|meta| meta.get(UNIT_META))
     {
         let index = addressed_unit(live, asked)?;
-        let paged = params(&message).is_some_and(|p| p.contains_key("cursor"));
+        let paged = params(message).is_some_and(|p| p.contains_key("cursor"));
         if method == "tools/list"
             && !paged
             && let Some(tools) = &live.units[index].tools
         {
             return Ok(Route::Answer(tools.clone()));
         }
-        return Ok(Route::Unit(index, message));
+        return Ok(Route::Unit(index));
     }
     // `box/process.resize` (box's terminal extension) names a process as
     // the others do, so it goes where they go.
     if (method.starts_with("agentworkspace/process.") || method == "box/process.resize")
         && method != "agentworkspace/process.start"
     {
-        let target = params(&message)
+        let target = params(message)
             .and_then(|p| p.get("id"))
             .and_then(Value::as_str)
             .and_then(|id| id.split_once(':'))
@@ -597,24 +615,24 @@ fn unit_for(
                     .map(|index| (index, process.to_owned()))
             });
         if let Some((index, process)) = target {
-            if let Some(params) = params_mut(&mut message) {
+            if let Some(params) = params_mut(message) {
                 params.insert("id".to_owned(), json!(process));
             }
-            return Ok(Route::Unit(index, message));
+            return Ok(Route::Unit(index));
         }
     }
     match live.workspace {
         Some(index) => {
             // The tool list read at start is the session's for its whole life
             // (security case E67): a tampered executor cannot change it.
-            let paged = params(&message).is_some_and(|p| p.contains_key("cursor"));
+            let paged = params(message).is_some_and(|p| p.contains_key("cursor"));
             if method == "tools/list"
                 && !paged
                 && let Some(tools) = &live.units[index].tools
             {
                 return Ok(Route::Answer(tools.clone()));
             }
-            Ok(Route::Unit(index, message))
+            Ok(Route::Unit(index))
         }
         None => match empty {
             Some(key) => {

@@ -202,6 +202,7 @@ impl Session {
         let mut workspace_fork = ForkGuard {
             config: self.config.clone(),
             child: None,
+            background: self.background.clone(),
         };
         let mut objects = None;
         let mut fork_claim = None;

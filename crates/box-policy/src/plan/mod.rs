@@ -7,13 +7,13 @@
 //! clock, the environment, a file or a socket.
 
 mod json;
-mod tighten;
+pub(crate) mod tighten;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use tighten::{LimitsAsk, NetworkAsk, Tightening, parse_tightening_text, tighten};
+pub use tighten::{Tightening, parse_tightening_text, tighten};
 
 pub use crate::image::PullPolicy;
 use crate::profile::{NetworkPolicy, Profile, Source, UserChoice};

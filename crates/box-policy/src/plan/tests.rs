@@ -353,11 +353,11 @@ fn hostile_tightenings_are_refused() {
     let cases: &[(Value, &str)] = &[
         (
             json!({"mounts": [{"source": "/var/run/docker.sock"}]}),
-            "tighten: mounts: unknown field; accepted here: workspace, network, limits, servers, volumes, env",
+            "tighten: mounts: unknown field; accepted here: workspace, network, limits, env, servers, volumes",
         ),
         (
             json!({"workspace": {"source": "/"}}),
-            "tighten: workspace.source: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: mode, image, local_userland",
+            "tighten: workspace.source: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: image, mode, local_userland",
         ),
         (
             json!({"workspace": {"mode": "rw"}}),
@@ -373,19 +373,19 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"privileged": true}),
-            "tighten: privileged: unknown field; accepted here: workspace, network, limits, servers, volumes, env",
+            "tighten: privileged: unknown field; accepted here: workspace, network, limits, env, servers, volumes",
         ),
         (
             json!({"security": {"cap_add": ["SYS_ADMIN"]}}),
-            "tighten: security: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: workspace, network, limits, servers, volumes, env",
+            "tighten: security: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: workspace, network, limits, env, servers, volumes",
         ),
         (
             json!({"pool": {"size": 0}}),
-            "tighten: pool: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: workspace, network, limits, servers, volumes, env",
+            "tighten: pool: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: workspace, network, limits, env, servers, volumes",
         ),
         (
             json!({"devices": ["/dev/kvm"]}),
-            "tighten: devices: unknown field; accepted here: workspace, network, limits, servers, volumes, env",
+            "tighten: devices: unknown field; accepted here: workspace, network, limits, env, servers, volumes",
         ),
         (
             json!({"workspace": {"image": "evil:latest"}}),
@@ -401,11 +401,11 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!([{"network": {"mode": "none"}}]),
-            "tighten: expected an object with fields workspace, network, limits, servers, volumes, env, got an array",
+            "tighten: expected an object with fields workspace, network, limits, env, servers, volumes, got an array",
         ),
         (
             json!("none"),
-            "tighten: expected an object with fields workspace, network, limits, servers, volumes, env, got a string",
+            "tighten: expected an object with fields workspace, network, limits, env, servers, volumes, got a string",
         ),
         (
             json!({"limits": {"memory": 2147483648_u64}}),
@@ -441,7 +441,7 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"workspace": {"user": "root"}}),
-            "tighten: workspace.user: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: mode, image, local_userland",
+            "tighten: workspace.user: a profile's field, which a session cannot tighten (a profile that extends this one can set it); a session tightens here: image, mode, local_userland",
         ),
         (
             json!({"network": {"max_connections": 4}}),
@@ -449,7 +449,7 @@ fn hostile_tightenings_are_refused() {
         ),
         (
             json!({"workspace": {"mode": "rw", "cwd": "/proc/self/fd/7"}}),
-            "tighten: workspace.cwd: unknown field; accepted here: mode, image, local_userland",
+            "tighten: workspace.cwd: unknown field; accepted here: image, mode, local_userland",
         ),
     ];
     for (ask, message) in cases {

@@ -2,20 +2,22 @@
 //! default as `profiles/README.md` writes them, what a session's tightening
 //! may do with it, and the key a plan (`box profile resolve --json`) hands it
 //! to a unit under. Validation takes its unknown-field lists ("accepted
-//! here: ...") from these tables, tightening its "a profile's field, which a
-//! session cannot tighten" and the limits it narrows, `box profile show` the
-//! limits it prints, and a test holds the README's field tables to them.
+//! here: ...") from these tables, tightening what a session may name in
+//! each table (in row order) and how each field is parsed and narrowed (its
+//! row's rule), `box profile show` the limits it prints, and a test holds
+//! the README's field tables to them.
 //!
 //! The limits are declared whole here ([`limits!`]): the profile's
 //! `LimitsPolicy` and the plan's `Limits`, each limit's default, how it is
 //! read, shown, asked for, narrowed and given to a unit all come from one row.
 //! So are `[workspace]`, `[network]`, `[env]`, `[security]`, `[lifecycle]`,
 //! `[pool]`, `[operator]`, `[[server]]` and `[[volume]]` ([`table!`]): each
-//! table's struct, its defaults, reading it and `box profile show`'s fields
-//! come from one row per field (a `[[server]]`'s `name`, `image` and
-//! `command` are required rows, with no default), and the top level, whose
-//! `[[server]]`, `[[volume]]` and `[operator]` are read after the tables
-//! they depend on (`Servers[limits]`).
+//! table's struct, its defaults, reading it, `box profile show`'s fields and
+//! a session's tightening of it (`plan/tighten/rules.rs`) come from one row
+//! per field (a `[[server]]`'s `name`, `image` and `command` are required
+//! rows, with no default), and so does the top level, whose `[[server]]`,
+//! `[[volume]]` and `[operator]` are read after the tables they depend on
+//! (`Servers[limits]`).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -38,17 +40,23 @@ use crate::plan::{
     LocalUserland, MountMode, NetworkMode, Requirement, TmpMode, VolumePath, VolumeScope,
 };
 
-/// What a session's tightening (`box.tighten`) may do with a field.
+/// What a session's tightening (`box.tighten`) may do with a field: in a
+/// `table!` row, the rule it is parsed and narrowed by (`plan/tighten/rules.rs`,
+/// each a type of the same name), unless the row names a narrower of its
+/// own after it (`Among(ImageChoice)`, `plan/tighten/special.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Tighten {
     /// Nothing: it is the profile's (a profile that extends this one can set
     /// it); a session that asks is told it cannot tighten it.
     No,
-    /// At most the profile's value, in the field's narrowing order.
+    /// At most the profile's value, in the field's narrowing order (a
+    /// choice's declaration order, sizes, durations, counts, `false` < `true`).
     AtMost,
     /// One of the profile's choices, or a subset of its list.
     Among,
-    /// Entries removed by name (`servers`, `volumes`, `env.drop`).
+    /// Entries removed by name: at the top level a list of tables a session
+    /// keeps some of by its plural (`servers`, `volumes`); in a table, a field
+    /// whose entries the table's `drop` removes (`env.drop`).
     Drop,
     /// A table a session narrows field by field.
     Within,
@@ -262,13 +270,34 @@ macro_rules! table_kind {
     ($Struct:ident; $($field:ident $(= $default:expr)?),*) => {};
 }
 
+/// A table's tightening (`Tightened`), unless its header says `[untightened]`
+/// (the top level, whose rows `plan/tighten.rs` reads itself).
+macro_rules! tightened {
+    ([] $($tightened:tt)*) => { $($tightened)* };
+    ([untightened] $($tightened:tt)*) => {};
+}
+
+/// How a session narrows a field: by its row's rule (`AtMost`: the rule's
+/// type in `plan/tighten/rules.rs`), or by the narrower its row names after
+/// the rule where the narrowing depends on another field (`Among(ImageChoice)`).
+macro_rules! narrows {
+    ($tighten:ident) => {
+        $crate::plan::tighten::rule::$tighten
+    };
+    ($tighten:ident $narrows:ident) => {
+        $crate::plan::tighten::$narrows
+    };
+}
+
 /// Declares a profile table from one row per field: the struct a profile
 /// holds it in (each field's type, documentation and default), its `Table`
 /// (the README's type and default, what a session may do with it, its plan
 /// and envelope key), reading it (by its type, or by its reader where that
 /// is special: a danger, a check beyond the type), `box profile show`'s
-/// fields (`shown`) and the plan's JSON (`plan_json`, under the keys):
-/// `/// doc` `field("name")?: Type = default => Reader, Tighten, (Show,)? "README type", "README default"(, "planKey")?;`
+/// fields (`shown`), the plan's JSON (`plan_json`, under the keys) and a
+/// session's tightening of it (`Tightened`: each field parsed and narrowed
+/// by its rule, or by the narrower its row names after the rule):
+/// `/// doc` `field("name")?: Type = default => Reader, Tighten(Narrower)?, (Show,)? "README type", "README default"(, "planKey")?;`
 /// A field with no default is `field: Type, required "what to write" => ...`:
 /// its absence is a problem at its table saying what to write. A table read
 /// within a context (`with Type` after its plan prefix: what its readers
@@ -276,13 +305,13 @@ macro_rules! table_kind {
 macro_rules! table {
     (
         $(#[doc = $table_doc:literal])*
-        $TABLE:ident = $path:literal, $readme:expr, plan $plan:literal $(, with $Context:ty)?;
+        $TABLE:ident = $path:literal, $readme:expr, plan $plan:literal $(, with $Context:ty)? $([$untightened:ident])?;
         $(#[$meta:meta])*
         $vis:vis struct $Struct:ident {
             $(
                 $(#[doc = $doc:literal])*
                 $field:ident $(($name:literal))?: $ty:ty $(= $default:expr)? $(, required $required:literal)?
-                    => $reads:ty $([$($after:ident),+])?, $tighten:ident, $($show:ident,)? $readme_kind:literal, $readme_default:literal
+                    => $reads:ty $([$($after:ident),+])?, $tighten:ident $(($narrows:ident))?, $($show:ident,)? $readme_kind:literal, $readme_default:literal
                     $(, $key:literal)?;
             )*
         }
@@ -350,6 +379,53 @@ macro_rules! table {
 
         table_kind!($Struct; $( $field $(= $default)? ),*);
 
+tightened! { [$($untightened)?]
+        impl $crate::plan::tighten::Tightened for $Struct {
+            const TABLE: &'static Table = &$TABLE;
+
+            fn ask(name: &str, value: &serde_json::Value) -> Result<(), $crate::plan::PlanError> {
+                use $crate::plan::tighten::Narrows;
+                $(
+                    if name == field_name!($field $(, $name)?) {
+                        <narrows!($tighten $($narrows)?) as Narrows<$ty, Self>>::parse(value, &join($path, name))?;
+                    }
+                )*
+                Ok(())
+            }
+
+            fn narrow(
+                &self,
+                asked: &$crate::plan::tighten::Asked,
+                profile: &str,
+            ) -> Result<Self, $crate::plan::PlanError> {
+                use $crate::plan::tighten::{Narrowing, Narrows};
+                let mut narrowed = self.clone();
+                $({
+                    type Narrower = narrows!($tighten $($narrows)?);
+                    let name = field_name!($field $(, $name)?);
+                    let field = join($path, name);
+                    let asked_value = asked
+                        .get(name)
+                        .map(|value| <Narrower as Narrows<$ty, Self>>::parse(value, &field))
+                        .transpose()?;
+                    let current = narrowed.$field.clone();
+                    narrowed.$field = <Narrower as Narrows<$ty, Self>>::narrow(Narrowing {
+                        asked: asked_value,
+                        current,
+                        bound: self,
+                        narrowed: &mut narrowed,
+                        field: &field,
+                        profile,
+                    })?;
+                    for dropped in &asked.drop {
+                        <Narrower as Narrows<$ty, Self>>::drop_named(&mut narrowed.$field, dropped);
+                    }
+                })*
+                Ok(narrowed)
+            }
+        }
+        }
+
         $(#[doc = $table_doc])*
         pub(crate) const $TABLE: Table = Table {
             path: $path,
@@ -370,7 +446,7 @@ macro_rules! table {
 #[rustfmt::skip]
 table! {
     /// The top level.
-    TOP = "", ("Top level", 1), plan "";
+    TOP = "", ("Top level", 1), plan "" [untightened];
     /// A profile's top level as written: its description and its tables,
     /// each read by its own rows (`validate` makes it a `Profile`).
     #[derive(Debug, Clone, PartialEq)]
@@ -411,7 +487,7 @@ table! {
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub struct Workspace {
         /// The image it runs.
-        image: String = defaults::IMAGE.to_owned() => Image, Among, "string", r#"`"box-base:bookworm"`"#, "image";
+        image: String = defaults::IMAGE.to_owned() => Image, Among(ImageChoice), "string", r#"`"box-base:bookworm"`"#, "image";
         /// Other images a session may choose with `tighten.workspace.image`
         /// (`image` is always one it may choose).
         images: Vec<String> = Vec::new() => Images, No, IfSet, "array of image references", "`[]`";
@@ -454,7 +530,7 @@ table! {
         /// How much network.
         mode: NetworkMode = NetworkMode::None => Plain, AtMost, r#"`"none"` \| `"egress"` \| `"bridge"`"#, r#"`"none"`"#, "mode";
         /// For `egress`: what may be reached (empty otherwise).
-        allow: Vec<Rule> = Vec::new() => Plain, Among, "array of `host[:port]`", "`[]`", "allow";
+        allow: Vec<Rule> = Vec::new() => Plain, Among(AllowWithin), "array of `host[:port]`", "`[]`", "allow";
         /// For `egress`: names pinned to addresses, resolved by the host's proxy before
         /// its resolver (like `--add-host`): registries on a private network, tests.
         hosts: BTreeMap<String, IpAddr> = BTreeMap::new() => Plain, No, IfSet, "table of name = IP address", "`{}`", "hosts";

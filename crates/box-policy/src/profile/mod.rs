@@ -18,9 +18,8 @@ pub use error::{Position, Problem, ProfileError};
 // A profile's own fields, so a tightening of one a session cannot tighten
 // is told as that, not as an unknown field.
 pub(crate) use fields::{
-    ENV as ENV_FIELDS, LIMIT_FIELDS, LIMITS as LIMITS_FIELDS, LimitKind, LimitValue,
-    NETWORK as NETWORK_FIELDS, Scope as LimitScope, TOP as TOP_FIELDS, Table,
-    WORKSPACE as WORKSPACE_FIELDS,
+    LIMIT_FIELDS, LIMITS as LIMITS_FIELDS, LimitKind, LimitValue, Scope as LimitScope,
+    TOP as TOP_FIELDS,
 };
 // A choice's words, the same in a tightening as in a profile.
 pub(crate) use kinds::Choice;

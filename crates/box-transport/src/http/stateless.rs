@@ -188,12 +188,21 @@ pub(super) async fn stateless(
     };
     if let Some(session_id) = handle {
         let found = match state.lookup_asked(&session_id) {
-            Some(found) => Some(found),
+            Some((session, _, session_ask)) => {
+                if let Err(why) = same_ask(&session_ask, &ask) {
+                    return refuse_with(StatusCode::BAD_REQUEST, id, code::INVALID_REQUEST, why);
+                }
+                match session.request(message).await {
+                    Ok(stream) => Some((session, stream)),
+                    Err(_) => return session_gone(),
+                }
+            }
             // Not live here: a session a restarted host kept (`--state`)
-            // and re-adopted is reattached with the handle's secret.
-            None => reattach(state, &session_id, &message, &ask).await,
+            // and re-adopted is reattached for this request, with its
+            // handle's secret.
+            None => reattach(state, &session_id, message, &ask).await,
         };
-        let Some((session, _, session_ask)) = found else {
+        let Some((session, stream)) = found else {
             return refuse_with(
                 StatusCode::NOT_FOUND,
                 id,
@@ -203,18 +212,12 @@ pub(super) async fn stateless(
                 ),
             );
         };
-        if let Err(why) = same_ask(&session_ask, &ask) {
-            return refuse_with(StatusCode::BAD_REQUEST, id, code::INVALID_REQUEST, why);
-        }
         let cancel = crate::CancelOnClose {
-            session: session.clone(),
+            session,
             id: id.clone(),
             armed: true,
         };
-        return match session.request(message).await {
-            Ok(stream) => answer_of(stream, accepts, Some((&method, cancel))).await,
-            Err(_) => session_gone(),
-        };
+        return answer_of(stream, accepts, Some((&method, cancel))).await;
     }
     // The retry of a call without a handle that answered "input required":
     // to the session kept for it, which its request state names (the
@@ -305,42 +308,50 @@ pub(super) async fn stateless(
     json_response(StatusCode::OK, response)
 }
 
-/// Reattach the session `session_id` a restarted host re-adopted, with the
-/// secret of the handle `message` carries (`box/session.open {reattach}`);
-/// the session, kept as one `box/session.open` opened, when the host
-/// agreed. Refused (a wrong secret, nothing to reattach): `None`.
+/// Reattach the session `session_id` a restarted host re-adopted for
+/// `message`, the request carrying its handle: the session is started to
+/// reattach (`SessionFactory::reattach`), `message` its first request, and
+/// the host reattaches it within that request (the request's span is the
+/// reattach's parent) with the handle's secret before serving it. Once the
+/// session says it opened, it is kept as one `box/session.open` opened, and
+/// the request's answer is to come on the stream. Refused (a wrong secret,
+/// nothing to reattach), its answer is dropped and the session ended: `None`.
 pub(super) async fn reattach(
     state: &Arc<AppState>,
     session_id: &str,
-    message: &Value,
+    message: Value,
     ask: &TransportAsk,
-) -> Option<(SessionHandle, GeneralSlot, TransportAsk)> {
-    let meta = box_jsonrpc::params(message)?.get("_meta")?;
-    let secret = meta.get(box_jsonrpc::era::SESSION_META)?.get("secret")?;
-    let mut open_meta = meta.clone();
-    if let Some(open_meta) = open_meta.as_object_mut() {
-        open_meta.remove(box_jsonrpc::era::SESSION_META);
-    }
-    let open = json!({"jsonrpc": "2.0", "id": box_jsonrpc::era::REATTACH_OPEN_ID, "method": "box/session.open",
-        "params": {"reattach": {"session": session_id, "secret": secret}, "_meta": open_meta}});
+) -> Option<(SessionHandle, ReplyStream)> {
+    // A handle without a secret reattaches nothing.
+    box_jsonrpc::params(&message)?
+        .get("_meta")?
+        .get(box_jsonrpc::era::SESSION_META)?
+        .get("secret")?;
     let permit = state.permits.clone().try_acquire_owned().ok()?;
     let (general_tx, _) = mpsc::channel(1);
-    let handle = state.sessions_factory.open(
+    let handle = state.sessions_factory.reattach(
         session_id.to_owned(),
         ask.clone(),
         general_tx,
         &state.shutdown,
     );
-    let answered = match handle.request(open).await {
-        Ok(stream) => stream.response.await.ok(),
-        Err(_) => None,
+    let Ok(mut stream) = handle.request(message).await else {
+        end_holding(handle, permit);
+        return None;
     };
-    if answered.is_none_or(|response| response.get("result").is_none()) {
+    // Opened, the session says so before it serves the request; refused,
+    // the request is answered (or dropped) and the session never opens.
+    let opened = tokio::select! {
+        biased;
+        () = handle.opened() => true,
+        _ = &mut stream.response => false,
+    };
+    if !opened {
         end_holding(handle, permit);
         return None;
     }
     keep(state, session_id.to_owned(), &handle, ask.clone(), permit);
-    Some((handle, Arc::new(Mutex::new(None)), ask.clone()))
+    Some((handle, stream))
 }
 
 /// Keep `handle` as the live session `session_id` until it ends.
@@ -468,4 +479,197 @@ pub(super) fn session_gone() -> Response {
         code::INVALID_REQUEST,
         "the session has ended",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use box_jsonrpc::session::Inbound;
+
+    /// A factory whose sessions reattach (or refuse) the first request they
+    /// get, and say what that request was.
+    struct Reattaching {
+        /// Whether the reattach succeeds.
+        agrees: bool,
+        /// The first request each session got.
+        seen: mpsc::UnboundedSender<Value>,
+        /// Cancelled by each session when it ends.
+        ended: CancellationToken,
+    }
+
+    impl SessionFactory for Reattaching {
+        fn open(
+            &self,
+            _id: String,
+            _ask: TransportAsk,
+            _general: mpsc::Sender<Value>,
+            _shutdown: &CancellationToken,
+        ) -> SessionHandle {
+            unreachable!("a request with a handle opens no fresh session")
+        }
+        fn reattach(
+            &self,
+            id: String,
+            _ask: TransportAsk,
+            _general: mpsc::Sender<Value>,
+            _shutdown: &CancellationToken,
+        ) -> SessionHandle {
+            let (inbound_tx, mut inbound) = mpsc::channel(8);
+            let (cancel, done, opened) = (
+                CancellationToken::new(),
+                CancellationToken::new(),
+                CancellationToken::new(),
+            );
+            let handle = SessionHandle::new(
+                id,
+                inbound_tx,
+                cancel.clone(),
+                done.clone(),
+                opened.clone(),
+                Arc::default(),
+            );
+            let (agrees, seen, ended) = (self.agrees, self.seen.clone(), self.ended.clone());
+            tokio::spawn(async move {
+                let mut first = true;
+                loop {
+                    let message = tokio::select! {
+                        () = cancel.cancelled() => break,
+                        message = inbound.recv() => message,
+                    };
+                    let Some(Inbound::Request(message, reply)) = message else {
+                        break;
+                    };
+                    let id = message["id"].clone();
+                    if std::mem::take(&mut first) {
+                        let _ = seen.send(message);
+                        if !agrees {
+                            reply.answer(error_response(
+                                id,
+                                code::INVALID_PARAMS,
+                                "box.reattach.secret: not the secret",
+                            ));
+                            continue;
+                        }
+                        opened.cancel();
+                    }
+                    reply.answer(json!({"jsonrpc": "2.0", "id": id, "result": {"ran": true}}));
+                }
+                ended.cancel();
+                done.cancel();
+            });
+            handle
+        }
+        fn end_wait(&self) -> Duration {
+            Duration::ZERO
+        }
+        fn sessions_running(&self) -> usize {
+            0
+        }
+        fn metrics(&self) -> (&'static str, String) {
+            ("text/plain", String::new())
+        }
+        fn readiness(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn units_left(&self, _id: &str) -> Vec<crate::UnitLeft> {
+            Vec::new()
+        }
+        fn refused(&self, _refusal: &Refusal) {}
+    }
+
+    async fn call_with_handle(state: &Arc<AppState>, id: u64) -> (StatusCode, Value) {
+        let handle = json!({"id": "kept-session", "secret": "s3cret"});
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "bash", "arguments": {}, "_meta": {
+                box_jsonrpc::era::META_PROTOCOL_VERSION: box_jsonrpc::era::STATELESS_VERSION,
+                box_jsonrpc::era::SESSION_META: handle}}});
+        let mut headers = HeaderMap::new();
+        headers.insert(METHOD_HEADER, HeaderValue::from_static("tools/call"));
+        headers.insert(NAME_HEADER, HeaderValue::from_static("bash"));
+        let accepts = Accepts {
+            json: true,
+            sse: false,
+        };
+        let response = stateless(
+            state,
+            json!(id),
+            "tools/call".to_owned(),
+            message,
+            Ok(TransportAsk::default()),
+            &headers,
+            accepts,
+        )
+        .await;
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    fn state_of(
+        agrees: bool,
+    ) -> (
+        Arc<AppState>,
+        mpsc::UnboundedReceiver<Value>,
+        CancellationToken,
+    ) {
+        let (seen, seen_rx) = mpsc::unbounded_channel();
+        let ended = CancellationToken::new();
+        let factory = Reattaching {
+            agrees,
+            seen,
+            ended: ended.clone(),
+        };
+        let options = HttpOptions::loopback();
+        let state = Arc::new(AppState {
+            sessions_factory: Arc::new(factory),
+            permits: Arc::new(Semaphore::new(options.max_sessions)),
+            options,
+            sessions: Mutex::new(HashMap::new()),
+            shutdown: CancellationToken::new(),
+        });
+        (state, seen_rx, ended)
+    }
+
+    /// A request carrying the handle of a session not live here is itself
+    /// the first request of the session started to reattach it (no open is
+    /// made up for it); once the session says it opened, it is kept under
+    /// its id and the request's answer is the client's.
+    #[tokio::test]
+    async fn the_request_with_the_handle_is_the_reattaching_sessions_first() {
+        let (state, mut seen, _ended) = state_of(true);
+        let (status, answer) = call_with_handle(&state, 7).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["result"]["ran"], json!(true), "{answer}");
+        let first = seen.try_recv().unwrap();
+        assert_eq!(first["method"], json!("tools/call"), "{first}");
+        assert_eq!(first["id"], json!(7), "{first}");
+        assert!(state.lookup("kept-session").is_some(), "kept under its id");
+        let (status, answer) = call_with_handle(&state, 8).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert!(
+            seen.try_recv().is_err(),
+            "the next request goes to the kept session"
+        );
+    }
+
+    /// Refused (a wrong secret, nothing to reattach): the session's answer
+    /// is dropped for today's 404, and the session ended, never kept.
+    #[tokio::test]
+    async fn a_refused_reattach_is_404_and_its_session_ends() {
+        let (state, mut seen, ended) = state_of(false);
+        let (status, answer) = call_with_handle(&state, 7).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("no session `kept-session` on this host"),
+            "{answer}"
+        );
+        assert_eq!(seen.try_recv().unwrap()["method"], json!("tools/call"));
+        tokio::time::timeout(Duration::from_secs(5), ended.cancelled())
+            .await
+            .expect("the refused session ends");
+        assert!(state.lookup("kept-session").is_none());
+    }
 }
