@@ -13,7 +13,7 @@ use box_jsonrpc::EXECUTOR_KEY;
 use serde_json::{Value, json};
 
 use crate::serve::{http, post};
-use crate::support::{HttpHost, box_bin, containers, docker_answers};
+use crate::support::{HttpHost, box_bin, commit_all, containers, docker_answers};
 
 /// The pool's profile: the default one, with two variables a session may drop.
 const PROFILE: &str = "description = \"pool tests\"\nextends = \"default\"\n\n[env]\nset = { POOL_A = \"a\", POOL_B = \"b\" }\n\n[limits]\nmemory = \"1GiB\"\n";
@@ -1591,28 +1591,7 @@ const FORK_PROFILE: &str = "description = \"pool tests, each session on its own 
 fn fork_project() -> tempfile::TempDir {
     let project = tempfile::tempdir().unwrap();
     std::fs::write(project.path().join("shared.txt"), "host\n").unwrap();
-    for args in [
-        &["init", "-q", "-b", "main"][..],
-        &["add", "-A"],
-        &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@example.com",
-            "commit",
-            "-qm",
-            "base",
-        ],
-    ] {
-        let status = Command::new("git")
-            .current_dir(project.path())
-            .args(args)
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .status()
-            .unwrap();
-        assert!(status.success(), "git {args:?}");
-    }
+    commit_all(project.path());
     project
 }
 

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 
 mod http_host;
 pub mod registries;
+mod repository;
 mod served;
 
 pub use http_host::HttpHost;
+pub use repository::commit_all;
 pub use served::{Served, serve_command};
 
 /// The `box` binary cargo built for these tests.
