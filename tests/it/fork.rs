@@ -13,7 +13,10 @@ use std::process::Command;
 use boxhost::backend::docker::DockerBackend;
 use serde_json::{Value, json};
 
-use crate::support::{HttpHost, Served, box_bin, containers, serve_command, under_ci};
+use crate::support::{
+    HttpHost, Served, box_bin, commit_all, containers, merges_workspace_back, serve_command,
+    under_ci,
+};
 
 /// Whether the Docker engine answers; under CI a missing engine is a failure.
 fn docker() -> bool {
@@ -661,30 +664,13 @@ async fn http_sessions_on_forked_workspaces_are_isolated_and_merge_back() {
         "host\n"
     );
 
-    let merged = post(
+    merges_workspace_back(
         address,
-        Some(&a),
-        &[],
-        &json!({"jsonrpc": "2.0", "id": 2, "method": "box/merge", "params": {"unit": "workspace"}}),
+        &a,
+        ws,
+        &[("a.txt", "from-a\n"), ("shared.txt", "a\n")],
     )
-    .await
-    .json();
-    let mut paths: Vec<String> = merged["result"]["merged"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{merged}"))
-        .iter()
-        .map(|path| path.as_str().unwrap().to_owned())
-        .collect();
-    paths.sort();
-    assert_eq!(paths, ["a.txt", "shared.txt"], "{merged}");
-    assert_eq!(
-        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
-        "from-a\n"
-    );
-    assert_eq!(
-        std::fs::read_to_string(ws.join("shared.txt")).unwrap(),
-        "a\n"
-    );
+    .await;
     assert!(!ws.join("b.txt").exists());
     let still_b = bash(b.clone(), "cat shared.txt; ls").await;
     assert!(
@@ -1085,21 +1071,8 @@ async fn concurrent_merges_both_land_and_a_degraded_fork_says_so() {
     // A repository whose index is corrupt: HEAD resolves, `git status` cannot run.
     let repo = tempfile::tempdir().unwrap();
     let dir = repo.path();
-    git(dir, &["init", "-q", "-b", "main"]);
     std::fs::write(dir.join("README.md"), "committed\n").unwrap();
-    git(dir, &["add", "README.md"]);
-    git(
-        dir,
-        &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-qm",
-            "one",
-        ],
-    );
+    commit_all(dir);
     std::fs::write(dir.join("README.md"), "uncommitted\n").unwrap();
     std::fs::write(dir.join(".git/index"), b"DIRC garbage").unwrap();
     let instance = format!("e2e-fork-degraded-{}", std::process::id());

@@ -125,6 +125,39 @@ pub fn local_here() -> bool {
     false
 }
 
+/// `box/merge {"unit": "workspace"}` of `session` on the HTTP host at
+/// `address`: it answers that it merged exactly the paths of `merged` (in
+/// any order), and each `(path, text)` of it now holds its text in
+/// `workspace`, the host directory the session's fork was made from.
+pub async fn merges_workspace_back(
+    address: std::net::SocketAddr,
+    session: &str,
+    workspace: &std::path::Path,
+    merged: &[(&str, &str)],
+) {
+    let message = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "box/merge", "params": {"unit": "workspace"}});
+    let answer = crate::serve::post(address, Some(session), &[], &message)
+        .await
+        .json();
+    let mut paths: Vec<String> = answer["result"]["merged"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .iter()
+        .map(|path| path.as_str().unwrap().to_owned())
+        .collect();
+    paths.sort();
+    let mut expected: Vec<&str> = merged.iter().map(|(path, _)| *path).collect();
+    expected.sort_unstable();
+    assert_eq!(paths, expected, "{answer}");
+    for (path, text) in merged {
+        assert_eq!(
+            std::fs::read_to_string(workspace.join(path)).unwrap(),
+            *text,
+            "{path}"
+        );
+    }
+}
+
 /// The containers labelled with `instance` (and, if given, unit `unit`).
 pub async fn containers(instance: &str, unit: Option<&str>) -> Vec<String> {
     let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
