@@ -105,6 +105,21 @@ pub struct SessionLabel {
     pub profile: String,
 }
 
+/// `text` with every character but ASCII letters, digits, `-` and `_` made
+/// `_`: safe in a directory's name and in an engine's volume and network
+/// names (a session's instance, id and profile are anyone's to write).
+pub fn safe_name(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// The executor's stdio inside a running unit: MCP flows over it.
 pub struct ExecutorIo {
     /// The executor's stdin.
