@@ -54,10 +54,7 @@ impl Pooling for DockerBackend {
     ) -> BoxFuture<'a, Result<PooledUnit, BackendError>> {
         Box::pin(async move {
             let (started, detail) = self.start_unit_for(label, spec, wiring, true).await?;
-            Ok(PooledUnit {
-                started,
-                detail: Box::new(detail),
-            })
+            Ok(PooledUnit::new(started, detail))
         })
     }
 
