@@ -22,11 +22,7 @@ impl DockerBackend {
         unit: &AdoptUnit,
     ) -> Result<StartedUnit, BackendError> {
         let name = spec.name.as_str();
-        let refused = |doing: &str, message: String| BackendError::Other {
-            unit: name.to_owned(),
-            doing: doing.to_owned(),
-            message,
-        };
+        let refused = BackendError::other_for(name);
         let inspect = match self.docker.inspect_container(&unit.id, None).await {
             Ok(inspect) => inspect,
             Err(e) if status_of(&e) == Some(404) => {

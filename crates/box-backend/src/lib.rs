@@ -94,6 +94,18 @@ pub enum BackendError {
     },
 }
 
+impl BackendError {
+    /// What makes [`BackendError::Other`] for `unit`, from what was being
+    /// done and what went wrong.
+    pub fn other_for(unit: &str) -> impl Fn(&str, String) -> Self + '_ {
+        move |doing, message| Self::Other {
+            unit: unit.to_owned(),
+            doing: doing.to_owned(),
+            message,
+        }
+    }
+}
+
 /// Identifies one session for the backends (labels, names).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SessionLabel {
