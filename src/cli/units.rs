@@ -56,14 +56,7 @@ pub enum UnitFilter {
 impl UnitFilter {
     /// `KEY=VALUE`, or why not (clap puts the flag and the value before it).
     fn parse(text: &str) -> Result<Self, String> {
-        let Some((key, value)) = text.split_once('=') else {
-            return Err(format!(
-                "write KEY=VALUE, like session=4d5ff461...; keys: {FILTER_KEYS}"
-            ));
-        };
-        if value.is_empty() {
-            return Err(format!("`{key}=` has no value; write {key}=VALUE"));
-        }
+        let (key, value) = super::filter_parts(text, "session=4d5ff461...", FILTER_KEYS)?;
         match key {
             "backend" => crate::backends::named(value).map(UnitFilter::Backend),
             "instance" => Ok(UnitFilter::Instance(value.to_owned())),

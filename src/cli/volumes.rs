@@ -52,14 +52,7 @@ pub enum VolumeFilter {
 impl VolumeFilter {
     /// `KEY=VALUE`, or why not.
     fn parse(text: &str) -> Result<Self, String> {
-        let Some((key, value)) = text.split_once('=') else {
-            return Err(format!(
-                "write KEY=VALUE, like profile=dev; keys: {FILTER_KEYS}"
-            ));
-        };
-        if value.is_empty() {
-            return Err(format!("`{key}=` has no value; write {key}=VALUE"));
-        }
+        let (key, value) = super::filter_parts(text, "profile=dev", FILTER_KEYS)?;
         match key {
             "backend" => {
                 crate::backends::named(value).map(|kind| Self::Backend(kind.as_str().to_owned()))
