@@ -619,43 +619,13 @@ fn table(rows: &[Row]) -> String {
         }
         // Labels are anyone's to write on a container: nothing in one may
         // move the cursor or break the line.
-        text.chars()
-            .flat_map(|c| {
-                if c.is_control() {
-                    c.escape_default().collect::<Vec<_>>()
-                } else {
-                    vec![c]
-                }
-            })
-            .collect()
+        super::out::escape_controls(text)
     };
     let lines: Vec<Vec<String>> = std::iter::once(COLUMNS.map(str::to_owned))
         .chain(rows.iter().cloned())
         .map(|row| row.iter().map(|text| cell(text)).collect())
         .collect();
-    let widths: Vec<usize> = (0..COLUMNS.len())
-        .map(|column| {
-            lines
-                .iter()
-                .map(|line| line[column].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for line in &lines {
-        let mut text = String::new();
-        for (column, cell) in line.iter().enumerate() {
-            text.push_str(cell);
-            if column + 1 < line.len() {
-                let pad = widths[column] - cell.chars().count() + 3;
-                text.extend(std::iter::repeat_n(' ', pad));
-            }
-        }
-        out.push_str(text.trim_end());
-        out.push('\n');
-    }
-    out
+    super::out::columns(&lines)
 }
 
 /// How long ago `created` (RFC 3339) was, at `now`, in its largest whole
