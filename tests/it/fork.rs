@@ -14,7 +14,7 @@ use boxhost::backend::docker::DockerBackend;
 use serde_json::{Value, json};
 
 use crate::support::{
-    HttpHost, Served, box_bin, commit_all, containers, merges_workspace_back, serve_command,
+    HttpHost, Served, box_bin, commit_all, containers, git, merges_workspace_back, serve_command,
     under_ci,
 };
 
@@ -48,22 +48,6 @@ fn serve(
     let mut command = serve_command(backend, instance, workspace);
     command.args(more).env("XDG_STATE_HOME", state);
     Served::start(command)
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let output = Command::new("git")
-        .current_dir(dir)
-        .args(args)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
 /// A repository with a commit, a binary file, a dirty change and an

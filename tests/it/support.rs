@@ -10,7 +10,7 @@ mod repository;
 mod served;
 
 pub use http_host::HttpHost;
-pub use repository::commit_all;
+pub use repository::{commit_all, git};
 pub use served::{Served, serve_command};
 
 /// The `box` binary cargo built for these tests.
