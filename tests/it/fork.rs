@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::support::{
     HttpHost, Served, box_bin, commit_all, containers, git, merges_workspace_back, serve_command,
-    under_ci,
+    snapshot, under_ci,
 };
 
 /// Whether the Docker engine answers; under CI a missing engine is a failure.
@@ -55,26 +55,12 @@ fn serve(
 /// a filter, an fsmonitor and an external diff that would each leave a
 /// canary in `canaries` if they ever ran.
 fn hostile_repository(dir: &Path, canaries: &Path) {
-    git(dir, &["init", "-q", "-b", "main"]);
     std::fs::write(dir.join("kept.txt"), "kept\n").unwrap();
     std::fs::write(dir.join("changed.txt"), "before\n").unwrap();
     std::fs::write(dir.join("gone.txt"), "to be deleted\n").unwrap();
     std::fs::write(dir.join("blob.bin"), [0u8, 159, 146, 150, 0, 1, 2]).unwrap();
     std::fs::write(dir.join(".gitattributes"), "*.txt filter=evil diff=evil\n").unwrap();
-    git(dir, &["add", "-A"]);
-    git(
-        dir,
-        &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-q",
-            "-m",
-            "base",
-        ],
-    );
+    commit_all(dir);
     let canary = |name: &str| format!("touch {}", canaries.join(name).display());
     let config = format!(
         "[core]\n\tfsmonitor = \"{fsmonitor}\"\n\thooksPath = hooks\n[filter \"evil\"]\n\tclean = \"{clean}\"\n\tsmudge = \"{smudge}\"\n\tprocess = \"{process}\"\n[diff \"evil\"]\n\ttextconv = \"{textconv}\"\n[diff]\n\texternal = \"{external}\"\n",
@@ -153,23 +139,6 @@ async fn forks_in_both_modes_are_isolated_and_merge_back() {
 #[tokio::test(flavor = "multi_thread")]
 async fn forks_in_both_modes_are_isolated_and_merge_back_on_the_local_backend() {
     forks_in_both_modes("local").await;
-}
-
-/// Every entry beneath `dir` with its size and modification time.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
-    let mut found = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(next) = pending.pop() {
-        for entry in std::fs::read_dir(&next).unwrap().flatten() {
-            let metadata = entry.metadata().unwrap();
-            if metadata.is_dir() {
-                pending.push(entry.path());
-            }
-            found.push((entry.path(), metadata.len(), metadata.modified().unwrap()));
-        }
-    }
-    found.sort();
-    found
 }
 
 /// Fork in copy and in worktree mode on `backend`: each child sees the

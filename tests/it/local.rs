@@ -16,7 +16,7 @@ use boxhost::backend::{
 use boxhost::plan::{Limits, NetworkMode, Requirement, Role, UnitSpec, UserIds, WorkspaceSource};
 use tokio::io::AsyncReadExt;
 
-use crate::support::{box_bin, box_in_a_pty, commit_all, git, under_ci};
+use crate::support::{box_bin, box_in_a_pty, commit_all, git, snapshot, under_ci};
 
 /// The units `backend` lists of `session`: `list` also shows every other
 /// host process's local units (their run directories), other tests' among
@@ -590,23 +590,6 @@ async fn hidden_files_are_refused_not_ignored() {
         matches!(&error, BackendError::Unenforceable { control, .. } if control.contains("hide")),
         "{error}"
     );
-}
-
-/// Every entry beneath `dir` with its size and modification time.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
-    let mut found = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(next) = pending.pop() {
-        for entry in std::fs::read_dir(&next).unwrap().flatten() {
-            let metadata = entry.metadata().unwrap();
-            if metadata.is_dir() {
-                pending.push(entry.path());
-            }
-            found.push((entry.path(), metadata.len(), metadata.modified().unwrap()));
-        }
-    }
-    found.sort();
-    found
 }
 
 /// A worktree fork's borrowed objects (issue 11): the unit sees the parent's

@@ -158,6 +158,23 @@ pub async fn merges_workspace_back(
     }
 }
 
+/// Every entry beneath `dir` with its size and modification time.
+pub fn snapshot(dir: &std::path::Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).unwrap().flatten() {
+            let metadata = entry.metadata().unwrap();
+            if metadata.is_dir() {
+                pending.push(entry.path());
+            }
+            found.push((entry.path(), metadata.len(), metadata.modified().unwrap()));
+        }
+    }
+    found.sort();
+    found
+}
+
 /// The containers labelled with `instance` (and, if given, unit `unit`).
 pub async fn containers(instance: &str, unit: Option<&str>) -> Vec<String> {
     let docker = boxhost::backend::docker::bollard::Docker::connect_with_defaults().unwrap();
