@@ -81,6 +81,10 @@
 #[path = "common/mod.rs"]
 mod common;
 
+/// The git repository setup the integration tests use.
+#[path = "../tests/it/support/repository.rs"]
+mod repository;
+
 use common::{env_number, median, micros, ms, percentile};
 
 use std::io::{BufRead, BufReader, Write};
@@ -1925,13 +1929,8 @@ async fn pool_ready(address: SocketAddr, profile: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// Wait until the pool holds `ready` units; how long that took.
-async fn pool_filled(address: SocketAddr, ready: usize) -> Duration {
-    pool_of_filled(address, "default", ready).await
-}
-
-/// [`pool_filled`] for the pool of `profile`.
-async fn pool_of_filled(address: SocketAddr, profile: &str, ready: usize) -> Duration {
+/// Wait until the pool of `profile` holds `ready` units; how long that took.
+async fn pool_filled(address: SocketAddr, profile: &str, ready: usize) -> Duration {
     let started = Instant::now();
     while pool_ready(address, profile).await < ready {
         assert!(
@@ -1961,6 +1960,49 @@ async fn concurrent_starts(address: SocketAddr, sessions: usize) -> Vec<Duration
         .into_iter()
         .map(|start| start.unwrap())
         .collect()
+}
+
+/// Session starts ([`http_session_start`]) on `warm`, a host whose pool of
+/// the profile named holds 2 units, and on `cold`, alternating for `rounds`
+/// rounds: the warm starts and the cold ones. A claim's refill must not run
+/// during the next cold figure, nor the warm one find the pool empty: each
+/// waits for a full pool. Round 0 warms the engine's and the page cache for
+/// both and is not counted.
+async fn interleaved_starts(
+    (warm, profile): (SocketAddr, &str),
+    cold: SocketAddr,
+    rounds: usize,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut warm_starts, mut cold_starts) = (Vec::new(), Vec::new());
+    for round in 0..=rounds {
+        pool_filled(warm, profile, 2).await;
+        let w = http_session_start(warm).await;
+        pool_filled(warm, profile, 2).await;
+        let c = http_session_start(cold).await;
+        if round > 0 {
+            warm_starts.push(w);
+            cold_starts.push(c);
+        }
+    }
+    (warm_starts, cold_starts)
+}
+
+/// Warm starts against cold ones, as the `warm` and `warmfork` lines say
+/// them: each one's median and p99, then their ratios, each followed by its
+/// entry of `goals`.
+fn warm_against_cold(warm: &[Duration], cold: &[Duration], goals: [&str; 2]) -> String {
+    let ratio = |p: f64| ms(percentile(warm, p)) / ms(percentile(cold, p));
+    format!(
+        "claiming a pooled unit median {:.1} ms, p99 {:.1} ms | a cold start of the same plan median {:.1} ms, p99 {:.1} ms | ratio median {:.2}{}, p99 {:.2}{}",
+        ms(median(warm)),
+        ms(percentile(warm, 0.99)),
+        ms(median(cold)),
+        ms(percentile(cold, 0.99)),
+        ratio(0.5),
+        goals[0],
+        ratio(0.99),
+        goals[1],
+    )
 }
 
 /// VmRSS in KiB of `pid` and every process below it (a local unit: its
@@ -2000,9 +2042,9 @@ async fn run_host_figures(backend: &str, workspace: &Path) {
     let (mut warm_runs, mut cold_runs, mut own_runs) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..=rounds {
         // Each figure with the pool full and no refill running beside it.
-        pool_filled(warm, 2).await;
+        pool_filled(warm, "default", 2).await;
         let w = box_run_once(&host(warm));
-        pool_filled(warm, 2).await;
+        pool_filled(warm, "default", 2).await;
         let c = box_run_once(&host(cold));
         let o = box_run_once(&own);
         // Round 0 warms the page cache and the engine's for all three.
@@ -2048,29 +2090,7 @@ async fn warm_fork_figures(backend: &str) {
         .unwrap();
     }
     std::fs::write(project.path().join("small.txt"), "small\n").unwrap();
-    for args in [
-        &["init", "-q", "-b", "main"][..],
-        &["add", "-A"],
-        &[
-            "-c",
-            "user.name=b",
-            "-c",
-            "user.email=b@example.com",
-            "commit",
-            "-qm",
-            "base",
-        ],
-    ] {
-        let status = Command::new("git")
-            .current_dir(project.path())
-            .args(args)
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .stdout(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert!(status.success(), "git {args:?}");
-    }
+    repository::commit_all(project.path());
     let mode = std::env::var("BOX_BENCH_FORK_MODE").unwrap_or_else(|_| "auto".to_owned());
     let profiles = tempfile::tempdir().unwrap();
     std::fs::write(
@@ -2097,27 +2117,10 @@ async fn warm_fork_figures(backend: &str) {
     let (_cold_server, cold) = host("cold", false);
     wait_listening(warm).await;
     wait_listening(cold).await;
-    let (mut warm_starts, mut cold_starts) = (Vec::new(), Vec::new());
-    for round in 0..=rounds {
-        pool_of_filled(warm, "forked", 2).await;
-        let w = http_session_start(warm).await;
-        pool_of_filled(warm, "forked", 2).await;
-        let c = http_session_start(cold).await;
-        // Round 0 warms the engine's and the page cache for both.
-        if round > 0 {
-            warm_starts.push(w);
-            cold_starts.push(c);
-        }
-    }
-    let ratio = |p: f64| ms(percentile(&warm_starts, p)) / ms(percentile(&cold_starts, p));
+    let (warm_starts, cold_starts) = interleaved_starts((warm, "forked"), cold, rounds).await;
     println!(
-        "warmfork, {backend}: session start of a source = \"fork\" profile (fork_mode {mode}, {files} files, a git repository; initialize → first read result, HTTP) claiming a pooled unit median {:.1} ms, p99 {:.1} ms | a cold start of the same plan median {:.1} ms, p99 {:.1} ms | ratio median {:.2}, p99 {:.2}, {rounds} rounds",
-        ms(median(&warm_starts)),
-        ms(percentile(&warm_starts, 0.99)),
-        ms(median(&cold_starts)),
-        ms(percentile(&cold_starts, 0.99)),
-        ratio(0.5),
-        ratio(0.99),
+        "warmfork, {backend}: session start of a source = \"fork\" profile (fork_mode {mode}, {files} files, a git repository; initialize → first read result, HTTP) {}, {rounds} rounds",
+        warm_against_cold(&warm_starts, &cold_starts, ["", ""]),
     );
 }
 
@@ -2126,29 +2129,14 @@ async fn warm_figures(backend: &str, workspace: &Path) {
     let concurrent = env_number("BOX_BENCH_WARM_CONCURRENT", 20);
     let (warm_server, warm) = warm_host(backend, workspace, "pooled", Some(2)).await;
     let (_cold_server, cold) = warm_host(backend, workspace, "cold", None).await;
-    let (mut warm_starts, mut cold_starts) = (Vec::new(), Vec::new());
-    for round in 0..=rounds {
-        // A claim's refill must not run during the next cold figure, nor
-        // the warm one find the pool empty: each waits for a full pool.
-        pool_filled(warm, 2).await;
-        let w = http_session_start(warm).await;
-        pool_filled(warm, 2).await;
-        let c = http_session_start(cold).await;
-        // Round 0 warms the engine's and the page cache for both.
-        if round > 0 {
-            warm_starts.push(w);
-            cold_starts.push(c);
-        }
-    }
-    let ratio = |p: f64| ms(percentile(&warm_starts, p)) / ms(percentile(&cold_starts, p));
+    let (warm_starts, cold_starts) = interleaved_starts((warm, "default"), cold, rounds).await;
     println!(
-        "warm, {backend}: session start (initialize → first read result, HTTP) claiming a pooled unit median {:.1} ms, p99 {:.1} ms | a cold start of the same plan median {:.1} ms, p99 {:.1} ms | ratio median {:.2} (goal ≤ 0.10), p99 {:.2} (goal ≤ 0.20), {rounds} rounds",
-        ms(median(&warm_starts)),
-        ms(percentile(&warm_starts, 0.99)),
-        ms(median(&cold_starts)),
-        ms(percentile(&cold_starts, 0.99)),
-        ratio(0.5),
-        ratio(0.99),
+        "warm, {backend}: session start (initialize → first read result, HTTP) {}, {rounds} rounds",
+        warm_against_cold(
+            &warm_starts,
+            &cold_starts,
+            [" (goal ≤ 0.10)", " (goal ≤ 0.20)"]
+        ),
     );
     // What an idle pooled unit costs: the engine's (the unit's cgroup
     // memory; local: the VmRSS of its helper, init and executor, shared
@@ -2182,7 +2170,7 @@ async fn warm_figures(backend: &str, workspace: &Path) {
     // Refill from empty, and `concurrent` claims at once on a pool that size.
     let (pool_server, pool) = warm_host(backend, workspace, "concurrent", Some(concurrent)).await;
     let (rss_empty, _) = memory_of(pool_server.pid());
-    let filled = pool_filled(pool, concurrent).await;
+    let filled = pool_filled(pool, "default", concurrent).await;
     let (rss_full, _) = memory_of(pool_server.pid());
     let together = concurrent_starts(pool, concurrent).await;
     drop(pool_server);

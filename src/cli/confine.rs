@@ -8,7 +8,6 @@
 //! given (the caller's, already cleared and git-neutralised). Runs before any
 //! thread starts, so the confinement covers the whole process.
 
-use std::ffi::OsString;
 use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 
@@ -30,19 +29,13 @@ pub struct ConfineArgs {
     /// Run as this gid (with `--uid`).
     #[arg(long, value_name = "GID", requires = "uid")]
     pub gid: Option<u32>,
-    /// The command to confine and run.
-    #[arg(
-        value_name = "CMD",
-        required = true,
-        last = true,
-        allow_hyphen_values = true
-    )]
-    pub command: Vec<OsString>,
+    #[command(flatten)]
+    pub run: super::ConfinedCommand,
 }
 
 /// Confine, then `execve` CMD; returns only on failure.
 pub fn confine(args: ConfineArgs) -> anyhow::Result<std::process::ExitCode> {
-    let Some((program, rest)) = args.command.split_first() else {
+    let Some((program, rest)) = args.run.command.split_first() else {
         anyhow::bail!("box confine: no command given");
     };
     box_confine::set_no_new_privs().context("box confine: no_new_privs")?;

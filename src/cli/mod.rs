@@ -49,6 +49,36 @@ BOX_LOG=info,box_host=debug); when BOX_LOG is unset, RUST_LOG is read.
 Units' executors log into the same stream as box_executor events, their
 fields as fields (BOX_LOG=info,box_executor=warn quiets them).";
 
+/// What `box confine` and `box sandbox` run once they have confined their
+/// process: everything after `--`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfinedCommand {
+    /// The command to confine and run.
+    #[arg(
+        value_name = "CMD",
+        required = true,
+        last = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+/// A `--filter KEY=VALUE` (`box units ls`, `box volumes ls`) split at its
+/// first `=`, or why not: `example` shows one, `keys` names them all.
+fn filter_parts<'a>(
+    text: &'a str,
+    example: &str,
+    keys: &str,
+) -> Result<(&'a str, &'a str), String> {
+    let Some((key, value)) = text.split_once('=') else {
+        return Err(format!("write KEY=VALUE, like {example}; keys: {keys}"));
+    };
+    if value.is_empty() {
+        return Err(format!("`{key}=` has no value; write {key}=VALUE"));
+    }
+    Ok((key, value))
+}
+
 /// box: hardened, isolated units for AI agents' tool execution, behind one MCP host.
 #[derive(Debug, Parser)]
 #[command(

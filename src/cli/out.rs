@@ -2,7 +2,8 @@
 //! (`box units ls | head -1`); every command writes through `outln!`/`out!`
 //! instead, which end the process quietly with 0 on a closed pipe, as
 //! ripgrep and other Unix tools do. A tidy test keeps `println!` out of
-//! `src/cli/`.
+//! `src/cli/`. The listings' tables (`box units ls`, `box units top`, `box
+//! volumes ls`) are laid out here too (`columns`).
 
 use std::io::Write as _;
 
@@ -35,6 +36,50 @@ fn closed(error: &std::io::Error) -> ! {
         "box: cannot write to standard output: {error}"
     );
     std::process::exit(1);
+}
+
+/// `lines` (the header first) as a table: each column as wide as its widest
+/// cell, three spaces apart, no line ending in spaces.
+pub fn columns<Line: AsRef<[String]>>(lines: &[Line]) -> String {
+    let mut widths: Vec<usize> = Vec::new();
+    for line in lines {
+        for (column, cell) in line.as_ref().iter().enumerate() {
+            let width = cell.chars().count();
+            match widths.get_mut(column) {
+                Some(widest) => *widest = (*widest).max(width),
+                None => widths.push(width),
+            }
+        }
+    }
+    let mut out = String::new();
+    for line in lines {
+        let line = line.as_ref();
+        let mut text = String::new();
+        for (column, cell) in line.iter().enumerate() {
+            text.push_str(cell);
+            if column + 1 < line.len() {
+                let pad = widths[column] - cell.chars().count() + 3;
+                text.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `text` with each control character escaped (`\n`, `\u{1b}`): nothing
+/// in a cell may move the cursor or break the line.
+pub fn escape_controls(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
 }
 
 /// `println!` that ends the command quietly on a closed pipe.

@@ -1,8 +1,6 @@
 //! `box sandbox` (hidden): the local backend's helper, run in the unit's
 //! process. Its flags are clap's here; the helper takes them as plain data.
 
-use std::ffi::OsString;
-
 /// `box sandbox`: confine this process, then run CMD.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SandboxArgs {
@@ -22,14 +20,8 @@ pub struct SandboxArgs {
     /// exit at once if the parent is already another.
     #[arg(long, value_name = "PID")]
     pub parent: Option<u32>,
-    /// The command to confine and run.
-    #[arg(
-        value_name = "CMD",
-        required = true,
-        last = true,
-        allow_hyphen_values = true
-    )]
-    pub command: Vec<OsString>,
+    #[command(flatten)]
+    pub run: super::ConfinedCommand,
 }
 
 /// Run the helper; when CMD is this binary's `box execute`, the executor runs
@@ -40,7 +32,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<std::process::ExitCode> {
         spec_stdin: args.spec_stdin,
         report_stdout: args.report_stdout,
         parent: args.parent,
-        command: args.command,
+        command: args.run.command,
     };
     // The unit's stderr is read by its host, which re-emits JSON lines with their fields.
     box_backend_local::sandbox(args, box_executor::serve_json_logs)

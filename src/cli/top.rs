@@ -132,31 +132,7 @@ fn render(rows: &[Vec<String>]) -> String {
                 .collect()
         })
         .collect();
-    let widths: Vec<usize> = (0..COLUMNS.len())
-        .map(|column| {
-            lines
-                .iter()
-                .map(|line| line[column].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for line in &lines {
-        let mut text = String::new();
-        for (column, cell) in line.iter().enumerate() {
-            text.push_str(cell);
-            if column + 1 < line.len() {
-                text.extend(std::iter::repeat_n(
-                    ' ',
-                    widths[column] - cell.chars().count() + 3,
-                ));
-            }
-        }
-        out.push_str(text.trim_end());
-        out.push('\n');
-    }
-    out
+    super::out::columns(&lines)
 }
 
 /// Run `box units top`: a frame every second until interrupted, or one

@@ -56,14 +56,7 @@ pub enum UnitFilter {
 impl UnitFilter {
     /// `KEY=VALUE`, or why not (clap puts the flag and the value before it).
     fn parse(text: &str) -> Result<Self, String> {
-        let Some((key, value)) = text.split_once('=') else {
-            return Err(format!(
-                "write KEY=VALUE, like session=4d5ff461...; keys: {FILTER_KEYS}"
-            ));
-        };
-        if value.is_empty() {
-            return Err(format!("`{key}=` has no value; write {key}=VALUE"));
-        }
+        let (key, value) = super::filter_parts(text, "session=4d5ff461...", FILTER_KEYS)?;
         match key {
             "backend" => crate::backends::named(value).map(UnitFilter::Backend),
             "instance" => Ok(UnitFilter::Instance(value.to_owned())),
@@ -626,43 +619,13 @@ fn table(rows: &[Row]) -> String {
         }
         // Labels are anyone's to write on a container: nothing in one may
         // move the cursor or break the line.
-        text.chars()
-            .flat_map(|c| {
-                if c.is_control() {
-                    c.escape_default().collect::<Vec<_>>()
-                } else {
-                    vec![c]
-                }
-            })
-            .collect()
+        super::out::escape_controls(text)
     };
     let lines: Vec<Vec<String>> = std::iter::once(COLUMNS.map(str::to_owned))
         .chain(rows.iter().cloned())
         .map(|row| row.iter().map(|text| cell(text)).collect())
         .collect();
-    let widths: Vec<usize> = (0..COLUMNS.len())
-        .map(|column| {
-            lines
-                .iter()
-                .map(|line| line[column].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for line in &lines {
-        let mut text = String::new();
-        for (column, cell) in line.iter().enumerate() {
-            text.push_str(cell);
-            if column + 1 < line.len() {
-                let pad = widths[column] - cell.chars().count() + 3;
-                text.extend(std::iter::repeat_n(' ', pad));
-            }
-        }
-        out.push_str(text.trim_end());
-        out.push('\n');
-    }
-    out
+    super::out::columns(&lines)
 }
 
 /// How long ago `created` (RFC 3339) was, at `now`, in its largest whole

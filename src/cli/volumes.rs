@@ -52,14 +52,7 @@ pub enum VolumeFilter {
 impl VolumeFilter {
     /// `KEY=VALUE`, or why not.
     fn parse(text: &str) -> Result<Self, String> {
-        let Some((key, value)) = text.split_once('=') else {
-            return Err(format!(
-                "write KEY=VALUE, like profile=dev; keys: {FILTER_KEYS}"
-            ));
-        };
-        if value.is_empty() {
-            return Err(format!("`{key}=` has no value; write {key}=VALUE"));
-        }
+        let (key, value) = super::filter_parts(text, "profile=dev", FILTER_KEYS)?;
         match key {
             "backend" => {
                 crate::backends::named(value).map(|kind| Self::Backend(kind.as_str().to_owned()))
@@ -281,41 +274,10 @@ fn table(volumes: &[ListedVolume], now: SystemTime) -> String {
         .map(|row| {
             // Names come from files anyone with box's user can write:
             // nothing in one may move the cursor.
-            row.map(|cell| {
-                cell.chars()
-                    .flat_map(|c| {
-                        if c.is_control() {
-                            c.escape_default().collect::<Vec<_>>()
-                        } else {
-                            vec![c]
-                        }
-                    })
-                    .collect()
-            })
+            row.map(|cell| super::out::escape_controls(&cell))
         })
         .collect();
-    let widths: Vec<usize> = (0..COLUMNS.len())
-        .map(|column| {
-            rows.iter()
-                .map(|row| row[column].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for row in &rows {
-        let mut line = String::new();
-        for (column, cell) in row.iter().enumerate() {
-            line.push_str(cell);
-            if column + 1 < row.len() {
-                let pad = widths[column] - cell.chars().count() + 3;
-                line.extend(std::iter::repeat_n(' ', pad));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
+    super::out::columns(&rows)
 }
 
 /// The backends that remove volumes, connected once each when first needed.

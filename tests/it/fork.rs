@@ -13,7 +13,10 @@ use std::process::Command;
 use boxhost::backend::docker::DockerBackend;
 use serde_json::{Value, json};
 
-use crate::support::{HttpHost, Served, box_bin, containers, serve_command, under_ci};
+use crate::support::{
+    HttpHost, Served, box_bin, commit_all, containers, git, merges_workspace_back, serve_command,
+    snapshot, under_ci,
+};
 
 /// Whether the Docker engine answers; under CI a missing engine is a failure.
 fn docker() -> bool {
@@ -47,47 +50,17 @@ fn serve(
     Served::start(command)
 }
 
-fn git(dir: &Path, args: &[&str]) -> String {
-    let output = Command::new("git")
-        .current_dir(dir)
-        .args(args)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
-}
-
 /// A repository with a commit, a binary file, a dirty change and an
 /// untracked file; its git configuration and attributes hostile: a hook,
 /// a filter, an fsmonitor and an external diff that would each leave a
 /// canary in `canaries` if they ever ran.
 fn hostile_repository(dir: &Path, canaries: &Path) {
-    git(dir, &["init", "-q", "-b", "main"]);
     std::fs::write(dir.join("kept.txt"), "kept\n").unwrap();
     std::fs::write(dir.join("changed.txt"), "before\n").unwrap();
     std::fs::write(dir.join("gone.txt"), "to be deleted\n").unwrap();
     std::fs::write(dir.join("blob.bin"), [0u8, 159, 146, 150, 0, 1, 2]).unwrap();
     std::fs::write(dir.join(".gitattributes"), "*.txt filter=evil diff=evil\n").unwrap();
-    git(dir, &["add", "-A"]);
-    git(
-        dir,
-        &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-q",
-            "-m",
-            "base",
-        ],
-    );
+    commit_all(dir);
     let canary = |name: &str| format!("touch {}", canaries.join(name).display());
     let config = format!(
         "[core]\n\tfsmonitor = \"{fsmonitor}\"\n\thooksPath = hooks\n[filter \"evil\"]\n\tclean = \"{clean}\"\n\tsmudge = \"{smudge}\"\n\tprocess = \"{process}\"\n[diff \"evil\"]\n\ttextconv = \"{textconv}\"\n[diff]\n\texternal = \"{external}\"\n",
@@ -166,23 +139,6 @@ async fn forks_in_both_modes_are_isolated_and_merge_back() {
 #[tokio::test(flavor = "multi_thread")]
 async fn forks_in_both_modes_are_isolated_and_merge_back_on_the_local_backend() {
     forks_in_both_modes("local").await;
-}
-
-/// Every entry beneath `dir` with its size and modification time.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
-    let mut found = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(next) = pending.pop() {
-        for entry in std::fs::read_dir(&next).unwrap().flatten() {
-            let metadata = entry.metadata().unwrap();
-            if metadata.is_dir() {
-                pending.push(entry.path());
-            }
-            found.push((entry.path(), metadata.len(), metadata.modified().unwrap()));
-        }
-    }
-    found.sort();
-    found
 }
 
 /// Fork in copy and in worktree mode on `backend`: each child sees the
@@ -661,30 +617,13 @@ async fn http_sessions_on_forked_workspaces_are_isolated_and_merge_back() {
         "host\n"
     );
 
-    let merged = post(
+    merges_workspace_back(
         address,
-        Some(&a),
-        &[],
-        &json!({"jsonrpc": "2.0", "id": 2, "method": "box/merge", "params": {"unit": "workspace"}}),
+        &a,
+        ws,
+        &[("a.txt", "from-a\n"), ("shared.txt", "a\n")],
     )
-    .await
-    .json();
-    let mut paths: Vec<String> = merged["result"]["merged"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{merged}"))
-        .iter()
-        .map(|path| path.as_str().unwrap().to_owned())
-        .collect();
-    paths.sort();
-    assert_eq!(paths, ["a.txt", "shared.txt"], "{merged}");
-    assert_eq!(
-        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
-        "from-a\n"
-    );
-    assert_eq!(
-        std::fs::read_to_string(ws.join("shared.txt")).unwrap(),
-        "a\n"
-    );
+    .await;
     assert!(!ws.join("b.txt").exists());
     let still_b = bash(b.clone(), "cat shared.txt; ls").await;
     assert!(
@@ -1125,21 +1064,8 @@ async fn concurrent_merges_both_land_and_a_degraded_fork_says_so() {
     // A repository whose index is corrupt: HEAD resolves, `git status` cannot run.
     let repo = tempfile::tempdir().unwrap();
     let dir = repo.path();
-    git(dir, &["init", "-q", "-b", "main"]);
     std::fs::write(dir.join("README.md"), "committed\n").unwrap();
-    git(dir, &["add", "README.md"]);
-    git(
-        dir,
-        &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-qm",
-            "one",
-        ],
-    );
+    commit_all(dir);
     std::fs::write(dir.join("README.md"), "uncommitted\n").unwrap();
     std::fs::write(dir.join(".git/index"), b"DIRC garbage").unwrap();
     let instance = format!("e2e-fork-degraded-{}", std::process::id());

@@ -16,7 +16,7 @@ use boxhost::backend::{
 use boxhost::plan::{Limits, NetworkMode, Requirement, Role, UnitSpec, UserIds, WorkspaceSource};
 use tokio::io::AsyncReadExt;
 
-use crate::support::{box_bin, box_in_a_pty, under_ci};
+use crate::support::{box_bin, box_in_a_pty, commit_all, git, snapshot, under_ci};
 
 /// The units `backend` lists of `session`: `list` also shows every other
 /// host process's local units (their run directories), other tests' among
@@ -592,40 +592,6 @@ async fn hidden_files_are_refused_not_ignored() {
     );
 }
 
-/// A git command run by the test itself, on the host; its trimmed stdout.
-fn host_git(dir: &Path, args: &[&str]) -> String {
-    let output = std::process::Command::new("git")
-        .current_dir(dir)
-        .args(args)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
-}
-
-/// Every entry beneath `dir` with its size and modification time.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
-    let mut found = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(next) = pending.pop() {
-        for entry in std::fs::read_dir(&next).unwrap().flatten() {
-            let metadata = entry.metadata().unwrap();
-            if metadata.is_dir() {
-                pending.push(entry.path());
-            }
-            found.push((entry.path(), metadata.len(), metadata.modified().unwrap()));
-        }
-    }
-    found.sort();
-    found
-}
-
 /// A worktree fork's borrowed objects (issue 11): the unit sees the parent's
 /// objects directory at its host path (what the child's alternates name) and
 /// reads history through it under landlock, but nothing in the unit can write
@@ -641,21 +607,8 @@ async fn borrowed_objects_are_readable_and_never_writable() {
     }
     let parent_dir = tempfile::tempdir().unwrap();
     let parent = std::fs::canonicalize(parent_dir.path()).unwrap();
-    host_git(&parent, &["init", "-q", "-b", "main"]);
     std::fs::write(parent.join("a.txt"), "committed in the parent\n").unwrap();
-    host_git(&parent, &["add", "a.txt"]);
-    host_git(
-        &parent,
-        &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-qm",
-            "base",
-        ],
-    );
+    commit_all(&parent);
     let objects = parent.join(".git/objects");
     // The child borrows the parent's objects by its alternates, as box-fork's
     // worktree child does on this backend.
@@ -663,7 +616,7 @@ async fn borrowed_objects_are_readable_and_never_writable() {
     let child = std::fs::canonicalize(child_dir.path())
         .unwrap()
         .join("child");
-    host_git(
+    git(
         &parent,
         &[
             "clone",
@@ -736,7 +689,7 @@ async fn borrowed_objects_are_readable_and_never_writable() {
     assert!(!listed("parent=").contains("a.txt"), "{output}");
     assert_eq!(snapshot(&objects), before, "the parent's objects changed");
     assert_eq!(
-        host_git(&parent, &["for-each-ref", "--format=%(refname)"]),
+        git(&parent, &["for-each-ref", "--format=%(refname)"]),
         "refs/heads/main"
     );
 

@@ -13,7 +13,9 @@ use box_jsonrpc::EXECUTOR_KEY;
 use serde_json::{Value, json};
 
 use crate::serve::{http, post};
-use crate::support::{HttpHost, box_bin, containers, docker_answers};
+use crate::support::{
+    HttpHost, box_bin, commit_all, containers, docker_answers, merges_workspace_back,
+};
 
 /// The pool's profile: the default one, with two variables a session may drop.
 const PROFILE: &str = "description = \"pool tests\"\nextends = \"default\"\n\n[env]\nset = { POOL_A = \"a\", POOL_B = \"b\" }\n\n[limits]\nmemory = \"1GiB\"\n";
@@ -1591,28 +1593,7 @@ const FORK_PROFILE: &str = "description = \"pool tests, each session on its own 
 fn fork_project() -> tempfile::TempDir {
     let project = tempfile::tempdir().unwrap();
     std::fs::write(project.path().join("shared.txt"), "host\n").unwrap();
-    for args in [
-        &["init", "-q", "-b", "main"][..],
-        &["add", "-A"],
-        &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@example.com",
-            "commit",
-            "-qm",
-            "base",
-        ],
-    ] {
-        let status = Command::new("git")
-            .current_dir(project.path())
-            .args(args)
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .status()
-            .unwrap();
-        assert!(status.success(), "git {args:?}");
-    }
+    commit_all(project.path());
     project
 }
 
@@ -1757,30 +1738,13 @@ async fn a_pooled_fork_profile_forks_into_each_claimed_unit(backend: &str) {
     );
 
     // Merged back as from a cold fork unit.
-    let merged = post(
+    merges_workspace_back(
         host.address(),
-        Some(&first),
-        &[],
-        &json!({"jsonrpc": "2.0", "id": 9, "method": "box/merge", "params": {"unit": "workspace"}}),
+        &first,
+        project.path(),
+        &[("first.txt", "from-first\n"), ("shared.txt", "first\n")],
     )
-    .await
-    .json();
-    let mut paths: Vec<String> = merged["result"]["merged"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{merged}"))
-        .iter()
-        .map(|path| path.as_str().unwrap().to_owned())
-        .collect();
-    paths.sort();
-    assert_eq!(paths, ["first.txt", "shared.txt"], "{merged}");
-    assert_eq!(
-        std::fs::read_to_string(project.path().join("first.txt")).unwrap(),
-        "from-first\n"
-    );
-    assert_eq!(
-        std::fs::read_to_string(project.path().join("shared.txt")).unwrap(),
-        "first\n"
-    );
+    .await;
     let still = host.bash(&second, "cat shared.txt; ls").await;
     assert!(
         still.starts_with("host\n") && !still.contains("first.txt"),

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 
 mod http_host;
 pub mod registries;
+mod repository;
 mod served;
 
 pub use http_host::HttpHost;
+pub use repository::{commit_all, git};
 pub use served::{Served, serve_command};
 
 /// The `box` binary cargo built for these tests.
@@ -121,6 +123,56 @@ pub fn local_here() -> bool {
     assert!(!under_ci(), "landlock is missing under CI");
     eprintln!("\n*** LOCAL PART NOT RUN: this kernel has no landlock ***\n");
     false
+}
+
+/// `box/merge {"unit": "workspace"}` of `session` on the HTTP host at
+/// `address`: it answers that it merged exactly the paths of `merged` (in
+/// any order), and each `(path, text)` of it now holds its text in
+/// `workspace`, the host directory the session's fork was made from.
+pub async fn merges_workspace_back(
+    address: std::net::SocketAddr,
+    session: &str,
+    workspace: &std::path::Path,
+    merged: &[(&str, &str)],
+) {
+    let message = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "box/merge", "params": {"unit": "workspace"}});
+    let answer = crate::serve::post(address, Some(session), &[], &message)
+        .await
+        .json();
+    let mut paths: Vec<String> = answer["result"]["merged"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .iter()
+        .map(|path| path.as_str().unwrap().to_owned())
+        .collect();
+    paths.sort();
+    let mut expected: Vec<&str> = merged.iter().map(|(path, _)| *path).collect();
+    expected.sort_unstable();
+    assert_eq!(paths, expected, "{answer}");
+    for (path, text) in merged {
+        assert_eq!(
+            std::fs::read_to_string(workspace.join(path)).unwrap(),
+            *text,
+            "{path}"
+        );
+    }
+}
+
+/// Every entry beneath `dir` with its size and modification time.
+pub fn snapshot(dir: &std::path::Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).unwrap().flatten() {
+            let metadata = entry.metadata().unwrap();
+            if metadata.is_dir() {
+                pending.push(entry.path());
+            }
+            found.push((entry.path(), metadata.len(), metadata.modified().unwrap()));
+        }
+    }
+    found.sort();
+    found
 }
 
 /// The containers labelled with `instance` (and, if given, unit `unit`).

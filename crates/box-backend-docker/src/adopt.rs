@@ -1,14 +1,12 @@
 //! Re-adopting a live unit a dead host started (`Backend::adopt`).
 
-use bollard::query_parameters::AttachContainerOptions;
-
 use box_backend::lifecycle;
 use box_backend::{AdoptUnit, BackendError, SessionLabel, StartedUnit, labels};
 use box_policy::plan::UnitSpec;
 
+use crate::lease;
 use crate::start::{Connected, waiter};
 use crate::{DockerBackend, engine_message, status_of};
-use crate::{io, lease};
 
 impl DockerBackend {
     /// [`Backend::adopt`]: the container is checked against what was
@@ -24,11 +22,7 @@ impl DockerBackend {
         unit: &AdoptUnit,
     ) -> Result<StartedUnit, BackendError> {
         let name = spec.name.as_str();
-        let refused = |doing: &str, message: String| BackendError::Other {
-            unit: name.to_owned(),
-            doing: doing.to_owned(),
-            message,
-        };
+        let refused = BackendError::other_for(name);
         let inspect = match self.docker.inspect_container(&unit.id, None).await {
             Ok(inspect) => inspect,
             Err(e) if status_of(&e) == Some(404) => {
@@ -111,22 +105,8 @@ impl DockerBackend {
             })?;
         let run_dir = lease::RunDir::adopt(&unit.run_dir);
         let log_name = format!("{}/{}", session.session, name);
-        // Its stderr again (the init's and the executor's log lines).
-        if let Ok(attached) = self
-            .docker
-            .attach_container(
-                &unit.id,
-                Some(AttachContainerOptions {
-                    stream: true,
-                    stdout: true,
-                    stderr: true,
-                    ..Default::default()
-                }),
-            )
-            .await
-        {
-            let _ = io::pump(attached.output, log_name.clone());
-        }
+        // Its stderr again, when the engine lets it be attached.
+        let _ = self.pump_output(&unit.id, log_name.clone()).await;
         let waiter = waiter(self.docker.clone(), unit.id.clone());
         let (listener, connected, epoch) = lifecycle::reconnect(
             run_dir.path(),

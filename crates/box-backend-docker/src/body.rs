@@ -419,21 +419,10 @@ pub const SESSION_NETWORK_PREFIX: &str = "box-net-";
 /// The engine network of `session`'s bridge units: `box-net-` and the instance and
 /// session, made safe for the engine's names and bounded.
 pub fn session_network(session: &SessionLabel) -> String {
-    let safe = |text: &str| -> String {
-        text.chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect()
-    };
     let mut name = format!(
         "{SESSION_NETWORK_PREFIX}{}-{}",
-        safe(&session.instance),
-        safe(&session.session)
+        box_backend::safe_name(&session.instance),
+        box_backend::safe_name(&session.session)
     );
     name.truncate(120);
     name

@@ -54,10 +54,7 @@ impl Pooling for DockerBackend {
     ) -> BoxFuture<'a, Result<PooledUnit, BackendError>> {
         Box::pin(async move {
             let (started, detail) = self.start_unit_for(label, spec, wiring, true).await?;
-            Ok(PooledUnit {
-                started,
-                detail: Box::new(detail),
-            })
+            Ok(PooledUnit::new(started, detail))
         })
     }
 
@@ -78,11 +75,7 @@ impl DockerBackend {
         spec: &UnitSpec,
     ) -> Result<StartedUnit, BackendError> {
         let name = spec.name.as_str();
-        let failed = |doing: &str, message: String| BackendError::Other {
-            unit: name.to_owned(),
-            doing: doing.to_owned(),
-            message,
-        };
+        let failed = BackendError::other_for(name);
         let (mut started, detail) = unit.detail::<PoolDetail>(name, "docker")?;
         let id = started.envelope.id.clone();
         let wiring =

@@ -409,6 +409,29 @@ impl DockerBackend {
         }
     }
 
+    /// Container `id` attached and its output pumped ([`io::pump`]): its
+    /// stderr (box-init's and the executor's log lines) logged as the unit
+    /// `log_name` (`SESSION/UNIT`) from now on.
+    pub(crate) async fn pump_output(
+        &self,
+        id: &str,
+        log_name: String,
+    ) -> Result<(tokio::io::DuplexStream, tokio::sync::oneshot::Receiver<()>), DockerError> {
+        let attached = self
+            .docker
+            .attach_container(
+                id,
+                Some(AttachContainerOptions {
+                    stream: true,
+                    stdout: true,
+                    stderr: true,
+                    ..Default::default()
+                }),
+            )
+            .await?;
+        Ok(io::pump(attached.output, log_name))
+    }
+
     pub(crate) async fn attach(
         &self,
         session: &SessionLabel,
@@ -426,22 +449,11 @@ impl DockerBackend {
             message: engine_message(&e),
         };
         let name = format!("{}/{}", session.session, unit);
-        // The unit's stderr (its init's and its executor's log lines), from
-        // before its first process runs.
-        let attached = self
-            .docker
-            .attach_container(
-                id,
-                Some(AttachContainerOptions {
-                    stream: true,
-                    stdout: true,
-                    stderr: true,
-                    ..Default::default()
-                }),
-            )
+        // The unit's stderr, from before its first process runs.
+        let (_stdout, mut output_done) = self
+            .pump_output(id, name.clone())
             .await
             .map_err(|e| other("attaching to the unit's stderr", e))?;
-        let (_stdout, mut output_done) = io::pump(attached.output, name.clone());
         self.docker
             .start_container(id, None)
             .await

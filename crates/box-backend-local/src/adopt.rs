@@ -32,11 +32,7 @@ impl LocalBackend {
         unit: &AdoptUnit,
     ) -> Result<StartedUnit, BackendError> {
         let name = spec.name.as_str();
-        let refused = |doing: &str, message: String| BackendError::Other {
-            unit: name.to_owned(),
-            doing: doing.to_owned(),
-            message,
-        };
+        let refused = BackendError::other_for(name);
         let record = lease::Record::read(&unit.run_dir).map_err(|why| {
             refused(
                 "re-adopting the unit",

@@ -52,10 +52,7 @@ impl Pooling for LocalBackend {
                 doing: "starting a pooled unit".to_owned(),
                 message: "the start kept nothing to bind it with".to_owned(),
             })?;
-            Ok(PooledUnit {
-                started,
-                detail: Box::new(detail),
-            })
+            Ok(PooledUnit::new(started, detail))
         })
     }
 

@@ -161,11 +161,7 @@ impl LocalBackend {
         let run_dir = guard.run_dir.clone();
         let run_dir = run_dir.as_path();
         let unit = spec.name.clone();
-        let other = |doing: &str, message: String| BackendError::Other {
-            unit: unit.clone(),
-            doing: doing.to_owned(),
-            message,
-        };
+        let other = BackendError::other_for(&unit);
         if !environment.missing.is_empty() {
             let missing = &environment.missing;
             let missing = missing.join(", ");

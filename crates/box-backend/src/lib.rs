@@ -94,6 +94,18 @@ pub enum BackendError {
     },
 }
 
+impl BackendError {
+    /// What makes [`BackendError::Other`] for `unit`, from what was being
+    /// done and what went wrong.
+    pub fn other_for(unit: &str) -> impl Fn(&str, String) -> Self + '_ {
+        move |doing, message| Self::Other {
+            unit: unit.to_owned(),
+            doing: doing.to_owned(),
+            message,
+        }
+    }
+}
+
 /// Identifies one session for the backends (labels, names).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SessionLabel {
@@ -103,6 +115,21 @@ pub struct SessionLabel {
     pub session: String,
     /// The profile name.
     pub profile: String,
+}
+
+/// `text` with every character but ASCII letters, digits, `-` and `_` made
+/// `_`: safe in a directory's name and in an engine's volume and network
+/// names (a session's instance, id and profile are anyone's to write).
+pub fn safe_name(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// The executor's stdio inside a running unit: MCP flows over it.

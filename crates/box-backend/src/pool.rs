@@ -36,6 +36,15 @@ pub struct PooledUnit {
 }
 
 impl PooledUnit {
+    /// `started` for a pool, with what its backend keeps for the claim
+    /// (read back there with [`detail`](Self::detail)).
+    pub fn new(started: StartedUnit, detail: impl std::any::Any + Send + Sync) -> Self {
+        Self {
+            started,
+            detail: Box::new(detail),
+        }
+    }
+
     /// The backend's id for the unit (a container id).
     pub fn id(&self) -> &str {
         &self.started.envelope.id

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use box_policy::envelope::BackendKind;
 use box_policy::plan::{UserIds, Volume, VolumeScope};
 
-use crate::SessionLabel;
+use crate::{SessionLabel, safe_name};
 
 /// Where volumes live unless a host says otherwise: `$XDG_STATE_HOME/box/volumes`,
 /// else `~/.local/state/box/volumes`, and `/var/lib/box/volumes` as root.
@@ -113,27 +113,14 @@ fn now() -> u64 {
         .unwrap_or_default()
 }
 
-/// `text` made safe for a directory and an engine's volume name.
-fn safe(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
 /// The key of `volume` for `session`'s units.
 pub fn key(volume: &Volume, session: &SessionLabel) -> String {
     match volume.scope {
-        VolumeScope::Profile => format!("p-{}-{}", safe(&session.profile), volume.name),
+        VolumeScope::Profile => format!("p-{}-{}", safe_name(&session.profile), volume.name),
         VolumeScope::Session => format!(
             "s-{}-{}-{}",
-            safe(&session.instance),
-            safe(&session.session),
+            safe_name(&session.instance),
+            safe_name(&session.session),
             volume.name
         ),
     }
