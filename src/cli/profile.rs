@@ -467,9 +467,33 @@ fn profile_json(profile: &Profile) -> Value {
         if server.local_userland != LocalUserland::default() {
             shown["servers"][index]["local_userland"] = json!(server.local_userland.as_str());
         }
+        // Every other field, as its row gives it (left out at its default
+        // where it is shown only when set).
+        if let Value::Object(written) = &mut shown["servers"][index] {
+            for field in set(server.shown()) {
+                if !SERVER_SHOWN.contains(&field.name) {
+                    written.insert(field.name.to_owned(), field.json);
+                }
+            }
+        }
     }
     shown
 }
+
+/// The fields of `[[server]]` a server's `--json` writes itself (above);
+/// `pull_secret` is left out, as it always was.
+const SERVER_SHOWN: [&str; 10] = [
+    "name",
+    "image",
+    "command",
+    "description",
+    "network",
+    "limits",
+    "runtime",
+    "pull",
+    "local_userland",
+    "pull_secret",
+];
 
 /// A volume in words, saying what its scope shares.
 fn volume_text(volume: &crate::plan::Volume) -> String {

@@ -2641,12 +2641,14 @@ fn with_volumes(spec: &mut UnitSpec, volumes: &[(&str, &str, boxhost::plan::Volu
     spec.volumes = volumes
         .iter()
         .map(|(name, path, scope)| Volume {
-            name: (*name).to_owned(),
-            path: match path.strip_prefix("~/") {
-                Some(relative) => VolumePath::Home(relative.into()),
-                None => VolumePath::Absolute(path.into()),
-            },
             scope: *scope,
+            ..Volume::new(
+                (*name).to_owned(),
+                match path.strip_prefix("~/") {
+                    Some(relative) => VolumePath::Home(relative.into()),
+                    None => VolumePath::Absolute(path.into()),
+                },
+            )
         })
         .collect();
 }

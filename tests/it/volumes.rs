@@ -262,15 +262,13 @@ fn prune_takes_a_gone_sessions_volume(place: &Place, backend: &str) {
         profile: "p".to_owned(),
     };
     let volume = Volume {
-        name: "scratch".to_owned(),
-        path: VolumePath::Home("scratch".into()),
         scope: VolumeScope::Session,
+        ..Volume::new("scratch".to_owned(), VolumePath::Home("scratch".into()))
     };
     store.prepare(kind, &volume, &gone, None).unwrap();
     let profile = Volume {
-        name: "cache".to_owned(),
-        path: VolumePath::Home(".cache/thing".into()),
         scope: VolumeScope::Profile,
+        ..Volume::new("cache".to_owned(), VolumePath::Home(".cache/thing".into()))
     };
     store.prepare(kind, &profile, &gone, None).unwrap();
     let pruned = place.run_box(&["volumes", "prune", "--json"]);

@@ -837,14 +837,18 @@ fn volumes_are_mounted_where_the_profile_says_and_reported() {
     let mut spec = unit_spec(WorkspaceSource::Empty);
     spec.volumes = vec![
         box_policy::plan::Volume {
-            name: "pip-cache".to_owned(),
-            path: box_policy::plan::VolumePath::Home(".cache/pip".into()),
             scope: box_policy::plan::VolumeScope::Profile,
+            ..box_policy::plan::Volume::new(
+                "pip-cache".to_owned(),
+                box_policy::plan::VolumePath::Home(".cache/pip".into()),
+            )
         },
         box_policy::plan::Volume {
-            name: "scratch".to_owned(),
-            path: box_policy::plan::VolumePath::Absolute("/var/cache/scratch".into()),
             scope: box_policy::plan::VolumeScope::Session,
+            ..box_policy::plan::Volume::new(
+                "scratch".to_owned(),
+                box_policy::plan::VolumePath::Absolute("/var/cache/scratch".into()),
+            )
         },
     ];
     assert_eq!(check_spec(&spec, Some(3)), Ok(()));

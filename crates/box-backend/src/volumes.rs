@@ -405,9 +405,11 @@ mod tests {
 
     fn volume(name: &str, scope: VolumeScope) -> Volume {
         Volume {
-            name: name.to_owned(),
-            path: box_policy::plan::VolumePath::Home(PathBuf::from(".cache/pip")),
             scope,
+            ..Volume::new(
+                name.to_owned(),
+                box_policy::plan::VolumePath::Home(PathBuf::from(".cache/pip")),
+            )
         }
     }
 

@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use super::{
-    LocalUserland, Network, NetworkMode, Plan, PullPolicy, Role, UnitSpec, WorkspaceSource,
+    LocalUserland, Network, NetworkMode, Plan, PullPolicy, Role, UnitSpec, WorkspaceSource, Written,
 };
 
 impl Plan {
@@ -80,14 +80,17 @@ impl UnitSpec {
                     .collect::<Vec<_>>()
             );
         }
-        // Every other field of the workspace unit's `[workspace]`, as its
-        // row gives it (left out at its default where it is shown only when set).
-        if let (Value::Object(unit), Some(Value::Object(written))) = (
-            &mut unit,
-            self.written.as_ref().map(|written| written.plan_json()),
-        ) {
-            for (key, value) in written {
-                if !UNIT_COMPLETED.contains(&key.as_str()) {
+        // Every other field of the unit's `[workspace]` or `[[server]]`, as
+        // its row gives it (left out at its default where it is shown only when set).
+        let written = self.written.as_ref().map(|written| match written {
+            Written::Workspace(workspace) => (workspace.plan_json(), &UNIT_COMPLETED[..]),
+            Written::Server(server) => (server.plan_json(), &SERVER_COMPLETED[..]),
+        });
+        if let (Value::Object(unit), Some((Value::Object(fields), completed))) =
+            (&mut unit, written)
+        {
+            for (key, value) in fields {
+                if !completed.contains(&key.as_str()) {
                     unit.insert(key, value);
                 }
             }
@@ -95,6 +98,21 @@ impl UnitSpec {
         unit
     }
 }
+
+/// The keys of `[[server]]`'s fields a unit's plan writes itself (above):
+/// those of [`UNIT_COMPLETED`] a server has, and its own.
+const SERVER_COMPLETED: [&str; 10] = [
+    "name",
+    "image",
+    "pull",
+    "pullSecret",
+    "runtime",
+    "localUserland",
+    "command",
+    "description",
+    "network",
+    "limits",
+];
 
 /// The keys of `[workspace]`'s fields a unit's plan writes itself (above),
 /// resolved (`source`, `user`) or shared with a server's.

@@ -290,12 +290,22 @@ pub struct UnitSpec {
     pub lease: Duration,
     /// The volumes mounted in the unit (the workspace unit's; none for servers).
     pub volumes: Vec<Volume>,
-    /// The workspace unit's `[workspace]` as its rows say it (as the session
-    /// narrowed it; `None` for a server): the fields above are those the
-    /// resolution completes or a server has too; every other field of
-    /// `[workspace]` reaches the workspace unit here as written, and its
-    /// plan under its key.
-    pub written: Option<crate::profile::Workspace>,
+    /// The unit's table as its profile's rows say it (the workspace unit's
+    /// `[workspace]` as the session narrowed it, a server unit's
+    /// `[[server]]`; `None` for a unit made without a profile): the fields
+    /// above are those the resolution completes or both kinds of unit have;
+    /// every other field of the table reaches the unit here as written, and
+    /// its plan under its key.
+    pub written: Option<Written>,
+}
+
+/// A unit's table as its profile's rows say it ([`UnitSpec::written`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Written {
+    /// The workspace unit's `[workspace]`.
+    Workspace(crate::profile::Workspace),
+    /// A server unit's `[[server]]`.
+    Server(crate::profile::Server),
 }
 
 /// Facts about the host a plan is resolved against (passed in, so `resolve` stays pure).
@@ -641,7 +651,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             description: profile.description.clone(),
             lease: profile.lifecycle.lease,
             volumes: profile.volumes.clone(),
-            written: Some(profile.workspace.clone()),
+            written: Some(Written::Workspace(profile.workspace.clone())),
         });
     }
     for server in &profile.servers {
@@ -668,7 +678,7 @@ fn plan_of(profile: &Profile, host: &HostFacts) -> Result<Plan, PlanError> {
             description: server.description.clone(),
             lease: profile.lifecycle.lease,
             volumes: Vec::new(),
-            written: None,
+            written: Some(Written::Server(server.clone())),
         });
     }
     Ok(Plan {

@@ -237,6 +237,30 @@ macro_rules! table_defaults {
     ($($field:ident $(= $default:expr)?),*) => {};
 }
 
+/// A table with a required field: `new`, taking the required fields in row
+/// order and giving every other its default, so code that makes one (tests,
+/// mostly) names only what it sets and a new defaulted row changes none of it.
+/// Nothing for a table whose every field has a default (`defaults()`).
+macro_rules! table_new {
+    (@rows [$($param:ident: $param_ty:ty,)*] [$($init:tt)*]) => {
+        /// The table with its required fields as given (in row order) and
+        /// every other field at its default.
+        pub fn new($($param: $param_ty),*) -> Self {
+            Self { $($init)* }
+        }
+    };
+    (@rows [$($params:tt)*] [$($init:tt)*] $field:ident: $ty:ty = $default:expr $(, $($rest:tt)*)?) => {
+        table_new!(@rows [$($params)*] [$($init)* $field: $default,] $($($rest)*)?);
+    };
+    (@rows [$($params:tt)*] [$($init:tt)*] $field:ident: $ty:ty $(, $($rest:tt)*)?) => {
+        table_new!(@rows [$($params)* $field: $ty,] [$($init)* $field,] $($($rest)*)?);
+    };
+    ($($field:ident: $ty:ty = $default:expr),*) => {};
+    ($($rows:tt)*) => {
+        table_new!(@rows [] [] $($rows)*);
+    };
+}
+
 /// A table whose every field has a default is a field's type too (the top
 /// level's `workspace`, ...): read as its table, written as its fields.
 macro_rules! table_kind {
@@ -299,7 +323,8 @@ macro_rules! narrows {
 /// by its rule, or by the narrower its row names after the rule):
 /// `/// doc` `field("name")?: Type = default => Reader, Tighten(Narrower)?, (Show,)? "README type", "README default"(, "planKey")?;`
 /// A field with no default is `field: Type, required "what to write" => ...`:
-/// its absence is a problem at its table saying what to write. A table read
+/// its absence is a problem at its table saying what to write, and the table
+/// gets `new`, taking its required fields (every other at its default). A table read
 /// within a context (`with Type` after its plan prefix: what its readers
 /// that depend on other fields see) is read by `read_in` only.
 macro_rules! table {
@@ -323,6 +348,7 @@ macro_rules! table {
 
         impl $Struct {
             table_defaults!($( $field $(= $default)? ),*);
+            table_new!($( $field: $ty $(= $default)? ),*);
 
             /// The table `node` at `path` within `context`, a problem for
             /// each unknown field, each value that is not its field's and

@@ -1177,14 +1177,18 @@ fn volumes_are_read_merged_and_only_dropped() {
         profile.volumes,
         vec![
             Volume {
-                name: "pip".to_owned(),
-                path: VolumePath::Home(PathBuf::from(".cache/pip2")),
                 scope: VolumeScope::Session,
+                ..Volume::new(
+                    "pip".to_owned(),
+                    VolumePath::Home(PathBuf::from(".cache/pip2"))
+                )
             },
             Volume {
-                name: "scratch".to_owned(),
-                path: VolumePath::Absolute(PathBuf::from("/var/cache/box/scratch")),
                 scope: VolumeScope::Session,
+                ..Volume::new(
+                    "scratch".to_owned(),
+                    VolumePath::Absolute(PathBuf::from("/var/cache/box/scratch"))
+                )
             },
         ]
     );
